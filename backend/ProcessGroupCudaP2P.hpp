@@ -1,0 +1,142 @@
+// ProcessGroupCudaP2P: the c10d backend registered as "cuda_p2p".
+//
+// It wraps one backend per device type (Gloo for CPU tensors, NCCL for CUDA tensors; both created
+// by the Python layer, since torch's wheel ships no Gloo headers) and routes every collective to
+// the one that matches the tensors' device. Works returned by a wrapped backend are handed back
+// unchanged, so completion, errors and futures are exactly the wrapped backend's.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace cuda_p2p {
+
+class ProcessGroupCudaP2P : public c10d::Backend {
+ public:
+  static constexpr const char* kBackendName = "cuda_p2p";
+
+  struct Options : c10d::Backend::Options {
+    Options() : c10d::Backend::Options(kBackendName) {}
+
+    // Bytes of the symmetric buffer each rank maps for its peers; unset means the default.
+    std::optional<int64_t> buffer_size;
+    // Handed to the wrapped NCCL backend (a ProcessGroupNCCL.Options in Python); may be null.
+    c10::intrusive_ptr<c10d::Backend::Options> nccl_options;
+
+    // Not marked override: older torch releases have no Options::clone().
+    virtual c10::intrusive_ptr<c10d::Backend::Options> clone() const {
+      return c10::make_intrusive<Options>(*this);
+    }
+  };
+
+  // cpu_backend is required; cuda_backend may be null (no GPU at construction).
+  ProcessGroupCudaP2P(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
+                      c10::intrusive_ptr<Options> options,
+                      c10::intrusive_ptr<c10d::Backend> cpu_backend,
+                      c10::intrusive_ptr<c10d::Backend> cuda_backend);
+  ~ProcessGroupCudaP2P() override;
+
+  const std::string getBackendName() const override { return kBackendName; }
+  c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override { return options_; }
+  const c10::intrusive_ptr<Options>& options() const { return options_; }
+  const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
+
+  // The wrapped backend for a device type, or null; TORCH_CHECKs for an unsupported type.
+  c10::intrusive_ptr<c10d::Backend> wrapped_backend(c10::DeviceType type) const;
+
+  // --- delegated collectives ----------------------------------------------------------------
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                  const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_split_sizes,
+                                               std::vector<int64_t>& input_split_sizes,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
+                                               int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
+
+  // Coalescing: NCCL groups its own operations; for the CPU backend (which has no coalescing of
+  // its own) every operation runs at once and endCoalescing() returns one Work over all of them.
+  bool supportsCoalescing() const override { return true; }
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+
+  void setSequenceNumberForGroup() override;
+  uint64_t getSequenceNumberForGroup() override;
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  void abort() override;
+  void shutdown() override;
+
+ private:
+  // The wrapped backend for these tensors: all on one device type, with a backend for it.
+  c10d::Backend& route(const std::vector<at::Tensor>& tensors, const char* op) const;
+  c10d::Backend& route(const at::Tensor& tensor, const char* op) const;
+  c10d::Backend& route_barrier(const c10d::BarrierOptions& opts) const;
+  // Records a CPU-side Work while coalescing; returns it unchanged.
+  c10::intrusive_ptr<c10d::Work> track(c10::intrusive_ptr<c10d::Work> work);
+  // Runs `call` on the backend routed for `tensors` (CPU works are tracked for coalescing).
+  template <typename Tensors, typename Call>
+  c10::intrusive_ptr<c10d::Work> delegate(const Tensors& tensors, const char* op, Call&& call) {
+    c10d::Backend& b = route(tensors, op);
+    auto work = call(b);
+    return &b == cpu_backend_.get() ? track(std::move(work)) : work;
+  }
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<Options> options_;
+  c10::intrusive_ptr<c10d::Backend> cpu_backend_;
+  c10::intrusive_ptr<c10d::Backend> cuda_backend_;
+
+  std::mutex coalescing_mutex_;
+  bool coalescing_ = false;
+  std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_works_;
+};
+
+}  // namespace cuda_p2p

@@ -1,0 +1,99 @@
+// cuda_p2p._C: the Python face of the C++ backend.
+//
+// Compiled against torch's own pybind11 and registered with torch's c10d classes as bases, so
+// that `group._get_backend(device)` hands Python our class (real down-casting).
+#include <pybind11/chrono.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "backend/ProcessGroupCudaP2P.hpp"
+
+namespace py = pybind11;
+
+namespace {
+
+using cuda_p2p::ProcessGroupCudaP2P;
+using BackendPtr = c10::intrusive_ptr<c10d::Backend>;
+
+BackendPtr optional_backend(const py::object& obj, const char* what) {
+  if (obj.is_none()) return {};
+  try {
+    return obj.cast<BackendPtr>();
+  } catch (const py::cast_error&) {
+    throw py::type_error(std::string("cuda_p2p: ") + what +
+                         " must be a torch.distributed Backend (e.g. ProcessGroupGloo) or None, "
+                         "got " +
+                         py::str(py::type::of(obj)).cast<std::string>());
+  }
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "cuda_p2p C++ backend";
+  // Our classes derive from torch's c10d bindings: they must be registered first.
+  py::module_::import("torch._C._distributed_c10d");
+
+  auto pg = py::class_<ProcessGroupCudaP2P, c10d::Backend, c10::intrusive_ptr<ProcessGroupCudaP2P>>(
+      m, "ProcessGroupCudaP2P",
+      "The cuda_p2p c10d backend. Get it for a group with cuda_p2p.get_cuda_p2p_backend(group).");
+
+  py::class_<ProcessGroupCudaP2P::Options, c10d::Backend::Options,
+             c10::intrusive_ptr<ProcessGroupCudaP2P::Options>>(
+      pg, "Options",
+      "Options of a cuda_p2p process group; pass as pg_options to init_process_group/new_group.")
+      .def(py::init<>())
+      .def_property(
+          "buffer_size",
+          [](const ProcessGroupCudaP2P::Options& o) { return o.buffer_size; },
+          [](ProcessGroupCudaP2P::Options& o, std::optional<int64_t> v) {
+            TORCH_CHECK_VALUE(!v.has_value() || *v > 0,
+                              "cuda_p2p: Options.buffer_size must be a positive number of bytes "
+                              "or None, got ",
+                              *v);
+            o.buffer_size = v;
+          },
+          "Bytes of the symmetric buffer each rank shares with its peers (None: the default).")
+      .def_property(
+          "nccl_options",
+          [](const ProcessGroupCudaP2P::Options& o) -> py::object {
+            if (!o.nccl_options) return py::none();
+            return py::cast(o.nccl_options);
+          },
+          [](ProcessGroupCudaP2P::Options& o, const py::object& v) {
+            if (v.is_none()) {
+              o.nccl_options.reset();
+              return;
+            }
+            try {
+              o.nccl_options = v.cast<c10::intrusive_ptr<c10d::Backend::Options>>();
+            } catch (const py::cast_error&) {
+              throw py::type_error(
+                  "cuda_p2p: Options.nccl_options must be a ProcessGroupNCCL.Options or None, "
+                  "got " +
+                  py::str(py::type::of(v)).cast<std::string>());
+            }
+          },
+          "Options handed to the wrapped NCCL backend (ProcessGroupNCCL.Options), or None.");
+
+  pg.def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                     c10::intrusive_ptr<ProcessGroupCudaP2P::Options> options,
+                     const py::object& cpu_backend, const py::object& cuda_backend) {
+           auto cpu = optional_backend(cpu_backend, "cpu_backend");
+           auto cuda = optional_backend(cuda_backend, "cuda_backend");
+           return c10::make_intrusive<ProcessGroupCudaP2P>(store, rank, size, std::move(options),
+                                                           std::move(cpu), std::move(cuda));
+         }),
+         py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("options"),
+         py::arg("cpu_backend"), py::arg("cuda_backend") = py::none())
+      .def_property_readonly("options", &ProcessGroupCudaP2P::options)
+      .def(
+          "wrapped_backend",
+          [](const ProcessGroupCudaP2P& self, const std::string& device) -> py::object {
+            auto b = self.wrapped_backend(c10::Device(device).type());
+            if (!b) return py::none();
+            return py::cast(b);
+          },
+          py::arg("device"),
+          "The wrapped backend for 'cpu' (Gloo) or 'cuda' (NCCL), or None where there is none.");
+}

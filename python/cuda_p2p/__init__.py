@@ -1,0 +1,27 @@
+"""cuda_p2p: a c10d backend that overlaps tensor-parallel GEMMs with their communication.
+
+``import cuda_p2p`` registers the backend; then
+``torch.distributed.init_process_group(backend="cuda_p2p")`` (or ``new_group``) uses it.
+"""
+
+import torch
+import torch.distributed  # noqa: F401  (registers torch's c10d classes before our extension)
+
+from . import _C
+from ._backend import (
+    BACKEND_NAME,
+    ProcessGroupCudaP2P,
+    get_cuda_p2p_backend,
+    is_cuda_p2p_group,
+)
+
+__all__ = [
+    "BACKEND_NAME",
+    "ProcessGroupCudaP2P",
+    "get_cuda_p2p_backend",
+    "is_cuda_p2p_group",
+]
+
+__version__ = "0.1.0"
+
+del _C

@@ -1,0 +1,101 @@
+"""Registration of the ``cuda_p2p`` backend and the down-casting helpers."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed import PrefixStore
+
+from ._C import ProcessGroupCudaP2P
+
+BACKEND_NAME = "cuda_p2p"
+_DEVICES = ["cpu", "cuda"]
+
+
+def _create_backend(opts, pg_options) -> ProcessGroupCudaP2P:
+    """Creator called by torch.distributed (extended API) for every group using cuda_p2p."""
+    if pg_options is None:
+        options = ProcessGroupCudaP2P.Options()
+    elif isinstance(pg_options, ProcessGroupCudaP2P.Options):
+        options = pg_options
+    else:
+        raise TypeError(
+            "cuda_p2p: pg_options must be a cuda_p2p.ProcessGroupCudaP2P.Options, "
+            f"got {type(pg_options).__name__}"
+        )
+    options._timeout = opts.timeout
+    options.group_name = str(opts.group_id)
+    options.global_ranks_in_group = list(opts.global_ranks_in_group)
+
+    store, rank, size = opts.store, opts.group_rank, opts.group_size
+    # Each wrapped backend rendezvous under its own prefix of the group's store.
+    gloo = dist.ProcessGroupGloo(PrefixStore("gloo/", store), rank, size, opts.timeout)
+    nccl = None
+    if torch.cuda.is_available() and dist.is_nccl_available():
+        nccl_options = options.nccl_options
+        if nccl_options is None:
+            nccl_options = dist.ProcessGroupNCCL.Options()
+        elif not isinstance(nccl_options, dist.ProcessGroupNCCL.Options):
+            raise TypeError(
+                "cuda_p2p: Options.nccl_options must be a ProcessGroupNCCL.Options, "
+                f"got {type(nccl_options).__name__}"
+            )
+        nccl_options._timeout = opts.timeout
+        nccl_options.global_ranks_in_group = list(opts.global_ranks_in_group)
+        nccl_options.group_name = str(opts.group_id)
+        nccl = dist.ProcessGroupNCCL(PrefixStore("nccl/", store), rank, size, nccl_options)
+    return ProcessGroupCudaP2P(store, rank, size, options, gloo, nccl)
+
+
+def _register() -> None:
+    if BACKEND_NAME.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(
+        BACKEND_NAME, _create_backend, extended_api=True, devices=_DEVICES
+    )
+
+
+def _resolve(group) -> dist.ProcessGroup:
+    if group is None:
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "cuda_p2p: no default process group; call "
+                "torch.distributed.init_process_group(backend='cuda_p2p') first"
+            )
+        group = dist.distributed_c10d._get_default_group()
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(
+            f"cuda_p2p: expected a torch.distributed.ProcessGroup or None, got {type(group).__name__}"
+        )
+    return group
+
+
+def is_cuda_p2p_group(group=None) -> bool:
+    """Whether ``group`` (default: the default group) runs on the cuda_p2p backend."""
+    group = _resolve(group)
+    try:
+        backend = group._get_backend(torch.device("cpu"))
+    except RuntimeError:
+        return False
+    return isinstance(backend, ProcessGroupCudaP2P)
+
+
+def get_cuda_p2p_backend(group=None) -> ProcessGroupCudaP2P:
+    """The C++ ``ProcessGroupCudaP2P`` of ``group`` (default: the default group).
+
+    Raises TypeError when the group uses another backend.
+    """
+    group = _resolve(group)
+    try:
+        backend = group._get_backend(torch.device("cpu"))
+    except RuntimeError as e:
+        raise TypeError(f"cuda_p2p: group has no cuda_p2p backend ({e})") from None
+    if not isinstance(backend, ProcessGroupCudaP2P):
+        raise TypeError(
+            "cuda_p2p: expected a group created with backend='cuda_p2p', "
+            f"got one whose backend is {type(backend).__name__} ({group.name()})"
+        )
+    return backend
+
+
+_register()

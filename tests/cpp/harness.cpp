@@ -1,0 +1,122 @@
+#include "tests/cpp/harness.hpp"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <thread>
+
+namespace cuda_p2p::test {
+
+namespace {
+
+World g_world;  // test-binary state only; the library itself has no globals
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
+// The launcher's rank and size: OpenMPI's variables, else torchrun-style RANK/WORLD_SIZE, else a
+// single process.
+void read_launcher_env(World& w) {
+  w.rank = env_int("OMPI_COMM_WORLD_RANK", env_int("PMI_RANK", env_int("RANK", 0)));
+  w.size = env_int("OMPI_COMM_WORLD_SIZE", env_int("PMI_SIZE", env_int("WORLD_SIZE", 1)));
+  if (w.size < 1 || w.rank < 0 || w.rank >= w.size) {
+    throw std::runtime_error("harness: bad rank " + std::to_string(w.rank) + " of " +
+                             std::to_string(w.size));
+  }
+}
+
+// MASTER_PORT if set; otherwise a port derived from the launcher's pid (mpirun is the parent of
+// every rank on one host), so concurrent jobs rarely collide.
+uint16_t store_port() {
+  if (int p = env_int("MASTER_PORT", 0); p > 0) return static_cast<uint16_t>(p);
+  return static_cast<uint16_t>(20000 + getppid() % 30000);
+}
+
+// On ranks other than 0, print only failures (with the rank), not the whole report.
+class FailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit FailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (r.failed()) {
+      std::cerr << "[rank " << rank_ << "] " << (r.file_name() ? r.file_name() : "?") << ":"
+                << r.line_number() << ": Failure\n"
+                << r.summary() << std::endl;
+    }
+  }
+
+ private:
+  int rank_;
+};
+
+}  // namespace
+
+const World& world() { return g_world; }
+
+c10::intrusive_ptr<c10d::Store> test_store() {
+  static std::map<std::string, int> uses;
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string name = info ? std::string(info->test_suite_name()) + "." + info->name() : "global";
+  name += "#" + std::to_string(uses[name]++);
+  return c10::make_intrusive<c10d::PrefixStore>(name, g_world.store);
+}
+
+void store_barrier(const std::string& tag) {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string key = std::string("barrier/") + (info ? info->name() : "") + "/" + tag;
+  g_world.store->add(key, 1);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (g_world.store->add(key, 0) < g_world.size) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      throw std::runtime_error("store_barrier '" + key + "' timed out");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+}  // namespace cuda_p2p::test
+
+int main(int argc, char** argv) {
+  using namespace cuda_p2p::test;
+  ::testing::InitGoogleTest(&argc, argv);
+  read_launcher_env(g_world);
+
+  c10d::TCPStoreOptions opts;
+  opts.port = store_port();
+  opts.isServer = g_world.rank == 0;
+  opts.numWorkers = g_world.size;
+  opts.waitWorkers = true;
+  opts.timeout = std::chrono::seconds(60);
+  const char* host = std::getenv("MASTER_ADDR");
+  g_world.store = c10::make_intrusive<c10d::TCPStore>(host && *host ? host : "127.0.0.1", opts);
+
+  if (g_world.rank != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new FailurePrinter(g_world.rank));
+  }
+  int rc = RUN_ALL_TESTS();
+
+  // Leave together: rank 0 hosts the store and must outlive every other rank's last use of it.
+  g_world.store->add("harness/failed", rc != 0);
+  store_barrier("exit");
+  if (g_world.store->add("harness/failed", 0) > 0 && rc == 0) rc = 1;
+  g_world.store->add("harness/left", 1);
+  if (g_world.rank == 0) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (g_world.store->add("harness/left", 0) < g_world.size &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+  return rc;
+}

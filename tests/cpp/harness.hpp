@@ -1,0 +1,27 @@
+// Multi-process GoogleTest harness: every rank of the launcher (mpirun, or anything setting
+// RANK/WORLD_SIZE) runs the same binary; ranks rendezvous over a c10d TCPStore hosted by rank 0.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <string>
+
+namespace cuda_p2p::test {
+
+struct World {
+  int rank = 0;
+  int size = 1;
+  c10::intrusive_ptr<c10d::Store> store;  // the job-wide TCPStore
+};
+
+const World& world();
+
+// A store whose keys are private to the running test (prefix = test suite + name + a counter), so
+// tests never read each other's keys.
+c10::intrusive_ptr<c10d::Store> test_store();
+
+// Every rank waits until all ranks reached this point of the running test.
+void store_barrier(const std::string& tag);
+
+}  // namespace cuda_p2p::test
