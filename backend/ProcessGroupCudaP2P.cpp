@@ -2,9 +2,16 @@
 
 #include "backend/CoalescedWork.hpp"
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
 #include <c10/util/Exception.h>
 
+#include <cstdlib>
 #include <utility>
+
+#ifdef CUDA_P2P_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 
 namespace cuda_p2p {
 
@@ -36,9 +43,70 @@ ProcessGroupCudaP2P::ProcessGroupCudaP2P(c10::intrusive_ptr<c10d::Store> store, 
                 "cuda_p2p: Options.buffer_size must be positive (bytes), got ",
                 *options_->buffer_size);
   }
+
+  // The workspace lives on the GPU when this group drives one (a CUDA backend exists), else in
+  // host shared memory. Every rank constructs the backend, so the rendezvous is collective.
+  const char* disable = std::getenv(kDisableWorkspaceEnv);
+  if (!options_->enable_workspace) {
+    workspace_off_reason_ = "disabled by Options.enable_workspace = False";
+  } else if (disable && std::string(disable) == "1") {
+    workspace_off_reason_ = std::string("disabled by ") + kDisableWorkspaceEnv + "=1";
+  } else {
+    WorkspaceOptions ws;
+    ws.buffer_size = options_->buffer_size.value_or(WorkspaceOptions::kDefaultBufferSize);
+    ws.timeout = options_->timeout;
+    std::shared_ptr<Device> device;
+#ifdef CUDA_P2P_WITH_CUDA
+    if (cuda_backend_) device = make_cuda_device(c10::cuda::current_device());
+#endif
+    if (!device) device = make_host_device();
+    workspace_ = std::make_unique<SymmetricWorkspace>(
+        c10::make_intrusive<c10d::PrefixStore>("cuda_p2p/", store_), rank, size, std::move(device),
+        ws);
+  }
 }
 
 ProcessGroupCudaP2P::~ProcessGroupCudaP2P() = default;
+
+std::string ProcessGroupCudaP2P::p2p_unavailable_reason() const {
+  if (!workspace_) return workspace_off_reason_;
+  return workspace_->unavailable_reason();
+}
+
+int64_t ProcessGroupCudaP2P::get_buffer_size() const {
+  return is_p2p_available() ? workspace_->buffer_size() : 0;
+}
+
+at::Tensor ProcessGroupCudaP2P::get_p2p_buffer(int64_t rank, at::IntArrayRef sizes,
+                                               at::ScalarType dtype,
+                                               int64_t storage_offset) const {
+  TORCH_CHECK(is_p2p_available(), "cuda_p2p get_p2p_buffer: the P2P workspace is unavailable: ",
+              p2p_unavailable_reason());
+  TORCH_CHECK(rank >= 0 && rank < getSize(), "cuda_p2p get_p2p_buffer: rank must be in [0, ",
+              getSize(), "), got ", rank);
+  return workspace_->get_buffer(static_cast<int>(rank), sizes, dtype, storage_offset);
+}
+
+void ProcessGroupCudaP2P::intra_node_barrier(const std::vector<int64_t>& ranks,
+                                             std::optional<Millis> timeout) {
+  TORCH_CHECK(is_p2p_available(),
+              "cuda_p2p intra_node_barrier: the P2P workspace is unavailable: ",
+              p2p_unavailable_reason());
+  std::vector<int> members;
+  for (auto r : ranks) {
+    TORCH_CHECK(r >= 0 && r < getSize(), "cuda_p2p intra_node_barrier: ranks must be in [0, ",
+                getSize(), "), got ", r);
+    members.push_back(static_cast<int>(r));
+  }
+  auto& device = workspace_->device();
+  auto stream = device.current_stream();
+  workspace_->barrier(*stream, kApiChannel, timeout, members);
+}
+
+void ProcessGroupCudaP2P::ensure_min_buffer_size(int64_t nbytes) {
+  TORCH_CHECK(nbytes >= 0, "cuda_p2p ensure_min_buffer_size: nbytes must be >= 0, got ", nbytes);
+  if (workspace_) workspace_->ensure_min_buffer_size(nbytes);
+}
 
 c10::intrusive_ptr<c10d::Backend> ProcessGroupCudaP2P::wrapped_backend(c10::DeviceType type) const {
   switch (type) {

@@ -9,6 +9,8 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "p2p_workspace/symmetric_workspace.hpp"
+
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -24,8 +26,11 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   struct Options : c10d::Backend::Options {
     Options() : c10d::Backend::Options(kBackendName) {}
 
-    // Bytes of the symmetric buffer each rank maps for its peers; unset means the default.
+    // Bytes of the symmetric buffer each rank maps for its peers; unset means
+    // WorkspaceOptions::kDefaultBufferSize (32 MiB).
     std::optional<int64_t> buffer_size;
+    // Whether to set up the P2P workspace at all (also turned off by CUDA_P2P_DISABLE_WORKSPACE=1).
+    bool enable_workspace = true;
     // Handed to the wrapped NCCL backend (a ProcessGroupNCCL.Options in Python); may be null.
     c10::intrusive_ptr<c10d::Backend::Options> nccl_options;
 
@@ -49,6 +54,30 @@ class ProcessGroupCudaP2P : public c10d::Backend {
 
   // The wrapped backend for a device type, or null; TORCH_CHECKs for an unsupported type.
   c10::intrusive_ptr<c10d::Backend> wrapped_backend(c10::DeviceType type) const;
+
+  // --- the P2P workspace (DESIGN.md §4) --------------------------------------------------------
+  // Environment variable that turns the workspace off ("1").
+  static constexpr const char* kDisableWorkspaceEnv = "CUDA_P2P_DISABLE_WORKSPACE";
+  // Signal channel of the API's own barrier; pipelines and collectives use the others.
+  static constexpr int kApiChannel = 0;
+
+  bool is_p2p_available() const { return workspace_ && workspace_->available(); }
+  // Why the workspace is unavailable ("" when it is available).
+  std::string p2p_unavailable_reason() const;
+  // Bytes of each rank's buffer; 0 when the workspace is unavailable.
+  int64_t get_buffer_size() const;
+  // A tensor aliasing `rank`'s buffer: a CPU tensor over shared memory, or a CUDA tensor over the
+  // IPC mapping.
+  at::Tensor get_p2p_buffer(int64_t rank, at::IntArrayRef sizes, at::ScalarType dtype,
+                            int64_t storage_offset = 0) const;
+  // Barrier through the workspace's signal pads among `ranks` (all when empty). On the host it
+  // returns when all arrived; on CUDA it is enqueued on the current stream.
+  void intra_node_barrier(const std::vector<int64_t>& ranks = {},
+                          std::optional<Millis> timeout = {});
+  // Collective: grows every rank's buffer to at least the largest `nbytes` requested.
+  void ensure_min_buffer_size(int64_t nbytes);
+  // The workspace, or null when it was disabled.
+  SymmetricWorkspace* workspace() const { return workspace_.get(); }
 
   // --- delegated collectives ----------------------------------------------------------------
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
@@ -133,6 +162,8 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   c10::intrusive_ptr<Options> options_;
   c10::intrusive_ptr<c10d::Backend> cpu_backend_;
   c10::intrusive_ptr<c10d::Backend> cuda_backend_;
+  std::unique_ptr<SymmetricWorkspace> workspace_;
+  std::string workspace_off_reason_;
 
   std::mutex coalescing_mutex_;
   bool coalescing_ = false;

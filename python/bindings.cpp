@@ -53,7 +53,11 @@ PYBIND11_MODULE(_C, m) {
                               *v);
             o.buffer_size = v;
           },
-          "Bytes of the symmetric buffer each rank shares with its peers (None: the default).")
+          "Bytes of the symmetric buffer each rank shares with its peers (None: the default, "
+          "32 MiB).")
+      .def_readwrite("enable_workspace", &ProcessGroupCudaP2P::Options::enable_workspace,
+                     "Set up the P2P workspace (default True; CUDA_P2P_DISABLE_WORKSPACE=1 also "
+                     "turns it off).")
       .def_property(
           "nccl_options",
           [](const ProcessGroupCudaP2P::Options& o) -> py::object {
@@ -95,5 +99,38 @@ PYBIND11_MODULE(_C, m) {
             return py::cast(b);
           },
           py::arg("device"),
-          "The wrapped backend for 'cpu' (Gloo) or 'cuda' (NCCL), or None where there is none.");
+          "The wrapped backend for 'cpu' (Gloo) or 'cuda' (NCCL), or None where there is none.")
+      .def("is_p2p_available", &ProcessGroupCudaP2P::is_p2p_available,
+           "Whether the symmetric P2P workspace is set up (all ranks on one host, not disabled).")
+      .def("p2p_unavailable_reason", &ProcessGroupCudaP2P::p2p_unavailable_reason,
+           "Why the workspace is unavailable ('' when it is available).")
+      .def("get_buffer_size", &ProcessGroupCudaP2P::get_buffer_size,
+           "Bytes of each rank's P2P buffer (0 when the workspace is unavailable).")
+      .def(
+          "get_p2p_buffer",
+          [](const ProcessGroupCudaP2P& self, int64_t rank, std::vector<int64_t> sizes,
+             at::ScalarType dtype, int64_t storage_offset) {
+            return self.get_p2p_buffer(rank, sizes, dtype, storage_offset);
+          },
+          py::arg("rank"), py::arg("sizes"), py::arg("dtype"), py::arg("storage_offset") = 0,
+          "A tensor aliasing `rank`'s P2P buffer (CPU shared memory or a CUDA IPC mapping).")
+      .def(
+          "intra_node_barrier",
+          [](ProcessGroupCudaP2P& self, std::optional<std::vector<int64_t>> ranks,
+             std::optional<double> timeout) {
+            std::optional<cuda_p2p::Millis> t;
+            if (timeout) {
+              TORCH_CHECK_VALUE(*timeout > 0, "cuda_p2p intra_node_barrier: timeout must be a "
+                                "positive number of seconds, got ", *timeout);
+              t = cuda_p2p::Millis(static_cast<int64_t>(*timeout * 1000.0 + 0.5));
+            }
+            py::gil_scoped_release release;
+            self.intra_node_barrier(ranks.value_or(std::vector<int64_t>{}), t);
+          },
+          py::arg("ranks") = py::none(), py::arg("timeout") = py::none(),
+          "Barrier through the workspace's signal pads among `ranks` (default: all). `timeout` in "
+          "seconds (default: the group's timeout).")
+      .def("ensure_min_buffer_size", &ProcessGroupCudaP2P::ensure_min_buffer_size,
+           py::arg("nbytes"), py::call_guard<py::gil_scoped_release>(),
+           "Collective: grows every rank's buffer to at least the largest nbytes requested.");
 }

@@ -14,15 +14,15 @@ _DEVICES = ["cpu", "cuda"]
 
 def _create_backend(opts, pg_options) -> ProcessGroupCudaP2P:
     """Creator called by torch.distributed (extended API) for every group using cuda_p2p."""
-    if pg_options is None:
-        options = ProcessGroupCudaP2P.Options()
-    elif isinstance(pg_options, ProcessGroupCudaP2P.Options):
-        options = pg_options
-    else:
+    if pg_options is not None and not isinstance(pg_options, ProcessGroupCudaP2P.Options):
         raise TypeError(
             "cuda_p2p: pg_options must be a cuda_p2p.ProcessGroupCudaP2P.Options, "
             f"got {type(pg_options).__name__}"
         )
+    # A copy: the same Options object may be passed to several new_group calls, and each group's
+    # backend.options must keep its own group name, ranks and timeout.
+    options = _copy_options(pg_options)
+    _check_nccl_options(options.nccl_options)
     options._timeout = opts.timeout
     options.group_name = str(opts.group_id)
     options.global_ranks_in_group = list(opts.global_ranks_in_group)
@@ -35,16 +35,42 @@ def _create_backend(opts, pg_options) -> ProcessGroupCudaP2P:
         nccl_options = options.nccl_options
         if nccl_options is None:
             nccl_options = dist.ProcessGroupNCCL.Options()
-        elif not isinstance(nccl_options, dist.ProcessGroupNCCL.Options):
-            raise TypeError(
-                "cuda_p2p: Options.nccl_options must be a ProcessGroupNCCL.Options, "
-                f"got {type(nccl_options).__name__}"
-            )
         nccl_options._timeout = opts.timeout
         nccl_options.global_ranks_in_group = list(opts.global_ranks_in_group)
         nccl_options.group_name = str(opts.group_id)
         nccl = dist.ProcessGroupNCCL(PrefixStore("nccl/", store), rank, size, nccl_options)
     return ProcessGroupCudaP2P(store, rank, size, options, gloo, nccl)
+
+
+# Set per group by _create_backend, never copied from the user's Options.
+_PER_GROUP_FIELDS = frozenset({"backend", "_timeout", "group_name", "global_ranks_in_group"})
+
+
+def _copy_options(src) -> ProcessGroupCudaP2P.Options:
+    """A new Options with every user-settable field of ``src`` (None: the defaults)."""
+    dst = ProcessGroupCudaP2P.Options()
+    if src is None:
+        return dst
+    cls = type(src)
+    for name in dir(cls):
+        if name.startswith("_") or name in _PER_GROUP_FIELDS:
+            continue
+        attr = getattr(cls, name, None)
+        if isinstance(attr, property) and attr.fset is not None:
+            setattr(dst, name, getattr(src, name))
+    return dst
+
+
+def _check_nccl_options(nccl_options) -> None:
+    # Checked whether or not CUDA is available now, so that a wrong type fails on every machine,
+    # not only on the GPU ones. (The Options setter accepts any c10d Backend Options.)
+    if nccl_options is None or not dist.is_nccl_available():
+        return
+    if not isinstance(nccl_options, dist.ProcessGroupNCCL.Options):
+        raise TypeError(
+            "cuda_p2p: Options.nccl_options must be a ProcessGroupNCCL.Options or None, "
+            f"got {type(nccl_options).__name__}"
+        )
 
 
 def _register() -> None:
@@ -63,6 +89,11 @@ def _resolve(group) -> dist.ProcessGroup:
                 "torch.distributed.init_process_group(backend='cuda_p2p') first"
             )
         group = dist.distributed_c10d._get_default_group()
+    if group is dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError(
+            "cuda_p2p: this rank is not a member of the group (new_group returned "
+            "GroupMember.NON_GROUP_MEMBER on it), so it has no backend for the group"
+        )
     if not isinstance(group, dist.ProcessGroup):
         raise TypeError(
             f"cuda_p2p: expected a torch.distributed.ProcessGroup or None, got {type(group).__name__}"

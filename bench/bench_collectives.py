@@ -1,0 +1,714 @@
+#!/usr/bin/env python3
+"""Collective latency and bus bandwidth: cuda_p2p against Gloo, measured in the same run.
+
+Launches N local CPU ranks (torch.multiprocessing, spawn), initialises the default process group
+with backend="cuda_p2p" over tcp://127.0.0.1:<free port> and a Gloo group over the same ranks as
+the baseline. For every collective and message size both backends are timed in interleaved
+iterations (ranks synchronised by a barrier before each one); a timed iteration is the slowest
+rank's time, and the reported latency is the median over iterations. Bus bandwidth follows the
+NCCL-tests conventions (see bench/README.md).
+
+Output: a table on stdout, JSON (--json) and a PNG plot (--plot).
+
+    .venv/bin/python bench/bench_collectives.py                  # 4 ranks, short size list
+    .venv/bin/python bench/bench_collectives.py --world-sizes 2 4
+    .venv/bin/python bench/bench_collectives.py --full           # 8 B .. 64 MiB, powers of 2
+    .venv/bin/python bench/bench_collectives.py --env CUDA_P2P_SOME_KNOB=1 --pg-option buffer_size=1048576
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import ctypes
+import datetime
+import faulthandler
+import json
+import math
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+BACKENDS = ("cuda_p2p", "gloo")  # measured backend first, baseline second
+COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast")
+# NCCL-tests bus bandwidth factors (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md);
+# the message size is the all-reduce/broadcast buffer, the all-gather output, the reduce-scatter input.
+BUSBW_FACTOR = {
+    "all_reduce": lambda n: 2.0 * (n - 1) / n,
+    "all_gather_into_tensor": lambda n: (n - 1) / n,
+    "reduce_scatter_tensor": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+}
+SHORT_SIZES = (8, 1 << 10, 64 << 10, 1 << 20, 16 << 20)
+FULL_MIN, FULL_MAX = 8, 64 << 20
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
+          "float16": torch.float16, "int32": torch.int32}
+
+
+# ------------------------------------------------------------------------------------------------
+# small helpers
+
+def parse_size(text: str) -> int:
+    """'8', '1K', '64KiB', '1M', '16MiB', '1G' -> bytes (binary units)."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = 1
+    for suffix, m in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
+        if t.endswith(suffix):
+            t, mult = t[:-1], m
+            break
+    try:
+        value = int(float(t) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (expected e.g. 8, 1K, 64KiB, 16M)")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
+    return value
+
+
+def fmt_size(n: int) -> str:
+    for unit, m in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= m:
+            v = n / m
+            return f"{v:g} {unit}" if v == int(v) else f"{v:.1f} {unit}"
+    return f"{n} B"
+
+
+def parse_kv(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def git_describe() -> dict:
+    def git(*a):
+        return subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+    try:
+        return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain"))}
+    except Exception:  # no git: not worth failing a benchmark over
+        return {}
+
+
+def memcpy_bandwidth(nbytes: int = 64 << 20, iters: int = 10) -> dict:
+    """Single-core copy bandwidth: bytes copied per second by one thread (torch copy_)."""
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        src = torch.ones(nbytes, dtype=torch.uint8)
+        dst = torch.empty_like(src)
+        for _ in range(2):
+            dst.copy_(src)
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            times.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(prev)
+    med = statistics.median(times)
+    return {"bytes": nbytes, "iters": iters, "median_s": med, "best_s": min(times),
+            "GBps": nbytes / med / 1e9, "best_GBps": nbytes / min(times) / 1e9}
+
+
+# ------------------------------------------------------------------------------------------------
+# rank side
+
+class Step:
+    """Where a rank is: written to a file the parent reads when a rank fails or hangs, and a
+    hard watchdog (faulthandler) that dumps the stack and exits if a step outlives --timeout."""
+
+    def __init__(self, path: str, rank: int, timeout: float):
+        self.path, self.rank, self.timeout = path, rank, timeout
+
+    def __call__(self, what: str) -> None:
+        faulthandler.dump_traceback_later(self.timeout, exit=True)
+        with open(self.path, "w") as f:
+            f.write(what)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    # A rank must not outlive the launcher (Ctrl-C, kill -9 of the parent): SIGKILL on its death.
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _make_inputs(coll: str, nbytes: int, n: int, rank: int, dtype: torch.dtype):
+    """(input, output) tensors for one collective; message-size conventions as NCCL-tests."""
+    esize = torch.empty((), dtype=dtype).element_size()
+    numel = nbytes // esize
+    if coll == "all_reduce" or coll == "broadcast":
+        return torch.zeros(numel, dtype=dtype), None
+    if coll == "all_gather_into_tensor":
+        return torch.zeros(numel // n, dtype=dtype), torch.empty(numel, dtype=dtype)
+    if coll == "reduce_scatter_tensor":
+        return torch.zeros(numel, dtype=dtype), torch.empty(numel // n, dtype=dtype)
+    raise ValueError(coll)
+
+
+def _run_op(dist, coll: str, inp, out, group) -> None:
+    if coll == "all_reduce":
+        dist.all_reduce(inp, group=group)
+    elif coll == "all_gather_into_tensor":
+        dist.all_gather_into_tensor(out, inp, group=group)
+    elif coll == "reduce_scatter_tensor":
+        dist.reduce_scatter_tensor(out, inp, group=group)
+    elif coll == "broadcast":
+        dist.broadcast(inp, src=0, group=group)
+    elif coll == "barrier":
+        dist.barrier(group=group)
+    else:
+        raise ValueError(coll)
+
+
+def _pattern(numel: int, rank: int) -> torch.Tensor:
+    # Small integers, distinct per rank: sums over up to ~20 ranks stay exact even in bfloat16.
+    return torch.arange(numel) % 7 + rank + 1
+
+
+def _check(dist, coll: str, nbytes: int, n: int, rank: int, dtype, groups) -> dict:
+    """Run the collective once on each backend with rank-dependent inputs and compare the
+    outputs exactly (small integers: every summation order gives the same result)."""
+    outs = {}
+    for name, group in groups.items():
+        inp, out = _make_inputs(coll, nbytes, n, rank, dtype)
+        inp.copy_(_pattern(inp.numel(), rank).to(dtype))
+        _run_op(dist, coll, inp, out, group)
+        outs[name] = (inp if out is None else out).clone()
+    ref = outs["gloo"]
+    ok = all(torch.equal(o, ref) for o in outs.values())
+    # Independent of both backends: the expected values computed locally.
+    if coll != "barrier":
+        base = _pattern
+        esize = torch.empty((), dtype=dtype).element_size()
+        numel = nbytes // esize
+        if coll == "all_reduce":
+            exp = sum(base(numel, r) for r in range(n))
+        elif coll == "broadcast":
+            exp = base(numel, 0)
+        elif coll == "all_gather_into_tensor":
+            exp = torch.cat([base(numel // n, r) for r in range(n)])
+        else:
+            shard = numel // n
+            exp = sum(base(numel, r) for r in range(n))[rank * shard:(rank + 1) * shard]
+        ok = ok and torch.equal(ref, exp.to(dtype))
+    flag = torch.tensor([0 if ok else 1], dtype=torch.int32)
+    dist.all_reduce(flag, group=groups["gloo"])  # every rank agrees
+    return {"ok": flag.item() == 0, "bad_ranks": int(flag.item())}
+
+
+def _timed(dist, coll: str, bufs, groups, sync, iters: int, first: int):
+    """iters interleaved iterations of both backends; each op preceded by a barrier on `sync`.
+    Returns {backend: [seconds of this rank per iteration]}."""
+    names = list(groups)
+    times = {name: [] for name in names}
+    walls = []  # per iteration, barriers included: what one more iteration costs
+    for i in range(iters):
+        order = names if (i + first) % 2 == 0 else names[::-1]
+        w0 = time.perf_counter()
+        for name in order:
+            inp, out = bufs[name]
+            g = groups[name]
+            dist.barrier(group=sync)
+            t0 = time.perf_counter()
+            _run_op(dist, coll, inp, out, g)
+            times[name].append(time.perf_counter() - t0)
+        walls.append(time.perf_counter() - w0)
+    return times, walls
+
+
+def _max_over_ranks(dist, values: list[float], group) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return t.tolist()
+
+
+def _summary(times_s: list[float]) -> dict:
+    s = sorted(times_s)
+    p = lambda q: s[min(len(s) - 1, int(q * len(s)))]  # noqa: E731
+    return {"median_us": statistics.median(s) * 1e6, "min_us": s[0] * 1e6, "p10_us": p(0.1) * 1e6,
+            "p90_us": p(0.9) * 1e6, "max_us": s[-1] * 1e6, "iters": len(s),
+            "times_us": [round(x * 1e6, 3) for x in times_s]}
+
+
+def backend_state(pg) -> dict:
+    """What the cuda_p2p backend exposes about itself, recorded with the results.
+
+    Today that is its options. When the backend grows counters (e.g. which algorithm or path ran),
+    read them here, once after the measurements: they land in the JSON under "backend_state".
+    """
+    import cuda_p2p
+
+    b = cuda_p2p.get_cuda_p2p_backend(pg)
+    state = {"class": type(b).__name__, "backend_name": b._get_backend_name(),
+             "wrapped_cpu_backend": type(b.wrapped_backend("cpu")).__name__}
+    opts = b.options
+    for attr in ("buffer_size", "group_name"):
+        if hasattr(opts, attr):
+            state[f"options.{attr}"] = getattr(opts, attr)
+    return state
+
+
+def rank_main(rank: int, cfg: dict) -> None:
+    _die_with_parent(cfg["parent_pid"])
+    torch.set_num_threads(1)
+    # torch 2.14 deprecates the *_tensor names in favour of *_single; they are still the names
+    # users call (and what NCCL-tests measures), so the benchmark keeps them, quietly.
+    warnings.filterwarnings("ignore", category=FutureWarning,
+                            message=r".*(all_gather_into_tensor|reduce_scatter_tensor).*deprecated")
+    step = Step(os.path.join(cfg["tmpdir"], f"rank{rank}.step"), rank, cfg["timeout"])
+    step("import cuda_p2p")
+    os.environ.update(cfg["env"])  # also inherited at spawn; set again before the import
+    import torch.distributed as dist
+    import cuda_p2p
+
+    n = cfg["world_size"]
+    timeout = datetime.timedelta(seconds=cfg["timeout"])
+    dtype = DTYPES[cfg["dtype"]]
+    esize = torch.empty((), dtype=dtype).element_size()
+
+    step("init_process_group(cuda_p2p)")
+    pg_options = None
+    if cfg["pg_options"]:
+        pg_options = cuda_p2p.ProcessGroupCudaP2P.Options()
+        for key, value in cfg["pg_options"].items():
+            setattr(pg_options, key, value)
+    dist.init_process_group(backend="cuda_p2p", init_method=cfg["init_method"], rank=rank,
+                            world_size=n, timeout=timeout, pg_options=pg_options)
+    try:
+        step("new_group(gloo)")
+        gloo = dist.new_group(backend="gloo", timeout=timeout)
+        p2p = dist.group.WORLD
+        if not cuda_p2p.is_cuda_p2p_group(p2p):
+            raise RuntimeError("the default group does not run on the cuda_p2p backend")
+        groups = {"cuda_p2p": p2p, "gloo": gloo}
+        # A third group, used by neither backend under test, synchronises every timed iteration:
+        # syncing on the baseline's own group would leave its threads and sockets warm and bias
+        # the comparison in its favour.
+        step("new_group(gloo, sync)")
+        sync = dist.new_group(backend="gloo", timeout=timeout)
+
+        results, barrier_res = [], None
+        warmup, budget = cfg["warmup"], cfg["budget"]
+        plan = [(c, s) for c in cfg["collectives"] for s in cfg["sizes"]]
+        if cfg["barrier"]:
+            plan.append(("barrier", 0))
+        for idx, (coll, size) in enumerate(plan):
+            label = f"{coll} {fmt_size(size)}" if coll != "barrier" else "barrier"
+            if rank == 0 and cfg["progress"]:
+                print(f"[bench] world_size={n} {idx + 1}/{len(plan)} {label}", file=sys.stderr,
+                      flush=True)
+            # Message size rounded up so that every rank holds whole elements (as NCCL-tests).
+            unit = esize * (n if coll in ("all_gather_into_tensor", "reduce_scatter_tensor") else 1)
+            nbytes = 0 if coll == "barrier" else -(-size // unit) * unit
+            step(f"{label}: allocate")
+            bufs = {name: _make_inputs(coll, nbytes, n, rank, dtype) if coll != "barrier"
+                    else (None, None) for name in groups}
+            step(f"{label}: warmup")
+            _, walls = _timed(dist, coll, bufs, groups, sync, warmup, 0)
+            # The first warmup iterations pay for first touches and connections: estimate the cost
+            # of an iteration from the later half. Every rank must run the same number of
+            # iterations: decide on the slowest rank's estimate.
+            per_iter = statistics.median(walls[len(walls) // 2:])
+            per_iter = _max_over_ranks(dist, [per_iter], gloo)[0]
+            iters = cfg["iters"] or int(min(cfg["max_iters"],
+                                            max(cfg["min_iters"], budget / max(per_iter, 1e-9))))
+            step(f"{label}: {iters} timed iterations")
+            local, _ = _timed(dist, coll, bufs, groups, sync, iters, 1)
+            entry = {"collective": coll, "bytes": nbytes, "requested_bytes": size,
+                     "count": nbytes // esize, "iters": iters}
+            for name in groups:
+                entry[name] = _summary(_max_over_ranks(dist, local[name], gloo))
+            del bufs
+            if coll == "barrier":
+                barrier_res = entry
+                continue
+            step(f"{label}: check")
+            entry["check"] = _check(dist, coll, nbytes, n, rank, dtype, groups) if cfg["check"] \
+                else None
+            results.append(entry)
+
+        step("backend_state")
+        state = backend_state(p2p)
+        if rank == 0:
+            out = {"world_size": n, "results": results, "barrier": barrier_res,
+                   "backend_state": state}
+            tmp = os.path.join(cfg["tmpdir"], "results.json.tmp")
+            with open(tmp, "w") as f:
+                json.dump(out, f)
+            os.replace(tmp, os.path.join(cfg["tmpdir"], "results.json"))
+        step("destroy_process_group")
+        dist.barrier(group=gloo)
+    finally:
+        dist.destroy_process_group()
+        faulthandler.cancel_dump_traceback_later()
+
+
+# ------------------------------------------------------------------------------------------------
+# launcher side
+
+class BenchError(RuntimeError):
+    pass
+
+
+def launch(world_size: int, cfg: dict) -> dict:
+    """Spawns the ranks of one world size, waits for them under a deadline, and returns rank 0's
+    results. On any failure every rank is killed and BenchError says which rank was where."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="cuda_p2p_bench_") as tmpdir:
+        cfg = dict(cfg, world_size=world_size, tmpdir=tmpdir, parent_pid=os.getpid(),
+                   init_method=f"tcp://127.0.0.1:{free_port()}")
+        ctx = mp.start_processes(rank_main, args=(cfg,), nprocs=world_size, join=False,
+                                 start_method="spawn")
+        deadline = time.monotonic() + cfg["total_timeout"]
+        failure = None
+        try:
+            while not ctx.join(timeout=0.5):
+                if time.monotonic() > deadline:
+                    failure = (f"world_size={world_size}: did not finish within --total-timeout="
+                               f"{cfg['total_timeout']:g} s")
+                    break
+        except mp.ProcessRaisedException as e:
+            failure = f"world_size={world_size}: rank {e.error_index} raised:\n{e}"
+        except mp.ProcessExitedException as e:
+            failure = (f"world_size={world_size}: rank {e.error_index} exited with code "
+                       f"{e.exit_code} (code 1 after a 'Timeout' stack dump above: a step "
+                       f"outlived --timeout={cfg['timeout']:g} s)")
+        except BaseException:  # KeyboardInterrupt and friends: clean up, then re-raise
+            _kill_all(ctx)
+            raise
+        finally:
+            if failure is not None:
+                where = []
+                for r in range(world_size):
+                    try:
+                        where.append(f"  rank {r}: {Path(tmpdir, f'rank{r}.step').read_text()}")
+                    except OSError:
+                        where.append(f"  rank {r}: (not started)")
+                _kill_all(ctx)
+                failure += "\nlast step of each rank:\n" + "\n".join(where)
+        if failure is not None:
+            raise BenchError(failure)
+        path = Path(tmpdir, "results.json")
+        if not path.exists():
+            raise BenchError(f"world_size={world_size}: ranks exited without results")
+        return json.loads(path.read_text())
+
+
+def _kill_all(ctx) -> None:
+    for p in ctx.processes:
+        if p.is_alive():
+            p.kill()
+    for p in ctx.processes:
+        p.join(timeout=10)
+
+
+def speedup_ci(p2p_us: list[float], gloo_us: list[float], reps: int = 2000) -> list[float]:
+    """95% bootstrap interval of median(gloo) / median(cuda_p2p). Iteration i of both backends ran
+    back to back, so iterations are resampled in pairs."""
+    import numpy as np
+
+    a, b = np.asarray(p2p_us), np.asarray(gloo_us)
+    idx = np.random.default_rng(0).integers(0, len(a), size=(reps, len(a)))
+    r = np.median(b[idx], axis=1) / np.median(a[idx], axis=1)
+    return [float(np.percentile(r, 2.5)), float(np.percentile(r, 97.5))]
+
+
+def add_derived(run: dict, memcpy_gbps: float) -> None:
+    n = run["world_size"]
+    for e in run["results"]:
+        factor = BUSBW_FACTOR[e["collective"]](n)
+        for name in BACKENDS:
+            s = e[name]
+            t = s["median_us"] * 1e-6
+            s["algbw_GBps"] = e["bytes"] / t / 1e9
+            s["busbw_GBps"] = s["algbw_GBps"] * factor
+            s["busbw_frac_memcpy"] = s["busbw_GBps"] / memcpy_gbps
+    for e in run["results"] + ([run["barrier"]] if run.get("barrier") else []):
+        e["speedup"] = e["gloo"]["median_us"] / e["cuda_p2p"]["median_us"]
+        e["speedup_ci95"] = speedup_ci(e["cuda_p2p"]["times_us"], e["gloo"]["times_us"])
+
+
+SHORT_NAMES = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
+               "reduce_scatter_tensor": "reduce_scatter", "broadcast": "broadcast",
+               "barrier": "barrier"}
+
+
+def fmt_gbps(v: float) -> str:
+    return f"{v:.3f}" if v >= 1e-3 else f"{v:.1e}"
+
+
+def print_table(run: dict, memcpy: dict, dtype: str) -> None:
+    n = run["world_size"]
+    cols = [("collective", "", "<", 15), ("size", "", ">", 10), ("iters", "", ">", 6),
+            ("p2p", "us", ">", 10), ("gloo", "us", ">", 10), ("speedup", "gloo/p2p", ">", 9),
+            ("95% CI", "speedup", ">", 13), ("p2p busbw", "GB/s", ">", 11),
+            ("gloo busbw", "GB/s", ">", 11), ("p2p", "%memcpy", ">", 9),
+            ("gloo", "%memcpy", ">", 9), ("check", "", ">", 7)]
+
+    def line(cells):
+        return "".join(f"{c:{a}{w}}" for c, (_, _, a, w) in zip(cells, cols)).rstrip()
+
+    print(f"\nworld_size={n}  dtype={dtype}  single-core memcpy={memcpy['GBps']:.2f} GB/s  "
+          f"latency = median over iterations of the slowest rank's time")
+    print(line([c[0] for c in cols]))
+    print(line([c[1] for c in cols]))
+    print("-" * sum(c[3] for c in cols))
+    prev = None
+    for e in run["results"] + ([run["barrier"]] if run.get("barrier") else []):
+        if prev is not None and e["collective"] != prev:
+            print()
+        prev = e["collective"]
+        p, g = e["cuda_p2p"], e["gloo"]
+        lo, hi = e["speedup_ci95"]
+        cells = [SHORT_NAMES[e["collective"]], "-", str(e["iters"]), f"{p['median_us']:.1f}",
+                 f"{g['median_us']:.1f}", f"{e['speedup']:.2f}x", f"[{lo:.2f}, {hi:.2f}]"]
+        if e["collective"] == "barrier":
+            cells += ["-"] * 5
+        else:
+            cells[1] = fmt_size(e["bytes"])
+            cells += [fmt_gbps(p["busbw_GBps"]), fmt_gbps(g["busbw_GBps"]),
+                      f"{100 * p['busbw_frac_memcpy']:.1f}%", f"{100 * g['busbw_frac_memcpy']:.1f}%",
+                      "-" if e.get("check") is None else ("ok" if e["check"]["ok"] else "FAIL")]
+        print(line(cells))
+
+
+def plot(runs: list[dict], memcpy: dict, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colls = [c for c in COLLECTIVES if any(e["collective"] == c for r in runs for e in r["results"])]
+    fig, axes = plt.subplots(3, len(colls), figsize=(4.2 * len(colls), 10.5), squeeze=False,
+                             sharex="col")
+    colors = {"cuda_p2p": "tab:red", "gloo": "tab:blue"}
+    markers = ["o", "s", "^", "D", "v", "P"]
+    for j, coll in enumerate(colls):
+        ax_lat, ax_bw, ax_sp = axes[0][j], axes[1][j], axes[2][j]
+        for k, run in enumerate(runs):
+            es = [e for e in run["results"] if e["collective"] == coll]
+            if not es:
+                continue
+            x = [e["bytes"] for e in es]
+            m = markers[k % len(markers)]
+            for name in BACKENDS:
+                lbl = f"{name} n={run['world_size']}"
+                ax_lat.plot(x, [e[name]["median_us"] for e in es], marker=m, color=colors[name],
+                            alpha=0.9 if len(runs) == 1 else 0.5 + 0.5 * (k + 1) / len(runs),
+                            label=lbl)
+                ax_bw.plot(x, [e[name]["busbw_GBps"] for e in es], marker=m, color=colors[name],
+                           alpha=0.9 if len(runs) == 1 else 0.5 + 0.5 * (k + 1) / len(runs),
+                           label=lbl)
+            ax_sp.plot(x, [e["speedup"] for e in es], marker=m, color="k",
+                       alpha=0.5 + 0.5 * (k + 1) / len(runs), label=f"n={run['world_size']}")
+        ax_bw.axhline(memcpy["GBps"], color="gray", ls="--", lw=1, label="1-core memcpy")
+        ax_sp.axhline(1.0, color="gray", ls="--", lw=1)
+        ax_lat.set_title(coll)
+        for ax in (ax_lat, ax_bw, ax_sp):
+            ax.set_xscale("log", base=2)
+            ax.grid(True, which="both", alpha=0.3)
+        ax_lat.set_yscale("log")
+        ax_bw.set_yscale("log")
+        ax_sp.set_xlabel("message size (bytes)")
+        if j == 0:
+            ax_lat.set_ylabel("latency (us, median)")
+            ax_bw.set_ylabel("bus bandwidth (GB/s)")
+            ax_sp.set_ylabel("speedup gloo / cuda_p2p")
+        if j == len(colls) - 1:
+            ax_lat.legend(fontsize=7)
+            ax_bw.legend(fontsize=7)
+            ax_sp.legend(fontsize=7)
+    bar = "  ".join(
+        f"barrier n={r['world_size']}: cuda_p2p {r['barrier']['cuda_p2p']['median_us']:.0f} us, "
+        f"gloo {r['barrier']['gloo']['median_us']:.0f} us" for r in runs if r.get("barrier"))
+    fig.suptitle(f"{title}\n{bar}", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(
+        description="cuda_p2p vs Gloo collective benchmark on local CPU ranks.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--world-sizes", type=int, nargs="+", default=[4], metavar="N",
+                    help="numbers of ranks; one run per value")
+    ap.add_argument("--full", action="store_true",
+                    help=f"sweep powers of 2 from {fmt_size(FULL_MIN)} to {fmt_size(FULL_MAX)}")
+    ap.add_argument("--sizes", type=parse_size, nargs="+", metavar="SIZE",
+                    help="message sizes (e.g. 8 1K 64KiB 16M); default: "
+                         + " ".join(fmt_size(s).replace(" ", "") for s in SHORT_SIZES))
+    ap.add_argument("--collectives", nargs="+", choices=COLLECTIVES, default=list(COLLECTIVES))
+    ap.add_argument("--no-barrier", dest="barrier", action="store_false",
+                    help="skip the barrier latency measurement")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    ap.add_argument("--warmup", type=int, default=5, help="untimed iterations per backend")
+    ap.add_argument("--iters", type=int, default=0,
+                    help="timed iterations per backend (0: adaptive, see --budget)")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="adaptive iterations: seconds per (collective, size) for both backends "
+                         "(default 1.2, 2.0 with --full)")
+    ap.add_argument("--min-iters", type=int, default=5)
+    ap.add_argument("--max-iters", type=int, default=500)
+    ap.add_argument("--no-check", dest="check", action="store_false",
+                    help="skip comparing cuda_p2p's results with Gloo's and a local reference")
+    ap.add_argument("--env", type=parse_kv, action="append", default=[], metavar="KEY=VALUE",
+                    help="environment variable for the ranks (repeatable), e.g. a cuda_p2p knob")
+    ap.add_argument("--pg-option", type=parse_kv, action="append", default=[],
+                    metavar="NAME=VALUE",
+                    help="attribute of cuda_p2p.ProcessGroupCudaP2P.Options (repeatable; VALUE is "
+                         "a Python literal), e.g. buffer_size=1048576")
+    ap.add_argument("--timeout", type=float, default=120.0,
+                    help="per-rank: seconds any single step (one size of one collective) may take; "
+                         "also the process-group timeout")
+    ap.add_argument("--total-timeout", type=float, default=None,
+                    help="launcher: seconds one world size may take before every rank is killed "
+                         "(default 600, 3600 with --full)")
+    ap.add_argument("--json", type=Path, default=HERE / "results" / "collectives.json")
+    ap.add_argument("--plot", type=Path, default=HERE / "results" / "collectives.png")
+    ap.add_argument("--no-plot", dest="do_plot", action="store_false")
+    ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    args = ap.parse_args(argv)
+
+    if any(n < 1 for n in args.world_sizes):
+        ap.error("--world-sizes must be positive")
+    if args.sizes is None:
+        if args.full:
+            args.sizes = [1 << k for k in range(int(math.log2(FULL_MIN)), int(math.log2(FULL_MAX)) + 1)]
+        else:
+            args.sizes = list(SHORT_SIZES)
+    elif args.full:
+        ap.error("--full and --sizes are exclusive")
+    args.sizes = sorted(set(args.sizes))
+    if args.budget is None:
+        args.budget = 2.0 if args.full else 1.2
+    if args.total_timeout is None:
+        args.total_timeout = 3600.0 if args.full else 600.0
+    if args.warmup < 1 or args.min_iters < 1 or args.max_iters < args.min_iters or args.iters < 0:
+        ap.error("need --warmup >= 1, --iters >= 0, 1 <= --min-iters <= --max-iters")
+    pg_options = {}
+    if args.pg_option:
+        import cuda_p2p
+
+        known = [a for a in dir(cuda_p2p.ProcessGroupCudaP2P.Options()) if not a.startswith("_")]
+        for key, value in args.pg_option:
+            if key not in known:
+                ap.error(f"--pg-option {key}: ProcessGroupCudaP2P.Options has no such attribute "
+                         f"(it has: {', '.join(known)})")
+            try:
+                pg_options[key] = ast.literal_eval(value)
+            except (ValueError, SyntaxError):
+                ap.error(f"--pg-option {key}={value}: VALUE must be a Python literal")
+            try:  # fail here, not in every rank
+                setattr(cuda_p2p.ProcessGroupCudaP2P.Options(), key, pg_options[key])
+            except Exception as e:
+                ap.error(f"--pg-option {key}={value}: {e}")
+    args.pg_options = pg_options
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    t_start = time.perf_counter()
+    import cuda_p2p  # fail early and clearly when the package is not built/installed
+
+    # Ranks share the cores: one intra-op thread each (also for OpenMP/MKL in spawned children).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
+    env = dict(args.env)
+    os.environ.update(env)
+
+    memcpy = memcpy_bandwidth()
+    print(f"[bench] single-core memcpy (torch copy_, 64 MiB, 1 thread): {memcpy['GBps']:.2f} GB/s",
+          file=sys.stderr, flush=True)
+    cfg = {"sizes": args.sizes, "collectives": args.collectives, "barrier": args.barrier,
+           "dtype": args.dtype, "warmup": args.warmup, "iters": args.iters, "budget": args.budget,
+           "min_iters": args.min_iters, "max_iters": args.max_iters, "check": args.check,
+           "env": env, "pg_options": args.pg_options, "timeout": args.timeout,
+           "total_timeout": args.total_timeout, "progress": not args.quiet}
+
+    runs = []
+    for n in args.world_sizes:
+        t0 = time.perf_counter()
+        try:
+            run = launch(n, cfg)
+        except BenchError as e:
+            print(f"\nbench: FAILED: {e}", file=sys.stderr)
+            return 1
+        run["wall_s"] = time.perf_counter() - t0
+        add_derived(run, memcpy["GBps"])
+        runs.append(run)
+        print_table(run, memcpy, args.dtype)
+        sys.stdout.flush()
+
+    wall = time.perf_counter() - t_start
+    failed = [(r["world_size"], e["collective"], e["bytes"]) for r in runs for e in r["results"]
+              if e.get("check") and not e["check"]["ok"]]
+    meta = {
+        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "argv": sys.argv[1:] if argv is None else list(argv),
+        "host": platform.node(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
+        "python": platform.python_version(), "torch": torch.__version__,
+        "cuda_p2p": getattr(cuda_p2p, "__version__", None), "git": git_describe(),
+        "dtype": args.dtype, "sizes": args.sizes, "env": env, "pg_options": args.pg_options,
+        "warmup": args.warmup, "budget_s": args.budget, "wall_s": wall,
+        "conventions": {
+            "latency": "median over timed iterations of the max over ranks of one op's time; "
+                       "ranks pass a Gloo barrier before every timed op; backends interleaved",
+            "bytes": "all_reduce/broadcast: buffer; all_gather: output; reduce_scatter: input "
+                     "(NCCL-tests)",
+            "algbw": "bytes / latency (1 GB = 1e9 B)",
+            "busbw": "algbw * factor: all_reduce 2(n-1)/n, all_gather & reduce_scatter (n-1)/n, "
+                     "broadcast 1",
+            "speedup": "gloo median latency / cuda_p2p median latency",
+            "memcpy": "bytes copied per second by one thread (torch copy_ of 64 MiB)"},
+    }
+    doc = {"meta": meta, "memcpy": memcpy, "runs": runs}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(doc, indent=1))
+    print(f"\n[bench] JSON: {args.json}", flush=True)
+    if args.do_plot:
+        try:
+            title = (f"cuda_p2p vs Gloo, CPU ranks, {args.dtype}, {os.cpu_count()} cores, "
+                     f"torch {torch.__version__}")
+            plot(runs, memcpy, args.plot, title)
+            print(f"[bench] plot: {args.plot}", flush=True)
+        except ImportError as e:
+            print(f"[bench] no plot ({e}); install matplotlib", file=sys.stderr)
+    print(f"[bench] total wall time {wall:.1f} s", flush=True)
+    if failed:
+        print(f"bench: FAILED: cuda_p2p results differ from Gloo/reference for {failed}",
+              file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

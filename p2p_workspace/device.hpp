@@ -1,0 +1,129 @@
+// The device interface (DESIGN.md §2): the few operations every algorithm in this project is
+// written against, with one implementation per device kind (a "transport table"):
+//
+//   operation          CUDA (cuda/cuda_device.cpp)               host (host/host_device.cpp)
+//   share a block      cudaMalloc + cudaIpc{Get,Open}MemHandle   memfd + mmap, fd over SCM_RIGHTS
+//   stream             c10::cuda::CUDAStream                     an ordered executor thread
+//   copy               cudaMemcpyAsync (copy engine)             memcpy on the executor
+//   signal / wait      cuStreamWriteValue32 / WaitValue32        atomic store + futex / futex wait
+//   run compute        stream guard + ATen call                  closure on the executor
+//   event / join       cudaEvent record / wait                   executor fence
+//
+// An algorithm enqueues work on streams and never looks at which implementation it got, so the
+// schedule CI runs on the host is the schedule a GPU runs.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace cuda_p2p {
+
+using Millis = std::chrono::milliseconds;
+
+// An ordered queue of work. Work enqueued on one stream runs in order; different streams run
+// concurrently and are ordered only through events and signals.
+class Stream {
+ public:
+  virtual ~Stream() = default;
+};
+
+// A point in a stream's queue that another stream (or the host) can wait for.
+class Event {
+ public:
+  virtual ~Event() = default;
+};
+
+// One rank's shared block, as mapped into this process. The mapping is released when the last
+// reference (the workspace, or a tensor aliasing it) is dropped.
+class Block {
+ public:
+  virtual ~Block() = default;
+  void* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ protected:
+  void* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Keeps the local block reachable by peers while a rendezvous is in progress.
+class BlockExporter {
+ public:
+  virtual ~BlockExporter() = default;
+  // The bytes a peer passes to Device::import_block (published through the c10d store).
+  virtual std::vector<uint8_t> handle() const = 0;
+};
+
+// One signal word to wait for: *addr >= value, in wrap-around (sequence number) order. `peer` is
+// the rank expected to write it, named in the timeout error.
+struct SignalWait {
+  const uint32_t* addr;
+  uint32_t value;
+  int peer;
+};
+
+// True when `word` has reached `value` in sequence-number order (wrap-around safe, the same rule
+// as CU_STREAM_WAIT_VALUE_GEQ).
+inline bool signal_reached(uint32_t word, uint32_t value) {
+  return static_cast<int32_t>(word - value) >= 0;
+}
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  // "cpu" or "cuda:N"; the device of tensors aliasing this device's blocks.
+  virtual std::string name() const = 0;
+  virtual at::Device tensor_device() const = 0;
+  // Distinguishes processes that may share a device: peers on the same physical device must agree.
+  virtual int device_index() const = 0;
+
+  // --- blocks ---
+  // A new zero-filled block of `bytes`, shareable with peers of the same host.
+  virtual std::shared_ptr<Block> allocate(size_t bytes) = 0;
+  // Starts exporting `block` to up to `max_peers` peers of the same user on this host.
+  virtual std::unique_ptr<BlockExporter> export_block(const std::shared_ptr<Block>& block,
+                                                      int max_peers) = 0;
+  // Maps a peer's block from the handle its exporter published.
+  virtual std::shared_ptr<Block> import_block(const std::vector<uint8_t>& handle, size_t bytes,
+                                              Millis timeout) = 0;
+  // A table of the blocks' addresses readable by this device's kernels (device memory on CUDA);
+  // null on the host, whose code reads the addresses directly.
+  virtual std::shared_ptr<void> upload_pointer_table(const std::vector<void*>& ptrs) = 0;
+
+  // --- streams ---
+  // The caller's stream: the current CUDA stream; on the host, the calling thread itself (work
+  // enqueued there runs before the call returns).
+  virtual std::shared_ptr<Stream> current_stream() = 0;
+  virtual std::shared_ptr<Stream> new_stream(bool high_priority) = 0;
+
+  // Copies `n` bytes; either side may be a peer's mapping.
+  virtual void copy(Stream& s, void* dst, const void* src, size_t n) = 0;
+  // Writes `value` to a signal word (usually in a peer's pad), after all earlier work on `s`.
+  virtual void write_signal(Stream& s, uint32_t* addr, uint32_t value) = 0;
+  // Makes `s` wait until every wait is satisfied. A wait that is not satisfied within `timeout`
+  // fails the stream with an error naming `context` and every peer that never arrived.
+  virtual void wait_signals(Stream& s, std::vector<SignalWait> waits, Millis timeout,
+                            std::string context) = 0;
+  // Runs `fn` in stream order: on CUDA, `fn` is called now with `s` as the current stream (it
+  // launches kernels); on the host, `fn` runs on the stream's executor.
+  virtual void run(Stream& s, std::function<void()> fn) = 0;
+
+  virtual std::shared_ptr<Event> record(Stream& s) = 0;
+  virtual void wait_event(Stream& s, const Event& e) = 0;
+  // Blocks the host until everything enqueued on `s` has run; rethrows the first error of `s`.
+  virtual void synchronize(Stream& s) = 0;
+};
+
+std::shared_ptr<Device> make_host_device();
+#ifdef CUDA_P2P_WITH_CUDA
+std::shared_ptr<Device> make_cuda_device(int device_index);
+#endif
+
+}  // namespace cuda_p2p

@@ -1,0 +1,383 @@
+#include "p2p_workspace/symmetric_workspace.hpp"
+
+#include <c10/util/Exception.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+namespace cuda_p2p {
+
+// NOTE [Signal sequence numbers]
+// Every (target, channel, src) slot holds the number of signals src has sent target on that
+// channel. The sender keeps the count in sent_, the receiver in expected_; a wait is satisfied
+// when the slot reaches the expected count (wrap-around compare), so slots never need resetting
+// and a late signal is never lost: a signal sent before its wait was enqueued is simply already
+// there. Counts advance when the operation is enqueued (host program order), which is the order
+// in which the stream of that channel executes them. Both sides agree as long as each pair of
+// ranks issues the same put/wait/barrier sequence per channel - which is what "collective"
+// means - and one channel is never driven by two streams at once.
+
+namespace {
+
+constexpr size_t kPageSize = 4096;
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+std::string hex(const std::vector<uint8_t>& bytes) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string s;
+  for (auto b : bytes) {
+    s += kHex[b >> 4];
+    s += kHex[b & 0xf];
+  }
+  return s;
+}
+
+std::vector<uint8_t> unhex(const std::string& s) {
+  std::vector<uint8_t> out(s.size() / 2);
+  for (size_t i = 0; i < out.size(); ++i) out[i] = std::stoi(s.substr(2 * i, 2), nullptr, 16);
+  return out;
+}
+
+std::string to_string(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
+std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+// What a rank publishes at rendezvous.
+struct PeerInfo {
+  std::string host;
+  int64_t pid = 0;
+  std::string device;
+  int device_index = -1;
+  int64_t block_size = 0;
+  std::vector<uint8_t> handle;
+
+  std::string serialize() const {
+    std::ostringstream os;
+    os << host << '\n'
+       << pid << '\n'
+       << device << '\n'
+       << device_index << '\n'
+       << block_size << '\n'
+       << hex(handle) << '\n';
+    return os.str();
+  }
+  static PeerInfo parse(const std::string& s) {
+    std::istringstream is(s);
+    PeerInfo p;
+    std::string line;
+    std::getline(is, p.host);
+    std::getline(is, line);
+    p.pid = std::stoll(line);
+    std::getline(is, p.device);
+    std::getline(is, line);
+    p.device_index = std::stoi(line);
+    std::getline(is, line);
+    p.block_size = std::stoll(line);
+    std::getline(is, line);
+    p.handle = unhex(line);
+    return p;
+  }
+};
+
+// Publishes `value` under prefix/<rank> and returns every rank's value, in rank order.
+std::vector<std::string> exchange(c10d::Store& store, const std::string& prefix, int rank,
+                                  int world_size, const std::string& value, Millis timeout) {
+  store.set(prefix + std::to_string(rank), to_bytes(value));
+  std::vector<std::string> keys;
+  for (int r = 0; r < world_size; ++r) keys.push_back(prefix + std::to_string(r));
+  try {
+    store.wait(keys, timeout);
+  } catch (const std::exception& e) {
+    std::ostringstream missing;
+    int count = 0;
+    for (int r = 0; r < world_size; ++r) {
+      if (!store.check({keys[r]})) missing << (count++ ? ", " : "") << r;
+    }
+    TORCH_CHECK(false, "cuda_p2p: workspace rendezvous (", prefix, ") timed out after ",
+                timeout.count(), " ms on rank ", rank, ": rank", count > 1 ? "s " : " ",
+                missing.str(), " never arrived");
+  }
+  std::vector<std::string> out;
+  for (const auto& k : keys) out.push_back(to_string(store.get(k)));
+  return out;
+}
+
+}  // namespace
+
+std::string host_identity() {
+  if (const char* id = std::getenv(kHostIdEnv); id && *id) return id;
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  std::string boot_id;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
+  return std::string(name) + "/" + boot_id;
+}
+
+struct SymmetricWorkspace::Mapping {
+  int64_t buffer_size = 0;
+  std::vector<std::shared_ptr<Block>> blocks;  // by rank
+  std::vector<void*> buffers;
+  std::vector<uint32_t*> pads;
+  std::shared_ptr<void> device_buffers;
+  std::shared_ptr<void> device_pads;
+};
+
+SymmetricWorkspace::SymmetricWorkspace(c10::intrusive_ptr<c10d::Store> store, int rank,
+                                       int world_size, std::shared_ptr<Device> device,
+                                       WorkspaceOptions options)
+    : store_(std::move(store)),
+      rank_(rank),
+      world_size_(world_size),
+      device_(std::move(device)),
+      options_(options) {
+  TORCH_CHECK(store_, "cuda_p2p: SymmetricWorkspace needs a store");
+  TORCH_CHECK(device_, "cuda_p2p: SymmetricWorkspace needs a device");
+  TORCH_CHECK(world_size_ >= 1 && rank_ >= 0 && rank_ < world_size_,
+              "cuda_p2p: SymmetricWorkspace: rank must be in [0, ", world_size_, "), got ", rank_);
+  TORCH_CHECK(options_.buffer_size > 0,
+              "cuda_p2p: workspace buffer_size must be positive (bytes), got ",
+              options_.buffer_size);
+  TORCH_CHECK(options_.num_channels >= 1 && options_.num_channels <= 64,
+              "cuda_p2p: workspace num_channels must be in [1, 64], got ", options_.num_channels);
+  TORCH_CHECK(options_.timeout.count() > 0, "cuda_p2p: workspace timeout must be positive, got ",
+              options_.timeout.count(), " ms");
+  rendezvous(options_.buffer_size);
+}
+
+SymmetricWorkspace::~SymmetricWorkspace() = default;
+
+void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
+  const int gen = ++generation_;
+  const std::string prefix = "cuda_p2p/workspace/" + std::to_string(gen) + "/";
+  const size_t buffer_bytes = round_up(static_cast<size_t>(buffer_size), kPageSize);
+  const size_t pad_bytes = round_up(
+      sizeof(uint32_t) * static_cast<size_t>(options_.num_channels) * world_size_, kPageSize);
+  const size_t block_bytes = buffer_bytes + pad_bytes;
+
+  PeerInfo me;
+  me.host = host_identity();
+  me.pid = ::getpid();
+  me.device = device_->name();
+  me.device_index = device_->device_index();
+  me.block_size = static_cast<int64_t>(block_bytes);
+  auto local = device_->allocate(block_bytes);
+  auto exporter = device_->export_block(local, world_size_ - 1);
+  me.handle = exporter->handle();
+
+  std::vector<PeerInfo> peers;
+  for (const auto& s :
+       exchange(*store_, prefix + "info/", rank_, world_size_, me.serialize(), options_.timeout)) {
+    peers.push_back(PeerInfo::parse(s));
+  }
+
+  // Every rank sees the same infos, so every rank reaches the same verdict.
+  for (int r = 0; r < world_size_; ++r) {
+    if (peers[r].host != peers[0].host) {
+      available_ = false;
+      reason_ = "the ranks span hosts (rank 0 on '" + peers[0].host + "', rank " +
+                std::to_string(r) + " on '" + peers[r].host + "')";
+      mapping_.reset();
+      return;
+    }
+  }
+  for (int r = 0; r < world_size_; ++r) {
+    TORCH_CHECK(peers[r].block_size == me.block_size && peers[r].device.substr(0, 3) == me.device.substr(0, 3),
+                "cuda_p2p: workspace ranks disagree: rank ", r, " has a ", peers[r].block_size,
+                "-byte block on ", peers[r].device, ", rank ", rank_, " has a ", me.block_size,
+                "-byte block on ", me.device);
+  }
+
+  auto mapping = std::make_shared<Mapping>();
+  mapping->buffer_size = static_cast<int64_t>(buffer_bytes);
+  mapping->blocks.resize(world_size_);
+  std::string error;
+  try {
+    for (int r = 0; r < world_size_; ++r) {
+      mapping->blocks[r] =
+          r == rank_ ? local : device_->import_block(peers[r].handle, block_bytes, options_.timeout);
+    }
+  } catch (const std::exception& e) {
+    error = "rank " + std::to_string(rank_) + ": " + e.what();
+  }
+  // Agree on success: a workspace mapped on some ranks only would make the ranks take different
+  // paths and hang. The exporter stays up until every peer has mapped.
+  const auto statuses =
+      exchange(*store_, prefix + "mapped/", rank_, world_size_, error, options_.timeout);
+  exporter.reset();
+  for (const auto& s : statuses) {
+    if (!s.empty()) {
+      available_ = false;
+      reason_ = "a peer's block could not be mapped (" + s + ")";
+      mapping_.reset();
+      return;
+    }
+  }
+
+  for (auto& b : mapping->blocks) {
+    auto* base = static_cast<char*>(b->data());
+    mapping->buffers.push_back(base);
+    mapping->pads.push_back(reinterpret_cast<uint32_t*>(base + buffer_bytes));
+  }
+  mapping->device_buffers = device_->upload_pointer_table(mapping->buffers);
+  std::vector<void*> pads(mapping->pads.begin(), mapping->pads.end());
+  mapping->device_pads = device_->upload_pointer_table(pads);
+
+  {
+    std::lock_guard<std::mutex> lock(mapping_mutex_);
+    mapping_ = std::move(mapping);
+  }
+  sent_.assign(static_cast<size_t>(options_.num_channels) * world_size_, 0);
+  expected_.assign(sent_.size(), 0);
+  available_ = true;
+  reason_.clear();
+}
+
+std::shared_ptr<SymmetricWorkspace::Mapping> SymmetricWorkspace::mapping() const {
+  std::lock_guard<std::mutex> lock(mapping_mutex_);
+  return mapping_;
+}
+
+void SymmetricWorkspace::check_available(const char* what) const {
+  TORCH_CHECK(available_, "cuda_p2p ", what, ": the P2P workspace is unavailable: ", reason_);
+}
+
+void SymmetricWorkspace::check_rank(int r, const char* what) const {
+  TORCH_CHECK(r >= 0 && r < world_size_, "cuda_p2p ", what, ": rank must be in [0, ",
+              world_size_, "), got ", r);
+}
+
+void SymmetricWorkspace::check_channel(int channel) const {
+  TORCH_CHECK(channel >= 0 && channel < options_.num_channels,
+              "cuda_p2p: signal channel must be in [0, ", options_.num_channels, "), got ",
+              channel);
+}
+
+int64_t SymmetricWorkspace::buffer_size() const {
+  auto m = mapping();
+  return m ? m->buffer_size : 0;
+}
+
+void* SymmetricWorkspace::buffer(int rank) const {
+  check_available("buffer");
+  check_rank(rank, "buffer");
+  return mapping()->buffers[rank];
+}
+
+uint32_t* SymmetricWorkspace::signal_slot(int target, int channel, int src) const {
+  check_available("signal_slot");
+  check_rank(target, "signal_slot");
+  check_rank(src, "signal_slot");
+  check_channel(channel);
+  return mapping()->pads[target] + channel * world_size_ + src;
+}
+
+const std::shared_ptr<void>& SymmetricWorkspace::device_buffer_table() const {
+  check_available("device_buffer_table");
+  return mapping_->device_buffers;
+}
+
+const std::shared_ptr<void>& SymmetricWorkspace::device_pad_table() const {
+  check_available("device_pad_table");
+  return mapping_->device_pads;
+}
+
+at::Tensor SymmetricWorkspace::get_buffer(int rank, at::IntArrayRef sizes, at::ScalarType dtype,
+                                          int64_t storage_offset) const {
+  check_available("get_p2p_buffer");
+  check_rank(rank, "get_p2p_buffer");
+  TORCH_CHECK(!c10::isQIntType(dtype),
+              "cuda_p2p get_p2p_buffer: quantized dtypes are not supported, got ", dtype);
+  TORCH_CHECK(storage_offset >= 0, "cuda_p2p get_p2p_buffer: storage_offset must be >= 0, got ",
+              storage_offset);
+  int64_t numel = 1;
+  for (auto s : sizes) {
+    TORCH_CHECK(s >= 0, "cuda_p2p get_p2p_buffer: sizes must be >= 0, got ", sizes);
+    numel *= s;
+  }
+  auto m = mapping();
+  const int64_t item = static_cast<int64_t>(c10::elementSize(dtype));
+  const int64_t needed = (storage_offset + numel) * item;
+  TORCH_CHECK(needed <= m->buffer_size, "cuda_p2p get_p2p_buffer: sizes ", sizes, " of ", dtype,
+              " at storage_offset ", storage_offset, " need ", needed,
+              " bytes, but the buffer holds ", m->buffer_size, " bytes (at most ",
+              m->buffer_size / item - storage_offset,
+              " elements at that offset); grow it with ensure_min_buffer_size");
+  return at::for_blob(m->buffers[rank], sizes)
+      .storage_offset(storage_offset)
+      .context(new std::shared_ptr<Mapping>(m),
+               [](void* ctx) { delete static_cast<std::shared_ptr<Mapping>*>(ctx); })
+      .options(at::TensorOptions().dtype(dtype).device(device_->tensor_device()))
+      .make_tensor();
+}
+
+void SymmetricWorkspace::put_signal(Stream& s, int peer, int channel) {
+  check_available("put_signal");
+  check_rank(peer, "put_signal");
+  check_channel(channel);
+  const uint32_t value = ++sent_[channel * world_size_ + peer];
+  device_->write_signal(s, signal_slot(peer, channel, rank_), value);
+}
+
+void SymmetricWorkspace::wait_signal(Stream& s, int peer, int channel,
+                                     std::optional<Millis> timeout) {
+  check_available("wait_signal");
+  check_rank(peer, "wait_signal");
+  check_channel(channel);
+  const uint32_t value = ++expected_[channel * world_size_ + peer];
+  device_->wait_signals(s, {SignalWait{signal_slot(rank_, channel, peer), value, peer}},
+                        timeout.value_or(options_.timeout),
+                        "wait_signal from rank " + std::to_string(peer) + " on channel " +
+                            std::to_string(channel) + " (rank " + std::to_string(rank_) + ")");
+}
+
+void SymmetricWorkspace::barrier(Stream& s, int channel, std::optional<Millis> timeout,
+                                 const std::vector<int>& ranks) {
+  check_available("barrier");
+  check_channel(channel);
+  std::vector<int> members = ranks;
+  if (members.empty()) {
+    for (int r = 0; r < world_size_; ++r) members.push_back(r);
+  }
+  std::set<int> unique;
+  for (int r : members) {
+    check_rank(r, "barrier");
+    TORCH_CHECK(unique.insert(r).second, "cuda_p2p barrier: rank ", r, " is listed twice in ",
+                members);
+  }
+  TORCH_CHECK(unique.count(rank_), "cuda_p2p barrier: the ranks ", members,
+              " must include the calling rank ", rank_);
+  std::vector<SignalWait> waits;
+  for (int r : members) {
+    if (r == rank_) continue;
+    put_signal(s, r, channel);
+    const uint32_t value = ++expected_[channel * world_size_ + r];
+    waits.push_back(SignalWait{signal_slot(rank_, channel, r), value, r});
+  }
+  if (waits.empty()) return;
+  device_->wait_signals(s, std::move(waits), timeout.value_or(options_.timeout),
+                        "barrier on channel " + std::to_string(channel) + " (rank " +
+                            std::to_string(rank_) + ")");
+}
+
+void SymmetricWorkspace::ensure_min_buffer_size(int64_t nbytes) {
+  TORCH_CHECK(nbytes >= 0, "cuda_p2p ensure_min_buffer_size: nbytes must be >= 0, got ", nbytes);
+  const std::string prefix =
+      "cuda_p2p/workspace/grow/" + std::to_string(++exchange_count_) + "/";
+  int64_t wanted = 0;
+  for (const auto& s : exchange(*store_, prefix, rank_, world_size_, std::to_string(nbytes),
+                                options_.timeout)) {
+    wanted = std::max<int64_t>(wanted, std::stoll(s));
+  }
+  grow_to(wanted);
+}
+
+void SymmetricWorkspace::grow_to(int64_t nbytes) {
+  if (!available_ || nbytes <= buffer_size()) return;
+  rendezvous(nbytes);
+}
+
+}  // namespace cuda_p2p

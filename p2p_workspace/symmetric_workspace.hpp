@@ -1,0 +1,114 @@
+// SymmetricWorkspace: one block per rank, [buffer | signal pad], every rank mapping every peer's
+// block (DESIGN.md §4). Created collectively over a c10d store; every method marked "collective"
+// must be called by all ranks of the group in the same order.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "p2p_workspace/device.hpp"
+
+namespace cuda_p2p {
+
+// Environment variable that overrides a rank's host identity (tests simulate several hosts).
+inline constexpr const char* kHostIdEnv = "CUDA_P2P_HOST_ID";
+
+struct WorkspaceOptions {
+  // 32 MiB: covers activations of the shapes we target; larger payloads grow the workspace or
+  // are processed in rounds.
+  static constexpr int64_t kDefaultBufferSize = 32 << 20;
+  static constexpr int kDefaultChannels = 4;
+
+  int64_t buffer_size = kDefaultBufferSize;
+  // Signal channels; one per stream that issues signals, so that barriers issued from two
+  // streams never consume each other's signals.
+  int num_channels = kDefaultChannels;
+  // How long a signal wait or a rendezvous step may take before it fails.
+  Millis timeout{std::chrono::minutes(5)};
+};
+
+// This process's host identity: $CUDA_P2P_HOST_ID, else hostname + boot id.
+std::string host_identity();
+
+class SymmetricWorkspace {
+ public:
+  // Collective: allocates this rank's block, maps every peer's. If the ranks span hosts (or a
+  // peer's block cannot be mapped) the workspace is unavailable on every rank, with a reason.
+  SymmetricWorkspace(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
+                     std::shared_ptr<Device> device, WorkspaceOptions options);
+  ~SymmetricWorkspace();
+  SymmetricWorkspace(const SymmetricWorkspace&) = delete;
+  SymmetricWorkspace& operator=(const SymmetricWorkspace&) = delete;
+
+  bool available() const { return available_; }
+  // Why the workspace is unavailable ("" when it is available).
+  const std::string& unavailable_reason() const { return reason_; }
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  int num_channels() const { return options_.num_channels; }
+  Millis timeout() const { return options_.timeout; }
+  Device& device() const { return *device_; }
+  const std::shared_ptr<Device>& device_ptr() const { return device_; }
+  int64_t buffer_size() const;
+
+  // Address of `rank`'s buffer as mapped in this process.
+  void* buffer(int rank) const;
+  // Signal slot `src` writes in `target`'s pad on `channel`: pad[target] + channel * W + src.
+  uint32_t* signal_slot(int target, int channel, int src) const;
+  // Device-readable tables of every rank's buffer / pad (null on the host).
+  const std::shared_ptr<void>& device_buffer_table() const;
+  const std::shared_ptr<void>& device_pad_table() const;
+
+  // A tensor aliasing `rank`'s buffer (this rank's included). It keeps the mapping alive, even
+  // across a growth of the workspace.
+  at::Tensor get_buffer(int rank, at::IntArrayRef sizes, at::ScalarType dtype,
+                        int64_t storage_offset = 0) const;
+
+  // --- signals (NOTE [Signal sequence numbers] in the .cpp) ---
+  void put_signal(Stream& s, int peer, int channel);
+  void wait_signal(Stream& s, int peer, int channel, std::optional<Millis> timeout = {});
+  // Every rank in `ranks` (all when empty; must include this rank) signals every other and waits
+  // for all of them on `channel`.
+  void barrier(Stream& s, int channel, std::optional<Millis> timeout = {},
+               const std::vector<int>& ranks = {});
+
+  // Collective: ranks agree on the largest request; if it exceeds the buffer, every rank maps a
+  // new, larger workspace (tensors aliasing the old one stay valid).
+  void ensure_min_buffer_size(int64_t nbytes);
+  // Collective, for callers that know every rank asks for the same size: grows without an
+  // exchange when `nbytes` exceeds the buffer.
+  void grow_to(int64_t nbytes);
+
+ private:
+  struct Mapping;
+  void rendezvous(int64_t buffer_size);
+  std::shared_ptr<Mapping> mapping() const;
+  void check_rank(int r, const char* what) const;
+  void check_channel(int channel) const;
+  void check_available(const char* what) const;
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  const int rank_;
+  const int world_size_;
+  std::shared_ptr<Device> device_;
+  WorkspaceOptions options_;
+
+  bool available_ = false;
+  std::string reason_;
+  int generation_ = 0;
+  int exchange_count_ = 0;
+
+  mutable std::mutex mapping_mutex_;
+  std::shared_ptr<Mapping> mapping_;
+  // Per (channel, peer): signals sent to / expected from that peer. Each channel is driven by one
+  // stream (one thread) at a time, so entries need no lock.
+  std::vector<uint32_t> sent_;
+  std::vector<uint32_t> expected_;
+};
+
+}  // namespace cuda_p2p

@@ -1,0 +1,297 @@
+"""Multi-process test harness: persistent pools of ranks, each running the cuda_p2p backend.
+
+A :class:`World` owns ``W`` worker processes (spawn start method). Each worker has called
+``dist.init_process_group("cuda_p2p", init_method="tcp://127.0.0.1:<free port>")`` and built a
+Gloo group over the same ranks (the reference). ``world.run(fn, *args)`` runs the module-level
+function ``fn(ctx, *args)`` on every rank and returns the per-rank results; an exception on any
+rank is re-raised in the test with the rank and the remote traceback.
+
+Every wait has a timeout. When a call times out, a worker dies, or any rank raises, the pool is
+torn down (processes killed) and the next ``run`` starts a fresh one, so one failing test cannot
+hang CI or leave later tests talking to half-finished collectives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from typing import Any, Callable
+
+# Seconds a single `run` (every rank) may take before the pool is declared hung.
+RUN_TIMEOUT_S = float(os.environ.get("CUDA_P2P_TEST_TIMEOUT", "120"))
+# Seconds the ranks get to start, import torch and rendezvous.
+START_TIMEOUT_S = float(os.environ.get("CUDA_P2P_TEST_START_TIMEOUT", "120"))
+# Seconds the other ranks get to finish once one rank has raised.
+GRACE_S = 10.0
+# The process groups' own timeout: shorter than RUN_TIMEOUT_S so that a collective stuck in
+# Gloo surfaces as an error from the backend, not as a harness timeout.
+PG_TIMEOUT_S = 60.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RemoteError(AssertionError):
+    """An exception raised on a rank (AssertionError so pytest shows it as a test failure)."""
+
+
+class HarnessError(RuntimeError):
+    """The pool itself failed: a timeout, a dead worker, or a failed start."""
+
+
+@dataclasses.dataclass
+class Context:
+    """What a function run by :meth:`World.run` gets as its first argument."""
+
+    rank: int
+    world_size: int
+    gloo: Any  # the Gloo reference group over all ranks
+    _groups: dict = dataclasses.field(default_factory=dict)
+
+    def group(self, ranks, backend: str = "cuda_p2p"):
+        """A subgroup (cached per ranks and backend); every rank must call it in the same order."""
+        import torch.distributed as dist
+
+        key = (tuple(ranks), backend)
+        if key not in self._groups:
+            self._groups[key] = dist.new_group(list(ranks), backend=backend)
+        return self._groups[key]
+
+
+# ---------------------------------------------------------------------------------------------
+# worker side
+
+
+def _worker_main(rank: int, world_size: int, port: int, conn, log_path: str) -> None:
+    # Keep the ranks' output out of pytest's captured streams; it is shown on failure.
+    log = open(log_path, "w", buffering=1)
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        from datetime import timedelta
+
+        import torch
+        import torch.distributed as dist
+
+        import cuda_p2p  # noqa: F401  (registers the backend)
+
+        torch.set_num_threads(1)
+        dist.init_process_group(
+            "cuda_p2p",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=PG_TIMEOUT_S),
+        )
+        gloo = dist.new_group(list(range(world_size)), backend="gloo")
+        ctx = Context(rank=rank, world_size=world_size, gloo=gloo)
+        conn.send_bytes(pickle.dumps(("ready", None)))
+    except BaseException:
+        conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))
+        return
+
+    while True:
+        try:
+            msg = conn.recv_bytes()
+        except (EOFError, OSError):
+            break
+        if not msg:
+            break
+        try:
+            fn, args, kwargs = pickle.loads(msg)
+            result = fn(ctx, *args, **kwargs)
+            payload = pickle.dumps(("ok", result))
+        except BaseException as e:  # noqa: BLE001  (everything is reported to the parent)
+            payload = pickle.dumps(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        conn.send_bytes(payload)
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+    try:
+        dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001
+        pass
+
+
+# ---------------------------------------------------------------------------------------------
+# parent side
+
+
+class World:
+    """A pool of ``size`` ranks on the cuda_p2p backend; created lazily, recreated after failure."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._procs: list = []
+        self._conns: list = []
+        self._logs: list[str] = []
+        self._logdir = tempfile.mkdtemp(prefix=f"cuda_p2p_w{size}_")
+        self.starts = 0
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return bool(self._procs)
+
+    def start(self) -> None:
+        if self._procs:
+            return
+        ctx = mp.get_context("spawn")
+        last_error = None
+        for _attempt in range(2):  # a second try with a new port covers a lost port race
+            port = free_port()
+            self.starts += 1
+            for rank in range(self.size):
+                parent, child = ctx.Pipe()
+                log = os.path.join(self._logdir, f"start{self.starts}_rank{rank}.log")
+                p = ctx.Process(
+                    target=_worker_main,
+                    args=(rank, self.size, port, child, log),
+                    name=f"cuda_p2p-w{self.size}-r{rank}",
+                    daemon=True,
+                )
+                p.start()
+                child.close()
+                self._procs.append(p)
+                self._conns.append(parent)
+                self._logs.append(log)
+            try:
+                replies = self._collect(START_TIMEOUT_S, what="start (init_process_group)")
+            except HarnessError as e:
+                last_error = e
+                self.close()
+                continue
+            errors = [(r, tb) for r, (kind, tb) in enumerate(replies) if kind != "ready"]
+            if not errors:
+                return
+            last_error = HarnessError(
+                "\n".join(f"rank {r} failed to start:\n{tb}" for r, tb in errors)
+            )
+            self.close()
+        raise last_error
+
+    def close(self) -> None:
+        """Stops every worker: asks politely, then kills. Never leaves a process behind."""
+        for conn in self._conns:
+            try:
+                conn.send_bytes(b"")
+            except (OSError, BrokenPipeError):
+                pass
+        deadline = time.monotonic() + 5
+        for p in self._procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self._procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        for conn in self._conns:
+            conn.close()
+        self._procs, self._conns, self._logs = [], [], []
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    # -- running --------------------------------------------------------------------------------
+    def run(self, fn: Callable, *args, timeout: float = RUN_TIMEOUT_S, **kwargs) -> list:
+        """Runs ``fn(ctx, *args, **kwargs)`` on every rank; returns the per-rank results."""
+        if getattr(fn, "__module__", None) in (None, "__main__") or "<locals>" in fn.__qualname__:
+            raise TypeError(f"world.run needs a module-level function, got {fn!r}")
+        self.start()
+        payload = pickle.dumps((fn, args, kwargs))
+        for conn in self._conns:
+            conn.send_bytes(payload)
+        try:
+            replies = self._collect(timeout, what=f"{fn.__module__}.{fn.__qualname__}")
+        except HarnessError:
+            self.close()
+            raise
+        errors = [(r, msg) for r, (kind, msg) in enumerate(replies) if kind != "ok"]
+        if errors:
+            # Ranks may be left mid-collective with their peers: start over next time.
+            self.close()
+            text = "\n".join(
+                f"---- rank {r} of {self.size} ({fn.__qualname__}) raised ----\n{msg}"
+                for r, msg in errors
+            )
+            raise RemoteError(text)
+        return [msg for _kind, msg in replies]
+
+    def _collect(self, timeout: float, what: str) -> list:
+        """One reply per rank. Raises HarnessError on timeout or a dead worker."""
+        replies: list = [None] * self.size
+        deadline = time.monotonic() + timeout
+        first_error_at = None
+        while any(r is None for r in replies):
+            now = time.monotonic()
+            if first_error_at is not None and now - first_error_at > GRACE_S:
+                # One rank failed and the others are (likely) waiting on it in a collective.
+                for r in range(self.size):
+                    if replies[r] is None:
+                        replies[r] = (
+                            "error",
+                            f"(no reply {GRACE_S:.0f} s after another rank failed: probably "
+                            f"blocked in a collective)\n{self._log_tail(r)}",
+                        )
+                break
+            if now > deadline:
+                missing = [r for r in range(self.size) if replies[r] is None]
+                raise HarnessError(
+                    f"timeout after {timeout:.0f} s in {what}: ranks {missing} of {self.size} "
+                    "did not answer (hang?); the pool is torn down.\n"
+                    + "\n".join(self._log_tail(r) for r in missing)
+                )
+            progressed = False
+            for r, conn in enumerate(self._conns):
+                if replies[r] is not None:
+                    continue
+                if conn.poll(0.02):
+                    try:
+                        data = conn.recv_bytes()
+                    except (EOFError, OSError):
+                        raise HarnessError(
+                            f"rank {r} of {self.size} closed its pipe in {what} "
+                            f"(exit code {self._procs[r].exitcode})\n{self._log_tail(r)}"
+                        ) from None
+                    replies[r] = pickle.loads(data)
+                    if replies[r][0] != "ok" and replies[r][0] != "ready":
+                        first_error_at = first_error_at or time.monotonic()
+                    progressed = True
+                elif not self._procs[r].is_alive():
+                    self._procs[r].join(1)
+                    raise HarnessError(
+                        f"rank {r} of {self.size} died in {what} "
+                        f"(exit code {self._procs[r].exitcode})\n{self._log_tail(r)}"
+                    )
+            if not progressed:
+                time.sleep(0.005)
+        return replies
+
+    def _log_tail(self, rank: int, n: int = 3000) -> str:
+        try:
+            with open(self._logs[rank], errors="replace") as f:
+                text = f.read()
+        except (OSError, IndexError):
+            return f"(no log for rank {rank})"
+        if not text:
+            return f"(rank {rank} wrote no output)"
+        return f"-- output of rank {rank} --\n{text[-n:]}"
+
+
+def kill_process_tree_group(proc) -> None:
+    """Kills a subprocess.Popen started with start_new_session=True, and its children."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,45 @@
+"""Session-scoped pools of ranks (W=2 and W=4) on the cuda_p2p backend; see _harness.py."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from _harness import World  # noqa: E402
+
+_worlds: dict[int, World] = {}
+
+
+def _world(size: int) -> World:
+    if size not in _worlds:
+        _worlds[size] = World(size)
+    return _worlds[size]
+
+
+@pytest.fixture(scope="session")
+def world2() -> World:
+    w = _world(2)
+    w.start()
+    return w
+
+
+@pytest.fixture(scope="session")
+def world4() -> World:
+    w = _world(4)
+    w.start()
+    return w
+
+
+@pytest.fixture(params=[2, 4], ids=["w2", "w4"])
+def world(request) -> World:
+    """Both world sizes: a test using it runs once on 2 ranks and once on 4."""
+    return request.getfixturevalue(f"world{request.param}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for w in _worlds.values():
+        w.close()
