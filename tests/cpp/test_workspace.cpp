@@ -1,0 +1,282 @@
+// SymmetricWorkspace on the host device, built directly over the job's TCPStore (no Python).
+#include <ATen/ATen.h>
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include "p2p_workspace/host/host_device.hpp"
+#include "p2p_workspace/symmetric_workspace.hpp"
+#include "tests/cpp/harness.hpp"
+
+namespace cuda_p2p::test {
+namespace {
+
+std::unique_ptr<SymmetricWorkspace> make_workspace(int64_t buffer_size = 1 << 16,
+                                                   Millis timeout = std::chrono::seconds(60)) {
+  WorkspaceOptions o;
+  o.buffer_size = buffer_size;
+  o.timeout = timeout;
+  return std::make_unique<SymmetricWorkspace>(test_store(), world().rank, world().size,
+                                              make_host_device(), o);
+}
+
+template <typename Fn>
+void expect_error(Fn&& fn, const std::string& needle) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected an error containing '" << needle << "'";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+std::set<std::string> dev_shm_entries() {
+  std::set<std::string> out;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (auto* e = readdir(d)) out.insert(e->d_name);
+    closedir(d);
+  }
+  return out;
+}
+
+int count_memfd_mappings() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  int n = 0;
+  while (std::getline(maps, line)) n += line.find("memfd:cuda_p2p") != std::string::npos;
+  return n;
+}
+
+TEST(Workspace, EveryRankReadsEveryPeersBuffer) {
+  const auto& w = world();
+  auto ws = make_workspace();
+  ASSERT_TRUE(ws->available()) << ws->unavailable_reason();
+  EXPECT_EQ(ws->buffer_size(), 1 << 16);
+  auto mine = ws->get_buffer(w.rank, {1000}, at::kInt);
+  mine.copy_(at::arange(1000, at::kInt) + 1000 * w.rank);
+  auto s = ws->device().current_stream();
+  ws->barrier(*s, 0);
+  for (int r = 0; r < w.size; ++r) {
+    auto peer = ws->get_buffer(r, {1000}, at::kInt);
+    EXPECT_TRUE(peer.equal(at::arange(1000, at::kInt) + 1000 * r)) << "rank " << r;
+    // A view at an offset aliases the same memory.
+    auto tail = ws->get_buffer(r, {10}, at::kInt, 990);
+    EXPECT_EQ(tail.storage_offset(), 990);
+    EXPECT_EQ(tail[9].item<int>(), 999 + 1000 * r);
+  }
+  ws->barrier(*s, 0);  // nobody overwrites while others still read
+}
+
+TEST(Workspace, PutWaitHandshakesOnSeveralChannels) {
+  const auto& w = world();
+  if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  auto ws = make_workspace();
+  ASSERT_TRUE(ws->available());
+  const int right = (w.rank + 1) % w.size, left = (w.rank + w.size - 1) % w.size;
+  auto s = ws->device().current_stream();
+  auto mine = ws->get_buffer(w.rank, {ws->num_channels()}, at::kLong);
+  for (int round = 1; round <= 50; ++round) {
+    for (int ch = 0; ch < ws->num_channels(); ++ch) {
+      mine[ch].fill_(round * 100 + ch);
+      ws->put_signal(*s, right, ch);  // "my slot ch holds round's value"
+      ws->wait_signal(*s, left, ch);
+      EXPECT_EQ(ws->get_buffer(left, {ws->num_channels()}, at::kLong)[ch].item<int64_t>(),
+                round * 100 + ch);
+      ws->put_signal(*s, left, ch);   // "I have read it"
+      ws->wait_signal(*s, right, ch);  // before I overwrite mine
+    }
+  }
+}
+
+TEST(Workspace, BarriersOnTwoChannelsFromTwoThreadsDoNotInterfere) {
+  const auto& w = world();
+  auto ws = make_workspace();
+  ASSERT_TRUE(ws->available());
+  auto buf = ws->get_buffer(w.rank, {2}, at::kLong);
+  std::exception_ptr errors[2];
+  auto worker = [&](int which) {
+    try {
+      auto stream = ws->device().new_stream(false);
+      for (int i = 1; i <= 200; ++i) {
+        ws->device().run(*stream, [&, i] { buf[which].fill_(i); });
+        ws->barrier(*stream, 1 + which);
+        ws->device().run(*stream, [&, i, which] {
+          for (int r = 0; r < w.size; ++r) {
+            auto v = ws->get_buffer(r, {2}, at::kLong)[which].item<int64_t>();
+            TORCH_CHECK(v == i, "channel ", 1 + which, " iteration ", i,
+                        ": rank ", r, " holds ", v);
+          }
+        });
+        ws->barrier(*stream, 1 + which);
+      }
+      ws->device().synchronize(*stream);
+    } catch (...) {
+      errors[which] = std::current_exception();
+    }
+  };
+  std::thread a(worker, 0), b(worker, 1);
+  a.join();
+  b.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+TEST(Workspace, StreamsCopyFromPeersAndJoinThroughEvents) {
+  const auto& w = world();
+  auto ws = make_workspace();
+  ASSERT_TRUE(ws->available());
+  auto& dev = ws->device();
+  auto main = dev.current_stream();
+  ws->get_buffer(w.rank, {64}, at::kFloat).fill_(static_cast<float>(w.rank));
+  ws->barrier(*main, 0);
+  auto s1 = dev.new_stream(false), s2 = dev.new_stream(true);
+  auto gathered = at::zeros({w.size, 64});
+  for (int r = 0; r < w.size; ++r) {
+    auto& s = r % 2 ? *s2 : *s1;
+    dev.copy(s, gathered[r].data_ptr(), ws->buffer(r), 64 * sizeof(float));
+  }
+  auto e1 = dev.record(*s1);
+  dev.wait_event(*s2, *e1);  // s2 sees s1's copies
+  at::Tensor sum;
+  dev.run(*s2, [&] { sum = gathered.sum(1); });
+  dev.synchronize(*s2);
+  EXPECT_TRUE(sum.equal(at::arange(w.size, at::kFloat) * 64)) << sum;
+  dev.wait_event(*main, *dev.record(*s1));  // joins the caller's stream too
+  ws->barrier(*main, 0);
+}
+
+TEST(Workspace, ARankThatNeverArrivesIsNamed) {
+  const auto& w = world();
+  if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  auto ws = make_workspace();
+  ASSERT_TRUE(ws->available());
+  auto s = ws->device().current_stream();
+  const int absent = w.size - 1;
+  if (w.rank != absent) {
+    const auto start = std::chrono::steady_clock::now();
+    expect_error([&] { ws->barrier(*s, 0, Millis(300)); },
+                 "rank " + std::to_string(absent) + " never arrived");
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  }
+  store_barrier("after-timeout");
+  // The late rank's barrier completes the one the others gave up on; the group is in step again.
+  if (w.rank == absent) ws->barrier(*s, 0);
+  ws->barrier(*s, 0, Millis(30000));
+  // Waiting for several ranks names all of them.
+  if (w.size >= 3 && w.rank == 0) {
+    expect_error([&] { ws->barrier(*s, 3, Millis(200)); }, "ranks 1, 2");
+  }
+}
+
+TEST(Workspace, SimulatedTwoHostsTurnTheWorkspaceOff) {
+  const auto& w = world();
+  if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  ::setenv(kHostIdEnv, w.rank < w.size / 2 ? "host-a" : "host-b", 1);
+  auto ws = make_workspace();
+  ::unsetenv(kHostIdEnv);
+  EXPECT_FALSE(ws->available());
+  EXPECT_NE(ws->unavailable_reason().find("span hosts"), std::string::npos)
+      << ws->unavailable_reason();
+  EXPECT_EQ(ws->buffer_size(), 0);
+  expect_error([&] { ws->get_buffer(0, {1}, at::kFloat); }, "unavailable");
+  auto s = ws->device().current_stream();
+  expect_error([&] { ws->barrier(*s, 0); }, "span hosts");
+}
+
+TEST(Workspace, SegmentsArePrivateAndLeaveNothingBehind) {
+  const auto& w = world();
+  const auto before_shm = dev_shm_entries();
+  const int before_maps = count_memfd_mappings();
+  {
+    auto ws = make_workspace();
+    ASSERT_TRUE(ws->available());
+    // Every block (own and peers') is mapped here...
+    EXPECT_EQ(count_memfd_mappings(), before_maps + w.size);
+    // ...and nothing of it is a name in /dev/shm.
+    EXPECT_EQ(dev_shm_entries(), before_shm);
+    // The own block is a memfd readable by its owner only.
+    auto block = host::allocate_shared_block(4096);
+    struct stat st {};
+    ASSERT_EQ(fstat(dynamic_cast<host::HostBlock&>(*block).fd(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    ws->barrier(*ws->device().current_stream(), 0);
+  }
+  EXPECT_EQ(count_memfd_mappings(), before_maps);
+  store_barrier("released");
+}
+
+TEST(Workspace, GrowsCollectivelyAndOldTensorsStayValid) {
+  const auto& w = world();
+  auto ws = make_workspace(4096);
+  auto old = ws->get_buffer(w.rank, {4}, at::kFloat);
+  old.fill_(7);
+  // Ranks ask for different sizes; all grow to the largest.
+  ws->ensure_min_buffer_size(8192 + 4096 * w.rank);
+  const int64_t want = 8192 + 4096 * (w.size - 1);
+  EXPECT_EQ(ws->buffer_size(), want);
+  EXPECT_TRUE(old.equal(at::full({4}, 7.0f)));  // the old mapping is still alive
+  auto big = ws->get_buffer(w.rank, {want / 4}, at::kFloat);
+  big.fill_(static_cast<float>(w.rank));
+  auto s = ws->device().current_stream();
+  ws->barrier(*s, 0);
+  for (int r = 0; r < w.size; ++r) {
+    EXPECT_EQ(ws->get_buffer(r, {want / 4}, at::kFloat)[want / 4 - 1].item<float>(), r);
+  }
+  ws->barrier(*s, 0);
+  // Asking for less changes nothing.
+  ws->ensure_min_buffer_size(16);
+  EXPECT_EQ(ws->buffer_size(), want);
+}
+
+TEST(Workspace, TwoWorkspacesInOneProcessAreSeparate) {
+  const auto& w = world();
+  auto a = make_workspace(4096), b = make_workspace(8192);
+  ASSERT_TRUE(a->available() && b->available());
+  EXPECT_NE(a->buffer(w.rank), b->buffer(w.rank));
+  a->get_buffer(w.rank, {1}, at::kInt).fill_(1);
+  b->get_buffer(w.rank, {1}, at::kInt).fill_(2);
+  a->barrier(*a->device().current_stream(), 0);
+  b->barrier(*b->device().current_stream(), 0);
+  for (int r = 0; r < w.size; ++r) {
+    EXPECT_EQ(a->get_buffer(r, {1}, at::kInt).item<int>(), 1);
+    EXPECT_EQ(b->get_buffer(r, {1}, at::kInt).item<int>(), 2);
+  }
+  a->barrier(*a->device().current_stream(), 0);
+  b->barrier(*b->device().current_stream(), 0);
+}
+
+TEST(Workspace, BadArgumentsSayWhatFits) {
+  const auto& w = world();
+  auto ws = make_workspace(4096);
+  auto s = ws->device().current_stream();
+  expect_error([&] { ws->get_buffer(w.size, {1}, at::kFloat); },
+               "rank must be in [0, " + std::to_string(w.size) + "), got " +
+                   std::to_string(w.size));
+  expect_error([&] { ws->get_buffer(-1, {1}, at::kFloat); }, "got -1");
+  expect_error([&] { ws->get_buffer(w.rank, {1025}, at::kFloat); },
+               "need 4100 bytes, but the buffer holds 4096 bytes");
+  expect_error([&] { ws->get_buffer(w.rank, {2}, at::kFloat, 1023); }, "at most 1 elements");
+  expect_error([&] { ws->get_buffer(w.rank, {1}, at::kFloat, -1); }, "storage_offset must be >= 0");
+  expect_error([&] { ws->get_buffer(w.rank, {-2}, at::kFloat); }, "sizes must be >= 0");
+  expect_error([&] { ws->get_buffer(w.rank, {1}, at::kQInt8); }, "quantized");
+  expect_error([&] { ws->put_signal(*s, 0, ws->num_channels()); }, "channel must be in [0, 4)");
+  expect_error([&] { ws->barrier(*s, 0, {}, {w.rank, w.rank}); }, "listed twice");
+  if (w.size > 1) {
+    expect_error([&] { ws->barrier(*s, 0, {}, {(w.rank + 1) % w.size}); },
+                 "must include the calling rank");
+  }
+  WorkspaceOptions bad;
+  bad.buffer_size = 0;
+  expect_error(
+      [&] { SymmetricWorkspace(test_store(), w.rank, w.size, make_host_device(), bad); },
+      "buffer_size must be positive");
+  ws->barrier(*s, 0);
+}
+
+}  // namespace
+}  // namespace cuda_p2p::test
