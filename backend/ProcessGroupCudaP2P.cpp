@@ -103,6 +103,21 @@ void ProcessGroupCudaP2P::intra_node_barrier(const std::vector<int64_t>& ranks,
   workspace_->barrier(*stream, kApiChannel, timeout, members);
 }
 
+void ProcessGroupCudaP2P::bump_counter(const std::string& name, int64_t by) {
+  std::lock_guard<std::mutex> lock(counters_mutex_);
+  counters_[name] += by;
+}
+
+std::map<std::string, int64_t> ProcessGroupCudaP2P::counters() const {
+  std::lock_guard<std::mutex> lock(counters_mutex_);
+  return counters_;
+}
+
+void ProcessGroupCudaP2P::reset_counters() {
+  std::lock_guard<std::mutex> lock(counters_mutex_);
+  counters_.clear();
+}
+
 void ProcessGroupCudaP2P::ensure_min_buffer_size(int64_t nbytes) {
   TORCH_CHECK(nbytes >= 0, "cuda_p2p ensure_min_buffer_size: nbytes must be >= 0, got ", nbytes);
   if (workspace_) workspace_->ensure_min_buffer_size(nbytes);

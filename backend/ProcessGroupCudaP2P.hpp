@@ -12,6 +12,7 @@
 #include "p2p_workspace/symmetric_workspace.hpp"
 
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -58,8 +59,11 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // --- the P2P workspace (DESIGN.md §4) --------------------------------------------------------
   // Environment variable that turns the workspace off ("1").
   static constexpr const char* kDisableWorkspaceEnv = "CUDA_P2P_DISABLE_WORKSPACE";
-  // Signal channel of the API's own barrier; pipelines and collectives use the others.
+  // Signal channels (one per stream that signals; see NOTE [Signal sequence numbers]):
+  // the API's own barrier, the workspace collectives, and the two streams of the fused pipelines.
   static constexpr int kApiChannel = 0;
+  static constexpr int kCollectiveChannel = 1;
+  static constexpr int kPipelineChannels[2] = {2, 3};
 
   bool is_p2p_available() const { return workspace_ && workspace_->available(); }
   // Why the workspace is unavailable ("" when it is available).
@@ -78,6 +82,12 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   void ensure_min_buffer_size(int64_t nbytes);
   // The workspace, or null when it was disabled.
   SymmetricWorkspace* workspace() const { return workspace_.get(); }
+
+  // Counters of which path ran ("all_reduce.one_shot", "all_reduce.wrapped", ...), so tests and
+  // users can see that the fast path ran and that no fallback was silent.
+  void bump_counter(const std::string& name, int64_t by = 1);
+  std::map<std::string, int64_t> counters() const;
+  void reset_counters();
 
   // --- delegated collectives ----------------------------------------------------------------
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
@@ -164,6 +174,9 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> cuda_backend_;
   std::unique_ptr<SymmetricWorkspace> workspace_;
   std::string workspace_off_reason_;
+
+  mutable std::mutex counters_mutex_;
+  std::map<std::string, int64_t> counters_;
 
   std::mutex coalescing_mutex_;
   bool coalescing_ = false;

@@ -275,6 +275,11 @@ def backend_state(pg) -> dict:
 
 def rank_main(rank: int, cfg: dict) -> None:
     _die_with_parent(cfg["parent_pid"])
+    if cfg["bind"] == "core":
+        # Round-robin binding, before any communication thread exists (they inherit it). Ranks
+        # that migrate between the few cores they share wake up later, and more erratically.
+        cpus = cfg["cpus"]
+        os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
     torch.set_num_threads(1)
     # torch 2.14 deprecates the *_tensor names in favour of *_single; they are still the names
     # users call (and what NCCL-tests measures), so the benchmark keeps them, quietly.
@@ -568,6 +573,9 @@ def parse_args(argv=None):
     ap.add_argument("--collectives", nargs="+", choices=COLLECTIVES, default=list(COLLECTIVES))
     ap.add_argument("--no-barrier", dest="barrier", action="store_false",
                     help="skip the barrier latency measurement")
+    ap.add_argument("--bind", choices=("core", "none"), default="core",
+                    help="core: pin rank r to the r-th CPU (mod the CPUs this process may use); "
+                         "none: let the scheduler place ranks")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     ap.add_argument("--warmup", type=int, default=5, help="untimed iterations per backend")
     ap.add_argument("--iters", type=int, default=0,
@@ -651,7 +659,8 @@ def main(argv=None) -> int:
     cfg = {"sizes": args.sizes, "collectives": args.collectives, "barrier": args.barrier,
            "dtype": args.dtype, "warmup": args.warmup, "iters": args.iters, "budget": args.budget,
            "min_iters": args.min_iters, "max_iters": args.max_iters, "check": args.check,
-           "env": env, "pg_options": args.pg_options, "timeout": args.timeout,
+           "env": env, "pg_options": args.pg_options, "bind": args.bind,
+           "cpus": sorted(os.sched_getaffinity(0)), "timeout": args.timeout,
            "total_timeout": args.total_timeout, "progress": not args.quiet}
 
     runs = []
@@ -677,7 +686,8 @@ def main(argv=None) -> int:
         "host": platform.node(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
         "python": platform.python_version(), "torch": torch.__version__,
         "cuda_p2p": getattr(cuda_p2p, "__version__", None), "git": git_describe(),
-        "dtype": args.dtype, "sizes": args.sizes, "env": env, "pg_options": args.pg_options,
+        "dtype": args.dtype, "sizes": args.sizes, "bind": args.bind, "env": env, "pg_options": args.pg_options, "bind": args.bind,
+           "cpus": sorted(os.sched_getaffinity(0)),
         "warmup": args.warmup, "budget_s": args.budget, "wall_s": wall,
         "conventions": {
             "latency": "median over timed iterations of the max over ranks of one op's time; "

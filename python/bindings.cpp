@@ -130,6 +130,9 @@ PYBIND11_MODULE(_C, m) {
           py::arg("ranks") = py::none(), py::arg("timeout") = py::none(),
           "Barrier through the workspace's signal pads among `ranks` (default: all). `timeout` in "
           "seconds (default: the group's timeout).")
+      .def("get_counters", &ProcessGroupCudaP2P::counters,
+           "Which paths ran: {'all_reduce.one_shot': 3, 'all_reduce.wrapped': 1, ...}.")
+      .def("reset_counters", &ProcessGroupCudaP2P::reset_counters)
       .def("ensure_min_buffer_size", &ProcessGroupCudaP2P::ensure_min_buffer_size,
            py::arg("nbytes"), py::call_guard<py::gil_scoped_release>(),
            "Collective: grows every rank's buffer to at least the largest nbytes requested.");

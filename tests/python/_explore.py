@@ -209,3 +209,13 @@ def probe5(ctx):
                 if res[0] != "ok" or res[1] != "ok":
                     out[(name, str(dt), str(op))] = res
     return out
+
+def probe6(ctx):
+    W = ctx.world_size
+    out = {}
+    for name, g in (("gloo", ctx.gloo), ("p2p", None)):
+        w = dist.reduce_scatter(torch.ones(3), [torch.ones(3) for _ in range(W)], group=g, async_op=True)
+        out[name, "rs"] = (type(w).__name__, w.wait(), w.is_completed(), w.is_success() if hasattr(w, "is_success") else None, w.exception())
+        w = dist.reduce_scatter_tensor(torch.ones(3), torch.ones(3*W), group=g, async_op=True)
+        out[name, "rst"] = (type(w).__name__, w.wait(), w.is_completed(), w.exception())
+    return out

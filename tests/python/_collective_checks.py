@@ -1,0 +1,810 @@
+"""Rank-side checks of the collectives: each case runs on the cuda_p2p group and on a Gloo group
+over the same ranks, and is compared with both that reference and the same math in plain torch.
+
+Inputs are a pure function of (case, rank), so every rank can rebuild every peer's input and
+compute the expected result locally. A check returns ``{"cases": n, "failures": [...]}``; every
+failure names the collective, dtype, size, op, root, async mode and group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+import cuda_p2p
+
+R = dist.ReduceOp
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.int64}
+SIZES = (0, 1, 7, 1023)
+FLOAT_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX")
+INT_OPS = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
+# Combinations Gloo rejects (checked by test_reference_rejections): cuda_p2p must reject them too.
+FLOAT_REJECTED_OPS = ("BAND", "BOR", "BXOR")
+INT_REJECTED_OPS = ("AVG",)
+
+
+def ops_for(dtype) -> tuple[str, ...]:
+    return INT_OPS if not dtype.is_floating_point else FLOAT_OPS
+
+
+def rejected_ops_for(dtype) -> tuple[str, ...]:
+    return INT_REJECTED_OPS if not dtype.is_floating_point else FLOAT_REJECTED_OPS
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs and plain-torch math
+
+
+def make_input(seed: int, rank: int, n: int, dtype, op: str | None = None, k: int = 0):
+    """Deterministic input of rank `rank` for case `seed` (k: which of several tensors)."""
+    g = torch.Generator().manual_seed((seed * 1_000_003 + rank * 7_919 + k * 104_729 + n) % 2**62)
+    if not dtype.is_floating_point:
+        if op in ("BAND", "BOR", "BXOR"):
+            return torch.randint(-(2**62), 2**62, (n,), generator=g, dtype=torch.int64)
+        if op == "PRODUCT":
+            return torch.randint(-3, 4, (n,), generator=g, dtype=torch.int64)
+        return torch.randint(-1000, 1000, (n,), generator=g, dtype=torch.int64)
+    if op == "PRODUCT":
+        sign = torch.randint(0, 2, (n,), generator=g).float() * 2 - 1
+        x = (torch.rand(n, generator=g) + 0.5) * sign
+    else:
+        x = torch.randn(n, generator=g) * 4
+    return x.to(dtype)
+
+
+def reduce_math(op: str, tensors: list, dtype):
+    if dtype.is_floating_point:
+        stack = torch.stack([t.float() for t in tensors])
+    else:
+        stack = torch.stack(tensors)
+    if op == "SUM":
+        out = stack.sum(0)
+    elif op == "AVG":
+        out = stack.sum(0) / len(tensors)
+    elif op == "PRODUCT":
+        out = stack.prod(0)
+    elif op == "MIN":
+        out = stack.amin(0)
+    elif op == "MAX":
+        out = stack.amax(0)
+    elif op in ("BAND", "BOR", "BXOR"):
+        f = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}[op]
+        out = functools.reduce(f, tensors)
+    else:
+        raise ValueError(op)
+    return out.to(dtype)
+
+
+def tolerance(dtype, op):
+    """(rtol, atol) against plain math; None means exact."""
+    if not dtype.is_floating_point or op in (None, "MIN", "MAX"):
+        return None
+    if dtype == torch.bfloat16:
+        return (2e-2, 0.15)
+    return (1e-5, 1e-4)
+
+
+# ---------------------------------------------------------------------------------------------
+# groups
+
+
+@dataclasses.dataclass
+class G:
+    pg: object  # a ProcessGroup (or None: the default group)
+    rank: int  # rank in the group
+    size: int
+    ranks: list  # global ranks of the group
+    backend: str = "cuda_p2p"
+
+    def label(self) -> str:
+        return f"W={self.size} ranks={self.ranks}"
+
+
+def group_pair(ctx, ranks=None):
+    """(cuda_p2p group, gloo reference group) over `ranks` (None: the world); every rank must
+    call it. Returns None for a rank that is not in `ranks`."""
+    if ranks is None:
+        ranks = list(range(ctx.world_size))
+        p2p, ref = dist.group.WORLD, ctx.gloo
+    else:
+        p2p, ref = ctx.group(ranks, "cuda_p2p"), ctx.group(ranks, "gloo")
+    if ctx.rank not in ranks:
+        return None
+    grank = ranks.index(ctx.rank)
+    return (
+        G(p2p, grank, len(ranks), list(ranks)),
+        G(ref, grank, len(ranks), list(ranks), backend="gloo"),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# running an op, sync or async
+
+
+def finish(handle, async_op: bool):
+    """Waits on what an async collective returned; returns the future's value or a marker."""
+    if not async_op:
+        if handle is not None:
+            raise AssertionError(f"a synchronous collective returned {handle!r}, expected None")
+        return None
+    if isinstance(handle, torch._C.Future):  # all_reduce_coalesced returns a future
+        return ("future", handle.wait())
+    if handle is None:
+        raise AssertionError("async_op=True returned None, expected a Work")
+    try:
+        fut = handle.get_future()
+    except RuntimeError:
+        fut = None
+    if handle.wait() is not True:
+        raise AssertionError("work.wait() did not return True")
+    # Compared with Gloo's, not required: Gloo's reduce_scatter works stay "not completed".
+    completed = handle.is_completed()
+    if fut is None:
+        return ("nofuture", None, completed)
+    value = fut.wait()
+    if not fut.done():
+        raise AssertionError("the work's future is not done after wait()")
+    return ("future", value, completed)
+
+
+# Each collective: run(g, case, async_op) -> (outputs, finish-marker), expected(g, case) -> outputs.
+# `outputs` is a list of tensors (None entries are not compared).
+
+
+def _root(g, case):
+    return case["n"] % g.size
+
+
+def bc_run(g, c, a):
+    t = make_input(c["seed"], g.rank, c["n"], c["dtype"])
+    h = dist.broadcast(t, group_src=_root(g, c), group=g.pg, async_op=a)
+    return [t], finish(h, a)
+
+
+def bc_expected(g, c):
+    return [make_input(c["seed"], _root(g, c), c["n"], c["dtype"])]
+
+
+def ar_run(g, c, a):
+    t = make_input(c["seed"], g.rank, c["n"], c["dtype"], c["op"])
+    h = dist.all_reduce(t, op=getattr(R, c["op"]), group=g.pg, async_op=a)
+    return [t], finish(h, a)
+
+
+def ar_expected(g, c):
+    ins = [make_input(c["seed"], r, c["n"], c["dtype"], c["op"]) for r in range(g.size)]
+    return [reduce_math(c["op"], ins, c["dtype"])]
+
+
+def _coal_inputs(g, c, rank=None):
+    rank = g.rank if rank is None else rank
+    return [make_input(c["seed"], rank, c["n"] + 2 * k, c["dtype"], c["op"], k=k) for k in range(3)]
+
+
+def _coal_expected(g, c):
+    per_rank = [_coal_inputs(g, c, r) for r in range(g.size)]
+    return [reduce_math(c["op"], [p[k] for p in per_rank], c["dtype"]) for k in range(3)]
+
+
+def arc_run(g, c, a):
+    ts = _coal_inputs(g, c)
+    h = dist.all_reduce_coalesced(ts, op=getattr(R, c["op"]), group=g.pg, async_op=a)
+    return ts, finish(h, a)
+
+
+def _cm_wait(cm, a):
+    if not a:
+        return None
+    for w in cm.works:
+        if w.wait() is not True:
+            raise AssertionError("coalesced work.wait() did not return True")
+    return ("coalesced", None)
+
+
+def cm_ar_run(g, c, a):
+    ts = _coal_inputs(g, c)
+    # device=: the old style (startCoalescing/endCoalescing on the backend), which Gloo lacks;
+    # the reference then runs the fast path.
+    device = torch.device("cpu") if c.get("device") and g.backend != "gloo" else None
+    with dist._coalescing_manager(group=g.pg, device=device, async_ops=a) as cm:
+        for t in ts:
+            dist.all_reduce(t, op=getattr(R, c["op"]), group=g.pg)
+    return ts, _cm_wait(cm, a)
+
+
+def reduce_run(g, c, a):
+    t = make_input(c["seed"], g.rank, c["n"], c["dtype"], c["op"])
+    root = _root(g, c)
+    h = dist.reduce(t, group_dst=root, op=getattr(R, c["op"]), group=g.pg, async_op=a)
+    # Only the root's tensor is defined after a reduce.
+    return [t if g.rank == root else None], finish(h, a)
+
+
+def reduce_expected(g, c):
+    if g.rank != _root(g, c):
+        return [None]
+    return ar_expected(g, c)
+
+
+def ag_run(g, c, a):
+    t = make_input(c["seed"], g.rank, c["n"], c["dtype"])
+    outs = [torch.full((c["n"],), 99, dtype=c["dtype"]) for _ in range(g.size)]
+    h = dist.all_gather(outs, t, group=g.pg, async_op=a)
+    return outs, finish(h, a)
+
+
+def ag_expected(g, c):
+    return [make_input(c["seed"], r, c["n"], c["dtype"]) for r in range(g.size)]
+
+
+def agit_run(g, c, a):
+    t = make_input(c["seed"], g.rank, c["n"], c["dtype"])
+    out = torch.full((g.size * c["n"],), 99, dtype=c["dtype"])
+    h = dist.all_gather_into_tensor(out, t, group=g.pg, async_op=a)
+    return [out], finish(h, a)
+
+
+def agit_expected(g, c):
+    return [torch.cat(ag_expected(g, c))]
+
+
+def cm_agit_run(g, c, a):
+    ins = [make_input(c["seed"], g.rank, c["n"] + 2 * k, c["dtype"], k=k) for k in range(3)]
+    outs = [torch.full((g.size * t.numel(),), 99, dtype=c["dtype"]) for t in ins]
+    with dist._coalescing_manager(group=g.pg, async_ops=a) as cm:
+        for o, t in zip(outs, ins):
+            dist.all_gather_into_tensor(o, t, group=g.pg)
+    return outs, _cm_wait(cm, a)
+
+
+def cm_agit_expected(g, c):
+    return [
+        torch.cat([make_input(c["seed"], r, c["n"] + 2 * k, c["dtype"], k=k) for r in range(g.size)])
+        for k in range(3)
+    ]
+
+
+def gather_run(g, c, a):
+    t = make_input(c["seed"], g.rank, c["n"], c["dtype"])
+    root = _root(g, c)
+    outs = [torch.full((c["n"],), 99, dtype=c["dtype"]) for _ in range(g.size)]
+    h = dist.gather(t, outs if g.rank == root else None, group_dst=root, group=g.pg, async_op=a)
+    return (outs if g.rank == root else [None] * g.size), finish(h, a)
+
+
+def gather_expected(g, c):
+    if g.rank != _root(g, c):
+        return [None] * g.size
+    return ag_expected(g, c)
+
+
+def scatter_run(g, c, a):
+    root = _root(g, c)
+    ins = [make_input(c["seed"], root, c["n"], c["dtype"], k=j) for j in range(g.size)]
+    out = torch.full((c["n"],), 99, dtype=c["dtype"])
+    h = dist.scatter(out, ins if g.rank == root else None, group_src=root, group=g.pg, async_op=a)
+    return [out], finish(h, a)
+
+
+def scatter_expected(g, c):
+    return [make_input(c["seed"], _root(g, c), c["n"], c["dtype"], k=g.rank)]
+
+
+def rs_run(g, c, a):
+    ins = [make_input(c["seed"], g.rank, c["n"], c["dtype"], c["op"], k=j) for j in range(g.size)]
+    out = torch.full((c["n"],), 99, dtype=c["dtype"])
+    h = dist.reduce_scatter(out, ins, op=getattr(R, c["op"]), group=g.pg, async_op=a)
+    return [out], finish(h, a)
+
+
+def rs_expected(g, c):
+    ins = [make_input(c["seed"], r, c["n"], c["dtype"], c["op"], k=g.rank) for r in range(g.size)]
+    return [reduce_math(c["op"], ins, c["dtype"])]
+
+
+def rst_run(g, c, a):
+    t = make_input(c["seed"], g.rank, g.size * c["n"], c["dtype"], c["op"])
+    out = torch.full((c["n"],), 99, dtype=c["dtype"])
+    h = dist.reduce_scatter_tensor(out, t, op=getattr(R, c["op"]), group=g.pg, async_op=a)
+    return [out], finish(h, a)
+
+
+def rst_expected(g, c):
+    n = c["n"]
+    ins = [
+        make_input(c["seed"], r, g.size * n, c["dtype"], c["op"])[g.rank * n : (g.rank + 1) * n]
+        for r in range(g.size)
+    ]
+    return [reduce_math(c["op"], ins, c["dtype"])]
+
+
+def cm_rst_run(g, c, a):
+    ins = [
+        make_input(c["seed"], g.rank, g.size * (c["n"] + 2 * k), c["dtype"], c["op"], k=k)
+        for k in range(3)
+    ]
+    outs = [torch.full((c["n"] + 2 * k,), 99, dtype=c["dtype"]) for k in range(3)]
+    with dist._coalescing_manager(group=g.pg, async_ops=a) as cm:
+        for o, t in zip(outs, ins):
+            dist.reduce_scatter_tensor(o, t, op=getattr(R, c["op"]), group=g.pg)
+    return outs, _cm_wait(cm, a)
+
+
+def cm_rst_expected(g, c):
+    res = []
+    for k in range(3):
+        n = c["n"] + 2 * k
+        ins = [
+            make_input(c["seed"], r, g.size * n, c["dtype"], c["op"], k=k)[g.rank * n : (g.rank + 1) * n]
+            for r in range(g.size)
+        ]
+        res.append(reduce_math(c["op"], ins, c["dtype"]))
+    return res
+
+
+def _split(c, src, dst):
+    """Elements `src` sends to `dst` in an all-to-all case."""
+    if not c.get("uneven"):
+        return c["n"]
+    return c["n"] + (src + 2 * dst) % 3
+
+
+def _a2a_chunk(c, src, dst):
+    return make_input(c["seed"], src, _split(c, src, dst), c["dtype"], k=dst)
+
+
+def a2a_run(g, c, a):
+    ins = [_a2a_chunk(c, g.rank, j) for j in range(g.size)]
+    outs = [torch.full((_split(c, j, g.rank),), 99, dtype=c["dtype"]) for j in range(g.size)]
+    h = dist.all_to_all(outs, ins, group=g.pg, async_op=a)
+    return outs, finish(h, a)
+
+
+def a2a_expected(g, c):
+    return [_a2a_chunk(c, j, g.rank) for j in range(g.size)]
+
+
+def a2as_run(g, c, a):
+    inp = torch.cat([_a2a_chunk(c, g.rank, j) for j in range(g.size)])
+    out = torch.full((sum(_split(c, j, g.rank) for j in range(g.size)),), 99, dtype=c["dtype"])
+    if c.get("uneven"):
+        in_splits = [_split(c, g.rank, j) for j in range(g.size)]
+        out_splits = [_split(c, j, g.rank) for j in range(g.size)]
+    else:
+        in_splits = out_splits = None
+    h = dist.all_to_all_single(out, inp, out_splits, in_splits, group=g.pg, async_op=a)
+    return [out], finish(h, a)
+
+
+def a2as_expected(g, c):
+    return [torch.cat(a2a_expected(g, c))]
+
+
+@dataclasses.dataclass
+class Collective:
+    run: object
+    expected: object
+    reduces: bool = False  # takes a reduce op
+    variants: tuple = ({},)  # extra case fields, each a separate case
+
+
+COLLECTIVES = {
+    "broadcast": Collective(bc_run, bc_expected),
+    "all_reduce": Collective(ar_run, ar_expected, reduces=True),
+    "all_reduce_coalesced": Collective(arc_run, _coal_expected, reduces=True),
+    "coalescing_manager_all_reduce": Collective(
+        cm_ar_run, _coal_expected, reduces=True, variants=({}, {"device": True})
+    ),
+    "reduce": Collective(reduce_run, reduce_expected, reduces=True),
+    "all_gather": Collective(ag_run, ag_expected),
+    "all_gather_into_tensor": Collective(agit_run, agit_expected),
+    "coalescing_manager_all_gather_into_tensor": Collective(cm_agit_run, cm_agit_expected),
+    "gather": Collective(gather_run, gather_expected),
+    "scatter": Collective(scatter_run, scatter_expected),
+    "reduce_scatter": Collective(rs_run, rs_expected, reduces=True),
+    "reduce_scatter_tensor": Collective(rst_run, rst_expected, reduces=True),
+    "coalescing_manager_reduce_scatter_tensor": Collective(cm_rst_run, cm_rst_expected, reduces=True),
+    "all_to_all": Collective(a2a_run, a2a_expected),  # Gloo needs equal sizes here
+    "all_to_all_single": Collective(a2as_run, a2as_expected, variants=({}, {"uneven": True})),
+}
+
+
+def cases(name: str, dtype, sizes=SIZES, ops=None):
+    coll = COLLECTIVES[name]
+    seed = 0
+    for n in sizes:
+        for variant in coll.variants:
+            for op in (ops or ops_for(dtype)) if coll.reduces else (None,):
+                seed += 1
+                yield dict(n=n, dtype=dtype, op=op, seed=seed + 1000 * len(name), **variant)
+
+
+def _describe(name, c, a, g) -> str:
+    extra = {k: v for k, v in c.items() if k not in ("n", "dtype", "op", "seed")}
+    op = f" op={c['op']}" if c["op"] else ""
+    root = f" root={_root(g, c)}" if name in ("broadcast", "reduce", "gather", "scatter") else ""
+    return (
+        f"{name} dtype={str(c['dtype']).replace('torch.', '')} n={c['n']}{op}{root}"
+        f"{' ' + str(extra) if extra else ''} async={a} {g.label()}"
+    )
+
+
+def _mismatch(what, got, want, tol) -> str | None:
+    if got is None and want is None:
+        return None
+    if got is None or want is None:
+        return f"{what}: got {got!r}, expected {want!r}"
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return f"{what}: got {got.dtype}{list(got.shape)}, expected {want.dtype}{list(want.shape)}"
+    if tol is None:
+        if torch.equal(got, want):
+            return None
+    else:
+        rtol, atol = tol
+        if torch.allclose(got.float(), want.float(), rtol=rtol, atol=atol):
+            return None
+    diff = (got.float() - want.float()).abs()
+    i = int(diff.argmax()) if diff.numel() else 0
+    return (
+        f"{what}: max |diff| {diff.max().item() if diff.numel() else 0:.6g} at element {i} "
+        f"(got {got.reshape(-1)[i].item()}, expected {want.reshape(-1)[i].item()}; "
+        f"{'exact' if tol is None else f'rtol={tol[0]}, atol={tol[1]}'})"
+    )
+
+
+def compare_outputs(label, got, ref, want, tol, failures):
+    """got: cuda_p2p, ref: gloo, want: plain math."""
+    if len(got) != len(ref) or len(got) != len(want):
+        failures.append(f"{label}: {len(got)} outputs, gloo {len(ref)}, math {len(want)}")
+        return
+    for i, (x, y, z) in enumerate(zip(got, ref, want)):
+        # Against Gloo exactly where no floating-point rounding is involved, else within tol.
+        m = _mismatch(f"{label} output[{i}] vs gloo", x, y, tol)
+        m = m or _mismatch(f"{label} output[{i}] vs plain math", x, z, tol)
+        if m:
+            failures.append(m)
+
+
+def compare_futures(label, got, ref, failures):
+    if got is None and ref is None:
+        return
+    if got is None or ref is None or got[0] != ref[0]:
+        failures.append(f"{label}: async result {got and got[0]!r}, gloo gives {ref and ref[0]!r}")
+        return
+    if len(got) > 2 and got[2] != ref[2] and not got[2]:
+        failures.append(f"{label}: work.is_completed() is False after wait(); gloo's is True")
+    if got[0] != "future":
+        return
+    gv, rv = got[1], ref[1]
+    if isinstance(rv, torch.Tensor):
+        rv, gv = [rv], [gv]
+    if not isinstance(gv, (list, tuple)) or len(gv) != len(rv):
+        failures.append(f"{label}: future value {type(gv).__name__}, gloo {type(rv).__name__}")
+        return
+    for i, (x, y) in enumerate(zip(gv, rv)):
+        if not torch.equal(x, y):
+            failures.append(f"{label}: future value [{i}] differs from gloo's")
+
+
+def check_collective(ctx, name, dtype_name, ranks=None, sizes=SIZES, ops=None, asyncs=(False, True)):
+    """Runs every case of collective `name` on cuda_p2p and on Gloo; compares with both and
+    with plain math. `ranks`: a subgroup (every rank calls; non-members check no-op behaviour)."""
+    dtype = DTYPES[dtype_name]
+    pair = group_pair(ctx, ranks)
+    if pair is None:
+        return check_non_member(ctx, name, ranks)
+    p2p, ref = pair
+    coll = COLLECTIVES[name]
+    failures, count = [], 0
+    for c in cases(name, dtype, sizes, ops):
+        for a in asyncs:
+            label = _describe(name, c, a, p2p)
+            count += 1
+            try:
+                got, got_fut = coll.run(p2p, c, a)
+                want_ref, ref_fut = coll.run(ref, c, a)
+                want = coll.expected(p2p, c)
+                compare_outputs(label, got, want_ref, want, tolerance(dtype, c["op"]), failures)
+                compare_futures(label, got_fut, ref_fut, failures)
+            except Exception as e:  # noqa: BLE001  (one bad case must not hide the others)
+                failures.append(f"{label}: raised {type(e).__name__}: {e}\n{traceback.format_exc()}")
+                break
+    return {"cases": count, "failures": failures}
+
+
+def check_rejections(ctx, name, dtype_name):
+    """Op/dtype combinations Gloo rejects: cuda_p2p must raise the same type of error."""
+    dtype = DTYPES[dtype_name]
+    p2p, ref = group_pair(ctx)
+    coll = COLLECTIVES[name]
+    failures, count = [], 0
+    for c in cases(name, dtype, sizes=(1,), ops=rejected_ops_for(dtype)):
+        label = _describe(name, c, False, p2p)
+        errors = []
+        for g in (ref, p2p):
+            try:
+                coll.run(g, c, False)
+                errors.append(None)
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+        count += 1
+        if errors[0] is None:
+            failures.append(f"{label}: gloo accepted it (the test's assumption is wrong)")
+        elif errors[1] is None:
+            failures.append(f"{label}: cuda_p2p accepted what gloo rejects ({errors[0]})")
+        elif type(errors[0]) is not type(errors[1]):
+            failures.append(f"{label}: cuda_p2p raised {errors[1]!r}, gloo {errors[0]!r}")
+    return {"cases": count, "failures": failures}
+
+
+def check_non_member(ctx, name, ranks):
+    """A rank outside the group: collectives on the group are no-ops that return None."""
+    ng = ctx.group(ranks, "cuda_p2p")
+    failures = []
+    if ng is not dist.GroupMember.NON_GROUP_MEMBER:
+        failures.append(f"rank {ctx.rank} not in {ranks}: new_group returned {ng!r}")
+        return {"cases": 1, "failures": failures}
+    t = torch.arange(5.0)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for label, fn in [
+            ("all_reduce", lambda: dist.all_reduce(t, group=ng)),
+            ("all_reduce async", lambda: dist.all_reduce(t, group=ng, async_op=True)),
+            ("broadcast", lambda: dist.broadcast(t, src=ranks[0], group=ng)),
+            ("barrier", lambda: dist.barrier(group=ng)),
+        ]:
+            r = fn()
+            if r is not None:
+                failures.append(f"{label} on a group without rank {ctx.rank} returned {r!r}")
+    if not torch.equal(t, torch.arange(5.0)):
+        failures.append(f"a collective on a group without rank {ctx.rank} changed the tensor: {t}")
+    if dist.get_rank(ng) != -1:
+        failures.append(f"dist.get_rank(non-member group) = {dist.get_rank(ng)}, expected -1")
+    return {"cases": 1, "failures": failures}
+
+
+# ---------------------------------------------------------------------------------------------
+# point to point
+
+
+def _p2p_case_input(c, src, k=0):
+    return make_input(c["seed"], src, c["n"], c["dtype"], k=k)
+
+
+def _ring_sendrecv(g, c, mode):
+    """Every rank sends to its right neighbour and receives from its left one."""
+    right, left = (g.rank + 1) % g.size, (g.rank - 1) % g.size
+    out = torch.full((c["n"],), 99, dtype=c["dtype"])
+    t = _p2p_case_input(c, g.rank)
+    marks = []
+    if mode == "blocking":
+        # Even ranks send first, odd ranks receive first: no cycle of blocked senders.
+        if g.rank % 2 == 0:
+            dist.send(t, group_dst=right, group=g.pg)
+            dist.recv(out, group_src=left, group=g.pg)
+        else:
+            dist.recv(out, group_src=left, group=g.pg)
+            dist.send(t, group_dst=right, group=g.pg)
+    elif mode == "isend_irecv":
+        rw = dist.irecv(out, group_src=left, group=g.pg)
+        sw = dist.isend(t, group_dst=right, group=g.pg)
+        for w in (sw, rw):
+            marks.append(w.wait())
+            marks.append(w.is_completed())
+    elif mode == "batch":
+        ops = [
+            dist.P2POp(dist.isend, t, group=g.pg, group_peer=right),
+            dist.P2POp(dist.irecv, out, group=g.pg, group_peer=left),
+        ]
+        for w in dist.batch_isend_irecv(ops):
+            marks.append(w.wait())
+    else:
+        raise ValueError(mode)
+    if not all(marks):
+        raise AssertionError(f"{mode}: a work's wait()/is_completed() returned False: {marks}")
+    return [out]
+
+
+def _tags(g, c):
+    """Two messages to the right neighbour with tags 1 and 2, received in the other order."""
+    right, left = (g.rank + 1) % g.size, (g.rank - 1) % g.size
+    a = _p2p_case_input(c, g.rank, k=1)
+    b = _p2p_case_input(c, g.rank, k=2)
+    out_b = torch.full((c["n"],), 99, dtype=c["dtype"])
+    out_a = torch.full((c["n"],), 99, dtype=c["dtype"])
+    works = [
+        dist.isend(a, group_dst=right, group=g.pg, tag=1),
+        dist.isend(b, group_dst=right, group=g.pg, tag=2),
+        dist.irecv(out_b, group_src=left, group=g.pg, tag=2),
+        dist.irecv(out_a, group_src=left, group=g.pg, tag=1),
+    ]
+    for w in works:
+        w.wait()
+    return [out_a, out_b]
+
+
+def _bidirectional_batch(g, c):
+    """batch_isend_irecv to and from both neighbours (4 ops per rank)."""
+    right, left = (g.rank + 1) % g.size, (g.rank - 1) % g.size
+    to_r = _p2p_case_input(c, g.rank, k=3)
+    to_l = _p2p_case_input(c, g.rank, k=4)
+    from_l = torch.full((c["n"],), 99, dtype=c["dtype"])
+    from_r = torch.full((c["n"],), 99, dtype=c["dtype"])
+    ops = [
+        dist.P2POp(dist.irecv, from_l, group=g.pg, group_peer=left, tag=3),
+        dist.P2POp(dist.isend, to_r, group=g.pg, group_peer=right, tag=3),
+        dist.P2POp(dist.isend, to_l, group=g.pg, group_peer=left, tag=4),
+        dist.P2POp(dist.irecv, from_r, group=g.pg, group_peer=right, tag=4),
+    ]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    return [from_l, from_r]
+
+
+P2P_MODES = ("blocking", "isend_irecv", "batch", "tags", "batch_bidirectional")
+
+
+def _p2p_run(g, c, mode):
+    if mode == "tags":
+        return _tags(g, c)
+    if mode == "batch_bidirectional":
+        return _bidirectional_batch(g, c)
+    return _ring_sendrecv(g, c, mode)
+
+
+def _p2p_expected(g, c, mode):
+    right, left = (g.rank + 1) % g.size, (g.rank - 1) % g.size
+    if mode == "tags":
+        return [_p2p_case_input(c, left, k=1), _p2p_case_input(c, left, k=2)]
+    if mode == "batch_bidirectional":
+        return [_p2p_case_input(c, left, k=3), _p2p_case_input(c, right, k=4)]
+    return [_p2p_case_input(c, left)]
+
+
+def check_p2p(ctx, mode, dtype_name, ranks=None, sizes=SIZES):
+    dtype = DTYPES[dtype_name]
+    pair = group_pair(ctx, ranks)
+    if pair is None:
+        return {"cases": 0, "failures": []}
+    p2p, ref = pair
+    failures, count = [], 0
+    for i, n in enumerate(sizes):
+        c = dict(n=n, dtype=dtype, seed=7_000 + i + 100 * P2P_MODES.index(mode))
+        label = f"{mode} dtype={dtype_name} n={n} {p2p.label()}"
+        count += 1
+        try:
+            got = _p2p_run(p2p, c, mode)
+            want_ref = _p2p_run(ref, c, mode)
+            compare_outputs(label, got, want_ref, _p2p_expected(p2p, c, mode), None, failures)
+        except Exception as e:  # noqa: BLE001
+            failures.append(f"{label}: raised {type(e).__name__}: {e}\n{traceback.format_exc()}")
+            break
+    return {"cases": count, "failures": failures}
+
+
+def check_recv_anysource(ctx, ranks=None, use_irecv=False):
+    """The group's rank 0 receives one message from every other rank with src=None."""
+    pair = group_pair(ctx, ranks)
+    if pair is None:
+        return {"cases": 0, "failures": []}
+    failures = []
+    results = {}
+    for which, g in zip(("cuda_p2p", "gloo"), pair):
+        if g.rank == 0:
+            got = {}
+            for _ in range(g.size - 1):
+                t = torch.zeros(3, dtype=torch.int64)
+                if use_irecv:
+                    w = dist.irecv(t, src=None, group=g.pg)
+                    w.wait()
+                    src = w._source_rank()
+                    src = g.ranks[src]  # the Work reports a group rank
+                else:
+                    src = dist.recv(t, src=None, group=g.pg)  # a global rank
+                got[src] = t.tolist()
+            results[which] = got
+        else:
+            dist.send(torch.full((3,), 10 * ctx.rank + 1, dtype=torch.int64), dst=g.ranks[0], group=g.pg)
+    if pair[0].rank == 0:
+        want = {r: [10 * r + 1] * 3 for r in pair[0].ranks[1:]}
+        for which, got in results.items():
+            if got != want:
+                failures.append(
+                    f"recv(src=None){' via irecv' if use_irecv else ''} on {which} "
+                    f"{pair[0].label()}: got {got}, expected {want}"
+                )
+    return {"cases": 1, "failures": failures}
+
+
+# ---------------------------------------------------------------------------------------------
+# barriers and objects
+
+
+def check_barrier(ctx, kind, ranks=None, delay=0.4):
+    """The group's last rank arrives `delay` s late; every other rank must wait for it."""
+    pair = group_pair(ctx, ranks)
+    if pair is None:
+        return None
+    g = pair[0]
+    from datetime import timedelta
+
+    dist.barrier(group=g.pg)  # line up first
+    late = g.rank == g.size - 1
+    if late:
+        time.sleep(delay)
+    t0 = time.monotonic()
+    if kind == "barrier":
+        assert dist.barrier(group=g.pg) is None
+    elif kind == "barrier_async":
+        w = dist.barrier(group=g.pg, async_op=True)
+        assert w.wait() is True and w.is_completed()
+    elif kind == "monitored_barrier":
+        dist.monitored_barrier(group=g.pg, timeout=timedelta(seconds=30))
+    elif kind == "monitored_barrier_wait_all":
+        dist.monitored_barrier(group=g.pg, timeout=timedelta(seconds=30), wait_all_ranks=True)
+    else:
+        raise ValueError(kind)
+    waited = time.monotonic() - t0
+    return {"late": late, "waited": waited}
+
+
+def monitored_barrier_missing_rank(ctx, backend):
+    """The last rank skips a monitored_barrier: rank 0 must name it; others must fail too."""
+    from datetime import timedelta
+
+    g = dist.new_group(backend=backend)  # a throwaway group: its Gloo pairs are left dirty
+    W = ctx.world_size
+    if ctx.rank == W - 1:
+        return None
+    try:
+        dist.monitored_barrier(group=g, timeout=timedelta(seconds=1), wait_all_ranks=True)
+    except RuntimeError as e:
+        return str(e)
+    return "no error"
+
+
+def check_objects(ctx, ranks=None):
+    pair = group_pair(ctx, ranks)
+    if pair is None:
+        return {"cases": 0, "failures": []}
+    failures = []
+
+    def obj(r):
+        return {"rank": r, "payload": list(range(r + 1)), "name": f"r{r}" * (r + 1), "t": (r, 2.5)}
+
+    for which, g in zip(("cuda_p2p", "gloo"), pair):
+        label = f"{which} {g.label()}"
+        out = [None] * g.size
+        dist.all_gather_object(out, obj(g.rank), group=g.pg)
+        if out != [obj(r) for r in range(g.size)]:
+            failures.append(f"all_gather_object {label}: {out}")
+        src = g.size - 1
+        lst = [obj(g.rank), "x" * g.rank, None]
+        dist.broadcast_object_list(lst, group_src=src, group=g.pg)
+        if lst != [obj(src), "x" * src, None]:
+            failures.append(f"broadcast_object_list {label}: {lst}")
+        gathered = [None] * g.size if g.rank == 0 else None
+        dist.gather_object(obj(g.rank), gathered, group_dst=0, group=g.pg)
+        if g.rank == 0 and gathered != [obj(r) for r in range(g.size)]:
+            failures.append(f"gather_object {label}: {gathered}")
+        recv = [None]
+        dist.scatter_object_list(
+            recv, [obj(100 + r) for r in range(g.size)] if g.rank == 0 else None, group_src=0, group=g.pg
+        )
+        if recv != [obj(100 + g.rank)]:
+            failures.append(f"scatter_object_list {label}: {recv}")
+    return {"cases": 4, "failures": failures}
+
+
+def uses_cuda_p2p(ctx, ranks=None):
+    pair = group_pair(ctx, ranks)
+    if pair is None:
+        return None
+    return cuda_p2p.is_cuda_p2p_group(pair[0].pg), cuda_p2p.is_cuda_p2p_group(pair[1].pg)

@@ -1,0 +1,84 @@
+"""Every collective on cuda_p2p against a Gloo group over the same ranks and plain-torch math.
+
+Each test runs all sizes (0, 1, 7, 1023 elements), every reduce op and sync/async modes of one
+collective and dtype in one remote call, and reports every failing case by name.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import _collective_checks as cc
+
+DTYPES = list(cc.DTYPES)
+COLLECTIVES = list(cc.COLLECTIVES)
+REDUCING = [n for n, c in cc.COLLECTIVES.items() if c.reduces]
+
+
+def assert_all_ok(results, min_cases=1):
+    failures = [f"[rank {r}] {f}" for r, res in enumerate(results) if res for f in res["failures"]]
+    assert not failures, f"{len(failures)} failing case(s):\n" + "\n".join(failures[:40])
+    counted = [res["cases"] for res in results if res]
+    assert counted and min(counted) >= min_cases, f"too few cases ran: {counted}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", COLLECTIVES)
+def test_collective(world, name, dtype):
+    sizes = len(cc.SIZES)
+    assert_all_ok(world.run(cc.check_collective, name, dtype), min_cases=2 * sizes)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", REDUCING)
+def test_rejected_reduce_ops(world2, name, dtype):
+    """AVG on int64 and bitwise ops on floats: Gloo rejects them, so must cuda_p2p."""
+    assert_all_ok(world2.run(cc.check_rejections, name, dtype))
+
+
+# Subgroups of 4 ranks: two disjoint pairs (every rank is in one), and a group of 3 that rank 0
+# is not in (rank 0 checks that collectives on it are no-ops returning None).
+SUBGROUPS = {
+    "pairs_0_2-1_3": [[0, 2], [1, 3]],
+    "ranks_1_2_3": [[1, 2, 3]],
+}
+
+
+def _subgroup_for_all(ctx, layout, fn, *args, **kwargs):
+    """Creates every group of `layout` on every rank (in one order), then runs `fn` for the
+    group this rank is in (or for the first group, as a non-member)."""
+    groups = SUBGROUPS[layout]
+    for ranks in groups:
+        ctx.group(ranks, "cuda_p2p")
+        ctx.group(ranks, "gloo")
+    mine = next((r for r in groups if ctx.rank in r), groups[0])
+    return fn(ctx, *args, ranks=mine, **kwargs)
+
+
+def run_in_subgroups(ctx, layout, name, dtype):
+    return _subgroup_for_all(ctx, layout, cc.check_collective, name, dtype, sizes=(1, 7))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int64"])
+@pytest.mark.parametrize("name", COLLECTIVES)
+@pytest.mark.parametrize("layout", list(SUBGROUPS))
+def test_collective_subgroup(world4, layout, name, dtype):
+    results = world4.run(run_in_subgroups, layout, name, dtype)
+    assert_all_ok(results)
+    if layout == "ranks_1_2_3":
+        # rank 0 ran the non-member checks; the members ran the real ones
+        assert results[0]["cases"] == 1 and results[1]["cases"] > 1
+
+
+def subgroups_use_cuda_p2p(ctx, layout):
+    return _subgroup_for_all(ctx, layout, cc.uses_cuda_p2p)
+
+
+@pytest.mark.parametrize("layout", list(SUBGROUPS))
+def test_subgroups_are_cuda_p2p(world4, layout):
+    res = world4.run(subgroups_use_cuda_p2p, layout)
+    for r, x in enumerate(res):
+        if any(r in g for g in SUBGROUPS[layout]):
+            assert x == (True, False), f"rank {r}: (is_cuda_p2p_group(p2p), ...(gloo)) = {x}"
+        else:
+            assert x is None
