@@ -34,6 +34,9 @@ class ProcessGroupCudaP2P : public c10d::Backend {
     bool enable_workspace = true;
     // Handed to the wrapped NCCL backend (a ProcessGroupNCCL.Options in Python); may be null.
     c10::intrusive_ptr<c10d::Backend::Options> nccl_options;
+    // The largest buffer (bytes) an op may grow the workspace to on its own; an op that needs
+    // more processes its payload in rounds (ops/pipeline_common.hpp, plan_rounds).
+    int64_t max_buffer_size = int64_t{256} << 20;
 
     // Not marked override: older torch releases have no Options::clone().
     virtual c10::intrusive_ptr<c10d::Backend::Options> clone() const {
@@ -82,6 +85,12 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   void ensure_min_buffer_size(int64_t nbytes);
   // The workspace, or null when it was disabled.
   SymmetricWorkspace* workspace() const { return workspace_.get(); }
+
+  // --- fused GEMM pipelines (ops/fused_*.cpp) -------------------------------------------------
+  // Per-backend state of the pipelines (their host streams, the lock that serialises them on
+  // this backend), created on first use. Defined in ops/pipeline_common.hpp.
+  struct PipelineState;
+  PipelineState& pipeline_state();
 
   // Counters of which path ran ("all_reduce.one_shot", "all_reduce.wrapped", ...), so tests and
   // users can see that the fast path ran and that no fallback was silent.
@@ -174,6 +183,9 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> cuda_backend_;
   std::unique_ptr<SymmetricWorkspace> workspace_;
   std::string workspace_off_reason_;
+
+  std::mutex pipeline_state_mutex_;
+  std::shared_ptr<PipelineState> pipeline_state_;  // see pipeline_state()
 
   mutable std::mutex counters_mutex_;
   std::map<std::string, int64_t> counters_;

@@ -7,6 +7,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "backend/ProcessGroupCudaP2P.hpp"
+#include "ops/fused_ops.hpp"
 
 namespace py = pybind11;
 
@@ -33,6 +34,8 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "cuda_p2p C++ backend";
   // Our classes derive from torch's c10d bindings: they must be registered first.
   py::module_::import("torch._C._distributed_c10d");
+  // Keeps the TORCH_LIBRARY registrations of the static core library in this module.
+  cuda_p2p::ensure_fused_ops_registered();
 
   auto pg = py::class_<ProcessGroupCudaP2P, c10d::Backend, c10::intrusive_ptr<ProcessGroupCudaP2P>>(
       m, "ProcessGroupCudaP2P",
@@ -78,7 +81,17 @@ PYBIND11_MODULE(_C, m) {
                   py::str(py::type::of(v)).cast<std::string>());
             }
           },
-          "Options handed to the wrapped NCCL backend (ProcessGroupNCCL.Options), or None.");
+          "Options handed to the wrapped NCCL backend (ProcessGroupNCCL.Options), or None.")
+      .def_property(
+          "max_buffer_size",
+          [](const ProcessGroupCudaP2P::Options& o) { return o.max_buffer_size; },
+          [](ProcessGroupCudaP2P::Options& o, int64_t v) {
+            TORCH_CHECK_VALUE(v > 0, "cuda_p2p: Options.max_buffer_size must be a positive "
+                              "number of bytes, got ", v);
+            o.max_buffer_size = v;
+          },
+          "The largest buffer (bytes) an op may grow the workspace to on its own (default "
+          "256 MiB); an op needing more processes its payload in rounds.");
 
   pg.def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                      c10::intrusive_ptr<ProcessGroupCudaP2P::Options> options,

@@ -14,12 +14,15 @@ from ._backend import (
     get_cuda_p2p_backend,
     is_cuda_p2p_group,
 )
+from .ops import fused_all_gather_matmul, fused_matmul_reduce_scatter
 
 __all__ = [
     "BACKEND_NAME",
     "ProcessGroupCudaP2P",
     "get_cuda_p2p_backend",
     "is_cuda_p2p_group",
+    "fused_all_gather_matmul",
+    "fused_matmul_reduce_scatter",
 ]
 
 __version__ = "0.1.0"

@@ -1,0 +1,344 @@
+// all_gather(A_shard, gather_dim) @ B, with the gathering of shard i+1 hidden behind the GEMM of
+// shard i (DESIGN.md §5).
+#include <c10/util/Exception.h>
+
+#include <sstream>
+
+#include "ops/fused_ops.hpp"
+
+namespace cuda_p2p {
+
+namespace {
+
+constexpr const char* kOp = "fused_all_gather_matmul";
+
+// NOTE [All-gather→matmul schedule]
+// The shard is a [rows, cols] matrix (the gather dim moved to the front and flattened, or, when
+// the contraction dim is gathered, the leading dims flattened); slot r of the gathered stack
+// [W, rows, cols] is rank r's shard. Per round (NOTE [Pipeline buffer reuse]):
+//
+//   stream 0: copy own shard -> own buffer | barrier | consume own shard | pull r+2 | consume ...
+//   stream 1:                               (waits) | pull r+1 | consume r+1 | pull r+3 | ...
+//
+// Step k = 1..W-1 pulls rank (rank+k)'s shard from its buffer (a copy-engine copy on CUDA) into
+// slot rank+k and consumes it, odd steps on stream 1 and even ones on stream 0, so that one
+// stream's copy overlaps the other's GEMM. The opening barrier (stream 0, channel 0) says every
+// rank's shard is in its buffer; stream 1 starts after it. The closing barrier (stream 0,
+// channel 0) comes after both streams' last copies - not their last GEMMs, which read only local
+// memory - and says that no rank reads any buffer any more, so the next round (or op) may
+// overwrite it. Stream 1 never signals.
+
+// A consumer: gets rank src's rows [row0, row0 + shard.size(0)) on pipeline stream `stream`.
+using Consumer = std::function<void(int src, int64_t row0, const at::Tensor& shard, int stream)>;
+
+void gather_and_consume(pipeline::Env& env, const at::Tensor& shard, const at::Tensor& stack,
+                        const Consumer& consume, bool fill_own_slot, pipeline::Stats& stats) {
+  auto& dev = env.device();
+  auto& ws = env.ws;
+  const int W = env.world_size(), rank = env.rank();
+  const int64_t rows = shard.size(0);
+  const int64_t row_bytes = shard.size(1) * static_cast<int64_t>(shard.element_size());
+  const int64_t rounds = pipeline::plan_rounds(env, rows, row_bytes, kOp, stats);
+  stats.rounds = rounds;
+  const int channel = env.channels[0];
+  const Consumer* consumer = &consume;
+
+  pipeline::begin(env);
+  pipeline::EndGuard guard(env);
+  for (int64_t round = 0; round < rounds; ++round) {
+    const auto [row0, row1] = pipeline::split_range(rows, rounds, round);
+    const int64_t len = row1 - row0;
+    const size_t bytes = static_cast<size_t>(len * row_bytes);
+    at::Tensor own = shard.narrow(0, row0, len);
+
+    dev.copy(env.stream(0), ws.buffer(rank), own.data_ptr(), bytes);
+    ws.barrier(env.stream(0), channel);
+    env.wait_stream(1, 0);
+    env.run(0, [=] { (*consumer)(rank, row0, own, 0); });
+
+    std::shared_ptr<Event> last_pull_on_1;
+    for (int k = 1; k < W; ++k) {
+      const int s = k % 2;
+      const int src = (rank + k) % W;
+      at::Tensor slot = stack[src].narrow(0, row0, len);
+      dev.copy(env.stream(s), slot.data_ptr(), ws.buffer(src), bytes);
+      if (s == 1) last_pull_on_1 = dev.record(env.stream(1));
+      env.run(s, [=] { (*consumer)(src, row0, slot, s); });
+    }
+    if (fill_own_slot) {
+      // On the stream whose last GEMM comes earlier: the copy hides behind the other's.
+      const int s = W % 2 == 0 ? 0 : 1;
+      at::Tensor slot = stack[rank].narrow(0, row0, len);
+      dev.copy(env.stream(s), slot.data_ptr(), own.data_ptr(), bytes);
+    }
+    if (last_pull_on_1) dev.wait_event(env.stream(0), *last_pull_on_1);
+    ws.barrier(env.stream(0), channel);
+  }
+  guard.release();
+  pipeline::end(env);
+}
+
+// The same over the wrapped backend: a ring (send to rank+1, receive from rank-1) that forwards
+// at step k the shard it received at step k-1; each shard is consumed while the next transfer
+// is in flight.
+void gather_and_consume_send_recv(c10d::Backend& backend, const at::Tensor& shard,
+                                  const at::Tensor& stack, const Consumer& consume) {
+  const int W = backend.getSize(), rank = backend.getRank();
+  const int right = (rank + 1) % W, left = (rank + W - 1) % W;
+  if (shard.size(0) == 0) return;
+  stack[rank].copy_(shard);
+  for (int k = 1; k < W; ++k) {
+    const int have = (rank + W - k + 1) % W;  // received at step k-1 (k = 1: our own)
+    const int next = (rank + W - k) % W;
+    auto work = pipeline::exchange(backend, stack[have], right, stack[next], left,
+                                   pipeline::kSendRecvTagBase + k);
+    consume(have, 0, stack[have], 0);
+    work->wait();
+  }
+  const int last = (rank + 1) % W;  // the one received at step W-1 (our own when W == 1)
+  consume(last, 0, stack[last], 0);
+}
+
+// The gathered stack and the outputs, allocated with the strides of the unfused reference:
+// all_gather_into_tensor, then view(W, *shard.shape).movedim(gather_dim + 1, 1).flatten(0, 1)
+// (a contiguous [W * m, ...rest, K] tensor whose dim 0 is moved back to gather_dim), then
+// torch.matmul; or, when the contraction dim is gathered, torch.cat(chunks, -1) @ B.
+struct Layout {
+  bool contraction = false;  // gather_dim is the last dim
+  std::optional<at::Tensor> A;
+  std::vector<at::Tensor> outputs;
+  // Not contraction: the contiguous tensors A and outputs are views of ([W * m, ...rest, n]).
+  at::Tensor A_base;
+  std::vector<at::Tensor> output_bases;
+};
+
+Layout make_layout(const at::Tensor& A_shard, at::TensorList Bs, int64_t gather_dim,
+                   int64_t world_size, bool return_A, bool need_A_base) {
+  Layout l;
+  const int64_t nd = A_shard.dim();
+  const auto opts = A_shard.options().memory_format(std::nullopt);
+  auto sizes = A_shard.sym_sizes().vec();
+  if (gather_dim == nd - 1) {
+    l.contraction = true;
+    auto a_sizes = sizes;
+    a_sizes.back() = a_sizes.back() * world_size;
+    if (return_A) l.A = at::empty_symint(a_sizes, opts);
+    for (const auto& B : Bs) {
+      auto o = sizes;
+      o.back() = B.sym_size(1);
+      l.outputs.push_back(at::empty_symint(o, B.options()));
+    }
+    return l;
+  }
+  std::vector<c10::SymInt> moved{sizes[gather_dim] * world_size};
+  for (int64_t d = 0; d < nd; ++d) {
+    if (d != gather_dim) moved.push_back(sizes[d]);
+  }
+  if (return_A || need_A_base) {
+    l.A_base = at::empty_symint(moved, opts);
+    if (return_A) l.A = l.A_base.movedim(0, gather_dim);
+  }
+  for (const auto& B : Bs) {
+    auto o = moved;
+    o.back() = B.sym_size(1);
+    l.output_bases.push_back(at::empty_symint(o, B.options()));
+    l.outputs.push_back(l.output_bases.back().movedim(0, gather_dim));
+  }
+  return l;
+}
+
+// The problem as matrices, shared by both paths: the shard, the stack it is gathered into, and
+// the consumer writing the products.
+struct Problem {
+  Layout layout;
+  at::Tensor shard;  // [rows, cols], contiguous
+  at::Tensor stack;  // [W, rows, cols], contiguous
+  std::vector<at::Tensor> Bs;
+  std::vector<at::Tensor> output_stacks;                // not contraction: [W, rows, n_b]
+  std::vector<std::array<at::Tensor, 2>> accumulators;  // contraction: per B, per stream
+
+  Problem(const at::Tensor& A_shard, at::TensorList Bs_, int64_t gather_dim, int64_t W,
+          bool return_A)
+      : layout(make_layout(A_shard, Bs_, gather_dim, W, return_A, /*need_A_base=*/true)),
+        Bs(Bs_.vec()) {
+    // Rows: every dim but the last (the gather dim first, when it is not the last).
+    int64_t rows = 1;
+    for (int64_t d = 0; d + 1 < A_shard.dim(); ++d) rows *= A_shard.size(d);
+    const int64_t cols = A_shard.size(-1);
+    if (layout.contraction) {
+      shard = A_shard.contiguous().view({rows, cols});
+      stack = at::empty({W, rows, cols}, A_shard.options());
+      const auto acc = A_shard.options().dtype(pipeline::accumulation_dtype(A_shard.scalar_type()));
+      for (const auto& B : Bs) {
+        accumulators.push_back({at::zeros({rows, B.size(1)}, acc),
+                                W > 1 ? at::zeros({rows, B.size(1)}, acc) : at::Tensor()});
+      }
+      return;
+    }
+    shard = A_shard.movedim(gather_dim, 0).contiguous().view({rows, cols});
+    stack = layout.A_base.view({W, rows, cols});
+    for (size_t b = 0; b < Bs.size(); ++b) {
+      output_stacks.push_back(layout.output_bases[b].view({W, rows, Bs[b].size(1)}));
+    }
+  }
+
+  void consume(int src, int64_t row0, const at::Tensor& rows, int stream) {
+    const int64_t len = rows.size(0);
+    for (size_t b = 0; b < Bs.size(); ++b) {
+      if (!layout.contraction) {
+        at::Tensor out = output_stacks[b][src].narrow(0, row0, len);
+        at::mm_out(out, rows, Bs[b]);
+        continue;
+      }
+      // Gathering the contraction dim: rank src's shard meets rows src*cols.. of B, and the
+      // products are summed. Each stream sums into its own accumulator (no cross-stream
+      // order needed); low-precision products are summed in float32.
+      const int64_t cols = rows.size(1);
+      at::Tensor b_rows = Bs[b].narrow(0, src * cols, cols);
+      at::Tensor acc = accumulators[b][stream].narrow(0, row0, len);
+      if (acc.scalar_type() == rows.scalar_type()) {
+        acc.addmm_(rows, b_rows);
+      } else {
+        acc.add_(at::mm(rows, b_rows));
+      }
+    }
+  }
+
+  AllGatherMatmulResult finish(int64_t W) {
+    AllGatherMatmulResult r;
+    if (layout.contraction) {
+      for (size_t b = 0; b < Bs.size(); ++b) {
+        at::Tensor out = layout.outputs[b].view({shard.size(0), Bs[b].size(1)});
+        auto& acc = accumulators[b];
+        if (acc[1].defined()) acc[0].add_(acc[1]);
+        out.copy_(acc[0]);
+      }
+      if (layout.A) {
+        // [rows, W * cols] from the [W, rows, cols] stack: torch.cat(chunks, dim=-1).
+        layout.A->view({shard.size(0), W, shard.size(1)}).copy_(stack.permute({1, 0, 2}));
+      }
+    }
+    r.A = layout.A;
+    r.outputs = layout.outputs;
+    return r;
+  }
+};
+
+}  // namespace
+
+int64_t check_all_gather_matmul_args(const at::Tensor& A_shard, at::TensorList Bs,
+                                     int64_t gather_dim, int64_t world_size) {
+  TORCH_CHECK(A_shard.defined(), "cuda_p2p ", kOp, ": A_shard is undefined");
+  const int64_t nd = A_shard.dim();
+  TORCH_CHECK(nd >= 2, "cuda_p2p ", kOp, ": expected A_shard with at least 2 dims, got shape ",
+              A_shard.sizes());
+  TORCH_CHECK(gather_dim >= -nd && gather_dim < nd, "cuda_p2p ", kOp, ": gather_dim must be in [",
+              -nd, ", ", nd, ") for a ", nd, "-D A_shard, got ", gather_dim);
+  if (gather_dim < 0) gather_dim += nd;
+  TORCH_CHECK(at::isFloatingType(A_shard.scalar_type()), "cuda_p2p ", kOp,
+              ": expected a floating-point A_shard (float32, bfloat16, float16, float64), got ",
+              A_shard.scalar_type());
+  TORCH_CHECK(!Bs.empty(), "cuda_p2p ", kOp, ": expected at least one B, got none");
+  const bool contraction = gather_dim == nd - 1;
+  const int64_t k = contraction ? A_shard.size(-1) * world_size : A_shard.size(-1);
+  for (size_t i = 0; i < Bs.size(); ++i) {
+    const auto& B = Bs[i];
+    TORCH_CHECK(B.defined(), "cuda_p2p ", kOp, ": Bs[", i, "] is undefined");
+    TORCH_CHECK(B.dim() == 2, "cuda_p2p ", kOp, ": expected every B to be a matrix, got Bs[", i,
+                "] of shape ", B.sizes());
+    TORCH_CHECK(B.scalar_type() == A_shard.scalar_type(), "cuda_p2p ", kOp,
+                ": expected Bs of A_shard's dtype ", A_shard.scalar_type(), ", got Bs[", i, "] of ",
+                B.scalar_type());
+    TORCH_CHECK(B.device() == A_shard.device(), "cuda_p2p ", kOp, ": expected Bs on ",
+                A_shard.device(), " like A_shard, got Bs[", i, "] on ", B.device());
+    TORCH_CHECK(B.size(0) == k, "cuda_p2p ", kOp, ": Bs[", i, "] has ", B.size(0),
+                " rows, but the gathered A has ", k, " columns",
+                contraction ? " (gather_dim is the last dim: W * A_shard.size(-1))" : "");
+  }
+  return gather_dim;
+}
+
+AllGatherMatmulResult all_gather_matmul_pipeline(pipeline::Env& env, const at::Tensor& A_shard,
+                                                 at::TensorList Bs, int64_t gather_dim,
+                                                 bool return_A, pipeline::Stats& stats) {
+  const int64_t W = env.world_size();
+  gather_dim = check_all_gather_matmul_args(A_shard, Bs, gather_dim, W);
+  Problem p(A_shard, Bs, gather_dim, W, return_A);
+  // Only a returned A needs the own slot of the stack filled.
+  gather_and_consume(
+      env, p.shard, p.stack,
+      [&p](int src, int64_t row0, const at::Tensor& rows, int stream) {
+        p.consume(src, row0, rows, stream);
+      },
+      return_A, stats);
+  return p.finish(W);
+}
+
+AllGatherMatmulResult all_gather_matmul_send_recv(c10d::Backend& backend, const at::Tensor& A_shard,
+                                                  at::TensorList Bs, int64_t gather_dim,
+                                                  bool return_A) {
+  const int64_t W = backend.getSize();
+  gather_dim = check_all_gather_matmul_args(A_shard, Bs, gather_dim, W);
+  Problem p(A_shard, Bs, gather_dim, W, return_A);
+  gather_and_consume_send_recv(backend, p.shard, p.stack,
+                               [&p](int src, int64_t row0, const at::Tensor& rows, int stream) {
+                                 p.consume(src, row0, rows, stream);
+                               });
+  return p.finish(W);
+}
+
+std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_matmul(
+    const at::Tensor& A_shard, at::TensorList Bs, int64_t gather_dim, const std::string& group_name,
+    bool return_A) {
+  TORCH_CHECK(A_shard.defined(), "cuda_p2p ", kOp, ": A_shard is undefined");
+  auto& pg = pipeline::resolve_backend(group_name, A_shard.device().type(), kOp);
+  check_all_gather_matmul_args(A_shard, Bs, gather_dim, pg.getSize());
+  auto& state = pg.pipeline_state();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  AllGatherMatmulResult r;
+  if (pipeline::workspace_serves(pg.workspace(), A_shard.device())) {
+    auto& ws = *pg.workspace();
+    pipeline::Env env{
+        ws,
+        ws.device().current_stream(),
+        pipeline::acquire_streams(ws.device(), state),
+        {ProcessGroupCudaP2P::kPipelineChannels[0], ProcessGroupCudaP2P::kPipelineChannels[1]},
+        pg.options()->max_buffer_size,
+        at::ThreadLocalState()};
+    pipeline::Stats stats;
+    r = all_gather_matmul_pipeline(env, A_shard, Bs, gather_dim, return_A, stats);
+    pg.bump_counter("fused_all_gather_matmul.pipeline");
+    if (stats.rounds > 1) pg.bump_counter("fused_all_gather_matmul.rounds");
+    if (stats.grew) pg.bump_counter("fused_all_gather_matmul.grow");
+  } else {
+    auto wrapped = pg.wrapped_backend(A_shard.device().type());
+    TORCH_CHECK(wrapped, "cuda_p2p ", kOp, ": the workspace cannot serve ", A_shard.device(),
+                " tensors and the group has no wrapped backend for them");
+    r = all_gather_matmul_send_recv(*wrapped, A_shard, Bs, gather_dim, return_A);
+    pg.bump_counter("fused_all_gather_matmul.send_recv");
+  }
+  return {r.A, r.outputs};
+}
+
+std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_matmul_meta(
+    const at::Tensor& A_shard, at::TensorList Bs, int64_t gather_dim, const std::string& group_name,
+    bool return_A) {
+  const int64_t W = pipeline::resolve_group_size(group_name, kOp);
+  TORCH_CHECK(A_shard.dim() >= 2, "cuda_p2p ", kOp,
+              ": expected A_shard with at least 2 dims, got shape ", A_shard.sym_sizes());
+  bool concrete = !A_shard.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
+  for (const auto& B : Bs)
+    concrete = concrete && !B.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
+  if (concrete) {
+    gather_dim = check_all_gather_matmul_args(A_shard, Bs, gather_dim, W);
+  } else {
+    TORCH_CHECK(gather_dim >= -A_shard.dim() && gather_dim < A_shard.dim(), "cuda_p2p ", kOp,
+                ": gather_dim must be in [", -A_shard.dim(), ", ", A_shard.dim(), "), got ",
+                gather_dim);
+    if (gather_dim < 0) gather_dim += A_shard.dim();
+  }
+  auto l = make_layout(A_shard, Bs, gather_dim, W, return_A, /*need_A_base=*/false);
+  return {l.A, l.outputs};
+}
+
+}  // namespace cuda_p2p
