@@ -99,67 +99,72 @@ void gather_and_consume_send_recv(c10d::Backend& backend, const at::Tensor& shar
   consume(last, 0, stack[last], 0);
 }
 
-// The gathered stack and the outputs, allocated with the strides of the unfused reference:
-// all_gather_into_tensor, then view(W, *shard.shape).movedim(gather_dim + 1, 1).flatten(0, 1)
-// (a contiguous [W * m, ...rest, K] tensor whose dim 0 is moved back to gather_dim), then
-// torch.matmul; or, when the contraction dim is gathered, torch.cat(chunks, -1) @ B.
+// The outputs are allocated with the shapes and strides of the unfused reference, found by
+// running its own view ops on meta tensors: all_gather_into_tensor (contiguous [W * d0, ...]),
+// .view(W, *shard.shape).movedim(gather_dim + 1, 1).flatten(0, 1) - a copy, or a view when the
+// dims before gather_dim have size 1 or W == 1 - then torch.matmul(A, B).movedim(0, gather_dim)
+// and A.movedim(0, gather_dim); or, when the contraction dim is gathered,
+// torch.cat(chunks, -1) and its matmul.
 struct Layout {
   bool contraction = false;  // gather_dim is the last dim
   std::optional<at::Tensor> A;
   std::vector<at::Tensor> outputs;
-  // Not contraction: the contiguous tensors A and outputs are views of ([W * m, ...rest, n]).
-  at::Tensor A_base;
-  std::vector<at::Tensor> output_bases;
 };
 
+at::Tensor allocate_like(const at::Tensor& meta, const at::TensorOptions& options) {
+  return at::empty_strided_symint(meta.sym_sizes(), meta.sym_strides(), options);
+}
+
 Layout make_layout(const at::Tensor& A_shard, at::TensorList Bs, int64_t gather_dim,
-                   int64_t world_size, bool return_A, bool need_A_base) {
+                   int64_t world_size, bool return_A) {
   Layout l;
   const int64_t nd = A_shard.dim();
-  const auto opts = A_shard.options().memory_format(std::nullopt);
+  const auto meta = at::TensorOptions().device(at::kMeta).dtype(A_shard.scalar_type());
   auto sizes = A_shard.sym_sizes().vec();
-  if (gather_dim == nd - 1) {
-    l.contraction = true;
-    auto a_sizes = sizes;
-    a_sizes.back() = a_sizes.back() * world_size;
-    if (return_A) l.A = at::empty_symint(a_sizes, opts);
-    for (const auto& B : Bs) {
-      auto o = sizes;
-      o.back() = B.sym_size(1);
-      l.outputs.push_back(at::empty_symint(o, B.options()));
-    }
-    return l;
+  auto gathered_sizes = sizes;
+  gathered_sizes[0] = gathered_sizes[0] * world_size;
+  at::Tensor gathered = at::empty_symint(gathered_sizes, meta);
+  at::Tensor A;  // the reference's A before its dim 0 is moved back
+  l.contraction = gather_dim == nd - 1;
+  if (l.contraction) {
+    A = at::cat(gathered.chunk(world_size), -1);
+  } else {
+    std::vector<c10::SymInt> split{c10::SymInt(world_size)};
+    split.insert(split.end(), sizes.begin(), sizes.end());
+    A = gathered.view_symint(split).movedim(gather_dim + 1, 1).flatten(0, 1);
   }
-  std::vector<c10::SymInt> moved{sizes[gather_dim] * world_size};
-  for (int64_t d = 0; d < nd; ++d) {
-    if (d != gather_dim) moved.push_back(sizes[d]);
-  }
-  if (return_A || need_A_base) {
-    l.A_base = at::empty_symint(moved, opts);
-    if (return_A) l.A = l.A_base.movedim(0, gather_dim);
-  }
+  const int64_t back = l.contraction ? 0 : gather_dim;
+  if (return_A) l.A = allocate_like(A.movedim(0, back), A_shard.options());
   for (const auto& B : Bs) {
-    auto o = moved;
-    o.back() = B.sym_size(1);
-    l.output_bases.push_back(at::empty_symint(o, B.options()));
-    l.outputs.push_back(l.output_bases.back().movedim(0, gather_dim));
+    at::Tensor b = at::empty_strided_symint(B.sym_sizes(), B.sym_strides(), meta);
+    l.outputs.push_back(allocate_like(at::matmul(A, b).movedim(0, back), B.options()));
   }
   return l;
+}
+
+// A [W, rows, cols] view of `t` with the gather dim moved to the front, when its memory is laid
+// out that way (the usual case); else an undefined tensor.
+at::Tensor stacked_view(const at::Tensor& t, int64_t gather_dim, int64_t W, int64_t rows) {
+  at::Tensor moved = t.movedim(gather_dim, 0);
+  if (!moved.is_contiguous()) return {};
+  return moved.view({W, rows, t.size(-1)});
 }
 
 // The problem as matrices, shared by both paths: the shard, the stack it is gathered into, and
 // the consumer writing the products.
 struct Problem {
   Layout layout;
+  int64_t gather_dim;
   at::Tensor shard;  // [rows, cols], contiguous
-  at::Tensor stack;  // [W, rows, cols], contiguous
+  at::Tensor stack;  // [W, rows, cols], contiguous; aliases A when it can
   std::vector<at::Tensor> Bs;
   std::vector<at::Tensor> output_stacks;                // not contraction: [W, rows, n_b]
   std::vector<std::array<at::Tensor, 2>> accumulators;  // contraction: per B, per stream
 
-  Problem(const at::Tensor& A_shard, at::TensorList Bs_, int64_t gather_dim, int64_t W,
+  Problem(const at::Tensor& A_shard, at::TensorList Bs_, int64_t gather_dim_, int64_t W,
           bool return_A)
-      : layout(make_layout(A_shard, Bs_, gather_dim, W, return_A, /*need_A_base=*/true)),
+      : layout(make_layout(A_shard, Bs_, gather_dim_, W, return_A)),
+        gather_dim(gather_dim_),
         Bs(Bs_.vec()) {
     // Rows: every dim but the last (the gather dim first, when it is not the last).
     int64_t rows = 1;
@@ -176,9 +181,12 @@ struct Problem {
       return;
     }
     shard = A_shard.movedim(gather_dim, 0).contiguous().view({rows, cols});
-    stack = layout.A_base.view({W, rows, cols});
+    if (layout.A) stack = stacked_view(*layout.A, gather_dim, W, rows);
+    if (!stack.defined()) stack = at::empty({W, rows, cols}, A_shard.options());
     for (size_t b = 0; b < Bs.size(); ++b) {
-      output_stacks.push_back(layout.output_bases[b].view({W, rows, Bs[b].size(1)}));
+      at::Tensor view = stacked_view(layout.outputs[b], gather_dim, W, rows);
+      output_stacks.push_back(
+          view.defined() ? view : at::empty({W, rows, Bs[b].size(1)}, layout.outputs[b].options()));
     }
   }
 
@@ -206,7 +214,15 @@ struct Problem {
 
   AllGatherMatmulResult finish(int64_t W) {
     AllGatherMatmulResult r;
-    if (layout.contraction) {
+    if (!layout.contraction) {
+      // Where an output's layout could not be written in place (W == 1 with gather_dim > 0).
+      auto unstack = [&](at::Tensor& out, const at::Tensor& st) {
+        at::Tensor moved = out.movedim(gather_dim, 0);
+        if (st.data_ptr() != moved.data_ptr()) moved.copy_(st.view(moved.sizes()));
+      };
+      if (layout.A) unstack(*layout.A, stack);
+      for (size_t b = 0; b < Bs.size(); ++b) unstack(layout.outputs[b], output_stacks[b]);
+    } else {
       for (size_t b = 0; b < Bs.size(); ++b) {
         at::Tensor out = layout.outputs[b].view({shard.size(0), Bs[b].size(1)});
         auto& acc = accumulators[b];
@@ -337,7 +353,7 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_
                 gather_dim);
     if (gather_dim < 0) gather_dim += A_shard.dim();
   }
-  auto l = make_layout(A_shard, Bs, gather_dim, W, return_A, /*need_A_base=*/false);
+  auto l = make_layout(A_shard, Bs, gather_dim, W, return_A);
   return {l.A, l.outputs};
 }
 
