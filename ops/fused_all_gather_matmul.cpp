@@ -17,16 +17,19 @@ constexpr const char* kOp = "fused_all_gather_matmul";
 // the contraction dim is gathered, the leading dims flattened); slot r of the gathered stack
 // [W, rows, cols] is rank r's shard. Per round (NOTE [Pipeline buffer reuse]):
 //
-//   stream 0: copy own shard -> own buffer | barrier | consume own shard | pull r+2 | consume ...
-//   stream 1:                               (waits) | pull r+1 | consume r+1 | pull r+3 | ...
+//   stream 0: copy own shard -> own buffer | GEMM own shard    | pull r+2 | GEMM r+2 | ...
+//   stream 1:                       barrier | pull r+1 | GEMM r+1 | pull r+3 | GEMM r+3 | ...
+//   stream 0:                                   ... (after both streams' last pulls) | barrier
 //
 // Step k = 1..W-1 pulls rank (rank+k)'s shard from its buffer (a copy-engine copy on CUDA) into
 // slot rank+k and consumes it, odd steps on stream 1 and even ones on stream 0, so that one
-// stream's copy overlaps the other's GEMM. The opening barrier (stream 0, channel 0) says every
-// rank's shard is in its buffer; stream 1 starts after it. The closing barrier (stream 0,
-// channel 0) comes after both streams' last copies - not their last GEMMs, which read only local
-// memory - and says that no rank reads any buffer any more, so the next round (or op) may
-// overwrite it. Stream 1 never signals.
+// stream's copy overlaps the other's GEMM. The opening barrier (stream 1, its channel) follows
+// the copy of the own shard into the own buffer and says that every rank's shard is in its
+// buffer: every pull comes after it (stream 0's first pull waits for it). The local shard needs
+// no barrier, so its GEMM starts at once on stream 0 and hides the barrier's wait for the
+// slowest rank. The closing barrier (stream 0, its channel) comes after both streams' last pulls -
+// not their last GEMMs, which read only local memory - and says that no rank reads any buffer
+// any more, so the next round (or op) may overwrite it.
 
 // A consumer: gets rank src's rows [row0, row0 + shard.size(0)) on pipeline stream `stream`.
 using Consumer = std::function<void(int src, int64_t row0, const at::Tensor& shard, int stream)>;
@@ -40,7 +43,6 @@ void gather_and_consume(pipeline::Env& env, const at::Tensor& shard, const at::T
   const int64_t row_bytes = shard.size(1) * static_cast<int64_t>(shard.element_size());
   const int64_t rounds = pipeline::plan_rounds(env, rows, row_bytes, kOp, stats);
   stats.rounds = rounds;
-  const int channel = env.channels[0];
   const Consumer* consumer = &consume;
 
   pipeline::begin(env);
@@ -51,28 +53,35 @@ void gather_and_consume(pipeline::Env& env, const at::Tensor& shard, const at::T
     const size_t bytes = static_cast<size_t>(len * row_bytes);
     at::Tensor own = shard.narrow(0, row0, len);
 
-    dev.copy(env.stream(0), ws.buffer(rank), own.data_ptr(), bytes);
-    ws.barrier(env.stream(0), channel);
+    env.span(0, "publish",
+             [&] { dev.copy(env.stream(0), ws.buffer(rank), own.data_ptr(), bytes); });
     env.wait_stream(1, 0);
-    env.run(0, [=] { (*consumer)(rank, row0, own, 0); });
+    env.span(1, "barrier", [&] { ws.barrier(env.stream(1), env.channels[1]); });
+    auto all_published = dev.record(env.stream(1));
+    env.run_compute(
+        0, [=] { (*consumer)(rank, row0, own, 0); }, "gemm own");
 
-    std::shared_ptr<Event> last_pull_on_1;
+    std::shared_ptr<Event> last_pull_on_1 = all_published;
     for (int k = 1; k < W; ++k) {
       const int s = k % 2;
       const int src = (rank + k) % W;
       at::Tensor slot = stack[src].narrow(0, row0, len);
-      dev.copy(env.stream(s), slot.data_ptr(), ws.buffer(src), bytes);
+      if (k == 2) dev.wait_event(env.stream(0), *all_published);
+      env.span(s, "pull r+" + std::to_string(k),
+               [&] { dev.copy(env.stream(s), slot.data_ptr(), ws.buffer(src), bytes); });
       if (s == 1) last_pull_on_1 = dev.record(env.stream(1));
-      env.run(s, [=] { (*consumer)(src, row0, slot, s); });
+      env.run_compute(
+          s, [=] { (*consumer)(src, row0, slot, s); }, "gemm r+" + std::to_string(k));
     }
     if (fill_own_slot) {
       // On the stream whose last GEMM comes earlier: the copy hides behind the other's.
       const int s = W % 2 == 0 ? 0 : 1;
       at::Tensor slot = stack[rank].narrow(0, row0, len);
-      dev.copy(env.stream(s), slot.data_ptr(), own.data_ptr(), bytes);
+      env.span(s, "fill A",
+               [&] { dev.copy(env.stream(s), slot.data_ptr(), own.data_ptr(), bytes); });
     }
-    if (last_pull_on_1) dev.wait_event(env.stream(0), *last_pull_on_1);
-    ws.barrier(env.stream(0), channel);
+    dev.wait_event(env.stream(0), *last_pull_on_1);
+    env.span(0, "barrier", [&] { ws.barrier(env.stream(0), env.channels[0]); });
   }
   guard.release();
   pipeline::end(env);
@@ -287,7 +296,9 @@ AllGatherMatmulResult all_gather_matmul_pipeline(pipeline::Env& env, const at::T
         p.consume(src, row0, rows, stream);
       },
       return_A, stats);
-  return p.finish(W);
+  AllGatherMatmulResult r;
+  env.on_caller("finish", [&] { r = p.finish(W); });
+  return r;
 }
 
 AllGatherMatmulResult all_gather_matmul_send_recv(c10d::Backend& backend, const at::Tensor& A_shard,
@@ -313,17 +324,11 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_
   std::lock_guard<std::mutex> lock(state.mutex);
   AllGatherMatmulResult r;
   if (pipeline::workspace_serves(pg.workspace(), A_shard.device())) {
-    auto& ws = *pg.workspace();
-    pipeline::Env env{
-        ws,
-        ws.device().current_stream(),
-        pipeline::acquire_streams(ws.device(), state),
-        {ProcessGroupCudaP2P::kPipelineChannels[0], ProcessGroupCudaP2P::kPipelineChannels[1]},
-        pg.options()->max_buffer_size,
-        at::ThreadLocalState()};
+    pipeline::Env env = pipeline::make_env(pg, state);
     pipeline::Stats stats;
     r = all_gather_matmul_pipeline(env, A_shard, Bs, gather_dim, return_A, stats);
     pg.bump_counter("fused_all_gather_matmul.pipeline");
+    if (env.trace) state.last_trace = env.trace->events();
     if (stats.rounds > 1) pg.bump_counter("fused_all_gather_matmul.rounds");
     if (stats.grew) pg.bump_counter("fused_all_gather_matmul.grow");
   } else {

@@ -159,16 +159,21 @@ void produce_and_exchange(pipeline::Env& env, const Problem& p, const at::Tensor
       if (src != dst) peers.push_back(src);
       if (k == 2) pipeline::delay_stream(env, 0);  // NOTE [Launch order]
       at::Tensor half = ws.get_buffer(rank, {len, p.cols}, dtype, offset);
-      env.run(s, [&p, dst, row0, half] { p.produce(dst, row0, half); });
-      ws.barrier(env.stream(s), env.channels[s], {}, peers);
+      env.run_compute(
+          s, [&p, dst, row0, half] { p.produce(dst, row0, half); },
+          "gemm for r+" + std::to_string(k));
+      env.span(s, "barrier", [&] { ws.barrier(env.stream(s), env.channels[s], {}, peers); });
       at::Tensor slot = stack[src].narrow(0, row0, len);
-      dev.copy(env.stream(s), slot.data_ptr(), static_cast<char*>(ws.buffer(src)) + offset * elem,
-               bytes);
-      ws.barrier(env.stream(s), env.channels[s], {}, peers);
+      env.span(s, "pull r-" + std::to_string(k), [&] {
+        dev.copy(env.stream(s), slot.data_ptr(), static_cast<char*>(ws.buffer(src)) + offset * elem,
+                 bytes);
+      });
+      env.span(s, "barrier", [&] { ws.barrier(env.stream(s), env.channels[s], {}, peers); });
     }
     if (W == 2) pipeline::delay_stream(env, 0);
     at::Tensor own = stack[rank].narrow(0, row0, len);
-    env.run(0, [&p, rank, row0, own] { p.produce(rank, row0, own); });
+    env.run_compute(
+        0, [&p, rank, row0, own] { p.produce(rank, row0, own); }, "gemm own");
   }
   guard.release();
   pipeline::end(env);
@@ -217,34 +222,42 @@ void ring_over_workspace(pipeline::Env& env, const Problem& p, const at::Tensor&
     const auto [round_begin, round_end] = pipeline::split_range(p.rows, rounds, round);
     for (const auto& st : ring_schedule(W, rank, round_begin, round_end, q)) {
       at::Tensor product = products[st.part].narrow(0, st.row0, st.len);
-      env.run(0, [&p, st, product] { p.produce(st.part, st.row0, product); });
+      env.run(
+          0, [&p, st, product] { p.produce(st.part, st.row0, product); },
+          "gemm part r-" + std::to_string(st.t + 1));
       dev.wait_event(env.stream(1), *dev.record(env.stream(0)));
       at::Tensor incoming;
       if (st.t > 0) {
-        ws.wait_signal(env.stream(1), left, data_channel);
+        env.span(1, "wait r-1", [&] { ws.wait_signal(env.stream(1), left, data_channel); });
         incoming = ws.get_buffer(left, {st.len, p.cols}, acc, (consumed++ % 2) * slot_elems);
       }
       if (st.t < W - 1) {
         if (published >= 2) {
-          ws.wait_signal(env.stream(1), right, ack_channel);
+          env.span(1, "wait ack", [&] { ws.wait_signal(env.stream(1), right, ack_channel); });
           ++acks_waited;
         }
         at::Tensor mine =
             ws.get_buffer(rank, {st.len, p.cols}, acc, (published++ % 2) * slot_elems);
-        env.run(1, [mine, product, incoming]() mutable {
-          if (incoming.defined()) {
-            at::add_out(mine, incoming, product);
-          } else {
-            mine.copy_(product);
-          }
-        });
+        env.run(
+            1,
+            [mine, product, incoming]() mutable {
+              if (incoming.defined()) {
+                at::add_out(mine, incoming, product);
+              } else {
+                mine.copy_(product);
+              }
+            },
+            "add, publish");
         ws.put_signal(env.stream(1), right, data_channel);
       } else {
-        env.run(1, [&p, st, product, incoming, acc] {
-          at::Tensor sum = product.to(acc);
-          if (incoming.defined()) sum.add_(incoming);
-          p.write(st.row0, sum);
-        });
+        env.run(
+            1,
+            [&p, st, product, incoming, acc] {
+              at::Tensor sum = product.to(acc);
+              if (incoming.defined()) sum.add_(incoming);
+              p.write(st.row0, sum);
+            },
+            "add, write");
       }
       if (st.t > 0) ws.put_signal(env.stream(1), left, ack_channel);
     }
@@ -349,8 +362,10 @@ at::Tensor matmul_reduce_scatter_pipeline(pipeline::Env& env, const at::Tensor& 
   Problem p = make_problem(A, B, reduce_op, scatter_dim, W);
   at::Tensor stack = at::empty({W, p.rows, p.cols}, A.options());
   produce_and_exchange(env, p, stack, stats);
-  reduce_stack(p, stack);
-  p.finish();
+  env.on_caller("reduce", [&] {
+    reduce_stack(p, stack);
+    p.finish();
+  });
   return p.out;
 }
 
@@ -401,14 +416,7 @@ at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
   auto& state = pg.pipeline_state();
   std::lock_guard<std::mutex> lock(state.mutex);
   if (pipeline::workspace_serves(pg.workspace(), A.device())) {
-    auto& ws = *pg.workspace();
-    pipeline::Env env{
-        ws,
-        ws.device().current_stream(),
-        pipeline::acquire_streams(ws.device(), state),
-        {ProcessGroupCudaP2P::kPipelineChannels[0], ProcessGroupCudaP2P::kPipelineChannels[1]},
-        pg.options()->max_buffer_size,
-        at::ThreadLocalState()};
+    pipeline::Env env = pipeline::make_env(pg, state);
     pipeline::Stats stats;
     at::Tensor out;
     if (ring) {
@@ -418,6 +426,7 @@ at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
       out = matmul_reduce_scatter_pipeline(env, A, B, op, scatter_dim, stats);
       pg.bump_counter("fused_matmul_reduce_scatter.pipeline");
     }
+    if (env.trace) state.last_trace = env.trace->events();
     if (stats.rounds > 1) pg.bump_counter("fused_matmul_reduce_scatter.rounds");
     if (stats.grew) pg.bump_counter("fused_matmul_reduce_scatter.grow");
     return out;

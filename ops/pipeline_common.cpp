@@ -24,11 +24,66 @@ ProcessGroupCudaP2P::PipelineState& ProcessGroupCudaP2P::pipeline_state() {
 
 namespace pipeline {
 
-void Env::run(int i, std::function<void()> fn) const {
-  device().run(stream(i), [fn = std::move(fn), tls = &tls] {
+void Trace::begin(int stream, std::string what) {
+  std::lock_guard<std::mutex> lock(mu_);
+  open_[stream] = static_cast<int64_t>(events_.size());
+  events_.push_back({stream, std::move(what), now_us(), -1.0});
+}
+
+void Trace::end(int stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (open_[stream] >= 0) events_[open_[stream]].end_us = now_us();
+  open_[stream] = -1;
+}
+
+std::vector<TraceEvent> Trace::events() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return events_;
+}
+
+double Trace::now_us() const {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0_).count();
+}
+
+void Env::run(int i, std::function<void()> fn, std::string what) const {
+  if (!trace) {
+    device().run(stream(i), [fn = std::move(fn), tls = &tls] {
+      at::ThreadLocalStateGuard guard(*tls);
+      fn();
+    });
+    return;
+  }
+  device().run(stream(i), [fn = std::move(fn), tls = &tls, trace = trace, i, what] {
     at::ThreadLocalStateGuard guard(*tls);
+    if (trace) trace->begin(i, what);
     fn();
+    if (trace) trace->end(i);
   });
+}
+
+void Env::span(int i, const std::string& what, const std::function<void()>& enqueue) const {
+  if (!trace) return enqueue();
+  device().run(stream(i), [trace = trace, i, what] { trace->begin(i, what); });
+  enqueue();
+  device().run(stream(i), [trace = trace, i] { trace->end(i); });
+}
+
+void Env::on_caller(const char* what, const std::function<void()>& fn) const {
+  if (trace) trace->begin(2, what);
+  fn();
+  if (trace) trace->end(2);
+}
+
+void Env::run_compute(int i, std::function<void()> fn, std::string what) {
+  auto& dev = device();
+  if (serialize_compute && last_compute && last_compute_stream != i) {
+    dev.wait_event(stream(i), *last_compute);
+  }
+  run(i, std::move(fn), std::move(what));
+  if (serialize_compute) {
+    last_compute = dev.record(stream(i));
+    last_compute_stream = i;
+  }
 }
 
 void Env::wait_stream(int i, int j) const {
@@ -50,6 +105,17 @@ std::array<std::shared_ptr<Stream>, 2> acquire_streams(Device& device,
     }
   }
   return state.host_streams;
+}
+
+Env make_env(ProcessGroupCudaP2P& backend, ProcessGroupCudaP2P::PipelineState& state) {
+  auto& ws = *backend.workspace();
+  auto& dev = ws.device();
+  Env env(ws, dev.current_stream(), acquire_streams(dev, state),
+          {ProcessGroupCudaP2P::kPipelineChannels[0], ProcessGroupCudaP2P::kPipelineChannels[1]},
+          backend.options()->max_buffer_size,
+          /*serialize_compute=*/dev.tensor_device().is_cpu());
+  if (state.tracing) env.trace = std::make_shared<Trace>();
+  return env;
 }
 
 void begin(Env& env) {

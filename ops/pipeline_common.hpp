@@ -35,11 +35,43 @@ namespace cuda_p2p {
 // The per-backend part of the pipelines. Host streams are executor threads, so they are created
 // once per backend and reused by every op; CUDA streams come from torch's pool on every call
 // (cheap, and a fresh wrapper carries no bookkeeping of earlier ops).
+namespace pipeline {
+
+// One span of a traced pipeline: what ran on which stream, from when its stream reached it to
+// when it finished (microseconds since the op began). Stream 2 is the caller.
+struct TraceEvent {
+  int stream;
+  std::string what;
+  double start_us;
+  double end_us;
+};
+
+// The spans of one op, recorded on the host (on CUDA the enqueueing is timed, not the work).
+class Trace {
+ public:
+  Trace() : t0_(std::chrono::steady_clock::now()) {}
+  void begin(int stream, std::string what);
+  void end(int stream);
+  std::vector<TraceEvent> events() const;
+
+ private:
+  double now_us() const;
+  std::chrono::steady_clock::time_point t0_;
+  mutable std::mutex mu_;
+  std::vector<TraceEvent> events_;
+  std::array<int64_t, 3> open_{-1, -1, -1};
+};
+
+}  // namespace pipeline
+
 struct ProcessGroupCudaP2P::PipelineState {
   // Held for the whole of a fused op: two ops on one backend must not interleave their signals
   // on the pipeline channels (NOTE [Signal sequence numbers]) nor their send/recv tags.
   std::mutex mutex;
   std::array<std::shared_ptr<Stream>, 2> host_streams;
+  // Diagnostics: when set, each op records a Trace, kept until the next op.
+  bool tracing = false;
+  std::vector<pipeline::TraceEvent> last_trace;
 };
 
 namespace pipeline {
@@ -64,32 +96,76 @@ struct Stats {
 // results complete. Each stream signals only on its own channel (channels[i]), so barriers
 // issued from the two streams never consume each other's signals.
 struct Env {
+  Env(SymmetricWorkspace& ws, std::shared_ptr<Stream> caller,
+      std::array<std::shared_ptr<Stream>, 2> streams, std::array<int, 2> channels,
+      int64_t max_buffer_size, bool serialize_compute)
+      : ws(ws),
+        caller(std::move(caller)),
+        streams(std::move(streams)),
+        channels(channels),
+        max_buffer_size(max_buffer_size),
+        serialize_compute(serialize_compute) {}
+
   SymmetricWorkspace& ws;
   std::shared_ptr<Stream> caller;
   std::array<std::shared_ptr<Stream>, 2> streams;
   std::array<int, 2> channels;
   // Largest buffer an op may grow the workspace to (bytes).
-  int64_t max_buffer_size = kDefaultMaxBufferSize;
+  int64_t max_buffer_size;
+  // NOTE [Compute order]: whether the GEMMs of the two streams run one at a time.
+  bool serialize_compute;
   // The caller's thread-local ATen state (grad mode, dispatch exclusions, ...), replayed around
   // every closure run on a stream: on the host those run on executor threads.
   at::ThreadLocalState tls;
 
   Device& device() const { return ws.device(); }
+
+  // The last GEMM enqueued (run_compute) and its stream.
+  std::shared_ptr<Event> last_compute;
+  int last_compute_stream = -1;
+
   int rank() const { return ws.rank(); }
   int world_size() const { return ws.world_size(); }
   Stream& stream(int i) const { return *streams[i]; }
   bool host() const { return device().tensor_device().is_cpu(); }
 
-  // Runs `fn` in order on stream i, with the caller's thread-local state.
-  void run(int i, std::function<void()> fn) const;
+  // Runs `fn` in order on stream i, with the caller's thread-local state; `what` names it in a
+  // trace.
+  void run(int i, std::function<void()> fn, std::string what = "run") const;
+  // Runs a GEMM `fn` on stream i; with serialize_compute, after the previous GEMM of the other
+  // stream (NOTE [Compute order]).
+  void run_compute(int i, std::function<void()> fn, std::string what = "gemm");
+  // Calls `enqueue` (which enqueues work on stream i: a copy, a barrier); in a trace, the span
+  // covers that work.
+  void span(int i, const std::string& what, const std::function<void()>& enqueue) const;
+  // Runs `fn` on the calling thread now (stream 2 of a trace).
+  void on_caller(const char* what, const std::function<void()>& fn) const;
+  // Set to trace this op (ProcessGroupCudaP2P::PipelineState::tracing).
+  std::shared_ptr<Trace> trace;
   // Stream i waits for everything enqueued on stream j so far.
   void wait_stream(int i, int j) const;
 };
+
+// NOTE [Compute order]
+// On CUDA the two streams' GEMMs may run at once: together they fill the SMs better than one
+// (less wave quantisation), and copies use the copy engine, not SMs. On the host a stream is a
+// thread, a copy is a memcpy by that thread, and the rank's cores are shared with its peers:
+// two GEMMs at once only compete for the same cores and caches. So on the host each GEMM waits
+// for the previous one (of either stream), and what overlaps a GEMM is the other stream's
+// copies and signals - the copy engine's role. The order of the steps, the streams they run on
+// and every signal stay the same, so the host still runs (and CI checks) the schedule a GPU
+// runs; only the GEMMs are chained by events. make_env picks serialize_compute by device.
 
 // The pipeline streams of `device`: on the host, executor threads kept in `state` (created on
 // first use); on CUDA, pool streams (the second one high priority).
 std::array<std::shared_ptr<Stream>, 2> acquire_streams(Device& device,
                                                        ProcessGroupCudaP2P::PipelineState& state);
+
+// The Env of an op on `backend` (whose workspace serves the op's tensors): the workspace, the
+// caller's current stream, the pipeline streams, channels ProcessGroupCudaP2P::kPipelineChannels,
+// the backend's max_buffer_size, and serialize_compute on the host (NOTE [Compute order]).
+// `state` is the backend's pipeline_state(), whose mutex the caller holds.
+Env make_env(ProcessGroupCudaP2P& backend, ProcessGroupCudaP2P::PipelineState& state);
 
 // Both pipeline streams wait for the caller's stream.
 void begin(Env& env);

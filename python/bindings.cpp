@@ -8,6 +8,7 @@
 
 #include "backend/ProcessGroupCudaP2P.hpp"
 #include "ops/fused_ops.hpp"
+#include "ops/pipeline_common.hpp"
 
 namespace py = pybind11;
 
@@ -146,6 +147,29 @@ PYBIND11_MODULE(_C, m) {
       .def("get_counters", &ProcessGroupCudaP2P::counters,
            "Which paths ran: {'all_reduce.one_shot': 3, 'all_reduce.wrapped': 1, ...}.")
       .def("reset_counters", &ProcessGroupCudaP2P::reset_counters)
+      .def(
+          "_set_pipeline_tracing",
+          [](ProcessGroupCudaP2P& self, bool enable) {
+            auto& state = self.pipeline_state();
+            std::lock_guard<std::mutex> lock(state.mutex);
+            state.tracing = enable;
+            state.last_trace.clear();
+          },
+          py::arg("enable"),
+          "Diagnostics: record a trace of every fused op's pipeline (host device).")
+      .def(
+          "_last_pipeline_trace",
+          [](ProcessGroupCudaP2P& self) {
+            auto& state = self.pipeline_state();
+            std::lock_guard<std::mutex> lock(state.mutex);
+            py::list out;
+            for (const auto& e : state.last_trace) {
+              out.append(py::make_tuple(e.stream, e.what, e.start_us, e.end_us));
+            }
+            return out;
+          },
+          "Diagnostics: the last fused op's trace, [(stream, what, start_us, end_us)]; stream 2 "
+          "is the caller.")
       .def("ensure_min_buffer_size", &ProcessGroupCudaP2P::ensure_min_buffer_size,
            py::arg("nbytes"), py::call_guard<py::gil_scoped_release>(),
            "Collective: grows every rank's buffer to at least the largest nbytes requested.");
