@@ -86,17 +86,17 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // The workspace, or null when it was disabled.
   SymmetricWorkspace* workspace() const { return workspace_.get(); }
 
-  // --- fused GEMM pipelines (ops/fused_*.cpp) -------------------------------------------------
-  // Per-backend state of the pipelines (their host streams, the lock that serialises them on
-  // this backend), created on first use. Defined in ops/pipeline_common.hpp.
-  struct PipelineState;
-  PipelineState& pipeline_state();
-
   // Counters of which path ran ("all_reduce.one_shot", "all_reduce.wrapped", ...), so tests and
   // users can see that the fast path ran and that no fallback was silent.
   void bump_counter(const std::string& name, int64_t by = 1);
   std::map<std::string, int64_t> counters() const;
   void reset_counters();
+
+  // --- fused GEMM pipelines (ops/fused_*.cpp) -------------------------------------------------
+  // Per-backend state of the pipelines (their host streams, the lock that serialises them on
+  // this backend), created on first use. Defined in ops/pipeline_common.hpp.
+  struct PipelineState;
+  PipelineState& pipeline_state();
 
   // --- delegated collectives ----------------------------------------------------------------
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
@@ -184,11 +184,11 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   std::unique_ptr<SymmetricWorkspace> workspace_;
   std::string workspace_off_reason_;
 
-  std::mutex pipeline_state_mutex_;
-  std::shared_ptr<PipelineState> pipeline_state_;  // see pipeline_state()
-
   mutable std::mutex counters_mutex_;
   std::map<std::string, int64_t> counters_;
+
+  std::mutex pipeline_state_mutex_;
+  std::shared_ptr<PipelineState> pipeline_state_;  // see pipeline_state()
 
   std::mutex coalescing_mutex_;
   bool coalescing_ = false;

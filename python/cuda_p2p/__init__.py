@@ -8,13 +8,13 @@ import torch
 import torch.distributed  # noqa: F401  (registers torch's c10d classes before our extension)
 
 from . import _C
+from .ops import fused_all_gather_matmul, fused_matmul_reduce_scatter
 from ._backend import (
     BACKEND_NAME,
     ProcessGroupCudaP2P,
     get_cuda_p2p_backend,
     is_cuda_p2p_group,
 )
-from .ops import fused_all_gather_matmul, fused_matmul_reduce_scatter
 
 __all__ = [
     "BACKEND_NAME",
