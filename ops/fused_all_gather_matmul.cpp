@@ -17,19 +17,20 @@ constexpr const char* kOp = "fused_all_gather_matmul";
 // the contraction dim is gathered, the leading dims flattened); slot r of the gathered stack
 // [W, rows, cols] is rank r's shard. Per round (NOTE [Pipeline buffer reuse]):
 //
-//   stream 0: copy own shard -> own buffer | GEMM own shard    | pull r+2 | GEMM r+2 | ...
-//   stream 1:                       barrier | pull r+1 | GEMM r+1 | pull r+3 | GEMM r+3 | ...
-//   stream 0:                                   ... (after both streams' last pulls) | barrier
+//   stream 0: GEMM own shard                | pull r+2 | GEMM r+2 | ...      (after both
+//   stream 1: barrier | copy own shard -> own buffer | barrier | pull r+1 | GEMM r+1 | ...
+//   stream 0:                             ... streams' last pulls) | barrier
 //
 // Step k = 1..W-1 pulls rank (rank+k)'s shard from its buffer (a copy-engine copy on CUDA) into
 // slot rank+k and consumes it, odd steps on stream 1 and even ones on stream 0, so that one
-// stream's copy overlaps the other's GEMM. The opening barrier (stream 1, its channel) follows
-// the copy of the own shard into the own buffer and says that every rank's shard is in its
-// buffer: every pull comes after it (stream 0's first pull waits for it). The local shard needs
-// no barrier, so its GEMM starts at once on stream 0 and hides the barrier's wait for the
-// slowest rank. The closing barrier (stream 0, its channel) comes after both streams' last pulls -
-// not their last GEMMs, which read only local memory - and says that no rank reads any buffer
-// any more, so the next round (or op) may overwrite it.
+// stream's copy overlaps the other's GEMM. Stream 1 publishes the own shard between two barriers
+// on its channel: after the first, no peer still reads the own buffer (the op's first write of
+// it); after the second, every rank's shard is in its buffer, and every pull comes after it
+// (stream 0's first pull waits for it). The local shard needs neither, so its GEMM starts at once
+// on stream 0 and hides both barriers' waits for the slowest rank. The closing barrier (stream 0,
+// its channel) comes after both streams' last pulls - not their last GEMMs, which read only local
+// memory - and says that no rank reads any buffer any more: the next round's publication waits
+// for it, and so may the next op.
 
 // A consumer: gets rank src's rows [row0, row0 + shard.size(0)) on pipeline stream `stream`.
 using Consumer = std::function<void(int src, int64_t row0, const at::Tensor& shard, int stream)>;
@@ -47,15 +48,20 @@ void gather_and_consume(pipeline::Env& env, const at::Tensor& shard, const at::T
 
   pipeline::begin(env);
   pipeline::EndGuard guard(env);
+  if (rounds > 0) {
+    // NOTE [Pipeline buffer reuse]: no peer reads the own buffer any more.
+    env.span(1, "barrier", [&] { ws.barrier(env.stream(1), env.channels[1]); });
+  }
+  std::shared_ptr<Event> closed;  // the previous round's closing barrier
   for (int64_t round = 0; round < rounds; ++round) {
     const auto [row0, row1] = pipeline::split_range(rows, rounds, round);
     const int64_t len = row1 - row0;
     const size_t bytes = static_cast<size_t>(len * row_bytes);
     at::Tensor own = shard.narrow(0, row0, len);
 
-    env.span(0, "publish",
-             [&] { dev.copy(env.stream(0), ws.buffer(rank), own.data_ptr(), bytes); });
-    env.wait_stream(1, 0);
+    if (closed) dev.wait_event(env.stream(1), *closed);
+    env.span(1, "publish",
+             [&] { dev.copy(env.stream(1), ws.buffer(rank), own.data_ptr(), bytes); });
     env.span(1, "barrier", [&] { ws.barrier(env.stream(1), env.channels[1]); });
     auto all_published = dev.record(env.stream(1));
     env.run_compute(
@@ -82,6 +88,7 @@ void gather_and_consume(pipeline::Env& env, const at::Tensor& shard, const at::T
     }
     dev.wait_event(env.stream(0), *last_pull_on_1);
     env.span(0, "barrier", [&] { ws.barrier(env.stream(0), env.channels[0]); });
+    closed = dev.record(env.stream(0));
   }
   guard.release();
   pipeline::end(env);

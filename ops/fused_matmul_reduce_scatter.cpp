@@ -20,7 +20,9 @@ constexpr const char* kOp = "fused_matmul_reduce_scatter";
 //   stream 0 (half 1): [sleep] produce for r+2 | barrier | pull from r-2 | barrier | ...
 //                      ... produce own part (last)
 //
-// Step k = 1..W-1 runs on stream k % 2: it produces the partial for rank+k into the stream's
+// A barrier on stream 1 opens the op: no peer still reads the own buffer (the first write of
+// stream 0's half waits for it too). Step k = 1..W-1 runs on stream k % 2: it produces the
+// partial for rank+k into the stream's
 // half of the own buffer (a double buffer, one half per stream), barriers on the stream's
 // channel (every rank's step-k partial is in place), pulls the partial rank-k produced for this
 // rank from rank-k's same half into slot rank-k of a local stack [W, rows, cols], and barriers
@@ -42,7 +44,8 @@ constexpr const char* kOp = "fused_matmul_reduce_scatter";
 // part c = r - t - 1 (mod W), adds the running sum it received from rank r-1 (which worked on
 // the same part at step t-1), and hands the sum to rank r+1; at t = W-1, c = r and the sum is
 // complete. GEMMs run ahead on stream 0 (they depend on nothing); stream 1 does the exchange.
-// Over the workspace, running sums (float32) go into two slots of the own buffer used in turn:
+// Over the workspace, after an opening barrier (no peer still reads the own buffer), running sums
+// (float32) go into two slots of the own buffer used in turn:
 // publication p goes to slot p % 2 and is announced to r+1 on the data channel (channels[1]);
 // the reader acknowledges on the ack channel (channels[0]) once it has added it, and slot p % 2
 // is rewritten (publication p + 2) only after that acknowledgement. The data and the
@@ -147,6 +150,12 @@ void produce_and_exchange(pipeline::Env& env, const Problem& p, const at::Tensor
 
   pipeline::begin(env);
   pipeline::EndGuard guard(env);
+  std::shared_ptr<Event> free;
+  if (W > 1) {
+    // NOTE [Pipeline buffer reuse]: no peer reads the own buffer any more.
+    env.span(1, "barrier", [&] { ws.barrier(env.stream(1), env.channels[1]); });
+    free = dev.record(env.stream(1));
+  }
   for (int64_t round = 0; round < rounds; ++round) {
     const auto [row0, row1] = pipeline::split_range(p.rows, rounds, round);
     const int64_t len = row1 - row0;
@@ -157,6 +166,7 @@ void produce_and_exchange(pipeline::Env& env, const Problem& p, const at::Tensor
       const int dst = (rank + k) % W, src = (rank + W - k) % W;
       std::vector<int> peers{rank, dst};
       if (src != dst) peers.push_back(src);
+      if (k == 2 && round == 0) dev.wait_event(env.stream(0), *free);
       if (k == 2) pipeline::delay_stream(env, 0);  // NOTE [Launch order]
       at::Tensor half = ws.get_buffer(rank, {len, p.cols}, dtype, offset);
       env.run_compute(
@@ -218,6 +228,11 @@ void ring_over_workspace(pipeline::Env& env, const Problem& p, const at::Tensor&
   int64_t published = 0, consumed = 0, acks_waited = 0;
   pipeline::begin(env);
   pipeline::EndGuard guard(env);
+  if (W > 1) {
+    // NOTE [Pipeline buffer reuse]: no peer reads the own buffer any more. Its signals share the
+    // data channel with the left neighbour's announcements, in the same order on both sides.
+    env.span(1, "barrier", [&] { ws.barrier(env.stream(1), data_channel); });
+  }
   for (int64_t round = 0; round < rounds; ++round) {
     const auto [round_begin, round_end] = pipeline::split_range(p.rows, rounds, round);
     for (const auto& st : ring_schedule(W, rank, round_begin, round_end, q)) {

@@ -24,17 +24,16 @@
 namespace cuda_p2p {
 
 // NOTE [Pipeline buffer reuse]
-// Every op that reads peers' buffers (a fused pipeline, a workspace collective) finishes with a
-// barrier - or, in the ring, with waits for its readers' acknowledgements - after its last read
-// of any buffer on any stream. So when an op starts, no peer still reads this rank's buffer and
-// the op may write it at once, without an opening barrier. Within an op, a region of the buffer
-// is rewritten only after the barrier (or acknowledgement) that follows the readers' copies of
-// it: the all-gather payload once per round, each half of the reduce-scatter double buffer
-// once per step of the stream that owns it, each ring slot once every second publication.
+// A pipeline's first write of its own buffer comes after a barrier (on its stream 1): other users
+// of the workspace may return while peers still read this rank's buffer (the workspace
+// collectives end without a barrier; a user of get_p2p_buffer may too), so that barrier is what
+// says no one does any more. A pipeline in turn ends only after its last read of any buffer is
+// known to be over everywhere - a closing barrier, or in the ring the readers' acknowledgements -
+// so whatever runs next may write its own buffer at once. Within an op, a region of the buffer is
+// rewritten only after the barrier (or acknowledgement) that follows the readers' copies of it:
+// the all-gather payload once per round, each half of the reduce-scatter double buffer once per
+// step of the stream that owns it, each ring slot once every second publication.
 
-// The per-backend part of the pipelines. Host streams are executor threads, so they are created
-// once per backend and reused by every op; CUDA streams come from torch's pool on every call
-// (cheap, and a fresh wrapper carries no bookkeeping of earlier ops).
 namespace pipeline {
 
 // One span of a traced pipeline: what ran on which stream, from when its stream reached it to

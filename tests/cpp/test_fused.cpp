@@ -271,6 +271,47 @@ TEST(FusedPipelines, BackToBackOpsReuseTheBufferSafely) {
   }
 }
 
+TEST(FusedPipelines, APipelineWritesItsBufferOnlyAfterEveryReaderOfItIsDone) {
+  // Another user of the workspace (like the workspace collectives) returns while a peer still
+  // reads this rank's buffer: rank 0 reads everyone's buffer late. A pipeline started at once on
+  // the other ranks must not overwrite their buffers before rank 0 has read them.
+  Pipelines p(1 << 16);
+  const int W = world().size;
+  auto& dev = p.ws->device();
+  for (int which = 0; which < 3; ++which) {
+    const float mark = 1000.0f * static_cast<float>(which + 1);
+    p.ws->get_buffer(world().rank, {256}, at::kFloat).fill_(mark + world().rank);
+    p.ws->barrier(*dev.current_stream(), 0);
+    if (world().rank == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      for (int r = 0; r < W; ++r) {
+        auto seen = p.ws->get_buffer(r, {256}, at::kFloat);
+        EXPECT_TRUE(seen.eq(mark + r).all().item<bool>())
+            << "rank " << r << "'s buffer was overwritten before rank 0 read it (op " << which
+            << ")";
+      }
+    }
+    auto env = p.env();
+    pipeline::Stats stats;
+    const int seed = 7000 + 10 * which;
+    auto B = input({16, 4}, at::kFloat, 3);
+    if (which == 0) {
+      auto got = all_gather_matmul_pipeline(env, input({16, 16}, at::kFloat, seed + world().rank),
+                                            {B}, 0, true, stats);
+      expect_same(got.outputs[0],
+                  reference_all_gather_matmul({16, 16}, B, 0, at::kFloat, seed).second, "ag");
+    } else {
+      auto A = input({16 * W, 16}, at::kFloat, seed + world().rank);
+      auto got = which == 1 ? matmul_reduce_scatter_pipeline(env, A, B, ReduceOp::kSum, 0, stats)
+                            : matmul_reduce_scatter_ring(env, A, B, ReduceOp::kSum, 0, W, stats);
+      expect_same(
+          got,
+          reference_matmul_reduce_scatter({16 * W, 16}, B, 0, ReduceOp::kSum, at::kFloat, seed),
+          which == 1 ? "pipeline" : "ring");
+    }
+  }
+}
+
 template <typename Fn>
 void expect_error(Fn&& fn, const std::string& needle) {
   try {
