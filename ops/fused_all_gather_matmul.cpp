@@ -333,7 +333,9 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_
   if (pipeline::workspace_serves(pg.workspace(), A_shard.device())) {
     pipeline::Env env = pipeline::make_env(pg, state);
     pipeline::Stats stats;
-    r = all_gather_matmul_pipeline(env, A_shard, Bs, gather_dim, return_A, stats);
+    r = pipeline::run_or_mark_failed(state, kOp, [&] {
+      return all_gather_matmul_pipeline(env, A_shard, Bs, gather_dim, return_A, stats);
+    });
     pg.bump_counter("fused_all_gather_matmul.pipeline");
     if (env.trace) state.last_trace = env.trace->events();
     if (stats.rounds > 1) pg.bump_counter("fused_all_gather_matmul.rounds");

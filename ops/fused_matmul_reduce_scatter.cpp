@@ -434,13 +434,12 @@ at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
     pipeline::Env env = pipeline::make_env(pg, state);
     pipeline::Stats stats;
     at::Tensor out;
-    if (ring) {
-      out = matmul_reduce_scatter_ring(env, A, B, op, scatter_dim, steps, stats);
-      pg.bump_counter("fused_matmul_reduce_scatter.ring");
-    } else {
-      out = matmul_reduce_scatter_pipeline(env, A, B, op, scatter_dim, stats);
-      pg.bump_counter("fused_matmul_reduce_scatter.pipeline");
-    }
+    out = pipeline::run_or_mark_failed(state, kOp, [&] {
+      return ring ? matmul_reduce_scatter_ring(env, A, B, op, scatter_dim, steps, stats)
+                  : matmul_reduce_scatter_pipeline(env, A, B, op, scatter_dim, stats);
+    });
+    pg.bump_counter(ring ? "fused_matmul_reduce_scatter.ring"
+                         : "fused_matmul_reduce_scatter.pipeline");
     if (env.trace) state.last_trace = env.trace->events();
     if (stats.rounds > 1) pg.bump_counter("fused_matmul_reduce_scatter.rounds");
     if (stats.grew) pg.bump_counter("fused_matmul_reduce_scatter.grow");

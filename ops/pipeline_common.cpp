@@ -108,6 +108,10 @@ std::array<std::shared_ptr<Stream>, 2> acquire_streams(Device& device,
 }
 
 Env make_env(ProcessGroupCudaP2P& backend, ProcessGroupCudaP2P::PipelineState& state) {
+  TORCH_CHECK(state.failure.empty(),
+              "cuda_p2p: an earlier fused op on this group failed midway, so the ranks' pipeline "
+              "signals may disagree; destroy the group and create a new one. The failure was: ",
+              state.failure);
   auto& ws = *backend.workspace();
   auto& dev = ws.device();
   Env env(ws, dev.current_stream(), acquire_streams(dev, state),

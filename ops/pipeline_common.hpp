@@ -68,6 +68,10 @@ struct ProcessGroupCudaP2P::PipelineState {
   // on the pipeline channels (NOTE [Signal sequence numbers]) nor their send/recv tags.
   std::mutex mutex;
   std::array<std::shared_ptr<Stream>, 2> host_streams;
+  // Set when a pipeline failed midway (a timeout, a peer that died): the ranks' signal counts
+  // on the pipeline channels may then disagree, so later pipelines refuse to run rather than
+  // hang or read a half-written buffer. Says what failed.
+  std::string failure;
   // Diagnostics: when set, each op records a Trace, kept until the next op.
   bool tracing = false;
   std::vector<pipeline::TraceEvent> last_trace;
@@ -165,6 +169,18 @@ std::array<std::shared_ptr<Stream>, 2> acquire_streams(Device& device,
 // the backend's max_buffer_size, and serialize_compute on the host (NOTE [Compute order]).
 // `state` is the backend's pipeline_state(), whose mutex the caller holds.
 Env make_env(ProcessGroupCudaP2P& backend, ProcessGroupCudaP2P::PipelineState& state);
+
+// Runs `fn()` (a pipeline over the workspace); an exception out of it marks the backend's
+// pipelines failed (PipelineState::failure) and propagates. make_env refuses a failed backend.
+template <typename Fn>
+auto run_or_mark_failed(ProcessGroupCudaP2P::PipelineState& state, const char* op, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    state.failure = std::string(op) + ": " + e.what();
+    throw;
+  }
+}
 
 // Both pipeline streams wait for the caller's stream.
 void begin(Env& env);

@@ -15,6 +15,7 @@ Inputs are a pure function of (case seed, rank). Every check returns
 from __future__ import annotations
 
 import os
+import time
 import traceback
 
 import torch
@@ -327,6 +328,37 @@ def check_meta_and_fake(ctx, compile_too: bool):
         except AssertionError as e:
             failures.append(f"torch.compile: {e}")
         n += 1
+    return {"cases": n, "failures": failures, "counters": {}}
+
+
+def check_absent_rank(ctx):
+    """A rank that never joins is named within the group's timeout, and later pipelines on that
+    group refuse to run instead of hanging on signals that no longer match."""
+    from datetime import timedelta
+
+    W = ctx.world_size
+    g = dist.new_group(backend="cuda_p2p", timeout=timedelta(seconds=2))
+    failures, n = [], 0
+    absent = W - 1
+    A, B = torch.ones(2 * W, 4), torch.ones(4, 3)
+    if ctx.rank != absent:
+        t0 = time.monotonic()
+        try:
+            cuda_p2p.fused_matmul_reduce_scatter(A, B, "sum", 0, g)
+            failures.append("expected a timeout, got none")
+        except RuntimeError as e:
+            if "never arrived" not in str(e):
+                failures.append(f"timeout error does not name the rank: {e}")
+        if time.monotonic() - t0 > 30:
+            failures.append(f"the timeout took {time.monotonic() - t0:.0f} s")
+        try:
+            cuda_p2p.fused_all_gather_matmul(A, [B], 0, g)
+            failures.append("a pipeline after the failure ran")
+        except RuntimeError as e:
+            if "failed midway" not in str(e):
+                failures.append(f"unexpected error after the failure: {e}")
+        n += 2
+    dist.barrier(group=ctx.gloo)
     return {"cases": n, "failures": failures, "counters": {}}
 
 

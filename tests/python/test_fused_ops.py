@@ -107,3 +107,10 @@ def test_meta_kernels_and_fake_tensors(world2):
 
 def test_torch_compile_traces_the_ops(world2):
     assert_all_ok(world2.run(fc.run_safely, fc.check_meta_and_fake, True, timeout=300))
+
+
+def test_absent_rank_is_named_and_the_group_refuses_later_pipelines(world2):
+    results = world2.run(fc.run_safely, fc.check_absent_rank)
+    failures = [f"[rank {r}] {f}" for r, res in enumerate(results) for f in res["failures"]]
+    assert not failures, "\n".join(failures)
+    assert results[0]["cases"] == 2
