@@ -10,6 +10,11 @@
 #include "p2p_workspace/symmetric_workspace.hpp"
 #include "tests/cpp/harness.hpp"
 
+#ifdef CUDA_P2P_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
 namespace cuda_p2p::test {
 namespace {
 
@@ -393,6 +398,79 @@ TEST(FusedPipelines, ARankThatNeverJoinsIsNamedAndTheStreamsRecover) {
   }
   store_barrier("after-timeout");
 }
+
+#ifdef CUDA_P2P_WITH_CUDA
+// The same pipelines on a GPU: CUDA streams, copy-engine pulls, stream-memory signals, the sleep
+// kernel, concurrent GEMMs. Skips without a GPU (CI has none): run it on a GPU machine, where
+// ranks share the GPUs round-robin (two processes on one device use CUDA IPC too).
+int gpu_count() {
+  try {
+    return c10::cuda::device_count();
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+TEST(CudaFusedPipelines, BothPipelinesAndTheRingMatchTheReferenceOnTheGpu) {
+  if (gpu_count() == 0) GTEST_SKIP() << "no GPU";
+  const int W = world().size;
+  const int dev = world().rank % gpu_count();
+  c10::cuda::CUDAGuard guard(dev);
+  WorkspaceOptions o;
+  o.buffer_size = 1 << 20;
+  o.timeout = std::chrono::seconds(60);
+  SymmetricWorkspace ws(test_store(), world().rank, W, make_cuda_device(dev), o);
+  ASSERT_TRUE(ws.available()) << ws.unavailable_reason();
+  ProcessGroupCudaP2P::PipelineState state;
+  const auto cuda = at::TensorOptions().device(at::kCUDA, dev);
+  int seed = 9000;
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (const auto& c : ag_cases()) {
+      seed += 10;
+      pipeline::Env env(ws, ws.device().current_stream(),
+                        pipeline::acquire_streams(ws.device(), state), {kChannels[0], kChannels[1]},
+                        pipeline::kDefaultMaxBufferSize,
+                        /*serialize_compute=*/false);
+      pipeline::Stats stats;
+      const int64_t nd = static_cast<int64_t>(c.shard.size());
+      const int64_t gd = c.gather_dim < 0 ? c.gather_dim + nd : c.gather_dim;
+      const int64_t k = gd == nd - 1 ? c.shard.back() * W : c.shard.back();
+      auto B = input({k, 7}, dtype, 7);
+      auto got =
+          all_gather_matmul_pipeline(env, input(c.shard, dtype, seed + world().rank).to(cuda),
+                                     {B.to(cuda)}, c.gather_dim, true, stats);
+      auto [A_ref, out_ref] = reference_all_gather_matmul(c.shard, B, gd, dtype, seed);
+      const auto what = describe(c.shard, c.gather_dim, dtype) + " on cuda";
+      EXPECT_EQ(got.A->strides(), A_ref.strides()) << what;
+      EXPECT_EQ(got.outputs[0].strides(), out_ref.strides()) << what;
+      expect_same(got.A->cpu().contiguous(), A_ref.contiguous(), what + " (A)");
+      expect_same(got.outputs[0].cpu().contiguous(), out_ref.contiguous(), what + " (out)");
+    }
+    for (const auto& c : rs_cases()) {
+      for (int64_t steps : {int64_t{0}, int64_t{2 * W}}) {
+        seed += 10;
+        pipeline::Env env(ws, ws.device().current_stream(),
+                          pipeline::acquire_streams(ws.device(), state),
+                          {kChannels[0], kChannels[1]}, pipeline::kDefaultMaxBufferSize,
+                          /*serialize_compute=*/false);
+        pipeline::Stats stats;
+        const auto a_sizes = rs_a_sizes(c, W);
+        auto B = input({c.a.back(), rs_n(c, W)}, dtype, 9);
+        auto A = input(a_sizes, dtype, seed + world().rank).to(cuda);
+        auto got = steps == 0 ? matmul_reduce_scatter_pipeline(env, A, B.to(cuda), ReduceOp::kSum,
+                                                               c.scatter_dim, stats)
+                              : matmul_reduce_scatter_ring(env, A, B.to(cuda), ReduceOp::kSum,
+                                                           c.scatter_dim, steps, stats);
+        const int64_t nd = static_cast<int64_t>(a_sizes.size());
+        const int64_t sd = c.scatter_dim < 0 ? c.scatter_dim + nd : c.scatter_dim;
+        expect_same(
+            got.cpu(), reference_matmul_reduce_scatter(a_sizes, B, sd, ReduceOp::kSum, dtype, seed),
+            describe(a_sizes, c.scatter_dim, dtype) + " on cuda, steps " + std::to_string(steps));
+      }
+    }
+  }
+}
+#endif
 
 }  // namespace
 }  // namespace cuda_p2p::test
