@@ -134,11 +134,18 @@ void end(Env& env) {
     for (int i = 0; i < 2; ++i) dev.wait_event(*env.caller, *dev.record(env.stream(i)));
     return;
   }
-  // The first stream waits for the second, so once it has drained both have, and an error of
-  // either is in it. Only then are the errors collected (and thereby cleared): clearing one
-  // stream's error while the other still waits for it would let that one run on past it.
-  dev.wait_event(env.stream(0), *dev.record(env.stream(1)));
+  // First the caller waits until both streams have drained (waiting on the caller's own stream
+  // runs at once on the host and reports a stream's error without clearing it). Only then are
+  // the errors collected, and thereby cleared: clearing one stream's error while the other may
+  // still wait for it would let that one run on past it.
   std::exception_ptr error;
+  for (int i : {1, 0}) {
+    try {
+      dev.wait_event(*env.caller, *dev.record(env.stream(i)));
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
   for (int i : {0, 1}) {
     try {
       dev.synchronize(env.stream(i));
