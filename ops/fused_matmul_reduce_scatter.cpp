@@ -426,8 +426,13 @@ at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
   TORCH_CHECK(ring_steps == 0 || algorithm != "pipeline", "cuda_p2p ", kOp,
               ": ring_steps applies to the ring, got ring_steps=", ring_steps,
               " with algorithm=\"pipeline\"");
-  // "auto": the pipeline, unless ring steps were asked for.
-  const bool ring = algorithm == "ring" || (algorithm == "auto" && ring_steps != 0);
+  // "auto": the ring when ring steps were asked for, or on the host, where its GEMMs run back to
+  // back on one stream and never wait behind a barrier - what matters when the cores that run
+  // the GEMMs also do the copies and are shared with the peers (docs/pipelines.md, measured
+  // results); else the pipeline, whose two streams' GEMMs fill a GPU and whose pulls use the
+  // copy engine.
+  const bool ring = algorithm == "ring" ||
+                    (algorithm == "auto" && (ring_steps != 0 || A.device().is_cpu()));
   auto& state = pg.pipeline_state();
   std::lock_guard<std::mutex> lock(state.mutex);
   if (pipeline::workspace_serves(pg.workspace(), A.device())) {

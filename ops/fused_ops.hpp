@@ -32,8 +32,9 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_
     bool return_A);
 
 // reduce_scatter(A @ B, reduce_op, scatter_dim): rank r gets the r-th of W equal slices along
-// scatter_dim of the sum (or mean) over ranks of A @ B. `algorithm`: "auto", "pipeline" or
-// "ring"; `ring_steps` (S, a multiple of the group size; 0 means the group size) for "ring".
+// scatter_dim of the sum (or mean) over ranks of A @ B. `algorithm`: "pipeline", "ring", or
+// "auto" (the pipeline on CUDA tensors, the ring on CPU tensors or when ring_steps is given);
+// `ring_steps` (S, a multiple of the group size; 0 means the group size) for the ring.
 at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
                                        const std::string& reduce_op, int64_t scatter_dim,
                                        const std::string& group_name, const std::string& algorithm,

@@ -77,9 +77,10 @@ def fused_matmul_reduce_scatter(
 
     ``algorithm``: ``"pipeline"`` (two streams, each exchanging one partial product per step
     while the other computes the next), ``"ring"`` (a ring reduce-scatter in ``ring_steps``
-    steps, a multiple of the group size; 0 means the group size), or ``"auto"`` (the pipeline,
-    or the ring when ``ring_steps`` is given). Without the workspace (several hosts, or
-    ``enable_workspace=False``) the ring runs over the wrapped backend's send/recv.
+    steps, a multiple of the group size; 0 means the group size), or ``"auto"`` (the pipeline
+    on CUDA tensors; the ring on CPU tensors, or when ``ring_steps`` is given). Without the
+    workspace (several hosts, or ``enable_workspace=False``) the ring runs over the wrapped
+    backend's send/recv.
     """
     if algorithm not in ALGORITHMS:
         raise ValueError(f"cuda_p2p: algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
