@@ -79,6 +79,14 @@ void Env::run_compute(int i, std::function<void()> fn, std::string what) {
   if (serialize_compute && last_compute && last_compute_stream != i) {
     dev.wait_event(stream(i), *last_compute);
   }
+  if (host()) {
+    // Executor threads start with ATen's default intra-op thread count; each GEMM adopts the
+    // one the process chose (torch.set_num_threads, which may change between ops).
+    fn = [fn = std::move(fn)] {
+      at::init_num_threads();
+      fn();
+    };
+  }
   run(i, std::move(fn), std::move(what));
   if (serialize_compute) {
     last_compute = dev.record(stream(i));
@@ -97,11 +105,7 @@ std::array<std::shared_ptr<Stream>, 2> acquire_streams(Device& device,
   }
   for (int i = 0; i < 2; ++i) {
     if (!state.host_streams[i]) {
-      auto s = device.new_stream(/*high_priority=*/i == 1);
-      // Executor threads start with ATen's default intra-op thread count; give them the one
-      // the process chose (torch.set_num_threads), like ATen's own worker threads.
-      device.run(*s, [] { at::init_num_threads(); });
-      state.host_streams[i] = std::move(s);
+      state.host_streams[i] = device.new_stream(/*high_priority=*/i == 1);
     }
   }
   return state.host_streams;
