@@ -48,10 +48,6 @@ void gather_and_consume(pipeline::Env& env, const at::Tensor& shard, const at::T
 
   pipeline::begin(env);
   pipeline::EndGuard guard(env);
-  if (rounds > 0) {
-    // NOTE [Pipeline buffer reuse]: no peer reads the own buffer any more.
-    env.span(1, "barrier", [&] { ws.barrier(env.stream(1), env.channels[1]); });
-  }
   std::shared_ptr<Event> closed;  // the previous round's closing barrier
   for (int64_t round = 0; round < rounds; ++round) {
     const auto [row0, row1] = pipeline::split_range(rows, rounds, round);
@@ -59,13 +55,19 @@ void gather_and_consume(pipeline::Env& env, const at::Tensor& shard, const at::T
     const size_t bytes = static_cast<size_t>(len * row_bytes);
     at::Tensor own = shard.narrow(0, row0, len);
 
-    if (closed) dev.wait_event(env.stream(1), *closed);
+    // The local GEMM needs nothing from the peers: it is launched first.
+    env.run_compute(
+        0, [=] { (*consumer)(rank, row0, own, 0); }, "gemm own");
+    if (round == 0) {
+      // NOTE [Pipeline buffer reuse]: no peer reads the own buffer any more.
+      env.span(1, "barrier", [&] { ws.barrier(env.stream(1), env.channels[1]); });
+    } else {
+      dev.wait_event(env.stream(1), *closed);
+    }
     env.span(1, "publish",
              [&] { dev.copy(env.stream(1), ws.buffer(rank), own.data_ptr(), bytes); });
     env.span(1, "barrier", [&] { ws.barrier(env.stream(1), env.channels[1]); });
     auto all_published = dev.record(env.stream(1));
-    env.run_compute(
-        0, [=] { (*consumer)(rank, row0, own, 0); }, "gemm own");
 
     std::shared_ptr<Event> last_pull_on_1 = all_published;
     for (int k = 1; k < W; ++k) {
