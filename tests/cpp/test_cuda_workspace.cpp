@@ -1,0 +1,86 @@
+// SymmetricWorkspace on the CUDA device. Skips without a GPU (CI has none); run it on a GPU
+// machine: ranks share the GPUs round-robin (two processes on one device use CUDA IPC too).
+#include <ATen/ATen.h>
+
+#include "p2p_workspace/symmetric_workspace.hpp"
+#include "tests/cpp/harness.hpp"
+
+#ifdef CUDA_P2P_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
+namespace cuda_p2p::test {
+namespace {
+
+#ifdef CUDA_P2P_WITH_CUDA
+int gpu_count() {
+  try {
+    return c10::cuda::device_count();
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+std::unique_ptr<SymmetricWorkspace> make_cuda_workspace(int device) {
+  WorkspaceOptions o;
+  o.buffer_size = 1 << 20;
+  o.timeout = std::chrono::seconds(60);
+  return std::make_unique<SymmetricWorkspace>(test_store(), world().rank, world().size,
+                                              make_cuda_device(device), o);
+}
+
+TEST(CudaWorkspace, EveryRankReadsEveryPeersBufferAndCopiesThroughTheCopyEngine) {
+  if (gpu_count() == 0) GTEST_SKIP() << "no GPU";
+  const auto& w = world();
+  const int dev = w.rank % gpu_count();
+  c10::cuda::CUDAGuard guard(dev);
+  auto ws = make_cuda_workspace(dev);
+  ASSERT_TRUE(ws->available()) << ws->unavailable_reason();
+  auto mine = ws->get_buffer(w.rank, {256}, at::kFloat);
+  ASSERT_TRUE(mine.is_cuda());
+  mine.fill_(static_cast<float>(w.rank));
+  auto& device = ws->device();
+  auto s = device.current_stream();
+  ws->barrier(*s, 0);
+  auto side = device.new_stream(/*high_priority=*/true);
+  device.wait_event(*side, *device.record(*s));
+  auto gathered = at::empty({w.size, 256}, mine.options());
+  for (int r = 0; r < w.size; ++r) {
+    device.copy(*side, gathered[r].data_ptr(), ws->buffer(r), 256 * sizeof(float));
+  }
+  device.wait_event(*s, *device.record(*side));
+  ws->barrier(*s, 0);
+  device.synchronize(*s);
+  auto expected = at::arange(w.size, at::kFloat).unsqueeze(1).expand({w.size, 256});
+  EXPECT_TRUE(gathered.cpu().equal(expected));
+}
+
+TEST(CudaWorkspace, ARankThatNeverArrivesIsNamed) {
+  if (gpu_count() == 0) GTEST_SKIP() << "no GPU";
+  const auto& w = world();
+  if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  const int dev = w.rank % gpu_count();
+  c10::cuda::CUDAGuard guard(dev);
+  auto ws = make_cuda_workspace(dev);
+  auto s = ws->device().current_stream();
+  const int absent = w.size - 1;
+  if (w.rank != absent) {
+    ws->barrier(*s, 0, Millis(300));
+    try {
+      ws->device().synchronize(*s);
+      ADD_FAILURE() << "the barrier did not time out";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("never arrived"), std::string::npos) << e.what();
+    }
+  }
+  store_barrier("late");
+  if (w.rank == absent) ws->barrier(*s, 0);  // releases the stuck streams
+  ws->device().synchronize(*s);
+}
+#else
+TEST(CudaWorkspace, NotBuilt) { GTEST_SKIP() << "built without CUDA"; }
+#endif
+
+}  // namespace
+}  // namespace cuda_p2p::test
