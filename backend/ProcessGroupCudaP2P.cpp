@@ -461,6 +461,12 @@ WorkPtr ProcessGroupCudaP2P::_allgather_base(at::Tensor& output, at::Tensor& inp
   for (int q = 0; q < getSize(); ++q) chunks.push_back(flat_chunk(out, q, input.numel()));
   all_gather_on_workspace(input, chunks);
   if (!out.is_same(output)) output.copy_(out);
+  // The future holds what the wrapped backend's would: Gloo's the W chunks, NCCL's the output.
+  if (output.is_cpu() && output.is_contiguous()) {
+    std::vector<at::Tensor> views;
+    for (int q = 0; q < getSize(); ++q) views.push_back(flat_chunk(output, q, input.numel()));
+    return completed(c10d::OpType::_ALLGATHER_BASE, std::move(views));
+  }
   return completed(c10d::OpType::_ALLGATHER_BASE, {output});
 }
 
