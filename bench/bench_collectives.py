@@ -245,25 +245,37 @@ def _check(dist, coll: str, nbytes: int, n: int, rank: int, dtype, groups) -> di
     return {"ok": flag.item() == 0, "bad_ranks": int(flag.item())}
 
 
-def _timed(dist, coll: str, bufs, groups, sync, iters: int, first: int, batch: int = 1):
-    """iters interleaved iterations of both backends; each op preceded by sync() (a barrier on a
+def _timed(dist, coll: str, bufs, groups, sync, iters: int, first: int, batch: int = 1,
+           block: int = 1):
+    """iters interleaved iterations of every backend; each op preceded by sync() (a barrier on a
     group neither backend uses); `batch` back-to-back ops per sample, timed together.
-    Returns {backend: [seconds of this rank per op, per iteration]}."""
+
+    Backends take turns by blocks of `block` consecutive samples (the order flips every round):
+    the first op after another backend's runs with caches, and with whatever that backend left
+    running (Gloo's threads), that are not its own - with block=1 the op measured after Gloo's
+    was ~3x slower than in a run of its own. Returns {backend: [seconds of this rank per op,
+    per sample]} and the wall time of every round divided by its block (one iteration's cost)."""
     names = list(groups)
     times = {name: [] for name in names}
     walls = []  # per iteration, barriers included: what one more iteration costs
-    for i in range(iters):
-        order = names if (i + first) % 2 == 0 else names[::-1]
+    done = 0
+    rnd = 0
+    while done < iters:
+        k = min(block, iters - done)
+        order = names if (rnd + first) % 2 == 0 else names[::-1]
         w0 = time.perf_counter()
         for name in order:
             inp, out = bufs[name]
             g = groups[name]
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(batch):
-                _run_op(dist, coll, inp, out, g)
-            times[name].append((time.perf_counter() - t0) / batch)
-        walls.append(time.perf_counter() - w0)
+            for _ in range(k):
+                sync()
+                t0 = time.perf_counter()
+                for _ in range(batch):
+                    _run_op(dist, coll, inp, out, g)
+                times[name].append((time.perf_counter() - t0) / batch)
+        walls.extend([(time.perf_counter() - w0) / k] * k)
+        done += k
+        rnd += 1
     return times, walls
 
 
@@ -427,7 +439,8 @@ def rank_main(rank: int, cfg: dict) -> None:
             bufs = {name: _make_inputs(coll, nbytes, n, rank, dtype) if coll != "barrier"
                     else (None, None) for name in timed_groups}
             step(f"{label}: warmup")
-            _, walls = _timed(dist, coll, bufs, timed_groups, sync, warmup, 0, cfg["batch"])
+            _, walls = _timed(dist, coll, bufs, timed_groups, sync, warmup, 0, cfg["batch"],
+                              cfg["block"])
             # The first warmup iterations pay for first touches and connections: estimate the cost
             # of an iteration from the later half. Every rank must run the same number of
             # iterations: decide on the slowest rank's estimate.
@@ -436,7 +449,8 @@ def rank_main(rank: int, cfg: dict) -> None:
             iters = cfg["iters"] or int(min(cfg["max_iters"],
                                             max(cfg["min_iters"], budget / max(per_iter, 1e-9))))
             step(f"{label}: {iters} timed iterations")
-            local, _ = _timed(dist, coll, bufs, timed_groups, sync, iters, 1, cfg["batch"])
+            local, _ = _timed(dist, coll, bufs, timed_groups, sync, iters, 1, cfg["batch"],
+                              cfg["block"])
             entry = {"collective": coll, "bytes": nbytes, "requested_bytes": size,
                      "count": nbytes // esize, "iters": iters}
             for name in timed_groups:
@@ -765,6 +779,10 @@ def parse_args(argv=None):
     ap.add_argument("--batch", type=int, default=1,
                     help="back-to-back ops per timed sample (NCCL-tests style); latency = the "
                          "sample's time / batch")
+    ap.add_argument("--block", type=int, default=8,
+                    help="backends take turns by blocks of this many consecutive samples (1: "
+                         "alternate every sample, so that half the ops run right after the other "
+                         "backend's)")
     ap.add_argument("--algos", action="store_true",
                     help="also time every workspace algorithm forced in turn, and suggest the "
                          "automatic choice's size thresholds")
@@ -802,8 +820,8 @@ def parse_args(argv=None):
         args.budget = 2.0 if args.full else 1.2
     if args.total_timeout is None:
         args.total_timeout = 3600.0 if args.full else 600.0
-    if args.batch < 1:
-        ap.error("--batch must be >= 1")
+    if args.batch < 1 or args.block < 1:
+        ap.error("--batch and --block must be >= 1")
     if args.warmup < 1 or args.min_iters < 1 or args.max_iters < args.min_iters or args.iters < 0:
         ap.error("need --warmup >= 1, --iters >= 0, 1 <= --min-iters <= --max-iters")
     pg_options = {}
@@ -846,7 +864,7 @@ def main(argv=None) -> int:
            "min_iters": args.min_iters, "max_iters": args.max_iters, "check": args.check,
            "env": env, "pg_options": args.pg_options, "bind": args.bind,
            "sync": args.sync, "batch": args.batch, "algos": args.algos,
-           "start_margin_us": args.start_margin_us,
+           "start_margin_us": args.start_margin_us, "block": args.block,
            "cpus": sorted(os.sched_getaffinity(0)), "timeout": args.timeout,
            "total_timeout": args.total_timeout, "progress": not args.quiet}
 
@@ -879,13 +897,13 @@ def main(argv=None) -> int:
         "cuda_p2p": getattr(cuda_p2p, "__version__", None), "git": git_describe(),
         "dtype": args.dtype, "sizes": args.sizes, "bind": args.bind, "env": env,
         "pg_options": args.pg_options, "cpus": sorted(os.sched_getaffinity(0)),
-        "sync": args.sync, "batch": args.batch, "algos": args.algos,
+        "sync": args.sync, "batch": args.batch, "block": args.block, "algos": args.algos,
         "warmup": args.warmup, "budget_s": args.budget, "wall_s": wall,
         "conventions": {
             "latency": "median over timed iterations of the max over ranks of one op's time "
                        "(a sample of --batch back-to-back ops / batch); ranks pass a barrier "
                        "(--sync: shm or gloo, on a group neither backend uses) before every "
-                       "timed sample; backends interleaved",
+                       "timed sample; backends take turns by blocks of --block samples",
             "bytes": "all_reduce/broadcast: buffer; all_gather: output; reduce_scatter: input "
                      "(NCCL-tests)",
             "algbw": "bytes / latency (1 GB = 1e9 B)",
