@@ -25,15 +25,15 @@ inline char* slot(const detail::Phase& ph, int rank, int64_t j, int64_t piece) {
 }
 
 // NOTE [All-gather rings]
-// In a ring phase every rank stages its own piece in slot `rank` of its region, passes the phase
-// barrier (so step 1 needs no signal), then at step s pulls from a neighbour the slot that
-// neighbour filled at step s-1 into the same slot of its own region, signals the next rank in
-// that direction (unless nobody pulls from it any more), and copies the slot to the output.
-// Signals per ordered pair match exactly: the rank after me waits at steps 2.. for what I
-// signal at steps 1.. of the same direction. Each step depends only on earlier steps of its
-// neighbours, so there is no cycle. With W = 2 both directions reach the same peer; the
-// sequence numbers of one (peer, channel) slot then simply count both directions' signals, in
-// the same program order on both sides.
+// In a ring phase every rank stages its own piece in slot `rank` of its region and signals the
+// next rank of each direction (step 0); then at step s it waits for the neighbour's signal, pulls
+// the slot that neighbour filled at step s-1 (its own piece at s = 1) into the same slot of its
+// own region, signals the next rank in that direction (unless nobody pulls from it any more), and
+// copies the slot to the output. Signals per ordered pair match exactly: the rank after me waits
+// at steps 1.. for what I signal at steps 0.. of the same direction. Each step depends only on
+// earlier steps of its neighbours, so there is no cycle. With W = 2 both directions reach the
+// same peer; the sequence numbers of one (peer, channel) slot then simply count both directions'
+// signals, in the same program order on both sides.
 //
 //   ring         data flows right (pulled from the left), W-1 steps
 //   bidir_split  the first half of each piece flows right, the second half left, W-1 steps
@@ -52,12 +52,14 @@ void ring(const CollectiveContext& ctx, const Gather& g, bool split, bool full) 
     const int64_t half = split ? std::min(len, detail::align_up(len / 2, detail::kAlign)) : len;
     const detail::Phase ph = detail::begin_phase(ctx);
     copy(ctx, slot(ph, me, me, piece), g.input + off, len);
-    detail::phase_barrier(ctx);
+    // Step 0: the staged piece is what each direction's next rank pulls at step 1.
+    if (rightward_steps > 0) detail::signal(ctx, right);
+    if (leftward_steps > 0) detail::signal(ctx, left);
     const int steps = std::max(rightward_steps, leftward_steps);
     for (int s = 1; s <= steps; ++s) {
       if (s <= rightward_steps) {
         const int64_t j = mod(me - s, W);
-        if (s >= 2) detail::wait(ctx, left);
+        detail::wait(ctx, left);
         copy(ctx, slot(ph, me, j, piece), slot(ph, left, j, piece), half);
         if (s < rightward_steps) detail::signal(ctx, right);
         copy(ctx, g.out[j] + off, slot(ph, me, j, piece), half);
@@ -65,12 +67,13 @@ void ring(const CollectiveContext& ctx, const Gather& g, bool split, bool full) 
       if (s <= leftward_steps) {
         const int64_t j = mod(me + s, W);
         const int64_t from = full ? 0 : half;
-        if (s >= 2) detail::wait(ctx, right);
+        detail::wait(ctx, right);
         copy(ctx, slot(ph, me, j, piece) + from, slot(ph, right, j, piece) + from, len - from);
         if (s < leftward_steps) detail::signal(ctx, left);
         copy(ctx, g.out[j] + off + from, slot(ph, me, j, piece) + from, len - from);
       }
     }
+    detail::end_phase(ctx, ph);
   }
 }
 

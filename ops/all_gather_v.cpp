@@ -29,6 +29,7 @@ void gather_direct(const CollectiveContext& ctx, const char* input, c10::ArrayRe
       const int q = (me + s) % W;
       copy(ctx, out[q] + off, ph.region[q], part(q, off));
     }
+    end_phase(ctx, ph);
   }
 }
 

@@ -36,6 +36,7 @@ void one_shot(const CollectiveContext& ctx, const Args& a, ReduceOp op) {
     for (int q = 0; q < W; ++q) srcs.push_back(view(ctx, ph.region[q], len, a.dtype));
     detail::reduce_on_stream(ctx, view(ctx, a.out + off * a.esize, len, a.dtype), std::move(srcs),
                              op, W);
+    detail::end_phase(ctx, ph);
   }
 }
 
@@ -88,6 +89,7 @@ void two_shot(const CollectiveContext& ctx, const Args& a, ReduceOp op) {
       const auto [bq, eq] = detail::split(len, W, q);
       detail::copy(ctx, out + bq * a.esize, ph.region[q] + reduced, (eq - bq) * a.esize);
     }
+    detail::end_phase(ctx, ph);
   }
 }
 

@@ -1,7 +1,7 @@
-// Broadcast on the workspace: in each round the root stages a round of its tensor, every rank
-// passes the phase barrier, and the other ranks pull the round from the root's region. With
-// alternating halves (NOTE [Collective phases]) the root stages round i+1 while the others still
-// read round i, so large tensors stream through the buffer.
+// Broadcast on the workspace: in each round the root stages a round of its tensor and signals
+// every other rank, which pulls the round from the root's region. Nobody waits for anyone but the
+// root (NOTE [Collective phases]), and with alternating halves the root stages round i+1 while
+// the others still read round i, so large tensors stream through the buffer.
 #include <c10/util/Exception.h>
 
 #include "ops/collective_detail.hpp"
@@ -21,9 +21,16 @@ void broadcast(const CollectiveContext& ctx, const at::Tensor& tensor, int root)
   for (int64_t off = 0; off < bytes; off += piece) {
     const int64_t len = std::min(piece, bytes - off);
     const detail::Phase ph = detail::begin_phase(ctx);
-    if (me == root) detail::copy(ctx, ph.region[me], data + off, len);
-    detail::phase_barrier(ctx);
-    if (me != root) detail::copy(ctx, data + off, ph.region[root], len);
+    if (me == root) {
+      detail::copy(ctx, ph.region[me], data + off, len);
+      for (int q = 0; q < W; ++q) {
+        if (q != root) detail::signal(ctx, q);
+      }
+    } else {
+      detail::wait(ctx, root);
+      detail::copy(ctx, data + off, ph.region[root], len);
+    }
+    detail::end_phase(ctx, ph);
   }
 }
 

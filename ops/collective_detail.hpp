@@ -36,15 +36,20 @@ int64_t phase_bytes(const CollectiveContext& ctx);
 // `unit` (an element, or an element times the number of slots), at least one unit.
 int64_t round_bytes(const CollectiveContext& ctx, int64_t unit, int64_t slots = 1);
 
-// One phase: every rank writes its region, then barrier(), then ranks read each other's regions.
+// One phase: every rank writes its region, publishes it (a barrier, or signals to the ranks that
+// read it), then ranks read each other's regions (NOTE [Collective phases]).
 struct Phase {
   c10::SmallVector<char*, 8> region;  // by rank: the start of this phase's region
   int64_t bytes = 0;
+  uint64_t index = 0;
 };
-// Advances the phase counter and returns the regions of the new phase. Issues nothing.
+// Advances the phase counter and returns the regions of the new phase, once every peer has
+// finished reading this rank's region of the same half (phase index-2): the reuse guard.
 Phase begin_phase(const CollectiveContext& ctx);
+// Tells the peers that this rank has finished reading the phase's regions.
+void end_phase(const CollectiveContext& ctx, const Phase& ph);
 
-// The barrier that publishes this phase's writes (and guards the other half's reuse).
+// A barrier on the collective channel: publishes every rank's writes to every rank.
 void phase_barrier(const CollectiveContext& ctx);
 void signal(const CollectiveContext& ctx, int peer);
 void wait(const CollectiveContext& ctx, int peer);

@@ -15,19 +15,25 @@ namespace cuda_p2p::ops {
 
 // NOTE [Collective phases]
 // A collective runs as one or more phases ("rounds" when a payload is larger than a region). In a
-// phase every rank (1) writes what it shares into its own region, (2) passes a barrier on the
-// collective channel, (3) reads its peers' regions - all of them (direct algorithms), or its
-// neighbours' along a ring, each read after the neighbour's signal that the data is there - and
-// writes its output. Phase p uses half p % 2 of every rank's buffer.
+// phase every rank (1) writes what it shares into its own region - ranks only ever write their
+// own buffer, and pull from their peers' -, (2) publishes it: a barrier on the collective channel
+// when every rank reads every region (direct algorithms), the root's signal to each other rank
+// (broadcast), a signal to the neighbour that pulls next (rings), (3) reads the regions it needs
+// and writes its output, and (4) ends the phase by storing the phase's number + 1 in its own
+// "done" word. Phase p uses half p % 2 of every rank's buffer.
 //
-// Reuse invariant: a rank writes half h in phase p only after passing the barrier of phase p-1,
-// and a peer arrives at that barrier only after it has finished every read of phase p-2 (stream
-// order) - the previous use of half h. So one barrier per phase is enough and a collective never
-// ends with a barrier: nobody waits for its readers, and the next collective (on the other half)
-// starts at once. Ring signals only order reads after writes within a phase; the barrier at the
-// start of each phase is what makes reuse safe. The phase counter advances identically on every
-// rank because the number of phases depends on sizes every rank knows (for all_gather_v, on the
-// largest contribution).
+// Reuse invariant: before a rank writes its half h in phase p (step 1), every peer must have
+// finished phase p-2, the previous use of half h: begin_phase waits for every peer's done word
+// to reach p-1. The wait is almost always satisfied on arrival (the peers have moved on since),
+// so it costs a few loads and no sleep; nothing ever waits for its readers at the end of an op,
+// and the next collective (on the other half) starts at once. Publication (step 2) only orders
+// reads after writes within a phase: broadcast needs the root alone, a ring step its neighbour
+// alone, while a full barrier would make every rank wait for the slowest (with 4 ranks on 2 cores,
+// for ranks that are not even running). The done word is the slot a rank would signal itself on
+// the collective channel (pad[r] + channel * W + r), which nothing else uses. The phase counter
+// advances identically on every rank because the number of phases depends on sizes every rank
+// knows (for all_gather_v, on the largest contribution); it restarts at 0 with a new buffer
+// (growth), whose words start at 0 and which nobody reads yet.
 //
 // Other users of the buffer (get_p2p_buffer, the fused pipelines) must pass a barrier, on any
 // channel but after the collective in stream order, before they write where a collective may
@@ -187,13 +193,35 @@ int64_t round_bytes(const CollectiveContext& ctx, int64_t unit, int64_t slots) {
 }
 
 Phase begin_phase(const CollectiveContext& ctx) {
+  const int W = ctx.ws.world_size(), me = ctx.ws.rank();
   Phase p;
+  void* const mine = ctx.ws.buffer(me);
+  if (ctx.state.buffer != mine) {  // a new workspace (growth): nobody reads it yet
+    ctx.state.buffer = mine;
+    ctx.state.phase = 0;
+  }
+  p.index = ctx.state.phase++;
   p.bytes = phase_bytes(ctx);
-  const int64_t offset = static_cast<int64_t>(ctx.state.phase++ % 2) * p.bytes;
-  for (int r = 0; r < ctx.ws.world_size(); ++r) {
-    p.region.push_back(static_cast<char*>(ctx.ws.buffer(r)) + offset);
+  const int64_t offset = static_cast<int64_t>(p.index % 2) * p.bytes;
+  for (int r = 0; r < W; ++r) p.region.push_back(static_cast<char*>(ctx.ws.buffer(r)) + offset);
+  if (p.index >= 2) {
+    std::vector<SignalWait> waits;
+    waits.reserve(W - 1);
+    const uint32_t want = static_cast<uint32_t>(p.index - 1);  // peers finished phase index-2
+    for (int r = 0; r < W; ++r) {
+      if (r != me) waits.push_back({ctx.ws.signal_slot(r, ctx.channel, r), want, r});
+    }
+    ctx.ws.device().wait_signals(ctx.stream, std::move(waits), ctx.ws.timeout(),
+                                 "collective buffer reuse guard (rank " + std::to_string(me) +
+                                     ", phase " + std::to_string(p.index) + ")");
   }
   return p;
+}
+
+void end_phase(const CollectiveContext& ctx, const Phase& ph) {
+  const int me = ctx.ws.rank();
+  ctx.ws.device().write_signal(ctx.stream, ctx.ws.signal_slot(me, ctx.channel, me),
+                               static_cast<uint32_t>(ph.index + 1));
 }
 
 void phase_barrier(const CollectiveContext& ctx) { ctx.ws.barrier(ctx.stream, ctx.channel); }

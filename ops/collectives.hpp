@@ -96,8 +96,10 @@ AllReduceAlgo select_all_reduce(const CollectiveConfig& config, int64_t bytes, i
 // Per-group state of the collectives, owned by the backend (never shared by two groups).
 class CollectiveState {
  public:
-  // Phases run so far; phase p uses half p % 2 of every buffer. NOTE [Collective phases].
+  // Phases run so far on `buffer` (this rank's, to notice a new workspace after growth); phase p
+  // uses half p % 2 of every buffer. NOTE [Collective phases].
   uint64_t phase = 0;
+  const void* buffer = nullptr;
   // Float32 accumulators of float16 / bfloat16 reductions, grown on demand, reused by every op
   // (the hot path allocates nothing once warm).
   at::Tensor scratch;

@@ -43,6 +43,7 @@ void direct(const CollectiveContext& ctx, const Scatter& a, ReduceOp op) {
     }
     detail::reduce_on_stream(ctx, view(ctx, a.out + off * a.esize, len, a.dtype), std::move(srcs),
                              op, W);
+    detail::end_phase(ctx, ph);
   }
 }
 
@@ -52,10 +53,11 @@ void direct(const CollectiveContext& ctx, const Scatter& a, ReduceOp op) {
 // chunk c = r-t-1: it adds its own input to the partial rank r-1 made at step t-1 and keeps the
 // new partial in its region (slot c), or, at the last step (c = r), writes the output. Partials
 // stay in the accumulate type (float32 for float16 / bfloat16), so the ring rounds once, at the
-// end. Step 0 (the partial of chunk r-1, i.e. the input itself) is staged before the phase
-// barrier, so step 1 waits for nothing else; step t >= 2 waits for the left neighbour's signal
-// of its step t-1. Per slice a rank signals its right neighbour W-2 times and waits for its left
-// one W-2 times, so the sequence numbers match slice by slice.
+// end. Step 0 (the partial of chunk r-1, i.e. the input itself, for every slice) is staged first
+// and signalled to the right neighbour; step t waits for the left neighbour's signal of its step
+// t-1 (step 1 of the first slice for the staged partials; later slices find theirs staged
+// already). A rank sends 1 + slices * (W-2) signals right and its right neighbour waits as many
+// times, in the same order, so the sequence numbers match.
 void ring(const CollectiveContext& ctx, const Scatter& a, ReduceOp op, int steps) {
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
   const int left = mod(me - 1, W), right = mod(me + 1, W);
@@ -77,13 +79,13 @@ void ring(const CollectiveContext& ctx, const Scatter& a, ReduceOp op, int steps
       detail::reduce_on_stream(ctx, view(ctx, slot(me, c0, 0), len, acc),
                                {view(ctx, a.in[c0] + off * a.esize, len, a.dtype)}, partial_op, 0);
     }
-    detail::phase_barrier(ctx);
+    detail::signal(ctx, right);
     for (int64_t j = 0; j < slices; ++j) {
       const auto [sb, se] = detail::split(len, slices, j);
       const int64_t n = se - sb;
       for (int t = 1; t < W; ++t) {
         const int c = mod(me - t - 1, W);
-        if (t >= 2) detail::wait(ctx, left);
+        if (t >= 2 || j == 0) detail::wait(ctx, left);
         std::vector<at::Tensor> srcs{view(ctx, slot(left, c, sb), n, acc),
                                      view(ctx, a.in[c] + (off + sb) * a.esize, n, a.dtype)};
         if (t < W - 1) {
@@ -96,6 +98,7 @@ void ring(const CollectiveContext& ctx, const Scatter& a, ReduceOp op, int steps
         }
       }
     }
+    detail::end_phase(ctx, ph);
   }
 }
 
