@@ -74,6 +74,7 @@ def test_options_nccl_options_wrong_type(value):
 
 @pytest.mark.xfail(
     strict=True,
+    raises=pytest.fail.Exception,  # "DID NOT RAISE"
     reason=(
         "known bug in python/bindings.cpp: the nccl_options setter accepts any c10d "
         "Backend.Options (Gloo's, cuda_p2p's); only group creation refuses them. Fix: in the "
@@ -243,15 +244,7 @@ def new_group_with_options(ctx):
         b3 = cuda_p2p.get_cuda_p2p_backend(g3)
         _expect(isinstance(b3.options.nccl_options, dist.ProcessGroupNCCL.Options), "nccl_options")
         dist.barrier(group=g3)
-        del b3  # before destroying the group: see test_lifecycle.py
-        dist.destroy_process_group(g3)
-
-    # destroying a subgroup leaves the others working
-    del b, b2
-    dist.destroy_process_group(g)
-    t = torch.ones(3)
-    dist.all_reduce(t)
-    _expect(torch.equal(t, torch.full((3,), float(W))), "default group after destroying another")
+    # (destroying groups is tested in test_lifecycle.py, in processes of its own)
     return True
 
 

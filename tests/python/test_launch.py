@@ -42,7 +42,6 @@ def test_torchrun(tmp_path, mode):
         assert rep["rank_size"] == [r, W, r, W]
         assert rep["all_reduce"] == [float(i * W * (W + 1) // 2) for i in range(6)]
         assert rep["all_gather"] == [q for q in range(W) for _ in range(3)]
-        assert rep["destroyed"] is True
         if mode == "pg_options":
             assert "pg_options must be" in rep["bad_pg_options"], rep["bad_pg_options"]
             assert rep["initialized_after_bad"] is False
