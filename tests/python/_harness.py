@@ -120,11 +120,12 @@ def _worker_main(rank: int, world_size: int, port: int, conn, log_path: str) -> 
         sys.stdout.flush()
         sys.stderr.flush()
 
+    try:
+        dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001  (the parent kills a worker that does not stop)
+        pass
     sys.stdout.flush()
     sys.stderr.flush()
-    # Skip destroy_process_group and the interpreter's shutdown: destroying a cuda_p2p group can
-    # deadlock today (see test_lifecycle.py), and a pool must always stop promptly.
-    os._exit(0)
 
 
 # ---------------------------------------------------------------------------------------------

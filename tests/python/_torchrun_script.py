@@ -59,12 +59,9 @@ def main(mode: str, out_dir: str) -> None:
 
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(report, f)
+    dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
-    # No destroy_process_group and no interpreter shutdown: destroying a cuda_p2p group can
-    # deadlock (the C++ destructor runs with the GIL held; test_lifecycle.py reproduces it).
-    # Once that test passes, end with dist.destroy_process_group() and a normal exit instead.
-    os._exit(0)
 
 
 if __name__ == "__main__":
