@@ -164,8 +164,9 @@ class Step:
     def __init__(self, path: str, rank: int, timeout: float):
         self.path, self.rank, self.timeout = path, rank, timeout
 
-    def __call__(self, what: str) -> None:
-        faulthandler.dump_traceback_later(self.timeout, exit=True)
+    def __call__(self, what: str, expected_s: float = 0.0) -> None:
+        # A step that is expected to last (many timed iterations) gets that time on top.
+        faulthandler.dump_traceback_later(self.timeout + 2.0 * expected_s, exit=True)
         with open(self.path, "w") as f:
             f.write(what)
 
@@ -322,26 +323,35 @@ def _summary(times_s: list[float]) -> dict:
             "times_us": [round(x * 1e6, 3) for x in times_s]}
 
 
-def backend_state(pg) -> dict:
-    """What the cuda_p2p backend exposes about itself, recorded with the results.
+def backend_state(backend) -> dict:
+    """What the cuda_p2p backend says about itself, recorded in the JSON ("backend_state").
 
-    Today that is its options. When the backend grows counters (e.g. which algorithm or path ran),
-    read them here, once after the measurements: they land in the JSON under "backend_state".
+    Everything is optional (getattr): the benchmark also runs against builds that predate a knob.
     """
-    import cuda_p2p
-
-    b = cuda_p2p.get_cuda_p2p_backend(pg)
-    state = {"class": type(b).__name__, "backend_name": b._get_backend_name(),
-             "wrapped_cpu_backend": type(b.wrapped_backend("cpu")).__name__}
-    opts = b.options
-    for attr in ("buffer_size", "group_name"):
+    state = {"class": type(backend).__name__, "backend_name": backend._get_backend_name(),
+             "wrapped_cpu_backend": type(backend.wrapped_backend("cpu")).__name__}
+    opts = backend.options
+    for attr in ("enable_workspace", "buffer_size", "group_name"):
         if hasattr(opts, attr):
             state[f"options.{attr}"] = getattr(opts, attr)
-    if hasattr(b, "get_counters"):
-        state["counters"] = dict(b.get_counters())
-    if hasattr(b, "get_collective_config"):
-        state["collective_config"] = dict(b.get_collective_config())
+    for method in ("is_p2p_available", "p2p_unavailable_reason", "get_buffer_size"):
+        if hasattr(backend, method):
+            state[method] = getattr(backend, method)()
+    if hasattr(backend, "get_counters"):
+        state["counters"] = dict(backend.get_counters())
+    if hasattr(backend, "get_collective_config"):
+        state["collective_config"] = dict(backend.get_collective_config())
     return state
+
+
+def read_counters(backend) -> dict[str, int]:
+    """The backend's path counters ({'all_reduce.one_shot': 3, ...}), {} where it has none."""
+    get = getattr(backend, "get_counters", None)
+    return dict(get()) if get is not None else {}
+
+
+def counter_delta(before: dict, after: dict) -> dict[str, int]:
+    return {k: v - before.get(k, 0) for k, v in sorted(after.items()) if v != before.get(k, 0)}
 
 
 def rank_main(rank: int, cfg: dict) -> None:
@@ -381,19 +391,30 @@ def rank_main(rank: int, cfg: dict) -> None:
         p2p = dist.group.WORLD
         if not cuda_p2p.is_cuda_p2p_group(p2p):
             raise RuntimeError("the default group does not run on the cuda_p2p backend")
+        p2p_backend = cuda_p2p.get_cuda_p2p_backend(p2p)
+        if cfg["aa"]:
+            # A/A: the "cuda_p2p" side is a second Gloo group, made like the baseline. What is
+            # left of the speedup is the method's noise and bias.
+            step("new_group(gloo, A/A)")
+            p2p = dist.new_group(backend="gloo", timeout=timeout)
         groups = {"cuda_p2p": p2p, "gloo": gloo}
         # A third group, used by neither backend under test, synchronises every timed iteration:
         # syncing on the baseline's own group would leave its threads and sockets warm and bias
         # the comparison in its favour.
-        if cfg["sync"] == "shm":
+        sync_kind = cfg["sync"]
+        if sync_kind == "shm":
             step("new_group(cuda_p2p, sync)")
             sync_group = dist.new_group(backend="cuda_p2p", timeout=timeout)
             sync_backend = cuda_p2p.get_cuda_p2p_backend(sync_group)
-            if not sync_backend.is_p2p_available():
-                raise RuntimeError("--sync shm needs the workspace: "
-                                   + sync_backend.p2p_unavailable_reason())
-            sync = _synchronized_start(sync_backend, rank, n, cfg["start_margin_us"])
-        else:
+            if sync_backend.is_p2p_available():
+                sync = _synchronized_start(sync_backend, rank, n, cfg["start_margin_us"])
+            else:  # e.g. CUDA_P2P_DISABLE_WORKSPACE=1: the same on every rank
+                if rank == 0:
+                    print("[bench] --sync shm needs the workspace ("
+                          + sync_backend.p2p_unavailable_reason() + "): syncing with Gloo",
+                          file=sys.stderr, flush=True)
+                sync_kind = "gloo"
+        if sync_kind == "gloo":
             step("new_group(gloo, sync)")
             sync_group = dist.new_group(backend="gloo", timeout=timeout)
             sync = lambda: dist.barrier(group=sync_group)  # noqa: E731
@@ -435,6 +456,7 @@ def rank_main(rank: int, cfg: dict) -> None:
             nbytes = 0 if coll == "barrier" else -(-size // unit) * unit
             set_algo_groups(coll)
             timed_groups = dict(groups, **algo_groups)
+            counters_before = read_counters(p2p_backend)
             step(f"{label}: allocate")
             bufs = {name: _make_inputs(coll, nbytes, n, rank, dtype) if coll != "barrier"
                     else (None, None) for name in timed_groups}
@@ -448,7 +470,7 @@ def rank_main(rank: int, cfg: dict) -> None:
             per_iter = _max_over_ranks(dist, [per_iter], gloo)[0]
             iters = cfg["iters"] or int(min(cfg["max_iters"],
                                             max(cfg["min_iters"], budget / max(per_iter, 1e-9))))
-            step(f"{label}: {iters} timed iterations")
+            step(f"{label}: {iters} timed iterations", expected_s=iters * per_iter)
             local, _ = _timed(dist, coll, bufs, timed_groups, sync, iters, 1, cfg["batch"],
                               cfg["block"])
             entry = {"collective": coll, "bytes": nbytes, "requested_bytes": size,
@@ -458,6 +480,9 @@ def rank_main(rank: int, cfg: dict) -> None:
             if algo_groups:
                 entry["algos"] = {name.split("/", 1)[1]: entry.pop(name) for name in algo_groups}
             del bufs
+            # Which paths of the backend ran (warmup and timed iterations), as counted by
+            # the backend itself: says whether a number measures the workspace or the wrapped Gloo.
+            entry["paths"] = counter_delta(counters_before, read_counters(p2p_backend))
             if coll == "barrier":
                 barrier_res = entry
                 continue
@@ -468,7 +493,7 @@ def rank_main(rank: int, cfg: dict) -> None:
         set_algo_groups(None)
 
         step("backend_state")
-        state = backend_state(p2p)
+        state = backend_state(p2p_backend)
         if rank == 0:
             out = {"world_size": n, "results": results, "barrier": barrier_res,
                    "backend_state": state}
@@ -503,7 +528,9 @@ def launch(world_size: int, cfg: dict) -> dict:
         deadline = time.monotonic() + cfg["total_timeout"]
         failure = None
         try:
-            while not ctx.join(timeout=0.5):
+            # grace_period: when a rank fails, the others get 3 s to fail on their own (a broken
+            # connection), then SIGTERM, then after 3 s more SIGKILL (a stopped or wedged rank).
+            while not ctx.join(timeout=0.5, grace_period=3.0):
                 if time.monotonic() > deadline:
                     failure = (f"world_size={world_size}: did not finish within --total-timeout="
                                f"{cfg['total_timeout']:g} s")
@@ -511,9 +538,14 @@ def launch(world_size: int, cfg: dict) -> dict:
         except mp.ProcessRaisedException as e:
             failure = f"world_size={world_size}: rank {e.error_index} raised:\n{e}"
         except mp.ProcessExitedException as e:
-            failure = (f"world_size={world_size}: rank {e.error_index} exited with code "
-                       f"{e.exit_code} (code 1 after a 'Timeout' stack dump above: a step "
-                       f"outlived --timeout={cfg['timeout']:g} s)")
+            if e.exit_code < 0:
+                how = f"was killed by signal {e.signal_name}"
+            else:
+                how = f"exited with code {e.exit_code}"
+                if e.exit_code == 1:
+                    how += (f" (after a 'Timeout' stack dump above: one of its steps outlived "
+                            f"--timeout={cfg['timeout']:g} s)")
+            failure = f"world_size={world_size}: rank {e.error_index} {how}"
         except BaseException:  # KeyboardInterrupt and friends: clean up, then re-raise
             _kill_all(ctx)
             raise
@@ -524,7 +556,7 @@ def launch(world_size: int, cfg: dict) -> dict:
                     try:
                         where.append(f"  rank {r}: {Path(tmpdir, f'rank{r}.step').read_text()}")
                     except OSError:
-                        where.append(f"  rank {r}: (not started)")
+                        where.append(f"  rank {r}: (no step recorded: still starting up)")
                 _kill_all(ctx)
                 failure += "\nlast step of each rank:\n" + "\n".join(where)
         if failure is not None:
@@ -574,6 +606,7 @@ def add_derived(run: dict, memcpy_gbps: float) -> None:
         e["speedup_ci95"] = speedup_ci(e["cuda_p2p"]["times_us"], e["gloo"]["times_us"])
 
 
+SPEEDUP_COLORS = ["k", "tab:green", "tab:purple", "tab:orange", "tab:brown"]
 SHORT_NAMES = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
                "reduce_scatter_tensor": "reduce_scatter", "broadcast": "broadcast",
                "barrier": "barrier"}
@@ -583,22 +616,36 @@ def fmt_gbps(v: float) -> str:
     return f"{v:.3f}" if v >= 1e-3 else f"{v:.1e}"
 
 
+def fmt_paths(paths: dict | None) -> str:
+    """'one_shot' from {'all_reduce.one_shot': 57}; '-' where the backend counted nothing."""
+    if not paths:
+        return "-"
+    return "+".join(k.split(".", 1)[-1] for k in paths)
+
+
 def print_table(run: dict, memcpy: dict, dtype: str) -> None:
     n = run["world_size"]
     cols = [("collective", "", "<", 15), ("size", "", ">", 10), ("iters", "", ">", 6),
             ("p2p", "us", ">", 10), ("gloo", "us", ">", 10), ("speedup", "gloo/p2p", ">", 9),
             ("95% CI", "speedup", ">", 13), ("p2p busbw", "GB/s", ">", 11),
             ("gloo busbw", "GB/s", ">", 11), ("p2p", "%memcpy", ">", 9),
-            ("gloo", "%memcpy", ">", 9), ("check", "", ">", 7)]
+            ("gloo", "%memcpy", ">", 9), ("check", "", ">", 7), ("  p2p path", "", "<", 30)]
 
     def line(cells):
         return "".join(f"{c:{a}{w}}" for c, (_, _, a, w) in zip(cells, cols)).rstrip()
 
     print(f"\nworld_size={n}  dtype={dtype}  single-core memcpy={memcpy['GBps']:.2f} GB/s  "
           f"latency = median over iterations of the slowest rank's time")
+    if run.get("aa"):
+        print("A/A MODE: the 'p2p' columns measure a second Gloo group, not cuda_p2p")
+    st = run.get("backend_state", {})
+    if "is_p2p_available" in st:
+        ws = (f"available, {fmt_size(st.get('get_buffer_size', 0))} buffer per rank"
+              if st["is_p2p_available"] else f"unavailable ({st.get('p2p_unavailable_reason', '')})")
+        print(f"cuda_p2p workspace: {ws}")
     print(line([c[0] for c in cols]))
     print(line([c[1] for c in cols]))
-    print("-" * sum(c[3] for c in cols))
+    print("-" * sum(c[3] for c in cols[:-1]))
     prev = None
     for e in run["results"] + ([run["barrier"]] if run.get("barrier") else []):
         if prev is not None and e["collective"] != prev:
@@ -615,6 +662,7 @@ def print_table(run: dict, memcpy: dict, dtype: str) -> None:
             cells += [fmt_gbps(p["busbw_GBps"]), fmt_gbps(g["busbw_GBps"]),
                       f"{100 * p['busbw_frac_memcpy']:.1f}%", f"{100 * g['busbw_frac_memcpy']:.1f}%",
                       "-" if e.get("check") is None else ("ok" if e["check"]["ok"] else "FAIL")]
+        cells.append("  " + fmt_paths(e.get("paths")))
         print(line(cells))
 
 
@@ -690,6 +738,7 @@ def plot(runs: list[dict], memcpy: dict, path: Path, title: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator
 
     colls = [c for c in COLLECTIVES if any(e["collective"] == c for r in runs for e in r["results"])]
     fig, axes = plt.subplots(3, len(colls), figsize=(4.2 * len(colls), 10.5), squeeze=False,
@@ -712,17 +761,25 @@ def plot(runs: list[dict], memcpy: dict, path: Path, title: str) -> None:
                 ax_bw.plot(x, [e[name]["busbw_GBps"] for e in es], marker=m, color=colors[name],
                            alpha=0.9 if len(runs) == 1 else 0.5 + 0.5 * (k + 1) / len(runs),
                            label=lbl)
-            ax_sp.plot(x, [e["speedup"] for e in es], marker=m, color="k",
-                       alpha=0.5 + 0.5 * (k + 1) / len(runs), label=f"n={run['world_size']}")
+            sp_color = SPEEDUP_COLORS[k % len(SPEEDUP_COLORS)]
+            ax_sp.plot(x, [e["speedup"] for e in es], marker=m, color=sp_color,
+                       label=f"n={run['world_size']} (band: 95% CI)")
+            ax_sp.fill_between(x, [e["speedup_ci95"][0] for e in es],
+                               [e["speedup_ci95"][1] for e in es], color=sp_color, alpha=0.15)
         ax_bw.axhline(memcpy["GBps"], color="gray", ls="--", lw=1, label="1-core memcpy")
         ax_sp.axhline(1.0, color="gray", ls="--", lw=1)
         ax_lat.set_title(coll)
         for ax in (ax_lat, ax_bw, ax_sp):
             ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_locator(LogLocator(base=4))
+            ax.xaxis.set_major_formatter(FuncFormatter(
+                lambda v, _: fmt_size(int(round(v))).replace(" ", "").replace("i", "")))
             ax.grid(True, which="both", alpha=0.3)
         ax_lat.set_yscale("log")
         ax_bw.set_yscale("log")
-        ax_sp.set_xlabel("message size (bytes)")
+        ax_sp.set_xlabel("message size")
+        lo, hi = ax_sp.get_ylim()
+        ax_sp.set_ylim(min(lo, 0.8), max(hi, 1.25))
         if j == 0:
             ax_lat.set_ylabel("latency (us, median)")
             ax_bw.set_ylabel("bus bandwidth (GB/s)")
@@ -764,7 +821,7 @@ def parse_args(argv=None):
                     help="timed iterations per backend (0: adaptive, see --budget)")
     ap.add_argument("--budget", type=float, default=None,
                     help="adaptive iterations: seconds per (collective, size) for both backends "
-                         "(default 1.2, 2.0 with --full)")
+                         "(default 1.5, 2.0 with --full)")
     ap.add_argument("--min-iters", type=int, default=5)
     ap.add_argument("--max-iters", type=int, default=500)
     ap.add_argument("--sync", choices=("shm", "gloo"), default="shm",
@@ -788,6 +845,9 @@ def parse_args(argv=None):
                          "automatic choice's size thresholds")
     ap.add_argument("--no-check", dest="check", action="store_false",
                     help="skip comparing cuda_p2p's results with Gloo's and a local reference")
+    ap.add_argument("--aa", action="store_true",
+                    help="A/A test of the method: measure a second Gloo group in place of cuda_p2p "
+                         "(speedups then show the noise floor)")
     ap.add_argument("--env", type=parse_kv, action="append", default=[], metavar="KEY=VALUE",
                     help="environment variable for the ranks (repeatable), e.g. a cuda_p2p knob")
     ap.add_argument("--pg-option", type=parse_kv, action="append", default=[],
@@ -795,8 +855,9 @@ def parse_args(argv=None):
                     help="attribute of cuda_p2p.ProcessGroupCudaP2P.Options (repeatable; VALUE is "
                          "a Python literal), e.g. buffer_size=1048576")
     ap.add_argument("--timeout", type=float, default=120.0,
-                    help="per-rank: seconds any single step (one size of one collective) may take; "
-                         "also the process-group timeout")
+                    help="per-rank: seconds a step (init, warmup, check; the timed iterations get twice "
+                         "their expected duration on top) may take before the rank dumps its "
+                         "stack and exits; also the process groups' timeout")
     ap.add_argument("--total-timeout", type=float, default=None,
                     help="launcher: seconds one world size may take before every rank is killed "
                          "(default 600, 3600 with --full)")
@@ -817,7 +878,7 @@ def parse_args(argv=None):
         ap.error("--full and --sizes are exclusive")
     args.sizes = sorted(set(args.sizes))
     if args.budget is None:
-        args.budget = 2.0 if args.full else 1.2
+        args.budget = 2.0 if args.full else 1.5
     if args.total_timeout is None:
         args.total_timeout = 3600.0 if args.full else 600.0
     if args.batch < 1 or args.block < 1:
@@ -848,6 +909,9 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     t_start = time.perf_counter()
+    # SIGTERM (kill, timeout(1), CI cancellation) unwinds like Ctrl-C: the ranks are killed on
+    # the way out (they would also die with the launcher, see _die_with_parent).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     import cuda_p2p  # fail early and clearly when the package is not built/installed
 
     # Ranks share the cores: one intra-op thread each (also for OpenMP/MKL in spawned children).
@@ -856,13 +920,18 @@ def main(argv=None) -> int:
     env = dict(args.env)
     os.environ.update(env)
 
+    load_start = os.getloadavg()
+    if load_start[0] > 0.5 * (os.cpu_count() or 1):
+        print(f"[bench] warning: load average {load_start[0]:.1f} on {os.cpu_count()} cores before "
+              "the run: other processes compete with the ranks, timings will be noisy",
+              file=sys.stderr, flush=True)
     memcpy = memcpy_bandwidth()
     print(f"[bench] single-core memcpy (torch copy_, 64 MiB, 1 thread): {memcpy['GBps']:.2f} GB/s",
           file=sys.stderr, flush=True)
     cfg = {"sizes": args.sizes, "collectives": args.collectives, "barrier": args.barrier,
            "dtype": args.dtype, "warmup": args.warmup, "iters": args.iters, "budget": args.budget,
            "min_iters": args.min_iters, "max_iters": args.max_iters, "check": args.check,
-           "env": env, "pg_options": args.pg_options, "bind": args.bind,
+           "env": env, "pg_options": args.pg_options, "bind": args.bind, "aa": args.aa,
            "sync": args.sync, "batch": args.batch, "algos": args.algos,
            "start_margin_us": args.start_margin_us, "block": args.block,
            "cpus": sorted(os.sched_getaffinity(0)), "timeout": args.timeout,
@@ -876,6 +945,7 @@ def main(argv=None) -> int:
         except BenchError as e:
             print(f"\nbench: FAILED: {e}", file=sys.stderr)
             return 1
+        run["aa"] = args.aa
         run["wall_s"] = time.perf_counter() - t0
         add_derived(run, memcpy["GBps"])
         if args.algos:
@@ -895,10 +965,12 @@ def main(argv=None) -> int:
         "host": platform.node(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
         "python": platform.python_version(), "torch": torch.__version__,
         "cuda_p2p": getattr(cuda_p2p, "__version__", None), "git": git_describe(),
-        "dtype": args.dtype, "sizes": args.sizes, "bind": args.bind, "env": env,
-        "pg_options": args.pg_options, "cpus": sorted(os.sched_getaffinity(0)),
+        "dtype": args.dtype, "sizes": args.sizes, "bind": args.bind,
+        "cpus": sorted(os.sched_getaffinity(0)), "aa": args.aa, "env": env,
+        "pg_options": args.pg_options,
         "sync": args.sync, "batch": args.batch, "block": args.block, "algos": args.algos,
         "warmup": args.warmup, "budget_s": args.budget, "wall_s": wall,
+        "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
         "conventions": {
             "latency": "median over timed iterations of the max over ranks of one op's time "
                        "(a sample of --batch back-to-back ops / batch); ranks pass a barrier "
@@ -918,7 +990,8 @@ def main(argv=None) -> int:
     print(f"\n[bench] JSON: {args.json}", flush=True)
     if args.do_plot:
         try:
-            title = (f"cuda_p2p vs Gloo, CPU ranks, {args.dtype}, {os.cpu_count()} cores, "
+            what = "A/A TEST: Gloo vs Gloo" if args.aa else "cuda_p2p vs Gloo"
+            title = (f"{what}, CPU ranks, {args.dtype}, {os.cpu_count()} cores, "
                      f"torch {torch.__version__}")
             plot(runs, memcpy, args.plot, title)
             print(f"[bench] plot: {args.plot}", flush=True)
@@ -933,4 +1006,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("\nbench: interrupted (every rank was killed)", file=sys.stderr)
+        sys.exit(130)

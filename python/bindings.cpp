@@ -16,6 +16,46 @@ using cuda_p2p::ProcessGroupCudaP2P;
 using Options = ProcessGroupCudaP2P::Options;
 using BackendPtr = c10::intrusive_ptr<c10d::Backend>;
 
+// NOTE [GIL-free destructor]: the last reference to a backend may be dropped from Python (the
+// object of get_cuda_p2p_backend outliving destroy_process_group). Its destructor joins Gloo's
+// worker thread, which may itself need the GIL to free the tensors of its last Work: destroying
+// it with the GIL held deadlocks. torch binds its c10d classes with this holder for that reason.
+template <typename T>
+class IntrusivePtrNoGilDestructor {
+  c10::intrusive_ptr<T> impl_;
+
+ public:
+  IntrusivePtrNoGilDestructor() = default;
+  IntrusivePtrNoGilDestructor(const IntrusivePtrNoGilDestructor&) = default;
+  IntrusivePtrNoGilDestructor(IntrusivePtrNoGilDestructor&&) noexcept = default;
+  IntrusivePtrNoGilDestructor& operator=(const IntrusivePtrNoGilDestructor&) = default;
+  IntrusivePtrNoGilDestructor& operator=(IntrusivePtrNoGilDestructor&&) noexcept = default;
+  /* implicit */ IntrusivePtrNoGilDestructor(c10::intrusive_ptr<T> impl) : impl_(std::move(impl)) {}
+  explicit IntrusivePtrNoGilDestructor(T* impl)
+      : impl_(c10::intrusive_ptr<T>::unsafe_steal_from_new(impl)) {}
+  ~IntrusivePtrNoGilDestructor() {
+    if (impl_) {
+      if (PyGILState_Check()) {
+        py::gil_scoped_release release;
+        impl_.reset();
+      } else {
+        impl_.reset();
+      }
+    }
+  }
+  T& operator*() const noexcept { return *impl_; }
+  T* operator->() const noexcept { return impl_.get(); }
+  T* get() const noexcept { return impl_.get(); }
+  void reset() noexcept { impl_.reset(); }
+  explicit operator bool() const noexcept { return static_cast<bool>(impl_); }
+};
+
+}  // namespace
+
+PYBIND11_DECLARE_HOLDER_TYPE(T, IntrusivePtrNoGilDestructor<T>, true)
+
+namespace {
+
 BackendPtr optional_backend(const py::object& obj, const char* what) {
   if (obj.is_none()) return {};
   try {
@@ -35,7 +75,7 @@ PYBIND11_MODULE(_C, m) {
   // Our classes derive from torch's c10d bindings: they must be registered first.
   py::module_::import("torch._C._distributed_c10d");
 
-  auto pg = py::class_<ProcessGroupCudaP2P, c10d::Backend, c10::intrusive_ptr<ProcessGroupCudaP2P>>(
+  auto pg = py::class_<ProcessGroupCudaP2P, c10d::Backend, IntrusivePtrNoGilDestructor<ProcessGroupCudaP2P>>(
       m, "ProcessGroupCudaP2P",
       "The cuda_p2p c10d backend. Get it for a group with cuda_p2p.get_cuda_p2p_backend(group).");
 
@@ -70,7 +110,12 @@ PYBIND11_MODULE(_C, m) {
               return;
             }
             try {
-              o.nccl_options = v.cast<c10::intrusive_ptr<c10d::Backend::Options>>();
+              auto opts = v.cast<c10::intrusive_ptr<c10d::Backend::Options>>();
+              TORCH_CHECK_TYPE(opts->backend == "nccl",
+                               "cuda_p2p: Options.nccl_options must be a ProcessGroupNCCL.Options "
+                               "or None, got options of backend '",
+                               opts->backend, "'");
+              o.nccl_options = std::move(opts);
             } catch (const py::cast_error&) {
               throw py::type_error(
                   "cuda_p2p: Options.nccl_options must be a ProcessGroupNCCL.Options or None, "
@@ -157,8 +202,8 @@ PYBIND11_MODULE(_C, m) {
                      const py::object& cpu_backend, const py::object& cuda_backend) {
            auto cpu = optional_backend(cpu_backend, "cpu_backend");
            auto cuda = optional_backend(cuda_backend, "cuda_backend");
-           return c10::make_intrusive<ProcessGroupCudaP2P>(store, rank, size, std::move(options),
-                                                           std::move(cpu), std::move(cuda));
+           return IntrusivePtrNoGilDestructor<ProcessGroupCudaP2P>(c10::make_intrusive<ProcessGroupCudaP2P>(store, rank, size, std::move(options),
+                                                           std::move(cpu), std::move(cuda)));
          }),
          py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("options"),
          py::arg("cpu_backend"), py::arg("cuda_backend") = py::none())
