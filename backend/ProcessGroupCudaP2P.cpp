@@ -74,8 +74,11 @@ ProcessGroupCudaP2P::ProcessGroupCudaP2P(c10::intrusive_ptr<c10d::Store> store, 
   if (options_->all_gather_bidir_full_max_bytes) {
     collective_config_.all_gather_bidir_full_max_bytes = *options_->all_gather_bidir_full_max_bytes;
   }
-  if (options_->reduce_scatter_ring_min_bytes) {
-    collective_config_.reduce_scatter_ring_min_bytes = *options_->reduce_scatter_ring_min_bytes;
+  if (options_->all_gather_ring_max_bytes) {
+    collective_config_.all_gather_ring_max_bytes = *options_->all_gather_ring_max_bytes;
+  }
+  if (options_->reduce_scatter_ring_max_bytes) {
+    collective_config_.reduce_scatter_ring_max_bytes = *options_->reduce_scatter_ring_max_bytes;
   }
   ops::validate(collective_config_, size);
 

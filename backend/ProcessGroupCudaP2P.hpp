@@ -54,7 +54,8 @@ class ProcessGroupCudaP2P : public c10d::Backend {
     // Thresholds of the automatic choice, in bytes (unset: the measured defaults).
     std::optional<int64_t> all_reduce_one_shot_max_bytes;
     std::optional<int64_t> all_gather_bidir_full_max_bytes;
-    std::optional<int64_t> reduce_scatter_ring_min_bytes;
+    std::optional<int64_t> all_gather_ring_max_bytes;
+    std::optional<int64_t> reduce_scatter_ring_max_bytes;
 
     // Not marked override: older torch releases have no Options::clone().
     virtual c10::intrusive_ptr<c10d::Backend::Options> clone() const {

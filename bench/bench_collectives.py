@@ -666,46 +666,41 @@ def print_table(run: dict, memcpy: dict, dtype: str) -> None:
         print(line(cells))
 
 
-def _initial_run_max(sizes_ok: list[tuple[int, bool]]) -> int:
-    """The largest size of the initial run of sizes (ascending) where the condition holds; 0 if
-    it fails at the smallest."""
-    best = 0
-    for size, ok in sorted(sizes_ok):
-        if not ok:
-            break
-        best = size
-    return best
-
-
-def _final_run_min(sizes_ok: list[tuple[int, bool]]) -> int | None:
-    """The smallest size from which on the condition holds for every larger size; None if it
-    fails at the largest."""
-    best = None
-    for size, ok in sorted(sizes_ok, reverse=True):
-        if not ok:
-            break
-        best = size
-    return best
+def _best_threshold(points: list[tuple[int, float, float]]) -> int:
+    """points: (size, latency of the small-message algorithm, of the large-message one). The
+    threshold t (0 or one of the sizes) for "small algorithm up to t bytes, large above" whose
+    choices lose the least against the faster algorithm at each size, summed as ratios (so
+    that no size dominates and one noisy size cannot flip a whole range); ties go to the
+    smaller t."""
+    points = sorted(points)
+    best_t, best_cost = 0, None
+    for t in [0] + [p[0] for p in points]:
+        cost = sum((small if size <= t else large) / min(small, large)
+                   for size, small, large in points)
+        if best_cost is None or cost < best_cost - 1e-9:
+            best_t, best_cost = t, cost
+    return best_t
 
 
 def suggest_thresholds(run: dict) -> dict:
-    """Thresholds of the automatic choice from a run with --algos (medians, same run):
-    all_reduce_one_shot_max_bytes: the largest size up to which one-shot beats two-shot;
-    all_gather_bidir_full_max_bytes: up to which the FULL_TENSOR ring beats direct (3+ ranks);
-    reduce_scatter_ring_min_bytes: from which on the ring beats direct (3+ ranks)."""
-    def pairs(coll, a, b):
-        return [(e["bytes"], e["algos"][a]["median_us"] <= e["algos"][b]["median_us"])
+    """Thresholds of the automatic choice from a run with --algos (medians of the same run),
+    named like the ProcessGroupCudaP2P.Options fields (docs/collectives.md):
+    all_reduce_one_shot_max_bytes (one-shot vs two-shot), all_gather_ring_max_bytes and
+    all_gather_bidir_full_max_bytes (ring / FULL_TENSOR ring vs direct; 3+ ranks),
+    reduce_scatter_ring_max_bytes (ring vs direct)."""
+    def points(coll, small, large):
+        return [(e["bytes"], e["algos"][small]["median_us"], e["algos"][large]["median_us"])
                 for e in run["results"] if e["collective"] == coll and "algos" in e]
     out = {}
-    ar = pairs("all_reduce", "one_shot", "two_shot")
-    if ar:
-        out["all_reduce_one_shot_max_bytes"] = _initial_run_max(ar)
-    ag = pairs("all_gather_into_tensor", "bidir_full", "direct")
-    if ag:
-        out["all_gather_bidir_full_max_bytes"] = _initial_run_max(ag)
-    rs = pairs("reduce_scatter_tensor", "ring", "direct")
-    if rs:
-        out["reduce_scatter_ring_min_bytes"] = _final_run_min(rs)
+    if p := points("all_reduce", "one_shot", "two_shot"):
+        out["all_reduce_one_shot_max_bytes"] = _best_threshold(p)
+    if run["world_size"] > 2:
+        if p := points("all_gather_into_tensor", "ring", "direct"):
+            out["all_gather_ring_max_bytes"] = _best_threshold(p)
+        if p := points("all_gather_into_tensor", "bidir_full", "direct"):
+            out["all_gather_bidir_full_max_bytes"] = _best_threshold(p)
+    if p := points("reduce_scatter_tensor", "ring", "direct"):
+        out["reduce_scatter_ring_max_bytes"] = _best_threshold(p)
     return out
 
 

@@ -137,10 +137,10 @@ void validate(const CollectiveConfig& config, int world_size) {
               ", got ", config.ring_steps);
   TORCH_CHECK(config.chunk_bytes >= 0, "cuda_p2p: chunk_bytes (", kChunkBytesEnv,
               ") must be >= 0 (0: half the buffer), got ", config.chunk_bytes);
-  TORCH_CHECK(config.all_reduce_one_shot_max_bytes >= 0 &&
-                  config.all_gather_bidir_full_max_bytes >= 0 &&
-                  config.reduce_scatter_ring_min_bytes >= 0,
-              "cuda_p2p: algorithm thresholds must be >= 0 bytes");
+  TORCH_CHECK(
+      config.all_reduce_one_shot_max_bytes >= 0 && config.all_gather_bidir_full_max_bytes >= 0 &&
+          config.all_gather_ring_max_bytes >= 0 && config.reduce_scatter_ring_max_bytes >= 0,
+      "cuda_p2p: algorithm thresholds must be >= 0 bytes");
 }
 
 AllGatherAlgo select_all_gather(const CollectiveConfig& config, int64_t output_bytes,
@@ -149,13 +149,16 @@ AllGatherAlgo select_all_gather(const CollectiveConfig& config, int64_t output_b
   if (world_size > 2 && output_bytes <= config.all_gather_bidir_full_max_bytes) {
     return AllGatherAlgo::kBidirFull;
   }
+  if (world_size > 2 && output_bytes <= config.all_gather_ring_max_bytes) {
+    return AllGatherAlgo::kRing;
+  }
   return AllGatherAlgo::kDirect;
 }
 
 ReduceScatterAlgo select_reduce_scatter(const CollectiveConfig& config, int64_t input_bytes,
                                         int world_size) {
   if (config.reduce_scatter != ReduceScatterAlgo::kAuto) return config.reduce_scatter;
-  if (world_size > 2 && input_bytes >= config.reduce_scatter_ring_min_bytes) {
+  if (world_size > 1 && input_bytes <= config.reduce_scatter_ring_max_bytes) {
     return ReduceScatterAlgo::kRing;
   }
   return ReduceScatterAlgo::kDirect;

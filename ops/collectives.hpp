@@ -68,16 +68,24 @@ struct CollectiveConfig {
   int64_t chunk_bytes = kDefaultChunkBytes;
 
   // Thresholds of the automatic choice (bytes of the full payload: the all-reduce tensor, the
-  // all-gather output, the reduce-scatter input), measured by bench/bench_collectives.py on
-  // 2-core hosts; see docs/collectives.md.
+  // all-gather output, the reduce-scatter input), measured by bench/bench_collectives.py --algos
+  // on our 2-core hosts with 2 and 4 ranks; docs/collectives.md has the tables.
+  //   all-reduce:     one-shot up to all_reduce_one_shot_max_bytes, two-shot above.
+  //   all-gather:     FULL_TENSOR bidirectional ring up to all_gather_bidir_full_max_bytes (3+
+  //                   ranks; off by default: on 2 cores it never beat the unidirectional ring),
+  //                   else the ring up to all_gather_ring_max_bytes (3+ ranks: waiting for one
+  //                   neighbour instead of every rank matters when ranks share cores), else direct.
+  //   reduce-scatter: ring up to reduce_scatter_ring_max_bytes, direct above.
   int64_t all_reduce_one_shot_max_bytes = kDefaultAllReduceOneShotMaxBytes;
   int64_t all_gather_bidir_full_max_bytes = kDefaultAllGatherBidirFullMaxBytes;
-  int64_t reduce_scatter_ring_min_bytes = kDefaultReduceScatterRingMinBytes;
+  int64_t all_gather_ring_max_bytes = kDefaultAllGatherRingMaxBytes;
+  int64_t reduce_scatter_ring_max_bytes = kDefaultReduceScatterRingMaxBytes;
 
   static constexpr int64_t kDefaultChunkBytes = 1 << 20;
-  static constexpr int64_t kDefaultAllReduceOneShotMaxBytes = 256 << 10;
+  static constexpr int64_t kDefaultAllReduceOneShotMaxBytes = 8 << 10;
   static constexpr int64_t kDefaultAllGatherBidirFullMaxBytes = 0;
-  static constexpr int64_t kDefaultReduceScatterRingMinBytes = INT64_MAX;
+  static constexpr int64_t kDefaultAllGatherRingMaxBytes = 256 << 10;
+  static constexpr int64_t kDefaultReduceScatterRingMaxBytes = 256 << 10;
 };
 
 // Fills the fields still on auto / default from the environment variables above; TORCH_CHECKs

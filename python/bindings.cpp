@@ -186,16 +186,24 @@ PYBIND11_MODULE(_C, m) {
             o.all_gather_bidir_full_max_bytes = v;
           },
           "Largest all-gather output (bytes) that 'auto' runs as a FULL_TENSOR bidirectional "
-          "ring on 3+ ranks (None: the measured default).")
+          "ring on 3+ ranks (None: the measured default, 0: never).")
       .def_property(
-          "reduce_scatter_ring_min_bytes",
-          [](const Options& o) { return o.reduce_scatter_ring_min_bytes; },
+          "all_gather_ring_max_bytes", [](const Options& o) { return o.all_gather_ring_max_bytes; },
           [](Options& o, std::optional<int64_t> v) {
             TORCH_CHECK_VALUE(!v || *v >= 0, "cuda_p2p: thresholds must be >= 0 or None");
-            o.reduce_scatter_ring_min_bytes = v;
+            o.all_gather_ring_max_bytes = v;
           },
-          "Smallest reduce-scatter input (bytes) that 'auto' runs as a ring on 3+ ranks (None: "
-          "the measured default).");
+          "Largest all-gather output (bytes) that 'auto' runs as a unidirectional ring on 3+ "
+          "ranks, above: direct (None: the measured default).")
+      .def_property(
+          "reduce_scatter_ring_max_bytes",
+          [](const Options& o) { return o.reduce_scatter_ring_max_bytes; },
+          [](Options& o, std::optional<int64_t> v) {
+            TORCH_CHECK_VALUE(!v || *v >= 0, "cuda_p2p: thresholds must be >= 0 or None");
+            o.reduce_scatter_ring_max_bytes = v;
+          },
+          "Largest reduce-scatter input (bytes) that 'auto' runs as a ring, above: direct "
+          "(None: the measured default).");
 
   pg.def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                      c10::intrusive_ptr<ProcessGroupCudaP2P::Options> options,
@@ -262,7 +270,8 @@ PYBIND11_MODULE(_C, m) {
             d["chunk_bytes"] = c.chunk_bytes;
             d["all_reduce_one_shot_max_bytes"] = c.all_reduce_one_shot_max_bytes;
             d["all_gather_bidir_full_max_bytes"] = c.all_gather_bidir_full_max_bytes;
-            d["reduce_scatter_ring_min_bytes"] = c.reduce_scatter_ring_min_bytes;
+            d["all_gather_ring_max_bytes"] = c.all_gather_ring_max_bytes;
+            d["reduce_scatter_ring_max_bytes"] = c.reduce_scatter_ring_max_bytes;
             d["workspace_collectives"] = self.uses_workspace_collectives();
             return d;
           },

@@ -216,8 +216,13 @@ TEST(Backend, RunsCollectivesOnTheWorkspaceAndCountsThePath) {
   const auto c = f.pg->counters();
   EXPECT_EQ(c.at("all_reduce.one_shot"), 1);
   EXPECT_EQ(c.at("broadcast.direct"), 1);
-  EXPECT_EQ(c.at("all_gather.direct"), 2);
-  EXPECT_EQ(c.at("reduce_scatter.direct"), 2);
+  const auto& cfg = f.pg->collective_config();
+  EXPECT_EQ(c.at(std::string("all_gather.") +
+                 ops::to_string(ops::select_all_gather(cfg, 8 * w.size, w.size))),
+            2);
+  EXPECT_EQ(c.at(std::string("reduce_scatter.") +
+                 ops::to_string(ops::select_reduce_scatter(cfg, 12 * w.size, w.size))),
+            2);
   EXPECT_EQ(c.at("barrier.workspace"), 1);
   EXPECT_EQ(c.at("all_gather_v.direct"), 1);
   EXPECT_EQ(c.count("all_reduce.wrapped"), 0u);

@@ -272,12 +272,16 @@ TEST(Config, AutomaticChoiceFollowsTheThresholds) {
   c.all_reduce = AllReduceAlgo::kTwoShot;
   EXPECT_EQ(ops::select_all_reduce(c, 8, 4), AllReduceAlgo::kTwoShot);
   c.all_gather_bidir_full_max_bytes = 4096;
+  c.all_gather_ring_max_bytes = 1 << 20;
   EXPECT_EQ(ops::select_all_gather(c, 4096, 4), AllGatherAlgo::kBidirFull);
-  EXPECT_EQ(ops::select_all_gather(c, 4097, 4), AllGatherAlgo::kDirect);
+  EXPECT_EQ(ops::select_all_gather(c, 4097, 4), AllGatherAlgo::kRing);
+  EXPECT_EQ(ops::select_all_gather(c, 1 << 20, 3), AllGatherAlgo::kRing);
+  EXPECT_EQ(ops::select_all_gather(c, (1 << 20) + 1, 4), AllGatherAlgo::kDirect);
   EXPECT_EQ(ops::select_all_gather(c, 16, 2), AllGatherAlgo::kDirect);
-  c.reduce_scatter_ring_min_bytes = 1 << 20;
+  c.reduce_scatter_ring_max_bytes = 1 << 20;
   EXPECT_EQ(ops::select_reduce_scatter(c, 1 << 20, 4), ReduceScatterAlgo::kRing);
-  EXPECT_EQ(ops::select_reduce_scatter(c, (1 << 20) - 1, 4), ReduceScatterAlgo::kDirect);
+  EXPECT_EQ(ops::select_reduce_scatter(c, (1 << 20) + 1, 4), ReduceScatterAlgo::kDirect);
+  EXPECT_EQ(ops::select_reduce_scatter(c, 16, 1), ReduceScatterAlgo::kDirect);
 }
 
 // ---------------------------------------------------------------------------------------------
