@@ -44,10 +44,10 @@ void one_shot(const CollectiveContext& ctx, const Args& a, ReduceOp op) {
 // A round of `len` elements is split into W chunks (detail::split). Each rank stages the chunks
 // of its peers at their natural offsets in its region (not its own: it reduces that one from its
 // input), passes the phase barrier, reduces its chunk from every rank in rank order - the same
-// bits one-shot computes - into the output, and copies the result behind the staged round in its
+// bits one-shot computes - into the output and, in the same pass, behind the staged round in its
 // region. A second barrier publishes the reduced chunks, which every rank then pulls. Both
-// barriers belong to one phase: the reduced chunks are written after the first one, where only
-// phase p-2 could have been reading (NOTE [Collective phases]).
+// barriers belong to one phase, whose reuse guard (NOTE [Collective phases]) covered the bytes
+// of the reduced chunks too.
 void two_shot(const CollectiveContext& ctx, const Args& a, ReduceOp op) {
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
   const int64_t region = detail::phase_bytes(ctx);
@@ -81,8 +81,7 @@ void two_shot(const CollectiveContext& ctx, const Args& a, ReduceOp op) {
           view(ctx, q == me ? in + b * a.esize : ph.region[q] + b * a.esize, e - b, a.dtype));
     }
     detail::reduce_on_stream(ctx, view(ctx, out + b * a.esize, e - b, a.dtype), std::move(srcs), op,
-                             W);
-    detail::copy(ctx, ph.region[me] + reduced, out + b * a.esize, (e - b) * a.esize);
+                             W, view(ctx, ph.region[me] + reduced, e - b, a.dtype));
     detail::phase_barrier(ctx);
     for (int s = 1; s < W; ++s) {
       const int q = (me + s) % W;

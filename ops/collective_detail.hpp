@@ -67,6 +67,6 @@ void gather_direct(const CollectiveContext& ctx, const char* input, c10::ArrayRe
 
 // Runs ops::reduce on the collective's stream.
 void reduce_on_stream(const CollectiveContext& ctx, at::Tensor dst, std::vector<at::Tensor> srcs,
-                      ReduceOp op, int64_t divisor);
+                      ReduceOp op, int64_t divisor, at::Tensor also = {});
 
 }  // namespace cuda_p2p::ops::detail

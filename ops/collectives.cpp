@@ -246,11 +246,12 @@ at::Tensor view(const CollectiveContext& ctx, void* ptr, int64_t numel, at::Scal
 }
 
 void reduce_on_stream(const CollectiveContext& ctx, at::Tensor dst, std::vector<at::Tensor> srcs,
-                      ReduceOp op, int64_t divisor) {
+                      ReduceOp op, int64_t divisor, at::Tensor also) {
   if (dst.numel() == 0) return;
   at::Tensor* scratch = &ctx.state.scratch;
-  ctx.ws.device().run(ctx.stream, [dst = std::move(dst), srcs = std::move(srcs), op, divisor,
-                                   scratch] { reduce(dst, srcs, op, divisor, *scratch); });
+  ctx.ws.device().run(ctx.stream,
+                      [dst = std::move(dst), srcs = std::move(srcs), op, divisor, scratch,
+                       also = std::move(also)] { reduce(dst, srcs, op, divisor, *scratch, also); });
 }
 
 }  // namespace detail

@@ -149,13 +149,20 @@ void reduce_with_aten(const at::Tensor& dst, c10::ArrayRef<at::Tensor> srcs, Red
 }  // namespace detail
 
 void reduce(const at::Tensor& dst, c10::ArrayRef<at::Tensor> srcs, ReduceOp op, int64_t divisor,
-            at::Tensor& scratch) {
+            at::Tensor& scratch, const at::Tensor& also) {
   TORCH_CHECK(!srcs.empty(), "cuda_p2p reduce: expected at least one source, got none");
   TORCH_CHECK(op != ReduceOp::kAvg || divisor > 0,
               "cuda_p2p reduce: AVG needs a positive divisor, got ", divisor);
   if (dst.numel() == 0) return;
+  if (also.defined()) {
+    TORCH_CHECK(also.numel() == dst.numel() && also.scalar_type() == dst.scalar_type() &&
+                    also.is_contiguous() && also.device() == dst.device(),
+                "cuda_p2p reduce: the second destination must match the first (", dst.scalar_type(),
+                "[", dst.numel(), "]), got ", also.scalar_type(), "[", also.numel(), "]");
+  }
   if (!dst.is_cpu()) {
     detail::reduce_with_aten(dst, srcs, op, divisor, scratch);
+    if (also.defined()) also.copy_(dst);
     return;
   }
   const at::ScalarType dtype = detail::result_dtype(dst, srcs);
@@ -176,6 +183,14 @@ void reduce(const at::Tensor& dst, c10::ArrayRef<at::Tensor> srcs, ReduceOp op, 
   detail::HostReduction r;
   r.dst = dst.data_ptr();
   r.dst_is_acc = dst.scalar_type() != dtype;
+  if (also.defined()) {
+    if (r.dst_is_acc) {  // not a case the collectives use: keep the kernel simple
+      detail::reduce_with_aten(dst, srcs, op, divisor, scratch);
+      also.copy_(dst);
+      return;
+    }
+    r.dst2 = also.data_ptr();
+  }
   r.srcs = ptrs.data();
   r.src_is_acc = is_acc.data();
   r.num_srcs = static_cast<int>(ptrs.size());

@@ -25,9 +25,11 @@ at::ScalarType accumulate_type(at::ScalarType dtype);
 // numel; a source has dst's dtype, or the accumulate type of the result's dtype (a partial of a
 // ring). When op is kAvg the sum is divided by `divisor` (> 0) before it is stored; pass kSum for
 // the partial steps of an average. dst may be one of the sources (the very same memory).
-// `scratch` holds accumulators between calls; on CUDA it lives on the device.
+// `also`, when defined, receives the same result (dst's dtype and size, a source of none) in the
+// same pass over the data. `scratch` holds accumulators between calls; on CUDA it lives on the
+// device.
 void reduce(const at::Tensor& dst, c10::ArrayRef<at::Tensor> srcs, ReduceOp op, int64_t divisor,
-            at::Tensor& scratch);
+            at::Tensor& scratch, const at::Tensor& also = {});
 
 namespace detail {
 // The ATen path of reduce (what CUDA runs); tests compare the host kernel with it.

@@ -16,6 +16,7 @@ namespace cuda_p2p::ops::detail {
 struct HostReduction {
   void* dst = nullptr;
   bool dst_is_acc = false;  // dst holds the accumulate type (a ring partial)
+  void* dst2 = nullptr;     // optional second destination of the result (not with dst_is_acc)
   const void* const* srcs = nullptr;
   const bool* src_is_acc = nullptr;
   int num_srcs = 0;

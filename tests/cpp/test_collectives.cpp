@@ -219,6 +219,21 @@ TEST(Reduction, DestinationMayBeASource) {
   }
 }
 
+TEST(Reduction, WritesASecondDestinationInTheSamePass) {
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kInt}) {
+    std::vector<at::Tensor> srcs;
+    for (int s = 0; s < 3; ++s) srcs.push_back(make_input(7, s, 3001, dtype, ReduceOp::kSum));
+    auto a = at::empty({3001}, at::TensorOptions().dtype(dtype));
+    auto b = at::full({3001}, 5, at::TensorOptions().dtype(dtype));
+    at::Tensor scratch;
+    ops::reduce(a, srcs, ReduceOp::kSum, 0, scratch, b);
+    EXPECT_TRUE(a.equal(reference_reduce(srcs, ReduceOp::kSum))) << dtype;
+    EXPECT_TRUE(b.equal(a)) << dtype;
+    EXPECT_THROW(ops::reduce(a, srcs, ReduceOp::kSum, 0, scratch, at::empty({3}, a.options())),
+                 c10::Error);
+  }
+}
+
 TEST(Reduction, RejectsWhatGlooRejects) {
   EXPECT_THROW(ops::check_reduce_op(ReduceOp::kAvg, at::kLong, "all_reduce"), c10::Error);
   EXPECT_THROW(ops::check_reduce_op(ReduceOp::kBand, at::kFloat, "all_reduce"), c10::Error);
