@@ -23,8 +23,8 @@ automatic choice should use (the crossovers), and records both in the JSON.
 
 Output: a table on stdout, JSON (--json) and a PNG plot (--plot).
 
-    .venv/bin/python bench/bench_collectives.py                  # 4 ranks, short size list
-    .venv/bin/python bench/bench_collectives.py --world-sizes 2 4
+    .venv/bin/python bench/bench_collectives.py                  # 2 and 4 ranks, short size list
+    .venv/bin/python bench/bench_collectives.py --world-sizes 4
     .venv/bin/python bench/bench_collectives.py --full           # 8 B .. 64 MiB, powers of 2
     .venv/bin/python bench/bench_collectives.py --env CUDA_P2P_SOME_KNOB=1 --pg-option buffer_size=1048576
     .venv/bin/python bench/bench_collectives.py --full --algos --world-sizes 2 4   # thresholds
@@ -797,7 +797,7 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(
         description="cuda_p2p vs Gloo collective benchmark on local CPU ranks.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--world-sizes", type=int, nargs="+", default=[4], metavar="N",
+    ap.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4], metavar="N",
                     help="numbers of ranks; one run per value")
     ap.add_argument("--full", action="store_true",
                     help=f"sweep powers of 2 from {fmt_size(FULL_MIN)} to {fmt_size(FULL_MAX)}")
