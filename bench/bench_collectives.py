@@ -8,12 +8,26 @@ iterations (ranks synchronised by a barrier before each one); a timed iteration 
 rank's time, and the reported latency is the median over iterations. Bus bandwidth follows the
 NCCL-tests conventions (see bench/README.md).
 
+The synchronisation runs on a third group that neither measured backend uses: by default
+(--sync shm) the shared-memory barrier of a separate cuda_p2p group followed by a synchronized
+start (every rank spins until the same CLOCK_MONOTONIC instant, so all of them are awake and
+start together); --sync gloo uses a Gloo barrier, whose exits are spread by ~10 us (2 ranks) to
+~170 us (4 ranks on 2 cores, p90 ~2 ms) - a skew every measured op then inherits, whichever
+backend runs it. --batch K times K back-to-back ops per sample (NCCL-tests
+style) and reports the sample's time / K.
+
+--algos also times the cuda_p2p workspace with each algorithm forced in turn (a group per
+algorithm: all-gather direct / ring / bidir_split / bidir_full, reduce-scatter direct / ring,
+all-reduce one_shot / two_shot), prints a table per collective and the size thresholds the
+automatic choice should use (the crossovers), and records both in the JSON.
+
 Output: a table on stdout, JSON (--json) and a PNG plot (--plot).
 
-    .venv/bin/python bench/bench_collectives.py                  # 4 ranks, short size list
-    .venv/bin/python bench/bench_collectives.py --world-sizes 2 4
+    .venv/bin/python bench/bench_collectives.py                  # 2 and 4 ranks, short size list
+    .venv/bin/python bench/bench_collectives.py --world-sizes 4
     .venv/bin/python bench/bench_collectives.py --full           # 8 B .. 64 MiB, powers of 2
     .venv/bin/python bench/bench_collectives.py --env CUDA_P2P_SOME_KNOB=1 --pg-option buffer_size=1048576
+    .venv/bin/python bench/bench_collectives.py --full --algos --world-sizes 2 4   # thresholds
 """
 
 from __future__ import annotations
@@ -43,6 +57,16 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
 BACKENDS = ("cuda_p2p", "gloo")  # measured backend first, baseline second
+# Algorithms of the workspace collectives, forced one group at a time with --algos: the Options
+# field and its values per collective.
+ALGOS = {
+    "all_reduce": ("all_reduce_algo", ("one_shot", "two_shot")),
+    "all_gather_into_tensor": ("all_gather_algo", ("direct", "ring", "bidir_split", "bidir_full")),
+    "reduce_scatter_tensor": ("reduce_scatter_algo", ("direct", "ring")),
+}
+# Counter prefix of each benchmarked collective.
+COUNTER = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
+           "reduce_scatter_tensor": "reduce_scatter", "broadcast": "broadcast"}
 COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast")
 # NCCL-tests bus bandwidth factors (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md);
 # the message size is the all-reduce/broadcast buffer, the all-gather output, the reduce-scatter input.
@@ -225,24 +249,67 @@ def _check(dist, coll: str, nbytes: int, n: int, rank: int, dtype, groups) -> di
     return {"ok": flag.item() == 0, "bad_ranks": int(flag.item())}
 
 
-def _timed(dist, coll: str, bufs, groups, sync, iters: int, first: int):
-    """iters interleaved iterations of both backends; each op preceded by a barrier on `sync`.
-    Returns {backend: [seconds of this rank per iteration]}."""
+def _timed(dist, coll: str, bufs, groups, sync, iters: int, first: int, batch: int = 1,
+           block: int = 1):
+    """iters interleaved iterations of every backend; each op preceded by sync() (a barrier on a
+    group neither backend uses); `batch` back-to-back ops per sample, timed together.
+
+    Backends take turns by blocks of `block` consecutive samples (the order flips every round):
+    the first op after another backend's runs with caches, and with whatever that backend left
+    running (Gloo's threads), that are not its own - with block=1 the op measured after Gloo's
+    was ~3x slower than in a run of its own. Returns {backend: [seconds of this rank per op,
+    per sample]} and the wall time of every round divided by its block (one iteration's cost)."""
     names = list(groups)
     times = {name: [] for name in names}
     walls = []  # per iteration, barriers included: what one more iteration costs
-    for i in range(iters):
-        order = names if (i + first) % 2 == 0 else names[::-1]
+    done = 0
+    rnd = 0
+    while done < iters:
+        k = min(block, iters - done)
+        order = names if (rnd + first) % 2 == 0 else names[::-1]
         w0 = time.perf_counter()
         for name in order:
             inp, out = bufs[name]
             g = groups[name]
-            dist.barrier(group=sync)
-            t0 = time.perf_counter()
-            _run_op(dist, coll, inp, out, g)
-            times[name].append(time.perf_counter() - t0)
-        walls.append(time.perf_counter() - w0)
+            for _ in range(k):
+                sync()
+                t0 = time.perf_counter()
+                for _ in range(batch):
+                    _run_op(dist, coll, inp, out, g)
+                times[name].append((time.perf_counter() - t0) / batch)
+        walls.extend([(time.perf_counter() - w0) / k] * k)
+        done += k
+        rnd += 1
     return times, walls
+
+
+def _synchronized_start(backend, rank: int, n: int, margin_us: float):
+    """A sync() that makes every rank start the next op at the same instant, all of them awake.
+
+    A barrier alone releases its ranks at different times: one that slept in the kernel wakes up
+    tens of microseconds after the others (longer when ranks share cores), and that skew would
+    land in whatever op comes next. So each rank publishes its CLOCK_MONOTONIC arrival time in
+    its buffer of a separate cuda_p2p group (slots alternate, so a slow reader never sees the
+    next sample's time), passes that group's shared-memory barrier, and spins until the latest
+    arrival + margin_us: every rank then starts the timed op at the same time (CLOCK_MONOTONIC is
+    one clock for every process of the host)."""
+    import torch
+
+    mine = backend.get_p2p_buffer(rank, [2], torch.int64)
+    peers = [backend.get_p2p_buffer(r, [2], torch.int64) for r in range(n)]
+    margin_ns = int(margin_us * 1000)
+    state = {"k": 0}
+
+    def sync():
+        slot = state["k"] % 2
+        state["k"] += 1
+        mine[slot] = time.monotonic_ns()
+        backend.intra_node_barrier()
+        deadline = max(int(p[slot]) for p in peers) + margin_ns
+        while time.monotonic_ns() < deadline:
+            pass
+
+    return sync
 
 
 def _max_over_ranks(dist, values: list[float], group) -> list[float]:
@@ -273,6 +340,10 @@ def backend_state(backend) -> dict:
     for method in ("is_p2p_available", "p2p_unavailable_reason", "get_buffer_size"):
         if hasattr(backend, method):
             state[method] = getattr(backend, method)()
+    if hasattr(backend, "get_counters"):
+        state["counters"] = dict(backend.get_counters())
+    if hasattr(backend, "get_collective_config"):
+        state["collective_config"] = dict(backend.get_collective_config())
     return state
 
 
@@ -333,8 +404,45 @@ def rank_main(rank: int, cfg: dict) -> None:
         # A third group, used by neither backend under test, synchronises every timed iteration:
         # syncing on the baseline's own group would leave its threads and sockets warm and bias
         # the comparison in its favour.
-        step("new_group(gloo, sync)")
-        sync = dist.new_group(backend="gloo", timeout=timeout)
+        sync_kind = cfg["sync"]
+        if sync_kind == "shm":
+            step("new_group(cuda_p2p, sync)")
+            sync_group = dist.new_group(backend="cuda_p2p", timeout=timeout)
+            sync_backend = cuda_p2p.get_cuda_p2p_backend(sync_group)
+            if sync_backend.is_p2p_available():
+                sync = _synchronized_start(sync_backend, rank, n, cfg["start_margin_us"])
+            else:  # e.g. CUDA_P2P_DISABLE_WORKSPACE=1: the same on every rank
+                if rank == 0:
+                    print("[bench] --sync shm needs the workspace ("
+                          + sync_backend.p2p_unavailable_reason() + "): syncing with Gloo",
+                          file=sys.stderr, flush=True)
+                sync_kind = "gloo"
+        if sync_kind == "gloo":
+            step("new_group(gloo, sync)")
+            sync_group = dist.new_group(backend="gloo", timeout=timeout)
+            sync = lambda: dist.barrier(group=sync_group)  # noqa: E731
+        # --algos: a cuda_p2p group per forced algorithm of the collective being measured,
+        # created when its sizes start and destroyed after them (each maps a workspace).
+        algo_groups, algo_coll = {}, None
+
+        def set_algo_groups(coll):
+            nonlocal algo_groups, algo_coll
+            if coll == algo_coll:
+                return
+            for grp in algo_groups.values():
+                dist.destroy_process_group(grp)
+            algo_groups, algo_coll = {}, coll
+            if not cfg["algos"] or coll not in ALGOS:
+                return
+            field, values = ALGOS[coll]
+            for value in values:
+                step(f"new_group(cuda_p2p, {field}={value})")
+                opts = cuda_p2p.ProcessGroupCudaP2P.Options()
+                for key, v in cfg["pg_options"].items():
+                    setattr(opts, key, v)
+                setattr(opts, field, value)
+                algo_groups[f"cuda_p2p/{value}"] = dist.new_group(
+                    backend="cuda_p2p", timeout=timeout, pg_options=opts)
 
         results, barrier_res = [], None
         warmup, budget = cfg["warmup"], cfg["budget"]
@@ -349,12 +457,15 @@ def rank_main(rank: int, cfg: dict) -> None:
             # Message size rounded up so that every rank holds whole elements (as NCCL-tests).
             unit = esize * (n if coll in ("all_gather_into_tensor", "reduce_scatter_tensor") else 1)
             nbytes = 0 if coll == "barrier" else -(-size // unit) * unit
+            set_algo_groups(coll)
+            timed_groups = dict(groups, **algo_groups)
             counters_before = read_counters(p2p_backend)
             step(f"{label}: allocate")
             bufs = {name: _make_inputs(coll, nbytes, n, rank, dtype) if coll != "barrier"
-                    else (None, None) for name in groups}
+                    else (None, None) for name in timed_groups}
             step(f"{label}: warmup")
-            _, walls = _timed(dist, coll, bufs, groups, sync, warmup, 0)
+            _, walls = _timed(dist, coll, bufs, timed_groups, sync, warmup, 0, cfg["batch"],
+                              cfg["block"])
             # The first warmup iterations pay for first touches and connections: estimate the cost
             # of an iteration from the later half. Every rank must run the same number of
             # iterations: decide on the slowest rank's estimate.
@@ -363,11 +474,14 @@ def rank_main(rank: int, cfg: dict) -> None:
             iters = cfg["iters"] or int(min(cfg["max_iters"],
                                             max(cfg["min_iters"], budget / max(per_iter, 1e-9))))
             step(f"{label}: {iters} timed iterations", expected_s=iters * per_iter)
-            local, _ = _timed(dist, coll, bufs, groups, sync, iters, 1)
+            local, _ = _timed(dist, coll, bufs, timed_groups, sync, iters, 1, cfg["batch"],
+                              cfg["block"])
             entry = {"collective": coll, "bytes": nbytes, "requested_bytes": size,
                      "count": nbytes // esize, "iters": iters}
-            for name in groups:
+            for name in timed_groups:
                 entry[name] = _summary(_max_over_ranks(dist, local[name], gloo))
+            if algo_groups:
+                entry["algos"] = {name.split("/", 1)[1]: entry.pop(name) for name in algo_groups}
             del bufs
             # Which paths of the backend ran (warmup and timed iterations), as counted by
             # the backend itself: says whether a number measures the workspace or the wrapped Gloo.
@@ -376,9 +490,10 @@ def rank_main(rank: int, cfg: dict) -> None:
                 barrier_res = entry
                 continue
             step(f"{label}: check")
-            entry["check"] = _check(dist, coll, nbytes, n, rank, dtype, groups) if cfg["check"] \
-                else None
+            entry["check"] = _check(dist, coll, nbytes, n, rank, dtype, timed_groups) \
+                if cfg["check"] else None
             results.append(entry)
+        set_algo_groups(None)
 
         step("backend_state")
         state = backend_state(p2p_backend)
@@ -492,6 +607,11 @@ def add_derived(run: dict, memcpy_gbps: float) -> None:
             s["algbw_GBps"] = e["bytes"] / t / 1e9
             s["busbw_GBps"] = s["algbw_GBps"] * factor
             s["busbw_frac_memcpy"] = s["busbw_GBps"] / memcpy_gbps
+        for s in e.get("algos", {}).values():
+            t = s["median_us"] * 1e-6
+            s["algbw_GBps"] = e["bytes"] / t / 1e9
+            s["busbw_GBps"] = s["algbw_GBps"] * factor
+            s["busbw_frac_memcpy"] = s["busbw_GBps"] / memcpy_gbps
     for e in run["results"] + ([run["barrier"]] if run.get("barrier") else []):
         e["speedup"] = e["gloo"]["median_us"] / e["cuda_p2p"]["median_us"]
         e["speedup_ci95"] = speedup_ci(e["cuda_p2p"]["times_us"], e["gloo"]["times_us"])
@@ -555,6 +675,68 @@ def print_table(run: dict, memcpy: dict, dtype: str) -> None:
                       "-" if e.get("check") is None else ("ok" if e["check"]["ok"] else "FAIL")]
         cells.append("  " + fmt_paths(e.get("paths")))
         print(line(cells))
+
+
+def _best_threshold(points: list[tuple[int, float, float]]) -> int:
+    """points: (size, latency of the small-message algorithm, of the large-message one). The
+    threshold t (0 or one of the sizes) for "small algorithm up to t bytes, large above" whose
+    choices lose the least against the faster algorithm at each size, summed as ratios (so
+    that no size dominates and one noisy size cannot flip a whole range); ties go to the
+    smaller t."""
+    points = sorted(points)
+    best_t, best_cost = 0, None
+    for t in [0] + [p[0] for p in points]:
+        cost = sum((small if size <= t else large) / min(small, large)
+                   for size, small, large in points)
+        if best_cost is None or cost < best_cost - 1e-9:
+            best_t, best_cost = t, cost
+    return best_t
+
+
+def suggest_thresholds(run: dict) -> dict:
+    """Thresholds of the automatic choice from a run with --algos (medians of the same run),
+    named like the ProcessGroupCudaP2P.Options fields (docs/collectives.md):
+    all_reduce_one_shot_max_bytes (one-shot vs two-shot), all_gather_ring_max_bytes and
+    all_gather_bidir_full_max_bytes (ring / FULL_TENSOR ring vs direct; 3+ ranks),
+    reduce_scatter_ring_max_bytes (ring vs direct)."""
+    def points(coll, small, large):
+        return [(e["bytes"], e["algos"][small]["median_us"], e["algos"][large]["median_us"])
+                for e in run["results"] if e["collective"] == coll and "algos" in e]
+    out = {}
+    if p := points("all_reduce", "one_shot", "two_shot"):
+        out["all_reduce_one_shot_max_bytes"] = _best_threshold(p)
+    if run["world_size"] > 2:
+        if p := points("all_gather_into_tensor", "ring", "direct"):
+            out["all_gather_ring_max_bytes"] = _best_threshold(p)
+        if p := points("all_gather_into_tensor", "bidir_full", "direct"):
+            out["all_gather_bidir_full_max_bytes"] = _best_threshold(p)
+    if p := points("reduce_scatter_tensor", "ring", "direct"):
+        out["reduce_scatter_ring_max_bytes"] = _best_threshold(p)
+    return out
+
+
+def print_algo_tables(run: dict) -> None:
+    n = run["world_size"]
+    for coll in ALGOS:
+        es = [e for e in run["results"] if e["collective"] == coll and "algos" in e]
+        if not es:
+            continue
+        names = list(es[0]["algos"])
+        print(f"\nworld_size={n}  {SHORT_NAMES[coll]}: median latency (us) per forced algorithm")
+        head = f"{'size':>10}{'gloo':>11}{'auto':>11}" + "".join(f"{a:>13}" for a in names) + \
+            f"{'fastest':>13}{'busbw GB/s':>12}"
+        print(head)
+        print("-" * len(head))
+        for e in es:
+            lat = {a: e["algos"][a]["median_us"] for a in names}
+            best = min(lat, key=lat.get)
+            print(f"{fmt_size(e['bytes']):>10}{e['gloo']['median_us']:>11.1f}"
+                  f"{e['cuda_p2p']['median_us']:>11.1f}" + "".join(f"{lat[a]:>13.1f}" for a in names)
+                  + f"{best:>13}{fmt_gbps(e['algos'][best]['busbw_GBps']):>12}")
+    th = run.get("thresholds")
+    if th:
+        print(f"\nworld_size={n}  suggested thresholds: "
+              + ", ".join(f"{k}={v}" for k, v in th.items()))
 
 
 def plot(runs: list[dict], memcpy: dict, path: Path, title: str) -> None:
@@ -626,7 +808,7 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(
         description="cuda_p2p vs Gloo collective benchmark on local CPU ranks.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--world-sizes", type=int, nargs="+", default=[4], metavar="N",
+    ap.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4], metavar="N",
                     help="numbers of ranks; one run per value")
     ap.add_argument("--full", action="store_true",
                     help=f"sweep powers of 2 from {fmt_size(FULL_MIN)} to {fmt_size(FULL_MAX)}")
@@ -648,6 +830,25 @@ def parse_args(argv=None):
                          "(default 1.5, 2.0 with --full)")
     ap.add_argument("--min-iters", type=int, default=5)
     ap.add_argument("--max-iters", type=int, default=500)
+    ap.add_argument("--sync", choices=("shm", "gloo"), default="shm",
+                    help="how ranks line up before every timed sample, on a group neither "
+                         "measured backend uses: shm (a separate cuda_p2p group's shared-memory "
+                         "barrier, then a synchronized start: every rank spins until the same "
+                         "instant) or gloo (a Gloo barrier; its exit skew, ~170 us median on 4 "
+                         "ranks / 2 cores, lands in every measurement)")
+    ap.add_argument("--start-margin-us", type=float, default=200.0,
+                    help="--sync shm: ranks start each timed sample this long after the last one "
+                         "reached the barrier (all of them awake and spinning)")
+    ap.add_argument("--batch", type=int, default=1,
+                    help="back-to-back ops per timed sample (NCCL-tests style); latency = the "
+                         "sample's time / batch")
+    ap.add_argument("--block", type=int, default=8,
+                    help="backends take turns by blocks of this many consecutive samples (1: "
+                         "alternate every sample, so that half the ops run right after the other "
+                         "backend's)")
+    ap.add_argument("--algos", action="store_true",
+                    help="also time every workspace algorithm forced in turn, and suggest the "
+                         "automatic choice's size thresholds")
     ap.add_argument("--no-check", dest="check", action="store_false",
                     help="skip comparing cuda_p2p's results with Gloo's and a local reference")
     ap.add_argument("--aa", action="store_true",
@@ -686,6 +887,8 @@ def parse_args(argv=None):
         args.budget = 2.0 if args.full else 1.5
     if args.total_timeout is None:
         args.total_timeout = 3600.0 if args.full else 600.0
+    if args.batch < 1 or args.block < 1:
+        ap.error("--batch and --block must be >= 1")
     if args.warmup < 1 or args.min_iters < 1 or args.max_iters < args.min_iters or args.iters < 0:
         ap.error("need --warmup >= 1, --iters >= 0, 1 <= --min-iters <= --max-iters")
     pg_options = {}
@@ -736,6 +939,8 @@ def main(argv=None) -> int:
            "dtype": args.dtype, "warmup": args.warmup, "iters": args.iters, "budget": args.budget,
            "min_iters": args.min_iters, "max_iters": args.max_iters, "check": args.check,
            "env": env, "pg_options": args.pg_options, "bind": args.bind, "aa": args.aa,
+           "sync": args.sync, "batch": args.batch, "algos": args.algos,
+           "start_margin_us": args.start_margin_us, "block": args.block,
            "cpus": sorted(os.sched_getaffinity(0)), "timeout": args.timeout,
            "total_timeout": args.total_timeout, "progress": not args.quiet}
 
@@ -750,8 +955,12 @@ def main(argv=None) -> int:
         run["aa"] = args.aa
         run["wall_s"] = time.perf_counter() - t0
         add_derived(run, memcpy["GBps"])
+        if args.algos:
+            run["thresholds"] = suggest_thresholds(run)
         runs.append(run)
         print_table(run, memcpy, args.dtype)
+        if args.algos:
+            print_algo_tables(run)
         sys.stdout.flush()
 
     wall = time.perf_counter() - t_start
@@ -766,11 +975,14 @@ def main(argv=None) -> int:
         "dtype": args.dtype, "sizes": args.sizes, "bind": args.bind,
         "cpus": sorted(os.sched_getaffinity(0)), "aa": args.aa, "env": env,
         "pg_options": args.pg_options,
+        "sync": args.sync, "batch": args.batch, "block": args.block, "algos": args.algos,
         "warmup": args.warmup, "budget_s": args.budget, "wall_s": wall,
         "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
         "conventions": {
-            "latency": "median over timed iterations of the max over ranks of one op's time; "
-                       "ranks pass a Gloo barrier before every timed op; backends interleaved",
+            "latency": "median over timed iterations of the max over ranks of one op's time "
+                       "(a sample of --batch back-to-back ops / batch); ranks pass a barrier "
+                       "(--sync: shm or gloo, on a group neither backend uses) before every "
+                       "timed sample; backends take turns by blocks of --block samples",
             "bytes": "all_reduce/broadcast: buffer; all_gather: output; reduce_scatter: input "
                      "(NCCL-tests)",
             "algbw": "bytes / latency (1 GB = 1e9 B)",

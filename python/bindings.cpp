@@ -13,6 +13,7 @@ namespace py = pybind11;
 namespace {
 
 using cuda_p2p::ProcessGroupCudaP2P;
+using Options = ProcessGroupCudaP2P::Options;
 using BackendPtr = c10::intrusive_ptr<c10d::Backend>;
 
 // NOTE [GIL-free destructor]: the last reference to a backend may be dropped from Python (the
@@ -84,8 +85,7 @@ PYBIND11_MODULE(_C, m) {
       "Options of a cuda_p2p process group; pass as pg_options to init_process_group/new_group.")
       .def(py::init<>())
       .def_property(
-          "buffer_size",
-          [](const ProcessGroupCudaP2P::Options& o) { return o.buffer_size; },
+          "buffer_size", [](const ProcessGroupCudaP2P::Options& o) { return o.buffer_size; },
           [](ProcessGroupCudaP2P::Options& o, std::optional<int64_t> v) {
             TORCH_CHECK_VALUE(!v.has_value() || *v > 0,
                               "cuda_p2p: Options.buffer_size must be a positive number of bytes "
@@ -123,7 +123,87 @@ PYBIND11_MODULE(_C, m) {
                   py::str(py::type::of(v)).cast<std::string>());
             }
           },
-          "Options handed to the wrapped NCCL backend (ProcessGroupNCCL.Options), or None.");
+          "Options handed to the wrapped NCCL backend (ProcessGroupNCCL.Options), or None.")
+      .def_property(
+          "all_gather_algo", [](const Options& o) { return o.all_gather_algo; },
+          [](Options& o, const std::string& v) {
+            cuda_p2p::ops::parse_all_gather_algo(v, "Options.all_gather_algo");
+            o.all_gather_algo = v;
+          },
+          "Workspace all-gather algorithm: 'auto' (by size; CUDA_P2P_ALL_GATHER_ALGO may force "
+          "one), 'direct', 'ring', 'bidir_split' or 'bidir_full'.")
+      .def_property(
+          "reduce_scatter_algo", [](const Options& o) { return o.reduce_scatter_algo; },
+          [](Options& o, const std::string& v) {
+            cuda_p2p::ops::parse_reduce_scatter_algo(v, "Options.reduce_scatter_algo");
+            o.reduce_scatter_algo = v;
+          },
+          "Workspace reduce-scatter algorithm: 'auto' (CUDA_P2P_REDUCE_SCATTER_ALGO may force "
+          "one), 'direct' or 'ring'.")
+      .def_property(
+          "all_reduce_algo", [](const Options& o) { return o.all_reduce_algo; },
+          [](Options& o, const std::string& v) {
+            cuda_p2p::ops::parse_all_reduce_algo(v, "Options.all_reduce_algo");
+            o.all_reduce_algo = v;
+          },
+          "Workspace all-reduce algorithm: 'auto' (CUDA_P2P_ALL_REDUCE_ALGO may force one), "
+          "'one_shot' or 'two_shot'.")
+      .def_property(
+          "ring_steps", [](const Options& o) { return o.ring_steps; },
+          [](Options& o, std::optional<int64_t> v) {
+            TORCH_CHECK_VALUE(!v || *v > 0,
+                              "cuda_p2p: Options.ring_steps must be a positive "
+                              "multiple of the world size or None, got ",
+                              v.value_or(0));
+            o.ring_steps = v;
+          },
+          "Steps of the reduce-scatter ring, a multiple of the world size (None: "
+          "CUDA_P2P_RING_STEPS, else the world size).")
+      .def_property(
+          "chunk_bytes", [](const Options& o) { return o.chunk_bytes; },
+          [](Options& o, std::optional<int64_t> v) {
+            TORCH_CHECK_VALUE(!v || *v >= 0,
+                              "cuda_p2p: Options.chunk_bytes must be >= 0 or "
+                              "None, got ",
+                              v.value_or(0));
+            o.chunk_bytes = v;
+          },
+          "Bytes a rank stages per round of a workspace collective (0: half the buffer; None: "
+          "CUDA_P2P_CHUNK_BYTES, else the default).")
+      .def_property(
+          "all_reduce_one_shot_max_bytes",
+          [](const Options& o) { return o.all_reduce_one_shot_max_bytes; },
+          [](Options& o, std::optional<int64_t> v) {
+            TORCH_CHECK_VALUE(!v || *v >= 0, "cuda_p2p: thresholds must be >= 0 or None");
+            o.all_reduce_one_shot_max_bytes = v;
+          },
+          "Largest all-reduce (bytes) that 'auto' runs one-shot (None: the measured default).")
+      .def_property(
+          "all_gather_bidir_full_max_bytes",
+          [](const Options& o) { return o.all_gather_bidir_full_max_bytes; },
+          [](Options& o, std::optional<int64_t> v) {
+            TORCH_CHECK_VALUE(!v || *v >= 0, "cuda_p2p: thresholds must be >= 0 or None");
+            o.all_gather_bidir_full_max_bytes = v;
+          },
+          "Largest all-gather output (bytes) that 'auto' runs as a FULL_TENSOR bidirectional "
+          "ring on 3+ ranks (None: the measured default, 0: never).")
+      .def_property(
+          "all_gather_ring_max_bytes", [](const Options& o) { return o.all_gather_ring_max_bytes; },
+          [](Options& o, std::optional<int64_t> v) {
+            TORCH_CHECK_VALUE(!v || *v >= 0, "cuda_p2p: thresholds must be >= 0 or None");
+            o.all_gather_ring_max_bytes = v;
+          },
+          "Largest all-gather output (bytes) that 'auto' runs as a unidirectional ring on 3+ "
+          "ranks, above: direct (None: the measured default).")
+      .def_property(
+          "reduce_scatter_ring_max_bytes",
+          [](const Options& o) { return o.reduce_scatter_ring_max_bytes; },
+          [](Options& o, std::optional<int64_t> v) {
+            TORCH_CHECK_VALUE(!v || *v >= 0, "cuda_p2p: thresholds must be >= 0 or None");
+            o.reduce_scatter_ring_max_bytes = v;
+          },
+          "Largest reduce-scatter input (bytes) that 'auto' runs as a ring, above: direct "
+          "(None: the measured default).");
 
   pg.def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                      c10::intrusive_ptr<ProcessGroupCudaP2P::Options> options,
@@ -178,6 +258,29 @@ PYBIND11_MODULE(_C, m) {
       .def("get_counters", &ProcessGroupCudaP2P::counters,
            "Which paths ran: {'all_reduce.one_shot': 3, 'all_reduce.wrapped': 1, ...}.")
       .def("reset_counters", &ProcessGroupCudaP2P::reset_counters)
+      .def(
+          "get_collective_config",
+          [](const ProcessGroupCudaP2P& self) {
+            const auto& c = self.collective_config();
+            py::dict d;
+            d["all_gather_algo"] = cuda_p2p::ops::to_string(c.all_gather);
+            d["reduce_scatter_algo"] = cuda_p2p::ops::to_string(c.reduce_scatter);
+            d["all_reduce_algo"] = cuda_p2p::ops::to_string(c.all_reduce);
+            d["ring_steps"] = c.ring_steps == 0 ? self.getSize() : c.ring_steps;
+            d["chunk_bytes"] = c.chunk_bytes;
+            d["all_reduce_one_shot_max_bytes"] = c.all_reduce_one_shot_max_bytes;
+            d["all_gather_bidir_full_max_bytes"] = c.all_gather_bidir_full_max_bytes;
+            d["all_gather_ring_max_bytes"] = c.all_gather_ring_max_bytes;
+            d["reduce_scatter_ring_max_bytes"] = c.reduce_scatter_ring_max_bytes;
+            d["workspace_collectives"] = self.uses_workspace_collectives();
+            return d;
+          },
+          "The workspace collectives' effective settings (Options, then environment variables, "
+          "then the defaults) and whether they run at all.")
+      .def("all_gather_v", &ProcessGroupCudaP2P::all_gather_v, py::arg("tensor"), py::arg("sizes"),
+           py::call_guard<py::gil_scoped_release>(),
+           "Collective: concatenates along dim 0 the rows of every rank (sizes[r] rows from rank "
+           "r) in rank order.")
       .def("ensure_min_buffer_size", &ProcessGroupCudaP2P::ensure_min_buffer_size,
            py::arg("nbytes"), py::call_guard<py::gil_scoped_release>(),
            "Collective: grows every rank's buffer to at least the largest nbytes requested.");

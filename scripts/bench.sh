@@ -2,8 +2,9 @@
 # The demo: local CPU ranks, cuda_p2p against Gloo measured in the same run; prints a table and
 # writes bench/results/collectives.{json,png}. Arguments go to bench/bench_collectives.py, e.g.
 #
-#   bash scripts/bench.sh                         # 4 ranks, 8 B .. 16 MiB (about a minute)
-#   bash scripts/bench.sh --world-sizes 2 4
+#   bash scripts/bench.sh                         # 2 and 4 ranks, 8 B .. 16 MiB (about 2 minutes)
+#   bash scripts/bench.sh --world-sizes 4
+#   bash scripts/bench.sh --full --algos          # every algorithm, suggested thresholds
 #   bash scripts/bench.sh --full                  # 8 B .. 64 MiB, powers of 2 (several minutes)
 #   bash scripts/bench.sh --env CUDA_P2P_DISABLE_WORKSPACE=1
 #   bash scripts/bench.sh --help

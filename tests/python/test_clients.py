@@ -71,8 +71,12 @@ def test_ddp_matches_gloo(world, hook):
     init = [p.detach() for p in _mlp(seed=0).parameters()]
     for r in range(world.size):
         for i, (p, q) in enumerate(zip(got[r], ref[r])):
-            # Same wrapped algorithm (Gloo) on the same data: identical to the bit.
-            assert torch.equal(p, q), f"rank {r} param {i}: cuda_p2p differs from gloo"
+            # The workspace all-reduce sums in rank order, Gloo in its own order: equal up to
+            # float32 rounding (bit-identical on 2 ranks, where both orders are the same).
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6,
+                                       msg=f"rank {r} param {i}: cuda_p2p differs from gloo")
+            if world.size == 2:
+                assert torch.equal(p, q), f"rank {r} param {i}: cuda_p2p differs from gloo"
             torch.testing.assert_close(p, got[0][i], rtol=0, atol=0, msg=f"rank {r} != rank 0")
         for i, (p, e, p0) in enumerate(zip(got[r], expected, init)):
             torch.testing.assert_close(p, e, rtol=1e-5, atol=1e-6, msg=f"param {i} vs 1 process")
