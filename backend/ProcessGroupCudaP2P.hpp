@@ -43,6 +43,9 @@ class ProcessGroupCudaP2P : public c10d::Backend {
     bool workspace_collectives = true;
     // Handed to the wrapped NCCL backend (a ProcessGroupNCCL.Options in Python); may be null.
     c10::intrusive_ptr<c10d::Backend::Options> nccl_options;
+    // The largest buffer (bytes) an op may grow the workspace to on its own; an op that needs
+    // more processes its payload in rounds (ops/pipeline_common.hpp, plan_rounds).
+    int64_t max_buffer_size = int64_t{256} << 20;
 
     // Workspace collectives (docs/collectives.md). "auto" chooses by size; a name forces that
     // algorithm. Unset or "auto" leaves the choice to the environment variables
@@ -127,6 +130,12 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   void bump_counter(const std::string& name, int64_t by = 1);
   std::map<std::string, int64_t> counters() const;
   void reset_counters();
+
+  // --- fused GEMM pipelines (ops/fused_*.cpp) -------------------------------------------------
+  // Per-backend state of the pipelines (their host streams, the lock that serialises them on
+  // this backend), created on first use. Defined in ops/pipeline_common.hpp.
+  struct PipelineState;
+  PipelineState& pipeline_state();
 
   // --- delegated collectives ----------------------------------------------------------------
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
@@ -243,6 +252,9 @@ class ProcessGroupCudaP2P : public c10d::Backend {
 
   mutable std::mutex counters_mutex_;
   std::map<std::string, int64_t> counters_;
+
+  std::mutex pipeline_state_mutex_;
+  std::shared_ptr<PipelineState> pipeline_state_;  // see pipeline_state()
 
   std::mutex coalescing_mutex_;
   bool coalescing_ = false;

@@ -7,6 +7,8 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "backend/ProcessGroupCudaP2P.hpp"
+#include "ops/fused_ops.hpp"
+#include "ops/pipeline_common.hpp"
 
 namespace py = pybind11;
 
@@ -66,6 +68,51 @@ BackendPtr optional_backend(const py::object& obj, const char* what) {
                          "got " +
                          py::str(py::type::of(obj)).cast<std::string>());
   }
+}
+
+// The fused GEMM pipelines' part of the module (ops/fused_*.cpp, ops/registration.cpp): the
+// dispatcher ops, Options.max_buffer_size, and the pipelines' diagnostics.
+template <typename PgClass>
+void bind_fused_pipelines(PgClass& pg) {
+  // Keeps the TORCH_LIBRARY registrations of the static core library in this module.
+  cuda_p2p::ensure_fused_ops_registered();
+  using Options = ProcessGroupCudaP2P::Options;
+  auto options = py::reinterpret_borrow<
+      py::class_<Options, c10d::Backend::Options, c10::intrusive_ptr<Options>>>(pg.attr("Options"));
+  options.def_property(
+      "max_buffer_size", [](const Options& o) { return o.max_buffer_size; },
+      [](Options& o, int64_t v) {
+        TORCH_CHECK_VALUE(v > 0,
+                          "cuda_p2p: Options.max_buffer_size must be a positive number of "
+                          "bytes, got ",
+                          v);
+        o.max_buffer_size = v;
+      },
+      "The largest buffer (bytes) an op may grow the workspace to on its own (default 256 MiB); "
+      "an op needing more processes its payload in rounds.");
+  pg.def(
+        "_set_pipeline_tracing",
+        [](ProcessGroupCudaP2P& self, bool enable) {
+          auto& state = self.pipeline_state();
+          std::lock_guard<std::mutex> lock(state.mutex);
+          state.tracing = enable;
+          state.last_trace.clear();
+        },
+        py::arg("enable"),
+        "Diagnostics: record a trace of every fused op's pipeline (host device).")
+      .def(
+          "_last_pipeline_trace",
+          [](ProcessGroupCudaP2P& self) {
+            auto& state = self.pipeline_state();
+            std::lock_guard<std::mutex> lock(state.mutex);
+            py::list out;
+            for (const auto& e : state.last_trace) {
+              out.append(py::make_tuple(e.stream, e.what, e.start_us, e.end_us));
+            }
+            return out;
+          },
+          "Diagnostics: the last fused op's trace, [(stream, what, start_us, end_us)]; stream 2 "
+          "is the caller.");
 }
 
 }  // namespace
@@ -288,4 +335,6 @@ PYBIND11_MODULE(_C, m) {
       .def("ensure_min_buffer_size", &ProcessGroupCudaP2P::ensure_min_buffer_size,
            py::arg("nbytes"), py::call_guard<py::gil_scoped_release>(),
            "Collective: grows every rank's buffer to at least the largest nbytes requested.");
+
+  bind_fused_pipelines(pg);
 }

@@ -8,6 +8,7 @@ import torch
 import torch.distributed  # noqa: F401  (registers torch's c10d classes before our extension)
 
 from . import _C
+from .ops import fused_all_gather_matmul, fused_matmul_reduce_scatter
 from ._backend import (
     BACKEND_NAME,
     ProcessGroupCudaP2P,
@@ -22,6 +23,8 @@ __all__ = [
     "all_gather_v",
     "get_cuda_p2p_backend",
     "is_cuda_p2p_group",
+    "fused_all_gather_matmul",
+    "fused_matmul_reduce_scatter",
 ]
 
 __version__ = "0.1.0"

@@ -1,4 +1,4 @@
-"""Session-scoped pools of ranks (W=2 and W=4) on the cuda_p2p backend; see _harness.py."""
+"""Session-scoped pools of ranks (W=2, 3 and 4) on the cuda_p2p backend; see _harness.py."""
 
 from __future__ import annotations
 
@@ -23,6 +23,13 @@ def _world(size: int) -> World:
 @pytest.fixture(scope="session")
 def world2() -> World:
     w = _world(2)
+    w.start()
+    return w
+
+
+@pytest.fixture(scope="session")
+def world3() -> World:
+    w = _world(3)
     w.start()
     return w
 

@@ -1,0 +1,329 @@
+#!/usr/bin/env python3
+"""Fused GEMM pipelines against their unfused baselines, measured in the same run.
+
+Launches W local CPU ranks (torch.multiprocessing, spawn) on the cuda_p2p backend, with a Gloo
+group over the same ranks. For tensor-parallel transformer MLP shapes (tokens M, hidden H,
+FFN F = 4H) it times
+
+  all-gather→matmul (column-parallel: A_shard [M/W, H] gathered, times B [H, F/W]):
+    matmul            A [M, H] @ B alone (A already gathered): the floor
+    gloo+matmul       Gloo all_gather_into_tensor, then the matmul
+    cuda_p2p+matmul   the cuda_p2p group's all_gather_into_tensor, then the matmul
+    fused             cuda_p2p.fused_all_gather_matmul (returning A, like the baselines)
+
+  matmul→reduce-scatter (row-parallel: A [M, F/W] @ B [F/W, H], reduce-scattered):
+    matmul, gloo+matmul, cuda_p2p+matmul (reduce_scatter_tensor), and
+    fused pipeline, fused ring S=W, S=2W, ... (cuda_p2p.fused_matmul_reduce_scatter)
+
+Variants of one case run interleaved (every iteration runs each once, in rotating order, each
+after a Gloo barrier), so a change of machine load hits all of them alike. An iteration's time
+is the slowest rank's; a variant's time is the median over iterations.
+
+Output: a table on stdout, JSON and a PNG of the ratios (bench/results/ by default).
+
+    PYTHONPATH=python .venv/bin/python bench/bench_fused.py                # W=4, default shapes
+    ... bench/bench_fused.py --world-sizes 2 4 --dtypes float32 bfloat16 --iters 15
+    ... bench/bench_fused.py --quick                                      # one small shape
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+# (tokens M, hidden H); F = 4H. Scaled so that one op takes tens of ms on 2 cores.
+DEFAULT_SHAPES = [(1024, 512), (2048, 512), (2048, 1024), (4096, 1024)]
+QUICK_SHAPES = [(1024, 512)]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Targets of the issue (fused vs baselines), checked in the summary.
+TARGET_VS_MATMUL = 1.15
+TARGET_VS_P2P = 1.05
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def machine() -> dict:
+    info = {"platform": platform.platform(), "python": platform.python_version(),
+            "torch": torch.__version__, "cpus": os.cpu_count()}
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        info["load_avg_at_start"] = os.getloadavg()
+    except OSError:
+        pass
+    try:
+        info["git_commit"] = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"],
+                                            capture_output=True, text=True,
+                                            timeout=10).stdout.strip()
+    except Exception:  # noqa: BLE001  (no git: the benchmark still runs)
+        pass
+    return info
+
+
+# ------------------------------------------------------------------------------------------------
+# rank side
+
+
+def _variants(dist, cuda_p2p, op, M, H, dtype, W, rank, gloo, p2p, ring_steps):
+    """{name: callable} for one case; inputs are allocated once."""
+    F = 4 * H
+    g = torch.Generator().manual_seed(1234 + rank)
+    rnd = lambda *s: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
+    if op == "all_gather_matmul":
+        A_shard, B = rnd(M // W, H), rnd(H, F // W)
+        A_full = rnd(M, H)
+        gathered = torch.empty(M, H, dtype=dtype)
+
+        def unfused(group):
+            def fn():
+                dist.all_gather_into_tensor(gathered, A_shard, group=group)
+                return gathered @ B
+            return fn
+
+        return {
+            "matmul": lambda: A_full @ B,
+            "gloo+matmul": unfused(gloo),
+            "cuda_p2p+matmul": unfused(p2p),
+            "fused": lambda: cuda_p2p.fused_all_gather_matmul(A_shard, [B], 0, p2p),
+        }
+    A, B = rnd(M, F // W), rnd(F // W, H)
+    out = torch.empty(M // W, H, dtype=dtype)
+
+    def unfused(group):
+        def fn():
+            dist.reduce_scatter_tensor(out, A @ B, group=group)
+            return out
+        return fn
+
+    v = {
+        "matmul": lambda: A @ B,
+        "gloo+matmul": unfused(gloo),
+        "cuda_p2p+matmul": unfused(p2p),
+        "fused pipeline": lambda: cuda_p2p.fused_matmul_reduce_scatter(
+            A, B, "sum", 0, p2p, algorithm="pipeline"),
+    }
+    for x in ring_steps:
+        v[f"fused ring S={x}W"] = (lambda s: lambda: cuda_p2p.fused_matmul_reduce_scatter(
+            A, B, "sum", 0, p2p, algorithm="ring", ring_steps=s))(x * W)
+    return v
+
+
+def _rank_main(rank, W, port, cases, iters, warmup, ring_steps, out_path):
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch.distributed as dist
+
+    import cuda_p2p
+
+    torch.set_num_threads(1)
+    dist.init_process_group("cuda_p2p", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=W)
+    p2p = dist.group.WORLD
+    gloo = dist.new_group(backend="gloo")
+    backend = cuda_p2p.get_cuda_p2p_backend(p2p)
+    results = []
+    for op, M, H, dname in cases:
+        dtype = DTYPES[dname]
+        variants = _variants(dist, cuda_p2p, op, M, H, dtype, W, rank, gloo, p2p, ring_steps)
+        names = list(variants)
+        for name in names:
+            for _ in range(warmup):
+                variants[name]()
+        backend.reset_counters()
+        times = {n: [] for n in names}
+        for it in range(iters):
+            k = it % len(names)
+            for name in names[k:] + names[:k]:
+                dist.barrier(group=gloo)
+                t0 = time.perf_counter()
+                variants[name]()
+                times[name].append(time.perf_counter() - t0)
+        slowest = {}
+        for name in names:
+            t = torch.tensor(times[name], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=gloo)
+            slowest[name] = t.tolist()
+        results.append({"op": op, "W": W, "M": M, "H": H, "F": 4 * H, "dtype": dname,
+                        "iters": iters, "times_s": slowest,
+                        "median_ms": {n: statistics.median(v) * 1e3 for n, v in slowest.items()},
+                        "min_ms": {n: min(v) * 1e3 for n, v in slowest.items()},
+                        "counters": dict(backend.get_counters())})
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(results, f)
+    dist.barrier(group=gloo)
+    dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------------------------------------
+# parent side
+
+
+def ratios(r: dict, stat: str = "median_ms") -> dict:
+    med = r[stat]
+    fused = [n for n in med if n.startswith("fused")]
+    out = {}
+    for f in fused:
+        out[f] = {"vs_matmul": med[f] / med["matmul"], "vs_gloo": med[f] / med["gloo+matmul"],
+                  "vs_cuda_p2p": med[f] / med["cuda_p2p+matmul"]}
+    return out
+
+
+def best_fused(r: dict, stat: str = "median_ms") -> str:
+    med = r[stat]
+    return min((n for n in med if n.startswith("fused")), key=lambda n: med[n])
+
+
+def print_table(results: list) -> None:
+    for r in results:
+        med = r["median_ms"]
+        print(f"\n{r['op']}  W={r['W']}  M={r['M']} H={r['H']} F={r['F']}  {r['dtype']}  "
+              f"({r['iters']} iterations, median of the slowest rank)")
+        rs = ratios(r)
+        print(f"  {'':20s} {'median':>9s}    {'min':>9s}")
+        for name, ms in med.items():
+            extra = ""
+            if name in rs:
+                x = rs[name]
+                extra = (f"  x{x['vs_matmul']:.3f} matmul  x{x['vs_gloo']:.3f} gloo+mm  "
+                         f"x{x['vs_cuda_p2p']:.3f} cuda_p2p+mm")
+            print(f"  {name:20s} {ms:9.2f} ms {r['min_ms'][name]:9.2f} ms{extra}")
+
+
+def check_targets(results: list, stat: str = "median_ms") -> list:
+    """One line per case: the best fused variant against the issue's targets."""
+    lines = []
+    for r in results:
+        name = best_fused(r, stat)
+        x = ratios(r, stat)[name]
+        ok = (x["vs_matmul"] <= TARGET_VS_MATMUL and x["vs_gloo"] < 1.0
+              and x["vs_cuda_p2p"] <= TARGET_VS_P2P)
+        lines.append(f"{'ok  ' if ok else 'MISS'} {r['op']:18s} W={r['W']} M={r['M']:5d} "
+                     f"H={r['H']:5d} {r['dtype']:9s} {name:18s} x{x['vs_matmul']:.3f} matmul "
+                     f"(<= {TARGET_VS_MATMUL}), x{x['vs_gloo']:.3f} gloo+mm (< 1), "
+                     f"x{x['vs_cuda_p2p']:.3f} cuda_p2p+mm (<= {TARGET_VS_P2P})")
+    return lines
+
+
+def plot(results: list, path: Path) -> None:
+    """Every variant's median time relative to the matmul alone, per case; one panel per op."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ops = ["all_gather_matmul", "matmul_reduce_scatter"]
+    fig, axes = plt.subplots(2, 1, figsize=(14, 9))
+    for ax, op in zip(axes, ops):
+        rows = [r for r in results if r["op"] == op]
+        if not rows:
+            ax.set_visible(False)
+            continue
+        names = [n for n in rows[0]["median_ms"] if n != "matmul"]
+        labels = [f"W{r['W']} {r['M']}x{r['H']}\n{r['dtype']}" for r in rows]
+        width = 0.8 / len(names)
+        for i, name in enumerate(names):
+            ys = [r["median_ms"][name] / r["median_ms"]["matmul"] for r in rows]
+            xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(rows))]
+            hatch = "" if name.startswith("fused") else "//"
+            ax.bar(xs, ys, width, label=name, hatch=hatch)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.axhline(TARGET_VS_MATMUL, color="r", lw=0.8, ls="--", label="1.15 x matmul (target)")
+        ax.set_xticks(range(len(rows)))
+        ax.set_xticklabels(labels, fontsize=7)
+        ax.set_title(f"{op}: median time / matmul alone (lower is better)")
+        ax.legend(fontsize=7, ncol=4)
+    fig.suptitle("cuda_p2p fused pipelines on CPU ranks: " + machine().get("cpu", ""))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--world-sizes", type=int, nargs="+", default=[4])
+    ap.add_argument("--shapes", nargs="+", default=None,
+                    help="MxH pairs (tokens x hidden), e.g. 2048x1024; F = 4H")
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=list(DTYPES))
+    ap.add_argument("--ops", nargs="+", default=["all_gather_matmul", "matmul_reduce_scatter"],
+                    choices=["all_gather_matmul", "matmul_reduce_scatter"])
+    ap.add_argument("--ring-steps", type=int, nargs="*", default=[1, 2],
+                    help="ring variants, as multiples of W (S = x * W)")
+    ap.add_argument("--iters", type=int, default=12)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="one small shape, few iterations")
+    ap.add_argument("--out-dir", type=Path, default=HERE / "results")
+    ap.add_argument("--tag", default="", help="suffix of the output file names")
+    args = ap.parse_args(argv)
+
+    shapes = QUICK_SHAPES if args.quick else DEFAULT_SHAPES
+    if args.shapes:
+        shapes = [tuple(int(x) for x in s.lower().split("x")) for s in args.shapes]
+    iters = 4 if args.quick else args.iters
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = args.out_dir / f"fused-{stamp}{('-' + args.tag) if args.tag else ''}"
+
+    import torch.multiprocessing as mp
+
+    sys.path.insert(0, str(REPO / "python"))
+    info = machine()
+    results = []
+    for W in args.world_sizes:
+        cases = [(op, M, H, d) for op in args.ops for (M, H) in shapes for d in args.dtypes
+                 if M % W == 0 and (4 * H) % W == 0]
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
+            out_path = tmp.name
+        t0 = time.time()
+        mp.spawn(_rank_main, args=(W, free_port(), cases, iters, args.warmup, args.ring_steps,
+                                   out_path), nprocs=W, join=True)
+        with open(out_path) as f:
+            results += json.load(f)
+        os.unlink(out_path)
+        print(f"[W={W}: {len(cases)} cases in {time.time() - t0:.0f} s]", file=sys.stderr)
+
+    print_table(results)
+    lines = check_targets(results)
+    print("\nTargets (best fused variant per case, medians):")
+    print("\n".join("  " + ln for ln in lines))
+    lines_min = check_targets(results, "min_ms")
+    print("\nTargets (best fused variant per case, minima: the least disturbed iteration):")
+    print("\n".join("  " + ln for ln in lines_min))
+    info["load_avg_at_end"] = os.getloadavg()
+    with open(base.with_suffix(".json"), "w") as f:
+        json.dump({"machine": info, "results": results, "targets": lines,
+                   "targets_min": lines_min}, f, indent=1)
+    try:
+        plot(results, base.with_suffix(".png"))
+    except ImportError as e:
+        print(f"(no plot: {e})", file=sys.stderr)
+    print(f"\nwrote {base.with_suffix('.json')} and {base.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

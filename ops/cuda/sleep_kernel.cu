@@ -1,0 +1,26 @@
+#include "ops/cuda/sleep_kernel.cuh"
+
+namespace cuda_p2p::cuda {
+
+namespace {
+
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__global__ void sleep_kernel(uint32_t nanoseconds) {
+  // __nanosleep may return early (its duration is a hint): sleep until the timer says so.
+  const uint64_t start = global_timer_ns();
+  while (global_timer_ns() - start < nanoseconds) __nanosleep(256);
+}
+
+}  // namespace
+
+cudaError_t launch_sleep(cudaStream_t stream, uint32_t nanoseconds) {
+  sleep_kernel<<<1, 1, 0, stream>>>(nanoseconds);
+  return cudaGetLastError();
+}
+
+}  // namespace cuda_p2p::cuda

@@ -1,0 +1,374 @@
+// all_gather(A_shard, gather_dim) @ B, with the gathering of shard i+1 hidden behind the GEMM of
+// shard i (DESIGN.md §5).
+#include <c10/util/Exception.h>
+
+#include <sstream>
+
+#include "ops/fused_ops.hpp"
+
+namespace cuda_p2p {
+
+namespace {
+
+constexpr const char* kOp = "fused_all_gather_matmul";
+
+// NOTE [All-gather→matmul schedule]
+// The shard is a [rows, cols] matrix (the gather dim moved to the front and flattened, or, when
+// the contraction dim is gathered, the leading dims flattened); slot r of the gathered stack
+// [W, rows, cols] is rank r's shard. Per round (NOTE [Pipeline buffer reuse]):
+//
+//   stream 0: GEMM own shard                | pull r+2 | GEMM r+2 | ...      (after both
+//   stream 1: barrier | copy own shard -> own buffer | barrier | pull r+1 | GEMM r+1 | ...
+//   stream 0:                             ... streams' last pulls) | barrier
+//
+// Step k = 1..W-1 pulls rank (rank+k)'s shard from its buffer (a copy-engine copy on CUDA) into
+// slot rank+k and consumes it, odd steps on stream 1 and even ones on stream 0, so that one
+// stream's copy overlaps the other's GEMM. Stream 1 publishes the own shard between two barriers
+// on its channel: after the first, no peer still reads the own buffer (the op's first write of
+// it); after the second, every rank's shard is in its buffer, and every pull comes after it
+// (stream 0's first pull waits for it). The local shard needs neither, so its GEMM starts at once
+// on stream 0 and hides both barriers' waits for the slowest rank. The closing barrier (stream 0,
+// its channel) comes after both streams' last pulls - not their last GEMMs, which read only local
+// memory - and says that no rank reads any buffer any more: the next round's publication waits
+// for it, and so may the next op.
+
+// A consumer: gets rank src's rows [row0, row0 + shard.size(0)) on pipeline stream `stream`.
+using Consumer = std::function<void(int src, int64_t row0, const at::Tensor& shard, int stream)>;
+
+void gather_and_consume(pipeline::Env& env, const at::Tensor& shard, const at::Tensor& stack,
+                        const Consumer& consume, bool fill_own_slot, pipeline::Stats& stats) {
+  auto& dev = env.device();
+  auto& ws = env.ws;
+  const int W = env.world_size(), rank = env.rank();
+  const int64_t rows = shard.size(0);
+  const int64_t row_bytes = shard.size(1) * static_cast<int64_t>(shard.element_size());
+  const int64_t rounds = pipeline::plan_rounds(env, rows, row_bytes, kOp, stats);
+  stats.rounds = rounds;
+  const Consumer* consumer = &consume;
+
+  pipeline::begin(env);
+  pipeline::EndGuard guard(env);
+  if (rounds > 0) {
+    // NOTE [Pipeline buffer reuse]: no peer reads the own buffer any more.
+    env.span(1, "barrier", [&] { ws.barrier(env.stream(1), env.channels[1]); });
+  }
+  std::shared_ptr<Event> closed;  // the previous round's closing barrier
+  for (int64_t round = 0; round < rounds; ++round) {
+    const auto [row0, row1] = pipeline::split_range(rows, rounds, round);
+    const int64_t len = row1 - row0;
+    const size_t bytes = static_cast<size_t>(len * row_bytes);
+    at::Tensor own = shard.narrow(0, row0, len);
+
+    if (closed) dev.wait_event(env.stream(1), *closed);
+    env.span(1, "publish",
+             [&] { dev.copy(env.stream(1), ws.buffer(rank), own.data_ptr(), bytes); });
+    env.span(1, "barrier", [&] { ws.barrier(env.stream(1), env.channels[1]); });
+    auto all_published = dev.record(env.stream(1));
+    env.run_compute(
+        0, [=] { (*consumer)(rank, row0, own, 0); }, "gemm own");
+
+    std::shared_ptr<Event> last_pull_on_1 = all_published;
+    for (int k = 1; k < W; ++k) {
+      const int s = k % 2;
+      const int src = (rank + k) % W;
+      at::Tensor slot = stack[src].narrow(0, row0, len);
+      if (k == 2) dev.wait_event(env.stream(0), *all_published);
+      env.span(s, "pull r+" + std::to_string(k),
+               [&] { dev.copy(env.stream(s), slot.data_ptr(), ws.buffer(src), bytes); });
+      if (s == 1) last_pull_on_1 = dev.record(env.stream(1));
+      env.run_compute(
+          s, [=] { (*consumer)(src, row0, slot, s); }, "gemm r+" + std::to_string(k));
+    }
+    if (fill_own_slot) {
+      // On the stream whose last GEMM comes earlier: the copy hides behind the other's.
+      const int s = W % 2 == 0 ? 0 : 1;
+      at::Tensor slot = stack[rank].narrow(0, row0, len);
+      env.span(s, "fill A",
+               [&] { dev.copy(env.stream(s), slot.data_ptr(), own.data_ptr(), bytes); });
+    }
+    dev.wait_event(env.stream(0), *last_pull_on_1);
+    env.span(0, "barrier", [&] { ws.barrier(env.stream(0), env.channels[0]); });
+    closed = dev.record(env.stream(0));
+  }
+  guard.release();
+  pipeline::end(env);
+}
+
+// The same over the wrapped backend: a ring (send to rank+1, receive from rank-1) that forwards
+// at step k the shard it received at step k-1; each shard is consumed while the next transfer
+// is in flight.
+void gather_and_consume_send_recv(c10d::Backend& backend, const at::Tensor& shard,
+                                  const at::Tensor& stack, const Consumer& consume) {
+  const int W = backend.getSize(), rank = backend.getRank();
+  const int right = (rank + 1) % W, left = (rank + W - 1) % W;
+  if (shard.size(0) == 0) return;
+  stack[rank].copy_(shard);
+  for (int k = 1; k < W; ++k) {
+    const int have = (rank + W - k + 1) % W;  // received at step k-1 (k = 1: our own)
+    const int next = (rank + W - k) % W;
+    auto work = pipeline::exchange(backend, stack[have], right, stack[next], left,
+                                   pipeline::kSendRecvTagBase + k);
+    consume(have, 0, stack[have], 0);
+    work->wait();
+  }
+  const int last = (rank + 1) % W;  // the one received at step W-1 (our own when W == 1)
+  consume(last, 0, stack[last], 0);
+}
+
+// The outputs are allocated with the shapes and strides of the unfused reference, found by
+// running its own view ops on meta tensors: all_gather_into_tensor (contiguous [W * d0, ...]),
+// .view(W, *shard.shape).movedim(gather_dim + 1, 1).flatten(0, 1) - a copy, or a view when the
+// dims before gather_dim have size 1 or W == 1 - then torch.matmul(A, B).movedim(0, gather_dim)
+// and A.movedim(0, gather_dim); or, when the contraction dim is gathered,
+// torch.cat(chunks, -1) and its matmul.
+struct Layout {
+  bool contraction = false;  // gather_dim is the last dim
+  std::optional<at::Tensor> A;
+  std::vector<at::Tensor> outputs;
+};
+
+at::Tensor allocate_like(const at::Tensor& meta, const at::TensorOptions& options) {
+  return at::empty_strided_symint(meta.sym_sizes(), meta.sym_strides(), options);
+}
+
+Layout make_layout(const at::Tensor& A_shard, at::TensorList Bs, int64_t gather_dim,
+                   int64_t world_size, bool return_A) {
+  Layout l;
+  const int64_t nd = A_shard.dim();
+  const auto meta = at::TensorOptions().device(at::kMeta).dtype(A_shard.scalar_type());
+  auto sizes = A_shard.sym_sizes().vec();
+  auto gathered_sizes = sizes;
+  gathered_sizes[0] = gathered_sizes[0] * world_size;
+  at::Tensor gathered = at::empty_symint(gathered_sizes, meta);
+  at::Tensor A;  // the reference's A before its dim 0 is moved back
+  l.contraction = gather_dim == nd - 1;
+  if (l.contraction) {
+    A = at::cat(gathered.chunk(world_size), -1);
+  } else {
+    std::vector<c10::SymInt> split{c10::SymInt(world_size)};
+    split.insert(split.end(), sizes.begin(), sizes.end());
+    A = gathered.view_symint(split).movedim(gather_dim + 1, 1).flatten(0, 1);
+  }
+  const int64_t back = l.contraction ? 0 : gather_dim;
+  if (return_A) l.A = allocate_like(A.movedim(0, back), A_shard.options());
+  for (const auto& B : Bs) {
+    at::Tensor b = at::empty_strided_symint(B.sym_sizes(), B.sym_strides(), meta);
+    l.outputs.push_back(allocate_like(at::matmul(A, b).movedim(0, back), B.options()));
+  }
+  return l;
+}
+
+// A [W, rows, cols] view of `t` with the gather dim moved to the front, when its memory is laid
+// out that way (the usual case); else an undefined tensor.
+at::Tensor stacked_view(const at::Tensor& t, int64_t gather_dim, int64_t W, int64_t rows) {
+  at::Tensor moved = t.movedim(gather_dim, 0);
+  if (!moved.is_contiguous()) return {};
+  return moved.view({W, rows, t.size(-1)});
+}
+
+// The problem as matrices, shared by both paths: the shard, the stack it is gathered into, and
+// the consumer writing the products.
+struct Problem {
+  Layout layout;
+  int64_t gather_dim;
+  at::Tensor shard;  // [rows, cols], contiguous
+  at::Tensor stack;  // [W, rows, cols], contiguous; aliases A when it can
+  std::vector<at::Tensor> Bs;
+  std::vector<at::Tensor> output_stacks;                // not contraction: [W, rows, n_b]
+  std::vector<std::array<at::Tensor, 2>> accumulators;  // contraction: per B, per stream
+
+  Problem(const at::Tensor& A_shard, at::TensorList Bs_, int64_t gather_dim_, int64_t W,
+          bool return_A)
+      : layout(make_layout(A_shard, Bs_, gather_dim_, W, return_A)),
+        gather_dim(gather_dim_),
+        Bs(Bs_.vec()) {
+    // Rows: every dim but the last (the gather dim first, when it is not the last).
+    int64_t rows = 1;
+    for (int64_t d = 0; d + 1 < A_shard.dim(); ++d) rows *= A_shard.size(d);
+    const int64_t cols = A_shard.size(-1);
+    if (layout.contraction) {
+      shard = A_shard.contiguous().view({rows, cols});
+      stack = at::empty({W, rows, cols}, A_shard.options());
+      const auto acc = A_shard.options().dtype(pipeline::accumulation_dtype(A_shard.scalar_type()));
+      for (const auto& B : Bs) {
+        accumulators.push_back({at::zeros({rows, B.size(1)}, acc),
+                                W > 1 ? at::zeros({rows, B.size(1)}, acc) : at::Tensor()});
+      }
+      return;
+    }
+    shard = A_shard.movedim(gather_dim, 0).contiguous().view({rows, cols});
+    if (layout.A) stack = stacked_view(*layout.A, gather_dim, W, rows);
+    if (!stack.defined()) stack = at::empty({W, rows, cols}, A_shard.options());
+    for (size_t b = 0; b < Bs.size(); ++b) {
+      at::Tensor view = stacked_view(layout.outputs[b], gather_dim, W, rows);
+      output_stacks.push_back(
+          view.defined() ? view : at::empty({W, rows, Bs[b].size(1)}, layout.outputs[b].options()));
+    }
+  }
+
+  void consume(int src, int64_t row0, const at::Tensor& rows, int stream) {
+    const int64_t len = rows.size(0);
+    for (size_t b = 0; b < Bs.size(); ++b) {
+      if (!layout.contraction) {
+        at::Tensor out = output_stacks[b][src].narrow(0, row0, len);
+        at::mm_out(out, rows, Bs[b]);
+        continue;
+      }
+      // Gathering the contraction dim: rank src's shard meets rows src*cols.. of B, and the
+      // products are summed. Each stream sums into its own accumulator (no cross-stream
+      // order needed); low-precision products are summed in float32.
+      const int64_t cols = rows.size(1);
+      at::Tensor b_rows = Bs[b].narrow(0, src * cols, cols);
+      at::Tensor acc = accumulators[b][stream].narrow(0, row0, len);
+      if (acc.scalar_type() == rows.scalar_type()) {
+        acc.addmm_(rows, b_rows);
+      } else {
+        acc.add_(at::mm(rows, b_rows));
+      }
+    }
+  }
+
+  AllGatherMatmulResult finish(int64_t W) {
+    AllGatherMatmulResult r;
+    if (!layout.contraction) {
+      // Where an output's layout could not be written in place (W == 1 with gather_dim > 0).
+      auto unstack = [&](at::Tensor& out, const at::Tensor& st) {
+        at::Tensor moved = out.movedim(gather_dim, 0);
+        if (st.data_ptr() != moved.data_ptr()) moved.copy_(st.view(moved.sizes()));
+      };
+      if (layout.A) unstack(*layout.A, stack);
+      for (size_t b = 0; b < Bs.size(); ++b) unstack(layout.outputs[b], output_stacks[b]);
+    } else {
+      for (size_t b = 0; b < Bs.size(); ++b) {
+        at::Tensor out = layout.outputs[b].view({shard.size(0), Bs[b].size(1)});
+        auto& acc = accumulators[b];
+        if (acc[1].defined()) acc[0].add_(acc[1]);
+        out.copy_(acc[0]);
+      }
+      if (layout.A) {
+        // [rows, W * cols] from the [W, rows, cols] stack: torch.cat(chunks, dim=-1).
+        layout.A->view({shard.size(0), W, shard.size(1)}).copy_(stack.permute({1, 0, 2}));
+      }
+    }
+    r.A = layout.A;
+    r.outputs = layout.outputs;
+    return r;
+  }
+};
+
+}  // namespace
+
+int64_t check_all_gather_matmul_args(const at::Tensor& A_shard, at::TensorList Bs,
+                                     int64_t gather_dim, int64_t world_size) {
+  TORCH_CHECK(A_shard.defined(), "cuda_p2p ", kOp, ": A_shard is undefined");
+  const int64_t nd = A_shard.dim();
+  TORCH_CHECK(nd >= 2, "cuda_p2p ", kOp, ": expected A_shard with at least 2 dims, got shape ",
+              A_shard.sizes());
+  TORCH_CHECK(gather_dim >= -nd && gather_dim < nd, "cuda_p2p ", kOp, ": gather_dim must be in [",
+              -nd, ", ", nd, ") for a ", nd, "-D A_shard, got ", gather_dim);
+  if (gather_dim < 0) gather_dim += nd;
+  TORCH_CHECK(at::isFloatingType(A_shard.scalar_type()), "cuda_p2p ", kOp,
+              ": expected a floating-point A_shard (float32, bfloat16, float16, float64), got ",
+              A_shard.scalar_type());
+  TORCH_CHECK(!Bs.empty(), "cuda_p2p ", kOp, ": expected at least one B, got none");
+  const bool contraction = gather_dim == nd - 1;
+  const int64_t k = contraction ? A_shard.size(-1) * world_size : A_shard.size(-1);
+  for (size_t i = 0; i < Bs.size(); ++i) {
+    const auto& B = Bs[i];
+    TORCH_CHECK(B.defined(), "cuda_p2p ", kOp, ": Bs[", i, "] is undefined");
+    TORCH_CHECK(B.dim() == 2, "cuda_p2p ", kOp, ": expected every B to be a matrix, got Bs[", i,
+                "] of shape ", B.sizes());
+    TORCH_CHECK(B.scalar_type() == A_shard.scalar_type(), "cuda_p2p ", kOp,
+                ": expected Bs of A_shard's dtype ", A_shard.scalar_type(), ", got Bs[", i, "] of ",
+                B.scalar_type());
+    TORCH_CHECK(B.device() == A_shard.device(), "cuda_p2p ", kOp, ": expected Bs on ",
+                A_shard.device(), " like A_shard, got Bs[", i, "] on ", B.device());
+    TORCH_CHECK(B.size(0) == k, "cuda_p2p ", kOp, ": Bs[", i, "] has ", B.size(0),
+                " rows, but the gathered A has ", k, " columns",
+                contraction ? " (gather_dim is the last dim: W * A_shard.size(-1))" : "");
+  }
+  return gather_dim;
+}
+
+AllGatherMatmulResult all_gather_matmul_pipeline(pipeline::Env& env, const at::Tensor& A_shard,
+                                                 at::TensorList Bs, int64_t gather_dim,
+                                                 bool return_A, pipeline::Stats& stats) {
+  const int64_t W = env.world_size();
+  gather_dim = check_all_gather_matmul_args(A_shard, Bs, gather_dim, W);
+  Problem p(A_shard, Bs, gather_dim, W, return_A);
+  // Only a returned A needs the own slot of the stack filled.
+  gather_and_consume(
+      env, p.shard, p.stack,
+      [&p](int src, int64_t row0, const at::Tensor& rows, int stream) {
+        p.consume(src, row0, rows, stream);
+      },
+      return_A, stats);
+  AllGatherMatmulResult r;
+  env.on_caller("finish", [&] { r = p.finish(W); });
+  return r;
+}
+
+AllGatherMatmulResult all_gather_matmul_send_recv(c10d::Backend& backend, const at::Tensor& A_shard,
+                                                  at::TensorList Bs, int64_t gather_dim,
+                                                  bool return_A) {
+  const int64_t W = backend.getSize();
+  gather_dim = check_all_gather_matmul_args(A_shard, Bs, gather_dim, W);
+  Problem p(A_shard, Bs, gather_dim, W, return_A);
+  gather_and_consume_send_recv(backend, p.shard, p.stack,
+                               [&p](int src, int64_t row0, const at::Tensor& rows, int stream) {
+                                 p.consume(src, row0, rows, stream);
+                               });
+  return p.finish(W);
+}
+
+std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_matmul(
+    const at::Tensor& A_shard, at::TensorList Bs, int64_t gather_dim, const std::string& group_name,
+    bool return_A) {
+  TORCH_CHECK(A_shard.defined(), "cuda_p2p ", kOp, ": A_shard is undefined");
+  auto& pg = pipeline::resolve_backend(group_name, A_shard.device().type(), kOp);
+  check_all_gather_matmul_args(A_shard, Bs, gather_dim, pg.getSize());
+  auto& state = pg.pipeline_state();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  AllGatherMatmulResult r;
+  if (pipeline::workspace_serves(pg.workspace(), A_shard.device())) {
+    pipeline::Env env = pipeline::make_env(pg, state);
+    pipeline::Stats stats;
+    r = pipeline::run_or_mark_failed(state, kOp, [&] {
+      return all_gather_matmul_pipeline(env, A_shard, Bs, gather_dim, return_A, stats);
+    });
+    pg.bump_counter("fused_all_gather_matmul.pipeline");
+    if (env.trace) state.last_trace = env.trace->events();
+    if (stats.rounds > 1) pg.bump_counter("fused_all_gather_matmul.rounds");
+    if (stats.grew) pg.bump_counter("fused_all_gather_matmul.grow");
+  } else {
+    auto wrapped = pg.wrapped_backend(A_shard.device().type());
+    TORCH_CHECK(wrapped, "cuda_p2p ", kOp, ": the workspace cannot serve ", A_shard.device(),
+                " tensors and the group has no wrapped backend for them");
+    r = all_gather_matmul_send_recv(*wrapped, A_shard, Bs, gather_dim, return_A);
+    pg.bump_counter("fused_all_gather_matmul.send_recv");
+  }
+  return {r.A, r.outputs};
+}
+
+std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_matmul_meta(
+    const at::Tensor& A_shard, at::TensorList Bs, int64_t gather_dim, const std::string& group_name,
+    bool return_A) {
+  const int64_t W = pipeline::resolve_group_size(group_name, kOp);
+  TORCH_CHECK(A_shard.dim() >= 2, "cuda_p2p ", kOp,
+              ": expected A_shard with at least 2 dims, got shape ", A_shard.sym_sizes());
+  bool concrete = !A_shard.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
+  for (const auto& B : Bs)
+    concrete = concrete && !B.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
+  if (concrete) {
+    gather_dim = check_all_gather_matmul_args(A_shard, Bs, gather_dim, W);
+  } else {
+    TORCH_CHECK(gather_dim >= -A_shard.dim() && gather_dim < A_shard.dim(), "cuda_p2p ", kOp,
+                ": gather_dim must be in [", -A_shard.dim(), ", ", A_shard.dim(), "), got ",
+                gather_dim);
+    if (gather_dim < 0) gather_dim += A_shard.dim();
+  }
+  auto l = make_layout(A_shard, Bs, gather_dim, W, return_A);
+  return {l.A, l.outputs};
+}
+
+}  // namespace cuda_p2p

@@ -1,0 +1,99 @@
+// The fused GEMM pipelines (DESIGN.md §5): all-gather→matmul and matmul→reduce-scatter.
+//
+// Three layers:
+//  * the dispatcher ops torch.ops.cuda_p2p.fused_* (ops/registration.cpp), which resolve the
+//    group, pick a path, count it on the backend and call
+//  * the paths below: over the workspace (Env, two streams) or over the wrapped backend's
+//    send/recv (no workspace needed), each handling any gather/scatter dim; they are what the
+//    GoogleTest binaries drive directly, and which share
+//  * the output layouts, also used by the Meta kernels, so that every path and the Meta kernel
+//    return the shapes and strides of the unfused reference.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <string>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <tuple>
+#include <vector>
+
+#include "ops/pipeline_common.hpp"
+
+namespace cuda_p2p {
+
+// ---- dispatcher ops ------------------------------------------------------------------------
+
+// all_gather(A_shard, gather_dim) @ B for each B in Bs. Returns the gathered A (unless
+// return_A is false) and the products, laid out like the unfused reference: gathered along
+// gather_dim (rank r's shard at index r), then torch.matmul.
+std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_matmul(
+    const at::Tensor& A_shard, at::TensorList Bs, int64_t gather_dim, const std::string& group_name,
+    bool return_A);
+
+// reduce_scatter(A @ B, reduce_op, scatter_dim): rank r gets the r-th of W equal slices along
+// scatter_dim of the sum (or mean) over ranks of A @ B. `algorithm`: "pipeline", "ring", or
+// "auto" (the pipeline on CUDA tensors, the ring on CPU tensors or when ring_steps is given);
+// `ring_steps` (S, a multiple of the group size; 0 means the group size) for the ring.
+at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
+                                       const std::string& reduce_op, int64_t scatter_dim,
+                                       const std::string& group_name, const std::string& algorithm,
+                                       int64_t ring_steps);
+
+// Meta kernels: outputs with the right shapes, dtypes and strides, no data.
+std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_matmul_meta(
+    const at::Tensor& A_shard, at::TensorList Bs, int64_t gather_dim, const std::string& group_name,
+    bool return_A);
+at::Tensor fused_matmul_reduce_scatter_meta(const at::Tensor& A, const at::Tensor& B,
+                                            const std::string& reduce_op, int64_t scatter_dim,
+                                            const std::string& group_name,
+                                            const std::string& algorithm, int64_t ring_steps);
+
+// Forces the linker to keep ops/registration.cpp (and with it the TORCH_LIBRARY blocks) in a
+// binary that links the static core library: call it once from the module that loads the ops.
+void ensure_fused_ops_registered();
+
+// ---- paths -----------------------------------------------------------------------------------
+
+struct AllGatherMatmulResult {
+  std::optional<at::Tensor> A;
+  std::vector<at::Tensor> outputs;
+};
+
+// Checks the arguments, returns gather_dim in [0, A_shard.dim()).
+int64_t check_all_gather_matmul_args(const at::Tensor& A_shard, at::TensorList Bs,
+                                     int64_t gather_dim, int64_t world_size);
+
+// The all-gather→matmul pipeline over the workspace (NOTE [All-gather→matmul schedule]).
+AllGatherMatmulResult all_gather_matmul_pipeline(pipeline::Env& env, const at::Tensor& A_shard,
+                                                 at::TensorList Bs, int64_t gather_dim,
+                                                 bool return_A, pipeline::Stats& stats);
+// The same product over `backend`'s send/recv: a ring all-gather whose shards are consumed as
+// they arrive.
+AllGatherMatmulResult all_gather_matmul_send_recv(c10d::Backend& backend, const at::Tensor& A_shard,
+                                                  at::TensorList Bs, int64_t gather_dim,
+                                                  bool return_A);
+
+enum class ReduceOp { kSum, kAvg };
+ReduceOp parse_reduce_op(const std::string& reduce_op, const char* op);
+
+// Checks the arguments, returns scatter_dim in [0, A.dim()).
+int64_t check_matmul_reduce_scatter_args(const at::Tensor& A, const at::Tensor& B,
+                                         int64_t scatter_dim, int64_t world_size);
+// The number of ring steps for `ring_steps` (0: the group size); checks it is a multiple of W.
+int64_t check_ring_steps(int64_t ring_steps, int64_t world_size);
+
+// The matmul→reduce-scatter pipeline over the workspace (NOTE [Matmul→reduce-scatter schedule]).
+at::Tensor matmul_reduce_scatter_pipeline(pipeline::Env& env, const at::Tensor& A,
+                                          const at::Tensor& B, ReduceOp reduce_op,
+                                          int64_t scatter_dim, pipeline::Stats& stats);
+// The ring reduce-scatter in `steps` steps over the workspace (NOTE [Ring reduce-scatter]).
+at::Tensor matmul_reduce_scatter_ring(pipeline::Env& env, const at::Tensor& A, const at::Tensor& B,
+                                      ReduceOp reduce_op, int64_t scatter_dim, int64_t steps,
+                                      pipeline::Stats& stats);
+// The same ring over `backend`'s send/recv.
+at::Tensor matmul_reduce_scatter_send_recv(c10d::Backend& backend, const at::Tensor& A,
+                                           const at::Tensor& B, ReduceOp reduce_op,
+                                           int64_t scatter_dim, int64_t steps);
+
+}  // namespace cuda_p2p

@@ -1,0 +1,282 @@
+#include "ops/pipeline_common.hpp"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <exception>
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
+
+#include "backend/CoalescedWork.hpp"
+
+#ifdef CUDA_P2P_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+
+#include "ops/cuda/sleep_kernel.cuh"
+#endif
+
+namespace cuda_p2p {
+
+ProcessGroupCudaP2P::PipelineState& ProcessGroupCudaP2P::pipeline_state() {
+  std::lock_guard<std::mutex> lock(pipeline_state_mutex_);
+  if (!pipeline_state_) pipeline_state_ = std::make_shared<PipelineState>();
+  return *pipeline_state_;
+}
+
+namespace pipeline {
+
+void Trace::begin(int stream, std::string what) {
+  std::lock_guard<std::mutex> lock(mu_);
+  open_[stream] = static_cast<int64_t>(events_.size());
+  events_.push_back({stream, std::move(what), now_us(), -1.0});
+}
+
+void Trace::end(int stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (open_[stream] >= 0) events_[open_[stream]].end_us = now_us();
+  open_[stream] = -1;
+}
+
+std::vector<TraceEvent> Trace::events() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return events_;
+}
+
+double Trace::now_us() const {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0_).count();
+}
+
+void Env::run(int i, std::function<void()> fn, std::string what) const {
+  if (!trace) {
+    device().run(stream(i), [fn = std::move(fn), tls = &tls] {
+      at::ThreadLocalStateGuard guard(*tls);
+      fn();
+    });
+    return;
+  }
+  device().run(stream(i), [fn = std::move(fn), tls = &tls, trace = trace, i, what] {
+    at::ThreadLocalStateGuard guard(*tls);
+    if (trace) trace->begin(i, what);
+    fn();
+    if (trace) trace->end(i);
+  });
+}
+
+void Env::span(int i, const std::string& what, const std::function<void()>& enqueue) const {
+  if (!trace) return enqueue();
+  device().run(stream(i), [trace = trace, i, what] { trace->begin(i, what); });
+  enqueue();
+  device().run(stream(i), [trace = trace, i] { trace->end(i); });
+}
+
+void Env::on_caller(const char* what, const std::function<void()>& fn) const {
+  if (trace) trace->begin(2, what);
+  fn();
+  if (trace) trace->end(2);
+}
+
+void Env::run_compute(int i, std::function<void()> fn, std::string what) {
+  auto& dev = device();
+  if (serialize_compute && last_compute && last_compute_stream != i) {
+    dev.wait_event(stream(i), *last_compute);
+  }
+  run(i, std::move(fn), std::move(what));
+  if (serialize_compute) {
+    last_compute = dev.record(stream(i));
+    last_compute_stream = i;
+  }
+}
+
+void Env::wait_stream(int i, int j) const {
+  device().wait_event(stream(i), *device().record(stream(j)));
+}
+
+std::array<std::shared_ptr<Stream>, 2> acquire_streams(Device& device,
+                                                       ProcessGroupCudaP2P::PipelineState& state) {
+  if (!device.tensor_device().is_cpu()) {
+    return {device.new_stream(/*high_priority=*/false), device.new_stream(/*high_priority=*/true)};
+  }
+  for (int i = 0; i < 2; ++i) {
+    if (!state.host_streams[i]) {
+      auto s = device.new_stream(/*high_priority=*/i == 1);
+      // Executor threads start with ATen's default intra-op thread count; give them the one
+      // the process chose (torch.set_num_threads), like ATen's own worker threads.
+      device.run(*s, [] { at::init_num_threads(); });
+      state.host_streams[i] = std::move(s);
+    }
+  }
+  return state.host_streams;
+}
+
+Env make_env(ProcessGroupCudaP2P& backend, ProcessGroupCudaP2P::PipelineState& state) {
+  TORCH_CHECK(state.failure.empty(),
+              "cuda_p2p: an earlier fused op on this group failed midway, so the ranks' pipeline "
+              "signals may disagree; destroy the group and create a new one. The failure was: ",
+              state.failure);
+  auto& ws = *backend.workspace();
+  auto& dev = ws.device();
+  Env env(ws, dev.current_stream(), acquire_streams(dev, state),
+          {ProcessGroupCudaP2P::kPipelineChannels[0], ProcessGroupCudaP2P::kPipelineChannels[1]},
+          backend.options()->max_buffer_size,
+          /*serialize_compute=*/dev.tensor_device().is_cpu());
+  if (state.tracing) env.trace = std::make_shared<Trace>();
+  return env;
+}
+
+void begin(Env& env) {
+  auto& dev = env.device();
+  auto ready = dev.record(*env.caller);
+  for (int i = 0; i < 2; ++i) dev.wait_event(env.stream(i), *ready);
+}
+
+void end(Env& env) {
+  auto& dev = env.device();
+  if (!env.host()) {
+    for (int i = 0; i < 2; ++i) dev.wait_event(*env.caller, *dev.record(env.stream(i)));
+    return;
+  }
+  // First the caller waits until both streams have drained (waiting on the caller's own stream
+  // runs at once on the host and reports a stream's error without clearing it). Only then are
+  // the errors collected, and thereby cleared: clearing one stream's error while the other may
+  // still wait for it would let that one run on past it.
+  std::exception_ptr error;
+  for (int i : {1, 0}) {
+    try {
+      dev.wait_event(*env.caller, *dev.record(env.stream(i)));
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
+  for (int i : {0, 1}) {
+    try {
+      dev.synchronize(env.stream(i));
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+EndGuard::~EndGuard() {
+  if (!active_) return;
+  try {
+    end(env_);
+  } catch (...) {  // NOLINT(bugprone-empty-catch): the exception in flight is the one to report
+  }
+}
+
+void delay_stream(Env& env, int i) {
+#ifdef CUDA_P2P_WITH_CUDA
+  if (env.host()) return;
+  env.device().run(env.stream(i), [] {
+    // ~2 microseconds on current GPUs: nothing next to a GEMM, and enough that the other
+    // stream's kernel reaches the GPU first.
+    const cudaError_t err = cuda::launch_sleep(c10::cuda::getCurrentCUDAStream().stream(), 2000);
+    TORCH_CHECK(err == cudaSuccess,
+                "cuda_p2p: launching the sleep kernel failed: ", cudaGetErrorString(err));
+  });
+#else
+  (void)env;
+  (void)i;
+#endif
+}
+
+int64_t plan_rounds(Env& env, int64_t rows, int64_t bytes_per_row, const char* op, Stats& stats) {
+  TORCH_CHECK(rows >= 0 && bytes_per_row >= 0, "cuda_p2p ", op, ": bad payload of ", rows,
+              " rows of ", bytes_per_row, " bytes");
+  if (rows == 0) return 0;
+  if (bytes_per_row == 0) return 1;  // nothing to exchange, but the consumers still run
+  const int64_t need = rows * bytes_per_row;
+  if (need > env.ws.buffer_size()) {
+    const int64_t target = std::min(need, std::max(env.max_buffer_size, env.ws.buffer_size()));
+    if (target > env.ws.buffer_size()) {
+      env.ws.grow_to(target);
+      stats.grew = true;
+    }
+  }
+  const int64_t rows_per_round = env.ws.buffer_size() / bytes_per_row;
+  TORCH_CHECK(rows_per_round > 0, "cuda_p2p ", op, ": one row of the payload needs ", bytes_per_row,
+              " bytes of workspace, but the buffer holds ", env.ws.buffer_size(),
+              " bytes and may grow to max_buffer_size = ", env.max_buffer_size,
+              " bytes; raise ProcessGroupCudaP2P.Options.max_buffer_size");
+  return (rows + rows_per_round - 1) / rows_per_round;
+}
+
+std::pair<int64_t, int64_t> split_range(int64_t total, int64_t parts, int64_t i) {
+  const int64_t base = total / parts, extra = total % parts;
+  const int64_t begin = i * base + std::min(i, extra);
+  return {begin, begin + base + (i < extra ? 1 : 0)};
+}
+
+namespace {
+
+c10::intrusive_ptr<c10d::ProcessGroup> resolve_group(const std::string& group_name,
+                                                     const char* op) {
+  try {
+    return c10d::resolve_process_group(group_name);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "cuda_p2p ", op, ": no process group named '", group_name,
+                "' (pass group.group_name of a group created with backend='cuda_p2p'): ", e.what());
+  }
+}
+
+}  // namespace
+
+int64_t resolve_group_size(const std::string& group_name, const char* op) {
+  return resolve_group(group_name, op)->getSize();
+}
+
+ProcessGroupCudaP2P& resolve_backend(const std::string& group_name, c10::DeviceType device_type,
+                                     const char* op) {
+  auto group = resolve_group(group_name, op);
+  c10::intrusive_ptr<c10d::Backend> backend;
+  try {
+    backend = group->getBackend(device_type);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "cuda_p2p ", op, ": group '", group_name, "' has no backend for ",
+                c10::DeviceTypeName(device_type), " tensors: ", e.what());
+  }
+  auto* ours = dynamic_cast<ProcessGroupCudaP2P*>(backend.get());
+  TORCH_CHECK(ours != nullptr, "cuda_p2p ", op,
+              ": expected a group created with "
+              "backend='cuda_p2p', but group '",
+              group_name, "' runs ",
+              backend ? backend->getBackendName() : std::string("no backend"), " for ",
+              c10::DeviceTypeName(device_type), " tensors");
+  return *ours;
+}
+
+bool workspace_serves(const SymmetricWorkspace* ws, const at::Device& device) {
+  if (ws == nullptr || !ws->available()) return false;
+  const at::Device wd = ws->device().tensor_device();
+  return wd.type() == device.type() && (device.is_cpu() || wd.index() == device.index());
+}
+
+at::ScalarType accumulation_dtype(at::ScalarType dtype) {
+  return dtype == at::kHalf || dtype == at::kBFloat16 ? at::kFloat : dtype;
+}
+
+c10::intrusive_ptr<c10d::Work> exchange(c10d::Backend& backend, at::Tensor send, int dst,
+                                        at::Tensor recv, int src, int tag) {
+  std::vector<at::Tensor> send_v, recv_v;
+  if (send.defined()) send_v.push_back(std::move(send));
+  if (recv.defined()) recv_v.push_back(std::move(recv));
+  const bool coalesce = backend.supportsCoalescing() && !send_v.empty() && !recv_v.empty();
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  if (coalesce) backend.startCoalescing();
+  // Receive first: a backend that runs each operation as it is issued has the receive posted
+  // before its own send can block on the peer's.
+  if (!recv_v.empty()) works.push_back(backend.recv(recv_v, src, tag));
+  if (!send_v.empty()) works.push_back(backend.send(send_v, dst, tag));
+  if (coalesce) {
+    auto work = backend.endCoalescing();
+    if (work) return work;
+  }
+  std::vector<c10::intrusive_ptr<c10d::Work>> live;
+  for (auto& w : works) {
+    if (w) live.push_back(std::move(w));
+  }
+  return c10::make_intrusive<CoalescedWork>(backend.getRank(), std::move(live));
+}
+
+}  // namespace pipeline
+}  // namespace cuda_p2p

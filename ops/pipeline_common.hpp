@@ -1,0 +1,242 @@
+// What the fused GEMM pipelines (fused_all_gather_matmul.cpp, fused_matmul_reduce_scatter.cpp)
+// share: the two streams they schedule on, how work enters and leaves them, how a payload is
+// fitted into the workspace buffer, and how an op finds its backend from a group name.
+//
+// Everything here is written against the device interface (p2p_workspace/device.hpp), so the
+// schedule a GPU runs is the one CI runs on the host.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/ThreadLocalState.h>
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/ProcessGroupCudaP2P.hpp"
+#include "p2p_workspace/symmetric_workspace.hpp"
+
+namespace cuda_p2p {
+
+// NOTE [Pipeline buffer reuse]
+// A pipeline's first write of its own buffer comes after a barrier (on its stream 1): other users
+// of the workspace may return while peers still read this rank's buffer (the workspace
+// collectives end without a barrier; a user of get_p2p_buffer may too), so that barrier is what
+// says no one does any more. A pipeline in turn ends only after its last read of any buffer is
+// known to be over everywhere - a closing barrier, or in the ring the readers' acknowledgements -
+// so whatever runs next may write its own buffer at once. Within an op, a region of the buffer is
+// rewritten only after the barrier (or acknowledgement) that follows the readers' copies of it:
+// the all-gather payload once per round, each half of the reduce-scatter double buffer once per
+// step of the stream that owns it, each ring slot once every second publication.
+
+namespace pipeline {
+
+// One span of a traced pipeline: what ran on which stream, from when its stream reached it to
+// when it finished (microseconds since the op began). Stream 2 is the caller.
+struct TraceEvent {
+  int stream;
+  std::string what;
+  double start_us;
+  double end_us;
+};
+
+// The spans of one op, recorded on the host (on CUDA the enqueueing is timed, not the work).
+class Trace {
+ public:
+  Trace() : t0_(std::chrono::steady_clock::now()) {}
+  void begin(int stream, std::string what);
+  void end(int stream);
+  std::vector<TraceEvent> events() const;
+
+ private:
+  double now_us() const;
+  std::chrono::steady_clock::time_point t0_;
+  mutable std::mutex mu_;
+  std::vector<TraceEvent> events_;
+  std::array<int64_t, 3> open_{-1, -1, -1};
+};
+
+}  // namespace pipeline
+
+struct ProcessGroupCudaP2P::PipelineState {
+  // Held for the whole of a fused op: two ops on one backend must not interleave their signals
+  // on the pipeline channels (NOTE [Signal sequence numbers]) nor their send/recv tags.
+  std::mutex mutex;
+  std::array<std::shared_ptr<Stream>, 2> host_streams;
+  // Set when a pipeline failed midway (a timeout, a peer that died): the ranks' signal counts
+  // on the pipeline channels may then disagree, so later pipelines refuse to run rather than
+  // hang or read a half-written buffer. Says what failed.
+  std::string failure;
+  // Diagnostics: when set, each op records a Trace, kept until the next op.
+  bool tracing = false;
+  std::vector<pipeline::TraceEvent> last_trace;
+};
+
+namespace pipeline {
+
+// How big a workspace payload may grow before an op uses rounds instead (see plan_rounds).
+inline constexpr int64_t kDefaultMaxBufferSize = int64_t{256} << 20;
+
+// Which path a fused op took, for the backend's counters.
+struct Stats {
+  int64_t rounds = 0;  // rounds run through the workspace (> 1: the buffer was too small)
+  bool grew = false;   // the workspace was grown for this op
+};
+
+// One pipelined op's view of the world: the workspace, the caller's stream and the pipeline's
+// two streams, each with its own signal channel.
+//
+// NOTE [Pipeline streams]
+// streams[0] ("the first stream") has normal priority; streams[1] ("the second stream") has high
+// priority on CUDA and carries the communication of the alternate steps. Both start after
+// everything the caller enqueued before the op (begin), and the caller continues only after
+// both (end): on CUDA in stream order, on the host by blocking, so an op returns with its
+// results complete. Each stream signals only on its own channel (channels[i]), so barriers
+// issued from the two streams never consume each other's signals.
+struct Env {
+  Env(SymmetricWorkspace& ws, std::shared_ptr<Stream> caller,
+      std::array<std::shared_ptr<Stream>, 2> streams, std::array<int, 2> channels,
+      int64_t max_buffer_size, bool serialize_compute)
+      : ws(ws),
+        caller(std::move(caller)),
+        streams(std::move(streams)),
+        channels(channels),
+        max_buffer_size(max_buffer_size),
+        serialize_compute(serialize_compute) {}
+
+  SymmetricWorkspace& ws;
+  std::shared_ptr<Stream> caller;
+  std::array<std::shared_ptr<Stream>, 2> streams;
+  std::array<int, 2> channels;
+  // Largest buffer an op may grow the workspace to (bytes).
+  int64_t max_buffer_size;
+  // NOTE [Compute order]: whether the GEMMs of the two streams run one at a time.
+  bool serialize_compute;
+  // The caller's thread-local ATen state (grad mode, dispatch exclusions, ...), replayed around
+  // every closure run on a stream: on the host those run on executor threads.
+  at::ThreadLocalState tls;
+
+  Device& device() const { return ws.device(); }
+
+  // The last GEMM enqueued (run_compute) and its stream.
+  std::shared_ptr<Event> last_compute;
+  int last_compute_stream = -1;
+
+  int rank() const { return ws.rank(); }
+  int world_size() const { return ws.world_size(); }
+  Stream& stream(int i) const { return *streams[i]; }
+  bool host() const { return device().tensor_device().is_cpu(); }
+
+  // Runs `fn` in order on stream i, with the caller's thread-local state; `what` names it in a
+  // trace.
+  void run(int i, std::function<void()> fn, std::string what = "run") const;
+  // Runs a GEMM `fn` on stream i; with serialize_compute, after the previous GEMM of the other
+  // stream (NOTE [Compute order]).
+  void run_compute(int i, std::function<void()> fn, std::string what = "gemm");
+  // Calls `enqueue` (which enqueues work on stream i: a copy, a barrier); in a trace, the span
+  // covers that work.
+  void span(int i, const std::string& what, const std::function<void()>& enqueue) const;
+  // Runs `fn` on the calling thread now (stream 2 of a trace).
+  void on_caller(const char* what, const std::function<void()>& fn) const;
+  // Set to trace this op (ProcessGroupCudaP2P::PipelineState::tracing).
+  std::shared_ptr<Trace> trace;
+  // Stream i waits for everything enqueued on stream j so far.
+  void wait_stream(int i, int j) const;
+};
+
+// NOTE [Compute order]
+// On CUDA the two streams' GEMMs may run at once: together they fill the SMs better than one
+// (less wave quantisation), and copies use the copy engine, not SMs. On the host a stream is a
+// thread, a copy is a memcpy by that thread, and the rank's cores are shared with its peers:
+// two GEMMs at once only compete for the same cores and caches. So on the host each GEMM waits
+// for the previous one (of either stream), and what overlaps a GEMM is the other stream's
+// copies and signals - the copy engine's role. The order of the steps, the streams they run on
+// and every signal stay the same, so the host still runs (and CI checks) the schedule a GPU
+// runs; only the GEMMs are chained by events. make_env picks serialize_compute by device.
+
+// The pipeline streams of `device`: on the host, executor threads kept in `state` (created on
+// first use); on CUDA, pool streams (the second one high priority).
+std::array<std::shared_ptr<Stream>, 2> acquire_streams(Device& device,
+                                                       ProcessGroupCudaP2P::PipelineState& state);
+
+// The Env of an op on `backend` (whose workspace serves the op's tensors): the workspace, the
+// caller's current stream, the pipeline streams, channels ProcessGroupCudaP2P::kPipelineChannels,
+// the backend's max_buffer_size, and serialize_compute on the host (NOTE [Compute order]).
+// `state` is the backend's pipeline_state(), whose mutex the caller holds.
+Env make_env(ProcessGroupCudaP2P& backend, ProcessGroupCudaP2P::PipelineState& state);
+
+// Runs `fn()` (a pipeline over the workspace); an exception out of it marks the backend's
+// pipelines failed (PipelineState::failure) and propagates. make_env refuses a failed backend.
+template <typename Fn>
+auto run_or_mark_failed(ProcessGroupCudaP2P::PipelineState& state, const char* op, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    state.failure = std::string(op) + ": " + e.what();
+    throw;
+  }
+}
+
+// Both pipeline streams wait for the caller's stream.
+void begin(Env& env);
+// The caller's stream waits for both pipeline streams (on the host: blocks until both have run
+// and rethrows the first error of either, leaving both usable for the next op).
+void end(Env& env);
+
+// Runs end(env) when a pipeline is left by an exception half-way, so that no stream still uses
+// the op's temporaries after they are freed. The error itself is the one already in flight.
+class EndGuard {
+ public:
+  explicit EndGuard(Env& env) : env_(env) {}
+  ~EndGuard();
+  void release() { active_ = false; }
+
+ private:
+  Env& env_;
+  bool active_ = true;
+};
+
+// On CUDA, a few microseconds of sleep on stream i so that the other stream's next kernel is
+// scheduled first on every rank (NOTE [Launch order] in fused_matmul_reduce_scatter.cpp). No-op
+// on the host.
+void delay_stream(Env& env, int i);
+
+// How many rounds a payload of `rows` rows of `bytes_per_row` bytes needs in the workspace.
+// If it does not fit, the workspace grows (collectively: every rank asks for the same size,
+// since the shapes are the same on every rank) up to env.max_buffer_size; what still does not
+// fit is processed in rounds of as many rows as fit.
+int64_t plan_rounds(Env& env, int64_t rows, int64_t bytes_per_row, const char* op, Stats& stats);
+
+// The [begin, end) of part i of n of `total` (sizes differ by at most one, larger ones first).
+std::pair<int64_t, int64_t> split_range(int64_t total, int64_t parts, int64_t i);
+
+// The cuda_p2p backend of the group named `group_name` for tensors of `device_type`; a clear
+// error when the group does not exist or is not a cuda_p2p group.
+ProcessGroupCudaP2P& resolve_backend(const std::string& group_name, c10::DeviceType device_type,
+                                     const char* op);
+// The size of the group named `group_name` (any backend).
+int64_t resolve_group_size(const std::string& group_name, const char* op);
+
+// Whether a workspace on `ws`'s device can drive tensors on `device`.
+bool workspace_serves(const SymmetricWorkspace* ws, const at::Device& device);
+
+// A floating-point dtype the pipelines accumulate in: float32 for the 16-bit types, else itself.
+at::ScalarType accumulation_dtype(at::ScalarType dtype);
+
+// Tags for the wrapped backend's send/recv in the fallback paths, one per step; kept far from
+// the small tags users pick.
+inline constexpr int kSendRecvTagBase = 0x5f000000;
+
+// One exchange with the ring neighbours over the wrapped backend: sends `send` to `dst` and
+// receives `recv` from `src` (either may be undefined), issued together (coalesced where the
+// backend supports it) so that neither direction waits for the other.
+c10::intrusive_ptr<c10d::Work> exchange(c10d::Backend& backend, at::Tensor send, int dst,
+                                        at::Tensor recv, int src, int tag);
+
+}  // namespace pipeline
+}  // namespace cuda_p2p
