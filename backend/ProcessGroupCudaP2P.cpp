@@ -47,6 +47,13 @@ ProcessGroupCudaP2P::ProcessGroupCudaP2P(c10::intrusive_ptr<c10d::Store> store, 
   }
 
   // Collective settings: Options first, then the environment, then the measured defaults.
+  if (const char* v = std::getenv(kWorkspaceCollectivesEnv); v && *v) {
+    const std::string value(v);
+    TORCH_CHECK(value == "0" || value == "1", "cuda_p2p: ", kWorkspaceCollectivesEnv,
+                " must be 0 (collectives on the wrapped backend) or 1, got '", value, "'");
+    collectives_on_ = value == "1";
+  }
+  if (!options_->workspace_collectives) collectives_on_ = false;
   ops::apply_environment(collective_config_);
   if (auto a = ops::parse_all_gather_algo(options_->all_gather_algo, "Options.all_gather_algo");
       a != ops::AllGatherAlgo::kAuto) {
@@ -232,7 +239,7 @@ void ProcessGroupCudaP2P::run_collective(
 }
 
 const char* ProcessGroupCudaP2P::workspace_rejects(c10::ArrayRef<at::Tensor> tensors) const {
-  if (!is_p2p_available()) return "workspace unavailable";
+  if (!uses_workspace_collectives()) return "workspace unavailable or its collectives off";
   const at::Device device = workspace_->device().tensor_device();
   for (const auto& t : tensors) {
     if (!t.defined() || t.layout() != at::kStrided || t.device() != device) return "device";
@@ -654,7 +661,7 @@ WorkPtr ProcessGroupCudaP2P::barrier(const c10d::BarrierOptions& opts) {
   // A barrier for a CUDA device stays with NCCL unless the workspace itself is on CUDA.
   const bool device_ok = !opts.device.has_value() || !opts.device->is_cuda() ||
                          (is_p2p_available() && !workspace_->device().tensor_device().is_cpu());
-  if (!is_p2p_available() || !device_ok) {
+  if (!uses_workspace_collectives() || !device_ok) {
     bump_counter("barrier.wrapped");
     c10d::Backend& b = route_barrier(opts);
     auto work = b.barrier(opts);

@@ -37,6 +37,10 @@ class ProcessGroupCudaP2P : public c10d::Backend {
     std::optional<int64_t> buffer_size;
     // Whether to set up the P2P workspace at all (also turned off by CUDA_P2P_DISABLE_WORKSPACE=1).
     bool enable_workspace = true;
+    // Whether the collectives run on the workspace when it is available (also turned off by
+    // CUDA_P2P_WORKSPACE_COLLECTIVES=0): off, they all go to the wrapped backend while the
+    // workspace stays up for everything else - for comparison and debugging.
+    bool workspace_collectives = true;
     // Handed to the wrapped NCCL backend (a ProcessGroupNCCL.Options in Python); may be null.
     c10::intrusive_ptr<c10d::Backend::Options> nccl_options;
     // The largest buffer (bytes) an op may grow the workspace to on its own; an op that needs
@@ -84,6 +88,8 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // --- the P2P workspace (DESIGN.md §4) --------------------------------------------------------
   // Environment variable that turns the workspace off ("1").
   static constexpr const char* kDisableWorkspaceEnv = "CUDA_P2P_DISABLE_WORKSPACE";
+  // Environment variable that sends the collectives to the wrapped backend ("0").
+  static constexpr const char* kWorkspaceCollectivesEnv = "CUDA_P2P_WORKSPACE_COLLECTIVES";
   // Signal channels (one per stream that signals; see NOTE [Signal sequence numbers]):
   // the API's own barrier, the workspace collectives, and the two streams of the fused pipelines.
   static constexpr int kApiChannel = 0;
@@ -111,7 +117,7 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // The workspace collectives' effective settings (Options, then environment, then defaults).
   const ops::CollectiveConfig& collective_config() const { return collective_config_; }
   // Whether the collectives run on the workspace (available, and not turned off).
-  bool uses_workspace_collectives() const { return is_p2p_available(); }
+  bool uses_workspace_collectives() const { return collectives_on_ && is_p2p_available(); }
 
   // Collective: gathers a different number of rows (dim 0) from every rank: sizes[r] is rank r's
   // count (the same list on every rank), input has sizes[rank] rows, other dims equal on every
@@ -235,6 +241,7 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   std::string workspace_off_reason_;
 
   ops::CollectiveConfig collective_config_;
+  bool collectives_on_ = true;  // Options.workspace_collectives and its environment variable
   // Guards collective_state_ and the collective channel's signal counts (host callers on several
   // threads); see NOTE [Collectives of a group run one at a time].
   std::mutex collective_mutex_;

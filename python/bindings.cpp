@@ -142,6 +142,10 @@ PYBIND11_MODULE(_C, m) {
           },
           "Bytes of the symmetric buffer each rank shares with its peers (None: the default, "
           "32 MiB).")
+      .def_readwrite("workspace_collectives", &ProcessGroupCudaP2P::Options::workspace_collectives,
+                     "Run the collectives on the workspace when it is available (default True; "
+                     "CUDA_P2P_WORKSPACE_COLLECTIVES=0 also sends them to the wrapped backend, "
+                     "while the workspace stays up for everything else).")
       .def_readwrite("enable_workspace", &ProcessGroupCudaP2P::Options::enable_workspace,
                      "Set up the P2P workspace (default True; CUDA_P2P_DISABLE_WORKSPACE=1 also "
                      "turns it off).")

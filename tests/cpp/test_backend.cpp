@@ -295,6 +295,26 @@ TEST(Backend, CollectiveOptionsAndEnvironmentChooseTheAlgorithm) {
   ::unsetenv(ops::kAllReduceAlgoEnv);
 }
 
+TEST(Backend, CollectivesCanBeSentToTheWrappedBackendWithTheWorkspaceUp) {
+  auto options = c10::make_intrusive<ProcessGroupCudaP2P::Options>();
+  options->workspace_collectives = false;
+  auto f = make(options);
+  EXPECT_TRUE(f.pg->is_p2p_available());
+  EXPECT_FALSE(f.pg->uses_workspace_collectives());
+  std::vector<at::Tensor> t{at::ones({3})};
+  f.pg->allreduce(t, c10d::AllreduceOptions())->wait();
+  f.pg->barrier(c10d::BarrierOptions())->wait();
+  EXPECT_EQ(f.cpu->calls, (std::vector<std::string>{"allreduce", "barrier"}));
+  ::setenv(ProcessGroupCudaP2P::kWorkspaceCollectivesEnv, "0", 1);
+  auto g = make();
+  ::setenv(ProcessGroupCudaP2P::kWorkspaceCollectivesEnv, "no", 1);
+  EXPECT_THROW(make(), c10::Error);
+  ::unsetenv(ProcessGroupCudaP2P::kWorkspaceCollectivesEnv);
+  EXPECT_FALSE(g.pg->uses_workspace_collectives());
+  g.pg->allreduce(t, c10d::AllreduceOptions())->wait();
+  EXPECT_EQ(g.pg->counters().at("all_reduce.wrapped"), 1);
+}
+
 TEST(Backend, AllGatherVWithoutTheWorkspacePadsAndGathers) {
   auto options = c10::make_intrusive<ProcessGroupCudaP2P::Options>();
   options->enable_workspace = false;

@@ -486,9 +486,14 @@ def check_api_and_fallbacks(ctx):
     t = torch.ones(3)
     dist.all_reduce(t)
     chk.case("still works", torch.equal(t, torch.full((3,), float(W))), f"{t}")
-    # The off switches: Options.enable_workspace=False and CUDA_P2P_DISABLE_WORKSPACE=1.
+    # The off switches: Options.enable_workspace=False, CUDA_P2P_DISABLE_WORKSPACE=1 (no
+    # workspace at all), Options.workspace_collectives=False, CUDA_P2P_WORKSPACE_COLLECTIVES=0
+    # (the workspace stays up, the collectives go to Gloo).
     for key, grp in (("option", _group("off", enable_workspace=False)),
-                     ("env", _group("env-off", env={"CUDA_P2P_DISABLE_WORKSPACE": "1"}))):
+                     ("env", _group("env-off", env={"CUDA_P2P_DISABLE_WORKSPACE": "1"})),
+                     ("collectives option", _group("coll-off", workspace_collectives=False)),
+                     ("collectives env",
+                      _group("coll-env-off", env={"CUDA_P2P_WORKSPACE_COLLECTIVES": "0"}))):
         bb = cuda_p2p.get_cuda_p2p_backend(grp)
         bb.reset_counters()
         t = torch.full((6,), float(rank))
@@ -500,7 +505,7 @@ def check_api_and_fallbacks(ctx):
         dist.broadcast(t, src=0, group=grp)
         dist.barrier(group=grp)
         c = bb.get_counters()
-        chk.case(f"workspace off by {key}", not bb.is_p2p_available()
+        chk.case(f"workspace off by {key}", bb.is_p2p_available() == key.startswith("collectives")
                  and bb.get_collective_config()["workspace_collectives"] is False
                  and c == {"all_reduce.wrapped": 1, "all_gather.wrapped": 1,
                            "reduce_scatter.wrapped": 1, "broadcast.wrapped": 1,
