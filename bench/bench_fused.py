@@ -19,7 +19,9 @@ Variants of one case run interleaved (every iteration runs each once, in rotatin
 after a Gloo barrier), so a change of machine load hits all of them alike. An iteration's time
 is the slowest rank's; a variant's time is the median over iterations.
 
-Output: a table on stdout, JSON and a PNG of the ratios (bench/results/ by default).
+Output: a table on stdout, JSON, a Markdown table and a PNG of the ratios (bench/results/ by
+default). Medians are the primary figure; minima (the least disturbed iteration) are reported too,
+since this machine's 2 cores are shared with other jobs.
 
     PYTHONPATH=python .venv/bin/python bench/bench_fused.py                # W=4, default shapes
     ... bench/bench_fused.py --world-sizes 2 4 --dtypes float32 bfloat16 --iters 15
@@ -230,6 +232,27 @@ def check_targets(results: list, stat: str = "median_ms") -> list:
     return lines
 
 
+def markdown(results: list, info: dict) -> str:
+    """The results as a Markdown table (medians; the best fused variant of each case)."""
+    out = [f"Machine: {info.get('cpu', '?')}, {info.get('cpus', '?')} CPUs, torch "
+           f"{info.get('torch', '?')}; load average {info.get('load_avg_at_start', ['?'])[0]:.1f} "
+           f"at start, {info.get('load_avg_at_end', ['?'])[0]:.1f} at end; commit "
+           f"{info.get('git_commit', '?')[:10]}.", "",
+           "| op | W | M×H (F=4H) | dtype | matmul | Gloo+mm | cuda_p2p+mm | fused (best) | "
+           "vs matmul | vs Gloo+mm | vs cuda_p2p+mm |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        med = r["median_ms"]
+        name = best_fused(r)
+        x = ratios(r)[name]
+        op = "AG→MM" if r["op"] == "all_gather_matmul" else "MM→RS"
+        out.append(f"| {op} | {r['W']} | {r['M']}×{r['H']} | {r['dtype']} | {med['matmul']:.2f} | "
+                   f"{med['gloo+matmul']:.2f} | {med['cuda_p2p+matmul']:.2f} | "
+                   f"{med[name]:.2f} ({name.removeprefix('fused').strip() or 'pipeline'}) | "
+                   f"{x['vs_matmul']:.3f} | {x['vs_gloo']:.3f} | {x['vs_cuda_p2p']:.3f} |")
+    return "\n".join(out) + "\n"
+
+
 def plot(results: list, path: Path) -> None:
     """Every variant's median time relative to the matmul alone, per case; one panel per op."""
     import matplotlib
@@ -317,11 +340,13 @@ def main(argv=None) -> int:
     with open(base.with_suffix(".json"), "w") as f:
         json.dump({"machine": info, "results": results, "targets": lines,
                    "targets_min": lines_min}, f, indent=1)
+    with open(base.with_suffix(".md"), "w") as f:
+        f.write(markdown(results, info))
     try:
         plot(results, base.with_suffix(".png"))
     except ImportError as e:
         print(f"(no plot: {e})", file=sys.stderr)
-    print(f"\nwrote {base.with_suffix('.json')} and {base.with_suffix('.png')}")
+    print(f"\nwrote {base.with_suffix('.json')}, .md and .png")
     return 0
 
 

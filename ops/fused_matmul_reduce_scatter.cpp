@@ -237,7 +237,7 @@ void ring_over_workspace(pipeline::Env& env, const Problem& p, const at::Tensor&
     const auto [round_begin, round_end] = pipeline::split_range(p.rows, rounds, round);
     for (const auto& st : ring_schedule(W, rank, round_begin, round_end, q)) {
       at::Tensor product = products[st.part].narrow(0, st.row0, st.len);
-      env.run(
+      env.run_compute(
           0, [&p, st, product] { p.produce(st.part, st.row0, product); },
           "gemm part r-" + std::to_string(st.t + 1));
       dev.wait_event(env.stream(1), *dev.record(env.stream(0)));
@@ -431,8 +431,8 @@ at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
   // the GEMMs also do the copies and are shared with the peers (docs/pipelines.md, measured
   // results); else the pipeline, whose two streams' GEMMs fill a GPU and whose pulls use the
   // copy engine.
-  const bool ring = algorithm == "ring" ||
-                    (algorithm == "auto" && (ring_steps != 0 || A.device().is_cpu()));
+  const bool ring =
+      algorithm == "ring" || (algorithm == "auto" && (ring_steps != 0 || A.device().is_cpu()));
   auto& state = pg.pipeline_state();
   std::lock_guard<std::mutex> lock(state.mutex);
   if (pipeline::workspace_serves(pg.workspace(), A.device())) {

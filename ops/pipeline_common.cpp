@@ -74,16 +74,16 @@ void Env::on_caller(const char* what, const std::function<void()>& fn) const {
   if (trace) trace->end(2);
 }
 
-void Env::run_compute(int i, std::function<void()> fn, std::string what) {
-  auto& dev = device();
-  if (serialize_compute && last_compute && last_compute_stream != i) {
-    dev.wait_event(stream(i), *last_compute);
+void Env::run_compute(int i, std::function<void()> fn, std::string what) const {
+  if (host()) {
+    // Executor threads start with ATen's default intra-op thread count; each GEMM adopts the
+    // one the process chose (torch.set_num_threads, which may change between ops).
+    fn = [fn = std::move(fn)] {
+      at::init_num_threads();
+      fn();
+    };
   }
   run(i, std::move(fn), std::move(what));
-  if (serialize_compute) {
-    last_compute = dev.record(stream(i));
-    last_compute_stream = i;
-  }
 }
 
 void Env::wait_stream(int i, int j) const {
@@ -97,11 +97,7 @@ std::array<std::shared_ptr<Stream>, 2> acquire_streams(Device& device,
   }
   for (int i = 0; i < 2; ++i) {
     if (!state.host_streams[i]) {
-      auto s = device.new_stream(/*high_priority=*/i == 1);
-      // Executor threads start with ATen's default intra-op thread count; give them the one
-      // the process chose (torch.set_num_threads), like ATen's own worker threads.
-      device.run(*s, [] { at::init_num_threads(); });
-      state.host_streams[i] = std::move(s);
+      state.host_streams[i] = device.new_stream(/*high_priority=*/i == 1);
     }
   }
   return state.host_streams;
@@ -116,8 +112,7 @@ Env make_env(ProcessGroupCudaP2P& backend, ProcessGroupCudaP2P::PipelineState& s
   auto& dev = ws.device();
   Env env(ws, dev.current_stream(), acquire_streams(dev, state),
           {ProcessGroupCudaP2P::kPipelineChannels[0], ProcessGroupCudaP2P::kPipelineChannels[1]},
-          backend.options()->max_buffer_size,
-          /*serialize_compute=*/dev.tensor_device().is_cpu());
+          backend.options()->max_buffer_size);
   if (state.tracing) env.trace = std::make_shared<Trace>();
   return env;
 }

@@ -101,13 +101,12 @@ struct Stats {
 struct Env {
   Env(SymmetricWorkspace& ws, std::shared_ptr<Stream> caller,
       std::array<std::shared_ptr<Stream>, 2> streams, std::array<int, 2> channels,
-      int64_t max_buffer_size, bool serialize_compute)
+      int64_t max_buffer_size)
       : ws(ws),
         caller(std::move(caller)),
         streams(std::move(streams)),
         channels(channels),
-        max_buffer_size(max_buffer_size),
-        serialize_compute(serialize_compute) {}
+        max_buffer_size(max_buffer_size) {}
 
   SymmetricWorkspace& ws;
   std::shared_ptr<Stream> caller;
@@ -115,17 +114,11 @@ struct Env {
   std::array<int, 2> channels;
   // Largest buffer an op may grow the workspace to (bytes).
   int64_t max_buffer_size;
-  // NOTE [Compute order]: whether the GEMMs of the two streams run one at a time.
-  bool serialize_compute;
   // The caller's thread-local ATen state (grad mode, dispatch exclusions, ...), replayed around
   // every closure run on a stream: on the host those run on executor threads.
   at::ThreadLocalState tls;
 
   Device& device() const { return ws.device(); }
-
-  // The last GEMM enqueued (run_compute) and its stream.
-  std::shared_ptr<Event> last_compute;
-  int last_compute_stream = -1;
 
   int rank() const { return ws.rank(); }
   int world_size() const { return ws.world_size(); }
@@ -135,9 +128,8 @@ struct Env {
   // Runs `fn` in order on stream i, with the caller's thread-local state; `what` names it in a
   // trace.
   void run(int i, std::function<void()> fn, std::string what = "run") const;
-  // Runs a GEMM `fn` on stream i; with serialize_compute, after the previous GEMM of the other
-  // stream (NOTE [Compute order]).
-  void run_compute(int i, std::function<void()> fn, std::string what = "gemm");
+  // Runs a GEMM `fn` on stream i (on the host, with the process's intra-op thread count).
+  void run_compute(int i, std::function<void()> fn, std::string what = "gemm") const;
   // Calls `enqueue` (which enqueues work on stream i: a copy, a barrier); in a trace, the span
   // covers that work.
   void span(int i, const std::string& what, const std::function<void()>& enqueue) const;
@@ -149,16 +141,6 @@ struct Env {
   void wait_stream(int i, int j) const;
 };
 
-// NOTE [Compute order]
-// On CUDA the two streams' GEMMs may run at once: together they fill the SMs better than one
-// (less wave quantisation), and copies use the copy engine, not SMs. On the host a stream is a
-// thread, a copy is a memcpy by that thread, and the rank's cores are shared with its peers:
-// two GEMMs at once only compete for the same cores and caches. So on the host each GEMM waits
-// for the previous one (of either stream), and what overlaps a GEMM is the other stream's
-// copies and signals - the copy engine's role. The order of the steps, the streams they run on
-// and every signal stay the same, so the host still runs (and CI checks) the schedule a GPU
-// runs; only the GEMMs are chained by events. make_env picks serialize_compute by device.
-
 // The pipeline streams of `device`: on the host, executor threads kept in `state` (created on
 // first use); on CUDA, pool streams (the second one high priority).
 std::array<std::shared_ptr<Stream>, 2> acquire_streams(Device& device,
@@ -166,7 +148,7 @@ std::array<std::shared_ptr<Stream>, 2> acquire_streams(Device& device,
 
 // The Env of an op on `backend` (whose workspace serves the op's tensors): the workspace, the
 // caller's current stream, the pipeline streams, channels ProcessGroupCudaP2P::kPipelineChannels,
-// the backend's max_buffer_size, and serialize_compute on the host (NOTE [Compute order]).
+// and the backend's max_buffer_size.
 // `state` is the backend's pipeline_state(), whose mutex the caller holds.
 Env make_env(ProcessGroupCudaP2P& backend, ProcessGroupCudaP2P::PipelineState& state);
 

@@ -36,10 +36,9 @@ struct Pipelines {
     streams = pipeline::acquire_streams(ws->device(), state);
   }
 
-  // serialize_compute: the host's GEMM order, or (false) the CUDA one (NOTE [Compute order]).
-  pipeline::Env env(bool serialize_compute = true) const {
+  pipeline::Env env() const {
     return pipeline::Env(*ws, ws->device().current_stream(), streams, {kChannels[0], kChannels[1]},
-                         max_buffer_size, serialize_compute);
+                         max_buffer_size);
   }
 };
 
@@ -117,12 +116,11 @@ TEST(FusedAllGatherMatmul, EveryGatherDimAndDtypeMatchesTheUnfusedReference) {
     for (const auto& c : ag_cases()) {
       for (bool return_A : {true, false}) {
         seed += 10;
-        const bool serialize = seed % 20 == 0;  // both GEMM orders (NOTE [Compute order])
         const int64_t nd = static_cast<int64_t>(c.shard.size());
         const int64_t gd = c.gather_dim < 0 ? c.gather_dim + nd : c.gather_dim;
         const int64_t k = gd == nd - 1 ? c.shard.back() * W : c.shard.back();
         auto B1 = input({k, 7}, dtype, 7), B2 = input({k, 2}, dtype, 8);
-        auto env = p.env(serialize);
+        auto env = p.env();
         pipeline::Stats stats;
         auto A_shard = input(c.shard, dtype, seed + world().rank);
         auto got =
@@ -207,7 +205,7 @@ TEST(FusedMatmulReduceScatter, EveryScatterDimDtypeOpAndAlgorithmMatchesTheUnfus
           const auto a_sizes = rs_a_sizes(c, W);
           auto B = input({c.a.back(), rs_n(c, W)}, dtype, 9);
           auto A = input(a_sizes, dtype, seed + world().rank);
-          auto env = p.env(/*serialize_compute=*/seed % 20 == 0);
+          auto env = p.env();
           pipeline::Stats stats;
           auto got = steps == 0
                          ? matmul_reduce_scatter_pipeline(env, A, B, op, c.scatter_dim, stats)
@@ -253,7 +251,7 @@ TEST(FusedPipelines, BackToBackOpsReuseTheBufferSafely) {
   Pipelines p(1 << 16);
   const int W = world().size;
   for (int i = 0; i < 30; ++i) {
-    auto env = p.env(/*serialize_compute=*/i % 2 == 0);
+    auto env = p.env();
     pipeline::Stats stats;
     const int seed = 5000 + 10 * i;
     if (i % 3 == 0) {
@@ -429,8 +427,7 @@ TEST(CudaFusedPipelines, BothPipelinesAndTheRingMatchTheReferenceOnTheGpu) {
       seed += 10;
       pipeline::Env env(ws, ws.device().current_stream(),
                         pipeline::acquire_streams(ws.device(), state), {kChannels[0], kChannels[1]},
-                        pipeline::kDefaultMaxBufferSize,
-                        /*serialize_compute=*/false);
+                        pipeline::kDefaultMaxBufferSize);
       pipeline::Stats stats;
       const int64_t nd = static_cast<int64_t>(c.shard.size());
       const int64_t gd = c.gather_dim < 0 ? c.gather_dim + nd : c.gather_dim;
@@ -451,8 +448,7 @@ TEST(CudaFusedPipelines, BothPipelinesAndTheRingMatchTheReferenceOnTheGpu) {
         seed += 10;
         pipeline::Env env(ws, ws.device().current_stream(),
                           pipeline::acquire_streams(ws.device(), state),
-                          {kChannels[0], kChannels[1]}, pipeline::kDefaultMaxBufferSize,
-                          /*serialize_compute=*/false);
+                          {kChannels[0], kChannels[1]}, pipeline::kDefaultMaxBufferSize);
         pipeline::Stats stats;
         const auto a_sizes = rs_a_sizes(c, W);
         auto B = input({c.a.back(), rs_n(c, W)}, dtype, 9);
