@@ -115,14 +115,6 @@ TEST(Backend, RejectsBadConstructionArguments) {
   const auto& w = world();
   auto cpu = c10::make_intrusive<RecordingBackend>(w.rank, w.size, "cpu");
   auto store = test_store();
-  auto expect_error = [&](auto&& fn, const std::string& needle) {
-    try {
-      fn();
-      ADD_FAILURE() << "expected an error containing '" << needle << "'";
-    } catch (const c10::Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
   expect_error(
       [&] { ProcessGroupCudaP2P(store, w.size, w.size, {}, cpu, nullptr); },
       "rank must be in [0, " + std::to_string(w.size) + "), got " + std::to_string(w.size));
