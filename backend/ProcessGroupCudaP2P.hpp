@@ -1,22 +1,27 @@
 // ProcessGroupCudaP2P: the c10d backend registered as "cuda_p2p".
 //
 // It wraps one backend per device type (Gloo for CPU tensors, NCCL for CUDA tensors; both created
-// by the Python layer, since torch's wheel ships no Gloo headers) and routes every collective to
-// the one that matches the tensors' device. Works returned by a wrapped backend are handed back
-// unchanged, so completion, errors and futures are exactly the wrapped backend's.
+// by the Python layer, since torch's wheel ships no Gloo headers). all_reduce, all_gather,
+// all_gather_into_tensor, reduce_scatter(_tensor), broadcast, barrier and all_gather_v run on
+// the P2P workspace (ops/collectives.hpp) when it is available and the tensors are on its device;
+// everything else, and every case the workspace does not support, goes to the wrapped backend for
+// the tensors' device. Every path bumps a counter ("all_reduce.one_shot", "all_reduce.wrapped",
+// ...). Works returned by a wrapped backend are handed back unchanged, so completion, errors and
+// futures are exactly the wrapped backend's.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/Backend.hpp>
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
-#include "p2p_workspace/symmetric_workspace.hpp"
-
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
+
+#include "ops/collectives.hpp"
+#include "p2p_workspace/symmetric_workspace.hpp"
 
 namespace cuda_p2p {
 
@@ -32,11 +37,32 @@ class ProcessGroupCudaP2P : public c10d::Backend {
     std::optional<int64_t> buffer_size;
     // Whether to set up the P2P workspace at all (also turned off by CUDA_P2P_DISABLE_WORKSPACE=1).
     bool enable_workspace = true;
+    // Whether the collectives run on the workspace when it is available (also turned off by
+    // CUDA_P2P_WORKSPACE_COLLECTIVES=0): off, they all go to the wrapped backend while the
+    // workspace stays up for everything else - for comparison and debugging.
+    bool workspace_collectives = true;
     // Handed to the wrapped NCCL backend (a ProcessGroupNCCL.Options in Python); may be null.
     c10::intrusive_ptr<c10d::Backend::Options> nccl_options;
     // The largest buffer (bytes) an op may grow the workspace to on its own; an op that needs
     // more processes its payload in rounds (ops/pipeline_common.hpp, plan_rounds).
     int64_t max_buffer_size = int64_t{256} << 20;
+
+    // Workspace collectives (docs/collectives.md). "auto" chooses by size; a name forces that
+    // algorithm. Unset or "auto" leaves the choice to the environment variables
+    // (CUDA_P2P_ALL_GATHER_ALGO, ...), then to the automatic choice.
+    std::string all_gather_algo = "auto";      // auto|direct|ring|bidir_split|bidir_full
+    std::string reduce_scatter_algo = "auto";  // auto|direct|ring
+    std::string all_reduce_algo = "auto";      // auto|one_shot|two_shot
+    // Steps of the reduce-scatter ring, a multiple of the world size (CUDA_P2P_RING_STEPS);
+    // unset: the world size.
+    std::optional<int64_t> ring_steps;
+    // Bytes a rank stages per round (CUDA_P2P_CHUNK_BYTES); 0: half the buffer.
+    std::optional<int64_t> chunk_bytes;
+    // Thresholds of the automatic choice, in bytes (unset: the measured defaults).
+    std::optional<int64_t> all_reduce_one_shot_max_bytes;
+    std::optional<int64_t> all_gather_bidir_full_max_bytes;
+    std::optional<int64_t> all_gather_ring_max_bytes;
+    std::optional<int64_t> reduce_scatter_ring_max_bytes;
 
     // Not marked override: older torch releases have no Options::clone().
     virtual c10::intrusive_ptr<c10d::Backend::Options> clone() const {
@@ -62,6 +88,8 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // --- the P2P workspace (DESIGN.md §4) --------------------------------------------------------
   // Environment variable that turns the workspace off ("1").
   static constexpr const char* kDisableWorkspaceEnv = "CUDA_P2P_DISABLE_WORKSPACE";
+  // Environment variable that sends the collectives to the wrapped backend ("0").
+  static constexpr const char* kWorkspaceCollectivesEnv = "CUDA_P2P_WORKSPACE_COLLECTIVES";
   // Signal channels (one per stream that signals; see NOTE [Signal sequence numbers]):
   // the API's own barrier, the workspace collectives, and the two streams of the fused pipelines.
   static constexpr int kApiChannel = 0;
@@ -85,6 +113,17 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   void ensure_min_buffer_size(int64_t nbytes);
   // The workspace, or null when it was disabled.
   SymmetricWorkspace* workspace() const { return workspace_.get(); }
+
+  // The workspace collectives' effective settings (Options, then environment, then defaults).
+  const ops::CollectiveConfig& collective_config() const { return collective_config_; }
+  // Whether the collectives run on the workspace (available, and not turned off).
+  bool uses_workspace_collectives() const { return collectives_on_ && is_p2p_available(); }
+
+  // Collective: gathers a different number of rows (dim 0) from every rank: sizes[r] is rank r's
+  // count (the same list on every rank), input has sizes[rank] rows, other dims equal on every
+  // rank. Returns the rows of all ranks in rank order. Without the workspace: padding + the
+  // wrapped backend's all_gather_into_tensor.
+  at::Tensor all_gather_v(const at::Tensor& input, const std::vector<int64_t>& sizes);
 
   // Counters of which path ran ("all_reduce.one_shot", "all_reduce.wrapped", ...), so tests and
   // users can see that the fast path ran and that no fallback was silent.
@@ -167,8 +206,25 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   c10d::Backend& route(const std::vector<at::Tensor>& tensors, const char* op) const;
   c10d::Backend& route(const at::Tensor& tensor, const char* op) const;
   c10d::Backend& route_barrier(const c10d::BarrierOptions& opts) const;
-  // Records a CPU-side Work while coalescing; returns it unchanged.
+  // Records a CPU-side or workspace Work while coalescing; returns it unchanged.
   c10::intrusive_ptr<c10d::Work> track(c10::intrusive_ptr<c10d::Work> work);
+
+  // --- workspace collectives ---
+  // Why these tensors cannot take the workspace path (nullptr when they can): workspace
+  // unavailable, a tensor not strided or not on the workspace's device. Depends only on what
+  // every rank agrees on, so all ranks take the same path.
+  const char* workspace_rejects(c10::ArrayRef<at::Tensor> tensors) const;
+  // Runs fn(ctx) for one workspace collective (NOTE [Collectives of a group run one at a time]).
+  void run_collective(const char* what,
+                      const std::function<void(const ops::CollectiveContext&)>& fn);
+  // A completed Work over `outputs`, tracked while coalescing.
+  c10::intrusive_ptr<c10d::Work> completed(c10d::OpType type, std::vector<at::Tensor> outputs);
+  // The workspace reduce op for a c10d one, or nullopt (PREMUL_SUM and unknown ops).
+  static std::optional<ops::ReduceOp> to_reduce_op(const c10d::ReduceOp& op);
+  // The all-gather / reduce-scatter on the workspace, once the tensors were checked.
+  void all_gather_on_workspace(const at::Tensor& input, const std::vector<at::Tensor>& outputs);
+  void reduce_scatter_on_workspace(const std::vector<at::Tensor>& inputs, const at::Tensor& output,
+                                   ops::ReduceOp op);
   // Runs `call` on the backend routed for `tensors` (CPU works are tracked for coalescing).
   template <typename Tensors, typename Call>
   c10::intrusive_ptr<c10d::Work> delegate(const Tensors& tensors, const char* op, Call&& call) {
@@ -183,6 +239,16 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> cuda_backend_;
   std::unique_ptr<SymmetricWorkspace> workspace_;
   std::string workspace_off_reason_;
+
+  ops::CollectiveConfig collective_config_;
+  bool collectives_on_ = true;  // Options.workspace_collectives and its environment variable
+  // Guards collective_state_ and the collective channel's signal counts (host callers on several
+  // threads); see NOTE [Collectives of a group run one at a time].
+  std::mutex collective_mutex_;
+  ops::CollectiveState collective_state_;
+  // Set when a workspace collective failed midway: the ranks' phases and signal counts may then
+  // disagree, so later workspace collectives refuse to run rather than hang or corrupt.
+  std::string collective_failure_;
 
   mutable std::mutex counters_mutex_;
   std::map<std::string, int64_t> counters_;

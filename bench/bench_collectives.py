@@ -8,12 +8,26 @@ iterations (ranks synchronised by a barrier before each one); a timed iteration 
 rank's time, and the reported latency is the median over iterations. Bus bandwidth follows the
 NCCL-tests conventions (see bench/README.md).
 
+The synchronisation runs on a third group that neither measured backend uses: by default
+(--sync shm) the shared-memory barrier of a separate cuda_p2p group followed by a synchronized
+start (every rank spins until the same CLOCK_MONOTONIC instant, so all of them are awake and
+start together); --sync gloo uses a Gloo barrier, whose exits are spread by ~10 us (2 ranks) to
+~170 us (4 ranks on 2 cores, p90 ~2 ms) - a skew every measured op then inherits, whichever
+backend runs it. --batch K times K back-to-back ops per sample (NCCL-tests
+style) and reports the sample's time / K.
+
+--algos also times the cuda_p2p workspace with each algorithm forced in turn (a group per
+algorithm: all-gather direct / ring / bidir_split / bidir_full, reduce-scatter direct / ring,
+all-reduce one_shot / two_shot), prints a table per collective and the size thresholds the
+automatic choice should use (the crossovers), and records both in the JSON.
+
 Output: a table on stdout, JSON (--json) and a PNG plot (--plot).
 
-    .venv/bin/python bench/bench_collectives.py                  # 4 ranks, short size list
-    .venv/bin/python bench/bench_collectives.py --world-sizes 2 4
+    .venv/bin/python bench/bench_collectives.py                  # 2 and 4 ranks, short size list
+    .venv/bin/python bench/bench_collectives.py --world-sizes 4
     .venv/bin/python bench/bench_collectives.py --full           # 8 B .. 64 MiB, powers of 2
     .venv/bin/python bench/bench_collectives.py --env CUDA_P2P_SOME_KNOB=1 --pg-option buffer_size=1048576
+    .venv/bin/python bench/bench_collectives.py --full --algos --world-sizes 2 4   # thresholds
 """
 
 from __future__ import annotations
@@ -43,6 +57,16 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
 BACKENDS = ("cuda_p2p", "gloo")  # measured backend first, baseline second
+# Algorithms of the workspace collectives, forced one group at a time with --algos: the Options
+# field and its values per collective.
+ALGOS = {
+    "all_reduce": ("all_reduce_algo", ("one_shot", "two_shot")),
+    "all_gather_into_tensor": ("all_gather_algo", ("direct", "ring", "bidir_split", "bidir_full")),
+    "reduce_scatter_tensor": ("reduce_scatter_algo", ("direct", "ring")),
+}
+# Counter prefix of each benchmarked collective.
+COUNTER = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
+           "reduce_scatter_tensor": "reduce_scatter", "broadcast": "broadcast"}
 COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast")
 # NCCL-tests bus bandwidth factors (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md);
 # the message size is the all-reduce/broadcast buffer, the all-gather output, the reduce-scatter input.
@@ -109,8 +133,11 @@ def git_describe() -> dict:
         return {}
 
 
-def memcpy_bandwidth(nbytes: int = 64 << 20, iters: int = 10) -> dict:
-    """Single-core copy bandwidth: bytes copied per second by one thread (torch copy_)."""
+def memcpy_bandwidth(nbytes: int = 64 << 20, iters: int = 20) -> dict:
+    """Single-core copy bandwidth: bytes copied per second by one thread (torch copy_).
+
+    The yardstick ("GBps") is the best of `iters` copies: what one core can do when nothing
+    interferes, which other processes on a shared machine only ever lower."""
     prev = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -127,7 +154,7 @@ def memcpy_bandwidth(nbytes: int = 64 << 20, iters: int = 10) -> dict:
         torch.set_num_threads(prev)
     med = statistics.median(times)
     return {"bytes": nbytes, "iters": iters, "median_s": med, "best_s": min(times),
-            "GBps": nbytes / med / 1e9, "best_GBps": nbytes / min(times) / 1e9}
+            "GBps": nbytes / min(times) / 1e9, "median_GBps": nbytes / med / 1e9}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -140,8 +167,9 @@ class Step:
     def __init__(self, path: str, rank: int, timeout: float):
         self.path, self.rank, self.timeout = path, rank, timeout
 
-    def __call__(self, what: str) -> None:
-        faulthandler.dump_traceback_later(self.timeout, exit=True)
+    def __call__(self, what: str, expected_s: float = 0.0) -> None:
+        # A step that is expected to last (many timed iterations) gets that time on top.
+        faulthandler.dump_traceback_later(self.timeout + 2.0 * expected_s, exit=True)
         with open(self.path, "w") as f:
             f.write(what)
 
@@ -221,24 +249,67 @@ def _check(dist, coll: str, nbytes: int, n: int, rank: int, dtype, groups) -> di
     return {"ok": flag.item() == 0, "bad_ranks": int(flag.item())}
 
 
-def _timed(dist, coll: str, bufs, groups, sync, iters: int, first: int):
-    """iters interleaved iterations of both backends; each op preceded by a barrier on `sync`.
-    Returns {backend: [seconds of this rank per iteration]}."""
+def _timed(dist, coll: str, bufs, groups, sync, iters: int, first: int, batch: int = 1,
+           block: int = 1):
+    """iters interleaved iterations of every backend; each op preceded by sync() (a barrier on a
+    group neither backend uses); `batch` back-to-back ops per sample, timed together.
+
+    Backends take turns by blocks of `block` consecutive samples (the order flips every round):
+    the first op after another backend's runs with caches, and with whatever that backend left
+    running (Gloo's threads), that are not its own - with block=1 the op measured after Gloo's
+    was ~3x slower than in a run of its own. Returns {backend: [seconds of this rank per op,
+    per sample]} and the wall time of every round divided by its block (one iteration's cost)."""
     names = list(groups)
     times = {name: [] for name in names}
     walls = []  # per iteration, barriers included: what one more iteration costs
-    for i in range(iters):
-        order = names if (i + first) % 2 == 0 else names[::-1]
+    done = 0
+    rnd = 0
+    while done < iters:
+        k = min(block, iters - done)
+        order = names if (rnd + first) % 2 == 0 else names[::-1]
         w0 = time.perf_counter()
         for name in order:
             inp, out = bufs[name]
             g = groups[name]
-            dist.barrier(group=sync)
-            t0 = time.perf_counter()
-            _run_op(dist, coll, inp, out, g)
-            times[name].append(time.perf_counter() - t0)
-        walls.append(time.perf_counter() - w0)
+            for _ in range(k):
+                sync()
+                t0 = time.perf_counter()
+                for _ in range(batch):
+                    _run_op(dist, coll, inp, out, g)
+                times[name].append((time.perf_counter() - t0) / batch)
+        walls.extend([(time.perf_counter() - w0) / k] * k)
+        done += k
+        rnd += 1
     return times, walls
+
+
+def _synchronized_start(backend, rank: int, n: int, margin_us: float):
+    """A sync() that makes every rank start the next op at the same instant, all of them awake.
+
+    A barrier alone releases its ranks at different times: one that slept in the kernel wakes up
+    tens of microseconds after the others (longer when ranks share cores), and that skew would
+    land in whatever op comes next. So each rank publishes its CLOCK_MONOTONIC arrival time in
+    its buffer of a separate cuda_p2p group (slots alternate, so a slow reader never sees the
+    next sample's time), passes that group's shared-memory barrier, and spins until the latest
+    arrival + margin_us: every rank then starts the timed op at the same time (CLOCK_MONOTONIC is
+    one clock for every process of the host)."""
+    import torch
+
+    mine = backend.get_p2p_buffer(rank, [2], torch.int64)
+    peers = [backend.get_p2p_buffer(r, [2], torch.int64) for r in range(n)]
+    margin_ns = int(margin_us * 1000)
+    state = {"k": 0}
+
+    def sync():
+        slot = state["k"] % 2
+        state["k"] += 1
+        mine[slot] = time.monotonic_ns()
+        backend.intra_node_barrier()
+        deadline = max(int(p[slot]) for p in peers) + margin_ns
+        while time.monotonic_ns() < deadline:
+            pass
+
+    return sync
 
 
 def _max_over_ranks(dist, values: list[float], group) -> list[float]:
@@ -255,22 +326,35 @@ def _summary(times_s: list[float]) -> dict:
             "times_us": [round(x * 1e6, 3) for x in times_s]}
 
 
-def backend_state(pg) -> dict:
-    """What the cuda_p2p backend exposes about itself, recorded with the results.
+def backend_state(backend) -> dict:
+    """What the cuda_p2p backend says about itself, recorded in the JSON ("backend_state").
 
-    Today that is its options. When the backend grows counters (e.g. which algorithm or path ran),
-    read them here, once after the measurements: they land in the JSON under "backend_state".
+    Everything is optional (getattr): the benchmark also runs against builds that predate a knob.
     """
-    import cuda_p2p
-
-    b = cuda_p2p.get_cuda_p2p_backend(pg)
-    state = {"class": type(b).__name__, "backend_name": b._get_backend_name(),
-             "wrapped_cpu_backend": type(b.wrapped_backend("cpu")).__name__}
-    opts = b.options
-    for attr in ("buffer_size", "group_name"):
+    state = {"class": type(backend).__name__, "backend_name": backend._get_backend_name(),
+             "wrapped_cpu_backend": type(backend.wrapped_backend("cpu")).__name__}
+    opts = backend.options
+    for attr in ("enable_workspace", "buffer_size", "group_name"):
         if hasattr(opts, attr):
             state[f"options.{attr}"] = getattr(opts, attr)
+    for method in ("is_p2p_available", "p2p_unavailable_reason", "get_buffer_size"):
+        if hasattr(backend, method):
+            state[method] = getattr(backend, method)()
+    if hasattr(backend, "get_counters"):
+        state["counters"] = dict(backend.get_counters())
+    if hasattr(backend, "get_collective_config"):
+        state["collective_config"] = dict(backend.get_collective_config())
     return state
+
+
+def read_counters(backend) -> dict[str, int]:
+    """The backend's path counters ({'all_reduce.one_shot': 3, ...}), {} where it has none."""
+    get = getattr(backend, "get_counters", None)
+    return dict(get()) if get is not None else {}
+
+
+def counter_delta(before: dict, after: dict) -> dict[str, int]:
+    return {k: v - before.get(k, 0) for k, v in sorted(after.items()) if v != before.get(k, 0)}
 
 
 def rank_main(rank: int, cfg: dict) -> None:
@@ -310,12 +394,55 @@ def rank_main(rank: int, cfg: dict) -> None:
         p2p = dist.group.WORLD
         if not cuda_p2p.is_cuda_p2p_group(p2p):
             raise RuntimeError("the default group does not run on the cuda_p2p backend")
+        p2p_backend = cuda_p2p.get_cuda_p2p_backend(p2p)
+        if cfg["aa"]:
+            # A/A: the "cuda_p2p" side is a second Gloo group, made like the baseline. What is
+            # left of the speedup is the method's noise and bias.
+            step("new_group(gloo, A/A)")
+            p2p = dist.new_group(backend="gloo", timeout=timeout)
         groups = {"cuda_p2p": p2p, "gloo": gloo}
         # A third group, used by neither backend under test, synchronises every timed iteration:
         # syncing on the baseline's own group would leave its threads and sockets warm and bias
         # the comparison in its favour.
-        step("new_group(gloo, sync)")
-        sync = dist.new_group(backend="gloo", timeout=timeout)
+        sync_kind = cfg["sync"]
+        if sync_kind == "shm":
+            step("new_group(cuda_p2p, sync)")
+            sync_group = dist.new_group(backend="cuda_p2p", timeout=timeout)
+            sync_backend = cuda_p2p.get_cuda_p2p_backend(sync_group)
+            if sync_backend.is_p2p_available():
+                sync = _synchronized_start(sync_backend, rank, n, cfg["start_margin_us"])
+            else:  # e.g. CUDA_P2P_DISABLE_WORKSPACE=1: the same on every rank
+                if rank == 0:
+                    print("[bench] --sync shm needs the workspace ("
+                          + sync_backend.p2p_unavailable_reason() + "): syncing with Gloo",
+                          file=sys.stderr, flush=True)
+                sync_kind = "gloo"
+        if sync_kind == "gloo":
+            step("new_group(gloo, sync)")
+            sync_group = dist.new_group(backend="gloo", timeout=timeout)
+            sync = lambda: dist.barrier(group=sync_group)  # noqa: E731
+        # --algos: a cuda_p2p group per forced algorithm of the collective being measured,
+        # created when its sizes start and destroyed after them (each maps a workspace).
+        algo_groups, algo_coll = {}, None
+
+        def set_algo_groups(coll):
+            nonlocal algo_groups, algo_coll
+            if coll == algo_coll:
+                return
+            for grp in algo_groups.values():
+                dist.destroy_process_group(grp)
+            algo_groups, algo_coll = {}, coll
+            if not cfg["algos"] or coll not in ALGOS:
+                return
+            field, values = ALGOS[coll]
+            for value in values:
+                step(f"new_group(cuda_p2p, {field}={value})")
+                opts = cuda_p2p.ProcessGroupCudaP2P.Options()
+                for key, v in cfg["pg_options"].items():
+                    setattr(opts, key, v)
+                setattr(opts, field, value)
+                algo_groups[f"cuda_p2p/{value}"] = dist.new_group(
+                    backend="cuda_p2p", timeout=timeout, pg_options=opts)
 
         results, barrier_res = [], None
         warmup, budget = cfg["warmup"], cfg["budget"]
@@ -330,11 +457,15 @@ def rank_main(rank: int, cfg: dict) -> None:
             # Message size rounded up so that every rank holds whole elements (as NCCL-tests).
             unit = esize * (n if coll in ("all_gather_into_tensor", "reduce_scatter_tensor") else 1)
             nbytes = 0 if coll == "barrier" else -(-size // unit) * unit
+            set_algo_groups(coll)
+            timed_groups = dict(groups, **algo_groups)
+            counters_before = read_counters(p2p_backend)
             step(f"{label}: allocate")
             bufs = {name: _make_inputs(coll, nbytes, n, rank, dtype) if coll != "barrier"
-                    else (None, None) for name in groups}
+                    else (None, None) for name in timed_groups}
             step(f"{label}: warmup")
-            _, walls = _timed(dist, coll, bufs, groups, sync, warmup, 0)
+            _, walls = _timed(dist, coll, bufs, timed_groups, sync, warmup, 0, cfg["batch"],
+                              cfg["block"])
             # The first warmup iterations pay for first touches and connections: estimate the cost
             # of an iteration from the later half. Every rank must run the same number of
             # iterations: decide on the slowest rank's estimate.
@@ -342,23 +473,30 @@ def rank_main(rank: int, cfg: dict) -> None:
             per_iter = _max_over_ranks(dist, [per_iter], gloo)[0]
             iters = cfg["iters"] or int(min(cfg["max_iters"],
                                             max(cfg["min_iters"], budget / max(per_iter, 1e-9))))
-            step(f"{label}: {iters} timed iterations")
-            local, _ = _timed(dist, coll, bufs, groups, sync, iters, 1)
+            step(f"{label}: {iters} timed iterations", expected_s=iters * per_iter)
+            local, _ = _timed(dist, coll, bufs, timed_groups, sync, iters, 1, cfg["batch"],
+                              cfg["block"])
             entry = {"collective": coll, "bytes": nbytes, "requested_bytes": size,
                      "count": nbytes // esize, "iters": iters}
-            for name in groups:
+            for name in timed_groups:
                 entry[name] = _summary(_max_over_ranks(dist, local[name], gloo))
+            if algo_groups:
+                entry["algos"] = {name.split("/", 1)[1]: entry.pop(name) for name in algo_groups}
             del bufs
+            # Which paths of the backend ran (warmup and timed iterations), as counted by
+            # the backend itself: says whether a number measures the workspace or the wrapped Gloo.
+            entry["paths"] = counter_delta(counters_before, read_counters(p2p_backend))
             if coll == "barrier":
                 barrier_res = entry
                 continue
             step(f"{label}: check")
-            entry["check"] = _check(dist, coll, nbytes, n, rank, dtype, groups) if cfg["check"] \
-                else None
+            entry["check"] = _check(dist, coll, nbytes, n, rank, dtype, timed_groups) \
+                if cfg["check"] else None
             results.append(entry)
+        set_algo_groups(None)
 
         step("backend_state")
-        state = backend_state(p2p)
+        state = backend_state(p2p_backend)
         if rank == 0:
             out = {"world_size": n, "results": results, "barrier": barrier_res,
                    "backend_state": state}
@@ -393,7 +531,9 @@ def launch(world_size: int, cfg: dict) -> dict:
         deadline = time.monotonic() + cfg["total_timeout"]
         failure = None
         try:
-            while not ctx.join(timeout=0.5):
+            # grace_period: when a rank fails, the others get 3 s to fail on their own (a broken
+            # connection), then SIGTERM, then after 3 s more SIGKILL (a stopped or wedged rank).
+            while not ctx.join(timeout=0.5, grace_period=3.0):
                 if time.monotonic() > deadline:
                     failure = (f"world_size={world_size}: did not finish within --total-timeout="
                                f"{cfg['total_timeout']:g} s")
@@ -401,9 +541,14 @@ def launch(world_size: int, cfg: dict) -> dict:
         except mp.ProcessRaisedException as e:
             failure = f"world_size={world_size}: rank {e.error_index} raised:\n{e}"
         except mp.ProcessExitedException as e:
-            failure = (f"world_size={world_size}: rank {e.error_index} exited with code "
-                       f"{e.exit_code} (code 1 after a 'Timeout' stack dump above: a step "
-                       f"outlived --timeout={cfg['timeout']:g} s)")
+            if e.exit_code < 0:
+                how = f"was killed by signal {e.signal_name}"
+            else:
+                how = f"exited with code {e.exit_code}"
+                if e.exit_code == 1:
+                    how += (f" (after a 'Timeout' stack dump above: one of its steps outlived "
+                            f"--timeout={cfg['timeout']:g} s)")
+            failure = f"world_size={world_size}: rank {e.error_index} {how}"
         except BaseException:  # KeyboardInterrupt and friends: clean up, then re-raise
             _kill_all(ctx)
             raise
@@ -414,7 +559,7 @@ def launch(world_size: int, cfg: dict) -> dict:
                     try:
                         where.append(f"  rank {r}: {Path(tmpdir, f'rank{r}.step').read_text()}")
                     except OSError:
-                        where.append(f"  rank {r}: (not started)")
+                        where.append(f"  rank {r}: (no step recorded: still starting up)")
                 _kill_all(ctx)
                 failure += "\nlast step of each rank:\n" + "\n".join(where)
         if failure is not None:
@@ -434,12 +579,20 @@ def _kill_all(ctx) -> None:
 
 
 def speedup_ci(p2p_us: list[float], gloo_us: list[float], reps: int = 2000) -> list[float]:
-    """95% bootstrap interval of median(gloo) / median(cuda_p2p). Iteration i of both backends ran
-    back to back, so iterations are resampled in pairs."""
+    """95% bootstrap interval of median(gloo) / median(cuda_p2p).
+
+    Iteration i of both backends ran back to back, so iterations are resampled in pairs; and
+    slow phases (another process taking a core) span many iterations, so they are resampled in
+    circular blocks of about sqrt(iterations) consecutive ones (moving-block bootstrap).
+    """
     import numpy as np
 
     a, b = np.asarray(p2p_us), np.asarray(gloo_us)
-    idx = np.random.default_rng(0).integers(0, len(a), size=(reps, len(a)))
+    n = len(a)
+    block = max(1, int(round(math.sqrt(n))))
+    rng = np.random.default_rng(0)
+    starts = rng.integers(0, n, size=(reps, -(-n // block)))
+    idx = ((starts[:, :, None] + np.arange(block)) % n).reshape(reps, -1)[:, :n]
     r = np.median(b[idx], axis=1) / np.median(a[idx], axis=1)
     return [float(np.percentile(r, 2.5)), float(np.percentile(r, 97.5))]
 
@@ -454,11 +607,17 @@ def add_derived(run: dict, memcpy_gbps: float) -> None:
             s["algbw_GBps"] = e["bytes"] / t / 1e9
             s["busbw_GBps"] = s["algbw_GBps"] * factor
             s["busbw_frac_memcpy"] = s["busbw_GBps"] / memcpy_gbps
+        for s in e.get("algos", {}).values():
+            t = s["median_us"] * 1e-6
+            s["algbw_GBps"] = e["bytes"] / t / 1e9
+            s["busbw_GBps"] = s["algbw_GBps"] * factor
+            s["busbw_frac_memcpy"] = s["busbw_GBps"] / memcpy_gbps
     for e in run["results"] + ([run["barrier"]] if run.get("barrier") else []):
         e["speedup"] = e["gloo"]["median_us"] / e["cuda_p2p"]["median_us"]
         e["speedup_ci95"] = speedup_ci(e["cuda_p2p"]["times_us"], e["gloo"]["times_us"])
 
 
+SPEEDUP_COLORS = ["k", "tab:green", "tab:purple", "tab:orange", "tab:brown"]
 SHORT_NAMES = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
                "reduce_scatter_tensor": "reduce_scatter", "broadcast": "broadcast",
                "barrier": "barrier"}
@@ -468,22 +627,36 @@ def fmt_gbps(v: float) -> str:
     return f"{v:.3f}" if v >= 1e-3 else f"{v:.1e}"
 
 
+def fmt_paths(paths: dict | None) -> str:
+    """'one_shot' from {'all_reduce.one_shot': 57}; '-' where the backend counted nothing."""
+    if not paths:
+        return "-"
+    return "+".join(k.split(".", 1)[-1] for k in paths)
+
+
 def print_table(run: dict, memcpy: dict, dtype: str) -> None:
     n = run["world_size"]
     cols = [("collective", "", "<", 15), ("size", "", ">", 10), ("iters", "", ">", 6),
             ("p2p", "us", ">", 10), ("gloo", "us", ">", 10), ("speedup", "gloo/p2p", ">", 9),
             ("95% CI", "speedup", ">", 13), ("p2p busbw", "GB/s", ">", 11),
             ("gloo busbw", "GB/s", ">", 11), ("p2p", "%memcpy", ">", 9),
-            ("gloo", "%memcpy", ">", 9), ("check", "", ">", 7)]
+            ("gloo", "%memcpy", ">", 9), ("check", "", ">", 7), ("  p2p path", "", "<", 30)]
 
     def line(cells):
         return "".join(f"{c:{a}{w}}" for c, (_, _, a, w) in zip(cells, cols)).rstrip()
 
     print(f"\nworld_size={n}  dtype={dtype}  single-core memcpy={memcpy['GBps']:.2f} GB/s  "
           f"latency = median over iterations of the slowest rank's time")
+    if run.get("aa"):
+        print("A/A MODE: the 'p2p' columns measure a second Gloo group, not cuda_p2p")
+    st = run.get("backend_state", {})
+    if "is_p2p_available" in st:
+        ws = (f"available, {fmt_size(st.get('get_buffer_size', 0))} buffer per rank"
+              if st["is_p2p_available"] else f"unavailable ({st.get('p2p_unavailable_reason', '')})")
+        print(f"cuda_p2p workspace: {ws}")
     print(line([c[0] for c in cols]))
     print(line([c[1] for c in cols]))
-    print("-" * sum(c[3] for c in cols))
+    print("-" * sum(c[3] for c in cols[:-1]))
     prev = None
     for e in run["results"] + ([run["barrier"]] if run.get("barrier") else []):
         if prev is not None and e["collective"] != prev:
@@ -500,7 +673,70 @@ def print_table(run: dict, memcpy: dict, dtype: str) -> None:
             cells += [fmt_gbps(p["busbw_GBps"]), fmt_gbps(g["busbw_GBps"]),
                       f"{100 * p['busbw_frac_memcpy']:.1f}%", f"{100 * g['busbw_frac_memcpy']:.1f}%",
                       "-" if e.get("check") is None else ("ok" if e["check"]["ok"] else "FAIL")]
+        cells.append("  " + fmt_paths(e.get("paths")))
         print(line(cells))
+
+
+def _best_threshold(points: list[tuple[int, float, float]]) -> int:
+    """points: (size, latency of the small-message algorithm, of the large-message one). The
+    threshold t (0 or one of the sizes) for "small algorithm up to t bytes, large above" whose
+    choices lose the least against the faster algorithm at each size, summed as ratios (so
+    that no size dominates and one noisy size cannot flip a whole range); ties go to the
+    smaller t."""
+    points = sorted(points)
+    best_t, best_cost = 0, None
+    for t in [0] + [p[0] for p in points]:
+        cost = sum((small if size <= t else large) / min(small, large)
+                   for size, small, large in points)
+        if best_cost is None or cost < best_cost - 1e-9:
+            best_t, best_cost = t, cost
+    return best_t
+
+
+def suggest_thresholds(run: dict) -> dict:
+    """Thresholds of the automatic choice from a run with --algos (medians of the same run),
+    named like the ProcessGroupCudaP2P.Options fields (docs/collectives.md):
+    all_reduce_one_shot_max_bytes (one-shot vs two-shot), all_gather_ring_max_bytes and
+    all_gather_bidir_full_max_bytes (ring / FULL_TENSOR ring vs direct; 3+ ranks),
+    reduce_scatter_ring_max_bytes (ring vs direct)."""
+    def points(coll, small, large):
+        return [(e["bytes"], e["algos"][small]["median_us"], e["algos"][large]["median_us"])
+                for e in run["results"] if e["collective"] == coll and "algos" in e]
+    out = {}
+    if p := points("all_reduce", "one_shot", "two_shot"):
+        out["all_reduce_one_shot_max_bytes"] = _best_threshold(p)
+    if run["world_size"] > 2:
+        if p := points("all_gather_into_tensor", "ring", "direct"):
+            out["all_gather_ring_max_bytes"] = _best_threshold(p)
+        if p := points("all_gather_into_tensor", "bidir_full", "direct"):
+            out["all_gather_bidir_full_max_bytes"] = _best_threshold(p)
+    if p := points("reduce_scatter_tensor", "ring", "direct"):
+        out["reduce_scatter_ring_max_bytes"] = _best_threshold(p)
+    return out
+
+
+def print_algo_tables(run: dict) -> None:
+    n = run["world_size"]
+    for coll in ALGOS:
+        es = [e for e in run["results"] if e["collective"] == coll and "algos" in e]
+        if not es:
+            continue
+        names = list(es[0]["algos"])
+        print(f"\nworld_size={n}  {SHORT_NAMES[coll]}: median latency (us) per forced algorithm")
+        head = f"{'size':>10}{'gloo':>11}{'auto':>11}" + "".join(f"{a:>13}" for a in names) + \
+            f"{'fastest':>13}{'busbw GB/s':>12}"
+        print(head)
+        print("-" * len(head))
+        for e in es:
+            lat = {a: e["algos"][a]["median_us"] for a in names}
+            best = min(lat, key=lat.get)
+            print(f"{fmt_size(e['bytes']):>10}{e['gloo']['median_us']:>11.1f}"
+                  f"{e['cuda_p2p']['median_us']:>11.1f}" + "".join(f"{lat[a]:>13.1f}" for a in names)
+                  + f"{best:>13}{fmt_gbps(e['algos'][best]['busbw_GBps']):>12}")
+    th = run.get("thresholds")
+    if th:
+        print(f"\nworld_size={n}  suggested thresholds: "
+              + ", ".join(f"{k}={v}" for k, v in th.items()))
 
 
 def plot(runs: list[dict], memcpy: dict, path: Path, title: str) -> None:
@@ -508,6 +744,7 @@ def plot(runs: list[dict], memcpy: dict, path: Path, title: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator
 
     colls = [c for c in COLLECTIVES if any(e["collective"] == c for r in runs for e in r["results"])]
     fig, axes = plt.subplots(3, len(colls), figsize=(4.2 * len(colls), 10.5), squeeze=False,
@@ -530,17 +767,25 @@ def plot(runs: list[dict], memcpy: dict, path: Path, title: str) -> None:
                 ax_bw.plot(x, [e[name]["busbw_GBps"] for e in es], marker=m, color=colors[name],
                            alpha=0.9 if len(runs) == 1 else 0.5 + 0.5 * (k + 1) / len(runs),
                            label=lbl)
-            ax_sp.plot(x, [e["speedup"] for e in es], marker=m, color="k",
-                       alpha=0.5 + 0.5 * (k + 1) / len(runs), label=f"n={run['world_size']}")
+            sp_color = SPEEDUP_COLORS[k % len(SPEEDUP_COLORS)]
+            ax_sp.plot(x, [e["speedup"] for e in es], marker=m, color=sp_color,
+                       label=f"n={run['world_size']} (band: 95% CI)")
+            ax_sp.fill_between(x, [e["speedup_ci95"][0] for e in es],
+                               [e["speedup_ci95"][1] for e in es], color=sp_color, alpha=0.15)
         ax_bw.axhline(memcpy["GBps"], color="gray", ls="--", lw=1, label="1-core memcpy")
         ax_sp.axhline(1.0, color="gray", ls="--", lw=1)
         ax_lat.set_title(coll)
         for ax in (ax_lat, ax_bw, ax_sp):
             ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_locator(LogLocator(base=4))
+            ax.xaxis.set_major_formatter(FuncFormatter(
+                lambda v, _: fmt_size(int(round(v))).replace(" ", "").replace("i", "")))
             ax.grid(True, which="both", alpha=0.3)
         ax_lat.set_yscale("log")
         ax_bw.set_yscale("log")
-        ax_sp.set_xlabel("message size (bytes)")
+        ax_sp.set_xlabel("message size")
+        lo, hi = ax_sp.get_ylim()
+        ax_sp.set_ylim(min(lo, 0.8), max(hi, 1.25))
         if j == 0:
             ax_lat.set_ylabel("latency (us, median)")
             ax_bw.set_ylabel("bus bandwidth (GB/s)")
@@ -563,7 +808,7 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(
         description="cuda_p2p vs Gloo collective benchmark on local CPU ranks.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--world-sizes", type=int, nargs="+", default=[4], metavar="N",
+    ap.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4], metavar="N",
                     help="numbers of ranks; one run per value")
     ap.add_argument("--full", action="store_true",
                     help=f"sweep powers of 2 from {fmt_size(FULL_MIN)} to {fmt_size(FULL_MAX)}")
@@ -582,11 +827,33 @@ def parse_args(argv=None):
                     help="timed iterations per backend (0: adaptive, see --budget)")
     ap.add_argument("--budget", type=float, default=None,
                     help="adaptive iterations: seconds per (collective, size) for both backends "
-                         "(default 1.2, 2.0 with --full)")
+                         "(default 1.5, 2.0 with --full)")
     ap.add_argument("--min-iters", type=int, default=5)
     ap.add_argument("--max-iters", type=int, default=500)
+    ap.add_argument("--sync", choices=("shm", "gloo"), default="shm",
+                    help="how ranks line up before every timed sample, on a group neither "
+                         "measured backend uses: shm (a separate cuda_p2p group's shared-memory "
+                         "barrier, then a synchronized start: every rank spins until the same "
+                         "instant) or gloo (a Gloo barrier; its exit skew, ~170 us median on 4 "
+                         "ranks / 2 cores, lands in every measurement)")
+    ap.add_argument("--start-margin-us", type=float, default=200.0,
+                    help="--sync shm: ranks start each timed sample this long after the last one "
+                         "reached the barrier (all of them awake and spinning)")
+    ap.add_argument("--batch", type=int, default=1,
+                    help="back-to-back ops per timed sample (NCCL-tests style); latency = the "
+                         "sample's time / batch")
+    ap.add_argument("--block", type=int, default=8,
+                    help="backends take turns by blocks of this many consecutive samples (1: "
+                         "alternate every sample, so that half the ops run right after the other "
+                         "backend's)")
+    ap.add_argument("--algos", action="store_true",
+                    help="also time every workspace algorithm forced in turn, and suggest the "
+                         "automatic choice's size thresholds")
     ap.add_argument("--no-check", dest="check", action="store_false",
                     help="skip comparing cuda_p2p's results with Gloo's and a local reference")
+    ap.add_argument("--aa", action="store_true",
+                    help="A/A test of the method: measure a second Gloo group in place of cuda_p2p "
+                         "(speedups then show the noise floor)")
     ap.add_argument("--env", type=parse_kv, action="append", default=[], metavar="KEY=VALUE",
                     help="environment variable for the ranks (repeatable), e.g. a cuda_p2p knob")
     ap.add_argument("--pg-option", type=parse_kv, action="append", default=[],
@@ -594,8 +861,9 @@ def parse_args(argv=None):
                     help="attribute of cuda_p2p.ProcessGroupCudaP2P.Options (repeatable; VALUE is "
                          "a Python literal), e.g. buffer_size=1048576")
     ap.add_argument("--timeout", type=float, default=120.0,
-                    help="per-rank: seconds any single step (one size of one collective) may take; "
-                         "also the process-group timeout")
+                    help="per-rank: seconds a step (init, warmup, check; the timed iterations get twice "
+                         "their expected duration on top) may take before the rank dumps its "
+                         "stack and exits; also the process groups' timeout")
     ap.add_argument("--total-timeout", type=float, default=None,
                     help="launcher: seconds one world size may take before every rank is killed "
                          "(default 600, 3600 with --full)")
@@ -616,9 +884,11 @@ def parse_args(argv=None):
         ap.error("--full and --sizes are exclusive")
     args.sizes = sorted(set(args.sizes))
     if args.budget is None:
-        args.budget = 2.0 if args.full else 1.2
+        args.budget = 2.0 if args.full else 1.5
     if args.total_timeout is None:
         args.total_timeout = 3600.0 if args.full else 600.0
+    if args.batch < 1 or args.block < 1:
+        ap.error("--batch and --block must be >= 1")
     if args.warmup < 1 or args.min_iters < 1 or args.max_iters < args.min_iters or args.iters < 0:
         ap.error("need --warmup >= 1, --iters >= 0, 1 <= --min-iters <= --max-iters")
     pg_options = {}
@@ -645,6 +915,9 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     t_start = time.perf_counter()
+    # SIGTERM (kill, timeout(1), CI cancellation) unwinds like Ctrl-C: the ranks are killed on
+    # the way out (they would also die with the launcher, see _die_with_parent).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     import cuda_p2p  # fail early and clearly when the package is not built/installed
 
     # Ranks share the cores: one intra-op thread each (also for OpenMP/MKL in spawned children).
@@ -653,13 +926,21 @@ def main(argv=None) -> int:
     env = dict(args.env)
     os.environ.update(env)
 
+    load_start = os.getloadavg()
+    if load_start[0] > 0.5 * (os.cpu_count() or 1):
+        print(f"[bench] warning: load average {load_start[0]:.1f} on {os.cpu_count()} cores before "
+              "the run: other processes compete with the ranks, timings will be noisy",
+              file=sys.stderr, flush=True)
     memcpy = memcpy_bandwidth()
-    print(f"[bench] single-core memcpy (torch copy_, 64 MiB, 1 thread): {memcpy['GBps']:.2f} GB/s",
+    print(f"[bench] single-core memcpy (torch copy_, 64 MiB, 1 thread, best of {memcpy['iters']}): "
+          f"{memcpy['GBps']:.2f} GB/s (median {memcpy['median_GBps']:.2f})",
           file=sys.stderr, flush=True)
     cfg = {"sizes": args.sizes, "collectives": args.collectives, "barrier": args.barrier,
            "dtype": args.dtype, "warmup": args.warmup, "iters": args.iters, "budget": args.budget,
            "min_iters": args.min_iters, "max_iters": args.max_iters, "check": args.check,
-           "env": env, "pg_options": args.pg_options, "bind": args.bind,
+           "env": env, "pg_options": args.pg_options, "bind": args.bind, "aa": args.aa,
+           "sync": args.sync, "batch": args.batch, "algos": args.algos,
+           "start_margin_us": args.start_margin_us, "block": args.block,
            "cpus": sorted(os.sched_getaffinity(0)), "timeout": args.timeout,
            "total_timeout": args.total_timeout, "progress": not args.quiet}
 
@@ -671,10 +952,15 @@ def main(argv=None) -> int:
         except BenchError as e:
             print(f"\nbench: FAILED: {e}", file=sys.stderr)
             return 1
+        run["aa"] = args.aa
         run["wall_s"] = time.perf_counter() - t0
         add_derived(run, memcpy["GBps"])
+        if args.algos:
+            run["thresholds"] = suggest_thresholds(run)
         runs.append(run)
         print_table(run, memcpy, args.dtype)
+        if args.algos:
+            print_algo_tables(run)
         sys.stdout.flush()
 
     wall = time.perf_counter() - t_start
@@ -686,19 +972,24 @@ def main(argv=None) -> int:
         "host": platform.node(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
         "python": platform.python_version(), "torch": torch.__version__,
         "cuda_p2p": getattr(cuda_p2p, "__version__", None), "git": git_describe(),
-        "dtype": args.dtype, "sizes": args.sizes, "bind": args.bind, "env": env, "pg_options": args.pg_options, "bind": args.bind,
-           "cpus": sorted(os.sched_getaffinity(0)),
+        "dtype": args.dtype, "sizes": args.sizes, "bind": args.bind,
+        "cpus": sorted(os.sched_getaffinity(0)), "aa": args.aa, "env": env,
+        "pg_options": args.pg_options,
+        "sync": args.sync, "batch": args.batch, "block": args.block, "algos": args.algos,
         "warmup": args.warmup, "budget_s": args.budget, "wall_s": wall,
+        "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
         "conventions": {
-            "latency": "median over timed iterations of the max over ranks of one op's time; "
-                       "ranks pass a Gloo barrier before every timed op; backends interleaved",
+            "latency": "median over timed iterations of the max over ranks of one op's time "
+                       "(a sample of --batch back-to-back ops / batch); ranks pass a barrier "
+                       "(--sync: shm or gloo, on a group neither backend uses) before every "
+                       "timed sample; backends take turns by blocks of --block samples",
             "bytes": "all_reduce/broadcast: buffer; all_gather: output; reduce_scatter: input "
                      "(NCCL-tests)",
             "algbw": "bytes / latency (1 GB = 1e9 B)",
             "busbw": "algbw * factor: all_reduce 2(n-1)/n, all_gather & reduce_scatter (n-1)/n, "
                      "broadcast 1",
             "speedup": "gloo median latency / cuda_p2p median latency",
-            "memcpy": "bytes copied per second by one thread (torch copy_ of 64 MiB)"},
+            "memcpy": "bytes copied per second by one thread (torch copy_ of 64 MiB), best of 20"},
     }
     doc = {"meta": meta, "memcpy": memcpy, "runs": runs}
     args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -706,7 +997,8 @@ def main(argv=None) -> int:
     print(f"\n[bench] JSON: {args.json}", flush=True)
     if args.do_plot:
         try:
-            title = (f"cuda_p2p vs Gloo, CPU ranks, {args.dtype}, {os.cpu_count()} cores, "
+            what = "A/A TEST: Gloo vs Gloo" if args.aa else "cuda_p2p vs Gloo"
+            title = (f"{what}, CPU ranks, {args.dtype}, {os.cpu_count()} cores, "
                      f"torch {torch.__version__}")
             plot(runs, memcpy, args.plot, title)
             print(f"[bench] plot: {args.plot}", flush=True)
@@ -721,4 +1013,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("\nbench: interrupted (every rank was killed)", file=sys.stderr)
+        sys.exit(130)

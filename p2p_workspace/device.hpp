@@ -121,7 +121,10 @@ class Device {
   virtual void synchronize(Stream& s) = 0;
 };
 
-std::shared_ptr<Device> make_host_device();
+// `processes`: how many ranks of this host share its CPUs through this device's signals (0:
+// unknown); waits poll with PAUSE only while they fit the CPUs (NOTE [Host waits on shared
+// cores] in host/host_device.cpp).
+std::shared_ptr<Device> make_host_device(int processes = 0);
 #ifdef CUDA_P2P_WITH_CUDA
 std::shared_ptr<Device> make_cuda_device(int device_index);
 #endif

@@ -15,7 +15,48 @@ namespace py = pybind11;
 namespace {
 
 using cuda_p2p::ProcessGroupCudaP2P;
+using Options = ProcessGroupCudaP2P::Options;
 using BackendPtr = c10::intrusive_ptr<c10d::Backend>;
+
+// NOTE [GIL-free destructor]: the last reference to a backend may be dropped from Python (the
+// object of get_cuda_p2p_backend outliving destroy_process_group). Its destructor joins Gloo's
+// worker thread, which may itself need the GIL to free the tensors of its last Work: destroying
+// it with the GIL held deadlocks. torch binds its c10d classes with this holder for that reason.
+template <typename T>
+class IntrusivePtrNoGilDestructor {
+  c10::intrusive_ptr<T> impl_;
+
+ public:
+  IntrusivePtrNoGilDestructor() = default;
+  IntrusivePtrNoGilDestructor(const IntrusivePtrNoGilDestructor&) = default;
+  IntrusivePtrNoGilDestructor(IntrusivePtrNoGilDestructor&&) noexcept = default;
+  IntrusivePtrNoGilDestructor& operator=(const IntrusivePtrNoGilDestructor&) = default;
+  IntrusivePtrNoGilDestructor& operator=(IntrusivePtrNoGilDestructor&&) noexcept = default;
+  /* implicit */ IntrusivePtrNoGilDestructor(c10::intrusive_ptr<T> impl) : impl_(std::move(impl)) {}
+  explicit IntrusivePtrNoGilDestructor(T* impl)
+      : impl_(c10::intrusive_ptr<T>::unsafe_steal_from_new(impl)) {}
+  ~IntrusivePtrNoGilDestructor() {
+    if (impl_) {
+      if (PyGILState_Check()) {
+        py::gil_scoped_release release;
+        impl_.reset();
+      } else {
+        impl_.reset();
+      }
+    }
+  }
+  T& operator*() const noexcept { return *impl_; }
+  T* operator->() const noexcept { return impl_.get(); }
+  T* get() const noexcept { return impl_.get(); }
+  void reset() noexcept { impl_.reset(); }
+  explicit operator bool() const noexcept { return static_cast<bool>(impl_); }
+};
+
+}  // namespace
+
+PYBIND11_DECLARE_HOLDER_TYPE(T, IntrusivePtrNoGilDestructor<T>, true)
+
+namespace {
 
 BackendPtr optional_backend(const py::object& obj, const char* what) {
   if (obj.is_none()) return {};
@@ -81,7 +122,7 @@ PYBIND11_MODULE(_C, m) {
   // Our classes derive from torch's c10d bindings: they must be registered first.
   py::module_::import("torch._C._distributed_c10d");
 
-  auto pg = py::class_<ProcessGroupCudaP2P, c10d::Backend, c10::intrusive_ptr<ProcessGroupCudaP2P>>(
+  auto pg = py::class_<ProcessGroupCudaP2P, c10d::Backend, IntrusivePtrNoGilDestructor<ProcessGroupCudaP2P>>(
       m, "ProcessGroupCudaP2P",
       "The cuda_p2p c10d backend. Get it for a group with cuda_p2p.get_cuda_p2p_backend(group).");
 
@@ -91,8 +132,7 @@ PYBIND11_MODULE(_C, m) {
       "Options of a cuda_p2p process group; pass as pg_options to init_process_group/new_group.")
       .def(py::init<>())
       .def_property(
-          "buffer_size",
-          [](const ProcessGroupCudaP2P::Options& o) { return o.buffer_size; },
+          "buffer_size", [](const ProcessGroupCudaP2P::Options& o) { return o.buffer_size; },
           [](ProcessGroupCudaP2P::Options& o, std::optional<int64_t> v) {
             TORCH_CHECK_VALUE(!v.has_value() || *v > 0,
                               "cuda_p2p: Options.buffer_size must be a positive number of bytes "
@@ -102,6 +142,10 @@ PYBIND11_MODULE(_C, m) {
           },
           "Bytes of the symmetric buffer each rank shares with its peers (None: the default, "
           "32 MiB).")
+      .def_readwrite("workspace_collectives", &ProcessGroupCudaP2P::Options::workspace_collectives,
+                     "Run the collectives on the workspace when it is available (default True; "
+                     "CUDA_P2P_WORKSPACE_COLLECTIVES=0 also sends them to the wrapped backend, "
+                     "while the workspace stays up for everything else).")
       .def_readwrite("enable_workspace", &ProcessGroupCudaP2P::Options::enable_workspace,
                      "Set up the P2P workspace (default True; CUDA_P2P_DISABLE_WORKSPACE=1 also "
                      "turns it off).")
@@ -117,7 +161,12 @@ PYBIND11_MODULE(_C, m) {
               return;
             }
             try {
-              o.nccl_options = v.cast<c10::intrusive_ptr<c10d::Backend::Options>>();
+              auto opts = v.cast<c10::intrusive_ptr<c10d::Backend::Options>>();
+              TORCH_CHECK_TYPE(opts->backend == "nccl",
+                               "cuda_p2p: Options.nccl_options must be a ProcessGroupNCCL.Options "
+                               "or None, got options of backend '",
+                               opts->backend, "'");
+              o.nccl_options = std::move(opts);
             } catch (const py::cast_error&) {
               throw py::type_error(
                   "cuda_p2p: Options.nccl_options must be a ProcessGroupNCCL.Options or None, "
@@ -125,15 +174,95 @@ PYBIND11_MODULE(_C, m) {
                   py::str(py::type::of(v)).cast<std::string>());
             }
           },
-          "Options handed to the wrapped NCCL backend (ProcessGroupNCCL.Options), or None.");
+          "Options handed to the wrapped NCCL backend (ProcessGroupNCCL.Options), or None.")
+      .def_property(
+          "all_gather_algo", [](const Options& o) { return o.all_gather_algo; },
+          [](Options& o, const std::string& v) {
+            cuda_p2p::ops::parse_all_gather_algo(v, "Options.all_gather_algo");
+            o.all_gather_algo = v;
+          },
+          "Workspace all-gather algorithm: 'auto' (by size; CUDA_P2P_ALL_GATHER_ALGO may force "
+          "one), 'direct', 'ring', 'bidir_split' or 'bidir_full'.")
+      .def_property(
+          "reduce_scatter_algo", [](const Options& o) { return o.reduce_scatter_algo; },
+          [](Options& o, const std::string& v) {
+            cuda_p2p::ops::parse_reduce_scatter_algo(v, "Options.reduce_scatter_algo");
+            o.reduce_scatter_algo = v;
+          },
+          "Workspace reduce-scatter algorithm: 'auto' (CUDA_P2P_REDUCE_SCATTER_ALGO may force "
+          "one), 'direct' or 'ring'.")
+      .def_property(
+          "all_reduce_algo", [](const Options& o) { return o.all_reduce_algo; },
+          [](Options& o, const std::string& v) {
+            cuda_p2p::ops::parse_all_reduce_algo(v, "Options.all_reduce_algo");
+            o.all_reduce_algo = v;
+          },
+          "Workspace all-reduce algorithm: 'auto' (CUDA_P2P_ALL_REDUCE_ALGO may force one), "
+          "'one_shot' or 'two_shot'.")
+      .def_property(
+          "ring_steps", [](const Options& o) { return o.ring_steps; },
+          [](Options& o, std::optional<int64_t> v) {
+            TORCH_CHECK_VALUE(!v || *v > 0,
+                              "cuda_p2p: Options.ring_steps must be a positive "
+                              "multiple of the world size or None, got ",
+                              v.value_or(0));
+            o.ring_steps = v;
+          },
+          "Steps of the reduce-scatter ring, a multiple of the world size (None: "
+          "CUDA_P2P_RING_STEPS, else the world size).")
+      .def_property(
+          "chunk_bytes", [](const Options& o) { return o.chunk_bytes; },
+          [](Options& o, std::optional<int64_t> v) {
+            TORCH_CHECK_VALUE(!v || *v >= 0,
+                              "cuda_p2p: Options.chunk_bytes must be >= 0 or "
+                              "None, got ",
+                              v.value_or(0));
+            o.chunk_bytes = v;
+          },
+          "Bytes a rank stages per round of a workspace collective (0: half the buffer; None: "
+          "CUDA_P2P_CHUNK_BYTES, else the default).")
+      .def_property(
+          "all_reduce_one_shot_max_bytes",
+          [](const Options& o) { return o.all_reduce_one_shot_max_bytes; },
+          [](Options& o, std::optional<int64_t> v) {
+            TORCH_CHECK_VALUE(!v || *v >= 0, "cuda_p2p: thresholds must be >= 0 or None");
+            o.all_reduce_one_shot_max_bytes = v;
+          },
+          "Largest all-reduce (bytes) that 'auto' runs one-shot (None: the measured default).")
+      .def_property(
+          "all_gather_bidir_full_max_bytes",
+          [](const Options& o) { return o.all_gather_bidir_full_max_bytes; },
+          [](Options& o, std::optional<int64_t> v) {
+            TORCH_CHECK_VALUE(!v || *v >= 0, "cuda_p2p: thresholds must be >= 0 or None");
+            o.all_gather_bidir_full_max_bytes = v;
+          },
+          "Largest all-gather output (bytes) that 'auto' runs as a FULL_TENSOR bidirectional "
+          "ring on 3+ ranks (None: the measured default, 0: never).")
+      .def_property(
+          "all_gather_ring_max_bytes", [](const Options& o) { return o.all_gather_ring_max_bytes; },
+          [](Options& o, std::optional<int64_t> v) {
+            TORCH_CHECK_VALUE(!v || *v >= 0, "cuda_p2p: thresholds must be >= 0 or None");
+            o.all_gather_ring_max_bytes = v;
+          },
+          "Largest all-gather output (bytes) that 'auto' runs as a unidirectional ring on 3+ "
+          "ranks, above: direct (None: the measured default).")
+      .def_property(
+          "reduce_scatter_ring_max_bytes",
+          [](const Options& o) { return o.reduce_scatter_ring_max_bytes; },
+          [](Options& o, std::optional<int64_t> v) {
+            TORCH_CHECK_VALUE(!v || *v >= 0, "cuda_p2p: thresholds must be >= 0 or None");
+            o.reduce_scatter_ring_max_bytes = v;
+          },
+          "Largest reduce-scatter input (bytes) that 'auto' runs as a ring, above: direct "
+          "(None: the measured default).");
 
   pg.def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                      c10::intrusive_ptr<ProcessGroupCudaP2P::Options> options,
                      const py::object& cpu_backend, const py::object& cuda_backend) {
            auto cpu = optional_backend(cpu_backend, "cpu_backend");
            auto cuda = optional_backend(cuda_backend, "cuda_backend");
-           return c10::make_intrusive<ProcessGroupCudaP2P>(store, rank, size, std::move(options),
-                                                           std::move(cpu), std::move(cuda));
+           return IntrusivePtrNoGilDestructor<ProcessGroupCudaP2P>(c10::make_intrusive<ProcessGroupCudaP2P>(store, rank, size, std::move(options),
+                                                           std::move(cpu), std::move(cuda)));
          }),
          py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("options"),
          py::arg("cpu_backend"), py::arg("cuda_backend") = py::none())
@@ -180,6 +309,29 @@ PYBIND11_MODULE(_C, m) {
       .def("get_counters", &ProcessGroupCudaP2P::counters,
            "Which paths ran: {'all_reduce.one_shot': 3, 'all_reduce.wrapped': 1, ...}.")
       .def("reset_counters", &ProcessGroupCudaP2P::reset_counters)
+      .def(
+          "get_collective_config",
+          [](const ProcessGroupCudaP2P& self) {
+            const auto& c = self.collective_config();
+            py::dict d;
+            d["all_gather_algo"] = cuda_p2p::ops::to_string(c.all_gather);
+            d["reduce_scatter_algo"] = cuda_p2p::ops::to_string(c.reduce_scatter);
+            d["all_reduce_algo"] = cuda_p2p::ops::to_string(c.all_reduce);
+            d["ring_steps"] = c.ring_steps == 0 ? self.getSize() : c.ring_steps;
+            d["chunk_bytes"] = c.chunk_bytes;
+            d["all_reduce_one_shot_max_bytes"] = c.all_reduce_one_shot_max_bytes;
+            d["all_gather_bidir_full_max_bytes"] = c.all_gather_bidir_full_max_bytes;
+            d["all_gather_ring_max_bytes"] = c.all_gather_ring_max_bytes;
+            d["reduce_scatter_ring_max_bytes"] = c.reduce_scatter_ring_max_bytes;
+            d["workspace_collectives"] = self.uses_workspace_collectives();
+            return d;
+          },
+          "The workspace collectives' effective settings (Options, then environment variables, "
+          "then the defaults) and whether they run at all.")
+      .def("all_gather_v", &ProcessGroupCudaP2P::all_gather_v, py::arg("tensor"), py::arg("sizes"),
+           py::call_guard<py::gil_scoped_release>(),
+           "Collective: concatenates along dim 0 the rows of every rank (sizes[r] rows from rank "
+           "r) in rank order.")
       .def("ensure_min_buffer_size", &ProcessGroupCudaP2P::ensure_min_buffer_size,
            py::arg("nbytes"), py::call_guard<py::gil_scoped_release>(),
            "Collective: grows every rank's buffer to at least the largest nbytes requested.");

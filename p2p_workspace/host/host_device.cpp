@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -30,7 +31,8 @@ namespace cuda_p2p::host {
 
 namespace {
 
-constexpr int kSpins = 256;  // ~1-2 us: long enough for a peer on another core, short on 2 cores
+constexpr int kSpins = 256;  // ~6 us of PAUSE: long enough for a peer on another core
+constexpr int kYields = 4;   // oversubscribed: a few sched_yield, then sleep
 constexpr auto kMaxSleep = std::chrono::milliseconds(10);
 
 uint32_t load_acquire(const uint32_t* word) {
@@ -44,12 +46,45 @@ long futex(const uint32_t* addr, int op, uint32_t val, const timespec* ts) {
 
 }  // namespace
 
+// NOTE [Host waits on shared cores]
+// A waiter first polls (a peer on another core usually arrives within microseconds), then sleeps
+// in the kernel. How it polls depends on whether the ranks fit the CPUs this process may use.
+// With a core each, it spins with PAUSE for ~6 us. When more ranks than CPUs share them (4 ranks
+// on 2 cores), a spinning waiter holds the very core that a peer it waits for needs: it polls
+// with sched_yield a few times only (a peer queued on this CPU runs meanwhile), then sleeps.
+// Every word of one wait is polled in the same loop, so a barrier's polling budget is shared by
+// all its peers instead of being spent once per peer.
+bool poll_all(const std::vector<SignalWait>& waits, bool oversubscribed) {
+  const int rounds = oversubscribed ? kYields : kSpins;
+  for (int i = 0; i < rounds; ++i) {
+    bool all = true;
+    for (const auto& w : waits) {
+      if (!signal_reached(load_acquire(w.addr), w.value)) {
+        all = false;
+        break;
+      }
+    }
+    if (all) return true;
+    if (oversubscribed) {
+      sched_yield();
+    } else {
+      CUDA_P2P_CPU_RELAX();
+    }
+  }
+  return false;
+}
+
 bool futex_wait_until(const uint32_t* word, uint32_t value,
                       std::chrono::steady_clock::time_point deadline) {
   for (int i = 0; i < kSpins; ++i) {
     if (signal_reached(load_acquire(word), value)) return true;
     CUDA_P2P_CPU_RELAX();
   }
+  return futex_sleep_until(word, value, deadline);
+}
+
+bool futex_sleep_until(const uint32_t* word, uint32_t value,
+                       std::chrono::steady_clock::time_point deadline) {
   while (true) {
     const uint32_t current = load_acquire(word);
     if (signal_reached(current, value)) return true;
@@ -154,9 +189,18 @@ HostStream& as_host(Stream& s) {
   return *h;
 }
 
+// CPUs this process may run on.
+int usable_cpus() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+}
+
 class HostDevice : public Device {
  public:
-  HostDevice() : inline_stream_(std::make_shared<HostStream>(/*inline_mode=*/true)) {}
+  explicit HostDevice(int processes)
+      : inline_stream_(std::make_shared<HostStream>(/*inline_mode=*/true)),
+        oversubscribed_(processes > usable_cpus()) {}
 
   std::string name() const override { return "cpu"; }
   at::Device tensor_device() const override { return at::Device(at::kCPU); }
@@ -189,11 +233,13 @@ class HostDevice : public Device {
 
   void wait_signals(Stream& s, std::vector<SignalWait> waits, Millis timeout,
                     std::string context) override {
-    as_host(s).enqueue([waits = std::move(waits), timeout, context = std::move(context)] {
+    as_host(s).enqueue([waits = std::move(waits), timeout, context = std::move(context),
+                        oversubscribed = oversubscribed_] {
+      if (poll_all(waits, oversubscribed)) return;
       const auto start = std::chrono::steady_clock::now();
       const auto deadline = start + timeout;
       for (const auto& w : waits) {
-        if (futex_wait_until(w.addr, w.value, deadline)) continue;
+        if (futex_sleep_until(w.addr, w.value, deadline)) continue;
         // Timed out: name every peer still missing, not only the first.
         std::ostringstream missing;
         int count = 0;
@@ -236,6 +282,7 @@ class HostDevice : public Device {
 
  private:
   std::shared_ptr<HostStream> inline_stream_;
+  const bool oversubscribed_;  // more ranks than usable CPUs: NOTE [Host waits on shared cores]
 };
 
 }  // namespace
@@ -243,5 +290,7 @@ class HostDevice : public Device {
 }  // namespace cuda_p2p::host
 
 namespace cuda_p2p {
-std::shared_ptr<Device> make_host_device() { return std::make_shared<host::HostDevice>(); }
+std::shared_ptr<Device> make_host_device(int processes) {
+  return std::make_shared<host::HostDevice>(processes);
+}
 }  // namespace cuda_p2p

@@ -72,6 +72,9 @@ std::shared_ptr<Block> import_shared_block(const std::vector<uint8_t>& handle, s
 // then sleeps in the kernel (futex on the shared word). Returns whether it was reached.
 bool futex_wait_until(const uint32_t* word, uint32_t value,
                       std::chrono::steady_clock::time_point deadline);
+// The same without polling first: sleeps in the kernel until the word reaches `value`.
+bool futex_sleep_until(const uint32_t* word, uint32_t value,
+                       std::chrono::steady_clock::time_point deadline);
 // Stores `value` with release order and wakes every waiter (of any process).
 void futex_store_and_wake(uint32_t* word, uint32_t value);
 

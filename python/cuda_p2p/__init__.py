@@ -15,10 +15,12 @@ from ._backend import (
     get_cuda_p2p_backend,
     is_cuda_p2p_group,
 )
+from ._collectives import all_gather_v
 
 __all__ = [
     "BACKEND_NAME",
     "ProcessGroupCudaP2P",
+    "all_gather_v",
     "get_cuda_p2p_backend",
     "is_cuda_p2p_group",
     "fused_all_gather_matmul",

@@ -25,9 +25,10 @@ def _create_backend(opts, pg_options) -> ProcessGroupCudaP2P:
     _check_nccl_options(options.nccl_options)
     options._timeout = opts.timeout
     options.group_name = str(opts.group_id)
-    options.global_ranks_in_group = list(opts.global_ranks_in_group)
-
     store, rank, size = opts.store, opts.group_rank, opts.group_size
+    # torch passes [] for the default group, meaning "every rank": spell it out for readers of
+    # backend.options (the NCCL options below keep torch's convention).
+    options.global_ranks_in_group = list(opts.global_ranks_in_group) or list(range(size))
     # Each wrapped backend rendezvous under its own prefix of the group's store.
     gloo = dist.ProcessGroupGloo(PrefixStore("gloo/", store), rank, size, opts.timeout)
     nccl = None

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from . import _C  # noqa: F401  (loads the extension, which registers torch.ops.cuda_p2p)
+from ._backend import _resolve
 
 GroupLike = Union[str, dist.ProcessGroup, None]
 
@@ -23,19 +24,12 @@ ALGORITHMS = ("auto", "pipeline", "ring")
 def _group_name(group: GroupLike) -> str:
     if isinstance(group, str):
         return group
-    if group is None:
-        if not dist.is_initialized():
-            raise RuntimeError(
-                "cuda_p2p: no default process group; call "
-                "torch.distributed.init_process_group(backend='cuda_p2p') first"
-            )
-        group = dist.distributed_c10d._get_default_group()
-    if not isinstance(group, dist.ProcessGroup):
+    if group is not None and not isinstance(group, dist.ProcessGroup):
         raise TypeError(
             "cuda_p2p: group must be a group name (str), a ProcessGroup or None, "
             f"got {type(group).__name__}"
         )
-    return group.group_name
+    return _resolve(group).group_name
 
 
 def fused_all_gather_matmul(

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <c10/util/Exception.h>
+
 #include <string>
 
 namespace cuda_p2p::test {
@@ -23,5 +25,16 @@ c10::intrusive_ptr<c10d::Store> test_store();
 
 // Every rank waits until all ranks reached this point of the running test.
 void store_barrier(const std::string& tag);
+
+// Expects `fn` to throw a c10::Error whose message contains `needle`.
+template <typename Fn>
+void expect_error(Fn&& fn, const std::string& needle) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected an error containing '" << needle << "'";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
 
 }  // namespace cuda_p2p::test

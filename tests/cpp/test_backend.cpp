@@ -1,8 +1,8 @@
 // ProcessGroupCudaP2P without Python: construction, options, argument checks and routing, with
 // recording stand-ins for the wrapped backends.
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
-
 #include <ATen/ATen.h>
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "backend/CoalescedWork.hpp"
 #include "backend/ProcessGroupCudaP2P.hpp"
@@ -42,8 +42,8 @@ class RecordingBackend : public c10d::Backend {
  private:
   c10::intrusive_ptr<c10d::Work> done(const std::string& op, std::vector<at::Tensor> result) {
     calls.push_back(op);
-    auto fut = c10::make_intrusive<c10::ivalue::Future>(
-        c10::ListType::create(c10::TensorType::get()));
+    auto fut =
+        c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
     fut->markCompleted(c10::IValue(result));
     return c10::make_intrusive<CompletedWork>(getRank(), std::move(fut), std::move(result));
   }
@@ -85,8 +85,8 @@ TEST(Backend, ConstructsWithDefaultsAndReportsItself) {
   EXPECT_EQ(f.pg->getRank(), world().rank);
   EXPECT_EQ(f.pg->getSize(), world().size);
   EXPECT_EQ(f.pg->getBackendName(), "cuda_p2p");
-  auto opts = c10::dynamic_intrusive_pointer_cast<ProcessGroupCudaP2P::Options>(
-      f.pg->getBackendOptions());
+  auto opts =
+      c10::dynamic_intrusive_pointer_cast<ProcessGroupCudaP2P::Options>(f.pg->getBackendOptions());
   ASSERT_TRUE(opts);
   EXPECT_EQ(opts->backend, "cuda_p2p");
   EXPECT_FALSE(opts->buffer_size.has_value());
@@ -115,17 +115,9 @@ TEST(Backend, RejectsBadConstructionArguments) {
   const auto& w = world();
   auto cpu = c10::make_intrusive<RecordingBackend>(w.rank, w.size, "cpu");
   auto store = test_store();
-  auto expect_error = [&](auto&& fn, const std::string& needle) {
-    try {
-      fn();
-      ADD_FAILURE() << "expected an error containing '" << needle << "'";
-    } catch (const c10::Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
-  expect_error([&] { ProcessGroupCudaP2P(store, w.size, w.size, {}, cpu, nullptr); },
-               "rank must be in [0, " + std::to_string(w.size) + "), got " +
-                   std::to_string(w.size));
+  expect_error(
+      [&] { ProcessGroupCudaP2P(store, w.size, w.size, {}, cpu, nullptr); },
+      "rank must be in [0, " + std::to_string(w.size) + "), got " + std::to_string(w.size));
   expect_error([&] { ProcessGroupCudaP2P(store, 0, 0, {}, cpu, nullptr); },
                "world size must be >= 1, got 0");
   expect_error([&] { ProcessGroupCudaP2P(store, w.rank, w.size, {}, nullptr, nullptr); },
@@ -142,7 +134,9 @@ TEST(Backend, RejectsBadConstructionArguments) {
 }
 
 TEST(Backend, RoutesCpuTensorsToTheCpuBackend) {
-  auto f = make();
+  auto options = c10::make_intrusive<ProcessGroupCudaP2P::Options>();
+  options->enable_workspace = false;
+  auto f = make(options);
   std::vector<at::Tensor> t{at::ones({7})};
   EXPECT_TRUE(f.pg->allreduce(t, c10d::AllreduceOptions())->wait());
   EXPECT_TRUE(f.pg->broadcast(t, c10d::BroadcastOptions())->wait());
@@ -151,6 +145,179 @@ TEST(Backend, RoutesCpuTensorsToTheCpuBackend) {
   f.pg->barrier(c10d::BarrierOptions())->wait();
   EXPECT_EQ(f.cpu->calls,
             (std::vector<std::string>{"allreduce", "broadcast", "_allgather_base", "barrier"}));
+  const auto counters = f.pg->counters();
+  EXPECT_EQ(counters.at("all_reduce.wrapped"), 1);
+  EXPECT_EQ(counters.at("broadcast.wrapped"), 1);
+  EXPECT_EQ(counters.at("all_gather.wrapped"), 1);
+  EXPECT_EQ(counters.at("barrier.wrapped"), 1);
+}
+
+TEST(Backend, RunsCollectivesOnTheWorkspaceAndCountsThePath) {
+  const auto& w = world();
+  auto f = make();
+  ASSERT_TRUE(f.pg->is_p2p_available()) << f.pg->p2p_unavailable_reason();
+  std::vector<at::Tensor> t{at::full({5}, static_cast<float>(w.rank + 1))};
+  auto work = f.pg->allreduce(t, c10d::AllreduceOptions());
+  EXPECT_TRUE(work->isCompleted());
+  EXPECT_TRUE(work->wait());
+  const float sum = static_cast<float>(w.size * (w.size + 1) / 2);
+  EXPECT_TRUE(t[0].equal(at::full({5}, sum)));
+  auto fut = work->getFuture();
+  ASSERT_TRUE(fut->completed());
+  EXPECT_TRUE(fut->value().toTensorVector()[0].is_same(t[0]));
+
+  std::vector<at::Tensor> b{at::full({3}, static_cast<float>(w.rank))};
+  c10d::BroadcastOptions bo;
+  bo.rootRank = w.size - 1;
+  f.pg->broadcast(b, bo)->wait();
+  EXPECT_TRUE(b[0].equal(at::full({3}, static_cast<float>(w.size - 1))));
+
+  at::Tensor in = at::full({2}, static_cast<float>(w.rank));
+  at::Tensor out = at::empty({2 * w.size});
+  f.pg->_allgather_base(out, in, c10d::AllgatherOptions())->wait();
+  EXPECT_TRUE(out.equal(at::arange(w.size, at::kFloat).repeat_interleave(2)));
+
+  std::vector<std::vector<at::Tensor>> outs(1);
+  for (int r = 0; r < w.size; ++r) outs[0].push_back(at::empty({2}));
+  std::vector<at::Tensor> ins{in};
+  f.pg->allgather(outs, ins, c10d::AllgatherOptions())->wait();
+  for (int r = 0; r < w.size; ++r) EXPECT_TRUE(outs[0][r].equal(at::full({2}, 1.0f * r)));
+
+  at::Tensor rs_in = at::arange(3 * w.size, at::kFloat);
+  at::Tensor rs_out = at::empty({3});
+  c10d::ReduceScatterOptions ro;
+  ro.reduceOp = c10d::ReduceOp::MAX;
+  f.pg->_reduce_scatter_base(rs_out, rs_in, ro)->wait();
+  EXPECT_TRUE(rs_out.equal(at::arange(3 * w.rank, 3 * w.rank + 3, at::kFloat)));
+
+  std::vector<at::Tensor> list_out{at::empty({3})};
+  std::vector<std::vector<at::Tensor>> list_in(1);
+  for (int r = 0; r < w.size; ++r) list_in[0].push_back(at::full({3}, 1.0f * r));
+  f.pg->reduce_scatter(list_out, list_in, c10d::ReduceScatterOptions())->wait();
+  EXPECT_TRUE(list_out[0].equal(at::full({3}, static_cast<float>(w.size * w.rank))));
+
+  f.pg->barrier(c10d::BarrierOptions())->wait();
+
+  std::vector<int64_t> sizes;
+  for (int r = 0; r < w.size; ++r) sizes.push_back(r);
+  auto gathered = f.pg->all_gather_v(at::full({w.rank, 2}, static_cast<float>(w.rank)), sizes);
+  ASSERT_EQ(gathered.size(0), w.size * (w.size - 1) / 2);
+  EXPECT_EQ(gathered.size(1), 2);
+
+  EXPECT_TRUE(f.cpu->calls.empty()) << f.cpu->calls.front();
+  const auto c = f.pg->counters();
+  EXPECT_EQ(c.at("all_reduce.one_shot"), 1);
+  EXPECT_EQ(c.at("broadcast.direct"), 1);
+  const auto& cfg = f.pg->collective_config();
+  EXPECT_EQ(c.at(std::string("all_gather.") +
+                 ops::to_string(ops::select_all_gather(cfg, 8 * w.size, w.size))),
+            2);
+  EXPECT_EQ(c.at(std::string("reduce_scatter.") +
+                 ops::to_string(ops::select_reduce_scatter(cfg, 12 * w.size, w.size))),
+            2);
+  EXPECT_EQ(c.at("barrier.workspace"), 1);
+  EXPECT_EQ(c.at("all_gather_v.direct"), 1);
+  EXPECT_EQ(c.count("all_reduce.wrapped"), 0u);
+}
+
+TEST(Backend, FallsBackOnlyForWhatTheWorkspaceDoesNotRunAndCountsIt) {
+  const auto& w = world();
+  auto f = make();
+  // bool reductions, several tensors per rank: the wrapped backend.
+  std::vector<at::Tensor> flags{at::ones({3}, at::kBool)};
+  f.pg->allreduce(flags, c10d::AllreduceOptions())->wait();
+  std::vector<at::Tensor> two{at::ones({3}), at::ones({3})};
+  f.pg->broadcast(two, c10d::BroadcastOptions())->wait();
+  EXPECT_EQ(f.cpu->calls, (std::vector<std::string>{"allreduce", "broadcast"}));
+  auto c = f.pg->counters();
+  EXPECT_EQ(c.at("all_reduce.wrapped"), 1);
+  EXPECT_EQ(c.at("broadcast.wrapped"), 1);
+  // Non-contiguous tensors run on the workspace (through a contiguous copy).
+  auto base = at::zeros({4, 2});
+  std::vector<at::Tensor> column{base.select(1, 1)};
+  column[0].fill_(static_cast<float>(w.rank));
+  f.pg->allreduce(column, c10d::AllreduceOptions())->wait();
+  EXPECT_TRUE(
+      base.select(1, 1).equal(at::full({4}, static_cast<float>(w.size * (w.size - 1) / 2))));
+  EXPECT_TRUE(base.select(1, 0).equal(at::zeros({4})));
+  EXPECT_EQ(f.pg->counters().at("all_reduce.one_shot"), 1);
+  // AVG on integers and bitwise ops on floats are errors, on every rank, as with Gloo.
+  std::vector<at::Tensor> ints{at::ones({3}, at::kLong)};
+  c10d::AllreduceOptions avg;
+  avg.reduceOp = c10d::ReduceOp::AVG;
+  EXPECT_THROW(f.pg->allreduce(ints, avg), c10::Error);
+  c10d::AllreduceOptions band;
+  band.reduceOp = c10d::ReduceOp::BAND;
+  std::vector<at::Tensor> floats{at::ones({3})};
+  EXPECT_THROW(f.pg->allreduce(floats, band), c10::Error);
+  // The group still works afterwards (the errors came before any signal).
+  f.pg->allreduce(floats, c10d::AllreduceOptions())->wait();
+  EXPECT_TRUE(floats[0].equal(at::full({3}, static_cast<float>(w.size))));
+}
+
+TEST(Backend, CollectiveOptionsAndEnvironmentChooseTheAlgorithm) {
+  const auto& w = world();
+  auto options = c10::make_intrusive<ProcessGroupCudaP2P::Options>();
+  options->all_reduce_algo = "two_shot";
+  ::setenv(ops::kAllReduceAlgoEnv, "one_shot", 1);  // the option wins over the environment
+  ::setenv(ops::kAllGatherAlgoEnv, "ring", 1);      // the environment wins over auto
+  auto f = make(options);
+  ::unsetenv(ops::kAllReduceAlgoEnv);
+  ::unsetenv(ops::kAllGatherAlgoEnv);
+  EXPECT_EQ(f.pg->collective_config().all_reduce, ops::AllReduceAlgo::kTwoShot);
+  EXPECT_EQ(f.pg->collective_config().all_gather, ops::AllGatherAlgo::kRing);
+  std::vector<at::Tensor> t{at::ones({100})};
+  f.pg->allreduce(t, c10d::AllreduceOptions())->wait();
+  at::Tensor out = at::empty({100 * w.size});
+  f.pg->_allgather_base(out, t[0], c10d::AllgatherOptions())->wait();
+  EXPECT_TRUE(out.equal(at::full({100 * w.size}, static_cast<float>(w.size))));
+  EXPECT_EQ(f.pg->counters().at("all_reduce.two_shot"), 1);
+  EXPECT_EQ(f.pg->counters().at("all_gather.ring"), 1);
+
+  auto bad = c10::make_intrusive<ProcessGroupCudaP2P::Options>();
+  bad->all_gather_algo = "fastest";
+  EXPECT_THROW(make(bad), c10::Error);
+  auto steps = c10::make_intrusive<ProcessGroupCudaP2P::Options>();
+  steps->ring_steps = w.size + 1;
+  if (w.size > 1) {
+    EXPECT_THROW(make(steps), c10::Error);
+  }
+  ::setenv(ops::kAllReduceAlgoEnv, "fastest", 1);
+  EXPECT_THROW(make(), c10::Error);
+  ::unsetenv(ops::kAllReduceAlgoEnv);
+}
+
+TEST(Backend, CollectivesCanBeSentToTheWrappedBackendWithTheWorkspaceUp) {
+  auto options = c10::make_intrusive<ProcessGroupCudaP2P::Options>();
+  options->workspace_collectives = false;
+  auto f = make(options);
+  EXPECT_TRUE(f.pg->is_p2p_available());
+  EXPECT_FALSE(f.pg->uses_workspace_collectives());
+  std::vector<at::Tensor> t{at::ones({3})};
+  f.pg->allreduce(t, c10d::AllreduceOptions())->wait();
+  f.pg->barrier(c10d::BarrierOptions())->wait();
+  EXPECT_EQ(f.cpu->calls, (std::vector<std::string>{"allreduce", "barrier"}));
+  ::setenv(ProcessGroupCudaP2P::kWorkspaceCollectivesEnv, "0", 1);
+  auto g = make();
+  ::setenv(ProcessGroupCudaP2P::kWorkspaceCollectivesEnv, "no", 1);
+  EXPECT_THROW(make(), c10::Error);
+  ::unsetenv(ProcessGroupCudaP2P::kWorkspaceCollectivesEnv);
+  EXPECT_FALSE(g.pg->uses_workspace_collectives());
+  g.pg->allreduce(t, c10d::AllreduceOptions())->wait();
+  EXPECT_EQ(g.pg->counters().at("all_reduce.wrapped"), 1);
+}
+
+TEST(Backend, AllGatherVWithoutTheWorkspacePadsAndGathers) {
+  auto options = c10::make_intrusive<ProcessGroupCudaP2P::Options>();
+  options->enable_workspace = false;
+  auto f = make(options);
+  std::vector<int64_t> sizes(world().size, 1);
+  sizes[0] = 3;
+  auto out = f.pg->all_gather_v(at::ones({sizes[world().rank], 4}), sizes);
+  EXPECT_EQ(out.size(0), world().size + 2);
+  EXPECT_EQ(f.cpu->calls, (std::vector<std::string>{"_allgather_base"}));
+  EXPECT_EQ(f.pg->counters().at("all_gather_v.wrapped"), 1);
+  EXPECT_THROW(f.pg->all_gather_v(at::ones({2, 4}), sizes), c10::Error);  // wrong row count
 }
 
 TEST(Backend, RejectsTensorsNoBackendServes) {

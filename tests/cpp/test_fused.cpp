@@ -315,16 +315,6 @@ TEST(FusedPipelines, APipelineWritesItsBufferOnlyAfterEveryReaderOfItIsDone) {
   }
 }
 
-template <typename Fn>
-void expect_error(Fn&& fn, const std::string& needle) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected an error containing '" << needle << "'";
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
-
 TEST(FusedPipelines, BadArgumentsSayWhatWasExpected) {
   Pipelines p;
   const int W = world().size;

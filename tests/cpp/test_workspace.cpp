@@ -24,16 +24,6 @@ std::unique_ptr<SymmetricWorkspace> make_workspace(int64_t buffer_size = 1 << 16
                                               make_host_device(), o);
 }
 
-template <typename Fn>
-void expect_error(Fn&& fn, const std::string& needle) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected an error containing '" << needle << "'";
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
-
 std::set<std::string> dev_shm_entries() {
   std::set<std::string> out;
   if (DIR* d = opendir("/dev/shm")) {

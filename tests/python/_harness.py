@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing as mp
+import multiprocessing.connection as mp_connection
 import os
 import pickle
 import signal
@@ -121,8 +122,10 @@ def _worker_main(rank: int, world_size: int, port: int, conn, log_path: str) -> 
 
     try:
         dist.destroy_process_group()
-    except BaseException:  # noqa: BLE001
+    except BaseException:  # noqa: BLE001  (the parent kills a worker that does not stop)
         pass
+    sys.stdout.flush()
+    sys.stderr.flush()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,7 +174,7 @@ class World:
                 replies = self._collect(START_TIMEOUT_S, what="start (init_process_group)")
             except HarnessError as e:
                 last_error = e
-                self.close()
+                self.close(graceful=False)
                 continue
             errors = [(r, tb) for r, (kind, tb) in enumerate(replies) if kind != "ready"]
             if not errors:
@@ -179,19 +182,21 @@ class World:
             last_error = HarnessError(
                 "\n".join(f"rank {r} failed to start:\n{tb}" for r, tb in errors)
             )
-            self.close()
+            self.close(graceful=False)
         raise last_error
 
-    def close(self) -> None:
-        """Stops every worker: asks politely, then kills. Never leaves a process behind."""
-        for conn in self._conns:
-            try:
-                conn.send_bytes(b"")
-            except (OSError, BrokenPipeError):
-                pass
-        deadline = time.monotonic() + 5
-        for p in self._procs:
-            p.join(max(0.0, deadline - time.monotonic()))
+    def close(self, graceful: bool = True) -> None:
+        """Stops every worker: asks politely (graceful: they destroy their process groups), then
+        kills. A broken pool (timeout, error) is killed at once. Never leaves a process behind."""
+        if graceful:
+            for conn in self._conns:
+                try:
+                    conn.send_bytes(b"")
+                except (OSError, BrokenPipeError):
+                    pass
+            deadline = time.monotonic() + 10
+            for p in self._procs:
+                p.join(max(0.0, deadline - time.monotonic()))
         for p in self._procs:
             if p.is_alive():
                 p.kill()
@@ -199,6 +204,11 @@ class World:
         for conn in self._conns:
             conn.close()
         self._procs, self._conns, self._logs = [], [], []
+
+    def remove_logs(self) -> None:
+        import shutil
+
+        shutil.rmtree(self._logdir, ignore_errors=True)
 
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs]
@@ -209,18 +219,33 @@ class World:
         if getattr(fn, "__module__", None) in (None, "__main__") or "<locals>" in fn.__qualname__:
             raise TypeError(f"world.run needs a module-level function, got {fn!r}")
         self.start()
+        dead = [r for r, p in enumerate(self._procs) if not p.is_alive()]
+        if dead:
+            # Something crashed a rank after its last reply (a background thread?): report it,
+            # and let the next call start a fresh pool.
+            text = "\n".join(
+                f"rank {r} of {self.size} died since the last call (exit code "
+                f"{self._procs[r].exitcode})\n{self._log_tail(r)}"
+                for r in dead
+            )
+            self.close(graceful=False)
+            raise HarnessError(text)
         payload = pickle.dumps((fn, args, kwargs))
-        for conn in self._conns:
-            conn.send_bytes(payload)
+        try:
+            for conn in self._conns:
+                conn.send_bytes(payload)
+        except OSError as e:
+            self.close(graceful=False)
+            raise HarnessError(f"could not send {fn.__qualname__} to the ranks: {e}") from None
         try:
             replies = self._collect(timeout, what=f"{fn.__module__}.{fn.__qualname__}")
         except HarnessError:
-            self.close()
+            self.close(graceful=False)
             raise
         errors = [(r, msg) for r, (kind, msg) in enumerate(replies) if kind != "ok"]
         if errors:
             # Ranks may be left mid-collective with their peers: start over next time.
-            self.close()
+            self.close(graceful=False)
             text = "\n".join(
                 f"---- rank {r} of {self.size} ({fn.__qualname__}) raised ----\n{msg}"
                 for r, msg in errors
@@ -252,30 +277,35 @@ class World:
                     "did not answer (hang?); the pool is torn down.\n"
                     + "\n".join(self._log_tail(r) for r in missing)
                 )
-            progressed = False
-            for r, conn in enumerate(self._conns):
-                if replies[r] is not None:
-                    continue
-                if conn.poll(0.02):
+            pending = {conn: r for r, conn in enumerate(self._conns) if replies[r] is None}
+            sentinels = {self._procs[r].sentinel: r for r in pending.values()}
+            limit = deadline - now
+            if first_error_at is not None:
+                limit = min(limit, GRACE_S - (now - first_error_at))
+            ready = mp_connection.wait(list(pending) + list(sentinels), max(0.0, min(limit, 1.0)))
+            # Replies first: a rank may have answered and exited (its sentinel is then ready too).
+            for obj in sorted(ready, key=lambda o: o not in pending):
+                if obj in pending:
+                    r = pending[obj]
                     try:
-                        data = conn.recv_bytes()
+                        data = obj.recv_bytes()
                     except (EOFError, OSError):
+                        self._procs[r].join(1)
                         raise HarnessError(
                             f"rank {r} of {self.size} closed its pipe in {what} "
                             f"(exit code {self._procs[r].exitcode})\n{self._log_tail(r)}"
                         ) from None
                     replies[r] = pickle.loads(data)
-                    if replies[r][0] != "ok" and replies[r][0] != "ready":
+                    if replies[r][0] not in ("ok", "ready"):
                         first_error_at = first_error_at or time.monotonic()
-                    progressed = True
-                elif not self._procs[r].is_alive():
-                    self._procs[r].join(1)
-                    raise HarnessError(
-                        f"rank {r} of {self.size} died in {what} "
-                        f"(exit code {self._procs[r].exitcode})\n{self._log_tail(r)}"
-                    )
-            if not progressed:
-                time.sleep(0.005)
+                else:
+                    r = sentinels[obj]
+                    if replies[r] is None and not self._conns[r].poll():
+                        self._procs[r].join(1)
+                        raise HarnessError(
+                            f"rank {r} of {self.size} died in {what} "
+                            f"(exit code {self._procs[r].exitcode})\n{self._log_tail(r)}"
+                        )
         return replies
 
     def _log_tail(self, rank: int, n: int = 3000) -> str:
@@ -289,9 +319,67 @@ class World:
         return f"-- output of rank {rank} --\n{text[-n:]}"
 
 
-def kill_process_tree_group(proc) -> None:
-    """Kills a subprocess.Popen started with start_new_session=True, and its children."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+# ---------------------------------------------------------------------------------------------
+# processes of their own (torchrun, scripts that set up their own process group)
+
+
+def _pids_with_token(token: str) -> list[int]:
+    """Processes whose environment carries `token`: everything a run_script call started,
+    including grandchildren that left its process group (torchrun gives each rank a session)."""
+    needle = f"CUDA_P2P_TEST_TOKEN={token}".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+@dataclasses.dataclass
+class ScriptResult:
+    returncode: int | None  # None: killed after the timeout
+    output: str
+
+    @property
+    def timed_out(self) -> bool:
+        return self.returncode is None
+
+
+def run_script(cmd: list, timeout: float, env: dict | None = None) -> ScriptResult:
+    """Runs `cmd` with a time limit; whatever happens, no process it started survives."""
+    import subprocess
+    import uuid
+
+    token = uuid.uuid4().hex
+    env = dict(os.environ if env is None else env, CUDA_P2P_TEST_TOKEN=token)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    # Output to a file, not a pipe: a stray grandchild holding a pipe would block the reader.
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            rc = None
+        finally:
+            for _ in range(3):
+                pids = _pids_with_token(token)
+                if not pids:
+                    break
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                time.sleep(0.2)
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    return ScriptResult(rc, text)

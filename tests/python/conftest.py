@@ -48,5 +48,19 @@ def world(request) -> World:
 
 
 def pytest_sessionfinish(session, exitstatus):
+    pids = [pid for w in _worlds.values() for pid in w.pids()]
     for w in _worlds.values():
         w.close()
+        w.remove_logs()
+    stray = [pid for pid in pids if _alive(pid)]
+    if stray:  # close() kills what does not stop; this would be a harness bug
+        print(f"\ncuda_p2p tests: worker processes still alive after the session: {stray}")
+        session.exitstatus = 1
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False

@@ -9,17 +9,11 @@ from __future__ import annotations
 import pytest
 
 import _collective_checks as cc
+from _collective_checks import SUBGROUPS, assert_all_ok
 
 DTYPES = list(cc.DTYPES)
 COLLECTIVES = list(cc.COLLECTIVES)
 REDUCING = [n for n, c in cc.COLLECTIVES.items() if c.reduces]
-
-
-def assert_all_ok(results, min_cases=1):
-    failures = [f"[rank {r}] {f}" for r, res in enumerate(results) if res for f in res["failures"]]
-    assert not failures, f"{len(failures)} failing case(s):\n" + "\n".join(failures[:40])
-    counted = [res["cases"] for res in results if res]
-    assert counted and min(counted) >= min_cases, f"too few cases ran: {counted}"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -36,27 +30,8 @@ def test_rejected_reduce_ops(world2, name, dtype):
     assert_all_ok(world2.run(cc.check_rejections, name, dtype))
 
 
-# Subgroups of 4 ranks: two disjoint pairs (every rank is in one), and a group of 3 that rank 0
-# is not in (rank 0 checks that collectives on it are no-ops returning None).
-SUBGROUPS = {
-    "pairs_0_2-1_3": [[0, 2], [1, 3]],
-    "ranks_1_2_3": [[1, 2, 3]],
-}
-
-
-def _subgroup_for_all(ctx, layout, fn, *args, **kwargs):
-    """Creates every group of `layout` on every rank (in one order), then runs `fn` for the
-    group this rank is in (or for the first group, as a non-member)."""
-    groups = SUBGROUPS[layout]
-    for ranks in groups:
-        ctx.group(ranks, "cuda_p2p")
-        ctx.group(ranks, "gloo")
-    mine = next((r for r in groups if ctx.rank in r), groups[0])
-    return fn(ctx, *args, ranks=mine, **kwargs)
-
-
 def run_in_subgroups(ctx, layout, name, dtype):
-    return _subgroup_for_all(ctx, layout, cc.check_collective, name, dtype, sizes=(1, 7))
+    return cc.in_subgroup(ctx, layout, cc.check_collective, name, dtype, sizes=(1, 7))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int64"])
@@ -71,7 +46,7 @@ def test_collective_subgroup(world4, layout, name, dtype):
 
 
 def subgroups_use_cuda_p2p(ctx, layout):
-    return _subgroup_for_all(ctx, layout, cc.uses_cuda_p2p)
+    return cc.in_subgroup(ctx, layout, cc.uses_cuda_p2p)
 
 
 @pytest.mark.parametrize("layout", list(SUBGROUPS))

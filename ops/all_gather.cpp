@@ -1,0 +1,121 @@
+// All-gather on the workspace: direct, unidirectional ring, bidirectional ring (SPLIT_TENSOR and
+// FULL_TENSOR). Every algorithm moves bytes only (any dtype), in rounds of at most a phase's
+// region (NOTE [Collective phases]).
+#include <c10/util/Exception.h>
+
+#include "ops/collective_detail.hpp"
+#include "ops/collectives.hpp"
+
+namespace cuda_p2p::ops {
+
+namespace {
+
+using detail::copy;
+using detail::mod;
+
+struct Gather {
+  const char* input;
+  int64_t bytes;                   // of every rank's shard
+  c10::SmallVector<char*, 8> out;  // by rank
+};
+
+// Where a rank keeps shard j of a ring phase: slot j of its region.
+inline char* slot(const detail::Phase& ph, int rank, int64_t j, int64_t piece) {
+  return ph.region[rank] + j * piece;
+}
+
+// NOTE [All-gather rings]
+// In a ring phase every rank stages its own piece in slot `rank` of its region and signals the
+// next rank of each direction (step 0); then at step s it waits for the neighbour's signal, pulls
+// the slot that neighbour filled at step s-1 (its own piece at s = 1) into the same slot of its
+// own region, signals the next rank in that direction (unless nobody pulls from it any more), and
+// copies the slot to the output. Signals per ordered pair match exactly: the rank after me waits
+// at steps 1.. for what I signal at steps 0.. of the same direction. Each step depends only on
+// earlier steps of its neighbours, so there is no cycle. With W = 2 both directions reach the
+// same peer; the sequence numbers of one (peer, channel) slot then simply count both directions'
+// signals, in the same program order on both sides.
+//
+//   ring         data flows right (pulled from the left), W-1 steps
+//   bidir_split  the first half of each piece flows right, the second half left, W-1 steps
+//   bidir_full   whole pieces flow right for ceil((W-1)/2) steps and left for floor((W-1)/2)
+
+void ring(const CollectiveContext& ctx, const Gather& g, bool split, bool full) {
+  const int W = ctx.ws.world_size(), me = ctx.ws.rank();
+  const int left = mod(me - 1, W), right = mod(me + 1, W);
+  const int64_t piece = detail::round_bytes(ctx, 1, W);
+  const int rightward_steps = full ? W / 2 : W - 1;  // ceil((W-1)/2) when full
+  const int leftward_steps = full ? (W - 1) / 2 : (split ? W - 1 : 0);
+  copy(ctx, g.out[me], g.input, g.bytes);
+  for (int64_t off = 0; off < g.bytes; off += piece) {
+    const int64_t len = std::min(piece, g.bytes - off);
+    // Bytes [0, half) of a piece travel right, [half, len) left (split); whole pieces otherwise.
+    const int64_t half = split ? std::min(len, detail::align_up(len / 2, detail::kAlign)) : len;
+    const detail::Phase ph = detail::begin_phase(ctx);
+    copy(ctx, slot(ph, me, me, piece), g.input + off, len);
+    // Step 0: the staged piece is what each direction's next rank pulls at step 1.
+    if (rightward_steps > 0) detail::signal(ctx, right);
+    if (leftward_steps > 0) detail::signal(ctx, left);
+    const int steps = std::max(rightward_steps, leftward_steps);
+    for (int s = 1; s <= steps; ++s) {
+      if (s <= rightward_steps) {
+        const int64_t j = mod(me - s, W);
+        detail::wait(ctx, left);
+        copy(ctx, slot(ph, me, j, piece), slot(ph, left, j, piece), half);
+        if (s < rightward_steps) detail::signal(ctx, right);
+        copy(ctx, g.out[j] + off, slot(ph, me, j, piece), half);
+      }
+      if (s <= leftward_steps) {
+        const int64_t j = mod(me + s, W);
+        const int64_t from = full ? 0 : half;
+        detail::wait(ctx, right);
+        copy(ctx, slot(ph, me, j, piece) + from, slot(ph, right, j, piece) + from, len - from);
+        if (s < leftward_steps) detail::signal(ctx, left);
+        copy(ctx, g.out[j] + off + from, slot(ph, me, j, piece) + from, len - from);
+      }
+    }
+    detail::end_phase(ctx, ph);
+  }
+}
+
+}  // namespace
+
+AllGatherAlgo all_gather(const CollectiveContext& ctx, const at::Tensor& input,
+                         const std::vector<at::Tensor>& outputs, AllGatherAlgo algo) {
+  const int W = ctx.ws.world_size();
+  TORCH_CHECK(static_cast<int>(outputs.size()) == W, "cuda_p2p all_gather: expected ", W,
+              " outputs (one per rank), got ", outputs.size());
+  Gather g{detail::bytes_of(input), static_cast<int64_t>(input.nbytes()), {}};
+  for (const auto& o : outputs) {
+    TORCH_CHECK(static_cast<int64_t>(o.nbytes()) == g.bytes && o.is_contiguous(),
+                "cuda_p2p all_gather: every output must be contiguous with the input's ", g.bytes,
+                " bytes, got ", o.nbytes(), " bytes");
+    g.out.push_back(detail::bytes_of(o));
+  }
+  if (algo == AllGatherAlgo::kAuto) algo = select_all_gather(ctx.config, g.bytes * W, W);
+  if (W == 1) {
+    copy(ctx, g.out[0], g.input, g.bytes);
+    return algo;
+  }
+  if (g.bytes == 0) return algo;
+  switch (algo) {
+    case AllGatherAlgo::kDirect: {
+      std::vector<int64_t> bytes(W, g.bytes);
+      detail::gather_direct(ctx, g.input, bytes, g.out);
+      break;
+    }
+    case AllGatherAlgo::kRing:
+      ring(ctx, g, /*split=*/false, /*full=*/false);
+      break;
+    case AllGatherAlgo::kBidirSplit:
+      ring(ctx, g, /*split=*/true, /*full=*/false);
+      break;
+    case AllGatherAlgo::kBidirFull:
+      ring(ctx, g, /*split=*/false, /*full=*/true);
+      break;
+    case AllGatherAlgo::kAuto:
+      break;
+  }
+  return algo;
+}
+
+}  // namespace cuda_p2p::ops

@@ -1,0 +1,37 @@
+// Broadcast on the workspace: in each round the root stages a round of its tensor and signals
+// every other rank, which pulls the round from the root's region. Nobody waits for anyone but the
+// root (NOTE [Collective phases]), and with alternating halves the root stages round i+1 while
+// the others still read round i, so large tensors stream through the buffer.
+#include <c10/util/Exception.h>
+
+#include "ops/collective_detail.hpp"
+#include "ops/collectives.hpp"
+
+namespace cuda_p2p::ops {
+
+void broadcast(const CollectiveContext& ctx, const at::Tensor& tensor, int root) {
+  const int W = ctx.ws.world_size(), me = ctx.ws.rank();
+  TORCH_CHECK(root >= 0 && root < W, "cuda_p2p broadcast: root must be in [0, ", W, "), got ",
+              root);
+  TORCH_CHECK(tensor.is_contiguous(), "cuda_p2p broadcast: expected a contiguous tensor");
+  const int64_t bytes = static_cast<int64_t>(tensor.nbytes());
+  if (W == 1 || bytes == 0) return;
+  char* data = detail::bytes_of(tensor);
+  const int64_t piece = detail::round_bytes(ctx, 1);
+  for (int64_t off = 0; off < bytes; off += piece) {
+    const int64_t len = std::min(piece, bytes - off);
+    const detail::Phase ph = detail::begin_phase(ctx);
+    if (me == root) {
+      detail::copy(ctx, ph.region[me], data + off, len);
+      for (int q = 0; q < W; ++q) {
+        if (q != root) detail::signal(ctx, q);
+      }
+    } else {
+      detail::wait(ctx, root);
+      detail::copy(ctx, data + off, ph.region[root], len);
+    }
+    detail::end_phase(ctx, ph);
+  }
+}
+
+}  // namespace cuda_p2p::ops

@@ -1,0 +1,72 @@
+// Helpers shared by the collective algorithms (ops/*.cpp); not a public interface.
+#pragma once
+
+#include <c10/util/SmallVector.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+#include "ops/collectives.hpp"
+
+namespace cuda_p2p::ops::detail {
+
+// Regions and rounds are multiples of a cache line, so that no two ranks' writes share one and
+// vectorised loops start aligned.
+inline constexpr int64_t kAlign = 64;
+
+inline int64_t align_down(int64_t v, int64_t to) { return v / to * to; }
+inline int64_t align_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// [begin, end) of part i of `total` split into `parts` nearly equal parts (the first total % parts
+// parts one larger).
+inline std::pair<int64_t, int64_t> split(int64_t total, int64_t parts, int64_t i) {
+  const int64_t q = total / parts, r = total % parts;
+  const int64_t begin = i * q + std::min(i, r);
+  return {begin, begin + q + (i < r ? 1 : 0)};
+}
+
+inline char* bytes_of(const at::Tensor& t) { return static_cast<char*>(t.data_ptr()); }
+inline int64_t mod(int64_t a, int64_t m) { return ((a % m) + m) % m; }
+
+// Bytes of one phase's region in every rank's buffer: half the buffer (NOTE [Collective phases]).
+int64_t phase_bytes(const CollectiveContext& ctx);
+// Bytes a rank stages per round: the phase's region, capped by config.chunk_bytes; a multiple of
+// `unit` (an element, or an element times the number of slots), at least one unit.
+int64_t round_bytes(const CollectiveContext& ctx, int64_t unit, int64_t slots = 1);
+
+// One phase: every rank writes its region, publishes it (a barrier, or signals to the ranks that
+// read it), then ranks read each other's regions (NOTE [Collective phases]).
+struct Phase {
+  c10::SmallVector<char*, 8> region;  // by rank: the start of this phase's region
+  int64_t bytes = 0;
+  uint64_t index = 0;
+};
+// Advances the phase counter and returns the regions of the new phase, once every peer has
+// finished reading this rank's region of the same half (phase index-2): the reuse guard.
+Phase begin_phase(const CollectiveContext& ctx);
+// Tells the peers that this rank has finished reading the phase's regions.
+void end_phase(const CollectiveContext& ctx, const Phase& ph);
+
+// A barrier on the collective channel: publishes every rank's writes to every rank.
+void phase_barrier(const CollectiveContext& ctx);
+void signal(const CollectiveContext& ctx, int peer);
+void wait(const CollectiveContext& ctx, int peer);
+
+// Copies n bytes on the collective's stream; nothing for n == 0 or dst == src.
+void copy(const CollectiveContext& ctx, void* dst, const void* src, int64_t n);
+
+// A tensor over `numel` elements at `ptr` on the workspace's device (no ownership).
+at::Tensor view(const CollectiveContext& ctx, void* ptr, int64_t numel, at::ScalarType dtype);
+
+// The direct all-gather of a different number of bytes per rank (all_gather_v.cpp): rank q's
+// bytes[q] bytes land at out[q]; input holds this rank's.
+void gather_direct(const CollectiveContext& ctx, const char* input, c10::ArrayRef<int64_t> bytes,
+                   c10::ArrayRef<char*> out);
+
+// Runs ops::reduce on the collective's stream.
+void reduce_on_stream(const CollectiveContext& ctx, at::Tensor dst, std::vector<at::Tensor> srcs,
+                      ReduceOp op, int64_t divisor, at::Tensor also = {});
+
+}  // namespace cuda_p2p::ops::detail

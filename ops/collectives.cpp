@@ -1,0 +1,258 @@
+// Configuration, automatic choice, phases and the barrier of the workspace collectives.
+#include "ops/collectives.hpp"
+
+#include <c10/util/Exception.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <numeric>
+#include <string>
+
+#include "ops/collective_detail.hpp"
+#include "ops/reduction.hpp"
+
+namespace cuda_p2p::ops {
+
+// NOTE [Collective phases]
+// A collective runs as one or more phases ("rounds" when a payload is larger than a region). In a
+// phase every rank (1) writes what it shares into its own region - ranks only ever write their
+// own buffer, and pull from their peers' -, (2) publishes it: a barrier on the collective channel
+// when every rank reads every region (direct algorithms), the root's signal to each other rank
+// (broadcast), a signal to the neighbour that pulls next (rings), (3) reads the regions it needs
+// and writes its output, and (4) ends the phase by storing the phase's number + 1 in its own
+// "done" word. Phase p uses half p % 2 of every rank's buffer.
+//
+// Reuse invariant: before a rank writes its half h in phase p (step 1), every peer must have
+// finished phase p-2, the previous use of half h: begin_phase waits for every peer's done word
+// to reach p-1. The wait is almost always satisfied on arrival (the peers have moved on since),
+// so it costs a few loads and no sleep; nothing ever waits for its readers at the end of an op,
+// and the next collective (on the other half) starts at once. Publication (step 2) only orders
+// reads after writes within a phase: broadcast needs the root alone, a ring step its neighbour
+// alone, while a full barrier would make every rank wait for the slowest (with 4 ranks on 2 cores,
+// for ranks that are not even running). The done word is the slot a rank would signal itself on
+// the collective channel (pad[r] + channel * W + r), which nothing else uses. The phase counter
+// advances identically on every rank because the number of phases depends on sizes every rank
+// knows (for all_gather_v, on the largest contribution); it restarts at 0 with a new buffer
+// (growth), whose words start at 0 and which nobody reads yet.
+//
+// Other users of the buffer (get_p2p_buffer, the fused pipelines) must pass a barrier, on any
+// channel but after the collective in stream order, before they write where a collective may
+// still be read; the collectives' first write in turn follows the end of whatever ran before
+// them in stream order, and the fused pipelines end with a barrier.
+
+namespace {
+
+template <typename E>
+struct Named {
+  E value;
+  const char* name;
+};
+
+constexpr Named<AllGatherAlgo> kAllGatherNames[] = {{AllGatherAlgo::kAuto, "auto"},
+                                                    {AllGatherAlgo::kDirect, "direct"},
+                                                    {AllGatherAlgo::kRing, "ring"},
+                                                    {AllGatherAlgo::kBidirSplit, "bidir_split"},
+                                                    {AllGatherAlgo::kBidirFull, "bidir_full"}};
+constexpr Named<ReduceScatterAlgo> kReduceScatterNames[] = {{ReduceScatterAlgo::kAuto, "auto"},
+                                                            {ReduceScatterAlgo::kDirect, "direct"},
+                                                            {ReduceScatterAlgo::kRing, "ring"}};
+constexpr Named<AllReduceAlgo> kAllReduceNames[] = {{AllReduceAlgo::kAuto, "auto"},
+                                                    {AllReduceAlgo::kOneShot, "one_shot"},
+                                                    {AllReduceAlgo::kTwoShot, "two_shot"}};
+
+template <typename E, size_t N>
+const char* name_of(const Named<E> (&names)[N], E value) {
+  for (const auto& n : names) {
+    if (n.value == value) return n.name;
+  }
+  return "?";
+}
+
+template <typename E, size_t N>
+E parse(const Named<E> (&names)[N], const std::string& name, const std::string& what) {
+  std::string known;
+  for (const auto& n : names) {
+    if (name == n.name) return n.value;
+    known += known.empty() ? n.name : std::string("|") + n.name;
+  }
+  TORCH_CHECK(false, "cuda_p2p: ", what, " must be one of ", known, ", got '", name, "'");
+}
+
+int64_t parse_int(const char* text, const std::string& what) {
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(text, &end, 10);
+  TORCH_CHECK(errno == 0 && end != text && *end == '\0', "cuda_p2p: ", what,
+              " must be an integer, got '", text, "'");
+  return v;
+}
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
+
+}  // namespace
+
+const char* to_string(AllGatherAlgo a) { return name_of(kAllGatherNames, a); }
+const char* to_string(ReduceScatterAlgo a) { return name_of(kReduceScatterNames, a); }
+const char* to_string(AllReduceAlgo a) { return name_of(kAllReduceNames, a); }
+
+AllGatherAlgo parse_all_gather_algo(const std::string& name, const std::string& what) {
+  return parse(kAllGatherNames, name, what);
+}
+ReduceScatterAlgo parse_reduce_scatter_algo(const std::string& name, const std::string& what) {
+  return parse(kReduceScatterNames, name, what);
+}
+AllReduceAlgo parse_all_reduce_algo(const std::string& name, const std::string& what) {
+  return parse(kAllReduceNames, name, what);
+}
+
+void apply_environment(CollectiveConfig& config) {
+  if (const char* v = env(kAllGatherAlgoEnv)) {
+    config.all_gather = parse_all_gather_algo(v, kAllGatherAlgoEnv);
+  }
+  if (const char* v = env(kReduceScatterAlgoEnv)) {
+    config.reduce_scatter = parse_reduce_scatter_algo(v, kReduceScatterAlgoEnv);
+  }
+  if (const char* v = env(kAllReduceAlgoEnv)) {
+    config.all_reduce = parse_all_reduce_algo(v, kAllReduceAlgoEnv);
+  }
+  if (const char* v = env(kRingStepsEnv)) {
+    const int64_t steps = parse_int(v, kRingStepsEnv);
+    TORCH_CHECK(steps >= 0 && steps <= (1 << 20), "cuda_p2p: ", kRingStepsEnv,
+                " must be 0 (the world size) or a positive multiple of the world size, got ",
+                steps);
+    config.ring_steps = static_cast<int>(steps);
+  }
+  if (const char* v = env(kChunkBytesEnv)) {
+    config.chunk_bytes = parse_int(v, kChunkBytesEnv);
+  }
+}
+
+void validate(const CollectiveConfig& config, int world_size) {
+  TORCH_CHECK(config.ring_steps >= 0 && config.ring_steps % world_size == 0,
+              "cuda_p2p: ring_steps (", kRingStepsEnv,
+              ") must be 0 (the world size) or a positive multiple of the world size ", world_size,
+              ", got ", config.ring_steps);
+  TORCH_CHECK(config.chunk_bytes >= 0, "cuda_p2p: chunk_bytes (", kChunkBytesEnv,
+              ") must be >= 0 (0: half the buffer), got ", config.chunk_bytes);
+  TORCH_CHECK(
+      config.all_reduce_one_shot_max_bytes >= 0 && config.all_gather_bidir_full_max_bytes >= 0 &&
+          config.all_gather_ring_max_bytes >= 0 && config.reduce_scatter_ring_max_bytes >= 0,
+      "cuda_p2p: algorithm thresholds must be >= 0 bytes");
+}
+
+AllGatherAlgo select_all_gather(const CollectiveConfig& config, int64_t output_bytes,
+                                int world_size) {
+  if (config.all_gather != AllGatherAlgo::kAuto) return config.all_gather;
+  if (world_size > 2 && output_bytes <= config.all_gather_bidir_full_max_bytes) {
+    return AllGatherAlgo::kBidirFull;
+  }
+  if (world_size > 2 && output_bytes <= config.all_gather_ring_max_bytes) {
+    return AllGatherAlgo::kRing;
+  }
+  return AllGatherAlgo::kDirect;
+}
+
+ReduceScatterAlgo select_reduce_scatter(const CollectiveConfig& config, int64_t input_bytes,
+                                        int world_size) {
+  if (config.reduce_scatter != ReduceScatterAlgo::kAuto) return config.reduce_scatter;
+  if (world_size > 1 && input_bytes <= config.reduce_scatter_ring_max_bytes) {
+    return ReduceScatterAlgo::kRing;
+  }
+  return ReduceScatterAlgo::kDirect;
+}
+
+AllReduceAlgo select_all_reduce(const CollectiveConfig& config, int64_t bytes, int world_size) {
+  if (config.all_reduce != AllReduceAlgo::kAuto) return config.all_reduce;
+  if (world_size == 1 || bytes <= config.all_reduce_one_shot_max_bytes) {
+    return AllReduceAlgo::kOneShot;
+  }
+  return AllReduceAlgo::kTwoShot;
+}
+
+void barrier(const CollectiveContext& ctx, std::optional<Millis> timeout) {
+  if (ctx.ws.world_size() == 1) return;
+  ctx.ws.barrier(ctx.stream, ctx.channel, timeout);
+}
+
+namespace detail {
+
+int64_t phase_bytes(const CollectiveContext& ctx) {
+  return align_down(ctx.ws.buffer_size() / 2, kAlign);
+}
+
+int64_t round_bytes(const CollectiveContext& ctx, int64_t unit, int64_t slots) {
+  int64_t bytes = phase_bytes(ctx) / slots;
+  if (ctx.config.chunk_bytes > 0) bytes = std::min(bytes, ctx.config.chunk_bytes);
+  // A multiple of the cache line when a unit fits several times, else of the unit.
+  const int64_t aligned = align_down(bytes, std::lcm(unit, kAlign));
+  bytes = aligned > 0 ? aligned : align_down(bytes, unit);
+  TORCH_CHECK(bytes >= unit, "cuda_p2p: the workspace buffer (", ctx.ws.buffer_size(),
+              " bytes) is too small for ", slots, " slots of ", unit,
+              "-byte elements per phase; grow it with ensure_min_buffer_size");
+  return bytes;
+}
+
+Phase begin_phase(const CollectiveContext& ctx) {
+  const int W = ctx.ws.world_size(), me = ctx.ws.rank();
+  Phase p;
+  void* const mine = ctx.ws.buffer(me);
+  if (ctx.state.buffer != mine) {  // a new workspace (growth): nobody reads it yet
+    ctx.state.buffer = mine;
+    ctx.state.phase = 0;
+  }
+  p.index = ctx.state.phase++;
+  p.bytes = phase_bytes(ctx);
+  const int64_t offset = static_cast<int64_t>(p.index % 2) * p.bytes;
+  for (int r = 0; r < W; ++r) p.region.push_back(static_cast<char*>(ctx.ws.buffer(r)) + offset);
+  if (p.index >= 2) {
+    std::vector<SignalWait> waits;
+    waits.reserve(W - 1);
+    const uint32_t want = static_cast<uint32_t>(p.index - 1);  // peers finished phase index-2
+    for (int r = 0; r < W; ++r) {
+      if (r != me) waits.push_back({ctx.ws.signal_slot(r, ctx.channel, r), want, r});
+    }
+    ctx.ws.device().wait_signals(ctx.stream, std::move(waits), ctx.ws.timeout(),
+                                 "collective buffer reuse guard (rank " + std::to_string(me) +
+                                     ", phase " + std::to_string(p.index) + ")");
+  }
+  return p;
+}
+
+void end_phase(const CollectiveContext& ctx, const Phase& ph) {
+  const int me = ctx.ws.rank();
+  ctx.ws.device().write_signal(ctx.stream, ctx.ws.signal_slot(me, ctx.channel, me),
+                               static_cast<uint32_t>(ph.index + 1));
+}
+
+void phase_barrier(const CollectiveContext& ctx) { ctx.ws.barrier(ctx.stream, ctx.channel); }
+void signal(const CollectiveContext& ctx, int peer) {
+  ctx.ws.put_signal(ctx.stream, peer, ctx.channel);
+}
+void wait(const CollectiveContext& ctx, int peer) {
+  ctx.ws.wait_signal(ctx.stream, peer, ctx.channel);
+}
+
+void copy(const CollectiveContext& ctx, void* dst, const void* src, int64_t n) {
+  if (n <= 0 || dst == src) return;
+  ctx.ws.device().copy(ctx.stream, dst, src, static_cast<size_t>(n));
+}
+
+at::Tensor view(const CollectiveContext& ctx, void* ptr, int64_t numel, at::ScalarType dtype) {
+  return at::from_blob(ptr, {numel},
+                       at::TensorOptions().dtype(dtype).device(ctx.ws.device().tensor_device()));
+}
+
+void reduce_on_stream(const CollectiveContext& ctx, at::Tensor dst, std::vector<at::Tensor> srcs,
+                      ReduceOp op, int64_t divisor, at::Tensor also) {
+  if (dst.numel() == 0) return;
+  at::Tensor* scratch = &ctx.state.scratch;
+  ctx.ws.device().run(ctx.stream,
+                      [dst = std::move(dst), srcs = std::move(srcs), op, divisor, scratch,
+                       also = std::move(also)] { reduce(dst, srcs, op, divisor, *scratch, also); });
+}
+
+}  // namespace detail
+}  // namespace cuda_p2p::ops

@@ -1,0 +1,157 @@
+// Intra-node collectives on the symmetric workspace (docs/collectives.md).
+//
+// Every algorithm is written once against the device interface (p2p_workspace/device.hpp):
+// Device::copy moves data (memcpy on the host, the copy engine on CUDA), Device::run runs the
+// reductions (ATen or the vectorised host kernel of ops/reduction.cpp), and the workspace's
+// put_signal / wait_signal / barrier on one channel order the ranks. One file per family:
+//
+//   all_gather.cpp      direct, ring, bidirectional ring (SPLIT_TENSOR / FULL_TENSOR)
+//   all_gather_v.cpp    a different number of bytes per rank (direct)
+//   reduce_scatter.cpp  direct, ring in S steps
+//   all_reduce.cpp      one-shot, two-shot
+//   broadcast.cpp       direct
+//   collectives.cpp     configuration, automatic choice, phases, barrier
+//
+// Every entry point is collective over the workspace's ranks: each rank calls it with the same
+// algorithm and sizes, in the same order relative to the other collectives of the group.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "p2p_workspace/symmetric_workspace.hpp"
+
+namespace cuda_p2p::ops {
+
+// --- reduce operations --------------------------------------------------------------------------
+enum class ReduceOp : uint8_t { kSum, kAvg, kProduct, kMin, kMax, kBand, kBor, kBxor };
+const char* to_string(ReduceOp op);
+
+// --- algorithms ---------------------------------------------------------------------------------
+// kAuto picks by size (thresholds in CollectiveConfig; docs/collectives.md has the measurements).
+enum class AllGatherAlgo : uint8_t { kAuto, kDirect, kRing, kBidirSplit, kBidirFull };
+enum class ReduceScatterAlgo : uint8_t { kAuto, kDirect, kRing };
+enum class AllReduceAlgo : uint8_t { kAuto, kOneShot, kTwoShot };
+
+// Names as used by options, environment variables and counters: "auto", "direct", "ring",
+// "bidir_split", "bidir_full", "one_shot", "two_shot".
+const char* to_string(AllGatherAlgo a);
+const char* to_string(ReduceScatterAlgo a);
+const char* to_string(AllReduceAlgo a);
+// `what` names the option or variable in the error for an unknown name.
+AllGatherAlgo parse_all_gather_algo(const std::string& name, const std::string& what);
+ReduceScatterAlgo parse_reduce_scatter_algo(const std::string& name, const std::string& what);
+AllReduceAlgo parse_all_reduce_algo(const std::string& name, const std::string& what);
+
+// Environment variables that force an algorithm (or set a knob) when the option is left on auto.
+inline constexpr const char* kAllGatherAlgoEnv = "CUDA_P2P_ALL_GATHER_ALGO";
+inline constexpr const char* kReduceScatterAlgoEnv = "CUDA_P2P_REDUCE_SCATTER_ALGO";
+inline constexpr const char* kAllReduceAlgoEnv = "CUDA_P2P_ALL_REDUCE_ALGO";
+inline constexpr const char* kRingStepsEnv = "CUDA_P2P_RING_STEPS";
+inline constexpr const char* kChunkBytesEnv = "CUDA_P2P_CHUNK_BYTES";
+
+struct CollectiveConfig {
+  AllGatherAlgo all_gather = AllGatherAlgo::kAuto;
+  ReduceScatterAlgo reduce_scatter = ReduceScatterAlgo::kAuto;
+  AllReduceAlgo all_reduce = AllReduceAlgo::kAuto;
+  // Steps of the reduce-scatter ring: a positive multiple of the world size; 0 means the world
+  // size (one step per chunk).
+  int ring_steps = 0;
+  // The most bytes a rank stages per phase (a "round"): payloads larger than this, or than the
+  // phase's half of the buffer, are pipelined through the buffer in rounds, so that one rank
+  // stages round i+1 while its peers still read round i. 0: the whole half-buffer.
+  int64_t chunk_bytes = kDefaultChunkBytes;
+
+  // Thresholds of the automatic choice (bytes of the full payload: the all-reduce tensor, the
+  // all-gather output, the reduce-scatter input), measured by bench/bench_collectives.py --algos
+  // on our 2-core hosts with 2 and 4 ranks; docs/collectives.md has the tables.
+  //   all-reduce:     one-shot up to all_reduce_one_shot_max_bytes, two-shot above.
+  //   all-gather:     FULL_TENSOR bidirectional ring up to all_gather_bidir_full_max_bytes (3+
+  //                   ranks; off by default: on 2 cores it never beat the unidirectional ring),
+  //                   else the ring up to all_gather_ring_max_bytes (3+ ranks: waiting for one
+  //                   neighbour instead of every rank matters when ranks share cores), else direct.
+  //   reduce-scatter: ring up to reduce_scatter_ring_max_bytes, direct above.
+  int64_t all_reduce_one_shot_max_bytes = kDefaultAllReduceOneShotMaxBytes;
+  int64_t all_gather_bidir_full_max_bytes = kDefaultAllGatherBidirFullMaxBytes;
+  int64_t all_gather_ring_max_bytes = kDefaultAllGatherRingMaxBytes;
+  int64_t reduce_scatter_ring_max_bytes = kDefaultReduceScatterRingMaxBytes;
+
+  static constexpr int64_t kDefaultChunkBytes = 1 << 20;
+  static constexpr int64_t kDefaultAllReduceOneShotMaxBytes = 8 << 10;
+  static constexpr int64_t kDefaultAllGatherBidirFullMaxBytes = 0;
+  static constexpr int64_t kDefaultAllGatherRingMaxBytes = 256 << 10;
+  static constexpr int64_t kDefaultReduceScatterRingMaxBytes = 256 << 10;
+};
+
+// Fills the fields still on auto / default from the environment variables above; TORCH_CHECKs
+// values it cannot parse (so that a typo does not silently run another algorithm).
+void apply_environment(CollectiveConfig& config);
+// TORCH_CHECKs the settings against a world size.
+void validate(const CollectiveConfig& config, int world_size);
+
+// The algorithms the automatic choice makes for these sizes (the forced one when set).
+AllGatherAlgo select_all_gather(const CollectiveConfig& config, int64_t output_bytes,
+                                int world_size);
+ReduceScatterAlgo select_reduce_scatter(const CollectiveConfig& config, int64_t input_bytes,
+                                        int world_size);
+AllReduceAlgo select_all_reduce(const CollectiveConfig& config, int64_t bytes, int world_size);
+
+// Per-group state of the collectives, owned by the backend (never shared by two groups).
+class CollectiveState {
+ public:
+  // Phases run so far on `buffer` (this rank's, to notice a new workspace after growth); phase p
+  // uses half p % 2 of every buffer. NOTE [Collective phases].
+  uint64_t phase = 0;
+  const void* buffer = nullptr;
+  // Float32 accumulators of float16 / bfloat16 reductions, grown on demand, reused by every op
+  // (the hot path allocates nothing once warm).
+  at::Tensor scratch;
+  // CUDA: the end of the previous collective, which the next one waits for (NOTE [Collectives
+  // of a group run one at a time]); unused on the host.
+  std::shared_ptr<Event> last;
+};
+
+// What every collective runs on.
+struct CollectiveContext {
+  SymmetricWorkspace& ws;
+  Stream& stream;
+  int channel;
+  CollectiveState& state;
+  const CollectiveConfig& config;
+};
+
+// --- entry points -------------------------------------------------------------------------------
+// Tensors are contiguous and on the workspace's device; outputs never overlap inputs except
+// where stated. Each returns the algorithm that ran (never kAuto).
+
+// outputs[q] (W tensors) receives rank q's `input`; every output has input's bytes. An output
+// may be the input itself (in-place all_gather_into_tensor): it is then left alone.
+AllGatherAlgo all_gather(const CollectiveContext& ctx, const at::Tensor& input,
+                         const std::vector<at::Tensor>& outputs, AllGatherAlgo algo);
+
+// Rank q contributes bytes[q] bytes (the same vector on every rank; input holds bytes[rank]) to
+// outputs[q]. Direct algorithm, in rounds of the largest contribution.
+void all_gather_v(const CollectiveContext& ctx, const at::Tensor& input,
+                  const std::vector<int64_t>& bytes, const std::vector<at::Tensor>& outputs);
+
+// output = op over ranks of inputs[rank] (W chunks, each with output's size and dtype).
+ReduceScatterAlgo reduce_scatter(const CollectiveContext& ctx,
+                                 const std::vector<at::Tensor>& inputs, const at::Tensor& output,
+                                 ReduceOp op, ReduceScatterAlgo algo);
+
+// output = op over ranks of input; output may be input (in place). Every rank gets identical bits.
+AllReduceAlgo all_reduce(const CollectiveContext& ctx, const at::Tensor& input,
+                         const at::Tensor& output, ReduceOp op, AllReduceAlgo algo);
+
+// tensor = root's tensor.
+void broadcast(const CollectiveContext& ctx, const at::Tensor& tensor, int root);
+
+// Returns (host) or lets the stream continue (CUDA) once every rank has arrived.
+void barrier(const CollectiveContext& ctx, std::optional<Millis> timeout = {});
+
+}  // namespace cuda_p2p::ops

@@ -1,0 +1,40 @@
+// Elementwise reduction of N sources into a destination: the compute of every reducing
+// collective. float16 / bfloat16 are accumulated in float32 and rounded once; integers are
+// reduced natively (wrapping like Gloo); AVG divides the accumulated sum once.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include "ops/collectives.hpp"
+
+namespace cuda_p2p::ops {
+
+// The dtypes the workspace reduces: float32, float64, float16, bfloat16, int8, uint8, int16,
+// int32, int64. Others (bool, complex, ...) go to the wrapped backend.
+bool is_reducible_dtype(at::ScalarType dtype);
+
+// TORCH_CHECKs that `op` applies to `dtype`, failing like Gloo does for the same mistakes: AVG
+// needs a floating-point dtype, the bitwise ops an integer one. `what` names the collective.
+void check_reduce_op(ReduceOp op, at::ScalarType dtype, const char* what);
+
+// float32 for float16 and bfloat16, the dtype itself otherwise.
+at::ScalarType accumulate_type(at::ScalarType dtype);
+
+// dst = op(srcs[0], srcs[1], ..., srcs[n-1]), combined left to right (so every rank that reduces
+// the same sources in the same order gets the same bits). Every tensor is contiguous with dst's
+// numel; a source has dst's dtype, or the accumulate type of the result's dtype (a partial of a
+// ring). When op is kAvg the sum is divided by `divisor` (> 0) before it is stored; pass kSum for
+// the partial steps of an average. dst may be one of the sources (the very same memory).
+// `also`, when defined, receives the same result (dst's dtype and size, a source of none) in the
+// same pass over the data. `scratch` holds accumulators between calls; on CUDA it lives on the
+// device.
+void reduce(const at::Tensor& dst, c10::ArrayRef<at::Tensor> srcs, ReduceOp op, int64_t divisor,
+            at::Tensor& scratch, const at::Tensor& also = {});
+
+namespace detail {
+// The ATen path of reduce (what CUDA runs); tests compare the host kernel with it.
+void reduce_with_aten(const at::Tensor& dst, c10::ArrayRef<at::Tensor> srcs, ReduceOp op,
+                      int64_t divisor, at::Tensor& scratch);
+}  // namespace detail
+
+}  // namespace cuda_p2p::ops

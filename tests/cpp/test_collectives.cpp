@@ -1,0 +1,612 @@
+// The workspace collectives (ops/collectives.hpp) on the host device, under mpirun (1, 2, 3 and 4
+// ranks), without Python: every algorithm x dtype x reduce op x size (0, 1, odd, exactly one
+// round, one round +- an element, several rounds), against reference values each rank computes
+// itself from every rank's (deterministic) input. Outputs are slices of larger tensors whose
+// margins must stay untouched.
+#include <ATen/ATen.h>
+
+#include <cstdlib>
+#include <functional>
+#include <numeric>
+#include <sstream>
+
+#include "ops/collective_detail.hpp"
+#include "ops/collectives.hpp"
+#include "ops/reduction.hpp"
+#include "ops/reduction_kernel.hpp"
+#include "p2p_workspace/host/host_device.hpp"
+#include "p2p_workspace/symmetric_workspace.hpp"
+#include "tests/cpp/harness.hpp"
+
+namespace cuda_p2p::test {
+namespace {
+
+using ops::AllGatherAlgo;
+using ops::AllReduceAlgo;
+using ops::ReduceOp;
+using ops::ReduceScatterAlgo;
+
+constexpr int64_t kBuffer = 8192;  // a small buffer: rounds start at a few KiB
+constexpr int kChannel = 1;
+constexpr int64_t kMargin = 16;  // guard elements before and after every output
+constexpr double kGuard = 77;
+
+const std::vector<at::ScalarType> kAllDtypes = {at::kFloat,    at::kDouble, at::kHalf,
+                                                at::kBFloat16, at::kChar,   at::kByte,
+                                                at::kShort,    at::kInt,    at::kLong};
+
+std::vector<ReduceOp> ops_for(at::ScalarType t) {
+  if (at::isFloatingType(t)) {
+    return {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax};
+  }
+  return {ReduceOp::kSum,  ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax,
+          ReduceOp::kBand, ReduceOp::kBor,     ReduceOp::kBxor};
+}
+
+// The input of `rank` for a case: small integers, so that every summation order gives the same
+// result in every dtype (PRODUCT uses -2..2, so products of up to 4 ranks stay exact in bfloat16).
+at::Tensor make_input(int64_t seed, int rank, int64_t n, at::ScalarType dtype, ReduceOp op) {
+  auto i = at::arange(n, at::kLong);
+  at::Tensor v;
+  if (op == ReduceOp::kProduct) {
+    v = (i * 7 + rank * 3 + seed) % 5 - 2;
+  } else if (op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor) {
+    v = (i * 2654435761LL + rank * 40503 + seed * 977) % 251;
+  } else {
+    v = (i * 7 + rank * 13 + seed) % 17 - 8;
+  }
+  return v.to(dtype);
+}
+
+// op over `xs` as ops::reduce defines it (float accumulation, AVG divided once in the
+// accumulate type), computed with plain ATen.
+at::Tensor reference_reduce(const std::vector<at::Tensor>& xs, ReduceOp op) {
+  const at::ScalarType dtype = xs[0].scalar_type();
+  const auto stacked = at::stack(xs);
+  switch (op) {
+    case ReduceOp::kMin:
+      return stacked.amin(0);
+    case ReduceOp::kMax:
+      return stacked.amax(0);
+    case ReduceOp::kBand:
+    case ReduceOp::kBor:
+    case ReduceOp::kBxor: {
+      at::Tensor r = xs[0].clone();
+      for (size_t i = 1; i < xs.size(); ++i) {
+        r = op == ReduceOp::kBand  ? at::bitwise_and(r, xs[i])
+            : op == ReduceOp::kBor ? at::bitwise_or(r, xs[i])
+                                   : at::bitwise_xor(r, xs[i]);
+      }
+      return r;
+    }
+    default:
+      break;
+  }
+  const bool floating = at::isFloatingType(dtype);
+  const at::ScalarType wide = floating ? at::kDouble : at::kLong;
+  at::Tensor r = xs[0].to(wide);
+  for (size_t i = 1; i < xs.size(); ++i) {
+    r = op == ReduceOp::kProduct ? r * xs[i].to(wide) : r + xs[i].to(wide);
+  }
+  if (op == ReduceOp::kAvg) {
+    const at::ScalarType acc = ops::accumulate_type(dtype);
+    return (r.to(acc) / static_cast<double>(xs.size())).to(dtype);
+  }
+  return r.to(dtype);  // integers wrap like the collectives
+}
+
+// A tensor of n elements in the middle of a larger one filled with kGuard.
+struct Guarded {
+  at::Tensor whole;
+  at::Tensor inner;
+  Guarded(int64_t n, at::ScalarType dtype) {
+    whole = at::full({n + 2 * kMargin}, kGuard, at::TensorOptions().dtype(dtype));
+    inner = whole.narrow(0, kMargin, n);
+  }
+  // Whether the margins still hold kGuard.
+  bool margins_intact() const {
+    const auto g = at::full({kMargin}, kGuard, at::TensorOptions().dtype(whole.scalar_type()));
+    return whole.narrow(0, 0, kMargin).equal(g) &&
+           whole.narrow(0, whole.numel() - kMargin, kMargin).equal(g);
+  }
+};
+
+struct Fixture {
+  std::unique_ptr<SymmetricWorkspace> ws;
+  std::shared_ptr<Stream> stream;
+  ops::CollectiveState state;
+  ops::CollectiveConfig config;
+
+  explicit Fixture(int64_t buffer = kBuffer, Millis timeout = std::chrono::seconds(60)) {
+    WorkspaceOptions o;
+    o.buffer_size = buffer;
+    o.timeout = timeout;
+    ws = std::make_unique<SymmetricWorkspace>(test_store(), world().rank, world().size,
+                                              make_host_device(world().size), o);
+    stream = ws->device().current_stream();
+    config.chunk_bytes = 0;  // rounds of a whole half-buffer unless a test says otherwise
+  }
+  ops::CollectiveContext ctx() { return {*ws, *stream, kChannel, state, config}; }
+};
+
+std::string describe(const char* what, const char* algo, at::ScalarType dtype, int64_t n,
+                     std::optional<ReduceOp> op = {}) {
+  std::ostringstream os;
+  os << what << " algo=" << algo << " dtype=" << dtype << " n=" << n;
+  if (op) os << " op=" << ops::to_string(*op);
+  os << " W=" << world().size << " rank=" << world().rank;
+  return os.str();
+}
+
+// Element counts that hit the round boundaries of a collective staging `unit_bytes` per element
+// in regions of `round` bytes: 0, 1, odd, exactly one round, one round +- 1, several rounds.
+std::vector<int64_t> sizes_for(int64_t round_elems) {
+  std::vector<int64_t> s = {0, 1, 7, round_elems, round_elems + 1, 3 * round_elems + 5};
+  if (round_elems > 1) s.push_back(round_elems - 1);
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The reduction kernel (single process)
+
+TEST(Reduction, HostKernelMatchesAtenForEveryDtypeOpAndSourceCount) {
+  for (auto dtype : kAllDtypes) {
+    for (auto op : ops_for(dtype)) {
+      for (int n_src : {1, 2, 3, 4, 7}) {
+        for (int64_t n : {0, 1, 15, 1023, 1025, 5000}) {
+          std::vector<at::Tensor> srcs;
+          for (int s = 0; s < n_src; ++s) srcs.push_back(make_input(11, s, n, dtype, op));
+          const int64_t divisor = op == ReduceOp::kAvg ? n_src : 0;
+          auto got = at::empty({n}, at::TensorOptions().dtype(dtype));
+          auto want = at::empty({n}, at::TensorOptions().dtype(dtype));
+          at::Tensor scratch;
+          ops::reduce(got, srcs, op, divisor, scratch);
+          ops::detail::reduce_with_aten(want, srcs, op, divisor, scratch);
+          EXPECT_TRUE(got.equal(want))
+              << dtype << " " << ops::to_string(op) << " " << n_src << " sources, n=" << n;
+          if (n > 0) {
+            EXPECT_TRUE(got.equal(reference_reduce(srcs, op)))
+                << dtype << " " << ops::to_string(op) << " " << n_src << " sources, n=" << n;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Reduction, AccumulatesHalfTypesInFloatAndRoundsOnce) {
+  // 1 + 2^-9 * 8 in bfloat16 steps: each bfloat16 addition alone would round 1 + 2^-9 to 1.
+  for (auto dtype : {at::kBFloat16, at::kHalf}) {
+    const double tiny = dtype == at::kBFloat16 ? 1.0 / 512 : 1.0 / 4096;
+    std::vector<at::Tensor> srcs{at::ones({64}, at::TensorOptions().dtype(dtype))};
+    for (int i = 0; i < 8; ++i)
+      srcs.push_back(at::full({64}, tiny, at::TensorOptions().dtype(dtype)));
+    auto out = at::empty({64}, at::TensorOptions().dtype(dtype));
+    at::Tensor scratch;
+    ops::reduce(out, srcs, ReduceOp::kSum, 0, scratch);
+    EXPECT_EQ(out[0].item<double>(), at::tensor({1.0 + 8 * tiny}).to(dtype).item<double>())
+        << dtype;
+    // A float partial plus a narrow source, into a float partial and into the narrow type.
+    auto partial = at::full({64}, 1.0f);
+    auto acc = at::empty({64});
+    ops::reduce(acc, {partial, srcs[1]}, ReduceOp::kSum, 0, scratch);
+    EXPECT_EQ(acc[0].item<float>(), static_cast<float>(1.0 + tiny));
+    ops::reduce(out, {acc, srcs[1]}, ReduceOp::kAvg, 2, scratch);
+    EXPECT_EQ(out[0].item<double>(),
+              at::tensor({static_cast<float>((1.0 + 2 * tiny) / 2)}).to(dtype).item<double>());
+  }
+}
+
+TEST(Reduction, DestinationMayBeASource) {
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kLong}) {
+    std::vector<at::Tensor> srcs;
+    for (int s = 0; s < 4; ++s) srcs.push_back(make_input(3, s, 3000, dtype, ReduceOp::kSum));
+    const auto want = reference_reduce(srcs, ReduceOp::kSum);
+    for (int alias = 0; alias < 4; ++alias) {
+      for (bool aten : {false, true}) {
+        std::vector<at::Tensor> copy;
+        for (auto& s : srcs) copy.push_back(s.clone());
+        at::Tensor scratch;
+        if (aten) {
+          ops::detail::reduce_with_aten(copy[alias], copy, ReduceOp::kSum, 0, scratch);
+        } else {
+          ops::reduce(copy[alias], copy, ReduceOp::kSum, 0, scratch);
+        }
+        EXPECT_TRUE(copy[alias].equal(want))
+            << dtype << " into source " << alias << (aten ? " (ATen)" : "");
+      }
+    }
+  }
+}
+
+TEST(Reduction, WritesASecondDestinationInTheSamePass) {
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kInt}) {
+    std::vector<at::Tensor> srcs;
+    for (int s = 0; s < 3; ++s) srcs.push_back(make_input(7, s, 3001, dtype, ReduceOp::kSum));
+    auto a = at::empty({3001}, at::TensorOptions().dtype(dtype));
+    auto b = at::full({3001}, 5, at::TensorOptions().dtype(dtype));
+    at::Tensor scratch;
+    ops::reduce(a, srcs, ReduceOp::kSum, 0, scratch, b);
+    EXPECT_TRUE(a.equal(reference_reduce(srcs, ReduceOp::kSum))) << dtype;
+    EXPECT_TRUE(b.equal(a)) << dtype;
+    EXPECT_THROW(ops::reduce(a, srcs, ReduceOp::kSum, 0, scratch, at::empty({3}, a.options())),
+                 c10::Error);
+  }
+}
+
+TEST(Reduction, RejectsWhatGlooRejects) {
+  EXPECT_THROW(ops::check_reduce_op(ReduceOp::kAvg, at::kLong, "all_reduce"), c10::Error);
+  EXPECT_THROW(ops::check_reduce_op(ReduceOp::kBand, at::kFloat, "all_reduce"), c10::Error);
+  EXPECT_NO_THROW(ops::check_reduce_op(ReduceOp::kAvg, at::kBFloat16, "all_reduce"));
+  EXPECT_NO_THROW(ops::check_reduce_op(ReduceOp::kBxor, at::kByte, "all_reduce"));
+  EXPECT_FALSE(ops::is_reducible_dtype(at::kBool));
+  EXPECT_FALSE(ops::is_reducible_dtype(at::kComplexFloat));
+  try {
+    ops::check_reduce_op(ReduceOp::kAvg, at::kInt, "all_reduce");
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("needs a floating-point dtype"), std::string::npos);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Configuration (single process)
+
+TEST(Config, NamesParseAndTheEnvironmentForces) {
+  EXPECT_EQ(ops::parse_all_gather_algo("bidir_full", "x"), AllGatherAlgo::kBidirFull);
+  EXPECT_STREQ(ops::to_string(AllReduceAlgo::kTwoShot), "two_shot");
+  try {
+    ops::parse_reduce_scatter_algo("rings", "CUDA_P2P_REDUCE_SCATTER_ALGO");
+    ADD_FAILURE() << "accepted 'rings'";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("must be one of auto|direct|ring, got 'rings'"),
+              std::string::npos)
+        << e.what();
+  }
+  ::setenv(ops::kAllGatherAlgoEnv, "ring", 1);
+  ::setenv(ops::kRingStepsEnv, "8", 1);
+  ops::CollectiveConfig c;
+  ops::apply_environment(c);
+  ::unsetenv(ops::kAllGatherAlgoEnv);
+  ::unsetenv(ops::kRingStepsEnv);
+  EXPECT_EQ(c.all_gather, AllGatherAlgo::kRing);
+  EXPECT_EQ(c.ring_steps, 8);
+  EXPECT_EQ(ops::select_all_gather(c, 1 << 30, 4), AllGatherAlgo::kRing);
+  EXPECT_NO_THROW(ops::validate(c, 4));
+  EXPECT_THROW(ops::validate(c, 3), c10::Error);  // 8 steps on 3 ranks
+  ::setenv(ops::kChunkBytesEnv, "lots", 1);
+  EXPECT_THROW(ops::apply_environment(c), c10::Error);
+  ::unsetenv(ops::kChunkBytesEnv);
+}
+
+TEST(Config, AutomaticChoiceFollowsTheThresholds) {
+  ops::CollectiveConfig c;
+  c.all_reduce_one_shot_max_bytes = 1000;
+  EXPECT_EQ(ops::select_all_reduce(c, 1000, 4), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(ops::select_all_reduce(c, 1001, 4), AllReduceAlgo::kTwoShot);
+  EXPECT_EQ(ops::select_all_reduce(c, 1 << 30, 1), AllReduceAlgo::kOneShot);
+  c.all_reduce = AllReduceAlgo::kTwoShot;
+  EXPECT_EQ(ops::select_all_reduce(c, 8, 4), AllReduceAlgo::kTwoShot);
+  c.all_gather_bidir_full_max_bytes = 4096;
+  c.all_gather_ring_max_bytes = 1 << 20;
+  EXPECT_EQ(ops::select_all_gather(c, 4096, 4), AllGatherAlgo::kBidirFull);
+  EXPECT_EQ(ops::select_all_gather(c, 4097, 4), AllGatherAlgo::kRing);
+  EXPECT_EQ(ops::select_all_gather(c, 1 << 20, 3), AllGatherAlgo::kRing);
+  EXPECT_EQ(ops::select_all_gather(c, (1 << 20) + 1, 4), AllGatherAlgo::kDirect);
+  EXPECT_EQ(ops::select_all_gather(c, 16, 2), AllGatherAlgo::kDirect);
+  c.reduce_scatter_ring_max_bytes = 1 << 20;
+  EXPECT_EQ(ops::select_reduce_scatter(c, 1 << 20, 4), ReduceScatterAlgo::kRing);
+  EXPECT_EQ(ops::select_reduce_scatter(c, (1 << 20) + 1, 4), ReduceScatterAlgo::kDirect);
+  EXPECT_EQ(ops::select_reduce_scatter(c, 16, 1), ReduceScatterAlgo::kDirect);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Collectives (every rank)
+
+TEST(Collectives, AllGatherEveryAlgorithmDtypeAndSize) {
+  const auto& w = world();
+  Fixture f;
+  for (auto algo : {AllGatherAlgo::kDirect, AllGatherAlgo::kRing, AllGatherAlgo::kBidirSplit,
+                    AllGatherAlgo::kBidirFull}) {
+    for (auto dtype : {at::kFloat, at::kBFloat16, at::kChar, at::kDouble}) {
+      const int64_t esize = static_cast<int64_t>(c10::elementSize(dtype));
+      const bool slots = algo != AllGatherAlgo::kDirect;
+      auto ctx = f.ctx();
+      const int64_t round = ops::detail::round_bytes(ctx, 1, slots ? w.size : 1) / esize;
+      for (int64_t n : sizes_for(round)) {
+        SCOPED_TRACE(describe("all_gather", ops::to_string(algo), dtype, n));
+        const auto input = make_input(5, w.rank, n, dtype, ReduceOp::kSum);
+        Guarded out(n * w.size, dtype);
+        std::vector<at::Tensor> outs;
+        for (int q = 0; q < w.size; ++q) outs.push_back(out.inner.narrow(0, q * n, n));
+        EXPECT_EQ(ops::all_gather(f.ctx(), input, outs, algo), algo);
+        std::vector<at::Tensor> want;
+        for (int q = 0; q < w.size; ++q) want.push_back(make_input(5, q, n, dtype, ReduceOp::kSum));
+        EXPECT_TRUE(out.inner.equal(at::cat(want)));
+        EXPECT_TRUE(out.margins_intact());
+      }
+    }
+  }
+}
+
+TEST(Collectives, AllGatherInPlaceAndIntoSeparateTensors) {
+  const auto& w = world();
+  Fixture f;
+  const int64_t n = 777;
+  for (auto algo : {AllGatherAlgo::kDirect, AllGatherAlgo::kRing, AllGatherAlgo::kBidirSplit,
+                    AllGatherAlgo::kBidirFull}) {
+    // In place: this rank's input is its slice of the output.
+    auto out = at::zeros({w.size * n});
+    auto mine = out.narrow(0, w.rank * n, n);
+    mine.copy_(make_input(9, w.rank, n, at::kFloat, ReduceOp::kSum));
+    std::vector<at::Tensor> outs;
+    for (int q = 0; q < w.size; ++q) outs.push_back(out.narrow(0, q * n, n));
+    ops::all_gather(f.ctx(), mine, outs, algo);
+    for (int q = 0; q < w.size; ++q) {
+      EXPECT_TRUE(outs[q].equal(make_input(9, q, n, at::kFloat, ReduceOp::kSum)))
+          << ops::to_string(algo) << " rank " << q;
+    }
+    // Separate output tensors, in no particular memory order.
+    std::vector<at::Tensor> separate;
+    for (int q = 0; q < w.size; ++q) separate.push_back(at::full({n}, -1.0f));
+    ops::all_gather(f.ctx(), make_input(10, w.rank, n, at::kFloat, ReduceOp::kSum), separate, algo);
+    for (int q = 0; q < w.size; ++q) {
+      EXPECT_TRUE(separate[q].equal(make_input(10, q, n, at::kFloat, ReduceOp::kSum)));
+    }
+  }
+}
+
+TEST(Collectives, AllGatherVWithADifferentSizePerRank) {
+  const auto& w = world();
+  Fixture f;
+  auto ctx = f.ctx();
+  const int64_t round = ops::detail::round_bytes(ctx, 1) / 4;
+  // Per rank: nothing, a few, exactly one round, several rounds.
+  const std::vector<std::function<int64_t(int)>> layouts = {
+      [](int) { return int64_t{0}; },
+      [](int r) { return int64_t{3 * r + 1}; },
+      [&](int r) { return r % 2 ? round : int64_t{0}; },
+      [&](int r) { return r == 0 ? 3 * round + 7 : int64_t{r}; },
+      [&](int r) { return (r + 1) * round / 2 + r; },
+  };
+  for (size_t l = 0; l < layouts.size(); ++l) {
+    std::vector<int64_t> counts, bytes;
+    for (int q = 0; q < w.size; ++q) {
+      counts.push_back(layouts[l](q));
+      bytes.push_back(counts.back() * 4);
+    }
+    const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+    Guarded out(total, at::kFloat);
+    std::vector<at::Tensor> outs;
+    int64_t at_row = 0;
+    std::vector<at::Tensor> want;
+    for (int q = 0; q < w.size; ++q) {
+      outs.push_back(out.inner.narrow(0, at_row, counts[q]));
+      want.push_back(make_input(20 + l, q, counts[q], at::kFloat, ReduceOp::kSum));
+      at_row += counts[q];
+    }
+    ops::all_gather_v(f.ctx(),
+                      make_input(20 + l, w.rank, counts[w.rank], at::kFloat, ReduceOp::kSum), bytes,
+                      outs);
+    EXPECT_TRUE(out.inner.equal(at::cat(want))) << "layout " << l;
+    EXPECT_TRUE(out.margins_intact()) << "layout " << l;
+  }
+}
+
+TEST(Collectives, ReduceScatterEveryAlgorithmDtypeOpAndSize) {
+  const auto& w = world();
+  Fixture f;
+  struct Variant {
+    ReduceScatterAlgo algo;
+    int steps_per_rank;  // ring steps = this * W
+  };
+  for (auto v : {Variant{ReduceScatterAlgo::kDirect, 1}, Variant{ReduceScatterAlgo::kRing, 1},
+                 Variant{ReduceScatterAlgo::kRing, 3}}) {
+    f.config.ring_steps = v.steps_per_rank * w.size;
+    for (auto dtype : kAllDtypes) {
+      const int64_t unit = static_cast<int64_t>(c10::elementSize(
+          v.algo == ReduceScatterAlgo::kRing ? ops::accumulate_type(dtype) : dtype));
+      auto ctx = f.ctx();
+      const int64_t round = ops::detail::round_bytes(ctx, unit, w.size) / unit;
+      for (auto op : ops_for(dtype)) {
+        for (int64_t n : sizes_for(round)) {
+          const std::string algo_name =
+              std::string(ops::to_string(v.algo)) + "/S=" + std::to_string(f.config.ring_steps);
+          SCOPED_TRACE(describe("reduce_scatter", algo_name.c_str(), dtype, n, op));
+          const auto input =
+              make_input(n + 31 * static_cast<int>(op), w.rank, n * w.size, dtype, op);
+          std::vector<at::Tensor> chunks;
+          for (int q = 0; q < w.size; ++q) chunks.push_back(input.narrow(0, q * n, n));
+          Guarded out(n, dtype);
+          EXPECT_EQ(ops::reduce_scatter(f.ctx(), chunks, out.inner, op, v.algo), v.algo);
+          std::vector<at::Tensor> mine;
+          for (int q = 0; q < w.size; ++q) {
+            mine.push_back(make_input(n + 31 * static_cast<int>(op), q, n * w.size, dtype, op)
+                               .narrow(0, w.rank * n, n));
+          }
+          if (n > 0) {
+            EXPECT_TRUE(out.inner.equal(reference_reduce(mine, op)));
+          }
+          EXPECT_TRUE(out.margins_intact());
+        }
+      }
+    }
+  }
+}
+
+TEST(Collectives, AllReduceEveryAlgorithmDtypeOpAndSize) {
+  const auto& w = world();
+  Fixture f;
+  for (auto algo : {AllReduceAlgo::kOneShot, AllReduceAlgo::kTwoShot}) {
+    for (auto dtype : kAllDtypes) {
+      const int64_t esize = static_cast<int64_t>(c10::elementSize(dtype));
+      auto ctx = f.ctx();
+      // One-shot stages a whole round; two-shot about W/(W+1) of the region.
+      const int64_t round =
+          algo == AllReduceAlgo::kOneShot
+              ? ops::detail::round_bytes(ctx, esize) / esize
+              : (ops::detail::phase_bytes(ctx) - 128) / esize * w.size / (w.size + 1);
+      for (auto op : ops_for(dtype)) {
+        for (int64_t n : sizes_for(round)) {
+          SCOPED_TRACE(describe("all_reduce", ops::to_string(algo), dtype, n, op));
+          const int64_t seed = n + 17 * static_cast<int>(op);
+          Guarded out(n, dtype);
+          EXPECT_EQ(
+              ops::all_reduce(f.ctx(), make_input(seed, w.rank, n, dtype, op), out.inner, op, algo),
+              algo);
+          std::vector<at::Tensor> all;
+          for (int q = 0; q < w.size; ++q) all.push_back(make_input(seed, q, n, dtype, op));
+          if (n > 0) {
+            EXPECT_TRUE(out.inner.equal(reference_reduce(all, op)));
+          }
+          EXPECT_TRUE(out.margins_intact());
+          // In place.
+          auto t = make_input(seed, w.rank, n, dtype, op);
+          ops::all_reduce(f.ctx(), t, t, op, algo);
+          EXPECT_TRUE(t.equal(out.inner));
+        }
+      }
+    }
+  }
+}
+
+// The rank that holds a hash of `t` in the store under `key`, compared on every rank.
+bool identical_on_every_rank(const at::Tensor& t, const std::string& key) {
+  const auto bytes = t.contiguous().view(at::kByte);
+  std::vector<uint8_t> mine(bytes.data_ptr<uint8_t>(), bytes.data_ptr<uint8_t>() + bytes.numel());
+  auto store = world().store;
+  store->set(key + "/" + std::to_string(world().rank), mine);
+  bool same = true;
+  for (int r = 0; r < world().size; ++r) {
+    same = same && store->get(key + "/" + std::to_string(r)) == mine;
+  }
+  store_barrier(key);
+  return same;
+}
+
+TEST(Collectives, AllReduceGivesIdenticalBitsOnEveryRankAndForBothAlgorithms) {
+  const auto& w = world();
+  Fixture f;
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    for (auto op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProduct}) {
+      // Random values: rounding depends on the order of the additions.
+      at::manual_seed(100 + w.rank);
+      const auto x = (at::randn({2000}) * 3).to(dtype);
+      auto one = at::empty_like(x), two = at::empty_like(x);
+      ops::all_reduce(f.ctx(), x, one, op, AllReduceAlgo::kOneShot);
+      ops::all_reduce(f.ctx(), x, two, op, AllReduceAlgo::kTwoShot);
+      EXPECT_TRUE(one.equal(two)) << dtype << " " << ops::to_string(op);
+      const std::string key = std::string("bits/") + c10::toString(dtype) + ops::to_string(op);
+      EXPECT_TRUE(identical_on_every_rank(one, key)) << dtype << " " << ops::to_string(op);
+    }
+  }
+}
+
+TEST(Collectives, BroadcastFromEveryRoot) {
+  const auto& w = world();
+  Fixture f;
+  auto ctx = f.ctx();
+  const int64_t round = ops::detail::round_bytes(ctx, 1) / 2;
+  for (int root = 0; root < w.size; ++root) {
+    for (auto dtype : {at::kBFloat16, at::kLong}) {
+      for (int64_t n : sizes_for(round)) {
+        SCOPED_TRACE(describe("broadcast", "direct", dtype, n));
+        Guarded t(n, dtype);
+        t.inner.copy_(make_input(root * 100 + n, w.rank, n, dtype, ReduceOp::kSum));
+        ops::broadcast(f.ctx(), t.inner, root);
+        EXPECT_TRUE(t.inner.equal(make_input(root * 100 + n, root, n, dtype, ReduceOp::kSum)));
+        EXPECT_TRUE(t.margins_intact());
+      }
+    }
+  }
+}
+
+TEST(Collectives, SmallChunksPipelineManyRounds) {
+  const auto& w = world();
+  Fixture f(1 << 16);
+  f.config.chunk_bytes = 256;  // 64 floats per round and rank
+  const int64_t n = 1000 + w.size;
+  std::vector<at::Tensor> all;
+  for (int q = 0; q < w.size; ++q) all.push_back(make_input(1, q, n, at::kFloat, ReduceOp::kSum));
+  for (auto algo : {AllReduceAlgo::kOneShot, AllReduceAlgo::kTwoShot}) {
+    auto out = at::empty({n});
+    ops::all_reduce(f.ctx(), all[w.rank], out, ReduceOp::kSum, algo);
+    EXPECT_TRUE(out.equal(reference_reduce(all, ReduceOp::kSum))) << ops::to_string(algo);
+  }
+  auto gathered = at::empty({n * w.size});
+  std::vector<at::Tensor> outs;
+  for (int q = 0; q < w.size; ++q) outs.push_back(gathered.narrow(0, q * n, n));
+  for (auto algo : {AllGatherAlgo::kDirect, AllGatherAlgo::kRing, AllGatherAlgo::kBidirSplit,
+                    AllGatherAlgo::kBidirFull}) {
+    gathered.fill_(-1);
+    ops::all_gather(f.ctx(), all[w.rank], outs, algo);
+    EXPECT_TRUE(gathered.equal(at::cat(all))) << ops::to_string(algo);
+  }
+  ops::barrier(f.ctx());
+}
+
+TEST(Collectives, ConsecutiveCollectivesOfEveryKindDoNotCorruptEachOther) {
+  // Many different collectives back to back with no barrier in between: a rank racing ahead
+  // writes the other half of the buffer while its peers still read the previous one.
+  const auto& w = world();
+  Fixture f;
+  const int64_t n = 300;
+  for (int it = 0; it < 60; ++it) {
+    std::vector<at::Tensor> xs;
+    for (int q = 0; q < w.size; ++q)
+      xs.push_back(make_input(it, q, n * w.size, at::kInt, ReduceOp::kSum));
+    auto ar = at::empty({n * w.size}, at::kInt);
+    ops::all_reduce(f.ctx(), xs[w.rank], ar, ReduceOp::kSum,
+                    it % 2 ? AllReduceAlgo::kOneShot : AllReduceAlgo::kTwoShot);
+    auto ag = at::empty({n * w.size * w.size}, at::kInt);
+    std::vector<at::Tensor> outs;
+    for (int q = 0; q < w.size; ++q) outs.push_back(ag.narrow(0, q * n * w.size, n * w.size));
+    ops::all_gather(f.ctx(), xs[w.rank], outs, static_cast<AllGatherAlgo>(1 + it % 4));
+    auto rs = at::empty({n}, at::kInt);
+    std::vector<at::Tensor> chunks;
+    for (int q = 0; q < w.size; ++q) chunks.push_back(xs[w.rank].narrow(0, q * n, n));
+    ops::reduce_scatter(f.ctx(), chunks, rs, ReduceOp::kSum,
+                        it % 3 ? ReduceScatterAlgo::kDirect : ReduceScatterAlgo::kRing);
+    auto bc = xs[w.rank].clone();
+    ops::broadcast(f.ctx(), bc, it % w.size);
+    const auto sum = reference_reduce(xs, ReduceOp::kSum);
+    EXPECT_TRUE(ar.equal(sum)) << "iteration " << it;
+    EXPECT_TRUE(ag.equal(at::cat(xs))) << "iteration " << it;
+    EXPECT_TRUE(rs.equal(sum.narrow(0, w.rank * n, n))) << "iteration " << it;
+    EXPECT_TRUE(bc.equal(xs[it % w.size])) << "iteration " << it;
+  }
+}
+
+TEST(Collectives, ARankThatNeverCallsIsNamedInTheTimeout) {
+  const auto& w = world();
+  if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  Fixture f(kBuffer, Millis(300));
+  const int absent = w.size - 1;
+  if (w.rank != absent) {
+    auto x = at::ones({10});
+    try {
+      ops::all_reduce(f.ctx(), x, x, ReduceOp::kSum, AllReduceAlgo::kOneShot);
+      ADD_FAILURE() << "the all-reduce returned without rank " << absent;
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(absent) + " never arrived"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  store_barrier("after-timeout");
+}
+
+TEST(Collectives, RingStepsMustBeAMultipleOfTheWorldSize) {
+  const auto& w = world();
+  if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  Fixture f;
+  f.config.ring_steps = w.size + 1;
+  auto x = at::ones({4 * w.size});
+  std::vector<at::Tensor> chunks;
+  for (int q = 0; q < w.size; ++q) chunks.push_back(x.narrow(0, 4 * q, 4));
+  auto out = at::empty({4});
+  EXPECT_THROW(ops::reduce_scatter(f.ctx(), chunks, out, ReduceOp::kSum, ReduceScatterAlgo::kRing),
+               c10::Error);
+}
+
+}  // namespace
+}  // namespace cuda_p2p::test

@@ -1,0 +1,640 @@
+"""Workspace collectives (issue: collectives) through torch.distributed, on 2, 3 and 4 ranks.
+
+Every algorithm is forced in turn (a group per algorithm, through Options or the environment),
+with a 64 KiB buffer so that "exactly one buffer region" and "several regions" stay small, and
+run for every dtype x reduce op x size (0, 1, odd, exactly one round, several rounds). Each case
+is checked against a Gloo group over the same ranks and against plain-torch math computed
+locally; outputs are slices of larger tensors whose margins must stay untouched, all-reduce
+results must be bit-identical on every rank, and the backend's counters must show that the
+forced algorithm ran (and that nothing fell back silently).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import traceback
+import warnings
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import conftest
+import cuda_p2p
+
+R = dist.ReduceOp
+BUFFER = 1 << 16
+MARGIN = 16
+GUARD = 77
+
+DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+}
+FLOAT_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX")
+INT_OPS = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
+
+ALL_GATHER_ALGOS = ("direct", "ring", "bidir_split", "bidir_full")
+# (algorithm, ring steps per rank)
+REDUCE_SCATTER_ALGOS = (("direct", 1), ("ring", 1), ("ring", 2))
+ALL_REDUCE_ALGOS = ("one_shot", "two_shot")
+
+
+@pytest.fixture(scope="session")
+def world3():
+    w = conftest._world(3)
+    w.start()
+    return w
+
+
+@pytest.fixture(params=[2, 3, 4], ids=["w2", "w3", "w4"])
+def any_world(request):
+    return request.getfixturevalue(f"world{request.param}")
+
+
+# ---------------------------------------------------------------------------------------------
+# rank side: groups, inputs, references
+
+_groups: dict = {}
+
+
+def _options(**kw):
+    o = cuda_p2p.ProcessGroupCudaP2P.Options()
+    for k, v in kw.items():
+        setattr(o, k, v)
+    return o
+
+
+def _group(key, env=None, **options):
+    """A cuda_p2p group over all ranks with these Options (cached; collective on first use)."""
+    if key not in _groups:
+        old = {k: os.environ.get(k) for k in (env or {})}
+        os.environ.update(env or {})
+        try:
+            _groups[key] = dist.new_group(backend="cuda_p2p", pg_options=_options(**options))
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    return _groups[key]
+
+
+def _forced(ctx, **algos):
+    steps = algos.pop("ring_steps_per_rank", 1)
+    key = tuple(sorted(algos.items())) + (("steps", steps),)
+    return _group(key, buffer_size=BUFFER, chunk_bytes=0, ring_steps=steps * ctx.world_size,
+                  **algos)
+
+
+def _ops_for(dtype):
+    return FLOAT_OPS if dtype.is_floating_point else INT_OPS
+
+
+def _input(seed, rank, n, dtype, op=None):
+    """Small integers: exact in every dtype and every summation order (PRODUCT: -2..2)."""
+    i = torch.arange(n, dtype=torch.int64)
+    if op == "PRODUCT":
+        v = (i * 7 + rank * 3 + seed) % 5 - 2
+    elif op in ("BAND", "BOR", "BXOR"):
+        v = (i * 2654435761 + rank * 40503 + seed * 977) % 251
+    else:
+        v = (i * 7 + rank * 13 + seed) % 17 - 8
+    return v.to(dtype)
+
+
+def _reduce_math(op, xs):
+    """op over xs as the collectives define it: exact for these inputs, AVG divided once in the
+    accumulate type (float32 for float16/bfloat16)."""
+    dtype = xs[0].dtype
+    if op == "MIN":
+        return torch.stack(xs).amin(0)
+    if op == "MAX":
+        return torch.stack(xs).amax(0)
+    if op in ("BAND", "BOR", "BXOR"):
+        f = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}[op]
+        out = xs[0]
+        for x in xs[1:]:
+            out = f(out, x)
+        return out
+    wide = torch.float64 if dtype.is_floating_point else torch.int64
+    out = xs[0].to(wide)
+    for x in xs[1:]:
+        out = out * x.to(wide) if op == "PRODUCT" else out + x.to(wide)
+    if op == "AVG":
+        acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+        return (out.to(acc) / len(xs)).to(dtype)
+    return out.to(dtype)
+
+
+def _guarded(n, dtype):
+    """(whole, inner): inner is n elements in the middle of `whole`, whose margins hold GUARD."""
+    whole = torch.full((n + 2 * MARGIN,), GUARD, dtype=dtype)
+    return whole, whole[MARGIN : MARGIN + n]
+
+
+def _margins_ok(whole):
+    g = torch.full((MARGIN,), GUARD, dtype=whole.dtype)
+    return torch.equal(whole[:MARGIN], g) and torch.equal(whole[-MARGIN:], g)
+
+
+def _gloo(fn):
+    """Runs the Gloo reference; None where Gloo does not support the dtype (int16)."""
+    try:
+        fn()
+        return True
+    except RuntimeError as e:
+        if "Invalid scalar type" in str(e):
+            return None
+        raise
+
+
+def _phase(buf=BUFFER):
+    return (buf // 2) // 64 * 64
+
+
+def _round_bytes(unit, slots=1, buf=BUFFER):
+    b = _phase(buf) // slots
+    lcm = unit * 64 // math.gcd(unit, 64)
+    aligned = b // lcm * lcm
+    return aligned if aligned > 0 else b // unit * unit
+
+
+def _sizes(round_elems):
+    """0, 1, odd, exactly one round (one buffer region), several rounds."""
+    return sorted({0, 1, 7, round_elems, 3 * round_elems + 5})
+
+
+class Checker:
+    def __init__(self, label):
+        self.label, self.cases, self.failures = label, 0, []
+
+    def case(self, what, ok, detail=""):
+        if not ok:
+            self.failures.append(f"{self.label} {what}: {detail}")
+
+    def result(self):
+        return {"cases": self.cases, "failures": self.failures}
+
+
+def _counters_ok(chk, group, want_key, want_count):
+    counters = cuda_p2p.get_cuda_p2p_backend(group).get_counters()
+    wrapped = {k: v for k, v in counters.items() if k.endswith(".wrapped")}
+    chk.case("counters", counters.get(want_key, 0) == want_count and not wrapped,
+             f"expected {want_key}={want_count} and no fallback, got {counters}")
+
+
+# ---------------------------------------------------------------------------------------------
+# rank side: the checks
+
+
+def check_all_gather(ctx, algo):
+    W, rank = ctx.world_size, ctx.rank
+    g = _forced(ctx, all_gather_algo=algo)
+    b = cuda_p2p.get_cuda_p2p_backend(g)
+    b.reset_counters()
+    chk = Checker(f"all_gather[{algo}] W={W}")
+    count = 0
+    for name, dtype in DTYPES.items():
+        esize = torch.empty((), dtype=dtype).element_size()
+        slots = 1 if algo == "direct" else W
+        for n in _sizes(_round_bytes(1, slots) // esize):
+            try:
+                seed = n + 3
+                x = _input(seed, rank, n, dtype)
+                whole, out = _guarded(n * W, dtype)
+                dist.all_gather_into_tensor(out, x, group=g)
+                ref = torch.empty(n * W, dtype=dtype)
+                gloo_ok = _gloo(lambda: dist.all_gather_into_tensor(ref, x, group=ctx.gloo))
+                want = torch.cat([_input(seed, r, n, dtype) for r in range(W)])
+                chk.case(f"{name} n={n}", torch.equal(out, want), "differs from local math")
+                if gloo_ok:
+                    chk.case(f"{name} n={n}", torch.equal(out, ref), "differs from gloo")
+                chk.case(f"{name} n={n}", _margins_ok(whole), "margins overwritten")
+                # The list form, into separate tensors.
+                outs = [torch.full((n,), GUARD, dtype=dtype) for _ in range(W)]
+                dist.all_gather(outs, x, group=g)
+                chk.case(f"{name} n={n} list", torch.equal(torch.cat(outs), want), "differs")
+                count += 2
+                chk.cases += 2
+            except Exception as e:  # noqa: BLE001
+                chk.case(f"{name} n={n}", False, f"raised {e!r}\n{traceback.format_exc()}")
+                return chk.result()
+    _counters_ok(chk, g, f"all_gather.{algo}", count)
+    return chk.result()
+
+
+def check_reduce_scatter(ctx, algo, steps_per_rank):
+    W, rank = ctx.world_size, ctx.rank
+    g = _forced(ctx, reduce_scatter_algo=algo, ring_steps_per_rank=steps_per_rank)
+    cuda_p2p.get_cuda_p2p_backend(g).reset_counters()
+    chk = Checker(f"reduce_scatter[{algo}, S={steps_per_rank * W}] W={W}")
+    count = 0
+    for name, dtype in DTYPES.items():
+        acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+        unit = torch.empty((), dtype=acc if algo == "ring" else dtype).element_size()
+        for op in _ops_for(dtype):
+            for n in _sizes(_round_bytes(unit, W) // unit):
+                try:
+                    seed = n + 31 * _ops_for(dtype).index(op)
+                    x = _input(seed, rank, n * W, dtype, op)
+                    x_copy = x.clone()
+                    whole, out = _guarded(n, dtype)
+                    dist.reduce_scatter_tensor(out, x, op=getattr(R, op), group=g)
+                    want = _reduce_math(
+                        op, [_input(seed, r, n * W, dtype, op)[rank * n : (rank + 1) * n]
+                             for r in range(W)])
+                    label = f"{name} {op} n={n}"
+                    chk.case(label, torch.equal(out, want), f"differs from local math: {out[:4]} vs {want[:4]}")
+                    chk.case(label, torch.equal(x, x_copy), "changed its input")
+                    chk.case(label, _margins_ok(whole), "margins overwritten")
+                    ref = torch.empty(n, dtype=dtype)
+                    if _gloo(lambda: dist.reduce_scatter_tensor(ref, x, op=getattr(R, op),
+                                                                group=ctx.gloo)):
+                        chk.case(label, torch.equal(out, ref), "differs from gloo")
+                    count += 1
+                    chk.cases += 1
+                except Exception as e:  # noqa: BLE001
+                    chk.case(f"{name} {op} n={n}", False,
+                             f"raised {e!r}\n{traceback.format_exc()}")
+                    return chk.result()
+    # The list form once per dtype family.
+    for dtype in (torch.float32, torch.int64):
+        n = 13
+        chunks = [_input(5 + j, rank, n, dtype) for j in range(W)]
+        out = torch.empty(n, dtype=dtype)
+        dist.reduce_scatter(out, chunks, group=g)
+        want = _reduce_math("SUM", [_input(5 + rank, r, n, dtype) for r in range(W)])
+        chk.case(f"list form {dtype}", torch.equal(out, want), f"{out} vs {want}")
+        count += 1
+        chk.cases += 1
+    _counters_ok(chk, g, f"reduce_scatter.{algo}", count)
+    return chk.result()
+
+
+def check_all_reduce(ctx, algo):
+    W, rank = ctx.world_size, ctx.rank
+    g = _forced(ctx, all_reduce_algo=algo)
+    cuda_p2p.get_cuda_p2p_backend(g).reset_counters()
+    chk = Checker(f"all_reduce[{algo}] W={W}")
+    count = 0
+    for name, dtype in DTYPES.items():
+        esize = torch.empty((), dtype=dtype).element_size()
+        if algo == "one_shot":
+            round_elems = _round_bytes(esize) // esize
+        else:
+            round_elems = (_phase() - 128) // esize * W // (W + 1)
+        for op in _ops_for(dtype):
+            for n in _sizes(round_elems):
+                try:
+                    seed = n + 17 * _ops_for(dtype).index(op)
+                    whole, t = _guarded(n, dtype)
+                    t.copy_(_input(seed, rank, n, dtype, op))
+                    dist.all_reduce(t, op=getattr(R, op), group=g)
+                    want = _reduce_math(op, [_input(seed, r, n, dtype, op) for r in range(W)])
+                    label = f"{name} {op} n={n}"
+                    chk.case(label, torch.equal(t, want), f"differs from local math: {t[:4]} vs {want[:4]}")
+                    chk.case(label, _margins_ok(whole), "margins overwritten")
+                    ref = _input(seed, rank, n, dtype, op)
+                    if _gloo(lambda: dist.all_reduce(ref, op=getattr(R, op), group=ctx.gloo)):
+                        chk.case(label, torch.equal(t, ref), "differs from gloo")
+                    count += 1
+                    chk.cases += 1
+                except Exception as e:  # noqa: BLE001
+                    chk.case(f"{name} {op} n={n}", False,
+                             f"raised {e!r}\n{traceback.format_exc()}")
+                    return chk.result()
+    # Random values: rounding now depends on the order of the additions. Every rank must hold
+    # the same bits, close to Gloo's.
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for op in ("SUM", "AVG"):
+            gen = torch.Generator().manual_seed(1000 + rank)
+            t = (torch.randn(3001, generator=gen) * 3).to(dtype)
+            ref = t.clone()
+            dist.all_reduce(t, op=getattr(R, op), group=g)
+            dist.all_reduce(ref, op=getattr(R, op), group=ctx.gloo)
+            gathered = [torch.empty_like(t) for _ in range(W)]
+            dist.all_gather(gathered, t, group=ctx.gloo)
+            label = f"random {dtype} {op}"
+            chk.case(label, all(torch.equal(x.view(torch.int16 if x.element_size() == 2 else torch.int32),
+                                            t.view(torch.int16 if t.element_size() == 2 else torch.int32))
+                                for x in gathered), "results differ between ranks")
+            tol = dict(rtol=2e-2, atol=0.15) if dtype != torch.float32 else dict(rtol=1e-5, atol=1e-4)
+            chk.case(label, torch.allclose(t.float(), ref.float(), **tol), "far from gloo")
+            count += 1
+            chk.cases += 1
+    _counters_ok(chk, g, f"all_reduce.{algo}", count)
+    return chk.result()
+
+
+def check_broadcast(ctx):
+    W, rank = ctx.world_size, ctx.rank
+    g = _forced(ctx)
+    cuda_p2p.get_cuda_p2p_backend(g).reset_counters()
+    chk = Checker(f"broadcast W={W}")
+    count = 0
+    for name in ("float32", "bfloat16", "int8", "int64"):
+        dtype = DTYPES[name]
+        esize = torch.empty((), dtype=dtype).element_size()
+        for root in range(W):
+            for n in _sizes(_round_bytes(1) // esize):
+                whole, t = _guarded(n, dtype)
+                t.copy_(_input(root * 100 + n, rank, n, dtype))
+                dist.broadcast(t, src=root, group=g)
+                ref = _input(root * 100 + n, rank, n, dtype)
+                dist.broadcast(ref, src=root, group=ctx.gloo)
+                want = _input(root * 100 + n, root, n, dtype)
+                label = f"{name} root={root} n={n}"
+                chk.case(label, torch.equal(t, want) and torch.equal(t, ref), "differs")
+                chk.case(label, _margins_ok(whole), "margins overwritten")
+                count += 1
+                chk.cases += 1
+    _counters_ok(chk, g, "broadcast.direct", count)
+    return chk.result()
+
+
+def check_all_gather_v(ctx):
+    W, rank = ctx.world_size, ctx.rank
+    chk = Checker(f"all_gather_v W={W}")
+    on = _forced(ctx)
+    off = _group("off", enable_workspace=False)
+    row = 2 * 3 * 4  # bytes per row of float32 [.., 2, 3]
+    region_rows = _phase() // row
+    layouts = [
+        [0] * W,
+        [3 * r + 1 for r in range(W)],
+        [region_rows if r % 2 else 0 for r in range(W)],
+        [3 * region_rows + 7 if r == 0 else r for r in range(W)],
+    ]
+    for group, key in ((on, "all_gather_v.direct"), (off, "all_gather_v.wrapped")):
+        b = cuda_p2p.get_cuda_p2p_backend(group)
+        b.reset_counters()
+        for li, sizes in enumerate(layouts):
+            mine = _input(li, rank, sizes[rank] * 6, torch.float32).view(sizes[rank], 2, 3)
+            out = cuda_p2p.all_gather_v(mine, sizes, group=group)
+            want = torch.cat([_input(li, r, sizes[r] * 6, torch.float32).view(sizes[r], 2, 3)
+                              for r in range(W)])
+            chk.case(f"{key} layout {li}", out.shape == want.shape and torch.equal(out, want),
+                     f"shape {tuple(out.shape)} vs {tuple(want.shape)}")
+            chk.cases += 1
+        chk.case(key, b.get_counters().get(key) == len(layouts), f"counters {b.get_counters()}")
+    # bfloat16 rows of one element, non-contiguous input
+    t = torch.arange(2 * (rank + 1), dtype=torch.bfloat16).view(2, rank + 1).t()
+    out = cuda_p2p.all_gather_v(t, [r + 1 for r in range(W)], group=on)
+    want = torch.cat([torch.arange(2 * (r + 1), dtype=torch.bfloat16).view(2, r + 1).t()
+                      for r in range(W)])
+    chk.case("non-contiguous", torch.equal(out, want), f"{out} vs {want}")
+    chk.cases += 1
+    # Errors, raised on every rank before any communication.
+    for bad, needle in (
+        (lambda: cuda_p2p.all_gather_v(mine, [1] * (W + 1), group=on), f"expected {W} sizes"),
+        (lambda: cuda_p2p.all_gather_v(torch.ones(rank + 2, 2), [r + 1 for r in range(W)],
+                                       group=on), "rows, but sizes"),
+        (lambda: cuda_p2p.all_gather_v(torch.tensor(1.0), [1] * W, group=on), "at least one"),
+    ):
+        try:
+            bad()
+            chk.case(needle, False, "accepted")
+        except (ValueError, RuntimeError) as e:
+            chk.case(needle, needle in str(e), str(e))
+    return chk.result()
+
+
+def check_api_and_fallbacks(ctx):
+    """The dist.* surface: async works and futures, non-contiguous tensors, barrier, fallbacks
+    for what the workspace does not run, the off switches, and errors like Gloo's."""
+    W, rank = ctx.world_size, ctx.rank
+    chk = Checker(f"api W={W}")
+    g = dist.group.WORLD
+    b = cuda_p2p.get_cuda_p2p_backend(g)
+    b.reset_counters()
+    # Async works: completed, wait() is True, the future holds the outputs.
+    t = torch.full((5,), float(rank))
+    w = dist.all_reduce(t, async_op=True)
+    v = w.get_future().wait()
+    chk.case("async all_reduce", w.is_completed() and w.wait() and v[0] is not None
+             and torch.equal(v[0], t) and torch.equal(t, torch.full((5,), W * (W - 1) / 2)), "")
+    out = torch.empty(3 * W)
+    w = dist.all_gather_into_tensor(out, torch.full((3,), float(rank)), async_op=True)
+    w.wait()
+    chk.case("async all_gather_into_tensor", torch.equal(torch.cat(w.get_future().wait()), out), "")
+    rs = torch.empty(2)
+    w = dist.reduce_scatter_tensor(rs, torch.ones(2 * W), async_op=True)
+    chk.case("async reduce_scatter_tensor", w.wait() and torch.equal(w.get_future().wait()[0], rs)
+             and torch.equal(rs, torch.full((2,), float(W))), f"{rs}")
+    # then() callbacks (what DDP comm hooks do).
+    fut = dist.all_reduce(torch.ones(4), async_op=True).get_future().then(lambda f: f.value()[0] * 2)
+    chk.case("future.then", torch.equal(fut.wait(), torch.full((4,), 2.0 * W)), "")
+    # Non-contiguous tensors go through the workspace via contiguous copies.
+    base = torch.zeros(4, 3)
+    col = base[:, 1]
+    col.fill_(float(rank + 1))
+    dist.all_reduce(col)
+    chk.case("non-contiguous all_reduce", torch.equal(base[:, 1], torch.full((4,), W * (W + 1) / 2))
+             and torch.equal(base[:, 0], torch.zeros(4)), f"{base}")
+    gathered = torch.zeros(3, 2 * W).t()  # non-contiguous output
+    dist.all_gather_into_tensor(gathered, torch.full((2, 3), float(rank)))
+    chk.case("non-contiguous all_gather output",
+             torch.equal(gathered, torch.arange(W).repeat_interleave(2)[:, None].float().expand(2 * W, 3)),
+             f"{gathered}")
+    dist.barrier()
+    counters = b.get_counters()
+    chk.case("workspace counters", counters.get("barrier.workspace") == 1
+             and counters.get("all_reduce.one_shot", 0) >= 3
+             and not any(k.endswith(".wrapped") for k in counters), f"{counters}")
+    # What the workspace does not run goes to Gloo, counted.
+    b.reset_counters()
+    flags = torch.tensor([rank % 2 == 0, True, False])
+    ref = flags.clone()
+    dist.all_reduce(flags)
+    dist.all_reduce(ref, group=ctx.gloo)
+    chk.case("bool all_reduce falls back", torch.equal(flags, ref)
+             and b.get_counters().get("all_reduce.wrapped") == 1, f"{b.get_counters()}")
+    z = torch.full((3,), complex(rank, 1))
+    dist.all_reduce(z)
+    # (torch.distributed hands complex sums over as a float32 view: the workspace runs them.)
+    chk.case("complex all_reduce", torch.allclose(z, torch.full((3,), complex(W * (W - 1) / 2, W)))
+             and b.get_counters().get("all_reduce.one_shot") == 1, f"{b.get_counters()}")
+    # Errors of the same type as Gloo's, on every rank, and the group still works afterwards.
+    for what, call in (
+        ("AVG on int64", lambda grp: dist.all_reduce(torch.ones(3, dtype=torch.int64), op=R.AVG, group=grp)),
+        ("BAND on float", lambda grp: dist.all_reduce(torch.ones(3), op=R.BAND, group=grp)),
+        ("PREMUL_SUM", lambda grp: dist.all_reduce(torch.ones(3), op=dist._make_nccl_premul_sum(2.0), group=grp)),
+        ("all_gather_into_tensor wrong size",
+         lambda grp: dist.all_gather_into_tensor(torch.empty(3 * W + 1), torch.ones(3), group=grp)),
+    ):
+        errs = []
+        for grp in (ctx.gloo, g):
+            try:
+                call(grp)
+                errs.append(None)
+            except Exception as e:  # noqa: BLE001
+                errs.append(e)
+        chk.case(what, errs[0] is not None and errs[1] is not None
+                 and type(errs[0]) is type(errs[1]), f"gloo {errs[0]!r}, cuda_p2p {errs[1]!r}")
+        chk.cases += 1
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    chk.case("still works", torch.equal(t, torch.full((3,), float(W))), f"{t}")
+    # The off switches: Options.enable_workspace=False, CUDA_P2P_DISABLE_WORKSPACE=1 (no
+    # workspace at all), Options.workspace_collectives=False, CUDA_P2P_WORKSPACE_COLLECTIVES=0
+    # (the workspace stays up, the collectives go to Gloo).
+    for key, grp in (("option", _group("off", enable_workspace=False)),
+                     ("env", _group("env-off", env={"CUDA_P2P_DISABLE_WORKSPACE": "1"})),
+                     ("collectives option", _group("coll-off", workspace_collectives=False)),
+                     ("collectives env",
+                      _group("coll-env-off", env={"CUDA_P2P_WORKSPACE_COLLECTIVES": "0"}))):
+        bb = cuda_p2p.get_cuda_p2p_backend(grp)
+        bb.reset_counters()
+        t = torch.full((6,), float(rank))
+        dist.all_reduce(t, group=grp)
+        out = torch.empty(2 * W)
+        dist.all_gather_into_tensor(out, torch.full((2,), float(rank)), group=grp)
+        rs = torch.empty(2)
+        dist.reduce_scatter_tensor(rs, torch.ones(2 * W), group=grp)
+        dist.broadcast(t, src=0, group=grp)
+        dist.barrier(group=grp)
+        c = bb.get_counters()
+        chk.case(f"workspace off by {key}", bb.is_p2p_available() == key.startswith("collectives")
+                 and bb.get_collective_config()["workspace_collectives"] is False
+                 and c == {"all_reduce.wrapped": 1, "all_gather.wrapped": 1,
+                           "reduce_scatter.wrapped": 1, "broadcast.wrapped": 1,
+                           "barrier.wrapped": 1}, f"{c}")
+        chk.case(f"workspace off by {key}: values", torch.equal(t, torch.full((6,), W * (W - 1) / 2))
+                 and torch.equal(rs, torch.full((2,), float(W))), "")
+        chk.cases += 1
+    chk.cases += 10
+    return chk.result()
+
+
+def check_env_forcing(ctx):
+    """CUDA_P2P_*_ALGO and CUDA_P2P_RING_STEPS force algorithms; an Options value wins."""
+    W = ctx.world_size
+    chk = Checker(f"env W={W}")
+    env = {"CUDA_P2P_ALL_GATHER_ALGO": "bidir_full", "CUDA_P2P_REDUCE_SCATTER_ALGO": "ring",
+           "CUDA_P2P_ALL_REDUCE_ALGO": "two_shot", "CUDA_P2P_RING_STEPS": str(2 * W),
+           "CUDA_P2P_CHUNK_BYTES": "4096"}
+    g = _group("env-forced", env=env)
+    g2 = _group("env-and-option", env=env, all_reduce_algo="one_shot")
+    cfg = cuda_p2p.get_cuda_p2p_backend(g).get_collective_config()
+    chk.case("config", cfg["all_gather_algo"] == "bidir_full" and cfg["reduce_scatter_algo"] == "ring"
+             and cfg["all_reduce_algo"] == "two_shot" and cfg["ring_steps"] == 2 * W
+             and cfg["chunk_bytes"] == 4096, f"{cfg}")
+    chk.case("option wins", cuda_p2p.get_cuda_p2p_backend(g2).get_collective_config()["all_reduce_algo"]
+             == "one_shot", "")
+    t = torch.arange(20000, dtype=torch.float32)
+    dist.all_reduce(t, group=g)
+    out = torch.empty(100 * W)
+    dist.all_gather_into_tensor(out, torch.ones(100), group=g)
+    rs = torch.empty(5000)
+    dist.reduce_scatter_tensor(rs, torch.ones(5000 * W), group=g)
+    c = cuda_p2p.get_cuda_p2p_backend(g).get_counters()
+    chk.case("counters", c == {"all_reduce.two_shot": 1, "all_gather.bidir_full": 1,
+                               "reduce_scatter.ring": 1}, f"{c}")
+    chk.case("values", torch.equal(t, torch.arange(20000, dtype=torch.float32) * W)
+             and torch.equal(rs, torch.full((5000,), float(W))), "")
+    chk.cases += 4
+    return chk.result()
+
+
+def check_timeout_names_the_missing_rank(ctx):
+    """A rank that never calls: the others' collective fails naming it; later collectives on that
+    group refuse to run (its ranks no longer agree on the workspace's state)."""
+    W, rank = ctx.world_size, ctx.rank
+    g = dist.new_group(backend="cuda_p2p", timeout=timedelta(seconds=1))
+    absent = W - 1
+    out = {"error": None, "after": None}
+    if rank != absent:
+        try:
+            dist.all_reduce(torch.ones(4), group=g)
+        except RuntimeError as e:
+            out["error"] = str(e)
+        try:
+            dist.all_reduce(torch.ones(4), group=g)
+        except RuntimeError as e:
+            out["after"] = str(e)
+    dist.barrier(group=ctx.gloo)
+    dist.destroy_process_group(g)
+    return out
+
+
+def check_ddp_matches_gloo(ctx):
+    """DistributedDataParallel on a cuda_p2p group (all-reduce through futures and comm hooks)
+    trains exactly like on Gloo."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    results = []
+    for grp in (dist.group.WORLD, ctx.gloo):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+        ddp = DDP(model, process_group=grp, bucket_cap_mb=0.001)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        gen = torch.Generator().manual_seed(ctx.rank)
+        for _ in range(3):
+            opt.zero_grad()
+            ddp(torch.randint(-3, 4, (8, 16), generator=gen).float()).pow(2).mean().backward()
+            opt.step()
+        results.append([p.detach().clone() for p in model.parameters()])
+    return all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(*results))
+
+
+# ---------------------------------------------------------------------------------------------
+# tests
+
+
+def _assert_ok(results, min_cases=1):
+    failures = [f"[rank {r}] {f}" for r, res in enumerate(results) for f in res["failures"]]
+    assert not failures, f"{len(failures)} failing case(s):\n" + "\n".join(failures[:30])
+    assert min(res["cases"] for res in results) >= min_cases
+
+
+@pytest.mark.parametrize("algo", ALL_GATHER_ALGOS)
+def test_all_gather(any_world, algo):
+    _assert_ok(any_world.run(check_all_gather, algo), min_cases=len(DTYPES) * 8)
+
+
+@pytest.mark.parametrize("algo,steps", REDUCE_SCATTER_ALGOS, ids=["direct", "ring", "ring_2W"])
+def test_reduce_scatter(any_world, algo, steps):
+    _assert_ok(any_world.run(check_reduce_scatter, algo, steps), min_cases=200)
+
+
+@pytest.mark.parametrize("algo", ALL_REDUCE_ALGOS)
+def test_all_reduce(any_world, algo):
+    _assert_ok(any_world.run(check_all_reduce, algo), min_cases=200)
+
+
+def test_broadcast(any_world):
+    _assert_ok(any_world.run(check_broadcast), min_cases=40)
+
+
+def test_all_gather_v(any_world):
+    _assert_ok(any_world.run(check_all_gather_v), min_cases=9)
+
+
+def test_api_async_fallbacks_and_off_switches(any_world):
+    _assert_ok(any_world.run(check_api_and_fallbacks))
+
+
+def test_environment_forces_the_algorithm(any_world):
+    _assert_ok(any_world.run(check_env_forcing))
+
+
+def test_timeout_names_the_missing_rank(world3):
+    results = world3.run(check_timeout_names_the_missing_rank)
+    for r, res in enumerate(results[:-1]):
+        assert res["error"] and "rank 2 never arrived" in res["error"], (r, res)
+        assert res["after"] and "an earlier workspace collective of this group failed" in res["after"], (r, res)
+
+
+def test_ddp_on_cuda_p2p_matches_gloo(world2):
+    assert all(world2.run(check_ddp_matches_gloo))
