@@ -32,11 +32,27 @@ constexpr const char* kOp = "fused_all_gather_matmul";
 // memory - and says that no rank reads any buffer any more: the next round's publication waits
 // for it, and so may the next op.
 
+// NOTE [Pull-ahead all-gather→matmul]
+// algorithm="pull_ahead" (the host's default): the same barriers and copies, but stream 1 pulls
+// every peer's shard in turn, as soon as it can, and stream 0 runs every GEMM, each after its
+// shard's pull:
+//
+//   stream 0: GEMM own shard | GEMM r+1 | GEMM r+2 | ...                   (each after its pull)
+//   stream 1: barrier | copy own -> own buffer | barrier | pull r+1 | pull r+2 | ... | barrier
+//
+// A GPU wants the alternating schedule (two GEMMs at once fill the SMs; pulls use the copy
+// engine). A CPU has no copy engine and its ranks share the cores: two GEMMs of one rank at once
+// only compete for them, and a GEMM that waits for the other stream's GEMM costs a thread
+// wake-up per step. Here the GEMMs run back to back on one thread, and the thread that copies
+// is mostly asleep; the closing barrier, on stream 1 after its last pull, is ready long before
+// the GEMMs are done.
+
 // A consumer: gets rank src's rows [row0, row0 + shard.size(0)) on pipeline stream `stream`.
 using Consumer = std::function<void(int src, int64_t row0, const at::Tensor& shard, int stream)>;
 
 void gather_and_consume(pipeline::Env& env, const at::Tensor& shard, const at::Tensor& stack,
-                        const Consumer& consume, bool fill_own_slot, pipeline::Stats& stats) {
+                        const Consumer& consume, bool fill_own_slot, bool pull_ahead,
+                        pipeline::Stats& stats) {
   auto& dev = env.device();
   auto& ws = env.ws;
   const int W = env.world_size(), rank = env.rank();
@@ -61,13 +77,34 @@ void gather_and_consume(pipeline::Env& env, const at::Tensor& shard, const at::T
     if (round == 0) {
       // NOTE [Pipeline buffer reuse]: no peer reads the own buffer any more.
       env.span(1, "barrier", [&] { ws.barrier(env.stream(1), env.channels[1]); });
-    } else {
+    } else if (closed) {
       dev.wait_event(env.stream(1), *closed);
     }
     env.span(1, "publish",
              [&] { dev.copy(env.stream(1), ws.buffer(rank), own.data_ptr(), bytes); });
     env.span(1, "barrier", [&] { ws.barrier(env.stream(1), env.channels[1]); });
     auto all_published = dev.record(env.stream(1));
+
+    if (pull_ahead) {
+      // NOTE [Pull-ahead all-gather→matmul]
+      for (int k = 1; k < W; ++k) {
+        const int src = (rank + k) % W;
+        at::Tensor slot = stack[src].narrow(0, row0, len);
+        env.span(1, "pull r+" + std::to_string(k),
+                 [&] { dev.copy(env.stream(1), slot.data_ptr(), ws.buffer(src), bytes); });
+        dev.wait_event(env.stream(0), *dev.record(env.stream(1)));
+        env.run_compute(
+            0, [=] { (*consumer)(src, row0, slot, 0); }, "gemm r+" + std::to_string(k));
+      }
+      if (fill_own_slot) {
+        at::Tensor slot = stack[rank].narrow(0, row0, len);
+        env.span(1, "fill A",
+                 [&] { dev.copy(env.stream(1), slot.data_ptr(), own.data_ptr(), bytes); });
+      }
+      // After this rank's last pull; the next round's publication follows it on this stream.
+      env.span(1, "barrier", [&] { ws.barrier(env.stream(1), env.channels[1]); });
+      continue;
+    }
 
     std::shared_ptr<Event> last_pull_on_1 = all_published;
     for (int k = 1; k < W; ++k) {
@@ -292,9 +329,20 @@ int64_t check_all_gather_matmul_args(const at::Tensor& A_shard, at::TensorList B
   return gather_dim;
 }
 
+AllGatherAlgorithm parse_all_gather_algorithm(const std::string& algorithm,
+                                              const at::Device& device) {
+  if (algorithm == "pipeline") return AllGatherAlgorithm::kPipeline;
+  if (algorithm == "pull_ahead") return AllGatherAlgorithm::kPullAhead;
+  TORCH_CHECK(algorithm == "auto", "cuda_p2p ", kOp,
+              ": algorithm must be \"auto\", \"pipeline\" or \"pull_ahead\", got \"", algorithm,
+              "\"");
+  return device.is_cpu() ? AllGatherAlgorithm::kPullAhead : AllGatherAlgorithm::kPipeline;
+}
+
 AllGatherMatmulResult all_gather_matmul_pipeline(pipeline::Env& env, const at::Tensor& A_shard,
                                                  at::TensorList Bs, int64_t gather_dim,
-                                                 bool return_A, pipeline::Stats& stats) {
+                                                 bool return_A, pipeline::Stats& stats,
+                                                 AllGatherAlgorithm algorithm) {
   const int64_t W = env.world_size();
   gather_dim = check_all_gather_matmul_args(A_shard, Bs, gather_dim, W);
   Problem p(A_shard, Bs, gather_dim, W, return_A);
@@ -304,7 +352,7 @@ AllGatherMatmulResult all_gather_matmul_pipeline(pipeline::Env& env, const at::T
       [&p](int src, int64_t row0, const at::Tensor& rows, int stream) {
         p.consume(src, row0, rows, stream);
       },
-      return_A, stats);
+      return_A, algorithm == AllGatherAlgorithm::kPullAhead, stats);
   AllGatherMatmulResult r;
   env.on_caller("finish", [&] { r = p.finish(W); });
   return r;
@@ -325,8 +373,9 @@ AllGatherMatmulResult all_gather_matmul_send_recv(c10d::Backend& backend, const 
 
 std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_matmul(
     const at::Tensor& A_shard, at::TensorList Bs, int64_t gather_dim, const std::string& group_name,
-    bool return_A) {
+    bool return_A, const std::string& algorithm) {
   TORCH_CHECK(A_shard.defined(), "cuda_p2p ", kOp, ": A_shard is undefined");
+  const AllGatherAlgorithm algo = parse_all_gather_algorithm(algorithm, A_shard.device());
   auto& pg = pipeline::resolve_backend(group_name, A_shard.device().type(), kOp);
   check_all_gather_matmul_args(A_shard, Bs, gather_dim, pg.getSize());
   auto& state = pg.pipeline_state();
@@ -336,9 +385,10 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_
     pipeline::Env env = pipeline::make_env(pg, state);
     pipeline::Stats stats;
     r = pipeline::run_or_mark_failed(state, kOp, [&] {
-      return all_gather_matmul_pipeline(env, A_shard, Bs, gather_dim, return_A, stats);
+      return all_gather_matmul_pipeline(env, A_shard, Bs, gather_dim, return_A, stats, algo);
     });
-    pg.bump_counter("fused_all_gather_matmul.pipeline");
+    pg.bump_counter(algo == AllGatherAlgorithm::kPullAhead ? "fused_all_gather_matmul.pull_ahead"
+                                                           : "fused_all_gather_matmul.pipeline");
     if (env.trace) state.last_trace = env.trace->events();
     if (stats.rounds > 1) pg.bump_counter("fused_all_gather_matmul.rounds");
     if (stats.grew) pg.bump_counter("fused_all_gather_matmul.grow");
@@ -354,7 +404,8 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_
 
 std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_matmul_meta(
     const at::Tensor& A_shard, at::TensorList Bs, int64_t gather_dim, const std::string& group_name,
-    bool return_A) {
+    bool return_A, const std::string& algorithm) {
+  parse_all_gather_algorithm(algorithm, A_shard.device());
   const int64_t W = pipeline::resolve_group_size(group_name, kOp);
   TORCH_CHECK(A_shard.dim() >= 2, "cuda_p2p ", kOp,
               ": expected A_shard with at least 2 dims, got shape ", A_shard.sym_sizes());
