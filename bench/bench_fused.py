@@ -9,7 +9,8 @@ FFN F = 4H) it times
     matmul            A [M, H] @ B alone (A already gathered): the floor
     gloo+matmul       Gloo all_gather_into_tensor, then the matmul
     cuda_p2p+matmul   the cuda_p2p group's all_gather_into_tensor, then the matmul
-    fused             cuda_p2p.fused_all_gather_matmul (returning A, like the baselines)
+    fused pipeline, fused pull_ahead   cuda_p2p.fused_all_gather_matmul (returning A, like the
+                      baselines), per algorithm
 
   matmul→reduce-scatter (row-parallel: A [M, F/W] @ B [F/W, H], reduce-scattered):
     matmul, gloo+matmul, cuda_p2p+matmul (reduce_scatter_tensor), and
@@ -111,7 +112,10 @@ def _variants(dist, cuda_p2p, op, M, H, dtype, W, rank, gloo, p2p, ring_steps):
             "matmul": lambda: A_full @ B,
             "gloo+matmul": unfused(gloo),
             "cuda_p2p+matmul": unfused(p2p),
-            "fused": lambda: cuda_p2p.fused_all_gather_matmul(A_shard, [B], 0, p2p),
+            "fused pipeline": lambda: cuda_p2p.fused_all_gather_matmul(
+                A_shard, [B], 0, p2p, algorithm="pipeline"),
+            "fused pull_ahead": lambda: cuda_p2p.fused_all_gather_matmul(
+                A_shard, [B], 0, p2p, algorithm="pull_ahead"),
         }
     A, B = rnd(M, F // W), rnd(F // W, H)
     out = torch.empty(M // W, H, dtype=dtype)

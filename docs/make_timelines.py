@@ -25,7 +25,8 @@ import torch
 HERE = Path(__file__).resolve().parent
 
 PIPELINES = {
-    "all_gather_matmul": "all-gather→matmul (fused_all_gather_matmul)",
+    "all_gather_matmul": "all-gather→matmul, pipeline (algorithm='pipeline')",
+    "all_gather_matmul_pull_ahead": "all-gather→matmul, pull-ahead (algorithm='pull_ahead')",
     "matmul_reduce_scatter": "matmul→reduce-scatter, pipeline (algorithm='pipeline')",
     "ring_reduce_scatter": "matmul→reduce-scatter, ring in S=2W steps (algorithm='ring')",
 }
@@ -59,7 +60,10 @@ def _rank(rank, W, port, M, H, dtype, runs, out_path):
     A_shard, B1 = torch.randn(M // W, H, generator=g).to(dt), torch.randn(H, F // W).to(dt)
     A, B2 = torch.randn(M, F // W, generator=g).to(dt), torch.randn(F // W, H).to(dt)
     ops = {
-        "all_gather_matmul": lambda: cuda_p2p.fused_all_gather_matmul(A_shard, [B1], 0),
+        "all_gather_matmul": lambda: cuda_p2p.fused_all_gather_matmul(
+            A_shard, [B1], 0, algorithm="pipeline"),
+        "all_gather_matmul_pull_ahead": lambda: cuda_p2p.fused_all_gather_matmul(
+            A_shard, [B1], 0, algorithm="pull_ahead"),
         "matmul_reduce_scatter": lambda: cuda_p2p.fused_matmul_reduce_scatter(
             A, B2, "sum", 0, algorithm="pipeline"),
         "ring_reduce_scatter": lambda: cuda_p2p.fused_matmul_reduce_scatter(

@@ -17,26 +17,44 @@ constexpr const char* kOp = "fused_all_gather_matmul";
 // the contraction dim is gathered, the leading dims flattened); slot r of the gathered stack
 // [W, rows, cols] is rank r's shard. Per round (NOTE [Pipeline buffer reuse]):
 //
-//   stream 0: GEMM own shard                | pull r+2 | GEMM r+2 | ...      (after both
-//   stream 1: barrier | copy own shard -> own buffer | barrier | pull r+1 | GEMM r+1 | ...
-//   stream 0:                             ... streams' last pulls) | barrier
+//   stream 0: barrier | copy own -> own buffer | barrier | GEMM own | pull r+2 | GEMM r+2 | ...
+//   stream 1:                                         (waits) | pull r+1 | GEMM r+1 | pull r+3 ...
+//   stream 0:                                   ... (after both streams' last pulls) | barrier
 //
-// Step k = 1..W-1 pulls rank (rank+k)'s shard from its buffer (a copy-engine copy on CUDA) into
-// slot rank+k and consumes it, odd steps on stream 1 and even ones on stream 0, so that one
-// stream's copy overlaps the other's GEMM. Stream 1 publishes the own shard between two barriers
-// on its channel: after the first, no peer still reads the own buffer (the op's first write of
-// it); after the second, every rank's shard is in its buffer, and every pull comes after it
-// (stream 0's first pull waits for it). The local shard needs neither, so its GEMM starts at once
-// on stream 0 and hides both barriers' waits for the slowest rank. The closing barrier (stream 0,
-// its channel) comes after both streams' last pulls - not their last GEMMs, which read only local
-// memory - and says that no rank reads any buffer any more: the next round's publication waits
-// for it, and so may the next op.
+// The first barrier (first round only) says no peer still reads the own buffer, so the own
+// shard may be copied into it; the second says every rank's shard is in its buffer, and every
+// pull comes after it. Step k = 1..W-1 pulls rank (rank+k)'s shard from its buffer (a copy-engine
+// copy on CUDA) into slot rank+k and consumes it, odd steps on stream 1 and even ones on stream
+// 0, so that one stream's copy overlaps the other's GEMM. The closing barrier (stream 0) comes
+// after both streams' last pulls - not their last GEMMs, which read only local memory - and says
+// that no rank reads any buffer any more: the next round's copy may follow, and so may the next
+// op. All of stream 0's signals are on its channel; stream 1 sends none.
+//
+// The barriers come before the local GEMM, on the stream that runs it, although that GEMM needs
+// nothing from the peers: putting them on stream 1, to hide their wait behind it, measured slower
+// on the host - the barrier then waits for a thread to be woken while every core runs a GEMM,
+// where ahead of the GEMM the ranks meet while their threads are running anyway.
+
+// NOTE [Pull-ahead all-gather→matmul]
+// algorithm="pull_ahead" (the host's default): the same barriers and copies, but after the
+// publication stream 1 pulls every peer's shard in turn, as soon as it can, and stream 0 runs
+// every GEMM, each after its shard's pull:
+//
+//   stream 0: barrier | copy own -> own buffer | barrier | GEMM own | GEMM r+1 | GEMM r+2 | ...
+//   stream 1:                                  (waits) | pull r+1 | pull r+2 | ... | barrier
+//
+// A GPU wants the alternating schedule (two GEMMs at once fill the SMs; pulls use the copy
+// engine). A CPU has no copy engine and its ranks share the cores: two GEMMs of one rank at once
+// only compete for them. Here the GEMMs run back to back on one thread, and the thread that copies
+// is mostly asleep. The closing barrier, on stream 1 after its last pull (its channel), is ready
+// long before the GEMMs are done; the next round's publication on stream 0 waits for it.
 
 // A consumer: gets rank src's rows [row0, row0 + shard.size(0)) on pipeline stream `stream`.
 using Consumer = std::function<void(int src, int64_t row0, const at::Tensor& shard, int stream)>;
 
 void gather_and_consume(pipeline::Env& env, const at::Tensor& shard, const at::Tensor& stack,
-                        const Consumer& consume, bool fill_own_slot, pipeline::Stats& stats) {
+                        const Consumer& consume, bool fill_own_slot, bool pull_ahead,
+                        pipeline::Stats& stats) {
   auto& dev = env.device();
   auto& ws = env.ws;
   const int W = env.world_size(), rank = env.rank();
@@ -48,31 +66,53 @@ void gather_and_consume(pipeline::Env& env, const at::Tensor& shard, const at::T
 
   pipeline::begin(env);
   pipeline::EndGuard guard(env);
-  if (rounds > 0) {
-    // NOTE [Pipeline buffer reuse]: no peer reads the own buffer any more.
-    env.span(1, "barrier", [&] { ws.barrier(env.stream(1), env.channels[1]); });
-  }
-  std::shared_ptr<Event> closed;  // the previous round's closing barrier
   for (int64_t round = 0; round < rounds; ++round) {
     const auto [row0, row1] = pipeline::split_range(rows, rounds, round);
     const int64_t len = row1 - row0;
     const size_t bytes = static_cast<size_t>(len * row_bytes);
     at::Tensor own = shard.narrow(0, row0, len);
 
-    if (closed) dev.wait_event(env.stream(1), *closed);
-    env.span(1, "publish",
-             [&] { dev.copy(env.stream(1), ws.buffer(rank), own.data_ptr(), bytes); });
-    env.span(1, "barrier", [&] { ws.barrier(env.stream(1), env.channels[1]); });
-    auto all_published = dev.record(env.stream(1));
+    // NOTE [All-gather→matmul schedule]: publish the own shard between two barriers, then
+    // consume it.
+    if (round == 0) {
+      // NOTE [Pipeline buffer reuse]: no peer reads the own buffer any more.
+      env.span(0, "barrier", [&] { ws.barrier(env.stream(0), env.channels[0]); });
+    }
+    env.span(0, "publish",
+             [&] { dev.copy(env.stream(0), ws.buffer(rank), own.data_ptr(), bytes); });
+    env.span(0, "barrier", [&] { ws.barrier(env.stream(0), env.channels[0]); });
+    auto all_published = dev.record(env.stream(0));
     env.run_compute(
         0, [=] { (*consumer)(rank, row0, own, 0); }, "gemm own");
+    dev.wait_event(env.stream(1), *all_published);
 
-    std::shared_ptr<Event> last_pull_on_1 = all_published;
+    if (pull_ahead) {
+      // NOTE [Pull-ahead all-gather→matmul]
+      for (int k = 1; k < W; ++k) {
+        const int src = (rank + k) % W;
+        at::Tensor slot = stack[src].narrow(0, row0, len);
+        env.span(1, "pull r+" + std::to_string(k),
+                 [&] { dev.copy(env.stream(1), slot.data_ptr(), ws.buffer(src), bytes); });
+        dev.wait_event(env.stream(0), *dev.record(env.stream(1)));
+        env.run_compute(
+            0, [=] { (*consumer)(src, row0, slot, 0); }, "gemm r+" + std::to_string(k));
+      }
+      if (fill_own_slot) {
+        at::Tensor slot = stack[rank].narrow(0, row0, len);
+        env.span(1, "fill A",
+                 [&] { dev.copy(env.stream(1), slot.data_ptr(), own.data_ptr(), bytes); });
+      }
+      // After this rank's last pull; the next round's publication (stream 0) waits for it.
+      env.span(1, "barrier", [&] { ws.barrier(env.stream(1), env.channels[1]); });
+      dev.wait_event(env.stream(0), *dev.record(env.stream(1)));
+      continue;
+    }
+
+    std::shared_ptr<Event> last_pull_on_1;
     for (int k = 1; k < W; ++k) {
       const int s = k % 2;
       const int src = (rank + k) % W;
       at::Tensor slot = stack[src].narrow(0, row0, len);
-      if (k == 2) dev.wait_event(env.stream(0), *all_published);
       env.span(s, "pull r+" + std::to_string(k),
                [&] { dev.copy(env.stream(s), slot.data_ptr(), ws.buffer(src), bytes); });
       if (s == 1) last_pull_on_1 = dev.record(env.stream(1));
@@ -86,9 +126,8 @@ void gather_and_consume(pipeline::Env& env, const at::Tensor& shard, const at::T
       env.span(s, "fill A",
                [&] { dev.copy(env.stream(s), slot.data_ptr(), own.data_ptr(), bytes); });
     }
-    dev.wait_event(env.stream(0), *last_pull_on_1);
+    if (last_pull_on_1) dev.wait_event(env.stream(0), *last_pull_on_1);
     env.span(0, "barrier", [&] { ws.barrier(env.stream(0), env.channels[0]); });
-    closed = dev.record(env.stream(0));
   }
   guard.release();
   pipeline::end(env);
@@ -290,9 +329,20 @@ int64_t check_all_gather_matmul_args(const at::Tensor& A_shard, at::TensorList B
   return gather_dim;
 }
 
+AllGatherAlgorithm parse_all_gather_algorithm(const std::string& algorithm,
+                                              const at::Device& device) {
+  if (algorithm == "pipeline") return AllGatherAlgorithm::kPipeline;
+  if (algorithm == "pull_ahead") return AllGatherAlgorithm::kPullAhead;
+  TORCH_CHECK(algorithm == "auto", "cuda_p2p ", kOp,
+              ": algorithm must be \"auto\", \"pipeline\" or \"pull_ahead\", got \"", algorithm,
+              "\"");
+  return device.is_cpu() ? AllGatherAlgorithm::kPullAhead : AllGatherAlgorithm::kPipeline;
+}
+
 AllGatherMatmulResult all_gather_matmul_pipeline(pipeline::Env& env, const at::Tensor& A_shard,
                                                  at::TensorList Bs, int64_t gather_dim,
-                                                 bool return_A, pipeline::Stats& stats) {
+                                                 bool return_A, pipeline::Stats& stats,
+                                                 AllGatherAlgorithm algorithm) {
   const int64_t W = env.world_size();
   gather_dim = check_all_gather_matmul_args(A_shard, Bs, gather_dim, W);
   Problem p(A_shard, Bs, gather_dim, W, return_A);
@@ -302,7 +352,7 @@ AllGatherMatmulResult all_gather_matmul_pipeline(pipeline::Env& env, const at::T
       [&p](int src, int64_t row0, const at::Tensor& rows, int stream) {
         p.consume(src, row0, rows, stream);
       },
-      return_A, stats);
+      return_A, algorithm == AllGatherAlgorithm::kPullAhead, stats);
   AllGatherMatmulResult r;
   env.on_caller("finish", [&] { r = p.finish(W); });
   return r;
@@ -323,8 +373,9 @@ AllGatherMatmulResult all_gather_matmul_send_recv(c10d::Backend& backend, const 
 
 std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_matmul(
     const at::Tensor& A_shard, at::TensorList Bs, int64_t gather_dim, const std::string& group_name,
-    bool return_A) {
+    bool return_A, const std::string& algorithm) {
   TORCH_CHECK(A_shard.defined(), "cuda_p2p ", kOp, ": A_shard is undefined");
+  const AllGatherAlgorithm algo = parse_all_gather_algorithm(algorithm, A_shard.device());
   auto& pg = pipeline::resolve_backend(group_name, A_shard.device().type(), kOp);
   check_all_gather_matmul_args(A_shard, Bs, gather_dim, pg.getSize());
   auto& state = pg.pipeline_state();
@@ -334,9 +385,10 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_
     pipeline::Env env = pipeline::make_env(pg, state);
     pipeline::Stats stats;
     r = pipeline::run_or_mark_failed(state, kOp, [&] {
-      return all_gather_matmul_pipeline(env, A_shard, Bs, gather_dim, return_A, stats);
+      return all_gather_matmul_pipeline(env, A_shard, Bs, gather_dim, return_A, stats, algo);
     });
-    pg.bump_counter("fused_all_gather_matmul.pipeline");
+    pg.bump_counter(algo == AllGatherAlgorithm::kPullAhead ? "fused_all_gather_matmul.pull_ahead"
+                                                           : "fused_all_gather_matmul.pipeline");
     if (env.trace) state.last_trace = env.trace->events();
     if (stats.rounds > 1) pg.bump_counter("fused_all_gather_matmul.rounds");
     if (stats.grew) pg.bump_counter("fused_all_gather_matmul.grow");
@@ -352,7 +404,8 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_
 
 std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_matmul_meta(
     const at::Tensor& A_shard, at::TensorList Bs, int64_t gather_dim, const std::string& group_name,
-    bool return_A) {
+    bool return_A, const std::string& algorithm) {
+  parse_all_gather_algorithm(algorithm, A_shard.device());
   const int64_t W = pipeline::resolve_group_size(group_name, kOp);
   TORCH_CHECK(A_shard.dim() >= 2, "cuda_p2p ", kOp,
               ": expected A_shard with at least 2 dims, got shape ", A_shard.sym_sizes());

@@ -26,10 +26,12 @@ namespace cuda_p2p {
 
 // all_gather(A_shard, gather_dim) @ B for each B in Bs. Returns the gathered A (unless
 // return_A is false) and the products, laid out like the unfused reference: gathered along
-// gather_dim (rank r's shard at index r), then torch.matmul.
+// gather_dim (rank r's shard at index r), then torch.matmul. `algorithm`: "pipeline" (NOTE
+// [All-gather→matmul schedule]), "pull_ahead" (NOTE [Pull-ahead all-gather→matmul]) or "auto"
+// (the pipeline on CUDA tensors, pull-ahead on CPU tensors).
 std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_matmul(
     const at::Tensor& A_shard, at::TensorList Bs, int64_t gather_dim, const std::string& group_name,
-    bool return_A);
+    bool return_A, const std::string& algorithm);
 
 // reduce_scatter(A @ B, reduce_op, scatter_dim): rank r gets the r-th of W equal slices along
 // scatter_dim of the sum (or mean) over ranks of A @ B. `algorithm`: "pipeline", "ring", or
@@ -43,7 +45,7 @@ at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
 // Meta kernels: outputs with the right shapes, dtypes and strides, no data.
 std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_matmul_meta(
     const at::Tensor& A_shard, at::TensorList Bs, int64_t gather_dim, const std::string& group_name,
-    bool return_A);
+    bool return_A, const std::string& algorithm);
 at::Tensor fused_matmul_reduce_scatter_meta(const at::Tensor& A, const at::Tensor& B,
                                             const std::string& reduce_op, int64_t scatter_dim,
                                             const std::string& group_name,
@@ -64,10 +66,17 @@ struct AllGatherMatmulResult {
 int64_t check_all_gather_matmul_args(const at::Tensor& A_shard, at::TensorList Bs,
                                      int64_t gather_dim, int64_t world_size);
 
-// The all-gather→matmul pipeline over the workspace (NOTE [All-gather→matmul schedule]).
-AllGatherMatmulResult all_gather_matmul_pipeline(pipeline::Env& env, const at::Tensor& A_shard,
-                                                 at::TensorList Bs, int64_t gather_dim,
-                                                 bool return_A, pipeline::Stats& stats);
+enum class AllGatherAlgorithm { kPipeline, kPullAhead };
+// "auto", "pipeline" or "pull_ahead", for tensors on `device`.
+AllGatherAlgorithm parse_all_gather_algorithm(const std::string& algorithm,
+                                              const at::Device& device);
+
+// The all-gather→matmul pipeline over the workspace (NOTE [All-gather→matmul schedule]), or its
+// pull-ahead variant (NOTE [Pull-ahead all-gather→matmul]).
+AllGatherMatmulResult all_gather_matmul_pipeline(
+    pipeline::Env& env, const at::Tensor& A_shard, at::TensorList Bs, int64_t gather_dim,
+    bool return_A, pipeline::Stats& stats,
+    AllGatherAlgorithm algorithm = AllGatherAlgorithm::kPipeline);
 // The same product over `backend`'s send/recv: a ring all-gather whose shards are consumed as
 // they arrive.
 AllGatherMatmulResult all_gather_matmul_send_recv(c10d::Backend& backend, const at::Tensor& A_shard,

@@ -15,7 +15,7 @@ void ensure_fused_ops_registered() {}
 TORCH_LIBRARY(cuda_p2p, m) {
   m.def(
       "fused_all_gather_matmul(Tensor A_shard, Tensor[] Bs, int gather_dim, str group_name, *, "
-      "bool return_A=True) -> (Tensor?, Tensor[])");
+      "bool return_A=True, str algorithm=\"auto\") -> (Tensor?, Tensor[])");
   m.def(
       "fused_matmul_reduce_scatter(Tensor A, Tensor B, str reduce_op, int scatter_dim, "
       "str group_name, *, str algorithm=\"auto\", int ring_steps=0) -> Tensor");

@@ -18,6 +18,7 @@ from ._backend import _resolve
 
 GroupLike = Union[str, dist.ProcessGroup, None]
 
+ALL_GATHER_ALGORITHMS = ("auto", "pipeline", "pull_ahead")
 ALGORITHMS = ("auto", "pipeline", "ring")
 
 
@@ -39,6 +40,7 @@ def fused_all_gather_matmul(
     group: GroupLike = None,
     *,
     return_A: bool = True,
+    algorithm: str = "auto",
 ) -> tuple[Optional[torch.Tensor], list[torch.Tensor]]:
     """``all_gather(A_shard, gather_dim) @ B`` for every ``B`` in ``Bs``, pipelined.
 
@@ -47,9 +49,18 @@ def fused_all_gather_matmul(
     are those of the unfused computation: ``all_gather_into_tensor`` then ``torch.matmul``.
     Gathering the last dim gathers the contraction dim: each ``B`` then has
     ``group_size * A_shard.size(-1)`` rows.
+
+    ``algorithm``: ``"pipeline"`` (the steps alternate between two streams, each pulling one
+    peer's shard and multiplying it while the other stream does the same), ``"pull_ahead"`` (one
+    stream pulls every shard as soon as it can, the other runs every GEMM), or ``"auto"`` (the
+    pipeline on CUDA tensors, pull-ahead on CPU tensors).
     """
+    if algorithm not in ALL_GATHER_ALGORITHMS:
+        raise ValueError(
+            f"cuda_p2p: algorithm must be one of {ALL_GATHER_ALGORITHMS}, got {algorithm!r}"
+        )
     return torch.ops.cuda_p2p.fused_all_gather_matmul(
-        A_shard, list(Bs), gather_dim, _group_name(group), return_A=return_A
+        A_shard, list(Bs), gather_dim, _group_name(group), return_A=return_A, algorithm=algorithm
     )
 
 
@@ -89,4 +100,9 @@ def fused_matmul_reduce_scatter(
     )
 
 
-__all__ = ["ALGORITHMS", "fused_all_gather_matmul", "fused_matmul_reduce_scatter"]
+__all__ = [
+    "ALGORITHMS",
+    "ALL_GATHER_ALGORITHMS",
+    "fused_all_gather_matmul",
+    "fused_matmul_reduce_scatter",
+]

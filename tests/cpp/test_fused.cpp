@@ -114,7 +114,10 @@ TEST(FusedAllGatherMatmul, EveryGatherDimAndDtypeMatchesTheUnfusedReference) {
   int seed = 100;
   for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
     for (const auto& c : ag_cases()) {
-      for (bool return_A : {true, false}) {
+      for (int variant = 0; variant < 4; ++variant) {
+        const bool return_A = variant < 2;
+        const auto algorithm =
+            variant % 2 ? AllGatherAlgorithm::kPullAhead : AllGatherAlgorithm::kPipeline;
         seed += 10;
         const int64_t nd = static_cast<int64_t>(c.shard.size());
         const int64_t gd = c.gather_dim < 0 ? c.gather_dim + nd : c.gather_dim;
@@ -123,9 +126,10 @@ TEST(FusedAllGatherMatmul, EveryGatherDimAndDtypeMatchesTheUnfusedReference) {
         auto env = p.env();
         pipeline::Stats stats;
         auto A_shard = input(c.shard, dtype, seed + world().rank);
-        auto got =
-            all_gather_matmul_pipeline(env, A_shard, {B1, B2}, c.gather_dim, return_A, stats);
-        const auto what = describe(c.shard, c.gather_dim, dtype);
+        auto got = all_gather_matmul_pipeline(env, A_shard, {B1, B2}, c.gather_dim, return_A, stats,
+                                              algorithm);
+        const auto what =
+            describe(c.shard, c.gather_dim, dtype) + (variant % 2 ? " pull_ahead" : " pipeline");
         auto [A_ref, out1] = reference_all_gather_matmul(c.shard, B1, gd, dtype, seed);
         auto out2 = reference_all_gather_matmul(c.shard, B2, gd, dtype, seed).second;
         ASSERT_EQ(got.A.has_value(), return_A) << what;
@@ -142,14 +146,17 @@ TEST(FusedAllGatherMatmul, EveryGatherDimAndDtypeMatchesTheUnfusedReference) {
 TEST(FusedAllGatherMatmul, ABufferTooSmallGrowsOrIsUsedInRounds) {
   const int W = world().size;
   // Shard rows of 64 floats (256 bytes): 37 rows need 9472 bytes.
-  for (bool may_grow : {true, false}) {
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool may_grow = variant < 2;
     Pipelines p(/*buffer_size=*/4096);
     p.max_buffer_size = may_grow ? 1 << 20 : 4096;
     auto env = p.env();
     pipeline::Stats stats;
     auto A_shard = input({37, 64}, at::kFloat, 50 + world().rank);
     auto B = input({64, 9}, at::kFloat, 3);
-    auto got = all_gather_matmul_pipeline(env, A_shard, {B}, 0, true, stats);
+    auto got = all_gather_matmul_pipeline(
+        env, A_shard, {B}, 0, true, stats,
+        variant % 2 ? AllGatherAlgorithm::kPullAhead : AllGatherAlgorithm::kPipeline);
     auto [A_ref, out_ref] = reference_all_gather_matmul({37, 64}, B, 0, at::kFloat, 50);
     expect_same(*got.A, A_ref, "rounds");
     expect_same(got.outputs[0], out_ref, "rounds");
@@ -257,7 +264,9 @@ TEST(FusedPipelines, BackToBackOpsReuseTheBufferSafely) {
     if (i % 3 == 0) {
       auto A_shard = input({9, 8}, at::kFloat, seed + world().rank);
       auto B = input({8, 5}, at::kFloat, 1);
-      auto got = all_gather_matmul_pipeline(env, A_shard, {B}, 0, true, stats);
+      auto got = all_gather_matmul_pipeline(
+          env, A_shard, {B}, 0, true, stats,
+          i % 2 ? AllGatherAlgorithm::kPullAhead : AllGatherAlgorithm::kPipeline);
       auto [A_ref, out_ref] = reference_all_gather_matmul({9, 8}, B, 0, at::kFloat, seed);
       expect_same(*got.A, A_ref, "iteration " + std::to_string(i));
       expect_same(got.outputs[0], out_ref, "iteration " + std::to_string(i));
@@ -281,7 +290,7 @@ TEST(FusedPipelines, APipelineWritesItsBufferOnlyAfterEveryReaderOfItIsDone) {
   Pipelines p(1 << 16);
   const int W = world().size;
   auto& dev = p.ws->device();
-  for (int which = 0; which < 3; ++which) {
+  for (int which = 0; which < 4; ++which) {
     const float mark = 1000.0f * static_cast<float>(which + 1);
     p.ws->get_buffer(world().rank, {256}, at::kFloat).fill_(mark + world().rank);
     p.ws->barrier(*dev.current_stream(), 0);
@@ -298,9 +307,10 @@ TEST(FusedPipelines, APipelineWritesItsBufferOnlyAfterEveryReaderOfItIsDone) {
     pipeline::Stats stats;
     const int seed = 7000 + 10 * which;
     auto B = input({16, 4}, at::kFloat, 3);
-    if (which == 0) {
-      auto got = all_gather_matmul_pipeline(env, input({16, 16}, at::kFloat, seed + world().rank),
-                                            {B}, 0, true, stats);
+    if (which == 0 || which == 3) {
+      auto got = all_gather_matmul_pipeline(
+          env, input({16, 16}, at::kFloat, seed + world().rank), {B}, 0, true, stats,
+          which == 0 ? AllGatherAlgorithm::kPipeline : AllGatherAlgorithm::kPullAhead);
       expect_same(got.outputs[0],
                   reference_all_gather_matmul({16, 16}, B, 0, at::kFloat, seed).second, "ag");
     } else {

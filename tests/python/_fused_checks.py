@@ -107,7 +107,11 @@ def _counters(group):
     return dict(cuda_p2p.get_cuda_p2p_backend(group).get_counters())
 
 
-def check_all_gather_matmul(ctx, path: str, dtypes=tuple(DTYPES), cases=None, integer=True):
+AG_ALGORITHMS = ("pipeline", "auto")  # "auto" is pull-ahead on CPU tensors
+
+
+def check_all_gather_matmul(ctx, path: str, dtypes=tuple(DTYPES), cases=None, integer=True,
+                            algorithms=AG_ALGORITHMS):
     group = group_for(ctx, path)
     W = ctx.world_size
     failures, n = [], 0
@@ -115,7 +119,7 @@ def check_all_gather_matmul(ctx, path: str, dtypes=tuple(DTYPES), cases=None, in
     for dname in dtypes:
         dtype = DTYPES[dname]
         for ci, (shape, gd) in enumerate(cases or AG_CASES):
-            for return_A in (True, False):
+            for return_A, algorithm in [(r, a) for r in (True, False) for a in algorithms]:
                 seed = 1000 * ci + 10 * list(DTYPES).index(dname) + return_A
                 nd = len(shape)
                 k = shape[-1] * (W if gd in (-1, nd - 1) else 1)
@@ -123,10 +127,11 @@ def check_all_gather_matmul(ctx, path: str, dtypes=tuple(DTYPES), cases=None, in
                 if ci % 2 == 0:
                     Bs.append(make_input((k, 2), dtype, seed + 901, integer).t().contiguous().t())
                 A_shard = make_input(shape, dtype, seed * 16 + ctx.rank, integer)
-                what = f"{path} W={W} {dname} shape={shape} gather_dim={gd} return_A={return_A}"
+                what = (f"{path} W={W} {dname} shape={shape} gather_dim={gd} "
+                        f"return_A={return_A} {algorithm}")
                 try:
                     A, outs = cuda_p2p.fused_all_gather_matmul(
-                        A_shard, Bs, gd, group, return_A=return_A
+                        A_shard, Bs, gd, group, return_A=return_A, algorithm=algorithm
                     )
                 except Exception as e:  # noqa: BLE001
                     failures.append(f"{what}: raised {type(e).__name__}: {e}")
@@ -212,6 +217,9 @@ def check_errors(ctx):
         (lambda: torch.ops.cuda_p2p.fused_matmul_reduce_scatter(torch.ones(W, 4), B, "sum", 0,
                                                                 name, algorithm="fast"),
          'algorithm must be "auto", "pipeline" or "ring", got "fast"'),
+        (lambda: torch.ops.cuda_p2p.fused_all_gather_matmul(torch.ones(3, 4), [B], 0, name,
+                                                            algorithm="ring"),
+         'algorithm must be "auto", "pipeline" or "pull_ahead", got "ring"'),
         (lambda: cuda_p2p.fused_matmul_reduce_scatter(torch.ones(W, 4), B, "sum", 0, g,
                                                       algorithm="ring", ring_steps=W + 1),
          "ring_steps must be a positive multiple of the group size") if W > 1 else None,
