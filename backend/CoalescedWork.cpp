@@ -20,7 +20,8 @@ std::vector<at::Tensor> concat_results(const std::vector<c10::intrusive_ptr<c10d
 
 // Called when every future has completed without error (the Works themselves may not be marked
 // completed yet, so their result() cannot be used here).
-std::vector<at::Tensor> concat_values(const std::vector<c10::intrusive_ptr<c10::ivalue::Future>>& futures) {
+std::vector<at::Tensor> concat_values(
+    const std::vector<c10::intrusive_ptr<c10::ivalue::Future>>& futures) {
   std::vector<at::Tensor> out;
   for (const auto& f : futures) {
     const auto& v = f->constValue();
@@ -48,7 +49,8 @@ c10::intrusive_ptr<c10::ivalue::Future> CoalescedWork::getFuture() {
     try {
       futures.push_back(w->getFuture());
     } catch (const c10::Error& e) {
-      TORCH_CHECK(false, "cuda_p2p: a coalesced operation (", c10d::opTypeToString(w->retrieveOpType()),
+      TORCH_CHECK(false, "cuda_p2p: a coalesced operation (",
+                  c10d::opTypeToString(w->retrieveOpType()),
                   ") comes from a backend that offers no future for it; call wait() instead (",
                   e.what_without_backtrace(), ")");
     }
@@ -121,6 +123,5 @@ bool CoalescedWork::wait(std::chrono::milliseconds timeout) {
 void CoalescedWork::abort() {
   for (auto& w : works_) w->abort();
 }
-
 
 }  // namespace cuda_p2p

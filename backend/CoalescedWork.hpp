@@ -3,9 +3,8 @@
 // holds the concatenation of their results.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/Work.hpp>
-
 #include <mutex>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 #include <vector>
 
 namespace cuda_p2p {

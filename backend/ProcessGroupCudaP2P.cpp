@@ -20,8 +20,8 @@ namespace cuda_p2p {
 using c10d::Work;
 using WorkPtr = c10::intrusive_ptr<Work>;
 
-ProcessGroupCudaP2P::ProcessGroupCudaP2P(c10::intrusive_ptr<c10d::Store> store, int rank,
-                                         int size, c10::intrusive_ptr<Options> options,
+ProcessGroupCudaP2P::ProcessGroupCudaP2P(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
+                                         c10::intrusive_ptr<Options> options,
                                          c10::intrusive_ptr<c10d::Backend> cpu_backend,
                                          c10::intrusive_ptr<c10d::Backend> cuda_backend)
     : c10d::Backend(rank, size),
@@ -123,8 +123,7 @@ int64_t ProcessGroupCudaP2P::get_buffer_size() const {
 }
 
 at::Tensor ProcessGroupCudaP2P::get_p2p_buffer(int64_t rank, at::IntArrayRef sizes,
-                                               at::ScalarType dtype,
-                                               int64_t storage_offset) const {
+                                               at::ScalarType dtype, int64_t storage_offset) const {
   TORCH_CHECK(is_p2p_available(), "cuda_p2p get_p2p_buffer: the P2P workspace is unavailable: ",
               p2p_unavailable_reason());
   TORCH_CHECK(rank >= 0 && rank < getSize(), "cuda_p2p get_p2p_buffer: rank must be in [0, ",
@@ -134,8 +133,7 @@ at::Tensor ProcessGroupCudaP2P::get_p2p_buffer(int64_t rank, at::IntArrayRef siz
 
 void ProcessGroupCudaP2P::intra_node_barrier(const std::vector<int64_t>& ranks,
                                              std::optional<Millis> timeout) {
-  TORCH_CHECK(is_p2p_available(),
-              "cuda_p2p intra_node_barrier: the P2P workspace is unavailable: ",
+  TORCH_CHECK(is_p2p_available(), "cuda_p2p intra_node_barrier: the P2P workspace is unavailable: ",
               p2p_unavailable_reason());
   std::vector<int> members;
   for (auto r : ranks) {
@@ -175,7 +173,8 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupCudaP2P::wrapped_backend(c10::Devi
     case c10::DeviceType::CUDA:
       return cuda_backend_;
     default:
-      TORCH_CHECK(false, "cuda_p2p: tensors must be on cpu or cuda, got ", c10::DeviceTypeName(type));
+      TORCH_CHECK(false, "cuda_p2p: tensors must be on cpu or cuda, got ",
+                  c10::DeviceTypeName(type));
   }
 }
 
@@ -384,13 +383,15 @@ WorkPtr ProcessGroupCudaP2P::allreduce(std::vector<at::Tensor>& tensors,
 
 WorkPtr ProcessGroupCudaP2P::allreduce_sparse(std::vector<at::Tensor>& tensors,
                                               const c10d::AllreduceOptions& opts) {
-  return delegate(tensors, "allreduce_sparse", [&](c10d::Backend& b) { return b.allreduce_sparse(tensors, opts); });
+  return delegate(tensors, "allreduce_sparse",
+                  [&](c10d::Backend& b) { return b.allreduce_sparse(tensors, opts); });
 }
 
 WorkPtr ProcessGroupCudaP2P::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                  const c10d::AllreduceCoalescedOptions& opts) {
   bump_counter("all_reduce.wrapped");
-  return delegate(tensors, "allreduce_coalesced", [&](c10d::Backend& b) { return b.allreduce_coalesced(tensors, opts); });
+  return delegate(tensors, "allreduce_coalesced",
+                  [&](c10d::Backend& b) { return b.allreduce_coalesced(tensors, opts); });
 }
 
 WorkPtr ProcessGroupCudaP2P::reduce(std::vector<at::Tensor>& tensors,
@@ -520,13 +521,15 @@ WorkPtr ProcessGroupCudaP2P::allgather_into_tensor_coalesced(std::vector<at::Ten
 WorkPtr ProcessGroupCudaP2P::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                     std::vector<at::Tensor>& inputs,
                                     const c10d::GatherOptions& opts) {
-  return delegate(inputs, "gather", [&](c10d::Backend& b) { return b.gather(outputs, inputs, opts); });
+  return delegate(inputs, "gather",
+                  [&](c10d::Backend& b) { return b.gather(outputs, inputs, opts); });
 }
 
 WorkPtr ProcessGroupCudaP2P::scatter(std::vector<at::Tensor>& outputs,
                                      std::vector<std::vector<at::Tensor>>& inputs,
                                      const c10d::ScatterOptions& opts) {
-  return delegate(outputs, "scatter", [&](c10d::Backend& b) { return b.scatter(outputs, inputs, opts); });
+  return delegate(outputs, "scatter",
+                  [&](c10d::Backend& b) { return b.scatter(outputs, inputs, opts); });
 }
 
 void ProcessGroupCudaP2P::reduce_scatter_on_workspace(const std::vector<at::Tensor>& inputs,
@@ -630,31 +633,37 @@ WorkPtr ProcessGroupCudaP2P::alltoall_base(at::Tensor& output, at::Tensor& input
                                            std::vector<int64_t>& output_split_sizes,
                                            std::vector<int64_t>& input_split_sizes,
                                            const c10d::AllToAllOptions& opts) {
-  return delegate(input, "all_to_all_single", [&](c10d::Backend& b) { return b.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts); });
+  return delegate(input, "all_to_all_single", [&](c10d::Backend& b) {
+    return b.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
+  });
 }
 
 WorkPtr ProcessGroupCudaP2P::alltoall(std::vector<at::Tensor>& outputs,
                                       std::vector<at::Tensor>& inputs,
                                       const c10d::AllToAllOptions& opts) {
-  return delegate(inputs, "all_to_all", [&](c10d::Backend& b) { return b.alltoall(outputs, inputs, opts); });
+  return delegate(inputs, "all_to_all",
+                  [&](c10d::Backend& b) { return b.alltoall(outputs, inputs, opts); });
 }
 
 WorkPtr ProcessGroupCudaP2P::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
   TORCH_CHECK(dst_rank >= 0 && dst_rank < getSize() && dst_rank != getRank(),
               "cuda_p2p send: destination must be another rank in [0, ", getSize(), "), got ",
               dst_rank, " on rank ", getRank());
-  return delegate(tensors, "send", [&](c10d::Backend& b) { return b.send(tensors, dst_rank, tag); });
+  return delegate(tensors, "send",
+                  [&](c10d::Backend& b) { return b.send(tensors, dst_rank, tag); });
 }
 
 WorkPtr ProcessGroupCudaP2P::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
   TORCH_CHECK(src_rank >= 0 && src_rank < getSize() && src_rank != getRank(),
-              "cuda_p2p recv: source must be another rank in [0, ", getSize(), "), got ",
-              src_rank, " on rank ", getRank());
-  return delegate(tensors, "recv", [&](c10d::Backend& b) { return b.recv(tensors, src_rank, tag); });
+              "cuda_p2p recv: source must be another rank in [0, ", getSize(), "), got ", src_rank,
+              " on rank ", getRank());
+  return delegate(tensors, "recv",
+                  [&](c10d::Backend& b) { return b.recv(tensors, src_rank, tag); });
 }
 
 WorkPtr ProcessGroupCudaP2P::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  return delegate(tensors, "recv_anysource", [&](c10d::Backend& b) { return b.recvAnysource(tensors, tag); });
+  return delegate(tensors, "recv_anysource",
+                  [&](c10d::Backend& b) { return b.recvAnysource(tensors, tag); });
 }
 
 WorkPtr ProcessGroupCudaP2P::barrier(const c10d::BarrierOptions& opts) {
@@ -678,8 +687,7 @@ WorkPtr ProcessGroupCudaP2P::barrier(const c10d::BarrierOptions& opts) {
   return completed(c10d::OpType::BARRIER, {});
 }
 
-void ProcessGroupCudaP2P::monitoredBarrier(const c10d::BarrierOptions& opts,
-                                           bool wait_all_ranks) {
+void ProcessGroupCudaP2P::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
   // Only Gloo implements it; it reports which ranks failed to arrive.
   cpu_backend_->monitoredBarrier(opts, wait_all_ranks);
 }

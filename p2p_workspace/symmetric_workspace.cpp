@@ -185,7 +185,8 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
     }
   }
   for (int r = 0; r < world_size_; ++r) {
-    TORCH_CHECK(peers[r].block_size == me.block_size && peers[r].device.substr(0, 3) == me.device.substr(0, 3),
+    TORCH_CHECK(peers[r].block_size == me.block_size &&
+                    peers[r].device.substr(0, 3) == me.device.substr(0, 3),
                 "cuda_p2p: workspace ranks disagree: rank ", r, " has a ", peers[r].block_size,
                 "-byte block on ", peers[r].device, ", rank ", rank_, " has a ", me.block_size,
                 "-byte block on ", me.device);
@@ -198,7 +199,8 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
   try {
     for (int r = 0; r < world_size_; ++r) {
       mapping->blocks[r] =
-          r == rank_ ? local : device_->import_block(peers[r].handle, block_bytes, options_.timeout);
+          r == rank_ ? local
+                     : device_->import_block(peers[r].handle, block_bytes, options_.timeout);
     }
   } catch (const std::exception& e) {
     error = "rank " + std::to_string(rank_) + ": " + e.what();
@@ -246,8 +248,8 @@ void SymmetricWorkspace::check_available(const char* what) const {
 }
 
 void SymmetricWorkspace::check_rank(int r, const char* what) const {
-  TORCH_CHECK(r >= 0 && r < world_size_, "cuda_p2p ", what, ": rank must be in [0, ",
-              world_size_, "), got ", r);
+  TORCH_CHECK(r >= 0 && r < world_size_, "cuda_p2p ", what, ": rank must be in [0, ", world_size_,
+              "), got ", r);
 }
 
 void SymmetricWorkspace::check_channel(int channel) const {
@@ -358,18 +360,17 @@ void SymmetricWorkspace::barrier(Stream& s, int channel, std::optional<Millis> t
     waits.push_back(SignalWait{signal_slot(rank_, channel, r), value, r});
   }
   if (waits.empty()) return;
-  device_->wait_signals(s, std::move(waits), timeout.value_or(options_.timeout),
-                        "barrier on channel " + std::to_string(channel) + " (rank " +
-                            std::to_string(rank_) + ")");
+  device_->wait_signals(
+      s, std::move(waits), timeout.value_or(options_.timeout),
+      "barrier on channel " + std::to_string(channel) + " (rank " + std::to_string(rank_) + ")");
 }
 
 void SymmetricWorkspace::ensure_min_buffer_size(int64_t nbytes) {
   TORCH_CHECK(nbytes >= 0, "cuda_p2p ensure_min_buffer_size: nbytes must be >= 0, got ", nbytes);
-  const std::string prefix =
-      "cuda_p2p/workspace/grow/" + std::to_string(++exchange_count_) + "/";
+  const std::string prefix = "cuda_p2p/workspace/grow/" + std::to_string(++exchange_count_) + "/";
   int64_t wanted = 0;
-  for (const auto& s : exchange(*store_, prefix, rank_, world_size_, std::to_string(nbytes),
-                                options_.timeout)) {
+  for (const auto& s :
+       exchange(*store_, prefix, rank_, world_size_, std::to_string(nbytes), options_.timeout)) {
     wanted = std::max<int64_t>(wanted, std::stoll(s));
   }
   grow_to(wanted);

@@ -3,12 +3,11 @@
 // must be called by all ranks of the group in the same order.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
 #include "p2p_workspace/device.hpp"

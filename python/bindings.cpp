@@ -122,7 +122,8 @@ PYBIND11_MODULE(_C, m) {
   // Our classes derive from torch's c10d bindings: they must be registered first.
   py::module_::import("torch._C._distributed_c10d");
 
-  auto pg = py::class_<ProcessGroupCudaP2P, c10d::Backend, IntrusivePtrNoGilDestructor<ProcessGroupCudaP2P>>(
+  auto pg = py::class_<ProcessGroupCudaP2P, c10d::Backend,
+                       IntrusivePtrNoGilDestructor<ProcessGroupCudaP2P>>(
       m, "ProcessGroupCudaP2P",
       "The cuda_p2p c10d backend. Get it for a group with cuda_p2p.get_cuda_p2p_backend(group).");
 
@@ -261,8 +262,9 @@ PYBIND11_MODULE(_C, m) {
                      const py::object& cpu_backend, const py::object& cuda_backend) {
            auto cpu = optional_backend(cpu_backend, "cpu_backend");
            auto cuda = optional_backend(cuda_backend, "cuda_backend");
-           return IntrusivePtrNoGilDestructor<ProcessGroupCudaP2P>(c10::make_intrusive<ProcessGroupCudaP2P>(store, rank, size, std::move(options),
-                                                           std::move(cpu), std::move(cuda)));
+           return IntrusivePtrNoGilDestructor<ProcessGroupCudaP2P>(
+               c10::make_intrusive<ProcessGroupCudaP2P>(store, rank, size, std::move(options),
+                                                        std::move(cpu), std::move(cuda)));
          }),
          py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("options"),
          py::arg("cpu_backend"), py::arg("cuda_backend") = py::none())
@@ -296,8 +298,10 @@ PYBIND11_MODULE(_C, m) {
              std::optional<double> timeout) {
             std::optional<cuda_p2p::Millis> t;
             if (timeout) {
-              TORCH_CHECK_VALUE(*timeout > 0, "cuda_p2p intra_node_barrier: timeout must be a "
-                                "positive number of seconds, got ", *timeout);
+              TORCH_CHECK_VALUE(*timeout > 0,
+                                "cuda_p2p intra_node_barrier: timeout must be a "
+                                "positive number of seconds, got ",
+                                *timeout);
               t = cuda_p2p::Millis(static_cast<int64_t>(*timeout * 1000.0 + 0.5));
             }
             py::gil_scoped_release release;

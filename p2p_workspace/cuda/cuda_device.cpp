@@ -25,10 +25,11 @@ namespace cuda_p2p {
 
 namespace {
 
-#define CUDA_P2P_CUDA_CHECK(expr)                                                              \
-  do {                                                                                         \
-    cudaError_t err__ = (expr);                                                                \
-    TORCH_CHECK(err__ == cudaSuccess, "cuda_p2p: ", #expr, " failed: ", cudaGetErrorString(err__)); \
+#define CUDA_P2P_CUDA_CHECK(expr)                          \
+  do {                                                     \
+    cudaError_t err__ = (expr);                            \
+    TORCH_CHECK(err__ == cudaSuccess, "cuda_p2p: ", #expr, \
+                " failed: ", cudaGetErrorString(err__));   \
   } while (0)
 
 using WriteValueFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
@@ -58,9 +59,7 @@ class CudaBlock : public Block {
 
 class IpcExporter : public BlockExporter {
  public:
-  explicit IpcExporter(void* ptr) {
-    CUDA_P2P_CUDA_CHECK(cudaIpcGetMemHandle(&handle_, ptr));
-  }
+  explicit IpcExporter(void* ptr) { CUDA_P2P_CUDA_CHECK(cudaIpcGetMemHandle(&handle_, ptr)); }
   std::vector<uint8_t> handle() const override {
     const auto* p = reinterpret_cast<const uint8_t*>(&handle_);
     return {p, p + sizeof(handle_)};
@@ -181,8 +180,8 @@ class CudaDevice : public Device {
   }
 
   std::shared_ptr<Stream> new_stream(bool high_priority) override {
-    return std::make_shared<CudaStreamImpl>(c10::cuda::getStreamFromPool(
-        high_priority, static_cast<c10::DeviceIndex>(index_)));
+    return std::make_shared<CudaStreamImpl>(
+        c10::cuda::getStreamFromPool(high_priority, static_cast<c10::DeviceIndex>(index_)));
   }
 
   void copy(Stream& s, void* dst, const void* src, size_t n) override {
@@ -212,9 +211,9 @@ class CudaDevice : public Device {
     auto stream = cs.stream.stream();
     if (wait_value_) {
       for (const auto& w : waits) {
-        const CUresult r = wait_value_(reinterpret_cast<CUstream>(stream),
-                                       reinterpret_cast<CUdeviceptr>(w.addr), w.value,
-                                       CU_STREAM_WAIT_VALUE_GEQ);
+        const CUresult r =
+            wait_value_(reinterpret_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(w.addr),
+                        w.value, CU_STREAM_WAIT_VALUE_GEQ);
         TORCH_CHECK(r == CUDA_SUCCESS, "cuda_p2p: cuStreamWaitValue32 failed with CUresult ", r);
       }
     } else {
@@ -226,9 +225,9 @@ class CudaDevice : public Device {
           kw.peer[kw.count] = waits[j].peer;
           ++kw.count;
         }
-        CUDA_P2P_CUDA_CHECK(cuda::launch_wait_signals(
-            kw, static_cast<uint64_t>(timeout.count()) * 1000000ull, device_timed_out_peer(),
-            stream));
+        CUDA_P2P_CUDA_CHECK(
+            cuda::launch_wait_signals(kw, static_cast<uint64_t>(timeout.count()) * 1000000ull,
+                                      device_timed_out_peer(), stream));
       }
     }
     std::lock_guard<std::mutex> lock(cs.mu);
@@ -293,7 +292,8 @@ class CudaDevice : public Device {
  private:
   int* device_timed_out_peer() {
     int* dev = nullptr;
-    CUDA_P2P_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev), timed_out_peer_, 0));
+    CUDA_P2P_CUDA_CHECK(
+        cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev), timed_out_peer_, 0));
     return dev;
   }
 

@@ -248,8 +248,8 @@ class HostDevice : public Device {
             missing << (count++ ? ", " : "") << m.peer;
           }
         }
-        TORCH_CHECK(false, "cuda_p2p: ", context, " timed out after ", timeout.count(),
-                    " ms: rank", count > 1 ? "s " : " ", missing.str(), " never arrived");
+        TORCH_CHECK(false, "cuda_p2p: ", context, " timed out after ", timeout.count(), " ms: rank",
+                    count > 1 ? "s " : " ", missing.str(), " never arrived");
       }
     });
   }

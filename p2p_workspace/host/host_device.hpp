@@ -1,13 +1,13 @@
 // Host (CPU) implementation of the device interface. Exposed for tests; algorithms use Device.
 #pragma once
 
-#include "p2p_workspace/device.hpp"
-
 #include <condition_variable>
 #include <deque>
 #include <exception>
 #include <mutex>
 #include <thread>
+
+#include "p2p_workspace/device.hpp"
 
 namespace cuda_p2p::host {
 

@@ -7,8 +7,6 @@
 // itself over a Unix socket in the abstract namespace (SCM_RIGHTS): the socket's name is 128
 // random bits, it serves only processes of the same uid (SO_PEERCRED), and it is closed as soon
 // as the rendezvous is over.
-#include "p2p_workspace/host/host_device.hpp"
-
 #include <c10/util/Exception.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -23,6 +21,8 @@
 #include <cstring>
 #include <random>
 #include <thread>
+
+#include "p2p_workspace/host/host_device.hpp"
 
 namespace cuda_p2p::host {
 
@@ -103,8 +103,8 @@ int recv_fd(int sock) {
 
 void* map_fd(int fd, size_t bytes) {
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  TORCH_CHECK(p != MAP_FAILED, "cuda_p2p: mmap of a ", bytes, "-byte shared block failed: ",
-              errno_str());
+  TORCH_CHECK(p != MAP_FAILED, "cuda_p2p: mmap of a ", bytes,
+              "-byte shared block failed: ", errno_str());
   return p;
 }
 
@@ -114,7 +114,8 @@ class SocketExporter : public BlockExporter {
   SocketExporter(std::shared_ptr<Block> block, int max_peers)
       : block_(std::move(block)), name_(random_name()) {
     auto* hb = dynamic_cast<HostBlock*>(block_.get());
-    TORCH_CHECK(hb && hb->fd() >= 0, "cuda_p2p: only a locally allocated host block can be exported");
+    TORCH_CHECK(hb && hb->fd() >= 0,
+                "cuda_p2p: only a locally allocated host block can be exported");
     Fd sock(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     TORCH_CHECK(sock.fd >= 0, "cuda_p2p: socket() failed: ", errno_str());
     sockaddr_un addr;
@@ -147,8 +148,7 @@ class SocketExporter : public BlockExporter {
       if (conn.fd < 0) continue;
       ucred cred{};
       socklen_t cred_len = sizeof(cred);
-      if (::getsockopt(conn.fd, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) != 0 ||
-          cred.uid != me) {
+      if (::getsockopt(conn.fd, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) != 0 || cred.uid != me) {
         continue;  // another user: closed without a descriptor
       }
       send_fd(conn.fd, fd);
@@ -180,8 +180,8 @@ std::shared_ptr<Block> allocate_shared_block(size_t bytes) {
   Fd fd(::memfd_create("cuda_p2p", MFD_CLOEXEC));
   TORCH_CHECK(fd.fd >= 0, "cuda_p2p: memfd_create failed: ", errno_str());
   TORCH_CHECK(::fchmod(fd.fd, 0600) == 0, "cuda_p2p: fchmod(0600) failed: ", errno_str());
-  TORCH_CHECK(::ftruncate(fd.fd, static_cast<off_t>(bytes)) == 0, "cuda_p2p: ftruncate to ",
-              bytes, " bytes failed: ", errno_str());
+  TORCH_CHECK(::ftruncate(fd.fd, static_cast<off_t>(bytes)) == 0, "cuda_p2p: ftruncate to ", bytes,
+              " bytes failed: ", errno_str());
   // A fresh memfd reads as zeros: the signal pad starts cleared.
   auto block = std::make_shared<HostBlock>(fd.fd, bytes, /*own_fd=*/true);
   fd.release();
@@ -205,9 +205,8 @@ std::shared_ptr<Block> import_shared_block(const std::vector<uint8_t>& handle, s
     TORCH_CHECK(sock.fd >= 0, "cuda_p2p: socket() failed: ", errno_str());
     if (::connect(sock.fd, reinterpret_cast<sockaddr*>(&addr), len) == 0) break;
     TORCH_CHECK(std::chrono::steady_clock::now() < deadline,
-                "cuda_p2p: could not reach a peer's block-exchange socket within ",
-                timeout.count(), " ms (", errno_str(),
-                "); are the ranks in different network namespaces?");
+                "cuda_p2p: could not reach a peer's block-exchange socket within ", timeout.count(),
+                " ms (", errno_str(), "); are the ranks in different network namespaces?");
     ::close(sock.release());
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }

@@ -1,8 +1,5 @@
 #include "tests/cpp/harness.hpp"
 
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
-
 #include <unistd.h>
 
 #include <chrono>
@@ -12,6 +9,8 @@
 #include <memory>
 #include <stdexcept>
 #include <thread>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 namespace cuda_p2p::test {
 

@@ -2,12 +2,11 @@
 // RANK/WORLD_SIZE) runs the same binary; ranks rendezvous over a c10d TCPStore hosted by rank 0.
 #pragma once
 
-#include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
 #include <c10/util/Exception.h>
+#include <gtest/gtest.h>
 
 #include <string>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 namespace cuda_p2p::test {
 

@@ -76,7 +76,7 @@ TEST(Workspace, PutWaitHandshakesOnSeveralChannels) {
       ws->wait_signal(*s, left, ch);
       EXPECT_EQ(ws->get_buffer(left, {ws->num_channels()}, at::kLong)[ch].item<int64_t>(),
                 round * 100 + ch);
-      ws->put_signal(*s, left, ch);   // "I have read it"
+      ws->put_signal(*s, left, ch);    // "I have read it"
       ws->wait_signal(*s, right, ch);  // before I overwrite mine
     }
   }
@@ -97,8 +97,8 @@ TEST(Workspace, BarriersOnTwoChannelsFromTwoThreadsDoNotInterfere) {
         ws->device().run(*stream, [&, i, which] {
           for (int r = 0; r < w.size; ++r) {
             auto v = ws->get_buffer(r, {2}, at::kLong)[which].item<int64_t>();
-            TORCH_CHECK(v == i, "channel ", 1 + which, " iteration ", i,
-                        ": rank ", r, " holds ", v);
+            TORCH_CHECK(v == i, "channel ", 1 + which, " iteration ", i, ": rank ", r, " holds ",
+                        v);
           }
         });
         ws->barrier(*stream, 1 + which);
@@ -244,9 +244,9 @@ TEST(Workspace, BadArgumentsSayWhatFits) {
   const auto& w = world();
   auto ws = make_workspace(4096);
   auto s = ws->device().current_stream();
-  expect_error([&] { ws->get_buffer(w.size, {1}, at::kFloat); },
-               "rank must be in [0, " + std::to_string(w.size) + "), got " +
-                   std::to_string(w.size));
+  expect_error(
+      [&] { ws->get_buffer(w.size, {1}, at::kFloat); },
+      "rank must be in [0, " + std::to_string(w.size) + "), got " + std::to_string(w.size));
   expect_error([&] { ws->get_buffer(-1, {1}, at::kFloat); }, "got -1");
   expect_error([&] { ws->get_buffer(w.rank, {1025}, at::kFloat); },
                "need 4100 bytes, but the buffer holds 4096 bytes");
@@ -262,9 +262,8 @@ TEST(Workspace, BadArgumentsSayWhatFits) {
   }
   WorkspaceOptions bad;
   bad.buffer_size = 0;
-  expect_error(
-      [&] { SymmetricWorkspace(test_store(), w.rank, w.size, make_host_device(), bad); },
-      "buffer_size must be positive");
+  expect_error([&] { SymmetricWorkspace(test_store(), w.rank, w.size, make_host_device(), bad); },
+               "buffer_size must be positive");
   ws->barrier(*s, 0);
 }
 
