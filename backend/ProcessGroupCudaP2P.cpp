@@ -104,7 +104,10 @@ ProcessGroupCudaP2P::ProcessGroupCudaP2P(c10::intrusive_ptr<c10d::Store> store, 
 #ifdef CUDA_P2P_WITH_CUDA
     if (cuda_backend_) device = make_cuda_device(c10::cuda::current_device());
 #endif
-    if (!device) device = make_host_device(size);
+    if (!device) {
+      device = make_host_device(size,
+                                parse_host_streams(options_->host_streams, "Options.host_streams"));
+    }
     workspace_ = std::make_unique<SymmetricWorkspace>(
         c10::make_intrusive<c10d::PrefixStore>("cuda_p2p/", store_), rank, size, std::move(device),
         ws);

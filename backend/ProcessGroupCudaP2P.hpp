@@ -46,6 +46,10 @@ class ProcessGroupCudaP2P : public c10d::Backend {
     // The largest buffer (bytes) an op may grow the workspace to on its own; an op that needs
     // more processes its payload in rounds (ops/pipeline_common.hpp, plan_rounds).
     int64_t max_buffer_size = int64_t{256} << 20;
+    // How the host device runs the fused pipelines' two streams: "cooperative" (in the waiting
+    // thread, the default), "threads" (a thread per stream) or "auto" (CUDA_P2P_HOST_STREAMS,
+    // else cooperative). NOTE [Cooperative host streams] in p2p_workspace/host/host_device.cpp.
+    std::string host_streams = "auto";
 
     // Workspace collectives (docs/collectives.md). "auto" chooses by size; a name forces that
     // algorithm. Unset or "auto" leaves the choice to the environment variables

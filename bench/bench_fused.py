@@ -92,7 +92,7 @@ def machine() -> dict:
 # rank side
 
 
-def _variants(dist, cuda_p2p, op, M, H, dtype, W, rank, gloo, p2p, ring_steps):
+def _variants(dist, cuda_p2p, op, M, H, dtype, W, rank, gloo, p2p, ring_steps, threads=None):
     """{name: callable} for one case; inputs are allocated once."""
     F = 4 * H
     g = torch.Generator().manual_seed(1234 + rank)
@@ -116,6 +116,9 @@ def _variants(dist, cuda_p2p, op, M, H, dtype, W, rank, gloo, p2p, ring_steps):
                 A_shard, [B], 0, p2p, algorithm="pipeline"),
             "fused pull_ahead": lambda: cuda_p2p.fused_all_gather_matmul(
                 A_shard, [B], 0, p2p, algorithm="pull_ahead"),
+            **({} if threads is None else {
+                "fused auto [threads]": lambda: cuda_p2p.fused_all_gather_matmul(
+                    A_shard, [B], 0, threads)}),
         }
     A, B = rnd(M, F // W), rnd(F // W, H)
     out = torch.empty(M // W, H, dtype=dtype)
@@ -136,10 +139,13 @@ def _variants(dist, cuda_p2p, op, M, H, dtype, W, rank, gloo, p2p, ring_steps):
     for x in ring_steps:
         v[f"fused ring S={x}W"] = (lambda s: lambda: cuda_p2p.fused_matmul_reduce_scatter(
             A, B, "sum", 0, p2p, algorithm="ring", ring_steps=s))(x * W)
+    if threads is not None:
+        v["fused auto [threads]"] = lambda: cuda_p2p.fused_matmul_reduce_scatter(
+            A, B, "sum", 0, threads)
     return v
 
 
-def _rank_main(rank, W, port, cases, iters, warmup, ring_steps, out_path):
+def _rank_main(rank, W, port, cases, iters, warmup, ring_steps, out_path, compare_threads):
     warnings.filterwarnings("ignore")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch.distributed as dist
@@ -152,10 +158,17 @@ def _rank_main(rank, W, port, cases, iters, warmup, ring_steps, out_path):
     p2p = dist.group.WORLD
     gloo = dist.new_group(backend="gloo")
     backend = cuda_p2p.get_cuda_p2p_backend(p2p)
+    threads = None
+    if compare_threads:
+        # The same pipelines with a thread per host stream (NOTE [Cooperative host streams]).
+        opts = cuda_p2p.ProcessGroupCudaP2P.Options()
+        opts.host_streams = "threads"
+        threads = dist.new_group(backend="cuda_p2p", pg_options=opts)
     results = []
     for op, M, H, dname in cases:
         dtype = DTYPES[dname]
-        variants = _variants(dist, cuda_p2p, op, M, H, dtype, W, rank, gloo, p2p, ring_steps)
+        variants = _variants(dist, cuda_p2p, op, M, H, dtype, W, rank, gloo, p2p, ring_steps,
+                             threads)
         names = list(variants)
         for name in names:
             for _ in range(warmup):
@@ -201,8 +214,10 @@ def ratios(r: dict, stat: str = "median_ms") -> dict:
 
 
 def best_fused(r: dict, stat: str = "median_ms") -> str:
+    """The fastest fused variant of the default (cooperative) host streams."""
     med = r[stat]
-    return min((n for n in med if n.startswith("fused")), key=lambda n: med[n])
+    return min((n for n in med if n.startswith("fused") and "[threads]" not in n),
+               key=lambda n: med[n])
 
 
 def print_table(results: list) -> None:
@@ -303,6 +318,8 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="one small shape, few iterations")
+    ap.add_argument("--compare-threads", action="store_true",
+                    help="also run 'auto' on a group whose host streams are threads")
     ap.add_argument("--out-dir", type=Path, default=HERE / "results")
     ap.add_argument("--tag", default="", help="suffix of the output file names")
     args = ap.parse_args(argv)
@@ -327,7 +344,7 @@ def main(argv=None) -> int:
             out_path = tmp.name
         t0 = time.time()
         mp.spawn(_rank_main, args=(W, free_port(), cases, iters, args.warmup, args.ring_steps,
-                                   out_path), nprocs=W, join=True)
+                                   out_path, args.compare_threads), nprocs=W, join=True)
         with open(out_path) as f:
             results += json.load(f)
         os.unlink(out_path)

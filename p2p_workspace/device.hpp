@@ -3,11 +3,11 @@
 //
 //   operation          CUDA (cuda/cuda_device.cpp)               host (host/host_device.cpp)
 //   share a block      cudaMalloc + cudaIpc{Get,Open}MemHandle   memfd + mmap, fd over SCM_RIGHTS
-//   stream             c10::cuda::CUDAStream                     an ordered executor thread
-//   copy               cudaMemcpyAsync (copy engine)             memcpy on the executor
+//   stream             c10::cuda::CUDAStream                     a task queue (run by its waiter)
+//   copy               cudaMemcpyAsync (copy engine)             memcpy in stream order
 //   signal / wait      cuStreamWriteValue32 / WaitValue32        atomic store + futex / futex wait
-//   run compute        stream guard + ATen call                  closure on the executor
-//   event / join       cudaEvent record / wait                   executor fence
+//   run compute        stream guard + ATen call                  closure in stream order
+//   event / join       cudaEvent record / wait                   count of tasks done
 //
 // An algorithm enqueues work on streams and never looks at which implementation it got, so the
 // schedule CI runs on the host is the schedule a GPU runs.
@@ -112,7 +112,8 @@ class Device {
   virtual void wait_signals(Stream& s, std::vector<SignalWait> waits, Millis timeout,
                             std::string context) = 0;
   // Runs `fn` in stream order: on CUDA, `fn` is called now with `s` as the current stream (it
-  // launches kernels); on the host, `fn` runs on the stream's executor.
+  // launches kernels); on the host, `fn` runs when the stream reaches it (in whichever thread
+  // runs the stream's work).
   virtual void run(Stream& s, std::function<void()> fn) = 0;
 
   virtual std::shared_ptr<Event> record(Stream& s) = 0;
@@ -121,10 +122,20 @@ class Device {
   virtual void synchronize(Stream& s) = 0;
 };
 
+// How a host device runs the work of the streams it creates (NOTE [Cooperative host streams] in
+// host/host_device.cpp): kCooperative, the default, in the thread that waits for it; kThreads on
+// one executor thread per stream (the GPU's true concurrency, for tests that look for missing
+// stream joins). kDefault reads CUDA_P2P_HOST_STREAMS ("cooperative" or "threads").
+enum class HostStreams { kDefault, kCooperative, kThreads };
+constexpr const char* kHostStreamsEnv = "CUDA_P2P_HOST_STREAMS";
+// "auto" (kDefault), "cooperative" or "threads"; anything else is an error naming `what`.
+HostStreams parse_host_streams(const std::string& value, const std::string& what);
+
 // `processes`: how many ranks of this host share its CPUs through this device's signals (0:
 // unknown); waits poll with PAUSE only while they fit the CPUs (NOTE [Host waits on shared
 // cores] in host/host_device.cpp).
-std::shared_ptr<Device> make_host_device(int processes = 0);
+std::shared_ptr<Device> make_host_device(int processes = 0,
+                                         HostStreams streams = HostStreams::kDefault);
 #ifdef CUDA_P2P_WITH_CUDA
 std::shared_ptr<Device> make_cuda_device(int device_index);
 #endif

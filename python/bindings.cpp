@@ -177,6 +177,15 @@ PYBIND11_MODULE(_C, m) {
           },
           "Options handed to the wrapped NCCL backend (ProcessGroupNCCL.Options), or None.")
       .def_property(
+          "host_streams", [](const Options& o) { return o.host_streams; },
+          [](Options& o, const std::string& v) {
+            cuda_p2p::parse_host_streams(v, "Options.host_streams");
+            o.host_streams = v;
+          },
+          "How a CPU group runs the fused pipelines' two streams: 'auto' (CUDA_P2P_HOST_STREAMS, "
+          "else 'cooperative'), 'cooperative' (in the waiting thread) or 'threads' (a thread per "
+          "stream, the GPU's concurrency).")
+      .def_property(
           "all_gather_algo", [](const Options& o) { return o.all_gather_algo; },
           [](Options& o, const std::string& v) {
             cuda_p2p::ops::parse_all_gather_algo(v, "Options.all_gather_algo");

@@ -1,6 +1,7 @@
 // Host (CPU) implementation of the device interface. Exposed for tests; algorithms use Device.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -23,33 +24,99 @@ class HostBlock : public Block {
   int fd_;
 };
 
-// A host stream. The inline stream (the caller's "current stream") runs work immediately in the
-// calling thread; an executor stream runs work in order on its own thread.
+// One unit of stream work. `run` is the work itself (empty for a pure wait). `ready`, when set,
+// says whether the task may start: an executor thread or the inline stream blocks in `block`
+// instead; a cooperative stream calls `ready` and, while it is false, sleeps on `waits`.
+// `ready` may throw (a wait that timed out), which fails the stream like a throwing `run`.
+struct HostTask {
+  std::function<void()> run;
+  std::function<bool()> ready;
+  std::function<void()> block;
+  std::vector<SignalWait> waits;
+
+  static HostTask work(std::function<void()> fn) {
+    HostTask t;
+    t.run = std::move(fn);
+    return t;
+  }
+  static HostTask when(std::function<bool()> ready, std::vector<SignalWait> waits = {}) {
+    HostTask t;
+    t.ready = std::move(ready);
+    t.waits = std::move(waits);
+    return t;
+  }
+  static HostTask blocking(std::function<void()> block) {
+    HostTask t;
+    t.block = std::move(block);
+    return t;
+  }
+};
+
+class CooperativeScheduler;
+
+// A host stream, in one of three modes:
+//  - inline: the caller's "current stream"; work runs at once in the calling thread;
+//  - thread: work runs in order on the stream's own executor thread;
+//  - cooperative: work is queued and run by whichever thread waits for it (synchronize, an event
+//    on the inline stream), interleaved with the device's other cooperative streams
+//    (NOTE [Cooperative host streams] in host_device.cpp).
 class HostStream : public Stream, public std::enable_shared_from_this<HostStream> {
  public:
-  explicit HostStream(bool inline_mode);
+  enum class Mode { kInline, kThread, kCooperative };
+  HostStream(Mode mode, bool high_priority, std::shared_ptr<CooperativeScheduler> scheduler);
   ~HostStream() override;
 
-  void enqueue(std::function<void()> fn);
+  Mode mode() const { return mode_; }
+  bool high_priority() const { return high_priority_; }
+  void enqueue(HostTask task);
   // Tasks enqueued so far; an event records this number.
   uint64_t enqueued() const { return enqueued_; }
+  // Tasks finished (or skipped after an error) so far.
+  uint64_t done() const;
   // Blocks until `seq` tasks have finished (or been skipped after an error); rethrows the
-  // stream's first error if `rethrow`.
+  // stream's first error if `rethrow` (and clears it: the stream is usable again).
   void wait_done(uint64_t seq, bool rethrow);
   std::exception_ptr error() const;
+
+  // Cooperative mode: what one attempt to run the head task did.
+  enum class Step { kRan, kBlocked, kEmpty, kBusy };
+  // Runs the head task if it may start; a blocked task appends what it waits for to `waits`.
+  // kBusy: another thread is running this stream's task right now.
+  Step step(std::vector<SignalWait>& waits);
 
  private:
   void loop();
 
-  const bool inline_;
-  uint64_t enqueued_ = 0;  // only touched by the enqueuing thread
+  const Mode mode_;
+  const bool high_priority_;
+  const std::shared_ptr<CooperativeScheduler> scheduler_;  // cooperative mode only
+  uint64_t enqueued_ = 0;                                  // only touched by the enqueuing thread
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
+  std::deque<HostTask> queue_;
   uint64_t done_ = 0;
   bool stop_ = false;
   std::exception_ptr error_;
+  std::atomic<bool> stepping_{false};  // cooperative mode: a thread is in step()
   std::thread thread_;
+};
+
+// Runs the cooperative streams of one device (there is one per HostDevice: no process-wide
+// state). NOTE [Cooperative host streams] in host_device.cpp.
+class CooperativeScheduler {
+ public:
+  explicit CooperativeScheduler(bool oversubscribed) : oversubscribed_(oversubscribed) {}
+  void add(const std::shared_ptr<HostStream>& stream);
+  // Runs the ready tasks of every cooperative stream, high-priority streams first, until
+  // `finished()` holds; while none can run, backs off and sleeps on `waits` (the caller's own
+  // signal words, if any) and on what the blocked tasks wait for. `finished` may throw.
+  void drive(const std::function<bool()>& finished, const std::vector<SignalWait>& waits = {});
+
+ private:
+  std::vector<std::shared_ptr<HostStream>> snapshot();
+  const bool oversubscribed_;
+  std::mutex mu_;
+  std::vector<std::weak_ptr<HostStream>> streams_;
 };
 
 class HostEvent : public Event {
@@ -75,6 +142,11 @@ bool futex_wait_until(const uint32_t* word, uint32_t value,
 // The same without polling first: sleeps in the kernel until the word reaches `value`.
 bool futex_sleep_until(const uint32_t* word, uint32_t value,
                        std::chrono::steady_clock::time_point deadline);
+// Sleeps until any of the words changes from the value it holds now, or `deadline` passes
+// (futex_waitv; a short nap where the kernel lacks it). Returns at once if one already reached
+// its target.
+void futex_sleep_any(const std::vector<SignalWait>& waits,
+                     std::chrono::steady_clock::time_point deadline);
 // Stores `value` with release order and wakes every waiter (of any process).
 void futex_store_and_wake(uint32_t* word, uint32_t value);
 

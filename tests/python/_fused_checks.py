@@ -50,6 +50,8 @@ def group_for(ctx, path: str):
             opts.max_buffer_size = 4096
         elif path == "grow":
             opts.buffer_size = 4096
+        elif path == "threads":
+            opts.host_streams = "threads"  # NOTE [Cooperative host streams]
         if path == "two_hosts":
             os.environ["CUDA_P2P_HOST_ID"] = "host-a" if ctx.rank < ctx.world_size // 2 else "host-b"
         try:

@@ -24,6 +24,22 @@ def test_options_defaults():
     assert o.buffer_size is None
     assert o.nccl_options is None
     assert o.backend == "cuda_p2p"
+    assert o.host_streams == "auto"
+
+
+@pytest.mark.parametrize("value", ["auto", "cooperative", "threads"])
+def test_options_host_streams(value):
+    o = Options()
+    o.host_streams = value
+    assert o.host_streams == value
+
+
+def test_options_host_streams_bad_value():
+    o = Options()
+    with pytest.raises(ValueError, match="host_streams must be 'auto', 'cooperative' or "
+                                         "'threads', got 'fibers'"):
+        o.host_streams = "fibers"
+    assert o.host_streams == "auto"
 
 
 @pytest.mark.parametrize("value", [1, 4096, 32 * MiB, 1 << 40])

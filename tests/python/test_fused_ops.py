@@ -55,6 +55,21 @@ def test_random_values_within_float32_tolerance(world3):
     assert_all_ok(world3.run(fc.run_safely, fc.check_random_values, "workspace"))
 
 
+def test_host_streams_as_threads(world2, world4):
+    # The same pipelines with a thread per host stream, the GPU's concurrency: a missing join
+    # between the two streams would show up here as a race.
+    dtypes = ("float32", "bfloat16")
+    for world in (world2, world4):
+        n_ag = len(fc.AG_CASES) * len(dtypes) * 2 * len(fc.AG_ALGORITHMS)
+        n_rs = len(fc.RS_CASES) * len(dtypes) * 2 * len(fc.RS_ALGORITHMS)
+        c1 = assert_all_ok(world.run(fc.run_safely, fc.check_all_gather_matmul, "threads",
+                                     dtypes=dtypes), n_ag)
+        c2 = assert_all_ok(world.run(fc.run_safely, fc.check_matmul_reduce_scatter, "threads",
+                                     dtypes=dtypes), n_rs)
+        assert sum(c1.values()) == n_ag and sum(c2.values()) == n_rs, (c1, c2)
+        assert not any("send_recv" in k for k in {**c1, **c2}), (c1, c2)
+
+
 # --- without the workspace: the ring over the wrapped backend's send/recv ------------------------
 
 
