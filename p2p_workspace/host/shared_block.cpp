@@ -59,15 +59,25 @@ socklen_t abstract_address(const std::string& name, sockaddr_un& addr) {
   return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
 }
 
-void send_fd(int sock, int fd) {
+// One byte of payload plus room for one descriptor (SCM_RIGHTS), for sendmsg and recvmsg.
+struct FdMessage {
   char byte = 'F';
   iovec iov{&byte, 1};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
+  FdMessage() {
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+  }
+  FdMessage(const FdMessage&) = delete;  // msg points into this object
+  FdMessage& operator=(const FdMessage&) = delete;
+};
+
+void send_fd(int sock, int fd) {
+  FdMessage m;
+  msghdr& msg = m.msg;
   cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
   cmsg->cmsg_level = SOL_SOCKET;
   cmsg->cmsg_type = SCM_RIGHTS;
@@ -79,14 +89,8 @@ void send_fd(int sock, int fd) {
 }
 
 int recv_fd(int sock) {
-  char byte = 0;
-  iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
+  FdMessage m;
+  msghdr& msg = m.msg;
   ssize_t n;
   do {
     n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);

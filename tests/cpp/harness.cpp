@@ -12,6 +12,10 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#ifdef CUDA_P2P_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
 namespace cuda_p2p::test {
 
 namespace {
@@ -80,6 +84,18 @@ void store_barrier(const std::string& tag) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
+}
+
+int gpu_count() {
+#ifdef CUDA_P2P_WITH_CUDA
+  try {
+    return c10::cuda::device_count();
+  } catch (const std::exception&) {
+    return 0;
+  }
+#else
+  return 0;
+#endif
 }
 
 }  // namespace cuda_p2p::test

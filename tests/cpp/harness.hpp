@@ -25,6 +25,9 @@ c10::intrusive_ptr<c10d::Store> test_store();
 // Every rank waits until all ranks reached this point of the running test.
 void store_barrier(const std::string& tag);
 
+// GPUs this process can use (0 without CUDA support or a driver): GPU tests skip on 0.
+int gpu_count();
+
 // Expects `fn` to throw a c10::Error whose message contains `needle`.
 template <typename Fn>
 void expect_error(Fn&& fn, const std::string& needle) {

@@ -23,14 +23,6 @@ using ops::AllReduceAlgo;
 using ops::ReduceOp;
 using ops::ReduceScatterAlgo;
 
-int gpu_count() {
-  try {
-    return c10::cuda::device_count();
-  } catch (const std::exception&) {
-    return 0;
-  }
-}
-
 // Small integers: exact in every dtype and summation order.
 at::Tensor input(int64_t seed, int rank, int64_t n, at::ScalarType dtype) {
   return ((at::arange(n, at::kLong) * 7 + rank * 13 + seed) % 17 - 8).to(dtype);

@@ -14,14 +14,6 @@ namespace cuda_p2p::test {
 namespace {
 
 #ifdef CUDA_P2P_WITH_CUDA
-int gpu_count() {
-  try {
-    return c10::cuda::device_count();
-  } catch (const std::exception&) {
-    return 0;
-  }
-}
-
 std::unique_ptr<SymmetricWorkspace> make_cuda_workspace(int device) {
   WorkspaceOptions o;
   o.buffer_size = 1 << 20;

@@ -401,14 +401,6 @@ TEST(FusedPipelines, ARankThatNeverJoinsIsNamedAndTheStreamsRecover) {
 // The same pipelines on a GPU: CUDA streams, copy-engine pulls, stream-memory signals, the sleep
 // kernel, concurrent GEMMs. Skips without a GPU (CI has none): run it on a GPU machine, where
 // ranks share the GPUs round-robin (two processes on one device use CUDA IPC too).
-int gpu_count() {
-  try {
-    return c10::cuda::device_count();
-  } catch (const std::exception&) {
-    return 0;
-  }
-}
-
 TEST(CudaFusedPipelines, BothPipelinesAndTheRingMatchTheReferenceOnTheGpu) {
   if (gpu_count() == 0) GTEST_SKIP() << "no GPU";
   const int W = world().size;
