@@ -120,6 +120,10 @@ class Device {
   virtual void wait_event(Stream& s, const Event& e) = 0;
   // Blocks the host until everything enqueued on `s` has run; rethrows the first error of `s`.
   virtual void synchronize(Stream& s) = 0;
+  // Blocks the host until all work this process enqueued on the device, on any stream, has run
+  // (before blocks that work may still read are released: NOTE [Workspace growth]). A no-op on
+  // the host, whose ops complete before they return.
+  virtual void quiesce() = 0;
 };
 
 // How a host device runs the work of the streams it creates (NOTE [Cooperative host streams] in

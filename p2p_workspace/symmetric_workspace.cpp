@@ -151,6 +151,14 @@ SymmetricWorkspace::SymmetricWorkspace(c10::intrusive_ptr<c10d::Store> store, in
 SymmetricWorkspace::~SymmetricWorkspace() = default;
 
 void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
+  // NOTE [Workspace growth]
+  // A new generation replaces every block. Work this process enqueued earlier (a CUDA copy or
+  // kernel still queued on some stream) may read the old blocks, its own or a peer's, through raw
+  // pointers that keep no mapping alive; so before the exchange below every rank waits until its
+  // device is idle, and since a rank drops its old mapping (and a peer its old block) only after
+  // that exchange, nobody frees a block that queued work still reads. Tensors aliasing the old
+  // blocks keep their own mapping alive. The new pads start at zero with fresh sequence numbers.
+  if (mapping()) device_->quiesce();
   const int gen = ++generation_;
   const std::string prefix = "cuda_p2p/workspace/" + std::to_string(gen) + "/";
   const size_t buffer_bytes = round_up(static_cast<size_t>(buffer_size), kPageSize);

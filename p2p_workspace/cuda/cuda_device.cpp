@@ -289,6 +289,11 @@ class CudaDevice : public Device {
     }
   }
 
+  void quiesce() override {
+    c10::cuda::CUDAGuard guard(index_);
+    CUDA_P2P_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+
  private:
   int* device_timed_out_peer() {
     int* dev = nullptr;
