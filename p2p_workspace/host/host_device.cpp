@@ -37,7 +37,8 @@ namespace cuda_p2p::host {
 namespace {
 
 constexpr int kSpins = 256;  // ~6 us of PAUSE: long enough for a peer on another core
-constexpr int kYields = 4;   // oversubscribed: a few sched_yield, then sleep
+constexpr auto kSpinTime = std::chrono::microseconds(8);  // the same, for a scheduler's polling
+constexpr int kYields = 4;  // oversubscribed: a few sched_yield, then sleep
 constexpr auto kMaxSleep = std::chrono::milliseconds(10);
 // A sleep with nothing to wake it early: a stream another thread is running, an old kernel.
 constexpr auto kNap = std::chrono::microseconds(100);
@@ -347,6 +348,7 @@ std::exception_ptr HostStream::error() const {
 
 void CooperativeScheduler::add(const std::shared_ptr<HostStream>& stream) {
   std::lock_guard<std::mutex> lock(mu_);
+  version_.fetch_add(1, std::memory_order_release);
   std::erase_if(streams_, [](const auto& w) { return w.expired(); });
   // High-priority streams first: drive() scans in this order.
   auto pos = stream->high_priority() ? std::find_if(streams_.begin(), streams_.end(),
@@ -371,13 +373,19 @@ std::vector<std::shared_ptr<HostStream>> CooperativeScheduler::snapshot() {
 void CooperativeScheduler::drive(const std::function<bool()>& finished,
                                  const std::vector<SignalWait>& waits) {
   // NOTE [Cooperative host streams]
-  const int polls = oversubscribed_ ? kYields : kSpins;
-  int idle = 0;
+  int idle = 0;  // scans in a row that ran nothing
+  std::chrono::steady_clock::time_point idle_since;
   std::vector<SignalWait> blocked;
+  std::vector<std::shared_ptr<HostStream>> streams;
+  uint64_t seen = 0;
   while (!finished()) {
+    if (streams.empty() || version_.load(std::memory_order_acquire) != seen) {
+      seen = version_.load(std::memory_order_acquire);
+      streams = snapshot();
+    }
     blocked = waits;
     bool ran = false, busy = false;
-    for (const auto& s : snapshot()) {
+    for (const auto& s : streams) {
       const auto step = s->step(blocked);
       if (step == HostStream::Step::kRan) {
         ran = true;
@@ -389,9 +397,12 @@ void CooperativeScheduler::drive(const std::function<bool()>& finished,
       idle = 0;
       continue;
     }
-    // NOTE [Host waits on shared cores]: poll briefly, then sleep on every awaited word. A
-    // stream run by another thread (busy) signals nothing we can sleep on: nap briefly.
-    if (idle++ < polls) {
+    // NOTE [Host waits on shared cores]: poll briefly (a few yields when oversubscribed, else
+    // about as long as poll_all spins), then sleep on every awaited word. A stream run by another
+    // thread (busy) signals nothing we can sleep on: nap briefly.
+    if (idle++ == 0) idle_since = std::chrono::steady_clock::now();
+    if (oversubscribed_ ? idle <= kYields
+                        : std::chrono::steady_clock::now() - idle_since < kSpinTime) {
       if (oversubscribed_) {
         sched_yield();
       } else {

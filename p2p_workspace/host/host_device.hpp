@@ -117,6 +117,7 @@ class CooperativeScheduler {
   const bool oversubscribed_;
   std::mutex mu_;
   std::vector<std::weak_ptr<HostStream>> streams_;
+  std::atomic<uint64_t> version_{0};  // bumped by add(): drive() then takes a new snapshot
 };
 
 class HostEvent : public Event {
