@@ -234,6 +234,8 @@ void HostStream::enqueue(HostTask task) {
     if (err) std::rethrow_exception(err);
     return;
   }
+  // A cooperative stream never blocks its driver: its waits are `ready` predicates.
+  TORCH_INTERNAL_ASSERT(mode_ != Mode::kCooperative || !task.block);
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(std::move(task));
