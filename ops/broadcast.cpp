@@ -15,8 +15,31 @@ void broadcast(const CollectiveContext& ctx, const at::Tensor& tensor, int root)
               root);
   TORCH_CHECK(tensor.is_contiguous(), "cuda_p2p broadcast: expected a contiguous tensor");
   const int64_t bytes = static_cast<int64_t>(tensor.nbytes());
+  ctx.state.last_private_reads = false;
   if (W == 1 || bytes == 0) return;
   char* data = detail::bytes_of(tensor);
+  if (uses_private_reads(ctx.config, bytes, ctx.ws.private_reads())) {
+    // The others read the root's tensor itself (NOTE [Copy-free reads]); only the root waits
+    // for its readers.
+    const detail::Phase ph = detail::begin_phase(ctx);
+    if (me == root) {
+      detail::publish_addresses(ctx, ph, {static_cast<const void*>(data)});
+      c10::SmallVector<int, 8> readers;
+      for (int q = 0; q < W; ++q) {
+        if (q == root) continue;
+        detail::signal(ctx, q);
+        readers.push_back(q);
+      }
+      detail::end_phase(ctx, ph);
+      detail::wait_readers(ctx, ph, readers);
+    } else {
+      detail::wait(ctx, root);
+      detail::read_private(ctx, data, ph, root, 0, 0, bytes);
+      detail::end_phase(ctx, ph);
+    }
+    ctx.state.last_private_reads = true;
+    return;
+  }
   const int64_t piece = detail::round_bytes(ctx, 1);
   for (int64_t off = 0; off < bytes; off += piece) {
     const int64_t len = std::min(piece, bytes - off);

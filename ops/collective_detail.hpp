@@ -54,6 +54,16 @@ void phase_barrier(const CollectiveContext& ctx);
 void signal(const CollectiveContext& ctx, int peer);
 void wait(const CollectiveContext& ctx, int peer);
 
+// Copy-free reads (NOTE [Copy-free reads]). publish_addresses writes this rank's input addresses
+// into the header of its region of `ph`; read_private copies n bytes at offset `offset` of the
+// input whose address `peer` published at index `index` of its header; wait_readers waits until
+// every rank in `readers` has ended phase `ph`.
+void publish_addresses(const CollectiveContext& ctx, const Phase& ph,
+                       c10::ArrayRef<const void*> ptrs);
+void read_private(const CollectiveContext& ctx, void* dst, const Phase& ph, int peer, int index,
+                  int64_t offset, int64_t n);
+void wait_readers(const CollectiveContext& ctx, const Phase& ph, c10::ArrayRef<int> readers);
+
 // Copies n bytes on the collective's stream; nothing for n == 0 or dst == src.
 void copy(const CollectiveContext& ctx, void* dst, const void* src, int64_t n);
 
