@@ -49,6 +49,11 @@ Phase begin_phase(const CollectiveContext& ctx);
 // Tells the peers that this rank has finished reading the phase's regions.
 void end_phase(const CollectiveContext& ctx, const Phase& ph);
 
+// Waits until every rank in `ranks` has ended phase `ph` (its done word reached ph.index + 1);
+// `why` names the wait in the timeout error.
+void wait_phase_ended(const CollectiveContext& ctx, const Phase& ph, c10::ArrayRef<int> ranks,
+                      const char* why);
+
 // A barrier on the collective channel: publishes every rank's writes to every rank.
 void phase_barrier(const CollectiveContext& ctx);
 void signal(const CollectiveContext& ctx, int peer);

@@ -18,8 +18,8 @@ namespace cuda_p2p::ops {
 // A collective runs as one or more phases ("rounds" when a payload is larger than a region). In a
 // phase every rank (1) writes what it shares into its own region - ranks only ever write their
 // own buffer, and pull from their peers' -, (2) publishes it: a barrier on the collective channel
-// when every rank reads every region (direct algorithms), the root's signal to each other rank
-// (broadcast), a signal to the neighbour that pulls next (rings), (3) reads the regions it needs
+// when every rank reads every region (direct algorithms), the root's done word (broadcast, see
+// below), a signal to the neighbour that pulls next (rings), (3) reads the regions it needs
 // and writes its output, and (4) ends the phase by storing the phase's number + 1 in its own
 // "done" word. Phase p uses half p % 2 of every rank's buffer.
 //
@@ -35,6 +35,12 @@ namespace cuda_p2p::ops {
 // advances identically on every rank because the number of phases depends on sizes every rank
 // knows (for all_gather_v, on the largest contribution); it restarts at 0 with a new buffer
 // (growth), whose words start at 0 and which nobody reads yet.
+//
+// Broadcast publishes with the root's done word itself: the root reads nothing, so it may end
+// the phase as soon as it has staged, and its one release store (one futex wake for every
+// waiter, instead of a signal per rank: on 2 shared cores each system call and wake is on the
+// critical path) tells the others that the round is there; they wait for the root's done word to
+// reach phase + 1. It also satisfies the root's part of everybody's reuse guard, as always.
 //
 // Other users of the buffer (get_p2p_buffer, the fused pipelines) must pass a barrier, on any
 // channel but after the collective in stream order, before they write where a collective may
@@ -52,7 +58,7 @@ namespace cuda_p2p::ops {
 //   1. begin_phase (the reuse guard), then the rank writes the addresses of its inputs into the
 //      first words of its region of the phase (the "header"), in stream order;
 //   2. publication as in NOTE [Collective phases]: the phase barrier (all-gather,
-//      reduce-scatter), the root's signals (broadcast). The release store of the signal orders
+//      reduce-scatter), the root's done word (broadcast). The release store of that word orders
 //      both the header and the input's contents (written before the call, in program order)
 //      before the reader's acquire; the reader loads the address when its read runs, after the
 //      wait;
@@ -294,16 +300,20 @@ void read_private(const CollectiveContext& ctx, void* dst, const Phase& ph, int 
   ctx.ws.read_peer_private(ctx.stream, dst, peer, word, offset, static_cast<size_t>(n));
 }
 
-void wait_readers(const CollectiveContext& ctx, const Phase& ph, c10::ArrayRef<int> readers) {
+void wait_phase_ended(const CollectiveContext& ctx, const Phase& ph, c10::ArrayRef<int> ranks,
+                      const char* why) {
   std::vector<SignalWait> waits;
-  waits.reserve(readers.size());
+  waits.reserve(ranks.size());
   const uint32_t want = static_cast<uint32_t>(ph.index + 1);
-  for (int r : readers) waits.push_back({ctx.ws.signal_slot(r, ctx.channel, r), want, r});
+  for (int r : ranks) waits.push_back({ctx.ws.signal_slot(r, ctx.channel, r), want, r});
   if (waits.empty()) return;
   ctx.ws.device().wait_signals(ctx.stream, std::move(waits), ctx.ws.timeout(),
-                               "copy-free read guard: readers of rank " +
-                                   std::to_string(ctx.ws.rank()) + "'s input (phase " +
-                                   std::to_string(ph.index) + ")");
+                               std::string(why) + " (rank " + std::to_string(ctx.ws.rank()) +
+                                   ", phase " + std::to_string(ph.index) + ")");
+}
+
+void wait_readers(const CollectiveContext& ctx, const Phase& ph, c10::ArrayRef<int> readers) {
+  wait_phase_ended(ctx, ph, readers, "copy-free read guard: readers of this rank's input");
 }
 
 void copy(const CollectiveContext& ctx, void* dst, const void* src, int64_t n) {
