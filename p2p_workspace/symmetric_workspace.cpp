@@ -126,8 +126,10 @@ std::vector<std::string> exchange(c10d::Store& store, const std::string& prefix,
 // their verdicts and the reads are offered only if every rank succeeded with every peer (a rank
 // that turned them off counts as a failure). The verdicts are identical on every rank, so the
 // algorithms that use the reads take the same path everywhere. The first failure is kept as
-// private_reads_reason(). The exchange happens whenever the device has a reader, even on a rank
-// that turned the reads off, so that ranks configured differently still meet in the store.
+// private_reads_reason(). The verdicts travel with the mapping statuses (one store exchange for
+// both, so the probe costs the rendezvous no extra round trip), and every rank sends one, even
+// with the reads turned off, so that ranks configured differently still agree.
+
 // This rank's verdict on reading every peer's probe word ("" when every read succeeded).
 std::string probe_verdict(PrivateMemoryReader& reader, bool enabled, int rank,
                           const std::vector<PeerInfo>& peers) {
@@ -259,17 +261,28 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
     error = "rank " + std::to_string(rank_) + ": " + e.what();
   }
   // Agree on success: a workspace mapped on some ranks only would make the ranks take different
-  // paths and hang. The exporter stays up until every peer has mapped.
+  // paths and hang. The exporter stays up until every peer has mapped. Each status is
+  // "<length of the mapping error>:<mapping error><private-read verdict>" (NOTE [Private-read
+  // probe]; no verdict without a reader).
+  const std::string verdict =
+      reader_ ? probe_verdict(*reader_, options_.private_reads, rank_, peers) : "";
   const auto statuses =
-      exchange(*store_, prefix + "mapped/", rank_, world_size_, error, options_.timeout);
+      exchange(*store_, prefix + "mapped/", rank_, world_size_,
+               std::to_string(error.size()) + ":" + error + verdict, options_.timeout);
   exporter.reset();
+  std::vector<std::string> verdicts;
   for (const auto& s : statuses) {
-    if (!s.empty()) {
+    const size_t colon = s.find(':');
+    TORCH_CHECK(colon != std::string::npos, "cuda_p2p: malformed workspace status '", s, "'");
+    const size_t length = std::stoull(s.substr(0, colon));
+    TORCH_CHECK(colon + 1 + length <= s.size(), "cuda_p2p: malformed workspace status '", s, "'");
+    if (length > 0) {
       available_ = false;
-      reason_ = "a peer's block could not be mapped (" + s + ")";
+      reason_ = "a peer's block could not be mapped (" + s.substr(colon + 1, length) + ")";
       mapping_.reset();
       return;
     }
+    verdicts.push_back(s.substr(colon + 1 + length));
   }
 
   for (auto& b : mapping->blocks) {
@@ -287,9 +300,6 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
   if (!reader_) {
     private_reads_reason_ = "the " + device_->name() + " device cannot read peers' private memory";
   } else {
-    const auto verdicts =
-        exchange(*store_, prefix + "private/", rank_, world_size_,
-                 probe_verdict(*reader_, options_.private_reads, rank_, peers), options_.timeout);
     private_reads_reason_.clear();
     for (const auto& v : verdicts) {
       if (!v.empty()) {
