@@ -87,6 +87,28 @@ ProcessGroupCudaP2P::ProcessGroupCudaP2P(c10::intrusive_ptr<c10d::Store> store, 
   if (options_->reduce_scatter_ring_max_bytes) {
     collective_config_.reduce_scatter_ring_max_bytes = *options_->reduce_scatter_ring_max_bytes;
   }
+  if (options_->cross_memory_min_bytes) {
+    collective_config_.cross_memory_min_bytes = *options_->cross_memory_min_bytes;
+  }
+  // Copy-free reads (NOTE [Copy-free reads] in ops/collectives.cpp): Options.cross_memory, else
+  // CUDA_P2P_CROSS_MEMORY, else off - on our 2-core VMs process_vm_readv copies at ~15 GB/s
+  // against ~55 GB/s for an in-cache memcpy, so staging wins at every size measured
+  // (docs/collectives.md). The workspace still probes whether the system allows them.
+  bool cross_memory = false;
+  cross_memory_off_reason_ = std::string("off by default; Options.cross_memory = True or ") +
+                             kCrossMemoryEnv + "=1 turns it on";
+  if (const char* v = std::getenv(kCrossMemoryEnv); v && *v) {
+    const std::string value(v);
+    TORCH_CHECK(value == "0" || value == "1", "cuda_p2p: ", kCrossMemoryEnv,
+                " must be 0 (stage through the buffer) or 1, got '", value, "'");
+    cross_memory = value == "1";
+    cross_memory_off_reason_ = std::string(kCrossMemoryEnv) + "=0";
+  }
+  if (options_->cross_memory.has_value()) {
+    cross_memory = *options_->cross_memory;
+    cross_memory_off_reason_ = "Options.cross_memory = False";
+  }
+  if (cross_memory) cross_memory_off_reason_.clear();
   ops::validate(collective_config_, size);
 
   // The workspace lives on the GPU when this group drives one (a CUDA backend exists), else in
@@ -100,6 +122,7 @@ ProcessGroupCudaP2P::ProcessGroupCudaP2P(c10::intrusive_ptr<c10d::Store> store, 
     WorkspaceOptions ws;
     ws.buffer_size = options_->buffer_size.value_or(WorkspaceOptions::kDefaultBufferSize);
     ws.timeout = options_->timeout;
+    ws.private_reads = cross_memory;
     std::shared_ptr<Device> device;
 #ifdef CUDA_P2P_WITH_CUDA
     if (cuda_backend_) device = make_cuda_device(c10::cuda::current_device());
@@ -119,6 +142,20 @@ ProcessGroupCudaP2P::~ProcessGroupCudaP2P() = default;
 std::string ProcessGroupCudaP2P::p2p_unavailable_reason() const {
   if (!workspace_) return workspace_off_reason_;
   return workspace_->unavailable_reason();
+}
+
+bool ProcessGroupCudaP2P::uses_cross_memory() const {
+  return uses_workspace_collectives() && workspace_->private_reads();
+}
+
+std::string ProcessGroupCudaP2P::cross_memory_reason() const {
+  if (!is_p2p_available()) return "the workspace is unavailable: " + p2p_unavailable_reason();
+  if (workspace_->private_reads()) return "";
+  const std::string& why = workspace_->private_reads_reason();
+  if (!cross_memory_off_reason_.empty() && why.rfind("turned off", 0) == 0) {
+    return why + " (" + cross_memory_off_reason_ + ")";
+  }
+  return why;
 }
 
 int64_t ProcessGroupCudaP2P::get_buffer_size() const {
@@ -352,11 +389,14 @@ WorkPtr ProcessGroupCudaP2P::broadcast(std::vector<at::Tensor>& tensors,
               opts.rootRank);
   at::Tensor& t = tensors[0];
   at::Tensor work = t.is_contiguous() ? t : t.contiguous();
+  bool read = false;
   run_collective("broadcast", [&](const ops::CollectiveContext& ctx) {
     ops::broadcast(ctx, work, static_cast<int>(opts.rootRank));
+    read = ctx.state.last_private_reads;
     if (!work.is_same(t)) t.copy_(work);
   });
   bump_counter("broadcast.direct");
+  if (read) bump_counter("broadcast.cross_memory");
   return completed(c10d::OpType::BROADCAST, tensors);
 }
 
@@ -423,13 +463,16 @@ void ProcessGroupCudaP2P::all_gather_on_workspace(const at::Tensor& input,
   for (const auto& o : outputs) outs.push_back(contiguous_output(o));
   const at::Tensor in = input.is_contiguous() ? input : input.contiguous();
   ops::AllGatherAlgo algo = ops::AllGatherAlgo::kAuto;
+  bool read = false;
   run_collective("all_gather", [&](const ops::CollectiveContext& ctx) {
     algo = ops::all_gather(ctx, in, outs, ops::AllGatherAlgo::kAuto);
+    read = ctx.state.last_private_reads;
     for (size_t i = 0; i < outs.size(); ++i) {
       if (!outs[i].is_same(outputs[i])) outputs[i].copy_(outs[i]);
     }
   });
   bump_counter(std::string("all_gather.") + ops::to_string(algo));
+  if (read) bump_counter("all_gather.cross_memory");
 }
 
 WorkPtr ProcessGroupCudaP2P::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -542,11 +585,14 @@ void ProcessGroupCudaP2P::reduce_scatter_on_workspace(const std::vector<at::Tens
   for (const auto& t : inputs) ins.push_back(t.is_contiguous() ? t : t.contiguous());
   at::Tensor out = contiguous_output(output);
   ops::ReduceScatterAlgo algo = ops::ReduceScatterAlgo::kAuto;
+  bool read = false;
   run_collective("reduce_scatter", [&](const ops::CollectiveContext& ctx) {
     algo = ops::reduce_scatter(ctx, ins, out, op, ops::ReduceScatterAlgo::kAuto);
+    read = ctx.state.last_private_reads;
     if (!out.is_same(output)) output.copy_(out);
   });
   bump_counter(std::string("reduce_scatter.") + ops::to_string(algo));
+  if (read) bump_counter("reduce_scatter.cross_memory");
 }
 
 WorkPtr ProcessGroupCudaP2P::reduce_scatter(std::vector<at::Tensor>& outputs,

@@ -67,6 +67,12 @@ class ProcessGroupCudaP2P : public c10d::Backend {
     std::optional<int64_t> all_gather_bidir_full_max_bytes;
     std::optional<int64_t> all_gather_ring_max_bytes;
     std::optional<int64_t> reduce_scatter_ring_max_bytes;
+    // Copy-free reads of peers' tensors on the host (process_vm_readv; NOTE [Copy-free reads]):
+    // unset defers to CUDA_P2P_CROSS_MEMORY (1: on), else off. On, they run only where the
+    // system allows them (probed at rendezvous).
+    std::optional<bool> cross_memory;
+    // The smallest payload (bytes, as the thresholds above) read copy-free (unset: the default).
+    std::optional<int64_t> cross_memory_min_bytes;
 
     // Not marked override: older torch releases have no Options::clone().
     virtual c10::intrusive_ptr<c10d::Backend::Options> clone() const {
@@ -94,6 +100,8 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   static constexpr const char* kDisableWorkspaceEnv = "CUDA_P2P_DISABLE_WORKSPACE";
   // Environment variable that sends the collectives to the wrapped backend ("0").
   static constexpr const char* kWorkspaceCollectivesEnv = "CUDA_P2P_WORKSPACE_COLLECTIVES";
+  // Environment variable that turns the copy-free reads off ("0").
+  static constexpr const char* kCrossMemoryEnv = "CUDA_P2P_CROSS_MEMORY";
   // Signal channels (one per stream that signals; see NOTE [Signal sequence numbers]):
   // the API's own barrier, the workspace collectives, and the two streams of the fused pipelines.
   static constexpr int kApiChannel = 0;
@@ -122,6 +130,10 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   const ops::CollectiveConfig& collective_config() const { return collective_config_; }
   // Whether the collectives run on the workspace (available, and not turned off).
   bool uses_workspace_collectives() const { return collectives_on_ && is_p2p_available(); }
+  // Whether the collectives may read peers' tensors copy-free (probed and agreed at rendezvous),
+  // and why not ("" when they may).
+  bool uses_cross_memory() const;
+  std::string cross_memory_reason() const;
 
   // Collective: gathers a different number of rows (dim 0) from every rank: sizes[r] is rank r's
   // count (the same list on every rank), input has sizes[rank] rows, other dims equal on every
@@ -245,6 +257,7 @@ class ProcessGroupCudaP2P : public c10d::Backend {
 
   ops::CollectiveConfig collective_config_;
   bool collectives_on_ = true;  // Options.workspace_collectives and its environment variable
+  std::string cross_memory_off_reason_;  // the knob that turned the copy-free reads off
   // Guards collective_state_ and the collective channel's signal counts (host callers on several
   // threads); see NOTE [Collectives of a group run one at a time].
   std::mutex collective_mutex_;

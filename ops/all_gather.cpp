@@ -77,6 +77,25 @@ void ring(const CollectiveContext& ctx, const Gather& g, bool split, bool full) 
   }
 }
 
+// The direct all-gather reading every peer's input straight into the output, in one phase
+// (NOTE [Copy-free reads]). Reading first and ending the phase before copying the own shard lets
+// the peers' wait for their readers overlap with that copy.
+void direct_read(const CollectiveContext& ctx, const Gather& g) {
+  const int W = ctx.ws.world_size(), me = ctx.ws.rank();
+  const detail::Phase ph = detail::begin_phase(ctx);
+  detail::publish_addresses(ctx, ph, {static_cast<const void*>(g.input)});
+  detail::phase_barrier(ctx);
+  c10::SmallVector<int, 8> peers;
+  for (int s = 1; s < W; ++s) {
+    const int q = (me + s) % W;
+    detail::read_private(ctx, g.out[q], ph, q, 0, 0, g.bytes);
+    peers.push_back(q);
+  }
+  detail::end_phase(ctx, ph);
+  copy(ctx, g.out[me], g.input, g.bytes);
+  detail::wait_readers(ctx, ph, peers);
+}
+
 }  // namespace
 
 AllGatherAlgo all_gather(const CollectiveContext& ctx, const at::Tensor& input,
@@ -91,7 +110,10 @@ AllGatherAlgo all_gather(const CollectiveContext& ctx, const at::Tensor& input,
                 " bytes, got ", o.nbytes(), " bytes");
     g.out.push_back(detail::bytes_of(o));
   }
-  if (algo == AllGatherAlgo::kAuto) algo = select_all_gather(ctx.config, g.bytes * W, W);
+  ctx.state.last_private_reads = false;
+  if (algo == AllGatherAlgo::kAuto) {
+    algo = select_all_gather(ctx.config, g.bytes * W, W, ctx.ws.private_reads());
+  }
   if (W == 1) {
     copy(ctx, g.out[0], g.input, g.bytes);
     return algo;
@@ -99,6 +121,11 @@ AllGatherAlgo all_gather(const CollectiveContext& ctx, const at::Tensor& input,
   if (g.bytes == 0) return algo;
   switch (algo) {
     case AllGatherAlgo::kDirect: {
+      if (uses_private_reads(ctx.config, g.bytes * W, ctx.ws.private_reads())) {
+        direct_read(ctx, g);
+        ctx.state.last_private_reads = true;
+        break;
+      }
       std::vector<int64_t> bytes(W, g.bytes);
       detail::gather_direct(ctx, g.input, bytes, g.out);
       break;

@@ -13,8 +13,10 @@ namespace detail {
 void gather_direct(const CollectiveContext& ctx, const char* input, c10::ArrayRef<int64_t> bytes,
                    c10::ArrayRef<char*> out) {
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
-  copy(ctx, out[me], input, bytes[me]);
-  if (W == 1) return;
+  if (W == 1) {
+    copy(ctx, out[me], input, bytes[me]);
+    return;
+  }
   // Rounds follow the largest contribution, which every rank knows: every rank runs as many
   // phases (NOTE [Collective phases]), staging nothing once its own bytes are exhausted.
   const int64_t largest = *std::max_element(bytes.begin(), bytes.end());
@@ -23,6 +25,9 @@ void gather_direct(const CollectiveContext& ctx, const char* input, c10::ArrayRe
   for (int64_t off = 0; off < largest; off += piece) {
     const Phase ph = begin_phase(ctx);
     copy(ctx, ph.region[me], input + off, part(me, off));
+    // The own round right after staging it, while it is in cache: one read from memory per
+    // byte of the input instead of two (a whole-shard copy up front read it cold).
+    copy(ctx, out[me] + off, input + off, part(me, off));
     phase_barrier(ctx);
     // Start with the next rank, so that the ranks do not all read rank 0 first.
     for (int s = 1; s < W; ++s) {

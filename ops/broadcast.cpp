@@ -1,7 +1,8 @@
-// Broadcast on the workspace: in each round the root stages a round of its tensor and signals
-// every other rank, which pulls the round from the root's region. Nobody waits for anyone but the
-// root (NOTE [Collective phases]), and with alternating halves the root stages round i+1 while
-// the others still read round i, so large tensors stream through the buffer.
+// Broadcast on the workspace: in each round the root stages a round of its tensor and ends the
+// phase, which publishes the round to every other rank at once (NOTE [Collective phases]: the
+// root's done word); they pull it from the root's region. Nobody waits for anyone but the root,
+// and with alternating halves the root stages round i+1 while the others still read round i, so
+// large tensors stream through the buffer.
 #include <c10/util/Exception.h>
 
 #include "ops/collective_detail.hpp"
@@ -15,22 +16,41 @@ void broadcast(const CollectiveContext& ctx, const at::Tensor& tensor, int root)
               root);
   TORCH_CHECK(tensor.is_contiguous(), "cuda_p2p broadcast: expected a contiguous tensor");
   const int64_t bytes = static_cast<int64_t>(tensor.nbytes());
+  ctx.state.last_private_reads = false;
   if (W == 1 || bytes == 0) return;
   char* data = detail::bytes_of(tensor);
+  if (uses_private_reads(ctx.config, bytes, ctx.ws.private_reads())) {
+    // The others read the root's tensor itself (NOTE [Copy-free reads]); only the root waits
+    // for its readers.
+    const detail::Phase ph = detail::begin_phase(ctx);
+    if (me == root) {
+      detail::publish_addresses(ctx, ph, {static_cast<const void*>(data)});
+      c10::SmallVector<int, 8> readers;
+      for (int q = 0; q < W; ++q) {
+        if (q != root) readers.push_back(q);
+      }
+      detail::end_phase(ctx, ph);  // publishes the address
+      detail::wait_readers(ctx, ph, readers);
+    } else {
+      detail::wait_phase_ended(ctx, ph, {root}, "broadcast: waiting for the root");
+      detail::read_private(ctx, data, ph, root, 0, 0, bytes);
+      detail::end_phase(ctx, ph);
+    }
+    ctx.state.last_private_reads = true;
+    return;
+  }
   const int64_t piece = detail::round_bytes(ctx, 1);
   for (int64_t off = 0; off < bytes; off += piece) {
     const int64_t len = std::min(piece, bytes - off);
     const detail::Phase ph = detail::begin_phase(ctx);
     if (me == root) {
       detail::copy(ctx, ph.region[me], data + off, len);
-      for (int q = 0; q < W; ++q) {
-        if (q != root) detail::signal(ctx, q);
-      }
+      detail::end_phase(ctx, ph);  // publishes the round to every rank at once
     } else {
-      detail::wait(ctx, root);
+      detail::wait_phase_ended(ctx, ph, {root}, "broadcast: waiting for the root");
       detail::copy(ctx, data + off, ph.region[root], len);
+      detail::end_phase(ctx, ph);
     }
-    detail::end_phase(ctx, ph);
   }
 }
 

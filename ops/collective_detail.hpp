@@ -49,10 +49,25 @@ Phase begin_phase(const CollectiveContext& ctx);
 // Tells the peers that this rank has finished reading the phase's regions.
 void end_phase(const CollectiveContext& ctx, const Phase& ph);
 
+// Waits until every rank in `ranks` has ended phase `ph` (its done word reached ph.index + 1);
+// `why` names the wait in the timeout error.
+void wait_phase_ended(const CollectiveContext& ctx, const Phase& ph, c10::ArrayRef<int> ranks,
+                      const char* why);
+
 // A barrier on the collective channel: publishes every rank's writes to every rank.
 void phase_barrier(const CollectiveContext& ctx);
 void signal(const CollectiveContext& ctx, int peer);
 void wait(const CollectiveContext& ctx, int peer);
+
+// Copy-free reads (NOTE [Copy-free reads]). publish_addresses writes this rank's input addresses
+// into the header of its region of `ph`; read_private copies n bytes at offset `offset` of the
+// input whose address `peer` published at index `index` of its header; wait_readers waits until
+// every rank in `readers` has ended phase `ph`.
+void publish_addresses(const CollectiveContext& ctx, const Phase& ph,
+                       c10::ArrayRef<const void*> ptrs);
+void read_private(const CollectiveContext& ctx, void* dst, const Phase& ph, int peer, int index,
+                  int64_t offset, int64_t n);
+void wait_readers(const CollectiveContext& ctx, const Phase& ph, c10::ArrayRef<int> readers);
 
 // Copies n bytes on the collective's stream; nothing for n == 0 or dst == src.
 void copy(const CollectiveContext& ctx, void* dst, const void* src, int64_t n);

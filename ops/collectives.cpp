@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <string>
 
@@ -17,8 +18,8 @@ namespace cuda_p2p::ops {
 // A collective runs as one or more phases ("rounds" when a payload is larger than a region). In a
 // phase every rank (1) writes what it shares into its own region - ranks only ever write their
 // own buffer, and pull from their peers' -, (2) publishes it: a barrier on the collective channel
-// when every rank reads every region (direct algorithms), the root's signal to each other rank
-// (broadcast), a signal to the neighbour that pulls next (rings), (3) reads the regions it needs
+// when every rank reads every region (direct algorithms), the root's done word (broadcast, see
+// below), a signal to the neighbour that pulls next (rings), (3) reads the regions it needs
 // and writes its output, and (4) ends the phase by storing the phase's number + 1 in its own
 // "done" word. Phase p uses half p % 2 of every rank's buffer.
 //
@@ -35,10 +36,45 @@ namespace cuda_p2p::ops {
 // knows (for all_gather_v, on the largest contribution); it restarts at 0 with a new buffer
 // (growth), whose words start at 0 and which nobody reads yet.
 //
+// Broadcast publishes with the root's done word itself: the root reads nothing, so it may end
+// the phase as soon as it has staged, and its one release store (one futex wake for every
+// waiter, instead of a signal per rank: on 2 shared cores each system call and wake is on the
+// critical path) tells the others that the round is there; they wait for the root's done word to
+// reach phase + 1. It also satisfies the root's part of everybody's reuse guard, as always.
+//
 // Other users of the buffer (get_p2p_buffer, the fused pipelines) must pass a barrier, on any
 // channel but after the collective in stream order, before they write where a collective may
 // still be read; the collectives' first write in turn follows the end of whatever ran before
 // them in stream order, and the fused pipelines end with a barrier.
+
+// NOTE [Copy-free reads]
+// Where the workspace offers reads of peers' private memory (the host's process_vm_readv, probed
+// at rendezvous: NOTE [Private-read probe]), the direct all-gather, the direct reduce-scatter and
+// broadcast read a peer's *input tensor* straight into their output (reduce-scatter: into a small
+// local piece that is reduced at once) instead of having the peer stage it in its buffer first:
+// one copy per byte instead of two (all-gather on 2 ranks: 2 instead of 3 with the own shard).
+// The payload then takes a single phase, whatever its size:
+//
+//   1. begin_phase (the reuse guard), then the rank writes the addresses of its inputs into the
+//      first words of its region of the phase (the "header"), in stream order;
+//   2. publication as in NOTE [Collective phases]: the phase barrier (all-gather,
+//      reduce-scatter), the root's done word (broadcast). The release store of that word orders
+//      both the header and the input's contents (written before the call, in program order)
+//      before the reader's acquire; the reader loads the address when its read runs, after the
+//      wait;
+//   3. the readers read the peers' inputs and end the phase (done word = phase + 1) once every
+//      read has returned;
+//   4. unlike the staged algorithms, an owner must not return before its readers are done: the
+//      caller may overwrite or free its input right after. So each rank whose input is read
+//      waits, last, until every reader's done word has reached phase + 1 (wait_readers). Since
+//      that is the very value the next phase's reuse guard needs, that guard is then free.
+//
+// A rank's header is covered by the reuse guard like any staged bytes (its readers of phase p-2
+// loaded the addresses before ending phase p-2). Every rank decides to read directly from the
+// payload size, the config and the workspace's agreed verdict, so all take the same path and the
+// phase counts match. The reduce-scatter reduces in rank order with the same kernel as the
+// staged path, so the bits do not depend on the path. A failing read (the peer died, the kernel
+// refuses) throws; the backend then refuses further collectives, as for any failure midway.
 
 namespace {
 
@@ -137,15 +173,22 @@ void validate(const CollectiveConfig& config, int world_size) {
               ", got ", config.ring_steps);
   TORCH_CHECK(config.chunk_bytes >= 0, "cuda_p2p: chunk_bytes (", kChunkBytesEnv,
               ") must be >= 0 (0: half the buffer), got ", config.chunk_bytes);
-  TORCH_CHECK(
-      config.all_reduce_one_shot_max_bytes >= 0 && config.all_gather_bidir_full_max_bytes >= 0 &&
-          config.all_gather_ring_max_bytes >= 0 && config.reduce_scatter_ring_max_bytes >= 0,
-      "cuda_p2p: algorithm thresholds must be >= 0 bytes");
+  TORCH_CHECK(config.all_reduce_one_shot_max_bytes >= 0 &&
+                  config.all_gather_bidir_full_max_bytes >= 0 &&
+                  config.all_gather_ring_max_bytes >= 0 &&
+                  config.reduce_scatter_ring_max_bytes >= 0 && config.cross_memory_min_bytes >= 0,
+              "cuda_p2p: algorithm thresholds must be >= 0 bytes");
+}
+
+bool uses_private_reads(const CollectiveConfig& config, int64_t payload_bytes, bool private_reads) {
+  return private_reads && payload_bytes >= config.cross_memory_min_bytes;
 }
 
 AllGatherAlgo select_all_gather(const CollectiveConfig& config, int64_t output_bytes,
-                                int world_size) {
+                                int world_size, bool private_reads) {
   if (config.all_gather != AllGatherAlgo::kAuto) return config.all_gather;
+  // One copy per byte instead of two or three: nothing beats it from there on.
+  if (uses_private_reads(config, output_bytes, private_reads)) return AllGatherAlgo::kDirect;
   if (world_size > 2 && output_bytes <= config.all_gather_bidir_full_max_bytes) {
     return AllGatherAlgo::kBidirFull;
   }
@@ -156,8 +199,9 @@ AllGatherAlgo select_all_gather(const CollectiveConfig& config, int64_t output_b
 }
 
 ReduceScatterAlgo select_reduce_scatter(const CollectiveConfig& config, int64_t input_bytes,
-                                        int world_size) {
+                                        int world_size, bool private_reads) {
   if (config.reduce_scatter != ReduceScatterAlgo::kAuto) return config.reduce_scatter;
+  if (uses_private_reads(config, input_bytes, private_reads)) return ReduceScatterAlgo::kDirect;
   if (world_size > 1 && input_bytes <= config.reduce_scatter_ring_max_bytes) {
     return ReduceScatterAlgo::kRing;
   }
@@ -233,6 +277,43 @@ void signal(const CollectiveContext& ctx, int peer) {
 }
 void wait(const CollectiveContext& ctx, int peer) {
   ctx.ws.wait_signal(ctx.stream, peer, ctx.channel);
+}
+
+void publish_addresses(const CollectiveContext& ctx, const Phase& ph,
+                       c10::ArrayRef<const void*> ptrs) {
+  // In stream order, like the staging copies it replaces (NOTE [Copy-free reads], step 1).
+  auto* header = reinterpret_cast<uint64_t*>(ph.region[ctx.ws.rank()]);
+  TORCH_CHECK(static_cast<int64_t>(ptrs.size() * sizeof(uint64_t)) <= ph.bytes,
+              "cuda_p2p: the workspace buffer is too small for ", ptrs.size(), " addresses");
+  std::vector<uint64_t> values;
+  values.reserve(ptrs.size());
+  for (const void* p : ptrs) values.push_back(reinterpret_cast<uint64_t>(p));
+  ctx.ws.device().run(ctx.stream, [header, values = std::move(values)] {
+    std::memcpy(header, values.data(), values.size() * sizeof(uint64_t));
+  });
+}
+
+void read_private(const CollectiveContext& ctx, void* dst, const Phase& ph, int peer, int index,
+                  int64_t offset, int64_t n) {
+  if (n <= 0) return;
+  const auto* word = reinterpret_cast<const uint64_t*>(ph.region[peer]) + index;
+  ctx.ws.read_peer_private(ctx.stream, dst, peer, word, offset, static_cast<size_t>(n));
+}
+
+void wait_phase_ended(const CollectiveContext& ctx, const Phase& ph, c10::ArrayRef<int> ranks,
+                      const char* why) {
+  std::vector<SignalWait> waits;
+  waits.reserve(ranks.size());
+  const uint32_t want = static_cast<uint32_t>(ph.index + 1);
+  for (int r : ranks) waits.push_back({ctx.ws.signal_slot(r, ctx.channel, r), want, r});
+  if (waits.empty()) return;
+  ctx.ws.device().wait_signals(ctx.stream, std::move(waits), ctx.ws.timeout(),
+                               std::string(why) + " (rank " + std::to_string(ctx.ws.rank()) +
+                                   ", phase " + std::to_string(ph.index) + ")");
+}
+
+void wait_readers(const CollectiveContext& ctx, const Phase& ph, c10::ArrayRef<int> readers) {
+  wait_phase_ended(ctx, ph, readers, "copy-free read guard: readers of this rank's input");
 }
 
 void copy(const CollectiveContext& ctx, void* dst, const void* src, int64_t n) {

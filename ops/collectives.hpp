@@ -80,12 +80,20 @@ struct CollectiveConfig {
   int64_t all_gather_bidir_full_max_bytes = kDefaultAllGatherBidirFullMaxBytes;
   int64_t all_gather_ring_max_bytes = kDefaultAllGatherRingMaxBytes;
   int64_t reduce_scatter_ring_max_bytes = kDefaultReduceScatterRingMaxBytes;
+  // Copy-free reads (NOTE [Copy-free reads]), when the workspace offers them (host, probed at
+  // rendezvous, not turned off): the direct all-gather, the direct reduce-scatter and broadcast
+  // read peers' tensors straight from their processes from this payload size on (bytes, as
+  // above; broadcast: the tensor), and 'auto' then prefers direct over the rings. Below it they
+  // stage through the buffer: the reads cost a system call per peer and make every owner wait
+  // for its readers at the end.
+  int64_t cross_memory_min_bytes = kDefaultCrossMemoryMinBytes;
 
   static constexpr int64_t kDefaultChunkBytes = 1 << 20;
   static constexpr int64_t kDefaultAllReduceOneShotMaxBytes = 8 << 10;
   static constexpr int64_t kDefaultAllGatherBidirFullMaxBytes = 0;
   static constexpr int64_t kDefaultAllGatherRingMaxBytes = 256 << 10;
   static constexpr int64_t kDefaultReduceScatterRingMaxBytes = 256 << 10;
+  static constexpr int64_t kDefaultCrossMemoryMinBytes = 64 << 10;
 };
 
 // Fills the fields still on auto / default from the environment variables above; TORCH_CHECKs
@@ -95,10 +103,15 @@ void apply_environment(CollectiveConfig& config);
 void validate(const CollectiveConfig& config, int world_size);
 
 // The algorithms the automatic choice makes for these sizes (the forced one when set).
+// `private_reads`: whether the workspace offers copy-free reads
+// (SymmetricWorkspace::private_reads).
 AllGatherAlgo select_all_gather(const CollectiveConfig& config, int64_t output_bytes,
-                                int world_size);
+                                int world_size, bool private_reads = false);
 ReduceScatterAlgo select_reduce_scatter(const CollectiveConfig& config, int64_t input_bytes,
-                                        int world_size);
+                                        int world_size, bool private_reads = false);
+// Whether a direct all-gather / reduce-scatter or a broadcast of `payload_bytes` reads peers'
+// tensors directly (NOTE [Copy-free reads]) instead of staging them.
+bool uses_private_reads(const CollectiveConfig& config, int64_t payload_bytes, bool private_reads);
 AllReduceAlgo select_all_reduce(const CollectiveConfig& config, int64_t bytes, int world_size);
 
 // Per-group state of the collectives, owned by the backend (never shared by two groups).
@@ -111,6 +124,11 @@ class CollectiveState {
   // Float32 accumulators of float16 / bfloat16 reductions, grown on demand, reused by every op
   // (the hot path allocates nothing once warm).
   at::Tensor scratch;
+  // Where a copy-free reduce-scatter lands the peers' pieces before reducing them (bytes, grown
+  // on demand).
+  at::Tensor read_scratch;
+  // Whether the last collective read peers' tensors directly (for the backend's counters).
+  bool last_private_reads = false;
   // CUDA: the end of the previous collective, which the next one waits for (NOTE [Collectives
   // of a group run one at a time]); unused on the host.
   std::shared_ptr<Event> last;

@@ -47,6 +47,50 @@ void direct(const CollectiveContext& ctx, const Scatter& a, ReduceOp op) {
   }
 }
 
+// Bytes of a peer's piece a copy-free reduce-scatter reads before reducing: the W-1 pieces and
+// the output stay in the core's L2 between the read and the reduction.
+constexpr int64_t kReadPieceBytes = 64 << 10;
+
+// The direct reduce-scatter reading, piece by piece, each peer's contribution to this rank's
+// chunk straight from the peer's input into a local piece, then reducing the pieces with the own
+// input in rank order, as direct() does (NOTE [Copy-free reads]). One phase whatever the size.
+void direct_read(const CollectiveContext& ctx, const Scatter& a, ReduceOp op) {
+  const int W = ctx.ws.world_size(), me = ctx.ws.rank();
+  const int64_t m = std::max<int64_t>(kReadPieceBytes / a.esize, 1);  // elements per piece
+  const int64_t slot = detail::align_up(m * a.esize, detail::kAlign);
+  at::Tensor& scratch = ctx.state.read_scratch;
+  if (!scratch.defined() || scratch.nbytes() < static_cast<size_t>(slot * (W - 1))) {
+    scratch = at::empty({slot * (W - 1)}, at::TensorOptions().dtype(at::kByte));
+  }
+  char* pieces = bytes_of(scratch);
+  const detail::Phase ph = detail::begin_phase(ctx);
+  std::vector<const void*> mine(a.in.begin(), a.in.end());
+  detail::publish_addresses(ctx, ph, mine);
+  detail::phase_barrier(ctx);
+  for (int64_t off = 0; off < a.numel; off += m) {
+    const int64_t len = std::min(m, a.numel - off);
+    std::vector<at::Tensor> srcs;
+    srcs.reserve(W);
+    for (int q = 0; q < W; ++q) {
+      if (q == me) {
+        srcs.push_back(view(ctx, a.in[me] + off * a.esize, len, a.dtype));
+        continue;
+      }
+      char* piece = pieces + mod(q - me - 1, W) * slot;
+      detail::read_private(ctx, piece, ph, q, me, off * a.esize, len * a.esize);
+      srcs.push_back(view(ctx, piece, len, a.dtype));
+    }
+    detail::reduce_on_stream(ctx, view(ctx, a.out + off * a.esize, len, a.dtype), std::move(srcs),
+                             op, W);
+  }
+  detail::end_phase(ctx, ph);
+  c10::SmallVector<int, 8> peers;
+  for (int q = 0; q < W; ++q) {
+    if (q != me) peers.push_back(q);
+  }
+  detail::wait_readers(ctx, ph, peers);
+}
+
 // NOTE [Reduce-scatter ring]
 // Chunk c (rank c's result) is accumulated along the ring starting at rank c+1 and ends at rank
 // c. Each chunk is cut into k = S / W slices; per slice, step t = 1 .. W-1 of rank r reduces
@@ -122,8 +166,9 @@ ReduceScatterAlgo reduce_scatter(const CollectiveContext& ctx,
                 a.numel, " elements of ", a.dtype, ", got ", t.numel(), " of ", t.scalar_type());
     a.in.push_back(bytes_of(t));
   }
+  ctx.state.last_private_reads = false;
   if (algo == ReduceScatterAlgo::kAuto) {
-    algo = select_reduce_scatter(ctx.config, a.numel * a.esize * W, W);
+    algo = select_reduce_scatter(ctx.config, a.numel * a.esize * W, W, ctx.ws.private_reads());
   }
   if (a.numel == 0) return algo;
   if (W == 1) {
@@ -137,6 +182,9 @@ ReduceScatterAlgo reduce_scatter(const CollectiveContext& ctx,
                 "world size ",
                 W, ", got ", steps);
     ring(ctx, a, op, steps);
+  } else if (uses_private_reads(ctx.config, a.numel * a.esize * W, ctx.ws.private_reads())) {
+    direct_read(ctx, a, op);
+    ctx.state.last_private_reads = true;
   } else {
     direct(ctx, a, op);
   }

@@ -74,6 +74,22 @@ inline bool signal_reached(uint32_t word, uint32_t value) {
   return static_cast<int32_t>(word - value) >= 0;
 }
 
+// Reads another process's private memory - not the shared blocks, but e.g. a tensor it passed to
+// a collective - straight into this process's: Linux cross-memory attach (process_vm_readv) on
+// the host, one copy instead of two through the shared buffer. Whether it is allowed depends on
+// the system (Yama ptrace_scope, a container's seccomp profile), so the workspace probes it at
+// rendezvous (SymmetricWorkspace::private_reads()) before any algorithm relies on it.
+class PrivateMemoryReader {
+ public:
+  virtual ~PrivateMemoryReader() = default;
+  // Copies `n` bytes at `src` in process `pid` to `dst` in this process, now, in the calling
+  // thread. Throws, naming the system's error, when the kernel refuses or `src` is not mapped.
+  virtual void read(void* dst, int64_t pid, const void* src, size_t n) = 0;
+};
+
+// The host's reader (host/cross_memory.cpp).
+std::shared_ptr<PrivateMemoryReader> make_cross_memory_reader();
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -96,6 +112,10 @@ class Device {
   // A table of the blocks' addresses readable by this device's kernels (device memory on CUDA);
   // null on the host, whose code reads the addresses directly.
   virtual std::shared_ptr<void> upload_pointer_table(const std::vector<void*>& ptrs) = 0;
+  // How this device's streams read peers' private memory, or null when they cannot (CUDA: a
+  // peer's private device memory is not reachable; algorithms then stage through the buffers).
+  // The reader runs on the host, in stream order through run().
+  virtual std::shared_ptr<PrivateMemoryReader> private_memory_reader() { return nullptr; }
 
   // --- streams ---
   // The caller's stream: the current CUDA stream; on the host, the calling thread itself (work

@@ -4,8 +4,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
+#include <random>
 #include <set>
 #include <sstream>
 
@@ -54,6 +56,8 @@ struct PeerInfo {
   int device_index = -1;
   int64_t block_size = 0;
   std::vector<uint8_t> handle;
+  uint64_t probe_addr = 0;  // NOTE [Private-read probe]
+  uint64_t probe_token = 0;
 
   std::string serialize() const {
     std::ostringstream os;
@@ -62,7 +66,9 @@ struct PeerInfo {
        << device << '\n'
        << device_index << '\n'
        << block_size << '\n'
-       << hex(handle) << '\n';
+       << hex(handle) << '\n'
+       << probe_addr << '\n'
+       << probe_token << '\n';
     return os.str();
   }
   static PeerInfo parse(const std::string& s) {
@@ -79,6 +85,10 @@ struct PeerInfo {
     p.block_size = std::stoll(line);
     std::getline(is, line);
     p.handle = unhex(line);
+    std::getline(is, line);
+    p.probe_addr = std::stoull(line);
+    std::getline(is, line);
+    p.probe_token = std::stoull(line);
     return p;
   }
 };
@@ -104,6 +114,46 @@ std::vector<std::string> exchange(c10d::Store& store, const std::string& prefix,
   std::vector<std::string> out;
   for (const auto& k : keys) out.push_back(to_string(store.get(k)));
   return out;
+}
+
+// NOTE [Private-read probe]
+// read_peer_private reads a peer process's private memory with the device's reader (on the host,
+// process_vm_readv). The kernel may refuse it (Yama ptrace_scope >= 1 between non-descendants, a
+// container's seccomp profile), and a pid published by a peer means another process when the
+// ranks live in different pid namespaces. So at every rendezvous each rank reads, from every
+// peer, the 8-byte token that peer published with the address of the word holding it
+// (probe_token_, which lives as long as the workspace), and compares; then the ranks exchange
+// their verdicts and the reads are offered only if every rank succeeded with every peer (a rank
+// that turned them off counts as a failure). The verdicts are identical on every rank, so the
+// algorithms that use the reads take the same path everywhere. The first failure is kept as
+// private_reads_reason(). The verdicts travel with the mapping statuses (one store exchange for
+// both, so the probe costs the rendezvous no extra round trip), and every rank sends one, even
+// with the reads turned off, so that ranks configured differently still agree.
+
+// This rank's verdict on reading every peer's probe word ("" when every read succeeded).
+std::string probe_verdict(PrivateMemoryReader& reader, bool enabled, int rank,
+                          const std::vector<PeerInfo>& peers) {
+  if (!enabled) return "turned off on rank " + std::to_string(rank);
+  for (int r = 0; r < static_cast<int>(peers.size()); ++r) {
+    if (r == rank) continue;
+    uint64_t got = 0;
+    try {
+      reader.read(&got, peers[r].pid, reinterpret_cast<const void*>(peers[r].probe_addr),
+                  sizeof(got));
+    } catch (const c10::Error& e) {
+      return "rank " + std::to_string(rank) + " cannot read rank " + std::to_string(r) +
+             "'s memory: " + e.what_without_backtrace();
+    } catch (const std::exception& e) {
+      return "rank " + std::to_string(rank) + " cannot read rank " + std::to_string(r) +
+             "'s memory: " + e.what();
+    }
+    if (got != peers[r].probe_token) {
+      return "rank " + std::to_string(rank) + " read a wrong probe value from rank " +
+             std::to_string(r) + " (pid " + std::to_string(peers[r].pid) +
+             "): are the ranks in different pid namespaces?";
+    }
+  }
+  return "";
 }
 
 }  // namespace
@@ -145,6 +195,9 @@ SymmetricWorkspace::SymmetricWorkspace(c10::intrusive_ptr<c10d::Store> store, in
               "cuda_p2p: workspace num_channels must be in [1, 64], got ", options_.num_channels);
   TORCH_CHECK(options_.timeout.count() > 0, "cuda_p2p: workspace timeout must be positive, got ",
               options_.timeout.count(), " ms");
+  reader_ = device_->private_memory_reader();
+  std::random_device rd;
+  probe_token_ = (static_cast<uint64_t>(rd()) << 32) | rd();
   rendezvous(options_.buffer_size);
 }
 
@@ -175,6 +228,8 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
   auto local = device_->allocate(block_bytes);
   auto exporter = device_->export_block(local, world_size_ - 1);
   me.handle = exporter->handle();
+  me.probe_addr = reinterpret_cast<uint64_t>(&probe_token_);
+  me.probe_token = probe_token_;
 
   std::vector<PeerInfo> peers;
   for (const auto& s :
@@ -214,17 +269,28 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
     error = "rank " + std::to_string(rank_) + ": " + e.what();
   }
   // Agree on success: a workspace mapped on some ranks only would make the ranks take different
-  // paths and hang. The exporter stays up until every peer has mapped.
+  // paths and hang. The exporter stays up until every peer has mapped. Each status is
+  // "<length of the mapping error>:<mapping error><private-read verdict>" (NOTE [Private-read
+  // probe]; no verdict without a reader).
+  const std::string verdict =
+      reader_ ? probe_verdict(*reader_, options_.private_reads, rank_, peers) : "";
   const auto statuses =
-      exchange(*store_, prefix + "mapped/", rank_, world_size_, error, options_.timeout);
+      exchange(*store_, prefix + "mapped/", rank_, world_size_,
+               std::to_string(error.size()) + ":" + error + verdict, options_.timeout);
   exporter.reset();
+  std::vector<std::string> verdicts;
   for (const auto& s : statuses) {
-    if (!s.empty()) {
+    const size_t colon = s.find(':');
+    TORCH_CHECK(colon != std::string::npos, "cuda_p2p: malformed workspace status '", s, "'");
+    const size_t length = std::stoull(s.substr(0, colon));
+    TORCH_CHECK(colon + 1 + length <= s.size(), "cuda_p2p: malformed workspace status '", s, "'");
+    if (length > 0) {
       available_ = false;
-      reason_ = "a peer's block could not be mapped (" + s + ")";
+      reason_ = "a peer's block could not be mapped (" + s.substr(colon + 1, length) + ")";
       mapping_.reset();
       return;
     }
+    verdicts.push_back(s.substr(colon + 1 + length));
   }
 
   for (auto& b : mapping->blocks) {
@@ -236,6 +302,24 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
   std::vector<void*> pads(mapping->pads.begin(), mapping->pads.end());
   mapping->device_pads = device_->upload_pointer_table(pads);
 
+  // NOTE [Private-read probe]
+  private_reads_ = false;
+  pids_.clear();
+  if (!reader_) {
+    private_reads_reason_ = "the " + device_->name() + " device cannot read peers' private memory";
+  } else {
+    private_reads_reason_.clear();
+    for (const auto& v : verdicts) {
+      if (!v.empty()) {
+        private_reads_reason_ = v;
+        break;
+      }
+    }
+    private_reads_ = private_reads_reason_.empty();
+    if (private_reads_) {
+      for (const auto& p : peers) pids_.push_back(p.pid);
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(mapping_mutex_);
     mapping_ = std::move(mapping);
@@ -244,6 +328,30 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
   expected_.assign(sent_.size(), 0);
   available_ = true;
   reason_.clear();
+}
+
+void SymmetricWorkspace::read_peer_private(Stream& s, void* dst, int peer, const void* src,
+                                           size_t n) {
+  TORCH_CHECK(private_reads(), "cuda_p2p read_peer_private: unavailable: ",
+              available_ ? private_reads_reason_ : reason_);
+  check_rank(peer, "read_peer_private");
+  if (n == 0) return;
+  device_->run(s, [reader = reader_.get(), dst, pid = pids_[peer], src, n] {
+    reader->read(dst, pid, src, n);
+  });
+}
+
+void SymmetricWorkspace::read_peer_private(Stream& s, void* dst, int peer,
+                                           const uint64_t* address_word, int64_t offset, size_t n) {
+  TORCH_CHECK(private_reads(), "cuda_p2p read_peer_private: unavailable: ",
+              available_ ? private_reads_reason_ : reason_);
+  check_rank(peer, "read_peer_private");
+  if (n == 0) return;
+  device_->run(s, [reader = reader_.get(), dst, pid = pids_[peer], address_word, offset, n] {
+    const uint64_t base = std::atomic_ref<uint64_t>(*const_cast<uint64_t*>(address_word))
+                              .load(std::memory_order_relaxed);
+    reader->read(dst, pid, reinterpret_cast<const char*>(base) + offset, n);
+  });
 }
 
 std::shared_ptr<SymmetricWorkspace::Mapping> SymmetricWorkspace::mapping() const {

@@ -29,6 +29,9 @@ struct WorkspaceOptions {
   int num_channels = kDefaultChannels;
   // How long a signal wait or a rendezvous step may take before it fails.
   Millis timeout{std::chrono::minutes(5)};
+  // Whether to offer reads of peers' private memory (read_peer_private) when the device has a
+  // reader and the probe at rendezvous succeeds on every rank.
+  bool private_reads = true;
 };
 
 // This process's host identity: $CUDA_P2P_HOST_ID, else hostname + boot id.
@@ -62,6 +65,22 @@ class SymmetricWorkspace {
   // Device-readable tables of every rank's buffer / pad (null on the host).
   const std::shared_ptr<void>& device_buffer_table() const;
   const std::shared_ptr<void>& device_pad_table() const;
+
+  // Whether read_peer_private works: the device has a reader (the host), it is turned on, and
+  // every rank could read every peer's probe word at rendezvous. Identical on every rank.
+  bool private_reads() const { return available_ && private_reads_; }
+  // Why it does not ("" when it does).
+  const std::string& private_reads_reason() const { return private_reads_reason_; }
+  // Copies `n` bytes at `src` in `peer`'s address space (any memory of that process, e.g. the
+  // tensor it passed to a collective) to `dst`, in the order of stream `s`. Only when
+  // private_reads(); the caller makes sure `src` stays valid until the read has run (NOTE
+  // [Copy-free reads] in ops/collectives.cpp).
+  void read_peer_private(Stream& s, void* dst, int peer, const void* src, size_t n);
+  // The same, with the source address published by the peer in shared memory: the read copies
+  // from *address_word + offset, loading the word when the read runs in stream order (after the
+  // wait that made it visible), not when it is enqueued.
+  void read_peer_private(Stream& s, void* dst, int peer, const uint64_t* address_word,
+                         int64_t offset, size_t n);
 
   // A tensor aliasing `rank`'s buffer (this rank's included). It keeps the mapping alive, even
   // across a growth of the workspace.
@@ -99,6 +118,12 @@ class SymmetricWorkspace {
 
   bool available_ = false;
   std::string reason_;
+  // Reads of peers' private memory (NOTE [Private-read probe] in the .cpp).
+  std::shared_ptr<PrivateMemoryReader> reader_;
+  bool private_reads_ = false;
+  std::string private_reads_reason_;
+  std::vector<int64_t> pids_;  // by rank
+  uint64_t probe_token_ = 0;   // what peers must read at &probe_token_
   int generation_ = 0;
   int exchange_count_ = 0;
 

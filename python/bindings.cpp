@@ -264,7 +264,20 @@ PYBIND11_MODULE(_C, m) {
             o.reduce_scatter_ring_max_bytes = v;
           },
           "Largest reduce-scatter input (bytes) that 'auto' runs as a ring, above: direct "
-          "(None: the measured default).");
+          "(None: the measured default).")
+      .def_property(
+          "cross_memory", [](const Options& o) { return o.cross_memory; },
+          [](Options& o, std::optional<bool> v) { o.cross_memory = v; },
+          "Copy-free reads of peers' tensors on the host (process_vm_readv) where the system "
+          "allows them: True, False, or None (CUDA_P2P_CROSS_MEMORY, else off).")
+      .def_property(
+          "cross_memory_min_bytes", [](const Options& o) { return o.cross_memory_min_bytes; },
+          [](Options& o, std::optional<int64_t> v) {
+            TORCH_CHECK_VALUE(!v || *v >= 0, "cuda_p2p: thresholds must be >= 0 or None");
+            o.cross_memory_min_bytes = v;
+          },
+          "Smallest payload (bytes) the direct all-gather / reduce-scatter and broadcast read "
+          "copy-free (None: the measured default).");
 
   pg.def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                      c10::intrusive_ptr<ProcessGroupCudaP2P::Options> options,
@@ -336,6 +349,9 @@ PYBIND11_MODULE(_C, m) {
             d["all_gather_bidir_full_max_bytes"] = c.all_gather_bidir_full_max_bytes;
             d["all_gather_ring_max_bytes"] = c.all_gather_ring_max_bytes;
             d["reduce_scatter_ring_max_bytes"] = c.reduce_scatter_ring_max_bytes;
+            d["cross_memory_min_bytes"] = c.cross_memory_min_bytes;
+            d["cross_memory"] = self.uses_cross_memory();
+            d["cross_memory_reason"] = self.cross_memory_reason();
             d["workspace_collectives"] = self.uses_workspace_collectives();
             return d;
           },

@@ -462,6 +462,9 @@ class HostDevice : public Device {
     return import_shared_block(handle, bytes, timeout);
   }
   std::shared_ptr<void> upload_pointer_table(const std::vector<void*>&) override { return {}; }
+  std::shared_ptr<PrivateMemoryReader> private_memory_reader() override {
+    return make_cross_memory_reader();  // host/cross_memory.cpp
+  }
 
   // One inline stream per device object: it carries no state but its counters.
   std::shared_ptr<Stream> current_stream() override { return inline_stream_; }

@@ -117,10 +117,13 @@ struct Fixture {
   ops::CollectiveState state;
   ops::CollectiveConfig config;
 
-  explicit Fixture(int64_t buffer = kBuffer, Millis timeout = std::chrono::seconds(60)) {
+  // private_reads: off by default, so that the staged paths keep their coverage here.
+  explicit Fixture(int64_t buffer = kBuffer, Millis timeout = std::chrono::seconds(60),
+                   bool private_reads = false) {
     WorkspaceOptions o;
     o.buffer_size = buffer;
     o.timeout = timeout;
+    o.private_reads = private_reads;
     ws = std::make_unique<SymmetricWorkspace>(test_store(), world().rank, world().size,
                                               make_host_device(world().size), o);
     stream = ws->device().current_stream();
@@ -516,6 +519,58 @@ TEST(Collectives, BroadcastFromEveryRoot) {
         EXPECT_TRUE(t.inner.equal(make_input(root * 100 + n, root, n, dtype, ReduceOp::kSum)));
         EXPECT_TRUE(t.margins_intact());
       }
+    }
+  }
+}
+
+// NOTE [Copy-free reads]: direct all-gather, direct reduce-scatter and broadcast reading peers'
+// tensors give the staged paths' bits, for every dtype and op, sizes of 0, 1, odd and several
+// 64 KiB reduce-scatter pieces, inputs that stay untouched and reused at once.
+TEST(Collectives, CopyFreeReadsMatchTheStagedPaths) {
+  const auto& w = world();
+  Fixture read(kBuffer, std::chrono::seconds(60), /*private_reads=*/true);
+  Fixture staged;
+  if (!read.ws->private_reads()) {
+    GTEST_SKIP() << "private reads denied here: " << read.ws->private_reads_reason();
+  }
+  read.config.cross_memory_min_bytes = 0;
+  const std::vector<int64_t> sizes = {0, 1, 7, 1000, 3 * 16384 + 5};
+  for (auto dtype : kAllDtypes) {
+    for (int64_t n : sizes) {
+      SCOPED_TRACE(describe("copy-free", "direct", dtype, n));
+      // All-gather, its input reused (overwritten) right after the call.
+      auto input = make_input(n, w.rank, n, dtype, ReduceOp::kSum);
+      std::vector<at::Tensor> got, want;
+      for (int q = 0; q < w.size; ++q) {
+        got.push_back(at::full({n}, kGuard, at::TensorOptions().dtype(dtype)));
+        want.push_back(at::full({n}, kGuard, at::TensorOptions().dtype(dtype)));
+      }
+      ops::all_gather(read.ctx(), input, got, AllGatherAlgo::kDirect);
+      EXPECT_EQ(read.state.last_private_reads, n > 0 && w.size > 1);
+      input.fill_(-1);
+      input.copy_(make_input(n, w.rank, n, dtype, ReduceOp::kSum));
+      ops::all_gather(staged.ctx(), input, want, AllGatherAlgo::kDirect);
+      EXPECT_FALSE(staged.state.last_private_reads);
+      for (int q = 0; q < w.size; ++q) EXPECT_TRUE(got[q].equal(want[q])) << "shard " << q;
+      // Reduce-scatter, every op.
+      for (auto op : ops_for(dtype)) {
+        const auto in = make_input(n + 3, w.rank, n * w.size, dtype, op);
+        const auto copy = in.clone();
+        std::vector<at::Tensor> chunks;
+        for (int q = 0; q < w.size; ++q) chunks.push_back(in.narrow(0, q * n, n));
+        Guarded a(n, dtype), b(n, dtype);
+        ops::reduce_scatter(read.ctx(), chunks, a.inner, op, ReduceScatterAlgo::kDirect);
+        ops::reduce_scatter(staged.ctx(), chunks, b.inner, op, ReduceScatterAlgo::kDirect);
+        EXPECT_TRUE(a.inner.equal(b.inner)) << ops::to_string(op);
+        EXPECT_TRUE(a.margins_intact() && in.equal(copy)) << ops::to_string(op);
+      }
+      // Broadcast from the last rank.
+      const int root = w.size - 1;
+      Guarded t(n, dtype);
+      t.inner.copy_(make_input(n + 5, w.rank, n, dtype, ReduceOp::kSum));
+      ops::broadcast(read.ctx(), t.inner, root);
+      EXPECT_TRUE(t.inner.equal(make_input(n + 5, root, n, dtype, ReduceOp::kSum)));
+      EXPECT_TRUE(t.margins_intact());
     }
   }
 }

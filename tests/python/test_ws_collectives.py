@@ -90,11 +90,33 @@ def _group(key, env=None, **options):
     return _groups[key]
 
 
-def _forced(ctx, **algos):
+def _forced(ctx, read=False, **algos):
+    """A group forcing `algos`. read=False: the staged paths (copy-free reads off); read=True:
+    copy-free reads at every size (they must be available on this machine)."""
     steps = algos.pop("ring_steps_per_rank", 1)
-    key = tuple(sorted(algos.items())) + (("steps", steps),)
+    key = tuple(sorted(algos.items())) + (("steps", steps), ("read", read))
     return _group(key, buffer_size=BUFFER, chunk_bytes=0, ring_steps=steps * ctx.world_size,
-                  **algos)
+                  cross_memory=read, cross_memory_min_bytes=0, **algos)
+
+
+# Copy-free reads: a reduce-scatter chunk of several 64 KiB pieces (ops/reduce_scatter.cpp).
+READ_PIECES_ELEMS = 3 * (64 << 10) // 4 + 5
+
+
+def _read_sizes(sizes, read):
+    return sorted(set(sizes) | {READ_PIECES_ELEMS}) if read else sizes
+
+
+def _counters_read_ok(chk, group, key, count, read):
+    """With copy-free reads forced, `key` counts every call and the reads are available."""
+    b = cuda_p2p.get_cuda_p2p_backend(group)
+    if not read:
+        chk.case("counters", key not in b.get_counters(), f"{b.get_counters()}")
+        return
+    cfg = b.get_collective_config()
+    chk.case("cross_memory", cfg["cross_memory"], f"unavailable: {cfg['cross_memory_reason']}")
+    chk.case("counters", b.get_counters().get(key, 0) == count,
+             f"expected {key}={count}, got {b.get_counters()}")
 
 
 def _ops_for(dtype):
@@ -198,17 +220,17 @@ def _counters_ok(chk, group, want_key, want_count):
 # rank side: the checks
 
 
-def check_all_gather(ctx, algo):
+def check_all_gather(ctx, algo, read=False):
     W, rank = ctx.world_size, ctx.rank
-    g = _forced(ctx, all_gather_algo=algo)
+    g = _forced(ctx, read, all_gather_algo=algo)
     b = cuda_p2p.get_cuda_p2p_backend(g)
     b.reset_counters()
-    chk = Checker(f"all_gather[{algo}] W={W}")
-    count = 0
+    chk = Checker(f"all_gather[{algo}{', read' if read else ''}] W={W}")
+    count = zero = 0
     for name, dtype in DTYPES.items():
         esize = torch.empty((), dtype=dtype).element_size()
         slots = 1 if algo == "direct" else W
-        for n in _sizes(_round_bytes(1, slots) // esize):
+        for n in _read_sizes(_sizes(_round_bytes(1, slots) // esize), read):
             try:
                 seed = n + 3
                 x = _input(seed, rank, n, dtype)
@@ -225,26 +247,39 @@ def check_all_gather(ctx, algo):
                 outs = [torch.full((n,), GUARD, dtype=dtype) for _ in range(W)]
                 dist.all_gather(outs, x, group=g)
                 chk.case(f"{name} n={n} list", torch.equal(torch.cat(outs), want), "differs")
+                # In place: the input is the output's own chunk (peers read it while this rank
+                # writes the others).
+                if n > 0:
+                    inplace = torch.full((n * W,), GUARD, dtype=dtype)
+                    inplace[rank * n : (rank + 1) * n].copy_(x)
+                    dist.all_gather_into_tensor(inplace, inplace[rank * n : (rank + 1) * n],
+                                                group=g)
+                    chk.case(f"{name} n={n} in place", torch.equal(inplace, want), "differs")
+                    count += 1
+                    chk.cases += 1
                 count += 2
+                zero += 2 if n == 0 else 0
                 chk.cases += 2
             except Exception as e:  # noqa: BLE001
                 chk.case(f"{name} n={n}", False, f"raised {e!r}\n{traceback.format_exc()}")
                 return chk.result()
     _counters_ok(chk, g, f"all_gather.{algo}", count)
+    _counters_read_ok(chk, g, "all_gather.cross_memory", count - zero, read and algo == "direct")
     return chk.result()
 
 
-def check_reduce_scatter(ctx, algo, steps_per_rank):
+def check_reduce_scatter(ctx, algo, steps_per_rank, read=False):
     W, rank = ctx.world_size, ctx.rank
-    g = _forced(ctx, reduce_scatter_algo=algo, ring_steps_per_rank=steps_per_rank)
+    g = _forced(ctx, read, reduce_scatter_algo=algo, ring_steps_per_rank=steps_per_rank)
     cuda_p2p.get_cuda_p2p_backend(g).reset_counters()
-    chk = Checker(f"reduce_scatter[{algo}, S={steps_per_rank * W}] W={W}")
+    chk = Checker(f"reduce_scatter[{algo}, S={steps_per_rank * W}{', read' if read else ''}] "
+                  f"W={W}")
     count = 0
     for name, dtype in DTYPES.items():
         acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
         unit = torch.empty((), dtype=acc if algo == "ring" else dtype).element_size()
         for op in _ops_for(dtype):
-            for n in _sizes(_round_bytes(unit, W) // unit):
+            for n in _read_sizes(_sizes(_round_bytes(unit, W) // unit), read):
                 try:
                     seed = n + 31 * _ops_for(dtype).index(op)
                     x = _input(seed, rank, n * W, dtype, op)
@@ -279,6 +314,10 @@ def check_reduce_scatter(ctx, algo, steps_per_rank):
         count += 1
         chk.cases += 1
     _counters_ok(chk, g, f"reduce_scatter.{algo}", count)
+    # n = 0 returns before choosing a path.
+    zero = sum(len(_ops_for(d)) for d in DTYPES.values())
+    _counters_read_ok(chk, g, "reduce_scatter.cross_memory", count - zero,
+                      read and algo == "direct")
     return chk.result()
 
 
@@ -337,17 +376,18 @@ def check_all_reduce(ctx, algo):
     return chk.result()
 
 
-def check_broadcast(ctx):
+def check_broadcast(ctx, read=False):
     W, rank = ctx.world_size, ctx.rank
-    g = _forced(ctx)
+    g = _forced(ctx, read)
     cuda_p2p.get_cuda_p2p_backend(g).reset_counters()
-    chk = Checker(f"broadcast W={W}")
-    count = 0
+    chk = Checker(f"broadcast{'[read]' if read else ''} W={W}")
+    count = zero = 0
     for name in ("float32", "bfloat16", "int8", "int64"):
         dtype = DTYPES[name]
         esize = torch.empty((), dtype=dtype).element_size()
         for root in range(W):
-            for n in _sizes(_round_bytes(1) // esize):
+            for n in _read_sizes(_sizes(_round_bytes(1) // esize), read):
+                zero += n == 0
                 whole, t = _guarded(n, dtype)
                 t.copy_(_input(root * 100 + n, rank, n, dtype))
                 dist.broadcast(t, src=root, group=g)
@@ -360,6 +400,67 @@ def check_broadcast(ctx):
                 count += 1
                 chk.cases += 1
     _counters_ok(chk, g, "broadcast.direct", count)
+    _counters_read_ok(chk, g, "broadcast.cross_memory", count - zero, read)
+    return chk.result()
+
+
+def check_copy_free_fallback(ctx):
+    """Copy-free reads: 'auto' takes them from cross_memory_min_bytes on; a probe that fails on
+    one rank only (the test hook makes that rank's reads fail with EPERM), either knob or the
+    default (off) leaves them off on every rank, with the reason, and the collectives stage
+    (same results)."""
+    W, rank = ctx.world_size, ctx.rank
+    chk = Checker(f"copy-free fallback W={W}")
+    deny = {"CUDA_P2P_TEST_DENY_CROSS_MEMORY": "1"} if rank == W - 1 else {}
+    groups = {
+        "auto": (_group("read-auto", buffer_size=BUFFER, cross_memory=True), None),
+        "env-on": (_group("read-env-on", env={"CUDA_P2P_CROSS_MEMORY": "1"}, buffer_size=BUFFER),
+                   None),
+        "default": (_group("read-default", buffer_size=BUFFER), "off by default"),
+        "denied": (_group("read-denied", env=deny, buffer_size=BUFFER, cross_memory=True,
+                           cross_memory_min_bytes=0),
+                   f"rank {W - 1} cannot read rank"),
+        "env": (_group("read-env", env={"CUDA_P2P_CROSS_MEMORY": "0"}, buffer_size=BUFFER,
+                       cross_memory_min_bytes=0), "CUDA_P2P_CROSS_MEMORY=0"),
+        "option": (_group("read-option", buffer_size=BUFFER, cross_memory=False,
+                          cross_memory_min_bytes=0), "Options.cross_memory = False"),
+    }
+    for key, (g, reason) in groups.items():
+        b = cuda_p2p.get_cuda_p2p_backend(g)
+        b.reset_counters()
+        cfg = b.get_collective_config()
+        if reason is None:
+            chk.case(key, cfg["cross_memory"] and cfg["cross_memory_reason"] == ""
+                     and cfg["cross_memory_min_bytes"] == 64 << 10, f"{cfg}")
+        else:
+            chk.case(key, not cfg["cross_memory"] and reason in cfg["cross_memory_reason"],
+                     f"{cfg}")
+        for n in (5, 40000):  # per rank, float32: below and above the default threshold
+            x = _input(n, rank, n * W, torch.float32)
+            out = torch.empty(n * W * W)
+            dist.all_gather_into_tensor(out, x, group=g)
+            want = torch.cat([_input(n, r, n * W, torch.float32) for r in range(W)])
+            chk.case(f"{key} all_gather n={n}", torch.equal(out, want), "differs")
+            rs = torch.empty(n)
+            dist.reduce_scatter_tensor(rs, x, group=g)
+            want = _reduce_math("SUM", [_input(n, r, n * W, torch.float32)[rank * n:(rank + 1) * n]
+                                        for r in range(W)])
+            chk.case(f"{key} reduce_scatter n={n}", torch.equal(rs, want), "differs")
+            t = x.clone()
+            dist.broadcast(t, src=W - 1, group=g)
+            chk.case(f"{key} broadcast n={n}",
+                     torch.equal(t, _input(n, W - 1, n * W, torch.float32)), "differs")
+            chk.cases += 3
+        c = b.get_counters()
+        reads = {k: v for k, v in c.items() if k.endswith(".cross_memory")}
+        if reason is None:
+            # The large size only, and 'auto' chose direct over the rings for it.
+            chk.case(f"{key} counters", reads == {"all_gather.cross_memory": 1,
+                                                  "reduce_scatter.cross_memory": 1,
+                                                  "broadcast.cross_memory": 1}
+                     and c.get("all_gather.direct", 0) >= 1, f"{c}")
+        else:
+            chk.case(f"{key} counters", not reads, f"{c}")
     return chk.result()
 
 
@@ -615,6 +716,23 @@ def test_all_reduce(any_world, algo):
 
 def test_broadcast(any_world):
     _assert_ok(any_world.run(check_broadcast), min_cases=40)
+
+
+# Copy-free reads (NOTE [Copy-free reads]) forced at every size: every dtype, odd sizes.
+def test_all_gather_copy_free(any_world):
+    _assert_ok(any_world.run(check_all_gather, "direct", True), min_cases=len(DTYPES) * 8)
+
+
+def test_reduce_scatter_copy_free(any_world):
+    _assert_ok(any_world.run(check_reduce_scatter, "direct", 1, True), min_cases=200)
+
+
+def test_broadcast_copy_free(any_world):
+    _assert_ok(any_world.run(check_broadcast, True), min_cases=40)
+
+
+def test_copy_free_reads_fallback_and_knobs(any_world):
+    _assert_ok(any_world.run(check_copy_free_fallback))
 
 
 def test_all_gather_v(any_world):

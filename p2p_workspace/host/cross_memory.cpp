@@ -1,0 +1,71 @@
+// Reads of a peer process's private memory on the host: Linux cross-memory attach.
+//
+// process_vm_readv copies from another process's address space into this one's in a single
+// kernel copy (the peer's pages are pinned, then copied to ours), which is what lets the
+// workspace collectives read a peer's input tensor straight into their output instead of staging
+// it through the shared buffer first (NOTE [Copy-free reads] in ops/collectives.cpp). The kernel
+// allows it only where ptrace would be allowed (same uid, and Yama's ptrace_scope; a container's
+// seccomp profile may forbid the call): SymmetricWorkspace probes it at rendezvous.
+#include <c10/util/Exception.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "p2p_workspace/device.hpp"
+
+namespace cuda_p2p {
+
+namespace {
+
+// Test hook: CUDA_P2P_TEST_DENY_CROSS_MEMORY=1 makes every read of this process's reader fail
+// as the kernel does under Yama ptrace_scope >= 1 (EPERM), so tests can exercise the fallback on
+// machines that allow the call. Read when the reader is made: each workspace has its own.
+constexpr const char* kDenyEnv = "CUDA_P2P_TEST_DENY_CROSS_MEMORY";
+
+class CrossMemoryReader : public PrivateMemoryReader {
+ public:
+  CrossMemoryReader() {
+    const char* deny = std::getenv(kDenyEnv);
+    deny_ = deny && std::string(deny) == "1";
+  }
+
+  void read(void* dst, int64_t pid, const void* src, size_t n) override {
+    auto* out = static_cast<char*>(dst);
+    auto* in = static_cast<const char*>(src);
+    // A read may return fewer bytes than asked (the kernel stops at the first page it cannot
+    // pin); carry on from there, and fail only when no progress is made.
+    while (n > 0) {
+      iovec local{out, n};
+      iovec remote{const_cast<char*>(in), n};
+      ssize_t got;
+      if (deny_) {
+        got = -1;
+        errno = EPERM;
+      } else {
+        got = ::process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0);
+      }
+      if (got < 0 && errno == EINTR) continue;
+      TORCH_CHECK(got > 0, "cuda_p2p: reading ", n, " bytes at ", src, " of process ", pid,
+                  " with process_vm_readv failed: ", got < 0 ? std::strerror(errno) : "no progress",
+                  deny_ ? std::string(" (denied by ") + kDenyEnv + "=1)" : std::string());
+      out += got;
+      in += got;
+      n -= static_cast<size_t>(got);
+    }
+  }
+
+ private:
+  bool deny_ = false;
+};
+
+}  // namespace
+
+std::shared_ptr<PrivateMemoryReader> make_cross_memory_reader() {
+  return std::make_shared<CrossMemoryReader>();
+}
+
+}  // namespace cuda_p2p
