@@ -36,7 +36,6 @@ import datetime
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,6 +45,8 @@ import warnings
 from pathlib import Path
 
 import torch
+
+from _common import free_port
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -57,12 +58,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # Targets of the issue (fused vs baselines), checked in the summary.
 TARGET_VS_MATMUL = 1.15
 TARGET_VS_P2P = 1.05
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def machine() -> dict:

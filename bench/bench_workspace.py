@@ -13,17 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 import time
 from pathlib import Path
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from _common import free_port
 
 
 def _timed(fn, iters: int) -> float:
@@ -97,7 +92,7 @@ def run_world(world: int, args) -> dict:
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [
         ctx.Process(target=_rank_main, args=(r, world, port, args, q), daemon=True)
         for r in range(world)
