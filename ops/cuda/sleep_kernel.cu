@@ -1,14 +1,9 @@
 #include "ops/cuda/sleep_kernel.cuh"
+#include "p2p_workspace/cuda/global_timer.cuh"
 
 namespace cuda_p2p::cuda {
 
 namespace {
-
-__device__ __forceinline__ uint64_t global_timer_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 
 __global__ void sleep_kernel(uint32_t nanoseconds) {
   // __nanosleep may return early (its duration is a hint): sleep until the timer says so.

@@ -1,14 +1,9 @@
+#include "p2p_workspace/cuda/global_timer.cuh"
 #include "p2p_workspace/cuda/signal_kernels.cuh"
 
 namespace cuda_p2p::cuda {
 
 namespace {
-
-__device__ __forceinline__ uint64_t global_timer_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 
 __device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t* addr) {
   uint32_t v;
