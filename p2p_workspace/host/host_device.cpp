@@ -82,15 +82,6 @@ bool poll_all(const std::vector<SignalWait>& waits, bool oversubscribed) {
   return false;
 }
 
-bool futex_wait_until(const uint32_t* word, uint32_t value,
-                      std::chrono::steady_clock::time_point deadline) {
-  for (int i = 0; i < kSpins; ++i) {
-    if (signal_reached(load_acquire(word), value)) return true;
-    CUDA_P2P_CPU_RELAX();
-  }
-  return futex_sleep_until(word, value, deadline);
-}
-
 bool futex_sleep_until(const uint32_t* word, uint32_t value,
                        std::chrono::steady_clock::time_point deadline) {
   while (true) {

@@ -136,11 +136,8 @@ std::unique_ptr<BlockExporter> export_shared_block(const std::shared_ptr<Block>&
 std::shared_ptr<Block> import_shared_block(const std::vector<uint8_t>& handle, size_t bytes,
                                            Millis timeout);
 
-// Waits until `word` reaches `value` (sequence-number order) or `deadline` passes: spins briefly,
-// then sleeps in the kernel (futex on the shared word). Returns whether it was reached.
-bool futex_wait_until(const uint32_t* word, uint32_t value,
-                      std::chrono::steady_clock::time_point deadline);
-// The same without polling first: sleeps in the kernel until the word reaches `value`.
+// Sleeps in the kernel (futex on the shared word) until `word` reaches `value` (sequence-number
+// order) or `deadline` passes. Returns whether it was reached.
 bool futex_sleep_until(const uint32_t* word, uint32_t value,
                        std::chrono::steady_clock::time_point deadline);
 // Sleeps until any of the words changes from the value it holds now, or `deadline` passes
