@@ -140,16 +140,20 @@ namespace {
 bool check_waits(const std::vector<SignalWait>& waits,
                  std::chrono::steady_clock::time_point deadline, Millis timeout,
                  const std::string& context) {
+  const auto reached = [](const SignalWait& w) {
+    return signal_reached(load_acquire(w.addr), w.value);
+  };
+  if (std::all_of(waits.begin(), waits.end(), reached)) return true;
+  if (std::chrono::steady_clock::now() < deadline) return false;
+  // Polled on every scheduler pass: the message is built only once the wait has failed.
   std::ostringstream missing;
   int count = 0;
   for (const auto& w : waits) {
-    if (!signal_reached(load_acquire(w.addr), w.value)) missing << (count++ ? ", " : "") << w.peer;
+    if (!reached(w)) missing << (count++ ? ", " : "") << w.peer;
   }
-  if (count == 0) return true;
-  TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "cuda_p2p: ", context,
-              " timed out after ", timeout.count(), " ms: rank", count > 1 ? "s " : " ",
-              missing.str(), " never arrived");
-  return false;
+  TORCH_CHECK(count == 0, "cuda_p2p: ", context, " timed out after ", timeout.count(), " ms: rank",
+              count > 1 ? "s " : " ", missing.str(), " never arrived");
+  return true;  // every word arrived just as the deadline passed
 }
 
 // The blocking wait of an executor thread (or of the inline stream of a threaded device).
