@@ -54,6 +54,24 @@ ProcessGroupCudaP2P::ProcessGroupCudaP2P(c10::intrusive_ptr<c10d::Store> store, 
     collectives_on_ = value == "1";
   }
   if (!options_->workspace_collectives) collectives_on_ = false;
+  // NOTE [CUDA collectives are opt-in]
+  // A user who switches backend="nccl" to backend="cuda_p2p" must lose nothing: until the
+  // workspace collectives have been validated on a GPU (scripts/gpu_check.sh), ordinary
+  // collectives on CUDA tensors go to the wrapped NCCL backend unless the user opts in
+  // (Options.cuda_workspace_collectives, else CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES=1). The
+  // counters say which path ran ("all_reduce.wrapped" vs "all_reduce.one_shot", ...). A host
+  // workspace (CPU tensors) is not affected; the fused ops use the workspace on either device.
+  if (const char* v = std::getenv(kCudaWorkspaceCollectivesEnv); v && *v) {
+    const std::string value(v);
+    TORCH_CHECK(value == "0" || value == "1", "cuda_p2p: ", kCudaWorkspaceCollectivesEnv,
+                " must be 0 (collectives on CUDA tensors go to NCCL, the default) or 1 (they run "
+                "on the CUDA workspace), got '",
+                value, "'");
+    cuda_collectives_on_ = value == "1";
+  }
+  if (options_->cuda_workspace_collectives.has_value()) {
+    cuda_collectives_on_ = *options_->cuda_workspace_collectives;
+  }
   ops::apply_environment(collective_config_);
   if (auto a = ops::parse_all_gather_algo(options_->all_gather_algo, "Options.all_gather_algo");
       a != ops::AllGatherAlgo::kAuto) {
@@ -142,6 +160,25 @@ ProcessGroupCudaP2P::~ProcessGroupCudaP2P() = default;
 std::string ProcessGroupCudaP2P::p2p_unavailable_reason() const {
   if (!workspace_) return workspace_off_reason_;
   return workspace_->unavailable_reason();
+}
+
+bool ProcessGroupCudaP2P::workspace_on_host() const {
+  return workspace_ && workspace_->device().tensor_device().is_cpu();
+}
+
+std::string ProcessGroupCudaP2P::workspace_collectives_reason() const {
+  if (!is_p2p_available()) return "the workspace is unavailable: " + p2p_unavailable_reason();
+  if (!collectives_on_) {
+    return std::string("turned off (Options.workspace_collectives = False or ") +
+           kWorkspaceCollectivesEnv + "=0)";
+  }
+  if (!workspace_on_host() && !cuda_collectives_on_) {
+    return std::string(
+               "collectives on CUDA tensors go to NCCL by default; opt in with "
+               "Options.cuda_workspace_collectives = True or ") +
+           kCudaWorkspaceCollectivesEnv + "=1";
+  }
+  return "";
 }
 
 bool ProcessGroupCudaP2P::uses_cross_memory() const {

@@ -41,6 +41,11 @@ class ProcessGroupCudaP2P : public c10d::Backend {
     // CUDA_P2P_WORKSPACE_COLLECTIVES=0): off, they all go to the wrapped backend while the
     // workspace stays up for everything else - for comparison and debugging.
     bool workspace_collectives = true;
+    // Whether the collectives on CUDA tensors run on a CUDA workspace (NOTE [CUDA collectives are
+    // opt-in]): unset defers to CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES (1: on), else off, so that
+    // ordinary collectives on CUDA tensors go to the wrapped NCCL backend. CPU tensors are not
+    // affected, and the fused ops use the workspace either way.
+    std::optional<bool> cuda_workspace_collectives;
     // Handed to the wrapped NCCL backend (a ProcessGroupNCCL.Options in Python); may be null.
     c10::intrusive_ptr<c10d::Backend::Options> nccl_options;
     // The largest buffer (bytes) an op may grow the workspace to on its own; an op that needs
@@ -102,6 +107,8 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   static constexpr const char* kWorkspaceCollectivesEnv = "CUDA_P2P_WORKSPACE_COLLECTIVES";
   // Environment variable that turns the copy-free reads off ("0").
   static constexpr const char* kCrossMemoryEnv = "CUDA_P2P_CROSS_MEMORY";
+  // Environment variable that runs the collectives on CUDA tensors on the workspace ("1").
+  static constexpr const char* kCudaWorkspaceCollectivesEnv = "CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES";
   // Signal channels (one per stream that signals; see NOTE [Signal sequence numbers]):
   // the API's own barrier, the workspace collectives, and the two streams of the fused pipelines.
   static constexpr int kApiChannel = 0;
@@ -128,8 +135,13 @@ class ProcessGroupCudaP2P : public c10d::Backend {
 
   // The workspace collectives' effective settings (Options, then environment, then defaults).
   const ops::CollectiveConfig& collective_config() const { return collective_config_; }
-  // Whether the collectives run on the workspace (available, and not turned off).
-  bool uses_workspace_collectives() const { return collectives_on_ && is_p2p_available(); }
+  // Whether the collectives run on the workspace (available, not turned off, and on a CUDA
+  // workspace opted in: NOTE [CUDA collectives are opt-in]).
+  bool uses_workspace_collectives() const {
+    return collectives_on_ && is_p2p_available() && (workspace_on_host() || cuda_collectives_on_);
+  }
+  // Why the collectives do not run on the workspace ("" when they do).
+  std::string workspace_collectives_reason() const;
   // Whether the collectives may read peers' tensors copy-free (probed and agreed at rendezvous),
   // and why not ("" when they may).
   bool uses_cross_memory() const;
@@ -257,6 +269,9 @@ class ProcessGroupCudaP2P : public c10d::Backend {
 
   ops::CollectiveConfig collective_config_;
   bool collectives_on_ = true;  // Options.workspace_collectives and its environment variable
+  // Options.cuda_workspace_collectives and its environment variable
+  bool cuda_collectives_on_ = false;
+  bool workspace_on_host() const;
   std::string cross_memory_off_reason_;  // the knob that turned the copy-free reads off
   // Guards collective_state_ and the collective channel's signal counts (host callers on several
   // threads); see NOTE [Collectives of a group run one at a time].

@@ -147,6 +147,14 @@ PYBIND11_MODULE(_C, m) {
                      "Run the collectives on the workspace when it is available (default True; "
                      "CUDA_P2P_WORKSPACE_COLLECTIVES=0 also sends them to the wrapped backend, "
                      "while the workspace stays up for everything else).")
+      .def_property(
+          "cuda_workspace_collectives",
+          [](const Options& o) { return o.cuda_workspace_collectives; },
+          [](Options& o, std::optional<bool> v) { o.cuda_workspace_collectives = v; },
+          "Run the collectives on CUDA tensors on the CUDA workspace: True, False, or None "
+          "(CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES=1 turns them on, else off). Off, the default until "
+          "they have been validated on a GPU, they go to the wrapped NCCL backend. CPU tensors and "
+          "the fused ops are not affected.")
       .def_readwrite("enable_workspace", &ProcessGroupCudaP2P::Options::enable_workspace,
                      "Set up the P2P workspace (default True; CUDA_P2P_DISABLE_WORKSPACE=1 also "
                      "turns it off).")
@@ -353,6 +361,8 @@ PYBIND11_MODULE(_C, m) {
             d["cross_memory"] = self.uses_cross_memory();
             d["cross_memory_reason"] = self.cross_memory_reason();
             d["workspace_collectives"] = self.uses_workspace_collectives();
+            d["workspace_collectives_reason"] = self.workspace_collectives_reason();
+            d["cuda_workspace_collectives"] = self.options()->cuda_workspace_collectives;
             return d;
           },
           "The workspace collectives' effective settings (Options, then environment variables, "

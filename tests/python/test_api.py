@@ -97,6 +97,14 @@ def test_options_nccl_options_other_backend_options(make):
         o.nccl_options = make()
 
 
+@pytest.mark.parametrize("value", [True, False, None])
+def test_options_cuda_workspace_collectives(value):
+    o = Options()
+    assert o.cuda_workspace_collectives is None  # default: defer to the environment, else off
+    o.cuda_workspace_collectives = value
+    assert o.cuda_workspace_collectives is value
+
+
 def test_options_instances_are_independent():
     a, b = Options(), Options()
     a.buffer_size = 123
@@ -329,3 +337,52 @@ def error_paths(ctx):
 
 def test_error_paths(world):
     assert world.run(error_paths) == [True] * world.size
+
+
+# ---------------------------------------------------------------------------------------------
+# routing of collectives on CUDA tensors (NOTE [CUDA collectives are opt-in])
+
+
+def routing_defaults(ctx):
+    """On a host workspace the CUDA opt-in changes nothing for CPU tensors; a bad environment
+    value is refused on every rank, naming the variable."""
+    import os
+
+    W = ctx.world_size
+    b = cuda_p2p.get_cuda_p2p_backend()
+    cfg = b.get_collective_config()
+    _expect(cfg["cuda_workspace_collectives"] is None, f"default opt-in: {cfg}")
+    _expect(cfg["workspace_collectives"] is True and cfg["workspace_collectives_reason"] == "",
+            f"CPU collectives on the workspace by default: {cfg}")
+    results = {}
+    for opt_in in (False, True):
+        o = Options()
+        o.cuda_workspace_collectives = opt_in
+        g = dist.new_group(backend="cuda_p2p", pg_options=o)
+        bg = cuda_p2p.get_cuda_p2p_backend(g)
+        _expect(bg.get_collective_config()["cuda_workspace_collectives"] is opt_in, "option kept")
+        t = torch.ones(5)
+        dist.all_reduce(t, group=g)
+        _expect(torch.equal(t, torch.full((5,), float(W))), f"all_reduce gave {t}")
+        results[opt_in] = bg.get_counters()
+    for opt_in, counters in results.items():
+        _expect(counters.get("all_reduce.one_shot") == 1 and "all_reduce.wrapped" not in counters,
+                f"CPU tensors must stay on the workspace (opt-in {opt_in}): {counters}")
+    os.environ["CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES"] = "yes"
+    try:
+        dist.new_group(backend="cuda_p2p")
+        raise AssertionError("a bad CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES was accepted")
+    except RuntimeError as e:
+        msg = str(e)
+        _expect("CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES must be 0" in msg and "'yes'" in msg, msg)
+    finally:
+        del os.environ["CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES"]
+    x = torch.ones(3)
+    dist.all_reduce(x)
+    _expect(torch.equal(x, torch.full((3,), float(W))), f"all_reduce after the error gave {x}")
+    return True
+
+
+def test_routing_defaults(world2):
+    assert world2.run(routing_defaults) == [True] * world2.size
+
