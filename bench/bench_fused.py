@@ -24,7 +24,7 @@ Output: a table on stdout, JSON, a Markdown table and a PNG of the ratios (bench
 default). Medians are the primary figure; minima (the least disturbed iteration) are reported too,
 since this machine's 2 cores are shared with other jobs.
 
-    PYTHONPATH=python .venv/bin/python bench/bench_fused.py                # W=4, default shapes
+    .venv/bin/python bench/bench_fused.py                # W=4, default shapes (after scripts/setup.sh)
     ... bench/bench_fused.py --world-sizes 2 4 --dtypes float32 bfloat16 --iters 15
     ... bench/bench_fused.py --quick                                      # one small shape
 """
@@ -329,7 +329,6 @@ def main(argv=None) -> int:
 
     import torch.multiprocessing as mp
 
-    sys.path.insert(0, str(REPO / "python"))
     info = machine()
     results = []
     for W in args.world_sizes:

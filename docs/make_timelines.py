@@ -5,8 +5,8 @@ Runs W CPU ranks on the cuda_p2p backend with pipeline tracing on
 (``backend._set_pipeline_tracing(True)``), runs each fused pipeline a few times, and draws the
 last run's spans: one lane per (rank, stream), the caller's thread below them.
 
-    PYTHONPATH=python .venv/bin/python docs/make_timelines.py            # W=4, into docs/img/
-    PYTHONPATH=python .venv/bin/python docs/make_timelines.py --world-size 2 --out /tmp
+    .venv/bin/python docs/make_timelines.py            # W=4, into docs/img/ (after scripts/setup.sh)
+    .venv/bin/python docs/make_timelines.py --world-size 2 --out /tmp
 """
 
 from __future__ import annotations

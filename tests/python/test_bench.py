@@ -1,0 +1,63 @@
+"""Every benchmark script runs from a checkout after scripts/setup.sh, for one tiny case.
+
+The scripts are run as a user runs them (`python bench/<script>.py ...`, the installed cuda_p2p,
+no source folder on sys.path), each in a process of its own with a time limit. A new script in
+bench/ must get an entry in TINY below, or this test fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "bench"
+
+# script -> arguments of one tiny case ({out} is a fresh directory); what the output must contain.
+TINY = {
+    "bench_collectives.py": (
+        ["--world-sizes", "2", "--sizes", "8", "4K", "--collectives", "all_reduce",
+         "--iters", "3", "--warmup", "1", "--no-barrier", "--json", "{out}/c.json",
+         "--no-plot", "--timeout", "120"],
+        "{out}/c.json",
+    ),
+    "bench_fused.py": (
+        ["--world-sizes", "2", "--shapes", "64x32", "--dtypes", "float32", "--iters", "2",
+         "--warmup", "1", "--out-dir", "{out}"],
+        None,
+    ),
+    "bench_workspace.py": (
+        ["--world-sizes", "2", "--sizes", "4096", "--barrier-iters", "20", "--json",
+         "{out}/w.json"],
+        "{out}/w.json",
+    ),
+}
+
+
+def test_every_script_has_a_tiny_case():
+    scripts = sorted(p.name for p in BENCH.glob("*.py") if not p.name.startswith("_"))
+    missing = [s for s in scripts if s not in TINY]
+    assert not missing, f"bench scripts without a tiny case in {__file__}: {missing}"
+
+
+@pytest.mark.parametrize("script", sorted(TINY))
+def test_bench_script_runs(script, tmp_path):
+    args, json_out = TINY[script]
+    args = [a.format(out=tmp_path) for a in args]
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)  # as a user runs it: the installed package only
+    proc = subprocess.run([sys.executable, str(BENCH / script), *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (
+        f"{script} exited {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\n"
+        f"stderr:\n{proc.stderr[-4000:]}")
+    if json_out:
+        data = json.loads(Path(json_out.format(out=tmp_path)).read_text())
+        assert data, f"{script} wrote an empty result"
+    else:
+        assert any(tmp_path.glob("*.json")), f"{script} wrote no JSON into {tmp_path}"
