@@ -1,5 +1,5 @@
 // all_gather(A_shard, gather_dim) @ B, with the gathering of shard i+1 hidden behind the GEMM of
-// shard i (DESIGN.md §5).
+// shard i (docs/design.md §5, docs/pipelines.md).
 #include <c10/util/Exception.h>
 
 #include <sstream>

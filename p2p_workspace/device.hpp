@@ -1,4 +1,4 @@
-// The device interface (DESIGN.md §2): the few operations every algorithm in this project is
+// The device interface (docs/design.md §2): the few operations every algorithm in this project is
 // written against, with one implementation per device kind (a "transport table"):
 //
 //   operation          CUDA (cuda/cuda_device.cpp)               host (host/host_device.cpp)
