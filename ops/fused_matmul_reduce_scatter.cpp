@@ -1,6 +1,6 @@
 // reduce_scatter(A @ B, scatter_dim), with the exchange of one partial product hidden behind the
-// GEMM of the next (docs/design.md §5, docs/pipelines.md): a two-stream pipeline over the workspace, and a ring in S
-// steps over the workspace or over the wrapped backend's send/recv.
+// GEMM of the next (docs/design.md §5, docs/pipelines.md): a two-stream pipeline over the
+// workspace, and a ring in S steps over the workspace or over the wrapped backend's send/recv.
 #include <c10/util/Exception.h>
 
 #include "ops/fused_ops.hpp"
