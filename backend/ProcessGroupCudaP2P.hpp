@@ -100,7 +100,7 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // The wrapped backend for a device type, or null; TORCH_CHECKs for an unsupported type.
   c10::intrusive_ptr<c10d::Backend> wrapped_backend(c10::DeviceType type) const;
 
-  // --- the P2P workspace (docs/design.md §4) --------------------------------------------------------
+  // --- the P2P workspace (docs/design.md §4) ------------------------------------------------
   // Environment variable that turns the workspace off ("1").
   static constexpr const char* kDisableWorkspaceEnv = "CUDA_P2P_DISABLE_WORKSPACE";
   // Environment variable that sends the collectives to the wrapped backend ("0").

@@ -1,4 +1,5 @@
-// The fused GEMM pipelines (docs/design.md §5, docs/pipelines.md): all-gather→matmul and matmul→reduce-scatter.
+// The fused GEMM pipelines (docs/design.md §5, docs/pipelines.md): all-gather→matmul and
+// matmul→reduce-scatter.
 //
 // Three layers:
 //  * the dispatcher ops torch.ops.cuda_p2p.fused_* (ops/registration.cpp), which resolve the

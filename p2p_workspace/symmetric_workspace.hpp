@@ -1,6 +1,6 @@
 // SymmetricWorkspace: one block per rank, [buffer | signal pad], every rank mapping every peer's
-// block (docs/design.md §4). Created collectively over a c10d store; every method marked "collective"
-// must be called by all ranks of the group in the same order.
+// block (docs/design.md §4). Created collectively over a c10d store; every method marked
+// "collective" must be called by all ranks of the group in the same order.
 #pragma once
 
 #include <memory>
