@@ -40,125 +40,35 @@ ProcessGroupCudaP2P::ProcessGroupCudaP2P(c10::intrusive_ptr<c10d::Store> store, 
                 wrapped->getRank(), " of ", wrapped->getSize(), ", expected rank ", rank, " of ",
                 size);
   }
-  if (options_->buffer_size.has_value()) {
-    TORCH_CHECK(*options_->buffer_size > 0,
-                "cuda_p2p: Options.buffer_size must be positive (bytes), got ",
-                *options_->buffer_size);
-  }
+  config_ = resolve_config(*options_, size);
 
-  // Collective settings: Options first, then the environment, then the measured defaults.
-  if (const char* v = std::getenv(kWorkspaceCollectivesEnv); v && *v) {
-    const std::string value(v);
-    TORCH_CHECK(value == "0" || value == "1", "cuda_p2p: ", kWorkspaceCollectivesEnv,
-                " must be 0 (collectives on the wrapped backend) or 1, got '", value, "'");
-    collectives_on_ = value == "1";
-  }
-  if (!options_->workspace_collectives) collectives_on_ = false;
   // NOTE [CUDA collectives are opt-in]
   // A user who switches backend="nccl" to backend="cuda_p2p" must lose nothing: until the
   // workspace collectives have been validated on a GPU (scripts/gpu_check.sh), ordinary
   // collectives on CUDA tensors go to the wrapped NCCL backend unless the user opts in
-  // (Options.cuda_workspace_collectives, else CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES=1). The
-  // counters say which path ran ("all_reduce.wrapped" vs "all_reduce.one_shot", ...). A host
-  // workspace (CPU tensors) is not affected; the fused ops use the workspace on either device.
-  if (const char* v = std::getenv(kCudaWorkspaceCollectivesEnv); v && *v) {
-    const std::string value(v);
-    TORCH_CHECK(value == "0" || value == "1", "cuda_p2p: ", kCudaWorkspaceCollectivesEnv,
-                " must be 0 (collectives on CUDA tensors go to NCCL, the default) or 1 (they run "
-                "on the CUDA workspace), got '",
-                value, "'");
-    cuda_collectives_on_ = value == "1";
-  }
-  if (options_->cuda_workspace_collectives.has_value()) {
-    cuda_collectives_on_ = *options_->cuda_workspace_collectives;
-  }
-  ops::apply_environment(collective_config_);
-  if (auto a = ops::parse_all_gather_algo(options_->all_gather_algo, "Options.all_gather_algo");
-      a != ops::AllGatherAlgo::kAuto) {
-    collective_config_.all_gather = a;
-  }
-  if (auto a = ops::parse_reduce_scatter_algo(options_->reduce_scatter_algo,
-                                              "Options.reduce_scatter_algo");
-      a != ops::ReduceScatterAlgo::kAuto) {
-    collective_config_.reduce_scatter = a;
-  }
-  if (auto a = ops::parse_all_reduce_algo(options_->all_reduce_algo, "Options.all_reduce_algo");
-      a != ops::AllReduceAlgo::kAuto) {
-    collective_config_.all_reduce = a;
-  }
-  if (options_->ring_steps) {
-    TORCH_CHECK(*options_->ring_steps >= 0 && *options_->ring_steps <= (1 << 20),
-                "cuda_p2p: Options.ring_steps must be a positive multiple of the world size, got ",
-                *options_->ring_steps);
-    collective_config_.ring_steps = static_cast<int>(*options_->ring_steps);
-  }
-  if (options_->chunk_bytes) collective_config_.chunk_bytes = *options_->chunk_bytes;
-  if (options_->all_reduce_one_shot_max_bytes) {
-    collective_config_.all_reduce_one_shot_max_bytes = *options_->all_reduce_one_shot_max_bytes;
-  }
-  if (options_->all_gather_bidir_full_max_bytes) {
-    collective_config_.all_gather_bidir_full_max_bytes = *options_->all_gather_bidir_full_max_bytes;
-  }
-  if (options_->all_gather_ring_max_bytes) {
-    collective_config_.all_gather_ring_max_bytes = *options_->all_gather_ring_max_bytes;
-  }
-  if (options_->reduce_scatter_ring_max_bytes) {
-    collective_config_.reduce_scatter_ring_max_bytes = *options_->reduce_scatter_ring_max_bytes;
-  }
-  if (options_->cross_memory_min_bytes) {
-    collective_config_.cross_memory_min_bytes = *options_->cross_memory_min_bytes;
-  }
-  // Copy-free reads (NOTE [Copy-free reads] in ops/collectives.cpp): Options.cross_memory, else
-  // CUDA_P2P_CROSS_MEMORY, else off - on our 2-core VMs process_vm_readv copies at ~15 GB/s
-  // against ~55 GB/s for an in-cache memcpy, so staging wins at every size measured
-  // (docs/collectives.md). The workspace still probes whether the system allows them.
-  bool cross_memory = false;
-  cross_memory_off_reason_ = std::string("off by default; Options.cross_memory = True or ") +
-                             kCrossMemoryEnv + "=1 turns it on";
-  if (const char* v = std::getenv(kCrossMemoryEnv); v && *v) {
-    const std::string value(v);
-    TORCH_CHECK(value == "0" || value == "1", "cuda_p2p: ", kCrossMemoryEnv,
-                " must be 0 (stage through the buffer) or 1, got '", value, "'");
-    cross_memory = value == "1";
-    cross_memory_off_reason_ = std::string(kCrossMemoryEnv) + "=0";
-  }
-  if (options_->cross_memory.has_value()) {
-    cross_memory = *options_->cross_memory;
-    cross_memory_off_reason_ = "Options.cross_memory = False";
-  }
-  if (cross_memory) cross_memory_off_reason_.clear();
-  ops::validate(collective_config_, size);
+  // (Options.cuda_workspace_collectives, else CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES=1:
+  // Config::cuda_collectives). The counters say which path ran ("all_reduce.wrapped" vs
+  // "all_reduce.one_shot", ...). A host workspace (CPU tensors) is not affected; the fused ops
+  // use the workspace on either device.
 
   // The workspace lives on the GPU when this group drives one (a CUDA backend exists), else in
   // host shared memory. Every rank constructs the backend, so the rendezvous is collective.
-  const char* disable = std::getenv(kDisableWorkspaceEnv);
-  if (!options_->enable_workspace) {
-    workspace_off_reason_ = "disabled by Options.enable_workspace = False";
-  } else if (disable && std::string(disable) == "1") {
-    workspace_off_reason_ = std::string("disabled by ") + kDisableWorkspaceEnv + "=1";
-  } else {
-    WorkspaceOptions ws;
-    ws.buffer_size = options_->buffer_size.value_or(WorkspaceOptions::kDefaultBufferSize);
-    ws.timeout = options_->timeout;
-    ws.private_reads = cross_memory;
+  if (config_.workspace) {
     std::shared_ptr<Device> device;
 #ifdef CUDA_P2P_WITH_CUDA
     if (cuda_backend_) device = make_cuda_device(c10::cuda::current_device());
 #endif
-    if (!device) {
-      device = make_host_device(size,
-                                parse_host_streams(options_->host_streams, "Options.host_streams"));
-    }
+    if (!device) device = make_host_device(size, config_.host_streams);
     workspace_ = std::make_unique<SymmetricWorkspace>(
         c10::make_intrusive<c10d::PrefixStore>("cuda_p2p/", store_), rank, size, std::move(device),
-        ws);
+        config_.workspace_options);
   }
 }
 
 ProcessGroupCudaP2P::~ProcessGroupCudaP2P() = default;
 
 std::string ProcessGroupCudaP2P::p2p_unavailable_reason() const {
-  if (!workspace_) return workspace_off_reason_;
+  if (!workspace_) return config_.workspace_off_reason;
   return workspace_->unavailable_reason();
 }
 
@@ -168,15 +78,13 @@ bool ProcessGroupCudaP2P::workspace_on_host() const {
 
 std::string ProcessGroupCudaP2P::workspace_collectives_reason() const {
   if (!is_p2p_available()) return "the workspace is unavailable: " + p2p_unavailable_reason();
-  if (!collectives_on_) {
-    return std::string("turned off (Options.workspace_collectives = False or ") +
-           kWorkspaceCollectivesEnv + "=0)";
+  if (!config_.collectives) {
+    return "turned off (Options.workspace_collectives = False or "
+           "CUDA_P2P_WORKSPACE_COLLECTIVES=0)";
   }
-  if (!workspace_on_host() && !cuda_collectives_on_) {
-    return std::string(
-               "collectives on CUDA tensors go to NCCL by default; opt in with "
-               "Options.cuda_workspace_collectives = True or ") +
-           kCudaWorkspaceCollectivesEnv + "=1";
+  if (!workspace_on_host() && !config_.cuda_collectives) {
+    return "collectives on CUDA tensors go to NCCL by default; opt in with "
+           "Options.cuda_workspace_collectives = True or CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES=1";
   }
   return "";
 }
@@ -189,8 +97,8 @@ std::string ProcessGroupCudaP2P::cross_memory_reason() const {
   if (!is_p2p_available()) return "the workspace is unavailable: " + p2p_unavailable_reason();
   if (workspace_->private_reads()) return "";
   const std::string& why = workspace_->private_reads_reason();
-  if (!cross_memory_off_reason_.empty() && why.rfind("turned off", 0) == 0) {
-    return why + " (" + cross_memory_off_reason_ + ")";
+  if (!config_.cross_memory_off_reason.empty() && why.rfind("turned off", 0) == 0) {
+    return why + " (" + config_.cross_memory_off_reason + ")";
   }
   return why;
 }
@@ -304,7 +212,7 @@ void ProcessGroupCudaP2P::run_collective(
   auto stream = device.current_stream();
   if (!host && collective_state_.last) device.wait_event(*stream, *collective_state_.last);
   const ops::CollectiveContext ctx{*workspace_, *stream, kCollectiveChannel, collective_state_,
-                                   collective_config_};
+                                   config_.collective};
   try {
     fn(ctx);
   } catch (const std::exception& e) {

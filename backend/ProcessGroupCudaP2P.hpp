@@ -20,6 +20,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
+#include "backend/config.hpp"
 #include "ops/collectives.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
 
@@ -27,63 +28,10 @@ namespace cuda_p2p {
 
 class ProcessGroupCudaP2P : public c10d::Backend {
  public:
-  static constexpr const char* kBackendName = "cuda_p2p";
+  static constexpr const char* kBackendName = cuda_p2p::kBackendName;
 
-  struct Options : c10d::Backend::Options {
-    Options() : c10d::Backend::Options(kBackendName) {}
-
-    // Bytes of the symmetric buffer each rank maps for its peers; unset means
-    // WorkspaceOptions::kDefaultBufferSize (32 MiB).
-    std::optional<int64_t> buffer_size;
-    // Whether to set up the P2P workspace at all (also turned off by CUDA_P2P_DISABLE_WORKSPACE=1).
-    bool enable_workspace = true;
-    // Whether the collectives run on the workspace when it is available (also turned off by
-    // CUDA_P2P_WORKSPACE_COLLECTIVES=0): off, they all go to the wrapped backend while the
-    // workspace stays up for everything else - for comparison and debugging.
-    bool workspace_collectives = true;
-    // Whether the collectives on CUDA tensors run on a CUDA workspace (NOTE [CUDA collectives are
-    // opt-in]): unset defers to CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES (1: on), else off, so that
-    // ordinary collectives on CUDA tensors go to the wrapped NCCL backend. CPU tensors are not
-    // affected, and the fused ops use the workspace either way.
-    std::optional<bool> cuda_workspace_collectives;
-    // Handed to the wrapped NCCL backend (a ProcessGroupNCCL.Options in Python); may be null.
-    c10::intrusive_ptr<c10d::Backend::Options> nccl_options;
-    // The largest buffer (bytes) an op may grow the workspace to on its own; an op that needs
-    // more processes its payload in rounds (ops/pipeline_common.hpp, plan_rounds).
-    int64_t max_buffer_size = int64_t{256} << 20;
-    // How the host device runs the fused pipelines' two streams: "cooperative" (in the waiting
-    // thread, the default), "threads" (a thread per stream) or "auto" (CUDA_P2P_HOST_STREAMS,
-    // else cooperative). NOTE [Cooperative host streams] in p2p_workspace/host/host_device.cpp.
-    std::string host_streams = "auto";
-
-    // Workspace collectives (docs/collectives.md). "auto" chooses by size; a name forces that
-    // algorithm. Unset or "auto" leaves the choice to the environment variables
-    // (CUDA_P2P_ALL_GATHER_ALGO, ...), then to the automatic choice.
-    std::string all_gather_algo = "auto";      // auto|direct|ring|bidir_split|bidir_full
-    std::string reduce_scatter_algo = "auto";  // auto|direct|ring
-    std::string all_reduce_algo = "auto";      // auto|one_shot|two_shot
-    // Steps of the reduce-scatter ring, a multiple of the world size (CUDA_P2P_RING_STEPS);
-    // unset: the world size.
-    std::optional<int64_t> ring_steps;
-    // Bytes a rank stages per round (CUDA_P2P_CHUNK_BYTES); 0: half the buffer.
-    std::optional<int64_t> chunk_bytes;
-    // Thresholds of the automatic choice, in bytes (unset: the measured defaults).
-    std::optional<int64_t> all_reduce_one_shot_max_bytes;
-    std::optional<int64_t> all_gather_bidir_full_max_bytes;
-    std::optional<int64_t> all_gather_ring_max_bytes;
-    std::optional<int64_t> reduce_scatter_ring_max_bytes;
-    // Copy-free reads of peers' tensors on the host (process_vm_readv; NOTE [Copy-free reads]):
-    // unset defers to CUDA_P2P_CROSS_MEMORY (1: on), else off. On, they run only where the
-    // system allows them (probed at rendezvous).
-    std::optional<bool> cross_memory;
-    // The smallest payload (bytes, as the thresholds above) read copy-free (unset: the default).
-    std::optional<int64_t> cross_memory_min_bytes;
-
-    // Not marked override: older torch releases have no Options::clone().
-    virtual c10::intrusive_ptr<c10d::Backend::Options> clone() const {
-      return c10::make_intrusive<Options>(*this);
-    }
-  };
+  // Defined in backend/config.hpp, the one place where configuration is read.
+  using Options = cuda_p2p::Options;
 
   // cpu_backend is required; cuda_backend may be null (no GPU at construction).
   ProcessGroupCudaP2P(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
@@ -101,14 +49,6 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> wrapped_backend(c10::DeviceType type) const;
 
   // --- the P2P workspace (docs/design.md §4) ------------------------------------------------
-  // Environment variable that turns the workspace off ("1").
-  static constexpr const char* kDisableWorkspaceEnv = "CUDA_P2P_DISABLE_WORKSPACE";
-  // Environment variable that sends the collectives to the wrapped backend ("0").
-  static constexpr const char* kWorkspaceCollectivesEnv = "CUDA_P2P_WORKSPACE_COLLECTIVES";
-  // Environment variable that turns the copy-free reads off ("0").
-  static constexpr const char* kCrossMemoryEnv = "CUDA_P2P_CROSS_MEMORY";
-  // Environment variable that runs the collectives on CUDA tensors on the workspace ("1").
-  static constexpr const char* kCudaWorkspaceCollectivesEnv = "CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES";
   // Signal channels (one per stream that signals; see NOTE [Signal sequence numbers]):
   // the API's own barrier, the workspace collectives, and the two streams of the fused pipelines.
   static constexpr int kApiChannel = 0;
@@ -133,12 +73,15 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // The workspace, or null when it was disabled.
   SymmetricWorkspace* workspace() const { return workspace_.get(); }
 
+  // The group's configuration, resolved once from its Options and the environment.
+  const Config& config() const { return config_; }
   // The workspace collectives' effective settings (Options, then environment, then defaults).
-  const ops::CollectiveConfig& collective_config() const { return collective_config_; }
+  const ops::CollectiveConfig& collective_config() const { return config_.collective; }
   // Whether the collectives run on the workspace (available, not turned off, and on a CUDA
   // workspace opted in: NOTE [CUDA collectives are opt-in]).
   bool uses_workspace_collectives() const {
-    return collectives_on_ && is_p2p_available() && (workspace_on_host() || cuda_collectives_on_);
+    return config_.collectives && is_p2p_available() &&
+           (workspace_on_host() || config_.cuda_collectives);
   }
   // Why the collectives do not run on the workspace ("" when they do).
   std::string workspace_collectives_reason() const;
@@ -265,14 +208,8 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> cpu_backend_;
   c10::intrusive_ptr<c10d::Backend> cuda_backend_;
   std::unique_ptr<SymmetricWorkspace> workspace_;
-  std::string workspace_off_reason_;
-
-  ops::CollectiveConfig collective_config_;
-  bool collectives_on_ = true;  // Options.workspace_collectives and its environment variable
-  // Options.cuda_workspace_collectives and its environment variable
-  bool cuda_collectives_on_ = false;
+  Config config_;
   bool workspace_on_host() const;
-  std::string cross_memory_off_reason_;  // the knob that turned the copy-free reads off
   // Guards collective_state_ and the collective channel's signal counts (host callers on several
   // threads); see NOTE [Collectives of a group run one at a time].
   std::mutex collective_mutex_;

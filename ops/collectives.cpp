@@ -114,20 +114,6 @@ E parse(const Named<E> (&names)[N], const std::string& name, const std::string& 
   TORCH_CHECK(false, "cuda_p2p: ", what, " must be one of ", known, ", got '", name, "'");
 }
 
-int64_t parse_int(const char* text, const std::string& what) {
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(text, &end, 10);
-  TORCH_CHECK(errno == 0 && end != text && *end == '\0', "cuda_p2p: ", what,
-              " must be an integer, got '", text, "'");
-  return v;
-}
-
-const char* env(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v ? v : nullptr;
-}
-
 }  // namespace
 
 const char* to_string(AllGatherAlgo a) { return name_of(kAllGatherNames, a); }
@@ -144,35 +130,15 @@ AllReduceAlgo parse_all_reduce_algo(const std::string& name, const std::string& 
   return parse(kAllReduceNames, name, what);
 }
 
-void apply_environment(CollectiveConfig& config) {
-  if (const char* v = env(kAllGatherAlgoEnv)) {
-    config.all_gather = parse_all_gather_algo(v, kAllGatherAlgoEnv);
-  }
-  if (const char* v = env(kReduceScatterAlgoEnv)) {
-    config.reduce_scatter = parse_reduce_scatter_algo(v, kReduceScatterAlgoEnv);
-  }
-  if (const char* v = env(kAllReduceAlgoEnv)) {
-    config.all_reduce = parse_all_reduce_algo(v, kAllReduceAlgoEnv);
-  }
-  if (const char* v = env(kRingStepsEnv)) {
-    const int64_t steps = parse_int(v, kRingStepsEnv);
-    TORCH_CHECK(steps >= 0 && steps <= (1 << 20), "cuda_p2p: ", kRingStepsEnv,
-                " must be 0 (the world size) or a positive multiple of the world size, got ",
-                steps);
-    config.ring_steps = static_cast<int>(steps);
-  }
-  if (const char* v = env(kChunkBytesEnv)) {
-    config.chunk_bytes = parse_int(v, kChunkBytesEnv);
-  }
-}
-
 void validate(const CollectiveConfig& config, int world_size) {
   TORCH_CHECK(config.ring_steps >= 0 && config.ring_steps % world_size == 0,
-              "cuda_p2p: ring_steps (", kRingStepsEnv,
-              ") must be 0 (the world size) or a positive multiple of the world size ", world_size,
-              ", got ", config.ring_steps);
-  TORCH_CHECK(config.chunk_bytes >= 0, "cuda_p2p: chunk_bytes (", kChunkBytesEnv,
-              ") must be >= 0 (0: half the buffer), got ", config.chunk_bytes);
+              "cuda_p2p: ring_steps (Options.ring_steps or CUDA_P2P_RING_STEPS) must be 0 (the "
+              "world size) or a positive multiple of the world size ",
+              world_size, ", got ", config.ring_steps);
+  TORCH_CHECK(config.chunk_bytes >= 0,
+              "cuda_p2p: chunk_bytes (Options.chunk_bytes or CUDA_P2P_CHUNK_BYTES) must be >= 0 "
+              "(0: half the buffer), got ",
+              config.chunk_bytes);
   TORCH_CHECK(config.all_reduce_one_shot_max_bytes >= 0 &&
                   config.all_gather_bidir_full_max_bytes >= 0 &&
                   config.all_gather_ring_max_bytes >= 0 &&

@@ -48,13 +48,6 @@ AllGatherAlgo parse_all_gather_algo(const std::string& name, const std::string& 
 ReduceScatterAlgo parse_reduce_scatter_algo(const std::string& name, const std::string& what);
 AllReduceAlgo parse_all_reduce_algo(const std::string& name, const std::string& what);
 
-// Environment variables that force an algorithm (or set a knob) when the option is left on auto.
-inline constexpr const char* kAllGatherAlgoEnv = "CUDA_P2P_ALL_GATHER_ALGO";
-inline constexpr const char* kReduceScatterAlgoEnv = "CUDA_P2P_REDUCE_SCATTER_ALGO";
-inline constexpr const char* kAllReduceAlgoEnv = "CUDA_P2P_ALL_REDUCE_ALGO";
-inline constexpr const char* kRingStepsEnv = "CUDA_P2P_RING_STEPS";
-inline constexpr const char* kChunkBytesEnv = "CUDA_P2P_CHUNK_BYTES";
-
 struct CollectiveConfig {
   AllGatherAlgo all_gather = AllGatherAlgo::kAuto;
   ReduceScatterAlgo reduce_scatter = ReduceScatterAlgo::kAuto;
@@ -96,9 +89,6 @@ struct CollectiveConfig {
   static constexpr int64_t kDefaultCrossMemoryMinBytes = 64 << 10;
 };
 
-// Fills the fields still on auto / default from the environment variables above; TORCH_CHECKs
-// values it cannot parse (so that a typo does not silently run another algorithm).
-void apply_environment(CollectiveConfig& config);
 // TORCH_CHECKs the settings against a world size.
 void validate(const CollectiveConfig& config, int world_size);
 

@@ -87,8 +87,10 @@ class PrivateMemoryReader {
   virtual void read(void* dst, int64_t pid, const void* src, size_t n) = 0;
 };
 
-// The host's reader (host/cross_memory.cpp).
-std::shared_ptr<PrivateMemoryReader> make_cross_memory_reader();
+// The host's reader (host/cross_memory.cpp). `deny` (a test hook) makes every read fail as the
+// kernel does under Yama ptrace_scope >= 1 (EPERM), so tests can exercise the fallback on machines
+// that allow the call.
+std::shared_ptr<PrivateMemoryReader> make_cross_memory_reader(bool deny = false);
 
 class Device {
  public:
@@ -149,9 +151,9 @@ class Device {
 // How a host device runs the work of the streams it creates (NOTE [Cooperative host streams] in
 // host/host_device.cpp): kCooperative, the default, in the thread that waits for it; kThreads on
 // one executor thread per stream (the GPU's true concurrency, for tests that look for missing
-// stream joins). kDefault reads CUDA_P2P_HOST_STREAMS ("cooperative" or "threads").
+// stream joins). kDefault is kCooperative (the backend resolves Options.host_streams and
+// CUDA_P2P_HOST_STREAMS in backend/config.cpp).
 enum class HostStreams { kDefault, kCooperative, kThreads };
-constexpr const char* kHostStreamsEnv = "CUDA_P2P_HOST_STREAMS";
 // "auto" (kDefault), "cooperative" or "threads"; anything else is an error naming `what`.
 HostStreams parse_host_streams(const std::string& value, const std::string& what);
 

@@ -158,8 +158,8 @@ std::string probe_verdict(PrivateMemoryReader& reader, bool enabled, int rank,
 
 }  // namespace
 
-std::string host_identity() {
-  if (const char* id = std::getenv(kHostIdEnv); id && *id) return id;
+std::string host_identity(const std::string& host_id) {
+  if (!host_id.empty()) return host_id;
   char name[256] = {};
   ::gethostname(name, sizeof(name) - 1);
   std::string boot_id;
@@ -196,6 +196,7 @@ SymmetricWorkspace::SymmetricWorkspace(c10::intrusive_ptr<c10d::Store> store, in
   TORCH_CHECK(options_.timeout.count() > 0, "cuda_p2p: workspace timeout must be positive, got ",
               options_.timeout.count(), " ms");
   reader_ = device_->private_memory_reader();
+  if (reader_ && options_.deny_private_reads) reader_ = make_cross_memory_reader(/*deny=*/true);
   std::random_device rd;
   probe_token_ = (static_cast<uint64_t>(rd()) << 32) | rd();
   rendezvous(options_.buffer_size);
@@ -220,7 +221,7 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
   const size_t block_bytes = buffer_bytes + pad_bytes;
 
   PeerInfo me;
-  me.host = host_identity();
+  me.host = host_identity(options_.host_id);
   me.pid = ::getpid();
   me.device = device_->name();
   me.device_index = device_->device_index();

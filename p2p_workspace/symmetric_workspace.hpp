@@ -14,9 +14,6 @@
 
 namespace cuda_p2p {
 
-// Environment variable that overrides a rank's host identity (tests simulate several hosts).
-inline constexpr const char* kHostIdEnv = "CUDA_P2P_HOST_ID";
-
 struct WorkspaceOptions {
   // 32 MiB: covers activations of the shapes we target; larger payloads grow the workspace or
   // are processed in rounds.
@@ -32,10 +29,15 @@ struct WorkspaceOptions {
   // Whether to offer reads of peers' private memory (read_peer_private) when the device has a
   // reader and the probe at rendezvous succeeds on every rank.
   bool private_reads = true;
+  // This rank's host identity; empty: hostname + boot id. Ranks with different identities do
+  // not share a workspace (tests simulate several hosts with CUDA_P2P_HOST_ID).
+  std::string host_id;
+  // Test hook: every read of peers' private memory fails as under Yama ptrace_scope (EPERM).
+  bool deny_private_reads = false;
 };
 
-// This process's host identity: $CUDA_P2P_HOST_ID, else hostname + boot id.
-std::string host_identity();
+// This process's host identity: `host_id` when not empty, else hostname + boot id.
+std::string host_identity(const std::string& host_id = "");
 
 class SymmetricWorkspace {
  public:

@@ -376,4 +376,22 @@ PYBIND11_MODULE(_C, m) {
            "Collective: grows every rank's buffer to at least the largest nbytes requested.");
 
   bind_fused_pipelines(pg);
+
+  m.def(
+      "_config_knobs",
+      [] {
+        py::list out;
+        for (const auto& k : cuda_p2p::config::knobs()) {
+          py::dict d;
+          d["option"] = k.option;
+          d["env"] = k.env;
+          d["type"] = k.type;
+          d["default"] = k.default_value;
+          d["help"] = k.help;
+          out.append(d);
+        }
+        return out;
+      },
+      "Every configuration knob (backend/config.cpp): Options field, environment variable, "
+      "type, default and help; docs/configuration.md is checked against it.");
 }

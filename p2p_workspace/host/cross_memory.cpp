@@ -21,17 +21,9 @@ namespace cuda_p2p {
 
 namespace {
 
-// Test hook: CUDA_P2P_TEST_DENY_CROSS_MEMORY=1 makes every read of this process's reader fail
-// as the kernel does under Yama ptrace_scope >= 1 (EPERM), so tests can exercise the fallback on
-// machines that allow the call. Read when the reader is made: each workspace has its own.
-constexpr const char* kDenyEnv = "CUDA_P2P_TEST_DENY_CROSS_MEMORY";
-
 class CrossMemoryReader : public PrivateMemoryReader {
  public:
-  CrossMemoryReader() {
-    const char* deny = std::getenv(kDenyEnv);
-    deny_ = deny && std::string(deny) == "1";
-  }
+  explicit CrossMemoryReader(bool deny) : deny_(deny) {}
 
   void read(void* dst, int64_t pid, const void* src, size_t n) override {
     auto* out = static_cast<char*>(dst);
@@ -51,7 +43,8 @@ class CrossMemoryReader : public PrivateMemoryReader {
       if (got < 0 && errno == EINTR) continue;
       TORCH_CHECK(got > 0, "cuda_p2p: reading ", n, " bytes at ", src, " of process ", pid,
                   " with process_vm_readv failed: ", got < 0 ? std::strerror(errno) : "no progress",
-                  deny_ ? std::string(" (denied by ") + kDenyEnv + "=1)" : std::string());
+                  deny_ ? std::string(" (denied by the test hook CUDA_P2P_TEST_DENY_CROSS_MEMORY)")
+                        : std::string());
       out += got;
       in += got;
       n -= static_cast<size_t>(got);
@@ -64,8 +57,8 @@ class CrossMemoryReader : public PrivateMemoryReader {
 
 }  // namespace
 
-std::shared_ptr<PrivateMemoryReader> make_cross_memory_reader() {
-  return std::make_shared<CrossMemoryReader>();
+std::shared_ptr<PrivateMemoryReader> make_cross_memory_reader(bool deny) {
+  return std::make_shared<CrossMemoryReader>(deny);
 }
 
 }  // namespace cuda_p2p

@@ -428,9 +428,6 @@ int usable_cpus() {
 }
 
 HostStreams resolve_mode(HostStreams mode) {
-  if (mode != HostStreams::kDefault) return mode;
-  const char* env = std::getenv(kHostStreamsEnv);
-  mode = env && *env ? parse_host_streams(env, kHostStreamsEnv) : HostStreams::kDefault;
   return mode == HostStreams::kDefault ? HostStreams::kCooperative : mode;
 }
 

@@ -1,5 +1,7 @@
 #include "tests/cpp/harness.hpp"
 
+#include "backend/config.hpp"
+
 #include <unistd.h>
 
 #include <chrono>
@@ -96,6 +98,11 @@ int gpu_count() {
 #else
   return 0;
 #endif
+}
+
+std::shared_ptr<Device> test_host_device(int processes) {
+  Options options;  // host_streams "auto": the environment decides, as for a group
+  return make_host_device(processes, resolve_config(options, 1).host_streams);
 }
 
 }  // namespace cuda_p2p::test

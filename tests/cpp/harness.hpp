@@ -8,6 +8,8 @@
 #include <string>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "p2p_workspace/device.hpp"
+
 namespace cuda_p2p::test {
 
 struct World {
@@ -27,6 +29,10 @@ void store_barrier(const std::string& tag);
 
 // GPUs this process can use (0 without CUDA support or a driver): GPU tests skip on 0.
 int gpu_count();
+
+// A host device for `processes` ranks whose streams run as CUDA_P2P_HOST_STREAMS says (ctest runs
+// some binaries once more with "threads"), resolved by the backend's own configuration rules.
+std::shared_ptr<Device> test_host_device(int processes = 0);
 
 // Expects `fn` to throw a c10::Error whose message contains `needle`.
 template <typename Fn>

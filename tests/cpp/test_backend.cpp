@@ -259,11 +259,11 @@ TEST(Backend, CollectiveOptionsAndEnvironmentChooseTheAlgorithm) {
   const auto& w = world();
   auto options = c10::make_intrusive<ProcessGroupCudaP2P::Options>();
   options->all_reduce_algo = "two_shot";
-  ::setenv(ops::kAllReduceAlgoEnv, "one_shot", 1);  // the option wins over the environment
-  ::setenv(ops::kAllGatherAlgoEnv, "ring", 1);      // the environment wins over auto
+  ::setenv("CUDA_P2P_ALL_REDUCE_ALGO", "one_shot", 1);  // the option wins over the environment
+  ::setenv("CUDA_P2P_ALL_GATHER_ALGO", "ring", 1);      // the environment wins over auto
   auto f = make(options);
-  ::unsetenv(ops::kAllReduceAlgoEnv);
-  ::unsetenv(ops::kAllGatherAlgoEnv);
+  ::unsetenv("CUDA_P2P_ALL_REDUCE_ALGO");
+  ::unsetenv("CUDA_P2P_ALL_GATHER_ALGO");
   EXPECT_EQ(f.pg->collective_config().all_reduce, ops::AllReduceAlgo::kTwoShot);
   EXPECT_EQ(f.pg->collective_config().all_gather, ops::AllGatherAlgo::kRing);
   std::vector<at::Tensor> t{at::ones({100})};
@@ -282,9 +282,9 @@ TEST(Backend, CollectiveOptionsAndEnvironmentChooseTheAlgorithm) {
   if (w.size > 1) {
     EXPECT_THROW(make(steps), c10::Error);
   }
-  ::setenv(ops::kAllReduceAlgoEnv, "fastest", 1);
+  ::setenv("CUDA_P2P_ALL_REDUCE_ALGO", "fastest", 1);
   EXPECT_THROW(make(), c10::Error);
-  ::unsetenv(ops::kAllReduceAlgoEnv);
+  ::unsetenv("CUDA_P2P_ALL_REDUCE_ALGO");
 }
 
 TEST(Backend, CollectivesCanBeSentToTheWrappedBackendWithTheWorkspaceUp) {
@@ -297,11 +297,11 @@ TEST(Backend, CollectivesCanBeSentToTheWrappedBackendWithTheWorkspaceUp) {
   f.pg->allreduce(t, c10d::AllreduceOptions())->wait();
   f.pg->barrier(c10d::BarrierOptions())->wait();
   EXPECT_EQ(f.cpu->calls, (std::vector<std::string>{"allreduce", "barrier"}));
-  ::setenv(ProcessGroupCudaP2P::kWorkspaceCollectivesEnv, "0", 1);
+  ::setenv("CUDA_P2P_WORKSPACE_COLLECTIVES", "0", 1);
   auto g = make();
-  ::setenv(ProcessGroupCudaP2P::kWorkspaceCollectivesEnv, "no", 1);
+  ::setenv("CUDA_P2P_WORKSPACE_COLLECTIVES", "nope", 1);
   EXPECT_THROW(make(), c10::Error);
-  ::unsetenv(ProcessGroupCudaP2P::kWorkspaceCollectivesEnv);
+  ::unsetenv("CUDA_P2P_WORKSPACE_COLLECTIVES");
   EXPECT_FALSE(g.pg->uses_workspace_collectives());
   g.pg->allreduce(t, c10d::AllreduceOptions())->wait();
   EXPECT_EQ(g.pg->counters().at("all_reduce.wrapped"), 1);

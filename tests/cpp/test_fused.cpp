@@ -31,7 +31,7 @@ struct Pipelines {
     o.buffer_size = buffer_size;
     o.timeout = timeout;
     ws = std::make_unique<SymmetricWorkspace>(test_store(), world().rank, world().size,
-                                              make_host_device(), o);
+                                              test_host_device(), o);
     ProcessGroupCudaP2P::PipelineState state;
     streams = pipeline::acquire_streams(ws->device(), state);
   }

@@ -21,7 +21,7 @@ std::unique_ptr<SymmetricWorkspace> make_workspace(int64_t buffer_size = 1 << 16
   o.buffer_size = buffer_size;
   o.timeout = timeout;
   return std::make_unique<SymmetricWorkspace>(test_store(), world().rank, world().size,
-                                              make_host_device(), o);
+                                              test_host_device(), o);
 }
 
 std::set<std::string> dev_shm_entries() {
@@ -166,9 +166,11 @@ TEST(Workspace, ARankThatNeverArrivesIsNamed) {
 TEST(Workspace, SimulatedTwoHostsTurnTheWorkspaceOff) {
   const auto& w = world();
   if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
-  ::setenv(kHostIdEnv, w.rank < w.size / 2 ? "host-a" : "host-b", 1);
-  auto ws = make_workspace();
-  ::unsetenv(kHostIdEnv);
+  WorkspaceOptions o;
+  o.buffer_size = 1 << 16;
+  o.host_id = w.rank < w.size / 2 ? "host-a" : "host-b";
+  auto ws = std::make_unique<SymmetricWorkspace>(test_store(), w.rank, w.size, test_host_device(),
+                                                 o);
   EXPECT_FALSE(ws->available());
   EXPECT_NE(ws->unavailable_reason().find("span hosts"), std::string::npos)
       << ws->unavailable_reason();
@@ -262,7 +264,7 @@ TEST(Workspace, BadArgumentsSayWhatFits) {
   }
   WorkspaceOptions bad;
   bad.buffer_size = 0;
-  expect_error([&] { SymmetricWorkspace(test_store(), w.rank, w.size, make_host_device(), bad); },
+  expect_error([&] { SymmetricWorkspace(test_store(), w.rank, w.size, test_host_device(), bad); },
                "buffer_size must be positive");
   ws->barrier(*s, 0);
 }
@@ -303,7 +305,7 @@ TEST(Workspace, PrivateReadsTurnedOffOrDeniedOnOneRankAreOffEverywhere) {
     WorkspaceOptions o;
     o.buffer_size = 1 << 16;
     o.private_reads = w.rank != w.size - 1;  // off on the last rank only
-    SymmetricWorkspace ws(test_store(), w.rank, w.size, make_host_device(), o);
+    SymmetricWorkspace ws(test_store(), w.rank, w.size, test_host_device(), o);
     ASSERT_TRUE(ws.available());
     EXPECT_FALSE(ws.private_reads());
     EXPECT_NE(ws.private_reads_reason().find("turned off on rank " + std::to_string(w.size - 1)),
@@ -315,9 +317,11 @@ TEST(Workspace, PrivateReadsTurnedOffOrDeniedOnOneRankAreOffEverywhere) {
   }
   if (w.size < 2) return;
   // The test hook: the last rank's reads fail as under Yama (EPERM).
-  if (w.rank == w.size - 1) ::setenv("CUDA_P2P_TEST_DENY_CROSS_MEMORY", "1", 1);
-  auto ws = make_workspace();
-  ::unsetenv("CUDA_P2P_TEST_DENY_CROSS_MEMORY");
+  WorkspaceOptions o;
+  o.buffer_size = 1 << 16;
+  o.deny_private_reads = w.rank == w.size - 1;
+  auto ws = std::make_unique<SymmetricWorkspace>(test_store(), w.rank, w.size, test_host_device(),
+                                                 o);
   ASSERT_TRUE(ws->available());
   EXPECT_FALSE(ws->private_reads());
   EXPECT_NE(

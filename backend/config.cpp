@@ -1,0 +1,266 @@
+#include "backend/config.hpp"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <limits>
+#include <utility>
+
+namespace cuda_p2p {
+
+// NOTE [Configuration rules]
+// Every knob is read here and nowhere else, by the rules in config.hpp, so that a typo is an
+// error naming the knob rather than a silently different algorithm, and so that the docs table
+// (docs/configuration.md, checked against knobs() by tests/python/test_config.py) is complete.
+// The lower layers (ops, p2p_workspace) receive the resolved values as plain fields
+// (CollectiveConfig, WorkspaceOptions, HostStreams): they never read the environment.
+
+namespace config {
+
+namespace {
+
+constexpr const char* kDisableWorkspaceEnv = "CUDA_P2P_DISABLE_WORKSPACE";
+constexpr const char* kWorkspaceCollectivesEnv = "CUDA_P2P_WORKSPACE_COLLECTIVES";
+constexpr const char* kCudaWorkspaceCollectivesEnv = "CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES";
+constexpr const char* kCrossMemoryEnv = "CUDA_P2P_CROSS_MEMORY";
+constexpr const char* kHostStreamsEnv = "CUDA_P2P_HOST_STREAMS";
+constexpr const char* kAllGatherAlgoEnv = "CUDA_P2P_ALL_GATHER_ALGO";
+constexpr const char* kReduceScatterAlgoEnv = "CUDA_P2P_REDUCE_SCATTER_ALGO";
+constexpr const char* kAllReduceAlgoEnv = "CUDA_P2P_ALL_REDUCE_ALGO";
+constexpr const char* kRingStepsEnv = "CUDA_P2P_RING_STEPS";
+constexpr const char* kChunkBytesEnv = "CUDA_P2P_CHUNK_BYTES";
+constexpr const char* kHostIdEnv = "CUDA_P2P_HOST_ID";
+constexpr const char* kDenyCrossMemoryEnv = "CUDA_P2P_TEST_DENY_CROSS_MEMORY";
+
+constexpr int64_t kMaxBytes = int64_t{1} << 46;  // 64 TiB: a sanity bound, not a policy
+constexpr int64_t kMaxRingSteps = int64_t{1} << 20;
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+}  // namespace
+
+EnvLookup process_environment() {
+  return [](const std::string& name) -> std::optional<std::string> {
+    const char* v = std::getenv(name.c_str());
+    if (v == nullptr || *v == '\0') return std::nullopt;
+    return std::string(v);
+  };
+}
+
+bool parse_bool(const std::string& text, const std::string& what) {
+  const std::string v = lower(text);
+  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
+  if (v == "0" || v == "false" || v == "no" || v == "off") return false;
+  TORCH_CHECK(false, "cuda_p2p: ", what, " must be a boolean (1/0, true/false, yes/no, on/off), got '",
+              text, "'");
+}
+
+int64_t parse_int(const std::string& text, const std::string& what, int64_t min, int64_t max) {
+  const char* begin = text.c_str();
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(begin, &end, 10);
+  bool ok = errno == 0 && end != begin;
+  int64_t scale = 1;
+  if (ok) {
+    const std::string suffix = lower(end);
+    if (suffix == "k" || suffix == "kib") {
+      scale = int64_t{1} << 10;
+    } else if (suffix == "m" || suffix == "mib") {
+      scale = int64_t{1} << 20;
+    } else if (suffix == "g" || suffix == "gib") {
+      scale = int64_t{1} << 30;
+    } else {
+      ok = suffix.empty();
+    }
+  }
+  ok = ok && (v == 0 || (v > 0 ? v <= std::numeric_limits<int64_t>::max() / scale
+                               : v >= std::numeric_limits<int64_t>::min() / scale));
+  TORCH_CHECK(ok, "cuda_p2p: ", what,
+              " must be an integer, optionally with a suffix K, M or G (1024-based), got '", text,
+              "'");
+  const int64_t value = static_cast<int64_t>(v) * scale;
+  TORCH_CHECK(value >= min && value <= max, "cuda_p2p: ", what, " must be in [", min, ", ", max,
+              "], got ", value, " ('", text, "')");
+  return value;
+}
+
+std::optional<bool> env_bool(const EnvLookup& env, const std::string& name) {
+  auto v = env(name);
+  if (!v) return std::nullopt;
+  return parse_bool(*v, name);
+}
+
+std::optional<int64_t> env_int(const EnvLookup& env, const std::string& name, int64_t min,
+                               int64_t max) {
+  auto v = env(name);
+  if (!v) return std::nullopt;
+  return parse_int(*v, name, min, max);
+}
+
+const std::vector<Knob>& knobs() {
+  static const std::vector<Knob> kKnobs = {
+      {"enable_workspace", kDisableWorkspaceEnv, "bool", "True (variable: unset)",
+       "Set up the P2P workspace. The variable is inverted: CUDA_P2P_DISABLE_WORKSPACE=1 turns "
+       "the workspace off; either side turns it off."},
+      {"buffer_size", "", "bytes", "32 MiB",
+       "Bytes of the symmetric buffer each rank shares with its peers."},
+      {"max_buffer_size", "", "bytes", "256 MiB",
+       "The largest buffer an op may grow the workspace to on its own; larger payloads are "
+       "processed in rounds."},
+      {"workspace_collectives", kWorkspaceCollectivesEnv, "bool", "True",
+       "Run the collectives on the workspace; off, they go to the wrapped backend while the "
+       "workspace stays up for the fused ops (either side turns them off)."},
+      {"cuda_workspace_collectives", kCudaWorkspaceCollectivesEnv, "bool", "False",
+       "Run the collectives on CUDA tensors on the CUDA workspace; off, they go to NCCL. CPU "
+       "tensors and the fused ops are not affected."},
+      {"host_streams", kHostStreamsEnv, "auto|cooperative|threads", "cooperative",
+       "How a host workspace runs the fused pipelines' two streams."},
+      {"all_gather_algo", kAllGatherAlgoEnv, "auto|direct|ring|bidir_split|bidir_full", "auto",
+       "Workspace all-gather algorithm (auto: by size)."},
+      {"reduce_scatter_algo", kReduceScatterAlgoEnv, "auto|direct|ring", "auto",
+       "Workspace reduce-scatter algorithm (auto: by size)."},
+      {"all_reduce_algo", kAllReduceAlgoEnv, "auto|one_shot|two_shot", "auto",
+       "Workspace all-reduce algorithm (auto: by size)."},
+      {"ring_steps", kRingStepsEnv, "int", "the world size",
+       "Steps of the reduce-scatter ring, a positive multiple of the world size (0: the world "
+       "size)."},
+      {"chunk_bytes", kChunkBytesEnv, "bytes", "1 MiB",
+       "Bytes a rank stages per round of a workspace collective (0: half the buffer)."},
+      {"all_reduce_one_shot_max_bytes", "", "bytes", "8 KiB",
+       "Largest all-reduce that auto runs one-shot."},
+      {"all_gather_bidir_full_max_bytes", "", "bytes", "0",
+       "Largest all-gather output that auto runs as a FULL_TENSOR bidirectional ring on 3+ "
+       "ranks (0: never)."},
+      {"all_gather_ring_max_bytes", "", "bytes", "256 KiB",
+       "Largest all-gather output that auto runs as a ring on 3+ ranks."},
+      {"reduce_scatter_ring_max_bytes", "", "bytes", "256 KiB",
+       "Largest reduce-scatter input that auto runs as a ring."},
+      {"cross_memory", kCrossMemoryEnv, "bool", "False",
+       "Copy-free reads of peers' tensors on the host (process_vm_readv), where the system allows "
+       "them."},
+      {"cross_memory_min_bytes", "", "bytes", "64 KiB",
+       "Smallest payload read copy-free when copy-free reads are on."},
+      {"", kHostIdEnv, "string", "hostname/boot id",
+       "This process's host identity; ranks with different identities do not share a workspace "
+       "(tests simulate several hosts with it)."},
+      {"", kDenyCrossMemoryEnv, "bool", "False",
+       "Test hook: this process's copy-free reads fail as under Yama ptrace_scope (EPERM)."},
+  };
+  return kKnobs;
+}
+
+}  // namespace config
+
+namespace {
+
+// The value of an optional Options field, else of the environment variable, else `fallback`.
+template <typename T>
+T pick(const std::optional<T>& option, const std::optional<T>& env, T fallback) {
+  if (option) return *option;
+  if (env) return *env;
+  return fallback;
+}
+
+// The Options value unless it is "auto", else the environment variable's unless that is "auto":
+// {value, the knob it came from}, or nullopt when both leave the choice to the default.
+std::optional<std::pair<std::string, std::string>> chosen(const std::string& option,
+                                                          const std::string& field,
+                                                          const config::EnvLookup& env,
+                                                          const std::string& var) {
+  if (option != "auto") return std::make_pair(option, "Options." + field);
+  if (auto v = env(var); v && *v != "auto") return std::make_pair(*v, var);
+  return std::nullopt;
+}
+
+}  // namespace
+
+Config resolve_config(const Options& o, int world_size, const config::EnvLookup& env) {
+  using namespace config;
+  Config c;
+  // Workspace.
+  TORCH_CHECK(!o.buffer_size || *o.buffer_size > 0,
+              "cuda_p2p: Options.buffer_size must be positive (bytes), got ", *o.buffer_size);
+  TORCH_CHECK(o.max_buffer_size > 0,
+              "cuda_p2p: Options.max_buffer_size must be positive (bytes), got ",
+              o.max_buffer_size);
+  const bool env_disables = env_bool(env, kDisableWorkspaceEnv).value_or(false);
+  if (!o.enable_workspace) {
+    c.workspace = false;
+    c.workspace_off_reason = "disabled by Options.enable_workspace = False";
+  } else if (env_disables) {
+    c.workspace = false;
+    c.workspace_off_reason = std::string("disabled by ") + kDisableWorkspaceEnv + "=" +
+                             env(kDisableWorkspaceEnv).value_or("1");
+  }
+  c.workspace_options.buffer_size = o.buffer_size.value_or(WorkspaceOptions::kDefaultBufferSize);
+  c.workspace_options.timeout = o.timeout;
+  c.max_buffer_size = o.max_buffer_size;
+  if (auto id = env(kHostIdEnv)) c.workspace_options.host_id = *id;
+  c.workspace_options.deny_private_reads = env_bool(env, kDenyCrossMemoryEnv).value_or(false);
+
+  // Host streams.
+  if (auto v = chosen(o.host_streams, "host_streams", env, kHostStreamsEnv)) {
+    c.host_streams = parse_host_streams(v->first, v->second);
+  }
+  if (c.host_streams == HostStreams::kDefault) c.host_streams = HostStreams::kCooperative;
+
+  // Which collectives run on the workspace (kill switches: either side turns them off).
+  c.collectives = o.workspace_collectives && env_bool(env, kWorkspaceCollectivesEnv).value_or(true);
+  c.cuda_collectives =
+      pick(o.cuda_workspace_collectives, env_bool(env, kCudaWorkspaceCollectivesEnv), false);
+
+  // Algorithms and their knobs.
+  auto& k = c.collective;
+  if (auto a = chosen(o.all_gather_algo, "all_gather_algo", env, kAllGatherAlgoEnv)) {
+    k.all_gather = ops::parse_all_gather_algo(a->first, a->second);
+  }
+  if (auto a = chosen(o.reduce_scatter_algo, "reduce_scatter_algo", env, kReduceScatterAlgoEnv)) {
+    k.reduce_scatter = ops::parse_reduce_scatter_algo(a->first, a->second);
+  }
+  if (auto a = chosen(o.all_reduce_algo, "all_reduce_algo", env, kAllReduceAlgoEnv)) {
+    k.all_reduce = ops::parse_all_reduce_algo(a->first, a->second);
+  }
+  TORCH_CHECK(!o.ring_steps || (*o.ring_steps >= 0 && *o.ring_steps <= kMaxRingSteps),
+              "cuda_p2p: Options.ring_steps must be a positive multiple of the world size, got ",
+              *o.ring_steps);
+  k.ring_steps = static_cast<int>(
+      pick(o.ring_steps, env_int(env, kRingStepsEnv, 0, kMaxRingSteps), int64_t{0}));
+  TORCH_CHECK(!o.chunk_bytes || *o.chunk_bytes >= 0,
+              "cuda_p2p: Options.chunk_bytes must be >= 0 (0: half the buffer), got ",
+              *o.chunk_bytes);
+  k.chunk_bytes = pick(o.chunk_bytes, env_int(env, kChunkBytesEnv, 0, kMaxBytes),
+                       ops::CollectiveConfig::kDefaultChunkBytes);
+  k.all_reduce_one_shot_max_bytes =
+      o.all_reduce_one_shot_max_bytes.value_or(k.all_reduce_one_shot_max_bytes);
+  k.all_gather_bidir_full_max_bytes =
+      o.all_gather_bidir_full_max_bytes.value_or(k.all_gather_bidir_full_max_bytes);
+  k.all_gather_ring_max_bytes = o.all_gather_ring_max_bytes.value_or(k.all_gather_ring_max_bytes);
+  k.reduce_scatter_ring_max_bytes =
+      o.reduce_scatter_ring_max_bytes.value_or(k.reduce_scatter_ring_max_bytes);
+  k.cross_memory_min_bytes = o.cross_memory_min_bytes.value_or(k.cross_memory_min_bytes);
+  ops::validate(k, world_size);
+
+  // Copy-free reads (NOTE [Copy-free reads] in ops/collectives.cpp): off unless asked for - on
+  // the machines measured so far staging is faster (docs/collectives.md). The workspace still
+  // probes whether the system allows them.
+  const auto env_cross = env_bool(env, kCrossMemoryEnv);
+  c.cross_memory = pick(o.cross_memory, env_cross, false);
+  if (!c.cross_memory) {
+    c.cross_memory_off_reason =
+        o.cross_memory ? "Options.cross_memory = False"
+        : env_cross    ? std::string(kCrossMemoryEnv) + "=0"
+                       : std::string("off by default; Options.cross_memory = True or ") +
+                          kCrossMemoryEnv + "=1 turns it on";
+  }
+  c.workspace_options.private_reads = c.cross_memory;
+  return c;
+}
+
+}  // namespace cuda_p2p

@@ -1,0 +1,136 @@
+// The one place where cuda_p2p's configuration is read: every knob (an Options field, an
+// environment variable, or both) is listed once in knobs(), parsed by one set of rules, and
+// resolved once per group into a Config (resolve_config) that the lower layers receive as plain
+// values. Nothing else in the project reads the environment.
+//
+// Rules (NOTE [Configuration rules]):
+//  * precedence: an Options value that is set wins, else the environment variable, else the
+//    default. An Options field that is a plain bool counts as set only when it differs from its
+//    default (enable_workspace and workspace_collectives are kill switches: either side turns
+//    them off);
+//  * an empty environment variable is unset;
+//  * booleans: 1/true/yes/on or 0/false/no/off, case-insensitive;
+//  * numbers: a decimal integer, optionally with a binary suffix K, M or G (KiB, MiB, GiB:
+//    1024-based), within the knob's range;
+//  * names (algorithms, modes): one of the listed names, "auto" leaving the choice to the next
+//    source;
+//  * anything else is an error naming the knob, what it expects and what it got.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <vector>
+
+#include "ops/collectives.hpp"
+#include "p2p_workspace/device.hpp"
+#include "p2p_workspace/symmetric_workspace.hpp"
+
+namespace cuda_p2p {
+
+inline constexpr const char* kBackendName = "cuda_p2p";
+
+// ProcessGroupCudaP2P.Options: what a user sets per group (pg_options). Every field is a knob of
+// knobs() below; resolve_config turns them, with the environment, into a Config.
+struct Options : c10d::Backend::Options {
+  Options() : c10d::Backend::Options(kBackendName) {}
+
+  // Bytes of the symmetric buffer each rank maps for its peers (unset: 32 MiB).
+  std::optional<int64_t> buffer_size;
+  // Whether to set up the P2P workspace at all (CUDA_P2P_DISABLE_WORKSPACE also turns it off).
+  bool enable_workspace = true;
+  // Whether the collectives run on the workspace when it is available (CUDA_P2P_WORKSPACE_
+  // COLLECTIVES=0 also turns them off): off, they go to the wrapped backend while the workspace
+  // stays up for everything else - for comparison and debugging.
+  bool workspace_collectives = true;
+  // Whether the collectives on CUDA tensors run on a CUDA workspace (NOTE [CUDA collectives are
+  // opt-in] in backend/ProcessGroupCudaP2P.cpp): unset defers to
+  // CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES, else off. CPU tensors and the fused ops are not affected.
+  std::optional<bool> cuda_workspace_collectives;
+  // Handed to the wrapped NCCL backend (a ProcessGroupNCCL.Options in Python); may be null.
+  c10::intrusive_ptr<c10d::Backend::Options> nccl_options;
+  // The largest buffer (bytes) an op may grow the workspace to on its own; an op that needs more
+  // processes its payload in rounds (ops/pipeline_common.hpp, plan_rounds).
+  int64_t max_buffer_size = int64_t{256} << 20;
+  // How the host device runs the fused pipelines' two streams: "cooperative" (in the waiting
+  // thread), "threads" (a thread per stream) or "auto" (CUDA_P2P_HOST_STREAMS, else
+  // cooperative). NOTE [Cooperative host streams] in p2p_workspace/host/host_device.cpp.
+  std::string host_streams = "auto";
+  // Workspace collectives (docs/collectives.md): "auto" leaves the choice to the environment
+  // variable, then to the choice by size; a name forces that algorithm.
+  std::string all_gather_algo = "auto";      // auto|direct|ring|bidir_split|bidir_full
+  std::string reduce_scatter_algo = "auto";  // auto|direct|ring
+  std::string all_reduce_algo = "auto";      // auto|one_shot|two_shot
+  // Steps of the reduce-scatter ring, a multiple of the world size (unset: the world size).
+  std::optional<int64_t> ring_steps;
+  // Bytes a rank stages per round; 0: half the buffer.
+  std::optional<int64_t> chunk_bytes;
+  // Thresholds of the automatic choice, in bytes (unset: the measured defaults).
+  std::optional<int64_t> all_reduce_one_shot_max_bytes;
+  std::optional<int64_t> all_gather_bidir_full_max_bytes;
+  std::optional<int64_t> all_gather_ring_max_bytes;
+  std::optional<int64_t> reduce_scatter_ring_max_bytes;
+  // Copy-free reads of peers' tensors on the host (process_vm_readv; NOTE [Copy-free reads]):
+  // unset defers to CUDA_P2P_CROSS_MEMORY, else off. On, they run only where the system allows
+  // them (probed at rendezvous).
+  std::optional<bool> cross_memory;
+  // The smallest payload (bytes, as the thresholds above) read copy-free (unset: the default).
+  std::optional<int64_t> cross_memory_min_bytes;
+
+  // Not marked override: older torch releases have no Options::clone().
+  virtual c10::intrusive_ptr<c10d::Backend::Options> clone() const {
+    return c10::make_intrusive<Options>(*this);
+  }
+};
+
+// A group's configuration, resolved once (resolve_config) from its Options and the environment.
+struct Config {
+  bool workspace = true;               // set up the workspace
+  std::string workspace_off_reason;    // why not ("" when it is set up)
+  WorkspaceOptions workspace_options;  // buffer size, timeout, host id, copy-free reads
+  int64_t max_buffer_size = 0;
+  HostStreams host_streams = HostStreams::kCooperative;
+  bool collectives = true;        // the collectives run on the workspace
+  bool cuda_collectives = false;  // ... also on a CUDA workspace
+  ops::CollectiveConfig collective;
+  bool cross_memory = false;           // offer copy-free reads
+  std::string cross_memory_off_reason;  // the knob that turned them off ("" when on)
+};
+
+namespace config {
+
+// Reads one environment variable (nullopt when unset or empty). process_environment() reads
+// the process's; tests pass their own.
+using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
+EnvLookup process_environment();
+
+// The parsing rules above; `what` names the knob in the error.
+bool parse_bool(const std::string& text, const std::string& what);
+int64_t parse_int(const std::string& text, const std::string& what, int64_t min, int64_t max);
+
+// One configuration knob, for the docs table (docs/configuration.md is checked against it) and
+// for error messages.
+struct Knob {
+  std::string option;  // the ProcessGroupCudaP2P.Options field ("" for environment only)
+  std::string env;     // the environment variable ("" for Options only)
+  std::string type;    // "bool", "bytes", "int", "string", or the names "a|b|c"
+  std::string default_value;
+  std::string help;
+};
+const std::vector<Knob>& knobs();
+
+// A knob's value from the environment, by the rules above (nullopt: unset).
+std::optional<bool> env_bool(const EnvLookup& env, const std::string& name);
+std::optional<int64_t> env_int(const EnvLookup& env, const std::string& name, int64_t min,
+                               int64_t max);
+
+}  // namespace config
+
+// Resolves `options` (its timeout included) and the environment into a group's Config for
+// `world_size` ranks; TORCH_CHECKs every value against its knob's rules.
+Config resolve_config(const Options& options, int world_size,
+                      const config::EnvLookup& env = config::process_environment());
+
+}  // namespace cuda_p2p

@@ -1,0 +1,138 @@
+// The configuration rules (backend/config.hpp, NOTE [Configuration rules]): parsing, precedence
+// of Options over the environment over the defaults, and the knob table. Single process.
+#include <map>
+#include <set>
+
+#include "backend/config.hpp"
+#include "tests/cpp/harness.hpp"
+
+namespace cuda_p2p::test {
+namespace {
+
+config::EnvLookup fake_env(std::map<std::string, std::string> vars) {
+  return [vars = std::move(vars)](const std::string& name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end() || it->second.empty()) return std::nullopt;
+    return it->second;
+  };
+}
+
+Config resolve(const Options& o, std::map<std::string, std::string> vars, int world = 4) {
+  return resolve_config(o, world, fake_env(std::move(vars)));
+}
+
+TEST(Config, BooleansFollowOneRule) {
+  for (const char* t : {"1", "true", "TRUE", "yes", "On"}) EXPECT_TRUE(config::parse_bool(t, "x"));
+  for (const char* f : {"0", "false", "No", "off"}) EXPECT_FALSE(config::parse_bool(f, "x"));
+  expect_error([] { config::parse_bool("2", "CUDA_P2P_X"); },
+               "CUDA_P2P_X must be a boolean (1/0, true/false, yes/no, on/off), got '2'");
+}
+
+TEST(Config, NumbersFollowOneRule) {
+  EXPECT_EQ(config::parse_int("4096", "x", 0, 1 << 30), 4096);
+  EXPECT_EQ(config::parse_int("64K", "x", 0, 1 << 30), 64 << 10);
+  EXPECT_EQ(config::parse_int("2MiB", "x", 0, 1 << 30), 2 << 20);
+  EXPECT_EQ(config::parse_int("1g", "x", 0, int64_t{1} << 40), int64_t{1} << 30);
+  expect_error([] { config::parse_int("lots", "CUDA_P2P_Y", 0, 10); },
+               "CUDA_P2P_Y must be an integer, optionally with a suffix K, M or G");
+  expect_error([] { config::parse_int("12x", "CUDA_P2P_Y", 0, 100); }, "got '12x'");
+  expect_error([] { config::parse_int("-1", "CUDA_P2P_Y", 0, 10); }, "must be in [0, 10], got -1");
+  expect_error([] { config::parse_int("99999999999G", "CUDA_P2P_Y", 0, 10); }, "must be an integer");
+}
+
+TEST(Config, DefaultsWithNothingSet) {
+  const Config c = resolve(Options(), {});
+  EXPECT_TRUE(c.workspace);
+  EXPECT_EQ(c.workspace_options.buffer_size, WorkspaceOptions::kDefaultBufferSize);
+  EXPECT_EQ(c.host_streams, HostStreams::kCooperative);
+  EXPECT_TRUE(c.collectives);
+  EXPECT_FALSE(c.cuda_collectives);
+  EXPECT_FALSE(c.cross_memory);
+  EXPECT_NE(c.cross_memory_off_reason.find("off by default"), std::string::npos);
+  EXPECT_EQ(c.collective.all_reduce, ops::AllReduceAlgo::kAuto);
+  EXPECT_EQ(c.collective.chunk_bytes, ops::CollectiveConfig::kDefaultChunkBytes);
+  EXPECT_TRUE(c.workspace_options.host_id.empty());
+}
+
+TEST(Config, OptionsWinOverTheEnvironmentWhichWinsOverDefaults) {
+  Options o;
+  o.all_reduce_algo = "two_shot";
+  o.cuda_workspace_collectives = false;
+  o.chunk_bytes = 4096;
+  const Config c = resolve(o, {{"CUDA_P2P_ALL_REDUCE_ALGO", "one_shot"},
+                               {"CUDA_P2P_ALL_GATHER_ALGO", "ring"},
+                               {"CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES", "1"},
+                               {"CUDA_P2P_CHUNK_BYTES", "1M"},
+                               {"CUDA_P2P_RING_STEPS", "8"},
+                               {"CUDA_P2P_HOST_STREAMS", "threads"},
+                               {"CUDA_P2P_HOST_ID", "host-a"},
+                               {"CUDA_P2P_CROSS_MEMORY", "on"}});
+  EXPECT_EQ(c.collective.all_reduce, ops::AllReduceAlgo::kTwoShot);  // option
+  EXPECT_EQ(c.collective.all_gather, ops::AllGatherAlgo::kRing);     // environment over auto
+  EXPECT_FALSE(c.cuda_collectives);                                  // option
+  EXPECT_EQ(c.collective.chunk_bytes, 4096);                         // option
+  EXPECT_EQ(c.collective.ring_steps, 8);                             // environment
+  EXPECT_EQ(c.host_streams, HostStreams::kThreads);                  // environment
+  EXPECT_EQ(c.workspace_options.host_id, "host-a");
+  EXPECT_TRUE(c.cross_memory);
+  EXPECT_TRUE(c.workspace_options.private_reads);
+  Options threads;
+  threads.host_streams = "cooperative";
+  EXPECT_EQ(resolve(threads, {{"CUDA_P2P_HOST_STREAMS", "threads"}}).host_streams,
+            HostStreams::kCooperative);
+  EXPECT_TRUE(resolve(Options(), {{"CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES", "yes"}}).cuda_collectives);
+}
+
+TEST(Config, KillSwitchesTurnOffFromEitherSide) {
+  Options off;
+  off.enable_workspace = false;
+  EXPECT_FALSE(resolve(off, {}).workspace);
+  EXPECT_NE(resolve(off, {}).workspace_off_reason.find("Options.enable_workspace"),
+            std::string::npos);
+  const Config env_off = resolve(Options(), {{"CUDA_P2P_DISABLE_WORKSPACE", "true"}});
+  EXPECT_FALSE(env_off.workspace);
+  EXPECT_NE(env_off.workspace_off_reason.find("CUDA_P2P_DISABLE_WORKSPACE"), std::string::npos);
+  EXPECT_TRUE(resolve(Options(), {{"CUDA_P2P_DISABLE_WORKSPACE", "0"}}).workspace);
+  EXPECT_FALSE(resolve(Options(), {{"CUDA_P2P_WORKSPACE_COLLECTIVES", "off"}}).collectives);
+  Options coll_off;
+  coll_off.workspace_collectives = false;
+  EXPECT_FALSE(resolve(coll_off, {{"CUDA_P2P_WORKSPACE_COLLECTIVES", "1"}}).collectives);
+}
+
+TEST(Config, BadValuesAreErrorsNamingTheKnob) {
+  expect_error([] { resolve(Options(), {{"CUDA_P2P_DISABLE_WORKSPACE", "please"}}); },
+               "CUDA_P2P_DISABLE_WORKSPACE must be a boolean");
+  expect_error([] { resolve(Options(), {{"CUDA_P2P_ALL_REDUCE_ALGO", "fastest"}}); },
+               "CUDA_P2P_ALL_REDUCE_ALGO must be one of auto|one_shot|two_shot, got 'fastest'");
+  expect_error([] { resolve(Options(), {{"CUDA_P2P_HOST_STREAMS", "sometimes"}}); },
+               "CUDA_P2P_HOST_STREAMS must be 'auto', 'cooperative' or 'threads'");
+  expect_error([] { resolve(Options(), {{"CUDA_P2P_CHUNK_BYTES", "lots"}}); },
+               "CUDA_P2P_CHUNK_BYTES must be an integer");
+  expect_error([] { resolve(Options(), {{"CUDA_P2P_RING_STEPS", "6"}}, 4); },
+               "a positive multiple of the world size 4, got 6");
+  Options bad;
+  bad.all_gather_algo = "fastest";
+  expect_error([&] { resolve(bad, {}); }, "Options.all_gather_algo must be one of");
+  Options negative;
+  negative.buffer_size = 0;
+  expect_error([&] { resolve(negative, {}); }, "Options.buffer_size must be positive");
+}
+
+TEST(Config, EveryKnobIsDocumentedOnce) {
+  std::set<std::string> options, envs;
+  for (const auto& k : config::knobs()) {
+    EXPECT_FALSE(k.option.empty() && k.env.empty());
+    EXPECT_FALSE(k.help.empty()) << k.option << k.env;
+    if (!k.option.empty()) {
+      EXPECT_TRUE(options.insert(k.option).second) << k.option;
+    }
+    if (!k.env.empty()) {
+      EXPECT_TRUE(envs.insert(k.env).second) << k.env;
+    }
+  }
+  EXPECT_TRUE(envs.count("CUDA_P2P_HOST_ID"));
+  EXPECT_TRUE(options.count("cuda_workspace_collectives"));
+}
+
+}  // namespace
+}  // namespace cuda_p2p::test
