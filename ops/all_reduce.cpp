@@ -108,10 +108,10 @@ AllReduceAlgo all_reduce(const CollectiveContext& ctx, const at::Tensor& input,
   if (algo == AllReduceAlgo::kAuto) algo = select_all_reduce(ctx.config, a.numel * a.esize, W);
   // Compared at the first phase barrier of either algorithm (NOTE [Op signatures]).
   detail::expect_signature(
-      ctx, OpSignature::of(OpKind::kAllReduce, std::to_string(a.numel) + " x " +
-                                                   dtype_name(a.dtype) + " " + detail::op_name(op) +
-                                                   " (" + to_string(algo) +
-                                                   detail::config_suffix(ctx) + ")"));
+      ctx,
+      OpSignature::of(OpKind::kAllReduce, std::to_string(a.numel) + " x " + dtype_name(a.dtype) +
+                                              " " + detail::op_name(op) + " (" + to_string(algo) +
+                                              detail::config_suffix(ctx) + ")"));
   if (a.numel == 0) {
     detail::handshake(ctx);
     return algo;

@@ -22,11 +22,11 @@ void broadcast(const CollectiveContext& ctx, const at::Tensor& tensor, int root)
   // Nobody but the root publishes anything, so the signature needs a handshake of its own
   // before the root's first done word can release a reader (NOTE [Op signatures]).
   detail::expect_signature(
-      ctx, OpSignature::of(OpKind::kBroadcast,
-                           std::to_string(tensor.numel()) + " x " +
-                               dtype_name(tensor.scalar_type()) + " from root " +
-                               std::to_string(root) + (read ? " (copy-free" : " (staged") +
-                               detail::config_suffix(ctx) + ")"));
+      ctx,
+      OpSignature::of(OpKind::kBroadcast,
+                      std::to_string(tensor.numel()) + " x " + dtype_name(tensor.scalar_type()) +
+                          " from root " + std::to_string(root) +
+                          (read ? " (copy-free" : " (staged") + detail::config_suffix(ctx) + ")"));
   detail::handshake(ctx);
   if (bytes == 0) return;
   char* data = detail::bytes_of(tensor);

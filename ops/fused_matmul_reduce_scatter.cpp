@@ -426,8 +426,8 @@ at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
   pipeline::check_or_reject(pg, state, on_workspace, ops::OpKind::kMatmulReduceScatter, [&] {
     op = parse_reduce_op(reduce_op, kOp);
     TORCH_CHECK(algorithm == "auto" || algorithm == "pipeline" || algorithm == "ring", "cuda_p2p ",
-                kOp, ": algorithm must be \"auto\", \"pipeline\" or \"ring\", got \"",
-                algorithm, "\"");
+                kOp, ": algorithm must be \"auto\", \"pipeline\" or \"ring\", got \"", algorithm,
+                "\"");
     dim = check_matmul_reduce_scatter_args(A, B, scatter_dim, W);
     steps = check_ring_steps(ring_steps, W);
     TORCH_CHECK(ring_steps == 0 || algorithm != "pipeline", "cuda_p2p ", kOp,

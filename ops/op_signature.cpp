@@ -233,8 +233,8 @@ void publish_signature(SymmetricWorkspace& ws, Stream& s, int channel, const Sig
       targets.slot[targets.count++] = ws.descriptor_slot(r, channel, parity, me);
     }
     ws.device().run(s, [c = to_cuda(words), targets] {
-      CUDA_P2P_SIG_CHECK(cuda::launch_publish_signature(
-          c, targets, c10::cuda::getCurrentCUDAStream().stream()));
+      CUDA_P2P_SIG_CHECK(
+          cuda::launch_publish_signature(c, targets, c10::cuda::getCurrentCUDAStream().stream()));
     });
   }
 #else
@@ -273,8 +273,8 @@ std::string compare_signatures(SymmetricWorkspace& ws, Stream& s, int channel,
   }
   auto* rec = static_cast<CudaRecord*>(state.cuda_record.get());
   ws.device().run(s, [slots, W, c = to_cuda(words), record = rec->device] {
-    CUDA_P2P_SIG_CHECK(cuda::launch_compare_signatures(
-        slots, W, c, record, c10::cuda::getCurrentCUDAStream().stream()));
+    CUDA_P2P_SIG_CHECK(cuda::launch_compare_signatures(slots, W, c, record,
+                                                       c10::cuda::getCurrentCUDAStream().stream()));
   });
   return "";
 #else
@@ -301,8 +301,8 @@ void check_signature_record(SignatureState& state, const char* what) {
   std::string msg = std::string("cuda_p2p ") + what + ": an earlier op's ranks disagreed (";
   for (int r = 0; r < W; ++r) {
     const Decoded x = decode(rec->host->words + r * kWords);
-    msg += (r ? ", rank " : "rank ") + std::to_string(r) + (x.invalid ? " rejected: " : " passed ") +
-           kind_name(x.kind) + " " + x.text;
+    msg += (r ? ", rank " : "rank ") + std::to_string(r) +
+           (x.invalid ? " rejected: " : " passed ") + kind_name(x.kind) + " " + x.text;
   }
   *flag = 0;
   throw SignatureMismatch(msg + "); its results are not valid");

@@ -182,12 +182,11 @@ ReduceScatterAlgo reduce_scatter(const CollectiveContext& ctx,
   // Compared at the first phase barrier of the direct algorithms, at a handshake of its own
   // before the ring (NOTE [Op signatures]).
   detail::expect_signature(
-      ctx, OpSignature::of(
-               OpKind::kReduceScatter,
-               std::to_string(a.numel) + " x " + dtype_name(a.dtype) + " " + detail::op_name(op) +
-                   " (" + to_string(algo) +
-                   (ring_algo ? ", " + std::to_string(steps) + " steps" : "") +
-                   (read ? ", copy-free" : "") + detail::config_suffix(ctx) + ")"));
+      ctx, OpSignature::of(OpKind::kReduceScatter,
+                           std::to_string(a.numel) + " x " + dtype_name(a.dtype) + " " +
+                               detail::op_name(op) + " (" + to_string(algo) +
+                               (ring_algo ? ", " + std::to_string(steps) + " steps" : "") +
+                               (read ? ", copy-free" : "") + detail::config_suffix(ctx) + ")"));
   if (a.numel == 0) {
     detail::handshake(ctx);
     return algo;
