@@ -203,10 +203,8 @@ c10d::Backend& ProcessGroupCudaP2P::route_barrier(const c10d::BarrierOptions& op
 void ProcessGroupCudaP2P::run_collective(
     const char* what, const std::function<void(const ops::CollectiveContext&)>& fn) {
   std::lock_guard<std::mutex> lock(collective_mutex_);
-  TORCH_CHECK(collective_failure_.empty(), "cuda_p2p ", what,
-              ": an earlier workspace collective of this group failed, so the ranks may no "
-              "longer agree on the workspace's state; recreate the group (",
-              collective_failure_, ")");
+  check_not_failed(what);
+  ops::check_signature_record(collective_state_.signature, what);
   Device& device = workspace_->device();
   const bool host = device.tensor_device().is_cpu();
   auto stream = device.current_stream();
@@ -215,11 +213,60 @@ void ProcessGroupCudaP2P::run_collective(
                                    config_.collective};
   try {
     fn(ctx);
+  } catch (const ops::SignatureMismatch&) {
+    // The op ran nowhere and the phases were settled: the group stays usable.
+    if (!host) collective_state_.last = device.record(*stream);
+    throw;
   } catch (const std::exception& e) {
-    collective_failure_ = std::string(what) + ": " + e.what();
+    collective_state_.pending.reset();
+    mark_failed(what, e);
     throw;
   }
+  TORCH_INTERNAL_ASSERT(!collective_state_.pending, "cuda_p2p ", what,
+                        ": the op's signature was never compared");
   if (!host) collective_state_.last = device.record(*stream);
+}
+
+void ProcessGroupCudaP2P::mark_failed(const char* what, const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  std::string text = c10_error ? c10_error->what_without_backtrace() : e.what();
+  for (char& c : text) {
+    if (c == '\n') c = ' ';
+  }
+  while (!text.empty() && text.back() == ' ') text.pop_back();
+  std::lock_guard<std::mutex> lock(failure_mutex_);
+  if (failure_.empty()) failure_ = std::string(what) + ": " + text;
+}
+
+void ProcessGroupCudaP2P::check_not_failed(const char* what) const {
+  std::lock_guard<std::mutex> lock(failure_mutex_);
+  TORCH_CHECK(failure_.empty(), "cuda_p2p ", what,
+              ": refused: an earlier workspace op of this group failed midway, so its ranks may "
+              "no longer agree on the workspace's state; recreate the group (destroy it and "
+              "create a new one). The failure was: ",
+              failure_);
+}
+
+std::string ProcessGroupCudaP2P::failure() const {
+  std::lock_guard<std::mutex> lock(failure_mutex_);
+  return failure_;
+}
+
+void ProcessGroupCudaP2P::check_or_reject(const char* what, ops::OpKind kind,
+                                          const std::function<void()>& checks) {
+  try {
+    checks();
+  } catch (const c10::Error& e) {
+    if (getSize() > 1 && failure().empty()) {
+      try {
+        run_collective(what, [&](const ops::CollectiveContext& ctx) {
+          ops::reject(ctx, kind, e.what_without_backtrace());
+        });
+      } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): the own error wins
+      }
+    }
+    throw;
+  }
 }
 
 const char* ProcessGroupCudaP2P::workspace_rejects(c10::ArrayRef<at::Tensor> tensors) const {
@@ -261,17 +308,24 @@ std::optional<ops::ReduceOp> ProcessGroupCudaP2P::to_reduce_op(const c10d::Reduc
 at::Tensor ProcessGroupCudaP2P::all_gather_v(const at::Tensor& input,
                                              const std::vector<int64_t>& sizes) {
   const int W = getSize(), me = getRank();
-  TORCH_CHECK(input.defined() && input.dim() >= 1,
-              "cuda_p2p all_gather_v: expected a tensor with at least one dimension (rows), got ",
-              input.defined() ? std::to_string(input.dim()) + " dimensions" : "None");
-  TORCH_CHECK(static_cast<int>(sizes.size()) == W, "cuda_p2p all_gather_v: expected ", W,
-              " sizes (rows of every rank), got ", sizes.size());
-  for (int q = 0; q < W; ++q) {
-    TORCH_CHECK(sizes[q] >= 0, "cuda_p2p all_gather_v: sizes must be >= 0, got ", sizes[q],
-                " for rank ", q);
+  auto checks = [&] {
+    TORCH_CHECK(input.defined() && input.dim() >= 1,
+                "cuda_p2p all_gather_v: expected a tensor with at least one dimension (rows), got ",
+                input.defined() ? std::to_string(input.dim()) + " dimensions" : "None");
+    TORCH_CHECK(static_cast<int>(sizes.size()) == W, "cuda_p2p all_gather_v: expected ", W,
+                " sizes (rows of every rank), got ", sizes.size());
+    for (int q = 0; q < W; ++q) {
+      TORCH_CHECK(sizes[q] >= 0, "cuda_p2p all_gather_v: sizes must be >= 0, got ", sizes[q],
+                  " for rank ", q);
+    }
+    TORCH_CHECK(input.size(0) == sizes[me], "cuda_p2p all_gather_v: rank ", me, " has ",
+                input.size(0), " rows, but sizes[", me, "] is ", sizes[me]);
+  };
+  if (input.defined() && !workspace_rejects({input})) {
+    check_or_reject("all_gather_v", ops::OpKind::kAllGatherV, checks);
+  } else {
+    checks();
   }
-  TORCH_CHECK(input.size(0) == sizes[me], "cuda_p2p all_gather_v: rank ", me, " has ",
-              input.size(0), " rows, but sizes[", me, "] is ", sizes[me]);
   std::vector<int64_t> out_sizes = input.sizes().vec();
   const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
   out_sizes[0] = total;
@@ -329,9 +383,11 @@ WorkPtr ProcessGroupCudaP2P::broadcast(std::vector<at::Tensor>& tensors,
     return delegate(tensors, "broadcast",
                     [&](c10d::Backend& b) { return b.broadcast(tensors, opts); });
   }
-  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(),
-              "cuda_p2p broadcast: root must be a rank in [0, ", getSize(), "), got ",
-              opts.rootRank);
+  check_or_reject("broadcast", ops::OpKind::kBroadcast, [&] {
+    TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(),
+                "cuda_p2p broadcast: root must be a rank in [0, ", getSize(), "), got ",
+                opts.rootRank);
+  });
   at::Tensor& t = tensors[0];
   at::Tensor work = t.is_contiguous() ? t : t.contiguous();
   bool read = false;
@@ -358,7 +414,8 @@ WorkPtr ProcessGroupCudaP2P::allreduce(std::vector<at::Tensor>& tensors,
                     [&](c10d::Backend& b) { return b.allreduce(tensors, opts); });
   }
   at::Tensor& t = tensors[0];
-  ops::check_reduce_op(*op, t.scalar_type(), "all_reduce");
+  check_or_reject("all_reduce", ops::OpKind::kAllReduce,
+                  [&] { ops::check_reduce_op(*op, t.scalar_type(), "all_reduce"); });
   at::Tensor work = t.is_contiguous() ? t : t.contiguous();
   ops::AllReduceAlgo algo = ops::AllReduceAlgo::kAuto;
   run_collective("all_reduce", [&](const ops::CollectiveContext& ctx) {
@@ -453,11 +510,13 @@ WorkPtr ProcessGroupCudaP2P::_allgather_base(at::Tensor& output, at::Tensor& inp
     return delegate(input, "all_gather_into_tensor",
                     [&](c10d::Backend& b) { return b._allgather_base(output, input, opts); });
   }
-  TORCH_CHECK(
-      output.numel() == input.numel() * getSize() && output.scalar_type() == input.scalar_type(),
-      "cuda_p2p all_gather_into_tensor: the output must have world size (", getSize(),
-      ") times the input's ", input.numel(), " elements of ", input.scalar_type(), ", got ",
-      output.numel(), " of ", output.scalar_type());
+  check_or_reject("all_gather_into_tensor", ops::OpKind::kAllGather, [&] {
+    TORCH_CHECK(
+        output.numel() == input.numel() * getSize() && output.scalar_type() == input.scalar_type(),
+        "cuda_p2p all_gather_into_tensor: the output must have world size (", getSize(),
+        ") times the input's ", input.numel(), " elements of ", input.scalar_type(), ", got ",
+        output.numel(), " of ", output.scalar_type());
+  });
   at::Tensor out = contiguous_output(output);
   std::vector<at::Tensor> chunks;
   for (int q = 0; q < getSize(); ++q) chunks.push_back(flat_chunk(out, q, input.numel()));
@@ -494,12 +553,14 @@ WorkPtr ProcessGroupCudaP2P::allgather_into_tensor_coalesced(std::vector<at::Ten
   }
   // One workspace all-gather per pair, in order.
   for (size_t i = 0; i < inputs.size(); ++i) {
-    TORCH_CHECK(outputs[i].numel() == inputs[i].numel() * getSize() &&
-                    outputs[i].scalar_type() == inputs[i].scalar_type(),
-                "cuda_p2p all_gather_into_tensor (coalesced, tensor ", i,
-                "): the output must have world size (", getSize(), ") times the input's ",
-                inputs[i].numel(), " elements of ", inputs[i].scalar_type(), ", got ",
-                outputs[i].numel(), " of ", outputs[i].scalar_type());
+    check_or_reject("all_gather_into_tensor", ops::OpKind::kAllGather, [&] {
+      TORCH_CHECK(outputs[i].numel() == inputs[i].numel() * getSize() &&
+                      outputs[i].scalar_type() == inputs[i].scalar_type(),
+                  "cuda_p2p all_gather_into_tensor (coalesced, tensor ", i,
+                  "): the output must have world size (", getSize(), ") times the input's ",
+                  inputs[i].numel(), " elements of ", inputs[i].scalar_type(), ", got ",
+                  outputs[i].numel(), " of ", outputs[i].scalar_type());
+    });
     at::Tensor out = contiguous_output(outputs[i]);
     std::vector<at::Tensor> chunks;
     for (int q = 0; q < getSize(); ++q) chunks.push_back(flat_chunk(out, q, inputs[i].numel()));
@@ -525,7 +586,8 @@ WorkPtr ProcessGroupCudaP2P::scatter(std::vector<at::Tensor>& outputs,
 
 void ProcessGroupCudaP2P::reduce_scatter_on_workspace(const std::vector<at::Tensor>& inputs,
                                                       const at::Tensor& output, ops::ReduceOp op) {
-  ops::check_reduce_op(op, output.scalar_type(), "reduce_scatter");
+  check_or_reject("reduce_scatter", ops::OpKind::kReduceScatter,
+                  [&] { ops::check_reduce_op(op, output.scalar_type(), "reduce_scatter"); });
   std::vector<at::Tensor> ins;
   for (const auto& t : inputs) ins.push_back(t.is_contiguous() ? t : t.contiguous());
   at::Tensor out = contiguous_output(output);
@@ -579,11 +641,13 @@ WorkPtr ProcessGroupCudaP2P::_reduce_scatter_base(at::Tensor& output, at::Tensor
     return delegate(input, "reduce_scatter_tensor",
                     [&](c10d::Backend& b) { return b._reduce_scatter_base(output, input, opts); });
   }
-  TORCH_CHECK(
-      input.numel() == output.numel() * getSize() && output.scalar_type() == input.scalar_type(),
-      "cuda_p2p reduce_scatter_tensor: the input must have world size (", getSize(),
-      ") times the output's ", output.numel(), " elements of ", output.scalar_type(), ", got ",
-      input.numel(), " of ", input.scalar_type());
+  check_or_reject("reduce_scatter_tensor", ops::OpKind::kReduceScatter, [&] {
+    TORCH_CHECK(
+        input.numel() == output.numel() * getSize() && output.scalar_type() == input.scalar_type(),
+        "cuda_p2p reduce_scatter_tensor: the input must have world size (", getSize(),
+        ") times the output's ", output.numel(), " elements of ", output.scalar_type(), ", got ",
+        input.numel(), " of ", input.scalar_type());
+  });
   const at::Tensor in = input.is_contiguous() ? input : input.contiguous();
   std::vector<at::Tensor> chunks;
   for (int q = 0; q < getSize(); ++q) chunks.push_back(flat_chunk(in, q, output.numel()));
@@ -609,12 +673,14 @@ WorkPtr ProcessGroupCudaP2P::reduce_scatter_tensor_coalesced(
     });
   }
   for (size_t i = 0; i < inputs.size(); ++i) {
-    TORCH_CHECK(inputs[i].numel() == outputs[i].numel() * getSize() &&
-                    outputs[i].scalar_type() == inputs[i].scalar_type(),
-                "cuda_p2p reduce_scatter_tensor (coalesced, tensor ", i,
-                "): the input must have world size (", getSize(), ") times the output's ",
-                outputs[i].numel(), " elements of ", outputs[i].scalar_type(), ", got ",
-                inputs[i].numel(), " of ", inputs[i].scalar_type());
+    check_or_reject("reduce_scatter_tensor", ops::OpKind::kReduceScatter, [&] {
+      TORCH_CHECK(inputs[i].numel() == outputs[i].numel() * getSize() &&
+                      outputs[i].scalar_type() == inputs[i].scalar_type(),
+                  "cuda_p2p reduce_scatter_tensor (coalesced, tensor ", i,
+                  "): the input must have world size (", getSize(), ") times the output's ",
+                  outputs[i].numel(), " elements of ", outputs[i].scalar_type(), ", got ",
+                  inputs[i].numel(), " of ", inputs[i].scalar_type());
+    });
     const at::Tensor in = inputs[i].is_contiguous() ? inputs[i] : inputs[i].contiguous();
     std::vector<at::Tensor> chunks;
     for (int q = 0; q < getSize(); ++q) chunks.push_back(flat_chunk(in, q, outputs[i].numel()));

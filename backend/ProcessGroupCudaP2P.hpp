@@ -108,6 +108,23 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   struct PipelineState;
   PipelineState& pipeline_state();
 
+  // NOTE [Failed groups]
+  // A workspace op that fails midway (a timeout, a dead peer, a failing read) may leave the
+  // ranks' signal counts, phases and buffers out of step, on its channel and - since the ranks
+  // that did not fail go on - soon on the others. So one failure, of a collective or of a fused
+  // op, marks the whole group failed: every later workspace op of the group (collective or fused)
+  // refuses at once with one line naming the first failure and saying to recreate the group,
+  // instead of costing a timeout each or reading stale data. A disagreement of the ranks'
+  // signatures is not a failure (NOTE [Op signatures] in ops/op_signature.cpp): the op did not
+  // run anywhere and the group stays usable.
+  // Records `e` (its message without the C++ backtrace, on one line) as the group's failure, if
+  // it is the first.
+  void mark_failed(const char* what, const std::exception& e);
+  // TORCH_CHECKs that the group has not failed; `what` names the refused op.
+  void check_not_failed(const char* what) const;
+  // The first failure ("" when none).
+  std::string failure() const;
+
   // --- delegated collectives ----------------------------------------------------------------
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -214,9 +231,13 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // threads); see NOTE [Collectives of a group run one at a time].
   std::mutex collective_mutex_;
   ops::CollectiveState collective_state_;
-  // Set when a workspace collective failed midway: the ranks' phases and signal counts may then
-  // disagree, so later workspace collectives refuse to run rather than hang or corrupt.
-  std::string collective_failure_;
+  // NOTE [Failed groups]
+  mutable std::mutex failure_mutex_;
+  std::string failure_;
+  // A local argument check of a workspace collective: when `checks` throws, this rank takes part
+  // in the op's handshake with an invalid signature (ops::reject) before its error propagates,
+  // so that its peers raise at once instead of waiting for the timeout.
+  void check_or_reject(const char* what, ops::OpKind kind, const std::function<void()>& checks);
 
   mutable std::mutex counters_mutex_;
   std::map<std::string, int64_t> counters_;

@@ -43,6 +43,7 @@ void ring(const CollectiveContext& ctx, const Gather& g, bool split, bool full) 
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
   const int left = mod(me - 1, W), right = mod(me + 1, W);
   const int64_t piece = detail::round_bytes(ctx, 1, W);
+  detail::handshake(ctx);  // a ring starts with signals, not a phase barrier
   const int rightward_steps = full ? W / 2 : W - 1;  // ceil((W-1)/2) when full
   const int leftward_steps = full ? (W - 1) / 2 : (split ? W - 1 : 0);
   copy(ctx, g.out[me], g.input, g.bytes);
@@ -118,7 +119,19 @@ AllGatherAlgo all_gather(const CollectiveContext& ctx, const at::Tensor& input,
     copy(ctx, g.out[0], g.input, g.bytes);
     return algo;
   }
-  if (g.bytes == 0) return algo;
+  const bool read = algo == AllGatherAlgo::kDirect &&
+                    uses_private_reads(ctx.config, g.bytes * W, ctx.ws.private_reads());
+  // Compared at the first phase barrier of the direct algorithms, at a handshake of their own
+  // before the rings (NOTE [Op signatures]).
+  detail::expect_signature(
+      ctx, OpSignature::of(OpKind::kAllGather, std::to_string(input.numel()) + " x " +
+                                                   dtype_name(input.scalar_type()) + " (" +
+                                                   to_string(algo) + (read ? ", copy-free" : "") +
+                                                   detail::config_suffix(ctx) + ")"));
+  if (g.bytes == 0) {
+    detail::handshake(ctx);
+    return algo;
+  }
   switch (algo) {
     case AllGatherAlgo::kDirect: {
       if (uses_private_reads(ctx.config, g.bytes * W, ctx.ws.private_reads())) {

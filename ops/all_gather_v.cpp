@@ -57,6 +57,16 @@ void all_gather_v(const CollectiveContext& ctx, const at::Tensor& input,
                 bytes[q], " bytes, got ", outputs[q].nbytes());
     out.push_back(detail::bytes_of(outputs[q]));
   }
+  std::string sizes;
+  for (int q = 0; q < W; ++q) sizes += (q ? ", " : "") + std::to_string(bytes[q]);
+  // Compared at the first phase barrier (NOTE [Op signatures]).
+  detail::expect_signature(
+      ctx, OpSignature::of(OpKind::kAllGatherV, dtype_name(input.scalar_type()) + ", bytes [" +
+                                                    sizes + "]" + detail::config_suffix(ctx)));
+  if (*std::max_element(bytes.begin(), bytes.end()) == 0) {
+    detail::handshake(ctx);
+    return;
+  }
   detail::gather_direct(ctx, detail::bytes_of(input), bytes, out);
 }
 

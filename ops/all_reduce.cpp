@@ -106,7 +106,16 @@ AllReduceAlgo all_reduce(const CollectiveContext& ctx, const at::Tensor& input,
   Args a{detail::bytes_of(input), detail::bytes_of(output), input.numel(), input.scalar_type(),
          static_cast<int64_t>(input.element_size())};
   if (algo == AllReduceAlgo::kAuto) algo = select_all_reduce(ctx.config, a.numel * a.esize, W);
-  if (a.numel == 0) return algo;
+  // Compared at the first phase barrier of either algorithm (NOTE [Op signatures]).
+  detail::expect_signature(
+      ctx,
+      OpSignature::of(OpKind::kAllReduce, std::to_string(a.numel) + " x " + dtype_name(a.dtype) +
+                                              " " + detail::op_name(op) + " (" + to_string(algo) +
+                                              detail::config_suffix(ctx) + ")"));
+  if (a.numel == 0) {
+    detail::handshake(ctx);
+    return algo;
+  }
   if (W == 1) {
     detail::reduce_on_stream(ctx, output, {input}, op, 1);
     return algo;

@@ -17,9 +17,20 @@ void broadcast(const CollectiveContext& ctx, const at::Tensor& tensor, int root)
   TORCH_CHECK(tensor.is_contiguous(), "cuda_p2p broadcast: expected a contiguous tensor");
   const int64_t bytes = static_cast<int64_t>(tensor.nbytes());
   ctx.state.last_private_reads = false;
-  if (W == 1 || bytes == 0) return;
+  if (W == 1) return;
+  const bool read = uses_private_reads(ctx.config, bytes, ctx.ws.private_reads());
+  // Nobody but the root publishes anything, so the signature needs a handshake of its own
+  // before the root's first done word can release a reader (NOTE [Op signatures]).
+  detail::expect_signature(
+      ctx,
+      OpSignature::of(OpKind::kBroadcast,
+                      std::to_string(tensor.numel()) + " x " + dtype_name(tensor.scalar_type()) +
+                          " from root " + std::to_string(root) +
+                          (read ? " (copy-free" : " (staged") + detail::config_suffix(ctx) + ")"));
+  detail::handshake(ctx);
+  if (bytes == 0) return;
   char* data = detail::bytes_of(tensor);
-  if (uses_private_reads(ctx.config, bytes, ctx.ws.private_reads())) {
+  if (read) {
     // The others read the root's tensor itself (NOTE [Copy-free reads]); only the root waits
     // for its readers.
     const detail::Phase ph = detail::begin_phase(ctx);

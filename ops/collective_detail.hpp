@@ -54,8 +54,23 @@ void end_phase(const CollectiveContext& ctx, const Phase& ph);
 void wait_phase_ended(const CollectiveContext& ctx, const Phase& ph, c10::ArrayRef<int> ranks,
                       const char* why);
 
-// A barrier on the collective channel: publishes every rank's writes to every rank.
+// A barrier on the collective channel: publishes every rank's writes to every rank. The first
+// one of a collective also carries its signature (NOTE [Op signatures]): on a disagreement every
+// rank ends the open phase and raises SignatureMismatch.
 void phase_barrier(const CollectiveContext& ctx);
+
+// Sets the signature the collective compares across ranks, at its first phase barrier or at
+// handshake(); nothing with a single rank.
+void expect_signature(const CollectiveContext& ctx, OpSignature sig);
+// Compares the expected signature now, with a barrier of its own, unless it has been compared
+// already: the first step of every algorithm whose first communication is not a phase barrier
+// (rings, broadcast) and of collectives that move nothing (zero-size). On a disagreement every
+// rank runs one empty phase, so that the phase counts stay equal, and raises.
+void handshake(const CollectiveContext& ctx);
+// "sum", "max", ... for a signature.
+std::string op_name(ReduceOp op);
+// The suffix of a signature naming the settings that change the rounds (when not the default).
+std::string config_suffix(const CollectiveContext& ctx);
 void signal(const CollectiveContext& ctx, int peer);
 void wait(const CollectiveContext& ctx, int peer);
 

@@ -3,6 +3,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -30,17 +31,22 @@ namespace cuda_p2p::ops {
 // and the next collective (on the other half) starts at once. Publication (step 2) only orders
 // reads after writes within a phase: broadcast needs the root alone, a ring step its neighbour
 // alone, while a full barrier would make every rank wait for the slowest (with 4 ranks on 2 cores,
-// for ranks that are not even running). The done word is the slot a rank would signal itself on
-// the collective channel (pad[r] + channel * W + r), which nothing else uses. The phase counter
-// advances identically on every rank because the number of phases depends on sizes every rank
-// knows (for all_gather_v, on the largest contribution); it restarts at 0 with a new buffer
-// (growth), whose words start at 0 and which nobody reads yet.
+// for ranks that are not even running). A rank's done word is not in its own pad but pushed: on
+// ending a phase it stores the new count into its done slot in every peer's pad (NOTE [Signal pad
+// layout] in p2p_workspace/symmetric_workspace.cpp), so that every wait - the reuse guard, a
+// broadcast waiting for its root, an owner waiting for its readers - polls the waiter's own pad,
+// never a peer's memory (on a GPU, a stream wait on a peer's memory would poll across the
+// interconnect). The phase counter advances identically on every rank because the number of
+// phases depends on sizes every rank knows (for all_gather_v, on the largest contribution), and
+// every collective first checks that the ranks agree on those sizes (NOTE [Op signatures] in
+// ops/op_signature.cpp; on a disagreement each rank ends exactly one phase and raises); it
+// restarts at 0 with a new buffer (growth), whose words start at 0 and which nobody reads yet.
 //
-// Broadcast publishes with the root's done word itself: the root reads nothing, so it may end
-// the phase as soon as it has staged, and its one release store (one futex wake for every
-// waiter, instead of a signal per rank: on 2 shared cores each system call and wake is on the
-// critical path) tells the others that the round is there; they wait for the root's done word to
-// reach phase + 1. It also satisfies the root's part of everybody's reuse guard, as always.
+// Broadcast publishes with the root's done words themselves: the root reads nothing, so it may
+// end the phase as soon as it has staged, and its stores (one per peer, each with its futex
+// wake, instead of a signal per rank and a wait on all of them) tell the others that the round
+// is there; they wait for the root's done word to reach phase + 1. It also satisfies the root's
+// part of everybody's reuse guard, as always.
 //
 // Other users of the buffer (get_p2p_buffer, the fused pipelines) must pass a barrier, on any
 // channel but after the collective in stream order, before they write where a collective may
@@ -184,7 +190,22 @@ AllReduceAlgo select_all_reduce(const CollectiveConfig& config, int64_t bytes, i
 
 void barrier(const CollectiveContext& ctx, std::optional<Millis> timeout) {
   if (ctx.ws.world_size() == 1) return;
+  const OpSignature sig = OpSignature::of(OpKind::kBarrier, "");
+  publish_signature(ctx.ws, ctx.stream, ctx.channel, ctx.state.signature, sig);
   ctx.ws.barrier(ctx.stream, ctx.channel, timeout);
+  const std::string error =
+      compare_signatures(ctx.ws, ctx.stream, ctx.channel, ctx.state.signature, sig);
+  if (!error.empty()) {
+    // As detail::handshake does: one empty phase, as the peers that ran a collective end one.
+    detail::end_phase(ctx, detail::begin_phase(ctx));
+    throw SignatureMismatch(error);
+  }
+}
+
+void reject(const CollectiveContext& ctx, OpKind kind, const std::string& reason) {
+  if (ctx.ws.world_size() == 1) return;
+  detail::expect_signature(ctx, OpSignature::rejected(kind, reason));
+  detail::handshake(ctx);
 }
 
 namespace detail {
@@ -222,7 +243,7 @@ Phase begin_phase(const CollectiveContext& ctx) {
     waits.reserve(W - 1);
     const uint32_t want = static_cast<uint32_t>(p.index - 1);  // peers finished phase index-2
     for (int r = 0; r < W; ++r) {
-      if (r != me) waits.push_back({ctx.ws.signal_slot(r, ctx.channel, r), want, r});
+      if (r != me) waits.push_back({ctx.ws.done_slot(me, ctx.channel, r), want, r});
     }
     ctx.ws.device().wait_signals(ctx.stream, std::move(waits), ctx.ws.timeout(),
                                  "collective buffer reuse guard (rank " + std::to_string(me) +
@@ -231,13 +252,74 @@ Phase begin_phase(const CollectiveContext& ctx) {
   return p;
 }
 
-void end_phase(const CollectiveContext& ctx, const Phase& ph) {
-  const int me = ctx.ws.rank();
-  ctx.ws.device().write_signal(ctx.stream, ctx.ws.signal_slot(me, ctx.channel, me),
-                               static_cast<uint32_t>(ph.index + 1));
+namespace {
+
+void end_phase_index(const CollectiveContext& ctx, uint64_t index) {
+  const int W = ctx.ws.world_size(), me = ctx.ws.rank();
+  const auto value = static_cast<uint32_t>(index + 1);
+  // Starting with the next rank, so that the ranks do not all store into rank 0's pad first.
+  for (int s = 1; s < W; ++s) {
+    const int r = (me + s) % W;
+    ctx.ws.device().write_signal(ctx.stream, ctx.ws.done_slot(r, ctx.channel, me), value);
+  }
 }
 
-void phase_barrier(const CollectiveContext& ctx) { ctx.ws.barrier(ctx.stream, ctx.channel); }
+// After a disagreement at the op's first phase barrier (phase open) or at its own handshake
+// (none open): every rank ends exactly one phase, so that the phase counts, the done words and
+// the halves stay in step (NOTE [Op signatures]).
+[[noreturn]] void settle_and_raise(const CollectiveContext& ctx, bool phase_open,
+                                   const std::string& error) {
+  if (phase_open) {
+    end_phase_index(ctx, ctx.state.phase - 1);
+  } else {
+    end_phase(ctx, begin_phase(ctx));
+  }
+  throw SignatureMismatch(error);
+}
+
+}  // namespace
+
+void end_phase(const CollectiveContext& ctx, const Phase& ph) { end_phase_index(ctx, ph.index); }
+
+void phase_barrier(const CollectiveContext& ctx) {
+  if (!ctx.state.pending) {
+    ctx.ws.barrier(ctx.stream, ctx.channel);
+    return;
+  }
+  const OpSignature sig = std::move(*ctx.state.pending);
+  ctx.state.pending.reset();
+  publish_signature(ctx.ws, ctx.stream, ctx.channel, ctx.state.signature, sig);
+  ctx.ws.barrier(ctx.stream, ctx.channel);
+  const std::string error =
+      compare_signatures(ctx.ws, ctx.stream, ctx.channel, ctx.state.signature, sig);
+  if (!error.empty()) settle_and_raise(ctx, /*phase_open=*/true, error);
+}
+
+void expect_signature(const CollectiveContext& ctx, OpSignature sig) {
+  if (ctx.ws.world_size() == 1) return;
+  ctx.state.pending = std::move(sig);
+}
+
+void handshake(const CollectiveContext& ctx) {
+  if (!ctx.state.pending) return;
+  const OpSignature sig = std::move(*ctx.state.pending);
+  ctx.state.pending.reset();
+  const std::string error =
+      ops::handshake(ctx.ws, ctx.stream, ctx.channel, ctx.state.signature, sig);
+  if (!error.empty()) settle_and_raise(ctx, /*phase_open=*/false, error);
+  if (sig.invalid) end_phase(ctx, begin_phase(ctx));  // as its peers do; the caller raises
+}
+
+std::string op_name(ReduceOp op) {
+  std::string name = to_string(op);
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name;
+}
+
+std::string config_suffix(const CollectiveContext& ctx) {
+  if (ctx.config.chunk_bytes == CollectiveConfig::kDefaultChunkBytes) return "";
+  return ", chunk_bytes " + std::to_string(ctx.config.chunk_bytes);
+}
 void signal(const CollectiveContext& ctx, int peer) {
   ctx.ws.put_signal(ctx.stream, peer, ctx.channel);
 }
@@ -271,7 +353,7 @@ void wait_phase_ended(const CollectiveContext& ctx, const Phase& ph, c10::ArrayR
   std::vector<SignalWait> waits;
   waits.reserve(ranks.size());
   const uint32_t want = static_cast<uint32_t>(ph.index + 1);
-  for (int r : ranks) waits.push_back({ctx.ws.signal_slot(r, ctx.channel, r), want, r});
+  for (int r : ranks) waits.push_back({ctx.ws.done_slot(ctx.ws.rank(), ctx.channel, r), want, r});
   if (waits.empty()) return;
   ctx.ws.device().wait_signals(ctx.stream, std::move(waits), ctx.ws.timeout(),
                                std::string(why) + " (rank " + std::to_string(ctx.ws.rank()) +

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/op_signature.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
 
 namespace cuda_p2p::ops {
@@ -122,6 +123,10 @@ class CollectiveState {
   // CUDA: the end of the previous collective, which the next one waits for (NOTE [Collectives
   // of a group run one at a time]); unused on the host.
   std::shared_ptr<Event> last;
+  // The handshakes of the collective channel (NOTE [Op signatures] in ops/op_signature.cpp), and
+  // the signature of the running collective until it has been compared.
+  SignatureState signature;
+  std::optional<OpSignature> pending;
 };
 
 // What every collective runs on.
@@ -159,7 +164,13 @@ AllReduceAlgo all_reduce(const CollectiveContext& ctx, const at::Tensor& input,
 // tensor = root's tensor.
 void broadcast(const CollectiveContext& ctx, const at::Tensor& tensor, int root);
 
-// Returns (host) or lets the stream continue (CUDA) once every rank has arrived.
+// Returns (host) or lets the stream continue (CUDA) once every rank has arrived. Its handshake
+// tells a barrier from another collective called on another rank (NOTE [Op signatures]).
 void barrier(const CollectiveContext& ctx, std::optional<Millis> timeout = {});
+
+// For a rank whose own argument check failed in a collective its peers are running: takes part
+// in the op's handshake with an invalid signature carrying `reason`, so that every peer raises at
+// once naming this rank, and leaves the phases in step; the caller then raises its own error.
+void reject(const CollectiveContext& ctx, OpKind kind, const std::string& reason);
 
 }  // namespace cuda_p2p::ops

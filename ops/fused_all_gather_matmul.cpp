@@ -375,16 +375,33 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_
     const at::Tensor& A_shard, at::TensorList Bs, int64_t gather_dim, const std::string& group_name,
     bool return_A, const std::string& algorithm) {
   TORCH_CHECK(A_shard.defined(), "cuda_p2p ", kOp, ": A_shard is undefined");
-  const AllGatherAlgorithm algo = parse_all_gather_algorithm(algorithm, A_shard.device());
   auto& pg = pipeline::resolve_backend(group_name, A_shard.device().type(), kOp);
-  check_all_gather_matmul_args(A_shard, Bs, gather_dim, pg.getSize());
   auto& state = pg.pipeline_state();
   std::lock_guard<std::mutex> lock(state.mutex);
+  const bool on_workspace = pipeline::workspace_serves(pg.workspace(), A_shard.device());
+  AllGatherAlgorithm algo = AllGatherAlgorithm::kPipeline;
+  int64_t dim = gather_dim;
+  // NOTE [Op signatures]: a rank whose own arguments are wrong tells its peers.
+  pipeline::check_or_reject(pg, state, on_workspace, ops::OpKind::kAllGatherMatmul, [&] {
+    algo = parse_all_gather_algorithm(algorithm, A_shard.device());
+    dim = check_all_gather_matmul_args(A_shard, Bs, gather_dim, pg.getSize());
+  });
   AllGatherMatmulResult r;
-  if (pipeline::workspace_serves(pg.workspace(), A_shard.device())) {
+  if (on_workspace) {
     pipeline::Env env = pipeline::make_env(pg, state);
     pipeline::Stats stats;
-    r = pipeline::run_or_mark_failed(state, kOp, [&] {
+    // Everything the ranks must agree on: the shapes decide the rounds and the buffer's growth.
+    std::string sig = "A_shard " + pipeline::shape_text(A_shard.sizes()) + " " +
+                      ops::dtype_name(A_shard.scalar_type()) + ", gather_dim " +
+                      std::to_string(dim) + ", " + std::to_string(Bs.size()) +
+                      (Bs.size() == 1 ? " B" : " Bs");
+    for (size_t i = 0; i < Bs.size(); ++i) {
+      sig += (i ? ", " : " ") + pipeline::shape_text(Bs[i].sizes());
+    }
+    sig += std::string(return_A ? ", return_A" : "") + ", " +
+           (algo == AllGatherAlgorithm::kPullAhead ? "pull_ahead" : "pipeline");
+    r = pipeline::run_or_mark_failed(pg, kOp, [&] {
+      pipeline::agree(env, state, ops::OpSignature::of(ops::OpKind::kAllGatherMatmul, sig));
       return all_gather_matmul_pipeline(env, A_shard, Bs, gather_dim, return_A, stats, algo);
     });
     pg.bump_counter(algo == AllGatherAlgorithm::kPullAhead ? "fused_all_gather_matmul.pull_ahead"

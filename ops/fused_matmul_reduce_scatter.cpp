@@ -415,17 +415,25 @@ at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
                                        const std::string& group_name, const std::string& algorithm,
                                        int64_t ring_steps) {
   TORCH_CHECK(A.defined(), "cuda_p2p ", kOp, ": A is undefined");
-  const ReduceOp op = parse_reduce_op(reduce_op, kOp);
-  TORCH_CHECK(algorithm == "auto" || algorithm == "pipeline" || algorithm == "ring", "cuda_p2p ",
-              kOp, ": algorithm must be \"auto\", \"pipeline\" or \"ring\", got \"", algorithm,
-              "\"");
   auto& pg = pipeline::resolve_backend(group_name, A.device().type(), kOp);
   const int64_t W = pg.getSize();
-  check_matmul_reduce_scatter_args(A, B, scatter_dim, W);
-  const int64_t steps = check_ring_steps(ring_steps, W);
-  TORCH_CHECK(ring_steps == 0 || algorithm != "pipeline", "cuda_p2p ", kOp,
-              ": ring_steps applies to the ring, got ring_steps=", ring_steps,
-              " with algorithm=\"pipeline\"");
+  auto& state = pg.pipeline_state();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  const bool on_workspace = pipeline::workspace_serves(pg.workspace(), A.device());
+  ReduceOp op = ReduceOp::kSum;
+  int64_t steps = W, dim = scatter_dim;
+  // NOTE [Op signatures]: a rank whose own arguments are wrong tells its peers.
+  pipeline::check_or_reject(pg, state, on_workspace, ops::OpKind::kMatmulReduceScatter, [&] {
+    op = parse_reduce_op(reduce_op, kOp);
+    TORCH_CHECK(algorithm == "auto" || algorithm == "pipeline" || algorithm == "ring", "cuda_p2p ",
+                kOp, ": algorithm must be \"auto\", \"pipeline\" or \"ring\", got \"", algorithm,
+                "\"");
+    dim = check_matmul_reduce_scatter_args(A, B, scatter_dim, W);
+    steps = check_ring_steps(ring_steps, W);
+    TORCH_CHECK(ring_steps == 0 || algorithm != "pipeline", "cuda_p2p ", kOp,
+                ": ring_steps applies to the ring, got ring_steps=", ring_steps,
+                " with algorithm=\"pipeline\"");
+  });
   // "auto": the ring when ring steps were asked for, or on the host, where its GEMMs run back to
   // back on one stream and never wait behind a barrier - what matters when the cores that run
   // the GEMMs also do the copies and are shared with the peers (docs/pipelines.md, measured
@@ -433,13 +441,18 @@ at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
   // copy engine.
   const bool ring =
       algorithm == "ring" || (algorithm == "auto" && (ring_steps != 0 || A.device().is_cpu()));
-  auto& state = pg.pipeline_state();
-  std::lock_guard<std::mutex> lock(state.mutex);
-  if (pipeline::workspace_serves(pg.workspace(), A.device())) {
+  if (on_workspace) {
     pipeline::Env env = pipeline::make_env(pg, state);
     pipeline::Stats stats;
+    // Everything the ranks must agree on: the shapes decide the rounds and the buffer's growth.
+    const std::string sig =
+        "A " + pipeline::shape_text(A.sizes()) + " " + ops::dtype_name(A.scalar_type()) + ", B " +
+        pipeline::shape_text(B.sizes()) + " " + ops::dtype_name(B.scalar_type()) + ", " +
+        (op == ReduceOp::kAvg ? "avg" : "sum") + ", scatter_dim " + std::to_string(dim) + ", " +
+        (ring ? "ring (" + std::to_string(steps) + " steps)" : std::string("pipeline"));
     at::Tensor out;
-    out = pipeline::run_or_mark_failed(state, kOp, [&] {
+    out = pipeline::run_or_mark_failed(pg, kOp, [&] {
+      pipeline::agree(env, state, ops::OpSignature::of(ops::OpKind::kMatmulReduceScatter, sig));
       return ring ? matmul_reduce_scatter_ring(env, A, B, op, scatter_dim, steps, stats)
                   : matmul_reduce_scatter_pipeline(env, A, B, op, scatter_dim, stats);
     });

@@ -104,10 +104,8 @@ std::array<std::shared_ptr<Stream>, 2> acquire_streams(Device& device,
 }
 
 Env make_env(ProcessGroupCudaP2P& backend, ProcessGroupCudaP2P::PipelineState& state) {
-  TORCH_CHECK(state.failure.empty(),
-              "cuda_p2p: an earlier fused op on this group failed midway, so the ranks' pipeline "
-              "signals may disagree; destroy the group and create a new one. The failure was: ",
-              state.failure);
+  backend.check_not_failed("fused op");
+  ops::check_signature_record(state.signature, "fused op");
   auto& ws = *backend.workspace();
   auto& dev = ws.device();
   Env env(ws, dev.current_stream(), acquire_streams(dev, state),
@@ -115,6 +113,39 @@ Env make_env(ProcessGroupCudaP2P& backend, ProcessGroupCudaP2P::PipelineState& s
           backend.options()->max_buffer_size);
   if (state.tracing) env.trace = std::make_shared<Trace>();
   return env;
+}
+
+void agree(Env& env, ProcessGroupCudaP2P::PipelineState& state, const ops::OpSignature& sig) {
+  if (env.world_size() == 1) return;
+  env.on_caller("handshake", [&] {
+    const std::string error =
+        ops::handshake(env.ws, *env.caller, env.channels[0], state.signature, sig);
+    if (!error.empty()) throw ops::SignatureMismatch(error);
+  });
+}
+
+void check_or_reject(ProcessGroupCudaP2P& backend, ProcessGroupCudaP2P::PipelineState& state,
+                     bool on_workspace, ops::OpKind kind, const std::function<void()>& checks) {
+  try {
+    checks();
+  } catch (const c10::Error& e) {
+    if (on_workspace && backend.getSize() > 1 && backend.failure().empty()) {
+      try {
+        Env env = make_env(backend, state);
+        run_or_mark_failed(backend, ops::to_string(kind), [&] {
+          agree(env, state, ops::OpSignature::rejected(kind, e.what_without_backtrace()));
+        });
+      } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): the own error wins
+      }
+    }
+    throw;
+  }
+}
+
+std::string shape_text(at::IntArrayRef sizes) {
+  std::string s = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
+  return s + "]";
 }
 
 void begin(Env& env) {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "backend/ProcessGroupCudaP2P.hpp"
+#include "ops/op_signature.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
 
 namespace cuda_p2p {
@@ -68,10 +69,10 @@ struct ProcessGroupCudaP2P::PipelineState {
   // on the pipeline channels (NOTE [Signal sequence numbers]) nor their send/recv tags.
   std::mutex mutex;
   std::array<std::shared_ptr<Stream>, 2> host_streams;
-  // Set when a pipeline failed midway (a timeout, a peer that died): the ranks' signal counts
-  // on the pipeline channels may then disagree, so later pipelines refuse to run rather than
-  // hang or read a half-written buffer. Says what failed.
-  std::string failure;
+  // The handshakes comparing the ops' signatures across ranks, on the first pipeline channel
+  // (NOTE [Op signatures] in ops/op_signature.cpp). A failure midway is the backend's
+  // (ProcessGroupCudaP2P::mark_failed), shared with the collectives.
+  ops::SignatureState signature;
   // Diagnostics: when set, each op records a Trace, kept until the next op.
   bool tracing = false;
   std::vector<pipeline::TraceEvent> last_trace;
@@ -152,17 +153,36 @@ std::array<std::shared_ptr<Stream>, 2> acquire_streams(Device& device,
 // `state` is the backend's pipeline_state(), whose mutex the caller holds.
 Env make_env(ProcessGroupCudaP2P& backend, ProcessGroupCudaP2P::PipelineState& state);
 
-// Runs `fn()` (a pipeline over the workspace); an exception out of it marks the backend's
-// pipelines failed (PipelineState::failure) and propagates. make_env refuses a failed backend.
+// Runs `fn()` (a pipeline over the workspace); an exception out of it marks the backend failed
+// (ProcessGroupCudaP2P::mark_failed: its collectives and fused ops then refuse to run) and
+// propagates - except a disagreement of the ranks' signatures, after which the group is usable.
+// make_env refuses a failed backend.
 template <typename Fn>
-auto run_or_mark_failed(ProcessGroupCudaP2P::PipelineState& state, const char* op, Fn&& fn) {
+auto run_or_mark_failed(ProcessGroupCudaP2P& backend, const char* op, Fn&& fn) {
   try {
     return fn();
+  } catch (const ops::SignatureMismatch&) {
+    throw;
   } catch (const std::exception& e) {
-    state.failure = std::string(op) + ": " + e.what();
+    backend.mark_failed(op, e);
     throw;
   }
 }
+
+// Compares `sig` across the ranks (NOTE [Op signatures]) with a handshake on the caller's stream
+// and the first pipeline channel, before the op enqueues anything on its streams: on the host a
+// disagreement raises SignatureMismatch here, on every rank, with nothing else done.
+void agree(Env& env, ProcessGroupCudaP2P::PipelineState& state, const ops::OpSignature& sig);
+
+// Runs an op's local argument checks. If they fail on this rank while the workspace serves the
+// op, this rank first takes part in the op's handshake with an invalid signature carrying the
+// reason, so that its peers raise at once naming it instead of waiting for the timeout; then its
+// own error propagates. `state.mutex` is held.
+void check_or_reject(ProcessGroupCudaP2P& backend, ProcessGroupCudaP2P::PipelineState& state,
+                     bool on_workspace, ops::OpKind kind, const std::function<void()>& checks);
+
+// "[4, 8]" for a signature.
+std::string shape_text(at::IntArrayRef sizes);
 
 // Both pipeline streams wait for the caller's stream.
 void begin(Env& env);

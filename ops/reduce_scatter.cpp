@@ -110,6 +110,7 @@ void ring(const CollectiveContext& ctx, const Scatter& a, ReduceOp op, int steps
   const int64_t asize = static_cast<int64_t>(c10::elementSize(acc));
   const int64_t m = detail::round_bytes(ctx, asize, W) / asize;  // elements per chunk
   const ReduceOp partial_op = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+  detail::handshake(ctx);  // the ring starts with a signal, not a phase barrier
   for (int64_t off = 0; off < a.numel; off += m) {
     const int64_t len = std::min(m, a.numel - off);
     const detail::Phase ph = detail::begin_phase(ctx);
@@ -170,19 +171,33 @@ ReduceScatterAlgo reduce_scatter(const CollectiveContext& ctx,
   if (algo == ReduceScatterAlgo::kAuto) {
     algo = select_reduce_scatter(ctx.config, a.numel * a.esize * W, W, ctx.ws.private_reads());
   }
-  if (a.numel == 0) return algo;
+  const int steps = ctx.config.ring_steps > 0 ? ctx.config.ring_steps : W;
+  const bool ring_algo = algo == ReduceScatterAlgo::kRing;
+  TORCH_CHECK(!ring_algo || steps % W == 0,
+              "cuda_p2p reduce_scatter: ring_steps must be a multiple of the "
+              "world size ",
+              W, ", got ", steps);
+  const bool read =
+      !ring_algo && uses_private_reads(ctx.config, a.numel * a.esize * W, ctx.ws.private_reads());
+  // Compared at the first phase barrier of the direct algorithms, at a handshake of its own
+  // before the ring (NOTE [Op signatures]).
+  detail::expect_signature(
+      ctx, OpSignature::of(OpKind::kReduceScatter,
+                           std::to_string(a.numel) + " x " + dtype_name(a.dtype) + " " +
+                               detail::op_name(op) + " (" + to_string(algo) +
+                               (ring_algo ? ", " + std::to_string(steps) + " steps" : "") +
+                               (read ? ", copy-free" : "") + detail::config_suffix(ctx) + ")"));
+  if (a.numel == 0) {
+    detail::handshake(ctx);
+    return algo;
+  }
   if (W == 1) {
     detail::reduce_on_stream(ctx, output, {inputs[0]}, op, 1);
     return algo;
   }
-  if (algo == ReduceScatterAlgo::kRing) {
-    const int steps = ctx.config.ring_steps > 0 ? ctx.config.ring_steps : W;
-    TORCH_CHECK(steps % W == 0,
-                "cuda_p2p reduce_scatter: ring_steps must be a multiple of the "
-                "world size ",
-                W, ", got ", steps);
+  if (ring_algo) {
     ring(ctx, a, op, steps);
-  } else if (uses_private_reads(ctx.config, a.numel * a.esize * W, ctx.ws.private_reads())) {
+  } else if (read) {
     direct_read(ctx, a, op);
     ctx.state.last_private_reads = true;
   } else {

@@ -23,9 +23,26 @@ namespace cuda_p2p {
 // ranks issues the same put/wait/barrier sequence per channel - which is what "collective"
 // means - and one channel is never driven by two streams at once.
 
+// NOTE [Signal pad layout]
+// Each rank's pad (after its buffer) holds, in 32-bit words, with C channels and W ranks:
+//
+//   signals      [C][W]                      sequence numbers (NOTE [Signal sequence numbers])
+//   done words   [C][W]                      phases ended (NOTE [Collective phases])
+//   descriptors  [C][2][W][kDescriptorWords] op signatures (NOTE [Op signatures])
+//
+// indexed [channel][...][src] in the pad of the target. Every area is written only by `src`
+// (into its peers' pads: a remote store) and read only by the pad's owner, so that no wait ever
+// polls another rank's memory: on a GPU a stream wait on a peer's memory would poll across the
+// interconnect. The pad is rounded up to whole pages; a new generation (growth) starts zeroed.
+
 namespace {
 
 constexpr size_t kPageSize = 4096;
+
+size_t pad_words(int channels, int world_size) {
+  const size_t cw = static_cast<size_t>(channels) * world_size;
+  return 2 * cw + cw * 2 * SymmetricWorkspace::kDescriptorWords;
+}
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
@@ -216,8 +233,8 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
   const int gen = ++generation_;
   const std::string prefix = "cuda_p2p/workspace/" + std::to_string(gen) + "/";
   const size_t buffer_bytes = round_up(static_cast<size_t>(buffer_size), kPageSize);
-  const size_t pad_bytes = round_up(
-      sizeof(uint32_t) * static_cast<size_t>(options_.num_channels) * world_size_, kPageSize);
+  const size_t pad_bytes =
+      round_up(sizeof(uint32_t) * pad_words(options_.num_channels, world_size_), kPageSize);
   const size_t block_bytes = buffer_bytes + pad_bytes;
 
   PeerInfo me;
@@ -392,6 +409,27 @@ uint32_t* SymmetricWorkspace::signal_slot(int target, int channel, int src) cons
   check_rank(src, "signal_slot");
   check_channel(channel);
   return mapping()->pads[target] + channel * world_size_ + src;
+}
+
+uint32_t* SymmetricWorkspace::done_slot(int target, int channel, int src) const {
+  check_available("done_slot");
+  check_rank(target, "done_slot");
+  check_rank(src, "done_slot");
+  check_channel(channel);
+  const int cw = options_.num_channels * world_size_;
+  return mapping()->pads[target] + cw + channel * world_size_ + src;
+}
+
+uint32_t* SymmetricWorkspace::descriptor_slot(int target, int channel, int parity, int src) const {
+  check_available("descriptor_slot");
+  check_rank(target, "descriptor_slot");
+  check_rank(src, "descriptor_slot");
+  check_channel(channel);
+  TORCH_CHECK(parity == 0 || parity == 1, "cuda_p2p descriptor_slot: parity must be 0 or 1, got ",
+              parity);
+  const int cw = options_.num_channels * world_size_;
+  return mapping()->pads[target] + 2 * cw +
+         ((channel * 2 + parity) * world_size_ + src) * kDescriptorWords;
 }
 
 const std::shared_ptr<void>& SymmetricWorkspace::device_buffer_table() const {

@@ -64,6 +64,16 @@ class SymmetricWorkspace {
   void* buffer(int rank) const;
   // Signal slot `src` writes in `target`'s pad on `channel`: pad[target] + channel * W + src.
   uint32_t* signal_slot(int target, int channel, int src) const;
+  // The pad's other areas (NOTE [Signal pad layout] in the .cpp). Like signal slots, each is
+  // written by `src` into `target`'s pad, and read by `target` only, so that every wait polls the
+  // waiter's own memory:
+  //  - the done word of `src` on `channel`: the number of collective phases `src` has ended
+  //    (NOTE [Collective phases] in ops/collectives.cpp);
+  //  - the op descriptor `src` published on `channel` for a handshake of parity `parity`,
+  //    kDescriptorWords words (NOTE [Op signatures] in ops/op_signature.cpp).
+  static constexpr int kDescriptorWords = 32;
+  uint32_t* done_slot(int target, int channel, int src) const;
+  uint32_t* descriptor_slot(int target, int channel, int parity, int src) const;
   // Device-readable tables of every rank's buffer / pad (null on the host).
   const std::shared_ptr<void>& device_buffer_table() const;
   const std::shared_ptr<void>& device_pad_table() const;

@@ -656,5 +656,81 @@ TEST(Collectives, RingStepsMustBeAMultipleOfTheWorldSize) {
                c10::Error);
 }
 
+// NOTE [Op signatures]: rank 0 passes other sizes (and, where it matters, takes another
+// algorithm: one that compares at its first phase barrier against one that runs a handshake of
+// its own); every rank raises, and a correct collective of every kind right after is right.
+TEST(Collectives, RanksThatDisagreeAllRaiseAndStayInStep) {
+  const auto& w = world();
+  if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  Fixture f(/*buffer=*/1 << 14);  // several rounds for the larger sizes
+  const bool odd = w.rank == 0;
+  auto expect_mismatch = [&](const char* what, const std::function<void()>& call) {
+    try {
+      call();
+      ADD_FAILURE() << what << ": returned on rank " << w.rank;
+    } catch (const ops::SignatureMismatch& e) {
+      const std::string msg = e.what_without_backtrace();
+      EXPECT_NE(msg.find("ranks disagree: rank 0 passed"), std::string::npos) << what << msg;
+      EXPECT_EQ(msg.find('\n'), std::string::npos) << what << msg;
+    }
+    // Every kind still works (and the phases agree: a rank out of step would hang or corrupt).
+    const int64_t n = 5000;
+    std::vector<at::Tensor> xs;
+    for (int q = 0; q < w.size; ++q) {
+      xs.push_back(make_input(7, q, n * w.size, at::kInt, ReduceOp::kSum));
+    }
+    auto ar = at::empty({n * w.size}, at::kInt);
+    ops::all_reduce(f.ctx(), xs[w.rank], ar, ReduceOp::kSum, AllReduceAlgo::kTwoShot);
+    EXPECT_TRUE(ar.equal(reference_reduce(xs, ReduceOp::kSum))) << what;
+    auto bc = xs[w.rank].clone();
+    ops::broadcast(f.ctx(), bc, w.size - 1);
+    EXPECT_TRUE(bc.equal(xs[w.size - 1])) << what;
+    auto ag = at::empty({n * w.size * w.size}, at::kInt);
+    std::vector<at::Tensor> outs;
+    for (int q = 0; q < w.size; ++q) outs.push_back(ag.narrow(0, q * n * w.size, n * w.size));
+    ops::all_gather(f.ctx(), xs[w.rank], outs, AllGatherAlgo::kRing);
+    EXPECT_TRUE(ag.equal(at::cat(xs))) << what;
+  };
+  for (auto algo : {AllReduceAlgo::kOneShot, AllReduceAlgo::kTwoShot}) {
+    expect_mismatch("all_reduce sizes", [&] {
+      auto x = at::ones({odd ? 3000 : 9000});
+      ops::all_reduce(f.ctx(), x, x, ReduceOp::kSum, algo);
+    });
+  }
+  expect_mismatch("all_reduce zero vs some", [&] {
+    auto x = at::ones({odd ? 0 : 10});
+    ops::all_reduce(f.ctx(), x, x, ReduceOp::kSum, AllReduceAlgo::kOneShot);
+  });
+  expect_mismatch("all_gather ring vs direct", [&] {
+    const int64_t n = odd ? 100 : 200;
+    auto in = at::ones({n});
+    auto out = at::empty({n * w.size});
+    std::vector<at::Tensor> outs;
+    for (int q = 0; q < w.size; ++q) outs.push_back(out.narrow(0, q * n, n));
+    ops::all_gather(f.ctx(), in, outs, odd ? AllGatherAlgo::kRing : AllGatherAlgo::kDirect);
+  });
+  expect_mismatch("reduce_scatter ring vs direct", [&] {
+    const int64_t n = 4000;
+    auto in = at::ones({n * w.size}, odd ? at::kFloat : at::kInt);
+    std::vector<at::Tensor> chunks;
+    for (int q = 0; q < w.size; ++q) chunks.push_back(in.narrow(0, q * n, n));
+    auto out = at::empty({n}, in.options());
+    ops::reduce_scatter(f.ctx(), chunks, out, ReduceOp::kSum,
+                        odd ? ReduceScatterAlgo::kRing : ReduceScatterAlgo::kDirect);
+  });
+  expect_mismatch("broadcast roots", [&] {
+    auto x = at::ones({7000});
+    ops::broadcast(f.ctx(), x, odd ? 0 : 1);
+  });
+  expect_mismatch("barrier vs all_reduce", [&] {
+    if (odd) {
+      ops::barrier(f.ctx());
+    } else {
+      auto x = at::ones({10});
+      ops::all_reduce(f.ctx(), x, x, ReduceOp::kSum, AllReduceAlgo::kOneShot);
+    }
+  });
+}
+
 }  // namespace
 }  // namespace cuda_p2p::test

@@ -751,7 +751,7 @@ def test_timeout_names_the_missing_rank(world3):
     results = world3.run(check_timeout_names_the_missing_rank)
     for r, res in enumerate(results[:-1]):
         assert res["error"] and "rank 2 never arrived" in res["error"], (r, res)
-        assert res["after"] and "an earlier workspace collective of this group failed" in res["after"], (r, res)
+        assert res["after"] and "an earlier workspace op of this group failed" in res["after"], (r, res)
 
 
 def test_ddp_on_cuda_p2p_matches_gloo(world2):

@@ -1,0 +1,315 @@
+#include "ops/op_signature.hpp"
+
+#include <c10/util/Exception.h>
+
+#include <cstring>
+#include <vector>
+
+#ifdef CUDA_P2P_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+
+#include "ops/cuda/signature_kernel.cuh"
+#endif
+
+namespace cuda_p2p::ops {
+
+// NOTE [Op signatures]
+// Ranks that pass different arguments to one op (sizes, dtypes, reduce ops, roots, fused-op
+// shapes and dims, an algorithm forced on one rank only) would otherwise read each other's
+// buffers with the wrong layout, or run different numbers of phases and signals and leave the
+// group out of step. So every workspace op, before any rank reads anything from a peer, has every
+// rank publish a descriptor of what it is about to do and compares all of them:
+//
+//  * The descriptor (SymmetricWorkspace::kDescriptorWords words) is a stamp, the op's kind, a
+//    validity bit and a text naming every argument the ranks must agree on, including the
+//    algorithm each rank chose ("4194304 x float32 sum (two_shot)"). Texts longer than the slot
+//    keep a hash of the rest. Two ranks agree when the words are identical.
+//  * Each rank writes it into a descriptor slot of every rank's pad (its own included), so that
+//    every comparison reads local memory only, then passes a barrier on the op's channel, whose
+//    release stores publish the descriptors; after the barrier each rank compares the W
+//    descriptors in its own pad. The collectives whose first communication is a full barrier
+//    (one-shot, two-shot, the direct algorithms) publish with that very barrier, at no extra
+//    cost; the others (rings, broadcast, zero-size ops) and the fused ops (which run their own
+//    barriers on other streams) run a handshake barrier of their own first.
+//  * Slots come in pairs per channel, used by alternate handshakes (SignatureState::count), and
+//    the stamp is the handshake's number: a rank may write handshake n+1's descriptor before a
+//    slower peer has compared handshake n's, but not handshake n+2's, which needs that peer's
+//    signal of handshake n+1, sent after its comparison.
+//  * Every rank sees the same W descriptors, so if any two differ every rank finds a mismatch and
+//    raises the same error naming what each rank passed. The barrier counts the same on every
+//    rank, and the collectives then settle their phase counters identically (NOTE [Collective
+//    phases]; the fused ops handshake before they touch any phase or buffer), so the group stays
+//    usable: the next, correct, op runs.
+//  * A rank whose own argument check failed where its peers cannot see it (an output of the
+//    wrong size on one rank) publishes an "invalid" descriptor carrying its reason, then raises
+//    its own error; its peers raise at once, naming it, instead of waiting for a timeout.
+//
+// Host: the comparison runs on the caller's thread right after the barrier, and a mismatch is
+// raised before anything else is enqueued. CUDA (written, never run: CI has no GPU): publication
+// and comparison are two one-block kernels in stream order (ops/cuda/signature_kernel.cu); the
+// comparison records a disagreement in host-mapped memory, which check_signature_record turns
+// into the same error when the host next looks (the group's next collective or fused op, or a
+// barrier's synchronize). The op itself has then run on mismatched arguments: its results are
+// garbage and, where the ranks' signal counts differ, it may also time out; what is guaranteed
+// on CUDA is an error naming the disagreement, not that the group stays usable.
+
+namespace {
+
+constexpr int kWords = SymmetricWorkspace::kDescriptorWords;
+constexpr size_t kTextBytes = (kWords - 2) * sizeof(uint32_t);
+using Words = std::array<uint32_t, kWords>;
+
+uint32_t fnv1a(const std::string& s) {
+  uint32_t h = 2166136261u;
+  for (unsigned char c : s) h = (h ^ c) * 16777619u;
+  return h;
+}
+
+Words encode(const OpSignature& sig, uint64_t count) {
+  Words w{};
+  std::string text = sig.text;
+  if (text.size() > kTextBytes) {
+    static constexpr char kHex[] = "0123456789abcdef";
+    const uint32_t h = fnv1a(text);
+    text.resize(kTextBytes - 9);
+    text += '~';
+    for (int i = 7; i >= 0; --i) text += kHex[(h >> (4 * i)) & 0xf];
+  }
+  w[0] = static_cast<uint32_t>(count + 1);  // never 0: an unwritten slot is never current
+  w[1] = static_cast<uint32_t>(sig.kind) | (sig.invalid ? 1u << 8 : 0u) |
+         (static_cast<uint32_t>(text.size()) << 16);
+  std::memcpy(&w[2], text.data(), text.size());
+  return w;
+}
+
+struct Decoded {
+  uint32_t stamp;
+  OpKind kind;
+  bool invalid;
+  std::string text;
+};
+
+Decoded decode(const uint32_t* w) {
+  Decoded d;
+  d.stamp = w[0];
+  d.kind = static_cast<OpKind>(w[1] & 0xff);
+  d.invalid = (w[1] >> 8) & 1;
+  const size_t len = std::min<size_t>(w[1] >> 16, kTextBytes);
+  d.text.assign(reinterpret_cast<const char*>(&w[2]), len);
+  return d;
+}
+
+const char* kind_name(OpKind kind) {
+  switch (kind) {
+    case OpKind::kBarrier:
+      return "barrier";
+    case OpKind::kAllReduce:
+      return "all_reduce";
+    case OpKind::kAllGather:
+      return "all_gather";
+    case OpKind::kAllGatherV:
+      return "all_gather_v";
+    case OpKind::kReduceScatter:
+      return "reduce_scatter";
+    case OpKind::kBroadcast:
+      return "broadcast";
+    case OpKind::kAllGatherMatmul:
+      return "fused_all_gather_matmul";
+    case OpKind::kMatmulReduceScatter:
+      return "fused_matmul_reduce_scatter";
+  }
+  return "an unknown op";
+}
+
+// The error every rank raises, built from the W descriptors (identical on every rank, so the
+// text is too); "" when they all equal `mine` or `mine` is itself invalid.
+std::string disagreement(const uint32_t* all, int W, const Words& mine, const OpSignature& sig) {
+  bool differs = false;
+  for (int r = 0; r < W && !differs; ++r) {
+    differs = std::memcmp(all + r * kWords, mine.data(), sizeof(Words)) != 0;
+  }
+  if (!differs || sig.invalid) return "";
+  std::vector<Decoded> d;
+  for (int r = 0; r < W; ++r) d.push_back(decode(all + r * kWords));
+  std::string msg = std::string("cuda_p2p ") + kind_name(sig.kind) + ": ";
+  std::string rejected;
+  for (int r = 0; r < W; ++r) {
+    if (!d[r].invalid) continue;
+    rejected += (rejected.empty() ? "rank " : "; rank ") + std::to_string(r) +
+                " rejected its arguments (" + d[r].text + ")";
+  }
+  if (!rejected.empty()) return msg + rejected + "; the op did not run on any rank";
+  bool same_kind = true, same_stamp = true;
+  for (int r = 0; r < W; ++r) {
+    same_kind = same_kind && d[r].kind == d[0].kind;
+    same_stamp = same_stamp && d[r].stamp == d[0].stamp;
+  }
+  msg += "ranks disagree: ";
+  for (int r = 0; r < W; ++r) {
+    msg += (r ? ", rank " : "rank ") + std::to_string(r) + " passed ";
+    if (!same_kind) msg += std::string(kind_name(d[r].kind)) + (d[r].text.empty() ? "" : " of ");
+    msg += d[r].text;
+  }
+  if (!same_stamp) {  // a protocol error, not a user's: say so
+    msg += " (handshake numbers differ:";
+    for (int r = 0; r < W; ++r) msg += " " + std::to_string(d[r].stamp);
+    msg += ")";
+  }
+  return msg + "; the op did not run on any rank";
+}
+
+#ifdef CUDA_P2P_WITH_CUDA
+#define CUDA_P2P_SIG_CHECK(expr)                                                           \
+  do {                                                                                     \
+    const cudaError_t err_ = (expr);                                                       \
+    TORCH_CHECK(err_ == cudaSuccess, "cuda_p2p: ", #expr, ": ", cudaGetErrorString(err_)); \
+  } while (0)
+
+struct CudaRecord {
+  cuda::SignatureRecord* host = nullptr;
+  cuda::SignatureRecord* device = nullptr;
+  ~CudaRecord() {
+    if (host) cudaFreeHost(host);
+  }
+};
+
+cuda::SignatureWords to_cuda(const Words& w) {
+  cuda::SignatureWords c;
+  std::memcpy(c.w, w.data(), sizeof(c.w));
+  return c;
+}
+#endif
+
+}  // namespace
+
+const char* to_string(OpKind kind) { return kind_name(kind); }
+
+std::string dtype_name(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat:
+      return "float32";
+    case at::kDouble:
+      return "float64";
+    case at::kHalf:
+      return "float16";
+    case at::kBFloat16:
+      return "bfloat16";
+    case at::kByte:
+      return "uint8";
+    case at::kChar:
+      return "int8";
+    case at::kShort:
+      return "int16";
+    case at::kInt:
+      return "int32";
+    case at::kLong:
+      return "int64";
+    case at::kBool:
+      return "bool";
+    default:
+      return c10::toString(dtype);
+  }
+}
+
+void publish_signature(SymmetricWorkspace& ws, Stream& s, int channel, const SignatureState& state,
+                       const OpSignature& sig) {
+  const Words words = encode(sig, state.count);
+  const int W = ws.world_size(), me = ws.rank();
+  const int parity = static_cast<int>(state.count % 2);
+  if (ws.device().tensor_device().is_cpu()) {
+    std::vector<uint32_t*> slots;
+    slots.reserve(W);
+    for (int r = 0; r < W; ++r) slots.push_back(ws.descriptor_slot(r, channel, parity, me));
+    ws.device().run(s, [words, slots = std::move(slots)] {
+      for (uint32_t* slot : slots) std::memcpy(slot, words.data(), sizeof(words));
+    });
+    return;
+  }
+#ifdef CUDA_P2P_WITH_CUDA
+  for (int r0 = 0; r0 < W; r0 += cuda::kSignatureMaxTargets) {
+    cuda::SignatureTargets targets{};
+    for (int r = r0; r < std::min(W, r0 + cuda::kSignatureMaxTargets); ++r) {
+      targets.slot[targets.count++] = ws.descriptor_slot(r, channel, parity, me);
+    }
+    ws.device().run(s, [c = to_cuda(words), targets] {
+      CUDA_P2P_SIG_CHECK(
+          cuda::launch_publish_signature(c, targets, c10::cuda::getCurrentCUDAStream().stream()));
+    });
+  }
+#else
+  TORCH_CHECK(false, "cuda_p2p: op signatures on a ", ws.device().name(),
+              " device need a build with CUDA");
+#endif
+}
+
+std::string compare_signatures(SymmetricWorkspace& ws, Stream& s, int channel,
+                               SignatureState& state, const OpSignature& mine) {
+  const Words words = encode(mine, state.count);
+  const int W = ws.world_size(), me = ws.rank();
+  const int parity = static_cast<int>(state.count % 2);
+  ++state.count;
+  const uint32_t* slots = ws.descriptor_slot(me, channel, parity, 0);
+  if (ws.device().tensor_device().is_cpu()) {
+    // The caller's inline stream: the barrier's waits have run (acquiring the peers' stores), and
+    // so does this, now.
+    std::string error;
+    ws.device().run(s, [&] { error = disagreement(slots, W, words, mine); });
+    return error;
+  }
+#ifdef CUDA_P2P_WITH_CUDA
+  if (!state.cuda_record) {
+    auto rec = std::make_shared<CudaRecord>();
+    const size_t bytes =
+        sizeof(cuda::SignatureRecord) + sizeof(uint32_t) * static_cast<size_t>(W) * kWords;
+    void* host = nullptr;
+    CUDA_P2P_SIG_CHECK(cudaHostAlloc(&host, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+    std::memset(host, 0, bytes);
+    rec->host = static_cast<cuda::SignatureRecord*>(host);
+    void* device = nullptr;
+    CUDA_P2P_SIG_CHECK(cudaHostGetDevicePointer(&device, host, 0));
+    rec->device = static_cast<cuda::SignatureRecord*>(device);
+    state.cuda_record = rec;
+  }
+  auto* rec = static_cast<CudaRecord*>(state.cuda_record.get());
+  ws.device().run(s, [slots, W, c = to_cuda(words), record = rec->device] {
+    CUDA_P2P_SIG_CHECK(cuda::launch_compare_signatures(slots, W, c, record,
+                                                       c10::cuda::getCurrentCUDAStream().stream()));
+  });
+  return "";
+#else
+  (void)slots;
+  TORCH_CHECK(false, "cuda_p2p: op signatures on a ", ws.device().name(),
+              " device need a build with CUDA");
+#endif
+}
+
+std::string handshake(SymmetricWorkspace& ws, Stream& s, int channel, SignatureState& state,
+                      const OpSignature& mine) {
+  publish_signature(ws, s, channel, state, mine);
+  ws.barrier(s, channel);
+  return compare_signatures(ws, s, channel, state, mine);
+}
+
+void check_signature_record(SignatureState& state, const char* what) {
+#ifdef CUDA_P2P_WITH_CUDA
+  if (!state.cuda_record) return;
+  auto* rec = static_cast<CudaRecord*>(state.cuda_record.get());
+  volatile uint32_t* flag = &rec->host->flag;
+  if (*flag == 0) return;
+  const int W = static_cast<int>(rec->host->world_size);
+  std::string msg = std::string("cuda_p2p ") + what + ": an earlier op's ranks disagreed (";
+  for (int r = 0; r < W; ++r) {
+    const Decoded x = decode(rec->host->words + r * kWords);
+    msg += (r ? ", rank " : "rank ") + std::to_string(r) +
+           (x.invalid ? " rejected: " : " passed ") + kind_name(x.kind) + " " + x.text;
+  }
+  *flag = 0;
+  throw SignatureMismatch(msg + "); its results are not valid");
+#else
+  (void)state;
+  (void)what;
+#endif
+}
+
+}  // namespace cuda_p2p::ops

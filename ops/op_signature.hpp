@@ -1,0 +1,82 @@
+// Cross-rank agreement on what a workspace op is about to do (NOTE [Op signatures] in
+// ops/op_signature.cpp): every collective and fused op publishes a small descriptor of its
+// arguments with a barrier it runs anyway (or a handshake barrier of its own), and every rank
+// compares all ranks' descriptors before any data is read from a peer.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "p2p_workspace/symmetric_workspace.hpp"
+
+namespace cuda_p2p::ops {
+
+enum class OpKind : uint8_t {
+  kBarrier = 1,
+  kAllReduce,
+  kAllGather,
+  kAllGatherV,
+  kReduceScatter,
+  kBroadcast,
+  kAllGatherMatmul,
+  kMatmulReduceScatter,
+};
+const char* to_string(OpKind kind);
+
+// "float32", "bfloat16", ... (the torch names users write).
+std::string dtype_name(at::ScalarType dtype);
+
+// What one rank passed to one op: its kind and a text that names every argument the ranks must
+// agree on ("4194304 x float32 sum (two_shot)"), or, when the rank's own argument check failed,
+// the reason. Two ranks agree when kind, validity and text are identical.
+struct OpSignature {
+  OpKind kind = OpKind::kBarrier;
+  bool invalid = false;
+  std::string text;
+
+  static OpSignature of(OpKind kind, std::string text) { return {kind, false, std::move(text)}; }
+  static OpSignature rejected(OpKind kind, std::string reason) {
+    return {kind, true, std::move(reason)};
+  }
+};
+
+// The exception every rank raises when the ranks disagree (or a peer rejected its arguments):
+// the op did not run, and the group stays usable. Its what() is one line.
+class SignatureMismatch : public c10::Error {
+ public:
+  explicit SignatureMismatch(std::string msg) : c10::Error(std::move(msg)) {}
+};
+
+// Per-channel bookkeeping of the handshakes (owned by the collective or pipeline state: one
+// channel is driven by one stream at a time).
+struct SignatureState {
+  // Handshakes so far on the channel: picks the descriptor slot pair (NOTE [Op signatures]).
+  uint64_t count = 0;
+  // CUDA: where the comparison kernel records a disagreement (host-mapped memory), allocated on
+  // first use; unused on the host.
+  std::shared_ptr<void> cuda_record;
+};
+
+// Writes this rank's descriptor of handshake `state.count` into every rank's pad (its own
+// included), in the order of stream `s`. The barrier that follows on `channel` publishes it.
+void publish_signature(SymmetricWorkspace& ws, Stream& s, int channel, const SignatureState& state,
+                       const OpSignature& sig);
+// After that barrier: compares every rank's descriptor. On the host the stream must be the
+// caller's (inline) stream: returns the one-line error every rank raises, or "" when they agree.
+// On CUDA the comparison is a kernel in stream order that records a disagreement in
+// state.cuda_record (see check_signature_record); returns "". Advances state.count either way.
+std::string compare_signatures(SymmetricWorkspace& ws, Stream& s, int channel,
+                               SignatureState& state, const OpSignature& mine);
+// The whole handshake: publish, barrier on `channel`, compare. Throws SignatureMismatch (or, on
+// this rank's own invalid signature, nothing: the caller raises its own error) on the host.
+std::string handshake(SymmetricWorkspace& ws, Stream& s, int channel, SignatureState& state,
+                      const OpSignature& mine);
+// CUDA: throws the SignatureMismatch a comparison kernel recorded (once), if any. A no-op on the
+// host, whose comparisons report at once.
+void check_signature_record(SignatureState& state, const char* what);
+
+}  // namespace cuda_p2p::ops
