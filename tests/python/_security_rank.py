@@ -1,6 +1,9 @@
 """One rank of a job for test_security.py (one process per rank; possibly run as another uid).
 
-Usage: _security_rank.py RANK WORLD PORT OUT_FILE [HOLD_FILE]
+Usage: _security_rank.py RANK WORLD PORT OUT_FILE [HOLD_FILE | --as-uid UID]
+
+With --as-uid (run as root), the rank runs in a forked child that switched to that uid after the
+imports: the interpreter and torch may live where that uid cannot read them.
 
 Joins a cuda_p2p job on tcp://127.0.0.1:PORT and writes one JSON line to OUT_FILE: whether the
 workspace is on (and why not), whether every mapped peer block really is that peer's (each rank
@@ -24,7 +27,16 @@ import cuda_p2p
 def main():
     rank, world, port, out_file = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),
                                    sys.argv[4])
-    hold = sys.argv[5] if len(sys.argv) > 5 else None
+    hold = sys.argv[5] if len(sys.argv) > 5 and sys.argv[5] != "--as-uid" else None
+    if len(sys.argv) > 6 and sys.argv[5] == "--as-uid":
+        uid = int(sys.argv[6])
+        pid = os.fork()
+        if pid:
+            _, status = os.waitpid(pid, 0)
+            sys.exit(os.waitstatus_to_exitcode(status))
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
     res = {"rank": rank, "pid": os.getpid(), "uid": os.getuid()}
     try:
         dist.init_process_group("cuda_p2p", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
