@@ -96,7 +96,8 @@ struct PeerInfo {
                   what, "); was it written by another job or process? Record: '", shown,
                   s.size() > 200 ? "...'" : "'");
     };
-    if (s.size() > kMaxRecordBytes) fail("longer than " + std::to_string(kMaxRecordBytes) + " bytes");
+    if (s.size() > kMaxRecordBytes)
+      fail("longer than " + std::to_string(kMaxRecordBytes) + " bytes");
     std::vector<std::string> lines;
     size_t begin = 0;
     while (begin < s.size()) {
@@ -116,10 +117,9 @@ struct PeerInfo {
       return std::all_of(v.begin(), v.end(), [](char c) { return c >= 0x20 && c <= 0x7e; });
     };
     auto number = [&](const std::string& v, const char* field, int64_t lo, int64_t hi) {
-      const bool digits = !v.empty() && v.size() <= 19 &&
-                          v.find_first_not_of("0123456789", v[0] == '-' ? 1 : 0) ==
-                              std::string::npos &&
-                          v != "-";
+      const bool digits =
+          !v.empty() && v.size() <= 19 &&
+          v.find_first_not_of("0123456789", v[0] == '-' ? 1 : 0) == std::string::npos && v != "-";
       if (!digits) fail(std::string(field) + " is not an integer");
       const int64_t x = std::stoll(v);
       if (x < lo || x > hi) {
@@ -154,8 +154,7 @@ struct PeerInfo {
     const std::string& h = lines[6];
     if (h.empty() || h.size() % 2 != 0 || h.size() > 2 * kMaxHandleBytes ||
         h.find_first_not_of("0123456789abcdef") != std::string::npos) {
-      fail("the handle must be 1-" + std::to_string(kMaxHandleBytes) +
-           " bytes in lower-case hex");
+      fail("the handle must be 1-" + std::to_string(kMaxHandleBytes) + " bytes in lower-case hex");
     }
     p.handle = unhex(h);
     p.probe_addr = unsigned_number(lines[7], "probe address");
@@ -203,8 +202,8 @@ void claim_rank_slot(c10d::Store& store, int rank) {
   const std::string got = to_string(store.compareSet(key, {}, to_bytes(value.str())));
   TORCH_CHECK(got == value.str(), "cuda_p2p: another job already uses this store: rank ", rank,
               "'s workspace slot is held by another process (",
-              got.substr(0, std::min<size_t>(got.find(" token"), 200)),
-              "), so this process (pid ", ::getpid(),
+              got.substr(0, std::min<size_t>(got.find(" token"), 200)), "), so this process (pid ",
+              ::getpid(),
               ") is not joining it; was a second job started with the same init_method / "
               "MASTER_PORT?");
 }
@@ -592,11 +591,11 @@ void SymmetricWorkspace::ensure_min_buffer_size(int64_t nbytes) {
   for (int r = 0; r < world_size_; ++r) {
     const std::string& s = sizes[r];
     // NOTE [Workspace records]: at most 2^50 bytes, like a record's block size.
-    TORCH_CHECK(!s.empty() && s.size() <= 16 && s.find_first_not_of("0123456789") ==
-                                                     std::string::npos &&
+    TORCH_CHECK(!s.empty() && s.size() <= 16 &&
+                    s.find_first_not_of("0123456789") == std::string::npos &&
                     std::stoll(s) <= (int64_t{1} << 50),
-                "cuda_p2p ensure_min_buffer_size: rank ", r,
-                "'s size in the store is invalid: '", s.substr(0, 100), "'");
+                "cuda_p2p ensure_min_buffer_size: rank ", r, "'s size in the store is invalid: '",
+                s.substr(0, 100), "'");
     wanted = std::max<int64_t>(wanted, std::stoll(s));
   }
   grow_to(wanted);

@@ -5,13 +5,13 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <vector>
 
 #include "p2p_workspace/host/host_device.hpp"
@@ -33,17 +33,12 @@ WorkspaceOptions short_timeout() {
 // A well-formed record for rank 1 of a job on this host, with `line` (1-based, after the version)
 // replaced when given.
 std::string record(int replace_line = -1, const std::string& with = "") {
-  std::vector<std::string> lines = {"cuda_p2p-peer-v2",
-                                    host_identity(),
-                                    "12345",
-                                    "cpu",
-                                    "-1",
+  std::vector<std::string> lines = {"cuda_p2p-peer-v2", host_identity(), "12345", "cpu", "-1",
                                     "8192",  // 4096-byte buffer + one page of pad
                                     // "cuda_p2p-0123456789abcdef0123456789abcdef@12345"
                                     "637564615f7032702d303132333435363738396162636465663031323334"
                                     "3536373839616263646566403132333435",
-                                    "140000000000",
-                                    "42"};
+                                    "140000000000", "42"};
   if (replace_line >= 0) lines[replace_line] = with;
   std::string s;
   for (const auto& l : lines) s += l + "\n";
@@ -121,11 +116,11 @@ TEST(BlockExchange, AnExporterWhosePidDiffersFromTheHandleIsRefused) {
   // ...one claiming another pid for the same socket (a rewritten record) does not.
   const std::string forged =
       text.substr(0, text.size() - mine.size()) + "@" + std::to_string(::getpid() + 1);
-  expect_error(
-      [&] { host::import_shared_block(bytes(forged), 4096, std::chrono::seconds(5)); },
-      "refusing a shared block: its exchange socket is served by uid " +
-          std::to_string(::getuid()) + " pid " + std::to_string(::getpid()) + ", expected uid " +
-          std::to_string(::getuid()) + " pid " + std::to_string(::getpid() + 1));
+  expect_error([&] { host::import_shared_block(bytes(forged), 4096, std::chrono::seconds(5)); },
+               "refusing a shared block: its exchange socket is served by uid " +
+                   std::to_string(::getuid()) + " pid " + std::to_string(::getpid()) +
+                   ", expected uid " + std::to_string(::getuid()) + " pid " +
+                   std::to_string(::getpid() + 1));
   expect_error([&] { host::import_shared_block(bytes("cuda_p2p-xyz@1"), 4096, {}); },
                "malformed block-exchange handle");
   expect_error([&] { host::import_shared_block(bytes(text.substr(0, 41)), 4096, {}); },
