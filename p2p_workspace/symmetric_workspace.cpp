@@ -65,6 +65,18 @@ std::vector<uint8_t> unhex(const std::string& s) {
 std::string to_string(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
 std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
+// NOTE [Workspace records]
+// What a rank publishes at rendezvous travels through the c10d store, which is not
+// authenticated: anyone on the machine may have written it. So a record is parsed strictly (a
+// version line, a fixed number of lines, every number in range, a printable host id, a bounded
+// handle) and a bad one is an error naming the rank, never a half-parsed PeerInfo. Whom a handle
+// leads to is checked by the device when it maps the block (NOTE [Authenticated block exchange]
+// in p2p_workspace/host/shared_block.cpp).
+constexpr const char* kRecordVersion = "cuda_p2p-peer-v2";
+constexpr size_t kRecordLines = 9;
+constexpr size_t kMaxRecordBytes = 4096;
+constexpr size_t kMaxHandleBytes = 1024;
+
 // What a rank publishes at rendezvous.
 struct PeerInfo {
   std::string host;
@@ -78,7 +90,8 @@ struct PeerInfo {
 
   std::string serialize() const {
     std::ostringstream os;
-    os << host << '\n'
+    os << kRecordVersion << '\n'
+       << host << '\n'
        << pid << '\n'
        << device << '\n'
        << device_index << '\n'
@@ -88,24 +101,81 @@ struct PeerInfo {
        << probe_token << '\n';
     return os.str();
   }
-  static PeerInfo parse(const std::string& s) {
-    std::istringstream is(s);
+
+  // NOTE [Workspace records]
+  static PeerInfo parse(const std::string& s, int rank) {
+    auto fail = [&](const std::string& what) {
+      std::string shown = s.substr(0, 200);
+      for (auto& c : shown) {
+        if (c < 0x20 || c > 0x7e) c = '?';
+      }
+      TORCH_CHECK(false, "cuda_p2p: rank ", rank, "'s workspace record in the store is invalid (",
+                  what, "); was it written by another job or process? Record: '", shown,
+                  s.size() > 200 ? "...'" : "'");
+    };
+    if (s.size() > kMaxRecordBytes)
+      fail("longer than " + std::to_string(kMaxRecordBytes) + " bytes");
+    std::vector<std::string> lines;
+    size_t begin = 0;
+    while (begin < s.size()) {
+      const size_t nl = s.find('\n', begin);
+      if (nl == std::string::npos) fail("not newline-terminated");
+      lines.push_back(s.substr(begin, nl - begin));
+      begin = nl + 1;
+    }
+    if (lines.empty() || lines[0] != kRecordVersion) {
+      fail(std::string("expected version '") + kRecordVersion + "'");
+    }
+    if (lines.size() != kRecordLines) {
+      fail("expected " + std::to_string(kRecordLines) + " lines, got " +
+           std::to_string(lines.size()));
+    }
+    auto printable = [](const std::string& v) {
+      return std::all_of(v.begin(), v.end(), [](char c) { return c >= 0x20 && c <= 0x7e; });
+    };
+    auto number = [&](const std::string& v, const char* field, int64_t lo, int64_t hi) {
+      const bool digits =
+          !v.empty() && v.size() <= 19 &&
+          v.find_first_not_of("0123456789", v[0] == '-' ? 1 : 0) == std::string::npos && v != "-";
+      if (!digits) fail(std::string(field) + " is not an integer");
+      const int64_t x = std::stoll(v);
+      if (x < lo || x > hi) {
+        fail(std::string(field) + " " + v + " is outside [" + std::to_string(lo) + ", " +
+             std::to_string(hi) + "]");
+      }
+      return x;
+    };
+    auto unsigned_number = [&](const std::string& v, const char* field) {
+      if (v.empty() || v.size() > 20 || v.find_first_not_of("0123456789") != std::string::npos) {
+        fail(std::string(field) + " is not an unsigned integer");
+      }
+      try {
+        return static_cast<uint64_t>(std::stoull(v));
+      } catch (const std::out_of_range&) {
+        fail(std::string(field) + " is out of range");
+      }
+      return uint64_t{0};
+    };
     PeerInfo p;
-    std::string line;
-    std::getline(is, p.host);
-    std::getline(is, line);
-    p.pid = std::stoll(line);
-    std::getline(is, p.device);
-    std::getline(is, line);
-    p.device_index = std::stoi(line);
-    std::getline(is, line);
-    p.block_size = std::stoll(line);
-    std::getline(is, line);
-    p.handle = unhex(line);
-    std::getline(is, line);
-    p.probe_addr = std::stoull(line);
-    std::getline(is, line);
-    p.probe_token = std::stoull(line);
+    p.host = lines[1];
+    if (p.host.empty() || p.host.size() > 512 || !printable(p.host)) {
+      fail("the host id must be 1-512 printable characters");
+    }
+    p.pid = number(lines[2], "pid", 1, (int64_t{1} << 22));  // PID_MAX_LIMIT
+    p.device = lines[3];
+    if (p.device.empty() || p.device.size() > 64 || !printable(p.device)) {
+      fail("the device name must be 1-64 printable characters");
+    }
+    p.device_index = static_cast<int>(number(lines[4], "device index", -1, 1 << 16));
+    p.block_size = number(lines[5], "block size", 1, int64_t{1} << 50);
+    const std::string& h = lines[6];
+    if (h.empty() || h.size() % 2 != 0 || h.size() > 2 * kMaxHandleBytes ||
+        h.find_first_not_of("0123456789abcdef") != std::string::npos) {
+      fail("the handle must be 1-" + std::to_string(kMaxHandleBytes) + " bytes in lower-case hex");
+    }
+    p.handle = unhex(h);
+    p.probe_addr = unsigned_number(lines[7], "probe address");
+    p.probe_token = unsigned_number(lines[8], "probe token");
     return p;
   }
 };
@@ -131,6 +201,28 @@ std::vector<std::string> exchange(c10d::Store& store, const std::string& prefix,
   std::vector<std::string> out;
   for (const auto& k : keys) out.push_back(to_string(store.get(k)));
   return out;
+}
+
+// NOTE [One job per store]
+// A second job started with the same init_method port as a running one reaches the first job's
+// store (only its rank 0 fails, to bind the port) and would overwrite the first job's records. So
+// before publishing anything each rank claims its rank's slot with compare_set: the first
+// process to claim a slot holds it, and any later claimant fails at once, naming the holder,
+// without having written anything else. The Python creator claims the group's slots the same
+// way before the wrapped backends rendezvous (python/cuda_p2p/_backend.py).
+void claim_rank_slot(c10d::Store& store, int rank) {
+  std::random_device rd;
+  std::ostringstream value;
+  value << "pid " << ::getpid() << " on " << host_identity() << " token " << std::hex << rd()
+        << rd() << rd() << rd();
+  const std::string key = "cuda_p2p/workspace/owner/" + std::to_string(rank);
+  const std::string got = to_string(store.compareSet(key, {}, to_bytes(value.str())));
+  TORCH_CHECK(got == value.str(), "cuda_p2p: another job already uses this store: rank ", rank,
+              "'s workspace slot is held by another process (",
+              got.substr(0, std::min<size_t>(got.find(" token"), 200)), "), so this process (pid ",
+              ::getpid(),
+              ") is not joining it; was a second job started with the same init_method / "
+              "MASTER_PORT?");
 }
 
 // NOTE [Private-read probe]
@@ -216,6 +308,7 @@ SymmetricWorkspace::SymmetricWorkspace(c10::intrusive_ptr<c10d::Store> store, in
   if (reader_ && options_.deny_private_reads) reader_ = make_cross_memory_reader(/*deny=*/true);
   std::random_device rd;
   probe_token_ = (static_cast<uint64_t>(rd()) << 32) | rd();
+  claim_rank_slot(*store_, rank_);  // NOTE [One job per store]
   rendezvous(options_.buffer_size);
 }
 
@@ -250,9 +343,10 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
   me.probe_token = probe_token_;
 
   std::vector<PeerInfo> peers;
-  for (const auto& s :
-       exchange(*store_, prefix + "info/", rank_, world_size_, me.serialize(), options_.timeout)) {
-    peers.push_back(PeerInfo::parse(s));
+  {
+    const auto records =
+        exchange(*store_, prefix + "info/", rank_, world_size_, me.serialize(), options_.timeout);
+    for (int r = 0; r < world_size_; ++r) peers.push_back(PeerInfo::parse(records[r], r));
   }
 
   // Every rank sees the same infos, so every rank reaches the same verdict.
@@ -277,14 +371,18 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
   mapping->buffer_size = static_cast<int64_t>(buffer_bytes);
   mapping->blocks.resize(world_size_);
   std::string error;
-  try {
-    for (int r = 0; r < world_size_; ++r) {
+  for (int r = 0; r < world_size_ && error.empty(); ++r) {
+    try {
       mapping->blocks[r] =
           r == rank_ ? local
                      : device_->import_block(peers[r].handle, block_bytes, options_.timeout);
+    } catch (const c10::Error& e) {
+      error = "rank " + std::to_string(rank_) + " mapping rank " + std::to_string(r) +
+              "'s block: " + e.what_without_backtrace();
+    } catch (const std::exception& e) {
+      error = "rank " + std::to_string(rank_) + " mapping rank " + std::to_string(r) +
+              "'s block: " + e.what();
     }
-  } catch (const std::exception& e) {
-    error = "rank " + std::to_string(rank_) + ": " + e.what();
   }
   // Agree on success: a workspace mapped on some ranks only would make the ranks take different
   // paths and hang. The exporter stays up until every peer has mapped. Each status is
@@ -299,9 +397,12 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
   std::vector<std::string> verdicts;
   for (const auto& s : statuses) {
     const size_t colon = s.find(':');
-    TORCH_CHECK(colon != std::string::npos, "cuda_p2p: malformed workspace status '", s, "'");
-    const size_t length = std::stoull(s.substr(0, colon));
-    TORCH_CHECK(colon + 1 + length <= s.size(), "cuda_p2p: malformed workspace status '", s, "'");
+    const bool digits = colon != std::string::npos && colon > 0 && colon <= 9 &&
+                        s.find_first_not_of("0123456789") == colon;
+    const size_t length = digits ? std::stoull(s.substr(0, colon)) : 0;
+    TORCH_CHECK(digits && colon + 1 + length <= s.size() && s.size() <= 65536,
+                "cuda_p2p: malformed workspace status in the store (NOTE [Workspace records]): '",
+                s.substr(0, 200), "'");
     if (length > 0) {
       available_ = false;
       reason_ = "a peer's block could not be mapped (" + s.substr(colon + 1, length) + ")";
@@ -524,8 +625,16 @@ void SymmetricWorkspace::ensure_min_buffer_size(int64_t nbytes) {
   TORCH_CHECK(nbytes >= 0, "cuda_p2p ensure_min_buffer_size: nbytes must be >= 0, got ", nbytes);
   const std::string prefix = "cuda_p2p/workspace/grow/" + std::to_string(++exchange_count_) + "/";
   int64_t wanted = 0;
-  for (const auto& s :
-       exchange(*store_, prefix, rank_, world_size_, std::to_string(nbytes), options_.timeout)) {
+  const auto sizes =
+      exchange(*store_, prefix, rank_, world_size_, std::to_string(nbytes), options_.timeout);
+  for (int r = 0; r < world_size_; ++r) {
+    const std::string& s = sizes[r];
+    // NOTE [Workspace records]: at most 2^50 bytes, like a record's block size.
+    TORCH_CHECK(!s.empty() && s.size() <= 16 &&
+                    s.find_first_not_of("0123456789") == std::string::npos &&
+                    std::stoll(s) <= (int64_t{1} << 50),
+                "cuda_p2p ensure_min_buffer_size: rank ", r, "'s size in the store is invalid: '",
+                s.substr(0, 100), "'");
     wanted = std::max<int64_t>(wanted, std::stoll(s));
   }
   grow_to(wanted);

@@ -7,6 +7,17 @@
 // itself over a Unix socket in the abstract namespace (SCM_RIGHTS): the socket's name is 128
 // random bits, it serves only processes of the same uid (SO_PEERCRED), and it is closed as soon
 // as the rendezvous is over.
+//
+// NOTE [Authenticated block exchange]
+// The socket's name reaches the importer through the c10d store, which anyone on the machine can
+// read and rewrite: a stranger may replace it with the name of its own socket and serve its own
+// memfd. So the importer authenticates the exporter before it receives anything: SO_PEERCRED on
+// the connected socket (filled in by the kernel, not by the peer) must show this process's uid
+// and the pid the exporter put in its handle (which travels in the rank's record). Another uid
+// can fake the name and the pid but not the kernel's credentials, so it is refused; a process of
+// our own uid could read our memory through /proc anyway, so no secret would keep it out. A pid
+// mismatch also catches a record left by another job. Ranks in different pid namespaces see each
+// other's pids differently: the import fails and the workspace is off, with that reason.
 #include <c10/util/Exception.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -139,7 +150,11 @@ class SocketExporter : public BlockExporter {
     ::close(listen_fd_);
   }
 
-  std::vector<uint8_t> handle() const override { return {name_.begin(), name_.end()}; }
+  // "<socket name>@<pid>" (NOTE [Authenticated block exchange]).
+  std::vector<uint8_t> handle() const override {
+    const std::string h = name_ + "@" + std::to_string(::getpid());
+    return {h.begin(), h.end()};
+  }
 
  private:
   void serve(int fd, int max_peers) {
@@ -199,14 +214,31 @@ std::unique_ptr<BlockExporter> export_shared_block(const std::shared_ptr<Block>&
 
 std::shared_ptr<Block> import_shared_block(const std::vector<uint8_t>& handle, size_t bytes,
                                            Millis timeout) {
-  const std::string name(handle.begin(), handle.end());
+  // NOTE [Authenticated block exchange]
+  const std::string text(handle.begin(), handle.end());
+  const size_t at = text.rfind('@');
+  const std::string name = text.substr(0, at == std::string::npos ? 0 : at);
+  const std::string pid_text = at == std::string::npos ? "" : text.substr(at + 1);
+  const bool name_ok = name.size() == 41 && name.rfind("cuda_p2p-", 0) == 0 &&
+                       name.find_first_not_of("0123456789abcdef", 9) == std::string::npos;
+  const bool pid_ok = !pid_text.empty() && pid_text.size() <= 10 &&
+                      pid_text.find_first_not_of("0123456789") == std::string::npos;
+  TORCH_CHECK(name_ok && pid_ok,
+              "cuda_p2p: malformed block-exchange handle (expected 'cuda_p2p-<32 hex "
+              "digits>@<pid>', got ",
+              text.size(), " bytes)");
+  const long long expected_pid = std::stoll(pid_text);
   sockaddr_un addr;
   socklen_t len = abstract_address(name, addr);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  timeval tv{static_cast<time_t>(timeout.count() / 1000),
+             static_cast<suseconds_t>((timeout.count() % 1000) * 1000)};
   Fd sock;
   while (true) {
     sock.fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     TORCH_CHECK(sock.fd >= 0, "cuda_p2p: socket() failed: ", errno_str());
+    // Bounds connect() too: a listener that never accepts would otherwise block it forever.
+    ::setsockopt(sock.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     if (::connect(sock.fd, reinterpret_cast<sockaddr*>(&addr), len) == 0) break;
     TORCH_CHECK(std::chrono::steady_clock::now() < deadline,
                 "cuda_p2p: could not reach a peer's block-exchange socket within ", timeout.count(),
@@ -214,8 +246,15 @@ std::shared_ptr<Block> import_shared_block(const std::vector<uint8_t>& handle, s
     ::close(sock.release());
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  timeval tv{static_cast<time_t>(timeout.count() / 1000),
-             static_cast<suseconds_t>((timeout.count() % 1000) * 1000)};
+  ucred cred{};
+  socklen_t cred_len = sizeof(cred);
+  TORCH_CHECK(::getsockopt(sock.fd, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) == 0,
+              "cuda_p2p: SO_PEERCRED on the block-exchange socket failed: ", errno_str());
+  TORCH_CHECK(cred.uid == ::getuid() && static_cast<long long>(cred.pid) == expected_pid,
+              "cuda_p2p: refusing a shared block: its exchange socket is served by uid ", cred.uid,
+              " pid ", cred.pid, ", expected uid ", ::getuid(), " pid ", expected_pid,
+              " (the rank's record in the store was rewritten by another process, or left by "
+              "another job)");
   ::setsockopt(sock.fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   Fd fd(recv_fd(sock.fd));
   struct stat st {};

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import secrets
+import socket
+
 import torch
 import torch.distributed as dist
 from torch.distributed import PrefixStore
@@ -29,6 +33,8 @@ def _create_backend(opts, pg_options) -> ProcessGroupCudaP2P:
     # torch passes [] for the default group, meaning "every rank": spell it out for readers of
     # backend.options (the NCCL options below keep torch's convention).
     options.global_ranks_in_group = list(opts.global_ranks_in_group) or list(range(size))
+    _claim_rank_slot(store, rank, str(opts.group_id))
+    _wait_for_ranks(store, rank, size, str(opts.group_id), opts.timeout)
     # Each wrapped backend rendezvous under its own prefix of the group's store.
     gloo = dist.ProcessGroupGloo(PrefixStore("gloo/", store), rank, size, opts.timeout)
     nccl = None
@@ -41,6 +47,40 @@ def _create_backend(opts, pg_options) -> ProcessGroupCudaP2P:
         nccl_options.group_name = str(opts.group_id)
         nccl = dist.ProcessGroupNCCL(PrefixStore("nccl/", store), rank, size, nccl_options)
     return ProcessGroupCudaP2P(store, rank, size, options, gloo, nccl)
+
+
+def _claim_rank_slot(store, rank: int, group: str) -> None:
+    """Claims this rank's slot in the group's store before anything else is written there.
+
+    NOTE [One job per store] (p2p_workspace/symmetric_workspace.cpp): a second job started on a
+    running job's init_method port reaches that job's store; the first process to claim a slot
+    holds it, a later one fails here, before its wrapped backends write into the store.
+    """
+    value = f"pid {os.getpid()} on {socket.gethostname()} token {secrets.token_hex(16)}"
+    got = store.compare_set(f"cuda_p2p/owner/{rank}", "", value).decode(errors="replace")
+    if got != value:
+        holder = got.split(" token ")[0][:200]
+        raise RuntimeError(
+            f"cuda_p2p: another job already uses this store: rank {rank}'s slot of group {group} "
+            f"is held by another process ({holder}), so this process (pid {os.getpid()}) is not "
+            "joining it; was a second job started with the same init_method / MASTER_PORT?"
+        )
+
+
+def _wait_for_ranks(store, rank: int, size: int, group: str, timeout) -> None:
+    """Waits until every rank has claimed its slot; a rank that never does is named."""
+    keys = [f"cuda_p2p/owner/{r}" for r in range(size)]
+    try:
+        store.wait(keys, timeout)
+    except Exception:  # the store says "timeout" in several ways (RuntimeError, DistStoreError)
+        missing = [r for r in range(size) if not store.check([keys[r]])]
+        if not missing:
+            raise
+        raise RuntimeError(
+            f"cuda_p2p: rendezvous of group {group} timed out after "
+            f"{timeout.total_seconds():.0f} s on rank {rank}: rank"
+            f"{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} never arrived"
+        ) from None
 
 
 # Set per group by _create_backend, never copied from the user's Options.

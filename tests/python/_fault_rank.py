@@ -1,0 +1,115 @@
+"""One rank of a fault-injection job, started by test_faults.py (one process per rank).
+
+Usage: _fault_rank.py RANK WORLD PORT CASE VICTIM OUT_DIR
+
+The rank joins a cuda_p2p job (10 s timeout), checks one all_reduce against the expected sum,
+then runs CASE's operation in a loop until it raises. It writes events as JSON lines to
+OUT_DIR/rank<R>.jsonl: "ready" (looping), "error" (time and message), "clean" (after
+destroy_process_group: memfd mappings and descriptors of ours still open), "done".
+The victim of a self-inflicted fault kills itself where CASE says; the other faults (SIGKILL,
+SIGSTOP) come from the test.
+"""
+
+import datetime
+import faulthandler
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import cuda_p2p
+from cuda_p2p import ops
+
+TIMEOUT_S = 10
+
+
+def memfds_of_ours() -> tuple[int, int]:
+    with open("/proc/self/maps") as f:
+        maps = sum("memfd:cuda_p2p" in line for line in f)
+    fds = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds += "memfd:cuda_p2p" in os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    return maps, fds
+
+
+def run(rank, world, store, case, victim, event):
+    dist.init_process_group("cuda_p2p", store=store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    backend = cuda_p2p.get_cuda_p2p_backend()
+    assert backend.is_p2p_available(), backend.p2p_unavailable_reason()
+    t = torch.full((1000,), float(rank + 1))
+    dist.all_reduce(t)
+    expected = world * (world + 1) / 2
+    assert torch.equal(t, torch.full((1000,), expected)), t[:4]
+    event("checked")
+    if case == "grow":
+        store.set(f"ready/{rank}", "1")  # every rank is past the first check
+        store.wait([f"ready/{r}" for r in range(world)])
+        if rank == victim:
+            event("ready")
+            os.kill(os.getpid(), signal.SIGKILL)
+        backend.ensure_min_buffer_size(64 << 20)
+        raise AssertionError("ensure_min_buffer_size returned without the victim")
+    if case in ("allreduce_small", "sigstop", "kill_rank0"):
+        x = torch.ones(256)  # 1 KiB: one-shot
+        op = lambda: dist.all_reduce(x)  # noqa: E731
+    elif case == "allreduce_large":
+        x = torch.ones(1 << 20)  # 4 MiB: two-shot
+        op = lambda: dist.all_reduce(x)  # noqa: E731
+    elif case == "fused":
+        a = torch.randn(64, 128)
+        bs = [torch.randn(128, 96)]
+        op = lambda: ops.fused_all_gather_matmul(a, bs, 0)  # noqa: E731
+    else:
+        raise ValueError(f"unknown case {case}")
+    for _ in range(3):
+        op()
+    event("ready")
+    while True:
+        op()
+
+
+def main():
+    rank, world, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    case, victim, out_dir = sys.argv[4], int(sys.argv[5]), sys.argv[6]
+    out = open(os.path.join(out_dir, f"rank{rank}.jsonl"), "a", buffering=1)
+
+    def event(kind, **kw):
+        out.write(json.dumps(dict(kind=kind, rank=rank, t=time.time(), **kw)) + "\n")
+
+    # Nothing below may hang: a rank still alive after this exits non-zero with its stacks.
+    faulthandler.dump_traceback_later(60, exit=True)
+    timeout = datetime.timedelta(seconds=TIMEOUT_S)
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=timeout)
+    if case == "pre_rendezvous" and rank == victim:
+        event("ready")
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        run(rank, world, store, case, victim, event)
+    except Exception as e:  # noqa: BLE001 - every error is the point here
+        event("error", error=f"{type(e).__name__}: {e}"[:3000])
+    faulthandler.dump_traceback_later(30, exit=True)
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception as e:  # noqa: BLE001 - reported, the residue check still runs
+            event("destroy_error", error=f"{type(e).__name__}: {e}"[:1000])
+    import gc
+
+    gc.collect()
+    maps, fds = memfds_of_ours()
+    event("clean", memfd_maps=maps, memfd_fds=fds)
+    event("done")
+    out.close()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

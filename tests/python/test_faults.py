@@ -1,0 +1,182 @@
+"""Fault injection: a rank killed (SIGKILL) or stopped (SIGSTOP) at various points of a job.
+
+Each case starts its own job (one process per rank, _fault_rank.py, a 10 s process-group
+timeout), injects the fault and checks that every survivor raises within the timeout plus a
+margin with an error naming the dead or stopped rank, that every process exits by itself, that
+no survivor still holds a memfd of ours after destroy_process_group, that /dev/shm gains nothing,
+and that the next job on the same port works (every case uses the port of the previous one, and
+starts with a checked all_reduce).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+import pytest
+
+from _harness import _pids_with_token, free_port
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TIMEOUT_S = 10.0  # the jobs' process-group timeout (_fault_rank.TIMEOUT_S)
+MARGIN_S = 5.0  # what a survivor may take beyond it (2 shared cores, up to 4 ranks)
+START_S = 60.0  # for the ranks to import torch and get ready
+
+_PORT = free_port()  # every case reuses it: each job is "the next job on the same port"
+
+
+def _events(out_dir: str, rank: int) -> list[dict]:
+    path = os.path.join(out_dir, f"rank{rank}.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _first(events: list[dict], kind: str) -> dict | None:
+    return next((e for e in events if e["kind"] == kind), None)
+
+
+def _dev_shm() -> set[str]:
+    # Python's multiprocessing semaphores (sem.mp-*) of other test runs sharing the machine come
+    # and go meanwhile; the ranks here start no multiprocessing, so none of those is theirs.
+    return {n for n in os.listdir("/dev/shm") if not n.startswith("sem.mp-")}
+
+
+def run_fault(case: str, world: int, victim: int, signal_from_test: int | None) -> dict:
+    """Runs one job with one fault; returns what happened (asserting nothing itself)."""
+    token = uuid.uuid4().hex
+    env = dict(os.environ, CUDA_P2P_TEST_TOKEN=token, OMP_NUM_THREADS="1")
+    shm_before = _dev_shm()
+    out_dir = tempfile.mkdtemp(prefix="cuda_p2p_faults_")
+    procs, logs = [], []
+    result = {"case": case, "victim": victim, "world": world}
+    try:
+        for r in range(world):
+            log = open(os.path.join(out_dir, f"rank{r}.log"), "w")
+            logs.append(log)
+            procs.append(subprocess.Popen(
+                [sys.executable, os.path.join(HERE, "_fault_rank.py"), str(r), str(world),
+                 str(_PORT), case, str(victim), out_dir],
+                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+        # Wait until every rank is in its loop (or, for a self-inflicted fault, the victim is
+        # about to kill itself).
+        deadline = time.time() + START_S
+        waiting_for = [victim] if signal_from_test is None else list(range(world))
+        while time.time() < deadline:
+            if all(_first(_events(out_dir, r), "ready") for r in waiting_for):
+                break
+            if any(p.poll() is not None for i, p in enumerate(procs) if i != victim):
+                break
+            time.sleep(0.05)
+        ready = [_first(_events(out_dir, r), "ready") for r in waiting_for]
+        assert all(ready), f"{case}: the ranks never got ready:\n{_logs(out_dir, world)}"
+        if signal_from_test is not None:
+            time.sleep(0.3)  # well inside the loop
+            t_fault = time.time()
+            procs[victim].send_signal(signal_from_test)
+        else:
+            t_fault = _first(_events(out_dir, victim), "ready")["t"]
+        survivors = [r for r in range(world) if r != victim]
+        # Every survivor must exit by itself: error, destroy, residue check.
+        end = t_fault + TIMEOUT_S + MARGIN_S + 20
+        for r in survivors:
+            try:
+                procs[r].wait(timeout=max(0.1, end - time.time()))
+            except subprocess.TimeoutExpired:
+                pass
+        if signal_from_test == signal.SIGSTOP:
+            procs[victim].send_signal(signal.SIGCONT)  # it must now fail and exit too
+        try:
+            procs[victim].wait(timeout=TIMEOUT_S + MARGIN_S + 20)
+        except subprocess.TimeoutExpired:
+            pass
+        result["returncodes"] = [p.poll() for p in procs]
+        result["left_behind"] = _pids_with_token(token)
+        result["errors"] = {}
+        result["clean"] = {}
+        for r in range(world):
+            ev = _events(out_dir, r)
+            err = _first(ev, "error")
+            if err:
+                result["errors"][r] = (err["t"] - t_fault, err["error"])
+            clean = _first(ev, "clean")
+            if clean:
+                result["clean"][r] = (clean["memfd_maps"], clean["memfd_fds"])
+        result["shm_new"] = sorted(_dev_shm() - shm_before)
+        result["logs"] = _logs(out_dir, world)
+        print(f"\nFAULT {case}: " + json.dumps(
+            {k: v for k, v in result.items() if k != "logs"}, default=str)[:4000])
+        return result
+    finally:
+        for pid in _pids_with_token(token):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        for log in logs:
+            log.close()
+
+
+def _logs(out_dir: str, world: int) -> str:
+    text = ""
+    for r in range(world):
+        path = os.path.join(out_dir, f"rank{r}.log")
+        if os.path.exists(path):
+            with open(path, errors="replace") as f:
+                text += f"--- rank {r} ---\n{f.read()[-3000:]}\n"
+        text += f"events: {_events(out_dir, r)}\n"
+    return text
+
+
+def check_fault(res: dict, victim_exits_by_itself: bool = False) -> None:
+    world, victim = res["world"], res["victim"]
+    logs = res["logs"]
+    assert not res["left_behind"], f"processes left behind: {res['left_behind']}\n{logs}"
+    for r in range(world):
+        if r == victim and not victim_exits_by_itself:
+            continue
+        assert res["returncodes"][r] == 0, f"rank {r} exit code {res['returncodes'][r]}\n{logs}"
+        assert r in res["errors"], f"rank {r} raised nothing\n{logs}"
+        elapsed, text = res["errors"][r]
+        if r != victim:
+            assert elapsed <= TIMEOUT_S + MARGIN_S, f"rank {r} raised after {elapsed:.1f} s\n{logs}"
+            assert re.search(rf"\brank {victim}\b|\branks? [0-9, ]*\b{victim}\b", text), (
+                f"rank {r}'s error does not name rank {victim}: {text}\n{logs}")
+        assert res["clean"].get(r) == (0, 0), (
+            f"rank {r} still holds memfds of ours after destroy (maps, fds): "
+            f"{res['clean'].get(r)}\n{logs}")
+    assert not res["shm_new"], f"/dev/shm residue: {res['shm_new']}"
+
+
+CASES = [
+    # case, world, victim, signal sent by the test (None: the victim kills itself)
+    ("pre_rendezvous", 3, 2, None),
+    ("allreduce_small", 3, 1, signal.SIGKILL),
+    ("allreduce_large", 2, 1, signal.SIGKILL),
+    ("fused", 2, 1, signal.SIGKILL),
+    ("grow", 3, 2, None),
+    ("kill_rank0", 2, 0, signal.SIGKILL),
+]
+
+
+@pytest.mark.parametrize("case,world,victim,sig", CASES, ids=[c[0] for c in CASES])
+def test_killed_rank_is_named_by_every_survivor(case, world, victim, sig):
+    check_fault(run_fault(case, world, victim, sig))
+
+
+def test_stopped_rank_past_the_timeout_is_named_and_everyone_exits():
+    # The stopped rank is resumed after the survivors gave up: it must fail and exit as well.
+    res = run_fault("sigstop", 2, 1, signal.SIGSTOP)
+    check_fault(res, victim_exits_by_itself=True)
