@@ -10,8 +10,8 @@
 #include <fstream>
 #include <random>
 #include <set>
-#include <thread>
 #include <sstream>
+#include <thread>
 
 namespace cuda_p2p {
 
@@ -274,7 +274,7 @@ class SymmetricWorkspace::Retirement {
   const Millis close_wait_;
   mutable std::mutex mu_;
   std::vector<std::pair<int, std::shared_ptr<Block>>> retired_;  // (generation, own block)
-  bool final_ = false;  // the workspace is destroyed
+  bool final_ = false;                                           // the workspace is destroyed
 };
 
 struct SymmetricWorkspace::Mapping {

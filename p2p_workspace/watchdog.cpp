@@ -22,8 +22,8 @@ std::string FailureState::reason() const {
 
 void FailureState::check(const char* op) const {
   if (!failed()) return;
-  TORCH_CHECK(false, "cuda_p2p ", op, ": this group's device is unusable (NOTE [Device failure]): ",
-              reason());
+  TORCH_CHECK(false, "cuda_p2p ", op,
+              ": this group's device is unusable (NOTE [Device failure]): ", reason());
 }
 
 std::string describe_ranks(const std::vector<int>& ranks) {
@@ -82,8 +82,9 @@ bool Watchdog::poll() {
     Entry& e = *it;
     if (e.wait->finished()) {
       if (auto peers = e.wait->given_up(); !peers.empty()) {
-        error = e.context + " timed out after " + std::to_string(e.timeout.count()) + " ms: " +
-                describe_ranks(peers) + " never arrived (the wait kernel gave up, so the data "
+        error = e.context + " timed out after " + std::to_string(e.timeout.count()) +
+                " ms: " + describe_ranks(peers) +
+                " never arrived (the wait kernel gave up, so the data "
                 "this op produced is stale)";
         break;
       }
@@ -96,8 +97,8 @@ bool Watchdog::poll() {
       progress = true;
     }
     if (e.started && now - *e.started > e.timeout) {
-      error = e.context + " timed out after " + std::to_string(e.timeout.count()) + " ms: " +
-              describe_ranks(e.wait->missing()) + " never arrived";
+      error = e.context + " timed out after " + std::to_string(e.timeout.count()) +
+              " ms: " + describe_ranks(e.wait->missing()) + " never arrived";
       break;
     }
     ++it;

@@ -75,8 +75,7 @@ class Watchdog {
  public:
   // `thread_init` runs first in the watchdog's thread (CUDA: select the device, relax the
   // thread's graph-capture mode). `max_poll` bounds how late a missed deadline is noticed.
-  Watchdog(FailureState& failure, std::function<void()> thread_init,
-           Millis max_poll = Millis(100));
+  Watchdog(FailureState& failure, std::function<void()> thread_init, Millis max_poll = Millis(100));
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;

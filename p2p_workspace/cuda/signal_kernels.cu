@@ -22,8 +22,7 @@ __device__ __forceinline__ bool reached(const KernelWaits& waits, int i) {
 
 // NOTE [Device failure] (p2p_workspace/watchdog.hpp): giving up must never look like success,
 // so the kernel flags every wait still missing; the host raises for this op.
-__global__ void wait_signals_kernel(KernelWaits waits, uint64_t timeout_ns,
-                                    KernelGiveUp* give_up) {
+__global__ void wait_signals_kernel(KernelWaits waits, uint64_t timeout_ns, KernelGiveUp* give_up) {
   const uint64_t start = global_timer_ns();
   for (int i = 0; i < waits.count; ++i) {
     unsigned sleep_ns = 32;

@@ -1,7 +1,5 @@
 #include "p2p_workspace/host/host_device.hpp"
 
-#include "p2p_workspace/watchdog.hpp"
-
 #include <c10/util/Exception.h>
 #include <linux/futex.h>
 #include <sched.h>
@@ -18,6 +16,8 @@
 #include <optional>
 #include <sstream>
 #include <thread>
+
+#include "p2p_workspace/watchdog.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -505,12 +505,12 @@ class HostDevice : public Device {
     }
     if (h.mode() == HostStream::Mode::kInline && cooperative_) {
       // The caller waits, and runs the cooperative streams meanwhile.
-      h.enqueue(HostTask::blocking([this, waits = std::move(waits), timeout,
-                                    context = std::move(context)] {
-        const auto deadline = std::chrono::steady_clock::now() + timeout;
-        scheduler_->drive(
-            [&] { return check_waits(waits, deadline, timeout, context, failure_); }, waits);
-      }));
+      h.enqueue(HostTask::blocking(
+          [this, waits = std::move(waits), timeout, context = std::move(context)] {
+            const auto deadline = std::chrono::steady_clock::now() + timeout;
+            scheduler_->drive(
+                [&] { return check_waits(waits, deadline, timeout, context, failure_); }, waits);
+          }));
       return;
     }
     h.enqueue(HostTask::blocking([waits = std::move(waits), timeout, context = std::move(context),

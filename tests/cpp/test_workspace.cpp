@@ -327,7 +327,6 @@ TEST(Workspace, PrivateReadsTurnedOffOrDeniedOnOneRankAreOffEverywhere) {
   EXPECT_NE(ws->private_reads_reason().find("Operation not permitted"), std::string::npos);
 }
 
-
 // NOTE [Device failure]: abort() from another thread unblocks a rank whose barrier waits for a
 // peer that never arrives, with a clear error, on the caller's stream and on a device stream
 // (cooperative or executor thread, per CUDA_P2P_HOST_STREAMS); later ops fail at once.
@@ -474,7 +473,8 @@ TEST(Workspace, APeerDeviceThatCannotBeReachedTurnsTheWorkspaceOffEverywhere) {
                         std::make_shared<UnreachablePeerDevice>(make_host_device(), from), o);
   EXPECT_FALSE(ws.available());
   const std::string why = ws.unavailable_reason();
-  EXPECT_NE(why.find("rank " + std::to_string(from) + " cannot map rank 0's block: no path to "
+  EXPECT_NE(why.find("rank " + std::to_string(from) +
+                     " cannot map rank 0's block: no path to "
                      "test-0"),
             std::string::npos)
       << why;
