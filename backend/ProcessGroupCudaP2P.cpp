@@ -183,6 +183,8 @@ void ProcessGroupCudaP2P::intra_node_barrier(const std::vector<int64_t>& ranks,
   }
   auto& device = workspace_->device();
   auto stream = device.current_stream();
+  device.check_healthy("intra_node_barrier");
+  device.check_not_capturing(*stream, "intra_node_barrier");
   workspace_->barrier(*stream, kApiChannel, timeout, members);
 }
 
