@@ -226,9 +226,12 @@ class SymmetricWorkspace::Retirement {
           }
           if (std::chrono::steady_clock::now() >= deadline || open.front() < 0) {
             if (final) {
-              TORCH_WARN("cuda_p2p: rank ", rank_, " leaks its workspace block of generation ",
-                         entry.first, ": rank(s) ", c10::Join(", ", open),
-                         " did not close their mapping of it in time (NOTE [Block lifetime])");
+              try {  // a warning handler may throw (Python's warnings-as-errors)
+                TORCH_WARN("cuda_p2p: rank ", rank_, " leaks its workspace block of generation ",
+                           entry.first, ": rank(s) ", c10::Join(", ", open),
+                           " did not close their mapping of it in time (NOTE [Block lifetime])");
+              } catch (...) {
+              }
               leak.push_back(std::move(entry));
             }
             break;
