@@ -19,12 +19,29 @@ std::vector<c10::Device> devices_of(const std::vector<at::Tensor>& tensors) {
 
 }  // namespace
 
-CompletedWork::CompletedWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
-    : c10d::Work(rank, type), outputs_(std::move(outputs)) {
+CompletedWork::CompletedWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs,
+                             std::shared_ptr<Device> device, std::shared_ptr<Event> end)
+    : c10d::Work(rank, type),
+      outputs_(std::move(outputs)),
+      device_(std::move(device)),
+      end_(std::move(end)) {
   future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
                                                      devices_of(outputs_));
   future_->markCompleted(c10::IValue(outputs_));
   finish();
+}
+
+bool CompletedWork::wait(std::chrono::milliseconds /*timeout*/) {
+  if (!device_) return true;  // the host: complete on return
+  device_->check_healthy("Work.wait");
+  if (end_) device_->wait_event(*device_->current_stream(), *end_);
+  return true;
+}
+
+void CompletedWork::synchronize() {
+  if (!device_) return;
+  if (end_) device_->synchronize(*end_);
+  device_->check_healthy("Work.synchronize");
 }
 
 }  // namespace cuda_p2p

@@ -1,29 +1,39 @@
-// The Work of a collective that ran on the workspace: on the host it has completed when the call
-// returns; on CUDA it is enqueued on the caller's current stream, which is all a stream-ordered
-// consumer needs (as with NCCL after wait()). Its future is completed and holds the outputs;
-// for CUDA outputs the future records an event on the current stream, so that callbacks and
-// waiters on other streams are ordered after the collective.
+// The Work of a collective that ran on the workspace. On the host it has completed when the call
+// returns, and its wait() is free. On CUDA it is enqueued on the caller's stream; like NCCL's
+// Work, wait() makes the caller's current stream wait for the event recorded at the op's end
+// and synchronize() blocks the host until that event has completed; both raise the device's
+// failure (a wait that missed its deadline, an abort: NOTE [Device failure] in
+// p2p_workspace/watchdog.hpp). Its future is completed and holds the outputs; for CUDA outputs
+// the future records an event on the current stream, so that callbacks and waiters on other
+// streams are ordered after the collective.
 #pragma once
 
+#include <memory>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <vector>
+
+#include "p2p_workspace/device.hpp"
 
 namespace cuda_p2p {
 
 class CompletedWork : public c10d::Work {
  public:
-  CompletedWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs);
+  // `device` and `end` only for work enqueued on a GPU (null on the host).
+  CompletedWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs,
+                std::shared_ptr<Device> device = nullptr, std::shared_ptr<Event> end = nullptr);
 
   bool isCompleted() override { return true; }
   bool isSuccess() const override { return true; }
-  bool wait(std::chrono::milliseconds /*timeout*/) override { return true; }
-  void synchronize() override {}
+  bool wait(std::chrono::milliseconds timeout) override;
+  void synchronize() override;
   std::vector<at::Tensor> result() override { return outputs_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
 
  private:
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::shared_ptr<Device> device_;
+  std::shared_ptr<Event> end_;
 };
 
 }  // namespace cuda_p2p

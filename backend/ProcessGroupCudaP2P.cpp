@@ -128,6 +128,8 @@ void ProcessGroupCudaP2P::intra_node_barrier(const std::vector<int64_t>& ranks,
   }
   auto& device = workspace_->device();
   auto stream = device.current_stream();
+  device.check_healthy("intra_node_barrier");
+  device.check_not_capturing(*stream, "intra_node_barrier");
   workspace_->barrier(*stream, kApiChannel, timeout, members);
 }
 
@@ -208,6 +210,9 @@ void ProcessGroupCudaP2P::run_collective(
   Device& device = workspace_->device();
   const bool host = device.tensor_device().is_cpu();
   auto stream = device.current_stream();
+  // Before anything is enqueued (NOTE [Device failure] in p2p_workspace/watchdog.hpp).
+  device.check_healthy(what);
+  device.check_not_capturing(*stream, what);
   if (!host && collective_state_.last) device.wait_event(*stream, *collective_state_.last);
   const ops::CollectiveContext ctx{*workspace_, *stream, kCollectiveChannel, collective_state_,
                                    config_.collective};
@@ -279,7 +284,17 @@ const char* ProcessGroupCudaP2P::workspace_rejects(c10::ArrayRef<at::Tensor> ten
 }
 
 WorkPtr ProcessGroupCudaP2P::completed(c10d::OpType type, std::vector<at::Tensor> outputs) {
-  return track(c10::make_intrusive<CompletedWork>(getRank(), type, std::move(outputs)));
+  // On a GPU the op is enqueued, not done: its Work waits for the event run_collective recorded
+  // at its end (none on the host, where it has completed).
+  std::shared_ptr<Device> device;
+  std::shared_ptr<Event> end;
+  if (workspace_ && !workspace_->device().tensor_device().is_cpu()) {
+    std::lock_guard<std::mutex> lock(collective_mutex_);
+    device = workspace_->device_ptr();
+    end = collective_state_.last;
+  }
+  return track(c10::make_intrusive<CompletedWork>(getRank(), type, std::move(outputs),
+                                                  std::move(device), std::move(end)));
 }
 
 std::optional<ops::ReduceOp> ProcessGroupCudaP2P::to_reduce_op(const c10d::ReduceOp& op) {
@@ -791,12 +806,20 @@ void ProcessGroupCudaP2P::setTimeout(std::chrono::milliseconds timeout) {
   if (cuda_backend_) cuda_backend_->setTimeout(timeout);
 }
 
+// NOTE [Device failure] in p2p_workspace/watchdog.hpp: the workspace's device is failed first,
+// so that a thread blocked in a workspace collective or barrier returns with an error.
 void ProcessGroupCudaP2P::abort() {
+  if (workspace_) workspace_->abort("the group was aborted (ProcessGroupCudaP2P.abort())");
   cpu_backend_->abort();
   if (cuda_backend_) cuda_backend_->abort();
 }
 
 void ProcessGroupCudaP2P::shutdown() {
+  // Unblocks pending waits like abort(), but the workspace's blocks are still released through
+  // the closing handshake (NOTE [Block lifetime]): peers shut down too.
+  if (workspace_) {
+    workspace_->device().abort("the group was shut down (ProcessGroupCudaP2P.shutdown())");
+  }
   cpu_backend_->shutdown();
   if (cuda_backend_) cuda_backend_->shutdown();
 }

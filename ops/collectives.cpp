@@ -370,8 +370,13 @@ void copy(const CollectiveContext& ctx, void* dst, const void* src, int64_t n) {
 }
 
 at::Tensor view(const CollectiveContext& ctx, void* ptr, int64_t numel, at::ScalarType dtype) {
-  return at::from_blob(ptr, {numel},
-                       at::TensorOptions().dtype(dtype).device(ctx.ws.device().tensor_device()));
+  // The device is given, not derived from `ptr`: for a peer's IPC mapping the CUDA runtime names
+  // the peer's GPU (cudaPointerGetAttributes), not the one this rank computes on.
+  const at::Device device = ctx.ws.device().tensor_device();
+  return at::for_blob(ptr, {numel})
+      .options(at::TensorOptions().dtype(dtype).device(device))
+      .target_device(device)
+      .make_tensor();
 }
 
 void reduce_on_stream(const CollectiveContext& ctx, at::Tensor dst, std::vector<at::Tensor> srcs,
@@ -381,6 +386,10 @@ void reduce_on_stream(const CollectiveContext& ctx, at::Tensor dst, std::vector<
   ctx.ws.device().run(ctx.stream,
                       [dst = std::move(dst), srcs = std::move(srcs), op, divisor, scratch,
                        also = std::move(also)] { reduce(dst, srcs, op, divisor, *scratch, also); });
+  // The scratch outlives this op and the next one may run on another stream: the caching
+  // allocator must not hand it out again before this stream's use (NOTE [Pipeline
+  // temporaries] in ops/pipeline_common.hpp). On CUDA the closure ran already; no-op on the host.
+  ctx.ws.device().record_stream(ctx.state.scratch, ctx.stream);
 }
 
 }  // namespace detail

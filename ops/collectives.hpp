@@ -113,10 +113,12 @@ class CollectiveState {
   uint64_t phase = 0;
   const void* buffer = nullptr;
   // Float32 accumulators of float16 / bfloat16 reductions, grown on demand, reused by every op
-  // (the hot path allocates nothing once warm).
+  // (the hot path allocates nothing once warm). On CUDA each use is recorded on its stream
+  // (Device::record_stream in detail::reduce_on_stream: NOTE [Pipeline temporaries]).
   at::Tensor scratch;
   // Where a copy-free reduce-scatter lands the peers' pieces before reducing them (bytes, grown
-  // on demand).
+  // on demand). Host memory used in host stream order only: copy-free reads exist on the host
+  // device alone, so there is no GPU stream to record it on.
   at::Tensor read_scratch;
   // Whether the last collective read peers' tensors directly (for the backend's counters).
   bool last_private_reads = false;

@@ -112,6 +112,10 @@ Env make_env(ProcessGroupCudaP2P& backend, ProcessGroupCudaP2P::PipelineState& s
           {ProcessGroupCudaP2P::kPipelineChannels[0], ProcessGroupCudaP2P::kPipelineChannels[1]},
           backend.options()->max_buffer_size);
   if (state.tracing) env.trace = std::make_shared<Trace>();
+  // Before anything is enqueued: a failed device (NOTE [Device failure]) or a graph capture.
+  dev.check_healthy("fused op");
+  dev.check_not_capturing(*env.caller, "fused op");
+  for (int i = 0; i < 2; ++i) dev.check_not_capturing(env.stream(i), "fused op");
   return env;
 }
 

@@ -99,6 +99,18 @@ struct Stats {
 // both (end): on CUDA in stream order, on the host by blocking, so an op returns with its
 // results complete. Each stream signals only on its own channel (channels[i]), so barriers
 // issued from the two streams never consume each other's signals.
+//
+// NOTE [Pipeline temporaries]
+// A pipeline's temporaries (stacks, accumulators, contiguous copies of A, staging outputs) are
+// allocated on the caller's stream and used on the pipeline streams, without recordStream: their
+// reuse is stream-ordered. The CUDA caching allocator hands a freed block out again only to
+// allocations on the stream it was allocated on (the caller's), and every temporary is dropped
+// by the host only after end() - or EndGuard on an error - has made the caller's stream wait for
+// both pipeline streams; so whatever reuses the block runs after the pipeline's last use of it.
+// Tensors allocated inside a closure (run, run_compute) are allocated on that closure's stream
+// and used there only. A temporary that outlives an op (kept in per-group state and used on
+// different streams by different ops) is not covered by this and must be recorded with
+// Device::record_stream instead (CollectiveState::scratch).
 struct Env {
   Env(SymmetricWorkspace& ws, std::shared_ptr<Stream> caller,
       std::array<std::shared_ptr<Stream>, 2> streams, std::array<int, 2> channels,

@@ -101,6 +101,13 @@ class Device {
   virtual at::Device tensor_device() const = 0;
   // Distinguishes processes that may share a device: peers on the same physical device must agree.
   virtual int device_index() const = 0;
+  // The physical device, published at rendezvous: a GPU's UUID ("GPU-..."), "host" on the host.
+  virtual std::string device_uuid() const { return "host"; }
+  // Why this process cannot map blocks of a peer whose device_uuid() is `peer_uuid` ("" when it
+  // can). Ranks on the same GPU always can (IPC within one GPU is valid); different GPUs need
+  // peer access. Called for every peer before import_block, so that a wrong setup is reported
+  // by name on every rank instead of failing inside the import.
+  virtual std::string peer_access_problem(const std::string& /*peer_uuid*/) { return ""; }
 
   // --- blocks ---
   // A new zero-filled block of `bytes`, shareable with peers of the same host.
@@ -142,10 +149,29 @@ class Device {
   virtual void wait_event(Stream& s, const Event& e) = 0;
   // Blocks the host until everything enqueued on `s` has run; rethrows the first error of `s`.
   virtual void synchronize(Stream& s) = 0;
-  // Blocks the host until all work this process enqueued on the device, on any stream, has run
+  // Blocks the host until the work recorded by `e` has run; rethrows the device's failure.
+  virtual void synchronize(const Event& e) = 0;
+  // Blocks the host until all work this device enqueued, on the streams it handed out, has run
   // (before blocks that work may still read are released: NOTE [Workspace growth]). A no-op on
   // the host, whose ops complete before they return.
   virtual void quiesce() = 0;
+
+  // --- failure (NOTE [Device failure] in p2p_workspace/watchdog.hpp) ---
+  // Fails this device for good: every pending and later wait raises an error naming `why`
+  // (host: every wait loop returns within ~10 ms; CUDA: the watchdog stops tracking and records
+  // `why`). Thread-safe, may be called while another thread is blocked in a wait.
+  virtual void abort(const std::string& why) = 0;
+  // Raises the error that failed this device (an abort, or on CUDA a wait that missed its
+  // deadline, naming the op and the ranks that never arrived); a no-op while it is healthy.
+  virtual void check_healthy(const char* op) = 0;
+  // Raises a clear error when `s` is being captured into a CUDA graph: the signal protocol uses
+  // absolute sequence numbers (NOTE [Signal sequence numbers]), so a replayed op would wait for
+  // signals that were consumed by the capture. Called before an op enqueues anything. No-op on
+  // the host.
+  virtual void check_not_capturing(Stream& /*s*/, const char* /*op*/) {}
+  // Tells the caching allocator that `t` is used on `s`, so that its memory is not handed out
+  // again before the work `s` has enqueued so far has run (c10 recordStream). No-op on the host.
+  virtual void record_stream(const at::Tensor& /*t*/, Stream& /*s*/) {}
 };
 
 // How a host device runs the work of the streams it creates (NOTE [Cooperative host streams] in

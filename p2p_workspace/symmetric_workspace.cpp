@@ -1,6 +1,7 @@
 #include "p2p_workspace/symmetric_workspace.hpp"
 
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <thread>
 
 namespace cuda_p2p {
 
@@ -72,8 +74,8 @@ std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()
 // handle) and a bad one is an error naming the rank, never a half-parsed PeerInfo. Whom a handle
 // leads to is checked by the device when it maps the block (NOTE [Authenticated block exchange]
 // in p2p_workspace/host/shared_block.cpp).
-constexpr const char* kRecordVersion = "cuda_p2p-peer-v2";
-constexpr size_t kRecordLines = 9;
+constexpr const char* kRecordVersion = "cuda_p2p-peer-v3";
+constexpr size_t kRecordLines = 10;
 constexpr size_t kMaxRecordBytes = 4096;
 constexpr size_t kMaxHandleBytes = 1024;
 
@@ -87,6 +89,7 @@ struct PeerInfo {
   std::vector<uint8_t> handle;
   uint64_t probe_addr = 0;  // NOTE [Private-read probe]
   uint64_t probe_token = 0;
+  std::string uuid;  // Device::device_uuid(): NOTE [Peer devices]
 
   std::string serialize() const {
     std::ostringstream os;
@@ -98,7 +101,8 @@ struct PeerInfo {
        << block_size << '\n'
        << hex(handle) << '\n'
        << probe_addr << '\n'
-       << probe_token << '\n';
+       << probe_token << '\n'
+       << uuid << '\n';
     return os.str();
   }
 
@@ -176,6 +180,10 @@ struct PeerInfo {
     p.handle = unhex(h);
     p.probe_addr = unsigned_number(lines[7], "probe address");
     p.probe_token = unsigned_number(lines[8], "probe token");
+    p.uuid = lines[9];
+    if (p.uuid.empty() || p.uuid.size() > 128 || !printable(p.uuid)) {
+      fail("the device uuid must be 1-128 printable characters");
+    }
     return p;
   }
 };
@@ -276,13 +284,132 @@ std::string host_identity(const std::string& host_id) {
   return std::string(name) + "/" + boot_id;
 }
 
+// NOTE [Block lifetime]
+// A rank's own block may be freed only once no peer maps it any more: CUDA documents freeing an
+// exported allocation before every importer has called cudaIpcCloseMemHandle as undefined (a
+// host memfd stays valid while mapped, but the host runs the same protocol, so CI tests it).
+// So every generation of the workspace ends with a closing handshake over the store. When a
+// rank's mapping of a generation is released (the workspace replaced it on growth, or was
+// destroyed, and no tensor aliases it any more), it closes its imports of the peers' blocks and
+// publishes <generation>/closed/<rank>; its own block of that generation is retired, not freed.
+// A retired block is freed once every peer has published its key: checked without waiting at
+// every rendezvous, and waited for, at most kCloseWait, when the workspace is destroyed (every
+// rank publishes before it waits, so ranks destroying their groups together never wait for each
+// other in a cycle). A block whose peers have not closed by then (a peer that died, hangs, or
+// keeps a get_p2p_buffer tensor alive) is deliberately leaked, with a warning: never freed under
+// a peer. After abort() nothing is waited for: what is not closed yet is leaked.
+class SymmetricWorkspace::Retirement {
+ public:
+  Retirement(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size, Millis close_wait)
+      : store_(std::move(store)), rank_(rank), world_size_(world_size), close_wait_(close_wait) {}
+
+  // A mapping of `generation` was released: publish it, and retire `own`.
+  void closed(int generation, std::shared_ptr<Block> own) noexcept {
+    try {
+      store_->set(key(generation, rank_), to_bytes("1"));
+    } catch (...) {
+      // The store is gone (process teardown): peers cannot learn it; they leak their blocks.
+    }
+    bool final = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (own) retired_.emplace_back(generation, std::move(own));
+      final = final_;
+    }
+    // The workspace is gone (a tensor outlived it): nobody else will reap.
+    if (final) reap(close_wait_, /*final=*/true);
+  }
+
+  // Frees every retired block all peers have closed, waiting up to `wait` for them; with
+  // `final`, leaks (with a warning) what is still mapped by a peer after that.
+  void reap(Millis wait, bool final) noexcept {
+    std::vector<std::pair<int, std::shared_ptr<Block>>> free, leak;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      final_ |= final;
+      const auto deadline = std::chrono::steady_clock::now() + wait;
+      auto nap = std::chrono::milliseconds(1);
+      for (auto& entry : retired_) {
+        while (true) {
+          const std::vector<int> open = still_open(entry.first);
+          if (open.empty()) {
+            free.push_back(std::move(entry));
+            break;
+          }
+          if (std::chrono::steady_clock::now() >= deadline || open.front() < 0) {
+            if (final) {
+              try {  // a warning handler may throw (Python's warnings-as-errors)
+                TORCH_WARN("cuda_p2p: rank ", rank_, " leaks its workspace block of generation ",
+                           entry.first, ": rank(s) ", c10::Join(", ", open),
+                           " did not close their mapping of it in time (NOTE [Block lifetime])");
+              } catch (...) {
+              }
+              leak.push_back(std::move(entry));
+            }
+            break;
+          }
+          std::this_thread::sleep_for(nap);
+          nap = std::min(nap * 2, std::chrono::milliseconds(50));
+        }
+      }
+      std::erase_if(retired_, [](const auto& e) { return !e.second; });
+    }
+    for (auto& l : leak) {
+      // Intentionally never freed (NOTE [Block lifetime]).
+      (void)new std::shared_ptr<Block>(std::move(l.second));
+    }
+    free.clear();  // frees the blocks, outside the lock
+  }
+
+  size_t retired() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return retired_.size();
+  }
+
+ private:
+  std::string key(int generation, int rank) const {
+    return "cuda_p2p/workspace/" + std::to_string(generation) + "/closed/" + std::to_string(rank);
+  }
+  // The peers that have not closed `generation` yet; {-1} when the store cannot be read.
+  std::vector<int> still_open(int generation) const {
+    std::vector<int> open;
+    try {
+      for (int r = 0; r < world_size_; ++r) {
+        if (r != rank_ && !store_->check({key(generation, r)})) open.push_back(r);
+      }
+    } catch (...) {
+      return {-1};
+    }
+    return open;
+  }
+
+  const c10::intrusive_ptr<c10d::Store> store_;
+  const int rank_;
+  const int world_size_;
+  const Millis close_wait_;
+  mutable std::mutex mu_;
+  std::vector<std::pair<int, std::shared_ptr<Block>>> retired_;  // (generation, own block)
+  bool final_ = false;                                           // the workspace is destroyed
+};
+
 struct SymmetricWorkspace::Mapping {
+  int generation = 0;
   int64_t buffer_size = 0;
-  std::vector<std::shared_ptr<Block>> blocks;  // by rank
+  std::shared_ptr<Block> own;                  // this rank's block: NOTE [Block lifetime]
+  std::vector<std::shared_ptr<Block>> blocks;  // peers' blocks by rank (null for this rank)
   std::vector<void*> buffers;
   std::vector<uint32_t*> pads;
   std::shared_ptr<void> device_buffers;
   std::shared_ptr<void> device_pads;
+  std::shared_ptr<Retirement> retirement;
+
+  Mapping() = default;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping() {
+    blocks.clear();  // close the imports first
+    if (retirement) retirement->closed(generation, std::move(own));
+  }
 };
 
 SymmetricWorkspace::SymmetricWorkspace(c10::intrusive_ptr<c10d::Store> store, int rank,
@@ -306,13 +433,31 @@ SymmetricWorkspace::SymmetricWorkspace(c10::intrusive_ptr<c10d::Store> store, in
               options_.timeout.count(), " ms");
   reader_ = device_->private_memory_reader();
   if (reader_ && options_.deny_private_reads) reader_ = make_cross_memory_reader(/*deny=*/true);
+  retirement_ = std::make_shared<Retirement>(store_, rank_, world_size_,
+                                             std::min<Millis>(options_.timeout, kCloseWait));
   std::random_device rd;
   probe_token_ = (static_cast<uint64_t>(rd()) << 32) | rd();
   claim_rank_slot(*store_, rank_);  // NOTE [One job per store]
   rendezvous(options_.buffer_size);
 }
 
-SymmetricWorkspace::~SymmetricWorkspace() = default;
+SymmetricWorkspace::~SymmetricWorkspace() {
+  // NOTE [Block lifetime]: release the mapping (publishing "closed" unless a tensor still
+  // aliases it), then wait for the peers to close this rank's blocks.
+  {
+    std::lock_guard<std::mutex> lock(mapping_mutex_);
+    mapping_.reset();
+  }
+  retirement_->reap(aborted_ ? Millis(0) : std::min<Millis>(options_.timeout, kCloseWait),
+                    /*final=*/true);
+}
+
+void SymmetricWorkspace::abort(const std::string& why) {
+  aborted_ = true;
+  device_->abort(why);
+}
+
+size_t SymmetricWorkspace::retired_blocks() const { return retirement_->retired(); }
 
 void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
   // NOTE [Workspace growth]
@@ -323,6 +468,7 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
   // that exchange, nobody frees a block that queued work still reads. Tensors aliasing the old
   // blocks keep their own mapping alive. The new pads start at zero with fresh sequence numbers.
   if (mapping()) device_->quiesce();
+  retirement_->reap(Millis(0), /*final=*/false);  // NOTE [Block lifetime]
   const int gen = ++generation_;
   const std::string prefix = "cuda_p2p/workspace/" + std::to_string(gen) + "/";
   const size_t buffer_bytes = round_up(static_cast<size_t>(buffer_size), kPageSize);
@@ -341,6 +487,7 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
   me.handle = exporter->handle();
   me.probe_addr = reinterpret_cast<uint64_t>(&probe_token_);
   me.probe_token = probe_token_;
+  me.uuid = device_->device_uuid();
 
   std::vector<PeerInfo> peers;
   {
@@ -368,14 +515,29 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
   }
 
   auto mapping = std::make_shared<Mapping>();
+  mapping->generation = gen;
   mapping->buffer_size = static_cast<int64_t>(buffer_bytes);
+  mapping->own = local;
+  mapping->retirement = retirement_;
   mapping->blocks.resize(world_size_);
+  // NOTE [Peer devices]
+  // Every rank publishes its device's identity (a GPU's UUID). Ranks on one GPU share blocks
+  // through IPC within that GPU, which needs nothing more; ranks on different GPUs need peer
+  // access between them, which is checked here, so that a setup that cannot work makes the
+  // workspace unavailable on every rank with a reason naming the GPUs (the statuses below are
+  // agreed on), instead of failing somewhere inside cudaIpcOpenMemHandle.
   std::string error;
   for (int r = 0; r < world_size_ && error.empty(); ++r) {
+    if (r == rank_) continue;
+    if (const std::string why = device_->peer_access_problem(peers[r].uuid); !why.empty()) {
+      error = "rank " + std::to_string(rank_) + " cannot map rank " + std::to_string(r) +
+              "'s block: " + why;
+    }
+  }
+  for (int r = 0; r < world_size_ && error.empty(); ++r) {
+    if (r == rank_) continue;
     try {
-      mapping->blocks[r] =
-          r == rank_ ? local
-                     : device_->import_block(peers[r].handle, block_bytes, options_.timeout);
+      mapping->blocks[r] = device_->import_block(peers[r].handle, block_bytes, options_.timeout);
     } catch (const c10::Error& e) {
       error = "rank " + std::to_string(rank_) + " mapping rank " + std::to_string(r) +
               "'s block: " + e.what_without_backtrace();
@@ -412,8 +574,8 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
     verdicts.push_back(s.substr(colon + 1 + length));
   }
 
-  for (auto& b : mapping->blocks) {
-    auto* base = static_cast<char*>(b->data());
+  for (int r = 0; r < world_size_; ++r) {
+    auto* base = static_cast<char*>(r == rank_ ? mapping->own->data() : mapping->blocks[r]->data());
     mapping->buffers.push_back(base);
     mapping->pads.push_back(reinterpret_cast<uint32_t*>(base + buffer_bytes));
   }
@@ -569,6 +731,9 @@ at::Tensor SymmetricWorkspace::get_buffer(int rank, at::IntArrayRef sizes, at::S
       .context(new std::shared_ptr<Mapping>(m),
                [](void* ctx) { delete static_cast<std::shared_ptr<Mapping>*>(ctx); })
       .options(at::TensorOptions().dtype(dtype).device(device_->tensor_device()))
+      // Given, not derived from the pointer: for a peer's IPC mapping the CUDA runtime names the
+      // peer's GPU, not this rank's.
+      .target_device(device_->tensor_device())
       .make_tensor();
 }
 

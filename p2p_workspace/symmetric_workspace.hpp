@@ -3,6 +3,7 @@
 // "collective" must be called by all ranks of the group in the same order.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -114,8 +115,17 @@ class SymmetricWorkspace {
   // exchange when `nbytes` exceeds the buffer.
   void grow_to(int64_t nbytes);
 
+  // Fails the device for good (Device::abort): pending and later waits raise; the destructor
+  // then waits for no peer (NOTE [Block lifetime] in the .cpp). Thread-safe.
+  void abort(const std::string& why);
+  // This rank's blocks of earlier generations still mapped by a peer (NOTE [Block lifetime]).
+  size_t retired_blocks() const;
+  // How long the destructor waits for peers to close this rank's blocks (capped by `timeout`).
+  static constexpr Millis kCloseWait{10000};
+
  private:
   struct Mapping;
+  class Retirement;
   void rendezvous(int64_t buffer_size);
   std::shared_ptr<Mapping> mapping() const;
   void check_rank(int r, const char* what) const;
@@ -139,6 +149,8 @@ class SymmetricWorkspace {
   int generation_ = 0;
   int exchange_count_ = 0;
 
+  std::shared_ptr<Retirement> retirement_;  // NOTE [Block lifetime]
+  std::atomic<bool> aborted_{false};
   mutable std::mutex mapping_mutex_;
   std::shared_ptr<Mapping> mapping_;
   // Per (channel, peer): signals sent to / expected from that peer. Each channel is driven by one

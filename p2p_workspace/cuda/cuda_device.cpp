@@ -1,4 +1,6 @@
 // CUDA implementation of the device interface (compiled when nvcc is found; runs only on a GPU).
+// It has never run on a GPU in CI: everything device-independent (the watchdog, the failure
+// state, the workspace protocols) lives in shared code that the host tests exercise.
 //
 // NOTE [CUDA signal ordering]
 // write_signal is cuStreamWriteValue32 with the default flags, which puts a memory fence before
@@ -7,19 +9,24 @@
 // cuStreamWaitValue32(GEQ), which compares (int32_t)(*addr - value) >= 0 like the host side
 // (signal_reached). Neither occupies an SM. Where the driver entry points are missing, one-thread
 // kernels do the same with st.release.sys / ld.acquire.sys (signal_kernels.cu).
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 
 #include "p2p_workspace/cuda/signal_kernels.cuh"
 #include "p2p_workspace/device.hpp"
+#include "p2p_workspace/watchdog.hpp"
 
 namespace cuda_p2p {
 
@@ -35,6 +42,38 @@ namespace {
 using WriteValueFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 using WaitValueFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
+// Selects `device` for the scope and restores the previous one, ignoring every error: for
+// destructors, which may run at process exit after the CUDA context is gone (a throwing
+// c10::cuda::CUDAGuard would terminate the process there).
+class QuietDeviceSwitch {
+ public:
+  explicit QuietDeviceSwitch(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != device) (void)cudaSetDevice(device);
+    (void)cudaGetLastError();
+  }
+  ~QuietDeviceSwitch() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+    (void)cudaGetLastError();
+  }
+  QuietDeviceSwitch(const QuietDeviceSwitch&) = delete;
+  QuietDeviceSwitch& operator=(const QuietDeviceSwitch&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi prints it.
+std::string format_uuid(const cudaUUID_t& uuid) {
+  const auto* b = reinterpret_cast<const unsigned char*>(uuid.bytes);
+  char out[64];
+  std::snprintf(out, sizeof(out),
+                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+                b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+                b[14], b[15]);
+  return out;
+}
+
 class CudaBlock : public Block {
  public:
   CudaBlock(void* ptr, size_t bytes, bool imported, int device)
@@ -43,13 +82,14 @@ class CudaBlock : public Block {
     size_ = bytes;
   }
   ~CudaBlock() override {
-    c10::cuda::CUDAGuard guard(device_);
     // Errors are ignored: this may run during process teardown, after the context is gone.
+    QuietDeviceSwitch guard(device_);
     if (imported_) {
       (void)cudaIpcCloseMemHandle(data_);
     } else {
       (void)cudaFree(data_);
     }
+    (void)cudaGetLastError();
   }
 
  private:
@@ -69,18 +109,10 @@ class IpcExporter : public BlockExporter {
   cudaIpcMemHandle_t handle_;
 };
 
-struct PendingWait {
-  SignalWait wait;
-  Millis timeout;
-  std::string context;
-};
-
 class CudaStreamImpl : public Stream {
  public:
   explicit CudaStreamImpl(c10::cuda::CUDAStream s) : stream(s) {}
   c10::cuda::CUDAStream stream;
-  std::mutex mu;
-  std::vector<PendingWait> pending;  // waits enqueued since the last synchronize
 };
 
 class CudaEventImpl : public Event {
@@ -90,7 +122,7 @@ class CudaEventImpl : public Event {
     CUDA_P2P_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
   }
   ~CudaEventImpl() override {
-    c10::cuda::CUDAGuard guard(device_);
+    QuietDeviceSwitch guard(device_);
     (void)cudaEventDestroy(event);
   }
   cudaEvent_t event;
@@ -105,9 +137,143 @@ CudaStreamImpl& as_cuda(Stream& s) {
   return *c;
 }
 
+// Events and give-up records recycled across waits: a wait costs no cudaEventCreate or pinned
+// allocation once the pools are warm. Owned by the device; outlive its watchdog.
+class WaitResources {
+ public:
+  explicit WaitResources(int device) : device_(device) {}
+  ~WaitResources() {
+    QuietDeviceSwitch guard(device_);
+    for (auto e : events_) (void)cudaEventDestroy(e);
+    for (auto* chunk : chunks_) (void)cudaFreeHost(chunk);
+    (void)cudaGetLastError();
+  }
+
+  cudaEvent_t event() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!events_.empty()) {
+        auto e = events_.back();
+        events_.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e;
+    CUDA_P2P_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+  void put(cudaEvent_t e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(e);
+  }
+
+  // A zeroed record in host-mapped pinned memory, with its device address.
+  std::pair<cuda::KernelGiveUp*, cuda::KernelGiveUp*> give_up() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (free_.empty()) {
+      constexpr int kPerChunk = 256;
+      void* chunk = nullptr;
+      CUDA_P2P_CUDA_CHECK(
+          cudaHostAlloc(&chunk, kPerChunk * sizeof(cuda::KernelGiveUp), cudaHostAllocMapped));
+      chunks_.push_back(chunk);
+      void* dev = nullptr;
+      CUDA_P2P_CUDA_CHECK(cudaHostGetDevicePointer(&dev, chunk, 0));
+      for (int i = 0; i < kPerChunk; ++i) {
+        free_.emplace_back(static_cast<cuda::KernelGiveUp*>(chunk) + i,
+                           static_cast<cuda::KernelGiveUp*>(dev) + i);
+      }
+    }
+    auto r = free_.back();
+    free_.pop_back();
+    std::memset(r.first, 0, sizeof(cuda::KernelGiveUp));
+    return r;
+  }
+  void put(std::pair<cuda::KernelGiveUp*, cuda::KernelGiveUp*> r) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(r);
+  }
+
+ private:
+  const int device_;
+  std::mutex mu_;
+  std::vector<cudaEvent_t> events_;
+  std::vector<void*> chunks_;
+  std::vector<std::pair<cuda::KernelGiveUp*, cuda::KernelGiveUp*>> free_;
+};
+
+// One wait_signals call as the watchdog sees it: an event before the waits (the stream reached
+// them) and one after (it passed them), plus the give-up records of the wait kernels.
+class CudaWatchedWait : public WatchedWait {
+ public:
+  CudaWatchedWait(WaitResources& res, std::vector<SignalWait> waits, cudaStream_t reader,
+                  std::mutex& reader_mu)
+      : res_(res), waits_(std::move(waits)), reader_(reader), reader_mu_(reader_mu) {}
+  ~CudaWatchedWait() override {
+    if (before) res_.put(before);
+    if (after) res_.put(after);
+    for (auto& g : give_ups) res_.put(g);
+  }
+
+  // Queries from the watchdog thread never throw: an error counts as "not yet", so that a
+  // broken context ends in the deadline's error.
+  bool started() override { return done(before); }
+  bool finished() override { return done(after); }
+  std::vector<int> given_up() override {
+    std::vector<int> peers;
+    for (size_t k = 0; k < give_ups.size(); ++k) {
+      const auto* g = give_ups[k].first;
+      if (!load(g->gave_up)) continue;
+      const size_t first = k * cuda::kMaxKernelWaits;
+      const size_t last = std::min(waits_.size(), first + cuda::kMaxKernelWaits);
+      const size_t named = peers.size();
+      for (size_t w = first; w < last; ++w) {
+        if (load(g->missing[w - first])) peers.push_back(waits_[w].peer);
+      }
+      if (peers.size() == named) {  // flagged without a name: blame every peer of that kernel
+        for (size_t w = first; w < last; ++w) peers.push_back(waits_[w].peer);
+      }
+    }
+    return peers;
+  }
+  std::vector<int> missing() override {
+    // The waiting stream is blocked: read the words through the device's reader stream.
+    std::vector<int> peers;
+    std::lock_guard<std::mutex> lock(reader_mu_);
+    for (const auto& w : waits_) {
+      uint32_t word = 0;
+      if (cudaMemcpyAsync(&word, w.addr, sizeof(word), cudaMemcpyDeviceToHost, reader_) ==
+              cudaSuccess &&
+          cudaStreamSynchronize(reader_) == cudaSuccess && !signal_reached(word, w.value)) {
+        peers.push_back(w.peer);
+      }
+    }
+    (void)cudaGetLastError();
+    return peers;
+  }
+
+  cudaEvent_t before = nullptr;
+  cudaEvent_t after = nullptr;
+  std::vector<std::pair<cuda::KernelGiveUp*, cuda::KernelGiveUp*>> give_ups;
+
+ private:
+  static bool done(cudaEvent_t e) {
+    const cudaError_t q = cudaEventQuery(e);
+    if (q != cudaSuccess && q != cudaErrorNotReady) (void)cudaGetLastError();
+    return q == cudaSuccess;
+  }
+  static uint32_t load(const uint32_t& word) {
+    return *static_cast<const volatile uint32_t*>(&word);  // written by the GPU
+  }
+
+  WaitResources& res_;
+  std::vector<SignalWait> waits_;
+  cudaStream_t reader_;
+  std::mutex& reader_mu_;
+};
+
 class CudaDevice : public Device {
  public:
-  explicit CudaDevice(int index) : index_(index) {
+  explicit CudaDevice(int index) : index_(index), resources_(index) {
     c10::cuda::CUDAGuard guard(index_);
     cudaDriverEntryPointQueryResult q1{}, q2{};
     void* write = nullptr;
@@ -121,17 +287,61 @@ class CudaDevice : public Device {
       wait_value_ = reinterpret_cast<WaitValueFn>(wait);
     }
     (void)cudaGetLastError();
-    CUDA_P2P_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&timed_out_peer_), sizeof(int),
-                                      cudaHostAllocMapped));
-    *timed_out_peer_ = 0;
+    cudaDeviceProp prop{};
+    CUDA_P2P_CUDA_CHECK(cudaGetDeviceProperties(&prop, index_));
+    uuid_ = format_uuid(prop.uuid);
+    // A stream of the device's own for allocation, table uploads and the watchdog's reads: stream
+    // order on it replaces cudaDeviceSynchronize, which would also wait for unrelated work.
+    CUDA_P2P_CUDA_CHECK(cudaStreamCreateWithFlags(&aux_, cudaStreamNonBlocking));
+    watchdog_ = std::make_unique<Watchdog>(failure_, [dev = index_] {
+      (void)cudaSetDevice(dev);
+      // Its event queries must not invalidate a graph another thread is capturing in the global
+      // mode (the events it queries are never captured: check_not_capturing).
+      cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+      (void)cudaThreadExchangeStreamCaptureMode(&mode);
+      (void)cudaGetLastError();
+    });
   }
-  ~CudaDevice() override { (void)cudaFreeHost(timed_out_peer_); }
+  ~CudaDevice() override {
+    watchdog_.reset();  // before the pools its waits return their events to
+    QuietDeviceSwitch guard(index_);
+    (void)cudaStreamDestroy(aux_);
+  }
 
   std::string name() const override { return "cuda:" + std::to_string(index_); }
   at::Device tensor_device() const override {
     return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index_));
   }
   int device_index() const override { return index_; }
+  std::string device_uuid() const override { return uuid_; }
+
+  std::string peer_access_problem(const std::string& peer_uuid) override {
+    // The same GPU: IPC within one device needs no peer access.
+    if (peer_uuid == uuid_) return "";
+    c10::cuda::CUDAGuard guard(index_);
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return "";
+    }
+    for (int d = 0; d < count; ++d) {
+      cudaDeviceProp prop{};
+      if (cudaGetDeviceProperties(&prop, d) != cudaSuccess) {
+        (void)cudaGetLastError();
+        continue;
+      }
+      if (format_uuid(prop.uuid) != peer_uuid) continue;
+      int can = 0;
+      if (cudaDeviceCanAccessPeer(&can, index_, d) != cudaSuccess) (void)cudaGetLastError();
+      if (can) return "";
+      return "cuda:" + std::to_string(index_) + " (" + uuid_ + ") cannot access the peer's GPU " +
+             "cuda:" + std::to_string(d) + " (" + peer_uuid +
+             "): cudaDeviceCanAccessPeer says no (no NVLink/PCIe P2P path between them)";
+    }
+    // Not visible to this process (CUDA_VISIBLE_DEVICES): cudaIpcOpenMemHandle may still map it;
+    // if it cannot, import_block names the error.
+    return "";
+  }
 
   std::shared_ptr<Block> allocate(size_t bytes) override {
     c10::cuda::CUDAGuard guard(index_);
@@ -139,8 +349,11 @@ class CudaDevice : public Device {
     // A plain cudaMalloc block (not the caching allocator): IPC handles cover whole allocations.
     CUDA_P2P_CUDA_CHECK(cudaMalloc(&ptr, bytes));
     auto block = std::make_shared<CudaBlock>(ptr, bytes, /*imported=*/false, index_);
-    CUDA_P2P_CUDA_CHECK(cudaMemset(ptr, 0, bytes));
-    CUDA_P2P_CUDA_CHECK(cudaDeviceSynchronize());
+    // Zeroed in the order of the device's own stream, then waited for: the block is published
+    // (and read by any stream, here or in a peer) only after this returns.
+    std::lock_guard<std::mutex> lock(aux_mu_);
+    CUDA_P2P_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, aux_));
+    CUDA_P2P_CUDA_CHECK(cudaStreamSynchronize(aux_));
     return block;
   }
 
@@ -157,7 +370,15 @@ class CudaDevice : public Device {
     cudaIpcMemHandle_t h;
     std::memcpy(&h, handle.data(), sizeof(h));
     void* ptr = nullptr;
-    CUDA_P2P_CUDA_CHECK(cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess));
+    const cudaError_t err = cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess);
+    if (err != cudaSuccess) {
+      // Clear the error, or the next unrelated CUDA call in this thread would report it.
+      (void)cudaGetLastError();
+      TORCH_CHECK(false, "cuda_p2p: cudaIpcOpenMemHandle on ", name(), " (", uuid_,
+                  ") failed: ", cudaGetErrorString(err),
+                  " (is the peer's GPU reachable from this one, and the peer a process of this "
+                  "host and user?)");
+    }
     return std::make_shared<CudaBlock>(ptr, bytes, /*imported=*/true, index_);
   }
 
@@ -167,20 +388,21 @@ class CudaDevice : public Device {
     const size_t bytes = ptrs.size() * sizeof(void*);
     CUDA_P2P_CUDA_CHECK(cudaMalloc(&table, bytes));
     std::shared_ptr<void> owner(table, [dev = index_](void* p) {
-      c10::cuda::CUDAGuard guard(dev);
+      QuietDeviceSwitch guard(dev);
       (void)cudaFree(p);
     });
-    CUDA_P2P_CUDA_CHECK(cudaMemcpy(table, ptrs.data(), bytes, cudaMemcpyHostToDevice));
+    std::lock_guard<std::mutex> lock(aux_mu_);
+    CUDA_P2P_CUDA_CHECK(cudaMemcpyAsync(table, ptrs.data(), bytes, cudaMemcpyHostToDevice, aux_));
+    CUDA_P2P_CUDA_CHECK(cudaStreamSynchronize(aux_));
     return owner;
   }
 
   std::shared_ptr<Stream> current_stream() override {
-    return std::make_shared<CudaStreamImpl>(
-        c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(index_)));
+    return handed_out(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(index_)));
   }
 
   std::shared_ptr<Stream> new_stream(bool high_priority) override {
-    return std::make_shared<CudaStreamImpl>(
+    return handed_out(
         c10::cuda::getStreamFromPool(high_priority, static_cast<c10::DeviceIndex>(index_)));
   }
 
@@ -204,11 +426,17 @@ class CudaDevice : public Device {
     }
   }
 
+  // NOTE [Device failure] (p2p_workspace/watchdog.hpp): the waits are bracketed by two events
+  // and handed to the watchdog, which enforces `timeout` from the moment the stream reaches them.
   void wait_signals(Stream& s, std::vector<SignalWait> waits, Millis timeout,
                     std::string context) override {
+    failure_.check(context.c_str());
+    if (waits.empty()) return;
     c10::cuda::CUDAGuard guard(index_);
-    auto& cs = as_cuda(s);
-    auto stream = cs.stream.stream();
+    auto stream = as_cuda(s).stream.stream();
+    auto watched = std::make_unique<CudaWatchedWait>(resources_, waits, aux_, aux_mu_);
+    watched->before = resources_.event();
+    CUDA_P2P_CUDA_CHECK(cudaEventRecord(watched->before, stream));
     if (wait_value_) {
       for (const auto& w : waits) {
         const CUresult r =
@@ -222,16 +450,20 @@ class CudaDevice : public Device {
         for (size_t j = i; j < waits.size() && j < i + cuda::kMaxKernelWaits; ++j) {
           kw.addr[kw.count] = waits[j].addr;
           kw.value[kw.count] = waits[j].value;
-          kw.peer[kw.count] = waits[j].peer;
           ++kw.count;
         }
+        watched->give_ups.push_back(resources_.give_up());
         CUDA_P2P_CUDA_CHECK(
             cuda::launch_wait_signals(kw, static_cast<uint64_t>(timeout.count()) * 1000000ull,
-                                      device_timed_out_peer(), stream));
+                                      watched->give_ups.back().second, stream));
       }
     }
-    std::lock_guard<std::mutex> lock(cs.mu);
-    for (const auto& w : waits) cs.pending.push_back({w, timeout, context});
+    watched->after = resources_.event();
+    CUDA_P2P_CUDA_CHECK(cudaEventRecord(watched->after, stream));
+    // The kernel gives up at `timeout` after it starts; the watchdog's clock starts when it
+    // first sees the stream at the waits, i.e. later, so for the kernel path the kernel's
+    // give-up (which names the ranks exactly) normally comes first.
+    watchdog_->track(std::move(watched), timeout, std::move(context));
   }
 
   void run(Stream& s, std::function<void()> fn) override {
@@ -247,85 +479,115 @@ class CudaDevice : public Device {
   }
 
   void wait_event(Stream& s, const Event& e) override {
-    const auto* ce = dynamic_cast<const CudaEventImpl*>(&e);
-    TORCH_CHECK(ce, "cuda_p2p: a CUDA device was given an event of another device");
     c10::cuda::CUDAGuard guard(index_);
-    CUDA_P2P_CUDA_CHECK(cudaStreamWaitEvent(as_cuda(s).stream.stream(), ce->event, 0));
+    CUDA_P2P_CUDA_CHECK(cudaStreamWaitEvent(as_cuda(s).stream.stream(), as_event(e), 0));
   }
 
-  // Polls with back-off so that a wait that never completes becomes an error naming the peers
-  // (the stream itself cannot be cancelled: the process should tear the group down).
+  // Polls with back-off, so that a wait that misses its deadline (found by the watchdog) becomes
+  // an error here instead of a hang; the stream itself cannot be cancelled (NOTE [Device
+  // failure]).
   void synchronize(Stream& s) override {
     c10::cuda::CUDAGuard guard(index_);
-    auto& cs = as_cuda(s);
-    std::vector<PendingWait> pending;
+    auto stream = as_cuda(s).stream.stream();
+    poll_until([stream] { return cudaStreamQuery(stream); }, "synchronize");
+  }
+
+  void synchronize(const Event& e) override {
+    c10::cuda::CUDAGuard guard(index_);
+    cudaEvent_t event = as_event(e);
+    poll_until([event] { return cudaEventQuery(event); }, "synchronize");
+  }
+
+  // NOTE [Workspace growth]: waits for what this device enqueued - an event recorded now on
+  // every stream it handed out - not for the whole GPU (cudaDeviceSynchronize would also wait
+  // for other libraries' work, and hang on another group's blocked stream).
+  void quiesce() override {
+    c10::cuda::CUDAGuard guard(index_);
+    std::vector<cudaStream_t> streams;
     {
-      std::lock_guard<std::mutex> lock(cs.mu);
-      pending.swap(cs.pending);
+      std::lock_guard<std::mutex> lock(streams_mu_);
+      streams.assign(streams_.begin(), streams_.end());
     }
-    Millis limit{0};
-    for (const auto& p : pending) limit = std::max(limit, p.timeout);
-    const auto start = std::chrono::steady_clock::now();
-    auto nap = std::chrono::microseconds(1);
-    while (true) {
-      const cudaError_t q = cudaStreamQuery(cs.stream.stream());
-      if (q == cudaSuccess) break;
-      TORCH_CHECK(q == cudaErrorNotReady, "cuda_p2p: stream failed: ", cudaGetErrorString(q));
-      if (!pending.empty() && std::chrono::steady_clock::now() - start > limit) {
-        report_timeout(pending);
+    for (auto stream : streams) {
+      CudaEventImpl e(index_);
+      if (cudaEventRecord(e.event, stream) != cudaSuccess) {
+        (void)cudaGetLastError();  // a stream the user destroyed meanwhile: nothing to wait for
+        continue;
       }
-      std::this_thread::sleep_for(nap);
-      nap = std::min<std::chrono::microseconds>(nap * 2, std::chrono::microseconds(1000));
-    }
-    if (const int peer = *timed_out_peer_; peer != 0) {
-      *timed_out_peer_ = 0;
-      for (const auto& p : pending) {
-        if (p.wait.peer == peer - 1) {
-          TORCH_CHECK(false, "cuda_p2p: ", p.context, " timed out after ", p.timeout.count(),
-                      " ms: rank ", peer - 1, " never arrived");
-        }
-      }
-      TORCH_CHECK(false, "cuda_p2p: a signal wait timed out: rank ", peer - 1, " never arrived");
+      poll_until([&e] { return cudaEventQuery(e.event); }, "quiesce");
     }
   }
 
-  void quiesce() override {
-    c10::cuda::CUDAGuard guard(index_);
-    CUDA_P2P_CUDA_CHECK(cudaDeviceSynchronize());
+  void abort(const std::string& why) override {
+    failure_.fail(why);
+    watchdog_->stop();
+  }
+  void check_healthy(const char* op) override { failure_.check(op); }
+
+  void check_not_capturing(Stream& s, const char* op) override {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    const cudaError_t err = cudaStreamIsCapturing(as_cuda(s).stream.stream(), &status);
+    if (err != cudaSuccess) (void)cudaGetLastError();
+    TORCH_CHECK(err == cudaSuccess && status == cudaStreamCaptureStatusNone, "cuda_p2p ", op,
+                ": cannot run while its stream is being captured into a CUDA graph (",
+                err != cudaSuccess ? cudaGetErrorString(err) : "capture status active",
+                "): its signals are absolute sequence numbers, so a replay would wait for "
+                "signals the captured run consumed; call it outside the graph");
+  }
+
+  void record_stream(const at::Tensor& t, Stream& s) override {
+    if (!t.defined() || !t.is_cuda() || !t.has_storage()) return;
+    // Skips memory the caching allocator does not own (workspace views, IPC mappings).
+    c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), as_cuda(s).stream);
   }
 
  private:
-  int* device_timed_out_peer() {
-    int* dev = nullptr;
-    CUDA_P2P_CUDA_CHECK(
-        cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev), timed_out_peer_, 0));
-    return dev;
+  static cudaEvent_t as_event(const Event& e) {
+    const auto* ce = dynamic_cast<const CudaEventImpl*>(&e);
+    TORCH_CHECK(ce, "cuda_p2p: a CUDA device was given an event of another device");
+    return ce->event;
   }
 
-  [[noreturn]] void report_timeout(const std::vector<PendingWait>& pending) {
-    // Read the signal words from a separate stream (the waiting one is blocked).
-    std::ostringstream missing;
-    int count = 0;
-    cudaStream_t side;
-    CUDA_P2P_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-    for (const auto& p : pending) {
-      uint32_t word = 0;
-      if (cudaMemcpyAsync(&word, p.wait.addr, sizeof(word), cudaMemcpyDeviceToHost, side) ==
-              cudaSuccess &&
-          cudaStreamSynchronize(side) == cudaSuccess && !signal_reached(word, p.wait.value)) {
-        missing << (count++ ? ", " : "") << p.wait.peer;
-      }
+  std::shared_ptr<Stream> handed_out(c10::cuda::CUDAStream s) {
+    {
+      std::lock_guard<std::mutex> lock(streams_mu_);
+      streams_.insert(s.stream());
     }
-    (void)cudaStreamDestroy(side);
-    TORCH_CHECK(false, "cuda_p2p: ", pending.front().context, " timed out after ",
-                pending.front().timeout.count(), " ms: rank", count > 1 ? "s " : " ",
-                count ? missing.str() : std::string("?"), " never arrived");
+    return std::make_shared<CudaStreamImpl>(s);
   }
 
-  int index_;
+  // Polls `query` (cudaStreamQuery / cudaEventQuery) with back-off until it succeeds; raises
+  // the device's failure as soon as there is one, and, once done, the give-up of a wait kernel
+  // that ran on the way (so that its stale data is never returned silently).
+  template <typename Query>
+  void poll_until(Query query, const char* op) {
+    auto nap = std::chrono::microseconds(1);
+    while (true) {
+      const cudaError_t q = query();
+      if (q == cudaSuccess) break;
+      if (q != cudaErrorNotReady) {
+        (void)cudaGetLastError();
+        TORCH_CHECK(false, "cuda_p2p ", op, ": the stream failed: ", cudaGetErrorString(q));
+      }
+      failure_.check(op);
+      std::this_thread::sleep_for(nap);
+      nap = std::min<std::chrono::microseconds>(nap * 2, std::chrono::microseconds(1000));
+    }
+    watchdog_->poll_now();
+    failure_.check(op);
+  }
+
+  const int index_;
+  std::string uuid_;
   WriteValueFn write_value_ = nullptr;
   WaitValueFn wait_value_ = nullptr;
-  int* timed_out_peer_ = nullptr;  // pinned, mapped: written by the wait kernel on timeout
+  cudaStream_t aux_ = nullptr;
+  std::mutex aux_mu_;
+  std::mutex streams_mu_;
+  std::set<cudaStream_t> streams_;  // every stream handed out (c10 streams live as long as torch)
+  FailureState failure_;
+  WaitResources resources_;             // outlives watchdog_
+  std::unique_ptr<Watchdog> watchdog_;  // NOTE [Device failure]
 };
 
 }  // namespace

@@ -17,6 +17,8 @@
 #include <sstream>
 #include <thread>
 
+#include "p2p_workspace/watchdog.hpp"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define CUDA_P2P_CPU_RELAX() _mm_pause()
@@ -136,10 +138,11 @@ void futex_sleep_any(const std::vector<SignalWait>& waits,
 namespace {
 
 // True when every wait is satisfied; after `deadline`, throws an error naming every peer still
-// missing (not only the first).
+// missing (not only the first). Throws at once when the device failed (NOTE [Device failure]).
 bool check_waits(const std::vector<SignalWait>& waits,
                  std::chrono::steady_clock::time_point deadline, Millis timeout,
-                 const std::string& context) {
+                 const std::string& context, const FailureState& failure) {
+  failure.check(context.c_str());
   const auto reached = [](const SignalWait& w) {
     return signal_reached(load_acquire(w.addr), w.value);
   };
@@ -156,15 +159,19 @@ bool check_waits(const std::vector<SignalWait>& waits,
   return true;  // every word arrived just as the deadline passed
 }
 
-// The blocking wait of an executor thread (or of the inline stream of a threaded device).
+// The blocking wait of an executor thread (or of the inline stream of a threaded device). Sleeps
+// at most kMaxSleep at a time, so that an abort is seen within that.
 void block_on_waits(const std::vector<SignalWait>& waits, Millis timeout,
-                    const std::string& context, bool oversubscribed) {
+                    const std::string& context, bool oversubscribed, const FailureState& failure) {
+  failure.check(context.c_str());
   if (poll_all(waits, oversubscribed)) return;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (const auto& w : waits) {
-    if (!futex_sleep_until(w.addr, w.value, deadline)) break;
+  while (!check_waits(waits, deadline, timeout, context, failure)) {
+    const auto until = std::min(deadline, std::chrono::steady_clock::now() + kMaxSleep);
+    for (const auto& w : waits) {
+      if (!futex_sleep_until(w.addr, w.value, until)) break;
+    }
   }
-  check_waits(waits, deadline, timeout, context);
 }
 
 }  // namespace
@@ -480,30 +487,32 @@ class HostDevice : public Device {
 
   void wait_signals(Stream& s, std::vector<SignalWait> waits, Millis timeout,
                     std::string context) override {
+    failure_.check(context.c_str());
     auto& h = as_host(s);
     if (h.mode() == HostStream::Mode::kCooperative) {
       // Tried by the scheduler until it holds; the timeout counts from the first try.
       std::optional<std::chrono::steady_clock::time_point> deadline;
       h.enqueue(HostTask::when(
-          [waits, timeout, context = std::move(context), deadline]() mutable {
+          [waits, timeout, context = std::move(context), deadline, this]() mutable {
             if (!deadline) deadline = std::chrono::steady_clock::now() + timeout;
-            return check_waits(waits, *deadline, timeout, context);
+            return check_waits(waits, *deadline, timeout, context, failure_);
           },
           waits));
       return;
     }
     if (h.mode() == HostStream::Mode::kInline && cooperative_) {
       // The caller waits, and runs the cooperative streams meanwhile.
-      h.enqueue(HostTask::blocking([this, waits = std::move(waits), timeout,
-                                    context = std::move(context)] {
-        const auto deadline = std::chrono::steady_clock::now() + timeout;
-        scheduler_->drive([&] { return check_waits(waits, deadline, timeout, context); }, waits);
-      }));
+      h.enqueue(HostTask::blocking(
+          [this, waits = std::move(waits), timeout, context = std::move(context)] {
+            const auto deadline = std::chrono::steady_clock::now() + timeout;
+            scheduler_->drive(
+                [&] { return check_waits(waits, deadline, timeout, context, failure_); }, waits);
+          }));
       return;
     }
     h.enqueue(HostTask::blocking([waits = std::move(waits), timeout, context = std::move(context),
-                                  oversubscribed = oversubscribed_] {
-      block_on_waits(waits, timeout, context, oversubscribed);
+                                  oversubscribed = oversubscribed_, this] {
+      block_on_waits(waits, timeout, context, oversubscribed, failure_);
     }));
   }
 
@@ -544,14 +553,28 @@ class HostDevice : public Device {
     h.wait_done(h.enqueued(), /*rethrow=*/true);
   }
 
+  void synchronize(const Event& e) override {
+    const auto* ev = dynamic_cast<const HostEvent*>(&e);
+    TORCH_CHECK(ev, "cuda_p2p: a host device was given an event of another device");
+    ev->stream->wait_done(ev->seq, /*rethrow=*/false);
+    if (auto err = ev->stream->error()) std::rethrow_exception(err);
+    failure_.check("synchronize");
+  }
+
   // Every host op drains its streams before it returns (pipeline::end), so nothing is in flight.
   void quiesce() override {}
+
+  // NOTE [Device failure]: every wait loop of this device checks failure_ on each pass (at most
+  // kMaxSleep apart) and raises.
+  void abort(const std::string& why) override { failure_.fail(why); }
+  void check_healthy(const char* op) override { failure_.check(op); }
 
  private:
   const bool oversubscribed_;  // more ranks than usable CPUs: NOTE [Host waits on shared cores]
   const bool cooperative_;     // NOTE [Cooperative host streams]
   const std::shared_ptr<CooperativeScheduler> scheduler_;
   std::shared_ptr<HostStream> inline_stream_;
+  FailureState failure_;  // NOTE [Device failure]
 };
 
 }  // namespace

@@ -331,5 +331,158 @@ TEST(Workspace, PrivateReadsTurnedOffOrDeniedOnOneRankAreOffEverywhere) {
   EXPECT_NE(ws->private_reads_reason().find("Operation not permitted"), std::string::npos);
 }
 
+// NOTE [Device failure]: abort() from another thread unblocks a rank whose barrier waits for a
+// peer that never arrives, with a clear error, on the caller's stream and on a device stream
+// (cooperative or executor thread, per CUDA_P2P_HOST_STREAMS); later ops fail at once.
+TEST(Workspace, AbortFromAnotherThreadUnblocksAPendingWait) {
+  const auto& w = world();
+  if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  const int absent = w.size - 1;
+  for (bool side_stream : {false, true}) {
+    auto ws = make_workspace(1 << 16, std::chrono::seconds(60));
+    ASSERT_TRUE(ws->available());
+    if (w.rank != absent) {
+      auto& dev = ws->device();
+      auto s = side_stream ? dev.new_stream(false) : dev.current_stream();
+      std::thread aborter([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        ws->abort("aborted by the test");
+      });
+      const auto start = std::chrono::steady_clock::now();
+      expect_error(
+          [&] {
+            ws->barrier(*s, 0);
+            dev.synchronize(*s);
+          },
+          "aborted by the test");
+      const auto took = std::chrono::steady_clock::now() - start;
+      aborter.join();
+      EXPECT_LT(took, std::chrono::milliseconds(1200)) << (side_stream ? "side stream" : "caller");
+      // Sticky: the next op fails before it waits.
+      expect_error([&] { ws->barrier(*dev.current_stream(), 1); }, "aborted by the test");
+      expect_error([&] { dev.check_healthy("all_reduce"); }, "cuda_p2p all_reduce");
+    }
+    store_barrier(std::string("abort-done-") + (side_stream ? "1" : "0"));
+  }
+}
+
+// NOTE [Block lifetime]: a rank's block of an old generation is freed only once every peer has
+// closed its mapping of it; a peer that keeps a tensor over it holds it for everybody.
+TEST(Workspace, OldBlocksAreFreedOnlyOnceEveryPeerClosedThem) {
+  const auto& w = world();
+  if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  const int holder = w.size - 1;
+  auto ws = make_workspace(4096);
+  ASSERT_TRUE(ws->available());
+  ws->get_buffer(w.rank, {4}, at::kInt).fill_(100 + w.rank);
+  ws->barrier(*ws->device().current_stream(), 0);
+  at::Tensor held;
+  if (w.rank == holder) held = ws->get_buffer(0, {4}, at::kInt);  // rank 0's generation-1 block
+  ws->grow_to(8192);  // generation 2: every rank retires its generation-1 block
+  EXPECT_EQ(ws->retired_blocks(), w.rank == holder ? 0u : 1u);
+  store_barrier("grown-once");
+  ws->grow_to(16384);  // generation 3: generation 1 is still mapped by the holder, on every rank
+  EXPECT_EQ(ws->retired_blocks(), w.rank == holder ? 1u : 2u);
+  if (w.rank == holder) {
+    EXPECT_TRUE(held.equal(at::full({4}, 100, at::kInt)));  // rank 0's old block is still there
+    held = at::Tensor();  // closes the holder's generation-1 mapping
+  }
+  store_barrier("released");
+  ws->grow_to(32768);  // generation 4: generations 1 and 2 are closed everywhere and freed
+  EXPECT_EQ(ws->retired_blocks(), 1u);  // generation 3, freed by the next rendezvous or at exit
+  ws->barrier(*ws->device().current_stream(), 0);
+}
+
+// A workspace destroyed while a peer still maps its block waits a bounded time, then leaks the
+// block (never frees it under the peer).
+TEST(Workspace, DestructionWaitsBoundedForPeersToClose) {
+  const auto& w = world();
+  if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  const int holder = w.size - 1;
+  const auto timeout = std::chrono::milliseconds(400);
+  auto ws = make_workspace(4096, timeout);
+  ASSERT_TRUE(ws->available());
+  at::Tensor held;
+  if (w.rank == holder) held = ws->get_buffer(0, {4}, at::kInt);
+  store_barrier("holding");
+  if (w.rank == 0) {
+    const auto start = std::chrono::steady_clock::now();
+    ws.reset();
+    const auto took = std::chrono::steady_clock::now() - start;
+    EXPECT_GE(took, timeout - std::chrono::milliseconds(50));
+    EXPECT_LT(took, std::chrono::seconds(10));
+  }
+  store_barrier("rank-0-gone");
+  if (w.rank == holder) {
+    held.fill_(5);  // still mapped, still backed
+    EXPECT_TRUE(held.equal(at::full({4}, 5, at::kInt)));
+    held = at::Tensor();
+  }
+  ws.reset();
+  store_barrier("all-gone");
+}
+
+// A device that reports a peer it cannot reach (as CUDA does for GPUs without peer access):
+// the workspace is unavailable on every rank, with a reason naming the ranks.
+class UnreachablePeerDevice : public Device {
+ public:
+  UnreachablePeerDevice(std::shared_ptr<Device> inner, int unreachable_from)
+      : inner_(std::move(inner)), from_(unreachable_from) {}
+  std::string name() const override { return inner_->name(); }
+  at::Device tensor_device() const override { return inner_->tensor_device(); }
+  int device_index() const override { return inner_->device_index(); }
+  std::string device_uuid() const override { return "test-" + std::to_string(world().rank); }
+  std::string peer_access_problem(const std::string& peer_uuid) override {
+    return world().rank == from_ ? "no path to " + peer_uuid : "";
+  }
+  std::shared_ptr<Block> allocate(size_t bytes) override { return inner_->allocate(bytes); }
+  std::unique_ptr<BlockExporter> export_block(const std::shared_ptr<Block>& b, int n) override {
+    return inner_->export_block(b, n);
+  }
+  std::shared_ptr<Block> import_block(const std::vector<uint8_t>& h, size_t bytes,
+                                      Millis t) override {
+    return inner_->import_block(h, bytes, t);
+  }
+  std::shared_ptr<void> upload_pointer_table(const std::vector<void*>& p) override {
+    return inner_->upload_pointer_table(p);
+  }
+  std::shared_ptr<Stream> current_stream() override { return inner_->current_stream(); }
+  std::shared_ptr<Stream> new_stream(bool hp) override { return inner_->new_stream(hp); }
+  void copy(Stream& s, void* d, const void* src, size_t n) override { inner_->copy(s, d, src, n); }
+  void write_signal(Stream& s, uint32_t* a, uint32_t v) override { inner_->write_signal(s, a, v); }
+  void wait_signals(Stream& s, std::vector<SignalWait> w, Millis t, std::string c) override {
+    inner_->wait_signals(s, std::move(w), t, std::move(c));
+  }
+  void run(Stream& s, std::function<void()> fn) override { inner_->run(s, std::move(fn)); }
+  std::shared_ptr<Event> record(Stream& s) override { return inner_->record(s); }
+  void wait_event(Stream& s, const Event& e) override { inner_->wait_event(s, e); }
+  void synchronize(Stream& s) override { inner_->synchronize(s); }
+  void synchronize(const Event& e) override { inner_->synchronize(e); }
+  void quiesce() override { inner_->quiesce(); }
+  void abort(const std::string& why) override { inner_->abort(why); }
+  void check_healthy(const char* op) override { inner_->check_healthy(op); }
+
+ private:
+  std::shared_ptr<Device> inner_;
+  int from_;
+};
+
+TEST(Workspace, APeerDeviceThatCannotBeReachedTurnsTheWorkspaceOffEverywhere) {
+  const auto& w = world();
+  if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  WorkspaceOptions o;
+  o.buffer_size = 4096;
+  const int from = w.size - 1;
+  SymmetricWorkspace ws(test_store(), w.rank, w.size,
+                        std::make_shared<UnreachablePeerDevice>(make_host_device(), from), o);
+  EXPECT_FALSE(ws.available());
+  const std::string why = ws.unavailable_reason();
+  EXPECT_NE(why.find("rank " + std::to_string(from) +
+                     " cannot map rank 0's block: no path to "
+                     "test-0"),
+            std::string::npos)
+      << why;
+}
+
 }  // namespace
 }  // namespace cuda_p2p::test

@@ -17,3 +17,51 @@ def test_destroy_process_group_does_not_deadlock():
     assert not res.timed_out, res.output[-5000:]
     assert res.returncode == 0, f"exit code {res.returncode} (deadlock?):\n{res.output[-5000:]}"
     assert "rank 0: 10 iterations" in res.output and "rank 1: 10 iterations" in res.output
+
+
+def _abort_unblocks_a_pending_collective(ctx):
+    import threading
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    import cuda_p2p
+
+    # A fresh group (not ctx.group's cache): it is aborted.
+    g = dist.new_group(list(range(ctx.world_size)), backend="cuda_p2p")
+    backend = cuda_p2p.get_cuda_p2p_backend(g)
+    assert backend.is_p2p_available(), backend.p2p_unavailable_reason()
+    out = {}
+    if ctx.rank == 0:
+        # Rank 1 never joins: the all-reduce waits for it until another thread aborts the group.
+        aborted_at = []
+
+        def abort():
+            aborted_at.append(time.monotonic())
+            backend.abort()
+
+        timer = threading.Timer(0.3, abort)
+        timer.start()
+        try:
+            dist.all_reduce(torch.ones(1000), group=g)
+        except RuntimeError as e:
+            out["error"] = str(e)
+        returned_at = time.monotonic()
+        timer.join()
+        out["after_abort"] = returned_at - aborted_at[0] if aborted_at else None
+        try:  # later ops fail at once, saying why
+            backend.intra_node_barrier()
+        except RuntimeError as e:
+            out["later"] = str(e)
+    dist.barrier(group=ctx.gloo)
+    dist.destroy_process_group(g)
+    return out
+
+
+def test_abort_from_another_thread_unblocks_a_rank_waiting_for_a_peer(world2):
+    out = world2.run(_abort_unblocks_a_pending_collective)[0]
+    assert "error" in out, out
+    assert "aborted" in out["error"], out["error"]
+    assert out["after_abort"] is not None and out["after_abort"] < 1.0, out  # within a second
+    assert "aborted" in out.get("later", ""), out

@@ -1,0 +1,165 @@
+// The watchdog that enforces wait deadlines on devices whose waits run where the host cannot see
+// them (CUDA streams), driven here with scripted waits: it is device-independent code, and on
+// the host this is where it runs (NOTE [Device failure] in p2p_workspace/watchdog.hpp).
+#include <atomic>
+#include <thread>
+
+#include "p2p_workspace/watchdog.hpp"
+#include "tests/cpp/harness.hpp"
+
+namespace cuda_p2p::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A wait whose progress the test scripts.
+struct Script {
+  std::atomic<bool> started{false};
+  std::atomic<bool> finished{false};
+  std::vector<int> given_up;  // set before `finished`
+  std::vector<int> missing{1, 3};
+  std::atomic<int> missing_calls{0};
+};
+
+class ScriptedWait : public WatchedWait {
+ public:
+  explicit ScriptedWait(std::shared_ptr<Script> s) : s_(std::move(s)) {}
+  bool started() override { return s_->started.load(); }
+  bool finished() override { return s_->finished.load(); }
+  std::vector<int> given_up() override { return s_->given_up; }
+  std::vector<int> missing() override {
+    ++s_->missing_calls;
+    return s_->missing;
+  }
+
+ private:
+  std::shared_ptr<Script> s_;
+};
+
+// Polls `cond` for up to `limit`.
+template <typename Cond>
+bool eventually(Cond cond, std::chrono::milliseconds limit = 5000ms) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(1ms);
+  }
+  return cond();
+}
+
+TEST(Watchdog, WaitsThatFinishInTimeRetireWithoutError) {
+  FailureState failure;
+  Watchdog dog(failure, nullptr, 20ms);
+  std::vector<std::shared_ptr<Script>> scripts;
+  for (int i = 0; i < 5; ++i) {
+    scripts.push_back(std::make_shared<Script>());
+    dog.track(std::make_unique<ScriptedWait>(scripts.back()), 200ms, "op " + std::to_string(i));
+  }
+  EXPECT_EQ(dog.pending(), 5u);
+  // Out of order, as waits on different streams do.
+  for (int i : {3, 0, 4, 1, 2}) {
+    scripts[i]->started = true;
+    scripts[i]->finished = true;
+  }
+  EXPECT_TRUE(eventually([&] { return dog.pending() == 0; }));
+  EXPECT_FALSE(failure.failed());
+  EXPECT_NO_THROW(failure.check("next op"));
+}
+
+TEST(Watchdog, AMissedDeadlineFailsTheDeviceNamingTheOpAndTheMissingRanks) {
+  FailureState failure;
+  Watchdog dog(failure, nullptr, 20ms);
+  auto s = std::make_shared<Script>();
+  s->started = true;
+  const auto start = std::chrono::steady_clock::now();
+  dog.track(std::make_unique<ScriptedWait>(s), 100ms, "barrier on channel 2 (rank 0)");
+  ASSERT_TRUE(eventually([&] { return failure.failed(); }));
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(took, 100ms);  // never before the deadline
+  EXPECT_LT(took, 3s);
+  const std::string why = failure.reason();
+  EXPECT_NE(why.find("barrier on channel 2 (rank 0) timed out after 100 ms"), std::string::npos)
+      << why;
+  EXPECT_NE(why.find("ranks 1, 3 never arrived"), std::string::npos) << why;
+  // Sticky: later ops raise it, naming themselves.
+  expect_error([&] { failure.check("all_reduce"); }, "cuda_p2p all_reduce:");
+  expect_error([&] { failure.check("all_reduce"); }, "ranks 1, 3 never arrived");
+  // The group's pending work is dropped, and nothing more is tracked.
+  EXPECT_EQ(dog.pending(), 0u);
+  dog.track(std::make_unique<ScriptedWait>(std::make_shared<Script>()), 1ms, "later");
+  EXPECT_EQ(dog.pending(), 0u);
+}
+
+TEST(Watchdog, TheDeadlineCountsFromWhenTheStreamReachesTheWait) {
+  // A wait queued behind long work (a stream still busy with a GEMM) is not late.
+  FailureState failure;
+  Watchdog dog(failure, nullptr, 10ms);
+  auto s = std::make_shared<Script>();
+  dog.track(std::make_unique<ScriptedWait>(s), 50ms, "queued");
+  std::this_thread::sleep_for(300ms);
+  EXPECT_FALSE(failure.failed()) << failure.reason();
+  s->started = true;
+  std::this_thread::sleep_for(20ms);
+  s->finished = true;
+  EXPECT_TRUE(eventually([&] { return dog.pending() == 0; }));
+  EXPECT_FALSE(failure.failed()) << failure.reason();
+}
+
+TEST(Watchdog, AKernelThatGaveUpIsAFailureNotStaleData) {
+  FailureState failure;
+  Watchdog dog(failure, nullptr, 1000ms);
+  auto s = std::make_shared<Script>();
+  s->given_up = {2};
+  s->started = true;
+  s->finished = true;  // the fallback kernel returned at its deadline
+  dog.track(std::make_unique<ScriptedWait>(s), 100ms, "all_gather (rank 0, phase 3)");
+  // synchronize() polls once after the stream is idle: the failure is there before it returns.
+  dog.poll_now();
+  ASSERT_TRUE(failure.failed());
+  EXPECT_NE(failure.reason().find("all_gather (rank 0, phase 3)"), std::string::npos);
+  EXPECT_NE(failure.reason().find("rank 2 never arrived"), std::string::npos) << failure.reason();
+  EXPECT_NE(failure.reason().find("stale"), std::string::npos) << failure.reason();
+  EXPECT_EQ(s->missing_calls.load(), 0);  // the kernel named the peers itself
+}
+
+TEST(Watchdog, AbortStopsWatchingAndKeepsTheFirstFailure) {
+  FailureState failure;
+  Watchdog dog(failure, nullptr, 10ms);
+  auto s = std::make_shared<Script>();
+  s->started = true;
+  dog.track(std::make_unique<ScriptedWait>(s), 50ms, "never finishes");
+  EXPECT_TRUE(failure.fail("aborted by the test"));
+  dog.stop();
+  EXPECT_EQ(dog.pending(), 0u);
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(failure.reason(), "aborted by the test");
+  EXPECT_FALSE(failure.fail("a later failure"));
+  EXPECT_EQ(failure.reason(), "aborted by the test");
+}
+
+TEST(Watchdog, DescribesRanks) {
+  EXPECT_EQ(describe_ranks({4}), "rank 4");
+  EXPECT_EQ(describe_ranks({0, 2}), "ranks 0, 2");
+  EXPECT_EQ(describe_ranks({}), "rank ?");
+}
+
+TEST(Watchdog, ThreadStartsOnFirstUseAndRunsItsInit) {
+  FailureState failure;
+  std::atomic<int> inits{0};
+  {
+    Watchdog dog(failure, [&] { ++inits; }, 10ms);
+    EXPECT_EQ(inits.load(), 0);
+    auto s = std::make_shared<Script>();
+    dog.track(std::make_unique<ScriptedWait>(s), 1s, "w");
+    EXPECT_TRUE(eventually([&] { return inits.load() == 1; }));
+    s->started = true;
+    s->finished = true;
+    dog.track(std::make_unique<ScriptedWait>(s), 1s, "w2");
+    EXPECT_TRUE(eventually([&] { return dog.pending() == 0; }));
+  }
+  EXPECT_EQ(inits.load(), 1);
+  EXPECT_FALSE(failure.failed());
+}
+
+}  // namespace
+}  // namespace cuda_p2p::test
