@@ -7,8 +7,10 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <regex>
 #include <stdexcept>
 #include <thread>
+#include <vector>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -61,6 +63,35 @@ class FailurePrinter : public ::testing::EmptyTestEventListener {
   int rank_;
 };
 
+// Skipped tests. With CUDA_P2P_TEST_FAIL_ON_SKIP=1 (scripts/gpu_check.sh sets it: there a skip
+// means something that should have run did not) a skip whose message does not match
+// CUDA_P2P_TEST_ALLOWED_SKIPS (default: the world-size requirements, "needs N ranks") fails the
+// run.
+class SkipChecker : public ::testing::EmptyTestEventListener {
+ public:
+  SkipChecker() {
+    const char* strict = std::getenv("CUDA_P2P_TEST_FAIL_ON_SKIP");
+    strict_ = strict && std::string(strict) == "1";
+    const char* allowed = std::getenv("CUDA_P2P_TEST_ALLOWED_SKIPS");
+    allowed_ = std::regex(allowed && *allowed ? allowed : "^needs [0-9]+ ranks");
+  }
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (!strict_ || !r.skipped()) return;
+    const std::string message = r.message() ? r.message() : "";
+    if (std::regex_search(message, allowed_)) return;
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    disallowed_.push_back((info ? std::string(info->test_suite_name()) + "." + info->name()
+                                : std::string("?")) +
+                          ": " + message);
+  }
+  const std::vector<std::string>& disallowed() const { return disallowed_; }
+
+ private:
+  bool strict_ = false;
+  std::regex allowed_;
+  std::vector<std::string> disallowed_;
+};
+
 }  // namespace
 
 const World& world() { return g_world; }
@@ -100,6 +131,9 @@ int gpu_count() {
 
 }  // namespace cuda_p2p::test
 
+// ctest's SKIP_RETURN_CODE for these binaries (tests/cpp/CMakeLists.txt, tests/cpp/launch.py).
+constexpr int kSkipStatus = 77;
+
 int main(int argc, char** argv) {
   using namespace cuda_p2p::test;
   ::testing::InitGoogleTest(&argc, argv);
@@ -119,12 +153,29 @@ int main(int argc, char** argv) {
     delete listeners.Release(listeners.default_result_printer());
     listeners.Append(new FailurePrinter(g_world.rank));
   }
+  auto* skips = new SkipChecker();  // owned by the listener list
+  ::testing::UnitTest::GetInstance()->listeners().Append(skips);
   int rc = RUN_ALL_TESTS();
+  for (const auto& what : skips->disallowed()) {
+    std::cerr << "[rank " << g_world.rank << "] SKIPPED counts as a failure here "
+              << "(CUDA_P2P_TEST_FAIL_ON_SKIP=1): " << what << std::endl;
+    rc = 1;
+  }
+  // Every test skipped itself (e.g. the CUDA tests without a GPU): exit with kSkipStatus, which
+  // ctest reports as "Not Run (Skipped)" rather than as a pass - but only when every rank agrees.
+  const auto* unit = ::testing::UnitTest::GetInstance();
+  const bool all_skipped =
+      unit->test_to_run_count() > 0 && unit->skipped_test_count() == unit->test_to_run_count();
+  g_world.store->add("harness/skipped", all_skipped ? 1 : 0);
 
   // Leave together: rank 0 hosts the store and must outlive every other rank's last use of it.
   g_world.store->add("harness/failed", rc != 0);
   store_barrier("exit");
   if (g_world.store->add("harness/failed", 0) > 0 && rc == 0) rc = 1;
+  if (rc == 0 && g_world.store->add("harness/skipped", 0) == g_world.size) {
+    if (g_world.rank == 0) std::cout << "harness: every test skipped itself" << std::endl;
+    rc = kSkipStatus;
+  }
   g_world.store->add("harness/left", 1);
   if (g_world.rank == 0) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
