@@ -179,12 +179,19 @@ def main() -> int:
     procs = [ctx.Process(target=_rank_main, args=(r, W, port, args, queue)) for r in range(W)]
     for p in procs:
         p.start()
+    res = None
+    while res is None and (any(p.is_alive() for p in procs) or not queue.empty()):
+        try:  # read before joining: a child exits only once its queued result is consumed
+            res = queue.get(timeout=1)
+        except Exception:  # noqa: BLE001  (queue.Empty; keep polling while ranks run)
+            pass
     for p in procs:
-        p.join()
-    if any(p.exitcode != 0 for p in procs):
+        p.join(30)
+        if p.is_alive():
+            p.kill()
+    if res is None or any(p.exitcode != 0 for p in procs):
         print(f"gpu_timing.py: ranks exited with {[p.exitcode for p in procs]}", file=sys.stderr)
         return 1
-    res = queue.get(timeout=10)
     title = (f"cuda_p2p timing: {W} ranks SHARING ONE GPU ({res['gpu']}), torch {res['torch']}; "
              "not peer GPUs (goal on real peers: signal round trip and barrier <= 10 us)")
     lines = [title, "", f"{'what':44s} {'median':>10s} {'best':>10s}"]

@@ -58,11 +58,29 @@ step() {
     status=1
     return 1
   fi
-  local t0=$SECONDS rc
-  timeout -k 10 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local t0=$SECONDS rc pid watchdog marker="$OUT/.$name.timed_out"
+  rm -f "$marker"
+  # A session of its own, so that the time limit reaches every process the step started (ranks,
+  # pytest's workers), not only the first.
+  setsid "$@" >"$OUT/$name.log" 2>&1 &
+  pid=$!
+  (
+    sleep "$limit"
+    touch "$marker"
+    kill -TERM -- -"$pid" 2>/dev/null
+    sleep 10
+    kill -KILL -- -"$pid" 2>/dev/null
+  ) &
+  watchdog=$!
+  wait "$pid"
   rc=$?
+  {
+    pkill -P "$watchdog" sleep
+    kill "$watchdog"
+    wait "$watchdog"
+  } 2>/dev/null
   local verdict=PASS
-  if ((rc == 124 || rc == 137)); then
+  if [ -e "$marker" ]; then
     verdict="TIMEOUT"
   elif ((rc != 0)); then
     verdict="FAIL($rc)"
