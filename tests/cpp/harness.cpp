@@ -75,20 +75,23 @@ class SkipChecker : public ::testing::EmptyTestEventListener {
     const char* allowed = std::getenv("CUDA_P2P_TEST_ALLOWED_SKIPS");
     allowed_ = std::regex(allowed && *allowed ? allowed : "^needs [0-9]+ ranks");
   }
+  // The name is taken here: OnTestPartResult runs under GoogleTest's lock, which
+  // current_test_info() takes too.
+  void OnTestStart(const ::testing::TestInfo& info) override {
+    current_ = std::string(info.test_suite_name()) + "." + info.name();
+  }
   void OnTestPartResult(const ::testing::TestPartResult& r) override {
     if (!strict_ || !r.skipped()) return;
     const std::string message = r.message() ? r.message() : "";
     if (std::regex_search(message, allowed_)) return;
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    disallowed_.push_back((info ? std::string(info->test_suite_name()) + "." + info->name()
-                                : std::string("?")) +
-                          ": " + message);
+    disallowed_.push_back(current_ + ": " + message);
   }
   const std::vector<std::string>& disallowed() const { return disallowed_; }
 
  private:
   bool strict_ = false;
   std::regex allowed_;
+  std::string current_;
   std::vector<std::string> disallowed_;
 };
 
