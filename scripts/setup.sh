@@ -2,10 +2,14 @@
 # Installs what the build, the tests and the benchmarks need, then builds and installs cuda_p2p
 # into .venv. Idempotent: when everything is in place it takes seconds.
 #
-#   Debian packages  libgtest-dev, openmpi-bin, libopenmpi-dev (skipped where apt is unavailable:
-#                    the C++ tests are then skipped)
-#   .venv            made with --system-site-packages so an importable torch >= 2.11 is reused;
-#                    torch==2.14.1 is installed only where none is importable
+#   Debian packages  libgtest-dev, openmpi-bin, libopenmpi-dev, where apt works (root, online).
+#                    Without them nothing is skipped: GoogleTest is built from
+#                    third_party/googletest and ctest starts the ranks with tests/cpp/launch.py.
+#   Python           .venv made with --system-site-packages so an importable torch >= 2.11 is
+#                    reused; torch==2.14.1 is installed only where none is importable. Where the
+#                    python given ($PYTHON, else python3) is itself a virtual environment with
+#                    torch (the GPU machines), it is used as it is: a venv made from a venv would
+#                    not see its packages. build/.python records the interpreter chosen.
 #   Python packages  cmake, ninja, scikit-build-core, pytest, numpy, matplotlib (only if missing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,22 +23,35 @@ for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ((${#missing[@]})); then
-  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-    log "installing Debian packages: ${missing[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ] &&
+    { log "installing Debian packages: ${missing[*]}"; apt-get update -qq >/dev/null 2>&1; } &&
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1; then
+    :
   else
-    log "cannot install ${missing[*]} (no apt-get or not root): C++ tests will be skipped"
+    log "could not install ${missing[*]} (no apt-get, not root, or offline): GoogleTest is" \
+      "built from third_party/googletest; without mpirun ctest starts the ranks with" \
+      "tests/cpp/launch.py"
   fi
 fi
 
-# --- virtual environment ------------------------------------------------------------------------
+# --- Python -------------------------------------------------------------------------------------
 PY=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-  log "creating .venv (--system-site-packages)"
-  "$PY" -m venv --system-site-packages .venv
+mkdir -p build
+if [ ! -x .venv/bin/python ] && "$PY" - <<'PYEOF' 2>/dev/null; then
+import sys, torch
+major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+assert sys.prefix != sys.base_prefix and (major, minor) >= (2, 11)
+PYEOF
+  VPY=$("$PY" -c 'import sys; print(sys.executable)')
+  log "using $VPY as it is (a virtual environment with torch already)"
+else
+  if [ ! -x .venv/bin/python ]; then
+    log "creating .venv (--system-site-packages)"
+    "$PY" -m venv --system-site-packages .venv
+  fi
+  VPY=$ROOT/.venv/bin/python
 fi
-VPY=$ROOT/.venv/bin/python
+echo "$VPY" >build/.python
 
 if ! "$VPY" - <<'PYEOF' 2>/dev/null; then
 import torch
@@ -62,14 +79,14 @@ fi
 # Rebuilt only when a source file changed since the last install (or the install is missing).
 stamp=build/.installed-sources
 sources_hash=$(git ls-files -z --cached --others --exclude-standard \
-    CMakeLists.txt pyproject.toml backend p2p_workspace ops python tests/cpp 2>/dev/null |
+    CMakeLists.txt pyproject.toml backend p2p_workspace ops python tests/cpp third_party \
+    2>/dev/null |
   xargs -0 sha1sum 2>/dev/null | sha1sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$sources_hash" ] &&
   "$VPY" -c "import cuda_p2p" 2>/dev/null; then
   log "cuda_p2p is up to date"
 else
   log "building and installing cuda_p2p (CMake via scikit-build-core)"
-  mkdir -p build
   "$VPY" -m pip install -q --no-build-isolation --no-deps . \
     -Ccmake.define.CUDA_P2P_BUILD_TESTS="${CUDA_P2P_BUILD_TESTS:-ON}"
   echo "$sources_hash" >"$stamp"

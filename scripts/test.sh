@@ -1,27 +1,55 @@
 #!/usr/bin/env bash
-# Runs every test: the C++ GoogleTest binaries (ctest, under mpirun with 1, 2 and 4 ranks), then
-# the Python tests (pytest, multi-process against a Gloo reference). Installs what they need first.
+# Runs every test: the C++ GoogleTest binaries (ctest: each binary as 1, 2 and 4 ranks, under
+# mpirun or tests/cpp/launch.py), the Python tests (pytest, multi-process against a Gloo
+# reference), then the C++ tests under ASan+UBSan and TSan (scripts/sanitizers.sh). Installs
+# what they need first. Exits non-zero when anything fails - including when the C++ suite
+# cannot run at all (CUDA_P2P_ALLOW_SKIP_CPP=1 accepts that, loudly). CUDA_P2P_SANITIZERS=0
+# leaves the sanitizer builds out (CI runs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 
-VPY=$PWD/.venv/bin/python
+VPY=$(cat build/.python 2>/dev/null || echo "$PWD/.venv/bin/python")
+# The scikit-build-core build (build/<wheel tag>), not the sanitizer or gpu_check builds.
 build_dir=$("$VPY" - <<'PYEOF'
 import glob, os
-dirs = sorted(glob.glob("build/*/CTestTestfile.cmake"), key=os.path.getmtime)
+dirs = [d for d in glob.glob("build/*/CTestTestfile.cmake")
+        if os.path.basename(os.path.dirname(d)) not in ("asan", "tsan", "gpu_check")]
+dirs.sort(key=os.path.getmtime)
 print(os.path.dirname(dirs[-1]) if dirs else "")
 PYEOF
 )
 status=0
-if [ -n "$build_dir" ] && command -v mpirun >/dev/null; then
+skipped=()
+if [ -n "$build_dir" ]; then
   echo "== C++ tests (ctest in $build_dir)"
   ctest_bin=$(dirname "$VPY")/ctest
   [ -x "$ctest_bin" ] || ctest_bin=ctest
   "$ctest_bin" --test-dir "$build_dir" --output-on-failure --timeout 300 || status=1
 else
-  echo "== C++ tests skipped (no GoogleTest build or no mpirun)"
+  skipped+=("C++ tests: no ctest build (CUDA_P2P_BUILD_TESTS=OFF?)")
 fi
 
 echo "== Python tests (pytest)"
 "$VPY" -m pytest -q tests/python "$@" || status=1
+
+if [ "${CUDA_P2P_SANITIZERS:-1}" = 1 ]; then
+  echo "== C++ tests under sanitizers (scripts/sanitizers.sh)"
+  bash scripts/sanitizers.sh || status=1
+else
+  echo "== sanitizers left out (CUDA_P2P_SANITIZERS=0)"
+fi
+
+if ((${#skipped[@]})); then
+  echo
+  echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
+  for s in "${skipped[@]}"; do echo "!!! SKIPPED: $s"; done
+  if [ "${CUDA_P2P_ALLOW_SKIP_CPP:-0}" = 1 ]; then
+    echo "!!! accepted because CUDA_P2P_ALLOW_SKIP_CPP=1"
+  else
+    echo "!!! this is a failure (CUDA_P2P_ALLOW_SKIP_CPP=1 accepts it)"
+    status=1
+  fi
+  echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
+fi
 exit $status

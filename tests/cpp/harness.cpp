@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
@@ -11,6 +12,7 @@
 #include <memory>
 #include <stdexcept>
 #include <thread>
+#include <vector>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -63,6 +65,58 @@ class FailurePrinter : public ::testing::EmptyTestEventListener {
   int rank_;
 };
 
+// Skipped tests. With CUDA_P2P_TEST_FAIL_ON_SKIP=1 (scripts/gpu_check.sh sets it: there a skip
+// means something that should have run did not) a skip fails the run unless its message says the
+// test needs more ranks ("needs N ranks") or starts with one of the '|'-separated prefixes in
+// CUDA_P2P_TEST_ALLOWED_SKIPS.
+class SkipChecker : public ::testing::EmptyTestEventListener {
+ public:
+  SkipChecker() {
+    const char* strict = std::getenv("CUDA_P2P_TEST_FAIL_ON_SKIP");
+    strict_ = strict && std::string(strict) == "1";
+    const char* allowed = std::getenv("CUDA_P2P_TEST_ALLOWED_SKIPS");
+    std::string list = allowed ? allowed : "";
+    for (size_t start = 0; start <= list.size();) {
+      size_t end = list.find('|', start);
+      if (end == std::string::npos) end = list.size();
+      if (end > start) allowed_.push_back(list.substr(start, end - start));
+      start = end + 1;
+    }
+  }
+  // The name is taken here: OnTestPartResult runs under GoogleTest's lock, which
+  // current_test_info() takes too.
+  void OnTestStart(const ::testing::TestInfo& info) override {
+    current_ = std::string(info.test_suite_name()) + "." + info.name();
+  }
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (!strict_ || !r.skipped()) return;
+    const std::string message = r.message() ? r.message() : "";
+    if (needs_more_ranks(message)) return;
+    for (const auto& prefix : allowed_) {
+      if (message.rfind(prefix, 0) == 0) return;
+    }
+    disallowed_.push_back(current_ + ": " + message);
+  }
+  const std::vector<std::string>& disallowed() const { return disallowed_; }
+
+ private:
+  // "needs <digits> rank...": the world-size requirements of the multi-rank tests.
+  static bool needs_more_ranks(const std::string& m) {
+    const std::string head = "needs ";
+    size_t i = head.size();
+    if (m.rfind(head, 0) != 0 || i >= m.size() || !std::isdigit(static_cast<unsigned char>(m[i]))) {
+      return false;
+    }
+    while (i < m.size() && std::isdigit(static_cast<unsigned char>(m[i]))) ++i;
+    return m.compare(i, 5, " rank") == 0;
+  }
+
+  bool strict_ = false;
+  std::vector<std::string> allowed_;
+  std::vector<std::string> disallowed_;
+  std::string current_;
+};
+
 }  // namespace
 
 const World& world() { return g_world; }
@@ -107,6 +161,9 @@ std::shared_ptr<Device> test_host_device(int processes) {
 
 }  // namespace cuda_p2p::test
 
+// ctest's SKIP_RETURN_CODE for these binaries (tests/cpp/CMakeLists.txt, tests/cpp/launch.py).
+constexpr int kSkipStatus = 77;
+
 int main(int argc, char** argv) {
   using namespace cuda_p2p::test;
   ::testing::InitGoogleTest(&argc, argv);
@@ -126,12 +183,29 @@ int main(int argc, char** argv) {
     delete listeners.Release(listeners.default_result_printer());
     listeners.Append(new FailurePrinter(g_world.rank));
   }
+  auto* skips = new SkipChecker();  // owned by the listener list
+  ::testing::UnitTest::GetInstance()->listeners().Append(skips);
   int rc = RUN_ALL_TESTS();
+  for (const auto& what : skips->disallowed()) {
+    std::cerr << "[rank " << g_world.rank << "] SKIPPED counts as a failure here "
+              << "(CUDA_P2P_TEST_FAIL_ON_SKIP=1): " << what << std::endl;
+    rc = 1;
+  }
+  // Every test skipped itself (e.g. the CUDA tests without a GPU): exit with kSkipStatus, which
+  // ctest reports as "Not Run (Skipped)" rather than as a pass - but only when every rank agrees.
+  const auto* unit = ::testing::UnitTest::GetInstance();
+  const bool all_skipped =
+      unit->test_to_run_count() > 0 && unit->skipped_test_count() == unit->test_to_run_count();
+  g_world.store->add("harness/skipped", all_skipped ? 1 : 0);
 
   // Leave together: rank 0 hosts the store and must outlive every other rank's last use of it.
   g_world.store->add("harness/failed", rc != 0);
   store_barrier("exit");
   if (g_world.store->add("harness/failed", 0) > 0 && rc == 0) rc = 1;
+  if (rc == 0 && g_world.store->add("harness/skipped", 0) == g_world.size) {
+    if (g_world.rank == 0) std::cout << "harness: every test skipped itself" << std::endl;
+    rc = kSkipStatus;
+  }
   g_world.store->add("harness/left", 1);
   if (g_world.rank == 0) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);

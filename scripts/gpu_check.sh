@@ -1,0 +1,193 @@
+#!/usr/bin/env bash
+# Validates cuda_p2p's CUDA path on a GPU machine, in one command (docs/testing.md):
+#
+#   bash scripts/gpu_check.sh [OUT_DIR]        (default OUT_DIR: gpu_check_out/)
+#
+# 1. checks and prints the machine: GPU, compute mode, driver, torch, nvcc, cmake;
+# 2. builds GoogleTest (third_party/googletest, or $GTEST_SOURCE_DIR) and cuda_p2p with CUDA on
+#    for the GPU's architecture (sm_90 on an H100/H200) in build/gpu_check/, with the machine's
+#    python and torch as they are (no venv, no pip, no downloads); the Python package is put
+#    together in build/gpu_check/python/ and used through PYTHONPATH;
+# 3. runs every C++ test binary as 1, 2, 3 and 4 ranks sharing the one GPU, started by
+#    tests/cpp/launch.py (no mpirun), and tests/python/test_gpu.py; a skipped or timed-out test
+#    counts as a failure;
+# 4. prints a small timing table of ranks sharing one GPU (bench/gpu_timing.py).
+#
+# Logs and summary.txt go to OUT_DIR. Exit status: 0 when everything passed, 1 on any failure,
+# 2 (after one line) on a machine without a usable GPU. Every step has a time limit; the whole
+# run stays under 8 minutes (CUDA_P2P_GPU_CHECK_BUDGET seconds, default 470).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+# --- a GPU at all? (seconds, one line, status 2 where there is none) -----------------------------
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+  echo "gpu_check: no GPU here (nvidia-smi not found): nothing to check"
+  exit 2
+fi
+if ! timeout 20 nvidia-smi -L >/dev/null 2>&1; then
+  echo "gpu_check: no GPU here (nvidia-smi lists no device): nothing to check"
+  exit 2
+fi
+
+START=$(date +%s)
+BUDGET=${CUDA_P2P_GPU_CHECK_BUDGET:-470}
+OUT=${1:-gpu_check_out}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+: >"$OUT/summary.txt"
+PY=${PYTHON:-$(command -v python3 || command -v python)}
+BUILD=$ROOT/build/gpu_check
+# Ranks share one GPU: the first visible one unless the caller chose.
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+status=0
+
+say() { printf '%s\n' "$*" | tee -a "$OUT/summary.txt"; }
+left() { echo $((BUDGET - ($(date +%s) - START))); }
+# step NAME CAP_SECONDS CMD...: runs CMD with its output in OUT/NAME.log, limited to CAP seconds
+# or what is left of the budget; records PASS / FAIL / TIMEOUT in the summary.
+step() {
+  local name=$1 cap=$2
+  shift 2
+  local limit
+  limit=$(left)
+  ((limit > cap)) && limit=$cap
+  if ((limit < 10)); then
+    say "$(printf '%-22s %-8s %s' "$name" SKIPPED "no time left in the ${BUDGET} s budget")"
+    status=1
+    return 1
+  fi
+  local t0=$SECONDS rc pid watchdog marker="$OUT/.$name.timed_out"
+  rm -f "$marker"
+  # A session of its own, so that the time limit reaches every process the step started (ranks,
+  # pytest's workers), not only the first.
+  setsid "$@" >"$OUT/$name.log" 2>&1 &
+  pid=$!
+  (
+    sleep "$limit"
+    touch "$marker"
+    kill -TERM -- -"$pid" 2>/dev/null
+    sleep 10
+    kill -KILL -- -"$pid" 2>/dev/null
+  ) &
+  watchdog=$!
+  wait "$pid"
+  rc=$?
+  {
+    pkill -P "$watchdog" sleep
+    kill "$watchdog"
+    wait "$watchdog"
+  } 2>/dev/null
+  local verdict=PASS
+  if [ -e "$marker" ]; then
+    verdict="TIMEOUT"
+  elif ((rc != 0)); then
+    verdict="FAIL($rc)"
+  fi
+  say "$(printf '%-22s %-8s %4d s  (limit %d s, log %s)' "$name" "$verdict" $((SECONDS - t0)) \
+    "$limit" "$OUT/$name.log")"
+  [ "$verdict" = PASS ] || status=1
+  [ "$verdict" = PASS ]
+}
+
+# --- 1. the machine -------------------------------------------------------------------------------
+say "== cuda_p2p gpu_check $(date -u '+%Y-%m-%d %H:%M UTC') on $(hostname), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+nvidia-smi --query-gpu=index,name,compute_mode,driver_version,memory.total \
+  --format=csv,noheader 2>&1 | sed 's/^/gpu:     /' | tee -a "$OUT/summary.txt"
+if ! info=$(timeout 60 "$PY" - <<'PYEOF' 2>&1
+import sys, torch
+print(f"python:  {sys.executable} {sys.version.split()[0]}")
+print(f"torch:   {torch.__version__} (CUDA {torch.version.cuda})")
+if not torch.cuda.is_available():
+    sys.exit(3)
+cap = torch.cuda.get_device_capability(0)
+print(f"device:  {torch.cuda.get_device_name(0)}, sm_{cap[0]}{cap[1]}, "
+      f"{torch.cuda.device_count()} visible")
+print(f"ARCH={cap[0]}.{cap[1]}")
+PYEOF
+); then
+  if [ "$(echo "$info" | grep -c '^torch:')" = 1 ]; then
+    echo "gpu_check: no usable GPU here (torch.cuda.is_available() is False: $(echo "$info" | grep '^torch:' | cut -c10-))"
+  else
+    echo "gpu_check: no usable torch here: $(echo "$info" | tail -1)"
+  fi
+  exit 2
+fi
+echo "$info" | grep -v '^ARCH=' | tee -a "$OUT/summary.txt"
+ARCH=${CUDA_P2P_CUDA_ARCHS:-$(echo "$info" | sed -n 's/^ARCH=//p')}
+NVCC=${CUDACXX:-}
+for c in "${CUDA_HOME:-}/bin/nvcc" /usr/local/cuda/bin/nvcc "$(command -v nvcc)"; do
+  [ -z "$NVCC" ] && [ -x "$c" ] && NVCC=$c
+done
+say "nvcc:    ${NVCC:-not found} $([ -n "$NVCC" ] && "$NVCC" --version | sed -n 's/.*release \([^,]*\).*/\1/p')"
+say "cmake:   $(command -v cmake) $(cmake --version 2>/dev/null | head -1 | awk '{print $3}')"
+say "ninja:   $(command -v ninja || echo 'not found (make is used)')"
+say "mode:    CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES, arch $ARCH, ranks share one GPU"
+if nvidia-smi --query-gpu=compute_mode --format=csv,noheader -i 0 2>/dev/null | grep -qi exclusive; then
+  say "WARNING: the GPU's compute mode is exclusive: ranks cannot share it, W >= 2 will fail"
+fi
+
+# --- 2. build -------------------------------------------------------------------------------------
+gen=()
+command -v ninja >/dev/null && gen=(-G Ninja)
+step configure 120 cmake -S "$ROOT" -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
+  -DPython_EXECUTABLE="$PY" -DCUDA_P2P_CUDA=ON -DCUDA_P2P_CUDA_ARCHS="$ARCH" \
+  ${NVCC:+-DCMAKE_CUDA_COMPILER="$NVCC"} \
+  -DCUDA_P2P_GTEST_SOURCE_DIR="${GTEST_SOURCE_DIR:-$ROOT/third_party/googletest}" \
+  -DCUDA_P2P_TEST_LAUNCHER=python -DCUDA_P2P_TEST_RANKS="1;2;3;4" -DCUDA_P2P_TEST_TIMEOUT=150 &&
+  step build 240 cmake --build "$BUILD" -j "$(nproc)" &&
+  step package 30 bash -c '
+    set -e
+    rm -rf "$1/python" && mkdir -p "$1/python/cuda_p2p"
+    cp "$2"/python/cuda_p2p/*.py "$1/python/cuda_p2p/"
+    cp "$1"/_C*.so "$1/python/cuda_p2p/"
+    cd / && PYTHONPATH="$1/python" "$3" -c "import cuda_p2p, sys; print(cuda_p2p.__file__)"
+  ' _ "$BUILD" "$ROOT" "$PY"
+built=$?
+export PYTHONPATH=$BUILD/python${PYTHONPATH:+:$PYTHONPATH}
+
+# --- 3. tests: the C++ binaries and the GPU pytest suite, side by side ----------------------------
+if ((built == 0)); then
+  # A skip counts as a failure in the C++ binaries too (except "needs N ranks" at small W).
+  step ctest 240 env CUDA_P2P_TEST_FAIL_ON_SKIP=1 ctest --test-dir "$BUILD" -j 6 --output-on-failure --timeout 150 \
+    --output-junit "$OUT/ctest.xml" &
+  cpp_pid=$!
+  step pytest 240 "$PY" -m pytest -p no:cacheprovider -rs -q tests/python/test_gpu.py \
+    --junitxml="$OUT/pytest.xml" -o junit_family=xunit1 &
+  py_pid=$!
+  wait $cpp_pid || status=1
+  wait $py_pid || status=1
+  # Every test must have run and passed: no skipped, not-run or failed entries.
+  "$PY" - "$OUT/ctest.xml" "$OUT/pytest.xml" <<'PYEOF' 2>&1 | tee -a "$OUT/summary.txt"
+import sys, xml.etree.ElementTree as ET
+bad = 0
+for path in sys.argv[1:]:
+    try:
+        cases = list(ET.parse(path).getroot().iter("testcase"))
+    except (OSError, ET.ParseError) as e:
+        print(f"{path}: no results ({e})"); bad = 1; continue
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    for c in cases:
+        kind = ("failed" if c.find("failure") is not None or c.find("error") is not None
+                else "skipped" if c.find("skipped") is not None or c.get("status") in ("notrun", "disabled")
+                else "passed")
+        counts[kind] += 1
+        if kind != "passed":
+            print(f"  {kind.upper():8s} {c.get('classname', '')}::{c.get('name')}")
+    print(f"{path.rsplit('/', 1)[-1]}: {counts['passed']} passed, {counts['failed']} failed, "
+          f"{counts['skipped']} skipped (a skip counts as a failure here)")
+    if counts["failed"] or counts["skipped"] or not counts["passed"]:
+        bad = 1
+sys.exit(bad)
+PYEOF
+  ((PIPESTATUS[0] == 0)) || status=1
+
+  # --- 4. timing (alone on the GPU) ---------------------------------------------------------------
+  if step timing 90 "$PY" bench/gpu_timing.py --world-size 2 --iters 30 --json "$OUT/timing.json"; then
+    sed 's/^/  /' "$OUT/timing.log" | tee -a "$OUT/summary.txt"
+  fi
+fi
+
+say "== $( ((status == 0)) && echo PASSED || echo FAILED) in $(($(date +%s) - START)) s; logs in $OUT"
+exit $status

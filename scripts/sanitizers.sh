@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The C++ tests under sanitizers (docs/testing.md); scripts/test.sh runs this after the main suite.
+#
+#   asan  build/asan: our code (core library, harness, tests; not libtorch) built with
+#         -fsanitize=address,undefined; every test binary as 1 and 2 ranks (CUDA_P2P_ASAN_RANKS),
+#         GoogleTest built from third_party/googletest (so CI also proves that copy builds).
+#   tsan  build/tsan: -fsanitize=thread; the host executor tests (test_host_streams, and
+#         1 rank; test_workspace with a thread per host stream, 2 ranks). tests/cpp/tsan.supp
+#         silences what TSan cannot see inside the uninstrumented libtorch.
+#
+#   bash scripts/sanitizers.sh [asan] [tsan]      (default: both; needs scripts/setup.sh's .venv)
+#
+# Every finding aborts the rank (halt_on_error), which fails its ctest entry.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+VPY=${CUDA_P2P_PYTHON:-$ROOT/.venv/bin/python}
+[ -x "$VPY" ] || VPY=$(cat build/.python 2>/dev/null || true)
+if [ ! -x "$VPY" ]; then
+  echo "sanitizers: no python with torch (run scripts/setup.sh first)" >&2
+  exit 1
+fi
+BIN=$(dirname "$VPY")
+CMAKE=$BIN/cmake
+[ -x "$CMAKE" ] || CMAKE=cmake
+CTEST=$BIN/ctest
+[ -x "$CTEST" ] || CTEST=ctest
+gen=()
+if [ -x "$BIN/ninja" ]; then
+  gen=(-G Ninja -DCMAKE_MAKE_PROGRAM="$BIN/ninja")
+elif command -v ninja >/dev/null; then
+  gen=(-G Ninja)
+fi
+kinds=("$@")
+((${#kinds[@]})) || kinds=(asan tsan)
+
+# configure_and_build DIR SANITIZE TARGETS...: -O1 with line tables keeps the builds and runs short
+# and the stacks readable; precompiled torch headers cut each file's compile time several-fold.
+configure_and_build() {
+  local dir=$1 sanitize=$2
+  shift 2
+  "$CMAKE" -S "$ROOT" -B "$dir" "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DPython_EXECUTABLE="$VPY" \
+    -DCUDA_P2P_CUDA=OFF -DCUDA_P2P_PCH=ON -DCUDA_P2P_SANITIZE="$sanitize" \
+    -DCUDA_P2P_TEST_LAUNCHER=AUTO -DCUDA_P2P_TEST_RANKS= "${extra[@]}" >"$dir.configure.log" 2>&1 ||
+    { cat "$dir.configure.log"; return 1; }
+  "$CMAKE" --build "$dir" --target "$@" -j "$(nproc)"
+}
+
+status=0
+mkdir -p build
+for kind in "${kinds[@]}"; do
+  t0=$SECONDS
+  case $kind in
+    asan)
+      echo "== ASan+UBSan: build/asan"
+      extra=(-DCUDA_P2P_GTEST_SOURCE_DIR="$ROOT/third_party/googletest")
+      # shellcheck disable=SC2207
+      targets=($(cd tests/cpp && ls test_*.cpp | sed 's/\.cpp$//'))
+      configure_and_build build/asan address,undefined "${targets[@]}" || { status=1; continue; }
+      ranks=${CUDA_P2P_ASAN_RANKS:-1|2}
+      # Leaks: libtorch's own static allocations are reported at exit and are not ours to fix.
+      ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=0:detect_stack_use_after_return=0 \
+        UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+        "$CTEST" --test-dir build/asan --output-on-failure --timeout 300 -R "_np(${ranks})\$" ||
+        status=1
+      ;;
+    tsan)
+      echo "== TSan: build/tsan"
+      extra=()
+      configure_and_build build/tsan thread test_host_streams test_workspace || { status=1; continue; }
+      TSAN_OPTIONS="suppressions=$ROOT/tests/cpp/tsan.supp:halt_on_error=1:second_deadlock_stack=1:history_size=4" \
+        "$CTEST" --test-dir build/tsan --output-on-failure --timeout 300 \
+        -R '^(test_host_streams_np1|test_workspace_threads_np2)$' || status=1
+      ;;
+    *)
+      echo "sanitizers: unknown kind '$kind' (asan, tsan)" >&2
+      exit 2
+      ;;
+  esac
+  echo "== $kind: $((SECONDS - t0)) s"
+done
+exit $status

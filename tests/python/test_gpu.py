@@ -1,0 +1,596 @@
+"""The CUDA path on a GPU, with ranks sharing the one GPU (scripts/gpu_check.sh runs this file).
+
+Collected everywhere, run only where CUDA is available: on the CPU machines every test reports
+itself SKIPPED. Nothing here has run on a GPU yet unless a gpu_check.sh summary says so.
+
+NCCL refuses two ranks on one GPU, so for W >= 2 the groups under test must not need it: they use
+the backend name ``cuda_p2p_nonccl`` registered below, a ProcessGroupCudaP2P whose wrapped CUDA
+backend is a second Gloo group (Gloo handles CUDA tensors for the few ordinary collectives these
+tests send to the wrapped side). The workspace is then on the GPU exactly as under NCCL (the
+backend puts it there whenever a CUDA backend is wrapped). References are computed in plain
+torch in each rank (small integers: exact in every dtype and summation order) and, for a few
+cases, by the Gloo reference group on CPU copies. The routing default (ordinary collectives on
+CUDA tensors go to the wrapped backend) is checked with real NCCL on one rank, and through the
+Gloo-wrapped group on 2-4 ranks.
+
+The workspace collectives on CUDA tensors are opt-in (Options.cuda_workspace_collectives, or
+CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES=1 when the group is created); the groups under test set both.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed import PrefixStore
+
+import conftest
+import cuda_p2p
+from cuda_p2p import ProcessGroupCudaP2P
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs a CUDA GPU (scripts/gpu_check.sh runs these on a GPU machine)",
+)
+
+NONCCL = "cuda_p2p_nonccl"
+OPT_IN_ENV = "CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES"
+BUFFER = 1 << 16  # 64 KiB: "one round" and "several rounds" stay small
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+FLOAT_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX")
+ALL_GATHER_ALGOS = ("direct", "ring", "bidir_split", "bidir_full")
+REDUCE_SCATTER_ALGOS = (("direct", 1), ("ring", 1), ("ring", 2))
+ALL_REDUCE_ALGOS = ("one_shot", "two_shot")
+TIMEOUT_S = 3.0  # the groups' timeout in the never-arriving-rank test
+MARGIN_S = 15.0  # what a rank may take beyond it to raise
+SIZES = (0, 1, 7, 5000, 3 * (BUFFER // 2) + 5)  # elements: empty, tiny, odd, one round, rounds
+
+
+# ---------------------------------------------------------------------------------------------
+# the NCCL-free backend (registered in every process that imports this module: the ranks unpickle
+# the functions below by module, so they import it too)
+
+
+def _create_nonccl(opts, pg_options) -> ProcessGroupCudaP2P:
+    """cuda_p2p with Gloo for CPU tensors and a second Gloo group for CUDA tensors."""
+    from cuda_p2p._backend import _copy_options
+
+    options = _copy_options(pg_options)
+    options._timeout = opts.timeout
+    options.group_name = str(opts.group_id)
+    store, rank, size = opts.store, opts.group_rank, opts.group_size
+    options.global_ranks_in_group = list(opts.global_ranks_in_group) or list(range(size))
+    gloo = dist.ProcessGroupGloo(PrefixStore("gloo/", store), rank, size, opts.timeout)
+    gloo_cuda = dist.ProcessGroupGloo(PrefixStore("gloo_cuda/", store), rank, size, opts.timeout)
+    return ProcessGroupCudaP2P(store, rank, size, options, gloo, gloo_cuda)
+
+
+if NONCCL.upper() not in dist.Backend._plugins:
+    dist.Backend.register_backend(NONCCL, _create_nonccl, extended_api=True,
+                                  devices=["cpu", "cuda"])
+
+
+# ---------------------------------------------------------------------------------------------
+# rank side: groups, inputs, references
+
+_groups: dict = {}
+
+
+def _device() -> torch.device:
+    # Every rank on the same GPU when one is visible (CUDA_VISIBLE_DEVICES), else round-robin.
+    return torch.device("cuda", dist.get_rank() % torch.cuda.device_count())
+
+
+def _group(key, backend=NONCCL, opt_in=True, timeout=None, **options):
+    """A group over all ranks (cached by key; collective on first use)."""
+    if key in _groups:
+        return _groups[key]
+    torch.cuda.set_device(_device())
+    o = ProcessGroupCudaP2P.Options()
+    if opt_in and hasattr(o, "cuda_workspace_collectives"):
+        o.cuda_workspace_collectives = True
+    for k, v in options.items():
+        setattr(o, k, v)
+    old = os.environ.get(OPT_IN_ENV)
+    if opt_in:
+        os.environ[OPT_IN_ENV] = "1"
+    else:
+        os.environ.pop(OPT_IN_ENV, None)
+    try:
+        kw = {"timeout": timeout} if timeout is not None else {}
+        _groups[key] = dist.new_group(backend=backend, pg_options=o, **kw)
+    finally:
+        if old is None:
+            os.environ.pop(OPT_IN_ENV, None)
+        else:
+            os.environ[OPT_IN_ENV] = old
+    b = cuda_p2p.get_cuda_p2p_backend(_groups[key])
+    if not b.is_p2p_available():
+        raise AssertionError(f"workspace unavailable on {_device()}: {b.p2p_unavailable_reason()}")
+    return _groups[key]
+
+
+def _input(seed, rank, n, dtype, op=None):
+    """Small integers: exact in every dtype and summation order (PRODUCT: -2..2)."""
+    i = torch.arange(n, dtype=torch.int64)
+    if op == "PRODUCT":
+        v = (i * 7 + rank * 3 + seed) % 5 - 2
+    else:
+        v = (i * 7 + rank * 13 + seed) % 17 - 8
+    return v.to(dtype)
+
+
+def _reduce_math(op, xs):
+    dtype = xs[0].dtype
+    if op == "MIN":
+        return torch.stack(xs).amin(0)
+    if op == "MAX":
+        return torch.stack(xs).amax(0)
+    out = xs[0].double()
+    for x in xs[1:]:
+        out = out * x.double() if op == "PRODUCT" else out + x.double()
+    if op == "AVG":
+        acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+        return (out.to(acc) / len(xs)).to(dtype)
+    return out.to(dtype)
+
+
+def _close(got, want, op):
+    got = got.cpu()
+    if op == "AVG":  # one rounding in the accumulate type, possibly another order
+        return torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2)
+    return torch.equal(got, want)
+
+
+class Checker:
+    def __init__(self, label):
+        self.label, self.cases, self.failures = label, 0, []
+
+    def case(self, what, ok, detail=""):
+        self.cases += 1
+        if not ok:
+            self.failures.append(f"{self.label} {what}: {detail}")
+
+    def result(self):
+        return {"cases": self.cases, "failures": self.failures[:20]}
+
+
+def _counters(g):
+    return cuda_p2p.get_cuda_p2p_backend(g).get_counters()
+
+
+def _expect_counter(chk, g, key, count):
+    c = _counters(g)
+    wrapped = {k: v for k, v in c.items() if k.endswith(".wrapped")}
+    chk.case("counters", c.get(key, 0) == count and not wrapped,
+             f"expected {key}={count} and nothing wrapped, got {c}")
+
+
+# ---------------------------------------------------------------------------------------------
+# rank side: the checks (each returns {"cases", "failures"})
+
+
+def check_all_gather(ctx, algo):
+    W, rank, dev = ctx.world_size, ctx.rank, _device()
+    g = _group(("ag", algo), buffer_size=BUFFER, chunk_bytes=0, all_gather_algo=algo)
+    cuda_p2p.get_cuda_p2p_backend(g).reset_counters()
+    chk, count = Checker(f"all_gather[{algo}] W={W}"), 0
+    for name, dtype in DTYPES.items():
+        for n in SIZES:
+            x = _input(n + 3, rank, n, dtype)
+            want = torch.cat([_input(n + 3, r, n, dtype) for r in range(W)])
+            out = torch.full((n * W,), 77, dtype=dtype, device=dev)
+            dist.all_gather_into_tensor(out, x.to(dev), group=g)
+            chk.case(f"{name} n={n}", torch.equal(out.cpu(), want), "differs from local math")
+            outs = [torch.empty(n, dtype=dtype, device=dev) for _ in range(W)]
+            dist.all_gather(outs, x.to(dev), group=g)
+            chk.case(f"{name} n={n} list", torch.equal(torch.cat(outs).cpu(), want), "differs")
+            count += 2
+            if n == 7 and dtype == torch.float32:  # the Gloo reference on CPU copies
+                ref = torch.empty(n * W, dtype=dtype)
+                dist.all_gather_into_tensor(ref, x, group=ctx.gloo)
+                chk.case("gloo", torch.equal(out.cpu(), ref), "differs from gloo")
+    torch.cuda.synchronize()
+    _expect_counter(chk, g, f"all_gather.{algo}", count)
+    return chk.result()
+
+
+def check_reduce_scatter(ctx, algo, steps):
+    W, rank, dev = ctx.world_size, ctx.rank, _device()
+    g = _group(("rs", algo, steps), buffer_size=BUFFER, chunk_bytes=0, reduce_scatter_algo=algo,
+               ring_steps=steps * W)
+    cuda_p2p.get_cuda_p2p_backend(g).reset_counters()
+    chk, count = Checker(f"reduce_scatter[{algo}, {steps}/rank] W={W}"), 0
+    for name, dtype in DTYPES.items():
+        for op in FLOAT_OPS:
+            for n in SIZES:
+                seed = n + 11
+                x = _input(seed, rank, n * W, dtype, op)
+                full = _reduce_math(op, [_input(seed, r, n * W, dtype, op) for r in range(W)])
+                out = torch.full((n,), 77, dtype=dtype, device=dev)
+                dist.reduce_scatter_tensor(out, x.to(dev), op=getattr(dist.ReduceOp, op), group=g)
+                chk.case(f"{name} {op} n={n}", _close(out, full[rank * n : (rank + 1) * n], op),
+                         "differs from local math")
+                count += 1
+    torch.cuda.synchronize()
+    _expect_counter(chk, g, f"reduce_scatter.{algo}", count)
+    return chk.result()
+
+
+def check_all_reduce(ctx, algo):
+    W, rank, dev = ctx.world_size, ctx.rank, _device()
+    g = _group(("ar", algo), buffer_size=BUFFER, chunk_bytes=0, all_reduce_algo=algo)
+    cuda_p2p.get_cuda_p2p_backend(g).reset_counters()
+    chk, count = Checker(f"all_reduce[{algo}] W={W}"), 0
+    for name, dtype in DTYPES.items():
+        for op in FLOAT_OPS:
+            for n in SIZES:
+                seed = n + 5
+                x = _input(seed, rank, n, dtype, op).to(dev)
+                dist.all_reduce(x, op=getattr(dist.ReduceOp, op), group=g)
+                want = _reduce_math(op, [_input(seed, r, n, dtype, op) for r in range(W)])
+                chk.case(f"{name} {op} n={n}", _close(x, want, op), "differs from local math")
+                count += 1
+                if op == "SUM" and n == 7:
+                    ref = _input(seed, rank, n, torch.float32)
+                    dist.all_reduce(ref, group=ctx.gloo)
+                    chk.case("gloo", torch.equal(x.cpu().float(), ref), "differs from gloo")
+    torch.cuda.synchronize()
+    _expect_counter(chk, g, f"all_reduce.{algo}", count)
+    return chk.result()
+
+
+def check_broadcast(ctx):
+    W, rank, dev = ctx.world_size, ctx.rank, _device()
+    g = _group(("bc",), buffer_size=BUFFER, chunk_bytes=0)
+    cuda_p2p.get_cuda_p2p_backend(g).reset_counters()
+    chk, count = Checker(f"broadcast W={W}"), 0
+    for name, dtype in DTYPES.items():
+        for n in SIZES:
+            for root in range(W):
+                t = _input(root + n, rank, n, dtype).to(dev)
+                dist.broadcast(t, src=root, group=g)
+                chk.case(f"{name} n={n} root={root}",
+                         torch.equal(t.cpu(), _input(root + n, root, n, dtype)), "differs")
+                count += 1
+    torch.cuda.synchronize()
+    _expect_counter(chk, g, "broadcast.direct", count)
+    return chk.result()
+
+
+def check_all_gather_v(ctx):
+    W, rank, dev = ctx.world_size, ctx.rank, _device()
+    g = _group(("agv",), buffer_size=BUFFER, chunk_bytes=0)
+    cuda_p2p.get_cuda_p2p_backend(g).reset_counters()
+    chk, count = Checker(f"all_gather_v W={W}"), 0
+    for name, dtype in DTYPES.items():
+        for rows in ([0] * W, [1] * W, [r * 3 + 1 for r in range(W)], [5000 - r for r in range(W)],
+                     [0] + [BUFFER // 8] * (W - 1)):
+            cols = 3
+            mine = _input(sum(rows), rank, rows[rank] * cols, dtype).view(rows[rank], cols)
+            got = cuda_p2p.all_gather_v(mine.to(dev), rows, group=g)
+            want = torch.cat([_input(sum(rows), r, rows[r] * cols, dtype).view(rows[r], cols)
+                              for r in range(W)])
+            chk.case(f"{name} rows={rows}", torch.equal(got.cpu(), want), "differs")
+            count += 1
+    torch.cuda.synchronize()
+    _expect_counter(chk, g, "all_gather_v.direct", count)
+    return chk.result()
+
+
+def _small(shape, seed, dtype, dev):
+    """Values in {-1, 0, 1}: matmuls of K <= 64 and sums over 4 ranks stay exact in bf16/fp16."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(-1, 2, shape, generator=g).to(dtype).to(dev)
+
+
+def check_fused_all_gather_matmul(ctx, algorithm):
+    W, rank, dev = ctx.world_size, ctx.rank, _device()
+    g = _group(("fag",))
+    b = cuda_p2p.get_cuda_p2p_backend(g)
+    b.reset_counters()
+    chk, count = Checker(f"fused_all_gather_matmul[{algorithm}] W={W}"), 0
+    # (shard shape, gather_dim): rows, a middle dim, the last (contraction) dim.
+    cases = [((8, 16), 0), ((3, 16), 0), ((2, 5, 16), 1), ((4, 2, 8), -1), ((6, 12), 1)]
+    for name, dtype in DTYPES.items():
+        for shard, gd in cases:
+            for nB in (1, 3):
+                for return_A in (True, False):
+                    seed = hash((shard, gd, nB)) % 1000
+                    shards = [_small(shard, seed + r, dtype, "cpu") for r in range(W)]
+                    A = torch.cat(shards, dim=gd)
+                    k = A.shape[-1]
+                    Bs = [_small((k, 7 + i), seed + 100 + i, dtype, "cpu") for i in range(nB)]
+                    got_A, outs = cuda_p2p.fused_all_gather_matmul(
+                        shards[rank].to(dev), [B.to(dev) for B in Bs], gd, group=g,
+                        return_A=return_A, algorithm=algorithm)
+                    what = f"{name} shard={shard} dim={gd} Bs={nB} return_A={return_A}"
+                    if return_A:
+                        chk.case(what, got_A is not None and torch.equal(got_A.cpu(), A), "A")
+                    else:
+                        chk.case(what, got_A is None, "returned A")
+                    for i, B in enumerate(Bs):
+                        want = (A.double() @ B.double()).to(dtype)
+                        chk.case(f"{what} B{i}", torch.equal(outs[i].cpu(), want), "out differs")
+                    count += 1
+    torch.cuda.synchronize()
+    _expect_counter(chk, g, f"fused_all_gather_matmul.{algorithm}", count)
+    return chk.result()
+
+
+def check_fused_matmul_reduce_scatter(ctx, algorithm):
+    W, rank, dev = ctx.world_size, ctx.rank, _device()
+    g = _group(("fmrs",))
+    b = cuda_p2p.get_cuda_p2p_backend(g)
+    b.reset_counters()
+    chk, count = Checker(f"fused_matmul_reduce_scatter[{algorithm}] W={W}"), 0
+    # (A shape with W folded into the scatter dim, scatter_dim)
+    cases = [((4 * W, 16), 0), ((3 * W, 8), 0), ((2, 2 * W, 16), 1), ((5, 16), -1)]
+    steps_list = (0, 2 * W) if algorithm == "ring" else (0,)
+    for name, dtype in DTYPES.items():
+        for a_shape, sd in cases:
+            for op in ("sum", "avg"):
+                for steps in steps_list:
+                    seed = hash((a_shape, sd, op)) % 1000
+                    As = [_small(a_shape, seed + r, dtype, "cpu") for r in range(W)]
+                    n = 4 * W if sd == -1 else 6
+                    B = _small((a_shape[-1], n), seed + 50, dtype, "cpu")
+                    got = cuda_p2p.fused_matmul_reduce_scatter(
+                        As[rank].to(dev), B.to(dev), op, sd, group=g, algorithm=algorithm,
+                        ring_steps=steps)
+                    total = sum(a.double() @ B.double() for a in As)
+                    if op == "avg":
+                        total = total / W
+                    d = sd % total.dim()
+                    want = total.chunk(W, dim=d)[rank].to(dtype)
+                    what = f"{name} A={a_shape} dim={sd} {op} steps={steps}"
+                    chk.case(what, _close(got, want, "AVG" if op == "avg" else "SUM"), "differs")
+                    chk.case(what + " contiguous", got.is_contiguous(), "not contiguous")
+                    count += 1
+    torch.cuda.synchronize()
+    _expect_counter(chk, g, f"fused_matmul_reduce_scatter.{algorithm}", count)
+    return chk.result()
+
+
+def check_growth_and_rounds(ctx):
+    """An op larger than the buffer grows it (up to max_buffer_size), else runs in rounds."""
+    W, rank, dev = ctx.world_size, ctx.rank, _device()
+    chk = Checker(f"growth/rounds W={W}")
+    shard = (512, 64)  # 64 KiB per float32 shard: several times a 16 KiB buffer
+    A = [_small(shard, 7 + r, torch.float32, "cpu") for r in range(W)]
+    B = _small((64, 32), 99, torch.float32, "cpu")
+    want = torch.cat(A) @ B
+    for key, max_size, counter in (("grow", 64 << 20, "grow"), ("rounds", 1 << 14, "rounds")):
+        g = _group(("gr", key), buffer_size=1 << 14, max_buffer_size=max_size)
+        b = cuda_p2p.get_cuda_p2p_backend(g)
+        b.reset_counters()
+        before = b.get_buffer_size()
+        _, outs = cuda_p2p.fused_all_gather_matmul(A[rank].to(dev), [B.to(dev)], 0, group=g)
+        chk.case(f"{key} result", torch.equal(outs[0].cpu(), want), "differs")
+        c = b.get_counters()
+        chk.case(f"{key} counter", c.get(f"fused_all_gather_matmul.{counter}", 0) == 1, f"{c}")
+        if key == "grow":
+            chk.case("grew", b.get_buffer_size() > before, f"{before} -> {b.get_buffer_size()}")
+        # ensure_min_buffer_size is collective and leaves the group usable.
+        b.ensure_min_buffer_size(1 << 20)
+        chk.case(f"{key} ensure_min", b.get_buffer_size() >= 1 << 20, f"{b.get_buffer_size()}")
+        _, outs = cuda_p2p.fused_all_gather_matmul(A[rank].to(dev), [B.to(dev)], 0, group=g)
+        chk.case(f"{key} after ensure_min", torch.equal(outs[0].cpu(), want), "differs")
+    return chk.result()
+
+
+def check_p2p_buffer(ctx):
+    W, rank, dev = ctx.world_size, ctx.rank, _device()
+    g = _group(("buf",), buffer_size=BUFFER)
+    b = cuda_p2p.get_cuda_p2p_backend(g)
+    chk = Checker(f"get_p2p_buffer W={W}")
+    mine = b.get_p2p_buffer(rank, [256], torch.float32)
+    chk.case("device", mine.device == dev, f"{mine.device}")
+    mine.fill_(rank + 0.5)
+    torch.cuda.synchronize()
+    b.intra_node_barrier()
+    for r in range(W):
+        peer = b.get_p2p_buffer(r, [256], torch.float32)
+        chk.case(f"peer {r} device", peer.device == dev, f"{peer.device}")
+        chk.case(f"peer {r}", torch.equal(peer.cpu(), torch.full((256,), r + 0.5)), "differs")
+    # An offset view, written by the next rank into this rank's buffer.
+    nxt = (rank + 1) % W
+    view = b.get_p2p_buffer(nxt, [16], torch.float32, storage_offset=256)
+    b.intra_node_barrier()
+    view.copy_(torch.arange(16, dtype=torch.float32, device=dev) + 100 * rank)
+    torch.cuda.synchronize()
+    b.intra_node_barrier()
+    prev = (rank - 1) % W
+    got = b.get_p2p_buffer(rank, [16], torch.float32, storage_offset=256)
+    chk.case("written by peer", torch.equal(got.cpu(), torch.arange(16.0) + 100 * prev), "differs")
+    b.intra_node_barrier()
+    return chk.result()
+
+
+def check_async_side_stream(ctx):
+    """Work.wait() on a side stream orders that stream after the op (c10d semantics)."""
+    W, rank, dev = ctx.world_size, ctx.rank, _device()
+    g = _group(("async",), buffer_size=BUFFER, chunk_bytes=0)
+    chk = Checker(f"async side stream W={W}")
+    side = torch.cuda.Stream(device=dev)
+    for n in (7, 40000):
+        x = _input(n, rank, n, torch.float32).to(dev)
+        torch.cuda.synchronize()
+        with torch.cuda.stream(side):
+            # Queue work on the side stream first so a missing wait would be visible.
+            torch.cuda._sleep(2_000_000)
+            work = dist.all_reduce(x, group=g, async_op=True)
+            work.wait()
+            y = x * 2
+        torch.cuda.current_stream().wait_stream(side)
+        want = _reduce_math("SUM", [_input(n, r, n, torch.float32) for r in range(W)])
+        chk.case(f"n={n}", torch.equal(y.cpu(), want * 2), "differs (wait not stream-ordered?)")
+        work2 = dist.all_gather_into_tensor(torch.empty(n * W, device=dev), x, group=g,
+                                            async_op=True)
+        work2.synchronize()
+        chk.case(f"n={n} synchronize", work2.is_completed(), "not completed after synchronize")
+    return chk.result()
+
+
+def check_timeout(ctx, absent):
+    """A rank that never arrives: every other rank raises, naming it, within the timeout plus a
+    margin - from the op, from the synchronize after it, or at the latest from the next call on
+    the group (a watchdog that aborts the group). Each op on a group of its own."""
+    W, rank, dev = ctx.world_size, ctx.rank, _device()
+    t = timedelta(seconds=TIMEOUT_S)
+    g_barrier = _group(("timeout", "barrier"), buffer_size=BUFFER, timeout=t)
+    g_ar = _group(("timeout", "all_reduce"), buffer_size=BUFFER, chunk_bytes=0, timeout=t)
+    out = {"rank": rank, "errors": []}
+    if rank == absent:
+        return out
+    for what, g, fn in (
+        ("intra_node_barrier", g_barrier,
+         lambda b: b.intra_node_barrier(timeout=TIMEOUT_S)),
+        ("all_reduce", g_ar, lambda b: dist.all_reduce(torch.ones(1000, device=dev), group=g_ar)),
+    ):
+        b = cuda_p2p.get_cuda_p2p_backend(g)
+        t0 = time.monotonic()
+        try:
+            fn(b)
+            torch.cuda.synchronize()
+            while time.monotonic() < t0 + TIMEOUT_S + MARGIN_S:
+                b.intra_node_barrier(timeout=1.0)
+                torch.cuda.synchronize()
+                time.sleep(0.2)
+            out["errors"].append((what, None, time.monotonic() - t0))
+        except Exception as e:  # noqa: BLE001  (the test inspects it)
+            out["errors"].append((what, f"{type(e).__name__}: {e}"[:600], time.monotonic() - t0))
+    return out
+
+
+def check_routing_default(ctx, backend):
+    """Without the opt-in, ordinary collectives on CUDA tensors go to the wrapped backend."""
+    W, rank, dev = ctx.world_size, ctx.rank, _device()
+    g = _group(("routing", backend), backend=backend, opt_in=False, buffer_size=BUFFER)
+    b = cuda_p2p.get_cuda_p2p_backend(g)
+    b.reset_counters()
+    chk = Checker(f"routing default ({backend}) W={W}")
+    x = torch.full((1000,), float(rank + 1), device=dev)
+    dist.all_reduce(x, group=g)
+    chk.case("all_reduce", torch.equal(x.cpu(), torch.full((1000,), W * (W + 1) / 2)), "differs")
+    t = torch.full((10,), float(rank), device=dev)
+    dist.broadcast(t, src=0, group=g)
+    chk.case("broadcast", torch.equal(t.cpu(), torch.zeros(10)), "differs")
+    want = ["all_reduce.wrapped", "broadcast.wrapped"]
+    if backend == "cuda_p2p":  # NCCL: every collective; one rank only (NCCL refuses a shared GPU)
+        out = torch.empty(10 * W, device=dev)
+        dist.all_gather_into_tensor(out, t, group=g)
+        chk.case("all_gather", torch.equal(out.cpu(), torch.zeros(10 * W)), "differs")
+        rs = torch.empty(10, device=dev)
+        dist.reduce_scatter_tensor(rs, torch.ones(10 * W, device=dev), group=g)
+        chk.case("reduce_scatter", torch.equal(rs.cpu(), torch.full((10,), float(W))), "differs")
+        want += ["all_gather.wrapped", "reduce_scatter.wrapped"]
+    torch.cuda.synchronize()
+    c = b.get_counters()
+    for key in want:
+        chk.case(key, c.get(key, 0) >= 1, f"counters {c}")
+    workspace = {k: v for k, v in c.items() if not k.endswith(".wrapped")}
+    chk.case("nothing on the workspace", not workspace, f"counters {c}")
+    # The fused ops keep using the workspace.
+    A = _small((4, 8), rank, torch.float32, dev)
+    B = _small((8, 5), 1, torch.float32, dev)
+    cuda_p2p.fused_all_gather_matmul(A, [B], 0, group=g)
+    c = b.get_counters()
+    chk.case("fused on the workspace", c.get("fused_all_gather_matmul.pipeline", 0) == 1, f"{c}")
+    return chk.result()
+
+
+# ---------------------------------------------------------------------------------------------
+# parent side
+
+W_ALL = [1, 2, 3, 4]
+
+
+@pytest.fixture(params=W_ALL, ids=[f"w{w}" for w in W_ALL])
+def gpu_world(request):
+    w = conftest._world(request.param)
+    w.start()
+    return w
+
+
+def _ok(results):
+    failures = [f for r in results for f in r["failures"]]
+    assert not failures, "\n".join(failures)
+    assert all(r["cases"] > 0 for r in results), results
+
+
+@pytest.mark.parametrize("algo", ALL_GATHER_ALGOS)
+def test_all_gather(gpu_world, algo):
+    _ok(gpu_world.run(check_all_gather, algo))
+
+
+@pytest.mark.parametrize("algo,steps", REDUCE_SCATTER_ALGOS)
+def test_reduce_scatter(gpu_world, algo, steps):
+    _ok(gpu_world.run(check_reduce_scatter, algo, steps))
+
+
+@pytest.mark.parametrize("algo", ALL_REDUCE_ALGOS)
+def test_all_reduce(gpu_world, algo):
+    _ok(gpu_world.run(check_all_reduce, algo))
+
+
+def test_broadcast(gpu_world):
+    _ok(gpu_world.run(check_broadcast))
+
+
+def test_all_gather_v(gpu_world):
+    _ok(gpu_world.run(check_all_gather_v))
+
+
+@pytest.mark.parametrize("algorithm", ["pipeline", "pull_ahead"])
+def test_fused_all_gather_matmul(gpu_world, algorithm):
+    _ok(gpu_world.run(check_fused_all_gather_matmul, algorithm))
+
+
+@pytest.mark.parametrize("algorithm", ["pipeline", "ring"])
+def test_fused_matmul_reduce_scatter(gpu_world, algorithm):
+    _ok(gpu_world.run(check_fused_matmul_reduce_scatter, algorithm))
+
+
+@pytest.mark.parametrize("W", [2, 4])  # one rank needs no peer's data, so nothing to grow
+def test_growth_and_rounds(W):
+    _ok(conftest._world(W).run(check_growth_and_rounds))
+
+
+def test_get_p2p_buffer(gpu_world):
+    _ok(gpu_world.run(check_p2p_buffer))
+
+
+def test_async_wait_on_a_side_stream(gpu_world):
+    _ok(gpu_world.run(check_async_side_stream))
+
+
+def test_routing_default_nccl_one_rank():
+    _ok(conftest._world(1).run(check_routing_default, "cuda_p2p"))
+
+
+def test_routing_default_shared_gpu(gpu_world):
+    _ok(gpu_world.run(check_routing_default, NONCCL))
+
+
+@pytest.mark.parametrize("W", [2, 3])
+def test_a_rank_that_never_arrives_is_named(W):
+    world = conftest._world(W)
+    absent = W - 1
+    try:
+        results = world.run(check_timeout, absent, timeout=60)
+    finally:
+        world.close(graceful=False)  # the ranks' group is aborted: start the next test afresh
+    for r in results:
+        if r["rank"] == absent:
+            continue
+        assert len(r["errors"]) == 2, r
+        for what, err, secs in r["errors"]:
+            assert err is not None, f"rank {r['rank']}: {what}: no error within {secs:.1f} s"
+            assert str(absent) in err and ("never arrived" in err or "timed out" in err.lower()), (
+                f"rank {r['rank']}: {what}: the error does not name rank {absent}: {err}")
+            assert secs < TIMEOUT_S + MARGIN_S, f"rank {r['rank']}: {what} took {secs:.1f} s"
