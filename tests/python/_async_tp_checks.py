@@ -1,0 +1,161 @@
+"""Rank-side checks of the async-TP compile pass (python/cuda_p2p/_async_tp.py).
+
+torch.compile on CPU costs tens of seconds per graph on our machines, so each check compiles one
+function holding many patterns at once and checks all of them: values and gradients against the
+same function run eagerly (functional collectives on the same group: the unfused path), the
+pass's own statistics (what it rewrote), and the backend's counters (which fused ops ran).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+
+import cuda_p2p
+from _fused_checks import _counters, _delta, run_safely  # noqa: F401
+
+TOL = dict(atol=1e-4, rtol=1e-4)
+
+
+def _rand(shape, seed, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g) * scale).requires_grad_()
+
+
+class _Stats(logging.Handler):
+    """Collects the pass's log lines."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def _patterns(x0, x3, h, h3, wq, wk, wv, w3, bias, w2, w23, group):
+    """Every pattern the pass fuses, in one function (autograd versions of the collectives)."""
+    # gather dim 0, three consumers (Q, K, V; V an addmm with a bias), and another user of the
+    # gathered tensor (return_A)
+    a = funcol.all_gather_single_autograd(x0, 0, group)
+    q = a @ wq
+    k = a @ wk
+    v = torch.addmm(bias, a, wv)
+    side = a.sum(dim=1, keepdim=True)
+    # gather dim 1 of a 3-D tensor (split/getitem/cat), consumed through reshape -> mm -> reshape
+    b = funcol.all_gather_single_autograd(x3, 1, group)
+    c = b @ w3
+    # mm -> reduce-scatter, dim 0, "sum"
+    r = funcol.reduce_scatter_single_autograd(h @ w2, "sum", 0, group)
+    # reshape -> mm -> reshape -> reduce-scatter along dim 1 (funcol differentiates "sum" only)
+    r3 = funcol.reduce_scatter_single_autograd(h3 @ w23, "sum", 1, group)
+    return q, k, v * side, c, r, r3
+
+
+def _inputs(ctx):
+    W, rank = ctx.world_size, ctx.rank
+    return dict(
+        x0=_rand((3, 8), 10 + rank), x3=_rand((2, 3, 8), 20 + rank),
+        h=_rand((4 * W, 6), 30 + rank), h3=_rand((2, 2 * W, 6), 40 + rank),
+        wq=_rand((8, 5), 50 + rank), wk=_rand((8, 4), 60 + rank), wv=_rand((8, 5), 70 + rank),
+        w3=_rand((8, 7), 80 + rank), bias=_rand((5,), 90 + rank), w2=_rand((6, 8), 100 + rank),
+        w23=_rand((6, 5), 110 + rank),
+    )
+
+
+def _run(fn, inputs, group, grad=True):
+    ins = {k: v.detach().clone().requires_grad_(grad) for k, v in inputs.items()}
+    outs = fn(**ins, group=group)
+    if grad:
+        sum((o * (i + 1)).sum() for i, o in enumerate(outs)).backward()
+    return outs, {k: v.grad for k, v in ins.items()}
+
+
+def _compare(failures, what, got, want):
+    try:
+        torch.testing.assert_close(got, want, **TOL)
+    except AssertionError as e:
+        failures.append(f"{what}: {str(e).splitlines()[0]}")
+
+
+_compiled = {}
+
+
+def _compiled_patterns(dynamic):
+    # One compiled function per dynamic setting, shared by the checks run on this worker.
+    if dynamic not in _compiled:
+        _compiled[dynamic] = torch.compile(_patterns, dynamic=dynamic, fullgraph=True)
+    return _compiled[dynamic]
+
+
+def check_patterns(ctx, dynamic=False, grad=True):
+    """Every pattern, forward and backward, compiled with the pass vs eager; counters."""
+    group = dist.group.WORLD
+    failures, n = [], 0
+    handler = _Stats()
+    logger = logging.getLogger("cuda_p2p.async_tp")
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(logging.DEBUG)
+    inputs = _inputs(ctx)
+    try:
+        want, want_grads = _run(_patterns, inputs, group, grad)
+        before = _counters(group)
+        with cuda_p2p.async_tp() as p:
+            got, got_grads = _run(_compiled_patterns(dynamic), inputs, group, grad)
+        counters = _delta(before, _counters(group))
+        for i, (g, w) in enumerate(zip(got, want)):
+            _compare(failures, f"output {i}", g, w)
+            n += 1
+        if grad:
+            for k in inputs:
+                _compare(failures, f"grad {k}", got_grads[k], want_grads[k])
+                n += 1
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    return {"cases": n, "failures": failures, "counters": counters, "log": handler.lines,
+            "pass_calls": p.calls}
+
+
+def check_pass_off_and_gloo(ctx):
+    """The pass off: nothing fused. A Gloo group with the pass on: nothing fused either."""
+    failures, n = [], 0
+    inputs = _inputs(ctx)
+    cuda_p2p.disable_async_tp()
+    torch._dynamo.reset()
+    group = dist.group.WORLD
+    before = _counters(group)
+    want, _ = _run(_patterns, inputs, group, grad=False)
+    got, _ = _run(torch.compile(_patterns, fullgraph=True), inputs, group, grad=False)
+    off = _delta(before, _counters(group))
+    for i, (g, w) in enumerate(zip(got, want)):
+        _compare(failures, f"pass off: output {i}", g, w)
+        n += 1
+    if any(k.startswith("fused_") for k in off):
+        failures.append(f"the pass is off, yet fused ops ran: {off}")
+    # Gloo: the pass is on, but the group is not ours.
+    handler = _Stats()
+    logger = logging.getLogger("cuda_p2p.async_tp")
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        torch._dynamo.reset()
+        with cuda_p2p.async_tp():
+            got, _ = _run(torch.compile(_patterns, fullgraph=True), inputs, ctx.gloo, grad=False)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(logging.NOTSET)
+    want, _ = _run(_patterns, inputs, ctx.gloo, grad=False)
+    for i, (g, w) in enumerate(zip(got, want)):
+        _compare(failures, f"gloo: output {i}", g, w)
+        n += 1
+    if not any("not on a cuda_p2p group" in line for line in handler.lines):
+        failures.append(f"gloo: the log does not say why nothing was fused: {handler.lines}")
+    if any(line.startswith("cuda_p2p async-TP: fused") for line in handler.lines):
+        failures.append(f"gloo: something was fused: {handler.lines}")
+    torch._dynamo.reset()
+    return {"cases": n, "failures": failures, "counters": {}}

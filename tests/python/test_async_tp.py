@@ -1,0 +1,30 @@
+"""The async-TP compile pass (python/cuda_p2p/_async_tp.py) on 2 ranks, and the compiled DTensor
+tensor-parallel MLP on 2 and 4 ranks.
+
+Compiling on CPU is slow here (tens of seconds per graph), so each test compiles one function that
+holds every pattern at once (see _async_tp_checks.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import _async_tp_checks as atc
+from test_fused_ops import assert_all_ok
+
+
+def test_every_pattern_forward_and_backward(world2):
+    res = world2.run(atc.run_safely, atc.check_patterns, timeout=600)
+    assert_all_ok(res, 6 + 11)
+    log = "\n".join(res[0]["log"])
+    # Forward: 2 all-gathers (dim 0 with Q/K/V and return_A, dim 1 reshape-mm-reshape) and 2
+    # reduce-scatters. Backward: each reduce-scatter's adjoint is an all-gather feeding matmuls
+    # (2), each all-gather's a reduce-scatter of a matmul; but the dim-0 one reduce-scatters
+    # the sum of 4 gradients, which inductor writes as addmm(other terms, ...): left, and said why.
+    assert log.count("fused all-gather") == 4, log
+    assert log.count("fused matmul with reduce-scatter") == 3, log
+    assert "left reduce-scatter" in log and "addmm's bias is not bias / group_size" in log, log
+    assert "with 3 matmul(s) (return_A" in log, log
+    c = res[0]["counters"]
+    assert c.get("fused_all_gather_matmul.pull_ahead") == 4, c
+    assert c.get("fused_matmul_reduce_scatter.ring") == 3, c
