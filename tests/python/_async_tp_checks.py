@@ -159,3 +159,97 @@ def check_pass_off_and_gloo(ctx):
         failures.append(f"gloo: something was fused: {handler.lines}")
     torch._dynamo.reset()
     return {"cases": n, "failures": failures, "counters": {}}
+
+
+# ---- a DTensor tensor-parallel MLP, trained --------------------------------------------------
+
+D, F, S = 16, 32, 8  # model dim, hidden dim, sequence length per rank
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(D)
+        self.w1 = torch.nn.Linear(D, F)
+        self.w2 = torch.nn.Linear(F, D)
+
+    def forward(self, x):
+        return self.w2(torch.relu(self.w1(self.norm(x))))
+
+
+def make_tp_mlp(group):
+    """The MLP with sequence parallelism on the norm, ColwiseParallel w1, RowwiseParallel w2,
+    on a mesh over ``group``; the same initial weights on every rank and for every group."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    torch.manual_seed(0)
+    model = MLP()
+    mesh = DeviceMesh.from_group(group, "cpu")
+    return parallelize_module(model, mesh, {
+        "norm": SequenceParallel(sequence_dim=0),
+        "w1": ColwiseParallel(input_layouts=Shard(0)),
+        "w2": RowwiseParallel(output_layouts=Shard(0)),
+    })
+
+
+def train_tp_mlp(ctx, group, steps, compiled, phase_counters=None):
+    """Loss per step and the final parameters (full tensors) of a few SGD steps."""
+    model = make_tp_mlp(group)
+    step_model = torch.compile(model, fullgraph=True) if compiled else model
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for step in range(steps):
+        x = _rand((S, D), 1000 * step + ctx.rank).detach()
+        target = _rand((S, D), 2000 * step + ctx.rank).detach()
+        opt.zero_grad()
+        c0 = _counters(group) if phase_counters is not None else None
+        out = step_model(x)
+        loss = ((out - target) ** 2).mean()
+        c1 = _counters(group) if phase_counters is not None else None
+        loss.backward()
+        if phase_counters is not None:
+            phase_counters.append((_delta(c0, c1), _delta(c1, _counters(group))))
+        opt.step()
+        # The global loss (every rank's sequence shard), for comparison across runs.
+        total = loss.detach().clone()
+        dist.all_reduce(total, group=ctx.gloo)
+        losses.append(float(total) / ctx.world_size)
+    params = {n: p.full_tensor().detach() for n, p in model.named_parameters()}
+    return losses, params
+
+
+def check_dtensor_mlp(ctx, steps=3):
+    """The compiled TP MLP with the pass matches eager on cuda_p2p and on Gloo, and ran both
+    fused ops in forward and backward."""
+    failures, n = [], 0
+    group = dist.group.WORLD
+    torch._dynamo.reset()
+    eager_losses, eager_params = train_tp_mlp(ctx, group, steps, compiled=False)
+    gloo_losses, gloo_params = train_tp_mlp(ctx, ctx.gloo, steps, compiled=False)
+    phases = []
+    with cuda_p2p.async_tp():
+        comp_losses, comp_params = train_tp_mlp(ctx, group, steps, compiled=True,
+                                                phase_counters=phases)
+    torch._dynamo.reset()
+    for what, losses, params in (("eager cuda_p2p", eager_losses, eager_params),
+                                 ("eager gloo", gloo_losses, gloo_params)):
+        _compare(failures, f"losses: compiled+fused vs {what}", torch.tensor(comp_losses),
+                 torch.tensor(losses))
+        for k in params:
+            _compare(failures, f"param {k}: compiled+fused vs {what}", comp_params[k], params[k])
+        n += 1
+    for step, (fwd, bwd) in enumerate(phases):
+        for phase, c in (("forward", fwd), ("backward", bwd)):
+            for op in ("fused_all_gather_matmul", "fused_matmul_reduce_scatter"):
+                if not any(k.startswith(op + ".") for k in c):
+                    failures.append(f"step {step} {phase}: {op} did not run: {c}")
+            n += 1
+    return {"cases": n, "failures": failures, "counters": {}, "losses": comp_losses,
+            "phases": phases}

@@ -28,3 +28,9 @@ def test_every_pattern_forward_and_backward(world2):
     c = res[0]["counters"]
     assert c.get("fused_all_gather_matmul.pull_ahead") == 4, c
     assert c.get("fused_matmul_reduce_scatter.ring") == 3, c
+
+
+def test_dtensor_tp_mlp_trains_on_the_fused_ops(world):
+    # world: 2 and 4 ranks
+    res = world.run(atc.run_safely, atc.check_dtensor_mlp, timeout=600)
+    assert_all_ok(res, 2 + 3 * 2)  # 3 steps x (forward, backward)
