@@ -253,3 +253,117 @@ def check_dtensor_mlp(ctx, steps=3):
             n += 1
     return {"cases": n, "failures": failures, "counters": {}, "losses": comp_losses,
             "phases": phases}
+
+
+# ---- the pass among other passes, the FX cache, dynamic shapes, inference ------------------------
+
+
+def _small(x, h, w1, w2, group):
+    a = funcol.all_gather_single(x, 0, group)
+    r = funcol.reduce_scatter_single(torch.relu(a @ w1) @ w2, "sum", 0, group)
+    return (r.wait() if hasattr(r, "wait") else r,)
+
+
+class _UserPass:
+    """A user's own post-grad pass (counts the graphs it saw)."""
+
+    def __new__(cls):
+        from torch._inductor.custom_graph_pass import CustomGraphPass
+
+        class UserPass(CustomGraphPass):
+            calls = 0
+
+            def __call__(self, graph):
+                type(self).calls += 1
+
+            def uuid(self):
+                return "test-user-pass-v1"
+
+        return UserPass()
+
+
+def check_user_pass_cache_dynamic(ctx):
+    """With a user's pass already set: both run; dynamic=True; no grad (an inference graph); a
+    second compile of the same function is an FX-cache hit and still runs the fused ops."""
+    from torch._dynamo.utils import counters as dynamo_counters
+    from torch._inductor import config as inductor_config
+
+    group = dist.group.WORLD
+    W = ctx.world_size
+    failures, n = [], 0
+    user = _UserPass()
+    saved = inductor_config.post_grad_custom_post_pass
+    inductor_config.post_grad_custom_post_pass = user
+    try:
+        cuda_p2p.enable_async_tp()
+        cur = inductor_config.post_grad_custom_post_pass
+        if not (isinstance(cur, list) and cur[0] is user and len(cur) == 2):
+            failures.append(f"enable_async_tp did not keep the user's pass first: {cur}")
+        with torch.no_grad():
+            for attempt in ("first compile", "second compile (cache)"):
+                torch._dynamo.reset()
+                hits = dynamo_counters["inductor"]["fxgraph_cache_hit"]
+                for rows in (3, 5):  # dynamic=True: one graph for both sizes
+                    x = _rand((rows, 8), rows + ctx.rank).detach()
+                    h = None
+                    w1 = _rand((8, 6), 7).detach()
+                    w2 = _rand((6, 2 * W), 8).detach()
+                    want = _small(x, h, w1, w2, group)[0]
+                    before = _counters(group)
+                    got = torch.compile(_small, dynamic=True, fullgraph=True)(x, h, w1, w2,
+                                                                              group)[0]
+                    c = _delta(before, _counters(group))
+                    _compare(failures, f"{attempt} rows={rows}", got, want)
+                    if set(c) != {"fused_all_gather_matmul.pull_ahead",
+                                  "fused_matmul_reduce_scatter.ring"}:
+                        failures.append(f"{attempt} rows={rows}: counters {c}")
+                    n += 1
+                if attempt.startswith("second") and \
+                        dynamo_counters["inductor"]["fxgraph_cache_hit"] <= hits:
+                    failures.append("the second compile was not an FX-cache hit")
+        if user.calls == 0:
+            failures.append("the user's own post-grad pass did not run")
+        cuda_p2p.disable_async_tp()
+        if inductor_config.post_grad_custom_post_pass is not user:
+            failures.append("disable_async_tp did not restore the user's pass")
+    finally:
+        cuda_p2p.disable_async_tp()
+        inductor_config.post_grad_custom_post_pass = saved
+        torch._dynamo.reset()
+    return {"cases": n, "failures": failures, "counters": {}}
+
+
+def check_symm_mem_nodes(ctx):
+    """PyTorch's symm_mem fused nodes on our group become ours (FX only, no compile), and the
+    rewritten graph computes what the unfused ops compute."""
+    import torch.distributed._symmetric_memory  # noqa: F401
+
+    from cuda_p2p._async_tp import rewrite
+
+    group = dist.group.WORLD
+    name = group.group_name
+    failures, n = [], 0
+    g = torch.fx.Graph()
+    x, w, a2, w2 = (g.placeholder(s) for s in ("x", "w", "a2", "w2"))
+    ag = g.call_function(torch.ops.symm_mem.fused_all_gather_matmul.default,
+                         (x, [w], 0, name), {"return_A": False})
+    outs = g.call_function(__import__("operator").getitem, (ag, 1))
+    rs = g.call_function(torch.ops.symm_mem.fused_matmul_reduce_scatter.default,
+                         (a2, w2, "sum", 0, name))
+    g.output((outs, rs))
+    stats = rewrite(g)
+    if stats["symm_mem"] != 2:
+        failures.append(f"expected 2 symm_mem nodes rewritten, got {stats}")
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    W = ctx.world_size
+    X, Wt = _rand((3, 4), ctx.rank).detach(), _rand((4, 5), 9).detach()
+    A2, W2 = _rand((2 * W, 4), 20 + ctx.rank).detach(), _rand((4, 3), 21).detach()
+    (o,), r = gm(X, Wt, A2, W2)
+    full = torch.empty(3 * W, 4)
+    dist.all_gather_into_tensor(full, X, group=ctx.gloo)
+    _compare(failures, "symm_mem all-gather matmul", o, full @ Wt)
+    ref = A2 @ W2
+    dist.all_reduce(ref, group=ctx.gloo)
+    _compare(failures, "symm_mem matmul reduce-scatter", r, ref.chunk(W)[ctx.rank])
+    n += 2
+    return {"cases": n, "failures": failures, "counters": {}}

@@ -34,3 +34,15 @@ def test_dtensor_tp_mlp_trains_on_the_fused_ops(world):
     # world: 2 and 4 ranks
     res = world.run(atc.run_safely, atc.check_dtensor_mlp, timeout=600)
     assert_all_ok(res, 2 + 3 * 2)  # 3 steps x (forward, backward)
+
+
+def test_pass_off_and_gloo_group_change_nothing(world2):
+    assert_all_ok(world2.run(atc.run_safely, atc.check_pass_off_and_gloo, timeout=600), 12)
+
+
+def test_user_pass_fx_cache_dynamic_no_grad(world2):
+    assert_all_ok(world2.run(atc.run_safely, atc.check_user_pass_cache_dynamic, timeout=600), 4)
+
+
+def test_symm_mem_nodes_become_ours(world2):
+    assert_all_ok(world2.run(atc.run_safely, atc.check_symm_mem_nodes), 2)
