@@ -272,3 +272,57 @@ def check_only_some_grads(ctx):
     n += 1
     return {"cases": n, "failures": failures, "counters": {}}
 from _fused_checks import run_safely  # noqa: E402,F401
+
+
+def check_errors_leave_group_usable(ctx):
+    """Bad arguments, the same on every rank, raise before any communication; the next fused ops
+    on the same group are correct. The kernel reached without the autograd formula (as the
+    dispatcher's fallback reaches it) with a weight that requires grad raises up front too."""
+    W, rank = ctx.world_size, ctx.rank
+    g = dist.group.WORLD
+    name = g.group_name
+    A, B = torch.ones(3, 4), torch.ones(4, 2)
+    cpu_only = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+    bad = [
+        (lambda: torch.ops.cuda_p2p.fused_all_gather_matmul.default.redispatch(
+            cpu_only, A, [B.clone().requires_grad_()], 0, name), "requires grad"),
+        (lambda: torch.ops.cuda_p2p.fused_matmul_reduce_scatter.default.redispatch(
+            cpu_only, torch.ones(W, 4).requires_grad_(), B, "sum", 0, name, algorithm="auto",
+            ring_steps=0), "requires grad"),
+        (lambda: cuda_p2p.fused_all_gather_matmul(A.to_sparse(), [B], 0, g), "Sparse"),
+        (lambda: cuda_p2p.fused_all_gather_matmul(A, [B.half()], 0, g), "dtype"),
+        (lambda: cuda_p2p.fused_all_gather_matmul(A, [B, torch.ones(4, 2, 1)], 0, g),
+         "to be a matrix"),
+        (lambda: cuda_p2p.fused_matmul_reduce_scatter(torch.ones(W * 3 + 1, 4), B, "sum", 0, g),
+         "divisible") if W > 1 else None,
+        (lambda: cuda_p2p.fused_matmul_reduce_scatter(torch.ones(W, 4), B, "sum", 0, g,
+                                                      algorithm="pipeline", ring_steps=W),
+         "ring_steps"),
+    ]
+    failures, n = [], 0
+    for item in bad:
+        if item is None:
+            continue
+        fn, needle = item
+        try:
+            fn()
+            failures.append(f"expected an error containing {needle!r}, got none")
+        except (RuntimeError, ValueError, NotImplementedError) as e:
+            if needle not in str(e):
+                failures.append(f"expected {needle!r} in: {str(e).splitlines()[0]}")
+        n += 1
+        # After each error the group is in step: a real op runs and is right on every rank.
+        X = _rand((2, 4), torch.float32, 60 + n + rank)
+        _, (o,) = cuda_p2p.fused_all_gather_matmul(X, [B], 0, g, return_A=False)
+        _compare(failures, f"op after error {n}", o, torch.cat(_gather_all(ctx, X)) @ B,
+                 torch.float32)
+    # The issue's own case: a weight that requires grad, eager, then the group still works.
+    Wt = _rand((4, 2), torch.float32, 70 + rank).requires_grad_()
+    _, (o,) = cuda_p2p.fused_all_gather_matmul(A, [Wt], 0, g)
+    o.sum().backward()
+    _compare(failures, "weight grad", Wt.grad, torch.cat(_gather_all(ctx, A)).t()
+             @ torch.ones(3 * W, 2), torch.float32)
+    out = cuda_p2p.fused_matmul_reduce_scatter(torch.ones(W, 4), B, "sum", 0, g)
+    _compare(failures, "op after the grad", out, torch.full((1, 2), 4.0 * W), torch.float32)
+    n += 1
+    return {"cases": n, "failures": failures, "counters": {}}

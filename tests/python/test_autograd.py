@@ -43,3 +43,7 @@ def test_matmul_reduce_scatter_grads_match_torch(world23):
 
 def test_partial_grads_and_no_grad(world2):
     assert_all_ok(world2.run(ac.run_safely, ac.check_only_some_grads), 3)
+
+
+def test_bad_arguments_raise_before_communicating(world23):
+    assert_all_ok(world23.run(ac.run_safely, ac.check_errors_leave_group_usable), 6)
