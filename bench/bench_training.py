@@ -85,7 +85,14 @@ def _rank_main(rank, W, port, args, queue):
         model, opt = build()
         if name == "compiled+fused":
             cuda_p2p.enable_async_tp()
-        fn = torch.compile(model, fullgraph=True) if name != "eager" else model
+        fn = model
+        if name != "eager":
+            # A top-level frame of its own per variant: dynamo caches compiled code per code
+            # object, and would otherwise hand the second variant the first one's graph.
+            ns = {}
+            exec(compile("def step(x):\n    return model(x)\n", f"<step {name}>", "exec"),
+                 {"model": model}, ns)
+            fn = torch.compile(ns["step"], fullgraph=True)
         steps[name] = (fn, opt)
         x = torch.randn(S, D)
         before = dict(backend.get_counters())

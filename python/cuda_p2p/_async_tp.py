@@ -85,6 +85,15 @@ def _arg(node: torch.fx.Node, i: int, name: str, default=None):
     return node.kwargs.get(name, default)
 
 
+def _same(a, b) -> bool:
+    """Sizes equal for every value of the symbols (no guard is added under dynamic shapes)."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    if len(a) != len(b):
+        return False
+    return all(statically_known_true(x == y) for x, y in zip(a, b))
+
+
 def _ancestors(node: torch.fx.Node) -> set:
     seen, stack = set(), [node]
     while stack:
@@ -175,16 +184,16 @@ def _consumers(res: torch.fx.Node) -> list[_Consumer]:
                 found.append(_Consumer(u, u.args[2], bias=bias, mm=u))
         elif u.target in _VIEWS and t is not None and t.dim() > 2:
             v = _val(u)
-            if v is None or v.dim() != 2 or v.shape[-1] != t.shape[-1]:
+            if v is None or v.dim() != 2 or not _same([v.shape[-1]], [t.shape[-1]]):
                 continue
             for mm in u.users:
                 if mm.target is not aten.mm.default or mm.args[0] is not u:
                     continue
                 for post in mm.users:
                     pv, Bv = _val(post), _val(mm.args[1])
-                    if post.target in _VIEWS and pv is not None and Bv is not None and list(
-                        pv.shape
-                    ) == [*t.shape[:-1], Bv.shape[-1]]:
+                    if post.target in _VIEWS and pv is not None and Bv is not None and _same(
+                        list(pv.shape), [*t.shape[:-1], Bv.shape[-1]]
+                    ):
                         found.append(_Consumer(post, mm.args[1], pre=u, mm=mm))
                         break
     return found
@@ -193,7 +202,9 @@ def _consumers(res: torch.fx.Node) -> list[_Consumer]:
 def _fuse_all_gather(g: _Gather, stats: dict) -> None:
     graph = g.ag.graph
     res = g.res
-    consumers = [c for c in _consumers(res) if res not in _ancestors(c.B) and c.B is not res]
+    consumers = [c for c in _consumers(res)
+                 if c.B is not res and res not in _ancestors(c.B)
+                 and (c.bias is None or (c.bias is not res and res not in _ancestors(c.bias)))]
     if not consumers:
         _left(stats, "all-gather", g.ag, "no mm/addmm/reshape-mm-reshape consumes the gathered "
               "tensor as its left operand")
@@ -315,8 +326,8 @@ def _fuse_reduce_scatter(rs: torch.fx.Node, stats: dict) -> None:
         pre = mm.args[0]
         A, B = pre.args[0], mm.args[1]
         At, pv = _val(A), _val(prod)
-        if At is None or pv is None or list(pv.shape) != [*At.shape[:-1], pv.shape[-1]] or \
-                len(mm.users) != 1:
+        if At is None or pv is None or not _same(list(pv.shape), [*At.shape[:-1], pv.shape[-1]]) \
+                or len(mm.users) != 1:
             _left(stats, "reduce-scatter", rs, "reshape -> mm -> reshape does not keep A's dims")
             return
         mm_nodes = [prod, mm] + ([pre] if len(pre.users) == 1 else [])
@@ -364,8 +375,6 @@ def _fuse_reduce_scatter(rs: torch.fx.Node, stats: dict) -> None:
     for n in [wait, rs, *chunk_nodes, *mm_nodes]:
         if not n.users:
             graph.erase_node(n)
-    if bias is not None and not prod.users and prod in graph.nodes:
-        pass
     stats["matmul_reduce_scatter"] += 1
     log.info("cuda_p2p async-TP: fused matmul with reduce-scatter (%s, scatter_dim=%d, group %s)%s",
              reduce_op, sd, group_name, " (+ bias)" if bias is not None else "")

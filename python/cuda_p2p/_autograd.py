@@ -79,8 +79,11 @@ def _ag_backward(ctx, grad_A, grad_outs):
     grad_A_shard = None
     if need_A:
         if live:
-            G = torch.cat([grad_outs[i] for i in live], dim=-1) if len(live) > 1 else grad_outs[live[0]]
-            Bt = torch.cat([Bs[i] for i in live], dim=1).t() if len(live) > 1 else Bs[live[0]].t()
+            if len(live) == 1:
+                G, Bt = grad_outs[live[0]], Bs[live[0]].t()
+            else:
+                G = torch.cat([grad_outs[i] for i in live], dim=-1)
+                Bt = torch.cat([Bs[i] for i in live], dim=1).t()
             grad_A_shard = torch.ops.cuda_p2p.fused_matmul_reduce_scatter(
                 G, Bt, "sum", gd, group_name
             )

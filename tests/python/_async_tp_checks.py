@@ -36,8 +36,12 @@ class _Stats(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def _patterns(x0, x3, h, h3, wq, wk, wv, w3, bias, w2, w23, group):
-    """Every pattern the pass fuses, in one function (autograd versions of the collectives)."""
+_GROUP_NAME = None  # the default group's name, a constant for dynamo (set by check_patterns)
+
+
+def _patterns(x0, x3, h, h3, wq, wk, wv, w3, bias, w2, w23, wz, group):
+    """Every pattern the pass fuses, in one function (autograd versions of the collectives),
+    and a direct call of a fused op (its gradients under torch.compile)."""
     # gather dim 0, three consumers (Q, K, V; V an addmm with a bias), and another user of the
     # gathered tensor (return_A)
     a = funcol.all_gather_single_autograd(x0, 0, group)
@@ -52,7 +56,11 @@ def _patterns(x0, x3, h, h3, wq, wk, wv, w3, bias, w2, w23, group):
     r = funcol.reduce_scatter_single_autograd(h @ w2, "sum", 0, group)
     # reshape -> mm -> reshape -> reduce-scatter along dim 1 (funcol differentiates "sum" only)
     r3 = funcol.reduce_scatter_single_autograd(h3 @ w23, "sum", 1, group)
-    return q, k, v * side, c, r, r3
+    if _GROUP_NAME is None:  # a Gloo group: no fused op
+        return q, k, v * side, c, r, r3
+    _, (z,) = torch.ops.cuda_p2p.fused_all_gather_matmul(x0, [wz], 0, _GROUP_NAME,
+                                                         return_A=False)
+    return q, k, v * side, c, r, r3, z
 
 
 def _inputs(ctx):
@@ -62,7 +70,7 @@ def _inputs(ctx):
         h=_rand((4 * W, 6), 30 + rank), h3=_rand((2, 2 * W, 6), 40 + rank),
         wq=_rand((8, 5), 50 + rank), wk=_rand((8, 4), 60 + rank), wv=_rand((8, 5), 70 + rank),
         w3=_rand((8, 7), 80 + rank), bias=_rand((5,), 90 + rank), w2=_rand((6, 8), 100 + rank),
-        w23=_rand((6, 5), 110 + rank),
+        w23=_rand((6, 5), 110 + rank), wz=_rand((8, 3), 120 + rank),
     )
 
 
@@ -101,6 +109,8 @@ def check_patterns(ctx, dynamic=False, grad=True):
     old_level = logger.level
     logger.setLevel(logging.DEBUG)
     inputs = _inputs(ctx)
+    global _GROUP_NAME
+    _GROUP_NAME = group.group_name
     try:
         want, want_grads = _run(_patterns, inputs, group, grad)
         before = _counters(group)
@@ -115,6 +125,7 @@ def check_patterns(ctx, dynamic=False, grad=True):
                 _compare(failures, f"grad {k}", got_grads[k], want_grads[k])
                 n += 1
     finally:
+        _GROUP_NAME = None
         logger.removeHandler(handler)
         logger.setLevel(old_level)
     return {"cases": n, "failures": failures, "counters": counters, "log": handler.lines,
