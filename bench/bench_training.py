@@ -153,7 +153,8 @@ def main():
 
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
               "torch": torch.__version__, "dim": args.dim, "tokens": args.tokens,
-              "iters": args.iters, "cpus": os.cpu_count(), "results": {}}
+              "iters": args.iters, "cpus": os.cpu_count(), "loadavg_at_start": os.getloadavg(),
+              "results": {}}
     print(f"TP MLP step, D={args.dim} F={4 * args.dim} tokens={args.tokens}, "
           f"median (min) over {args.iters} iterations, slowest rank")
     print(f"{'W':>3} {'variant':>16} {'median ms':>10} {'min ms':>8} {'vs eager':>9} "
@@ -170,6 +171,9 @@ def main():
             print(f"{W:>3} {name:>16} {med * 1e3:>10.2f} {min(t) * 1e3:>8.2f} "
                   f"{med / eager:>9.2f} {res['fused_ops_in_warmup'][name]:>18}")
         report["results"][str(W)] = rows
+    report["loadavg_at_end"] = os.getloadavg()
+    print(f"load average (1 min) at start {report['loadavg_at_start'][0]:.1f}, "
+          f"at end {report['loadavg_at_end'][0]:.1f} on {os.cpu_count()} CPUs")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "training.json"

@@ -49,3 +49,36 @@ def test_user_pass_fx_cache_dynamic_no_grad(world2):
 
 def test_symm_mem_nodes_become_ours(world2):
     assert_all_ok(world2.run(atc.run_safely, atc.check_symm_mem_nodes), 2)
+
+
+_SWITCHES = r"""
+import cuda_p2p
+from torch._inductor import config
+assert cuda_p2p.is_async_tp_enabled(), "CUDA_P2P_ASYNC_TP=1 did not enable the pass at import"
+cuda_p2p.disable_async_tp()
+assert not cuda_p2p.is_async_tp_enabled() and config.post_grad_custom_post_pass is None
+mine = lambda graph: None
+config.post_grad_custom_post_pass = mine
+with cuda_p2p.async_tp() as p:
+    assert config.post_grad_custom_post_pass == [mine, p]
+    u1 = p.uuid()
+assert config.post_grad_custom_post_pass is mine
+p2 = cuda_p2p.enable_async_tp(matmul_reduce_scatter=False)
+assert p2.uuid() != u1, "the options are not part of the uuid"
+cuda_p2p.enable_async_tp()
+assert config.post_grad_custom_post_pass[0] is mine and len(config.post_grad_custom_post_pass) == 2
+cuda_p2p.disable_async_tp()
+assert config.post_grad_custom_post_pass is mine
+print("ok")
+"""
+
+
+def test_switches_and_environment_variable():
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, CUDA_P2P_ASYNC_TP="1")
+    r = subprocess.run([sys.executable, "-c", _SWITCHES], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
