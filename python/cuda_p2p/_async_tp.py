@@ -30,10 +30,13 @@ import operator
 import os
 from typing import Any, Optional
 
+import sys
+
 import torch
 import torch.distributed as dist
-from torch._inductor import config as inductor_config
-from torch._inductor.custom_graph_pass import CustomGraphPass
+
+# torch._inductor is imported only when the pass is enabled: importing it costs seconds, and
+# most users of the backend never compile.
 
 log = logging.getLogger("cuda_p2p.async_tp")
 
@@ -470,10 +473,12 @@ def _source_hash() -> str:
     return h.hexdigest()
 
 
-class AsyncTPPass(CustomGraphPass):
+class _AsyncTPPassBody:
     """The post-grad pass; ``uuid()`` covers our sources, the options, the torch version and
     which group names are cuda_p2p groups here, so a cached graph is reused only where the
     same rewrite would be made."""
+
+    _cuda_p2p_async_tp = True
 
     def __init__(self, **options):
         self.options = dict(sorted(options.items()))
@@ -493,47 +498,67 @@ class AsyncTPPass(CustomGraphPass):
         )
 
 
-_installed: Optional[AsyncTPPass] = None
+_pass_class = None
+
+
+def _make_pass(**options):
+    global _pass_class
+    if _pass_class is None:
+        from torch._inductor.custom_graph_pass import CustomGraphPass
+
+        _pass_class = type("AsyncTPPass", (_AsyncTPPassBody, CustomGraphPass), {})
+    return _pass_class(**options)
+
+
+def _is_ours(p) -> bool:
+    return getattr(p, "_cuda_p2p_async_tp", False)
+
+
+def _inductor_config():
+    from torch._inductor import config
+
+    return config
 
 
 def _current_passes() -> list:
-    cur = inductor_config.post_grad_custom_post_pass
+    cur = _inductor_config().post_grad_custom_post_pass
     if cur is None:
         return []
     return list(cur) if isinstance(cur, (list, tuple)) else [cur]
 
 
 def enable_async_tp(*, all_gather_matmul: bool = True,
-                    matmul_reduce_scatter: bool = True) -> AsyncTPPass:
-    """Installs the pass (after any post-grad custom pass already set, which keeps running)."""
-    global _installed
+                    matmul_reduce_scatter: bool = True):
+    """Installs the pass (after any post-grad custom pass already set, which keeps running);
+    returns it (a ``CustomGraphPass``)."""
     disable_async_tp()
-    p = AsyncTPPass(all_gather_matmul=all_gather_matmul,
-                    matmul_reduce_scatter=matmul_reduce_scatter)
+    p = _make_pass(all_gather_matmul=all_gather_matmul,
+                   matmul_reduce_scatter=matmul_reduce_scatter)
     passes = _current_passes() + [p]
-    inductor_config.post_grad_custom_post_pass = passes[0] if len(passes) == 1 else passes
-    _installed = p
+    _inductor_config().post_grad_custom_post_pass = passes[0] if len(passes) == 1 else passes
     return p
 
 
 def disable_async_tp() -> None:
     """Removes the pass; other post-grad passes stay."""
-    global _installed
-    passes = [p for p in _current_passes() if not isinstance(p, AsyncTPPass)]
+    if "torch._inductor.config" not in sys.modules:
+        return  # never enabled
+    passes = [p for p in _current_passes() if not _is_ours(p)]
     if len(passes) != len(_current_passes()):
-        inductor_config.post_grad_custom_post_pass = (
+        _inductor_config().post_grad_custom_post_pass = (
             None if not passes else passes[0] if len(passes) == 1 else passes)
-    _installed = None
 
 
 def is_async_tp_enabled() -> bool:
-    return any(isinstance(p, AsyncTPPass) for p in _current_passes())
+    if "torch._inductor.config" not in sys.modules:
+        return False
+    return any(_is_ours(p) for p in _current_passes())
 
 
 @contextlib.contextmanager
 def async_tp(**options):
     """Enables the pass inside the block; restores the previous state after it."""
-    was = [p for p in _current_passes() if isinstance(p, AsyncTPPass)]
+    was = [p for p in _current_passes() if _is_ours(p)] if is_async_tp_enabled() else []
     p = enable_async_tp(**options)
     try:
         yield p
