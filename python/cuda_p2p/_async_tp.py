@@ -108,6 +108,19 @@ def _ancestors(node: torch.fx.Node) -> set:
     return seen
 
 
+def _erase_dead(graph: torch.fx.Graph, nodes) -> None:
+    """Erases those of ``nodes`` left without users, in whatever order they become so."""
+    pending = list(dict.fromkeys(nodes))
+    changed = True
+    while changed:
+        changed = False
+        for n in list(pending):
+            if not n.users:
+                graph.erase_node(n)
+                pending.remove(n)
+                changed = True
+
+
 def _raise_before(anchor: torch.fx.Node, nodes) -> None:
     """Moves ``nodes`` (and what they need) before ``anchor`` where they come after it."""
     order = {n: i for i, n in enumerate(anchor.graph.nodes)}
@@ -260,9 +273,7 @@ def _fuse_all_gather(g: _Gather, stats: dict) -> None:
         with graph.inserting_after(fused):
             A = graph.call_function(operator.getitem, (fused, 0))
         res.replace_all_uses_with(A)
-    for n in reversed(g.nodes):
-        if not n.users:
-            graph.erase_node(n)
+    _erase_dead(graph, g.nodes)
     stats["all_gather_matmul"] += 1
     log.info("cuda_p2p async-TP: fused all-gather (gather_dim=%d, group %s) with %d matmul(s)%s",
              g.gather_dim, g.group_name, len(consumers),
@@ -375,9 +386,7 @@ def _fuse_reduce_scatter(rs: torch.fx.Node, stats: dict) -> None:
     for u in list(rs.users):
         if u.op == "output":
             u.replace_input_with(rs, out)
-    for n in [wait, rs, *chunk_nodes, *mm_nodes]:
-        if not n.users:
-            graph.erase_node(n)
+    _erase_dead(graph, [wait, rs, *chunk_nodes, *mm_nodes])
     stats["matmul_reduce_scatter"] += 1
     log.info("cuda_p2p async-TP: fused matmul with reduce-scatter (%s, scatter_dim=%d, group %s)%s",
              reduce_op, sd, group_name, " (+ bias)" if bias is not None else "")
