@@ -9,6 +9,7 @@ pass's own statistics (what it rewrote), and the backend's counters (which fused
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 import torch.distributed as dist
@@ -92,6 +93,12 @@ def _compare(failures, what, got, want):
 _compiled = {}
 
 
+def _no_compile_caches():
+    from torch._inductor import config as inductor_config
+
+    return inductor_config.patch(force_disable_caches=True)
+
+
 def _compiled_patterns(dynamic):
     # One compiled function per dynamic setting, shared by the checks run on this worker.
     if dynamic not in _compiled:
@@ -114,7 +121,8 @@ def check_patterns(ctx, dynamic=False, grad=True):
     try:
         want, want_grads = _run(_patterns, inputs, group, grad)
         before = _counters(group)
-        with cuda_p2p.async_tp() as p:
+        # No cache: the pass must run for its log to be checked (a hit skips it, rightly).
+        with cuda_p2p.async_tp() as p, _no_compile_caches():
             got, got_grads = _run(_compiled_patterns(dynamic), inputs, group, grad)
         counters = _delta(before, _counters(group))
         for i, (g, w) in enumerate(zip(got, want)):
@@ -155,7 +163,7 @@ def check_pass_off_and_gloo(ctx):
     logger.setLevel(logging.DEBUG)
     try:
         torch._dynamo.reset()
-        with cuda_p2p.async_tp():
+        with cuda_p2p.async_tp(), _no_compile_caches():
             got, _ = _run(torch.compile(_patterns, fullgraph=True), inputs, ctx.gloo, grad=False)
     finally:
         logger.removeHandler(handler)
@@ -304,6 +312,11 @@ def check_user_pass_cache_dynamic(ctx):
     failures, n = [], 0
     user = _UserPass()
     saved = inductor_config.post_grad_custom_post_pass
+    # A cache of our own: the first compile must miss (so that both passes run), the second hit.
+    import tempfile
+
+    saved_dir = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"cuda_p2p_fx_{ctx.rank}_")
     inductor_config.post_grad_custom_post_pass = user
     try:
         cuda_p2p.enable_async_tp()
@@ -338,6 +351,13 @@ def check_user_pass_cache_dynamic(ctx):
         if inductor_config.post_grad_custom_post_pass is not user:
             failures.append("disable_async_tp did not restore the user's pass")
     finally:
+        import shutil
+
+        shutil.rmtree(os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
+        if saved_dir is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved_dir
         cuda_p2p.disable_async_tp()
         inductor_config.post_grad_custom_post_pass = saved
         torch._dynamo.reset()
