@@ -1,5 +1,7 @@
 // all_gather(A_shard, gather_dim) @ B, with the gathering of shard i+1 hidden behind the GEMM of
 // shard i (docs/design.md §5, docs/pipelines.md).
+#include <ATen/core/grad_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
 #include <sstream>
@@ -297,9 +299,27 @@ struct Problem {
 
 }  // namespace
 
+void check_below_autograd(const char* op, at::TensorList tensors) {
+  // NOTE [Fused ops below autograd]
+  if (!at::GradMode::is_enabled() ||
+      c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::AutogradFunctionality)) {
+    return;
+  }
+  for (const auto& t : tensors) {
+    TORCH_CHECK(!t.defined() || !t.requires_grad(), "cuda_p2p ", op,
+                ": an input requires grad, but the op was called without its autograd formula "
+                "(`import cuda_p2p` registers it); expected inputs that do not require grad, or "
+                "a call through torch.ops.cuda_p2p after importing cuda_p2p");
+  }
+}
+
 int64_t check_all_gather_matmul_args(const at::Tensor& A_shard, at::TensorList Bs,
                                      int64_t gather_dim, int64_t world_size) {
   TORCH_CHECK(A_shard.defined(), "cuda_p2p ", kOp, ": A_shard is undefined");
+  TORCH_CHECK(A_shard.layout() == at::kStrided, "cuda_p2p ", kOp,
+              ": expected a strided (dense) A_shard, got layout ", A_shard.layout());
+  check_below_autograd(kOp, A_shard);
+  check_below_autograd(kOp, Bs);
   const int64_t nd = A_shard.dim();
   TORCH_CHECK(nd >= 2, "cuda_p2p ", kOp, ": expected A_shard with at least 2 dims, got shape ",
               A_shard.sizes());
@@ -315,6 +335,8 @@ int64_t check_all_gather_matmul_args(const at::Tensor& A_shard, at::TensorList B
   for (size_t i = 0; i < Bs.size(); ++i) {
     const auto& B = Bs[i];
     TORCH_CHECK(B.defined(), "cuda_p2p ", kOp, ": Bs[", i, "] is undefined");
+    TORCH_CHECK(B.layout() == at::kStrided, "cuda_p2p ", kOp,
+                ": expected strided (dense) Bs, got Bs[", i, "] of layout ", B.layout());
     TORCH_CHECK(B.dim() == 2, "cuda_p2p ", kOp, ": expected every B to be a matrix, got Bs[", i,
                 "] of shape ", B.sizes());
     TORCH_CHECK(B.scalar_type() == A_shard.scalar_type(), "cuda_p2p ", kOp,

@@ -335,6 +335,9 @@ ReduceOp parse_reduce_op(const std::string& reduce_op, const char* op) {
 int64_t check_matmul_reduce_scatter_args(const at::Tensor& A, const at::Tensor& B,
                                          int64_t scatter_dim, int64_t world_size) {
   TORCH_CHECK(A.defined() && B.defined(), "cuda_p2p ", kOp, ": A and B must be defined");
+  TORCH_CHECK(A.layout() == at::kStrided && B.layout() == at::kStrided, "cuda_p2p ", kOp,
+              ": expected strided (dense) A and B, got layouts ", A.layout(), " and ", B.layout());
+  check_below_autograd(kOp, {A, B});  // NOTE [Fused ops below autograd]
   const int64_t nd = A.dim();
   TORCH_CHECK(nd >= 2, "cuda_p2p ", kOp, ": expected A with at least 2 dims, got shape ",
               A.sizes());

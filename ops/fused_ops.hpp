@@ -63,7 +63,19 @@ struct AllGatherMatmulResult {
   std::vector<at::Tensor> outputs;
 };
 
-// Checks the arguments, returns gather_dim in [0, A_shard.dim()).
+// NOTE [Fused ops below autograd]
+// The kernels write their products with out= ops, on the pipeline's streams, which replay the
+// caller's thread-local state (pipeline::Env::tls). They are correct only below autograd: the
+// backward formulas registered by the Python package (python/cuda_p2p/_autograd.py) call them with
+// the autograd keys excluded. A caller that reaches a kernel with a tensor that requires grad,
+// grad mode on and autograd not excluded (the C++ library without the Python package: the
+// dispatcher's fallback redispatches without excluding autograd) would fail in the first GEMM,
+// midway through the pipeline, after the peers have signalled: the check below raises before.
+void check_below_autograd(const char* op, at::TensorList tensors);
+
+// Checks the arguments (every check that needs no peer: run before the first signal, so a bad
+// call raises on every rank that makes it and leaves the group usable); returns gather_dim in
+// [0, A_shard.dim()).
 int64_t check_all_gather_matmul_args(const at::Tensor& A_shard, at::TensorList Bs,
                                      int64_t gather_dim, int64_t world_size);
 

@@ -221,10 +221,15 @@ std::vector<std::string> exchange(c10d::Store& store, const std::string& prefix,
 void claim_rank_slot(c10d::Store& store, int rank) {
   std::random_device rd;
   std::ostringstream value;
-  value << "pid " << ::getpid() << " on " << host_identity() << " token " << std::hex << rd()
-        << rd() << rd() << rd();
+  const std::string me = "pid " + std::to_string(::getpid()) + " on " + host_identity() + " token ";
+  value << me << std::hex << rd() << rd() << rd() << rd();
   const std::string key = "cuda_p2p/workspace/owner/" + std::to_string(rank);
-  const std::string got = to_string(store.compareSet(key, {}, to_bytes(value.str())));
+  std::string got = to_string(store.compareSet(key, {}, to_bytes(value.str())));
+  if (got != value.str() && got.rfind(me, 0) == 0) {
+    // This very process held the slot: it re-creates a group it destroyed on the same store.
+    store.set(key, to_bytes(value.str()));
+    got = value.str();
+  }
   TORCH_CHECK(got == value.str(), "cuda_p2p: another job already uses this store: rank ", rank,
               "'s workspace slot is held by another process (",
               got.substr(0, std::min<size_t>(got.find(" token"), 200)), "), so this process (pid ",

@@ -16,11 +16,17 @@ from ._backend import (
     is_cuda_p2p_group,
 )
 from ._collectives import all_gather_v
+from . import _autograd  # noqa: F401  (registers the fused ops' backward formulas)
+from ._async_tp import async_tp, disable_async_tp, enable_async_tp, is_async_tp_enabled
 
 __all__ = [
     "BACKEND_NAME",
     "ProcessGroupCudaP2P",
     "all_gather_v",
+    "async_tp",
+    "disable_async_tp",
+    "enable_async_tp",
+    "is_async_tp_enabled",
     "get_cuda_p2p_backend",
     "is_cuda_p2p_group",
     "fused_all_gather_matmul",

@@ -56,8 +56,15 @@ def _claim_rank_slot(store, rank: int, group: str) -> None:
     running job's init_method port reaches that job's store; the first process to claim a slot
     holds it, a later one fails here, before its wrapped backends write into the store.
     """
-    value = f"pid {os.getpid()} on {socket.gethostname()} token {secrets.token_hex(16)}"
-    got = store.compare_set(f"cuda_p2p/owner/{rank}", "", value).decode(errors="replace")
+    me = f"pid {os.getpid()} on {socket.gethostname()} token "
+    value = me + secrets.token_hex(16)
+    key = f"cuda_p2p/owner/{rank}"
+    got = store.compare_set(key, "", value).decode(errors="replace")
+    if got != value and got.startswith(me):
+        # This very process held the slot: it re-creates a group it destroyed, on the same store
+        # (init_process_group after destroy_process_group under torchrun's agent store).
+        store.set(key, value)
+        got = value
     if got != value:
         holder = got.split(" token ")[0][:200]
         raise RuntimeError(

@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""A DTensor tensor-parallel MLP training step: eager vs compiled vs compiled + the async-TP pass.
+
+Launches W local CPU ranks (torch.multiprocessing, spawn) on the cuda_p2p backend. Each builds
+the same MLP (LayerNorm with SequenceParallel, Linear D->F ColwiseParallel, ReLU, Linear F->D
+RowwiseParallel, sequence dim sharded) on a mesh over the cuda_p2p group and times one SGD step
+(forward, backward, optimizer) of
+
+    eager              DTensor eager: all-gather / reduce-scatter on the cuda_p2p group + matmuls
+    compiled           torch.compile (inductor) without our pass: the same collectives, compiled
+    compiled+fused     torch.compile with cuda_p2p.enable_async_tp(): the all-gathers and
+                       reduce-scatters fused with their matmuls, forward and backward
+
+Variants run interleaved (each iteration runs each once, in rotating order, after a Gloo barrier)
+so that load changes hit all alike; an iteration's time is the slowest rank's; a variant's time is
+the median over iterations (the minimum is reported too). Compilation happens in warm-up steps
+and is not timed. Ratios are against eager in the same run.
+
+    .venv/bin/python bench/bench_training.py                      # W=2 and 4, default shape
+    .venv/bin/python bench/bench_training.py --world-sizes 2 --iters 10 --tokens 512
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from _common import free_port
+
+VARIANTS = ("eager", "compiled", "compiled+fused")
+
+
+def _rank_main(rank, W, port, args, queue):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    import cuda_p2p
+
+    dist.init_process_group("cuda_p2p", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=W)
+    gloo = dist.new_group(backend="gloo")
+    D, F, S = args.dim, 4 * args.dim, args.tokens // W
+
+    class MLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.LayerNorm(D)
+            self.w1 = torch.nn.Linear(D, F)
+            self.w2 = torch.nn.Linear(F, D)
+
+        def forward(self, x):
+            return self.w2(torch.relu(self.w1(self.norm(x))))
+
+    def build():
+        torch.manual_seed(0)
+        mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu")
+        model = parallelize_module(MLP(), mesh, {
+            "norm": SequenceParallel(sequence_dim=0),
+            "w1": ColwiseParallel(input_layouts=Shard(0)),
+            "w2": RowwiseParallel(output_layouts=Shard(0)),
+        })
+        return model, torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    backend = cuda_p2p.get_cuda_p2p_backend()
+    steps = {}
+    fused_counts = {}
+    for name in VARIANTS:
+        model, opt = build()
+        if name == "compiled+fused":
+            cuda_p2p.enable_async_tp()
+        fn = model
+        if name != "eager":
+            # A top-level frame of its own per variant: dynamo caches compiled code per code
+            # object, and would otherwise hand the second variant the first one's graph.
+            ns = {}
+            exec(compile("def step(x):\n    return model(x)\n", f"<step {name}>", "exec"),
+                 {"model": model}, ns)
+            fn = torch.compile(ns["step"], fullgraph=True)
+        steps[name] = (fn, opt)
+        x = torch.randn(S, D)
+        before = dict(backend.get_counters())
+        for _ in range(args.warmup):  # compiles here
+            opt.zero_grad()
+            fn(x).square().mean().backward()
+            opt.step()
+        after = dict(backend.get_counters())
+        fused_counts[name] = sum(v - before.get(k, 0) for k, v in after.items()
+                                 if k.startswith("fused_"))
+        cuda_p2p.disable_async_tp()
+
+    x = torch.randn(S, D)
+    times = {name: [] for name in VARIANTS}
+    for it in range(args.iters):
+        order = VARIANTS[it % 3:] + VARIANTS[:it % 3]
+        for name in order:
+            fn, opt = steps[name]
+            dist.barrier(group=gloo)
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            fn(x).square().mean().backward()
+            opt.step()
+            dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            dist.all_reduce(dt, op=dist.ReduceOp.MAX, group=gloo)
+            times[name].append(float(dt))
+    if rank == 0:
+        queue.put({"times": times, "fused_ops_in_warmup": fused_counts})
+    dist.barrier(group=gloo)
+    dist.destroy_process_group()
+
+
+def run(W, args):
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, W, port, args, queue)) for r in range(W)]
+    for p in procs:
+        p.start()
+    result = queue.get(timeout=args.timeout)
+    for p in procs:
+        p.join(timeout=60)
+    return result
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--dim", type=int, default=256, help="model dim D (hidden F = 4D)")
+    ap.add_argument("--tokens", type=int, default=512, help="sequence length (all ranks)")
+    ap.add_argument("--iters", type=int, default=15)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=1200)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = ap.parse_args()
+
+    report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+              "torch": torch.__version__, "dim": args.dim, "tokens": args.tokens,
+              "iters": args.iters, "cpus": os.cpu_count(), "loadavg_at_start": os.getloadavg(),
+              "results": {}}
+    print(f"TP MLP step, D={args.dim} F={4 * args.dim} tokens={args.tokens}, "
+          f"median (min) over {args.iters} iterations, slowest rank")
+    print(f"{'W':>3} {'variant':>16} {'median ms':>10} {'min ms':>8} {'vs eager':>9} "
+          f"{'fused ops/warm-up':>18}")
+    for W in args.world_sizes:
+        res = run(W, args)
+        eager = statistics.median(res["times"]["eager"])
+        rows = {}
+        for name in VARIANTS:
+            t = res["times"][name]
+            med = statistics.median(t)
+            rows[name] = {"median_s": med, "min_s": min(t), "ratio_vs_eager": med / eager,
+                          "fused_ops_in_warmup": res["fused_ops_in_warmup"][name]}
+            print(f"{W:>3} {name:>16} {med * 1e3:>10.2f} {min(t) * 1e3:>8.2f} "
+                  f"{med / eager:>9.2f} {res['fused_ops_in_warmup'][name]:>18}")
+        report["results"][str(W)] = rows
+    report["loadavg_at_end"] = os.getloadavg()
+    print(f"load average (1 min) at start {report['loadavg_at_start'][0]:.1f}, "
+          f"at end {report['loadavg_at_end'][0]:.1f} on {os.cpu_count()} CPUs")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "training.json"
+    path.write_text(json.dumps(report, indent=2))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))
+    main()

@@ -1,0 +1,400 @@
+"""Rank-side checks of the async-TP compile pass (python/cuda_p2p/_async_tp.py).
+
+torch.compile on CPU costs tens of seconds per graph on our machines, so each check compiles one
+function holding many patterns at once and checks all of them: values and gradients against the
+same function run eagerly (functional collectives on the same group: the unfused path), the
+pass's own statistics (what it rewrote), and the backend's counters (which fused ops ran).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+
+import cuda_p2p
+from _fused_checks import _counters, _delta, run_safely  # noqa: F401
+
+TOL = dict(atol=1e-4, rtol=1e-4)
+
+
+def _rand(shape, seed, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g) * scale).requires_grad_()
+
+
+class _Stats(logging.Handler):
+    """Collects the pass's log lines."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+_GROUP_NAME = None  # the default group's name, a constant for dynamo (set by check_patterns)
+
+
+def _patterns(x0, x3, h, h3, wq, wk, wv, w3, bias, w2, w23, wz, group):
+    """Every pattern the pass fuses, in one function (autograd versions of the collectives),
+    and a direct call of a fused op (its gradients under torch.compile)."""
+    # gather dim 0, three consumers (Q, K, V; V an addmm with a bias), and another user of the
+    # gathered tensor (return_A)
+    a = funcol.all_gather_single_autograd(x0, 0, group)
+    q = a @ wq
+    k = a @ wk
+    v = torch.addmm(bias, a, wv)
+    side = a.sum(dim=1, keepdim=True)
+    # gather dim 1 of a 3-D tensor (split/getitem/cat), consumed through reshape -> mm -> reshape
+    b = funcol.all_gather_single_autograd(x3, 1, group)
+    c = b @ w3
+    # mm -> reduce-scatter, dim 0, "sum"
+    r = funcol.reduce_scatter_single_autograd(h @ w2, "sum", 0, group)
+    # reshape -> mm -> reshape -> reduce-scatter along dim 1 (funcol differentiates "sum" only)
+    r3 = funcol.reduce_scatter_single_autograd(h3 @ w23, "sum", 1, group)
+    if _GROUP_NAME is None:  # a Gloo group: no fused op
+        return q, k, v * side, c, r, r3
+    _, (z,) = torch.ops.cuda_p2p.fused_all_gather_matmul(x0, [wz], 0, _GROUP_NAME,
+                                                         return_A=False)
+    return q, k, v * side, c, r, r3, z
+
+
+def _inputs(ctx):
+    W, rank = ctx.world_size, ctx.rank
+    return dict(
+        x0=_rand((3, 8), 10 + rank), x3=_rand((2, 3, 8), 20 + rank),
+        h=_rand((4 * W, 6), 30 + rank), h3=_rand((2, 2 * W, 6), 40 + rank),
+        wq=_rand((8, 5), 50 + rank), wk=_rand((8, 4), 60 + rank), wv=_rand((8, 5), 70 + rank),
+        w3=_rand((8, 7), 80 + rank), bias=_rand((5,), 90 + rank), w2=_rand((6, 8), 100 + rank),
+        w23=_rand((6, 5), 110 + rank), wz=_rand((8, 3), 120 + rank),
+    )
+
+
+def _run(fn, inputs, group, grad=True):
+    ins = {k: v.detach().clone().requires_grad_(grad) for k, v in inputs.items()}
+    outs = fn(**ins, group=group)
+    if grad:
+        sum((o * (i + 1)).sum() for i, o in enumerate(outs)).backward()
+    return outs, {k: v.grad for k, v in ins.items()}
+
+
+def _compare(failures, what, got, want):
+    try:
+        torch.testing.assert_close(got, want, **TOL)
+    except AssertionError as e:
+        failures.append(f"{what}: {str(e).splitlines()[0]}")
+
+
+_compiled = {}
+
+
+def _no_compile_caches():
+    from torch._inductor import config as inductor_config
+
+    return inductor_config.patch(force_disable_caches=True)
+
+
+def _compiled_patterns(dynamic):
+    # One compiled function per dynamic setting, shared by the checks run on this worker.
+    if dynamic not in _compiled:
+        _compiled[dynamic] = torch.compile(_patterns, dynamic=dynamic, fullgraph=True)
+    return _compiled[dynamic]
+
+
+def check_patterns(ctx, dynamic=False, grad=True):
+    """Every pattern, forward and backward, compiled with the pass vs eager; counters."""
+    group = dist.group.WORLD
+    failures, n = [], 0
+    handler = _Stats()
+    logger = logging.getLogger("cuda_p2p.async_tp")
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(logging.DEBUG)
+    inputs = _inputs(ctx)
+    global _GROUP_NAME
+    _GROUP_NAME = group.group_name
+    try:
+        want, want_grads = _run(_patterns, inputs, group, grad)
+        before = _counters(group)
+        # No cache: the pass must run for its log to be checked (a hit skips it, rightly).
+        with cuda_p2p.async_tp() as p, _no_compile_caches():
+            got, got_grads = _run(_compiled_patterns(dynamic), inputs, group, grad)
+        counters = _delta(before, _counters(group))
+        for i, (g, w) in enumerate(zip(got, want)):
+            _compare(failures, f"output {i}", g, w)
+            n += 1
+        if grad:
+            for k in inputs:
+                _compare(failures, f"grad {k}", got_grads[k], want_grads[k])
+                n += 1
+    finally:
+        _GROUP_NAME = None
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    return {"cases": n, "failures": failures, "counters": counters, "log": handler.lines,
+            "pass_calls": p.calls}
+
+
+def check_pass_off_and_gloo(ctx):
+    """The pass off: nothing fused. A Gloo group with the pass on: nothing fused either."""
+    failures, n = [], 0
+    inputs = _inputs(ctx)
+    cuda_p2p.disable_async_tp()
+    torch._dynamo.reset()
+    group = dist.group.WORLD
+    before = _counters(group)
+    want, _ = _run(_patterns, inputs, group, grad=False)
+    got, _ = _run(torch.compile(_patterns, fullgraph=True), inputs, group, grad=False)
+    off = _delta(before, _counters(group))
+    for i, (g, w) in enumerate(zip(got, want)):
+        _compare(failures, f"pass off: output {i}", g, w)
+        n += 1
+    if any(k.startswith("fused_") for k in off):
+        failures.append(f"the pass is off, yet fused ops ran: {off}")
+    # Gloo: the pass is on, but the group is not ours.
+    handler = _Stats()
+    logger = logging.getLogger("cuda_p2p.async_tp")
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        torch._dynamo.reset()
+        with cuda_p2p.async_tp(), _no_compile_caches():
+            got, _ = _run(torch.compile(_patterns, fullgraph=True), inputs, ctx.gloo, grad=False)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(logging.NOTSET)
+    want, _ = _run(_patterns, inputs, ctx.gloo, grad=False)
+    for i, (g, w) in enumerate(zip(got, want)):
+        _compare(failures, f"gloo: output {i}", g, w)
+        n += 1
+    if not any("not on a cuda_p2p group" in line for line in handler.lines):
+        failures.append(f"gloo: the log does not say why nothing was fused: {handler.lines}")
+    if any(line.startswith("cuda_p2p async-TP: fused") for line in handler.lines):
+        failures.append(f"gloo: something was fused: {handler.lines}")
+    torch._dynamo.reset()
+    return {"cases": n, "failures": failures, "counters": {}}
+
+
+# ---- a DTensor tensor-parallel MLP, trained --------------------------------------------------
+
+D, F, S = 16, 32, 8  # model dim, hidden dim, sequence length per rank
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(D)
+        self.w1 = torch.nn.Linear(D, F)
+        self.w2 = torch.nn.Linear(F, D)
+
+    def forward(self, x):
+        return self.w2(torch.relu(self.w1(self.norm(x))))
+
+
+def make_tp_mlp(group):
+    """The MLP with sequence parallelism on the norm, ColwiseParallel w1, RowwiseParallel w2,
+    on a mesh over ``group``; the same initial weights on every rank and for every group."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    torch.manual_seed(0)
+    model = MLP()
+    mesh = DeviceMesh.from_group(group, "cpu")
+    return parallelize_module(model, mesh, {
+        "norm": SequenceParallel(sequence_dim=0),
+        "w1": ColwiseParallel(input_layouts=Shard(0)),
+        "w2": RowwiseParallel(output_layouts=Shard(0)),
+    })
+
+
+def train_tp_mlp(ctx, group, steps, compiled, phase_counters=None):
+    """Loss per step and the final parameters (full tensors) of a few SGD steps."""
+    model = make_tp_mlp(group)
+    step_model = torch.compile(model, fullgraph=True) if compiled else model
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for step in range(steps):
+        x = _rand((S, D), 1000 * step + ctx.rank).detach()
+        target = _rand((S, D), 2000 * step + ctx.rank).detach()
+        opt.zero_grad()
+        c0 = _counters(group) if phase_counters is not None else None
+        out = step_model(x)
+        loss = ((out - target) ** 2).mean()
+        c1 = _counters(group) if phase_counters is not None else None
+        loss.backward()
+        if phase_counters is not None:
+            phase_counters.append((_delta(c0, c1), _delta(c1, _counters(group))))
+        opt.step()
+        # The global loss (every rank's sequence shard), for comparison across runs.
+        total = loss.detach().clone()
+        dist.all_reduce(total, group=ctx.gloo)
+        losses.append(float(total) / ctx.world_size)
+    params = {n: p.full_tensor().detach() for n, p in model.named_parameters()}
+    return losses, params
+
+
+def check_dtensor_mlp(ctx, steps=3):
+    """The compiled TP MLP with the pass matches eager on cuda_p2p and on Gloo, and ran both
+    fused ops in forward and backward."""
+    failures, n = [], 0
+    group = dist.group.WORLD
+    torch._dynamo.reset()
+    eager_losses, eager_params = train_tp_mlp(ctx, group, steps, compiled=False)
+    gloo_losses, gloo_params = train_tp_mlp(ctx, ctx.gloo, steps, compiled=False)
+    phases = []
+    with cuda_p2p.async_tp():
+        comp_losses, comp_params = train_tp_mlp(ctx, group, steps, compiled=True,
+                                                phase_counters=phases)
+    torch._dynamo.reset()
+    for what, losses, params in (("eager cuda_p2p", eager_losses, eager_params),
+                                 ("eager gloo", gloo_losses, gloo_params)):
+        _compare(failures, f"losses: compiled+fused vs {what}", torch.tensor(comp_losses),
+                 torch.tensor(losses))
+        for k in params:
+            _compare(failures, f"param {k}: compiled+fused vs {what}", comp_params[k], params[k])
+        n += 1
+    for step, (fwd, bwd) in enumerate(phases):
+        for phase, c in (("forward", fwd), ("backward", bwd)):
+            for op in ("fused_all_gather_matmul", "fused_matmul_reduce_scatter"):
+                if not any(k.startswith(op + ".") for k in c):
+                    failures.append(f"step {step} {phase}: {op} did not run: {c}")
+            n += 1
+    return {"cases": n, "failures": failures, "counters": {}, "losses": comp_losses,
+            "phases": phases}
+
+
+# ---- the pass among other passes, the FX cache, dynamic shapes, inference ------------------------
+
+
+def _small(x, h, w1, w2, group):
+    a = funcol.all_gather_single(x, 0, group)
+    r = funcol.reduce_scatter_single(torch.relu(a @ w1) @ w2, "sum", 0, group)
+    return (r.wait() if hasattr(r, "wait") else r,)
+
+
+class _UserPass:
+    """A user's own post-grad pass (counts the graphs it saw)."""
+
+    def __new__(cls):
+        from torch._inductor.custom_graph_pass import CustomGraphPass
+
+        class UserPass(CustomGraphPass):
+            calls = 0
+
+            def __call__(self, graph):
+                type(self).calls += 1
+
+            def uuid(self):
+                return "test-user-pass-v1"
+
+        return UserPass()
+
+
+def check_user_pass_cache_dynamic(ctx):
+    """With a user's pass already set: both run; dynamic=True; no grad (an inference graph); a
+    second compile of the same function is an FX-cache hit and still runs the fused ops."""
+    from torch._dynamo.utils import counters as dynamo_counters
+    from torch._inductor import config as inductor_config
+
+    group = dist.group.WORLD
+    W = ctx.world_size
+    failures, n = [], 0
+    user = _UserPass()
+    saved = inductor_config.post_grad_custom_post_pass
+    # A cache of our own: the first compile must miss (so that both passes run), the second hit.
+    import tempfile
+
+    saved_dir = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"cuda_p2p_fx_{ctx.rank}_")
+    inductor_config.post_grad_custom_post_pass = user
+    try:
+        cuda_p2p.enable_async_tp()
+        cur = inductor_config.post_grad_custom_post_pass
+        if not (isinstance(cur, list) and cur[0] is user and len(cur) == 2):
+            failures.append(f"enable_async_tp did not keep the user's pass first: {cur}")
+        with torch.no_grad():
+            for attempt in ("first compile", "second compile (cache)"):
+                torch._dynamo.reset()
+                hits = dynamo_counters["inductor"]["fxgraph_cache_hit"]
+                for rows in (3, 5):  # dynamic=True: one graph for both sizes
+                    x = _rand((rows, 8), rows + ctx.rank).detach()
+                    h = None
+                    w1 = _rand((8, 6), 7).detach()
+                    w2 = _rand((6, 2 * W), 8).detach()
+                    want = _small(x, h, w1, w2, group)[0]
+                    before = _counters(group)
+                    got = torch.compile(_small, dynamic=True, fullgraph=True)(x, h, w1, w2,
+                                                                              group)[0]
+                    c = _delta(before, _counters(group))
+                    _compare(failures, f"{attempt} rows={rows}", got, want)
+                    if set(c) != {"fused_all_gather_matmul.pull_ahead",
+                                  "fused_matmul_reduce_scatter.ring"}:
+                        failures.append(f"{attempt} rows={rows}: counters {c}")
+                    n += 1
+                if attempt.startswith("second") and \
+                        dynamo_counters["inductor"]["fxgraph_cache_hit"] <= hits:
+                    failures.append("the second compile was not an FX-cache hit")
+        if user.calls == 0:
+            failures.append("the user's own post-grad pass did not run")
+        cuda_p2p.disable_async_tp()
+        if inductor_config.post_grad_custom_post_pass is not user:
+            failures.append("disable_async_tp did not restore the user's pass")
+    finally:
+        import shutil
+
+        shutil.rmtree(os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
+        if saved_dir is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved_dir
+        cuda_p2p.disable_async_tp()
+        inductor_config.post_grad_custom_post_pass = saved
+        torch._dynamo.reset()
+    return {"cases": n, "failures": failures, "counters": {}}
+
+
+def check_symm_mem_nodes(ctx):
+    """PyTorch's symm_mem fused nodes on our group become ours (FX only, no compile), and the
+    rewritten graph computes what the unfused ops compute."""
+    import torch.distributed._symmetric_memory  # noqa: F401
+
+    from cuda_p2p._async_tp import rewrite
+
+    group = dist.group.WORLD
+    name = group.group_name
+    failures, n = [], 0
+    g = torch.fx.Graph()
+    x, w, a2, w2 = (g.placeholder(s) for s in ("x", "w", "a2", "w2"))
+    ag = g.call_function(torch.ops.symm_mem.fused_all_gather_matmul.default,
+                         (x, [w], 0, name), {"return_A": False})
+    outs = g.call_function(__import__("operator").getitem, (ag, 1))
+    rs = g.call_function(torch.ops.symm_mem.fused_matmul_reduce_scatter.default,
+                         (a2, w2, "sum", 0, name))
+    g.output((outs, rs))
+    stats = rewrite(g)
+    if stats["symm_mem"] != 2:
+        failures.append(f"expected 2 symm_mem nodes rewritten, got {stats}")
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    W = ctx.world_size
+    X, Wt = _rand((3, 4), ctx.rank).detach(), _rand((4, 5), 9).detach()
+    A2, W2 = _rand((2 * W, 4), 20 + ctx.rank).detach(), _rand((4, 3), 21).detach()
+    (o,), r = gm(X, Wt, A2, W2)
+    full = torch.empty(3 * W, 4)
+    dist.all_gather_into_tensor(full, X, group=ctx.gloo)
+    _compare(failures, "symm_mem all-gather matmul", o, full @ Wt)
+    ref = A2 @ W2
+    dist.all_reduce(ref, group=ctx.gloo)
+    _compare(failures, "symm_mem matmul reduce-scatter", r, ref.chunk(W)[ctx.rank])
+    n += 2
+    return {"cases": n, "failures": failures, "counters": {}}

@@ -1,0 +1,84 @@
+"""The async-TP compile pass (python/cuda_p2p/_async_tp.py) on 2 ranks, and the compiled DTensor
+tensor-parallel MLP on 2 and 4 ranks.
+
+Compiling on CPU is slow here (tens of seconds per graph), so each test compiles one function that
+holds every pattern at once (see _async_tp_checks.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import _async_tp_checks as atc
+from test_fused_ops import assert_all_ok
+
+
+def test_every_pattern_forward_and_backward(world2):
+    res = world2.run(atc.run_safely, atc.check_patterns, timeout=600)
+    assert_all_ok(res, 7 + 12)
+    log = "\n".join(res[0]["log"])
+    # Forward: 2 all-gathers (dim 0 with Q/K/V and return_A, dim 1 reshape-mm-reshape) and 2
+    # reduce-scatters. Backward: each reduce-scatter's adjoint is an all-gather feeding matmuls
+    # (2), each all-gather's a reduce-scatter of a matmul; but the dim-0 one reduce-scatters
+    # the sum of 4 gradients, which inductor writes as addmm(other terms, ...): left, and said why.
+    assert log.count("fused all-gather") == 4, log
+    assert log.count("fused matmul with reduce-scatter") == 3, log
+    assert "left reduce-scatter" in log and "addmm's bias is not bias / group_size" in log, log
+    assert "with 3 matmul(s) (return_A" in log, log
+    # The direct call of fused_all_gather_matmul (return_A=False) adds one all-gather->matmul
+    # forward, and in backward a matmul->reduce-scatter (grad x0) and an all-gather->matmul (the
+    # shard gathered again for grad wz).
+    c = res[0]["counters"]
+    assert c.get("fused_all_gather_matmul.pull_ahead") == 4 + 2, c
+    assert c.get("fused_matmul_reduce_scatter.ring") == 3 + 1, c
+
+
+def test_dtensor_tp_mlp_trains_on_the_fused_ops(world):
+    # world: 2 and 4 ranks
+    res = world.run(atc.run_safely, atc.check_dtensor_mlp, timeout=600)
+    assert_all_ok(res, 2 + 3 * 2)  # 3 steps x (forward, backward)
+
+
+def test_pass_off_and_gloo_group_change_nothing(world2):
+    assert_all_ok(world2.run(atc.run_safely, atc.check_pass_off_and_gloo, timeout=600), 12)
+
+
+def test_user_pass_fx_cache_dynamic_no_grad(world2):
+    assert_all_ok(world2.run(atc.run_safely, atc.check_user_pass_cache_dynamic, timeout=600), 4)
+
+
+def test_symm_mem_nodes_become_ours(world2):
+    assert_all_ok(world2.run(atc.run_safely, atc.check_symm_mem_nodes), 2)
+
+
+_SWITCHES = r"""
+import cuda_p2p
+from torch._inductor import config
+assert cuda_p2p.is_async_tp_enabled(), "CUDA_P2P_ASYNC_TP=1 did not enable the pass at import"
+cuda_p2p.disable_async_tp()
+assert not cuda_p2p.is_async_tp_enabled() and config.post_grad_custom_post_pass is None
+mine = lambda graph: None
+config.post_grad_custom_post_pass = mine
+with cuda_p2p.async_tp() as p:
+    assert config.post_grad_custom_post_pass == [mine, p]
+    u1 = p.uuid()
+assert config.post_grad_custom_post_pass is mine
+p2 = cuda_p2p.enable_async_tp(matmul_reduce_scatter=False)
+assert p2.uuid() != u1, "the options are not part of the uuid"
+cuda_p2p.enable_async_tp()
+assert config.post_grad_custom_post_pass[0] is mine and len(config.post_grad_custom_post_pass) == 2
+cuda_p2p.disable_async_tp()
+assert config.post_grad_custom_post_pass is mine
+print("ok")
+"""
+
+
+def test_switches_and_environment_variable():
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, CUDA_P2P_ASYNC_TP="1")
+    r = subprocess.run([sys.executable, "-c", _SWITCHES], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
