@@ -14,12 +14,20 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench"
 
 # script -> arguments of one tiny case ({out} is a fresh directory); what the output must contain.
+# gpu_timing.py needs a GPU: here it must say so and exit 2 (scripts/gpu_check.sh runs it there).
+NEEDS_GPU = {"gpu_timing.py"}
 TINY = {
+    "bench_training.py": (
+        ["--world-sizes", "2", "--dim", "32", "--tokens", "16", "--iters", "1", "--warmup", "1",
+         "--out", "{out}/t.json"],
+        "{out}/t.json",
+    ),
     "bench_collectives.py": (
         ["--world-sizes", "2", "--sizes", "8", "4K", "--collectives", "all_reduce",
          "--iters", "3", "--warmup", "1", "--no-barrier", "--json", "{out}/c.json",
@@ -41,7 +49,7 @@ TINY = {
 
 def test_every_script_has_a_tiny_case():
     scripts = sorted(p.name for p in BENCH.glob("*.py") if not p.name.startswith("_"))
-    missing = [s for s in scripts if s not in TINY]
+    missing = [s for s in scripts if s not in TINY and s not in NEEDS_GPU]
     assert not missing, f"bench scripts without a tiny case in {__file__}: {missing}"
 
 
@@ -61,3 +69,12 @@ def test_bench_script_runs(script, tmp_path):
         assert data, f"{script} wrote an empty result"
     else:
         assert any(tmp_path.glob("*.json")), f"{script} wrote no JSON into {tmp_path}"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="runs its real case in scripts/gpu_check.sh")
+@pytest.mark.parametrize("script", sorted(NEEDS_GPU))
+def test_gpu_script_says_no_gpu(script):
+    proc = subprocess.run([sys.executable, str(BENCH / script)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "no CUDA GPU" in proc.stderr + proc.stdout, (
+        proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
