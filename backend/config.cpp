@@ -57,8 +57,8 @@ bool parse_bool(const std::string& text, const std::string& what) {
   const std::string v = lower(text);
   if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
   if (v == "0" || v == "false" || v == "no" || v == "off") return false;
-  TORCH_CHECK(false, "cuda_p2p: ", what, " must be a boolean (1/0, true/false, yes/no, on/off), got '",
-              text, "'");
+  TORCH_CHECK(false, "cuda_p2p: ", what,
+              " must be a boolean (1/0, true/false, yes/no, on/off), got '", text, "'");
 }
 
 int64_t parse_int(const std::string& text, const std::string& what, int64_t min, int64_t max) {
@@ -174,7 +174,7 @@ std::optional<std::pair<std::string, std::string>> chosen(const std::string& opt
                                                           const std::string& field,
                                                           const config::EnvLookup& env,
                                                           const std::string& var) {
-  if (option != "auto") return std::make_pair(option, "Options." + field);
+  if (option != "auto") return std::make_pair(option, c10::str("Options.", field));
   if (auto v = env(var); v && *v != "auto") return std::make_pair(*v, var);
   return std::nullopt;
 }
@@ -196,8 +196,9 @@ Config resolve_config(const Options& o, int world_size, const config::EnvLookup&
     c.workspace_off_reason = "disabled by Options.enable_workspace = False";
   } else if (env_disables) {
     c.workspace = false;
-    c.workspace_off_reason = std::string("disabled by ") + kDisableWorkspaceEnv + "=" +
-                             env(kDisableWorkspaceEnv).value_or("1");
+    // (c10::str rather than std::string operator+: GCC 12 reports a false -Warray-bounds there.)
+    c.workspace_off_reason = c10::str("disabled by ", kDisableWorkspaceEnv, "=",
+                                      env(kDisableWorkspaceEnv).value_or("1"));
   }
   c.workspace_options.buffer_size = o.buffer_size.value_or(WorkspaceOptions::kDefaultBufferSize);
   c.workspace_options.timeout = o.timeout;
@@ -253,11 +254,11 @@ Config resolve_config(const Options& o, int world_size, const config::EnvLookup&
   const auto env_cross = env_bool(env, kCrossMemoryEnv);
   c.cross_memory = pick(o.cross_memory, env_cross, false);
   if (!c.cross_memory) {
-    c.cross_memory_off_reason =
-        o.cross_memory ? "Options.cross_memory = False"
-        : env_cross    ? std::string(kCrossMemoryEnv) + "=0"
-                       : std::string("off by default; Options.cross_memory = True or ") +
-                          kCrossMemoryEnv + "=1 turns it on";
+    c.cross_memory_off_reason = o.cross_memory ? std::string("Options.cross_memory = False")
+                                : env_cross
+                                    ? c10::str(kCrossMemoryEnv, "=", *env(kCrossMemoryEnv))
+                                    : c10::str("off by default; Options.cross_memory = True or ",
+                                               kCrossMemoryEnv, "=1 turns it on");
   }
   c.workspace_options.private_reads = c.cross_memory;
   return c;

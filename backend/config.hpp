@@ -95,7 +95,7 @@ struct Config {
   bool collectives = true;        // the collectives run on the workspace
   bool cuda_collectives = false;  // ... also on a CUDA workspace
   ops::CollectiveConfig collective;
-  bool cross_memory = false;           // offer copy-free reads
+  bool cross_memory = false;            // offer copy-free reads
   std::string cross_memory_off_reason;  // the knob that turned them off ("" when on)
 };
 

@@ -108,6 +108,11 @@ class Device {
   // peer access. Called for every peer before import_block, so that a wrong setup is reported
   // by name on every rank instead of failing inside the import.
   virtual std::string peer_access_problem(const std::string& /*peer_uuid*/) { return ""; }
+  // Whether a block stays valid for the peers that map it whatever its owner does with its own
+  // reference (host: a memfd lives while any process maps it), so that a block a peer never
+  // closed may still be freed (NOTE [Block lifetime]). CUDA: freeing an exported allocation
+  // before every importer closed it is undefined.
+  virtual bool blocks_outlive_owner() const { return false; }
 
   // --- blocks ---
   // A new zero-filled block of `bytes`, shareable with peers of the same host.

@@ -302,11 +302,19 @@ std::string host_identity(const std::string& host_id) {
 // rank publishes before it waits, so ranks destroying their groups together never wait for each
 // other in a cycle). A block whose peers have not closed by then (a peer that died, hangs, or
 // keeps a get_p2p_buffer tensor alive) is deliberately leaked, with a warning: never freed under
-// a peer. After abort() nothing is waited for: what is not closed yet is leaked.
+// a peer. After abort() nothing is waited for: what is not closed yet is leaked. Where the device
+// says blocks outlive their owner's reference (Device::blocks_outlive_owner: the host, whose
+// memfd lives while any process maps it) such a block is freed instead: nothing is left behind
+// after a peer died, and the memory goes with the last mapping.
 class SymmetricWorkspace::Retirement {
  public:
-  Retirement(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size, Millis close_wait)
-      : store_(std::move(store)), rank_(rank), world_size_(world_size), close_wait_(close_wait) {}
+  Retirement(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size, Millis close_wait,
+             bool free_unclosed)
+      : store_(std::move(store)),
+        rank_(rank),
+        world_size_(world_size),
+        close_wait_(close_wait),
+        free_unclosed_(free_unclosed) {}
 
   // A mapping of `generation` was released: publish it, and retire `own`.
   void closed(int generation, std::shared_ptr<Block> own) noexcept {
@@ -342,7 +350,9 @@ class SymmetricWorkspace::Retirement {
             break;
           }
           if (std::chrono::steady_clock::now() >= deadline || open.front() < 0) {
-            if (final) {
+            if (final && free_unclosed_) {
+              free.push_back(std::move(entry));  // safe on this device (NOTE [Block lifetime])
+            } else if (final) {
               try {  // a warning handler may throw (Python's warnings-as-errors)
                 TORCH_WARN("cuda_p2p: rank ", rank_, " leaks its workspace block of generation ",
                            entry.first, ": rank(s) ", c10::Join(", ", open),
@@ -392,6 +402,7 @@ class SymmetricWorkspace::Retirement {
   const int rank_;
   const int world_size_;
   const Millis close_wait_;
+  const bool free_unclosed_;  // Device::blocks_outlive_owner
   mutable std::mutex mu_;
   std::vector<std::pair<int, std::shared_ptr<Block>>> retired_;  // (generation, own block)
   bool final_ = false;                                           // the workspace is destroyed
@@ -439,7 +450,8 @@ SymmetricWorkspace::SymmetricWorkspace(c10::intrusive_ptr<c10d::Store> store, in
   reader_ = device_->private_memory_reader();
   if (reader_ && options_.deny_private_reads) reader_ = make_cross_memory_reader(/*deny=*/true);
   retirement_ = std::make_shared<Retirement>(store_, rank_, world_size_,
-                                             std::min<Millis>(options_.timeout, kCloseWait));
+                                             std::min<Millis>(options_.timeout, kCloseWait),
+                                             device_->blocks_outlive_owner());
   std::random_device rd;
   probe_token_ = (static_cast<uint64_t>(rd()) << 32) | rd();
   claim_rank_slot(*store_, rank_);  // NOTE [One job per store]

@@ -450,6 +450,7 @@ class HostDevice : public Device {
   std::string name() const override { return "cpu"; }
   at::Device tensor_device() const override { return at::Device(at::kCPU); }
   int device_index() const override { return -1; }
+  bool blocks_outlive_owner() const override { return true; }
 
   std::shared_ptr<Block> allocate(size_t bytes) override { return allocate_shared_block(bytes); }
   std::unique_ptr<BlockExporter> export_block(const std::shared_ptr<Block>& block,

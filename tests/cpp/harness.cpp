@@ -1,7 +1,5 @@
 #include "tests/cpp/harness.hpp"
 
-#include "backend/config.hpp"
-
 #include <unistd.h>
 
 #include <cctype>
@@ -12,9 +10,11 @@
 #include <memory>
 #include <stdexcept>
 #include <thread>
-#include <vector>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <vector>
+
+#include "backend/config.hpp"
 
 #ifdef CUDA_P2P_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>

@@ -37,7 +37,8 @@ TEST(Config, NumbersFollowOneRule) {
                "CUDA_P2P_Y must be an integer, optionally with a suffix K, M or G");
   expect_error([] { config::parse_int("12x", "CUDA_P2P_Y", 0, 100); }, "got '12x'");
   expect_error([] { config::parse_int("-1", "CUDA_P2P_Y", 0, 10); }, "must be in [0, 10], got -1");
-  expect_error([] { config::parse_int("99999999999G", "CUDA_P2P_Y", 0, 10); }, "must be an integer");
+  expect_error([] { config::parse_int("99999999999G", "CUDA_P2P_Y", 0, 10); },
+               "must be an integer");
 }
 
 TEST(Config, DefaultsWithNothingSet) {
@@ -80,7 +81,8 @@ TEST(Config, OptionsWinOverTheEnvironmentWhichWinsOverDefaults) {
   threads.host_streams = "cooperative";
   EXPECT_EQ(resolve(threads, {{"CUDA_P2P_HOST_STREAMS", "threads"}}).host_streams,
             HostStreams::kCooperative);
-  EXPECT_TRUE(resolve(Options(), {{"CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES", "yes"}}).cuda_collectives);
+  EXPECT_TRUE(
+      resolve(Options(), {{"CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES", "yes"}}).cuda_collectives);
 }
 
 TEST(Config, KillSwitchesTurnOffFromEitherSide) {
