@@ -41,9 +41,9 @@ struct Options : c10d::Backend::Options {
   std::optional<int64_t> buffer_size;
   // Whether to set up the P2P workspace at all (CUDA_P2P_DISABLE_WORKSPACE also turns it off).
   bool enable_workspace = true;
-  // Whether the collectives run on the workspace when it is available (CUDA_P2P_WORKSPACE_
-  // COLLECTIVES=0 also turns them off): off, they go to the wrapped backend while the workspace
-  // stays up for everything else - for comparison and debugging.
+  // Whether the collectives run on the workspace when it is available
+  // (CUDA_P2P_WORKSPACE_COLLECTIVES=0 also turns them off): off, they go to the wrapped backend
+  // while the workspace stays up for everything else - for comparison and debugging.
   bool workspace_collectives = true;
   // Whether the collectives on CUDA tensors run on a CUDA workspace (NOTE [CUDA collectives are
   // opt-in] in backend/ProcessGroupCudaP2P.cpp): unset defers to
