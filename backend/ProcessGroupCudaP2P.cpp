@@ -391,6 +391,9 @@ WorkPtr ProcessGroupCudaP2P::track(WorkPtr work) {
 
 WorkPtr ProcessGroupCudaP2P::broadcast(std::vector<at::Tensor>& tensors,
                                        const c10d::BroadcastOptions& opts) {
+  if (hierarchy_ && hierarchy_->broadcast(tensors, opts)) {
+    return hierarchical_done(c10d::OpType::BROADCAST, tensors);
+  }
   const char* why = workspace_rejects(tensors);
   if (!why && (tensors.size() != 1 || opts.rootTensor != 0)) why = "several tensors";
   if (why) {
@@ -418,6 +421,9 @@ WorkPtr ProcessGroupCudaP2P::broadcast(std::vector<at::Tensor>& tensors,
 
 WorkPtr ProcessGroupCudaP2P::allreduce(std::vector<at::Tensor>& tensors,
                                        const c10d::AllreduceOptions& opts) {
+  if (hierarchy_ && hierarchy_->all_reduce(tensors, opts)) {
+    return hierarchical_done(c10d::OpType::ALLREDUCE, tensors);
+  }
   const char* why = workspace_rejects(tensors);
   const auto op = to_reduce_op(opts.reduceOp);
   if (!why && tensors.size() != 1) why = "several tensors";
@@ -495,6 +501,9 @@ void ProcessGroupCudaP2P::all_gather_on_workspace(const at::Tensor& input,
 WorkPtr ProcessGroupCudaP2P::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                        std::vector<at::Tensor>& inputs,
                                        const c10d::AllgatherOptions& opts) {
+  if (hierarchy_ && hierarchy_->all_gather(outputs, inputs, opts)) {
+    return hierarchical_done(c10d::OpType::ALLGATHER, outputs[0]);
+  }
   const char* why = workspace_rejects(inputs);
   if (!why && (inputs.size() != 1 || outputs.size() != 1 ||
                outputs[0].size() != static_cast<size_t>(getSize()))) {
@@ -519,6 +528,9 @@ WorkPtr ProcessGroupCudaP2P::allgather(std::vector<std::vector<at::Tensor>>& out
 
 WorkPtr ProcessGroupCudaP2P::_allgather_base(at::Tensor& output, at::Tensor& input,
                                              const c10d::AllgatherOptions& opts) {
+  if (hierarchy_ && hierarchy_->all_gather_into_tensor(output, input, opts)) {
+    return hierarchical_done(c10d::OpType::_ALLGATHER_BASE, {output});
+  }
   const char* why = workspace_rejects({input, output});
   if (why) {
     bump_counter("all_gather.wrapped");
@@ -620,6 +632,9 @@ void ProcessGroupCudaP2P::reduce_scatter_on_workspace(const std::vector<at::Tens
 WorkPtr ProcessGroupCudaP2P::reduce_scatter(std::vector<at::Tensor>& outputs,
                                             std::vector<std::vector<at::Tensor>>& inputs,
                                             const c10d::ReduceScatterOptions& opts) {
+  if (hierarchy_ && hierarchy_->reduce_scatter(outputs, inputs, opts)) {
+    return hierarchical_done(c10d::OpType::REDUCE_SCATTER, outputs);
+  }
   const char* why = workspace_rejects(outputs);
   const auto op = to_reduce_op(opts.reduceOp);
   if (!why && (outputs.size() != 1 || inputs.size() != 1 ||
@@ -647,6 +662,9 @@ WorkPtr ProcessGroupCudaP2P::reduce_scatter(std::vector<at::Tensor>& outputs,
 
 WorkPtr ProcessGroupCudaP2P::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                   const c10d::ReduceScatterOptions& opts) {
+  if (hierarchy_ && hierarchy_->reduce_scatter_tensor(output, input, opts)) {
+    return hierarchical_done(c10d::OpType::_REDUCE_SCATTER_BASE, {output});
+  }
   const char* why = workspace_rejects({input, output});
   const auto op = to_reduce_op(opts.reduceOp);
   if (!why && !op) why = "reduce op";
@@ -804,6 +822,7 @@ void ProcessGroupCudaP2P::setTimeout(std::chrono::milliseconds timeout) {
   options_->timeout = timeout;
   cpu_backend_->setTimeout(timeout);
   if (cuda_backend_) cuda_backend_->setTimeout(timeout);
+  if (hierarchy_) hierarchy_->set_timeout(timeout);
 }
 
 // NOTE [Device failure] in p2p_workspace/watchdog.hpp: the workspace's device is failed first,
@@ -812,6 +831,7 @@ void ProcessGroupCudaP2P::abort() {
   if (workspace_) workspace_->abort("the group was aborted (ProcessGroupCudaP2P.abort())");
   cpu_backend_->abort();
   if (cuda_backend_) cuda_backend_->abort();
+  if (hierarchy_) hierarchy_->abort();
 }
 
 void ProcessGroupCudaP2P::shutdown() {
@@ -822,6 +842,7 @@ void ProcessGroupCudaP2P::shutdown() {
   }
   cpu_backend_->shutdown();
   if (cuda_backend_) cuda_backend_->shutdown();
+  if (hierarchy_) hierarchy_->shutdown();
 }
 
 }  // namespace cuda_p2p
