@@ -91,18 +91,18 @@ Hierarchy::Hierarchy(int rank, HostLayout layout, c10::intrusive_ptr<c10d::Backe
   const int H = layout_.num_hosts();
   const int L = static_cast<int>(layout_.hosts[host_].size());
   TORCH_CHECK(H >= 2, "cuda_p2p hierarchy: expected ranks on at least 2 hosts, got ", H);
-  TORCH_CHECK(intra_ && intra_->getRank() == local_ && intra_->getSize() == L,
-              "cuda_p2p hierarchy: the intra-host backend must have rank ", local_, " of ", L,
-              ", got ", intra_ ? std::to_string(intra_->getRank()) + " of " +
-                                     std::to_string(intra_->getSize())
-                               : std::string("None"));
+  TORCH_CHECK(
+      intra_ && intra_->getRank() == local_ && intra_->getSize() == L,
+      "cuda_p2p hierarchy: the intra-host backend must have rank ", local_, " of ", L, ", got ",
+      intra_ ? std::to_string(intra_->getRank()) + " of " + std::to_string(intra_->getSize())
+             : std::string("None"));
   if (local_ < layout_.min_host_size()) {
     TORCH_CHECK(inter_ && inter_->getRank() == host_ && inter_->getSize() == H,
                 "cuda_p2p hierarchy: the inter-host backend of local index ", local_,
                 " must have rank ", host_, " of ", H, ", got ",
-                inter_ ? std::to_string(inter_->getRank()) + " of " +
-                             std::to_string(inter_->getSize())
-                       : std::string("None"));
+                inter_
+                    ? std::to_string(inter_->getRank()) + " of " + std::to_string(inter_->getSize())
+                    : std::string("None"));
   } else {
     TORCH_CHECK(!inter_, "cuda_p2p hierarchy: local index ", local_,
                 " does not exist on every host, so it has no inter-host backend; got one");
@@ -133,7 +133,7 @@ const char* Hierarchy::rejects_reduction(const c10d::ReduceOp& op, at::ScalarTyp
                                          const char* what) {
   const auto mapped = to_ops(op);
   if (!mapped) return "reduce_op";
-  // Gloo, the inter-host backend, reduces no int16 (nor does it on the flat path, which reports it).
+  // Gloo, the inter-host backend, reduces no int16; the flat path reports it.
   if (!ops::is_reducible_dtype(dtype) || dtype == at::kShort) return "dtype";
   ops::check_reduce_op(*mapped, dtype, what);
   return nullptr;
@@ -445,8 +445,8 @@ void Hierarchy::inter_all_gather(const at::Tensor& out, const at::Tensor& in,
   inter_->_allgather_base(o_, i_, o)->wait();
 }
 
-void Hierarchy::inter_reduce_scatter(const at::Tensor& out, const at::Tensor& in,
-                                     c10d::ReduceOp op, std::chrono::milliseconds timeout) {
+void Hierarchy::inter_reduce_scatter(const at::Tensor& out, const at::Tensor& in, c10d::ReduceOp op,
+                                     std::chrono::milliseconds timeout) {
   TORCH_INTERNAL_ASSERT(inter_, "cuda_p2p hierarchy: local index ", local_, " has no inter step");
   at::Tensor o_ = out, i_ = in;
   c10d::ReduceScatterOptions o;

@@ -54,8 +54,7 @@ class Hierarchy {
   // that local index exists on every host (local index < min_host_size()), else null. `count`
   // bumps one of the group's counters.
   Hierarchy(int rank, HostLayout layout, c10::intrusive_ptr<c10d::Backend> intra,
-            c10::intrusive_ptr<c10d::Backend> inter,
-            std::function<void(const std::string&)> count);
+            c10::intrusive_ptr<c10d::Backend> inter, std::function<void(const std::string&)> count);
 
   const HostLayout& layout() const { return layout_; }
   const c10::intrusive_ptr<c10d::Backend>& intra() const { return intra_; }
