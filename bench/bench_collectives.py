@@ -708,7 +708,10 @@ def markdown_report(doc: dict) -> str:
            f"average {la0:.1f} at start, {la1:.1f} at end. Single-core memcpy: "
            f"{mc['GBps']:.2f} GB/s out of cache (64 MiB)"
            + (f", {mcc['GBps']:.2f} GB/s in cache (256 KiB)" if mcc else "") +
-           "; % memcpy is bus bandwidth over the out-of-cache rate.",
+           "; % memcpy is bus bandwidth over the out-of-cache rate."
+           + (f" cuda_p2p runs hierarchically over {meta['hosts']} simulated hosts "
+              "(CUDA_P2P_HOST_ID); Gloo is the flat wrapped backend."
+              if meta.get("hosts", 1) > 1 else ""),
            "",
            "| W | collective | size | cuda_p2p us | Gloo us | speedup (95% CI) | busbw GB/s | "
            "% memcpy | path |",
