@@ -125,7 +125,8 @@ def _layout(ctx, placement):
 def _all_reduce(ctx, placement, dtypes):
     group = _group(ctx, placement)
     backend = cuda_p2p.get_cuda_p2p_backend(group)
-    before = backend.get_counters()
+    intra = backend.hierarchy()["intra"]
+    before, intra_before = backend.get_counters(), intra.get_counters()
     runs = 0
     for dtype in dtypes:
         for n in SIZES:
@@ -147,6 +148,10 @@ def _all_reduce(ctx, placement, dtypes):
     dist.all_reduce(ref, group=ctx.gloo)
     torch.testing.assert_close(got, ref.t(), rtol=0, atol=0)
     runs += 1
+    # The intra-host steps ran on the host's workspace, never on its wrapped Gloo.
+    intra_paths = _delta(intra_before, intra.get_counters())
+    assert intra.size() == 1 or intra_paths, intra_paths
+    assert not any(k.endswith(".wrapped") for k in intra_paths), intra_paths
     return runs, _delta(before, backend.get_counters())
 
 
