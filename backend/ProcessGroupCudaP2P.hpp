@@ -209,6 +209,12 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   void all_gather_on_workspace(const at::Tensor& input, const std::vector<at::Tensor>& outputs);
   void reduce_scatter_on_workspace(const std::vector<at::Tensor>& inputs, const at::Tensor& output,
                                    ops::ReduceOp op);
+  // The same for one flat output (input) holding the W chunks: all_gather_into_tensor and
+  // reduce_scatter_tensor, single or coalesced. `what` names the call in argument errors.
+  void all_gather_into_tensor_on_workspace(at::Tensor& output, const at::Tensor& input,
+                                           const std::string& what);
+  void reduce_scatter_tensor_on_workspace(const at::Tensor& output, const at::Tensor& input,
+                                          ops::ReduceOp op, const std::string& what);
   // Runs `call` on the backend routed for `tensors` (CPU works are tracked for coalescing).
   template <typename Tensors, typename Call>
   c10::intrusive_ptr<c10d::Work> delegate(const Tensors& tensors, const char* op, Call&& call) {

@@ -240,6 +240,17 @@ at::Tensor flat_chunk(const at::Tensor& t, int64_t i, int64_t count) {
   return t.view({-1}).narrow(0, i * count, count);
 }
 
+// TORCH_CHECKs that `whole` holds world size times the elements of `part`, in its dtype: an
+// all-gather's output and input, a reduce-scatter's input and output. `what` names the op.
+void check_whole_of_parts(const at::Tensor& whole, const char* whole_name, const at::Tensor& part,
+                          const char* part_name, int world_size, const std::string& what) {
+  TORCH_CHECK(
+      whole.numel() == part.numel() * world_size && whole.scalar_type() == part.scalar_type(),
+      "cuda_p2p ", what, ": the ", whole_name, " must have world size (", world_size,
+      ") times the ", part_name, "'s ", part.numel(), " elements of ", part.scalar_type(), ", got ",
+      whole.numel(), " of ", whole.scalar_type());
+}
+
 }  // namespace
 
 void ProcessGroupCudaP2P::all_gather_on_workspace(const at::Tensor& input,
@@ -259,6 +270,30 @@ void ProcessGroupCudaP2P::all_gather_on_workspace(const at::Tensor& input,
   });
   bump_counter(std::string("all_gather.") + ops::to_string(algo));
   if (read) bump_counter("all_gather.cross_memory");
+}
+
+void ProcessGroupCudaP2P::all_gather_into_tensor_on_workspace(at::Tensor& output,
+                                                              const at::Tensor& input,
+                                                              const std::string& what) {
+  check_or_reject("all_gather_into_tensor", ops::OpKind::kAllGather,
+                  [&] { check_whole_of_parts(output, "output", input, "input", getSize(), what); });
+  at::Tensor out = contiguous_output(output);
+  std::vector<at::Tensor> chunks;
+  for (int q = 0; q < getSize(); ++q) chunks.push_back(flat_chunk(out, q, input.numel()));
+  all_gather_on_workspace(input, chunks);
+  if (!out.is_same(output)) output.copy_(out);
+}
+
+void ProcessGroupCudaP2P::reduce_scatter_tensor_on_workspace(const at::Tensor& output,
+                                                             const at::Tensor& input,
+                                                             ops::ReduceOp op,
+                                                             const std::string& what) {
+  check_or_reject("reduce_scatter_tensor", ops::OpKind::kReduceScatter,
+                  [&] { check_whole_of_parts(input, "input", output, "output", getSize(), what); });
+  const at::Tensor in = input.is_contiguous() ? input : input.contiguous();
+  std::vector<at::Tensor> chunks;
+  for (int q = 0; q < getSize(); ++q) chunks.push_back(flat_chunk(in, q, output.numel()));
+  reduce_scatter_on_workspace(chunks, output, op);
 }
 
 WorkPtr ProcessGroupCudaP2P::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -300,18 +335,7 @@ WorkPtr ProcessGroupCudaP2P::_allgather_base(at::Tensor& output, at::Tensor& inp
     return delegate(input, "all_gather_into_tensor",
                     [&](c10d::Backend& b) { return b._allgather_base(output, input, opts); });
   }
-  check_or_reject("all_gather_into_tensor", ops::OpKind::kAllGather, [&] {
-    TORCH_CHECK(
-        output.numel() == input.numel() * getSize() && output.scalar_type() == input.scalar_type(),
-        "cuda_p2p all_gather_into_tensor: the output must have world size (", getSize(),
-        ") times the input's ", input.numel(), " elements of ", input.scalar_type(), ", got ",
-        output.numel(), " of ", output.scalar_type());
-  });
-  at::Tensor out = contiguous_output(output);
-  std::vector<at::Tensor> chunks;
-  for (int q = 0; q < getSize(); ++q) chunks.push_back(flat_chunk(out, q, input.numel()));
-  all_gather_on_workspace(input, chunks);
-  if (!out.is_same(output)) output.copy_(out);
+  all_gather_into_tensor_on_workspace(output, input, "all_gather_into_tensor");
   // The future holds what the wrapped backend's would: Gloo's the W chunks, NCCL's the output.
   if (output.is_cpu() && output.is_contiguous()) {
     std::vector<at::Tensor> views;
@@ -335,19 +359,9 @@ WorkPtr ProcessGroupCudaP2P::allgather_into_tensor_coalesced(std::vector<at::Ten
   }
   // One workspace all-gather per pair, in order.
   for (size_t i = 0; i < inputs.size(); ++i) {
-    check_or_reject("all_gather_into_tensor", ops::OpKind::kAllGather, [&] {
-      TORCH_CHECK(outputs[i].numel() == inputs[i].numel() * getSize() &&
-                      outputs[i].scalar_type() == inputs[i].scalar_type(),
-                  "cuda_p2p all_gather_into_tensor (coalesced, tensor ", i,
-                  "): the output must have world size (", getSize(), ") times the input's ",
-                  inputs[i].numel(), " elements of ", inputs[i].scalar_type(), ", got ",
-                  outputs[i].numel(), " of ", outputs[i].scalar_type());
-    });
-    at::Tensor out = contiguous_output(outputs[i]);
-    std::vector<at::Tensor> chunks;
-    for (int q = 0; q < getSize(); ++q) chunks.push_back(flat_chunk(out, q, inputs[i].numel()));
-    all_gather_on_workspace(inputs[i], chunks);
-    if (!out.is_same(outputs[i])) outputs[i].copy_(out);
+    all_gather_into_tensor_on_workspace(
+        outputs[i], inputs[i],
+        "all_gather_into_tensor (coalesced, tensor " + std::to_string(i) + ")");
   }
   return completed(c10d::OpType::COALESCED, outputs);
 }
@@ -415,17 +429,7 @@ WorkPtr ProcessGroupCudaP2P::_reduce_scatter_base(at::Tensor& output, at::Tensor
     return delegate(input, "reduce_scatter_tensor",
                     [&](c10d::Backend& b) { return b._reduce_scatter_base(output, input, opts); });
   }
-  check_or_reject("reduce_scatter_tensor", ops::OpKind::kReduceScatter, [&] {
-    TORCH_CHECK(
-        input.numel() == output.numel() * getSize() && output.scalar_type() == input.scalar_type(),
-        "cuda_p2p reduce_scatter_tensor: the input must have world size (", getSize(),
-        ") times the output's ", output.numel(), " elements of ", output.scalar_type(), ", got ",
-        input.numel(), " of ", input.scalar_type());
-  });
-  const at::Tensor in = input.is_contiguous() ? input : input.contiguous();
-  std::vector<at::Tensor> chunks;
-  for (int q = 0; q < getSize(); ++q) chunks.push_back(flat_chunk(in, q, output.numel()));
-  reduce_scatter_on_workspace(chunks, output, *op);
+  reduce_scatter_tensor_on_workspace(output, input, *op, "reduce_scatter_tensor");
   return completed(c10d::OpType::_REDUCE_SCATTER_BASE, {output});
 }
 
@@ -447,18 +451,9 @@ WorkPtr ProcessGroupCudaP2P::reduce_scatter_tensor_coalesced(
     });
   }
   for (size_t i = 0; i < inputs.size(); ++i) {
-    check_or_reject("reduce_scatter_tensor", ops::OpKind::kReduceScatter, [&] {
-      TORCH_CHECK(inputs[i].numel() == outputs[i].numel() * getSize() &&
-                      outputs[i].scalar_type() == inputs[i].scalar_type(),
-                  "cuda_p2p reduce_scatter_tensor (coalesced, tensor ", i,
-                  "): the input must have world size (", getSize(), ") times the output's ",
-                  outputs[i].numel(), " elements of ", outputs[i].scalar_type(), ", got ",
-                  inputs[i].numel(), " of ", inputs[i].scalar_type());
-    });
-    const at::Tensor in = inputs[i].is_contiguous() ? inputs[i] : inputs[i].contiguous();
-    std::vector<at::Tensor> chunks;
-    for (int q = 0; q < getSize(); ++q) chunks.push_back(flat_chunk(in, q, outputs[i].numel()));
-    reduce_scatter_on_workspace(chunks, outputs[i], *op);
+    reduce_scatter_tensor_on_workspace(
+        outputs[i], inputs[i], *op,
+        "reduce_scatter_tensor (coalesced, tensor " + std::to_string(i) + ")");
   }
   return completed(c10d::OpType::COALESCED, outputs);
 }
