@@ -161,18 +161,44 @@ bool Hierarchy::all_reduce(std::vector<at::Tensor>& tensors, const c10d::Allredu
   return true;
 }
 
-bool Hierarchy::all_gather_into_tensor(at::Tensor& output, at::Tensor& input,
-                                       const c10d::AllgatherOptions& opts) {
-  if (const char* why = rejects({input, output})) return decline("all_gather", why);
+const char* Hierarchy::all_gather_rejects(const at::Tensor& output, const at::Tensor& input) const {
+  if (const char* why = rejects({input, output})) return why;
   const int64_t W = static_cast<int64_t>(layout_.host.size());
   if (output.numel() != input.numel() * W || output.scalar_type() != input.scalar_type()) {
-    return decline("all_gather", "shapes");  // the wrapped backend reports the mismatch
+    return "shapes";  // the wrapped backend reports the mismatch
   }
-  std::lock_guard<std::mutex> lock(mutex_);
+  return nullptr;
+}
+
+void Hierarchy::run_all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input,
+                                           std::chrono::milliseconds timeout) {
   at::Tensor out = contiguous_output(output);
-  all_gather_flat(input.contiguous().view(-1), out.view(-1), opts.timeout);
+  all_gather_flat(input.contiguous().view(-1), out.view(-1), timeout);
   if (!out.is_same(output)) output.copy_(out);
   count_(std::string("all_gather.") + path());
+}
+
+bool Hierarchy::all_gather_into_tensor(at::Tensor& output, at::Tensor& input,
+                                       const c10d::AllgatherOptions& opts) {
+  if (const char* why = all_gather_rejects(output, input)) return decline("all_gather", why);
+  std::lock_guard<std::mutex> lock(mutex_);
+  run_all_gather_into_tensor(output, input, opts.timeout);
+  return true;
+}
+
+bool Hierarchy::all_gather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                 std::vector<at::Tensor>& inputs,
+                                                 const c10d::AllgatherOptions& opts) {
+  if (outputs.size() != inputs.size() || inputs.empty()) return decline("all_gather", "shapes");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (const char* why = all_gather_rejects(outputs[i], inputs[i])) {
+      return decline("all_gather", why);
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    run_all_gather_into_tensor(outputs[i], inputs[i], opts.timeout);
+  }
   return true;
 }
 
@@ -201,22 +227,50 @@ bool Hierarchy::all_gather(std::vector<std::vector<at::Tensor>>& outputs,
   return true;
 }
 
-bool Hierarchy::reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
-                                      const c10d::ReduceScatterOptions& opts) {
-  if (const char* why = rejects({input, output})) return decline("reduce_scatter", why);
+const char* Hierarchy::reduce_scatter_rejects(const at::Tensor& output, const at::Tensor& input,
+                                              const c10d::ReduceOp& op) const {
+  if (const char* why = rejects({input, output})) return why;
   const int64_t W = static_cast<int64_t>(layout_.host.size());
   if (input.numel() != output.numel() * W || output.scalar_type() != input.scalar_type()) {
-    return decline("reduce_scatter", "shapes");
+    return "shapes";
   }
-  if (const char* why =
-          rejects_reduction(opts.reduceOp, output.scalar_type(), "reduce_scatter_tensor")) {
+  return rejects_reduction(op, output.scalar_type(), "reduce_scatter_tensor");
+}
+
+void Hierarchy::run_reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
+                                          const c10d::ReduceOp& op,
+                                          std::chrono::milliseconds timeout) {
+  at::Tensor out = contiguous_output(output);
+  reduce_scatter_flat(input.contiguous().view(-1), out.view(-1), op, timeout);
+  if (!out.is_same(output)) output.copy_(out);
+  count_(std::string("reduce_scatter.") + path());
+}
+
+bool Hierarchy::reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
+                                      const c10d::ReduceScatterOptions& opts) {
+  if (const char* why = reduce_scatter_rejects(output, input, opts.reduceOp)) {
     return decline("reduce_scatter", why);
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  at::Tensor out = contiguous_output(output);
-  reduce_scatter_flat(input.contiguous().view(-1), out.view(-1), opts.reduceOp, opts.timeout);
-  if (!out.is_same(output)) output.copy_(out);
-  count_(std::string("reduce_scatter.") + path());
+  run_reduce_scatter_tensor(output, input, opts.reduceOp, opts.timeout);
+  return true;
+}
+
+bool Hierarchy::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                std::vector<at::Tensor>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) {
+  if (outputs.size() != inputs.size() || inputs.empty()) {
+    return decline("reduce_scatter", "shapes");
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (const char* why = reduce_scatter_rejects(outputs[i], inputs[i], opts.reduceOp)) {
+      return decline("reduce_scatter", why);
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    run_reduce_scatter_tensor(outputs[i], inputs[i], opts.reduceOp, opts.timeout);
+  }
   return true;
 }
 

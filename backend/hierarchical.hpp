@@ -76,6 +76,14 @@ class Hierarchy {
   bool reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
                              const c10d::ReduceScatterOptions& opts);
   bool broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts);
+  // The coalesced forms (_coalescing_manager, FSDP): every pair in order, each counted, or none
+  // when one pair cannot take the hierarchical path.
+  bool all_gather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::AllgatherOptions& opts);
+  bool reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                       std::vector<at::Tensor>& inputs,
+                                       const c10d::ReduceScatterOptions& opts);
 
   // Forwarded to the intra and inter backends.
   void set_timeout(std::chrono::milliseconds timeout);
@@ -89,6 +97,16 @@ class Hierarchy {
   // fail on every path (AVG on integers, bitwise ops on floats).
   static const char* rejects_reduction(const c10d::ReduceOp& op, at::ScalarType dtype,
                                        const char* what);
+  // Why one (output, input) pair of all_gather_into_tensor / reduce_scatter_tensor cannot take
+  // the hierarchical path (nullptr when it can).
+  const char* all_gather_rejects(const at::Tensor& output, const at::Tensor& input) const;
+  const char* reduce_scatter_rejects(const at::Tensor& output, const at::Tensor& input,
+                                     const c10d::ReduceOp& op) const;
+  // One accepted pair, run (the caller holds mutex_).
+  void run_all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input,
+                                  std::chrono::milliseconds timeout);
+  void run_reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
+                                 const c10d::ReduceOp& op, std::chrono::milliseconds timeout);
   bool decline(const char* op, const char* why);
   const char* path() const { return even_ ? "hierarchical" : "hierarchical_leaders"; }
 

@@ -348,6 +348,9 @@ WorkPtr ProcessGroupCudaP2P::_allgather_base(at::Tensor& output, at::Tensor& inp
 WorkPtr ProcessGroupCudaP2P::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                              std::vector<at::Tensor>& inputs,
                                                              const c10d::AllgatherOptions& opts) {
+  if (hierarchy_ && hierarchy_->all_gather_into_tensor_coalesced(outputs, inputs, opts)) {
+    return hierarchical_done(c10d::OpType::COALESCED, outputs);
+  }
   const char* why = workspace_rejects(inputs);
   if (!why) why = workspace_rejects(outputs);
   if (!why && outputs.size() != inputs.size()) why = "shapes";
@@ -436,6 +439,9 @@ WorkPtr ProcessGroupCudaP2P::_reduce_scatter_base(at::Tensor& output, at::Tensor
 WorkPtr ProcessGroupCudaP2P::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
+  if (hierarchy_ && hierarchy_->reduce_scatter_tensor_coalesced(outputs, inputs, opts)) {
+    return hierarchical_done(c10d::OpType::COALESCED, outputs);
+  }
   const char* why = workspace_rejects(inputs);
   if (!why) why = workspace_rejects(outputs);
   const auto op = to_reduce_op(opts.reduceOp);

@@ -196,6 +196,34 @@ def _gather_scatter(ctx, placement, dtypes):
     return runs, _delta(before, backend.get_counters())
 
 
+def _coalesced(ctx, placement):
+    # all_gather_into_tensor / reduce_scatter_tensor under _coalescing_manager (FSDP's calls).
+    group = _group(ctx, placement)
+    backend = cuda_p2p.get_cuda_p2p_backend(group)
+    w = ctx.world_size
+    before = backend.get_counters()
+    runs = 0
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        ins = [_values(ctx.rank, n, dtype, salt=k) for k, n in enumerate(SIZES)]
+        outs = [torch.empty(n * w, dtype=dtype) for n in SIZES]
+        with dist._coalescing_manager(group=group):
+            for o, t in zip(outs, ins):
+                dist.all_gather_into_tensor(o, t, group=group)
+        for k, (o, n) in enumerate(zip(outs, SIZES)):
+            want = torch.cat([_values(r, n, dtype, salt=k) for r in range(w)])
+            torch.testing.assert_close(o, want, rtol=0, atol=0)
+        bigs = [_values(ctx.rank, n * w, dtype, salt=k) for k, n in enumerate(SIZES)]
+        rs = [torch.empty(n, dtype=dtype) for n in SIZES]
+        with dist._coalescing_manager(group=group):
+            for o, t in zip(rs, bigs):
+                dist.reduce_scatter_tensor(o, t, group=group)
+        for o, t, n in zip(rs, bigs, SIZES):
+            want = _reference_all_reduce(ctx, t, dist.ReduceOp.SUM)[ctx.rank * n:(ctx.rank + 1) * n]
+            torch.testing.assert_close(o, want, rtol=0, atol=0)
+        runs += len(SIZES)
+    return runs, _delta(before, backend.get_counters())
+
+
 def _broadcast(ctx, placement, dtypes):
     group = _group(ctx, placement)
     backend = cuda_p2p.get_cuda_p2p_backend(group)
@@ -367,6 +395,13 @@ def test_broadcast(request, pool, placement):
             assert counters.get("broadcast.hierarchical", 0) > 0, counters
         else:
             assert counters == {"broadcast.hierarchical": runs}, counters
+
+
+@pytest.mark.parametrize("placement", ["2x2", "3+1"])
+def test_coalesced(world4, placement):
+    for runs, counters in world4.run(_coalesced, placement):
+        assert counters == {f"all_gather.{_path(placement)}": runs,
+                            f"reduce_scatter.{_path(placement)}": runs}, counters
 
 
 def test_two_groups_side_by_side(world4):
