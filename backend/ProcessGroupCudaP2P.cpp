@@ -181,6 +181,7 @@ void ProcessGroupCudaP2P::setTimeout(std::chrono::milliseconds timeout) {
   options_->timeout = timeout;
   cpu_backend_->setTimeout(timeout);
   if (cuda_backend_) cuda_backend_->setTimeout(timeout);
+  if (hierarchy_) hierarchy_->set_timeout(timeout);
 }
 
 // NOTE [Device failure] in p2p_workspace/watchdog.hpp: the workspace's device is failed first,
@@ -189,6 +190,7 @@ void ProcessGroupCudaP2P::abort() {
   if (workspace_) workspace_->abort("the group was aborted (ProcessGroupCudaP2P.abort())");
   cpu_backend_->abort();
   if (cuda_backend_) cuda_backend_->abort();
+  if (hierarchy_) hierarchy_->abort();
 }
 
 void ProcessGroupCudaP2P::shutdown() {
@@ -199,6 +201,7 @@ void ProcessGroupCudaP2P::shutdown() {
   }
   cpu_backend_->shutdown();
   if (cuda_backend_) cuda_backend_->shutdown();
+  if (hierarchy_) hierarchy_->shutdown();
 }
 
 }  // namespace cuda_p2p

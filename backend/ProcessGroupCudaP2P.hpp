@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "backend/config.hpp"
+#include "backend/hierarchical.hpp"
 #include "ops/collectives.hpp"
 #include "ops/failure_record.hpp"
 #include "ops/pipeline_common.hpp"
@@ -101,6 +102,14 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   void bump_counter(const std::string& name, int64_t by = 1);
   std::map<std::string, int64_t> counters() const;
   void reset_counters();
+
+  // --- across hosts (backend/hierarchical.hpp) -------------------------------------------------
+  // Called once, at construction, by the Python layer on a group whose ranks span hosts: from
+  // then on its collectives on CPU tensors run hierarchically (counted "<op>.hierarchical").
+  void set_hierarchy(const std::vector<int64_t>& host_of, c10::intrusive_ptr<c10d::Backend> intra,
+                     c10::intrusive_ptr<c10d::Backend> inter);
+  // Null on a group within one host.
+  const Hierarchy* hierarchy() const { return hierarchy_.get(); }
 
   // --- fused GEMM pipelines (ops/fused_*.cpp) -------------------------------------------------
   // The group's state of the pipelines (their host streams, the lock that serialises them on
@@ -213,6 +222,11 @@ class ProcessGroupCudaP2P : public c10d::Backend {
     auto work = call(b);
     return &b == cpu_backend_.get() ? track(std::move(work)) : work;
   }
+
+  // The Work of a hierarchical collective (done on return), tracked while coalescing.
+  c10::intrusive_ptr<c10d::Work> hierarchical_done(c10d::OpType type,
+                                                   std::vector<at::Tensor> outputs);
+  std::unique_ptr<Hierarchy> hierarchy_;
 
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<Options> options_;

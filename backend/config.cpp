@@ -25,6 +25,7 @@ namespace {
 constexpr const char* kDisableWorkspaceEnv = "CUDA_P2P_DISABLE_WORKSPACE";
 constexpr const char* kWorkspaceCollectivesEnv = "CUDA_P2P_WORKSPACE_COLLECTIVES";
 constexpr const char* kCudaWorkspaceCollectivesEnv = "CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES";
+constexpr const char* kHierarchicalEnv = "CUDA_P2P_HIERARCHICAL";
 constexpr const char* kCrossMemoryEnv = "CUDA_P2P_CROSS_MEMORY";
 constexpr const char* kHostStreamsEnv = "CUDA_P2P_HOST_STREAMS";
 constexpr const char* kAllGatherAlgoEnv = "CUDA_P2P_ALL_GATHER_ALGO";
@@ -120,6 +121,10 @@ const std::vector<Knob>& knobs() {
       {"cuda_workspace_collectives", kCudaWorkspaceCollectivesEnv, "bool", "False",
        "Run the collectives on CUDA tensors on the CUDA workspace; off, they go to NCCL. CPU "
        "tensors and the fused ops are not affected."},
+      {"hierarchical", kHierarchicalEnv, "bool", "True",
+       "On a group whose ranks span hosts, run the collectives on CPU tensors hierarchically: "
+       "intra-host on each host's workspace, inter-host on the wrapped backend (either side "
+       "turns it off)."},
       {"host_streams", kHostStreamsEnv, "auto|cooperative|threads", "cooperative",
        "How a host workspace runs the fused pipelines' two streams."},
       {"all_gather_algo", kAllGatherAlgoEnv, "auto|direct|ring", "auto",
@@ -211,6 +216,7 @@ Config resolve_config(const Options& o, int world_size, const config::EnvLookup&
 
   // Which collectives run on the workspace (kill switches: either side turns them off).
   c.collectives = o.workspace_collectives && env_bool(env, kWorkspaceCollectivesEnv).value_or(true);
+  c.hierarchical = o.hierarchical && env_bool(env, kHierarchicalEnv).value_or(true);
   c.cuda_collectives =
       pick(o.cuda_workspace_collectives, env_bool(env, kCudaWorkspaceCollectivesEnv), false);
 

@@ -6,8 +6,8 @@
 // Rules (NOTE [Configuration rules]):
 //  * precedence: an Options value that is set wins, else the environment variable, else the
 //    default. An Options field that is a plain bool counts as set only when it differs from its
-//    default (enable_workspace and workspace_collectives are kill switches: either side turns
-//    them off);
+//    default (enable_workspace, workspace_collectives and hierarchical are kill switches: either
+//    side turns them off);
 //  * an empty environment variable is unset;
 //  * booleans: 1/true/yes/on or 0/false/no/off, case-insensitive;
 //  * numbers: a decimal integer, optionally with a binary suffix K, M or G (KiB, MiB, GiB:
@@ -49,6 +49,11 @@ struct Options : c10d::Backend::Options {
   // opt-in] in backend/ProcessGroupCudaP2P.cpp): unset defers to
   // CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES, else off. CPU tensors and the fused ops are not affected.
   std::optional<bool> cuda_workspace_collectives;
+  // Whether a group whose ranks span hosts runs its collectives hierarchically (intra-host on
+  // each host's workspace, inter-host on the wrapped backend: backend/hierarchical.hpp);
+  // CUDA_P2P_HIERARCHICAL=0 also turns it off. Off, such a group sends them whole to the wrapped
+  // backend.
+  bool hierarchical = true;
   // Handed to the wrapped NCCL backend (a ProcessGroupNCCL.Options in Python); may be null.
   c10::intrusive_ptr<c10d::Backend::Options> nccl_options;
   // The largest buffer (bytes) an op may grow the workspace to on its own; an op that needs more
@@ -93,6 +98,7 @@ struct Config {
   HostStreams host_streams = HostStreams::kCooperative;
   bool collectives = true;        // the collectives run on the workspace
   bool cuda_collectives = false;  // ... also on a CUDA workspace
+  bool hierarchical = true;       // ... and hierarchically on a group spanning hosts
   ops::CollectiveConfig collective;
   bool cross_memory = false;            // offer copy-free reads
   std::string cross_memory_off_reason;  // the knob that turned them off ("" when on)

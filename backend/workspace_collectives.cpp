@@ -173,6 +173,9 @@ at::Tensor ProcessGroupCudaP2P::all_gather_v(const at::Tensor& input,
 
 WorkPtr ProcessGroupCudaP2P::broadcast(std::vector<at::Tensor>& tensors,
                                        const c10d::BroadcastOptions& opts) {
+  if (hierarchy_ && hierarchy_->broadcast(tensors, opts)) {
+    return hierarchical_done(c10d::OpType::BROADCAST, tensors);
+  }
   const char* why = workspace_rejects(tensors);
   if (!why && (tensors.size() != 1 || opts.rootTensor != 0)) why = "several tensors";
   if (why) {
@@ -200,6 +203,9 @@ WorkPtr ProcessGroupCudaP2P::broadcast(std::vector<at::Tensor>& tensors,
 
 WorkPtr ProcessGroupCudaP2P::allreduce(std::vector<at::Tensor>& tensors,
                                        const c10d::AllreduceOptions& opts) {
+  if (hierarchy_ && hierarchy_->all_reduce(tensors, opts)) {
+    return hierarchical_done(c10d::OpType::ALLREDUCE, tensors);
+  }
   const char* why = workspace_rejects(tensors);
   const auto op = to_reduce_op(opts.reduceOp);
   if (!why && tensors.size() != 1) why = "several tensors";
@@ -293,6 +299,9 @@ void ProcessGroupCudaP2P::reduce_scatter_tensor_on_workspace(const at::Tensor& o
 WorkPtr ProcessGroupCudaP2P::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                        std::vector<at::Tensor>& inputs,
                                        const c10d::AllgatherOptions& opts) {
+  if (hierarchy_ && hierarchy_->all_gather(outputs, inputs, opts)) {
+    return hierarchical_done(c10d::OpType::ALLGATHER, outputs[0]);
+  }
   const char* why = workspace_rejects(inputs);
   if (!why && (inputs.size() != 1 || outputs.size() != 1 ||
                outputs[0].size() != static_cast<size_t>(getSize()))) {
@@ -317,6 +326,9 @@ WorkPtr ProcessGroupCudaP2P::allgather(std::vector<std::vector<at::Tensor>>& out
 
 WorkPtr ProcessGroupCudaP2P::_allgather_base(at::Tensor& output, at::Tensor& input,
                                              const c10d::AllgatherOptions& opts) {
+  if (hierarchy_ && hierarchy_->all_gather_into_tensor(output, input, opts)) {
+    return hierarchical_done(c10d::OpType::_ALLGATHER_BASE, {output});
+  }
   const char* why = workspace_rejects({input, output});
   if (why) {
     bump_counter("all_gather.wrapped");
@@ -336,6 +348,9 @@ WorkPtr ProcessGroupCudaP2P::_allgather_base(at::Tensor& output, at::Tensor& inp
 WorkPtr ProcessGroupCudaP2P::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                              std::vector<at::Tensor>& inputs,
                                                              const c10d::AllgatherOptions& opts) {
+  if (hierarchy_ && hierarchy_->all_gather_into_tensor_coalesced(outputs, inputs, opts)) {
+    return hierarchical_done(c10d::OpType::COALESCED, outputs);
+  }
   const char* why = workspace_rejects(inputs);
   if (!why) why = workspace_rejects(outputs);
   if (!why && outputs.size() != inputs.size()) why = "shapes";
@@ -375,6 +390,9 @@ void ProcessGroupCudaP2P::reduce_scatter_on_workspace(const std::vector<at::Tens
 WorkPtr ProcessGroupCudaP2P::reduce_scatter(std::vector<at::Tensor>& outputs,
                                             std::vector<std::vector<at::Tensor>>& inputs,
                                             const c10d::ReduceScatterOptions& opts) {
+  if (hierarchy_ && hierarchy_->reduce_scatter(outputs, inputs, opts)) {
+    return hierarchical_done(c10d::OpType::REDUCE_SCATTER, outputs);
+  }
   const char* why = workspace_rejects(outputs);
   const auto op = to_reduce_op(opts.reduceOp);
   if (!why && (outputs.size() != 1 || inputs.size() != 1 ||
@@ -402,6 +420,9 @@ WorkPtr ProcessGroupCudaP2P::reduce_scatter(std::vector<at::Tensor>& outputs,
 
 WorkPtr ProcessGroupCudaP2P::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                   const c10d::ReduceScatterOptions& opts) {
+  if (hierarchy_ && hierarchy_->reduce_scatter_tensor(output, input, opts)) {
+    return hierarchical_done(c10d::OpType::_REDUCE_SCATTER_BASE, {output});
+  }
   const char* why = workspace_rejects({input, output});
   const auto op = to_reduce_op(opts.reduceOp);
   if (!why && !op) why = "reduce op";
@@ -418,6 +439,9 @@ WorkPtr ProcessGroupCudaP2P::_reduce_scatter_base(at::Tensor& output, at::Tensor
 WorkPtr ProcessGroupCudaP2P::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
+  if (hierarchy_ && hierarchy_->reduce_scatter_tensor_coalesced(outputs, inputs, opts)) {
+    return hierarchical_done(c10d::OpType::COALESCED, outputs);
+  }
   const char* why = workspace_rejects(inputs);
   if (!why) why = workspace_rejects(outputs);
   const auto op = to_reduce_op(opts.reduceOp);

@@ -16,6 +16,11 @@ start together); --sync gloo uses a Gloo barrier, whose exits are spread by ~10 
 backend runs it. --batch K times K back-to-back ops per sample (NCCL-tests
 style) and reports the sample's time / K.
 
+--hosts H simulates H hosts (CUDA_P2P_HOST_ID per rank, ranks in contiguous blocks) for the
+measured cuda_p2p group: it then runs hierarchically (intra-host on each host's workspace,
+inter-host on Gloo: docs/collectives.md, "Across hosts"), and the Gloo baseline is exactly the flat
+wrapped backend such a group would otherwise use. Its results go to bench/results/hierarchical.*.
+
 --algos also times the cuda_p2p workspace with each algorithm forced in turn (a group per
 algorithm: all-gather direct / ring, reduce-scatter direct / ring,
 all-reduce one_shot / two_shot), prints a table per collective and the size thresholds the
@@ -28,6 +33,7 @@ Output: a table on stdout, JSON (--json) and a PNG plot (--plot).
     .venv/bin/python bench/bench_collectives.py --full           # 8 B .. 64 MiB, powers of 2
     .venv/bin/python bench/bench_collectives.py --env CUDA_P2P_SOME_KNOB=1 --pg-option buffer_size=1048576
     .venv/bin/python bench/bench_collectives.py --full --algos --world-sizes 2 4   # thresholds
+    .venv/bin/python bench/bench_collectives.py --hosts 2 --world-sizes 4   # hierarchical vs flat
 """
 
 from __future__ import annotations
@@ -337,6 +343,9 @@ def backend_state(backend) -> dict:
     for method in ("is_p2p_available", "p2p_unavailable_reason", "get_buffer_size"):
         if hasattr(backend, method):
             state[method] = getattr(backend, method)()
+    if hasattr(backend, "hierarchy") and backend.hierarchy() is not None:
+        h = backend.hierarchy()
+        state["hierarchy"] = {"hosts": h["hosts"], "even": h["even"]}
     if hasattr(backend, "get_counters"):
         state["counters"] = dict(backend.get_counters())
     if hasattr(backend, "get_collective_config"):
@@ -383,8 +392,13 @@ def rank_main(rank: int, cfg: dict) -> None:
         pg_options = cuda_p2p.ProcessGroupCudaP2P.Options()
         for key, value in cfg["pg_options"].items():
             setattr(pg_options, key, value)
+    hosts = cfg["hosts"]
+    if hosts > 1:  # the measured group only: the sync group below stays on one host
+        os.environ["CUDA_P2P_HOST_ID"] = f"bench-host-{rank * hosts // n}"
     dist.init_process_group(backend="cuda_p2p", init_method=cfg["init_method"], rank=rank,
                             world_size=n, timeout=timeout, pg_options=pg_options)
+    if hosts > 1:
+        os.environ.pop("CUDA_P2P_HOST_ID")
     try:
         step("new_group(gloo)")
         gloo = dist.new_group(backend="gloo", timeout=timeout)
@@ -392,6 +406,9 @@ def rank_main(rank: int, cfg: dict) -> None:
         if not cuda_p2p.is_cuda_p2p_group(p2p):
             raise RuntimeError("the default group does not run on the cuda_p2p backend")
         p2p_backend = cuda_p2p.get_cuda_p2p_backend(p2p)
+        if hosts > 1 and p2p_backend.hierarchy() is None:
+            raise RuntimeError(f"--hosts {hosts}: the cuda_p2p group is not hierarchical "
+                               "(CUDA_P2P_HIERARCHICAL=0, or the workspace turned off?)")
         if cfg["aa"]:
             # A/A: the "cuda_p2p" side is a second Gloo group, made like the baseline. What is
             # left of the speedup is the method's noise and bias.
@@ -651,6 +668,9 @@ def print_table(run: dict, memcpy: dict, dtype: str) -> None:
         ws = (f"available, {fmt_size(st.get('get_buffer_size', 0))} buffer per rank"
               if st["is_p2p_available"] else f"unavailable ({st.get('p2p_unavailable_reason', '')})")
         print(f"cuda_p2p workspace: {ws}")
+    if st.get("hierarchy"):
+        print(f"cuda_p2p hierarchical over hosts {st['hierarchy']['hosts']} (each host's workspace "
+              "+ Gloo between hosts); gloo = the flat wrapped backend")
     print(line([c[0] for c in cols]))
     print(line([c[1] for c in cols]))
     print("-" * sum(c[3] for c in cols[:-1]))
@@ -688,7 +708,10 @@ def markdown_report(doc: dict) -> str:
            f"average {la0:.1f} at start, {la1:.1f} at end. Single-core memcpy: "
            f"{mc['GBps']:.2f} GB/s out of cache (64 MiB)"
            + (f", {mcc['GBps']:.2f} GB/s in cache (256 KiB)" if mcc else "") +
-           "; % memcpy is bus bandwidth over the out-of-cache rate.",
+           "; % memcpy is bus bandwidth over the out-of-cache rate."
+           + (f" cuda_p2p runs hierarchically over {meta['hosts']} simulated hosts "
+              "(CUDA_P2P_HOST_ID); Gloo is the flat wrapped backend."
+              if meta.get("hosts", 1) > 1 else ""),
            "",
            "| W | collective | size | cuda_p2p us | Gloo us | speedup (95% CI) | busbw GB/s | "
            "% memcpy | path |",
@@ -895,8 +918,14 @@ def parse_args(argv=None):
     ap.add_argument("--total-timeout", type=float, default=None,
                     help="launcher: seconds one world size may take before every rank is killed "
                          "(default 600, 3600 with --full)")
-    ap.add_argument("--json", type=Path, default=HERE / "results" / "collectives.json")
-    ap.add_argument("--plot", type=Path, default=HERE / "results" / "collectives.png")
+    ap.add_argument("--hosts", type=int, default=1,
+                    help="simulated hosts for the measured cuda_p2p group (ranks in contiguous "
+                         "blocks): >1 measures its hierarchical collectives against the flat "
+                         "wrapped Gloo; results default to bench/results/hierarchical.*")
+    ap.add_argument("--json", type=Path, default=None,
+                    help="default: bench/results/collectives.json (hierarchical.json with --hosts)")
+    ap.add_argument("--plot", type=Path, default=None,
+                    help="default: bench/results/collectives.png (hierarchical.png with --hosts)")
     ap.add_argument("--no-plot", dest="do_plot", action="store_false")
     ap.add_argument("--markdown", type=Path, default=None, metavar="PATH",
                     help="also write the run as a markdown section (machine, date, load, both "
@@ -907,6 +936,13 @@ def parse_args(argv=None):
 
     if any(n < 1 for n in args.world_sizes):
         ap.error("--world-sizes must be positive")
+    if args.hosts < 1 or any(n < args.hosts for n in args.world_sizes):
+        ap.error("--hosts must be >= 1 and at most every world size")
+    if args.hosts > 1 and args.aa:
+        ap.error("--hosts and --aa are exclusive")
+    stem = "hierarchical" if args.hosts > 1 else "collectives"
+    args.json = args.json or HERE / "results" / f"{stem}.json"
+    args.plot = args.plot or HERE / "results" / f"{stem}.png"
     if args.sizes is None:
         if args.full:
             args.sizes = [1 << k for k in range(int(math.log2(FULL_MIN)), int(math.log2(FULL_MAX)) + 1)]
@@ -974,7 +1010,7 @@ def main(argv=None) -> int:
            "min_iters": args.min_iters, "max_iters": args.max_iters, "check": args.check,
            "env": env, "pg_options": args.pg_options, "bind": args.bind, "aa": args.aa,
            "sync": args.sync, "batch": args.batch, "algos": args.algos,
-           "start_margin_us": args.start_margin_us, "block": args.block,
+           "start_margin_us": args.start_margin_us, "block": args.block, "hosts": args.hosts,
            "cpus": sorted(os.sched_getaffinity(0)), "timeout": args.timeout,
            "total_timeout": args.total_timeout, "progress": not args.quiet}
 
@@ -1008,7 +1044,7 @@ def main(argv=None) -> int:
         "cuda_p2p": getattr(cuda_p2p, "__version__", None), "git": git_describe(),
         "dtype": args.dtype, "sizes": args.sizes, "bind": args.bind,
         "cpus": sorted(os.sched_getaffinity(0)), "aa": args.aa, "env": env,
-        "pg_options": args.pg_options,
+        "pg_options": args.pg_options, "hosts": args.hosts,
         "sync": args.sync, "batch": args.batch, "block": args.block, "algos": args.algos,
         "warmup": args.warmup, "budget_s": args.budget, "wall_s": wall,
         "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
@@ -1038,6 +1074,9 @@ def main(argv=None) -> int:
     if args.do_plot:
         try:
             what = "A/A TEST: Gloo vs Gloo" if args.aa else "cuda_p2p vs Gloo"
+            if args.hosts > 1:
+                what = (f"cuda_p2p hierarchical on {args.hosts} simulated hosts vs flat Gloo "
+                        "(the wrapped backend)")
             title = (f"{what}, CPU ranks, {args.dtype}, {os.cpu_count()} cores, "
                      f"torch {torch.__version__}")
             plot(runs, memcpy, args.plot, title)

@@ -153,6 +153,10 @@ PYBIND11_MODULE(_C, m) {
           "(CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES=1 turns them on, else off). Off, the default until "
           "they have been validated on a GPU, they go to the wrapped NCCL backend. CPU tensors and "
           "the fused ops are not affected.")
+      .def_readwrite("hierarchical", &ProcessGroupCudaP2P::Options::hierarchical,
+                     "On a group whose ranks span hosts, run the collectives on CPU tensors "
+                     "hierarchically: intra-host on each host's workspace, inter-host on the "
+                     "wrapped backend (default True; CUDA_P2P_HIERARCHICAL=0 also turns it off).")
       .def_readwrite("enable_workspace", &ProcessGroupCudaP2P::Options::enable_workspace,
                      "Set up the P2P workspace (default True; CUDA_P2P_DISABLE_WORKSPACE=1 also "
                      "turns it off).")
@@ -359,6 +363,47 @@ PYBIND11_MODULE(_C, m) {
            py::call_guard<py::gil_scoped_release>(),
            "Collective: concatenates along dim 0 the rows of every rank (sizes[r] rows from rank "
            "r) in rank order.")
+      .def_static(
+          "_hierarchy_host",
+          [](const c10::intrusive_ptr<ProcessGroupCudaP2P::Options>& options,
+             int size) -> py::object {
+            const auto c = cuda_p2p::resolve_config(*options, size);
+            if (!c.workspace || !c.collectives || !c.hierarchical) return py::none();
+            return py::str(cuda_p2p::host_identity(c.workspace_options.host_id));
+          },
+          py::arg("options"), py::arg("size"),
+          "For the Python layer: this process's host identity when a group with these options "
+          "would run hierarchically across hosts, else None.")
+      .def(
+          "_set_hierarchy",
+          [](ProcessGroupCudaP2P& self, const std::vector<int64_t>& host_of,
+             const py::object& intra, const py::object& inter) {
+            self.set_hierarchy(host_of, optional_backend(intra, "intra"),
+                               optional_backend(inter, "inter"));
+          },
+          py::arg("host_of"), py::arg("intra"), py::arg("inter"),
+          "For the Python layer, at group construction: the host of every rank, the cuda_p2p "
+          "backend over this host's ranks and the backend over this rank's local-index peers on "
+          "the other hosts (backend/hierarchical.hpp).")
+      .def(
+          "hierarchy",
+          [](const ProcessGroupCudaP2P& self) -> py::object {
+            const auto* h = self.hierarchy();
+            if (h == nullptr) return py::none();
+            const auto& layout = h->layout();
+            py::dict d;
+            d["hosts"] = layout.hosts;
+            d["host"] = layout.host.at(self.getRank());
+            d["local_rank"] = layout.local.at(self.getRank());
+            d["even"] = layout.even();
+            d["intra"] = py::cast(h->intra());
+            d["inter"] = h->inter() ? py::cast(h->inter()) : py::none();
+            return d;
+          },
+          "None on a group within one host; on a group spanning hosts that runs its collectives "
+          "hierarchically: {'hosts': ranks per host, 'host', 'local_rank', 'even', 'intra': the "
+          "backend over this host's ranks, 'inter': the backend over this rank's local-index "
+          "peers (None where that local index is not on every host)}.")
       .def("ensure_min_buffer_size", &ProcessGroupCudaP2P::ensure_min_buffer_size,
            py::arg("nbytes"), py::call_guard<py::gil_scoped_release>(),
            "Collective: grows every rank's buffer to at least the largest nbytes requested.");

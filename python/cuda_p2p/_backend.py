@@ -46,7 +46,60 @@ def _create_backend(opts, pg_options) -> ProcessGroupCudaP2P:
         nccl_options.global_ranks_in_group = list(opts.global_ranks_in_group)
         nccl_options.group_name = str(opts.group_id)
         nccl = dist.ProcessGroupNCCL(PrefixStore("nccl/", store), rank, size, nccl_options)
-    return ProcessGroupCudaP2P(store, rank, size, options, gloo, nccl)
+    backend = ProcessGroupCudaP2P(store, rank, size, options, gloo, nccl)
+    if not backend.is_p2p_available():
+        _attach_hierarchy(backend, store, rank, size, options, opts)
+    return backend
+
+
+def _attach_hierarchy(backend, store, rank: int, size: int, options, opts) -> None:
+    """On a group whose ranks span hosts, creates what its hierarchical collectives run on.
+
+    backend/hierarchical.hpp: a cuda_p2p backend over this host's ranks (its own workspace) and a
+    Gloo backend over the ranks with this rank's local index on every host. Sub-groups need every
+    member to take part, so they are created here, where all ranks construct the group together,
+    each under its own prefix of the group's store (nothing process-wide: two such groups live
+    side by side). A group whose workspace is up is on one host and skips all this.
+    """
+    host = ProcessGroupCudaP2P._hierarchy_host(options, size)
+    # Every rank publishes its host, or that it runs flat: one rank with the knob off (or the
+    # workspace off) makes every rank run flat, since the sub-groups need all of them.
+    mine = "flat" if host is None else "host:" + host
+    prefix = "cuda_p2p/hierarchy/"
+    store.set(f"{prefix}host/{rank}", mine)
+    records = [store.get(f"{prefix}host/{r}").decode(errors="replace") for r in range(size)]
+    for r, rec in enumerate(records):  # the store is not trusted: check what it holds
+        if not rec.startswith(("flat", "host:")) or len(rec) > 4096:
+            raise RuntimeError(
+                f"cuda_p2p: malformed host record of rank {r} in the store: {rec[:200]!r}")
+    if any(rec == "flat" for rec in records):
+        return
+    labels: dict[str, int] = {}
+    host_of = [labels.setdefault(rec, len(labels)) for rec in records]
+    if len(labels) < 2:
+        return  # one host, whose workspace could not be set up: the wrapped backend it is
+    hosts = [[r for r in range(size) if host_of[r] == h] for h in range(len(labels))]
+    me = host_of[rank]
+    local = hosts[me].index(rank)
+    global_ranks = list(opts.global_ranks_in_group) or list(range(size))
+    timeout = opts.timeout
+
+    # This host's ranks: a cuda_p2p backend with its own workspace and Gloo.
+    intra_store = PrefixStore(f"{prefix}intra/{me}/", store)
+    intra_size = len(hosts[me])
+    intra_options = _copy_options(options)
+    intra_options._timeout = timeout
+    intra_options.group_name = f"{opts.group_id}/host{me}"
+    intra_options.global_ranks_in_group = [global_ranks[r] for r in hosts[me]]
+    intra_gloo = dist.ProcessGroupGloo(PrefixStore("gloo/", intra_store), local, intra_size,
+                                       timeout)
+    intra = ProcessGroupCudaP2P(intra_store, local, intra_size, intra_options, intra_gloo, None)
+    # The ranks of this local index on every host (a local index every host has).
+    inter = None
+    if local < min(len(h) for h in hosts):
+        inter = dist.ProcessGroupGloo(PrefixStore(f"{prefix}inter/{local}/", store), me,
+                                      len(hosts), timeout)
+    backend._set_hierarchy(host_of, intra, inter)
 
 
 def _claim_rank_slot(store, rank: int, group: str) -> None:

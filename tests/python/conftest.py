@@ -1,4 +1,4 @@
-"""Session-scoped pools of ranks (W=2, 3 and 4) on the cuda_p2p backend; see _harness.py."""
+"""Session-scoped pools of ranks (W=2, 3, 4 and 6) on the cuda_p2p backend; see _harness.py."""
 
 from __future__ import annotations
 
@@ -37,6 +37,14 @@ def world3() -> World:
 @pytest.fixture(scope="session")
 def world4() -> World:
     w = _world(4)
+    w.start()
+    return w
+
+
+@pytest.fixture(scope="session")
+def world6() -> World:
+    """Six ranks: two simulated hosts of three (tests/python/test_hierarchical.py)."""
+    w = _world(6)
     w.start()
     return w
 

@@ -78,3 +78,20 @@ def test_gpu_script_says_no_gpu(script):
                           timeout=120)
     assert proc.returncode == 2 and "no CUDA GPU" in proc.stderr + proc.stdout, (
         proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+
+
+def test_bench_collectives_hierarchical(tmp_path):
+    # --hosts: the measured group spans simulated hosts and runs hierarchically (counted).
+    out = tmp_path / "h.json"
+    args = ["--world-sizes", "2", "--hosts", "2", "--sizes", "8", "4K", "--iters", "3",
+            "--warmup", "1", "--no-barrier", "--json", str(out), "--no-plot", "--timeout", "120"]
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_collectives.py"), *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+    data = json.loads(out.read_text())
+    assert data["meta"]["hosts"] == 2
+    for entry in data["runs"][0]["results"]:
+        assert entry["check"]["ok"], entry
+        assert any(k.endswith(".hierarchical") for k in entry["paths"]), entry["paths"]

@@ -117,13 +117,17 @@ def _never_arrives(ctx):
 
 def _two_hosts(ctx):
     # Ranks of the first half claim one host, the others another: the new group has no workspace.
+    # Hierarchical collectives off: this checks the flat path (test_hierarchical.py the other).
     os.environ["CUDA_P2P_HOST_ID"] = "host-a" if ctx.rank < ctx.world_size // 2 else "host-b"
+    os.environ["CUDA_P2P_HIERARCHICAL"] = "0"
     try:
         group = dist.new_group(backend="cuda_p2p")
     finally:
         del os.environ["CUDA_P2P_HOST_ID"]
+        del os.environ["CUDA_P2P_HIERARCHICAL"]
     backend = cuda_p2p.get_cuda_p2p_backend(group)
     assert not backend.is_p2p_available()
+    assert backend.hierarchy() is None
     assert "span hosts" in backend.p2p_unavailable_reason(), backend.p2p_unavailable_reason()
     assert backend.get_buffer_size() == 0
     with pytest.raises(RuntimeError, match="workspace is unavailable"):

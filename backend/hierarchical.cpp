@@ -1,0 +1,559 @@
+#include "backend/hierarchical.hpp"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <utility>
+
+#include "backend/CompletedWork.hpp"
+#include "backend/ProcessGroupCudaP2P.hpp"
+#include "ops/collectives.hpp"
+#include "ops/reduction.hpp"
+
+namespace cuda_p2p {
+
+namespace {
+
+c10d::ReduceOp sum_op() { return c10d::ReduceOp(c10d::ReduceOp::SUM); }
+
+bool is_avg(const c10d::ReduceOp& op) { return op.op_ == c10d::ReduceOp::AVG; }
+
+// What the inter-host step (and the leaders' intra step) reduces with: an average is a sum
+// there, divided once the sum is complete, since neither step sees every rank.
+c10d::ReduceOp partial_op(const c10d::ReduceOp& op) { return is_avg(op) ? sum_op() : op; }
+
+std::optional<ops::ReduceOp> to_ops(const c10d::ReduceOp& op) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM:
+      return ops::ReduceOp::kSum;
+    case c10d::ReduceOp::AVG:
+      return ops::ReduceOp::kAvg;
+    case c10d::ReduceOp::PRODUCT:
+      return ops::ReduceOp::kProduct;
+    case c10d::ReduceOp::MIN:
+      return ops::ReduceOp::kMin;
+    case c10d::ReduceOp::MAX:
+      return ops::ReduceOp::kMax;
+    case c10d::ReduceOp::BAND:
+      return ops::ReduceOp::kBand;
+    case c10d::ReduceOp::BOR:
+      return ops::ReduceOp::kBor;
+    case c10d::ReduceOp::BXOR:
+      return ops::ReduceOp::kBxor;
+    default:
+      return std::nullopt;  // PREMUL_SUM: the wrapped backend decides
+  }
+}
+
+// A contiguous tensor to compute into for `t` (t itself when it is contiguous).
+at::Tensor contiguous_output(const at::Tensor& t) {
+  return t.is_contiguous() ? t : at::empty(t.sizes(), t.options());
+}
+
+}  // namespace
+
+HostLayout::HostLayout(const std::vector<int64_t>& host_of) {
+  TORCH_CHECK(!host_of.empty(), "cuda_p2p hierarchy: expected the host of every rank, got none");
+  std::map<int64_t, int> number;  // label -> host number, in order of the lowest rank
+  for (size_t r = 0; r < host_of.size(); ++r) {
+    auto [it, added] = number.emplace(host_of[r], static_cast<int>(hosts.size()));
+    if (added) hosts.emplace_back();
+    host.push_back(it->second);
+    local.push_back(static_cast<int>(hosts[it->second].size()));
+    hosts[it->second].push_back(static_cast<int>(r));
+  }
+}
+
+bool HostLayout::even() const {
+  return std::all_of(hosts.begin(), hosts.end(),
+                     [&](const auto& h) { return h.size() == hosts.front().size(); });
+}
+
+int HostLayout::min_host_size() const {
+  size_t m = hosts.front().size();
+  for (const auto& h : hosts) m = std::min(m, h.size());
+  return static_cast<int>(m);
+}
+
+Hierarchy::Hierarchy(int rank, HostLayout layout, c10::intrusive_ptr<c10d::Backend> intra,
+                     c10::intrusive_ptr<c10d::Backend> inter,
+                     std::function<void(const std::string&)> count)
+    : rank_(rank),
+      layout_(std::move(layout)),
+      host_(layout_.host.at(rank)),
+      local_(layout_.local.at(rank)),
+      even_(layout_.even()),
+      intra_(std::move(intra)),
+      inter_(std::move(inter)),
+      count_(std::move(count)) {
+  const int H = layout_.num_hosts();
+  const int L = static_cast<int>(layout_.hosts[host_].size());
+  TORCH_CHECK(H >= 2, "cuda_p2p hierarchy: expected ranks on at least 2 hosts, got ", H);
+  TORCH_CHECK(
+      intra_ && intra_->getRank() == local_ && intra_->getSize() == L,
+      "cuda_p2p hierarchy: the intra-host backend must have rank ", local_, " of ", L, ", got ",
+      intra_ ? std::to_string(intra_->getRank()) + " of " + std::to_string(intra_->getSize())
+             : std::string("None"));
+  if (local_ < layout_.min_host_size()) {
+    TORCH_CHECK(inter_ && inter_->getRank() == host_ && inter_->getSize() == H,
+                "cuda_p2p hierarchy: the inter-host backend of local index ", local_,
+                " must have rank ", host_, " of ", H, ", got ",
+                inter_
+                    ? std::to_string(inter_->getRank()) + " of " + std::to_string(inter_->getSize())
+                    : std::string("None"));
+  } else {
+    TORCH_CHECK(!inter_, "cuda_p2p hierarchy: local index ", local_,
+                " does not exist on every host, so it has no inter-host backend; got one");
+  }
+  if (even_) {
+    // NOTE [Block order]
+    // An inter all-gather among the ranks of local index i, then an intra all-gather, leaves
+    // block (i, h) - local index i on host h - at position i * H + h: order_ maps positions to
+    // ranks. The even reduce-scatter arranges its input in the same order, so that the intra
+    // step hands local index i the H blocks its inter step then scatters by host.
+    std::vector<int64_t> order;
+    for (int i = 0; i < L; ++i) {
+      for (int h = 0; h < H; ++h) order.push_back(layout_.hosts[h][i]);
+    }
+    order_ = at::tensor(order, at::kLong);
+  }
+}
+
+const char* Hierarchy::rejects(c10::ArrayRef<at::Tensor> tensors) {
+  if (tensors.empty()) return "no_tensors";
+  for (const auto& t : tensors) {
+    if (!t.defined() || t.layout() != at::kStrided || !t.is_cpu()) return "device";
+  }
+  return nullptr;
+}
+
+const char* Hierarchy::rejects_reduction(const c10d::ReduceOp& op, at::ScalarType dtype,
+                                         const char* what) {
+  const auto mapped = to_ops(op);
+  if (!mapped) return "reduce_op";
+  // Gloo, the inter-host backend, reduces no int16; the flat path reports it.
+  if (!ops::is_reducible_dtype(dtype) || dtype == at::kShort) return "dtype";
+  ops::check_reduce_op(*mapped, dtype, what);
+  return nullptr;
+}
+
+bool Hierarchy::decline(const char* op, const char* why) {
+  count_(std::string(op) + ".flat." + why);
+  return false;
+}
+
+// --- entry points -------------------------------------------------------------------------------
+
+bool Hierarchy::all_reduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  if (tensors.size() != 1) return decline("all_reduce", "several_tensors");
+  if (const char* why = rejects(tensors)) return decline("all_reduce", why);
+  at::Tensor& t = tensors[0];
+  if (const char* why = rejects_reduction(opts.reduceOp, t.scalar_type(), "all_reduce")) {
+    return decline("all_reduce", why);
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  at::Tensor work = t.contiguous();
+  all_reduce_flat(work.view(-1), opts.reduceOp, opts.timeout);
+  if (!work.is_same(t)) t.copy_(work);
+  count_(std::string("all_reduce.") + path());
+  return true;
+}
+
+const char* Hierarchy::all_gather_rejects(const at::Tensor& output, const at::Tensor& input) const {
+  if (const char* why = rejects({input, output})) return why;
+  const int64_t W = static_cast<int64_t>(layout_.host.size());
+  if (output.numel() != input.numel() * W || output.scalar_type() != input.scalar_type()) {
+    return "shapes";  // the wrapped backend reports the mismatch
+  }
+  return nullptr;
+}
+
+void Hierarchy::run_all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input,
+                                           std::chrono::milliseconds timeout) {
+  at::Tensor out = contiguous_output(output);
+  all_gather_flat(input.contiguous().view(-1), out.view(-1), timeout);
+  if (!out.is_same(output)) output.copy_(out);
+  count_(std::string("all_gather.") + path());
+}
+
+bool Hierarchy::all_gather_into_tensor(at::Tensor& output, at::Tensor& input,
+                                       const c10d::AllgatherOptions& opts) {
+  if (const char* why = all_gather_rejects(output, input)) return decline("all_gather", why);
+  std::lock_guard<std::mutex> lock(mutex_);
+  run_all_gather_into_tensor(output, input, opts.timeout);
+  return true;
+}
+
+bool Hierarchy::all_gather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                 std::vector<at::Tensor>& inputs,
+                                                 const c10d::AllgatherOptions& opts) {
+  if (outputs.size() != inputs.size() || inputs.empty()) return decline("all_gather", "shapes");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (const char* why = all_gather_rejects(outputs[i], inputs[i])) {
+      return decline("all_gather", why);
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    run_all_gather_into_tensor(outputs[i], inputs[i], opts.timeout);
+  }
+  return true;
+}
+
+bool Hierarchy::all_gather(std::vector<std::vector<at::Tensor>>& outputs,
+                           std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  const size_t W = layout_.host.size();
+  if (inputs.size() != 1 || outputs.size() != 1 || outputs[0].size() != W) {
+    return decline("all_gather", "several_tensors");
+  }
+  if (const char* why = rejects(inputs)) return decline("all_gather", why);
+  if (const char* why = rejects(outputs[0])) return decline("all_gather", why);
+  const at::Tensor& input = inputs[0];
+  for (const auto& o : outputs[0]) {
+    if (o.numel() != input.numel() || o.scalar_type() != input.scalar_type()) {
+      return decline("all_gather", "shapes");
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  const int64_t n = input.numel();
+  at::Tensor out = at::empty({n * static_cast<int64_t>(W)}, input.options());
+  all_gather_flat(input.contiguous().view(-1), out, opts.timeout);
+  for (size_t r = 0; r < W; ++r) {
+    outputs[0][r].copy_(out.narrow(0, static_cast<int64_t>(r) * n, n).view(outputs[0][r].sizes()));
+  }
+  count_(std::string("all_gather.") + path());
+  return true;
+}
+
+const char* Hierarchy::reduce_scatter_rejects(const at::Tensor& output, const at::Tensor& input,
+                                              const c10d::ReduceOp& op) const {
+  if (const char* why = rejects({input, output})) return why;
+  const int64_t W = static_cast<int64_t>(layout_.host.size());
+  if (input.numel() != output.numel() * W || output.scalar_type() != input.scalar_type()) {
+    return "shapes";
+  }
+  return rejects_reduction(op, output.scalar_type(), "reduce_scatter_tensor");
+}
+
+void Hierarchy::run_reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
+                                          const c10d::ReduceOp& op,
+                                          std::chrono::milliseconds timeout) {
+  at::Tensor out = contiguous_output(output);
+  reduce_scatter_flat(input.contiguous().view(-1), out.view(-1), op, timeout);
+  if (!out.is_same(output)) output.copy_(out);
+  count_(std::string("reduce_scatter.") + path());
+}
+
+bool Hierarchy::reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
+                                      const c10d::ReduceScatterOptions& opts) {
+  if (const char* why = reduce_scatter_rejects(output, input, opts.reduceOp)) {
+    return decline("reduce_scatter", why);
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  run_reduce_scatter_tensor(output, input, opts.reduceOp, opts.timeout);
+  return true;
+}
+
+bool Hierarchy::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                std::vector<at::Tensor>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) {
+  if (outputs.size() != inputs.size() || inputs.empty()) {
+    return decline("reduce_scatter", "shapes");
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (const char* why = reduce_scatter_rejects(outputs[i], inputs[i], opts.reduceOp)) {
+      return decline("reduce_scatter", why);
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    run_reduce_scatter_tensor(outputs[i], inputs[i], opts.reduceOp, opts.timeout);
+  }
+  return true;
+}
+
+bool Hierarchy::reduce_scatter(std::vector<at::Tensor>& outputs,
+                               std::vector<std::vector<at::Tensor>>& inputs,
+                               const c10d::ReduceScatterOptions& opts) {
+  const size_t W = layout_.host.size();
+  if (outputs.size() != 1 || inputs.size() != 1 || inputs[0].size() != W) {
+    return decline("reduce_scatter", "several_tensors");
+  }
+  if (const char* why = rejects(outputs)) return decline("reduce_scatter", why);
+  if (const char* why = rejects(inputs[0])) return decline("reduce_scatter", why);
+  at::Tensor& output = outputs[0];
+  for (const auto& t : inputs[0]) {
+    if (t.numel() != output.numel() || t.scalar_type() != output.scalar_type()) {
+      return decline("reduce_scatter", "shapes");
+    }
+  }
+  if (const char* why = rejects_reduction(opts.reduceOp, output.scalar_type(), "reduce_scatter")) {
+    return decline("reduce_scatter", why);
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  const int64_t n = output.numel();
+  at::Tensor in = at::empty({n * static_cast<int64_t>(W)}, output.options());
+  for (size_t r = 0; r < W; ++r) {
+    in.narrow(0, static_cast<int64_t>(r) * n, n).copy_(inputs[0][r].reshape(-1));
+  }
+  at::Tensor out = contiguous_output(output);
+  reduce_scatter_flat(in, out.view(-1), opts.reduceOp, opts.timeout);
+  if (!out.is_same(output)) output.copy_(out);
+  count_(std::string("reduce_scatter.") + path());
+  return true;
+}
+
+bool Hierarchy::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
+  if (tensors.size() != 1 || opts.rootTensor != 0) return decline("broadcast", "several_tensors");
+  if (const char* why = rejects(tensors)) return decline("broadcast", why);
+  const int W = static_cast<int>(layout_.host.size());
+  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < W,
+              "cuda_p2p broadcast: root must be a rank in [0, ", W, "), got ", opts.rootRank);
+  std::lock_guard<std::mutex> lock(mutex_);
+  at::Tensor& t = tensors[0];
+  at::Tensor work = t.contiguous();
+  const int root = static_cast<int>(opts.rootRank);
+  broadcast_flat(work.view(-1), root, opts.timeout);
+  if (!work.is_same(t)) t.copy_(work);
+  // The root's local index exists on every host: the same scheme as on even hosts.
+  const bool direct = layout_.local[root] < layout_.min_host_size();
+  count_(direct ? "broadcast.hierarchical" : "broadcast.hierarchical_leaders");
+  return true;
+}
+
+// --- algorithms ---------------------------------------------------------------------------------
+
+void Hierarchy::all_reduce_flat(const at::Tensor& t, const c10d::ReduceOp& op,
+                                std::chrono::milliseconds timeout) {
+  const int64_t N = t.numel();
+  if (N == 0) return;
+  const int H = layout_.num_hosts();
+  if (!even_) {
+    // Leaders: the host's sum, reduced among the hosts' first ranks, handed to the rest.
+    intra_all_reduce(t, partial_op(op));
+    if (local_ == 0) {
+      inter_all_reduce(t, partial_op(op), timeout);
+      if (is_avg(op)) t.div_(static_cast<int64_t>(layout_.host.size()));
+    }
+    intra_broadcast(t, 0);
+    return;
+  }
+  // Each local index reduces 1/L of the tensor across hosts; padded to a multiple of L (the
+  // padding's values are reduced and dropped).
+  const int64_t L = static_cast<int64_t>(layout_.hosts[host_].size());
+  const int64_t chunk = (N + L - 1) / L;
+  at::Tensor full = t;
+  if (chunk * L != N) {
+    full = at::empty({chunk * L}, t.options());
+    full.narrow(0, 0, N).copy_(t);
+    full.narrow(0, N, chunk * L - N).zero_();
+  }
+  at::Tensor part = at::empty({chunk}, t.options());
+  intra_reduce_scatter(part, full, op);  // an intra AVG divides by L ...
+  inter_all_reduce(part, partial_op(op), timeout);
+  if (is_avg(op)) part.div_(H);  // ... and this by H
+  intra_all_gather(full, part);
+  if (!full.is_same(t)) t.copy_(full.narrow(0, 0, N));
+}
+
+void Hierarchy::all_gather_flat(const at::Tensor& input, const at::Tensor& output,
+                                std::chrono::milliseconds timeout) {
+  const int64_t n = input.numel();
+  if (n == 0) return;
+  const int H = layout_.num_hosts();
+  const int64_t W = static_cast<int64_t>(layout_.host.size());
+  if (!even_) {
+    // Leaders: the host's blocks (padded to the largest host) cross once per host; the leader
+    // places every rank's block and broadcasts the whole output on its host.
+    int64_t widest = 0;
+    for (const auto& h : layout_.hosts) widest = std::max<int64_t>(widest, h.size());
+    const int64_t L = static_cast<int64_t>(layout_.hosts[host_].size());
+    at::Tensor host_blocks = at::empty({widest * n}, input.options());
+    host_blocks.narrow(0, L * n, (widest - L) * n).zero_();
+    intra_all_gather(host_blocks.narrow(0, 0, L * n), input);
+    if (local_ == 0) {
+      at::Tensor all = at::empty({H * widest * n}, input.options());
+      inter_all_gather(all, host_blocks, timeout);
+      for (int h = 0; h < H; ++h) {
+        const auto& ranks = layout_.hosts[h];
+        for (size_t k = 0; k < ranks.size(); ++k) {
+          output.narrow(0, ranks[k] * n, n)
+              .copy_(all.narrow(0, (h * widest + static_cast<int64_t>(k)) * n, n));
+        }
+      }
+    }
+    intra_broadcast(output, 0);
+    return;
+  }
+  // Inter first: each rank receives (H - 1) blocks over the slow link - the least it can, since
+  // every host must receive every other host's blocks once - and the intra all-gather
+  // multiplies them on the fast one. The reverse order would send every host's L blocks to each
+  // of its L ranks' peers: L times the inter-host bytes.
+  at::Tensor gathered = at::empty({H * n}, input.options());
+  inter_all_gather(gathered, input, timeout);
+  at::Tensor blocks = at::empty({W * n}, input.options());
+  intra_all_gather(blocks, gathered);
+  output.view({W, n}).index_copy_(0, order_, blocks.view({W, n}));  // NOTE [Block order]
+}
+
+void Hierarchy::reduce_scatter_flat(const at::Tensor& input, const at::Tensor& output,
+                                    const c10d::ReduceOp& op, std::chrono::milliseconds timeout) {
+  const int64_t n = output.numel();
+  if (n == 0) return;
+  const int H = layout_.num_hosts();
+  const int64_t W = static_cast<int64_t>(layout_.host.size());
+  if (!even_) {
+    // Leaders: the whole input is reduced (host, then hosts) and handed to every rank, which
+    // keeps its block.
+    at::Tensor all = input.clone();
+    intra_all_reduce(all, partial_op(op));
+    if (local_ == 0) {
+      inter_all_reduce(all, partial_op(op), timeout);
+      if (is_avg(op)) all.div_(W);
+    }
+    intra_broadcast(all, 0);
+    output.copy_(all.narrow(0, rank_ * n, n));
+    return;
+  }
+  // NOTE [Block order]: local index i gets the host's sum of the blocks of local index i on
+  // every host, and the inter step scatters them by host.
+  at::Tensor arranged = input.view({W, n}).index_select(0, order_).view(-1);
+  at::Tensor part = at::empty({H * n}, input.options());
+  intra_reduce_scatter(part, arranged, op);
+  inter_reduce_scatter(output, part, partial_op(op), timeout);
+  if (is_avg(op)) output.div_(H);
+}
+
+void Hierarchy::broadcast_flat(const at::Tensor& t, int root, std::chrono::milliseconds timeout) {
+  if (t.numel() == 0) return;
+  const int root_host = layout_.host[root];
+  const int root_local = layout_.local[root];
+  // The inter step runs among the ranks of the root's local index when it exists on every host,
+  // else among the leaders, after an intra broadcast on the root's host got it to its leader.
+  const int carrier = root_local < layout_.min_host_size() ? root_local : 0;
+  if (carrier != root_local && host_ == root_host) intra_broadcast(t, root_local);
+  if (local_ == carrier) inter_broadcast(t, root_host, timeout);
+  if (carrier == root_local || host_ != root_host) intra_broadcast(t, carrier);
+}
+
+// --- steps --------------------------------------------------------------------------------------
+
+// A host of one rank has no intra step to take (copies where the step has an output).
+
+void Hierarchy::intra_all_reduce(const at::Tensor& t, c10d::ReduceOp op) {
+  if (intra_->getSize() == 1) return;
+  std::vector<at::Tensor> v{t};
+  c10d::AllreduceOptions o;
+  o.reduceOp = std::move(op);
+  intra_->allreduce(v, o)->wait();
+}
+
+void Hierarchy::intra_reduce_scatter(const at::Tensor& out, const at::Tensor& in,
+                                     c10d::ReduceOp op) {
+  if (intra_->getSize() == 1) {
+    out.copy_(in);
+    return;
+  }
+  at::Tensor o_ = out, i_ = in;
+  c10d::ReduceScatterOptions o;
+  o.reduceOp = std::move(op);
+  intra_->_reduce_scatter_base(o_, i_, o)->wait();
+}
+
+void Hierarchy::intra_all_gather(const at::Tensor& out, const at::Tensor& in) {
+  if (intra_->getSize() == 1) {
+    out.copy_(in);
+    return;
+  }
+  at::Tensor o_ = out, i_ = in;
+  intra_->_allgather_base(o_, i_, c10d::AllgatherOptions())->wait();
+}
+
+void Hierarchy::intra_broadcast(const at::Tensor& t, int local_root) {
+  if (intra_->getSize() == 1) return;
+  std::vector<at::Tensor> v{t};
+  c10d::BroadcastOptions o;
+  o.rootRank = local_root;
+  intra_->broadcast(v, o)->wait();
+}
+
+void Hierarchy::inter_all_reduce(const at::Tensor& t, c10d::ReduceOp op,
+                                 std::chrono::milliseconds timeout) {
+  TORCH_INTERNAL_ASSERT(inter_, "cuda_p2p hierarchy: local index ", local_, " has no inter step");
+  std::vector<at::Tensor> v{t};
+  c10d::AllreduceOptions o;
+  o.reduceOp = std::move(op);
+  o.timeout = timeout;
+  inter_->allreduce(v, o)->wait();
+}
+
+void Hierarchy::inter_all_gather(const at::Tensor& out, const at::Tensor& in,
+                                 std::chrono::milliseconds timeout) {
+  TORCH_INTERNAL_ASSERT(inter_, "cuda_p2p hierarchy: local index ", local_, " has no inter step");
+  // As bytes: moving data needs no dtype, and Gloo moves no int16.
+  at::Tensor o_ = out.view(at::kByte), i_ = in.view(at::kByte);
+  c10d::AllgatherOptions o;
+  o.timeout = timeout;
+  inter_->_allgather_base(o_, i_, o)->wait();
+}
+
+void Hierarchy::inter_reduce_scatter(const at::Tensor& out, const at::Tensor& in, c10d::ReduceOp op,
+                                     std::chrono::milliseconds timeout) {
+  TORCH_INTERNAL_ASSERT(inter_, "cuda_p2p hierarchy: local index ", local_, " has no inter step");
+  at::Tensor o_ = out, i_ = in;
+  c10d::ReduceScatterOptions o;
+  o.reduceOp = std::move(op);
+  o.timeout = timeout;
+  inter_->_reduce_scatter_base(o_, i_, o)->wait();
+}
+
+void Hierarchy::inter_broadcast(const at::Tensor& t, int root_host,
+                                std::chrono::milliseconds timeout) {
+  TORCH_INTERNAL_ASSERT(inter_, "cuda_p2p hierarchy: local index ", local_, " has no inter step");
+  std::vector<at::Tensor> v{t.view(at::kByte)};  // as bytes (see inter_all_gather)
+  c10d::BroadcastOptions o;
+  o.rootRank = root_host;
+  o.timeout = timeout;
+  inter_->broadcast(v, o)->wait();
+}
+
+// --- lifecycle ----------------------------------------------------------------------------------
+
+void Hierarchy::set_timeout(std::chrono::milliseconds timeout) {
+  intra_->setTimeout(timeout);
+  if (inter_) inter_->setTimeout(timeout);
+}
+
+void Hierarchy::abort() {
+  intra_->abort();
+  if (inter_) inter_->abort();
+}
+
+void Hierarchy::shutdown() {
+  intra_->shutdown();
+  if (inter_) inter_->shutdown();
+}
+
+// --- the group's side ---------------------------------------------------------------------------
+
+void ProcessGroupCudaP2P::set_hierarchy(const std::vector<int64_t>& host_of,
+                                        c10::intrusive_ptr<c10d::Backend> intra,
+                                        c10::intrusive_ptr<c10d::Backend> inter) {
+  TORCH_CHECK(!hierarchy_, "cuda_p2p set_hierarchy: the group already has a hierarchy");
+  TORCH_CHECK(static_cast<int>(host_of.size()) == getSize(), "cuda_p2p set_hierarchy: expected ",
+              getSize(), " hosts (one per rank), got ", host_of.size());
+  TORCH_CHECK(!is_p2p_available(),
+              "cuda_p2p set_hierarchy: the group has a workspace, so its ranks are on one host");
+  hierarchy_ = std::make_unique<Hierarchy>(getRank(), HostLayout(host_of), std::move(intra),
+                                           std::move(inter),
+                                           [this](const std::string& name) { bump_counter(name); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupCudaP2P::hierarchical_done(
+    c10d::OpType type, std::vector<at::Tensor> outputs) {
+  return track(c10::make_intrusive<CompletedWork>(getRank(), type, std::move(outputs)));
+}
+
+}  // namespace cuda_p2p

@@ -1,0 +1,151 @@
+// Hierarchical collectives: a group whose ranks span hosts (docs/collectives.md, "Across hosts").
+//
+// No workspace spans hosts, so such a group keeps one workspace per host and composes two kinds
+// of collectives: intra-host ones on this host's workspace (a cuda_p2p backend over this host's
+// ranks, "intra") and inter-host ones on the wrapped backend (a Gloo backend over this rank and
+// its peers with the same local index on the other hosts, "inter"). Both are created by the
+// Python layer at group construction (every rank takes part; torch's wheel ships no Gloo
+// headers), and handed to the group's backend (ProcessGroupCudaP2P::set_hierarchy).
+//
+// Hosts with the same number of ranks ("even") split every payload among local indices, so that
+// each rank moves 1/L of it over the slow link:
+//   all-reduce      intra reduce-scatter -> inter all-reduce of the own chunk -> intra all-gather
+//   all-gather      inter all-gather (same local index) -> intra all-gather
+//   reduce-scatter  intra reduce-scatter -> inter reduce-scatter
+//   broadcast       inter broadcast (the root's local index) -> intra broadcast
+// Uneven hosts (3 + 1 ranks) have no common split: the first rank of each host (its "leader",
+// local index 0) carries the host's whole payload over the slow link, and an intra broadcast
+// hands the result to the others. Only CPU tensors take these paths: a group driving a GPU keeps
+// NCCL (hierarchical by itself) for CUDA tensors.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <vector>
+
+namespace cuda_p2p {
+
+// Which host each rank of a group is on. Hosts are numbered by their lowest rank; a rank's local
+// index is its position among its host's ranks (ascending).
+struct HostLayout {
+  // host_of[r]: the host of rank r (any labels; renumbered here).
+  explicit HostLayout(const std::vector<int64_t>& host_of);
+
+  int num_hosts() const { return static_cast<int>(hosts.size()); }
+  // Whether every host has the same number of ranks.
+  bool even() const;
+  // The fewest ranks a host has: local indices below it exist on every host.
+  int min_host_size() const;
+
+  std::vector<int> host;                // by rank
+  std::vector<int> local;               // by rank: its local index
+  std::vector<std::vector<int>> hosts;  // by host: its ranks, ascending
+};
+
+class Hierarchy {
+ public:
+  // `intra`: a cuda_p2p backend over this host's ranks (rank = local index). `inter`: a backend
+  // over the ranks with this rank's local index on every host (rank = host number), present when
+  // that local index exists on every host (local index < min_host_size()), else null. `count`
+  // bumps one of the group's counters.
+  Hierarchy(int rank, HostLayout layout, c10::intrusive_ptr<c10d::Backend> intra,
+            c10::intrusive_ptr<c10d::Backend> inter, std::function<void(const std::string&)> count);
+
+  const HostLayout& layout() const { return layout_; }
+  const c10::intrusive_ptr<c10d::Backend>& intra() const { return intra_; }
+  const c10::intrusive_ptr<c10d::Backend>& inter() const { return inter_; }
+
+  // Each runs the collective hierarchically and returns true (counted "<op>.hierarchical", or
+  // "<op>.hierarchical_leaders" on uneven hosts), or returns false without having communicated
+  // (counted "<op>.flat.<why>") when these arguments cannot take the hierarchical path: the
+  // caller then runs the op flat on the wrapped backend. Every rank decides alike from what its
+  // arguments agree on (devices, dtypes, counts, reduce op). Blocking: done on return.
+  bool all_reduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts);
+  bool all_gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                  const c10d::AllgatherOptions& opts);
+  bool all_gather_into_tensor(at::Tensor& output, at::Tensor& input,
+                              const c10d::AllgatherOptions& opts);
+  bool reduce_scatter(std::vector<at::Tensor>& outputs,
+                      std::vector<std::vector<at::Tensor>>& inputs,
+                      const c10d::ReduceScatterOptions& opts);
+  bool reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
+                             const c10d::ReduceScatterOptions& opts);
+  bool broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts);
+  // The coalesced forms (_coalescing_manager, FSDP): every pair in order, each counted, or none
+  // when one pair cannot take the hierarchical path.
+  bool all_gather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::AllgatherOptions& opts);
+  bool reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                       std::vector<at::Tensor>& inputs,
+                                       const c10d::ReduceScatterOptions& opts);
+
+  // Forwarded to the intra and inter backends.
+  void set_timeout(std::chrono::milliseconds timeout);
+  void abort();
+  void shutdown();
+
+ private:
+  // Why `tensors` cannot take the hierarchical path (nullptr when they can).
+  static const char* rejects(c10::ArrayRef<at::Tensor> tensors);
+  // Why this reduce op and dtype cannot (nullptr when they can); TORCH_CHECKs combinations that
+  // fail on every path (AVG on integers, bitwise ops on floats).
+  static const char* rejects_reduction(const c10d::ReduceOp& op, at::ScalarType dtype,
+                                       const char* what);
+  // Why one (output, input) pair of all_gather_into_tensor / reduce_scatter_tensor cannot take
+  // the hierarchical path (nullptr when it can).
+  const char* all_gather_rejects(const at::Tensor& output, const at::Tensor& input) const;
+  const char* reduce_scatter_rejects(const at::Tensor& output, const at::Tensor& input,
+                                     const c10d::ReduceOp& op) const;
+  // One accepted pair, run (the caller holds mutex_).
+  void run_all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input,
+                                  std::chrono::milliseconds timeout);
+  void run_reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
+                                 const c10d::ReduceOp& op, std::chrono::milliseconds timeout);
+  bool decline(const char* op, const char* why);
+  const char* path() const { return even_ ? "hierarchical" : "hierarchical_leaders"; }
+
+  // The algorithms on contiguous 1-D tensors of one dtype.
+  void all_reduce_flat(const at::Tensor& t, const c10d::ReduceOp& op,
+                       std::chrono::milliseconds timeout);
+  void all_gather_flat(const at::Tensor& input, const at::Tensor& output,
+                       std::chrono::milliseconds timeout);
+  void reduce_scatter_flat(const at::Tensor& input, const at::Tensor& output,
+                           const c10d::ReduceOp& op, std::chrono::milliseconds timeout);
+  void broadcast_flat(const at::Tensor& t, int root, std::chrono::milliseconds timeout);
+
+  // Intra-host steps (on every rank of this host) and inter-host steps (on the ranks with this
+  // local index), each blocking.
+  void intra_all_reduce(const at::Tensor& t, c10d::ReduceOp op);
+  void intra_reduce_scatter(const at::Tensor& out, const at::Tensor& in, c10d::ReduceOp op);
+  void intra_all_gather(const at::Tensor& out, const at::Tensor& in);
+  void intra_broadcast(const at::Tensor& t, int local_root);
+  void inter_all_reduce(const at::Tensor& t, c10d::ReduceOp op, std::chrono::milliseconds timeout);
+  void inter_all_gather(const at::Tensor& out, const at::Tensor& in,
+                        std::chrono::milliseconds timeout);
+  void inter_reduce_scatter(const at::Tensor& out, const at::Tensor& in, c10d::ReduceOp op,
+                            std::chrono::milliseconds timeout);
+  void inter_broadcast(const at::Tensor& t, int root_host, std::chrono::milliseconds timeout);
+
+  const int rank_;
+  const HostLayout layout_;
+  const int host_;   // this rank's host
+  const int local_;  // this rank's local index
+  const bool even_;
+  c10::intrusive_ptr<c10d::Backend> intra_;
+  c10::intrusive_ptr<c10d::Backend> inter_;
+  std::function<void(const std::string&)> count_;
+  // order_[i * H + h] = the rank with local index i on host h (even hosts): the position of each
+  // rank's block after an inter all-gather followed by an intra all-gather (NOTE [Block order]).
+  at::Tensor order_;
+  // One hierarchical op at a time: its intra and inter steps must pair with the same op's steps
+  // on the other ranks, also when several threads share the group.
+  std::mutex mutex_;
+};
+
+}  // namespace cuda_p2p
