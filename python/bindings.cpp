@@ -7,6 +7,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "backend/ProcessGroupCudaP2P.hpp"
+#include "backend/dispatcher_all_reduce.hpp"
 #include "ops/fused_ops.hpp"
 #include "ops/pipeline_common.hpp"
 
@@ -76,6 +77,7 @@ template <typename PgClass>
 void bind_fused_pipelines(PgClass& pg) {
   // Keeps the TORCH_LIBRARY registrations of the static core library in this module.
   cuda_p2p::ensure_fused_ops_registered();
+  cuda_p2p::ensure_all_reduce_op_registered();
   using Options = ProcessGroupCudaP2P::Options;
   auto options = py::reinterpret_borrow<
       py::class_<Options, c10d::Backend::Options, c10::intrusive_ptr<Options>>>(pg.attr("Options"));
