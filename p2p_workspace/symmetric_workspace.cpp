@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <random>
+#include <numeric>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -780,17 +781,21 @@ void SymmetricWorkspace::barrier(Stream& s, int channel, std::optional<Millis> t
   check_channel(channel);
   std::vector<int> members = ranks;
   if (members.empty()) {
-    for (int r = 0; r < world_size_; ++r) members.push_back(r);
+    // Every rank (every collective's barrier): nothing to validate.
+    members.resize(world_size_);
+    std::iota(members.begin(), members.end(), 0);
+  } else {
+    std::set<int> unique;
+    for (int r : members) {
+      check_rank(r, "barrier");
+      TORCH_CHECK(unique.insert(r).second, "cuda_p2p barrier: rank ", r, " is listed twice in ",
+                  members);
+    }
+    TORCH_CHECK(unique.count(rank_), "cuda_p2p barrier: the ranks ", members,
+                " must include the calling rank ", rank_);
   }
-  std::set<int> unique;
-  for (int r : members) {
-    check_rank(r, "barrier");
-    TORCH_CHECK(unique.insert(r).second, "cuda_p2p barrier: rank ", r, " is listed twice in ",
-                members);
-  }
-  TORCH_CHECK(unique.count(rank_), "cuda_p2p barrier: the ranks ", members,
-              " must include the calling rank ", rank_);
   std::vector<SignalWait> waits;
+  waits.reserve(members.size());
   for (int r : members) {
     if (r == rank_) continue;
     put_signal(s, r, channel);
