@@ -8,8 +8,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
-#include <random>
 #include <numeric>
+#include <random>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -24,7 +24,9 @@ namespace cuda_p2p {
 // there. Counts advance when the operation is enqueued (host program order), which is the order
 // in which the stream of that channel executes them. Both sides agree as long as each pair of
 // ranks issues the same put/wait/barrier sequence per channel - which is what "collective"
-// means - and one channel is never driven by two streams at once.
+// means - and one channel is never driven by two streams at once. On the host the top bit of a
+// signal or done word flags a sleeping waiter and counts compare in 31 bits (NOTE [Sleeper bit]
+// in host/host_device.cpp).
 
 // NOTE [Signal pad layout]
 // Each rank's pad (after its buffer) holds, in 32-bit words, with C channels and W ranks:
