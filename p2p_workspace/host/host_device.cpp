@@ -82,12 +82,13 @@ long futex(const uint32_t* addr, int op, uint32_t val, const timespec* ts) {
 // peer it waits for needs), it polls with sched_yield - which hands the core to any runnable
 // task, a peer queued on this CPU or another process, and returns at once when there is none -
 // until kYieldTime has passed since the wait began; only then does it sleep on the futex. A
-// sleep is what costs: the waker's FUTEX_WAKE is cheap, but the sleeper runs again only when the
-// scheduler gets to it, tens of microseconds on a loaded 2-vCPU machine (and a small all-reduce
-// is two such waits per rank). Polling ~100 us before sleeping took a back-to-back 8-byte
-// all-reduce on 2 ranks from 30-50 us to a few us on such a machine, where DeepSpeed's waits
-// spin forever (docs/collectives.md, "Against DeepSpeed"). Every word of one wait is polled in
-// the same loop, so a barrier's polling budget is shared by all its peers.
+// sleeper runs again only when the scheduler gets to it, tens of microseconds on a loaded 2-vCPU
+// machine, and a small all-reduce is two waits per rank; a yielding poller gives its core away
+// as readily but is back as soon as nothing else wants it. With this and NOTE [Sleeper bit], a
+// back-to-back 8-byte all-reduce on 2 ranks went from 35-49 us to 18-27 us on such a machine
+// (docs/collectives.md, "Against DeepSpeed"); DeepSpeed's waits spin without ever yielding,
+// which starves 4 ranks on 2 cores. Every word of one wait is polled in the same loop, so a
+// barrier's polling budget is shared by all its peers.
 namespace {
 
 // Whether a waiter that has polled for `waited` keeps polling, and it polls once more (a PAUSE or
