@@ -107,7 +107,6 @@ def check_non_contiguous(ctx):
         full = [torch.arange(rows * cols, dtype=torch.float32).reshape(rows, cols) * (r + 1)
                 for r in range(W)]
         t = full[me].t()  # a transposed view: not contiguous
-        base = full[me].clone()
         cuda_p2p.all_reduce_(t, "sum")
         expected = sum(full_r for full_r in [torch.arange(rows * cols, dtype=torch.float32)
                                              .reshape(rows, cols) * (r + 1) for r in range(W)])
@@ -115,7 +114,6 @@ def check_non_contiguous(ctx):
             failures.append(f"{rows}x{cols} transposed: the base tensor was not reduced in place")
         if not torch.equal(t, expected.t()):
             failures.append(f"{rows}x{cols} transposed: wrong values")
-        del base
     return {"cases": 2, "failures": failures}
 
 
@@ -137,7 +135,7 @@ def check_fallback(ctx):
         expected = torch.arange(n, dtype=torch.float32) + (W - 1)
         if not torch.equal(x, expected):
             failures.append(f"wrapped n={n}: wrong values")
-        d = {k: after.get(k, 0) - before.get(k, 0) for k in after if after.get(k, 0) != before.get(k, 0)}
+        d = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
         if d != {"all_reduce.wrapped": 1}:
             failures.append(f"wrapped n={n}: counters moved by {d}")
     # Non-contiguous through the fallback too.
