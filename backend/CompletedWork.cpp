@@ -25,10 +25,22 @@ CompletedWork::CompletedWork(int rank, c10d::OpType type, std::vector<at::Tensor
       outputs_(std::move(outputs)),
       device_(std::move(device)),
       end_(std::move(end)) {
+  // On a GPU markCompleted records an event on the current stream, the op's: not later, when the
+  // caller may have moved to another stream.
+  if (device_) make_future();
+  finish();
+}
+
+void CompletedWork::make_future() {
   future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
                                                      devices_of(outputs_));
   future_->markCompleted(c10::IValue(outputs_));
-  finish();
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> CompletedWork::getFuture() {
+  std::lock_guard<std::mutex> lock(future_mutex_);
+  if (!future_) make_future();
+  return future_;
 }
 
 bool CompletedWork::wait(std::chrono::milliseconds /*timeout*/) {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <vector>
 
@@ -27,10 +28,16 @@ class CompletedWork : public c10d::Work {
   bool wait(std::chrono::milliseconds timeout) override;
   void synchronize() override;
   std::vector<at::Tensor> result() override { return outputs_; }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  // On the host made on the first call: a synchronous dist.all_reduce never asks for it, and a
+  // completed Future (a list type, an IValue list of the outputs, its mutex and condition
+  // variable) is a part of a small collective's cost (docs/collectives.md, "Against DeepSpeed").
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
 
  private:
+  void make_future();
+
   std::vector<at::Tensor> outputs_;
+  std::mutex future_mutex_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::shared_ptr<Device> device_;
   std::shared_ptr<Event> end_;

@@ -97,6 +97,11 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // wrapped backend's all_gather_into_tensor.
   at::Tensor all_gather_v(const at::Tensor& input, const std::vector<int64_t>& sizes);
 
+  // The all-reduce of torch.ops.cuda_p2p.all_reduce_ (backend/dispatcher_all_reduce.cpp): in
+  // place, with no Work. The workspace all-reduce that allreduce() runs, counted the same; where
+  // the workspace cannot serve it, the wrapped backend's all-reduce, waited for.
+  void all_reduce_in_place(at::Tensor& tensor, const c10d::ReduceOp& op);
+
   // Counters of which path ran ("all_reduce.one_shot", "all_reduce.wrapped", ...), so tests and
   // users can see that the fast path ran and that no fallback was silent.
   void bump_counter(const std::string& name, int64_t by = 1);
@@ -205,6 +210,9 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> completed(c10d::OpType type, std::vector<at::Tensor> outputs);
   // The workspace reduce op for a c10d one, or nullopt (PREMUL_SUM and unknown ops).
   static std::optional<ops::ReduceOp> to_reduce_op(const c10d::ReduceOp& op);
+  // The workspace all-reduce of `t` in place (allreduce() and all_reduce_in_place()); false,
+  // having done nothing, where the workspace does not serve it (device, reduce op, dtype).
+  bool all_reduce_on_workspace(at::Tensor& t, const c10d::ReduceOp& op);
   // The all-gather / reduce-scatter on the workspace, once the tensors were checked.
   void all_gather_on_workspace(const at::Tensor& input, const std::vector<at::Tensor>& outputs);
   void reduce_scatter_on_workspace(const std::vector<at::Tensor>& inputs, const at::Tensor& output,

@@ -206,17 +206,18 @@ WorkPtr ProcessGroupCudaP2P::allreduce(std::vector<at::Tensor>& tensors,
   if (hierarchy_ && hierarchy_->all_reduce(tensors, opts)) {
     return hierarchical_done(c10d::OpType::ALLREDUCE, tensors);
   }
-  const char* why = workspace_rejects(tensors);
-  const auto op = to_reduce_op(opts.reduceOp);
-  if (!why && tensors.size() != 1) why = "several tensors";
-  if (!why && !op) why = "reduce op";
-  if (!why && !ops::is_reducible_dtype(tensors[0].scalar_type())) why = "dtype";
-  if (why) {
-    bump_counter("all_reduce.wrapped");
-    return delegate(tensors, "allreduce",
-                    [&](c10d::Backend& b) { return b.allreduce(tensors, opts); });
+  if (tensors.size() == 1 && all_reduce_on_workspace(tensors[0], opts.reduceOp)) {
+    return completed(c10d::OpType::ALLREDUCE, tensors);
   }
-  at::Tensor& t = tensors[0];
+  bump_counter("all_reduce.wrapped");
+  return delegate(tensors, "allreduce",
+                  [&](c10d::Backend& b) { return b.allreduce(tensors, opts); });
+}
+
+bool ProcessGroupCudaP2P::all_reduce_on_workspace(at::Tensor& t, const c10d::ReduceOp& reduce_op) {
+  if (workspace_rejects({t})) return false;
+  const auto op = to_reduce_op(reduce_op);
+  if (!op || !ops::is_reducible_dtype(t.scalar_type())) return false;
   check_or_reject("all_reduce", ops::OpKind::kAllReduce,
                   [&] { ops::check_reduce_op(*op, t.scalar_type(), "all_reduce"); });
   at::Tensor work = t.is_contiguous() ? t : t.contiguous();
@@ -226,7 +227,7 @@ WorkPtr ProcessGroupCudaP2P::allreduce(std::vector<at::Tensor>& tensors,
     if (!work.is_same(t)) t.copy_(work);
   });
   bump_counter(std::string("all_reduce.") + ops::to_string(algo));
-  return completed(c10d::OpType::ALLREDUCE, tensors);
+  return true;
 }
 
 namespace {

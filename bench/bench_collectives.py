@@ -64,6 +64,13 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
 BACKENDS = ("cuda_p2p", "gloo")  # measured backend first, baseline second
+# More all-reduce columns (--peers auto): our dispatcher op, called as vLLM calls its custom
+# all-reduce (torch.ops.cuda_p2p.all_reduce_, no Work, no torch.distributed Python layer), and
+# DeepSpeed's shared-memory all-reduce (torch.ops.deepspeed.inference_all_reduce_, its
+# ShareMemComm op built from its sources), present only when deepspeed imports and the op builds.
+PEERS = ("cuda_p2p_op", "deepspeed")
+# DeepSpeed's shm kernels reduce these dtypes only; it leaves others untouched.
+DEEPSPEED_DTYPES = ("float32", "bfloat16", "float16")
 # Algorithms of the workspace collectives, forced one group at a time with --algos: the Options
 # field and its values per collective.
 ALGOS = {
@@ -202,6 +209,9 @@ def _make_inputs(coll: str, nbytes: int, n: int, rank: int, dtype: torch.dtype):
 
 
 def _run_op(dist, coll: str, inp, out, group) -> None:
+    if callable(group):  # a peer column of the all-reduce (PEERS): its own call
+        group(inp)
+        return
     if coll == "all_reduce":
         dist.all_reduce(inp, group=group)
     elif coll == "all_gather_into_tensor":
@@ -363,6 +373,84 @@ def counter_delta(before: dict, after: dict) -> dict[str, int]:
     return {k: v - before.get(k, 0) for k, v in sorted(after.items()) if v != before.get(k, 0)}
 
 
+# ------------------------------------------------------------------------------------------------
+# peer columns (--peers)
+
+_DEEPSPEED_LOAD = (
+    "import contextlib, io, sys, torch\n"
+    "with contextlib.redirect_stdout(io.StringIO()):\n"
+    "    from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder\n"
+    "    b = ShareMemCommBuilder()\n"
+    "    assert b.is_compatible(False), 'ShareMemCommBuilder is not compatible with this host'\n"
+    "    m = b.load(verbose=False)\n"
+    "import deepspeed\n"
+    "print('DS', deepspeed.__version__, m.vector_kernel_level(), flush=True)\n"
+)
+
+
+def deepspeed_status(dtype: str, timeout_s: float = 1200.0) -> dict:
+    """Whether the DeepSpeed column can run: deepspeed importable and its shm op built (in a
+    subprocess: the first build compiles csrc/cpu/comm/shm.cpp, minutes; later ones load the
+    cached extension). {"available": bool, "reason" or "version"}; never raises."""
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        return {"available": False, "reason": "deepspeed is not installed"}
+    if dtype not in DEEPSPEED_DTYPES:
+        return {"available": False, "reason": f"its shm all-reduce has no {dtype} kernel"}
+    env = dict(os.environ, DS_ACCELERATOR="cpu")
+    try:
+        r = subprocess.run([sys.executable, "-c", _DEEPSPEED_LOAD], capture_output=True,
+                           text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        return {"available": False, "reason": f"building its shm op took over {timeout_s:g} s"}
+    line = next((x for x in r.stdout.splitlines() if x.startswith("DS ")), None)
+    if r.returncode != 0 or line is None:
+        tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"available": False, "reason": f"its shm op did not build/load: {tail[:200]}"}
+    _, version, level = line.split()
+    # Its fp32 kernel needs AVX2 (level 1), bf16/fp16 AVX-512BW (level 2); below, it faults.
+    need = 1 if dtype == "float32" else 2
+    if int(level) < need:
+        return {"available": False, "reason": f"this CPU lacks the ISA of its {dtype} kernel"}
+    return {"available": True, "version": version, "vector_kernel_level": int(level)}
+
+
+def _peer_ops(cfg: dict, rank: int, n: int, group) -> dict:
+    """{column: fn(tensor)} of the all-reduce's peer columns for this rank."""
+    peers = {}
+    if not cfg["peers"]:
+        return peers
+    op = getattr(torch.ops.cuda_p2p, "all_reduce_", None)
+    if op is not None:
+        name = group.group_name
+        peers["cuda_p2p_op"] = lambda t: op(t, "sum", name)
+    if cfg["deepspeed"]:
+        # Its segments are named after MASTER_ADDR/PORT: a port of this run's own, removed by the
+        # launcher afterwards (DeepSpeed never unlinks them).
+        os.environ.update({"LOCAL_SIZE": str(n), "MASTER_ADDR": "127.0.0.1",
+                           "MASTER_PORT": str(cfg["deepspeed_port"]), "DS_ACCELERATOR": "cpu"})
+        import contextlib
+        import io
+
+        with contextlib.redirect_stdout(io.StringIO()):
+            from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
+
+            module = ShareMemCommBuilder().load(verbose=False)
+        module.initialize(n, rank)
+        ds = torch.ops.deepspeed.inference_all_reduce_
+        peers["deepspeed"] = lambda t: ds(t)
+    return peers
+
+
+def _remove_deepspeed_segments(port: int, world_size: int) -> None:
+    for r in range(world_size):
+        try:
+            os.unlink(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_{port}_{r}")
+        except OSError:
+            pass
+
+
 def rank_main(rank: int, cfg: dict) -> None:
     _die_with_parent(cfg["parent_pid"])
     if cfg["bind"] == "core":
@@ -435,6 +523,8 @@ def rank_main(rank: int, cfg: dict) -> None:
             step("new_group(gloo, sync)")
             sync_group = dist.new_group(backend="gloo", timeout=timeout)
             sync = lambda: dist.barrier(group=sync_group)  # noqa: E731
+        step("peer columns")
+        peer_ops = _peer_ops(cfg, rank, n, p2p) if not cfg["aa"] else {}
         # --algos: a cuda_p2p group per forced algorithm of the collective being measured,
         # created when its sizes start and destroyed after them (each maps a workspace).
         algo_groups, algo_coll = {}, None
@@ -473,6 +563,8 @@ def rank_main(rank: int, cfg: dict) -> None:
             nbytes = 0 if coll == "barrier" else -(-size // unit) * unit
             set_algo_groups(coll)
             timed_groups = dict(groups, **algo_groups)
+            if coll == "all_reduce":
+                timed_groups.update(peer_ops)
             counters_before = read_counters(p2p_backend)
             step(f"{label}: allocate")
             bufs = {name: _make_inputs(coll, nbytes, n, rank, dtype) if coll != "barrier"
@@ -496,6 +588,8 @@ def rank_main(rank: int, cfg: dict) -> None:
                 entry[name] = _summary(_max_over_ranks(dist, local[name], gloo))
             if algo_groups:
                 entry["algos"] = {name.split("/", 1)[1]: entry.pop(name) for name in algo_groups}
+            if coll == "all_reduce" and peer_ops:
+                entry["peers"] = {name: entry.pop(name) for name in peer_ops}
             del bufs
             # Which paths of the backend ran (warmup and timed iterations), as counted by
             # the backend itself: says whether a number measures the workspace or the wrapped Gloo.
@@ -539,7 +633,7 @@ def launch(world_size: int, cfg: dict) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="cuda_p2p_bench_") as tmpdir:
         cfg = dict(cfg, world_size=world_size, tmpdir=tmpdir, parent_pid=os.getpid(),
-                   init_method=f"tcp://127.0.0.1:{free_port()}")
+                   init_method=f"tcp://127.0.0.1:{free_port()}", deepspeed_port=free_port())
         ctx = mp.start_processes(rank_main, args=(cfg,), nprocs=world_size, join=False,
                                  start_method="spawn")
         deadline = time.monotonic() + cfg["total_timeout"]
@@ -576,6 +670,8 @@ def launch(world_size: int, cfg: dict) -> dict:
                         where.append(f"  rank {r}: (no step recorded: still starting up)")
                 _kill_all(ctx)
                 failure += "\nlast step of each rank:\n" + "\n".join(where)
+            if cfg["deepspeed"]:
+                _remove_deepspeed_segments(cfg["deepspeed_port"], world_size)
         if failure is not None:
             raise BenchError(failure)
         path = Path(tmpdir, "results.json")
@@ -621,7 +717,7 @@ def add_derived(run: dict, memcpy_gbps: float) -> None:
             s["algbw_GBps"] = e["bytes"] / t / 1e9
             s["busbw_GBps"] = s["algbw_GBps"] * factor
             s["busbw_frac_memcpy"] = s["busbw_GBps"] / memcpy_gbps
-        for s in e.get("algos", {}).values():
+        for s in list(e.get("algos", {}).values()) + list(e.get("peers", {}).values()):
             t = s["median_us"] * 1e-6
             s["algbw_GBps"] = e["bytes"] / t / 1e9
             s["busbw_GBps"] = s["algbw_GBps"] * factor
@@ -629,6 +725,19 @@ def add_derived(run: dict, memcpy_gbps: float) -> None:
     for e in run["results"] + ([run["barrier"]] if run.get("barrier") else []):
         e["speedup"] = e["gloo"]["median_us"] / e["cuda_p2p"]["median_us"]
         e["speedup_ci95"] = speedup_ci(e["cuda_p2p"]["times_us"], e["gloo"]["times_us"])
+        peers = e.get("peers", {})
+        for s in peers.values():
+            s["speedup_vs_gloo"] = e["gloo"]["median_us"] / s["median_us"]
+        if "deepspeed" in peers:
+            # > 1: cuda_p2p is faster than DeepSpeed's shm all-reduce, by that factor.
+            ds = peers["deepspeed"]
+            e["vs_deepspeed"] = {"dist": ds["median_us"] / e["cuda_p2p"]["median_us"]}
+            e["vs_deepspeed_ci95"] = {"dist": speedup_ci(e["cuda_p2p"]["times_us"],
+                                                         ds["times_us"])}
+            if "cuda_p2p_op" in peers:
+                op = peers["cuda_p2p_op"]
+                e["vs_deepspeed"]["op"] = ds["median_us"] / op["median_us"]
+                e["vs_deepspeed_ci95"]["op"] = speedup_ci(op["times_us"], ds["times_us"])
 
 
 SPEEDUP_COLORS = ["k", "tab:green", "tab:purple", "tab:orange", "tab:brown"]
@@ -731,6 +840,40 @@ def markdown_report(doc: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def print_peer_table(run: dict) -> None:
+    """The all-reduce side by side: Gloo, DeepSpeed's shm op, cuda_p2p via dist.all_reduce and
+    via its dispatcher op; ratios > 1 mean cuda_p2p is faster."""
+    es = [e for e in run["results"] if e.get("peers")]
+    if not es:
+        return
+    names = [p for p in PEERS if p in es[0]["peers"]]
+    ds = "deepspeed" in names
+    print(f"\nworld_size={run['world_size']}  all_reduce side by side: median latency (us) of the "
+          "slowest rank")
+    head = f"{'size':>10}{'gloo':>10}" + (f"{'deepspeed':>11}" if ds else "") + \
+        f"{'p2p dist':>10}" + (f"{'p2p op':>10}" if "cuda_p2p_op" in names else "")
+    if ds:
+        head += f"{'ds/dist':>9}{'95% CI':>14}"
+        if "cuda_p2p_op" in names:
+            head += f"{'ds/op':>9}{'95% CI':>14}"
+    print(head)
+    print("-" * len(head))
+    for e in es:
+        p = e["peers"]
+        line = f"{fmt_size(e['bytes']):>10}{e['gloo']['median_us']:>10.1f}"
+        if ds:
+            line += f"{p['deepspeed']['median_us']:>11.1f}"
+        line += f"{e['cuda_p2p']['median_us']:>10.1f}"
+        if "cuda_p2p_op" in p:
+            line += f"{p['cuda_p2p_op']['median_us']:>10.1f}"
+        if ds:
+            for k in ("dist", "op"):
+                if k in e["vs_deepspeed"]:
+                    lo, hi = e["vs_deepspeed_ci95"][k]
+                    line += f"{e['vs_deepspeed'][k]:>8.2f}x{f'[{lo:.2f}, {hi:.2f}]':>14}"
+        print(line)
+
+
 def _best_threshold(points: list[tuple[int, float, float]]) -> int:
     """points: (size, latency of the small-message algorithm, of the large-message one). The
     threshold t (0 or one of the sizes) for "small algorithm up to t bytes, large above" whose
@@ -818,6 +961,12 @@ def plot(runs: list[dict], memcpy: dict, path: Path, title: str) -> None:
                 ax_bw.plot(x, [e[name]["busbw_GBps"] for e in es], marker=m, color=colors[name],
                            alpha=0.9 if len(runs) == 1 else 0.5 + 0.5 * (k + 1) / len(runs),
                            label=lbl)
+            for name, color in (("deepspeed", "tab:green"), ("cuda_p2p_op", "tab:orange")):
+                pts = [(e["bytes"], e["peers"][name]["median_us"]) for e in es
+                       if name in e.get("peers", {})]
+                if pts:
+                    ax_lat.plot([a for a, _ in pts], [b for _, b in pts], marker=m, color=color,
+                                ls="--", label=f"{name} n={run['world_size']}")
             sp_color = SPEEDUP_COLORS[k % len(SPEEDUP_COLORS)]
             ax_sp.plot(x, [e["speedup"] for e in es], marker=m, color=sp_color,
                        label=f"n={run['world_size']} (band: 95% CI)")
@@ -900,6 +1049,10 @@ def parse_args(argv=None):
     ap.add_argument("--algos", action="store_true",
                     help="also time every workspace algorithm forced in turn, and suggest the "
                          "automatic choice's size thresholds")
+    ap.add_argument("--peers", choices=("auto", "none"), default="auto",
+                    help="all_reduce: also time cuda_p2p's dispatcher op "
+                         "(torch.ops.cuda_p2p.all_reduce_) and, when deepspeed is installed and "
+                         "its shm op builds, DeepSpeed's shared-memory all-reduce, side by side")
     ap.add_argument("--no-check", dest="check", action="store_false",
                     help="skip comparing cuda_p2p's results with Gloo's and a local reference")
     ap.add_argument("--aa", action="store_true",
@@ -1005,7 +1158,15 @@ def main(argv=None) -> int:
           f"{memcpy['iters']}) {memcpy['GBps']:.2f} GB/s (median {memcpy['median_GBps']:.2f}); in "
           f"cache (256 KiB, best of {memcpy_in_cache['iters']}) {memcpy_in_cache['GBps']:.2f} GB/s "
           f"(median {memcpy_in_cache['median_GBps']:.2f})", file=sys.stderr, flush=True)
-    cfg = {"sizes": args.sizes, "collectives": args.collectives, "barrier": args.barrier,
+    peers = args.peers == "auto" and "all_reduce" in args.collectives and not args.aa
+    deepspeed = deepspeed_status(args.dtype) if peers else {"available": False,
+                                                             "reason": "--peers none"}
+    if peers:
+        print("[bench] DeepSpeed column: " + (f"DeepSpeed {deepspeed['version']} shm op"
+              if deepspeed["available"] else f"off ({deepspeed['reason']})"),
+              file=sys.stderr, flush=True)
+    cfg = {"peers": peers, "deepspeed": deepspeed["available"],
+           "sizes": args.sizes, "collectives": args.collectives, "barrier": args.barrier,
            "dtype": args.dtype, "warmup": args.warmup, "iters": args.iters, "budget": args.budget,
            "min_iters": args.min_iters, "max_iters": args.max_iters, "check": args.check,
            "env": env, "pg_options": args.pg_options, "bind": args.bind, "aa": args.aa,
@@ -1029,6 +1190,7 @@ def main(argv=None) -> int:
             run["thresholds"] = suggest_thresholds(run)
         runs.append(run)
         print_table(run, memcpy, args.dtype)
+        print_peer_table(run)
         if args.algos:
             print_algo_tables(run)
         sys.stdout.flush()
@@ -1044,7 +1206,8 @@ def main(argv=None) -> int:
         "cuda_p2p": getattr(cuda_p2p, "__version__", None), "git": git_describe(),
         "dtype": args.dtype, "sizes": args.sizes, "bind": args.bind,
         "cpus": sorted(os.sched_getaffinity(0)), "aa": args.aa, "env": env,
-        "pg_options": args.pg_options, "hosts": args.hosts,
+        "pg_options": args.pg_options, "hosts": args.hosts, "peers": args.peers,
+        "deepspeed": deepspeed,
         "sync": args.sync, "batch": args.batch, "block": args.block, "algos": args.algos,
         "warmup": args.warmup, "budget_s": args.budget, "wall_s": wall,
         "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
@@ -1059,6 +1222,9 @@ def main(argv=None) -> int:
             "busbw": "algbw * factor: all_reduce 2(n-1)/n, all_gather & reduce_scatter (n-1)/n, "
                      "broadcast 1",
             "speedup": "gloo median latency / cuda_p2p median latency",
+            "peers": "all_reduce only: results[].peers.{cuda_p2p_op,deepspeed} timed like the "
+                     "backends; vs_deepspeed.{dist,op} = deepspeed median / cuda_p2p median "
+                     "(> 1: cuda_p2p faster), via dist.all_reduce and via the dispatcher op",
             "memcpy": "bytes copied per second by one thread (torch copy_ of 64 MiB: out of "
                       "cache), best of 20; the %memcpy columns divide by it",
             "memcpy_in_cache": "the same for 256 KiB (in the L2), best of 200"},

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
+#include <numeric>
 #include <random>
 #include <set>
 #include <sstream>
@@ -23,7 +24,9 @@ namespace cuda_p2p {
 // there. Counts advance when the operation is enqueued (host program order), which is the order
 // in which the stream of that channel executes them. Both sides agree as long as each pair of
 // ranks issues the same put/wait/barrier sequence per channel - which is what "collective"
-// means - and one channel is never driven by two streams at once.
+// means - and one channel is never driven by two streams at once. On the host the top bit of a
+// signal or done word flags a sleeping waiter and counts compare in 31 bits (NOTE [Sleeper bit]
+// in host/host_device.cpp).
 
 // NOTE [Signal pad layout]
 // Each rank's pad (after its buffer) holds, in 32-bit words, with C channels and W ranks:
@@ -783,17 +786,21 @@ void SymmetricWorkspace::barrier(Stream& s, int channel, std::optional<Millis> t
   check_channel(channel);
   std::vector<int> members = ranks;
   if (members.empty()) {
-    for (int r = 0; r < world_size_; ++r) members.push_back(r);
+    // Every rank (every collective's barrier): nothing to validate.
+    members.resize(world_size_);
+    std::iota(members.begin(), members.end(), 0);
+  } else {
+    std::set<int> unique;
+    for (int r : members) {
+      check_rank(r, "barrier");
+      TORCH_CHECK(unique.insert(r).second, "cuda_p2p barrier: rank ", r, " is listed twice in ",
+                  members);
+    }
+    TORCH_CHECK(unique.count(rank_), "cuda_p2p barrier: the ranks ", members,
+                " must include the calling rank ", rank_);
   }
-  std::set<int> unique;
-  for (int r : members) {
-    check_rank(r, "barrier");
-    TORCH_CHECK(unique.insert(r).second, "cuda_p2p barrier: rank ", r, " is listed twice in ",
-                members);
-  }
-  TORCH_CHECK(unique.count(rank_), "cuda_p2p barrier: the ranks ", members,
-              " must include the calling rank ", rank_);
   std::vector<SignalWait> waits;
+  waits.reserve(members.size());
   for (int r : members) {
     if (r == rank_) continue;
     put_signal(s, r, channel);

@@ -36,11 +36,30 @@ namespace cuda_p2p::host {
 // address-free, so this holds across processes. The futex is only a sleep/wake hint: correctness
 // never depends on a wake arriving (waiters re-check at least every kMaxSleep).
 
+// NOTE [Sleeper bit]
+// A FUTEX_WAKE on a shared word is a system call that looks the page up (get_user_pages) even
+// when nobody sleeps, and most waits end while polling (NOTE [Host waits on shared cores]): two
+// such calls per rank were a measurable part of a small all-reduce. So a host signal word holds
+// a 31-bit sequence number and, in its top bit, "a waiter may be asleep on me": a waiter sets the
+// bit with a compare-and-swap on the exact value it saw before it sleeps, and sleeps only while
+// the word holds that value with the bit; a writer exchanges the word for the new number (bit
+// clear) and wakes only when the old word had the bit. Both are read-modify-writes of one word,
+// so one of them comes first in its modification order: either the writer sees the bit, or the
+// waiter's swap fails and it sees the new number - no wake is lost. Sequence numbers compare in
+// 31-bit wrap-around order (reached()); each word has one writer and is waited on by its owner
+// only, and only this device writes host pads.
+
 namespace {
 
-constexpr int kSpins = 256;  // ~6 us of PAUSE: long enough for a peer on another core
-constexpr auto kSpinTime = std::chrono::microseconds(8);  // the same, for a scheduler's polling
-constexpr int kYields = 4;  // oversubscribed: a few sched_yield, then sleep
+constexpr uint32_t kSleeper = 0x80000000u;
+constexpr uint32_t kSequence = 0x7fffffffu;
+
+// signal_reached (device.hpp) in the 31-bit space of host words, whatever the sleeper bit.
+bool reached(uint32_t word, uint32_t value) { return ((word - value) & kSequence) < (1u << 30); }
+
+// NOTE [Host waits on shared cores] has the policy and the measurements behind these.
+constexpr auto kSpinTime = std::chrono::microseconds(8);     // PAUSE, with a core of one's own
+constexpr auto kYieldTime = std::chrono::microseconds(100);  // then sched_yield, then sleep
 constexpr auto kMaxSleep = std::chrono::milliseconds(10);
 // A sleep with nothing to wake it early: a stream another thread is running, an old kernel.
 constexpr auto kNap = std::chrono::microseconds(100);
@@ -57,51 +76,89 @@ long futex(const uint32_t* addr, int op, uint32_t val, const timespec* ts) {
 }  // namespace
 
 // NOTE [Host waits on shared cores]
-// A waiter first polls (a peer on another core usually arrives within microseconds), then sleeps
-// in the kernel. How it polls depends on whether the ranks fit the CPUs this process may use.
-// With a core each, it spins with PAUSE for ~6 us. When more ranks than CPUs share them (4 ranks
-// on 2 cores), a spinning waiter holds the very core that a peer it waits for needs: it polls
-// with sched_yield a few times only (a peer queued on this CPU runs meanwhile), then sleeps.
-// Every word of one wait is polled in the same loop, so a barrier's polling budget is shared by
-// all its peers instead of being spent once per peer.
+// A waiter first polls (a peer usually arrives within microseconds), then sleeps in the kernel.
+// With a core of its own it spins with PAUSE for kSpinTime; then, and from the start when more
+// ranks than CPUs share them (4 ranks on 2 cores: a spinning waiter would hold the very core a
+// peer it waits for needs), it polls with sched_yield - which hands the core to any runnable
+// task, a peer queued on this CPU or another process, and returns at once when there is none -
+// until kYieldTime has passed since the wait began; only then does it sleep on the futex. A
+// sleeper runs again only when the scheduler gets to it, tens of microseconds on a loaded 2-vCPU
+// machine, and a small all-reduce is two waits per rank; a yielding poller gives its core away
+// as readily but is back as soon as nothing else wants it. With this and NOTE [Sleeper bit], a
+// back-to-back 8-byte all-reduce on 2 ranks went from 35-49 us to 18-27 us on such a machine
+// (docs/collectives.md, "Against DeepSpeed"); DeepSpeed's waits spin without ever yielding,
+// which starves 4 ranks on 2 cores. Every word of one wait is polled in the same loop, so a
+// barrier's polling budget is shared by all its peers.
+namespace {
+
+// Whether a waiter that has polled for `waited` keeps polling, and it polls once more (a PAUSE or
+// a sched_yield) if so.
+bool poll_more(std::chrono::steady_clock::duration waited, bool oversubscribed) {
+  if (waited >= kYieldTime) return false;
+  if (!oversubscribed && waited < kSpinTime) {
+    CUDA_P2P_CPU_RELAX();
+  } else {
+    sched_yield();
+  }
+  return true;
+}
+
+}  // namespace
+
 bool poll_all(const std::vector<SignalWait>& waits, bool oversubscribed) {
-  const int rounds = oversubscribed ? kYields : kSpins;
-  for (int i = 0; i < rounds; ++i) {
+  const auto start = std::chrono::steady_clock::now();
+  while (true) {
     bool all = true;
     for (const auto& w : waits) {
-      if (!signal_reached(load_acquire(w.addr), w.value)) {
+      if (!reached(load_acquire(w.addr), w.value)) {
         all = false;
         break;
       }
     }
     if (all) return true;
-    if (oversubscribed) {
-      sched_yield();
-    } else {
-      CUDA_P2P_CPU_RELAX();
+    if (!poll_more(std::chrono::steady_clock::now() - start, oversubscribed)) return false;
+  }
+}
+
+namespace {
+
+// Sets the sleeper bit of `word` (NOTE [Sleeper bit]) unless it has reached `value`. Returns the
+// word to sleep on (bit set), or nullopt when it has reached `value`.
+std::optional<uint32_t> mark_sleeper(const uint32_t* word, uint32_t value) {
+  std::atomic_ref<uint32_t> ref(*const_cast<uint32_t*>(word));
+  uint32_t current = ref.load(std::memory_order_acquire);
+  while (true) {
+    if (reached(current, value)) return std::nullopt;
+    if (current & kSleeper) return current;
+    // On failure `current` is reloaded: a new number, or the bit set by another waiting thread.
+    if (ref.compare_exchange_weak(current, current | kSleeper, std::memory_order_acq_rel,
+                                  std::memory_order_acquire)) {
+      return current | kSleeper;
     }
   }
-  return false;
 }
+
+}  // namespace
 
 bool futex_sleep_until(const uint32_t* word, uint32_t value,
                        std::chrono::steady_clock::time_point deadline) {
   while (true) {
-    const uint32_t current = load_acquire(word);
-    if (signal_reached(current, value)) return true;
+    const std::optional<uint32_t> current = mark_sleeper(word, value);
+    if (!current) return true;
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) return false;
     const auto nap = std::min<std::chrono::nanoseconds>(deadline - now, kMaxSleep);
     timespec ts{static_cast<time_t>(nap.count() / 1000000000),
                 static_cast<long>(nap.count() % 1000000000)};
     // Sleeps only while the word still holds `current`: a store in between returns at once.
-    futex(word, FUTEX_WAIT, current, &ts);
+    futex(word, FUTEX_WAIT, *current, &ts);
   }
 }
 
 void futex_store_and_wake(uint32_t* word, uint32_t value) {
-  std::atomic_ref<uint32_t>(*word).store(value, std::memory_order_release);
-  futex(word, FUTEX_WAKE, INT_MAX, nullptr);
+  const uint32_t old =
+      std::atomic_ref<uint32_t>(*word).exchange(value & kSequence, std::memory_order_acq_rel);
+  if (old & kSleeper) futex(word, FUTEX_WAKE, INT_MAX, nullptr);
 }
 
 // Sleeps on several words at once (futex_waitv, Linux 5.16+): a blocked cooperative scheduler
@@ -117,9 +174,9 @@ void futex_sleep_any(const std::vector<SignalWait>& waits,
   const size_t n = std::min<size_t>(waits.size(), FUTEX_WAITV_MAX);
   std::vector<futex_waitv> vec(n);
   for (size_t i = 0; i < n; ++i) {
-    const uint32_t current = load_acquire(waits[i].addr);
-    if (signal_reached(current, waits[i].value)) return;
-    vec[i] = {current, reinterpret_cast<uint64_t>(waits[i].addr), FUTEX_32, 0};
+    const std::optional<uint32_t> current = mark_sleeper(waits[i].addr, waits[i].value);
+    if (!current) return;
+    vec[i] = {*current, reinterpret_cast<uint64_t>(waits[i].addr), FUTEX_32, 0};
   }
   // steady_clock is CLOCK_MONOTONIC on Linux; futex_waitv takes an absolute timeout.
   const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -143,16 +200,14 @@ bool check_waits(const std::vector<SignalWait>& waits,
                  std::chrono::steady_clock::time_point deadline, Millis timeout,
                  const std::string& context, const FailureState& failure) {
   failure.check(context.c_str());
-  const auto reached = [](const SignalWait& w) {
-    return signal_reached(load_acquire(w.addr), w.value);
-  };
-  if (std::all_of(waits.begin(), waits.end(), reached)) return true;
+  const auto arrived = [](const SignalWait& w) { return reached(load_acquire(w.addr), w.value); };
+  if (std::all_of(waits.begin(), waits.end(), arrived)) return true;
   if (std::chrono::steady_clock::now() < deadline) return false;
   // Polled on every scheduler pass: the message is built only once the wait has failed.
   std::ostringstream missing;
   int count = 0;
   for (const auto& w : waits) {
-    if (!reached(w)) missing << (count++ ? ", " : "") << w.peer;
+    if (!arrived(w)) missing << (count++ ? ", " : "") << w.peer;
   }
   TORCH_CHECK(count == 0, "cuda_p2p: ", context, " timed out after ", timeout.count(), " ms: rank",
               count > 1 ? "s " : " ", missing.str(), " never arrived");
@@ -401,20 +456,11 @@ void CooperativeScheduler::drive(const std::function<bool()>& finished,
       idle = 0;
       continue;
     }
-    // NOTE [Host waits on shared cores]: poll briefly (a few yields when oversubscribed, else
-    // about as long as poll_all spins), then sleep on every awaited word. A stream run by another
-    // thread (busy) signals nothing we can sleep on: nap briefly.
-    if (idle++ == 0) idle_since = std::chrono::steady_clock::now();
-    if (oversubscribed_ ? idle <= kYields
-                        : std::chrono::steady_clock::now() - idle_since < kSpinTime) {
-      if (oversubscribed_) {
-        sched_yield();
-      } else {
-        CUDA_P2P_CPU_RELAX();
-      }
-      continue;
-    }
+    // NOTE [Host waits on shared cores]: poll as poll_all does, then sleep on every awaited
+    // word. A stream run by another thread (busy) signals nothing we can sleep on: nap briefly.
     const auto now = std::chrono::steady_clock::now();
+    if (idle++ == 0) idle_since = now;
+    if (poll_more(now - idle_since, oversubscribed_)) continue;
     futex_sleep_any(busy ? std::vector<SignalWait>{} : blocked, now + (busy ? kNap : kMaxSleep));
   }
 }

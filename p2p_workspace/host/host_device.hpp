@@ -136,8 +136,8 @@ std::unique_ptr<BlockExporter> export_shared_block(const std::shared_ptr<Block>&
 std::shared_ptr<Block> import_shared_block(const std::vector<uint8_t>& handle, size_t bytes,
                                            Millis timeout);
 
-// Sleeps in the kernel (futex on the shared word) until `word` reaches `value` (sequence-number
-// order) or `deadline` passes. Returns whether it was reached.
+// Sleeps in the kernel (futex on the shared word) until `word` reaches `value` (31-bit
+// sequence-number order: NOTE [Sleeper bit]) or `deadline` passes. Returns whether it was reached.
 bool futex_sleep_until(const uint32_t* word, uint32_t value,
                        std::chrono::steady_clock::time_point deadline);
 // Sleeps until any of the words changes from the value it holds now, or `deadline` passes
@@ -145,7 +145,8 @@ bool futex_sleep_until(const uint32_t* word, uint32_t value,
 // its target.
 void futex_sleep_any(const std::vector<SignalWait>& waits,
                      std::chrono::steady_clock::time_point deadline);
-// Stores `value` with release order and wakes every waiter (of any process).
+// Stores `value` (its low 31 bits: NOTE [Sleeper bit] in host_device.cpp) with release order and
+// wakes the waiters (of any process) that may sleep on the word.
 void futex_store_and_wake(uint32_t* word, uint32_t value);
 
 }  // namespace cuda_p2p::host

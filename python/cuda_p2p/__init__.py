@@ -15,7 +15,7 @@ from ._backend import (
     get_cuda_p2p_backend,
     is_cuda_p2p_group,
 )
-from ._collectives import all_gather_v
+from ._collectives import all_gather_v, all_reduce_
 from . import _autograd  # noqa: F401  (registers the fused ops' backward formulas)
 from ._async_tp import async_tp, disable_async_tp, enable_async_tp, is_async_tp_enabled
 
@@ -23,6 +23,7 @@ __all__ = [
     "BACKEND_NAME",
     "ProcessGroupCudaP2P",
     "all_gather_v",
+    "all_reduce_",
     "async_tp",
     "disable_async_tp",
     "enable_async_tp",

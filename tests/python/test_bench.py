@@ -95,3 +95,27 @@ def test_bench_collectives_hierarchical(tmp_path):
     for entry in data["runs"][0]["results"]:
         assert entry["check"]["ok"], entry
         assert any(k.endswith(".hierarchical") for k in entry["paths"]), entry["paths"]
+
+
+def test_all_reduce_peer_columns(tmp_path):
+    """bench_collectives.py times the dispatcher op beside dist.all_reduce; the DeepSpeed column
+    is there exactly when deepspeed is installed (and its op builds), and nothing fails without."""
+    out = tmp_path / "c.json"
+    args = TINY["bench_collectives.py"][0]
+    args = [a.format(out=tmp_path) for a in args]
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_collectives.py"), *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, (proc.stdout[-4000:], proc.stderr[-4000:])
+    data = json.loads(out.read_text())
+    ds = data["meta"]["deepspeed"]
+    assert "DeepSpeed column:" in proc.stderr
+    for entry in data["runs"][0]["results"]:
+        peers = entry["peers"]
+        assert peers["cuda_p2p_op"]["median_us"] > 0
+        assert ("deepspeed" in peers) == ds["available"], (peers.keys(), ds)
+        assert entry["check"]["ok"], entry["check"]
+        if ds["available"]:
+            assert set(entry["vs_deepspeed"]) == {"dist", "op"}
+    assert "side by side" in proc.stdout

@@ -1,0 +1,135 @@
+// torch.ops.cuda_p2p.all_reduce_ / all_reduce: the workspace all-reduce as dispatcher ops, called
+// the way vLLM's custom all-reduce and DeepSpeed's inference_all_reduce_ are (no Work, no
+// torch.distributed Python layer), with CPU, CUDA and Meta kernels and a functionalization
+// kernel, so that torch.compile traces them (docs/collectives.md, "The dispatcher op").
+#include <ATen/FunctionalTensorWrapper.h>
+#include <torch/library.h>
+
+#include <string>
+
+#include "backend/ProcessGroupCudaP2P.hpp"
+#include "backend/dispatcher_group.hpp"
+
+namespace cuda_p2p {
+
+void ProcessGroupCudaP2P::all_reduce_in_place(at::Tensor& tensor, const c10d::ReduceOp& op) {
+  TORCH_CHECK(tensor.layout() == at::kStrided,
+              "cuda_p2p all_reduce_: expected a strided (dense) tensor, got layout ",
+              tensor.layout());
+  if (all_reduce_on_workspace(tensor, op)) return;
+  bump_counter("all_reduce.wrapped");
+  // The wrapped backends expect contiguous tensors, as they do from dist.all_reduce.
+  std::vector<at::Tensor> tensors{tensor.is_contiguous() ? tensor : tensor.contiguous()};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = op;
+  route(tensors, "all_reduce_").allreduce(tensors, opts)->wait();
+  if (!tensors[0].is_same(tensor)) tensor.copy_(tensors[0]);
+}
+
+namespace {
+
+constexpr const char* kOp = "all_reduce_";
+
+c10d::ReduceOp parse_reduce_op(c10::string_view name) {
+  if (name == "sum") return c10d::ReduceOp::SUM;
+  if (name == "avg") return c10d::ReduceOp::AVG;
+  if (name == "product") return c10d::ReduceOp::PRODUCT;
+  if (name == "min") return c10d::ReduceOp::MIN;
+  if (name == "max") return c10d::ReduceOp::MAX;
+  if (name == "band") return c10d::ReduceOp::BAND;
+  if (name == "bor") return c10d::ReduceOp::BOR;
+  if (name == "bxor") return c10d::ReduceOp::BXOR;
+  TORCH_CHECK_VALUE(false, "cuda_p2p ", kOp,
+                    ": reduce_op must be one of 'sum', 'avg', 'product', 'min', 'max', 'band', "
+                    "'bor', 'bxor', got '",
+                    std::string(name), "'");
+}
+
+void check_tensor(const at::Tensor& tensor) {
+  TORCH_CHECK(tensor.defined(), "cuda_p2p ", kOp, ": expected a tensor, got None");
+  TORCH_CHECK(!tensor.is_complex(), "cuda_p2p ", kOp, ": complex tensors are not supported, got ",
+              tensor.scalar_type(), " (all-reduce a torch.view_as_real view instead)");
+}
+
+at::Tensor& all_reduce_(at::Tensor& tensor, c10::string_view reduce_op,
+                        c10::string_view group_name) {
+  check_tensor(tensor);
+  const c10d::ReduceOp op = parse_reduce_op(reduce_op);
+  auto& pg = resolve_backend(std::string(group_name), tensor.device().type(), kOp);
+  pg.all_reduce_in_place(tensor, op);
+  return tensor;
+}
+
+at::Tensor all_reduce(const at::Tensor& tensor, c10::string_view reduce_op,
+                      c10::string_view group_name) {
+  check_tensor(tensor);
+  at::Tensor out = tensor.clone(at::MemoryFormat::Contiguous);
+  all_reduce_(out, reduce_op, group_name);
+  return out;
+}
+
+at::Tensor& all_reduce__meta(at::Tensor& tensor, c10::string_view reduce_op,
+                             c10::string_view /*group_name*/) {
+  check_tensor(tensor);
+  parse_reduce_op(reduce_op);
+  return tensor;
+}
+
+at::Tensor all_reduce_meta(const at::Tensor& tensor, c10::string_view reduce_op,
+                           c10::string_view /*group_name*/) {
+  check_tensor(tensor);
+  parse_reduce_op(reduce_op);
+  return at::empty_like(tensor, at::MemoryFormat::Contiguous);
+}
+
+// Functionalization cannot turn a custom op that returns an alias of its input (Tensor(a!))
+// into a functional one by itself (torch.compile raises "Found a custom (non-ATen) operator
+// whose output has alias annotations"): this kernel maps all_reduce_ onto the out-of-place
+// all_reduce and tells functionalization that the input was overwritten with its result.
+at::Tensor& all_reduce__functionalize(at::Tensor& tensor, c10::string_view reduce_op,
+                                      c10::string_view group_name) {
+  TORCH_INTERNAL_ASSERT(at::functionalization::impl::isFunctionalTensor(tensor));
+  at::functionalization::impl::sync(tensor);
+  const at::Tensor unwrapped = at::functionalization::impl::from_functional_tensor(tensor);
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("cuda_p2p::all_reduce", "")
+                       .typed<at::Tensor(const at::Tensor&, c10::string_view, c10::string_view)>();
+  at::Tensor result;
+  {
+    at::AutoDispatchSkipFunctionalize guard;
+    result = op.call(unwrapped, reduce_op, group_name);
+  }
+  at::functionalization::impl::replace_(tensor, result);
+  at::functionalization::impl::commit_update(tensor);
+  at::functionalization::impl::sync(tensor);
+  return tensor;
+}
+
+}  // namespace
+}  // namespace cuda_p2p
+
+TORCH_LIBRARY_FRAGMENT(cuda_p2p, m) {
+  m.def("all_reduce_(Tensor(a!) tensor, str reduce_op, str group_name) -> Tensor(a!)");
+  m.def("all_reduce(Tensor tensor, str reduce_op, str group_name) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(cuda_p2p, CPU, m) {
+  m.impl("all_reduce_", &cuda_p2p::all_reduce_);
+  m.impl("all_reduce", &cuda_p2p::all_reduce);
+}
+
+#ifdef CUDA_P2P_WITH_CUDA
+TORCH_LIBRARY_IMPL(cuda_p2p, CUDA, m) {
+  m.impl("all_reduce_", &cuda_p2p::all_reduce_);
+  m.impl("all_reduce", &cuda_p2p::all_reduce);
+}
+#endif
+
+TORCH_LIBRARY_IMPL(cuda_p2p, Meta, m) {
+  m.impl("all_reduce_", &cuda_p2p::all_reduce__meta);
+  m.impl("all_reduce", &cuda_p2p::all_reduce_meta);
+}
+
+TORCH_LIBRARY_IMPL(cuda_p2p, Functionalize, m) {
+  m.impl("all_reduce_", &cuda_p2p::all_reduce__functionalize);
+}
