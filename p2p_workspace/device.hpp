@@ -45,7 +45,6 @@ class Block {
  public:
   virtual ~Block() = default;
   void* data() const { return data_; }
-  size_t size() const { return size_; }
 
  protected:
   void* data_ = nullptr;
@@ -123,9 +122,6 @@ class Device {
   // Maps a peer's block from the handle its exporter published.
   virtual std::shared_ptr<Block> import_block(const std::vector<uint8_t>& handle, size_t bytes,
                                               Millis timeout) = 0;
-  // A table of the blocks' addresses readable by this device's kernels (device memory on CUDA);
-  // null on the host, whose code reads the addresses directly.
-  virtual std::shared_ptr<void> upload_pointer_table(const std::vector<void*>& ptrs) = 0;
   // How this device's streams read peers' private memory, or null when they cannot (CUDA: a
   // peer's private device memory is not reachable; algorithms then stage through the buffers).
   // The reader runs on the host, in stream order through run().

@@ -415,8 +415,6 @@ struct SymmetricWorkspace::Mapping {
   std::vector<std::shared_ptr<Block>> blocks;  // peers' blocks by rank (null for this rank)
   std::vector<void*> buffers;
   std::vector<uint32_t*> pads;
-  std::shared_ptr<void> device_buffers;
-  std::shared_ptr<void> device_pads;
   std::shared_ptr<Retirement> retirement;
 
   Mapping() = default;
@@ -596,9 +594,6 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
     mapping->buffers.push_back(base);
     mapping->pads.push_back(reinterpret_cast<uint32_t*>(base + buffer_bytes));
   }
-  mapping->device_buffers = device_->upload_pointer_table(mapping->buffers);
-  std::vector<void*> pads(mapping->pads.begin(), mapping->pads.end());
-  mapping->device_pads = device_->upload_pointer_table(pads);
 
   // NOTE [Private-read probe]
   private_reads_ = false;
@@ -710,16 +705,6 @@ uint32_t* SymmetricWorkspace::descriptor_slot(int target, int channel, int parit
   const int cw = options_.num_channels * world_size_;
   return mapping()->pads[target] + 2 * cw +
          ((channel * 2 + parity) * world_size_ + src) * kDescriptorWords;
-}
-
-const std::shared_ptr<void>& SymmetricWorkspace::device_buffer_table() const {
-  check_available("device_buffer_table");
-  return mapping_->device_buffers;
-}
-
-const std::shared_ptr<void>& SymmetricWorkspace::device_pad_table() const {
-  check_available("device_pad_table");
-  return mapping_->device_pads;
 }
 
 at::Tensor SymmetricWorkspace::get_buffer(int rank, at::IntArrayRef sizes, at::ScalarType dtype,

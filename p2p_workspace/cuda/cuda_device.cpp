@@ -290,7 +290,7 @@ class CudaDevice : public Device {
     cudaDeviceProp prop{};
     CUDA_P2P_CUDA_CHECK(cudaGetDeviceProperties(&prop, index_));
     uuid_ = format_uuid(prop.uuid);
-    // A stream of the device's own for allocation, table uploads and the watchdog's reads: stream
+    // A stream of the device's own for allocation and the watchdog's reads: stream
     // order on it replaces cudaDeviceSynchronize, which would also wait for unrelated work.
     CUDA_P2P_CUDA_CHECK(cudaStreamCreateWithFlags(&aux_, cudaStreamNonBlocking));
     watchdog_ = std::make_unique<Watchdog>(failure_, [dev = index_] {
@@ -380,21 +380,6 @@ class CudaDevice : public Device {
                   "host and user?)");
     }
     return std::make_shared<CudaBlock>(ptr, bytes, /*imported=*/true, index_);
-  }
-
-  std::shared_ptr<void> upload_pointer_table(const std::vector<void*>& ptrs) override {
-    c10::cuda::CUDAGuard guard(index_);
-    void* table = nullptr;
-    const size_t bytes = ptrs.size() * sizeof(void*);
-    CUDA_P2P_CUDA_CHECK(cudaMalloc(&table, bytes));
-    std::shared_ptr<void> owner(table, [dev = index_](void* p) {
-      QuietDeviceSwitch guard(dev);
-      (void)cudaFree(p);
-    });
-    std::lock_guard<std::mutex> lock(aux_mu_);
-    CUDA_P2P_CUDA_CHECK(cudaMemcpyAsync(table, ptrs.data(), bytes, cudaMemcpyHostToDevice, aux_));
-    CUDA_P2P_CUDA_CHECK(cudaStreamSynchronize(aux_));
-    return owner;
   }
 
   std::shared_ptr<Stream> current_stream() override {

@@ -461,7 +461,6 @@ class HostDevice : public Device {
                                       Millis timeout) override {
     return import_shared_block(handle, bytes, timeout);
   }
-  std::shared_ptr<void> upload_pointer_table(const std::vector<void*>&) override { return {}; }
   std::shared_ptr<PrivateMemoryReader> private_memory_reader() override {
     return make_cross_memory_reader();  // host/cross_memory.cpp
   }

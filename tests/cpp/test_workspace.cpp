@@ -443,9 +443,6 @@ class UnreachablePeerDevice : public Device {
                                       Millis t) override {
     return inner_->import_block(h, bytes, t);
   }
-  std::shared_ptr<void> upload_pointer_table(const std::vector<void*>& p) override {
-    return inner_->upload_pointer_table(p);
-  }
   std::shared_ptr<Stream> current_stream() override { return inner_->current_stream(); }
   std::shared_ptr<Stream> new_stream(bool hp) override { return inner_->new_stream(hp); }
   void copy(Stream& s, void* d, const void* src, size_t n) override { inner_->copy(s, d, src, n); }
