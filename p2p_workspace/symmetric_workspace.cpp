@@ -13,6 +13,8 @@
 #include <sstream>
 #include <thread>
 
+#include "p2p_workspace/host/cross_memory.hpp"  // the deny_private_reads test hook
+
 namespace cuda_p2p {
 
 // NOTE [Signal sequence numbers]

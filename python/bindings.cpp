@@ -9,6 +9,7 @@
 #include "backend/ProcessGroupCudaP2P.hpp"
 #include "ops/fused_ops.hpp"
 #include "ops/pipeline_common.hpp"
+#include "p2p_workspace/host/host_device.hpp"
 
 namespace py = pybind11;
 

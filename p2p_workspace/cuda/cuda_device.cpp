@@ -9,6 +9,8 @@
 // cuStreamWaitValue32(GEQ), which compares (int32_t)(*addr - value) >= 0 like the host side
 // (signal_reached). Neither occupies an SM. Where the driver entry points are missing, one-thread
 // kernels do the same with st.release.sys / ld.acquire.sys (signal_kernels.cu).
+#include "p2p_workspace/cuda/cuda_device.hpp"
+
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -25,7 +27,6 @@
 #include <thread>
 
 #include "p2p_workspace/cuda/signal_kernels.cuh"
-#include "p2p_workspace/device.hpp"
 #include "p2p_workspace/watchdog.hpp"
 
 namespace cuda_p2p {

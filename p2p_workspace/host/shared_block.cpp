@@ -18,6 +18,8 @@
 // our own uid could read our memory through /proc anyway, so no secret would keep it out. A pid
 // mismatch also catches a record left by another job. Ranks in different pid namespaces see each
 // other's pids differently: the import fails and the workspace is off, with that reason.
+#include "p2p_workspace/host/shared_block.hpp"
+
 #include <c10/util/Exception.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -32,8 +34,6 @@
 #include <cstring>
 #include <random>
 #include <thread>
-
-#include "p2p_workspace/host/host_device.hpp"
 
 namespace cuda_p2p::host {
 

@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "backend/CompletedWork.hpp"
-#include "p2p_workspace/device.hpp"
+#include "p2p_workspace/host/host_device.hpp"
 #include "tests/cpp/harness.hpp"
 
 namespace cuda_p2p::test {

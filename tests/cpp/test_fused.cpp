@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "ops/fused_ops.hpp"
+#include "p2p_workspace/cuda/cuda_device.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
 #include "tests/cpp/harness.hpp"
 

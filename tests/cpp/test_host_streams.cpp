@@ -1,6 +1,7 @@
-// The host device's streams in both modes (NOTE [Cooperative host streams]): order within a
-// stream, joins through events, waits that let the other stream run, priorities, errors and
-// timeouts. Each rank runs these on its own (signal words in private memory).
+// The host device's streams in both modes (NOTE [Cooperative host streams] in
+// p2p_workspace/host/host_stream.cpp): order within a stream, joins through events, waits that
+// let the other stream run, priorities, errors and timeouts. Each rank runs these on its own
+// (signal words in private memory).
 #include <ATen/ATen.h>
 
 #include <atomic>
@@ -10,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "p2p_workspace/device.hpp"
+#include "p2p_workspace/host/host_device.hpp"
 #include "tests/cpp/harness.hpp"
 
 namespace cuda_p2p::test {

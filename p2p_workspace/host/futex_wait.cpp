@@ -1,0 +1,155 @@
+#include "p2p_workspace/host/futex_wait.hpp"
+
+#include <c10/util/Exception.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <sstream>
+
+#include "p2p_workspace/watchdog.hpp"
+
+namespace cuda_p2p::host {
+
+// NOTE [Host signal ordering]
+// A signal word lives in shared memory mapped by several processes. The writer publishes its
+// earlier writes (a copy into a peer's buffer, or its own buffer's contents) with a release store
+// of the new sequence number; the waiter's acquire load of a value >= the expected one makes
+// those writes visible to everything it does next. std::atomic_ref on a lock-free 32-bit word is
+// address-free, so this holds across processes. The futex is only a sleep/wake hint: correctness
+// never depends on a wake arriving (waiters re-check at least every kMaxSleep).
+
+namespace {
+
+uint32_t load_acquire(const uint32_t* word) {
+  return std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(word)).load(std::memory_order_acquire);
+}
+
+long futex(const uint32_t* addr, int op, uint32_t val, const timespec* ts) {
+  // Shared (not FUTEX_PRIVATE) operations: the word is shared between processes.
+  return syscall(SYS_futex, addr, op, val, ts, nullptr, 0);
+}
+
+}  // namespace
+
+// NOTE [Host waits on shared cores]
+// A waiter first polls (a peer on another core usually arrives within microseconds), then sleeps
+// in the kernel. How it polls depends on whether the ranks fit the CPUs this process may use.
+// With a core each, it spins with PAUSE for ~6 us. When more ranks than CPUs share them (4 ranks
+// on 2 cores), a spinning waiter holds the very core that a peer it waits for needs: it polls
+// with sched_yield a few times only (a peer queued on this CPU runs meanwhile), then sleeps.
+// Every word of one wait is polled in the same loop, so a barrier's polling budget is shared by
+// all its peers instead of being spent once per peer.
+bool poll_all(const std::vector<SignalWait>& waits, bool oversubscribed) {
+  const int rounds = oversubscribed ? kYields : kSpins;
+  for (int i = 0; i < rounds; ++i) {
+    bool all = true;
+    for (const auto& w : waits) {
+      if (!signal_reached(load_acquire(w.addr), w.value)) {
+        all = false;
+        break;
+      }
+    }
+    if (all) return true;
+    if (oversubscribed) {
+      sched_yield();
+    } else {
+      CUDA_P2P_CPU_RELAX();
+    }
+  }
+  return false;
+}
+
+bool futex_sleep_until(const uint32_t* word, uint32_t value,
+                       std::chrono::steady_clock::time_point deadline) {
+  while (true) {
+    const uint32_t current = load_acquire(word);
+    if (signal_reached(current, value)) return true;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return false;
+    const auto nap = std::min<std::chrono::nanoseconds>(deadline - now, kMaxSleep);
+    timespec ts{static_cast<time_t>(nap.count() / 1000000000),
+                static_cast<long>(nap.count() % 1000000000)};
+    // Sleeps only while the word still holds `current`: a store in between returns at once.
+    futex(word, FUTEX_WAIT, current, &ts);
+  }
+}
+
+void futex_store_and_wake(uint32_t* word, uint32_t value) {
+  std::atomic_ref<uint32_t>(*word).store(value, std::memory_order_release);
+  futex(word, FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+// Sleeps on several words at once (futex_waitv, Linux 5.16+): a blocked cooperative scheduler
+// waits for whichever of its streams' peers signals first.
+void futex_sleep_any(const std::vector<SignalWait>& waits,
+                     std::chrono::steady_clock::time_point deadline) {
+  const auto now = std::chrono::steady_clock::now();
+  if (now >= deadline) return;
+  if (waits.empty()) {
+    std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(deadline - now, kNap));
+    return;
+  }
+  const size_t n = std::min<size_t>(waits.size(), FUTEX_WAITV_MAX);
+  std::vector<futex_waitv> vec(n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t current = load_acquire(waits[i].addr);
+    if (signal_reached(current, waits[i].value)) return;
+    vec[i] = {current, reinterpret_cast<uint64_t>(waits[i].addr), FUTEX_32, 0};
+  }
+  // steady_clock is CLOCK_MONOTONIC on Linux; futex_waitv takes an absolute timeout.
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::min(deadline, now + kMaxSleep).time_since_epoch())
+                      .count();
+  timespec abs{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  if (syscall(SYS_futex_waitv, vec.data(), static_cast<unsigned>(n), 0, &abs, CLOCK_MONOTONIC) <
+          0 &&
+      errno == ENOSYS) {
+    // An older kernel: sleep on the first word, briefly, and let the caller poll the rest.
+    futex_sleep_until(waits[0].addr, waits[0].value,
+                      std::min(deadline, std::chrono::steady_clock::now() + kNap));
+  }
+}
+
+bool check_waits(const std::vector<SignalWait>& waits,
+                 std::chrono::steady_clock::time_point deadline, Millis timeout,
+                 const std::string& context, const FailureState& failure) {
+  failure.check(context.c_str());
+  const auto reached = [](const SignalWait& w) {
+    return signal_reached(load_acquire(w.addr), w.value);
+  };
+  if (std::all_of(waits.begin(), waits.end(), reached)) return true;
+  if (std::chrono::steady_clock::now() < deadline) return false;
+  // Polled on every scheduler pass: the message is built only once the wait has failed.
+  std::ostringstream missing;
+  int count = 0;
+  for (const auto& w : waits) {
+    if (!reached(w)) missing << (count++ ? ", " : "") << w.peer;
+  }
+  TORCH_CHECK(count == 0, "cuda_p2p: ", context, " timed out after ", timeout.count(), " ms: rank",
+              count > 1 ? "s " : " ", missing.str(), " never arrived");
+  return true;  // every word arrived just as the deadline passed
+}
+
+// The blocking wait of an executor thread (or of the inline stream of a threaded device). Sleeps
+// at most kMaxSleep at a time, so that an abort is seen within that.
+void block_on_waits(const std::vector<SignalWait>& waits, Millis timeout,
+                    const std::string& context, bool oversubscribed, const FailureState& failure) {
+  failure.check(context.c_str());
+  if (poll_all(waits, oversubscribed)) return;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!check_waits(waits, deadline, timeout, context, failure)) {
+    const auto until = std::min(deadline, std::chrono::steady_clock::now() + kMaxSleep);
+    for (const auto& w : waits) {
+      if (!futex_sleep_until(w.addr, w.value, until)) break;
+    }
+  }
+}
+
+}  // namespace cuda_p2p::host
