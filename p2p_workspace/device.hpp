@@ -1,5 +1,5 @@
 // The device interface (docs/design.md §2): what a device does for the algorithms of this project -
-// share blocks, streams, copies, signals and waits, work run in stream order, events,
+// share blocks, streams, copies, signals and waits, launches of device work, host tasks, events,
 // failure - with one implementation per device kind (host/: shared memory and host streams;
 // cuda/: CUDA IPC and CUDA streams; docs/design.md §2 has the table). An algorithm enqueues work
 // on streams and never looks at which implementation it got, so the schedule CI runs on the host
@@ -70,7 +70,7 @@ inline bool signal_reached(uint32_t word, uint32_t value) {
 // Reads another process's private memory - not the shared blocks, but e.g. a tensor it passed to
 // a collective - straight into this process's, on the host thread that calls it. A device offers
 // one (Device::private_memory_reader) when its streams can read host memory of other processes
-// in stream order (the host device: host/cross_memory.hpp). Whether the system allows it varies,
+// in a host task (the host device: host/cross_memory.hpp). Whether the system allows it varies,
 // so the workspace probes it at rendezvous (SymmetricWorkspace::private_reads()) before any
 // algorithm relies on it.
 class PrivateMemoryReader {
@@ -114,7 +114,7 @@ class Device {
                                               Millis timeout) = 0;
   // How this device's streams read peers' private memory, or null when they cannot (CUDA: a
   // peer's private device memory is not reachable; algorithms then stage through the buffers).
-  // The reader runs on the host, in stream order through run().
+  // The reader runs on the host, in stream order through host_task().
   virtual std::shared_ptr<PrivateMemoryReader> private_memory_reader() { return nullptr; }
 
   // --- streams ---
@@ -131,10 +131,18 @@ class Device {
   // fails the stream with an error naming `context` and every peer that never arrived.
   virtual void wait_signals(Stream& s, std::vector<SignalWait> waits, Millis timeout,
                             std::string context) = 0;
-  // Runs `fn` in stream order: on CUDA, `fn` is called now with `s` as the current stream (it
-  // launches kernels); on the host, `fn` runs when the stream reaches it (in whichever thread
-  // runs the stream's work).
-  virtual void run(Stream& s, std::function<void()> fn) = 0;
+  // Launches device work on `s`: `fn` enqueues it (ATen ops, kernels) with `s` as the current
+  // stream. On CUDA `fn` is called now and the work it launched runs in stream order; on the host
+  // `fn` itself runs when the stream reaches it (in whichever thread runs the stream's work). So
+  // `fn` may only enqueue work: what it computes on the host is not yet ordered on a GPU.
+  virtual void launch(Stream& s, std::function<void()> fn) = 0;
+  // Runs `fn` on the host when `s` reaches it, after the work enqueued before it and before the
+  // work enqueued after it (reading or writing host memory in stream order, e.g. through a
+  // PrivateMemoryReader). On CUDA it is a host function of the stream (cudaLaunchHostFunc), which
+  // must not call CUDA APIs and stalls the stream while it runs; on the host it is a task of the
+  // stream. An exception out of `fn` is raised by a later synchronize (host: of `s`, which skips
+  // the rest of its queue; CUDA: the device's next one).
+  virtual void host_task(Stream& s, std::function<void()> fn) = 0;
 
   virtual std::shared_ptr<Event> record(Stream& s) = 0;
   virtual void wait_event(Stream& s, const Event& e) = 0;

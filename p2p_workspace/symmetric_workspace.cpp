@@ -631,7 +631,7 @@ void SymmetricWorkspace::read_peer_private(Stream& s, void* dst, int peer, const
               available_ ? private_reads_reason_ : reason_);
   check_rank(peer, "read_peer_private");
   if (n == 0) return;
-  device_->run(s, [reader = reader_.get(), dst, pid = pids_[peer], src, n] {
+  device_->host_task(s, [reader = reader_.get(), dst, pid = pids_[peer], src, n] {
     reader->read(dst, pid, src, n);
   });
 }
@@ -642,7 +642,7 @@ void SymmetricWorkspace::read_peer_private(Stream& s, void* dst, int peer,
               available_ ? private_reads_reason_ : reason_);
   check_rank(peer, "read_peer_private");
   if (n == 0) return;
-  device_->run(s, [reader = reader_.get(), dst, pid = pids_[peer], address_word, offset, n] {
+  device_->host_task(s, [reader = reader_.get(), dst, pid = pids_[peer], address_word, offset, n] {
     const uint64_t base = std::atomic_ref<uint64_t>(*const_cast<uint64_t*>(address_word))
                               .load(std::memory_order_relaxed);
     reader->read(dst, pid, reinterpret_cast<const char*>(base) + offset, n);

@@ -21,10 +21,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <exception>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "p2p_workspace/cuda/signal_kernels.cuh"
 #include "p2p_workspace/watchdog.hpp"
@@ -272,6 +275,39 @@ class CudaWatchedWait : public WatchedWait {
   std::mutex& reader_mu_;
 };
 
+// The first exception a host task raised, until a synchronize reports it. Shared with the host
+// functions still enqueued, which may run after the device is gone.
+class HostTaskErrors {
+ public:
+  void record(std::exception_ptr e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!first_) first_ = std::move(e);
+  }
+  std::exception_ptr take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::exchange(first_, nullptr);
+  }
+
+ private:
+  std::mutex mu_;
+  std::exception_ptr first_;
+};
+
+// One Device::host_task as cudaLaunchHostFunc runs it, in a thread of the CUDA driver.
+struct HostFunction {
+  std::function<void()> fn;
+  std::shared_ptr<HostTaskErrors> errors;
+
+  static void CUDART_CB call(void* arg) {
+    std::unique_ptr<HostFunction> task(static_cast<HostFunction*>(arg));
+    try {
+      task->fn();
+    } catch (...) {
+      task->errors->record(std::current_exception());
+    }
+  }
+};
+
 class CudaDevice : public Device {
  public:
   explicit CudaDevice(int index) : index_(index), resources_(index) {
@@ -452,9 +488,25 @@ class CudaDevice : public Device {
     watchdog_->track(std::move(watched), timeout, std::move(context));
   }
 
-  void run(Stream& s, std::function<void()> fn) override {
+  void launch(Stream& s, std::function<void()> fn) override {
     c10::cuda::CUDAStreamGuard guard(as_cuda(s).stream);
     fn();
+  }
+
+  // A host function of the stream. CUDA forbids CUDA API calls in it (they may deadlock or fail
+  // with cudaErrorNotPermitted), and so freeing CUDA tensors its closure captured; the stream
+  // waits while it runs. Its exception cannot cross the driver's thread: it is kept and raised
+  // by the device's next synchronize (poll_until).
+  void host_task(Stream& s, std::function<void()> fn) override {
+    c10::cuda::CUDAGuard guard(index_);
+    auto task = std::make_unique<HostFunction>(HostFunction{std::move(fn), host_errors_});
+    const cudaError_t err =
+        cudaLaunchHostFunc(as_cuda(s).stream.stream(), &HostFunction::call, task.get());
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      TORCH_CHECK(false, "cuda_p2p: cudaLaunchHostFunc failed: ", cudaGetErrorString(err));
+    }
+    (void)task.release();  // owned by the host function from now on
   }
 
   std::shared_ptr<Event> record(Stream& s) override {
@@ -561,6 +613,7 @@ class CudaDevice : public Device {
     }
     watchdog_->poll_now();
     failure_.check(op);
+    if (auto err = host_errors_->take()) std::rethrow_exception(err);
   }
 
   const int index_;
@@ -572,6 +625,7 @@ class CudaDevice : public Device {
   std::mutex streams_mu_;
   std::set<cudaStream_t> streams_;  // every stream handed out (c10 streams live as long as torch)
   FailureState failure_;
+  std::shared_ptr<HostTaskErrors> host_errors_ = std::make_shared<HostTaskErrors>();
   WaitResources resources_;             // outlives watchdog_
   std::unique_ptr<Watchdog> watchdog_;  // NOTE [Device failure]
 };

@@ -116,7 +116,11 @@ class HostDevice : public Device {
     }));
   }
 
-  void run(Stream& s, std::function<void()> fn) override {
+  // On the host, device work is host work: both run the closure in stream order.
+  void launch(Stream& s, std::function<void()> fn) override {
+    as_host(s).enqueue(HostTask::work(std::move(fn)));
+  }
+  void host_task(Stream& s, std::function<void()> fn) override {
     as_host(s).enqueue(HostTask::work(std::move(fn)));
   }
 

@@ -391,7 +391,7 @@ TEST(FusedPipelines, ARankThatNeverJoinsIsNamedAndTheStreamsRecover) {
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
     // The streams report an error once and run again.
     at::Tensor x;
-    p.ws->device().run(*p.streams[1], [&] { x = at::ones({2}); });
+    p.ws->device().launch(*p.streams[1], [&] { x = at::ones({2}); });
     p.ws->device().synchronize(*p.streams[1]);
     EXPECT_TRUE(x.defined());
   }
