@@ -496,7 +496,9 @@ class CudaDevice : public Device {
   // A host function of the stream. CUDA forbids CUDA API calls in it (they may deadlock or fail
   // with cudaErrorNotPermitted), and so freeing CUDA tensors its closure captured; the stream
   // waits while it runs. Its exception cannot cross the driver's thread: it is kept and raised
-  // by the device's next synchronize (poll_until).
+  // by the device's next synchronize (poll_until). Of the callers, only a traced pipeline's span
+  // markers (pipeline::Env::span) reach it on CUDA: the others read or write host memory of the
+  // host device (cross-memory reads, host op signatures).
   void host_task(Stream& s, std::function<void()> fn) override {
     c10::cuda::CUDAGuard guard(index_);
     auto task = std::make_unique<HostFunction>(HostFunction{std::move(fn), host_errors_});
