@@ -8,6 +8,10 @@
 // the tensors' device. Every path bumps a counter ("all_reduce.one_shot", "all_reduce.wrapped",
 // ...). Works returned by a wrapped backend are handed back unchanged, so completion, errors and
 // futures are exactly the wrapped backend's.
+//
+// Its definitions are split by concern: ProcessGroupCudaP2P.cpp (the lifecycle: construction,
+// the workspace's API, counters, abort/shutdown), workspace_collectives.cpp (the workspace
+// collectives' entry) and wrapped_routing.cpp (routing to the wrapped backends, coalescing).
 #pragma once
 
 #include <cstdint>
@@ -22,6 +26,8 @@
 
 #include "backend/config.hpp"
 #include "ops/collectives.hpp"
+#include "ops/failure_record.hpp"
+#include "ops/pipeline_common.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
 
 namespace cuda_p2p {
@@ -48,13 +54,7 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // The wrapped backend for a device type, or null; TORCH_CHECKs for an unsupported type.
   c10::intrusive_ptr<c10d::Backend> wrapped_backend(c10::DeviceType type) const;
 
-  // --- the P2P workspace (docs/design.md §4) ------------------------------------------------
-  // Signal channels (one per stream that signals; see NOTE [Signal sequence numbers]):
-  // the API's own barrier, the workspace collectives, and the two streams of the fused pipelines.
-  static constexpr int kApiChannel = 0;
-  static constexpr int kCollectiveChannel = 1;
-  static constexpr int kPipelineChannels[2] = {2, 3};
-
+  // --- the P2P workspace (docs/design.md §4); its signal channels are in ops/channels.hpp -----
   bool is_p2p_available() const { return workspace_ && workspace_->available(); }
   // Why the workspace is unavailable ("" when it is available).
   std::string p2p_unavailable_reason() const;
@@ -103,27 +103,15 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   void reset_counters();
 
   // --- fused GEMM pipelines (ops/fused_*.cpp) -------------------------------------------------
-  // Per-backend state of the pipelines (their host streams, the lock that serialises them on
-  // this backend), created on first use. Defined in ops/pipeline_common.hpp.
-  struct PipelineState;
-  PipelineState& pipeline_state();
+  // The group's state of the pipelines (their host streams, the lock that serialises them on
+  // this group, traces), created on first use.
+  ops::pipeline::State& pipeline_state();
+  // What a fused op on tensors of `device_type` is given of this group (ops/pipeline_common.hpp).
+  ops::pipeline::Group pipeline_group(c10::DeviceType device_type);
 
-  // NOTE [Failed groups]
-  // A workspace op that fails midway (a timeout, a dead peer, a failing read) may leave the
-  // ranks' signal counts, phases and buffers out of step, on its channel and - since the ranks
-  // that did not fail go on - soon on the others. So one failure, of a collective or of a fused
-  // op, marks the whole group failed: every later workspace op of the group (collective or fused)
-  // refuses at once with one line naming the first failure and saying to recreate the group,
-  // instead of costing a timeout each or reading stale data. A disagreement of the ranks'
-  // signatures is not a failure (NOTE [Op signatures] in ops/op_signature.cpp): the op did not
-  // run anywhere and the group stays usable.
-  // Records `e` (its message without the C++ backtrace, on one line) as the group's failure, if
-  // it is the first.
-  void mark_failed(const char* what, const std::exception& e);
-  // TORCH_CHECKs that the group has not failed; `what` names the refused op.
-  void check_not_failed(const char* what) const;
-  // The first failure ("" when none).
-  std::string failure() const;
+  // The group's failure record (NOTE [Failed groups] in ops/failure_record.hpp): the first
+  // failure of a collective or fused op midway ("" when none).
+  std::string failure() const { return failure_.first(); }
 
   // --- delegated collectives ----------------------------------------------------------------
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
@@ -212,6 +200,12 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   void all_gather_on_workspace(const at::Tensor& input, const std::vector<at::Tensor>& outputs);
   void reduce_scatter_on_workspace(const std::vector<at::Tensor>& inputs, const at::Tensor& output,
                                    ops::ReduceOp op);
+  // The same for one flat output (input) holding the W chunks: all_gather_into_tensor and
+  // reduce_scatter_tensor, single or coalesced. `what` names the call in argument errors.
+  void all_gather_into_tensor_on_workspace(at::Tensor& output, const at::Tensor& input,
+                                           const std::string& what);
+  void reduce_scatter_tensor_on_workspace(const at::Tensor& output, const at::Tensor& input,
+                                          ops::ReduceOp op, const std::string& what);
   // Runs `call` on the backend routed for `tensors` (CPU works are tracked for coalescing).
   template <typename Tensors, typename Call>
   c10::intrusive_ptr<c10d::Work> delegate(const Tensors& tensors, const char* op, Call&& call) {
@@ -232,8 +226,7 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   std::mutex collective_mutex_;
   ops::CollectiveState collective_state_;
   // NOTE [Failed groups]
-  mutable std::mutex failure_mutex_;
-  std::string failure_;
+  ops::FailureRecord failure_;
   // A local argument check of a workspace collective: when `checks` throws, this rank takes part
   // in the op's handshake with an invalid signature (ops::reject) before its error propagates,
   // so that its peers raise at once instead of waiting for the timeout.
@@ -243,7 +236,7 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   std::map<std::string, int64_t> counters_;
 
   std::mutex pipeline_state_mutex_;
-  std::shared_ptr<PipelineState> pipeline_state_;  // see pipeline_state()
+  std::shared_ptr<ops::pipeline::State> pipeline_state_;  // see pipeline_state()
 
   std::mutex coalescing_mutex_;
   bool coalescing_ = false;

@@ -53,7 +53,7 @@ struct Options : c10d::Backend::Options {
   c10::intrusive_ptr<c10d::Backend::Options> nccl_options;
   // The largest buffer (bytes) an op may grow the workspace to on its own; an op that needs more
   // processes its payload in rounds (ops/pipeline_common.hpp, plan_rounds).
-  int64_t max_buffer_size = int64_t{256} << 20;
+  int64_t max_buffer_size = WorkspaceOptions::kDefaultMaxBufferSize;
   // How the host device runs the fused pipelines' two streams: "cooperative" (in the waiting
   // thread), "threads" (a thread per stream) or "auto" (CUDA_P2P_HOST_STREAMS, else
   // cooperative). NOTE [Cooperative host streams] in p2p_workspace/host/host_stream.cpp.

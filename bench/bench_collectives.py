@@ -132,7 +132,9 @@ def memcpy_bandwidth(nbytes: int = 64 << 20, iters: int = 20) -> dict:
     """Single-core copy bandwidth: bytes copied per second by one thread (torch copy_).
 
     The yardstick ("GBps") is the best of `iters` copies: what one core can do when nothing
-    interferes, which other processes on a shared machine only ever lower."""
+    interferes, which other processes on a shared machine only ever lower. 64 MiB (the default)
+    is out of every cache level, like the large collectives; 256 KiB (source and destination fit
+    the L2) is the in-cache rate small and medium collectives can reach."""
     prev = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -672,6 +674,40 @@ def print_table(run: dict, memcpy: dict, dtype: str) -> None:
         print(line(cells))
 
 
+def markdown_report(doc: dict) -> str:
+    """One run as a markdown section: the numbers docs/ and the README quote, all from this run."""
+    meta, mc, mcc = doc["meta"], doc["memcpy"], doc.get("memcpy_in_cache")
+    la0, la1 = meta["loadavg_start"][0], meta["loadavg_end"][0]
+    cmd = " ".join(["python bench/bench_collectives.py"] + meta["argv"])
+    out = [f"#### {meta['timestamp']}: `{cmd}`",
+           "",
+           f"Machine: {meta['host']}, {meta['cpu_count']} CPUs, {meta['platform']}; Python "
+           f"{meta['python']}, torch {meta['torch']}, commit "
+           f"{meta.get('git', {}).get('commit', '?')[:10]}"
+           f"{' (dirty)' if meta.get('git', {}).get('dirty') else ''}; {meta['dtype']}; load "
+           f"average {la0:.1f} at start, {la1:.1f} at end. Single-core memcpy: "
+           f"{mc['GBps']:.2f} GB/s out of cache (64 MiB)"
+           + (f", {mcc['GBps']:.2f} GB/s in cache (256 KiB)" if mcc else "") +
+           "; % memcpy is bus bandwidth over the out-of-cache rate.",
+           "",
+           "| W | collective | size | cuda_p2p us | Gloo us | speedup (95% CI) | busbw GB/s | "
+           "% memcpy | path |",
+           "|---|------------|------|------------:|--------:|------------------|-----------:|"
+           "---------:|------|"]
+    for run in doc["runs"]:
+        for e in run["results"] + ([run["barrier"]] if run.get("barrier") else []):
+            p, g = e["cuda_p2p"], e["gloo"]
+            lo, hi = e["speedup_ci95"]
+            size = "-" if e["collective"] == "barrier" else fmt_size(e["bytes"])
+            bw = "-" if e["collective"] == "barrier" else fmt_gbps(p["busbw_GBps"])
+            frac = ("-" if e["collective"] == "barrier"
+                    else f"{100 * p['busbw_frac_memcpy']:.0f}%")
+            out.append(f"| {run['world_size']} | {e['collective']} | {size} | "
+                       f"{p['median_us']:.1f} | {g['median_us']:.1f} | {e['speedup']:.1f}x "
+                       f"[{lo:.1f}, {hi:.1f}] | {bw} | {frac} | {fmt_paths(e.get('paths'))} |")
+    return "\n".join(out) + "\n"
+
+
 def _best_threshold(points: list[tuple[int, float, float]]) -> int:
     """points: (size, latency of the small-message algorithm, of the large-message one). The
     threshold t (0 or one of the sizes) for "small algorithm up to t bytes, large above" whose
@@ -865,6 +901,10 @@ def parse_args(argv=None):
     ap.add_argument("--json", type=Path, default=HERE / "results" / "collectives.json")
     ap.add_argument("--plot", type=Path, default=HERE / "results" / "collectives.png")
     ap.add_argument("--no-plot", dest="do_plot", action="store_false")
+    ap.add_argument("--markdown", type=Path, default=None, metavar="PATH",
+                    help="also write the run as a markdown section (machine, date, load, both "
+                         "memcpy yardsticks, one table of absolute us and ratios): what docs/ "
+                         "and the README quote, pasted whole from one run")
     ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = ap.parse_args(argv)
 
@@ -927,9 +967,11 @@ def main(argv=None) -> int:
               "the run: other processes compete with the ranks, timings will be noisy",
               file=sys.stderr, flush=True)
     memcpy = memcpy_bandwidth()
-    print(f"[bench] single-core memcpy (torch copy_, 64 MiB, 1 thread, best of {memcpy['iters']}): "
-          f"{memcpy['GBps']:.2f} GB/s (median {memcpy['median_GBps']:.2f})",
-          file=sys.stderr, flush=True)
+    memcpy_in_cache = memcpy_bandwidth(256 << 10, iters=200)
+    print(f"[bench] single-core memcpy (torch copy_, 1 thread): out of cache (64 MiB, best of "
+          f"{memcpy['iters']}) {memcpy['GBps']:.2f} GB/s (median {memcpy['median_GBps']:.2f}); in "
+          f"cache (256 KiB, best of {memcpy_in_cache['iters']}) {memcpy_in_cache['GBps']:.2f} GB/s "
+          f"(median {memcpy_in_cache['median_GBps']:.2f})", file=sys.stderr, flush=True)
     cfg = {"sizes": args.sizes, "collectives": args.collectives, "barrier": args.barrier,
            "dtype": args.dtype, "warmup": args.warmup, "iters": args.iters, "budget": args.budget,
            "min_iters": args.min_iters, "max_iters": args.max_iters, "check": args.check,
@@ -984,12 +1026,18 @@ def main(argv=None) -> int:
             "busbw": "algbw * factor: all_reduce 2(n-1)/n, all_gather & reduce_scatter (n-1)/n, "
                      "broadcast 1",
             "speedup": "gloo median latency / cuda_p2p median latency",
-            "memcpy": "bytes copied per second by one thread (torch copy_ of 64 MiB), best of 20"},
+            "memcpy": "bytes copied per second by one thread (torch copy_ of 64 MiB: out of "
+                      "cache), best of 20; the %memcpy columns divide by it",
+            "memcpy_in_cache": "the same for 256 KiB (in the L2), best of 200"},
     }
-    doc = {"meta": meta, "memcpy": memcpy, "runs": runs}
+    doc = {"meta": meta, "memcpy": memcpy, "memcpy_in_cache": memcpy_in_cache, "runs": runs}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(doc, indent=1))
     print(f"\n[bench] JSON: {args.json}", flush=True)
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(markdown_report(doc))
+        print(f"[bench] markdown: {args.markdown}", flush=True)
     if args.do_plot:
         try:
             what = "A/A TEST: Gloo vs Gloo" if args.aa else "cuda_p2p vs Gloo"

@@ -41,7 +41,7 @@ void one_shot(const CollectiveContext& ctx, const Args& a, ReduceOp op) {
 }
 
 // NOTE [Two-shot all-reduce]
-// A round of `len` elements is split into W chunks (detail::split). Each rank stages the chunks
+// A round of `len` elements is split into W chunks (split_range). Each rank stages the chunks
 // of its peers at their natural offsets in its region (not its own: it reduces that one from its
 // input), passes the phase barrier, reduces its chunk from every rank in rank order - the same
 // bits one-shot computes - into the output and, in the same pass, behind the staged round in its
@@ -68,7 +68,7 @@ void two_shot(const CollectiveContext& ctx, const Args& a, ReduceOp op) {
     const int64_t len = std::min(m, a.numel - off);
     const detail::Phase ph = detail::begin_phase(ctx);
     const int64_t reduced = detail::align_up(len * a.esize, detail::kAlign);
-    const auto [b, e] = detail::split(len, W, me);
+    const auto [b, e] = split_range(len, W, me);
     char* in = a.in + off * a.esize;
     char* out = a.out + off * a.esize;
     detail::copy(ctx, ph.region[me], in, b * a.esize);
@@ -85,7 +85,7 @@ void two_shot(const CollectiveContext& ctx, const Args& a, ReduceOp op) {
     detail::phase_barrier(ctx);
     for (int s = 1; s < W; ++s) {
       const int q = (me + s) % W;
-      const auto [bq, eq] = detail::split(len, W, q);
+      const auto [bq, eq] = split_range(len, W, q);
       detail::copy(ctx, out + bq * a.esize, ph.region[q] + reduced, (eq - bq) * a.esize);
     }
     detail::end_phase(ctx, ph);
@@ -110,7 +110,7 @@ AllReduceAlgo all_reduce(const CollectiveContext& ctx, const at::Tensor& input,
   detail::expect_signature(
       ctx,
       OpSignature::of(OpKind::kAllReduce, std::to_string(a.numel) + " x " + dtype_name(a.dtype) +
-                                              " " + detail::op_name(op) + " (" + to_string(algo) +
+                                              " " + lower_name(op) + " (" + to_string(algo) +
                                               detail::config_suffix(ctx) + ")"));
   if (a.numel == 0) {
     detail::handshake(ctx);

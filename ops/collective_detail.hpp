@@ -19,14 +19,6 @@ inline int64_t align_down(int64_t v, int64_t to) { return v / to * to; }
 inline int64_t align_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// [begin, end) of part i of `total` split into `parts` nearly equal parts (the first total % parts
-// parts one larger).
-inline std::pair<int64_t, int64_t> split(int64_t total, int64_t parts, int64_t i) {
-  const int64_t q = total / parts, r = total % parts;
-  const int64_t begin = i * q + std::min(i, r);
-  return {begin, begin + q + (i < r ? 1 : 0)};
-}
-
 inline char* bytes_of(const at::Tensor& t) { return static_cast<char*>(t.data_ptr()); }
 inline int64_t mod(int64_t a, int64_t m) { return ((a % m) + m) % m; }
 
@@ -67,8 +59,6 @@ void expect_signature(const CollectiveContext& ctx, OpSignature sig);
 // (rings, broadcast) and of collectives that move nothing (zero-size). On a disagreement every
 // rank runs one empty phase, so that the phase counts stay equal, and raises.
 void handshake(const CollectiveContext& ctx);
-// "sum", "max", ... for a signature.
-std::string op_name(ReduceOp op);
 // The suffix of a signature naming the settings that change the rounds (when not the default).
 std::string config_suffix(const CollectiveContext& ctx);
 void signal(const CollectiveContext& ctx, int peer);

@@ -310,12 +310,6 @@ void handshake(const CollectiveContext& ctx) {
   if (sig.invalid) end_phase(ctx, begin_phase(ctx));  // as its peers do; the caller raises
 }
 
-std::string op_name(ReduceOp op) {
-  std::string name = to_string(op);
-  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return name;
-}
-
 std::string config_suffix(const CollectiveContext& ctx) {
   if (ctx.config.chunk_bytes == CollectiveConfig::kDefaultChunkBytes) return "";
   return ", chunk_bytes " + std::to_string(ctx.config.chunk_bytes);

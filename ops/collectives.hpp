@@ -24,14 +24,11 @@
 #include <string>
 #include <vector>
 
+#include "ops/common.hpp"
 #include "ops/op_signature.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
 
 namespace cuda_p2p::ops {
-
-// --- reduce operations --------------------------------------------------------------------------
-enum class ReduceOp : uint8_t { kSum, kAvg, kProduct, kMin, kMax, kBand, kBor, kBxor };
-const char* to_string(ReduceOp op);
 
 // --- algorithms ---------------------------------------------------------------------------------
 // kAuto picks by size (thresholds in CollectiveConfig; docs/collectives.md has the measurements).

@@ -8,7 +8,7 @@
 
 #include "ops/fused_ops.hpp"
 
-namespace cuda_p2p {
+namespace cuda_p2p::ops {
 
 namespace {
 
@@ -69,7 +69,7 @@ void gather_and_consume(pipeline::Env& env, const at::Tensor& shard, const at::T
   pipeline::begin(env);
   pipeline::EndGuard guard(env);
   for (int64_t round = 0; round < rounds; ++round) {
-    const auto [row0, row1] = pipeline::split_range(rows, rounds, round);
+    const auto [row0, row1] = split_range(rows, rounds, round);
     const int64_t len = row1 - row0;
     const size_t bytes = static_cast<size_t>(len * row_bytes);
     at::Tensor own = shard.narrow(0, row0, len);
@@ -84,8 +84,7 @@ void gather_and_consume(pipeline::Env& env, const at::Tensor& shard, const at::T
              [&] { dev.copy(env.stream(0), ws.buffer(rank), own.data_ptr(), bytes); });
     env.span(0, "barrier", [&] { ws.barrier(env.stream(0), env.channels[0]); });
     auto all_published = dev.record(env.stream(0));
-    env.run_compute(
-        0, [=] { (*consumer)(rank, row0, own, 0); }, "gemm own");
+    env.run_compute(0, [=] { (*consumer)(rank, row0, own, 0); }, "gemm own");
     dev.wait_event(env.stream(1), *all_published);
 
     if (pull_ahead) {
@@ -96,8 +95,7 @@ void gather_and_consume(pipeline::Env& env, const at::Tensor& shard, const at::T
         env.span(1, "pull r+" + std::to_string(k),
                  [&] { dev.copy(env.stream(1), slot.data_ptr(), ws.buffer(src), bytes); });
         dev.wait_event(env.stream(0), *dev.record(env.stream(1)));
-        env.run_compute(
-            0, [=] { (*consumer)(src, row0, slot, 0); }, "gemm r+" + std::to_string(k));
+        env.run_compute(0, [=] { (*consumer)(src, row0, slot, 0); }, "gemm r+" + std::to_string(k));
       }
       if (fill_own_slot) {
         at::Tensor slot = stack[rank].narrow(0, row0, len);
@@ -118,8 +116,7 @@ void gather_and_consume(pipeline::Env& env, const at::Tensor& shard, const at::T
       env.span(s, "pull r+" + std::to_string(k),
                [&] { dev.copy(env.stream(s), slot.data_ptr(), ws.buffer(src), bytes); });
       if (s == 1) last_pull_on_1 = dev.record(env.stream(1));
-      env.run_compute(
-          s, [=] { (*consumer)(src, row0, slot, s); }, "gemm r+" + std::to_string(k));
+      env.run_compute(s, [=] { (*consumer)(src, row0, slot, s); }, "gemm r+" + std::to_string(k));
     }
     if (fill_own_slot) {
       // On the stream whose last GEMM comes earlier: the copy hides behind the other's.
@@ -230,7 +227,7 @@ struct Problem {
     if (layout.contraction) {
       shard = A_shard.contiguous().view({rows, cols});
       stack = at::empty({W, rows, cols}, A_shard.options());
-      const auto acc = A_shard.options().dtype(pipeline::accumulation_dtype(A_shard.scalar_type()));
+      const auto acc = A_shard.options().dtype(accumulate_type(A_shard.scalar_type()));
       for (const auto& B : Bs) {
         accumulators.push_back({at::zeros({rows, B.size(1)}, acc),
                                 W > 1 ? at::zeros({rows, B.size(1)}, acc) : at::Tensor()});
@@ -393,59 +390,53 @@ AllGatherMatmulResult all_gather_matmul_send_recv(c10d::Backend& backend, const 
   return p.finish(W);
 }
 
-std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_matmul(
-    const at::Tensor& A_shard, at::TensorList Bs, int64_t gather_dim, const std::string& group_name,
-    bool return_A, const std::string& algorithm) {
-  TORCH_CHECK(A_shard.defined(), "cuda_p2p ", kOp, ": A_shard is undefined");
-  auto& pg = pipeline::resolve_backend(group_name, A_shard.device().type(), kOp);
-  auto& state = pg.pipeline_state();
-  std::lock_guard<std::mutex> lock(state.mutex);
-  const bool on_workspace = pipeline::workspace_serves(pg.workspace(), A_shard.device());
+AllGatherMatmulResult fused_all_gather_matmul(pipeline::Group& group, const at::Tensor& A_shard,
+                                              at::TensorList Bs, int64_t gather_dim, bool return_A,
+                                              const std::string& algorithm) {
+  pipeline::State& state = group.state;
+  const bool on_workspace = pipeline::workspace_serves(group.workspace, A_shard.device());
   AllGatherAlgorithm algo = AllGatherAlgorithm::kPipeline;
   int64_t dim = gather_dim;
   // NOTE [Op signatures]: a rank whose own arguments are wrong tells its peers.
-  pipeline::check_or_reject(pg, state, on_workspace, ops::OpKind::kAllGatherMatmul, [&] {
+  pipeline::check_or_reject(group, on_workspace, OpKind::kAllGatherMatmul, [&] {
     algo = parse_all_gather_algorithm(algorithm, A_shard.device());
-    dim = check_all_gather_matmul_args(A_shard, Bs, gather_dim, pg.getSize());
+    dim = check_all_gather_matmul_args(A_shard, Bs, gather_dim, group.world_size);
   });
   AllGatherMatmulResult r;
   if (on_workspace) {
-    pipeline::Env env = pipeline::make_env(pg, state);
+    pipeline::Env env = pipeline::make_env(group);
     pipeline::Stats stats;
     // Everything the ranks must agree on: the shapes decide the rounds and the buffer's growth.
     std::string sig = "A_shard " + pipeline::shape_text(A_shard.sizes()) + " " +
-                      ops::dtype_name(A_shard.scalar_type()) + ", gather_dim " +
-                      std::to_string(dim) + ", " + std::to_string(Bs.size()) +
-                      (Bs.size() == 1 ? " B" : " Bs");
+                      dtype_name(A_shard.scalar_type()) + ", gather_dim " + std::to_string(dim) +
+                      ", " + std::to_string(Bs.size()) + (Bs.size() == 1 ? " B" : " Bs");
     for (size_t i = 0; i < Bs.size(); ++i) {
       sig += (i ? ", " : " ") + pipeline::shape_text(Bs[i].sizes());
     }
     sig += std::string(return_A ? ", return_A" : "") + ", " +
            (algo == AllGatherAlgorithm::kPullAhead ? "pull_ahead" : "pipeline");
-    r = pipeline::run_or_mark_failed(pg, kOp, [&] {
-      pipeline::agree(env, state, ops::OpSignature::of(ops::OpKind::kAllGatherMatmul, sig));
+    r = pipeline::run_or_mark_failed(group.failure, kOp, [&] {
+      pipeline::agree(env, state, OpSignature::of(OpKind::kAllGatherMatmul, sig));
       return all_gather_matmul_pipeline(env, A_shard, Bs, gather_dim, return_A, stats, algo);
     });
-    pg.bump_counter(algo == AllGatherAlgorithm::kPullAhead ? "fused_all_gather_matmul.pull_ahead"
-                                                           : "fused_all_gather_matmul.pipeline");
+    group.count(algo == AllGatherAlgorithm::kPullAhead ? "fused_all_gather_matmul.pull_ahead"
+                                                       : "fused_all_gather_matmul.pipeline");
     if (env.trace) state.last_trace = env.trace->events();
-    if (stats.rounds > 1) pg.bump_counter("fused_all_gather_matmul.rounds");
-    if (stats.grew) pg.bump_counter("fused_all_gather_matmul.grow");
+    if (stats.rounds > 1) group.count("fused_all_gather_matmul.rounds");
+    if (stats.grew) group.count("fused_all_gather_matmul.grow");
   } else {
-    auto wrapped = pg.wrapped_backend(A_shard.device().type());
-    TORCH_CHECK(wrapped, "cuda_p2p ", kOp, ": the workspace cannot serve ", A_shard.device(),
+    TORCH_CHECK(group.wrapped, "cuda_p2p ", kOp, ": the workspace cannot serve ", A_shard.device(),
                 " tensors and the group has no wrapped backend for them");
-    r = all_gather_matmul_send_recv(*wrapped, A_shard, Bs, gather_dim, return_A);
-    pg.bump_counter("fused_all_gather_matmul.send_recv");
+    r = all_gather_matmul_send_recv(*group.wrapped, A_shard, Bs, gather_dim, return_A);
+    group.count("fused_all_gather_matmul.send_recv");
   }
-  return {r.A, r.outputs};
+  return r;
 }
 
-std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_matmul_meta(
-    const at::Tensor& A_shard, at::TensorList Bs, int64_t gather_dim, const std::string& group_name,
-    bool return_A, const std::string& algorithm) {
+AllGatherMatmulResult fused_all_gather_matmul_meta(const at::Tensor& A_shard, at::TensorList Bs,
+                                                   int64_t gather_dim, int64_t W, bool return_A,
+                                                   const std::string& algorithm) {
   parse_all_gather_algorithm(algorithm, A_shard.device());
-  const int64_t W = pipeline::resolve_group_size(group_name, kOp);
   TORCH_CHECK(A_shard.dim() >= 2, "cuda_p2p ", kOp,
               ": expected A_shard with at least 2 dims, got shape ", A_shard.sym_sizes());
   bool concrete = !A_shard.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
@@ -463,4 +454,4 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_
   return {l.A, l.outputs};
 }
 
-}  // namespace cuda_p2p
+}  // namespace cuda_p2p::ops

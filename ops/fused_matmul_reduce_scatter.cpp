@@ -5,7 +5,7 @@
 
 #include "ops/fused_ops.hpp"
 
-namespace cuda_p2p {
+namespace cuda_p2p::ops {
 
 namespace {
 
@@ -128,7 +128,7 @@ void reduce_stack(const Problem& p, const at::Tensor& stack) {
   if (p.rows == 0 || p.cols == 0) return;
   // One pass per partial into a float32 sum: several times faster on the CPU than at::sum over
   // dim 0 with a float32 dtype, and the same additions.
-  at::Tensor sum = stack[0].to(pipeline::accumulation_dtype(stack.scalar_type()));
+  at::Tensor sum = stack[0].to(accumulate_type(stack.scalar_type()));
   if (sum.is_same(stack[0]) || sum.data_ptr() == stack[0].data_ptr()) sum = stack[0].clone();
   for (int64_t i = 1; i < stack.size(0); ++i) sum.add_(stack[i]);
   p.write(0, sum);
@@ -146,7 +146,7 @@ void produce_and_exchange(pipeline::Env& env, const Problem& p, const at::Tensor
   const int64_t rounds = pipeline::plan_rounds(env, p.rows, 2 * p.cols * elem, kOp, stats);
   stats.rounds = rounds;
   if (rounds == 0) return;
-  const int64_t half_elems = pipeline::split_range(p.rows, rounds, 0).second * p.cols;
+  const int64_t half_elems = split_range(p.rows, rounds, 0).second * p.cols;
 
   pipeline::begin(env);
   pipeline::EndGuard guard(env);
@@ -157,7 +157,7 @@ void produce_and_exchange(pipeline::Env& env, const Problem& p, const at::Tensor
     free = dev.record(env.stream(1));
   }
   for (int64_t round = 0; round < rounds; ++round) {
-    const auto [row0, row1] = pipeline::split_range(p.rows, rounds, round);
+    const auto [row0, row1] = split_range(p.rows, rounds, round);
     const int64_t len = row1 - row0;
     const size_t bytes = static_cast<size_t>(len * p.cols * elem);
     for (int k = 1; k < W; ++k) {
@@ -182,8 +182,7 @@ void produce_and_exchange(pipeline::Env& env, const Problem& p, const at::Tensor
     }
     if (W == 2) pipeline::delay_stream(env, 0);
     at::Tensor own = stack[rank].narrow(0, row0, len);
-    env.run_compute(
-        0, [&p, rank, row0, own] { p.produce(rank, row0, own); }, "gemm own");
+    env.run_compute(0, [&p, rank, row0, own] { p.produce(rank, row0, own); }, "gemm own");
   }
   guard.release();
   pipeline::end(env);
@@ -201,7 +200,7 @@ std::vector<RingStep> ring_schedule(int64_t W, int64_t rank, int64_t row_begin, 
                                     int64_t q) {
   std::vector<RingStep> steps;
   for (int64_t j = 0; j < q; ++j) {
-    const auto [a, b] = pipeline::split_range(row_end - row_begin, q, j);
+    const auto [a, b] = split_range(row_end - row_begin, q, j);
     for (int64_t t = 0; t < W; ++t) {
       steps.push_back({t, (rank - t - 1 + W) % W, row_begin + a, b - a});
     }
@@ -216,14 +215,14 @@ void ring_over_workspace(pipeline::Env& env, const Problem& p, const at::Tensor&
   const int W = env.world_size(), rank = env.rank();
   const int left = (rank + W - 1) % W, right = (rank + 1) % W;
   const int data_channel = env.channels[1], ack_channel = env.channels[0];
-  const auto acc = pipeline::accumulation_dtype(products.scalar_type());
+  const auto acc = accumulate_type(products.scalar_type());
   const int64_t acc_elem = static_cast<int64_t>(c10::elementSize(acc));
   // One slot holds one sub-part; two slots per round.
   const int64_t sub_rows = (p.rows + q - 1) / q;
   const int64_t rounds = pipeline::plan_rounds(env, sub_rows, 2 * p.cols * acc_elem, kOp, stats);
   stats.rounds = rounds;
   if (rounds == 0) return;
-  const int64_t slot_elems = pipeline::split_range(sub_rows, rounds, 0).second * p.cols;
+  const int64_t slot_elems = split_range(sub_rows, rounds, 0).second * p.cols;
 
   int64_t published = 0, consumed = 0, acks_waited = 0;
   pipeline::begin(env);
@@ -234,7 +233,7 @@ void ring_over_workspace(pipeline::Env& env, const Problem& p, const at::Tensor&
     env.span(1, "barrier", [&] { ws.barrier(env.stream(1), data_channel); });
   }
   for (int64_t round = 0; round < rounds; ++round) {
-    const auto [round_begin, round_end] = pipeline::split_range(p.rows, rounds, round);
+    const auto [round_begin, round_end] = split_range(p.rows, rounds, round);
     for (const auto& st : ring_schedule(W, rank, round_begin, round_end, q)) {
       at::Tensor product = products[st.part].narrow(0, st.row0, st.len);
       env.run_compute(
@@ -288,7 +287,7 @@ void ring_over_send_recv(c10d::Backend& backend, const Problem& p, const at::Ten
                          int64_t q) {
   const int W = backend.getSize(), rank = backend.getRank();
   const int left = (rank + W - 1) % W, right = (rank + 1) % W;
-  const auto acc = pipeline::accumulation_dtype(products.scalar_type());
+  const auto acc = accumulate_type(products.scalar_type());
   if (p.rows == 0 || p.cols == 0) return;
   const auto steps = ring_schedule(W, rank, 0, p.rows, q);
   c10::intrusive_ptr<c10d::Work> in_flight;  // carries step i's send and step i+1's receive
@@ -324,13 +323,6 @@ void ring_over_send_recv(c10d::Backend& backend, const Problem& p, const at::Ten
 }
 
 }  // namespace
-
-ReduceOp parse_reduce_op(const std::string& reduce_op, const char* op) {
-  if (reduce_op == "sum") return ReduceOp::kSum;
-  if (reduce_op == "avg") return ReduceOp::kAvg;
-  TORCH_CHECK(false, "cuda_p2p ", op, ": reduce_op must be \"sum\" or \"avg\", got \"", reduce_op,
-              "\"");
-}
 
 int64_t check_matmul_reduce_scatter_args(const at::Tensor& A, const at::Tensor& B,
                                          int64_t scatter_dim, int64_t world_size) {
@@ -413,21 +405,18 @@ at::Tensor matmul_reduce_scatter_send_recv(c10d::Backend& backend, const at::Ten
   return p.out;
 }
 
-at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
-                                       const std::string& reduce_op, int64_t scatter_dim,
-                                       const std::string& group_name, const std::string& algorithm,
+at::Tensor fused_matmul_reduce_scatter(pipeline::Group& group, const at::Tensor& A,
+                                       const at::Tensor& B, const std::string& reduce_op,
+                                       int64_t scatter_dim, const std::string& algorithm,
                                        int64_t ring_steps) {
-  TORCH_CHECK(A.defined(), "cuda_p2p ", kOp, ": A is undefined");
-  auto& pg = pipeline::resolve_backend(group_name, A.device().type(), kOp);
-  const int64_t W = pg.getSize();
-  auto& state = pg.pipeline_state();
-  std::lock_guard<std::mutex> lock(state.mutex);
-  const bool on_workspace = pipeline::workspace_serves(pg.workspace(), A.device());
+  const int64_t W = group.world_size;
+  pipeline::State& state = group.state;
+  const bool on_workspace = pipeline::workspace_serves(group.workspace, A.device());
   ReduceOp op = ReduceOp::kSum;
   int64_t steps = W, dim = scatter_dim;
   // NOTE [Op signatures]: a rank whose own arguments are wrong tells its peers.
-  pipeline::check_or_reject(pg, state, on_workspace, ops::OpKind::kMatmulReduceScatter, [&] {
-    op = parse_reduce_op(reduce_op, kOp);
+  pipeline::check_or_reject(group, on_workspace, OpKind::kMatmulReduceScatter, [&] {
+    op = parse_reduce_op(reduce_op, {ReduceOp::kSum, ReduceOp::kAvg}, kOp);
     TORCH_CHECK(algorithm == "auto" || algorithm == "pipeline" || algorithm == "ring", "cuda_p2p ",
                 kOp, ": algorithm must be \"auto\", \"pipeline\" or \"ring\", got \"", algorithm,
                 "\"");
@@ -445,44 +434,41 @@ at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
   const bool ring =
       algorithm == "ring" || (algorithm == "auto" && (ring_steps != 0 || A.device().is_cpu()));
   if (on_workspace) {
-    pipeline::Env env = pipeline::make_env(pg, state);
+    pipeline::Env env = pipeline::make_env(group);
     pipeline::Stats stats;
     // Everything the ranks must agree on: the shapes decide the rounds and the buffer's growth.
     const std::string sig =
-        "A " + pipeline::shape_text(A.sizes()) + " " + ops::dtype_name(A.scalar_type()) + ", B " +
-        pipeline::shape_text(B.sizes()) + " " + ops::dtype_name(B.scalar_type()) + ", " +
-        (op == ReduceOp::kAvg ? "avg" : "sum") + ", scatter_dim " + std::to_string(dim) + ", " +
+        "A " + pipeline::shape_text(A.sizes()) + " " + dtype_name(A.scalar_type()) + ", B " +
+        pipeline::shape_text(B.sizes()) + " " + dtype_name(B.scalar_type()) + ", " +
+        lower_name(op) + ", scatter_dim " + std::to_string(dim) + ", " +
         (ring ? "ring (" + std::to_string(steps) + " steps)" : std::string("pipeline"));
     at::Tensor out;
-    out = pipeline::run_or_mark_failed(pg, kOp, [&] {
-      pipeline::agree(env, state, ops::OpSignature::of(ops::OpKind::kMatmulReduceScatter, sig));
+    out = pipeline::run_or_mark_failed(group.failure, kOp, [&] {
+      pipeline::agree(env, state, OpSignature::of(OpKind::kMatmulReduceScatter, sig));
       return ring ? matmul_reduce_scatter_ring(env, A, B, op, scatter_dim, steps, stats)
                   : matmul_reduce_scatter_pipeline(env, A, B, op, scatter_dim, stats);
     });
-    pg.bump_counter(ring ? "fused_matmul_reduce_scatter.ring"
-                         : "fused_matmul_reduce_scatter.pipeline");
+    group.count(ring ? "fused_matmul_reduce_scatter.ring" : "fused_matmul_reduce_scatter.pipeline");
     if (env.trace) state.last_trace = env.trace->events();
-    if (stats.rounds > 1) pg.bump_counter("fused_matmul_reduce_scatter.rounds");
-    if (stats.grew) pg.bump_counter("fused_matmul_reduce_scatter.grow");
+    if (stats.rounds > 1) group.count("fused_matmul_reduce_scatter.rounds");
+    if (stats.grew) group.count("fused_matmul_reduce_scatter.grow");
     return out;
   }
-  auto wrapped = pg.wrapped_backend(A.device().type());
-  TORCH_CHECK(wrapped, "cuda_p2p ", kOp, ": the workspace cannot serve ", A.device(),
+  TORCH_CHECK(group.wrapped, "cuda_p2p ", kOp, ": the workspace cannot serve ", A.device(),
               " tensors and the group has no wrapped backend for them");
-  at::Tensor out = matmul_reduce_scatter_send_recv(*wrapped, A, B, op, scatter_dim, steps);
-  pg.bump_counter("fused_matmul_reduce_scatter.send_recv");
+  at::Tensor out = matmul_reduce_scatter_send_recv(*group.wrapped, A, B, op, scatter_dim, steps);
+  group.count("fused_matmul_reduce_scatter.send_recv");
   return out;
 }
 
 at::Tensor fused_matmul_reduce_scatter_meta(const at::Tensor& A, const at::Tensor& B,
                                             const std::string& reduce_op, int64_t scatter_dim,
-                                            const std::string& group_name,
-                                            const std::string& algorithm, int64_t ring_steps) {
-  parse_reduce_op(reduce_op, kOp);
+                                            int64_t W, const std::string& algorithm,
+                                            int64_t ring_steps) {
+  parse_reduce_op(reduce_op, {ReduceOp::kSum, ReduceOp::kAvg}, kOp);
   TORCH_CHECK(algorithm == "auto" || algorithm == "pipeline" || algorithm == "ring", "cuda_p2p ",
               kOp, ": algorithm must be \"auto\", \"pipeline\" or \"ring\", got \"", algorithm,
               "\"");
-  const int64_t W = pipeline::resolve_group_size(group_name, kOp);
   check_ring_steps(ring_steps, W);
   const bool concrete = !A.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
                         !B.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
@@ -496,4 +482,4 @@ at::Tensor fused_matmul_reduce_scatter_meta(const at::Tensor& A, const at::Tenso
   return make_output(A, B, scatter_dim, W);
 }
 
-}  // namespace cuda_p2p
+}  // namespace cuda_p2p::ops

@@ -2,8 +2,9 @@
 // matmul→reduce-scatter.
 //
 // Three layers:
-//  * the dispatcher ops torch.ops.cuda_p2p.fused_* (ops/registration.cpp), which resolve the
-//    group, pick a path, count it on the backend and call
+//  * the entry points fused_all_gather_matmul / fused_matmul_reduce_scatter, which pick a path
+//    for an op of a group (pipeline::Group, given by the backend's dispatcher ops in
+//    backend/dispatcher_fused_ops.cpp), run it and count it;
 //  * the paths below: over the workspace (Env, two streams) or over the wrapped backend's
 //    send/recv (no workspace needed), each handling any gather/scatter dim; they are what the
 //    GoogleTest binaries drive directly, and which share
@@ -19,49 +20,48 @@
 #include <tuple>
 #include <vector>
 
+#include "ops/common.hpp"
 #include "ops/pipeline_common.hpp"
 
-namespace cuda_p2p {
+namespace cuda_p2p::ops {
 
-// ---- dispatcher ops ------------------------------------------------------------------------
-
-// all_gather(A_shard, gather_dim) @ B for each B in Bs. Returns the gathered A (unless
-// return_A is false) and the products, laid out like the unfused reference: gathered along
-// gather_dim (rank r's shard at index r), then torch.matmul. `algorithm`: "pipeline" (NOTE
-// [All-gather→matmul schedule]), "pull_ahead" (NOTE [Pull-ahead all-gather→matmul]) or "auto"
-// (the pipeline on CUDA tensors, pull-ahead on CPU tensors).
-std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_matmul(
-    const at::Tensor& A_shard, at::TensorList Bs, int64_t gather_dim, const std::string& group_name,
-    bool return_A, const std::string& algorithm);
-
-// reduce_scatter(A @ B, reduce_op, scatter_dim): rank r gets the r-th of W equal slices along
-// scatter_dim of the sum (or mean) over ranks of A @ B. `algorithm`: "pipeline", "ring", or
-// "auto" (the pipeline on CUDA tensors, the ring on CPU tensors or when ring_steps is given);
-// `ring_steps` (S, a multiple of the group size; 0 means the group size) for the ring.
-at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
-                                       const std::string& reduce_op, int64_t scatter_dim,
-                                       const std::string& group_name, const std::string& algorithm,
-                                       int64_t ring_steps);
-
-// Meta kernels: outputs with the right shapes, dtypes and strides, no data.
-std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_matmul_meta(
-    const at::Tensor& A_shard, at::TensorList Bs, int64_t gather_dim, const std::string& group_name,
-    bool return_A, const std::string& algorithm);
-at::Tensor fused_matmul_reduce_scatter_meta(const at::Tensor& A, const at::Tensor& B,
-                                            const std::string& reduce_op, int64_t scatter_dim,
-                                            const std::string& group_name,
-                                            const std::string& algorithm, int64_t ring_steps);
-
-// Forces the linker to keep ops/registration.cpp (and with it the TORCH_LIBRARY blocks) in a
-// binary that links the static core library: call it once from the module that loads the ops.
-void ensure_fused_ops_registered();
-
-// ---- paths -----------------------------------------------------------------------------------
+// ---- entry points --------------------------------------------------------------------------
 
 struct AllGatherMatmulResult {
   std::optional<at::Tensor> A;
   std::vector<at::Tensor> outputs;
 };
+
+// all_gather(A_shard, gather_dim) @ B for each B in Bs, over `group`. Returns the gathered A
+// (unless return_A is false) and the products, laid out like the unfused reference: gathered
+// along gather_dim (rank r's shard at index r), then torch.matmul. `algorithm`: "pipeline" (NOTE
+// [All-gather→matmul schedule]), "pull_ahead" (NOTE [Pull-ahead all-gather→matmul]) or "auto"
+// (the pipeline on CUDA tensors, pull-ahead on CPU tensors). The caller holds group.state.mutex.
+AllGatherMatmulResult fused_all_gather_matmul(pipeline::Group& group, const at::Tensor& A_shard,
+                                              at::TensorList Bs, int64_t gather_dim, bool return_A,
+                                              const std::string& algorithm);
+
+// reduce_scatter(A @ B, reduce_op, scatter_dim) over `group`: rank r gets the r-th of W equal
+// slices along scatter_dim of the sum (or mean) over ranks of A @ B. `reduce_op`: "sum" or
+// "avg". `algorithm`: "pipeline", "ring", or "auto" (the pipeline on CUDA tensors, the ring on
+// CPU tensors or when ring_steps is given); `ring_steps` (S, a multiple of the group size; 0
+// means the group size) for the ring. The caller holds group.state.mutex.
+at::Tensor fused_matmul_reduce_scatter(pipeline::Group& group, const at::Tensor& A,
+                                       const at::Tensor& B, const std::string& reduce_op,
+                                       int64_t scatter_dim, const std::string& algorithm,
+                                       int64_t ring_steps);
+
+// Meta kernels for a group of W ranks: outputs with the right shapes, dtypes and strides, no
+// data; the same argument checks where the sizes are concrete.
+AllGatherMatmulResult fused_all_gather_matmul_meta(const at::Tensor& A_shard, at::TensorList Bs,
+                                                   int64_t gather_dim, int64_t W, bool return_A,
+                                                   const std::string& algorithm);
+at::Tensor fused_matmul_reduce_scatter_meta(const at::Tensor& A, const at::Tensor& B,
+                                            const std::string& reduce_op, int64_t scatter_dim,
+                                            int64_t W, const std::string& algorithm,
+                                            int64_t ring_steps);
+
+// ---- paths -----------------------------------------------------------------------------------
 
 // NOTE [Fused ops below autograd]
 // The kernels write their products with out= ops, on the pipeline's streams, which replay the
@@ -96,9 +96,6 @@ AllGatherMatmulResult all_gather_matmul_send_recv(c10d::Backend& backend, const 
                                                   at::TensorList Bs, int64_t gather_dim,
                                                   bool return_A);
 
-enum class ReduceOp { kSum, kAvg };
-ReduceOp parse_reduce_op(const std::string& reduce_op, const char* op);
-
 // Checks the arguments, returns scatter_dim in [0, A.dim()).
 int64_t check_matmul_reduce_scatter_args(const at::Tensor& A, const at::Tensor& B,
                                          int64_t scatter_dim, int64_t world_size);
@@ -118,4 +115,4 @@ at::Tensor matmul_reduce_scatter_send_recv(c10d::Backend& backend, const at::Ten
                                            const at::Tensor& B, ReduceOp reduce_op,
                                            int64_t scatter_dim, int64_t steps);
 
-}  // namespace cuda_p2p
+}  // namespace cuda_p2p::ops

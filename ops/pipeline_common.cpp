@@ -4,9 +4,9 @@
 #include <c10/util/Exception.h>
 
 #include <exception>
-#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 
-#include "backend/CoalescedWork.hpp"
+#include "ops/channels.hpp"
+#include "ops/coalesced_work.hpp"
 
 #ifdef CUDA_P2P_WITH_CUDA
 #include <c10/cuda/CUDAStream.h>
@@ -14,15 +14,7 @@
 #include "ops/cuda/sleep_kernel.cuh"
 #endif
 
-namespace cuda_p2p {
-
-ProcessGroupCudaP2P::PipelineState& ProcessGroupCudaP2P::pipeline_state() {
-  std::lock_guard<std::mutex> lock(pipeline_state_mutex_);
-  if (!pipeline_state_) pipeline_state_ = std::make_shared<PipelineState>();
-  return *pipeline_state_;
-}
-
-namespace pipeline {
+namespace cuda_p2p::ops::pipeline {
 
 void Trace::begin(int stream, std::string what) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -90,8 +82,7 @@ void Env::wait_stream(int i, int j) const {
   device().wait_event(stream(i), *device().record(stream(j)));
 }
 
-std::array<std::shared_ptr<Stream>, 2> acquire_streams(Device& device,
-                                                       ProcessGroupCudaP2P::PipelineState& state) {
+std::array<std::shared_ptr<Stream>, 2> acquire_streams(Device& device, State& state) {
   if (!device.tensor_device().is_cpu()) {
     return {device.new_stream(/*high_priority=*/false), device.new_stream(/*high_priority=*/true)};
   }
@@ -103,14 +94,16 @@ std::array<std::shared_ptr<Stream>, 2> acquire_streams(Device& device,
   return state.host_streams;
 }
 
-Env make_env(ProcessGroupCudaP2P& backend, ProcessGroupCudaP2P::PipelineState& state) {
-  backend.check_not_failed("fused op");
-  ops::check_signature_record(state.signature, "fused op");
-  auto& ws = *backend.workspace();
+Env make_env(Group& group) {
+  group.failure.check("fused op");
+  State& state = group.state;
+  check_signature_record(state.signature, "fused op");
+  TORCH_INTERNAL_ASSERT(group.workspace != nullptr,
+                        "cuda_p2p fused op: the group has no workspace");
+  auto& ws = *group.workspace;
   auto& dev = ws.device();
   Env env(ws, dev.current_stream(), acquire_streams(dev, state),
-          {ProcessGroupCudaP2P::kPipelineChannels[0], ProcessGroupCudaP2P::kPipelineChannels[1]},
-          backend.options()->max_buffer_size);
+          {kPipelineChannels[0], kPipelineChannels[1]}, group.max_buffer_size);
   if (state.tracing) env.trace = std::make_shared<Trace>();
   // Before anything is enqueued: a failed device (NOTE [Device failure]) or a graph capture.
   dev.check_healthy("fused op");
@@ -119,31 +112,22 @@ Env make_env(ProcessGroupCudaP2P& backend, ProcessGroupCudaP2P::PipelineState& s
   return env;
 }
 
-void agree(Env& env, ProcessGroupCudaP2P::PipelineState& state, const ops::OpSignature& sig) {
+void agree(Env& env, State& state, const OpSignature& sig) {
   if (env.world_size() == 1) return;
   env.on_caller("handshake", [&] {
-    const std::string error =
-        ops::handshake(env.ws, *env.caller, env.channels[0], state.signature, sig);
-    if (!error.empty()) throw ops::SignatureMismatch(error);
+    const std::string error = handshake(env.ws, *env.caller, env.channels[0], state.signature, sig);
+    if (!error.empty()) throw SignatureMismatch(error);
   });
 }
 
-void check_or_reject(ProcessGroupCudaP2P& backend, ProcessGroupCudaP2P::PipelineState& state,
-                     bool on_workspace, ops::OpKind kind, const std::function<void()>& checks) {
-  try {
-    checks();
-  } catch (const c10::Error& e) {
-    if (on_workspace && backend.getSize() > 1 && backend.failure().empty()) {
-      try {
-        Env env = make_env(backend, state);
-        run_or_mark_failed(backend, ops::to_string(kind), [&] {
-          agree(env, state, ops::OpSignature::rejected(kind, e.what_without_backtrace()));
-        });
-      } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): the own error wins
-      }
-    }
-    throw;
-  }
+void check_or_reject(Group& group, bool on_workspace, OpKind kind,
+                     const std::function<void()>& checks) {
+  ops::check_or_reject(
+      group.failure, on_workspace && group.world_size > 1, checks, [&](const std::string& reason) {
+        Env env = make_env(group);
+        run_or_mark_failed(group.failure, to_string(kind),
+                           [&] { agree(env, group.state, OpSignature::rejected(kind, reason)); });
+      });
 }
 
 std::string shape_text(at::IntArrayRef sizes) {
@@ -231,58 +215,10 @@ int64_t plan_rounds(Env& env, int64_t rows, int64_t bytes_per_row, const char* o
   return (rows + rows_per_round - 1) / rows_per_round;
 }
 
-std::pair<int64_t, int64_t> split_range(int64_t total, int64_t parts, int64_t i) {
-  const int64_t base = total / parts, extra = total % parts;
-  const int64_t begin = i * base + std::min(i, extra);
-  return {begin, begin + base + (i < extra ? 1 : 0)};
-}
-
-namespace {
-
-c10::intrusive_ptr<c10d::ProcessGroup> resolve_group(const std::string& group_name,
-                                                     const char* op) {
-  try {
-    return c10d::resolve_process_group(group_name);
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, "cuda_p2p ", op, ": no process group named '", group_name,
-                "' (pass group.group_name of a group created with backend='cuda_p2p'): ", e.what());
-  }
-}
-
-}  // namespace
-
-int64_t resolve_group_size(const std::string& group_name, const char* op) {
-  return resolve_group(group_name, op)->getSize();
-}
-
-ProcessGroupCudaP2P& resolve_backend(const std::string& group_name, c10::DeviceType device_type,
-                                     const char* op) {
-  auto group = resolve_group(group_name, op);
-  c10::intrusive_ptr<c10d::Backend> backend;
-  try {
-    backend = group->getBackend(device_type);
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, "cuda_p2p ", op, ": group '", group_name, "' has no backend for ",
-                c10::DeviceTypeName(device_type), " tensors: ", e.what());
-  }
-  auto* ours = dynamic_cast<ProcessGroupCudaP2P*>(backend.get());
-  TORCH_CHECK(ours != nullptr, "cuda_p2p ", op,
-              ": expected a group created with "
-              "backend='cuda_p2p', but group '",
-              group_name, "' runs ",
-              backend ? backend->getBackendName() : std::string("no backend"), " for ",
-              c10::DeviceTypeName(device_type), " tensors");
-  return *ours;
-}
-
 bool workspace_serves(const SymmetricWorkspace* ws, const at::Device& device) {
   if (ws == nullptr || !ws->available()) return false;
   const at::Device wd = ws->device().tensor_device();
   return wd.type() == device.type() && (device.is_cpu() || wd.index() == device.index());
-}
-
-at::ScalarType accumulation_dtype(at::ScalarType dtype) {
-  return dtype == at::kHalf || dtype == at::kBFloat16 ? at::kFloat : dtype;
 }
 
 c10::intrusive_ptr<c10d::Work> exchange(c10d::Backend& backend, at::Tensor send, int dst,
@@ -308,5 +244,4 @@ c10::intrusive_ptr<c10d::Work> exchange(c10d::Backend& backend, at::Tensor send,
   return c10::make_intrusive<CoalescedWork>(backend.getRank(), std::move(live));
 }
 
-}  // namespace pipeline
-}  // namespace cuda_p2p
+}  // namespace cuda_p2p::ops::pipeline

@@ -1,6 +1,6 @@
 // What the fused GEMM pipelines (fused_all_gather_matmul.cpp, fused_matmul_reduce_scatter.cpp)
-// share: the two streams they schedule on, how work enters and leaves them, how a payload is
-// fitted into the workspace buffer, and how an op finds its backend from a group name.
+// share: what a group gives an op (Group), the two streams they schedule on, how work enters and
+// leaves them, and how a payload is fitted into the workspace buffer.
 //
 // Everything here is written against the device interface (p2p_workspace/device.hpp), so the
 // schedule a GPU runs is the one CI runs on the host.
@@ -15,14 +15,15 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <utility>
 #include <vector>
 
-#include "backend/ProcessGroupCudaP2P.hpp"
+#include "ops/failure_record.hpp"
 #include "ops/op_signature.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
 
-namespace cuda_p2p {
+namespace cuda_p2p::ops {
 
 // NOTE [Pipeline buffer reuse]
 // A pipeline's first write of its own buffer comes after a barrier (on its stream 1): other users
@@ -62,26 +63,38 @@ class Trace {
   std::array<int64_t, 3> open_{-1, -1, -1};
 };
 
-}  // namespace pipeline
-
-struct ProcessGroupCudaP2P::PipelineState {
-  // Held for the whole of a fused op: two ops on one backend must not interleave their signals
-  // on the pipeline channels (NOTE [Signal sequence numbers]) nor their send/recv tags.
+// A group's state for its fused ops, kept by the backend (one per group, created on first use).
+struct State {
+  // Held for the whole of a fused op: two ops on one group must not interleave their signals on
+  // the pipeline channels (NOTE [Signal sequence numbers]) nor their send/recv tags.
   std::mutex mutex;
   std::array<std::shared_ptr<Stream>, 2> host_streams;
   // The handshakes comparing the ops' signatures across ranks, on the first pipeline channel
-  // (NOTE [Op signatures] in ops/op_signature.cpp). A failure midway is the backend's
-  // (ProcessGroupCudaP2P::mark_failed), shared with the collectives.
-  ops::SignatureState signature;
+  // (NOTE [Op signatures] in ops/op_signature.cpp).
+  SignatureState signature;
   // Diagnostics: when set, each op records a Trace, kept until the next op.
   bool tracing = false;
-  std::vector<pipeline::TraceEvent> last_trace;
+  std::vector<TraceEvent> last_trace;
 };
 
-namespace pipeline {
-
-// How big a workspace payload may grow before an op uses rounds instead (see plan_rounds).
-inline constexpr int64_t kDefaultMaxBufferSize = int64_t{256} << 20;
+// What a fused op is given by the group it runs on (the backend builds it for each call).
+struct Group {
+  // The group's workspace, or null when it has none; the op runs on it when it serves the
+  // op's tensors (workspace_serves).
+  SymmetricWorkspace* workspace;
+  // The group's wrapped backend for the op's device (its send/recv carry the op when the
+  // workspace cannot), or null.
+  c10d::Backend* wrapped;
+  // The group's pipeline state; the caller holds its mutex for the whole op.
+  State& state;
+  // The group's failure record, shared with its collectives (NOTE [Failed groups]).
+  FailureRecord& failure;
+  // Largest buffer an op may grow the workspace to (bytes).
+  int64_t max_buffer_size;
+  int world_size;
+  // Bumps one of the group's counters ("fused_all_gather_matmul.pipeline", ...).
+  std::function<void(const std::string&)> count;
+};
 
 // Which path a fused op took, for the backend's counters.
 struct Stats {
@@ -148,7 +161,7 @@ struct Env {
   void span(int i, const std::string& what, const std::function<void()>& enqueue) const;
   // Runs `fn` on the calling thread now (stream 2 of a trace).
   void on_caller(const char* what, const std::function<void()>& fn) const;
-  // Set to trace this op (ProcessGroupCudaP2P::PipelineState::tracing).
+  // Set to trace this op (State::tracing).
   std::shared_ptr<Trace> trace;
   // Stream i waits for everything enqueued on stream j so far.
   void wait_stream(int i, int j) const;
@@ -156,27 +169,24 @@ struct Env {
 
 // The pipeline streams of `device`: on the host, executor threads kept in `state` (created on
 // first use); on CUDA, pool streams (the second one high priority).
-std::array<std::shared_ptr<Stream>, 2> acquire_streams(Device& device,
-                                                       ProcessGroupCudaP2P::PipelineState& state);
+std::array<std::shared_ptr<Stream>, 2> acquire_streams(Device& device, State& state);
 
-// The Env of an op on `backend` (whose workspace serves the op's tensors): the workspace, the
-// caller's current stream, the pipeline streams, channels ProcessGroupCudaP2P::kPipelineChannels,
-// and the backend's max_buffer_size.
-// `state` is the backend's pipeline_state(), whose mutex the caller holds.
-Env make_env(ProcessGroupCudaP2P& backend, ProcessGroupCudaP2P::PipelineState& state);
+// The Env of an op of `group` on its workspace: the caller's current stream, the pipeline
+// streams, channels kPipelineChannels (ops/channels.hpp) and the group's max_buffer_size. Refuses
+// a failed group (NOTE [Failed groups]) or device, and a stream being captured into a CUDA graph.
+Env make_env(Group& group);
 
-// Runs `fn()` (a pipeline over the workspace); an exception out of it marks the backend failed
-// (ProcessGroupCudaP2P::mark_failed: its collectives and fused ops then refuse to run) and
-// propagates - except a disagreement of the ranks' signatures, after which the group is usable.
-// make_env refuses a failed backend.
+// Runs `fn()` (a pipeline over the workspace); an exception out of it marks the group failed
+// (NOTE [Failed groups]: its collectives and fused ops then refuse to run) and propagates -
+// except a disagreement of the ranks' signatures, after which the group is usable.
 template <typename Fn>
-auto run_or_mark_failed(ProcessGroupCudaP2P& backend, const char* op, Fn&& fn) {
+auto run_or_mark_failed(FailureRecord& failure, const char* op, Fn&& fn) {
   try {
     return fn();
-  } catch (const ops::SignatureMismatch&) {
+  } catch (const SignatureMismatch&) {
     throw;
   } catch (const std::exception& e) {
-    backend.mark_failed(op, e);
+    failure.mark(op, e);
     throw;
   }
 }
@@ -184,14 +194,12 @@ auto run_or_mark_failed(ProcessGroupCudaP2P& backend, const char* op, Fn&& fn) {
 // Compares `sig` across the ranks (NOTE [Op signatures]) with a handshake on the caller's stream
 // and the first pipeline channel, before the op enqueues anything on its streams: on the host a
 // disagreement raises SignatureMismatch here, on every rank, with nothing else done.
-void agree(Env& env, ProcessGroupCudaP2P::PipelineState& state, const ops::OpSignature& sig);
+void agree(Env& env, State& state, const OpSignature& sig);
 
-// Runs an op's local argument checks. If they fail on this rank while the workspace serves the
-// op, this rank first takes part in the op's handshake with an invalid signature carrying the
-// reason, so that its peers raise at once naming it instead of waiting for the timeout; then its
-// own error propagates. `state.mutex` is held.
-void check_or_reject(ProcessGroupCudaP2P& backend, ProcessGroupCudaP2P::PipelineState& state,
-                     bool on_workspace, ops::OpKind kind, const std::function<void()>& checks);
+// Runs an op's local argument checks; if they fail on this rank while the workspace serves the
+// op, this rank first tells its peers through the op's handshake (ops::check_or_reject).
+void check_or_reject(Group& group, bool on_workspace, OpKind kind,
+                     const std::function<void()>& checks);
 
 // "[4, 8]" for a signature.
 std::string shape_text(at::IntArrayRef sizes);
@@ -226,21 +234,8 @@ void delay_stream(Env& env, int i);
 // fit is processed in rounds of as many rows as fit.
 int64_t plan_rounds(Env& env, int64_t rows, int64_t bytes_per_row, const char* op, Stats& stats);
 
-// The [begin, end) of part i of n of `total` (sizes differ by at most one, larger ones first).
-std::pair<int64_t, int64_t> split_range(int64_t total, int64_t parts, int64_t i);
-
-// The cuda_p2p backend of the group named `group_name` for tensors of `device_type`; a clear
-// error when the group does not exist or is not a cuda_p2p group.
-ProcessGroupCudaP2P& resolve_backend(const std::string& group_name, c10::DeviceType device_type,
-                                     const char* op);
-// The size of the group named `group_name` (any backend).
-int64_t resolve_group_size(const std::string& group_name, const char* op);
-
 // Whether a workspace on `ws`'s device can drive tensors on `device`.
 bool workspace_serves(const SymmetricWorkspace* ws, const at::Device& device);
-
-// A floating-point dtype the pipelines accumulate in: float32 for the 16-bit types, else itself.
-at::ScalarType accumulation_dtype(at::ScalarType dtype);
 
 // Tags for the wrapped backend's send/recv in the fallback paths, one per step; kept far from
 // the small tags users pick.
@@ -253,4 +248,4 @@ c10::intrusive_ptr<c10d::Work> exchange(c10d::Backend& backend, at::Tensor send,
                                         at::Tensor recv, int src, int tag);
 
 }  // namespace pipeline
-}  // namespace cuda_p2p
+}  // namespace cuda_p2p::ops

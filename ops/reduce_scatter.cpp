@@ -126,7 +126,7 @@ void ring(const CollectiveContext& ctx, const Scatter& a, ReduceOp op, int steps
     }
     detail::signal(ctx, right);
     for (int64_t j = 0; j < slices; ++j) {
-      const auto [sb, se] = detail::split(len, slices, j);
+      const auto [sb, se] = split_range(len, slices, j);
       const int64_t n = se - sb;
       for (int t = 1; t < W; ++t) {
         const int c = mod(me - t - 1, W);
@@ -184,7 +184,7 @@ ReduceScatterAlgo reduce_scatter(const CollectiveContext& ctx,
   detail::expect_signature(
       ctx, OpSignature::of(OpKind::kReduceScatter,
                            std::to_string(a.numel) + " x " + dtype_name(a.dtype) + " " +
-                               detail::op_name(op) + " (" + to_string(algo) +
+                               lower_name(op) + " (" + to_string(algo) +
                                (ring_algo ? ", " + std::to_string(steps) + " steps" : "") +
                                (read ? ", copy-free" : "") + detail::config_suffix(ctx) + ")"));
   if (a.numel == 0) {

@@ -7,28 +7,6 @@
 
 namespace cuda_p2p::ops {
 
-const char* to_string(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-      return "SUM";
-    case ReduceOp::kAvg:
-      return "AVG";
-    case ReduceOp::kProduct:
-      return "PRODUCT";
-    case ReduceOp::kMin:
-      return "MIN";
-    case ReduceOp::kMax:
-      return "MAX";
-    case ReduceOp::kBand:
-      return "BAND";
-    case ReduceOp::kBor:
-      return "BOR";
-    case ReduceOp::kBxor:
-      return "BXOR";
-  }
-  return "?";
-}
-
 bool is_reducible_dtype(at::ScalarType dtype) {
   switch (dtype) {
     case at::kFloat:
@@ -54,10 +32,6 @@ void check_reduce_op(ReduceOp op, at::ScalarType dtype, const char* what) {
       !(floating && (op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor)),
       "cuda_p2p ", what, ": Cannot use ReduceOp.", to_string(op),
       " with non-integral dtype: expected an integer dtype, got ", dtype);
-}
-
-at::ScalarType accumulate_type(at::ScalarType dtype) {
-  return dtype == at::kHalf || dtype == at::kBFloat16 ? at::kFloat : dtype;
 }
 
 namespace {

@@ -17,9 +17,6 @@ bool is_reducible_dtype(at::ScalarType dtype);
 // needs a floating-point dtype, the bitwise ops an integer one. `what` names the collective.
 void check_reduce_op(ReduceOp op, at::ScalarType dtype, const char* what);
 
-// float32 for float16 and bfloat16, the dtype itself otherwise.
-at::ScalarType accumulate_type(at::ScalarType dtype);
-
 // dst = op(srcs[0], srcs[1], ..., srcs[n-1]), combined left to right (so every rank that reduces
 // the same sources in the same order gets the same bits). Every tensor is contiguous with dst's
 // numel; a source has dst's dtype, or the accumulate type of the result's dtype (a partial of a

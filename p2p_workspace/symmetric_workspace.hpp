@@ -19,6 +19,9 @@ struct WorkspaceOptions {
   // 32 MiB: covers activations of the shapes we target; larger payloads grow the workspace or
   // are processed in rounds.
   static constexpr int64_t kDefaultBufferSize = 32 << 20;
+  // 256 MiB: how far an op may grow the buffer by default before it runs in rounds instead
+  // (Options.max_buffer_size).
+  static constexpr int64_t kDefaultMaxBufferSize = int64_t{256} << 20;
   static constexpr int kDefaultChannels = 4;
 
   int64_t buffer_size = kDefaultBufferSize;

@@ -7,7 +7,6 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "backend/ProcessGroupCudaP2P.hpp"
-#include "ops/fused_ops.hpp"
 #include "ops/pipeline_common.hpp"
 #include "p2p_workspace/host/host_device.hpp"
 
@@ -71,12 +70,11 @@ BackendPtr optional_backend(const py::object& obj, const char* what) {
   }
 }
 
-// The fused GEMM pipelines' part of the module (ops/fused_*.cpp, ops/registration.cpp): the
-// dispatcher ops, Options.max_buffer_size, and the pipelines' diagnostics.
+// The fused GEMM pipelines' part of the module (ops/fused_*.cpp; their dispatcher ops are
+// registered by backend/dispatcher_fused_ops.cpp): Options.max_buffer_size, and the pipelines'
+// diagnostics.
 template <typename PgClass>
 void bind_fused_pipelines(PgClass& pg) {
-  // Keeps the TORCH_LIBRARY registrations of the static core library in this module.
-  cuda_p2p::ensure_fused_ops_registered();
   using Options = ProcessGroupCudaP2P::Options;
   auto options = py::reinterpret_borrow<
       py::class_<Options, c10d::Backend::Options, c10::intrusive_ptr<Options>>>(pg.attr("Options"));

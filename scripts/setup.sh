@@ -79,7 +79,7 @@ fi
 # Rebuilt only when a source file changed since the last install (or the install is missing).
 stamp=build/.installed-sources
 sources_hash=$(git ls-files -z --cached --others --exclude-standard \
-    CMakeLists.txt pyproject.toml backend p2p_workspace ops python tests/cpp third_party \
+    CMakeLists.txt cmake pyproject.toml backend p2p_workspace ops python tests/cpp third_party \
     2>/dev/null |
   xargs -0 sha1sum 2>/dev/null | sha1sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$sources_hash" ] &&

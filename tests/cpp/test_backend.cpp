@@ -4,8 +4,8 @@
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
-#include "backend/CoalescedWork.hpp"
 #include "backend/ProcessGroupCudaP2P.hpp"
+#include "ops/coalesced_work.hpp"
 #include "tests/cpp/harness.hpp"
 
 namespace cuda_p2p::test {
@@ -353,7 +353,7 @@ TEST(Backend, CoalescingCollectsEveryCpuWork) {
   f.pg->allreduce(a, c10d::AllreduceOptions());
   f.pg->allreduce(b, c10d::AllreduceOptions());
   auto work = f.pg->endCoalescing();
-  auto coalesced = c10::dynamic_intrusive_pointer_cast<CoalescedWork>(work);
+  auto coalesced = c10::dynamic_intrusive_pointer_cast<ops::CoalescedWork>(work);
   ASSERT_TRUE(coalesced);
   EXPECT_EQ(coalesced->works().size(), 2u);
   EXPECT_TRUE(work->wait());

@@ -6,6 +6,7 @@
 #include <sstream>
 #include <thread>
 
+#include "ops/channels.hpp"
 #include "ops/fused_ops.hpp"
 #include "p2p_workspace/cuda/cuda_device.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
@@ -19,13 +20,15 @@
 namespace cuda_p2p::test {
 namespace {
 
-constexpr int kChannels[2] = {2, 3};
+using namespace cuda_p2p::ops;  // NOLINT(google-build-using-namespace): the layer under test
+
+constexpr auto kChannels = kPipelineChannels;
 
 // A workspace and the pipeline streams, as a backend would hold them.
 struct Pipelines {
   std::unique_ptr<SymmetricWorkspace> ws;
   std::array<std::shared_ptr<Stream>, 2> streams;
-  int64_t max_buffer_size = pipeline::kDefaultMaxBufferSize;
+  int64_t max_buffer_size = WorkspaceOptions::kDefaultMaxBufferSize;
 
   explicit Pipelines(int64_t buffer_size = 1 << 20, Millis timeout = std::chrono::seconds(60)) {
     WorkspaceOptions o;
@@ -33,7 +36,7 @@ struct Pipelines {
     o.timeout = timeout;
     ws = std::make_unique<SymmetricWorkspace>(test_store(), world().rank, world().size,
                                               test_host_device(), o);
-    ProcessGroupCudaP2P::PipelineState state;
+    pipeline::State state;
     streams = pipeline::acquire_streams(ws->device(), state);
   }
 
@@ -333,15 +336,11 @@ TEST(FusedPipelines, BadArgumentsSayWhatWasExpected) {
   pipeline::Stats stats;
   auto A = input({3, 4}, at::kFloat, 1);
   expect_error(
-      [&] {
-        all_gather_matmul_pipeline(env, A, {input({5, 2}, at::kFloat, 1)}, 0, true, stats);
-      },
+      [&] { all_gather_matmul_pipeline(env, A, {input({5, 2}, at::kFloat, 1)}, 0, true, stats); },
       "Bs[0] has 5 rows, but the gathered A has 4 columns");
   expect_error([&] { all_gather_matmul_pipeline(env, A, {}, 0, true, stats); }, "at least one B");
   expect_error(
-      [&] {
-        all_gather_matmul_pipeline(env, A, {input({4, 2}, at::kFloat, 1)}, 2, true, stats);
-      },
+      [&] { all_gather_matmul_pipeline(env, A, {input({4, 2}, at::kFloat, 1)}, 2, true, stats); },
       "gather_dim must be in [-2, 2)");
   expect_error(
       [&] {
@@ -364,7 +363,8 @@ TEST(FusedPipelines, BadArgumentsSayWhatWasExpected) {
         },
         "ring_steps must be a positive multiple of the group size");
   }
-  expect_error([&] { parse_reduce_op("max", "op"); }, "reduce_op must be \"sum\" or \"avg\"");
+  expect_error([&] { parse_reduce_op("max", {ReduceOp::kSum, ReduceOp::kAvg}, "op"); },
+               "reduce_op must be one of \"sum\", \"avg\", got \"max\"");
   // Nothing above touched the workspace: a real op still runs in step on every rank.
   auto got = matmul_reduce_scatter_pipeline(env, input({W, 4}, at::kFloat, 2 + world().rank),
                                             input({4, 2}, at::kFloat, 1), ReduceOp::kSum, 0, stats);
@@ -412,7 +412,7 @@ TEST(CudaFusedPipelines, BothPipelinesAndTheRingMatchTheReferenceOnTheGpu) {
   o.timeout = std::chrono::seconds(60);
   SymmetricWorkspace ws(test_store(), world().rank, W, make_cuda_device(dev), o);
   ASSERT_TRUE(ws.available()) << ws.unavailable_reason();
-  ProcessGroupCudaP2P::PipelineState state;
+  pipeline::State state;
   const auto cuda = at::TensorOptions().device(at::kCUDA, dev);
   int seed = 9000;
   for (auto dtype : {at::kFloat, at::kBFloat16}) {
@@ -420,7 +420,7 @@ TEST(CudaFusedPipelines, BothPipelinesAndTheRingMatchTheReferenceOnTheGpu) {
       seed += 10;
       pipeline::Env env(ws, ws.device().current_stream(),
                         pipeline::acquire_streams(ws.device(), state), {kChannels[0], kChannels[1]},
-                        pipeline::kDefaultMaxBufferSize);
+                        WorkspaceOptions::kDefaultMaxBufferSize);
       pipeline::Stats stats;
       const int64_t nd = static_cast<int64_t>(c.shard.size());
       const int64_t gd = c.gather_dim < 0 ? c.gather_dim + nd : c.gather_dim;
@@ -441,7 +441,7 @@ TEST(CudaFusedPipelines, BothPipelinesAndTheRingMatchTheReferenceOnTheGpu) {
         seed += 10;
         pipeline::Env env(ws, ws.device().current_stream(),
                           pipeline::acquire_streams(ws.device(), state),
-                          {kChannels[0], kChannels[1]}, pipeline::kDefaultMaxBufferSize);
+                          {kChannels[0], kChannels[1]}, WorkspaceOptions::kDefaultMaxBufferSize);
         pipeline::Stats stats;
         const auto a_sizes = rs_a_sizes(c, W);
         auto B = input({c.a.back(), rs_n(c, W)}, dtype, 9);

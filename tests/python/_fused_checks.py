@@ -215,7 +215,7 @@ def check_errors(ctx):
                                                       "sum", 1, g),
          f"B.size(1) = {2 * W + 1}") if W > 1 else None,
         (lambda: cuda_p2p.fused_matmul_reduce_scatter(torch.ones(W, 4), B, "max", 0, g),
-         'reduce_op must be "sum" or "avg", got "max"'),
+         'reduce_op must be one of "sum", "avg", got "max"'),
         (lambda: torch.ops.cuda_p2p.fused_matmul_reduce_scatter(torch.ones(W, 4), B, "sum", 0,
                                                                 name, algorithm="fast"),
          'algorithm must be "auto", "pipeline" or "ring", got "fast"'),

@@ -1,4 +1,4 @@
-#include "backend/CoalescedWork.hpp"
+#include "ops/coalesced_work.hpp"
 
 #include <ATen/core/ivalue.h>
 
@@ -6,7 +6,7 @@
 #include <memory>
 #include <mutex>
 
-namespace cuda_p2p {
+namespace cuda_p2p::ops {
 
 namespace {
 
@@ -124,4 +124,4 @@ void CoalescedWork::abort() {
   for (auto& w : works_) w->abort();
 }
 
-}  // namespace cuda_p2p
+}  // namespace cuda_p2p::ops

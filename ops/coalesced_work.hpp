@@ -1,13 +1,14 @@
 // A Work over several Works: what endCoalescing() returns for operations that their backend ran
-// one by one. It completes when all of them have, fails with the first failure, and its future
-// holds the concatenation of their results.
+// one by one, and what a pipeline's exchange over a wrapped backend's send/recv returns. It
+// completes when all of them have, fails with the first failure, and its future holds the
+// concatenation of their results.
 #pragma once
 
 #include <mutex>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <vector>
 
-namespace cuda_p2p {
+namespace cuda_p2p::ops {
 
 class CoalescedWork : public c10d::Work {
  public:
@@ -30,4 +31,4 @@ class CoalescedWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
-}  // namespace cuda_p2p
+}  // namespace cuda_p2p::ops

@@ -1,0 +1,464 @@
+// ProcessGroupCudaP2P's entry into the workspace collectives (ops/collectives.hpp): which calls
+// the workspace serves, the argument checks that tell the peers, one collective at a time, the
+// completed Works, and the fallbacks to the wrapped backend with their counters.
+#include <c10/util/Exception.h>
+
+#include <utility>
+
+#include "backend/CompletedWork.hpp"
+#include "backend/ProcessGroupCudaP2P.hpp"
+#include "ops/channels.hpp"
+#include "ops/reduction.hpp"
+
+namespace cuda_p2p {
+
+using c10d::Work;
+using WorkPtr = c10::intrusive_ptr<Work>;
+
+// NOTE [Collectives of a group run one at a time]
+// A group's workspace collectives share its buffer halves, its phase counter and the signal
+// counts of the collective channel, so they must run in one order on every rank and never
+// overlap. On the host they run synchronously on the calling thread (the device's inline stream),
+// under collective_mutex_, so threads that share a group cannot interleave them. On CUDA they are
+// enqueued on the caller's current stream; each one first waits for an event recorded at the end
+// of the previous one, so that collectives issued on different streams (FSDP's all-gather and
+// reduce-scatter streams) still execute one after another, in issue order, as the signal counts
+// assume.
+void ProcessGroupCudaP2P::run_collective(
+    const char* what, const std::function<void(const ops::CollectiveContext&)>& fn) {
+  std::lock_guard<std::mutex> lock(collective_mutex_);
+  failure_.check(what);
+  ops::check_signature_record(collective_state_.signature, what);
+  Device& device = workspace_->device();
+  const bool host = device.tensor_device().is_cpu();
+  auto stream = device.current_stream();
+  // Before anything is enqueued (NOTE [Device failure] in p2p_workspace/watchdog.hpp).
+  device.check_healthy(what);
+  device.check_not_capturing(*stream, what);
+  if (!host && collective_state_.last) device.wait_event(*stream, *collective_state_.last);
+  const ops::CollectiveContext ctx{*workspace_, *stream, ops::kCollectiveChannel, collective_state_,
+                                   config_.collective};
+  try {
+    fn(ctx);
+  } catch (const ops::SignatureMismatch&) {
+    // The op ran nowhere and the phases were settled: the group stays usable.
+    if (!host) collective_state_.last = device.record(*stream);
+    throw;
+  } catch (const std::exception& e) {
+    collective_state_.pending.reset();
+    failure_.mark(what, e);
+    throw;
+  }
+  TORCH_INTERNAL_ASSERT(!collective_state_.pending, "cuda_p2p ", what,
+                        ": the op's signature was never compared");
+  if (!host) collective_state_.last = device.record(*stream);
+}
+
+void ProcessGroupCudaP2P::check_or_reject(const char* what, ops::OpKind kind,
+                                          const std::function<void()>& checks) {
+  ops::check_or_reject(failure_, getSize() > 1, checks, [&](const std::string& reason) {
+    run_collective(what,
+                   [&](const ops::CollectiveContext& ctx) { ops::reject(ctx, kind, reason); });
+  });
+}
+
+const char* ProcessGroupCudaP2P::workspace_rejects(c10::ArrayRef<at::Tensor> tensors) const {
+  if (!uses_workspace_collectives()) return "workspace unavailable or its collectives off";
+  const at::Device device = workspace_->device().tensor_device();
+  for (const auto& t : tensors) {
+    if (!t.defined() || t.layout() != at::kStrided || t.device() != device) return "device";
+  }
+  return nullptr;
+}
+
+WorkPtr ProcessGroupCudaP2P::completed(c10d::OpType type, std::vector<at::Tensor> outputs) {
+  // On a GPU the op is enqueued, not done: its Work waits for the event run_collective recorded
+  // at its end (none on the host, where it has completed).
+  std::shared_ptr<Device> device;
+  std::shared_ptr<Event> end;
+  if (workspace_ && !workspace_->device().tensor_device().is_cpu()) {
+    std::lock_guard<std::mutex> lock(collective_mutex_);
+    device = workspace_->device_ptr();
+    end = collective_state_.last;
+  }
+  return track(c10::make_intrusive<CompletedWork>(getRank(), type, std::move(outputs),
+                                                  std::move(device), std::move(end)));
+}
+
+std::optional<ops::ReduceOp> ProcessGroupCudaP2P::to_reduce_op(const c10d::ReduceOp& op) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM:
+      return ops::ReduceOp::kSum;
+    case c10d::ReduceOp::AVG:
+      return ops::ReduceOp::kAvg;
+    case c10d::ReduceOp::PRODUCT:
+      return ops::ReduceOp::kProduct;
+    case c10d::ReduceOp::MIN:
+      return ops::ReduceOp::kMin;
+    case c10d::ReduceOp::MAX:
+      return ops::ReduceOp::kMax;
+    case c10d::ReduceOp::BAND:
+      return ops::ReduceOp::kBand;
+    case c10d::ReduceOp::BOR:
+      return ops::ReduceOp::kBor;
+    case c10d::ReduceOp::BXOR:
+      return ops::ReduceOp::kBxor;
+    default:
+      return std::nullopt;  // PREMUL_SUM: the wrapped backend decides
+  }
+}
+
+at::Tensor ProcessGroupCudaP2P::all_gather_v(const at::Tensor& input,
+                                             const std::vector<int64_t>& sizes) {
+  const int W = getSize(), me = getRank();
+  auto checks = [&] {
+    TORCH_CHECK(input.defined() && input.dim() >= 1,
+                "cuda_p2p all_gather_v: expected a tensor with at least one dimension (rows), got ",
+                input.defined() ? std::to_string(input.dim()) + " dimensions" : "None");
+    TORCH_CHECK(static_cast<int>(sizes.size()) == W, "cuda_p2p all_gather_v: expected ", W,
+                " sizes (rows of every rank), got ", sizes.size());
+    for (int q = 0; q < W; ++q) {
+      TORCH_CHECK(sizes[q] >= 0, "cuda_p2p all_gather_v: sizes must be >= 0, got ", sizes[q],
+                  " for rank ", q);
+    }
+    TORCH_CHECK(input.size(0) == sizes[me], "cuda_p2p all_gather_v: rank ", me, " has ",
+                input.size(0), " rows, but sizes[", me, "] is ", sizes[me]);
+  };
+  if (input.defined() && !workspace_rejects({input})) {
+    check_or_reject("all_gather_v", ops::OpKind::kAllGatherV, checks);
+  } else {
+    checks();
+  }
+  std::vector<int64_t> out_sizes = input.sizes().vec();
+  const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+  out_sizes[0] = total;
+  at::Tensor output =
+      at::empty(out_sizes, input.options().memory_format(at::MemoryFormat::Contiguous));
+  const int64_t row_elems = input.size(0) > 0 ? input.numel() / input.size(0)
+                                              : c10::multiply_integers(input.sizes().slice(1));
+  if (!workspace_rejects({input})) {
+    const at::Tensor in = input.is_contiguous() ? input : input.contiguous();
+    std::vector<int64_t> bytes;
+    std::vector<at::Tensor> outs;
+    int64_t row = 0;
+    for (int q = 0; q < W; ++q) {
+      bytes.push_back(sizes[q] * row_elems * static_cast<int64_t>(input.element_size()));
+      outs.push_back(output.narrow(0, row, sizes[q]));
+      row += sizes[q];
+    }
+    run_collective("all_gather_v", [&](const ops::CollectiveContext& ctx) {
+      ops::all_gather_v(ctx, in, bytes, outs);
+    });
+    bump_counter("all_gather_v.direct");
+    return output;
+  }
+  // Without the workspace: pad every rank's rows to the largest count, gather, drop the padding.
+  const int64_t largest = *std::max_element(sizes.begin(), sizes.end());
+  std::vector<int64_t> padded_sizes = input.sizes().vec();
+  padded_sizes[0] = largest;
+  at::Tensor padded = at::zeros(padded_sizes, input.options());
+  padded.narrow(0, 0, sizes[me]).copy_(input);
+  std::vector<int64_t> gathered_sizes = padded_sizes;
+  gathered_sizes[0] = largest * W;
+  at::Tensor gathered = at::empty(gathered_sizes, input.options());
+  route(input, "all_gather_v")._allgather_base(gathered, padded, c10d::AllgatherOptions())->wait();
+  int64_t row = 0;
+  for (int q = 0; q < W; ++q) {
+    output.narrow(0, row, sizes[q]).copy_(gathered.narrow(0, q * largest, sizes[q]));
+    row += sizes[q];
+  }
+  bump_counter("all_gather_v.wrapped");
+  return output;
+}
+
+WorkPtr ProcessGroupCudaP2P::broadcast(std::vector<at::Tensor>& tensors,
+                                       const c10d::BroadcastOptions& opts) {
+  const char* why = workspace_rejects(tensors);
+  if (!why && (tensors.size() != 1 || opts.rootTensor != 0)) why = "several tensors";
+  if (why) {
+    bump_counter("broadcast.wrapped");
+    return delegate(tensors, "broadcast",
+                    [&](c10d::Backend& b) { return b.broadcast(tensors, opts); });
+  }
+  check_or_reject("broadcast", ops::OpKind::kBroadcast, [&] {
+    TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(),
+                "cuda_p2p broadcast: root must be a rank in [0, ", getSize(), "), got ",
+                opts.rootRank);
+  });
+  at::Tensor& t = tensors[0];
+  at::Tensor work = t.is_contiguous() ? t : t.contiguous();
+  bool read = false;
+  run_collective("broadcast", [&](const ops::CollectiveContext& ctx) {
+    ops::broadcast(ctx, work, static_cast<int>(opts.rootRank));
+    read = ctx.state.last_private_reads;
+    if (!work.is_same(t)) t.copy_(work);
+  });
+  bump_counter("broadcast.direct");
+  if (read) bump_counter("broadcast.cross_memory");
+  return completed(c10d::OpType::BROADCAST, tensors);
+}
+
+WorkPtr ProcessGroupCudaP2P::allreduce(std::vector<at::Tensor>& tensors,
+                                       const c10d::AllreduceOptions& opts) {
+  const char* why = workspace_rejects(tensors);
+  const auto op = to_reduce_op(opts.reduceOp);
+  if (!why && tensors.size() != 1) why = "several tensors";
+  if (!why && !op) why = "reduce op";
+  if (!why && !ops::is_reducible_dtype(tensors[0].scalar_type())) why = "dtype";
+  if (why) {
+    bump_counter("all_reduce.wrapped");
+    return delegate(tensors, "allreduce",
+                    [&](c10d::Backend& b) { return b.allreduce(tensors, opts); });
+  }
+  at::Tensor& t = tensors[0];
+  check_or_reject("all_reduce", ops::OpKind::kAllReduce,
+                  [&] { ops::check_reduce_op(*op, t.scalar_type(), "all_reduce"); });
+  at::Tensor work = t.is_contiguous() ? t : t.contiguous();
+  ops::AllReduceAlgo algo = ops::AllReduceAlgo::kAuto;
+  run_collective("all_reduce", [&](const ops::CollectiveContext& ctx) {
+    algo = ops::all_reduce(ctx, work, work, *op, ops::AllReduceAlgo::kAuto);
+    if (!work.is_same(t)) t.copy_(work);
+  });
+  bump_counter(std::string("all_reduce.") + ops::to_string(algo));
+  return completed(c10d::OpType::ALLREDUCE, tensors);
+}
+
+namespace {
+// A contiguous tensor to compute into for `t`, and whether it must be copied back.
+at::Tensor contiguous_output(const at::Tensor& t) {
+  return t.is_contiguous() ? t : at::empty(t.sizes(), t.options());
+}
+
+// Chunk i of W equal chunks of a contiguous tensor's elements.
+at::Tensor flat_chunk(const at::Tensor& t, int64_t i, int64_t count) {
+  return t.view({-1}).narrow(0, i * count, count);
+}
+
+// TORCH_CHECKs that `whole` holds world size times the elements of `part`, in its dtype: an
+// all-gather's output and input, a reduce-scatter's input and output. `what` names the op.
+void check_whole_of_parts(const at::Tensor& whole, const char* whole_name, const at::Tensor& part,
+                          const char* part_name, int world_size, const std::string& what) {
+  TORCH_CHECK(
+      whole.numel() == part.numel() * world_size && whole.scalar_type() == part.scalar_type(),
+      "cuda_p2p ", what, ": the ", whole_name, " must have world size (", world_size,
+      ") times the ", part_name, "'s ", part.numel(), " elements of ", part.scalar_type(), ", got ",
+      whole.numel(), " of ", whole.scalar_type());
+}
+
+}  // namespace
+
+void ProcessGroupCudaP2P::all_gather_on_workspace(const at::Tensor& input,
+                                                  const std::vector<at::Tensor>& outputs) {
+  // Outputs are computed contiguously and copied back where the caller's are not.
+  std::vector<at::Tensor> outs;
+  for (const auto& o : outputs) outs.push_back(contiguous_output(o));
+  const at::Tensor in = input.is_contiguous() ? input : input.contiguous();
+  ops::AllGatherAlgo algo = ops::AllGatherAlgo::kAuto;
+  bool read = false;
+  run_collective("all_gather", [&](const ops::CollectiveContext& ctx) {
+    algo = ops::all_gather(ctx, in, outs, ops::AllGatherAlgo::kAuto);
+    read = ctx.state.last_private_reads;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (!outs[i].is_same(outputs[i])) outputs[i].copy_(outs[i]);
+    }
+  });
+  bump_counter(std::string("all_gather.") + ops::to_string(algo));
+  if (read) bump_counter("all_gather.cross_memory");
+}
+
+void ProcessGroupCudaP2P::all_gather_into_tensor_on_workspace(at::Tensor& output,
+                                                              const at::Tensor& input,
+                                                              const std::string& what) {
+  check_or_reject("all_gather_into_tensor", ops::OpKind::kAllGather,
+                  [&] { check_whole_of_parts(output, "output", input, "input", getSize(), what); });
+  at::Tensor out = contiguous_output(output);
+  std::vector<at::Tensor> chunks;
+  for (int q = 0; q < getSize(); ++q) chunks.push_back(flat_chunk(out, q, input.numel()));
+  all_gather_on_workspace(input, chunks);
+  if (!out.is_same(output)) output.copy_(out);
+}
+
+void ProcessGroupCudaP2P::reduce_scatter_tensor_on_workspace(const at::Tensor& output,
+                                                             const at::Tensor& input,
+                                                             ops::ReduceOp op,
+                                                             const std::string& what) {
+  check_or_reject("reduce_scatter_tensor", ops::OpKind::kReduceScatter,
+                  [&] { check_whole_of_parts(input, "input", output, "output", getSize(), what); });
+  const at::Tensor in = input.is_contiguous() ? input : input.contiguous();
+  std::vector<at::Tensor> chunks;
+  for (int q = 0; q < getSize(); ++q) chunks.push_back(flat_chunk(in, q, output.numel()));
+  reduce_scatter_on_workspace(chunks, output, op);
+}
+
+WorkPtr ProcessGroupCudaP2P::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                       std::vector<at::Tensor>& inputs,
+                                       const c10d::AllgatherOptions& opts) {
+  const char* why = workspace_rejects(inputs);
+  if (!why && (inputs.size() != 1 || outputs.size() != 1 ||
+               outputs[0].size() != static_cast<size_t>(getSize()))) {
+    why = "several tensors";
+  }
+  if (!why) why = workspace_rejects(outputs[0]);
+  if (!why) {
+    for (const auto& o : outputs[0]) {
+      if (o.numel() != inputs[0].numel() || o.scalar_type() != inputs[0].scalar_type()) {
+        why = "shapes";  // the wrapped backend reports the mismatch
+      }
+    }
+  }
+  if (why) {
+    bump_counter("all_gather.wrapped");
+    return delegate(inputs, "allgather",
+                    [&](c10d::Backend& b) { return b.allgather(outputs, inputs, opts); });
+  }
+  all_gather_on_workspace(inputs[0], outputs[0]);
+  return completed(c10d::OpType::ALLGATHER, outputs[0]);
+}
+
+WorkPtr ProcessGroupCudaP2P::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                             const c10d::AllgatherOptions& opts) {
+  const char* why = workspace_rejects({input, output});
+  if (why) {
+    bump_counter("all_gather.wrapped");
+    return delegate(input, "all_gather_into_tensor",
+                    [&](c10d::Backend& b) { return b._allgather_base(output, input, opts); });
+  }
+  all_gather_into_tensor_on_workspace(output, input, "all_gather_into_tensor");
+  // The future holds what the wrapped backend's would: Gloo's the W chunks, NCCL's the output.
+  if (output.is_cpu() && output.is_contiguous()) {
+    std::vector<at::Tensor> views;
+    for (int q = 0; q < getSize(); ++q) views.push_back(flat_chunk(output, q, input.numel()));
+    return completed(c10d::OpType::_ALLGATHER_BASE, std::move(views));
+  }
+  return completed(c10d::OpType::_ALLGATHER_BASE, {output});
+}
+
+WorkPtr ProcessGroupCudaP2P::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                             std::vector<at::Tensor>& inputs,
+                                                             const c10d::AllgatherOptions& opts) {
+  const char* why = workspace_rejects(inputs);
+  if (!why) why = workspace_rejects(outputs);
+  if (!why && outputs.size() != inputs.size()) why = "shapes";
+  if (why) {
+    bump_counter("all_gather.wrapped");
+    return delegate(inputs, "allgather_into_tensor_coalesced", [&](c10d::Backend& b) {
+      return b.allgather_into_tensor_coalesced(outputs, inputs, opts);
+    });
+  }
+  // One workspace all-gather per pair, in order.
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    all_gather_into_tensor_on_workspace(
+        outputs[i], inputs[i],
+        "all_gather_into_tensor (coalesced, tensor " + std::to_string(i) + ")");
+  }
+  return completed(c10d::OpType::COALESCED, outputs);
+}
+
+void ProcessGroupCudaP2P::reduce_scatter_on_workspace(const std::vector<at::Tensor>& inputs,
+                                                      const at::Tensor& output, ops::ReduceOp op) {
+  check_or_reject("reduce_scatter", ops::OpKind::kReduceScatter,
+                  [&] { ops::check_reduce_op(op, output.scalar_type(), "reduce_scatter"); });
+  std::vector<at::Tensor> ins;
+  for (const auto& t : inputs) ins.push_back(t.is_contiguous() ? t : t.contiguous());
+  at::Tensor out = contiguous_output(output);
+  ops::ReduceScatterAlgo algo = ops::ReduceScatterAlgo::kAuto;
+  bool read = false;
+  run_collective("reduce_scatter", [&](const ops::CollectiveContext& ctx) {
+    algo = ops::reduce_scatter(ctx, ins, out, op, ops::ReduceScatterAlgo::kAuto);
+    read = ctx.state.last_private_reads;
+    if (!out.is_same(output)) output.copy_(out);
+  });
+  bump_counter(std::string("reduce_scatter.") + ops::to_string(algo));
+  if (read) bump_counter("reduce_scatter.cross_memory");
+}
+
+WorkPtr ProcessGroupCudaP2P::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                            std::vector<std::vector<at::Tensor>>& inputs,
+                                            const c10d::ReduceScatterOptions& opts) {
+  const char* why = workspace_rejects(outputs);
+  const auto op = to_reduce_op(opts.reduceOp);
+  if (!why && (outputs.size() != 1 || inputs.size() != 1 ||
+               inputs[0].size() != static_cast<size_t>(getSize()))) {
+    why = "several tensors";
+  }
+  if (!why) why = workspace_rejects(inputs[0]);
+  if (!why && !op) why = "reduce op";
+  if (!why && !ops::is_reducible_dtype(outputs[0].scalar_type())) why = "dtype";
+  if (!why) {
+    for (const auto& t : inputs[0]) {
+      if (t.numel() != outputs[0].numel() || t.scalar_type() != outputs[0].scalar_type()) {
+        why = "shapes";
+      }
+    }
+  }
+  if (why) {
+    bump_counter("reduce_scatter.wrapped");
+    return delegate(outputs, "reduce_scatter",
+                    [&](c10d::Backend& b) { return b.reduce_scatter(outputs, inputs, opts); });
+  }
+  reduce_scatter_on_workspace(inputs[0], outputs[0], *op);
+  return completed(c10d::OpType::REDUCE_SCATTER, outputs);
+}
+
+WorkPtr ProcessGroupCudaP2P::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                  const c10d::ReduceScatterOptions& opts) {
+  const char* why = workspace_rejects({input, output});
+  const auto op = to_reduce_op(opts.reduceOp);
+  if (!why && !op) why = "reduce op";
+  if (!why && !ops::is_reducible_dtype(output.scalar_type())) why = "dtype";
+  if (why) {
+    bump_counter("reduce_scatter.wrapped");
+    return delegate(input, "reduce_scatter_tensor",
+                    [&](c10d::Backend& b) { return b._reduce_scatter_base(output, input, opts); });
+  }
+  reduce_scatter_tensor_on_workspace(output, input, *op, "reduce_scatter_tensor");
+  return completed(c10d::OpType::_REDUCE_SCATTER_BASE, {output});
+}
+
+WorkPtr ProcessGroupCudaP2P::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  const char* why = workspace_rejects(inputs);
+  if (!why) why = workspace_rejects(outputs);
+  const auto op = to_reduce_op(opts.reduceOp);
+  if (!why && outputs.size() != inputs.size()) why = "shapes";
+  if (!why && !op) why = "reduce op";
+  for (size_t i = 0; !why && i < outputs.size(); ++i) {
+    if (!ops::is_reducible_dtype(outputs[i].scalar_type())) why = "dtype";
+  }
+  if (why) {
+    bump_counter("reduce_scatter.wrapped");
+    return delegate(inputs, "reduce_scatter_tensor_coalesced", [&](c10d::Backend& b) {
+      return b.reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+    });
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    reduce_scatter_tensor_on_workspace(
+        outputs[i], inputs[i], *op,
+        "reduce_scatter_tensor (coalesced, tensor " + std::to_string(i) + ")");
+  }
+  return completed(c10d::OpType::COALESCED, outputs);
+}
+
+WorkPtr ProcessGroupCudaP2P::barrier(const c10d::BarrierOptions& opts) {
+  // A barrier for a CUDA device stays with NCCL unless the workspace itself is on CUDA.
+  const bool device_ok = !opts.device.has_value() || !opts.device->is_cuda() ||
+                         (is_p2p_available() && !workspace_->device().tensor_device().is_cpu());
+  if (!uses_workspace_collectives() || !device_ok) {
+    bump_counter("barrier.wrapped");
+    c10d::Backend& b = route_barrier(opts);
+    auto work = b.barrier(opts);
+    return &b == cpu_backend_.get() ? track(std::move(work)) : work;
+  }
+  std::optional<Millis> timeout;
+  if (opts.timeout > Millis(0)) timeout = opts.timeout;
+  run_collective("barrier", [&](const ops::CollectiveContext& ctx) {
+    ops::barrier(ctx, timeout);
+    // A barrier blocks the caller, also when the workspace is on a GPU.
+    workspace_->device().synchronize(ctx.stream);
+  });
+  bump_counter("barrier.workspace");
+  return completed(c10d::OpType::BARRIER, {});
+}
+
+}  // namespace cuda_p2p

@@ -1,0 +1,167 @@
+// ProcessGroupCudaP2P's routing to the wrapped backends (Gloo for CPU tensors, NCCL for CUDA
+// tensors): every operation the workspace does not run, and coalescing.
+#include <c10/util/Exception.h>
+
+#include <utility>
+
+#include "backend/ProcessGroupCudaP2P.hpp"
+#include "ops/coalesced_work.hpp"
+
+namespace cuda_p2p {
+
+using c10d::Work;
+using WorkPtr = c10::intrusive_ptr<Work>;
+
+c10::intrusive_ptr<c10d::Backend> ProcessGroupCudaP2P::wrapped_backend(c10::DeviceType type) const {
+  switch (type) {
+    case c10::DeviceType::CPU:
+      return cpu_backend_;
+    case c10::DeviceType::CUDA:
+      return cuda_backend_;
+    default:
+      TORCH_CHECK(false, "cuda_p2p: tensors must be on cpu or cuda, got ",
+                  c10::DeviceTypeName(type));
+  }
+}
+
+c10d::Backend& ProcessGroupCudaP2P::route(const std::vector<at::Tensor>& tensors,
+                                          const char* op) const {
+  TORCH_CHECK(!tensors.empty(), "cuda_p2p ", op, ": expected at least one tensor, got none");
+  const auto type = tensors.front().device().type();
+  for (const auto& t : tensors) {
+    TORCH_CHECK(t.defined(), "cuda_p2p ", op, ": got an undefined tensor");
+    TORCH_CHECK(t.device().type() == type, "cuda_p2p ", op,
+                ": all tensors must be on one device type, got ", tensors.front().device(), " and ",
+                t.device());
+  }
+  auto backend = wrapped_backend(type);
+  TORCH_CHECK(backend, "cuda_p2p ", op, ": got ", c10::DeviceTypeName(type),
+              " tensors, but this group has no backend for them (NCCL is created only when CUDA "
+              "is available at init_process_group/new_group)");
+  return *backend;
+}
+
+c10d::Backend& ProcessGroupCudaP2P::route(const at::Tensor& tensor, const char* op) const {
+  return route(std::vector<at::Tensor>{tensor}, op);
+}
+
+c10d::Backend& ProcessGroupCudaP2P::route_barrier(const c10d::BarrierOptions& opts) const {
+  // A barrier on a CUDA device goes to NCCL, so that it also orders that device's streams;
+  // everything else is a process barrier on the CPU backend.
+  if (opts.device.has_value() && opts.device->is_cuda() && cuda_backend_) return *cuda_backend_;
+  return *cpu_backend_;
+}
+
+WorkPtr ProcessGroupCudaP2P::track(WorkPtr work) {
+  std::lock_guard<std::mutex> lock(coalescing_mutex_);
+  if (coalescing_ && work) coalesced_works_.push_back(work);
+  return work;
+}
+
+WorkPtr ProcessGroupCudaP2P::allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                              const c10d::AllreduceOptions& opts) {
+  return delegate(tensors, "allreduce_sparse",
+                  [&](c10d::Backend& b) { return b.allreduce_sparse(tensors, opts); });
+}
+
+WorkPtr ProcessGroupCudaP2P::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                 const c10d::AllreduceCoalescedOptions& opts) {
+  bump_counter("all_reduce.wrapped");
+  return delegate(tensors, "allreduce_coalesced",
+                  [&](c10d::Backend& b) { return b.allreduce_coalesced(tensors, opts); });
+}
+
+WorkPtr ProcessGroupCudaP2P::reduce(std::vector<at::Tensor>& tensors,
+                                    const c10d::ReduceOptions& opts) {
+  return delegate(tensors, "reduce", [&](c10d::Backend& b) { return b.reduce(tensors, opts); });
+}
+
+WorkPtr ProcessGroupCudaP2P::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                 std::vector<at::Tensor>& inputs,
+                                                 const c10d::AllgatherOptions& opts) {
+  bump_counter("all_gather.wrapped");
+  return delegate(inputs, "allgather_coalesced",
+                  [&](c10d::Backend& b) { return b.allgather_coalesced(outputs, inputs, opts); });
+}
+
+WorkPtr ProcessGroupCudaP2P::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                    std::vector<at::Tensor>& inputs,
+                                    const c10d::GatherOptions& opts) {
+  return delegate(inputs, "gather",
+                  [&](c10d::Backend& b) { return b.gather(outputs, inputs, opts); });
+}
+
+WorkPtr ProcessGroupCudaP2P::scatter(std::vector<at::Tensor>& outputs,
+                                     std::vector<std::vector<at::Tensor>>& inputs,
+                                     const c10d::ScatterOptions& opts) {
+  return delegate(outputs, "scatter",
+                  [&](c10d::Backend& b) { return b.scatter(outputs, inputs, opts); });
+}
+
+WorkPtr ProcessGroupCudaP2P::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                           std::vector<int64_t>& output_split_sizes,
+                                           std::vector<int64_t>& input_split_sizes,
+                                           const c10d::AllToAllOptions& opts) {
+  return delegate(input, "all_to_all_single", [&](c10d::Backend& b) {
+    return b.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
+  });
+}
+
+WorkPtr ProcessGroupCudaP2P::alltoall(std::vector<at::Tensor>& outputs,
+                                      std::vector<at::Tensor>& inputs,
+                                      const c10d::AllToAllOptions& opts) {
+  return delegate(inputs, "all_to_all",
+                  [&](c10d::Backend& b) { return b.alltoall(outputs, inputs, opts); });
+}
+
+WorkPtr ProcessGroupCudaP2P::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+  TORCH_CHECK(dst_rank >= 0 && dst_rank < getSize() && dst_rank != getRank(),
+              "cuda_p2p send: destination must be another rank in [0, ", getSize(), "), got ",
+              dst_rank, " on rank ", getRank());
+  return delegate(tensors, "send",
+                  [&](c10d::Backend& b) { return b.send(tensors, dst_rank, tag); });
+}
+
+WorkPtr ProcessGroupCudaP2P::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
+  TORCH_CHECK(src_rank >= 0 && src_rank < getSize() && src_rank != getRank(),
+              "cuda_p2p recv: source must be another rank in [0, ", getSize(), "), got ", src_rank,
+              " on rank ", getRank());
+  return delegate(tensors, "recv",
+                  [&](c10d::Backend& b) { return b.recv(tensors, src_rank, tag); });
+}
+
+WorkPtr ProcessGroupCudaP2P::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  return delegate(tensors, "recv_anysource",
+                  [&](c10d::Backend& b) { return b.recvAnysource(tensors, tag); });
+}
+
+void ProcessGroupCudaP2P::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
+  // Only Gloo implements it; it reports which ranks failed to arrive.
+  cpu_backend_->monitoredBarrier(opts, wait_all_ranks);
+}
+
+void ProcessGroupCudaP2P::startCoalescing() {
+  {
+    std::lock_guard<std::mutex> lock(coalescing_mutex_);
+    TORCH_CHECK(!coalescing_, "cuda_p2p: startCoalescing called twice without endCoalescing");
+    coalescing_ = true;
+    coalesced_works_.clear();
+  }
+  if (cuda_backend_) cuda_backend_->startCoalescing();
+}
+
+WorkPtr ProcessGroupCudaP2P::endCoalescing() {
+  std::vector<WorkPtr> works;
+  {
+    std::lock_guard<std::mutex> lock(coalescing_mutex_);
+    TORCH_CHECK(coalescing_, "cuda_p2p: endCoalescing called without startCoalescing");
+    coalescing_ = false;
+    works.swap(coalesced_works_);
+  }
+  if (cuda_backend_) {
+    if (auto cuda_work = cuda_backend_->endCoalescing()) works.push_back(std::move(cuda_work));
+  }
+  return c10::make_intrusive<ops::CoalescedWork>(getRank(), std::move(works));
+}
+
+}  // namespace cuda_p2p

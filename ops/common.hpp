@@ -1,0 +1,39 @@
+// The vocabulary every op of this layer shares: reduce operations, the type a reduction
+// accumulates in, and how a range is split into near-equal parts.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <utility>
+
+namespace cuda_p2p::ops {
+
+enum class ReduceOp : uint8_t { kSum, kAvg, kProduct, kMin, kMax, kBand, kBor, kBxor };
+// "SUM", "AVG", ... (c10d's names, as in ReduceOp.AVG).
+const char* to_string(ReduceOp op);
+// "sum", "avg", ... (the names the dispatcher ops take, and op signatures use).
+std::string lower_name(ReduceOp op);
+// The op named `name` ("sum", "avg", ...) among `allowed`; a clear error naming `what` and the
+// allowed names otherwise.
+ReduceOp parse_reduce_op(const std::string& name, std::initializer_list<ReduceOp> allowed,
+                         const char* what);
+
+// The type a reduction accumulates in: float32 for float16 and bfloat16, the dtype itself
+// otherwise (rounded once, at the end).
+inline at::ScalarType accumulate_type(at::ScalarType dtype) {
+  return dtype == at::kHalf || dtype == at::kBFloat16 ? at::kFloat : dtype;
+}
+
+// [begin, end) of part i of `total` split into `parts` nearly equal parts (the first
+// total % parts parts one larger).
+inline std::pair<int64_t, int64_t> split_range(int64_t total, int64_t parts, int64_t i) {
+  const int64_t q = total / parts, r = total % parts;
+  const int64_t begin = i * q + std::min(i, r);
+  return {begin, begin + q + (i < r ? 1 : 0)};
+}
+
+}  // namespace cuda_p2p::ops

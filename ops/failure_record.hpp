@@ -1,0 +1,46 @@
+// A group's failure record, shared by its workspace collectives and its fused ops, and the local
+// argument check that tells the peers before it raises.
+#pragma once
+
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <string>
+
+namespace cuda_p2p::ops {
+
+// NOTE [Failed groups]
+// A workspace op that fails midway (a timeout, a dead peer, a failing read) may leave the
+// ranks' signal counts, phases and buffers out of step, on its channel and - since the ranks
+// that did not fail go on - soon on the others. So one failure, of a collective or of a fused
+// op, marks the whole group failed: every later workspace op of the group (collective or fused)
+// refuses at once with one line naming the first failure and saying to recreate the group,
+// instead of costing a timeout each or reading stale data. A disagreement of the ranks'
+// signatures is not a failure (NOTE [Op signatures] in ops/op_signature.cpp): the op did not
+// run anywhere and the group stays usable.
+class FailureRecord {
+ public:
+  // Records `e` (its message without the C++ backtrace, on one line) as the group's failure, if
+  // it is the first; `what` names the op that failed.
+  void mark(const char* what, const std::exception& e);
+  // TORCH_CHECKs that the group has not failed; `what` names the refused op.
+  void check(const char* what) const;
+  // The first failure ("" when none).
+  std::string first() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::string failure_;
+};
+
+// Runs an op's local argument checks (everything that needs no peer). If they raise while
+// `tell_peers` holds (the op would have run on the workspace, with peers) and the group has not
+// failed, `reject(reason)` first takes this rank through the op's handshake with an invalid
+// signature carrying the reason (NOTE [Op signatures]), so that its peers raise at once naming
+// it instead of waiting for the timeout; then the rank's own error propagates (an error of
+// `reject` itself is dropped: the own one is the one to report).
+void check_or_reject(const FailureRecord& failure, bool tell_peers,
+                     const std::function<void()>& checks,
+                     const std::function<void(const std::string&)>& reject);
+
+}  // namespace cuda_p2p::ops

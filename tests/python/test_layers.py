@@ -1,0 +1,57 @@
+"""The house rules of the C++ sources (docs/design.md §3), checked on the source tree.
+
+Layers point one way: python -> backend -> ops -> p2p_workspace. A file may include headers of its
+own layer and of the layers below, never of one above (the CMake layer check refuses the matching
+calls at link time). Configuration is read in one place: backend/config.cpp is the only file that
+calls getenv.
+"""
+
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+# From the bottom up; a layer may include its own and the lower ones.
+LAYERS = ["p2p_workspace", "ops", "backend", "python"]
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+SUFFIXES = {".cpp", ".hpp", ".cu", ".cuh", ".inc"}
+
+
+def _sources(layer):
+    return sorted(p for p in (ROOT / layer).rglob("*") if p.suffix in SUFFIXES)
+
+
+def _layer_of(include):
+    top = include.split("/", 1)[0]
+    return top if top in LAYERS else None
+
+
+def test_every_layer_has_sources():
+    for layer in LAYERS:
+        assert _sources(layer), f"no C++ sources under {layer}/"
+
+
+def test_includes_point_down_the_layers():
+    back_edges = []
+    for layer in LAYERS:
+        allowed = set(LAYERS[: LAYERS.index(layer) + 1])
+        for path in _sources(layer):
+            for include in INCLUDE.findall(path.read_text()):
+                target = _layer_of(include)
+                if target is not None and target not in allowed:
+                    back_edges.append(f"{path.relative_to(ROOT)} includes {include}")
+    assert not back_edges, "includes that reach up a layer:\n" + "\n".join(back_edges)
+
+
+def test_the_check_sees_a_back_edge(tmp_path):
+    # The rule above must be able to fail: an ops file that includes a backend header.
+    text = '#include "backend/ProcessGroupCudaP2P.hpp"\n#include "ops/common.hpp"\n'
+    assert [_layer_of(i) for i in INCLUDE.findall(text)] == ["backend", "ops"]
+
+
+def test_getenv_only_in_the_configuration_file():
+    readers = []
+    for layer in ("p2p_workspace", "ops", "backend"):
+        for path in _sources(layer):
+            if re.search(r"\b(std::)?(secure_)?getenv\s*\(", path.read_text()):
+                readers.append(str(path.relative_to(ROOT)))
+    assert readers == ["backend/config.cpp"], readers
