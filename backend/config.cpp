@@ -122,7 +122,7 @@ const std::vector<Knob>& knobs() {
        "tensors and the fused ops are not affected."},
       {"host_streams", kHostStreamsEnv, "auto|cooperative|threads", "cooperative",
        "How a host workspace runs the fused pipelines' two streams."},
-      {"all_gather_algo", kAllGatherAlgoEnv, "auto|direct|ring|bidir_split|bidir_full", "auto",
+      {"all_gather_algo", kAllGatherAlgoEnv, "auto|direct|ring", "auto",
        "Workspace all-gather algorithm (auto: by size)."},
       {"reduce_scatter_algo", kReduceScatterAlgoEnv, "auto|direct|ring", "auto",
        "Workspace reduce-scatter algorithm (auto: by size)."},
@@ -135,9 +135,6 @@ const std::vector<Knob>& knobs() {
        "Bytes a rank stages per round of a workspace collective (0: half the buffer)."},
       {"all_reduce_one_shot_max_bytes", "", "bytes", "8 KiB",
        "Largest all-reduce that auto runs one-shot."},
-      {"all_gather_bidir_full_max_bytes", "", "bytes", "0",
-       "Largest all-gather output that auto runs as a FULL_TENSOR bidirectional ring on 3+ "
-       "ranks (0: never)."},
       {"all_gather_ring_max_bytes", "", "bytes", "256 KiB",
        "Largest all-gather output that auto runs as a ring on 3+ ranks."},
       {"reduce_scatter_ring_max_bytes", "", "bytes", "256 KiB",
@@ -240,8 +237,6 @@ Config resolve_config(const Options& o, int world_size, const config::EnvLookup&
                        ops::CollectiveConfig::kDefaultChunkBytes);
   k.all_reduce_one_shot_max_bytes =
       o.all_reduce_one_shot_max_bytes.value_or(k.all_reduce_one_shot_max_bytes);
-  k.all_gather_bidir_full_max_bytes =
-      o.all_gather_bidir_full_max_bytes.value_or(k.all_gather_bidir_full_max_bytes);
   k.all_gather_ring_max_bytes = o.all_gather_ring_max_bytes.value_or(k.all_gather_ring_max_bytes);
   k.reduce_scatter_ring_max_bytes =
       o.reduce_scatter_ring_max_bytes.value_or(k.reduce_scatter_ring_max_bytes);

@@ -60,7 +60,7 @@ struct Options : c10d::Backend::Options {
   std::string host_streams = "auto";
   // Workspace collectives (docs/collectives.md): "auto" leaves the choice to the environment
   // variable, then to the choice by size; a name forces that algorithm.
-  std::string all_gather_algo = "auto";      // auto|direct|ring|bidir_split|bidir_full
+  std::string all_gather_algo = "auto";      // auto|direct|ring
   std::string reduce_scatter_algo = "auto";  // auto|direct|ring
   std::string all_reduce_algo = "auto";      // auto|one_shot|two_shot
   // Steps of the reduce-scatter ring, a multiple of the world size (unset: the world size).
@@ -69,7 +69,6 @@ struct Options : c10d::Backend::Options {
   std::optional<int64_t> chunk_bytes;
   // Thresholds of the automatic choice, in bytes (unset: the measured defaults).
   std::optional<int64_t> all_reduce_one_shot_max_bytes;
-  std::optional<int64_t> all_gather_bidir_full_max_bytes;
   std::optional<int64_t> all_gather_ring_max_bytes;
   std::optional<int64_t> reduce_scatter_ring_max_bytes;
   // Copy-free reads of peers' tensors on the host (process_vm_readv; NOTE [Copy-free reads]):

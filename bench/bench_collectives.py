@@ -17,7 +17,7 @@ backend runs it. --batch K times K back-to-back ops per sample (NCCL-tests
 style) and reports the sample's time / K.
 
 --algos also times the cuda_p2p workspace with each algorithm forced in turn (a group per
-algorithm: all-gather direct / ring / bidir_split / bidir_full, reduce-scatter direct / ring,
+algorithm: all-gather direct / ring, reduce-scatter direct / ring,
 all-reduce one_shot / two_shot), prints a table per collective and the size thresholds the
 automatic choice should use (the crossovers), and records both in the JSON.
 
@@ -62,7 +62,7 @@ BACKENDS = ("cuda_p2p", "gloo")  # measured backend first, baseline second
 # field and its values per collective.
 ALGOS = {
     "all_reduce": ("all_reduce_algo", ("one_shot", "two_shot")),
-    "all_gather_into_tensor": ("all_gather_algo", ("direct", "ring", "bidir_split", "bidir_full")),
+    "all_gather_into_tensor": ("all_gather_algo", ("direct", "ring")),
     "reduce_scatter_tensor": ("reduce_scatter_algo", ("direct", "ring")),
 }
 # Counter prefix of each benchmarked collective.
@@ -727,9 +727,8 @@ def _best_threshold(points: list[tuple[int, float, float]]) -> int:
 def suggest_thresholds(run: dict) -> dict:
     """Thresholds of the automatic choice from a run with --algos (medians of the same run),
     named like the ProcessGroupCudaP2P.Options fields (docs/collectives.md):
-    all_reduce_one_shot_max_bytes (one-shot vs two-shot), all_gather_ring_max_bytes and
-    all_gather_bidir_full_max_bytes (ring / FULL_TENSOR ring vs direct; 3+ ranks),
-    reduce_scatter_ring_max_bytes (ring vs direct)."""
+    all_reduce_one_shot_max_bytes (one-shot vs two-shot), all_gather_ring_max_bytes (ring vs
+    direct; 3+ ranks), reduce_scatter_ring_max_bytes (ring vs direct)."""
     def points(coll, small, large):
         return [(e["bytes"], e["algos"][small]["median_us"], e["algos"][large]["median_us"])
                 for e in run["results"] if e["collective"] == coll and "algos" in e]
@@ -739,8 +738,6 @@ def suggest_thresholds(run: dict) -> dict:
     if run["world_size"] > 2:
         if p := points("all_gather_into_tensor", "ring", "direct"):
             out["all_gather_ring_max_bytes"] = _best_threshold(p)
-        if p := points("all_gather_into_tensor", "bidir_full", "direct"):
-            out["all_gather_bidir_full_max_bytes"] = _best_threshold(p)
     if p := points("reduce_scatter_tensor", "ring", "direct"):
         out["reduce_scatter_ring_max_bytes"] = _best_threshold(p)
     return out

@@ -1,6 +1,5 @@
-// All-gather on the workspace: direct, unidirectional ring, bidirectional ring (SPLIT_TENSOR and
-// FULL_TENSOR). Every algorithm moves bytes only (any dtype), in rounds of at most a phase's
-// region (NOTE [Collective phases]).
+// All-gather on the workspace: direct and ring. Every algorithm moves bytes only (any dtype), in
+// rounds of at most a phase's region (NOTE [Collective phases]).
 #include <c10/util/Exception.h>
 
 #include "ops/collective_detail.hpp"
@@ -26,53 +25,31 @@ inline char* slot(const detail::Phase& ph, int rank, int64_t j, int64_t piece) {
 
 // NOTE [All-gather rings]
 // In a ring phase every rank stages its own piece in slot `rank` of its region and signals the
-// next rank of each direction (step 0); then at step s it waits for the neighbour's signal, pulls
-// the slot that neighbour filled at step s-1 (its own piece at s = 1) into the same slot of its
-// own region, signals the next rank in that direction (unless nobody pulls from it any more), and
-// copies the slot to the output. Signals per ordered pair match exactly: the rank after me waits
-// at steps 1.. for what I signal at steps 0.. of the same direction. Each step depends only on
-// earlier steps of its neighbours, so there is no cycle. With W = 2 both directions reach the
-// same peer; the sequence numbers of one (peer, channel) slot then simply count both directions'
-// signals, in the same program order on both sides.
-//
-//   ring         data flows right (pulled from the left), W-1 steps
-//   bidir_split  the first half of each piece flows right, the second half left, W-1 steps
-//   bidir_full   whole pieces flow right for ceil((W-1)/2) steps and left for floor((W-1)/2)
-
-void ring(const CollectiveContext& ctx, const Gather& g, bool split, bool full) {
+// next rank (step 0); then at step s = 1..W-1 it waits for its left neighbour's signal, pulls the
+// slot that neighbour filled at step s-1 (its own piece at s = 1) into the same slot of its own
+// region, signals its right neighbour (unless nobody pulls from it any more), and copies the slot
+// to the output. Signals per ordered pair match exactly: the rank after me waits at steps 1.. for
+// what I signal at steps 0... Each step depends only on earlier steps of its left neighbour, so
+// there is no cycle. (Bidirectional variants - half of each piece, or whole pieces, travelling
+// each way - were never faster than this ring or than direct on any measured machine and were
+// removed: docs/collectives.md, "Choosing an algorithm".)
+void ring(const CollectiveContext& ctx, const Gather& g) {
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
   const int left = mod(me - 1, W), right = mod(me + 1, W);
   const int64_t piece = detail::round_bytes(ctx, 1, W);
   detail::handshake(ctx);  // a ring starts with signals, not a phase barrier
-  const int rightward_steps = full ? W / 2 : W - 1;  // ceil((W-1)/2) when full
-  const int leftward_steps = full ? (W - 1) / 2 : (split ? W - 1 : 0);
   copy(ctx, g.out[me], g.input, g.bytes);
   for (int64_t off = 0; off < g.bytes; off += piece) {
     const int64_t len = std::min(piece, g.bytes - off);
-    // Bytes [0, half) of a piece travel right, [half, len) left (split); whole pieces otherwise.
-    const int64_t half = split ? std::min(len, detail::align_up(len / 2, detail::kAlign)) : len;
     const detail::Phase ph = detail::begin_phase(ctx);
     copy(ctx, slot(ph, me, me, piece), g.input + off, len);
-    // Step 0: the staged piece is what each direction's next rank pulls at step 1.
-    if (rightward_steps > 0) detail::signal(ctx, right);
-    if (leftward_steps > 0) detail::signal(ctx, left);
-    const int steps = std::max(rightward_steps, leftward_steps);
-    for (int s = 1; s <= steps; ++s) {
-      if (s <= rightward_steps) {
-        const int64_t j = mod(me - s, W);
-        detail::wait(ctx, left);
-        copy(ctx, slot(ph, me, j, piece), slot(ph, left, j, piece), half);
-        if (s < rightward_steps) detail::signal(ctx, right);
-        copy(ctx, g.out[j] + off, slot(ph, me, j, piece), half);
-      }
-      if (s <= leftward_steps) {
-        const int64_t j = mod(me + s, W);
-        const int64_t from = full ? 0 : half;
-        detail::wait(ctx, right);
-        copy(ctx, slot(ph, me, j, piece) + from, slot(ph, right, j, piece) + from, len - from);
-        if (s < leftward_steps) detail::signal(ctx, left);
-        copy(ctx, g.out[j] + off + from, slot(ph, me, j, piece) + from, len - from);
-      }
+    detail::signal(ctx, right);  // step 0: the staged piece is what `right` pulls at step 1
+    for (int s = 1; s < W; ++s) {
+      const int64_t j = mod(me - s, W);
+      detail::wait(ctx, left);
+      copy(ctx, slot(ph, me, j, piece), slot(ph, left, j, piece), len);
+      if (s < W - 1) detail::signal(ctx, right);
+      copy(ctx, g.out[j] + off, slot(ph, me, j, piece), len);
     }
     detail::end_phase(ctx, ph);
   }
@@ -144,13 +121,7 @@ AllGatherAlgo all_gather(const CollectiveContext& ctx, const at::Tensor& input,
       break;
     }
     case AllGatherAlgo::kRing:
-      ring(ctx, g, /*split=*/false, /*full=*/false);
-      break;
-    case AllGatherAlgo::kBidirSplit:
-      ring(ctx, g, /*split=*/true, /*full=*/false);
-      break;
-    case AllGatherAlgo::kBidirFull:
-      ring(ctx, g, /*split=*/false, /*full=*/true);
+      ring(ctx, g);
       break;
     case AllGatherAlgo::kAuto:
       break;

@@ -92,9 +92,7 @@ struct Named {
 
 constexpr Named<AllGatherAlgo> kAllGatherNames[] = {{AllGatherAlgo::kAuto, "auto"},
                                                     {AllGatherAlgo::kDirect, "direct"},
-                                                    {AllGatherAlgo::kRing, "ring"},
-                                                    {AllGatherAlgo::kBidirSplit, "bidir_split"},
-                                                    {AllGatherAlgo::kBidirFull, "bidir_full"}};
+                                                    {AllGatherAlgo::kRing, "ring"}};
 constexpr Named<ReduceScatterAlgo> kReduceScatterNames[] = {{ReduceScatterAlgo::kAuto, "auto"},
                                                             {ReduceScatterAlgo::kDirect, "direct"},
                                                             {ReduceScatterAlgo::kRing, "ring"}};
@@ -145,9 +143,7 @@ void validate(const CollectiveConfig& config, int world_size) {
               "cuda_p2p: chunk_bytes (Options.chunk_bytes or CUDA_P2P_CHUNK_BYTES) must be >= 0 "
               "(0: half the buffer), got ",
               config.chunk_bytes);
-  TORCH_CHECK(config.all_reduce_one_shot_max_bytes >= 0 &&
-                  config.all_gather_bidir_full_max_bytes >= 0 &&
-                  config.all_gather_ring_max_bytes >= 0 &&
+  TORCH_CHECK(config.all_reduce_one_shot_max_bytes >= 0 && config.all_gather_ring_max_bytes >= 0 &&
                   config.reduce_scatter_ring_max_bytes >= 0 && config.cross_memory_min_bytes >= 0,
               "cuda_p2p: algorithm thresholds must be >= 0 bytes");
 }
@@ -161,9 +157,6 @@ AllGatherAlgo select_all_gather(const CollectiveConfig& config, int64_t output_b
   if (config.all_gather != AllGatherAlgo::kAuto) return config.all_gather;
   // One copy per byte instead of two or three: nothing beats it from there on.
   if (uses_private_reads(config, output_bytes, private_reads)) return AllGatherAlgo::kDirect;
-  if (world_size > 2 && output_bytes <= config.all_gather_bidir_full_max_bytes) {
-    return AllGatherAlgo::kBidirFull;
-  }
   if (world_size > 2 && output_bytes <= config.all_gather_ring_max_bytes) {
     return AllGatherAlgo::kRing;
   }

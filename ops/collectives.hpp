@@ -5,7 +5,7 @@
 // reductions (ATen or the vectorised host kernel of ops/reduction.cpp), and the workspace's
 // put_signal / wait_signal / barrier on one channel order the ranks. One file per family:
 //
-//   all_gather.cpp      direct, ring, bidirectional ring (SPLIT_TENSOR / FULL_TENSOR)
+//   all_gather.cpp      direct, ring
 //   all_gather_v.cpp    a different number of bytes per rank (direct)
 //   reduce_scatter.cpp  direct, ring in S steps
 //   all_reduce.cpp      one-shot, two-shot
@@ -32,12 +32,12 @@ namespace cuda_p2p::ops {
 
 // --- algorithms ---------------------------------------------------------------------------------
 // kAuto picks by size (thresholds in CollectiveConfig; docs/collectives.md has the measurements).
-enum class AllGatherAlgo : uint8_t { kAuto, kDirect, kRing, kBidirSplit, kBidirFull };
+enum class AllGatherAlgo : uint8_t { kAuto, kDirect, kRing };
 enum class ReduceScatterAlgo : uint8_t { kAuto, kDirect, kRing };
 enum class AllReduceAlgo : uint8_t { kAuto, kOneShot, kTwoShot };
 
 // Names as used by options, environment variables and counters: "auto", "direct", "ring",
-// "bidir_split", "bidir_full", "one_shot", "two_shot".
+// "one_shot", "two_shot".
 const char* to_string(AllGatherAlgo a);
 const char* to_string(ReduceScatterAlgo a);
 const char* to_string(AllReduceAlgo a);
@@ -62,13 +62,10 @@ struct CollectiveConfig {
   // all-gather output, the reduce-scatter input), measured by bench/bench_collectives.py --algos
   // on our 2-core hosts with 2 and 4 ranks; docs/collectives.md has the tables.
   //   all-reduce:     one-shot up to all_reduce_one_shot_max_bytes, two-shot above.
-  //   all-gather:     FULL_TENSOR bidirectional ring up to all_gather_bidir_full_max_bytes (3+
-  //                   ranks; off by default: on 2 cores it never beat the unidirectional ring),
-  //                   else the ring up to all_gather_ring_max_bytes (3+ ranks: waiting for one
+  //   all-gather:     the ring up to all_gather_ring_max_bytes (3+ ranks: waiting for one
   //                   neighbour instead of every rank matters when ranks share cores), else direct.
   //   reduce-scatter: ring up to reduce_scatter_ring_max_bytes, direct above.
   int64_t all_reduce_one_shot_max_bytes = kDefaultAllReduceOneShotMaxBytes;
-  int64_t all_gather_bidir_full_max_bytes = kDefaultAllGatherBidirFullMaxBytes;
   int64_t all_gather_ring_max_bytes = kDefaultAllGatherRingMaxBytes;
   int64_t reduce_scatter_ring_max_bytes = kDefaultReduceScatterRingMaxBytes;
   // Copy-free reads (NOTE [Copy-free reads]), when the workspace offers them (host, probed at
@@ -81,7 +78,6 @@ struct CollectiveConfig {
 
   static constexpr int64_t kDefaultChunkBytes = 1 << 20;
   static constexpr int64_t kDefaultAllReduceOneShotMaxBytes = 8 << 10;
-  static constexpr int64_t kDefaultAllGatherBidirFullMaxBytes = 0;
   static constexpr int64_t kDefaultAllGatherRingMaxBytes = 256 << 10;
   static constexpr int64_t kDefaultReduceScatterRingMaxBytes = 256 << 10;
   static constexpr int64_t kDefaultCrossMemoryMinBytes = 64 << 10;

@@ -190,7 +190,10 @@ struct PeerInfo {
   }
 };
 
-// Publishes `value` under prefix/<rank> and returns every rank's value, in rank order.
+// Publishes `value` under prefix/<rank> and returns every rank's value, in rank order: an
+// all-gather over the store, read back in one multiGet (one round trip on a TCPStore), as c10d's
+// own store exchanges do. Unlike theirs, which copy a struct's bytes, what travels here is a text
+// record parsed strictly (NOTE [Workspace records]): the store is not trusted.
 std::vector<std::string> exchange(c10d::Store& store, const std::string& prefix, int rank,
                                   int world_size, const std::string& value, Millis timeout) {
   store.set(prefix + std::to_string(rank), to_bytes(value));
@@ -209,7 +212,7 @@ std::vector<std::string> exchange(c10d::Store& store, const std::string& prefix,
                 missing.str(), " never arrived");
   }
   std::vector<std::string> out;
-  for (const auto& k : keys) out.push_back(to_string(store.get(k)));
+  for (const auto& v : store.multiGet(keys)) out.push_back(to_string(v));
   return out;
 }
 

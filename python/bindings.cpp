@@ -199,7 +199,7 @@ PYBIND11_MODULE(_C, m) {
             o.all_gather_algo = v;
           },
           "Workspace all-gather algorithm: 'auto' (by size; CUDA_P2P_ALL_GATHER_ALGO may force "
-          "one), 'direct', 'ring', 'bidir_split' or 'bidir_full'.")
+          "one), 'direct' or 'ring'.")
       .def_property(
           "reduce_scatter_algo", [](const Options& o) { return o.reduce_scatter_algo; },
           [](Options& o, const std::string& v) {
@@ -246,15 +246,6 @@ PYBIND11_MODULE(_C, m) {
             o.all_reduce_one_shot_max_bytes = v;
           },
           "Largest all-reduce (bytes) that 'auto' runs one-shot (None: the measured default).")
-      .def_property(
-          "all_gather_bidir_full_max_bytes",
-          [](const Options& o) { return o.all_gather_bidir_full_max_bytes; },
-          [](Options& o, std::optional<int64_t> v) {
-            TORCH_CHECK_VALUE(!v || *v >= 0, "cuda_p2p: thresholds must be >= 0 or None");
-            o.all_gather_bidir_full_max_bytes = v;
-          },
-          "Largest all-gather output (bytes) that 'auto' runs as a FULL_TENSOR bidirectional "
-          "ring on 3+ ranks (None: the measured default, 0: never).")
       .def_property(
           "all_gather_ring_max_bytes", [](const Options& o) { return o.all_gather_ring_max_bytes; },
           [](Options& o, std::optional<int64_t> v) {
@@ -353,7 +344,6 @@ PYBIND11_MODULE(_C, m) {
             d["ring_steps"] = c.ring_steps == 0 ? self.getSize() : c.ring_steps;
             d["chunk_bytes"] = c.chunk_bytes;
             d["all_reduce_one_shot_max_bytes"] = c.all_reduce_one_shot_max_bytes;
-            d["all_gather_bidir_full_max_bytes"] = c.all_gather_bidir_full_max_bytes;
             d["all_gather_ring_max_bytes"] = c.all_gather_ring_max_bytes;
             d["reduce_scatter_ring_max_bytes"] = c.reduce_scatter_ring_max_bytes;
             d["cross_memory_min_bytes"] = c.cross_memory_min_bytes;

@@ -255,7 +255,8 @@ TEST(Reduction, RejectsWhatGlooRejects) {
 // Configuration (single process)
 
 TEST(Config, NamesParseAndTheEnvironmentForces) {
-  EXPECT_EQ(ops::parse_all_gather_algo("bidir_full", "x"), AllGatherAlgo::kBidirFull);
+  EXPECT_EQ(ops::parse_all_gather_algo("ring", "x"), AllGatherAlgo::kRing);
+  EXPECT_THROW(ops::parse_all_gather_algo("bidir_full", "x"), c10::Error);  // removed
   EXPECT_STREQ(ops::to_string(AllReduceAlgo::kTwoShot), "two_shot");
   try {
     ops::parse_reduce_scatter_algo("rings", "CUDA_P2P_REDUCE_SCATTER_ALGO");
@@ -282,9 +283,7 @@ TEST(Config, AutomaticChoiceFollowsTheThresholds) {
   EXPECT_EQ(ops::select_all_reduce(c, 1 << 30, 1), AllReduceAlgo::kOneShot);
   c.all_reduce = AllReduceAlgo::kTwoShot;
   EXPECT_EQ(ops::select_all_reduce(c, 8, 4), AllReduceAlgo::kTwoShot);
-  c.all_gather_bidir_full_max_bytes = 4096;
   c.all_gather_ring_max_bytes = 1 << 20;
-  EXPECT_EQ(ops::select_all_gather(c, 4096, 4), AllGatherAlgo::kBidirFull);
   EXPECT_EQ(ops::select_all_gather(c, 4097, 4), AllGatherAlgo::kRing);
   EXPECT_EQ(ops::select_all_gather(c, 1 << 20, 3), AllGatherAlgo::kRing);
   EXPECT_EQ(ops::select_all_gather(c, (1 << 20) + 1, 4), AllGatherAlgo::kDirect);
@@ -301,8 +300,7 @@ TEST(Config, AutomaticChoiceFollowsTheThresholds) {
 TEST(Collectives, AllGatherEveryAlgorithmDtypeAndSize) {
   const auto& w = world();
   Fixture f;
-  for (auto algo : {AllGatherAlgo::kDirect, AllGatherAlgo::kRing, AllGatherAlgo::kBidirSplit,
-                    AllGatherAlgo::kBidirFull}) {
+  for (auto algo : {AllGatherAlgo::kDirect, AllGatherAlgo::kRing}) {
     for (auto dtype : {at::kFloat, at::kBFloat16, at::kChar, at::kDouble}) {
       const int64_t esize = static_cast<int64_t>(c10::elementSize(dtype));
       const bool slots = algo != AllGatherAlgo::kDirect;
@@ -328,8 +326,7 @@ TEST(Collectives, AllGatherInPlaceAndIntoSeparateTensors) {
   const auto& w = world();
   Fixture f;
   const int64_t n = 777;
-  for (auto algo : {AllGatherAlgo::kDirect, AllGatherAlgo::kRing, AllGatherAlgo::kBidirSplit,
-                    AllGatherAlgo::kBidirFull}) {
+  for (auto algo : {AllGatherAlgo::kDirect, AllGatherAlgo::kRing}) {
     // In place: this rank's input is its slice of the output.
     auto out = at::zeros({w.size * n});
     auto mine = out.narrow(0, w.rank * n, n);
@@ -583,8 +580,7 @@ TEST(Collectives, SmallChunksPipelineManyRounds) {
   auto gathered = at::empty({n * w.size});
   std::vector<at::Tensor> outs;
   for (int q = 0; q < w.size; ++q) outs.push_back(gathered.narrow(0, q * n, n));
-  for (auto algo : {AllGatherAlgo::kDirect, AllGatherAlgo::kRing, AllGatherAlgo::kBidirSplit,
-                    AllGatherAlgo::kBidirFull}) {
+  for (auto algo : {AllGatherAlgo::kDirect, AllGatherAlgo::kRing}) {
     gathered.fill_(-1);
     ops::all_gather(f.ctx(), all[w.rank], outs, algo);
     EXPECT_TRUE(gathered.equal(at::cat(all))) << ops::to_string(algo);
@@ -608,7 +604,8 @@ TEST(Collectives, ConsecutiveCollectivesOfEveryKindDoNotCorruptEachOther) {
     auto ag = at::empty({n * w.size * w.size}, at::kInt);
     std::vector<at::Tensor> outs;
     for (int q = 0; q < w.size; ++q) outs.push_back(ag.narrow(0, q * n * w.size, n * w.size));
-    ops::all_gather(f.ctx(), xs[w.rank], outs, static_cast<AllGatherAlgo>(1 + it % 4));
+    ops::all_gather(f.ctx(), xs[w.rank], outs,
+                    it % 2 ? AllGatherAlgo::kDirect : AllGatherAlgo::kRing);
     auto rs = at::empty({n}, at::kInt);
     std::vector<at::Tensor> chunks;
     for (int q = 0; q < w.size; ++q) chunks.push_back(xs[w.rank].narrow(0, q * n, n));

@@ -43,7 +43,7 @@ DTYPES = {
 FLOAT_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX")
 INT_OPS = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
 
-ALL_GATHER_ALGOS = ("direct", "ring", "bidir_split", "bidir_full")
+ALL_GATHER_ALGOS = ("direct", "ring")
 # (algorithm, ring steps per rank)
 REDUCE_SCATTER_ALGOS = (("direct", 1), ("ring", 1), ("ring", 2))
 ALL_REDUCE_ALGOS = ("one_shot", "two_shot")
@@ -622,13 +622,13 @@ def check_env_forcing(ctx):
     """CUDA_P2P_*_ALGO and CUDA_P2P_RING_STEPS force algorithms; an Options value wins."""
     W = ctx.world_size
     chk = Checker(f"env W={W}")
-    env = {"CUDA_P2P_ALL_GATHER_ALGO": "bidir_full", "CUDA_P2P_REDUCE_SCATTER_ALGO": "ring",
+    env = {"CUDA_P2P_ALL_GATHER_ALGO": "ring", "CUDA_P2P_REDUCE_SCATTER_ALGO": "ring",
            "CUDA_P2P_ALL_REDUCE_ALGO": "two_shot", "CUDA_P2P_RING_STEPS": str(2 * W),
            "CUDA_P2P_CHUNK_BYTES": "4096"}
     g = _group("env-forced", env=env)
     g2 = _group("env-and-option", env=env, all_reduce_algo="one_shot")
     cfg = cuda_p2p.get_cuda_p2p_backend(g).get_collective_config()
-    chk.case("config", cfg["all_gather_algo"] == "bidir_full" and cfg["reduce_scatter_algo"] == "ring"
+    chk.case("config", cfg["all_gather_algo"] == "ring" and cfg["reduce_scatter_algo"] == "ring"
              and cfg["all_reduce_algo"] == "two_shot" and cfg["ring_steps"] == 2 * W
              and cfg["chunk_bytes"] == 4096, f"{cfg}")
     chk.case("option wins", cuda_p2p.get_cuda_p2p_backend(g2).get_collective_config()["all_reduce_algo"]
@@ -640,7 +640,7 @@ def check_env_forcing(ctx):
     rs = torch.empty(5000)
     dist.reduce_scatter_tensor(rs, torch.ones(5000 * W), group=g)
     c = cuda_p2p.get_cuda_p2p_backend(g).get_counters()
-    chk.case("counters", c == {"all_reduce.two_shot": 1, "all_gather.bidir_full": 1,
+    chk.case("counters", c == {"all_reduce.two_shot": 1, "all_gather.ring": 1,
                                "reduce_scatter.ring": 1}, f"{c}")
     chk.case("values", torch.equal(t, torch.arange(20000, dtype=torch.float32) * W)
              and torch.equal(rs, torch.full((5000,), float(W))), "")
