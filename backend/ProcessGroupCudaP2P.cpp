@@ -10,6 +10,8 @@
 #include <utility>
 
 #include "ops/channels.hpp"
+#include "p2p_workspace/cuda/cuda_device.hpp"
+#include "p2p_workspace/host/host_device.hpp"
 
 #ifdef CUDA_P2P_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "ops/collectives.hpp"
-#include "p2p_workspace/device.hpp"
+#include "p2p_workspace/host/host_device.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
 
 namespace cuda_p2p {
@@ -61,7 +61,7 @@ struct Options : c10d::Backend::Options {
   int64_t max_buffer_size = WorkspaceOptions::kDefaultMaxBufferSize;
   // How the host device runs the fused pipelines' two streams: "cooperative" (in the waiting
   // thread), "threads" (a thread per stream) or "auto" (CUDA_P2P_HOST_STREAMS, else
-  // cooperative). NOTE [Cooperative host streams] in p2p_workspace/host/host_device.cpp.
+  // cooperative). NOTE [Cooperative host streams] in p2p_workspace/host/host_stream.cpp.
   std::string host_streams = "auto";
   // Workspace collectives (docs/collectives.md): "auto" leaves the choice to the environment
   // variable, then to the choice by size; a name forces that algorithm.

@@ -323,7 +323,7 @@ void publish_addresses(const CollectiveContext& ctx, const Phase& ph,
   std::vector<uint64_t> values;
   values.reserve(ptrs.size());
   for (const void* p : ptrs) values.push_back(reinterpret_cast<uint64_t>(p));
-  ctx.ws.device().run(ctx.stream, [header, values = std::move(values)] {
+  ctx.ws.device().host_task(ctx.stream, [header, values = std::move(values)] {
     std::memcpy(header, values.data(), values.size() * sizeof(uint64_t));
   });
 }
@@ -370,9 +370,9 @@ void reduce_on_stream(const CollectiveContext& ctx, at::Tensor dst, std::vector<
                       ReduceOp op, int64_t divisor, at::Tensor also) {
   if (dst.numel() == 0) return;
   at::Tensor* scratch = &ctx.state.scratch;
-  ctx.ws.device().run(ctx.stream,
-                      [dst = std::move(dst), srcs = std::move(srcs), op, divisor, scratch,
-                       also = std::move(also)] { reduce(dst, srcs, op, divisor, *scratch, also); });
+  ctx.ws.device().launch(
+      ctx.stream, [dst = std::move(dst), srcs = std::move(srcs), op, divisor, scratch,
+                   also = std::move(also)] { reduce(dst, srcs, op, divisor, *scratch, also); });
   // The scratch outlives this op and the next one may run on another stream: the caching
   // allocator must not hand it out again before this stream's use (NOTE [Pipeline
   // temporaries] in ops/pipeline_common.hpp). On CUDA the closure ran already; no-op on the host.

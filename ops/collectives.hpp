@@ -1,7 +1,7 @@
 // Intra-node collectives on the symmetric workspace (docs/collectives.md).
 //
 // Every algorithm is written once against the device interface (p2p_workspace/device.hpp):
-// Device::copy moves data (memcpy on the host, the copy engine on CUDA), Device::run runs the
+// Device::copy moves data (memcpy on the host, the copy engine on CUDA), Device::launch runs the
 // reductions (ATen or the vectorised host kernel of ops/reduction.cpp), and the workspace's
 // put_signal / wait_signal / barrier on one channel order the ranks. One file per family:
 //

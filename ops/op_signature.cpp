@@ -221,7 +221,7 @@ void publish_signature(SymmetricWorkspace& ws, Stream& s, int channel, const Sig
     std::vector<uint32_t*> slots;
     slots.reserve(W);
     for (int r = 0; r < W; ++r) slots.push_back(ws.descriptor_slot(r, channel, parity, me));
-    ws.device().run(s, [words, slots = std::move(slots)] {
+    ws.device().host_task(s, [words, slots = std::move(slots)] {
       for (uint32_t* slot : slots) std::memcpy(slot, words.data(), sizeof(words));
     });
     return;
@@ -232,7 +232,7 @@ void publish_signature(SymmetricWorkspace& ws, Stream& s, int channel, const Sig
     for (int r = r0; r < std::min(W, r0 + cuda::kSignatureMaxTargets); ++r) {
       targets.slot[targets.count++] = ws.descriptor_slot(r, channel, parity, me);
     }
-    ws.device().run(s, [c = to_cuda(words), targets] {
+    ws.device().launch(s, [c = to_cuda(words), targets] {
       CUDA_P2P_SIG_CHECK(
           cuda::launch_publish_signature(c, targets, c10::cuda::getCurrentCUDAStream().stream()));
     });
@@ -254,7 +254,7 @@ std::string compare_signatures(SymmetricWorkspace& ws, Stream& s, int channel,
     // The caller's inline stream: the barrier's waits have run (acquiring the peers' stores), and
     // so does this, now.
     std::string error;
-    ws.device().run(s, [&] { error = disagreement(slots, W, words, mine); });
+    ws.device().host_task(s, [&] { error = disagreement(slots, W, words, mine); });
     return error;
   }
 #ifdef CUDA_P2P_WITH_CUDA
@@ -272,7 +272,7 @@ std::string compare_signatures(SymmetricWorkspace& ws, Stream& s, int channel,
     state.cuda_record = rec;
   }
   auto* rec = static_cast<CudaRecord*>(state.cuda_record.get());
-  ws.device().run(s, [slots, W, c = to_cuda(words), record = rec->device] {
+  ws.device().launch(s, [slots, W, c = to_cuda(words), record = rec->device] {
     CUDA_P2P_SIG_CHECK(cuda::launch_compare_signatures(slots, W, c, record,
                                                        c10::cuda::getCurrentCUDAStream().stream()));
   });

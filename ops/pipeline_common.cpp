@@ -39,13 +39,13 @@ double Trace::now_us() const {
 
 void Env::run(int i, std::function<void()> fn, std::string what) const {
   if (!trace) {
-    device().run(stream(i), [fn = std::move(fn), tls = &tls] {
+    device().launch(stream(i), [fn = std::move(fn), tls = &tls] {
       at::ThreadLocalStateGuard guard(*tls);
       fn();
     });
     return;
   }
-  device().run(stream(i), [fn = std::move(fn), tls = &tls, trace = trace, i, what] {
+  device().launch(stream(i), [fn = std::move(fn), tls = &tls, trace = trace, i, what] {
     at::ThreadLocalStateGuard guard(*tls);
     if (trace) trace->begin(i, what);
     fn();
@@ -55,9 +55,9 @@ void Env::run(int i, std::function<void()> fn, std::string what) const {
 
 void Env::span(int i, const std::string& what, const std::function<void()>& enqueue) const {
   if (!trace) return enqueue();
-  device().run(stream(i), [trace = trace, i, what] { trace->begin(i, what); });
+  device().host_task(stream(i), [trace = trace, i, what] { trace->begin(i, what); });
   enqueue();
-  device().run(stream(i), [trace = trace, i] { trace->end(i); });
+  device().host_task(stream(i), [trace = trace, i] { trace->end(i); });
 }
 
 void Env::on_caller(const char* what, const std::function<void()>& fn) const {
@@ -181,7 +181,7 @@ EndGuard::~EndGuard() {
 void delay_stream(Env& env, int i) {
 #ifdef CUDA_P2P_WITH_CUDA
   if (env.host()) return;
-  env.device().run(env.stream(i), [] {
+  env.device().launch(env.stream(i), [] {
     // ~2 microseconds on current GPUs: nothing next to a GEMM, and enough that the other
     // stream's kernel reaches the GPU first.
     const cudaError_t err = cuda::launch_sleep(c10::cuda::getCurrentCUDAStream().stream(), 2000);

@@ -1,16 +1,10 @@
-// The device interface (docs/design.md §2): the few operations every algorithm in this project is
-// written against, with one implementation per device kind (a "transport table"):
-//
-//   operation          CUDA (cuda/cuda_device.cpp)               host (host/host_device.cpp)
-//   share a block      cudaMalloc + cudaIpc{Get,Open}MemHandle   memfd + mmap, fd over SCM_RIGHTS
-//   stream             c10::cuda::CUDAStream                     a task queue (run by its waiter)
-//   copy               cudaMemcpyAsync (copy engine)             memcpy in stream order
-//   signal / wait      cuStreamWriteValue32 / WaitValue32        atomic store + futex / futex wait
-//   run compute        stream guard + ATen call                  closure in stream order
-//   event / join       cudaEvent record / wait                   count of tasks done
-//
-// An algorithm enqueues work on streams and never looks at which implementation it got, so the
-// schedule CI runs on the host is the schedule a GPU runs.
+// The device interface (docs/design.md §2): what a device does for the algorithms of this project -
+// share blocks, streams, copies, signals and waits, launches of device work, host tasks, events,
+// failure - with one implementation per device kind (host/: shared memory and host streams;
+// cuda/: CUDA IPC and CUDA streams; docs/design.md §2 has the table). An algorithm enqueues work
+// on streams and never looks at which implementation it got, so the schedule CI runs on the host
+// is the schedule a GPU runs. Creating a device is device-specific: host/host_device.hpp,
+// cuda/cuda_device.hpp.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -45,7 +39,6 @@ class Block {
  public:
   virtual ~Block() = default;
   void* data() const { return data_; }
-  size_t size() const { return size_; }
 
  protected:
   void* data_ = nullptr;
@@ -75,22 +68,18 @@ inline bool signal_reached(uint32_t word, uint32_t value) {
 }
 
 // Reads another process's private memory - not the shared blocks, but e.g. a tensor it passed to
-// a collective - straight into this process's: Linux cross-memory attach (process_vm_readv) on
-// the host, one copy instead of two through the shared buffer. Whether it is allowed depends on
-// the system (Yama ptrace_scope, a container's seccomp profile), so the workspace probes it at
-// rendezvous (SymmetricWorkspace::private_reads()) before any algorithm relies on it.
+// a collective - straight into this process's, on the host thread that calls it. A device offers
+// one (Device::private_memory_reader) when its streams can read host memory of other processes
+// in a host task (the host device: host/cross_memory.hpp). Whether the system allows it varies,
+// so the workspace probes it at rendezvous (SymmetricWorkspace::private_reads()) before any
+// algorithm relies on it.
 class PrivateMemoryReader {
  public:
   virtual ~PrivateMemoryReader() = default;
   // Copies `n` bytes at `src` in process `pid` to `dst` in this process, now, in the calling
-  // thread. Throws, naming the system's error, when the kernel refuses or `src` is not mapped.
+  // thread. Throws, naming the system's error, when the system refuses or `src` is not mapped.
   virtual void read(void* dst, int64_t pid, const void* src, size_t n) = 0;
 };
-
-// The host's reader (host/cross_memory.cpp). `deny` (a test hook) makes every read fail as the
-// kernel does under Yama ptrace_scope >= 1 (EPERM), so tests can exercise the fallback on machines
-// that allow the call.
-std::shared_ptr<PrivateMemoryReader> make_cross_memory_reader(bool deny = false);
 
 class Device {
  public:
@@ -123,12 +112,9 @@ class Device {
   // Maps a peer's block from the handle its exporter published.
   virtual std::shared_ptr<Block> import_block(const std::vector<uint8_t>& handle, size_t bytes,
                                               Millis timeout) = 0;
-  // A table of the blocks' addresses readable by this device's kernels (device memory on CUDA);
-  // null on the host, whose code reads the addresses directly.
-  virtual std::shared_ptr<void> upload_pointer_table(const std::vector<void*>& ptrs) = 0;
   // How this device's streams read peers' private memory, or null when they cannot (CUDA: a
   // peer's private device memory is not reachable; algorithms then stage through the buffers).
-  // The reader runs on the host, in stream order through run().
+  // The reader runs on the host, in stream order through host_task().
   virtual std::shared_ptr<PrivateMemoryReader> private_memory_reader() { return nullptr; }
 
   // --- streams ---
@@ -145,10 +131,18 @@ class Device {
   // fails the stream with an error naming `context` and every peer that never arrived.
   virtual void wait_signals(Stream& s, std::vector<SignalWait> waits, Millis timeout,
                             std::string context) = 0;
-  // Runs `fn` in stream order: on CUDA, `fn` is called now with `s` as the current stream (it
-  // launches kernels); on the host, `fn` runs when the stream reaches it (in whichever thread
-  // runs the stream's work).
-  virtual void run(Stream& s, std::function<void()> fn) = 0;
+  // Launches device work on `s`: `fn` enqueues it (ATen ops, kernels) with `s` as the current
+  // stream. On CUDA `fn` is called now and the work it launched runs in stream order; on the host
+  // `fn` itself runs when the stream reaches it (in whichever thread runs the stream's work). So
+  // `fn` may only enqueue work: what it computes on the host is not yet ordered on a GPU.
+  virtual void launch(Stream& s, std::function<void()> fn) = 0;
+  // Runs `fn` on the host when `s` reaches it, after the work enqueued before it and before the
+  // work enqueued after it (reading or writing host memory in stream order, e.g. through a
+  // PrivateMemoryReader). On CUDA it is a host function of the stream (cudaLaunchHostFunc), which
+  // must not call CUDA APIs and stalls the stream while it runs; on the host it is a task of the
+  // stream. An exception out of `fn` is raised by a later synchronize (host: of `s`, which skips
+  // the rest of its queue; CUDA: the device's next one).
+  virtual void host_task(Stream& s, std::function<void()> fn) = 0;
 
   virtual std::shared_ptr<Event> record(Stream& s) = 0;
   virtual void wait_event(Stream& s, const Event& e) = 0;
@@ -178,23 +172,5 @@ class Device {
   // again before the work `s` has enqueued so far has run (c10 recordStream). No-op on the host.
   virtual void record_stream(const at::Tensor& /*t*/, Stream& /*s*/) {}
 };
-
-// How a host device runs the work of the streams it creates (NOTE [Cooperative host streams] in
-// host/host_device.cpp): kCooperative, the default, in the thread that waits for it; kThreads on
-// one executor thread per stream (the GPU's true concurrency, for tests that look for missing
-// stream joins). kDefault is kCooperative (the backend resolves Options.host_streams and
-// CUDA_P2P_HOST_STREAMS in backend/config.cpp).
-enum class HostStreams { kDefault, kCooperative, kThreads };
-// "auto" (kDefault), "cooperative" or "threads"; anything else is an error naming `what`.
-HostStreams parse_host_streams(const std::string& value, const std::string& what);
-
-// `processes`: how many ranks of this host share its CPUs through this device's signals (0:
-// unknown); waits poll with PAUSE only while they fit the CPUs (NOTE [Host waits on shared
-// cores] in host/host_device.cpp).
-std::shared_ptr<Device> make_host_device(int processes = 0,
-                                         HostStreams streams = HostStreams::kDefault);
-#ifdef CUDA_P2P_WITH_CUDA
-std::shared_ptr<Device> make_cuda_device(int device_index);
-#endif
 
 }  // namespace cuda_p2p

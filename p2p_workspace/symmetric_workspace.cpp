@@ -14,6 +14,8 @@
 #include <sstream>
 #include <thread>
 
+#include "p2p_workspace/host/cross_memory.hpp"  // the deny_private_reads test hook
+
 namespace cuda_p2p {
 
 // NOTE [Signal sequence numbers]
@@ -26,7 +28,7 @@ namespace cuda_p2p {
 // ranks issues the same put/wait/barrier sequence per channel - which is what "collective"
 // means - and one channel is never driven by two streams at once. On the host the top bit of a
 // signal or done word flags a sleeping waiter and counts compare in 31 bits (NOTE [Sleeper bit]
-// in host/host_device.cpp).
+// in host/futex_wait.cpp).
 
 // NOTE [Signal pad layout]
 // Each rank's pad (after its buffer) holds, in 32-bit words, with C channels and W ranks:
@@ -421,8 +423,6 @@ struct SymmetricWorkspace::Mapping {
   std::vector<std::shared_ptr<Block>> blocks;  // peers' blocks by rank (null for this rank)
   std::vector<void*> buffers;
   std::vector<uint32_t*> pads;
-  std::shared_ptr<void> device_buffers;
-  std::shared_ptr<void> device_pads;
   std::shared_ptr<Retirement> retirement;
 
   Mapping() = default;
@@ -602,9 +602,6 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
     mapping->buffers.push_back(base);
     mapping->pads.push_back(reinterpret_cast<uint32_t*>(base + buffer_bytes));
   }
-  mapping->device_buffers = device_->upload_pointer_table(mapping->buffers);
-  std::vector<void*> pads(mapping->pads.begin(), mapping->pads.end());
-  mapping->device_pads = device_->upload_pointer_table(pads);
 
   // NOTE [Private-read probe]
   private_reads_ = false;
@@ -640,7 +637,7 @@ void SymmetricWorkspace::read_peer_private(Stream& s, void* dst, int peer, const
               available_ ? private_reads_reason_ : reason_);
   check_rank(peer, "read_peer_private");
   if (n == 0) return;
-  device_->run(s, [reader = reader_.get(), dst, pid = pids_[peer], src, n] {
+  device_->host_task(s, [reader = reader_.get(), dst, pid = pids_[peer], src, n] {
     reader->read(dst, pid, src, n);
   });
 }
@@ -651,7 +648,7 @@ void SymmetricWorkspace::read_peer_private(Stream& s, void* dst, int peer,
               available_ ? private_reads_reason_ : reason_);
   check_rank(peer, "read_peer_private");
   if (n == 0) return;
-  device_->run(s, [reader = reader_.get(), dst, pid = pids_[peer], address_word, offset, n] {
+  device_->host_task(s, [reader = reader_.get(), dst, pid = pids_[peer], address_word, offset, n] {
     const uint64_t base = std::atomic_ref<uint64_t>(*const_cast<uint64_t*>(address_word))
                               .load(std::memory_order_relaxed);
     reader->read(dst, pid, reinterpret_cast<const char*>(base) + offset, n);
@@ -716,16 +713,6 @@ uint32_t* SymmetricWorkspace::descriptor_slot(int target, int channel, int parit
   const int cw = options_.num_channels * world_size_;
   return mapping()->pads[target] + 2 * cw +
          ((channel * 2 + parity) * world_size_ + src) * kDescriptorWords;
-}
-
-const std::shared_ptr<void>& SymmetricWorkspace::device_buffer_table() const {
-  check_available("device_buffer_table");
-  return mapping_->device_buffers;
-}
-
-const std::shared_ptr<void>& SymmetricWorkspace::device_pad_table() const {
-  check_available("device_pad_table");
-  return mapping_->device_pads;
 }
 
 at::Tensor SymmetricWorkspace::get_buffer(int rank, at::IntArrayRef sizes, at::ScalarType dtype,

@@ -78,9 +78,6 @@ class SymmetricWorkspace {
   static constexpr int kDescriptorWords = 32;
   uint32_t* done_slot(int target, int channel, int src) const;
   uint32_t* descriptor_slot(int target, int channel, int parity, int src) const;
-  // Device-readable tables of every rank's buffer / pad (null on the host).
-  const std::shared_ptr<void>& device_buffer_table() const;
-  const std::shared_ptr<void>& device_pad_table() const;
 
   // Whether read_peer_private works: the device has a reader (the host), it is turned on, and
   // every rank could read every peer's probe word at rendezvous. Identical on every rank.

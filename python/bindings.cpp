@@ -8,6 +8,7 @@
 
 #include "backend/ProcessGroupCudaP2P.hpp"
 #include "ops/pipeline_common.hpp"
+#include "p2p_workspace/host/host_device.hpp"
 
 namespace py = pybind11;
 

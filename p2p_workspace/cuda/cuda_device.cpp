@@ -9,6 +9,8 @@
 // cuStreamWaitValue32(GEQ), which compares (int32_t)(*addr - value) >= 0 like the host side
 // (signal_reached). Neither occupies an SM. Where the driver entry points are missing, one-thread
 // kernels do the same with st.release.sys / ld.acquire.sys (signal_kernels.cu).
+#include "p2p_workspace/cuda/cuda_device.hpp"
+
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -19,13 +21,15 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <exception>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "p2p_workspace/cuda/signal_kernels.cuh"
-#include "p2p_workspace/device.hpp"
 #include "p2p_workspace/watchdog.hpp"
 
 namespace cuda_p2p {
@@ -271,6 +275,39 @@ class CudaWatchedWait : public WatchedWait {
   std::mutex& reader_mu_;
 };
 
+// The first exception a host task raised, until a synchronize reports it. Shared with the host
+// functions still enqueued, which may run after the device is gone.
+class HostTaskErrors {
+ public:
+  void record(std::exception_ptr e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!first_) first_ = std::move(e);
+  }
+  std::exception_ptr take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::exchange(first_, nullptr);
+  }
+
+ private:
+  std::mutex mu_;
+  std::exception_ptr first_;
+};
+
+// One Device::host_task as cudaLaunchHostFunc runs it, in a thread of the CUDA driver.
+struct HostFunction {
+  std::function<void()> fn;
+  std::shared_ptr<HostTaskErrors> errors;
+
+  static void CUDART_CB call(void* arg) {
+    std::unique_ptr<HostFunction> task(static_cast<HostFunction*>(arg));
+    try {
+      task->fn();
+    } catch (...) {
+      task->errors->record(std::current_exception());
+    }
+  }
+};
+
 class CudaDevice : public Device {
  public:
   explicit CudaDevice(int index) : index_(index), resources_(index) {
@@ -290,7 +327,7 @@ class CudaDevice : public Device {
     cudaDeviceProp prop{};
     CUDA_P2P_CUDA_CHECK(cudaGetDeviceProperties(&prop, index_));
     uuid_ = format_uuid(prop.uuid);
-    // A stream of the device's own for allocation, table uploads and the watchdog's reads: stream
+    // A stream of the device's own for allocation and the watchdog's reads: stream
     // order on it replaces cudaDeviceSynchronize, which would also wait for unrelated work.
     CUDA_P2P_CUDA_CHECK(cudaStreamCreateWithFlags(&aux_, cudaStreamNonBlocking));
     watchdog_ = std::make_unique<Watchdog>(failure_, [dev = index_] {
@@ -382,21 +419,6 @@ class CudaDevice : public Device {
     return std::make_shared<CudaBlock>(ptr, bytes, /*imported=*/true, index_);
   }
 
-  std::shared_ptr<void> upload_pointer_table(const std::vector<void*>& ptrs) override {
-    c10::cuda::CUDAGuard guard(index_);
-    void* table = nullptr;
-    const size_t bytes = ptrs.size() * sizeof(void*);
-    CUDA_P2P_CUDA_CHECK(cudaMalloc(&table, bytes));
-    std::shared_ptr<void> owner(table, [dev = index_](void* p) {
-      QuietDeviceSwitch guard(dev);
-      (void)cudaFree(p);
-    });
-    std::lock_guard<std::mutex> lock(aux_mu_);
-    CUDA_P2P_CUDA_CHECK(cudaMemcpyAsync(table, ptrs.data(), bytes, cudaMemcpyHostToDevice, aux_));
-    CUDA_P2P_CUDA_CHECK(cudaStreamSynchronize(aux_));
-    return owner;
-  }
-
   std::shared_ptr<Stream> current_stream() override {
     return handed_out(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(index_)));
   }
@@ -466,9 +488,27 @@ class CudaDevice : public Device {
     watchdog_->track(std::move(watched), timeout, std::move(context));
   }
 
-  void run(Stream& s, std::function<void()> fn) override {
+  void launch(Stream& s, std::function<void()> fn) override {
     c10::cuda::CUDAStreamGuard guard(as_cuda(s).stream);
     fn();
+  }
+
+  // A host function of the stream. CUDA forbids CUDA API calls in it (they may deadlock or fail
+  // with cudaErrorNotPermitted), and so freeing CUDA tensors its closure captured; the stream
+  // waits while it runs. Its exception cannot cross the driver's thread: it is kept and raised
+  // by the device's next synchronize (poll_until). Of the callers, only a traced pipeline's span
+  // markers (pipeline::Env::span) reach it on CUDA: the others read or write host memory of the
+  // host device (cross-memory reads, host op signatures).
+  void host_task(Stream& s, std::function<void()> fn) override {
+    c10::cuda::CUDAGuard guard(index_);
+    auto task = std::make_unique<HostFunction>(HostFunction{std::move(fn), host_errors_});
+    const cudaError_t err =
+        cudaLaunchHostFunc(as_cuda(s).stream.stream(), &HostFunction::call, task.get());
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      TORCH_CHECK(false, "cuda_p2p: cudaLaunchHostFunc failed: ", cudaGetErrorString(err));
+    }
+    (void)task.release();  // owned by the host function from now on
   }
 
   std::shared_ptr<Event> record(Stream& s) override {
@@ -575,6 +615,7 @@ class CudaDevice : public Device {
     }
     watchdog_->poll_now();
     failure_.check(op);
+    if (auto err = host_errors_->take()) std::rethrow_exception(err);
   }
 
   const int index_;
@@ -586,6 +627,7 @@ class CudaDevice : public Device {
   std::mutex streams_mu_;
   std::set<cudaStream_t> streams_;  // every stream handed out (c10 streams live as long as torch)
   FailureState failure_;
+  std::shared_ptr<HostTaskErrors> host_errors_ = std::make_shared<HostTaskErrors>();
   WaitResources resources_;             // outlives watchdog_
   std::unique_ptr<Watchdog> watchdog_;  // NOTE [Device failure]
 };

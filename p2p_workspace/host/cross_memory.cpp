@@ -6,6 +6,8 @@
 // it through the shared buffer first (NOTE [Copy-free reads] in ops/collectives.cpp). The kernel
 // allows it only where ptrace would be allowed (same uid, and Yama's ptrace_scope; a container's
 // seccomp profile may forbid the call): SymmetricWorkspace probes it at rendezvous.
+#include "p2p_workspace/host/cross_memory.hpp"
+
 #include <c10/util/Exception.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -14,8 +16,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-
-#include "p2p_workspace/device.hpp"
 
 namespace cuda_p2p {
 

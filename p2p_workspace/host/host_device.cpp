@@ -1,469 +1,23 @@
+// The host device: the device interface on memfd blocks (shared_block.cpp), host streams
+// (host_stream.cpp), futex waits (futex_wait.cpp) and cross-memory reads (cross_memory.cpp).
 #include "p2p_workspace/host/host_device.hpp"
 
 #include <c10/util/Exception.h>
-#include <linux/futex.h>
 #include <sched.h>
-#include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cerrno>
-#include <climits>
-#include <cstdlib>
+#include <chrono>
 #include <cstring>
 #include <optional>
-#include <sstream>
-#include <thread>
 
+#include "p2p_workspace/host/cross_memory.hpp"
+#include "p2p_workspace/host/futex_wait.hpp"
+#include "p2p_workspace/host/host_stream.hpp"
+#include "p2p_workspace/host/shared_block.hpp"
 #include "p2p_workspace/watchdog.hpp"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define CUDA_P2P_CPU_RELAX() _mm_pause()
-#else
-#define CUDA_P2P_CPU_RELAX() std::this_thread::yield()
-#endif
-
 namespace cuda_p2p::host {
-
-// NOTE [Host signal ordering]
-// A signal word lives in shared memory mapped by several processes. The writer publishes its
-// earlier writes (a copy into a peer's buffer, or its own buffer's contents) with a release store
-// of the new sequence number; the waiter's acquire load of a value >= the expected one makes
-// those writes visible to everything it does next. std::atomic_ref on a lock-free 32-bit word is
-// address-free, so this holds across processes. The futex is only a sleep/wake hint: correctness
-// never depends on a wake arriving (waiters re-check at least every kMaxSleep).
-
-// NOTE [Sleeper bit]
-// A FUTEX_WAKE on a shared word is a system call that looks the page up (get_user_pages) even
-// when nobody sleeps, and most waits end while polling (NOTE [Host waits on shared cores]): two
-// such calls per rank were a measurable part of a small all-reduce. So a host signal word holds
-// a 31-bit sequence number and, in its top bit, "a waiter may be asleep on me": a waiter sets the
-// bit with a compare-and-swap on the exact value it saw before it sleeps, and sleeps only while
-// the word holds that value with the bit; a writer exchanges the word for the new number (bit
-// clear) and wakes only when the old word had the bit. Both are read-modify-writes of one word,
-// so one of them comes first in its modification order: either the writer sees the bit, or the
-// waiter's swap fails and it sees the new number - no wake is lost. Sequence numbers compare in
-// 31-bit wrap-around order (reached()); each word has one writer and is waited on by its owner
-// only, and only this device writes host pads.
-
-namespace {
-
-constexpr uint32_t kSleeper = 0x80000000u;
-constexpr uint32_t kSequence = 0x7fffffffu;
-
-// signal_reached (device.hpp) in the 31-bit space of host words, whatever the sleeper bit.
-bool reached(uint32_t word, uint32_t value) { return ((word - value) & kSequence) < (1u << 30); }
-
-// NOTE [Host waits on shared cores] has the policy and the measurements behind these.
-constexpr auto kSpinTime = std::chrono::microseconds(8);     // PAUSE, with a core of one's own
-constexpr auto kYieldTime = std::chrono::microseconds(100);  // then sched_yield, then sleep
-constexpr auto kMaxSleep = std::chrono::milliseconds(10);
-// A sleep with nothing to wake it early: a stream another thread is running, an old kernel.
-constexpr auto kNap = std::chrono::microseconds(100);
-
-uint32_t load_acquire(const uint32_t* word) {
-  return std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(word)).load(std::memory_order_acquire);
-}
-
-long futex(const uint32_t* addr, int op, uint32_t val, const timespec* ts) {
-  // Shared (not FUTEX_PRIVATE) operations: the word is shared between processes.
-  return syscall(SYS_futex, addr, op, val, ts, nullptr, 0);
-}
-
-}  // namespace
-
-// NOTE [Host waits on shared cores]
-// A waiter first polls (a peer usually arrives within microseconds), then sleeps in the kernel.
-// With a core of its own it spins with PAUSE for kSpinTime; then, and from the start when more
-// ranks than CPUs share them (4 ranks on 2 cores: a spinning waiter would hold the very core a
-// peer it waits for needs), it polls with sched_yield - which hands the core to any runnable
-// task, a peer queued on this CPU or another process, and returns at once when there is none -
-// until kYieldTime has passed since the wait began; only then does it sleep on the futex. A
-// sleeper runs again only when the scheduler gets to it, tens of microseconds on a loaded 2-vCPU
-// machine, and a small all-reduce is two waits per rank; a yielding poller gives its core away
-// as readily but is back as soon as nothing else wants it. With this and NOTE [Sleeper bit], a
-// back-to-back 8-byte all-reduce on 2 ranks went from 35-49 us to 18-27 us on such a machine
-// (docs/collectives.md, "Against DeepSpeed"); DeepSpeed's waits spin without ever yielding,
-// which starves 4 ranks on 2 cores. Every word of one wait is polled in the same loop, so a
-// barrier's polling budget is shared by all its peers.
-namespace {
-
-// Whether a waiter that has polled for `waited` keeps polling, and it polls once more (a PAUSE or
-// a sched_yield) if so.
-bool poll_more(std::chrono::steady_clock::duration waited, bool oversubscribed) {
-  if (waited >= kYieldTime) return false;
-  if (!oversubscribed && waited < kSpinTime) {
-    CUDA_P2P_CPU_RELAX();
-  } else {
-    sched_yield();
-  }
-  return true;
-}
-
-}  // namespace
-
-bool poll_all(const std::vector<SignalWait>& waits, bool oversubscribed) {
-  const auto start = std::chrono::steady_clock::now();
-  while (true) {
-    bool all = true;
-    for (const auto& w : waits) {
-      if (!reached(load_acquire(w.addr), w.value)) {
-        all = false;
-        break;
-      }
-    }
-    if (all) return true;
-    if (!poll_more(std::chrono::steady_clock::now() - start, oversubscribed)) return false;
-  }
-}
-
-namespace {
-
-// Sets the sleeper bit of `word` (NOTE [Sleeper bit]) unless it has reached `value`. Returns the
-// word to sleep on (bit set), or nullopt when it has reached `value`.
-std::optional<uint32_t> mark_sleeper(const uint32_t* word, uint32_t value) {
-  std::atomic_ref<uint32_t> ref(*const_cast<uint32_t*>(word));
-  uint32_t current = ref.load(std::memory_order_acquire);
-  while (true) {
-    if (reached(current, value)) return std::nullopt;
-    if (current & kSleeper) return current;
-    // On failure `current` is reloaded: a new number, or the bit set by another waiting thread.
-    if (ref.compare_exchange_weak(current, current | kSleeper, std::memory_order_acq_rel,
-                                  std::memory_order_acquire)) {
-      return current | kSleeper;
-    }
-  }
-}
-
-}  // namespace
-
-bool futex_sleep_until(const uint32_t* word, uint32_t value,
-                       std::chrono::steady_clock::time_point deadline) {
-  while (true) {
-    const std::optional<uint32_t> current = mark_sleeper(word, value);
-    if (!current) return true;
-    const auto now = std::chrono::steady_clock::now();
-    if (now >= deadline) return false;
-    const auto nap = std::min<std::chrono::nanoseconds>(deadline - now, kMaxSleep);
-    timespec ts{static_cast<time_t>(nap.count() / 1000000000),
-                static_cast<long>(nap.count() % 1000000000)};
-    // Sleeps only while the word still holds `current`: a store in between returns at once.
-    futex(word, FUTEX_WAIT, *current, &ts);
-  }
-}
-
-void futex_store_and_wake(uint32_t* word, uint32_t value) {
-  const uint32_t old =
-      std::atomic_ref<uint32_t>(*word).exchange(value & kSequence, std::memory_order_acq_rel);
-  if (old & kSleeper) futex(word, FUTEX_WAKE, INT_MAX, nullptr);
-}
-
-// Sleeps on several words at once (futex_waitv, Linux 5.16+): a blocked cooperative scheduler
-// waits for whichever of its streams' peers signals first.
-void futex_sleep_any(const std::vector<SignalWait>& waits,
-                     std::chrono::steady_clock::time_point deadline) {
-  const auto now = std::chrono::steady_clock::now();
-  if (now >= deadline) return;
-  if (waits.empty()) {
-    std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(deadline - now, kNap));
-    return;
-  }
-  const size_t n = std::min<size_t>(waits.size(), FUTEX_WAITV_MAX);
-  std::vector<futex_waitv> vec(n);
-  for (size_t i = 0; i < n; ++i) {
-    const std::optional<uint32_t> current = mark_sleeper(waits[i].addr, waits[i].value);
-    if (!current) return;
-    vec[i] = {*current, reinterpret_cast<uint64_t>(waits[i].addr), FUTEX_32, 0};
-  }
-  // steady_clock is CLOCK_MONOTONIC on Linux; futex_waitv takes an absolute timeout.
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                      std::min(deadline, now + kMaxSleep).time_since_epoch())
-                      .count();
-  timespec abs{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
-  if (syscall(SYS_futex_waitv, vec.data(), static_cast<unsigned>(n), 0, &abs, CLOCK_MONOTONIC) <
-          0 &&
-      errno == ENOSYS) {
-    // An older kernel: sleep on the first word, briefly, and let the caller poll the rest.
-    futex_sleep_until(waits[0].addr, waits[0].value,
-                      std::min(deadline, std::chrono::steady_clock::now() + kNap));
-  }
-}
-
-namespace {
-
-// True when every wait is satisfied; after `deadline`, throws an error naming every peer still
-// missing (not only the first). Throws at once when the device failed (NOTE [Device failure]).
-bool check_waits(const std::vector<SignalWait>& waits,
-                 std::chrono::steady_clock::time_point deadline, Millis timeout,
-                 const std::string& context, const FailureState& failure) {
-  failure.check(context.c_str());
-  const auto arrived = [](const SignalWait& w) { return reached(load_acquire(w.addr), w.value); };
-  if (std::all_of(waits.begin(), waits.end(), arrived)) return true;
-  if (std::chrono::steady_clock::now() < deadline) return false;
-  // Polled on every scheduler pass: the message is built only once the wait has failed.
-  std::ostringstream missing;
-  int count = 0;
-  for (const auto& w : waits) {
-    if (!arrived(w)) missing << (count++ ? ", " : "") << w.peer;
-  }
-  TORCH_CHECK(count == 0, "cuda_p2p: ", context, " timed out after ", timeout.count(), " ms: rank",
-              count > 1 ? "s " : " ", missing.str(), " never arrived");
-  return true;  // every word arrived just as the deadline passed
-}
-
-// The blocking wait of an executor thread (or of the inline stream of a threaded device). Sleeps
-// at most kMaxSleep at a time, so that an abort is seen within that.
-void block_on_waits(const std::vector<SignalWait>& waits, Millis timeout,
-                    const std::string& context, bool oversubscribed, const FailureState& failure) {
-  failure.check(context.c_str());
-  if (poll_all(waits, oversubscribed)) return;
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!check_waits(waits, deadline, timeout, context, failure)) {
-    const auto until = std::min(deadline, std::chrono::steady_clock::now() + kMaxSleep);
-    for (const auto& w : waits) {
-      if (!futex_sleep_until(w.addr, w.value, until)) break;
-    }
-  }
-}
-
-}  // namespace
-
-// NOTE [Cooperative host streams]
-// A GPU runs a stream's work on its own engines; a CPU has only the cores the ranks already
-// occupy. Executor threads (HostStreams::kThreads) give the host the GPU's concurrency, but every
-// hand-off to a thread that sleeps on a busy machine waits for the OS scheduler (0.3-1 ms per
-// pipeline step measured with 2 ranks on 2 cores, more than a small GEMM). So by default a host
-// device's streams are cooperative: enqueueing only queues a task, and the thread that waits for
-// a stream (synchronize, or an event joined into the caller's inline stream) runs the tasks of
-// all the device's cooperative streams itself:
-//  - it always runs the first task that may start, scanning the high-priority streams first
-//    and starting over after every task, so communication goes ahead of computation as on a GPU
-//    with a high-priority communication stream;
-//  - a task may start when the tasks before it on its stream are done and, for a wait, its
-//    signals have arrived (or, for an event, the other stream has done the recorded task count);
-//    a wait times out from the first time it is tried, with the usual error;
-//  - when no task may start, it backs off like every host wait (NOTE [Host waits on shared
-//    cores]), then sleeps on all the awaited signal words at once (futex_waitv), at most
-//    kMaxSleep at a time.
-// What overlaps on a CPU is waiting, not work: while one stream waits for a peer, the other's
-// GEMM runs. Per-stream order and every cross-stream dependency hold exactly as on a GPU, since
-// a task starts only after its stream's earlier tasks and the events it waits for. Ordering
-// between streams that the schedule does not state is, however, far more regular than on a GPU;
-// the tests run the pipelines with kThreads too, where a missing join shows up as a race.
-// Only one thread runs a given stream's task at a time (`stepping_`); a task that itself waits
-// (re-entrantly) sees its own stream busy and runs the others.
-
-// --- HostStream -----------------------------------------------------------------------------
-
-HostStream::HostStream(Mode mode, bool high_priority,
-                       std::shared_ptr<CooperativeScheduler> scheduler)
-    : mode_(mode), high_priority_(high_priority), scheduler_(std::move(scheduler)) {
-  TORCH_INTERNAL_ASSERT(mode_ != Mode::kCooperative || scheduler_);
-  if (mode_ == Mode::kThread) thread_ = std::thread([this] { loop(); });
-}
-
-HostStream::~HostStream() {
-  if (mode_ != Mode::kThread) return;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();
-}
-
-void HostStream::enqueue(HostTask task) {
-  ++enqueued_;
-  if (mode_ == Mode::kInline) {
-    // The caller's own thread: run now; errors reach the caller directly.
-    std::exception_ptr err;
-    try {
-      if (task.block) task.block();
-      if (task.run) task.run();
-    } catch (...) {
-      err = std::current_exception();
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    ++done_;
-    if (err) std::rethrow_exception(err);
-    return;
-  }
-  // A cooperative stream never blocks its driver: its waits are `ready` predicates.
-  TORCH_INTERNAL_ASSERT(mode_ != Mode::kCooperative || !task.block);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(std::move(task));
-  }
-  if (mode_ == Mode::kThread) cv_.notify_all();
-}
-
-void HostStream::loop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (true) {
-    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stop_ and drained
-    auto task = std::move(queue_.front());
-    queue_.pop_front();
-    const bool failed = error_ != nullptr;
-    lock.unlock();
-    std::exception_ptr err;
-    if (!failed) {  // after an error the rest of the queue is skipped, but still counted done
-      try {
-        if (task.block) task.block();
-        if (task.run) task.run();
-      } catch (...) {
-        err = std::current_exception();
-      }
-    }
-    task = {};  // release captures outside the lock
-    lock.lock();
-    if (err && !error_) error_ = err;
-    ++done_;
-    cv_.notify_all();
-  }
-}
-
-HostStream::Step HostStream::step(std::vector<SignalWait>& waits) {
-  bool expected = false;
-  if (!stepping_.compare_exchange_strong(expected, true, std::memory_order_acquire)) {
-    return Step::kBusy;
-  }
-  struct Release {
-    std::atomic<bool>& flag;
-    ~Release() { flag.store(false, std::memory_order_release); }
-  } release{stepping_};
-
-  const HostTask* head = nullptr;
-  bool failed = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (queue_.empty()) return Step::kEmpty;
-    // Stays valid outside the lock: only a stepping thread pops, and push_back keeps references.
-    head = &queue_.front();
-    failed = error_ != nullptr;
-  }
-  std::exception_ptr err;
-  if (!failed && head->ready) {
-    bool ready = false;
-    try {
-      ready = head->ready();
-    } catch (...) {
-      err = std::current_exception();
-    }
-    if (!ready && !err) {
-      waits.insert(waits.end(), head->waits.begin(), head->waits.end());
-      return Step::kBlocked;
-    }
-  }
-  HostTask task;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    task = std::move(queue_.front());
-    queue_.pop_front();
-  }
-  if (!failed && !err && task.run) {  // after an error the rest is skipped, but counted done
-    try {
-      task.run();
-    } catch (...) {
-      err = std::current_exception();
-    }
-  }
-  task = {};  // release captures outside the lock
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (err && !error_) error_ = err;
-    ++done_;
-  }
-  return Step::kRan;
-}
-
-uint64_t HostStream::done() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return done_;
-}
-
-void HostStream::wait_done(uint64_t seq, bool rethrow) {
-  if (mode_ == Mode::kCooperative) {
-    scheduler_->drive([&] { return done() >= seq; });
-  }
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return done_ >= seq; });
-  if (rethrow && error_) {
-    auto err = error_;
-    error_ = nullptr;  // reported once; the stream is usable again
-    std::rethrow_exception(err);
-  }
-}
-
-std::exception_ptr HostStream::error() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return error_;
-}
-
-// --- CooperativeScheduler -------------------------------------------------------------------
-
-void CooperativeScheduler::add(const std::shared_ptr<HostStream>& stream) {
-  std::lock_guard<std::mutex> lock(mu_);
-  version_.fetch_add(1, std::memory_order_release);
-  std::erase_if(streams_, [](const auto& w) { return w.expired(); });
-  // High-priority streams first: drive() scans in this order.
-  auto pos = stream->high_priority() ? std::find_if(streams_.begin(), streams_.end(),
-                                                    [](const auto& w) {
-                                                      auto s = w.lock();
-                                                      return !s || !s->high_priority();
-                                                    })
-                                     : streams_.end();
-  streams_.insert(pos, stream);
-}
-
-std::vector<std::shared_ptr<HostStream>> CooperativeScheduler::snapshot() {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::vector<std::shared_ptr<HostStream>> out;
-  out.reserve(streams_.size());
-  for (const auto& w : streams_) {
-    if (auto s = w.lock()) out.push_back(std::move(s));
-  }
-  return out;
-}
-
-void CooperativeScheduler::drive(const std::function<bool()>& finished,
-                                 const std::vector<SignalWait>& waits) {
-  // NOTE [Cooperative host streams]
-  int idle = 0;  // scans in a row that ran nothing
-  std::chrono::steady_clock::time_point idle_since;
-  std::vector<SignalWait> blocked;
-  std::vector<std::shared_ptr<HostStream>> streams;
-  uint64_t seen = 0;
-  while (!finished()) {
-    if (streams.empty() || version_.load(std::memory_order_acquire) != seen) {
-      seen = version_.load(std::memory_order_acquire);
-      streams = snapshot();
-    }
-    blocked = waits;
-    bool ran = false, busy = false;
-    for (const auto& s : streams) {
-      const auto step = s->step(blocked);
-      if (step == HostStream::Step::kRan) {
-        ran = true;
-        break;  // start over from the high-priority streams
-      }
-      busy |= step == HostStream::Step::kBusy;
-    }
-    if (ran) {
-      idle = 0;
-      continue;
-    }
-    // NOTE [Host waits on shared cores]: poll as poll_all does, then sleep on every awaited
-    // word. A stream run by another thread (busy) signals nothing we can sleep on: nap briefly.
-    const auto now = std::chrono::steady_clock::now();
-    if (idle++ == 0) idle_since = now;
-    if (poll_more(now - idle_since, oversubscribed_)) continue;
-    futex_sleep_any(busy ? std::vector<SignalWait>{} : blocked, now + (busy ? kNap : kMaxSleep));
-  }
-}
 
 namespace {
 
@@ -507,7 +61,6 @@ class HostDevice : public Device {
                                       Millis timeout) override {
     return import_shared_block(handle, bytes, timeout);
   }
-  std::shared_ptr<void> upload_pointer_table(const std::vector<void*>&) override { return {}; }
   std::shared_ptr<PrivateMemoryReader> private_memory_reader() override {
     return make_cross_memory_reader();  // host/cross_memory.cpp
   }
@@ -563,7 +116,11 @@ class HostDevice : public Device {
     }));
   }
 
-  void run(Stream& s, std::function<void()> fn) override {
+  // On the host, device work is host work: both run the closure in stream order.
+  void launch(Stream& s, std::function<void()> fn) override {
+    as_host(s).enqueue(HostTask::work(std::move(fn)));
+  }
+  void host_task(Stream& s, std::function<void()> fn) override {
     as_host(s).enqueue(HostTask::work(std::move(fn)));
   }
 
@@ -617,8 +174,9 @@ class HostDevice : public Device {
   void check_healthy(const char* op) override { failure_.check(op); }
 
  private:
-  const bool oversubscribed_;  // more ranks than usable CPUs: NOTE [Host waits on shared cores]
-  const bool cooperative_;     // NOTE [Cooperative host streams]
+  // More ranks than usable CPUs: NOTE [Host waits on shared cores] in host/futex_wait.cpp.
+  const bool oversubscribed_;
+  const bool cooperative_;  // NOTE [Cooperative host streams] in host/host_stream.cpp
   const std::shared_ptr<CooperativeScheduler> scheduler_;
   std::shared_ptr<HostStream> inline_stream_;
   FailureState failure_;  // NOTE [Device failure]

@@ -1,152 +1,27 @@
-// Host (CPU) implementation of the device interface. Exposed for tests; algorithms use Device.
+// The host (CPU) device: the device interface on shared memory and host streams
+// (host_device.cpp). What the backend and tests use to create one; algorithms use Device.
 #pragma once
 
-#include <atomic>
-#include <condition_variable>
-#include <deque>
-#include <exception>
-#include <mutex>
-#include <thread>
+#include <memory>
+#include <string>
 
 #include "p2p_workspace/device.hpp"
 
-namespace cuda_p2p::host {
+namespace cuda_p2p {
 
-// A block of shared memory: an anonymous memfd (never a name in /dev/shm), mode 0600.
-class HostBlock : public Block {
- public:
-  HostBlock(int fd, size_t bytes, bool own_fd);
-  ~HostBlock() override;
-  // The memfd, kept open on the owning rank (for export); -1 on importers.
-  int fd() const { return fd_; }
+// How a host device runs the work of the streams it creates (NOTE [Cooperative host streams] in
+// host/host_stream.cpp): kCooperative, the default, in the thread that waits for it; kThreads on
+// one executor thread per stream (the GPU's true concurrency, for tests that look for missing
+// stream joins). kDefault is kCooperative (the backend resolves Options.host_streams and
+// CUDA_P2P_HOST_STREAMS in backend/config.cpp).
+enum class HostStreams { kDefault, kCooperative, kThreads };
+// "auto" (kDefault), "cooperative" or "threads"; anything else is an error naming `what`.
+HostStreams parse_host_streams(const std::string& value, const std::string& what);
 
- private:
-  int fd_;
-};
+// `processes`: how many ranks of this host share its CPUs through this device's signals (0:
+// unknown); waits poll with PAUSE only while they fit the CPUs (NOTE [Host waits on shared
+// cores] in host/futex_wait.cpp).
+std::shared_ptr<Device> make_host_device(int processes = 0,
+                                         HostStreams streams = HostStreams::kDefault);
 
-// One unit of stream work. `run` is the work itself (empty for a pure wait). `ready`, when set,
-// says whether the task may start: an executor thread or the inline stream blocks in `block`
-// instead; a cooperative stream calls `ready` and, while it is false, sleeps on `waits`.
-// `ready` may throw (a wait that timed out), which fails the stream like a throwing `run`.
-struct HostTask {
-  std::function<void()> run;
-  std::function<bool()> ready;
-  std::function<void()> block;
-  std::vector<SignalWait> waits;
-
-  static HostTask work(std::function<void()> fn) {
-    HostTask t;
-    t.run = std::move(fn);
-    return t;
-  }
-  static HostTask when(std::function<bool()> ready, std::vector<SignalWait> waits = {}) {
-    HostTask t;
-    t.ready = std::move(ready);
-    t.waits = std::move(waits);
-    return t;
-  }
-  static HostTask blocking(std::function<void()> block) {
-    HostTask t;
-    t.block = std::move(block);
-    return t;
-  }
-};
-
-class CooperativeScheduler;
-
-// A host stream, in one of three modes:
-//  - inline: the caller's "current stream"; work runs at once in the calling thread;
-//  - thread: work runs in order on the stream's own executor thread;
-//  - cooperative: work is queued and run by whichever thread waits for it (synchronize, an event
-//    on the inline stream), interleaved with the device's other cooperative streams
-//    (NOTE [Cooperative host streams] in host_device.cpp).
-class HostStream : public Stream, public std::enable_shared_from_this<HostStream> {
- public:
-  enum class Mode { kInline, kThread, kCooperative };
-  HostStream(Mode mode, bool high_priority, std::shared_ptr<CooperativeScheduler> scheduler);
-  ~HostStream() override;
-
-  Mode mode() const { return mode_; }
-  bool high_priority() const { return high_priority_; }
-  void enqueue(HostTask task);
-  // Tasks enqueued so far; an event records this number.
-  uint64_t enqueued() const { return enqueued_; }
-  // Tasks finished (or skipped after an error) so far.
-  uint64_t done() const;
-  // Blocks until `seq` tasks have finished (or been skipped after an error); rethrows the
-  // stream's first error if `rethrow` (and clears it: the stream is usable again).
-  void wait_done(uint64_t seq, bool rethrow);
-  std::exception_ptr error() const;
-
-  // Cooperative mode: what one attempt to run the head task did.
-  enum class Step { kRan, kBlocked, kEmpty, kBusy };
-  // Runs the head task if it may start; a blocked task appends what it waits for to `waits`.
-  // kBusy: another thread is running this stream's task right now.
-  Step step(std::vector<SignalWait>& waits);
-
- private:
-  void loop();
-
-  const Mode mode_;
-  const bool high_priority_;
-  const std::shared_ptr<CooperativeScheduler> scheduler_;  // cooperative mode only
-  uint64_t enqueued_ = 0;                                  // only touched by the enqueuing thread
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<HostTask> queue_;
-  uint64_t done_ = 0;
-  bool stop_ = false;
-  std::exception_ptr error_;
-  std::atomic<bool> stepping_{false};  // cooperative mode: a thread is in step()
-  std::thread thread_;
-};
-
-// Runs the cooperative streams of one device (there is one per HostDevice: no process-wide
-// state). NOTE [Cooperative host streams] in host_device.cpp.
-class CooperativeScheduler {
- public:
-  explicit CooperativeScheduler(bool oversubscribed) : oversubscribed_(oversubscribed) {}
-  void add(const std::shared_ptr<HostStream>& stream);
-  // Runs the ready tasks of every cooperative stream, high-priority streams first, until
-  // `finished()` holds; while none can run, backs off and sleeps on `waits` (the caller's own
-  // signal words, if any) and on what the blocked tasks wait for. `finished` may throw.
-  void drive(const std::function<bool()>& finished, const std::vector<SignalWait>& waits = {});
-
- private:
-  std::vector<std::shared_ptr<HostStream>> snapshot();
-  const bool oversubscribed_;
-  std::mutex mu_;
-  std::vector<std::weak_ptr<HostStream>> streams_;
-  std::atomic<uint64_t> version_{0};  // bumped by add(): drive() then takes a new snapshot
-};
-
-class HostEvent : public Event {
- public:
-  HostEvent(std::shared_ptr<HostStream> stream, uint64_t seq)
-      : stream(std::move(stream)), seq(seq) {}
-  std::shared_ptr<HostStream> stream;
-  uint64_t seq;
-};
-
-// memfd-backed blocks (host/shared_block.cpp): allocate, export to peers over a Unix socket
-// (SCM_RIGHTS, same user only), import.
-std::shared_ptr<Block> allocate_shared_block(size_t bytes);
-std::unique_ptr<BlockExporter> export_shared_block(const std::shared_ptr<Block>& block,
-                                                   int max_peers);
-std::shared_ptr<Block> import_shared_block(const std::vector<uint8_t>& handle, size_t bytes,
-                                           Millis timeout);
-
-// Sleeps in the kernel (futex on the shared word) until `word` reaches `value` (31-bit
-// sequence-number order: NOTE [Sleeper bit]) or `deadline` passes. Returns whether it was reached.
-bool futex_sleep_until(const uint32_t* word, uint32_t value,
-                       std::chrono::steady_clock::time_point deadline);
-// Sleeps until any of the words changes from the value it holds now, or `deadline` passes
-// (futex_waitv; a short nap where the kernel lacks it). Returns at once if one already reached
-// its target.
-void futex_sleep_any(const std::vector<SignalWait>& waits,
-                     std::chrono::steady_clock::time_point deadline);
-// Stores `value` (its low 31 bits: NOTE [Sleeper bit] in host_device.cpp) with release order and
-// wakes the waiters (of any process) that may sleep on the word.
-void futex_store_and_wake(uint32_t* word, uint32_t value);
-
-}  // namespace cuda_p2p::host
+}  // namespace cuda_p2p

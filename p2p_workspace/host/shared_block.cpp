@@ -18,6 +18,8 @@
 // our own uid could read our memory through /proc anyway, so no secret would keep it out. A pid
 // mismatch also catches a record left by another job. Ranks in different pid namespaces see each
 // other's pids differently: the import fails and the workspace is off, with that reason.
+#include "p2p_workspace/host/shared_block.hpp"
+
 #include <c10/util/Exception.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -32,8 +34,6 @@
 #include <cstring>
 #include <random>
 #include <thread>
-
-#include "p2p_workspace/host/host_device.hpp"
 
 namespace cuda_p2p::host {
 
@@ -257,7 +257,7 @@ std::shared_ptr<Block> import_shared_block(const std::vector<uint8_t>& handle, s
               "another job)");
   ::setsockopt(sock.fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   Fd fd(recv_fd(sock.fd));
-  struct stat st {};
+  struct stat st{};
   TORCH_CHECK(::fstat(fd.fd, &st) == 0 && static_cast<size_t>(st.st_size) >= bytes,
               "cuda_p2p: a peer's shared block holds ", st.st_size, " bytes, expected ", bytes);
   // The mapping keeps the memory alive; the descriptor is not needed any more.

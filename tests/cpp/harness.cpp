@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/config.hpp"
+#include "p2p_workspace/host/host_device.hpp"
 
 #ifdef CUDA_P2P_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>

@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "backend/CompletedWork.hpp"
-#include "p2p_workspace/device.hpp"
+#include "p2p_workspace/host/host_device.hpp"
 #include "tests/cpp/harness.hpp"
 
 namespace cuda_p2p::test {
@@ -35,7 +35,7 @@ TEST_P(EnqueuedWork, WaitOrdersTheCallersStreamAfterTheOpsEnd) {
     auto side = dev->new_stream(false);
     std::atomic<int> ran{0};
     // The "op": work on a side stream that the caller has not waited for yet.
-    dev->run(*side, [&] {
+    dev->host_task(*side, [&] {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       ran = 1;
     });

@@ -6,6 +6,7 @@
 #include "ops/collective_detail.hpp"
 #include "ops/collectives.hpp"
 #include "ops/reduction.hpp"
+#include "p2p_workspace/cuda/cuda_device.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
 #include "tests/cpp/harness.hpp"
 

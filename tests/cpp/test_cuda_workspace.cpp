@@ -2,6 +2,7 @@
 // machine: ranks share the GPUs round-robin (two processes on one device use CUDA IPC too).
 #include <ATen/ATen.h>
 
+#include "p2p_workspace/cuda/cuda_device.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
 #include "tests/cpp/harness.hpp"
 

@@ -8,6 +8,7 @@
 
 #include "ops/channels.hpp"
 #include "ops/fused_ops.hpp"
+#include "p2p_workspace/cuda/cuda_device.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
 #include "tests/cpp/harness.hpp"
 
@@ -390,7 +391,7 @@ TEST(FusedPipelines, ARankThatNeverJoinsIsNamedAndTheStreamsRecover) {
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
     // The streams report an error once and run again.
     at::Tensor x;
-    p.ws->device().run(*p.streams[1], [&] { x = at::ones({2}); });
+    p.ws->device().launch(*p.streams[1], [&] { x = at::ones({2}); });
     p.ws->device().synchronize(*p.streams[1]);
     EXPECT_TRUE(x.defined());
   }

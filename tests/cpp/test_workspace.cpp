@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "p2p_workspace/host/host_device.hpp"
+#include "p2p_workspace/host/shared_block.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
 #include "tests/cpp/harness.hpp"
 
@@ -92,9 +93,9 @@ TEST(Workspace, BarriersOnTwoChannelsFromTwoThreadsDoNotInterfere) {
     try {
       auto stream = ws->device().new_stream(false);
       for (int i = 1; i <= 200; ++i) {
-        ws->device().run(*stream, [&, i] { buf[which].fill_(i); });
+        ws->device().launch(*stream, [&, i] { buf[which].fill_(i); });
         ws->barrier(*stream, 1 + which);
-        ws->device().run(*stream, [&, i, which] {
+        ws->device().host_task(*stream, [&, i, which] {
           for (int r = 0; r < w.size; ++r) {
             auto v = ws->get_buffer(r, {2}, at::kLong)[which].item<int64_t>();
             TORCH_CHECK(v == i, "channel ", 1 + which, " iteration ", i, ": rank ", r, " holds ",
@@ -133,7 +134,7 @@ TEST(Workspace, StreamsCopyFromPeersAndJoinThroughEvents) {
   auto e1 = dev.record(*s1);
   dev.wait_event(*s2, *e1);  // s2 sees s1's copies
   at::Tensor sum;
-  dev.run(*s2, [&] { sum = gathered.sum(1); });
+  dev.launch(*s2, [&] { sum = gathered.sum(1); });
   dev.synchronize(*s2);
   EXPECT_TRUE(sum.equal(at::arange(w.size, at::kFloat) * 64)) << sum;
   dev.wait_event(*main, *dev.record(*s1));  // joins the caller's stream too
@@ -443,9 +444,6 @@ class UnreachablePeerDevice : public Device {
                                       Millis t) override {
     return inner_->import_block(h, bytes, t);
   }
-  std::shared_ptr<void> upload_pointer_table(const std::vector<void*>& p) override {
-    return inner_->upload_pointer_table(p);
-  }
   std::shared_ptr<Stream> current_stream() override { return inner_->current_stream(); }
   std::shared_ptr<Stream> new_stream(bool hp) override { return inner_->new_stream(hp); }
   void copy(Stream& s, void* d, const void* src, size_t n) override { inner_->copy(s, d, src, n); }
@@ -453,7 +451,10 @@ class UnreachablePeerDevice : public Device {
   void wait_signals(Stream& s, std::vector<SignalWait> w, Millis t, std::string c) override {
     inner_->wait_signals(s, std::move(w), t, std::move(c));
   }
-  void run(Stream& s, std::function<void()> fn) override { inner_->run(s, std::move(fn)); }
+  void launch(Stream& s, std::function<void()> fn) override { inner_->launch(s, std::move(fn)); }
+  void host_task(Stream& s, std::function<void()> fn) override {
+    inner_->host_task(s, std::move(fn));
+  }
   std::shared_ptr<Event> record(Stream& s) override { return inner_->record(s); }
   void wait_event(Stream& s, const Event& e) override { inner_->wait_event(s, e); }
   void synchronize(Stream& s) override { inner_->synchronize(s); }

@@ -55,3 +55,17 @@ def test_getenv_only_in_the_configuration_file():
             if re.search(r"\b(std::)?(secure_)?getenv\s*\(", path.read_text()):
                 readers.append(str(path.relative_to(ROOT)))
     assert readers == ["backend/config.cpp"], readers
+
+
+def test_algorithms_see_only_the_device_interface():
+    # Every algorithm is written once against p2p_workspace/device.hpp (docs/design.md §2): ops/
+    # (but for its CUDA kernels, ops/cuda/) and the workspace's headers include no header of a
+    # device implementation (p2p_workspace/host/, p2p_workspace/cuda/). Creating a device is the
+    # backend's business.
+    device_specific = re.compile(r"^p2p_workspace/(host|cuda)/")
+    paths = [p for p in _sources("ops") if "cuda" not in p.relative_to(ROOT / "ops").parts[:-1]]
+    paths += sorted((ROOT / "p2p_workspace").glob("*.hpp"))
+    offenders = [f"{p.relative_to(ROOT)} includes {i}" for p in paths
+                 for i in INCLUDE.findall(p.read_text()) if device_specific.match(i)]
+    assert not offenders, "device-specific includes:\n" + "\n".join(offenders)
+    assert len(paths) > 10 and (ROOT / "p2p_workspace/device.hpp") in paths

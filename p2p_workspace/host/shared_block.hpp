@@ -1,0 +1,33 @@
+// memfd-backed shared blocks of the host device (host/shared_block.cpp, NOTE [Host segment
+// hygiene] there). Exposed for tests; algorithms use Device.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "p2p_workspace/device.hpp"
+
+namespace cuda_p2p::host {
+
+// A block of shared memory: an anonymous memfd (never a name in /dev/shm), mode 0600.
+class HostBlock : public Block {
+ public:
+  HostBlock(int fd, size_t bytes, bool own_fd);
+  ~HostBlock() override;
+  // The memfd, kept open on the owning rank (for export); -1 on importers.
+  int fd() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// memfd-backed blocks (host/shared_block.cpp): allocate, export to peers over a Unix socket
+// (SCM_RIGHTS, same user only), import.
+std::shared_ptr<Block> allocate_shared_block(size_t bytes);
+std::unique_ptr<BlockExporter> export_shared_block(const std::shared_ptr<Block>& block,
+                                                   int max_peers);
+std::shared_ptr<Block> import_shared_block(const std::vector<uint8_t>& handle, size_t bytes,
+                                           Millis timeout);
+
+}  // namespace cuda_p2p::host
