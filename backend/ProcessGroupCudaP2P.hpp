@@ -102,6 +102,9 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // the workspace cannot serve it, the wrapped backend's all-reduce, waited for.
   void all_reduce_in_place(at::Tensor& tensor, const c10d::ReduceOp& op);
 
+  // The workspace reduce op for a c10d one, or nullopt (PREMUL_SUM and unknown ops).
+  static std::optional<ops::ReduceOp> to_reduce_op(const c10d::ReduceOp& op);
+
   // Counters of which path ran ("all_reduce.one_shot", "all_reduce.wrapped", ...), so tests and
   // users can see that the fast path ran and that no fallback was silent.
   void bump_counter(const std::string& name, int64_t by = 1);
@@ -208,8 +211,6 @@ class ProcessGroupCudaP2P : public c10d::Backend {
                       const std::function<void(const ops::CollectiveContext&)>& fn);
   // A completed Work over `outputs`, tracked while coalescing.
   c10::intrusive_ptr<c10d::Work> completed(c10d::OpType type, std::vector<at::Tensor> outputs);
-  // The workspace reduce op for a c10d one, or nullopt (PREMUL_SUM and unknown ops).
-  static std::optional<ops::ReduceOp> to_reduce_op(const c10d::ReduceOp& op);
   // The workspace all-reduce of `t` in place (allreduce() and all_reduce_in_place()); false,
   // having done nothing, where the workspace does not serve it (device, reduce op, dtype).
   bool all_reduce_on_workspace(at::Tensor& t, const c10d::ReduceOp& op);

@@ -24,29 +24,6 @@ bool is_avg(const c10d::ReduceOp& op) { return op.op_ == c10d::ReduceOp::AVG; }
 // there, divided once the sum is complete, since neither step sees every rank.
 c10d::ReduceOp partial_op(const c10d::ReduceOp& op) { return is_avg(op) ? sum_op() : op; }
 
-std::optional<ops::ReduceOp> to_ops(const c10d::ReduceOp& op) {
-  switch (op.op_) {
-    case c10d::ReduceOp::SUM:
-      return ops::ReduceOp::kSum;
-    case c10d::ReduceOp::AVG:
-      return ops::ReduceOp::kAvg;
-    case c10d::ReduceOp::PRODUCT:
-      return ops::ReduceOp::kProduct;
-    case c10d::ReduceOp::MIN:
-      return ops::ReduceOp::kMin;
-    case c10d::ReduceOp::MAX:
-      return ops::ReduceOp::kMax;
-    case c10d::ReduceOp::BAND:
-      return ops::ReduceOp::kBand;
-    case c10d::ReduceOp::BOR:
-      return ops::ReduceOp::kBor;
-    case c10d::ReduceOp::BXOR:
-      return ops::ReduceOp::kBxor;
-    default:
-      return std::nullopt;  // PREMUL_SUM: the wrapped backend decides
-  }
-}
-
 // A contiguous tensor to compute into for `t` (t itself when it is contiguous).
 at::Tensor contiguous_output(const at::Tensor& t) {
   return t.is_contiguous() ? t : at::empty(t.sizes(), t.options());
@@ -131,7 +108,7 @@ const char* Hierarchy::rejects(c10::ArrayRef<at::Tensor> tensors) {
 
 const char* Hierarchy::rejects_reduction(const c10d::ReduceOp& op, at::ScalarType dtype,
                                          const char* what) {
-  const auto mapped = to_ops(op);
+  const auto mapped = ProcessGroupCudaP2P::to_reduce_op(op);
   if (!mapped) return "reduce_op";
   // Gloo, the inter-host backend, reduces no int16; the flat path reports it.
   if (!ops::is_reducible_dtype(dtype) || dtype == at::kShort) return "dtype";
