@@ -62,7 +62,9 @@ PYEOF
   "$VPY" -m pip install -q torch==2.14.1
 fi
 
-need=$("$VPY" - <<'PYEOF'
+# -I: not the current folder on sys.path, where a folder named like a package (cmake/) would be
+# taken for it.
+need=$("$VPY" -I - <<'PYEOF'
 import importlib.util, shutil
 mods = {"cmake": "cmake", "ninja": "ninja", "scikit_build_core": "scikit-build-core",
         "pytest": "pytest", "numpy": "numpy", "matplotlib": "matplotlib"}
@@ -79,7 +81,7 @@ fi
 # Rebuilt only when a source file changed since the last install (or the install is missing).
 stamp=build/.installed-sources
 sources_hash=$(git ls-files -z --cached --others --exclude-standard \
-    CMakeLists.txt cmake pyproject.toml backend p2p_workspace ops python tests/cpp third_party \
+    CMakeLists.txt pyproject.toml backend p2p_workspace ops python tests/cpp third_party \
     2>/dev/null |
   xargs -0 sha1sum 2>/dev/null | sha1sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$sources_hash" ] &&
