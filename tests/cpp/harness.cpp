@@ -44,10 +44,12 @@ void read_launcher_env(World& w) {
 }
 
 // MASTER_PORT if set; otherwise a port derived from the launcher's pid (mpirun is the parent of
-// every rank on one host), so concurrent jobs rarely collide.
+// every rank on one host), so concurrent jobs rarely collide. Below Linux's ephemeral range
+// (32768-60999 by default), where the kernel hands out the local ports of outgoing connections:
+// a port derived into that range was once taken by one (EADDRINUSE at the store's listen).
 uint16_t store_port() {
   if (int p = env_int("MASTER_PORT", 0); p > 0) return static_cast<uint16_t>(p);
-  return static_cast<uint16_t>(20000 + getppid() % 30000);
+  return static_cast<uint16_t>(20000 + getppid() % 12000);
 }
 
 // On ranks other than 0, print only failures (with the rank), not the whole report.
