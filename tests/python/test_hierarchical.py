@@ -30,6 +30,8 @@ PLACEMENTS = {
     "r%2": lambda r, w: r % 2,        # non-contiguous: ranks 0, 2 on one host, 1, 3 on the other
     "2x3": lambda r, w: r // 3,
     "2x3r%2": lambda r, w: r % 2,    # 6 ranks, hosts {0, 2, 4} and {1, 3, 5}
+    "2+1": lambda r, w: 0 if r < 2 else 1,
+    "1+1": lambda r, w: r,           # 2 ranks, one per host: no intra-host step
 }
 
 # The groups of this worker process, by placement (created once per pool).
@@ -339,12 +341,14 @@ def _destroy_and_recreate(ctx):
 # ---------------------------------------------------------------------------------------------
 # tests
 
-CASES = [("world4", "2x2"), ("world4", "3+1"), ("world4", "r%2"), ("world6", "2x3"),
-         ("world6", "2x3r%2")]
+CASES = [("world2", "1+1"), ("world3", "2+1"), ("world4", "2x2"), ("world4", "3+1"),
+         ("world4", "r%2"), ("world6", "2x3"), ("world6", "2x3r%2")]
+# Hosts of unequal sizes: the steps through the leaders (hierarchical_leaders).
+UNEVEN = ("3+1", "2+1")
 
 
 def _path(placement):
-    return "hierarchical_leaders" if placement == "3+1" else "hierarchical"
+    return "hierarchical_leaders" if placement in UNEVEN else "hierarchical"
 
 
 @pytest.mark.parametrize("pool,placement", CASES, ids=[c[1] for c in CASES])
@@ -353,7 +357,7 @@ def test_layout(request, pool, placement):
     results = world.run(_layout, placement)
     assert all((r["hosts"], r["even"]) == (results[0]["hosts"], results[0]["even"])
                for r in results)
-    assert results[0]["even"] == (placement != "3+1")
+    assert results[0]["even"] == (placement not in UNEVEN)
     # Local index 0 exists on every host: its ranks always have an inter-host backend.
     hosts = results[0]["hosts"]
     for h in hosts:
@@ -389,8 +393,8 @@ def test_broadcast(request, pool, placement):
     results = world.run(_broadcast, placement, dtypes)
     for runs, counters in results:
         assert sum(v for k, v in counters.items() if k.startswith("broadcast.hierarchical")) == runs
-        if placement == "3+1":
-            # Roots 1 and 2 have local indices the one-rank host lacks: they go through leaders.
+        if placement in UNEVEN:
+            # Roots whose local index the one-rank host lacks go through the leaders.
             assert counters.get("broadcast.hierarchical_leaders", 0) > 0, counters
             assert counters.get("broadcast.hierarchical", 0) > 0, counters
         else:
