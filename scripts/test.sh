@@ -31,7 +31,7 @@ else
 fi
 
 echo "== Python tests (pytest)"
-"$VPY" -m pytest -q tests/python "$@" || status=1
+"$VPY" -m pytest -q --durations=15 tests/python "$@" || status=1
 
 if [ "${CUDA_P2P_SANITIZERS:-1}" = 1 ]; then
   echo "== C++ tests under sanitizers (scripts/sanitizers.sh)"
