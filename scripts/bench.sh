@@ -8,9 +8,33 @@
 #   bash scripts/bench.sh --full                  # 8 B .. 64 MiB, powers of 2 (several minutes)
 #   bash scripts/bench.sh --env CUDA_P2P_DISABLE_WORKSPACE=1
 #   bash scripts/bench.sh --hosts 2 --world-sizes 4   # hierarchical (2 simulated hosts) vs flat Gloo
+#   bash scripts/bench.sh --compare               # the comparisons below, one after the other
 #   bash scripts/bench.sh --help
+#
+# --compare runs, each into bench/results/compare_<name>.{json,png} (about 10 minutes):
+#   deepspeed     all_reduce on 2 and 4 ranks, 8 B .. 16 MiB: dist.all_reduce and the dispatcher op
+#                 beside DeepSpeed's shm all-reduce (a column only when deepspeed is installed:
+#                 .venv/bin/pip install deepspeed; the bench builds its CPU comm op)
+#   hierarchical  4 ranks on 2 simulated hosts, hierarchical against the flat wrapped Gloo
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/setup.sh   # installs and builds what is missing; seconds when everything is in place
-exec .venv/bin/python bench/bench_collectives.py "$@"
+if [ "${1:-}" != "--compare" ]; then
+  exec .venv/bin/python bench/bench_collectives.py "$@"
+fi
+shift
+out=bench/results
+run() {
+  local name=$1
+  shift
+  echo
+  echo "=== $name: $*"
+  .venv/bin/python "$@" || { echo "=== $name failed" >&2; status=1; }
+}
+status=0
+run deepspeed bench/bench_collectives.py --world-sizes 2 4 --collectives all_reduce \
+  --peers auto --json "$out/compare_deepspeed.json" --plot "$out/compare_deepspeed.png" "$@"
+run hierarchical bench/bench_collectives.py --world-sizes 4 --hosts 2 \
+  --json "$out/compare_hierarchical.json" --plot "$out/compare_hierarchical.png" "$@"
+exit $status
