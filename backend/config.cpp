@@ -271,8 +271,9 @@ Config resolve_config(const Options& o, int world_size, const config::EnvLookup&
   TORCH_CHECK(!o.symmetric_heap_size || *o.symmetric_heap_size > 0,
               "cuda_p2p: Options.symmetric_heap_size must be positive (bytes), got ",
               *o.symmetric_heap_size);
-  c.symmetric_heap_size = pick(o.symmetric_heap_size, env_int(env, kSymmetricHeapSizeEnv, 1, kMaxBytes),
-                               Config::kDefaultSymmetricHeapSize);
+  c.symmetric_heap_size =
+      pick(o.symmetric_heap_size, env_int(env, kSymmetricHeapSizeEnv, 1, kMaxBytes),
+           Config::kDefaultSymmetricHeapSize);
   return c;
 }
 

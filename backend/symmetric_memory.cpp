@@ -90,7 +90,10 @@ int64_t ProcessGroupCudaP2P::symmetric_offset(const at::Tensor& t) const {
 std::map<std::string, int64_t> ProcessGroupCudaP2P::symmetric_heap_info() const {
   std::lock_guard<std::mutex> lock(heap_mutex_);
   if (!heap_) {
-    return {{"created", 0}, {"capacity", 0}, {"used_bytes", 0}, {"live_blocks", 0},
+    return {{"created", 0},
+            {"capacity", 0},
+            {"used_bytes", 0},
+            {"live_blocks", 0},
             {"largest_free", 0}};
   }
   return {{"created", 1},

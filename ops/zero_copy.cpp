@@ -20,9 +20,8 @@ namespace cuda_p2p::ops::detail {
 //
 //   1. Whether to try is decided from what every rank knows alike: the group has a heap (it is
 //      created collectively, by the first cuda_p2p.empty, at the same point of every rank's op
-//      sequence), the workspace is on the host, and the sizes (all-reduce: two-shot, and the
-//      reduced chunk fits the phase's region). Groups without a heap never get here: they pay
-//      nothing.
+//      sequence), the workspace is on the host, and the sizes (all-reduce: two-shot). Groups
+//      without a heap never get here: they pay nothing.
 //   2. begin_phase (the reuse guard), then the rank writes, in the header of its region, the heap
 //      offset of each of its inputs, or -1 for an input outside its heap (any ordinary tensor).
 //   3. The op's first phase barrier: it compares the op signatures (NOTE [Op signatures]) and
@@ -38,14 +37,14 @@ namespace cuda_p2p::ops::detail {
 //   5. Else the readers read peers' inputs from their heap mappings, and no rank may return - its
 //      caller may overwrite its input - before every peer finished reading it: all-gather and
 //      reduce-scatter end the phase and wait for their readers' done words (wait_readers, which
-//      also satisfies the next phase's reuse guard); all-reduce reduces its chunk into its
-//      region, passes a second barrier (every read of every input is done, the reduced chunks
-//      are published) and only then writes its output, which may be its input.
+//      also satisfies the next phase's reuse guard); all-reduce, in rounds like the staged
+//      two-shot, reduces its part of a round into its region, passes a barrier (every rank has
+//      read that round of every input, the reduced parts are published) and only then writes
+//      that round of its output, which may be its input; later rounds read other bytes of the
+//      inputs, final since the first barrier, and each takes a phase of its own.
 //
 // The reductions use the staged path's kernel in rank order, so each element gets the bits the
-// staged direct reduce-scatter computes; a zero-copy all-reduce's bits are the same on every
-// rank (each chunk is reduced once) but may differ in the last place from the staged two-shot's
-// (whose chunks are cut per round).
+// staged direct reduce-scatter and two-shot all-reduce compute, and every rank the same bits.
 
 namespace {
 
@@ -163,31 +162,39 @@ bool all_reduce_zero_copy(const CollectiveContext& ctx, char* in, char* out, int
   if (!heap_usable(ctx) || numel == 0) return false;
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
   const auto esize = static_cast<int64_t>(c10::elementSize(dtype));
-  // The reduced chunk lands behind the header in the rank's region; too large, stage.
-  if (kAlign + ceil_div(numel, W) * esize > phase_bytes(ctx)) return false;
+  // Rounds of m elements, as the staged two-shot's (config.chunk_bytes), so that a round's
+  // reduced chunks are still in the cache when the ranks gather them; each rank's reduced part
+  // of a round lands behind the header of its region.
+  const int64_t region = phase_bytes(ctx) - kAlign;
+  int64_t m = region / esize * W;
+  if (ctx.config.chunk_bytes > 0)
+    m = std::min(m, std::max<int64_t>(ctx.config.chunk_bytes / esize, W));
+  while (m > W && ceil_div(m, W) * esize > region) --m;
+  if (m <= 0 || ceil_div(m, W) * esize > region) return false;
   auto a = agree(ctx, {heap_offset(ctx, in, numel * esize)});
   if (!a) return false;
-  const auto [b, e] = split_range(numel, W, me);
-  char* reduced = a->ph.region[me] + kAlign;
-  const int64_t m = std::max<int64_t>(kReducePieceBytes / esize, 1);
-  for (int64_t off = b; off < e; off += m) {
-    const int64_t len = std::min(m, e - off);
+  for (int64_t base = 0; base < numel; base += m) {
+    const int64_t len = std::min(m, numel - base);
+    // Round 0 runs in the phase of the agreement; later rounds take their own (reuse guard).
+    const Phase ph = base == 0 ? a->ph : begin_phase(ctx);
+    const auto [b, e] = split_range(len, W, me);
     std::vector<at::Tensor> srcs;
     srcs.reserve(W);
     for (int q = 0; q < W; ++q) {
-      srcs.push_back(
-          view(ctx, const_cast<char*>(in_heap(ctx, q, a->offsets[q]) + off * esize), len, dtype));
+      const char* p = in_heap(ctx, q, a->offsets[q]) + (base + b) * esize;
+      srcs.push_back(view(ctx, const_cast<char*>(p), e - b, dtype));
     }
-    reduce_on_stream(ctx, view(ctx, reduced + (off - b) * esize, len, dtype), std::move(srcs), op,
-                     W);
+    reduce_on_stream(ctx, view(ctx, ph.region[me] + kAlign, e - b, dtype), std::move(srcs), op, W);
+    // Every rank has read this round of every input and published its reduced part (step 5):
+    // only now may the round of the output, which may be the input, be written.
+    phase_barrier(ctx);
+    for (int s = 0; s < W; ++s) {
+      const int q = (me + s) % W;
+      const auto [bq, eq] = split_range(len, W, q);
+      copy(ctx, out + (base + bq) * esize, ph.region[q] + kAlign, (eq - bq) * esize);
+    }
+    end_phase(ctx, ph);
   }
-  phase_barrier(ctx);  // every input read, every reduced chunk published (step 5)
-  for (int s = 0; s < W; ++s) {
-    const int q = (me + s) % W;
-    const auto [bq, eq] = split_range(numel, W, q);
-    copy(ctx, out + bq * esize, a->ph.region[q] + kAlign, (eq - bq) * esize);
-  }
-  end_phase(ctx, a->ph);
   ctx.state.last_zero_copy = true;
   return true;
 }
