@@ -298,6 +298,10 @@ def _heap_case(ctx):
         (lambda: cuda_p2p.empty(2, group=ctx.gloo), TypeError, "backend='cuda_p2p'"),
         (lambda: cuda_p2p.empty(2, group=g, dtype=torch.qint8), RuntimeError, "dtype"),
     ]
+    off = _group("no_workspace", enable_workspace=False)
+    errors.append((lambda: cuda_p2p.empty(2, group=off), RuntimeError, "unavailable"))
+    errors.append((lambda: cuda_p2p.use_symmetric_memory(off).__enter__(), RuntimeError,
+                   "unavailable"))
     for fn, exc, text in errors:
         try:
             fn()
