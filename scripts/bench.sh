@@ -8,6 +8,7 @@
 #   bash scripts/bench.sh --full                  # 8 B .. 64 MiB, powers of 2 (several minutes)
 #   bash scripts/bench.sh --env CUDA_P2P_DISABLE_WORKSPACE=1
 #   bash scripts/bench.sh --hosts 2 --world-sizes 4   # hierarchical (2 simulated hosts) vs flat Gloo
+#   bash scripts/bench.sh --zero-copy             # + zero-copy (symmetric heap) vs staged
 #   bash scripts/bench.sh --help
 set -euo pipefail
 cd "$(dirname "$0")/.."
