@@ -366,6 +366,13 @@ def _context_case(ctx):
     chk.case("all_reduce of a context tensor",
              torch.equal(t, _sum([_values(q, W * 4000, torch.float32) for q in range(W)])))
     _expect_zero_copy(chk, g, "all_reduce.zero_copy", before, "context all_reduce")
+    # The dispatcher op runs the same workspace all-reduce.
+    t.copy_(_values(me, W * 4000, torch.float32))
+    before = _counters(g)
+    cuda_p2p.all_reduce_(t, "max", g)
+    chk.case("all_reduce_ MAX", torch.equal(
+        t, torch.stack([_values(q, W * 4000, torch.float32) for q in range(W)]).amax(0)))
+    _expect_zero_copy(chk, g, "all_reduce.zero_copy", before, "all_reduce_ op")
     return chk.failures
 
 
