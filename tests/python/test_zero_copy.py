@@ -261,7 +261,6 @@ def test_fallback_and_offsets(any_world):
 
 
 def _heap_case(ctx):
-    W, me = ctx.world_size, ctx.rank
     chk = Checker()
     g = _group("small_heap", symmetric_heap_size=1 << 20)
     b = cuda_p2p.get_cuda_p2p_backend(g)
@@ -348,7 +347,8 @@ def _context_case(ctx):
     refs = {
         "zeros": torch.zeros(3, 4), "ones": torch.ones(2, dtype=torch.int64),
         "full": torch.full((3,), 7), "full float": torch.full((2, 2), 1.5, dtype=torch.float64),
-        "zeros_like": torch.zeros_like(plain), "ones_like": torch.ones_like(plain, dtype=torch.int8),
+        "zeros_like": torch.zeros_like(plain),
+        "ones_like": torch.ones_like(plain, dtype=torch.int8),
         "full_like": torch.full_like(plain, 3.0),
     }
     for name, x in made.items():
