@@ -29,6 +29,7 @@
 #include "ops/collectives.hpp"
 #include "ops/failure_record.hpp"
 #include "ops/pipeline_common.hpp"
+#include "p2p_workspace/symmetric_heap.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
 
 namespace cuda_p2p {
@@ -73,6 +74,21 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   void ensure_min_buffer_size(int64_t nbytes);
   // The workspace, or null when it was disabled.
   SymmetricWorkspace* workspace() const { return workspace_.get(); }
+
+  // --- the symmetric heap (backend/symmetric_memory.cpp; docs/collectives.md, "Zero-copy
+  // symmetric tensors") ---
+  // Collective, once: creates the group's heap (Config::symmetric_heap_size bytes per rank,
+  // mapped into every peer). Later calls return at once. Raises when the workspace is
+  // unavailable, NotImplementedError on a CUDA workspace.
+  void ensure_symmetric_heap();
+  // Collective (ranks allocate in the same order to get the same offsets): a tensor of `sizes`
+  // and `dtype` in this rank's heap, whose block is freed when its storage dies.
+  at::Tensor symmetric_empty(at::IntArrayRef sizes, at::ScalarType dtype);
+  // The offset of `t`'s data (all its storage bytes from its data pointer on) in this rank's
+  // heap, or -1 when it is not in it (or there is no heap).
+  int64_t symmetric_offset(const at::Tensor& t) const;
+  // {created, capacity, used_bytes, live_blocks, largest_free} of the heap (zeros before it).
+  std::map<std::string, int64_t> symmetric_heap_info() const;
 
   // The group's configuration, resolved once from its Options and the environment.
   const Config& config() const { return config_; }
@@ -257,6 +273,12 @@ class ProcessGroupCudaP2P : public c10d::Backend {
 
   mutable std::mutex counters_mutex_;
   std::map<std::string, int64_t> counters_;
+
+  // The symmetric heap, created by ensure_symmetric_heap under heap_mutex_; its allocator is
+  // shared with the deleters of the tensors in it, which also keep its mapping alive.
+  mutable std::mutex heap_mutex_;
+  std::unique_ptr<SymmetricWorkspace> heap_;
+  std::shared_ptr<HeapAllocator> heap_allocator_;
 
   std::mutex pipeline_state_mutex_;
   std::shared_ptr<ops::pipeline::State> pipeline_state_;  // see pipeline_state()

@@ -35,6 +35,7 @@ constexpr const char* kRingStepsEnv = "CUDA_P2P_RING_STEPS";
 constexpr const char* kChunkBytesEnv = "CUDA_P2P_CHUNK_BYTES";
 constexpr const char* kHostIdEnv = "CUDA_P2P_HOST_ID";
 constexpr const char* kDenyCrossMemoryEnv = "CUDA_P2P_TEST_DENY_CROSS_MEMORY";
+constexpr const char* kSymmetricHeapSizeEnv = "CUDA_P2P_SYMMETRIC_HEAP_SIZE";
 
 constexpr int64_t kMaxBytes = int64_t{1} << 46;  // 64 TiB: a sanity bound, not a policy
 constexpr int64_t kMaxRingSteps = int64_t{1} << 20;
@@ -149,6 +150,9 @@ const std::vector<Knob>& knobs() {
        "them."},
       {"cross_memory_min_bytes", "", "bytes", "64 KiB",
        "Smallest payload read copy-free when copy-free reads are on."},
+      {"symmetric_heap_size", kSymmetricHeapSizeEnv, "bytes", "1 GiB",
+       "Bytes of each rank's symmetric heap (cuda_p2p.empty, use_symmetric_memory), mapped "
+       "sparsely on first use; it does not grow."},
       {"", kHostIdEnv, "string", "hostname/boot id",
        "This process's host identity; ranks with different identities do not share a workspace "
        "(tests simulate several hosts with it)."},
@@ -262,6 +266,14 @@ Config resolve_config(const Options& o, int world_size, const config::EnvLookup&
                                                kCrossMemoryEnv, "=1 turns it on");
   }
   c.workspace_options.private_reads = c.cross_memory;
+
+  // The symmetric heap (NOTE [Symmetric heap] in p2p_workspace/symmetric_heap.cpp).
+  TORCH_CHECK(!o.symmetric_heap_size || *o.symmetric_heap_size > 0,
+              "cuda_p2p: Options.symmetric_heap_size must be positive (bytes), got ",
+              *o.symmetric_heap_size);
+  c.symmetric_heap_size =
+      pick(o.symmetric_heap_size, env_int(env, kSymmetricHeapSizeEnv, 1, kMaxBytes),
+           Config::kDefaultSymmetricHeapSize);
   return c;
 }
 

@@ -82,6 +82,9 @@ struct Options : c10d::Backend::Options {
   std::optional<bool> cross_memory;
   // The smallest payload (bytes, as the thresholds above) read copy-free (unset: the default).
   std::optional<int64_t> cross_memory_min_bytes;
+  // Bytes of each rank's symmetric heap (cuda_p2p.empty; NOTE [Symmetric heap] in
+  // p2p_workspace/symmetric_heap.cpp): unset defers to CUDA_P2P_SYMMETRIC_HEAP_SIZE, else 1 GiB.
+  std::optional<int64_t> symmetric_heap_size;
 
   // Not marked override: older torch releases have no Options::clone().
   virtual c10::intrusive_ptr<c10d::Backend::Options> clone() const {
@@ -102,6 +105,10 @@ struct Config {
   ops::CollectiveConfig collective;
   bool cross_memory = false;            // offer copy-free reads
   std::string cross_memory_off_reason;  // the knob that turned them off ("" when on)
+  // Bytes of each rank's symmetric heap, created on the first cuda_p2p.empty of the group. A
+  // sparse mapping: only the pages that tensors touch cost memory, so the default is generous.
+  int64_t symmetric_heap_size = kDefaultSymmetricHeapSize;
+  static constexpr int64_t kDefaultSymmetricHeapSize = int64_t{1} << 30;
 };
 
 namespace config {

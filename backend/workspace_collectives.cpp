@@ -222,11 +222,14 @@ bool ProcessGroupCudaP2P::all_reduce_on_workspace(at::Tensor& t, const c10d::Red
                   [&] { ops::check_reduce_op(*op, t.scalar_type(), "all_reduce"); });
   at::Tensor work = t.is_contiguous() ? t : t.contiguous();
   ops::AllReduceAlgo algo = ops::AllReduceAlgo::kAuto;
+  bool zero_copy = false;
   run_collective("all_reduce", [&](const ops::CollectiveContext& ctx) {
     algo = ops::all_reduce(ctx, work, work, *op, ops::AllReduceAlgo::kAuto);
+    zero_copy = ctx.state.last_zero_copy;
     if (!work.is_same(t)) t.copy_(work);
   });
   bump_counter(std::string("all_reduce.") + ops::to_string(algo));
+  if (zero_copy) bump_counter("all_reduce.zero_copy");
   return true;
 }
 
@@ -261,16 +264,18 @@ void ProcessGroupCudaP2P::all_gather_on_workspace(const at::Tensor& input,
   for (const auto& o : outputs) outs.push_back(contiguous_output(o));
   const at::Tensor in = input.is_contiguous() ? input : input.contiguous();
   ops::AllGatherAlgo algo = ops::AllGatherAlgo::kAuto;
-  bool read = false;
+  bool read = false, zero_copy = false;
   run_collective("all_gather", [&](const ops::CollectiveContext& ctx) {
     algo = ops::all_gather(ctx, in, outs, ops::AllGatherAlgo::kAuto);
     read = ctx.state.last_private_reads;
+    zero_copy = ctx.state.last_zero_copy;
     for (size_t i = 0; i < outs.size(); ++i) {
       if (!outs[i].is_same(outputs[i])) outputs[i].copy_(outs[i]);
     }
   });
   bump_counter(std::string("all_gather.") + ops::to_string(algo));
   if (read) bump_counter("all_gather.cross_memory");
+  if (zero_copy) bump_counter("all_gather.zero_copy");
 }
 
 void ProcessGroupCudaP2P::all_gather_into_tensor_on_workspace(at::Tensor& output,
@@ -378,14 +383,16 @@ void ProcessGroupCudaP2P::reduce_scatter_on_workspace(const std::vector<at::Tens
   for (const auto& t : inputs) ins.push_back(t.is_contiguous() ? t : t.contiguous());
   at::Tensor out = contiguous_output(output);
   ops::ReduceScatterAlgo algo = ops::ReduceScatterAlgo::kAuto;
-  bool read = false;
+  bool read = false, zero_copy = false;
   run_collective("reduce_scatter", [&](const ops::CollectiveContext& ctx) {
     algo = ops::reduce_scatter(ctx, ins, out, op, ops::ReduceScatterAlgo::kAuto);
     read = ctx.state.last_private_reads;
+    zero_copy = ctx.state.last_zero_copy;
     if (!out.is_same(output)) output.copy_(out);
   });
   bump_counter(std::string("reduce_scatter.") + ops::to_string(algo));
   if (read) bump_counter("reduce_scatter.cross_memory");
+  if (zero_copy) bump_counter("reduce_scatter.zero_copy");
 }
 
 WorkPtr ProcessGroupCudaP2P::reduce_scatter(std::vector<at::Tensor>& outputs,

@@ -195,16 +195,31 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _make_inputs(coll: str, nbytes: int, n: int, rank: int, dtype: torch.dtype):
-    """(input, output) tensors for one collective; message-size conventions as NCCL-tests."""
+# --zero-copy: columns on a cuda_p2p group with a symmetric heap (docs/collectives.md,
+# "Zero-copy symmetric tensors"): inputs from cuda_p2p.empty, and ordinary inputs on that group
+# (what a heap costs an op that does not use it).
+ZERO_COPY_COLUMNS = ("zero_copy", "heap_staged")
+ZERO_COPY_COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")
+
+
+def _make_inputs(coll: str, nbytes: int, n: int, rank: int, dtype: torch.dtype, heap=None):
+    """(input, output) tensors for one collective; message-size conventions as NCCL-tests.
+    `heap`: a cuda_p2p group whose symmetric heap holds the input (collective)."""
     esize = torch.empty((), dtype=dtype).element_size()
     numel = nbytes // esize
+
+    def inp(k):
+        if heap is None:
+            return torch.zeros(k, dtype=dtype)
+        import cuda_p2p
+        return cuda_p2p.empty(k, dtype=dtype, group=heap).zero_()
+
     if coll == "all_reduce" or coll == "broadcast":
-        return torch.zeros(numel, dtype=dtype), None
+        return inp(numel), None
     if coll == "all_gather_into_tensor":
-        return torch.zeros(numel // n, dtype=dtype), torch.empty(numel, dtype=dtype)
+        return inp(numel // n), torch.empty(numel, dtype=dtype)
     if coll == "reduce_scatter_tensor":
-        return torch.zeros(numel, dtype=dtype), torch.empty(numel // n, dtype=dtype)
+        return inp(numel), torch.empty(numel // n, dtype=dtype)
     raise ValueError(coll)
 
 
@@ -236,7 +251,8 @@ def _check(dist, coll: str, nbytes: int, n: int, rank: int, dtype, groups) -> di
     outputs exactly (small integers: every summation order gives the same result)."""
     outs = {}
     for name, group in groups.items():
-        inp, out = _make_inputs(coll, nbytes, n, rank, dtype)
+        inp, out = _make_inputs(coll, nbytes, n, rank, dtype,
+                                group if name == "zero_copy" else None)
         inp.copy_(_pattern(inp.numel(), rank).to(dtype))
         _run_op(dist, coll, inp, out, group)
         outs[name] = (inp if out is None else out).clone()
@@ -548,6 +564,17 @@ def rank_main(rank: int, cfg: dict) -> None:
                 algo_groups[f"cuda_p2p/{value}"] = dist.new_group(
                     backend="cuda_p2p", timeout=timeout, pg_options=opts)
 
+        zc_groups = {}
+        if cfg["zero_copy"]:
+            step("new_group(cuda_p2p, zero-copy)")
+            zc_group = dist.new_group(backend="cuda_p2p", timeout=timeout)
+            cuda_p2p.get_cuda_p2p_backend(zc_group).ensure_symmetric_heap()
+            zc_groups = {"zero_copy": zc_group}
+            step("new_group(cuda_p2p, heap, staged)")
+            hs_group = dist.new_group(backend="cuda_p2p", timeout=timeout)
+            cuda_p2p.get_cuda_p2p_backend(hs_group).ensure_symmetric_heap()
+            zc_groups["heap_staged"] = hs_group
+
         results, barrier_res = [], None
         warmup, budget = cfg["warmup"], cfg["budget"]
         plan = [(c, s) for c in cfg["collectives"] for s in cfg["sizes"]]
@@ -565,10 +592,15 @@ def rank_main(rank: int, cfg: dict) -> None:
             timed_groups = dict(groups, **algo_groups)
             if coll == "all_reduce":
                 timed_groups.update(peer_ops)
+            if coll in ZERO_COPY_COLLECTIVES:
+                timed_groups.update(zc_groups)
             counters_before = read_counters(p2p_backend)
+            zc_before = {k: read_counters(cuda_p2p.get_cuda_p2p_backend(g))
+                         for k, g in zc_groups.items()}
             step(f"{label}: allocate")
-            bufs = {name: _make_inputs(coll, nbytes, n, rank, dtype) if coll != "barrier"
-                    else (None, None) for name in timed_groups}
+            bufs = {name: _make_inputs(coll, nbytes, n, rank, dtype,
+                                       timed_groups[name] if name == "zero_copy" else None)
+                    if coll != "barrier" else (None, None) for name in timed_groups}
             step(f"{label}: warmup")
             _, walls = _timed(dist, coll, bufs, timed_groups, sync, warmup, 0, cfg["batch"],
                               cfg["block"])
@@ -590,6 +622,11 @@ def rank_main(rank: int, cfg: dict) -> None:
                 entry["algos"] = {name.split("/", 1)[1]: entry.pop(name) for name in algo_groups}
             if coll == "all_reduce" and peer_ops:
                 entry["peers"] = {name: entry.pop(name) for name in peer_ops}
+            if coll in ZERO_COPY_COLLECTIVES and zc_groups:
+                entry["zero_copy"] = {name: entry.pop(name) for name in zc_groups}
+                for name, g in zc_groups.items():
+                    entry["zero_copy"][name]["paths"] = counter_delta(
+                        zc_before[name], read_counters(cuda_p2p.get_cuda_p2p_backend(g)))
             del bufs
             # Which paths of the backend ran (warmup and timed iterations), as counted by
             # the backend itself: says whether a number measures the workspace or the wrapped Gloo.
@@ -717,7 +754,8 @@ def add_derived(run: dict, memcpy_gbps: float) -> None:
             s["algbw_GBps"] = e["bytes"] / t / 1e9
             s["busbw_GBps"] = s["algbw_GBps"] * factor
             s["busbw_frac_memcpy"] = s["busbw_GBps"] / memcpy_gbps
-        for s in list(e.get("algos", {}).values()) + list(e.get("peers", {}).values()):
+        for s in (list(e.get("algos", {}).values()) + list(e.get("peers", {}).values())
+                  + list(e.get("zero_copy", {}).values())):
             t = s["median_us"] * 1e-6
             s["algbw_GBps"] = e["bytes"] / t / 1e9
             s["busbw_GBps"] = s["algbw_GBps"] * factor
@@ -725,6 +763,10 @@ def add_derived(run: dict, memcpy_gbps: float) -> None:
     for e in run["results"] + ([run["barrier"]] if run.get("barrier") else []):
         e["speedup"] = e["gloo"]["median_us"] / e["cuda_p2p"]["median_us"]
         e["speedup_ci95"] = speedup_ci(e["cuda_p2p"]["times_us"], e["gloo"]["times_us"])
+        for s in e.get("zero_copy", {}).values():
+            # < 1: faster than the staged path of the default group (no heap), same run.
+            s["ratio_vs_staged"] = s["median_us"] / e["cuda_p2p"]["median_us"]
+            s["ratio_vs_staged_ci95"] = speedup_ci(s["times_us"], e["cuda_p2p"]["times_us"])
         peers = e.get("peers", {})
         for s in peers.values():
             s["speedup_vs_gloo"] = e["gloo"]["median_us"] / s["median_us"]
@@ -838,6 +880,25 @@ def markdown_report(doc: dict) -> str:
                        f"{p['median_us']:.1f} | {g['median_us']:.1f} | {e['speedup']:.1f}x "
                        f"[{lo:.1f}, {hi:.1f}] | {bw} | {frac} | {fmt_paths(e.get('paths'))} |")
     return "\n".join(out) + "\n"
+
+
+def print_zero_copy_table(run: dict) -> None:
+    """--zero-copy: staged (the default group, no heap) vs zero-copy inputs vs ordinary inputs on
+    a group with a heap; ratios of medians against staged, same run (< 1: faster)."""
+    rows = [e for e in run["results"] if e.get("zero_copy")]
+    if not rows:
+        return
+    print(f"\nzero-copy  world_size={run['world_size']}  (ratio = column / staged, same run; "
+          "% memcpy = bus bandwidth / 1-core memcpy)")
+    print(f"{'collective':<24}{'size':>8}{'staged us':>11}{'zero-copy us':>14}{'ratio':>7}"
+          f"{'heap,staged us':>16}{'ratio':>7}{'staged %mc':>11}{'zc %mc':>8}  zc path")
+    for e in rows:
+        zc, hs = e["zero_copy"]["zero_copy"], e["zero_copy"]["heap_staged"]
+        st = e["cuda_p2p"]
+        print(f"{e['collective']:<24}{fmt_size(e['bytes']):>8}{st['median_us']:>11.1f}"
+              f"{zc['median_us']:>14.1f}{zc['ratio_vs_staged']:>7.2f}{hs['median_us']:>16.1f}"
+              f"{hs['ratio_vs_staged']:>7.2f}{100 * st['busbw_frac_memcpy']:>10.1f}%"
+              f"{100 * zc['busbw_frac_memcpy']:>7.1f}%  {fmt_paths(zc.get('paths'))}")
 
 
 def print_peer_table(run: dict) -> None:
@@ -1046,6 +1107,10 @@ def parse_args(argv=None):
                     help="backends take turns by blocks of this many consecutive samples (1: "
                          "alternate every sample, so that half the ops run right after the other "
                          "backend's)")
+    ap.add_argument("--zero-copy", action="store_true",
+                    help="also time all-reduce, all-gather and reduce-scatter on a group with a "
+                         "symmetric heap: inputs from cuda_p2p.empty (zero-copy) and ordinary "
+                         "inputs (heap, staged), as ratios to the staged default group")
     ap.add_argument("--algos", action="store_true",
                     help="also time every workspace algorithm forced in turn, and suggest the "
                          "automatic choice's size thresholds")
@@ -1171,6 +1236,7 @@ def main(argv=None) -> int:
            "min_iters": args.min_iters, "max_iters": args.max_iters, "check": args.check,
            "env": env, "pg_options": args.pg_options, "bind": args.bind, "aa": args.aa,
            "sync": args.sync, "batch": args.batch, "algos": args.algos,
+           "zero_copy": args.zero_copy,
            "start_margin_us": args.start_margin_us, "block": args.block, "hosts": args.hosts,
            "cpus": sorted(os.sched_getaffinity(0)), "timeout": args.timeout,
            "total_timeout": args.total_timeout, "progress": not args.quiet}
@@ -1191,6 +1257,7 @@ def main(argv=None) -> int:
         runs.append(run)
         print_table(run, memcpy, args.dtype)
         print_peer_table(run)
+        print_zero_copy_table(run)
         if args.algos:
             print_algo_tables(run)
         sys.stdout.flush()
@@ -1209,6 +1276,7 @@ def main(argv=None) -> int:
         "pg_options": args.pg_options, "hosts": args.hosts, "peers": args.peers,
         "deepspeed": deepspeed,
         "sync": args.sync, "batch": args.batch, "block": args.block, "algos": args.algos,
+        "zero_copy": args.zero_copy,
         "warmup": args.warmup, "budget_s": args.budget, "wall_s": wall,
         "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
         "conventions": {

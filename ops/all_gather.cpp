@@ -89,6 +89,7 @@ AllGatherAlgo all_gather(const CollectiveContext& ctx, const at::Tensor& input,
     g.out.push_back(detail::bytes_of(o));
   }
   ctx.state.last_private_reads = false;
+  ctx.state.last_zero_copy = false;
   if (algo == AllGatherAlgo::kAuto) {
     algo = select_all_gather(ctx.config, g.bytes * W, W, ctx.ws.private_reads());
   }
@@ -109,6 +110,8 @@ AllGatherAlgo all_gather(const CollectiveContext& ctx, const at::Tensor& input,
     detail::handshake(ctx);
     return algo;
   }
+  // Inputs in the peers' symmetric heaps: no staging (NOTE [Zero-copy collectives]).
+  if (detail::all_gather_zero_copy(ctx, g.input, g.bytes, g.out)) return AllGatherAlgo::kDirect;
   switch (algo) {
     case AllGatherAlgo::kDirect: {
       if (uses_private_reads(ctx.config, g.bytes * W, ctx.ws.private_reads())) {

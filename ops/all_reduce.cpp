@@ -120,6 +120,12 @@ AllReduceAlgo all_reduce(const CollectiveContext& ctx, const at::Tensor& input,
     detail::reduce_on_stream(ctx, output, {input}, op, 1);
     return algo;
   }
+  ctx.state.last_zero_copy = false;
+  // An input in the peers' symmetric heaps is not staged (NOTE [Zero-copy collectives]).
+  if (algo == AllReduceAlgo::kTwoShot &&
+      detail::all_reduce_zero_copy(ctx, a.in, a.out, a.numel, a.dtype, op)) {
+    return algo;
+  }
   if (algo == AllReduceAlgo::kTwoShot) {
     two_shot(ctx, a, op);
   } else {

@@ -85,6 +85,16 @@ at::Tensor view(const CollectiveContext& ctx, void* ptr, int64_t numel, at::Scal
 void gather_direct(const CollectiveContext& ctx, const char* input, c10::ArrayRef<int64_t> bytes,
                    c10::ArrayRef<char*> out);
 
+// Zero-copy collectives (NOTE [Zero-copy collectives] in ops/zero_copy.cpp): each returns false,
+// having run nothing or one empty phase (the same on every rank), when the ranks' inputs are not
+// all in their heaps; the caller then runs its staged algorithm. They set ctx.state.last_zero_copy.
+bool all_gather_zero_copy(const CollectiveContext& ctx, const char* input, int64_t bytes,
+                          c10::ArrayRef<char*> out);
+bool reduce_scatter_zero_copy(const CollectiveContext& ctx, c10::ArrayRef<char*> in, char* out,
+                              int64_t numel, at::ScalarType dtype, ReduceOp op);
+bool all_reduce_zero_copy(const CollectiveContext& ctx, char* in, char* out, int64_t numel,
+                          at::ScalarType dtype, ReduceOp op);
+
 // Runs ops::reduce on the collective's stream.
 void reduce_on_stream(const CollectiveContext& ctx, at::Tensor dst, std::vector<at::Tensor> srcs,
                       ReduceOp op, int64_t divisor, at::Tensor also = {});

@@ -115,6 +115,12 @@ class CollectiveState {
   at::Tensor read_scratch;
   // Whether the last collective read peers' tensors directly (for the backend's counters).
   bool last_private_reads = false;
+  // The group's symmetric heap once cuda_p2p.empty created it (NOTE [Zero-copy collectives] in
+  // ops/zero_copy.cpp), else null; owned by the backend. Set at the same point of the op
+  // sequence on every rank (its creation is collective), so every rank sees the same value.
+  SymmetricWorkspace* heap = nullptr;
+  // Whether the last collective read its peers' inputs from their heaps (for the counters).
+  bool last_zero_copy = false;
   // CUDA: the end of the previous collective, which the next one waits for (NOTE [Collectives
   // of a group run one at a time]); unused on the host.
   std::shared_ptr<Event> last;

@@ -168,6 +168,7 @@ ReduceScatterAlgo reduce_scatter(const CollectiveContext& ctx,
     a.in.push_back(bytes_of(t));
   }
   ctx.state.last_private_reads = false;
+  ctx.state.last_zero_copy = false;
   if (algo == ReduceScatterAlgo::kAuto) {
     algo = select_reduce_scatter(ctx.config, a.numel * a.esize * W, W, ctx.ws.private_reads());
   }
@@ -194,6 +195,10 @@ ReduceScatterAlgo reduce_scatter(const CollectiveContext& ctx,
   if (W == 1) {
     detail::reduce_on_stream(ctx, output, {inputs[0]}, op, 1);
     return algo;
+  }
+  // Inputs in the peers' symmetric heaps: no staging (NOTE [Zero-copy collectives]).
+  if (detail::reduce_scatter_zero_copy(ctx, a.in, a.out, a.numel, a.dtype, op)) {
+    return ReduceScatterAlgo::kDirect;
   }
   if (ring_algo) {
     ring(ctx, a, op, steps);

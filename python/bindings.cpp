@@ -279,7 +279,18 @@ PYBIND11_MODULE(_C, m) {
             o.cross_memory_min_bytes = v;
           },
           "Smallest payload (bytes) the direct all-gather / reduce-scatter and broadcast read "
-          "copy-free (None: the measured default).");
+          "copy-free (None: the measured default).")
+      .def_property(
+          "symmetric_heap_size", [](const Options& o) { return o.symmetric_heap_size; },
+          [](Options& o, std::optional<int64_t> v) {
+            TORCH_CHECK_VALUE(!v || *v > 0,
+                              "cuda_p2p: Options.symmetric_heap_size must be a positive number "
+                              "of bytes or None, got ",
+                              *v);
+            o.symmetric_heap_size = v;
+          },
+          "Bytes of each rank's symmetric heap (cuda_p2p.empty), mapped sparsely on first use; it "
+          "does not grow (None: CUDA_P2P_SYMMETRIC_HEAP_SIZE, else 1 GiB).");
 
   pg.def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                      c10::intrusive_ptr<ProcessGroupCudaP2P::Options> options,
@@ -334,6 +345,25 @@ PYBIND11_MODULE(_C, m) {
           py::arg("ranks") = py::none(), py::arg("timeout") = py::none(),
           "Barrier through the workspace's signal pads among `ranks` (default: all). `timeout` in "
           "seconds (default: the group's timeout).")
+      .def(
+          "symmetric_empty",
+          [](ProcessGroupCudaP2P& self, std::vector<int64_t> sizes, at::ScalarType dtype) {
+            py::gil_scoped_release release;
+            return self.symmetric_empty(sizes, dtype);
+          },
+          py::arg("sizes"), py::arg("dtype"),
+          "Collective: a tensor in this rank's symmetric heap (use cuda_p2p.empty).")
+      .def(
+          "ensure_symmetric_heap",
+          [](ProcessGroupCudaP2P& self) {
+            py::gil_scoped_release release;
+            self.ensure_symmetric_heap();
+          },
+          "Collective, once: creates the group's symmetric heap.")
+      .def("symmetric_offset", &ProcessGroupCudaP2P::symmetric_offset, py::arg("tensor"),
+           "The offset of the tensor's data in this rank's symmetric heap, or -1.")
+      .def("symmetric_heap_info", &ProcessGroupCudaP2P::symmetric_heap_info,
+           "{created, capacity, used_bytes, live_blocks, largest_free} of the symmetric heap.")
       .def("get_counters", &ProcessGroupCudaP2P::counters,
            "Which paths ran: {'all_reduce.one_shot': 3, 'all_reduce.wrapped': 1, ...}.")
       .def("reset_counters", &ProcessGroupCudaP2P::reset_counters)
@@ -410,6 +440,17 @@ PYBIND11_MODULE(_C, m) {
            "Collective: grows every rank's buffer to at least the largest nbytes requested.");
 
   bind_fused_pipelines(pg);
+
+  // The symmetric heap's allocator alone, for its unit tests (tests/python/test_zero_copy.py).
+  py::class_<cuda_p2p::HeapAllocator>(m, "_HeapAllocator")
+      .def(py::init<int64_t, int64_t>(), py::arg("capacity"),
+           py::arg("alignment") = cuda_p2p::HeapAllocator::kDefaultAlignment)
+      .def("allocate", &cuda_p2p::HeapAllocator::allocate, py::arg("nbytes"))
+      .def("free", &cuda_p2p::HeapAllocator::free, py::arg("offset"))
+      .def("used_bytes", &cuda_p2p::HeapAllocator::used_bytes)
+      .def("live_blocks", &cuda_p2p::HeapAllocator::live_blocks)
+      .def("largest_free", &cuda_p2p::HeapAllocator::largest_free)
+      .def("free_ranges", &cuda_p2p::HeapAllocator::free_ranges);
 
   m.def(
       "_config_knobs",

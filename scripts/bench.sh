@@ -8,6 +8,7 @@
 #   bash scripts/bench.sh --full                  # 8 B .. 64 MiB, powers of 2 (several minutes)
 #   bash scripts/bench.sh --env CUDA_P2P_DISABLE_WORKSPACE=1
 #   bash scripts/bench.sh --hosts 2 --world-sizes 4   # hierarchical (2 simulated hosts) vs flat Gloo
+#   bash scripts/bench.sh --zero-copy             # + zero-copy (symmetric heap) vs staged
 #   bash scripts/bench.sh --compare               # the comparisons below, one after the other
 #   bash scripts/bench.sh --help
 #
@@ -16,6 +17,8 @@
 #                 beside DeepSpeed's shm all-reduce (a column only when deepspeed is installed:
 #                 .venv/bin/pip install deepspeed; the bench builds its CPU comm op)
 #   hierarchical  4 ranks on 2 simulated hosts, hierarchical against the flat wrapped Gloo
+#   zero_copy     all-gather, reduce-scatter, all-reduce on 2 and 4 ranks: symmetric inputs
+#                 (cuda_p2p.empty) against the staged path
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,4 +40,7 @@ run deepspeed bench/bench_collectives.py --world-sizes 2 4 --collectives all_red
   --peers auto --json "$out/compare_deepspeed.json" --plot "$out/compare_deepspeed.png" "$@"
 run hierarchical bench/bench_collectives.py --world-sizes 4 --hosts 2 \
   --json "$out/compare_hierarchical.json" --plot "$out/compare_hierarchical.png" "$@"
+run zero_copy bench/bench_collectives.py --world-sizes 2 4 --zero-copy \
+  --collectives all_gather_into_tensor reduce_scatter_tensor all_reduce \
+  --json "$out/compare_zero_copy.json" --plot "$out/compare_zero_copy.png" "$@"
 exit $status

@@ -16,6 +16,7 @@ from ._backend import (
     is_cuda_p2p_group,
 )
 from ._collectives import all_gather_v, all_reduce_
+from ._symmetric import empty, is_symmetric, use_symmetric_memory
 from . import _autograd  # noqa: F401  (registers the fused ops' backward formulas)
 from ._async_tp import async_tp, disable_async_tp, enable_async_tp, is_async_tp_enabled
 
@@ -24,6 +25,9 @@ __all__ = [
     "ProcessGroupCudaP2P",
     "all_gather_v",
     "all_reduce_",
+    "empty",
+    "is_symmetric",
+    "use_symmetric_memory",
     "async_tp",
     "disable_async_tp",
     "enable_async_tp",

@@ -119,3 +119,27 @@ def test_all_reduce_peer_columns(tmp_path):
         if ds["available"]:
             assert set(entry["vs_deepspeed"]) == {"dist", "op"}
     assert "side by side" in proc.stdout
+
+
+def test_bench_collectives_zero_copy(tmp_path):
+    # --zero-copy: a group with heap inputs (counted zero_copy) and one with ordinary inputs, as
+    # ratios to the staged default group, every output checked against Gloo.
+    out = tmp_path / "z.json"
+    args = ["--world-sizes", "2", "--sizes", "64K", "--zero-copy", "--peers", "none",
+            "--collectives", "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce",
+            "--iters", "3", "--warmup", "1", "--no-barrier", "--json", str(out), "--no-plot",
+            "--timeout", "120"]
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_collectives.py"), *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+    data = json.loads(out.read_text())
+    assert data["meta"]["zero_copy"] is True
+    for entry in data["runs"][0]["results"]:
+        assert entry["check"]["ok"], entry
+        zc, hs = entry["zero_copy"]["zero_copy"], entry["zero_copy"]["heap_staged"]
+        assert any(k.endswith(".zero_copy") for k in zc["paths"]), zc["paths"]
+        assert not any(k.endswith(".zero_copy") for k in hs["paths"]), hs["paths"]
+        assert zc["ratio_vs_staged"] > 0 and hs["ratio_vs_staged"] > 0
+    assert "zero-copy  world_size=2" in proc.stdout

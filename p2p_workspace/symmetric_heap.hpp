@@ -1,0 +1,43 @@
+// HeapAllocator: the deterministic allocator of a group's symmetric heap (docs/collectives.md,
+// "Zero-copy symmetric tensors"). It hands out offsets into a fixed-size region; ranks that
+// allocate and free the same sizes in the same order get the same offsets (NOTE [Symmetric heap]
+// in the .cpp).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+
+namespace cuda_p2p {
+
+class HeapAllocator {
+ public:
+  // Every offset handed out is a multiple of `alignment` (a power of two).
+  static constexpr int64_t kDefaultAlignment = 256;
+  explicit HeapAllocator(int64_t capacity, int64_t alignment = kDefaultAlignment);
+
+  // The lowest free offset that fits `nbytes` (first fit; 0 bytes take one alignment unit, so
+  // that every live block has its own offset), or nullopt when no free range does.
+  std::optional<int64_t> allocate(int64_t nbytes);
+  // Returns the block at `offset` (as allocate returned it); it merges with free neighbours.
+  void free(int64_t offset);
+
+  int64_t capacity() const { return capacity_; }
+  int64_t alignment() const { return alignment_; }
+  int64_t used_bytes() const;
+  int64_t live_blocks() const;
+  // The largest free range (what one allocation may take at most).
+  int64_t largest_free() const;
+  // Free ranges, {offset: bytes}, for tests.
+  std::map<int64_t, int64_t> free_ranges() const;
+
+ private:
+  const int64_t capacity_;
+  const int64_t alignment_;
+  mutable std::mutex mutex_;
+  std::map<int64_t, int64_t> free_;  // offset -> bytes, never adjacent (merged)
+  std::map<int64_t, int64_t> used_;  // offset -> bytes
+};
+
+}  // namespace cuda_p2p

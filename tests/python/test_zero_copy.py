@@ -1,0 +1,405 @@
+"""Zero-copy symmetric tensors (issue 15.1): cuda_p2p.empty, use_symmetric_memory, and the
+collectives that read symmetric inputs from their owners' heaps instead of staging them.
+
+Results are compared with plain-torch math over every rank's inputs (computed locally, exact for
+the small integers used) and, for float32, with a Gloo group over the same ranks; the counters
+say whether the zero-copy path ran. The heap's allocator has unit tests of its own.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import conftest
+import cuda_p2p
+from cuda_p2p import _C
+
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64,
+          torch.int8, torch.uint8)
+# 1 and odd sizes, and one whose reduce-scatter chunk spans several 256 KiB reduction pieces.
+SIZES = (1, 7, 4099)
+LARGE = 3 * (256 << 10) // 4 + 5
+
+
+@pytest.fixture(scope="session")
+def world3():
+    w = conftest._world(3)
+    w.start()
+    return w
+
+
+@pytest.fixture(params=[2, 3, 4], ids=["w2", "w3", "w4"])
+def any_world(request):
+    return request.getfixturevalue(f"world{request.param}")
+
+
+# ---------------------------------------------------------------------------------------------
+# the allocator alone
+
+
+def test_allocator_first_fit_alignment_and_coalescing():
+    a = _C._HeapAllocator(4096, 256)
+    offs = [a.allocate(n) for n in (1, 300, 0, 256)]
+    assert offs == [0, 256, 768, 1024]  # rounded up to 256; 0 bytes still take a unit
+    assert a.used_bytes() == 256 + 512 + 256 + 256 and a.live_blocks() == 4
+    a.free(256)
+    assert a.allocate(200) == 256  # first fit: the lowest hole
+    assert a.allocate(300) == 1280  # the hole left at 512 holds 256 bytes only
+    for o in (0, 256, 768, 1024, 1280):
+        a.free(o)
+    assert a.free_ranges() == {0: 4096} and a.used_bytes() == 0  # merged back into one range
+    assert a.allocate(4096) == 0 and a.allocate(1) is None  # full
+    a.free(0)
+    assert a.allocate(4097) is None and a.largest_free() == 4096
+    with pytest.raises(RuntimeError, match="no live block at offset 12"):
+        a.free(12)
+    with pytest.raises(RuntimeError, match="power of two"):
+        _C._HeapAllocator(4096, 100)
+
+
+def test_allocator_is_deterministic():
+    def run(alloc):
+        out, live = [], []
+        for i in range(200):
+            n = (i * 7919) % 5000
+            if i % 3 == 2 and live:
+                alloc.free(live.pop((i * 31) % len(live)))
+            o = alloc.allocate(n)
+            out.append(o)
+            if o is not None:
+                live.append(o)
+        return out, alloc.free_ranges()
+
+    assert run(_C._HeapAllocator(1 << 20)) == run(_C._HeapAllocator(1 << 20))
+
+
+# ---------------------------------------------------------------------------------------------
+# rank side
+
+_groups: dict = {}
+
+
+def _group(key, **options):
+    """A cuda_p2p group over all ranks with these Options (cached; collective on first use)."""
+    if key not in _groups:
+        o = cuda_p2p.ProcessGroupCudaP2P.Options()
+        for k, v in options.items():
+            setattr(o, k, v)
+        _groups[key] = dist.new_group(backend="cuda_p2p", pg_options=o)
+    return _groups[key]
+
+
+def _counters(group):
+    return dict(cuda_p2p.get_cuda_p2p_backend(group).get_counters())
+
+
+def _values(rank, n, dtype, seed=0):
+    """Small integers: exact in every dtype and summation order."""
+    v = (torch.arange(n, dtype=torch.int64) * 7 + rank * 13 + seed) % 17 - 8
+    return (v.abs() if dtype == torch.uint8 else v).to(dtype)
+
+
+def _fill(t, rank, seed=0):
+    t.copy_(_values(rank, t.numel(), t.dtype, seed).view(t.shape))
+    return t
+
+
+def _sum(xs):
+    wide = torch.float64 if xs[0].is_floating_point() else torch.int64
+    out = xs[0].to(wide)
+    for x in xs[1:]:
+        out = out + x.to(wide)
+    return out.to(xs[0].dtype)
+
+
+class Checker:
+    def __init__(self):
+        self.failures = []
+
+    def case(self, what, ok, detail=""):
+        if not ok:
+            self.failures.append(f"{what}: {detail}")
+
+
+def _expect_zero_copy(chk, group, key, before, what, ran=True):
+    got = _counters(group).get(key, 0) - before.get(key, 0)
+    chk.case(what, got == (1 if ran else 0), f"{key} moved by {got}, expected {int(ran)}")
+
+
+def _collectives_case(ctx):
+    W, me = ctx.world_size, ctx.rank
+    g = _group("zc")
+    chk = Checker()
+    for dtype in DTYPES:
+        for n in SIZES:
+            tag = f"{dtype} n={n}"
+            # all_gather_into_tensor from a heap input
+            inp = _fill(cuda_p2p.empty(n, dtype=dtype, group=g), me)
+            out = torch.full((W * n,), 99, dtype=dtype)
+            before = _counters(g)
+            dist.all_gather_into_tensor(out, inp, group=g)
+            ref = torch.cat([_values(q, n, dtype) for q in range(W)])
+            chk.case(f"all_gather_into_tensor {tag}", torch.equal(out, ref))
+            _expect_zero_copy(chk, g, "all_gather.zero_copy", before, f"ag counter {tag}")
+            chk.case(f"input intact {tag}", torch.equal(inp, _values(me, n, dtype)))
+            # in place: the input is this rank's chunk of a heap output (offsets differ by rank)
+            whole = cuda_p2p.empty(W * n, dtype=dtype, group=g).fill_(0)
+            _fill(whole[me * n:(me + 1) * n], me)
+            before = _counters(g)
+            dist.all_gather_into_tensor(whole, whole[me * n:(me + 1) * n], group=g)
+            chk.case(f"in-place all_gather {tag}", torch.equal(whole, ref))
+            _expect_zero_copy(chk, g, "all_gather.zero_copy", before, f"in-place ag {tag}")
+            # all_gather (a list of outputs)
+            outs = [torch.empty(n, dtype=dtype) for _ in range(W)]
+            dist.all_gather(outs, inp, group=g)
+            chk.case(f"all_gather {tag}", torch.equal(torch.cat(outs), ref))
+            # reduce_scatter_tensor
+            rin = _fill(cuda_p2p.empty(W * n, dtype=dtype, group=g), me, seed=1)
+            rout = torch.full((n,), 99, dtype=dtype)
+            before = _counters(g)
+            dist.reduce_scatter_tensor(rout, rin, group=g)
+            full = _sum([_values(q, W * n, dtype, seed=1) for q in range(W)])
+            chk.case(f"reduce_scatter_tensor {tag}", torch.equal(rout, full[me * n:(me + 1) * n]),
+                     f"{rout[:8]} vs {full[me * n:me * n + 8]}")
+            _expect_zero_copy(chk, g, "reduce_scatter.zero_copy", before, f"rs counter {tag}")
+            # reduce_scatter (a list of chunks, each its own heap tensor), MAX
+            chunks = [_fill(cuda_p2p.empty(n, dtype=dtype, group=g), me, seed=10 + c)
+                      for c in range(W)]
+            before = _counters(g)
+            dist.reduce_scatter(rout, chunks, op=dist.ReduceOp.MAX, group=g)
+            mx = torch.stack([_values(q, n, dtype, seed=10 + me) for q in range(W)]).amax(0)
+            chk.case(f"reduce_scatter MAX {tag}", torch.equal(rout, mx))
+            _expect_zero_copy(chk, g, "reduce_scatter.zero_copy", before, f"rs list {tag}")
+            # all_reduce in place (zero-copy runs where auto picks two-shot: above 8 KiB)
+            m = n * 8
+            t = _fill(cuda_p2p.empty(m, dtype=dtype, group=g), me, seed=2)
+            before = _counters(g)
+            dist.all_reduce(t, group=g)
+            chk.case(f"all_reduce {tag}", torch.equal(t, _sum([_values(q, m, dtype, seed=2)
+                                                               for q in range(W)])))
+            big = m * t.element_size() > 8 << 10
+            _expect_zero_copy(chk, g, "all_reduce.zero_copy", before, f"ar counter {tag}", big)
+    # float32 against Gloo, and a reduce-scatter chunk of several reduction pieces
+    x = _fill(cuda_p2p.empty(W * LARGE, dtype=torch.float32, group=g), me, seed=3)
+    y = x.clone()
+    o1, o2 = torch.empty(LARGE), torch.empty(LARGE)
+    dist.reduce_scatter_tensor(o1, x, group=g)
+    dist.reduce_scatter_tensor(o2, y, group=ctx.gloo)
+    chk.case("reduce_scatter vs gloo", torch.equal(o1, o2))
+    dist.all_reduce(x, op=dist.ReduceOp.AVG, group=g)
+    ref = y.clone()
+    dist.all_reduce(ref, group=ctx.gloo)
+    chk.case("all_reduce AVG vs gloo", torch.allclose(x, ref / W))
+    return chk.failures
+
+
+def test_zero_copy_collectives(any_world):
+    for failures in any_world.run(_collectives_case):
+        assert not failures, failures
+
+
+def _fallback_case(ctx):
+    W, me = ctx.world_size, ctx.rank
+    g = _group("zc")
+    chk = Checker()
+    n = 1001
+    ref = torch.cat([_values(q, n, torch.float32) for q in range(W)])
+    # Ranks allocating in different orders: different offsets, each rank publishes its own.
+    pad = cuda_p2p.empty(64 * (me + 1), dtype=torch.uint8, group=g) if me % 2 else None
+    inp = _fill(cuda_p2p.empty(n, group=g), me)
+    offs = [None] * W
+    dist.all_gather_object(offs, cuda_p2p.get_cuda_p2p_backend(g).symmetric_offset(inp),
+                           group=ctx.gloo)
+    chk.case("offsets differ", len(set(offs)) > 1, f"{offs}")
+    out = torch.empty(W * n)
+    before = _counters(g)
+    dist.all_gather_into_tensor(out, inp, group=g)
+    chk.case("different offsets: result", torch.equal(out, ref))
+    _expect_zero_copy(chk, g, "all_gather.zero_copy", before, "different offsets")
+    del pad
+    # One rank's input is an ordinary tensor: every rank stages.
+    for odd_one in range(W):
+        x = _fill(torch.empty(n) if me == odd_one else cuda_p2p.empty(n, group=g), me)
+        before = _counters(g)
+        out.fill_(0)
+        dist.all_gather_into_tensor(out, x, group=g)
+        chk.case(f"rank {odd_one} staged: ag", torch.equal(out, ref))
+        _expect_zero_copy(chk, g, "all_gather.zero_copy", before, f"ag odd {odd_one}", False)
+        big = _fill(torch.empty(W * n) if me == odd_one else cuda_p2p.empty(W * n, group=g), me, 4)
+        r = torch.empty(n)
+        dist.reduce_scatter_tensor(r, big, group=g)
+        full = _sum([_values(q, W * n, torch.float32, 4) for q in range(W)])
+        chk.case(f"rank {odd_one} staged: rs", torch.equal(r, full[me * n:(me + 1) * n]))
+        _expect_zero_copy(chk, g, "reduce_scatter.zero_copy", before, f"rs odd {odd_one}", False)
+        dist.all_reduce(big, group=g)
+        chk.case(f"rank {odd_one} staged: ar", torch.equal(big, full))
+        _expect_zero_copy(chk, g, "all_reduce.zero_copy", before, f"ar odd {odd_one}", False)
+    # All ordinary tensors on a group with a heap: staged, correct.
+    before = _counters(g)
+    x = _fill(torch.empty(n), me)
+    dist.all_gather_into_tensor(out, x, group=g)
+    chk.case("plain tensors: ag", torch.equal(out, ref))
+    chk.case("plain tensors: counter", _counters(g).get("all_gather.zero_copy", 0)
+             == before.get("all_gather.zero_copy", 0))
+    # A mismatched size still raises on every rank, and the group stays usable.
+    y = cuda_p2p.empty(n + (me == 0), group=g)
+    try:
+        dist.all_gather_into_tensor(torch.empty(W * y.numel()), y, group=g)
+        chk.case("mismatch raises", False, "no error")
+    except RuntimeError as e:
+        chk.case("mismatch message", "disagree" in str(e) or "rank" in str(e), str(e))
+    dist.all_gather_into_tensor(out, inp, group=g)
+    chk.case("usable after mismatch", torch.equal(out, ref))
+    return chk.failures
+
+
+def test_fallback_and_offsets(any_world):
+    for failures in any_world.run(_fallback_case):
+        assert not failures, failures
+
+
+def _heap_case(ctx):
+    chk = Checker()
+    g = _group("small_heap", symmetric_heap_size=1 << 20)
+    b = cuda_p2p.get_cuda_p2p_backend(g)
+    chk.case("lazy", b.symmetric_heap_info()["created"] == 0)
+    a = cuda_p2p.empty(1000, group=g)
+    info = b.symmetric_heap_info()
+    chk.case("created", info["created"] == 1 and info["capacity"] == 1 << 20, f"{info}")
+    off = b.symmetric_offset(a)
+    v = a[10:]
+    del a
+    chk.case("a view keeps the block", b.symmetric_heap_info()["live_blocks"] == 1)
+    del v
+    chk.case("freed", b.symmetric_heap_info()["live_blocks"] == 0)
+    c = cuda_p2p.empty(250, dtype=torch.float32, group=g)
+    chk.case("reused", b.symmetric_offset(c) == off == 0, f"{b.symmetric_offset(c)} vs {off}")
+    d = cuda_p2p.empty((3, 5), dtype=torch.int16, group=g)
+    chk.case("shape/dtype", d.shape == (3, 5) and d.dtype == torch.int16 and d.is_contiguous())
+    chk.case("aligned", b.symmetric_offset(d) % 256 == 0 and b.symmetric_offset(d) > 0)
+    try:
+        cuda_p2p.empty(1 << 20, group=g)
+        chk.case("full raises", False)
+    except RuntimeError as e:
+        chk.case("full message", "symmetric_heap_size" in str(e) and "full" in str(e), str(e))
+    del c, d
+    e = cuda_p2p.empty(1 << 18, dtype=torch.float32, group=g)  # exactly the whole heap
+    chk.case("whole heap", b.symmetric_offset(e) == 0)
+    del e
+    errors = [
+        (lambda: cuda_p2p.empty(-1, group=g), ValueError, "sizes >= 0"),
+        (lambda: cuda_p2p.empty(2.5, group=g), TypeError, "integers"),
+        (lambda: cuda_p2p.empty(2, dtype="float32", group=g), TypeError, "torch.dtype"),
+        (lambda: cuda_p2p.empty(2, device="cuda", group=g), NotImplementedError, "CUDA"),
+        (lambda: cuda_p2p.empty(2, device="meta", group=g), ValueError, "expected device"),
+        (lambda: cuda_p2p.empty(2, group=ctx.gloo), TypeError, "backend='cuda_p2p'"),
+        (lambda: cuda_p2p.empty(2, group=g, dtype=torch.qint8), RuntimeError, "dtype"),
+    ]
+    off = _group("no_workspace", enable_workspace=False)
+    errors.append((lambda: cuda_p2p.empty(2, group=off), RuntimeError, "unavailable"))
+    errors.append((lambda: cuda_p2p.use_symmetric_memory(off).__enter__(), RuntimeError,
+                   "unavailable"))
+    for fn, exc, text in errors:
+        try:
+            fn()
+            chk.case(f"{text} raises", False)
+        except exc as err:
+            chk.case(f"{text} message", text in str(err), str(err))
+    return chk.failures
+
+
+def test_heap_lifetime_and_errors(world2):
+    for failures in world2.run(_heap_case):
+        assert not failures, failures
+
+
+def _context_case(ctx):
+    W, me = ctx.world_size, ctx.rank
+    g = _group("zc")
+    chk = Checker()
+    plain = torch.arange(6.0).view(2, 3)
+    out = torch.empty(3)
+    with cuda_p2p.use_symmetric_memory(g) as mode:
+        made = {
+            "empty": torch.empty(5),
+            "empty tuple": torch.empty((2, 3), dtype=torch.int32),
+            "zeros": torch.zeros(3, 4),
+            "ones": torch.ones(2, dtype=torch.int64),
+            "full": torch.full((3,), 7),
+            "full float": torch.full((2, 2), 1.5, dtype=torch.float64),
+            "empty_like": torch.empty_like(plain),
+            "zeros_like": torch.zeros_like(plain),
+            "ones_like": torch.ones_like(plain, dtype=torch.int8),
+            "full_like": torch.full_like(plain, 3.0),
+        }
+        grad = torch.zeros(4, requires_grad=True)
+        product = plain @ plain.T
+        rnd = torch.randn(3)
+        strided = torch.empty_like(plain.T)  # preserve_format of a non-contiguous tensor
+        torch.zeros(3, out=out)
+        t = torch.empty(W * 4000)  # above the one-shot threshold: two-shot, zero-copy
+        t.copy_(_values(me, W * 4000, torch.float32))
+        before = _counters(g)
+        dist.all_reduce(t, group=g)
+    after = torch.empty(5)
+    refs = {
+        "zeros": torch.zeros(3, 4), "ones": torch.ones(2, dtype=torch.int64),
+        "full": torch.full((3,), 7), "full float": torch.full((2, 2), 1.5, dtype=torch.float64),
+        "zeros_like": torch.zeros_like(plain),
+        "ones_like": torch.ones_like(plain, dtype=torch.int8),
+        "full_like": torch.full_like(plain, 3.0),
+    }
+    for name, x in made.items():
+        chk.case(f"{name} symmetric", cuda_p2p.is_symmetric(x, g))
+        if name in refs:
+            r = refs[name]
+            chk.case(f"{name} value", x.dtype == r.dtype and torch.equal(x, r), f"{x} vs {r}")
+    chk.case("empty shape", made["empty tuple"].shape == (2, 3))
+    chk.case("requires_grad", grad.requires_grad and cuda_p2p.is_symmetric(grad, g))
+    chk.case("redirected count", mode.redirected == len(made) + 2, f"{mode.redirected}")
+    for name, x in (("mm", product), ("randn", rnd), ("strided like", strided), ("out=", out),
+                    ("after the block", after)):
+        chk.case(f"{name} not symmetric", not cuda_p2p.is_symmetric(x, g))
+    chk.case("strided like keeps strides", strided.stride() == plain.T.stride())
+    chk.case("all_reduce of a context tensor",
+             torch.equal(t, _sum([_values(q, W * 4000, torch.float32) for q in range(W)])))
+    _expect_zero_copy(chk, g, "all_reduce.zero_copy", before, "context all_reduce")
+    # The dispatcher op runs the same workspace all-reduce.
+    t.copy_(_values(me, W * 4000, torch.float32))
+    before = _counters(g)
+    cuda_p2p.all_reduce_(t, "max", g)
+    chk.case("all_reduce_ MAX", torch.equal(
+        t, torch.stack([_values(q, W * 4000, torch.float32) for q in range(W)]).amax(0)))
+    _expect_zero_copy(chk, g, "all_reduce.zero_copy", before, "all_reduce_ op")
+    return chk.failures
+
+
+def test_use_symmetric_memory(world2):
+    for failures in world2.run(_context_case):
+        assert not failures, failures
+
+
+def _two_groups_case(ctx):
+    W, me = ctx.world_size, ctx.rank
+    g1, g2 = _group("side_a"), _group("side_b")
+    chk = Checker()
+    n = 777
+    a = _fill(cuda_p2p.empty(n, group=g1), me)
+    b = _fill(cuda_p2p.empty(n, group=g2), me)
+    chk.case("own heaps", cuda_p2p.is_symmetric(a, g1) and not cuda_p2p.is_symmetric(a, g2)
+             and cuda_p2p.is_symmetric(b, g2) and not cuda_p2p.is_symmetric(b, g1))
+    ref = torch.cat([_values(q, n, torch.float32) for q in range(W)])
+    for grp, x, zc in ((g1, a, True), (g2, b, True), (g1, b, False), (g2, a, False)):
+        out = torch.empty(W * n)
+        before = _counters(grp)
+        dist.all_gather_into_tensor(out, x, group=grp)
+        chk.case(f"result zc={zc}", torch.equal(out, ref))
+        _expect_zero_copy(chk, grp, "all_gather.zero_copy", before, f"counter zc={zc}", zc)
+    return chk.failures
+
+
+def test_two_groups_side_by_side(world3):
+    for failures in world3.run(_two_groups_case):
+        assert not failures, failures
