@@ -82,6 +82,9 @@ struct Options : c10d::Backend::Options {
   std::optional<bool> cross_memory;
   // The smallest payload (bytes, as the thresholds above) read copy-free (unset: the default).
   std::optional<int64_t> cross_memory_min_bytes;
+  // The inline one-shot all-reduce on a host workspace (NOTE [Inline one-shot] in
+  // ops/all_reduce.cpp): unset defers to CUDA_P2P_INLINE_ALL_REDUCE, else on.
+  std::optional<bool> inline_all_reduce;
 
   // Not marked override: older torch releases have no Options::clone().
   virtual c10::intrusive_ptr<c10d::Backend::Options> clone() const {
