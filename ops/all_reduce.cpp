@@ -99,9 +99,8 @@ void two_shot(const CollectiveContext& ctx, const Args& a, ReduceOp op) {
 // What the ranks compare (NOTE [Op signatures]), for both implementations of every algorithm.
 OpSignature signature(const CollectiveContext& ctx, const Args& a, ReduceOp op,
                       AllReduceAlgo algo) {
-  return OpSignature::of(OpKind::kAllReduce, std::to_string(a.numel) + " x " +
-                                                 dtype_name(a.dtype) + " " + lower_name(op) +
-                                                 " (" + to_string(algo) +
+  return OpSignature::of(OpKind::kAllReduce, std::to_string(a.numel) + " x " + dtype_name(a.dtype) +
+                                                 " " + lower_name(op) + " (" + to_string(algo) +
                                                  detail::config_suffix(ctx) + ")");
 }
 
@@ -138,14 +137,14 @@ struct InlineOneShot {
   // ws.buffer(rank) and the channel when the addresses were taken.
   const void* mine = nullptr;
   int channel = -1;
-  int64_t half = 0;  // detail::phase_bytes
-  int64_t round = 0;  // detail::round_bytes(ctx, 1): the most bytes of one round
-  c10::SmallVector<char*, 8> buffer;            // by rank
-  c10::SmallVector<uint32_t*, 8> done_in;       // peers' done words, in this rank's pad
-  c10::SmallVector<uint32_t*, 8> done_out;      // this rank's done word, in each peer's pad
-  c10::SmallVector<uint32_t*, 8> signal_in;     // peers' barrier signals, in this rank's pad
-  c10::SmallVector<uint32_t*, 8> signal_out;    // this rank's barrier signal, in each peer's pad
-  c10::SmallVector<uint32_t*, 8> descriptor_out[2];  // by parity, by rank: this rank's slot
+  int64_t half = 0;                   // detail::phase_bytes
+  int64_t round = 0;                  // detail::round_bytes(ctx, 1): the most bytes of one round
+  c10::SmallVector<char*, 8> buffer;  // by rank
+  c10::SmallVector<uint32_t*, 8> done_in;     // peers' done words, in this rank's pad
+  c10::SmallVector<uint32_t*, 8> done_out;    // this rank's done word, in each peer's pad
+  c10::SmallVector<uint32_t*, 8> signal_in;   // peers' barrier signals, in this rank's pad
+  c10::SmallVector<uint32_t*, 8> signal_out;  // this rank's barrier signal, in each peer's pad
+  c10::SmallVector<uint32_t*, 8> descriptor_out[2];       // by parity, by rank: this rank's slot
   const uint32_t* descriptor_in[2] = {nullptr, nullptr};  // by parity: the W slots of own pad
   // The last signature and its descriptor (stamp excluded).
   int64_t numel = -1;
@@ -192,12 +191,12 @@ void inline_wait(const CollectiveContext& ctx, InlineOneShot& c, int64_t guard_p
   Device& dev = ctx.ws.device();
   if (dev.poll_signals_now(c.waits)) return;
   const std::string rank = std::to_string(ctx.ws.rank());
-  dev.wait_signals(ctx.stream, std::vector<SignalWait>(c.waits.begin(), c.waits.end()),
-                   ctx.ws.timeout(),
-                   guard_phase >= 0 ? "collective buffer reuse guard (rank " + rank + ", phase " +
-                                          std::to_string(guard_phase) + ")"
-                                    : "barrier on channel " + std::to_string(ctx.channel) +
-                                          " (rank " + rank + ")");
+  dev.wait_signals(
+      ctx.stream, std::vector<SignalWait>(c.waits.begin(), c.waits.end()), ctx.ws.timeout(),
+      guard_phase >= 0
+          ? "collective buffer reuse guard (rank " + rank + ", phase " +
+                std::to_string(guard_phase) + ")"
+          : "barrier on channel " + std::to_string(ctx.channel) + " (rank " + rank + ")");
 }
 
 // One phase of a one-shot all-reduce of `a` (one round), on the calling thread. The order of

@@ -13,10 +13,14 @@ struct ReduceOpName {
 };
 
 constexpr ReduceOpName kReduceOpNames[] = {
-    {ReduceOp::kSum, "SUM", "sum"},         {ReduceOp::kAvg, "AVG", "avg"},
-    {ReduceOp::kProduct, "PRODUCT", "product"}, {ReduceOp::kMin, "MIN", "min"},
-    {ReduceOp::kMax, "MAX", "max"},         {ReduceOp::kBand, "BAND", "band"},
-    {ReduceOp::kBor, "BOR", "bor"},         {ReduceOp::kBxor, "BXOR", "bxor"},
+    {ReduceOp::kSum, "SUM", "sum"},
+    {ReduceOp::kAvg, "AVG", "avg"},
+    {ReduceOp::kProduct, "PRODUCT", "product"},
+    {ReduceOp::kMin, "MIN", "min"},
+    {ReduceOp::kMax, "MAX", "max"},
+    {ReduceOp::kBand, "BAND", "band"},
+    {ReduceOp::kBor, "BOR", "bor"},
+    {ReduceOp::kBxor, "BXOR", "bxor"},
 };
 
 const ReduceOpName* find(ReduceOp op) {
