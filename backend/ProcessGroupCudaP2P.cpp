@@ -134,14 +134,17 @@ void ProcessGroupCudaP2P::intra_node_barrier(const std::vector<int64_t>& ranks,
   workspace_->barrier(*stream, ops::kApiChannel, timeout, members);
 }
 
-void ProcessGroupCudaP2P::bump_counter(const std::string& name, int64_t by) {
+void ProcessGroupCudaP2P::bump_counter(std::string_view name, int64_t by) {
   std::lock_guard<std::mutex> lock(counters_mutex_);
-  counters_[name] += by;
+  // Found without making a string: a hot path's counter costs a lookup, not an allocation.
+  auto it = counters_.find(name);
+  if (it == counters_.end()) it = counters_.emplace(std::string(name), 0).first;
+  it->second += by;
 }
 
 std::map<std::string, int64_t> ProcessGroupCudaP2P::counters() const {
   std::lock_guard<std::mutex> lock(counters_mutex_);
-  return counters_;
+  return {counters_.begin(), counters_.end()};
 }
 
 void ProcessGroupCudaP2P::reset_counters() {

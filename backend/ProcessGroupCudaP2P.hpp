@@ -20,6 +20,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
@@ -116,14 +117,15 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // The all-reduce of torch.ops.cuda_p2p.all_reduce_ (backend/dispatcher_all_reduce.cpp): in
   // place, with no Work. The workspace all-reduce that allreduce() runs, counted the same; where
   // the workspace cannot serve it, the wrapped backend's all-reduce, waited for.
-  void all_reduce_in_place(at::Tensor& tensor, const c10d::ReduceOp& op);
+  void all_reduce_in_place(at::Tensor& tensor, ops::ReduceOp op);
 
-  // The workspace reduce op for a c10d one, or nullopt (PREMUL_SUM and unknown ops).
+  // The workspace reduce op for a c10d one, or nullopt (PREMUL_SUM and unknown ops), and back.
   static std::optional<ops::ReduceOp> to_reduce_op(const c10d::ReduceOp& op);
+  static c10d::ReduceOp to_c10d_reduce_op(ops::ReduceOp op);
 
   // Counters of which path ran ("all_reduce.one_shot", "all_reduce.wrapped", ...), so tests and
   // users can see that the fast path ran and that no fallback was silent.
-  void bump_counter(const std::string& name, int64_t by = 1);
+  void bump_counter(std::string_view name, int64_t by = 1);
   std::map<std::string, int64_t> counters() const;
   void reset_counters();
 
@@ -229,7 +231,7 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> completed(c10d::OpType type, std::vector<at::Tensor> outputs);
   // The workspace all-reduce of `t` in place (allreduce() and all_reduce_in_place()); false,
   // having done nothing, where the workspace does not serve it (device, reduce op, dtype).
-  bool all_reduce_on_workspace(at::Tensor& t, const c10d::ReduceOp& op);
+  bool all_reduce_on_workspace(at::Tensor& t, ops::ReduceOp op);
   // The all-gather / reduce-scatter on the workspace, once the tensors were checked.
   void all_gather_on_workspace(const at::Tensor& input, const std::vector<at::Tensor>& outputs);
   void reduce_scatter_on_workspace(const std::vector<at::Tensor>& inputs, const at::Tensor& output,
@@ -272,7 +274,7 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   void check_or_reject(const char* what, ops::OpKind kind, const std::function<void()>& checks);
 
   mutable std::mutex counters_mutex_;
-  std::map<std::string, int64_t> counters_;
+  std::map<std::string, int64_t, std::less<>> counters_;  // looked up without a string
 
   // The symmetric heap, created by ensure_symmetric_heap under heap_mutex_; its allocator is
   // shared with the deleters of the tensors in it, which also keep its mapping alive.

@@ -33,6 +33,7 @@ constexpr const char* kReduceScatterAlgoEnv = "CUDA_P2P_REDUCE_SCATTER_ALGO";
 constexpr const char* kAllReduceAlgoEnv = "CUDA_P2P_ALL_REDUCE_ALGO";
 constexpr const char* kRingStepsEnv = "CUDA_P2P_RING_STEPS";
 constexpr const char* kChunkBytesEnv = "CUDA_P2P_CHUNK_BYTES";
+constexpr const char* kInlineAllReduceEnv = "CUDA_P2P_INLINE_ALL_REDUCE";
 constexpr const char* kHostIdEnv = "CUDA_P2P_HOST_ID";
 constexpr const char* kDenyCrossMemoryEnv = "CUDA_P2P_TEST_DENY_CROSS_MEMORY";
 constexpr const char* kSymmetricHeapSizeEnv = "CUDA_P2P_SYMMETRIC_HEAP_SIZE";
@@ -141,6 +142,9 @@ const std::vector<Knob>& knobs() {
        "Bytes a rank stages per round of a workspace collective (0: half the buffer)."},
       {"all_reduce_one_shot_max_bytes", "", "bytes", "8 KiB",
        "Largest all-reduce that auto runs one-shot."},
+      {"inline_all_reduce", kInlineAllReduceEnv, "bool", "True",
+       "On a host workspace, run a one-shot all-reduce that fits one round on the calling thread "
+       "without enqueueing (the same protocol; off: the generic path, for comparison)."},
       {"all_gather_ring_max_bytes", "", "bytes", "256 KiB",
        "Largest all-gather output that auto runs as a ring on 3+ ranks."},
       {"reduce_scatter_ring_max_bytes", "", "bytes", "256 KiB",
@@ -251,6 +255,7 @@ Config resolve_config(const Options& o, int world_size, const config::EnvLookup&
   k.reduce_scatter_ring_max_bytes =
       o.reduce_scatter_ring_max_bytes.value_or(k.reduce_scatter_ring_max_bytes);
   k.cross_memory_min_bytes = o.cross_memory_min_bytes.value_or(k.cross_memory_min_bytes);
+  k.inline_all_reduce = pick(o.inline_all_reduce, env_bool(env, kInlineAllReduceEnv), true);
   ops::validate(k, world_size);
 
   // Copy-free reads (NOTE [Copy-free reads] in ops/collectives.cpp): off unless asked for - on

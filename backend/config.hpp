@@ -85,6 +85,9 @@ struct Options : c10d::Backend::Options {
   // Bytes of each rank's symmetric heap (cuda_p2p.empty; NOTE [Symmetric heap] in
   // p2p_workspace/symmetric_heap.cpp): unset defers to CUDA_P2P_SYMMETRIC_HEAP_SIZE, else 1 GiB.
   std::optional<int64_t> symmetric_heap_size;
+  // The inline one-shot all-reduce on a host workspace (NOTE [Inline one-shot] in
+  // ops/all_reduce.cpp): unset defers to CUDA_P2P_INLINE_ALL_REDUCE, else on.
+  std::optional<bool> inline_all_reduce;
 
   // Not marked override: older torch releases have no Options::clone().
   virtual c10::intrusive_ptr<c10d::Backend::Options> clone() const {

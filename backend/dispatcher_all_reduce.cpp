@@ -6,13 +6,15 @@
 #include <torch/library.h>
 
 #include <string>
+#include <string_view>
 
 #include "backend/ProcessGroupCudaP2P.hpp"
 #include "backend/dispatcher_group.hpp"
+#include "ops/common.hpp"
 
 namespace cuda_p2p {
 
-void ProcessGroupCudaP2P::all_reduce_in_place(at::Tensor& tensor, const c10d::ReduceOp& op) {
+void ProcessGroupCudaP2P::all_reduce_in_place(at::Tensor& tensor, ops::ReduceOp op) {
   TORCH_CHECK(tensor.layout() == at::kStrided,
               "cuda_p2p all_reduce_: expected a strided (dense) tensor, got layout ",
               tensor.layout());
@@ -21,7 +23,7 @@ void ProcessGroupCudaP2P::all_reduce_in_place(at::Tensor& tensor, const c10d::Re
   // The wrapped backends expect contiguous tensors, as they do from dist.all_reduce.
   std::vector<at::Tensor> tensors{tensor.is_contiguous() ? tensor : tensor.contiguous()};
   c10d::AllreduceOptions opts;
-  opts.reduceOp = op;
+  opts.reduceOp = to_c10d_reduce_op(op);
   route(tensors, "all_reduce_").allreduce(tensors, opts)->wait();
   if (!tensors[0].is_same(tensor)) tensor.copy_(tensors[0]);
 }
@@ -30,19 +32,12 @@ namespace {
 
 constexpr const char* kOp = "all_reduce_";
 
-c10d::ReduceOp parse_reduce_op(c10::string_view name) {
-  if (name == "sum") return c10d::ReduceOp::SUM;
-  if (name == "avg") return c10d::ReduceOp::AVG;
-  if (name == "product") return c10d::ReduceOp::PRODUCT;
-  if (name == "min") return c10d::ReduceOp::MIN;
-  if (name == "max") return c10d::ReduceOp::MAX;
-  if (name == "band") return c10d::ReduceOp::BAND;
-  if (name == "bor") return c10d::ReduceOp::BOR;
-  if (name == "bxor") return c10d::ReduceOp::BXOR;
-  TORCH_CHECK_VALUE(false, "cuda_p2p ", kOp,
-                    ": reduce_op must be one of 'sum', 'avg', 'product', 'min', 'max', 'band', "
-                    "'bor', 'bxor', got '",
-                    std::string(name), "'");
+ops::ReduceOp parse_reduce_op(c10::string_view name) {
+  using ops::ReduceOp;
+  return ops::parse_reduce_op(std::string_view(name.data(), name.size()),
+                              {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProduct, ReduceOp::kMin,
+                               ReduceOp::kMax, ReduceOp::kBand, ReduceOp::kBor, ReduceOp::kBxor},
+                              kOp);
 }
 
 void check_tensor(const at::Tensor& tensor) {
@@ -54,7 +49,7 @@ void check_tensor(const at::Tensor& tensor) {
 at::Tensor& all_reduce_(at::Tensor& tensor, c10::string_view reduce_op,
                         c10::string_view group_name) {
   check_tensor(tensor);
-  const c10d::ReduceOp op = parse_reduce_op(reduce_op);
+  const ops::ReduceOp op = parse_reduce_op(reduce_op);
   auto& pg = resolve_backend(std::string(group_name), tensor.device().type(), kOp);
   pg.all_reduce_in_place(tensor, op);
   return tensor;

@@ -85,6 +85,28 @@ WorkPtr ProcessGroupCudaP2P::completed(c10d::OpType type, std::vector<at::Tensor
                                                   std::move(device), std::move(end)));
 }
 
+c10d::ReduceOp ProcessGroupCudaP2P::to_c10d_reduce_op(ops::ReduceOp op) {
+  switch (op) {
+    case ops::ReduceOp::kSum:
+      return c10d::ReduceOp::SUM;
+    case ops::ReduceOp::kAvg:
+      return c10d::ReduceOp::AVG;
+    case ops::ReduceOp::kProduct:
+      return c10d::ReduceOp::PRODUCT;
+    case ops::ReduceOp::kMin:
+      return c10d::ReduceOp::MIN;
+    case ops::ReduceOp::kMax:
+      return c10d::ReduceOp::MAX;
+    case ops::ReduceOp::kBand:
+      return c10d::ReduceOp::BAND;
+    case ops::ReduceOp::kBor:
+      return c10d::ReduceOp::BOR;
+    case ops::ReduceOp::kBxor:
+      return c10d::ReduceOp::BXOR;
+  }
+  TORCH_CHECK(false, "cuda_p2p: unknown reduce op ", static_cast<int>(op));
+}
+
 std::optional<ops::ReduceOp> ProcessGroupCudaP2P::to_reduce_op(const c10d::ReduceOp& op) {
   switch (op.op_) {
     case c10d::ReduceOp::SUM:
@@ -206,7 +228,8 @@ WorkPtr ProcessGroupCudaP2P::allreduce(std::vector<at::Tensor>& tensors,
   if (hierarchy_ && hierarchy_->all_reduce(tensors, opts)) {
     return hierarchical_done(c10d::OpType::ALLREDUCE, tensors);
   }
-  if (tensors.size() == 1 && all_reduce_on_workspace(tensors[0], opts.reduceOp)) {
+  const auto op = to_reduce_op(opts.reduceOp);
+  if (tensors.size() == 1 && op && all_reduce_on_workspace(tensors[0], *op)) {
     return completed(c10d::OpType::ALLREDUCE, tensors);
   }
   bump_counter("all_reduce.wrapped");
@@ -214,22 +237,33 @@ WorkPtr ProcessGroupCudaP2P::allreduce(std::vector<at::Tensor>& tensors,
                   [&](c10d::Backend& b) { return b.allreduce(tensors, opts); });
 }
 
-bool ProcessGroupCudaP2P::all_reduce_on_workspace(at::Tensor& t, const c10d::ReduceOp& reduce_op) {
-  if (workspace_rejects({t})) return false;
-  const auto op = to_reduce_op(reduce_op);
-  if (!op || !ops::is_reducible_dtype(t.scalar_type())) return false;
-  check_or_reject("all_reduce", ops::OpKind::kAllReduce,
-                  [&] { ops::check_reduce_op(*op, t.scalar_type(), "all_reduce"); });
-  at::Tensor work = t.is_contiguous() ? t : t.contiguous();
-  ops::AllReduceAlgo algo = ops::AllReduceAlgo::kAuto;
-  bool zero_copy = false;
-  run_collective("all_reduce", [&](const ops::CollectiveContext& ctx) {
-    algo = ops::all_reduce(ctx, work, work, *op, ops::AllReduceAlgo::kAuto);
-    zero_copy = ctx.state.last_zero_copy;
-    if (!work.is_same(t)) t.copy_(work);
+bool ProcessGroupCudaP2P::all_reduce_on_workspace(at::Tensor& t, ops::ReduceOp op) {
+  if (workspace_rejects({t}) || !ops::is_reducible_dtype(t.scalar_type())) return false;
+  // Checked first without the closures check_or_reject takes: this is the small all-reduce's
+  // path (NOTE [Inline one-shot] in ops/all_reduce.cpp), and they allocate.
+  if (!ops::reduce_op_applies(op, t.scalar_type())) {
+    check_or_reject("all_reduce", ops::OpKind::kAllReduce,
+                    [&] { ops::check_reduce_op(op, t.scalar_type(), "all_reduce"); });
+  }
+  struct {
+    at::Tensor& t;
+    at::Tensor work;
+    ops::ReduceOp op;
+    ops::AllReduceAlgo algo = ops::AllReduceAlgo::kAuto;
+    bool inline_run = false;
+    bool zero_copy = false;
+  } call{t, t.is_contiguous() ? t : t.contiguous(), op};
+  // One reference captured: the std::function keeps it inline, with no allocation.
+  run_collective("all_reduce", [&call](const ops::CollectiveContext& ctx) {
+    call.algo = ops::all_reduce(ctx, call.work, call.work, call.op, ops::AllReduceAlgo::kAuto);
+    call.inline_run = ctx.state.last_inline;
+    call.zero_copy = ctx.state.last_zero_copy;
+    if (!call.work.is_same(call.t)) call.t.copy_(call.work);
   });
-  bump_counter(std::string("all_reduce.") + ops::to_string(algo));
-  if (zero_copy) bump_counter("all_reduce.zero_copy");
+  bump_counter(call.algo == ops::AllReduceAlgo::kOneShot ? "all_reduce.one_shot"
+                                                         : "all_reduce.two_shot");
+  if (call.inline_run) bump_counter("all_reduce.inline");
+  if (call.zero_copy) bump_counter("all_reduce.zero_copy");
   return true;
 }
 

@@ -2,6 +2,10 @@
 // staged copy; one barrier, the lowest latency) and two-shot (a direct reduce-scatter, then an
 // all-gather of the reduced chunks; each rank reads about 2x the tensor instead of W x).
 #include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
+
+#include <cstring>
+#include <string>
 
 #include "ops/collective_detail.hpp"
 #include "ops/collectives.hpp"
@@ -92,6 +96,202 @@ void two_shot(const CollectiveContext& ctx, const Args& a, ReduceOp op) {
   }
 }
 
+// What the ranks compare (NOTE [Op signatures]), for both implementations of every algorithm.
+OpSignature signature(const CollectiveContext& ctx, const Args& a, ReduceOp op,
+                      AllReduceAlgo algo) {
+  return OpSignature::of(OpKind::kAllReduce, std::to_string(a.numel) + " x " + dtype_name(a.dtype) +
+                                                 " " + lower_name(op) + " (" + to_string(algo) +
+                                                 detail::config_suffix(ctx) + ")");
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------
+// The inline one-shot: the small-message path of the host.
+
+// NOTE [Inline one-shot]
+// A small all-reduce is all latency. On 2 ranks at 8 bytes the generic one-shot above spent
+// most of its ~8 us of CPU per op on what it enqueues rather than on what it does: closures and
+// their tasks, W + 1 tensor views, the wait contexts' strings, the signature's text and vector
+// of slots, the workspace's mapping lock a dozen times (docs/collectives.md, "Against
+// DeepSpeed"). On a stream that runs inline (the host's: NOTE [Inline signals] in
+// p2p_workspace/device.hpp) one_shot runs this instead, when the tensor fits one round:
+//
+//  * the same protocol, word for word: the reuse guard on the peers' done words (phase p - 2
+//    ended), staging into this rank's region of half p % 2, this rank's descriptor written into
+//    every pad, the barrier on the collective channel (its signal counts advanced as
+//    SymmetricWorkspace::barrier does), the comparison of the W descriptors in the own pad, the
+//    reduction of the W staged copies in rank order with the same kernel (ops::reduce_host), and
+//    the done words. So a rank on this path and a peer on the generic one - another algorithm,
+//    size or op, one forced by a setting, a rejected argument - meet at the same barrier, read
+//    the same descriptors and raise the same error, and the phases stay in step across any mix
+//    of ops (a disagreement ends the open phase, as settle_and_raise does);
+//  * on raw addresses taken once per workspace generation (a new buffer after growth takes them
+//    again, as begin_phase restarts the phases), the descriptor's words encoded once per
+//    (numel, dtype, op), every store and poll done by the calling thread: nothing is allocated
+//    once warm;
+//  * a wait that poll_signals_now did not see satisfied goes on through Device::wait_signals,
+//    with the group's timeout, the back-off and sleep of every host wait and the device's
+//    failure checks; a timeout raises the generic path's error.
+struct InlineOneShot {
+  // ws.buffer(rank) and the channel when the addresses were taken.
+  const void* mine = nullptr;
+  int channel = -1;
+  int64_t half = 0;                   // detail::phase_bytes
+  int64_t round = 0;                  // detail::round_bytes(ctx, 1): the most bytes of one round
+  c10::SmallVector<char*, 8> buffer;  // by rank
+  c10::SmallVector<uint32_t*, 8> done_in;     // peers' done words, in this rank's pad
+  c10::SmallVector<uint32_t*, 8> done_out;    // this rank's done word, in each peer's pad
+  c10::SmallVector<uint32_t*, 8> signal_in;   // peers' barrier signals, in this rank's pad
+  c10::SmallVector<uint32_t*, 8> signal_out;  // this rank's barrier signal, in each peer's pad
+  c10::SmallVector<uint32_t*, 8> descriptor_out[2];       // by parity, by rank: this rank's slot
+  const uint32_t* descriptor_in[2] = {nullptr, nullptr};  // by parity: the W slots of own pad
+  // The last signature and its descriptor (stamp excluded).
+  int64_t numel = -1;
+  at::ScalarType dtype = at::kFloat;
+  ReduceOp op = ReduceOp::kSum;
+  OpSignature sig;
+  DescriptorWords words{};
+  c10::SmallVector<SignalWait, 8> waits;
+};
+
+namespace {
+
+void take_addresses(const CollectiveContext& ctx, InlineOneShot& c) {
+  const int W = ctx.ws.world_size(), me = ctx.ws.rank(), ch = ctx.channel;
+  c.mine = ctx.ws.buffer(me);
+  c.channel = ch;
+  c.half = detail::phase_bytes(ctx);
+  c.round = detail::round_bytes(ctx, 1);
+  c.buffer.clear();
+  c.done_in.clear();
+  c.done_out.clear();
+  c.signal_in.clear();
+  c.signal_out.clear();
+  for (int r = 0; r < W; ++r) {
+    c.buffer.push_back(static_cast<char*>(ctx.ws.buffer(r)));
+    c.done_in.push_back(ctx.ws.done_slot(me, ch, r));
+    c.done_out.push_back(ctx.ws.done_slot(r, ch, me));
+    c.signal_in.push_back(ctx.ws.signal_slot(me, ch, r));
+    c.signal_out.push_back(ctx.ws.signal_slot(r, ch, me));
+  }
+  for (int parity = 0; parity < 2; ++parity) {
+    c.descriptor_out[parity].clear();
+    for (int r = 0; r < W; ++r) {
+      c.descriptor_out[parity].push_back(ctx.ws.descriptor_slot(r, ch, parity, me));
+    }
+    c.descriptor_in[parity] = ctx.ws.descriptor_slot(me, ch, parity, 0);
+  }
+}
+
+// Waits for c.waits: a brief poll, then the device's blocking wait (NOTE [Inline signals]).
+// The timeout error names the wait as the generic path's does: the phase's reuse guard when
+// `guard_phase` >= 0, else the barrier.
+void inline_wait(const CollectiveContext& ctx, InlineOneShot& c, int64_t guard_phase) {
+  Device& dev = ctx.ws.device();
+  if (dev.poll_signals_now(c.waits)) return;
+  const std::string rank = std::to_string(ctx.ws.rank());
+  dev.wait_signals(
+      ctx.stream, std::vector<SignalWait>(c.waits.begin(), c.waits.end()), ctx.ws.timeout(),
+      guard_phase >= 0
+          ? "collective buffer reuse guard (rank " + rank + ", phase " +
+                std::to_string(guard_phase) + ")"
+          : "barrier on channel " + std::to_string(ctx.channel) + " (rank " + rank + ")");
+}
+
+// One phase of a one-shot all-reduce of `a` (one round), on the calling thread. The order of
+// steps is one_shot's (NOTE [Inline one-shot]).
+void inline_one_shot(const CollectiveContext& ctx, InlineOneShot& c, const Args& a, ReduceOp op) {
+  const int W = ctx.ws.world_size(), me = ctx.ws.rank();
+  Device& dev = ctx.ws.device();
+  // begin_phase: a new buffer (growth) restarts the phases.
+  if (ctx.state.buffer != c.mine) {
+    ctx.state.buffer = c.mine;
+    ctx.state.phase = 0;
+  }
+  const uint64_t phase = ctx.state.phase++;
+  const int64_t offset = static_cast<int64_t>(phase % 2) * c.half;
+  if (phase >= 2) {  // the reuse guard: every peer ended phase - 2
+    c.waits.clear();
+    const auto want = static_cast<uint32_t>(phase - 1);
+    for (int r = 0; r < W; ++r) {
+      if (r != me) c.waits.push_back({c.done_in[r], want, r});
+    }
+    inline_wait(ctx, c, static_cast<int64_t>(phase));
+  }
+  const int64_t bytes = a.numel * a.esize;
+  std::memcpy(c.buffer[me] + offset, a.in, static_cast<size_t>(bytes));
+  // The descriptor (publish_signature), then the barrier, whose release stores publish it and
+  // the staged bytes.
+  SignatureState& st = ctx.state.signature;
+  const int parity = static_cast<int>(st.count % 2);
+  c.words[0] = static_cast<uint32_t>(st.count + 1);  // encode()'s stamp
+  for (int r = 0; r < W; ++r) {
+    std::memcpy(c.descriptor_out[parity][r], c.words.data(), sizeof(DescriptorWords));
+  }
+  c.waits.clear();
+  for (int s = 1; s < W; ++s) {  // from the next rank on, as end_phase does
+    const int r = (me + s) % W;
+    const auto [send, expect] = ctx.ws.next_barrier_signal(ctx.channel, r);
+    dev.write_signal_now(c.signal_out[r], send);
+    c.waits.push_back({c.signal_in[r], expect, r});
+  }
+  inline_wait(ctx, c, -1);
+  // compare_signatures
+  ++st.count;
+  const uint32_t* all = c.descriptor_in[parity];
+  bool agree = true;
+  for (int r = 0; r < W && agree; ++r) {
+    agree = std::memcmp(all + r * SymmetricWorkspace::kDescriptorWords, c.words.data(),
+                        sizeof(DescriptorWords)) == 0;
+  }
+  if (!agree) {
+    const std::string error = signature_disagreement(all, W, c.words, c.sig);
+    if (!error.empty()) {
+      // settle_and_raise with the phase open: end it, as every peer ends one.
+      for (int s = 1; s < W; ++s) {
+        const int r = (me + s) % W;
+        dev.write_signal_now(c.done_out[r], static_cast<uint32_t>(phase + 1));
+      }
+      throw SignatureMismatch(error);
+    }
+  }
+  const void* srcs[64];
+  for (int r = 0; r < W; ++r) srcs[r] = c.buffer[r] + offset;
+  reduce_host(a.out, srcs, W, a.numel, a.dtype, op, W);
+  for (int s = 1; s < W; ++s) {  // end_phase
+    const int r = (me + s) % W;
+    dev.write_signal_now(c.done_out[r], static_cast<uint32_t>(phase + 1));
+  }
+}
+
+// Runs the one-shot all-reduce of `a` inline when it can (a stream that runs inline, one round,
+// a world the host kernel reduces at once); false, having done nothing, otherwise.
+bool try_inline_one_shot(const CollectiveContext& ctx, const Args& a, ReduceOp op) {
+  const int W = ctx.ws.world_size();
+  if (!ctx.config.inline_all_reduce || W < 2 || W > 64 || a.numel == 0 ||
+      !ctx.ws.device().runs_inline(ctx.stream)) {
+    return false;
+  }
+  auto& c = ctx.state.inline_one_shot;
+  if (!c) c = std::make_shared<InlineOneShot>();
+  // One lock per op, to notice a new workspace (growth), as begin_phase does.
+  if (c->mine != ctx.ws.buffer(ctx.ws.rank()) || c->channel != ctx.channel) {
+    take_addresses(ctx, *c);
+  }
+  if (a.numel * a.esize > c->round) return false;
+  if (a.numel != c->numel || a.dtype != c->dtype || op != c->op) {
+    c->numel = -1;  // until the new signature is in place
+    c->sig = signature(ctx, a, op, AllReduceAlgo::kOneShot);
+    c->words = encode_signature(c->sig, 0);
+    c->numel = a.numel;
+    c->dtype = a.dtype;
+    c->op = op;
+  }
+  inline_one_shot(ctx, *c, a, op);
+  return true;
+}
+
 }  // namespace
 
 AllReduceAlgo all_reduce(const CollectiveContext& ctx, const at::Tensor& input,
@@ -106,12 +306,11 @@ AllReduceAlgo all_reduce(const CollectiveContext& ctx, const at::Tensor& input,
   Args a{detail::bytes_of(input), detail::bytes_of(output), input.numel(), input.scalar_type(),
          static_cast<int64_t>(input.element_size())};
   if (algo == AllReduceAlgo::kAuto) algo = select_all_reduce(ctx.config, a.numel * a.esize, W);
+  ctx.state.last_zero_copy = false;  // only the zero-copy path below sets it
+  ctx.state.last_inline = algo == AllReduceAlgo::kOneShot && try_inline_one_shot(ctx, a, op);
+  if (ctx.state.last_inline) return algo;
   // Compared at the first phase barrier of either algorithm (NOTE [Op signatures]).
-  detail::expect_signature(
-      ctx,
-      OpSignature::of(OpKind::kAllReduce, std::to_string(a.numel) + " x " + dtype_name(a.dtype) +
-                                              " " + lower_name(op) + " (" + to_string(algo) +
-                                              detail::config_suffix(ctx) + ")"));
+  detail::expect_signature(ctx, signature(ctx, a, op, algo));
   if (a.numel == 0) {
     detail::handshake(ctx);
     return algo;
@@ -120,7 +319,6 @@ AllReduceAlgo all_reduce(const CollectiveContext& ctx, const at::Tensor& input,
     detail::reduce_on_stream(ctx, output, {input}, op, 1);
     return algo;
   }
-  ctx.state.last_zero_copy = false;
   // An input in the peers' symmetric heaps is not staged (NOTE [Zero-copy collectives]).
   if (algo == AllReduceAlgo::kTwoShot &&
       detail::all_reduce_zero_copy(ctx, a.in, a.out, a.numel, a.dtype, op)) {

@@ -75,6 +75,10 @@ struct CollectiveConfig {
   // stage through the buffer: the reads cost a system call per peer and make every owner wait
   // for its readers at the end.
   int64_t cross_memory_min_bytes = kDefaultCrossMemoryMinBytes;
+  // Whether a one-shot all-reduce that fits one round runs inline on a stream that allows it
+  // (NOTE [Inline one-shot] in ops/all_reduce.cpp). Not part of the op signature: both paths
+  // write and wait for the same words, so ranks may differ.
+  bool inline_all_reduce = true;
 
   static constexpr int64_t kDefaultChunkBytes = 1 << 20;
   static constexpr int64_t kDefaultAllReduceOneShotMaxBytes = 8 << 10;
@@ -99,6 +103,8 @@ bool uses_private_reads(const CollectiveConfig& config, int64_t payload_bytes, b
 AllReduceAlgo select_all_reduce(const CollectiveConfig& config, int64_t bytes, int world_size);
 
 // Per-group state of the collectives, owned by the backend (never shared by two groups).
+struct InlineOneShot;  // ops/all_reduce.cpp
+
 class CollectiveState {
  public:
   // Phases run so far on `buffer` (this rank's, to notice a new workspace after growth); phase p
@@ -128,6 +134,10 @@ class CollectiveState {
   // the signature of the running collective until it has been compared.
   SignatureState signature;
   std::optional<OpSignature> pending;
+  // The inline one-shot all-reduce's cached addresses and signature (NOTE [Inline one-shot] in
+  // ops/all_reduce.cpp), made on its first use, and whether the last all-reduce ran it.
+  std::shared_ptr<InlineOneShot> inline_one_shot;
+  bool last_inline = false;
 };
 
 // What every collective runs on.

@@ -2,47 +2,56 @@
 
 #include <c10/util/Exception.h>
 
-#include <cctype>
-
 namespace cuda_p2p::ops {
 
-const char* to_string(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-      return "SUM";
-    case ReduceOp::kAvg:
-      return "AVG";
-    case ReduceOp::kProduct:
-      return "PRODUCT";
-    case ReduceOp::kMin:
-      return "MIN";
-    case ReduceOp::kMax:
-      return "MAX";
-    case ReduceOp::kBand:
-      return "BAND";
-    case ReduceOp::kBor:
-      return "BOR";
-    case ReduceOp::kBxor:
-      return "BXOR";
+namespace {
+
+struct ReduceOpName {
+  ReduceOp op;
+  const char* upper;  // c10d's
+  const char* lower;  // the dispatcher ops' and the op signatures'
+};
+
+constexpr ReduceOpName kReduceOpNames[] = {
+    {ReduceOp::kSum, "SUM", "sum"},
+    {ReduceOp::kAvg, "AVG", "avg"},
+    {ReduceOp::kProduct, "PRODUCT", "product"},
+    {ReduceOp::kMin, "MIN", "min"},
+    {ReduceOp::kMax, "MAX", "max"},
+    {ReduceOp::kBand, "BAND", "band"},
+    {ReduceOp::kBor, "BOR", "bor"},
+    {ReduceOp::kBxor, "BXOR", "bxor"},
+};
+
+const ReduceOpName* find(ReduceOp op) {
+  for (const auto& n : kReduceOpNames) {
+    if (n.op == op) return &n;
   }
-  return "?";
+  return nullptr;
+}
+
+}  // namespace
+
+const char* to_string(ReduceOp op) {
+  const ReduceOpName* n = find(op);
+  return n ? n->upper : "?";
 }
 
 std::string lower_name(ReduceOp op) {
-  std::string name = to_string(op);
-  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return name;
+  const ReduceOpName* n = find(op);
+  return n ? n->lower : "?";
 }
 
-ReduceOp parse_reduce_op(const std::string& name, std::initializer_list<ReduceOp> allowed,
+ReduceOp parse_reduce_op(std::string_view name, std::initializer_list<ReduceOp> allowed,
                          const char* what) {
   std::string names;
   for (ReduceOp op : allowed) {
-    if (name == lower_name(op)) return op;
-    names += (names.empty() ? "\"" : ", \"") + lower_name(op) + "\"";
+    const char* lower = find(op)->lower;
+    if (name == lower) return op;
+    names += (names.empty() ? "\"" : ", \"") + std::string(lower) + "\"";
   }
-  TORCH_CHECK(false, "cuda_p2p ", what, ": reduce_op must be one of ", names, ", got \"", name,
-              "\"");
+  TORCH_CHECK_VALUE(false, "cuda_p2p ", what, ": reduce_op must be one of ", names, ", got \"",
+                    std::string(name), "\"");
 }
 
 }  // namespace cuda_p2p::ops

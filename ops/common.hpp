@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace cuda_p2p::ops {
@@ -17,9 +18,9 @@ enum class ReduceOp : uint8_t { kSum, kAvg, kProduct, kMin, kMax, kBand, kBor, k
 const char* to_string(ReduceOp op);
 // "sum", "avg", ... (the names the dispatcher ops take, and op signatures use).
 std::string lower_name(ReduceOp op);
-// The op named `name` ("sum", "avg", ...) among `allowed`; a clear error naming `what` and the
+// The op named `name` ("sum", "avg", ...) among `allowed`; a ValueError naming `what` and the
 // allowed names otherwise.
-ReduceOp parse_reduce_op(const std::string& name, std::initializer_list<ReduceOp> allowed,
+ReduceOp parse_reduce_op(std::string_view name, std::initializer_list<ReduceOp> allowed,
                          const char* what);
 
 // The type a reduction accumulates in: float32 for float16 and bfloat16, the dtype itself

@@ -291,6 +291,15 @@ std::string handshake(SymmetricWorkspace& ws, Stream& s, int channel, SignatureS
   return compare_signatures(ws, s, channel, state, mine);
 }
 
+DescriptorWords encode_signature(const OpSignature& sig, uint64_t count) {
+  return encode(sig, count);
+}
+
+std::string signature_disagreement(const uint32_t* all, int world_size, const DescriptorWords& mine,
+                                   const OpSignature& sig) {
+  return disagreement(all, world_size, mine, sig);
+}
+
 void check_signature_record(SignatureState& state, const char* what) {
 #ifdef CUDA_P2P_WITH_CUDA
   if (!state.cuda_record) return;

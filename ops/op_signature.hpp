@@ -75,6 +75,14 @@ std::string compare_signatures(SymmetricWorkspace& ws, Stream& s, int channel,
 // this rank's own invalid signature, nothing: the caller raises its own error) on the host.
 std::string handshake(SymmetricWorkspace& ws, Stream& s, int channel, SignatureState& state,
                       const OpSignature& mine);
+// The descriptor of `sig` for handshake number `count` (what publish_signature writes), and the
+// error every rank raises given the W descriptors `all` of a handshake in its own pad ("" when
+// all equal `mine` or `sig` is itself invalid: what compare_signatures checks). For a caller that
+// writes and compares the pads itself, on the host (NOTE [Inline one-shot] in ops/all_reduce.cpp).
+using DescriptorWords = std::array<uint32_t, SymmetricWorkspace::kDescriptorWords>;
+DescriptorWords encode_signature(const OpSignature& sig, uint64_t count);
+std::string signature_disagreement(const uint32_t* all, int world_size, const DescriptorWords& mine,
+                                   const OpSignature& sig);
 // CUDA: throws the SignatureMismatch a comparison kernel recorded (once), if any. A no-op on the
 // host, whose comparisons report at once.
 void check_signature_record(SignatureState& state, const char* what);

@@ -24,6 +24,12 @@ bool is_reducible_dtype(at::ScalarType dtype) {
   }
 }
 
+bool reduce_op_applies(ReduceOp op, at::ScalarType dtype) {
+  const bool floating = at::isFloatingType(dtype);
+  const bool bitwise = op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor;
+  return floating ? !bitwise : op != ReduceOp::kAvg;
+}
+
 void check_reduce_op(ReduceOp op, at::ScalarType dtype, const char* what) {
   const bool floating = at::isFloatingType(dtype);
   TORCH_CHECK(!(op == ReduceOp::kAvg && !floating), "cuda_p2p ", what,
@@ -121,6 +127,31 @@ void reduce_with_aten(const at::Tensor& dst, c10::ArrayRef<at::Tensor> srcs, Red
 }
 
 }  // namespace detail
+
+void reduce_host(void* dst, const void* const* srcs, int n, int64_t numel, at::ScalarType dtype,
+                 ReduceOp op, int64_t divisor) {
+  constexpr int kMaxSources = 64;
+  TORCH_CHECK(n >= 1 && n <= kMaxSources, "cuda_p2p reduce_host: expected 1 to ", kMaxSources,
+              " sources, got ", n);
+  TORCH_CHECK(op != ReduceOp::kAvg || divisor > 0,
+              "cuda_p2p reduce_host: AVG needs a positive divisor, got ", divisor);
+  if (numel == 0) return;
+  static constexpr bool kNoAcc[kMaxSources] = {};
+  detail::HostReduction r;
+  r.dst = dst;
+  r.srcs = srcs;
+  r.src_is_acc = kNoAcc;
+  r.num_srcs = n;
+  r.numel = numel;
+  r.dtype = dtype;
+  r.op = op;
+  r.divisor = op == ReduceOp::kAvg ? divisor : 0;
+  if (host_has_avx2()) {
+    detail::host_reduce_avx2(r);
+  } else {
+    detail::host_reduce_default(r);
+  }
+}
 
 void reduce(const at::Tensor& dst, c10::ArrayRef<at::Tensor> srcs, ReduceOp op, int64_t divisor,
             at::Tensor& scratch, const at::Tensor& also) {

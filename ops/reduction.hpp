@@ -13,6 +13,9 @@ namespace cuda_p2p::ops {
 // int32, int64. Others (bool, complex, ...) go to the wrapped backend.
 bool is_reducible_dtype(at::ScalarType dtype);
 
+// Whether `op` applies to `dtype`: AVG needs a floating-point dtype, the bitwise ops an integer
+// one.
+bool reduce_op_applies(ReduceOp op, at::ScalarType dtype);
 // TORCH_CHECKs that `op` applies to `dtype`, failing like Gloo does for the same mistakes: AVG
 // needs a floating-point dtype, the bitwise ops an integer one. `what` names the collective.
 void check_reduce_op(ReduceOp op, at::ScalarType dtype, const char* what);
@@ -27,6 +30,13 @@ void check_reduce_op(ReduceOp op, at::ScalarType dtype, const char* what);
 // device.
 void reduce(const at::Tensor& dst, c10::ArrayRef<at::Tensor> srcs, ReduceOp op, int64_t divisor,
             at::Tensor& scratch, const at::Tensor& also = {});
+
+// reduce() on raw host pointers, for a caller on the host thread that has no tensors (NOTE
+// [Inline one-shot] in ops/all_reduce.cpp): dst = op(srcs[0], ..., srcs[n-1]) over `numel`
+// elements of `dtype` (reducible, op valid for it: check_reduce_op), every pointer of that dtype,
+// AVG divided by `divisor`. The same kernel and bits as reduce(); dst may be one of the sources.
+void reduce_host(void* dst, const void* const* srcs, int n, int64_t numel, at::ScalarType dtype,
+                 ReduceOp op, int64_t divisor);
 
 namespace detail {
 // The ATen path of reduce (what CUDA runs); tests compare the host kernel with it.

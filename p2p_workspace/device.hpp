@@ -171,6 +171,29 @@ class Device {
   // Tells the caching allocator that `t` is used on `s`, so that its memory is not handed out
   // again before the work `s` has enqueued so far has run (c10 recordStream). No-op on the host.
   virtual void record_stream(const at::Tensor& /*t*/, Stream& /*s*/) {}
+
+  // --- inline signalling (NOTE [Inline signals]) ---
+  // NOTE [Inline signals]
+  // On a stream whose work runs at once on the calling thread (the host's inline stream), a
+  // latency-bound algorithm may do each step itself instead of enqueueing a task per step (a
+  // closure, a context string, a lock each): that was most of a small all-reduce's CPU time
+  // (docs/collectives.md, "Against DeepSpeed"). It then writes signals with write_signal_now,
+  // copies with memcpy, and polls with poll_signals_now; a wait that poll_signals_now did not
+  // see satisfied goes on through wait_signals, with its timeout, back-off, sleep and failure
+  // checks. The order is the one enqueueing would give, since the stream runs everything in
+  // program order anyway. Devices whose streams never run inline (CUDA) keep the defaults.
+  //
+  // Whether work enqueued on `s` runs at once, on the calling thread.
+  virtual bool runs_inline(const Stream& /*s*/) const { return false; }
+  // write_signal(s, addr, value) for such a stream: done now, by the calling thread.
+  virtual void write_signal_now(uint32_t* /*addr*/, uint32_t /*value*/) {
+    TORCH_CHECK(false, "cuda_p2p: write_signal_now on a device whose streams do not run inline");
+  }
+  // Polls the waits now, with the back-off of the device's own waits, for a short while (host:
+  // up to the spin budget of NOTE [Host waits on shared cores]); true when every wait is
+  // satisfied, with the writers' earlier stores visible. Never sleeps and never throws: the
+  // caller goes on with wait_signals when it returns false.
+  virtual bool poll_signals_now(c10::ArrayRef<SignalWait> /*waits*/) { return false; }
 };
 
 }  // namespace cuda_p2p

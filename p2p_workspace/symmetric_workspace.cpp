@@ -800,6 +800,11 @@ void SymmetricWorkspace::barrier(Stream& s, int channel, std::optional<Millis> t
       "barrier on channel " + std::to_string(channel) + " (rank " + std::to_string(rank_) + ")");
 }
 
+std::pair<uint32_t, uint32_t> SymmetricWorkspace::next_barrier_signal(int channel, int peer) {
+  const size_t i = static_cast<size_t>(channel) * world_size_ + peer;
+  return {++sent_[i], ++expected_[i]};
+}
+
 void SymmetricWorkspace::ensure_min_buffer_size(int64_t nbytes) {
   TORCH_CHECK(nbytes >= 0, "cuda_p2p ensure_min_buffer_size: nbytes must be >= 0, got ", nbytes);
   const std::string prefix = "cuda_p2p/workspace/grow/" + std::to_string(++exchange_count_) + "/";

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <utility>
 #include <vector>
 
 #include "p2p_workspace/device.hpp"
@@ -107,6 +108,11 @@ class SymmetricWorkspace {
   // for all of them on `channel`.
   void barrier(Stream& s, int channel, std::optional<Millis> timeout = {},
                const std::vector<int>& ranks = {});
+  // For a caller that runs a barrier of all ranks on `channel` itself, signal by signal (NOTE
+  // [Inline signals] in device.hpp): advances the counts with `peer` exactly as barrier() does
+  // and returns {the value to write into peer's slot signal_slot(peer, channel, rank()), the
+  // value to wait for in this rank's slot signal_slot(rank(), channel, peer)}.
+  std::pair<uint32_t, uint32_t> next_barrier_signal(int channel, int peer);
 
   // Collective: ranks agree on the largest request; if it exceeds the buffer, every rank maps a
   // new, larger workspace (tensors aliasing the old one stay valid).

@@ -290,7 +290,13 @@ PYBIND11_MODULE(_C, m) {
             o.symmetric_heap_size = v;
           },
           "Bytes of each rank's symmetric heap (cuda_p2p.empty), mapped sparsely on first use; it "
-          "does not grow (None: CUDA_P2P_SYMMETRIC_HEAP_SIZE, else 1 GiB).");
+          "does not grow (None: CUDA_P2P_SYMMETRIC_HEAP_SIZE, else 1 GiB).")
+      .def_property(
+          "inline_all_reduce", [](const Options& o) { return o.inline_all_reduce; },
+          [](Options& o, std::optional<bool> v) { o.inline_all_reduce = v; },
+          "On a host workspace, a one-shot all-reduce that fits one round runs on the calling "
+          "thread without enqueueing: True, False, or None (CUDA_P2P_INLINE_ALL_REDUCE, else "
+          "on).");
 
   pg.def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                      c10::intrusive_ptr<ProcessGroupCudaP2P::Options> options,
@@ -381,6 +387,7 @@ PYBIND11_MODULE(_C, m) {
             d["all_gather_ring_max_bytes"] = c.all_gather_ring_max_bytes;
             d["reduce_scatter_ring_max_bytes"] = c.reduce_scatter_ring_max_bytes;
             d["cross_memory_min_bytes"] = c.cross_memory_min_bytes;
+            d["inline_all_reduce"] = c.inline_all_reduce;
             d["cross_memory"] = self.uses_cross_memory();
             d["cross_memory_reason"] = self.cross_memory_reason();
             d["workspace_collectives"] = self.uses_workspace_collectives();

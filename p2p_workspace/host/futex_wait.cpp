@@ -112,6 +112,22 @@ bool poll_all(const std::vector<SignalWait>& waits, bool oversubscribed) {
   }
 }
 
+bool poll_briefly(c10::ArrayRef<SignalWait> waits, bool oversubscribed) {
+  const auto arrived = [&] {
+    for (const auto& w : waits) {
+      if (!reached(load_acquire(w.addr), w.value)) return false;
+    }
+    return true;
+  };
+  if (arrived()) return true;  // the common case: no clock read
+  const auto start = std::chrono::steady_clock::now();
+  while (true) {
+    const auto waited = std::chrono::steady_clock::now() - start;
+    if (waited >= kSpinTime || !poll_more(waited, oversubscribed)) return false;
+    if (arrived()) return true;
+  }
+}
+
 bool futex_sleep_until(const uint32_t* word, uint32_t value,
                        std::chrono::steady_clock::time_point deadline) {
   while (true) {

@@ -35,6 +35,11 @@ constexpr auto kNap = std::chrono::microseconds(100);
 // or a sched_yield when oversubscribed or past kSpinTime) before returning true.
 bool poll_more(std::chrono::steady_clock::duration waited, bool oversubscribed);
 
+// Polls until every wait is satisfied (true) or kSpinTime has passed (false), backing off as
+// poll_more does; never sleeps. The first step of an inline wait (NOTE [Inline signals] in
+// p2p_workspace/device.hpp), which then goes on with the blocking wait.
+bool poll_briefly(c10::ArrayRef<SignalWait> waits, bool oversubscribed);
+
 // Sleeps in the kernel (futex on the shared word) until `word` reaches `value` (31-bit
 // sequence-number order: NOTE [Sleeper bit]) or `deadline` passes. Returns whether it was reached.
 bool futex_sleep_until(const uint32_t* word, uint32_t value,

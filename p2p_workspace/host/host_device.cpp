@@ -168,6 +168,16 @@ class HostDevice : public Device {
   // Every host op drains its streams before it returns (pipeline::end), so nothing is in flight.
   void quiesce() override {}
 
+  // NOTE [Inline signals] in p2p_workspace/device.hpp. The inline stream counts no task for
+  // these: an event recorded on it is complete whatever its count, as everything on it is.
+  bool runs_inline(const Stream& s) const override { return &s == inline_stream_.get(); }
+  void write_signal_now(uint32_t* addr, uint32_t value) override {
+    futex_store_and_wake(addr, value);
+  }
+  bool poll_signals_now(c10::ArrayRef<SignalWait> waits) override {
+    return poll_briefly(waits, oversubscribed_);
+  }
+
   // NOTE [Device failure]: every wait loop of this device checks failure_ on each pass (at most
   // kMaxSleep apart) and raises.
   void abort(const std::string& why) override { failure_.fail(why); }
