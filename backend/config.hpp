@@ -82,6 +82,12 @@ struct Options : c10d::Backend::Options {
   std::optional<bool> cross_memory;
   // The smallest payload (bytes, as the thresholds above) read copy-free (unset: the default).
   std::optional<int64_t> cross_memory_min_bytes;
+  // The fused ops' "auto" runs the fused pipeline only when the op's GEMM does at least this
+  // many flops per rank (2·M·N·K, summed over the Bs); below, the unfused path: our workspace
+  // all-gather then the matmul, or the matmul then our reduce-scatter (NOTE [Unfused below a
+  // size] in backend/dispatcher_fused_ops.cpp). Unset: CUDA_P2P_FUSED_MIN_FLOPS, else the
+  // measured default of the tensors' device (kDefaultHostFusedMinFlops on the host, 0 on CUDA).
+  std::optional<int64_t> fused_min_flops;
 
   // Not marked override: older torch releases have no Options::clone().
   virtual c10::intrusive_ptr<c10d::Backend::Options> clone() const {
@@ -102,6 +108,18 @@ struct Config {
   ops::CollectiveConfig collective;
   bool cross_memory = false;            // offer copy-free reads
   std::string cross_memory_off_reason;  // the knob that turned them off ("" when on)
+  // Options.fused_min_flops, else CUDA_P2P_FUSED_MIN_FLOPS; nullopt: fused_min_flops(device)
+  // takes the device's default.
+  std::optional<int64_t> fused_min_flops;
+
+  // The fused ops' threshold for tensors on `device` (docs/pipelines.md, measured results):
+  // 8 GFLOP (8·2^30) on the host, where the pipelines at best tie the unfused path; 0 on CUDA
+  // (never measured on a GPU: the fused path always runs).
+  static constexpr int64_t kDefaultHostFusedMinFlops = int64_t{8} << 30;
+  int64_t fused_min_flops_for(c10::DeviceType device) const {
+    if (fused_min_flops) return *fused_min_flops;
+    return device == c10::DeviceType::CPU ? kDefaultHostFusedMinFlops : 0;
+  }
 };
 
 namespace config {

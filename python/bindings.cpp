@@ -279,7 +279,17 @@ PYBIND11_MODULE(_C, m) {
             o.cross_memory_min_bytes = v;
           },
           "Smallest payload (bytes) the direct all-gather / reduce-scatter and broadcast read "
-          "copy-free (None: the measured default).");
+          "copy-free (None: the measured default).")
+      .def_property(
+          "fused_min_flops", [](const Options& o) { return o.fused_min_flops; },
+          [](Options& o, std::optional<int64_t> v) {
+            TORCH_CHECK_VALUE(!v || *v >= 0, "cuda_p2p: fused_min_flops must be >= 0 or None, got ",
+                              v.value_or(0));
+            o.fused_min_flops = v;
+          },
+          "The fused ops' 'auto' runs the fused pipeline from this many GEMM flops per rank "
+          "(2*M*N*K) on, below it the unfused workspace collective and matmul (None: "
+          "CUDA_P2P_FUSED_MIN_FLOPS, else the device's measured default).");
 
   pg.def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                      c10::intrusive_ptr<ProcessGroupCudaP2P::Options> options,
@@ -353,6 +363,7 @@ PYBIND11_MODULE(_C, m) {
             d["cross_memory_min_bytes"] = c.cross_memory_min_bytes;
             d["cross_memory"] = self.uses_cross_memory();
             d["cross_memory_reason"] = self.cross_memory_reason();
+            d["fused_min_flops"] = self.config().fused_min_flops_for(c10::DeviceType::CPU);
             d["workspace_collectives"] = self.uses_workspace_collectives();
             d["workspace_collectives_reason"] = self.workspace_collectives_reason();
             d["cuda_workspace_collectives"] = self.options()->cuda_workspace_collectives;
