@@ -151,3 +151,38 @@ def test_env_var_parsed_and_default(world2):
     assert all("CUDA_P2P_FUSED_MIN_FLOPS must be an integer" in b for b in bad), bad
     bad = world2.run(_config_with_env, "-5")
     assert all("CUDA_P2P_FUSED_MIN_FLOPS must be in [0" in b for b in bad), bad
+
+
+def _grads(ctx):
+    import torch
+
+    import cuda_p2p
+
+    W = ctx.world_size
+    out = {}
+    for label, thr in (("unfused", 1 << 30), ("fused", 0)):
+        g = _unfused_group(ctx, thr)
+        b = cuda_p2p.get_cuda_p2p_backend(g)
+        b.reset_counters()
+        gen = torch.Generator().manual_seed(7 + ctx.rank)
+        A = torch.randn(3, 5, generator=gen).requires_grad_()
+        B = torch.randn(5, 4, generator=gen).requires_grad_()
+        A2 = torch.randn(2 * W, 5, generator=gen).requires_grad_()
+        _, [h] = cuda_p2p.fused_all_gather_matmul(A, [B], 0, g)
+        y = cuda_p2p.fused_matmul_reduce_scatter(A2, B, "sum", 0, g)
+        (h.square().sum() + y.square().sum()).backward()
+        out[label] = ([t.grad for t in (A, B, A2)],
+                      {k: v for k, v in b.get_counters().items() if k.startswith("fused_")})
+    return out
+
+
+def test_autograd_through_the_unfused_path(world2, world3):
+    import torch
+
+    for world in (world2, world3):
+        for res in world.run(_grads):
+            (gu, cu), (gf, cf) = res["unfused"], res["fused"]
+            assert cu and all(k.endswith(".unfused") for k in cu), cu
+            assert cf and not any(k.endswith(".unfused") for k in cf), cf
+            for u, f in zip(gu, gf):
+                torch.testing.assert_close(u, f)
