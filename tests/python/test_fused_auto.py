@@ -186,3 +186,35 @@ def test_autograd_through_the_unfused_path(world2, world3):
             assert cf and not any(k.endswith(".unfused") for k in cf), cf
             for u, f in zip(gu, gf):
                 torch.testing.assert_close(u, f)
+
+
+def _compiled(ctx):
+    import torch
+
+    import cuda_p2p
+
+    g = _unfused_group(ctx, 1 << 30)
+    b = cuda_p2p.get_cuda_p2p_backend(g)
+    name = g.group_name
+    W = ctx.world_size
+
+    def layer(x, w_up, w_down):
+        _, [h] = torch.ops.cuda_p2p.fused_all_gather_matmul(x, [w_up], 0, name, return_A=False)
+        return torch.ops.cuda_p2p.fused_matmul_reduce_scatter(torch.relu(h), w_down, "sum", 0,
+                                                              name)
+
+    gen = torch.Generator().manual_seed(3 + ctx.rank)
+    x, w_up, w_down = (torch.randn(2, 6, generator=gen), torch.randn(6, 8, generator=gen),
+                       torch.randn(8, 6, generator=gen))
+    b.reset_counters()
+    eager = layer(x, w_up, w_down)
+    compiled = torch.compile(layer, fullgraph=True)(x, w_up, w_down)
+    torch.testing.assert_close(compiled, eager)
+    assert compiled.shape == (2, 6) and compiled.stride() == eager.stride(), compiled.stride()
+    c = {k: v for k, v in b.get_counters().items() if k.startswith("fused_")}
+    assert c == {"fused_all_gather_matmul.unfused": 2, "fused_matmul_reduce_scatter.unfused": 2}, c
+    return W
+
+
+def test_torch_compile_through_the_unfused_path(world2):
+    assert world2.run(_compiled) == [2, 2]
