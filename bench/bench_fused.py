@@ -158,6 +158,7 @@ def _rank_main(rank, W, port, cases, iters, warmup, ring_steps, out_path, compar
         # The same pipelines with a thread per host stream (NOTE [Cooperative host streams]).
         opts = cuda_p2p.ProcessGroupCudaP2P.Options()
         opts.host_streams = "threads"
+        opts.fused_min_flops = 0  # "auto" fused at every size (docs/pipelines.md, small ops)
         threads = dist.new_group(backend="cuda_p2p", pg_options=opts)
     results = []
     for op, M, H, dname in cases:
