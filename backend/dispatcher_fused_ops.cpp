@@ -49,8 +49,8 @@ bool all_gather_matmul_unfused(ProcessGroupCudaP2P& pg, const at::Tensor& A_shar
                                at::TensorList Bs, int64_t gather_dim, const std::string& algorithm,
                                int64_t& dim) {
   if (algorithm != "auto") return false;
-  // Only where the unfused pair's collective runs on the workspace too: else the fused op,
-  // on the workspace or over send/recv, is the faster one.
+  // Only where the unfused pair's collective runs on the workspace too: else it would run on the
+  // wrapped backend, slower than the fused op (docs/pipelines.md: Gloo + matmul).
   if (!pg.uses_workspace_collectives()) return false;
   auto group = pg.pipeline_group(A_shard.device().type());
   if (!ops::pipeline::workspace_serves(group.workspace, A_shard.device())) return false;
@@ -105,8 +105,8 @@ bool matmul_reduce_scatter_unfused(ProcessGroupCudaP2P& pg, const at::Tensor& A,
                                    int64_t ring_steps, int64_t& dim) {
   if (algorithm != "auto" || ring_steps != 0) return false;  // ring steps ask for the ring
   if (reduce_op != "sum" && reduce_op != "avg") return false;
-  // Only where the unfused pair's collective runs on the workspace too: else the fused op,
-  // on the workspace or over send/recv, is the faster one.
+  // Only where the unfused pair's collective runs on the workspace too: else it would run on the
+  // wrapped backend, slower than the fused op (docs/pipelines.md: Gloo + matmul).
   if (!pg.uses_workspace_collectives()) return false;
   auto group = pg.pipeline_group(A.device().type());
   if (!ops::pipeline::workspace_serves(group.workspace, A.device())) return false;
