@@ -37,9 +37,11 @@ constexpr const char* kInlineAllReduceEnv = "CUDA_P2P_INLINE_ALL_REDUCE";
 constexpr const char* kHostIdEnv = "CUDA_P2P_HOST_ID";
 constexpr const char* kDenyCrossMemoryEnv = "CUDA_P2P_TEST_DENY_CROSS_MEMORY";
 constexpr const char* kSymmetricHeapSizeEnv = "CUDA_P2P_SYMMETRIC_HEAP_SIZE";
+constexpr const char* kFusedMinFlopsEnv = "CUDA_P2P_FUSED_MIN_FLOPS";
 
 constexpr int64_t kMaxBytes = int64_t{1} << 46;  // 64 TiB: a sanity bound, not a policy
 constexpr int64_t kMaxRingSteps = int64_t{1} << 20;
+constexpr int64_t kMaxFlops = int64_t{1} << 60;
 
 std::string lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
@@ -157,6 +159,9 @@ const std::vector<Knob>& knobs() {
       {"symmetric_heap_size", kSymmetricHeapSizeEnv, "bytes", "1 GiB",
        "Bytes of each rank's symmetric heap (cuda_p2p.empty, use_symmetric_memory), mapped "
        "sparsely on first use; it does not grow."},
+      {"fused_min_flops", kFusedMinFlopsEnv, "int", "host: 8G; CUDA: 0",
+       "The fused ops' \"auto\" runs the fused pipeline from this many GEMM flops per rank "
+       "(2*M*N*K) on; below, the unfused workspace collective and matmul (K, M, G: 1024-based)."},
       {"", kHostIdEnv, "string", "hostname/boot id",
        "This process's host identity; ranks with different identities do not share a workspace "
        "(tests simulate several hosts with it)."},
@@ -279,6 +284,12 @@ Config resolve_config(const Options& o, int world_size, const config::EnvLookup&
   c.symmetric_heap_size =
       pick(o.symmetric_heap_size, env_int(env, kSymmetricHeapSizeEnv, 1, kMaxBytes),
            Config::kDefaultSymmetricHeapSize);
+  // The fused ops' choice between fused and unfused (NOTE [Unfused below a size]).
+  TORCH_CHECK(!o.fused_min_flops || (*o.fused_min_flops >= 0 && *o.fused_min_flops <= kMaxFlops),
+              "cuda_p2p: Options.fused_min_flops must be in [0, ", kMaxFlops, "] (flops), got ",
+              *o.fused_min_flops);
+  c.fused_min_flops =
+      o.fused_min_flops ? o.fused_min_flops : env_int(env, kFusedMinFlopsEnv, 0, kMaxFlops);
   return c;
 }
 

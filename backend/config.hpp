@@ -88,6 +88,12 @@ struct Options : c10d::Backend::Options {
   // The inline one-shot all-reduce on a host workspace (NOTE [Inline one-shot] in
   // ops/all_reduce.cpp): unset defers to CUDA_P2P_INLINE_ALL_REDUCE, else on.
   std::optional<bool> inline_all_reduce;
+  // The fused ops' "auto" runs the fused pipeline only when the op's GEMM does at least this
+  // many flops per rank (2·M·N·K, summed over the Bs); below, the unfused path: our workspace
+  // all-gather then the matmul, or the matmul then our reduce-scatter (NOTE [Unfused below a
+  // size] in backend/dispatcher_fused_ops.cpp). Unset: CUDA_P2P_FUSED_MIN_FLOPS, else the
+  // measured default of the tensors' device (kDefaultHostFusedMinFlops on the host, 0 on CUDA).
+  std::optional<int64_t> fused_min_flops;
 
   // Not marked override: older torch releases have no Options::clone().
   virtual c10::intrusive_ptr<c10d::Backend::Options> clone() const {
@@ -112,6 +118,18 @@ struct Config {
   // sparse mapping: only the pages that tensors touch cost memory, so the default is generous.
   int64_t symmetric_heap_size = kDefaultSymmetricHeapSize;
   static constexpr int64_t kDefaultSymmetricHeapSize = int64_t{1} << 30;
+  // Options.fused_min_flops, else CUDA_P2P_FUSED_MIN_FLOPS; nullopt: fused_min_flops(device)
+  // takes the device's default.
+  std::optional<int64_t> fused_min_flops;
+
+  // The fused ops' threshold for tensors on `device` (docs/pipelines.md, measured results):
+  // 8 GFLOP (8·2^30) on the host, where the pipelines at best tie the unfused path; 0 on CUDA
+  // (never measured on a GPU: the fused path always runs).
+  static constexpr int64_t kDefaultHostFusedMinFlops = int64_t{8} << 30;
+  int64_t fused_min_flops_for(c10::DeviceType device) const {
+    if (fused_min_flops) return *fused_min_flops;
+    return device == c10::DeviceType::CPU ? kDefaultHostFusedMinFlops : 0;
+  }
 };
 
 namespace config {

@@ -17,11 +17,139 @@ namespace {
 constexpr const char* kAllGatherMatmul = "fused_all_gather_matmul";
 constexpr const char* kMatmulReduceScatter = "fused_matmul_reduce_scatter";
 
+// NOTE [Unfused below a size]
+// A fused op pays a fixed cost the unfused pair does not (its handshake and barriers, two
+// streams, the GEMM split per peer); where its GEMM is short, that is more than fusion hides -
+// on the host always, since a CPU has no copy engine and fusion hides only waiting
+// (docs/pipelines.md, measured results). So "auto" runs, below Config::fused_min_flops GEMM flops
+// per rank, what a user would write without the fused ops: our all_gather_into_tensor then
+// torch.matmul, or torch.matmul then our reduce_scatter_tensor, with the outputs laid out exactly
+// as the fused path lays them out (the reference's own view ops, which the fused path's layout
+// reproduces), counted "<op>.unfused". The choice is made from what every rank shares - the
+// shapes, the group's size and its configuration (set it alike on every rank, like every
+// algorithm knob) - so every rank makes the same one. Only calls whose arguments pass the local
+// checks take it: a bad call goes to the fused op, whose handshake tells every rank (NOTE [Op
+// signatures]); ranks whose shapes disagree so much that some go one way and some the other
+// meet in no handshake and fail by the group's timeout instead of naming the disagreement.
+
+// Flops of the GEMMs a rank runs: 2 * (rows of the gathered / local A) * K * N, summed over Bs.
+double gemm_flops(int64_t a_numel, int64_t a_cols, int64_t k, int64_t n) {
+  const double rows = a_cols > 0 ? static_cast<double>(a_numel) / static_cast<double>(a_cols) : 0;
+  return 2.0 * rows * static_cast<double>(k) * static_cast<double>(n);
+}
+
+bool below_threshold(ProcessGroupCudaP2P& pg, const at::Device& device, double flops) {
+  const int64_t min_flops = pg.config().fused_min_flops_for(device.type());
+  return min_flops > 0 && flops < static_cast<double>(min_flops);
+}
+
+// Whether "auto" takes the unfused path for this all-gather→matmul (NOTE [Unfused below a size]);
+// returns gather_dim normalised through `dim`.
+bool all_gather_matmul_unfused(ProcessGroupCudaP2P& pg, const at::Tensor& A_shard,
+                               at::TensorList Bs, int64_t gather_dim, const std::string& algorithm,
+                               int64_t& dim) {
+  if (algorithm != "auto") return false;
+  // Only where the unfused pair's collective runs on the workspace too: else it would run on the
+  // wrapped backend, slower than the fused op (docs/pipelines.md: Gloo + matmul).
+  if (!pg.uses_workspace_collectives()) return false;
+  auto group = pg.pipeline_group(A_shard.device().type());
+  if (!ops::pipeline::workspace_serves(group.workspace, A_shard.device())) return false;
+  try {
+    dim = ops::check_all_gather_matmul_args(A_shard, Bs, gather_dim, pg.getSize());
+  } catch (const c10::Error&) {
+    return false;  // the fused op raises it, on every rank
+  }
+  const int64_t W = pg.getSize();
+  const bool contraction = dim == A_shard.dim() - 1;
+  const int64_t k = A_shard.size(-1) * (contraction ? W : 1);
+  int64_t n = 0;
+  for (const auto& B : Bs) n += B.size(1);
+  const int64_t rows_numel = A_shard.numel() * W;  // the gathered A, whatever its layout
+  const int64_t cols = contraction ? A_shard.size(-1) * W : A_shard.size(-1);
+  return below_threshold(pg, A_shard.device(), gemm_flops(rows_numel, cols, k, n));
+}
+
+// NOTE [Unfused below a size]: PyTorch's unfused reference (docs/pipelines.md), on our
+// all-gather.
+std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> all_gather_matmul_unfused_run(
+    ProcessGroupCudaP2P& pg, const at::Tensor& A_shard, at::TensorList Bs, int64_t dim,
+    bool return_A) {
+  const int64_t W = pg.getSize();
+  auto sizes = A_shard.sizes().vec();
+  sizes[0] *= W;
+  at::Tensor gathered =
+      at::empty(sizes, A_shard.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor input = A_shard.contiguous();
+  pg._allgather_base(gathered, input, c10d::AllgatherOptions())->wait();
+  at::Tensor A;
+  int64_t back = 0;
+  if (dim == A_shard.dim() - 1) {
+    A = at::cat(gathered.chunk(W), -1);
+  } else {
+    std::vector<int64_t> split{W};
+    split.insert(split.end(), A_shard.sizes().begin(), A_shard.sizes().end());
+    A = gathered.view(split).movedim(dim + 1, 1).flatten(0, 1);
+    back = dim;
+  }
+  std::vector<at::Tensor> outputs;
+  outputs.reserve(Bs.size());
+  for (const auto& B : Bs) outputs.push_back(at::matmul(A, B).movedim(0, back));
+  pg.bump_counter(std::string(kAllGatherMatmul) + ".unfused");
+  return {return_A ? std::optional<at::Tensor>(A.movedim(0, back)) : std::nullopt, outputs};
+}
+
+// Whether "auto" takes the unfused path for this matmul→reduce-scatter; `dim` as above.
+bool matmul_reduce_scatter_unfused(ProcessGroupCudaP2P& pg, const at::Tensor& A,
+                                   const at::Tensor& B, const std::string& reduce_op,
+                                   int64_t scatter_dim, const std::string& algorithm,
+                                   int64_t ring_steps, int64_t& dim) {
+  if (algorithm != "auto" || ring_steps != 0) return false;  // ring steps ask for the ring
+  if (reduce_op != "sum" && reduce_op != "avg") return false;
+  // Only where the unfused pair's collective runs on the workspace too: else it would run on the
+  // wrapped backend, slower than the fused op (docs/pipelines.md: Gloo + matmul).
+  if (!pg.uses_workspace_collectives()) return false;
+  auto group = pg.pipeline_group(A.device().type());
+  if (!ops::pipeline::workspace_serves(group.workspace, A.device())) return false;
+  try {
+    dim = ops::check_matmul_reduce_scatter_args(A, B, scatter_dim, pg.getSize());
+  } catch (const c10::Error&) {
+    return false;
+  }
+  return below_threshold(pg, A.device(), gemm_flops(A.numel(), A.size(-1), A.size(-1), B.size(1)));
+}
+
+// NOTE [Unfused below a size]: torch.matmul, then our reduce-scatter along `dim` (moved to the
+// front first, as funcol.reduce_scatter_tensor does); the result contiguous, like the fused op's.
+at::Tensor matmul_reduce_scatter_unfused_run(ProcessGroupCudaP2P& pg, const at::Tensor& A,
+                                             const at::Tensor& B, const std::string& reduce_op,
+                                             int64_t dim) {
+  const int64_t W = pg.getSize();
+  at::Tensor product = at::matmul(A, B).movedim(dim, 0).contiguous();
+  auto sizes = product.sizes().vec();
+  sizes[0] /= W;
+  at::Tensor scattered = at::empty(sizes, product.options());
+  c10d::ReduceScatterOptions opts;
+  opts.reduceOp = reduce_op == "avg" ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
+  pg._reduce_scatter_base(scattered, product, opts)->wait();
+  pg.bump_counter(std::string(kMatmulReduceScatter) + ".unfused");
+  if (dim == 0) return scattered;
+  auto out_sizes = A.sizes().vec();
+  out_sizes.back() = B.size(1);
+  out_sizes[dim] /= W;
+  at::Tensor out = at::empty(out_sizes, A.options().memory_format(at::MemoryFormat::Contiguous));
+  out.movedim(dim, 0).copy_(scattered);
+  return out;
+}
+
 std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_matmul(
     const at::Tensor& A_shard, at::TensorList Bs, int64_t gather_dim, const std::string& group_name,
     bool return_A, const std::string& algorithm) {
   TORCH_CHECK(A_shard.defined(), "cuda_p2p ", kAllGatherMatmul, ": A_shard is undefined");
   auto& pg = resolve_backend(group_name, A_shard.device().type(), kAllGatherMatmul);
+  int64_t dim = gather_dim;
+  if (all_gather_matmul_unfused(pg, A_shard, Bs, gather_dim, algorithm, dim)) {
+    return all_gather_matmul_unfused_run(pg, A_shard, Bs, dim, return_A);
+  }
   auto& state = pg.pipeline_state();
   std::lock_guard<std::mutex> lock(state.mutex);
   auto group = pg.pipeline_group(A_shard.device().type());
@@ -35,6 +163,10 @@ at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
                                        int64_t ring_steps) {
   TORCH_CHECK(A.defined(), "cuda_p2p ", kMatmulReduceScatter, ": A is undefined");
   auto& pg = resolve_backend(group_name, A.device().type(), kMatmulReduceScatter);
+  int64_t dim = scatter_dim;
+  if (matmul_reduce_scatter_unfused(pg, A, B, reduce_op, scatter_dim, algorithm, ring_steps, dim)) {
+    return matmul_reduce_scatter_unfused_run(pg, A, B, reduce_op, dim);
+  }
   auto& state = pg.pipeline_state();
   std::lock_guard<std::mutex> lock(state.mutex);
   auto group = pg.pipeline_group(A.device().type());

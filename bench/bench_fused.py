@@ -158,6 +158,7 @@ def _rank_main(rank, W, port, cases, iters, warmup, ring_steps, out_path, compar
         # The same pipelines with a thread per host stream (NOTE [Cooperative host streams]).
         opts = cuda_p2p.ProcessGroupCudaP2P.Options()
         opts.host_streams = "threads"
+        opts.fused_min_flops = 0  # "auto" fused at every size (docs/pipelines.md, small ops)
         threads = dist.new_group(backend="cuda_p2p", pg_options=opts)
     results = []
     for op, M, H, dname in cases:
@@ -192,6 +193,101 @@ def _rank_main(rank, W, port, cases, iters, warmup, ring_steps, out_path, compar
             json.dump(results, f)
     dist.barrier(group=gloo)
     dist.destroy_process_group()
+
+
+def _small_n_rank(rank, W, port, M, K, ns, dname, iters, out_path):
+    """--small-n: fused (an explicit algorithm) vs unfused (our workspace collective + matmul)
+    vs "auto" (the default Options.fused_min_flops) for A [M, K] and B [K, N], interleaved."""
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch.distributed as dist
+
+    import cuda_p2p
+
+    torch.set_num_threads(1)
+    dist.init_process_group("cuda_p2p", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=W)
+    p2p = dist.group.WORLD
+    gloo = dist.new_group(backend="gloo")
+    dtype = DTYPES[dname]
+    g = torch.Generator().manual_seed(99 + rank)
+    out = []
+    for N in ns:
+        A_shard, B = torch.randn(M // W, K, generator=g).to(dtype), torch.randn(K, N, generator=g).to(dtype)
+        gathered = torch.empty(M, K, dtype=dtype)
+        A_rs, B_rs = torch.randn(M, K, generator=g).to(dtype), torch.randn(K, N, generator=g).to(dtype)
+        scattered = torch.empty(M // W, N, dtype=dtype)
+
+        def ag_unfused():
+            dist.all_gather_into_tensor(gathered, A_shard, group=p2p)
+            return gathered @ B
+
+        def rs_unfused():
+            dist.reduce_scatter_tensor(scattered, A_rs @ B_rs, group=p2p)
+            return scattered
+
+        variants = {
+            ("AG→MM", "unfused"): ag_unfused,
+            ("AG→MM", "fused"): lambda: cuda_p2p.fused_all_gather_matmul(
+                A_shard, [B], 0, p2p, algorithm="pull_ahead"),
+            ("AG→MM", "auto"): lambda: cuda_p2p.fused_all_gather_matmul(A_shard, [B], 0, p2p),
+            ("MM→RS", "unfused"): rs_unfused,
+            ("MM→RS", "fused"): lambda: cuda_p2p.fused_matmul_reduce_scatter(
+                A_rs, B_rs, "sum", 0, p2p, algorithm="ring"),
+            ("MM→RS", "auto"): lambda: cuda_p2p.fused_matmul_reduce_scatter(
+                A_rs, B_rs, "sum", 0, p2p),
+        }
+        names = list(variants)
+        for name in names:
+            variants[name]()
+        times = {n: [] for n in names}
+        for it in range(iters):
+            k = it % len(names)
+            for name in names[k:] + names[:k]:
+                dist.barrier(group=gloo)
+                t0 = time.perf_counter()
+                variants[name]()
+                times[name].append(time.perf_counter() - t0)
+        for name in names:
+            t = torch.tensor(times[name], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=gloo)
+            times[name] = statistics.median(t.tolist()) * 1e3
+        for op in ("AG→MM", "MM→RS"):
+            out.append({"op": op, "W": W, "M": M, "K": K, "N": N, "dtype": dname,
+                        "flops": 2 * M * K * N,
+                        **{v: times[(op, v)] for v in ("unfused", "fused", "auto")}})
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(out, f)
+    dist.barrier(group=gloo)
+    dist.destroy_process_group()
+
+
+def small_n(args) -> int:
+    import torch.multiprocessing as mp
+
+    rows = []
+    for W in args.world_sizes:
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
+            out_path = tmp.name
+        mp.spawn(_small_n_rank, args=(W, free_port(), 1024, 1024, args.small_n, args.dtypes[0],
+                                      args.iters, out_path), nprocs=W, join=True)
+        with open(out_path) as f:
+            rows += json.load(f)
+        os.unlink(out_path)
+    print("| op | W | M×K×N | dtype | GFLOP/rank | unfused ms | fused ms | auto ms "
+          "| fused/unfused | auto/unfused |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['op']} | {r['W']} | {r['M']}×{r['K']}×{r['N']} | {r['dtype']} "
+              f"| {r['flops'] / 2**30:.2f} | {r['unfused']:.2f} | {r['fused']:.2f} "
+              f"| {r['auto']:.2f} | {r['fused'] / r['unfused']:.3f} "
+              f"| {r['auto'] / r['unfused']:.3f} |")
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    with open(args.out_dir / f"fused-small-n-{stamp}.json", "w") as f:
+        json.dump({"machine": machine(), "results": rows}, f, indent=1)
+    return 0
 
 
 # ------------------------------------------------------------------------------------------------
@@ -316,8 +412,12 @@ def main(argv=None) -> int:
     ap.add_argument("--compare-threads", action="store_true",
                     help="also run 'auto' on a group whose host streams are threads")
     ap.add_argument("--out-dir", type=Path, default=HERE / "results")
+    ap.add_argument("--small-n", type=int, nargs="*", default=None,
+                    help="fused vs unfused vs auto for M=K=1024 and these N (first dtype)")
     ap.add_argument("--tag", default="", help="suffix of the output file names")
     args = ap.parse_args(argv)
+    if args.small_n:
+        return small_n(args)
 
     shapes = QUICK_SHAPES if args.quick else DEFAULT_SHAPES
     if args.shapes:

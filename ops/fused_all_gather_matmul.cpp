@@ -23,7 +23,8 @@ constexpr const char* kOp = "fused_all_gather_matmul";
 //   stream 1:                                         (waits) | pull r+1 | GEMM r+1 | pull r+3 ...
 //   stream 0:                                   ... (after both streams' last pulls) | barrier
 //
-// The first barrier (first round only) says no peer still reads the own buffer, so the own
+// The first barrier (first round only; none after a handshake: NOTE [The handshake opens the
+// buffer]) says no peer still reads the own buffer, so the own
 // shard may be copied into it; the second says every rank's shard is in its buffer, and every
 // pull comes after it. Step k = 1..W-1 pulls rank (rank+k)'s shard from its buffer (a copy-engine
 // copy on CUDA) into slot rank+k and consumes it, odd steps on stream 1 and even ones on stream
@@ -76,8 +77,9 @@ void gather_and_consume(pipeline::Env& env, const at::Tensor& shard, const at::T
 
     // NOTE [All-gather→matmul schedule]: publish the own shard between two barriers, then
     // consume it.
-    if (round == 0) {
-      // NOTE [Pipeline buffer reuse]: no peer reads the own buffer any more.
+    if (round == 0 && !env.opened) {
+      // NOTE [Pipeline buffer reuse]: no peer reads the own buffer any more (NOTE [The handshake
+      // opens the buffer]: after a handshake, it said so).
       env.span(0, "barrier", [&] { ws.barrier(env.stream(0), env.channels[0]); });
     }
     env.span(0, "publish",

@@ -20,7 +20,8 @@ constexpr const char* kOp = "fused_matmul_reduce_scatter";
 //   stream 0 (half 1): [sleep] produce for r+2 | barrier | pull from r-2 | barrier | ...
 //                      ... produce own part (last)
 //
-// A barrier on stream 1 opens the op: no peer still reads the own buffer (the first write of
+// A barrier on stream 1 opens the op (or the handshake before it: NOTE [The handshake opens the
+// buffer]): no peer still reads the own buffer (the first write of
 // stream 0's half waits for it too). Step k = 1..W-1 runs on stream k % 2: it produces the
 // partial for rank+k into the stream's
 // half of the own buffer (a double buffer, one half per stream), barriers on the stream's
@@ -151,8 +152,9 @@ void produce_and_exchange(pipeline::Env& env, const Problem& p, const at::Tensor
   pipeline::begin(env);
   pipeline::EndGuard guard(env);
   std::shared_ptr<Event> free;
-  if (W > 1) {
-    // NOTE [Pipeline buffer reuse]: no peer reads the own buffer any more.
+  if (W > 1 && !env.opened) {
+    // NOTE [Pipeline buffer reuse]: no peer reads the own buffer any more (NOTE [The handshake
+    // opens the buffer]: after a handshake, it said so).
     env.span(1, "barrier", [&] { ws.barrier(env.stream(1), env.channels[1]); });
     free = dev.record(env.stream(1));
   }
@@ -166,7 +168,7 @@ void produce_and_exchange(pipeline::Env& env, const Problem& p, const at::Tensor
       const int dst = (rank + k) % W, src = (rank + W - k) % W;
       std::vector<int> peers{rank, dst};
       if (src != dst) peers.push_back(src);
-      if (k == 2 && round == 0) dev.wait_event(env.stream(0), *free);
+      if (k == 2 && round == 0 && free) dev.wait_event(env.stream(0), *free);
       if (k == 2) pipeline::delay_stream(env, 0);  // NOTE [Launch order]
       at::Tensor half = ws.get_buffer(rank, {len, p.cols}, dtype, offset);
       env.run_compute(
@@ -227,9 +229,10 @@ void ring_over_workspace(pipeline::Env& env, const Problem& p, const at::Tensor&
   int64_t published = 0, consumed = 0, acks_waited = 0;
   pipeline::begin(env);
   pipeline::EndGuard guard(env);
-  if (W > 1) {
-    // NOTE [Pipeline buffer reuse]: no peer reads the own buffer any more. Its signals share the
-    // data channel with the left neighbour's announcements, in the same order on both sides.
+  if (W > 1 && !env.opened) {
+    // NOTE [Pipeline buffer reuse]: no peer reads the own buffer any more (NOTE [The handshake
+    // opens the buffer]: after a handshake, it said so). Its signals share the data channel with
+    // the left neighbour's announcements, in the same order on both sides.
     env.span(1, "barrier", [&] { ws.barrier(env.stream(1), data_channel); });
   }
   for (int64_t round = 0; round < rounds; ++round) {

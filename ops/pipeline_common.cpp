@@ -118,6 +118,7 @@ void agree(Env& env, State& state, const OpSignature& sig) {
     const std::string error = handshake(env.ws, *env.caller, env.channels[0], state.signature, sig);
     if (!error.empty()) throw SignatureMismatch(error);
   });
+  env.opened = true;  // NOTE [The handshake opens the buffer]
 }
 
 void check_or_reject(Group& group, bool on_workspace, OpKind kind,

@@ -35,6 +35,14 @@ namespace cuda_p2p::ops {
 // rewritten only after the barrier (or acknowledgement) that follows the readers' copies of it:
 // the all-gather payload once per round, each half of the reduce-scatter double buffer once per
 // step of the stream that owns it, each ring slot once every second publication.
+//
+// NOTE [The handshake opens the buffer]
+// The signature handshake (NOTE [Op signatures]) that a fused op runs on the caller's stream
+// before begin() is itself a barrier of every rank: a peer reaches it only after everything it
+// did before the op in its caller's stream order, its reads of this rank's buffer included. Both
+// pipeline streams start after it (begin), so it already says what the opening barrier says, and
+// an op that ran it (Env::opened) skips that barrier: one barrier less per op, which is most of
+// a small op's fixed cost. The pipelines driven without a handshake (the C++ tests) keep it.
 
 namespace pipeline {
 
@@ -163,6 +171,8 @@ struct Env {
   void on_caller(const char* what, const std::function<void()>& fn) const;
   // Set to trace this op (State::tracing).
   std::shared_ptr<Trace> trace;
+  // Set by agree() once its handshake ran: NOTE [The handshake opens the buffer].
+  bool opened = false;
   // Stream i waits for everything enqueued on stream j so far.
   void wait_stream(int i, int j) const;
 };

@@ -296,7 +296,17 @@ PYBIND11_MODULE(_C, m) {
           [](Options& o, std::optional<bool> v) { o.inline_all_reduce = v; },
           "On a host workspace, a one-shot all-reduce that fits one round runs on the calling "
           "thread without enqueueing: True, False, or None (CUDA_P2P_INLINE_ALL_REDUCE, else "
-          "on).");
+          "on).")
+      .def_property(
+          "fused_min_flops", [](const Options& o) { return o.fused_min_flops; },
+          [](Options& o, std::optional<int64_t> v) {
+            TORCH_CHECK_VALUE(!v || *v >= 0, "cuda_p2p: fused_min_flops must be >= 0 or None, got ",
+                              v.value_or(0));
+            o.fused_min_flops = v;
+          },
+          "The fused ops' 'auto' runs the fused pipeline from this many GEMM flops per rank "
+          "(2*M*N*K) on, below it the unfused workspace collective and matmul (None: "
+          "CUDA_P2P_FUSED_MIN_FLOPS, else the device's measured default).");
 
   pg.def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                      c10::intrusive_ptr<ProcessGroupCudaP2P::Options> options,
@@ -390,6 +400,7 @@ PYBIND11_MODULE(_C, m) {
             d["inline_all_reduce"] = c.inline_all_reduce;
             d["cross_memory"] = self.uses_cross_memory();
             d["cross_memory_reason"] = self.cross_memory_reason();
+            d["fused_min_flops"] = self.config().fused_min_flops_for(c10::DeviceType::CPU);
             d["workspace_collectives"] = self.uses_workspace_collectives();
             d["workspace_collectives_reason"] = self.workspace_collectives_reason();
             d["cuda_workspace_collectives"] = self.options()->cuda_workspace_collectives;

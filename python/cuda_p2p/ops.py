@@ -53,7 +53,9 @@ def fused_all_gather_matmul(
     ``algorithm``: ``"pipeline"`` (the steps alternate between two streams, each pulling one
     peer's shard and multiplying it while the other stream does the same), ``"pull_ahead"`` (one
     stream pulls every shard as soon as it can, the other runs every GEMM), or ``"auto"`` (the
-    pipeline on CUDA tensors, pull-ahead on CPU tensors).
+    pipeline on CUDA tensors, pull-ahead on CPU tensors; below ``Options.fused_min_flops`` GEMM
+    flops per rank, our all-gather then ``torch.matmul``, counted
+    ``fused_all_gather_matmul.unfused``: docs/pipelines.md).
     """
     if algorithm not in ALL_GATHER_ALGORITHMS:
         raise ValueError(
@@ -83,7 +85,9 @@ def fused_matmul_reduce_scatter(
     ``algorithm``: ``"pipeline"`` (two streams, each exchanging one partial product per step
     while the other computes the next), ``"ring"`` (a ring reduce-scatter in ``ring_steps``
     steps, a multiple of the group size; 0 means the group size), or ``"auto"`` (the pipeline
-    on CUDA tensors; the ring on CPU tensors, or when ``ring_steps`` is given). Without the
+    on CUDA tensors; the ring on CPU tensors, or when ``ring_steps`` is given; below
+    ``Options.fused_min_flops`` GEMM flops per rank and without ``ring_steps``, ``torch.matmul``
+    then our reduce-scatter, counted ``fused_matmul_reduce_scatter.unfused``). Without the
     workspace (several hosts, or ``enable_workspace=False``) the ring runs over the wrapped
     backend's send/recv.
     """

@@ -80,6 +80,10 @@ def _worker_main(rank: int, world_size: int, port: int, conn, log_path: str) -> 
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # The fused-op tests use tiny shapes to test the pipelines themselves; "auto"'s unfused path
+    # below Options.fused_min_flops is tested on groups with that option set
+    # (tests/python/test_fused_auto.py).
+    os.environ.setdefault("CUDA_P2P_FUSED_MIN_FLOPS", "0")
     try:
         from datetime import timedelta
 
