@@ -222,16 +222,29 @@ def _small_n_rank(rank, W, port, M, K, ns, dname, iters, out_path):
             dist.all_gather_into_tensor(gathered, A_shard, group=p2p)
             return gathered @ B
 
+        def ag_unfused_alloc():
+            # As the fused op must: it returns the gathered A, a new tensor on every call.
+            out = torch.empty(M, K, dtype=dtype)
+            dist.all_gather_into_tensor(out, A_shard, group=p2p)
+            return out @ B
+
+        def rs_unfused_alloc():
+            out = torch.empty(M // W, N, dtype=dtype)
+            dist.reduce_scatter_tensor(out, A_rs @ B_rs, group=p2p)
+            return out
+
         def rs_unfused():
             dist.reduce_scatter_tensor(scattered, A_rs @ B_rs, group=p2p)
             return scattered
 
         variants = {
             ("AG→MM", "unfused"): ag_unfused,
+            ("AG→MM", "unfused_alloc"): ag_unfused_alloc,
             ("AG→MM", "fused"): lambda: cuda_p2p.fused_all_gather_matmul(
                 A_shard, [B], 0, p2p, algorithm="pull_ahead"),
             ("AG→MM", "auto"): lambda: cuda_p2p.fused_all_gather_matmul(A_shard, [B], 0, p2p),
             ("MM→RS", "unfused"): rs_unfused,
+            ("MM→RS", "unfused_alloc"): rs_unfused_alloc,
             ("MM→RS", "fused"): lambda: cuda_p2p.fused_matmul_reduce_scatter(
                 A_rs, B_rs, "sum", 0, p2p, algorithm="ring"),
             ("MM→RS", "auto"): lambda: cuda_p2p.fused_matmul_reduce_scatter(
@@ -255,7 +268,7 @@ def _small_n_rank(rank, W, port, M, K, ns, dname, iters, out_path):
         for op in ("AG→MM", "MM→RS"):
             out.append({"op": op, "W": W, "M": M, "K": K, "N": N, "dtype": dname,
                         "flops": 2 * M * K * N,
-                        **{v: times[(op, v)] for v in ("unfused", "fused", "auto")}})
+                        **{v: times[(op, v)] for v in ("unfused", "unfused_alloc", "fused", "auto")}})
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(out, f)
@@ -275,14 +288,16 @@ def small_n(args) -> int:
         with open(out_path) as f:
             rows += json.load(f)
         os.unlink(out_path)
-    print("| op | W | M×K×N | dtype | GFLOP/rank | unfused ms | fused ms | auto ms "
-          "| fused/unfused | auto/unfused |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    # unfused: output buffers reused across calls; unfused_alloc: a new output per call, as the
+    # fused ops (and "auto"'s unfused path) return.
+    print("| op | W | M×K×N | dtype | GFLOP/rank | unfused ms | unfused+alloc ms | fused ms "
+          "| auto ms | fused/unfused | auto/unfused | auto/unfused+alloc |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['op']} | {r['W']} | {r['M']}×{r['K']}×{r['N']} | {r['dtype']} "
-              f"| {r['flops'] / 2**30:.2f} | {r['unfused']:.2f} | {r['fused']:.2f} "
-              f"| {r['auto']:.2f} | {r['fused'] / r['unfused']:.3f} "
-              f"| {r['auto'] / r['unfused']:.3f} |")
+              f"| {r['flops'] / 2**30:.2f} | {r['unfused']:.2f} | {r['unfused_alloc']:.2f} "
+              f"| {r['fused']:.2f} | {r['auto']:.2f} | {r['fused'] / r['unfused']:.3f} "
+              f"| {r['auto'] / r['unfused']:.3f} | {r['auto'] / r['unfused_alloc']:.3f} |")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     with open(args.out_dir / f"fused-small-n-{stamp}.json", "w") as f:

@@ -19,6 +19,8 @@
 #   hierarchical  4 ranks on 2 simulated hosts, hierarchical against the flat wrapped Gloo
 #   zero_copy     all-gather, reduce-scatter, all-reduce on 2 and 4 ranks: symmetric inputs
 #                 (cuda_p2p.empty) against the staged path
+#   fused         the fused ops at M=K=1024, N=64..512 fp32, 2 and 4 ranks: fused, "auto" and the
+#                 unfused pair (bench/results/fused-small-n-*.json; no plot)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,4 +45,6 @@ run hierarchical bench/bench_collectives.py --world-sizes 4 --hosts 2 \
 run zero_copy bench/bench_collectives.py --world-sizes 2 4 --zero-copy \
   --collectives all_gather_into_tensor reduce_scatter_tensor all_reduce \
   --json "$out/compare_zero_copy.json" --plot "$out/compare_zero_copy.png" "$@"
+run fused bench/bench_fused.py --small-n 64 128 256 512 --world-sizes 2 4 --dtypes float32 \
+  --out-dir "$out"
 exit $status
