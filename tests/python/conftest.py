@@ -55,6 +55,12 @@ def world(request) -> World:
     return request.getfixturevalue(f"world{request.param}")
 
 
+@pytest.fixture(params=[2, 3, 4], ids=["w2", "w3", "w4"])
+def any_world(request) -> World:
+    """Three world sizes: a test using it runs on 2, 3 and 4 ranks."""
+    return request.getfixturevalue(f"world{request.param}")
+
+
 def pytest_sessionfinish(session, exitstatus):
     pids = [pid for w in _worlds.values() for pid in w.pids()]
     for w in _worlds.values():

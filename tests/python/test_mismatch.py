@@ -24,11 +24,6 @@ R = dist.ReduceOp
 MiB = 1 << 20
 
 
-@pytest.fixture(params=[2, 3, 4], ids=["w2", "w3", "w4"])
-def any_world(request):
-    return request.getfixturevalue(f"world{request.param}")
-
-
 class Checker:
     def __init__(self, label):
         self.label, self.failures, self.cases = label, [], 0

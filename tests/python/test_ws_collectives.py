@@ -14,14 +14,12 @@ from __future__ import annotations
 import math
 import os
 import traceback
-import warnings
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
 
-import conftest
 import cuda_p2p
 
 R = dist.ReduceOp
@@ -47,18 +45,6 @@ ALL_GATHER_ALGOS = ("direct", "ring")
 # (algorithm, ring steps per rank)
 REDUCE_SCATTER_ALGOS = (("direct", 1), ("ring", 1), ("ring", 2))
 ALL_REDUCE_ALGOS = ("one_shot", "two_shot")
-
-
-@pytest.fixture(scope="session")
-def world3():
-    w = conftest._world(3)
-    w.start()
-    return w
-
-
-@pytest.fixture(params=[2, 3, 4], ids=["w2", "w3", "w4"])
-def any_world(request):
-    return request.getfixturevalue(f"world{request.param}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import conftest
 import cuda_p2p
 from cuda_p2p import _C
 
@@ -21,18 +20,6 @@ DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int
 # 1 and odd sizes, and one whose reduce-scatter chunk spans several 256 KiB reduction pieces.
 SIZES = (1, 7, 4099)
 LARGE = 3 * (256 << 10) // 4 + 5
-
-
-@pytest.fixture(scope="session")
-def world3():
-    w = conftest._world(3)
-    w.start()
-    return w
-
-
-@pytest.fixture(params=[2, 3, 4], ids=["w2", "w3", "w4"])
-def any_world(request):
-    return request.getfixturevalue(f"world{request.param}")
 
 
 # ---------------------------------------------------------------------------------------------
