@@ -128,6 +128,24 @@ void reduce_with_aten(const at::Tensor& dst, c10::ArrayRef<at::Tensor> srcs, Red
 
 }  // namespace detail
 
+namespace {
+
+// The host kernel on `r`, whose pointers the caller set.
+void run_host_reduction(detail::HostReduction& r, int64_t numel, at::ScalarType dtype, ReduceOp op,
+                        int64_t divisor) {
+  r.numel = numel;
+  r.dtype = dtype;
+  r.op = op;
+  r.divisor = op == ReduceOp::kAvg ? divisor : 0;
+  if (host_has_avx2()) {
+    detail::host_reduce_avx2(r);
+  } else {
+    detail::host_reduce_default(r);
+  }
+}
+
+}  // namespace
+
 void reduce_host(void* dst, const void* const* srcs, int n, int64_t numel, at::ScalarType dtype,
                  ReduceOp op, int64_t divisor) {
   constexpr int kMaxSources = 64;
@@ -142,15 +160,7 @@ void reduce_host(void* dst, const void* const* srcs, int n, int64_t numel, at::S
   r.srcs = srcs;
   r.src_is_acc = kNoAcc;
   r.num_srcs = n;
-  r.numel = numel;
-  r.dtype = dtype;
-  r.op = op;
-  r.divisor = op == ReduceOp::kAvg ? divisor : 0;
-  if (host_has_avx2()) {
-    detail::host_reduce_avx2(r);
-  } else {
-    detail::host_reduce_default(r);
-  }
+  run_host_reduction(r, numel, dtype, op, divisor);
 }
 
 void reduce(const at::Tensor& dst, c10::ArrayRef<at::Tensor> srcs, ReduceOp op, int64_t divisor,
@@ -199,15 +209,7 @@ void reduce(const at::Tensor& dst, c10::ArrayRef<at::Tensor> srcs, ReduceOp op, 
   r.srcs = ptrs.data();
   r.src_is_acc = is_acc.data();
   r.num_srcs = static_cast<int>(ptrs.size());
-  r.numel = dst.numel();
-  r.dtype = dtype;
-  r.op = op;
-  r.divisor = op == ReduceOp::kAvg ? divisor : 0;
-  if (host_has_avx2()) {
-    detail::host_reduce_avx2(r);
-  } else {
-    detail::host_reduce_default(r);
-  }
+  run_host_reduction(r, dst.numel(), dtype, op, divisor);
 }
 
 }  // namespace cuda_p2p::ops
