@@ -140,18 +140,27 @@ def _variants(dist, cuda_p2p, op, M, H, dtype, W, rank, gloo, p2p, ring_steps, t
     return v
 
 
-def _rank_main(rank, W, port, cases, iters, warmup, ring_steps, out_path, compare_threads):
+def _init_rank(rank: int, W: int, port: int):
+    """One rank of a bench job: one thread, the cuda_p2p world group and a Gloo group beside it
+    (for the barriers and the reductions of the timings)."""
     warnings.filterwarnings("ignore")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch.distributed as dist
 
-    import cuda_p2p
+    import cuda_p2p  # noqa: F401  (registers the backend)
 
     torch.set_num_threads(1)
     dist.init_process_group("cuda_p2p", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=W)
-    p2p = dist.group.WORLD
-    gloo = dist.new_group(backend="gloo")
+    return dist.group.WORLD, dist.new_group(backend="gloo")
+
+
+def _rank_main(rank, W, port, cases, iters, warmup, ring_steps, out_path, compare_threads):
+    import torch.distributed as dist
+
+    import cuda_p2p
+
+    p2p, gloo = _init_rank(rank, W, port)
     backend = cuda_p2p.get_cuda_p2p_backend(p2p)
     threads = None
     if compare_threads:
@@ -198,17 +207,11 @@ def _rank_main(rank, W, port, cases, iters, warmup, ring_steps, out_path, compar
 def _small_n_rank(rank, W, port, M, K, ns, dname, iters, out_path):
     """--small-n: fused (an explicit algorithm) vs unfused (our workspace collective + matmul)
     vs "auto" (the default Options.fused_min_flops) for A [M, K] and B [K, N], interleaved."""
-    warnings.filterwarnings("ignore")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch.distributed as dist
 
     import cuda_p2p
 
-    torch.set_num_threads(1)
-    dist.init_process_group("cuda_p2p", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=W)
-    p2p = dist.group.WORLD
-    gloo = dist.new_group(backend="gloo")
+    p2p, gloo = _init_rank(rank, W, port)
     dtype = DTYPES[dname]
     g = torch.Generator().manual_seed(99 + rank)
     out = []
