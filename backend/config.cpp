@@ -142,7 +142,7 @@ const std::vector<Knob>& knobs() {
        "size)."},
       {"chunk_bytes", kChunkBytesEnv, "bytes", "1 MiB",
        "Bytes a rank stages per round of a workspace collective (0: half the buffer)."},
-      {"all_reduce_one_shot_max_bytes", "", "bytes", "8 KiB",
+      {"all_reduce_one_shot_max_bytes", "", "bytes", "64 KiB on 2 ranks, else 8 KiB",
        "Largest all-reduce that auto runs one-shot."},
       {"inline_all_reduce", kInlineAllReduceEnv, "bool", "True",
        "On a host workspace, run a one-shot all-reduce that fits one round on the calling thread "
@@ -254,8 +254,9 @@ Config resolve_config(const Options& o, int world_size, const config::EnvLookup&
               *o.chunk_bytes);
   k.chunk_bytes = pick(o.chunk_bytes, env_int(env, kChunkBytesEnv, 0, kMaxBytes),
                        ops::CollectiveConfig::kDefaultChunkBytes);
-  k.all_reduce_one_shot_max_bytes =
-      o.all_reduce_one_shot_max_bytes.value_or(k.all_reduce_one_shot_max_bytes);
+  k.all_reduce_one_shot_max_bytes = o.all_reduce_one_shot_max_bytes.value_or(
+      world_size == 2 ? ops::CollectiveConfig::kDefaultTwoRankAllReduceOneShotMaxBytes
+                      : ops::CollectiveConfig::kDefaultAllReduceOneShotMaxBytes);
   k.all_gather_ring_max_bytes = o.all_gather_ring_max_bytes.value_or(k.all_gather_ring_max_bytes);
   k.reduce_scatter_ring_max_bytes =
       o.reduce_scatter_ring_max_bytes.value_or(k.reduce_scatter_ring_max_bytes);

@@ -82,6 +82,10 @@ struct CollectiveConfig {
 
   static constexpr int64_t kDefaultChunkBytes = 1 << 20;
   static constexpr int64_t kDefaultAllReduceOneShotMaxBytes = 8 << 10;
+  // On 2 ranks the one-shot reads only one peer: with the inline one-shot (NOTE [Inline
+  // one-shot] in ops/all_reduce.cpp) it beat two-shot up to 64 KiB in every --algos run
+  // (docs/collectives.md, "The thresholds").
+  static constexpr int64_t kDefaultTwoRankAllReduceOneShotMaxBytes = 64 << 10;
   static constexpr int64_t kDefaultAllGatherRingMaxBytes = 256 << 10;
   static constexpr int64_t kDefaultReduceScatterRingMaxBytes = 256 << 10;
   static constexpr int64_t kDefaultCrossMemoryMinBytes = 64 << 10;

@@ -92,7 +92,9 @@ def check_values(ctx, dtype_name, sizes=SIZES):
                 failures.append(f"{label}: all_reduce (functional) changed its input")
             delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
             delta = {k: v for k, v in delta.items() if v}
-            want = "all_reduce.one_shot" if n * x.element_size() <= 8192 else "all_reduce.two_shot"
+            one_shot_max = 65536 if W == 2 else 8192  # the default all_reduce_one_shot_max_bytes
+            one_shot = n * x.element_size() <= one_shot_max
+            want = "all_reduce.one_shot" if one_shot else "all_reduce.two_shot"
             want = {want: 1}
             if want.get("all_reduce.one_shot") and n > 0:
                 want["all_reduce.inline"] = 1  # one round, on the host: NOTE [Inline one-shot]

@@ -125,7 +125,7 @@ def test_bench_collectives_zero_copy(tmp_path):
     # --zero-copy: a group with heap inputs (counted zero_copy) and one with ordinary inputs, as
     # ratios to the staged default group, every output checked against Gloo.
     out = tmp_path / "z.json"
-    args = ["--world-sizes", "2", "--sizes", "64K", "--zero-copy", "--peers", "none",
+    args = ["--world-sizes", "2", "--sizes", "128K", "--zero-copy", "--peers", "none",
             "--collectives", "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce",
             "--iters", "3", "--warmup", "1", "--no-barrier", "--json", str(out), "--no-plot",
             "--timeout", "120"]

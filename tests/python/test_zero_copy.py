@@ -159,14 +159,16 @@ def _collectives_case(ctx):
             mx = torch.stack([_values(q, n, dtype, seed=10 + me) for q in range(W)]).amax(0)
             chk.case(f"reduce_scatter MAX {tag}", torch.equal(rout, mx))
             _expect_zero_copy(chk, g, "reduce_scatter.zero_copy", before, f"rs list {tag}")
-            # all_reduce in place (zero-copy runs where auto picks two-shot: above 8 KiB)
-            m = n * 8
+            # all_reduce in place (zero-copy runs where auto picks two-shot: above the default
+            # all_reduce_one_shot_max_bytes, 64 KiB on 2 ranks, else 8 KiB)
+            one_shot_max = (64 << 10) if W == 2 else (8 << 10)
+            m = n * (64 if W == 2 else 8)
             t = _fill(cuda_p2p.empty(m, dtype=dtype, group=g), me, seed=2)
             before = _counters(g)
             dist.all_reduce(t, group=g)
             chk.case(f"all_reduce {tag}", torch.equal(t, _sum([_values(q, m, dtype, seed=2)
                                                                for q in range(W)])))
-            big = m * t.element_size() > 8 << 10
+            big = m * t.element_size() > one_shot_max
             _expect_zero_copy(chk, g, "all_reduce.zero_copy", before, f"ar counter {tag}", big)
     # float32 against Gloo, and a reduce-scatter chunk of several reduction pieces
     x = _fill(cuda_p2p.empty(W * LARGE, dtype=torch.float32, group=g), me, seed=3)
@@ -326,8 +328,8 @@ def _context_case(ctx):
         rnd = torch.randn(3)
         strided = torch.empty_like(plain.T)  # preserve_format of a non-contiguous tensor
         torch.zeros(3, out=out)
-        t = torch.empty(W * 4000)  # above the one-shot threshold: two-shot, zero-copy
-        t.copy_(_values(me, W * 4000, torch.float32))
+        t = torch.empty(W * 40000)  # above the one-shot threshold (2 ranks: 64 KiB): zero-copy
+        t.copy_(_values(me, W * 40000, torch.float32))
         before = _counters(g)
         dist.all_reduce(t, group=g)
     after = torch.empty(5)
@@ -351,14 +353,14 @@ def _context_case(ctx):
         chk.case(f"{name} not symmetric", not cuda_p2p.is_symmetric(x, g))
     chk.case("strided like keeps strides", strided.stride() == plain.T.stride())
     chk.case("all_reduce of a context tensor",
-             torch.equal(t, _sum([_values(q, W * 4000, torch.float32) for q in range(W)])))
+             torch.equal(t, _sum([_values(q, W * 40000, torch.float32) for q in range(W)])))
     _expect_zero_copy(chk, g, "all_reduce.zero_copy", before, "context all_reduce")
     # The dispatcher op runs the same workspace all-reduce.
-    t.copy_(_values(me, W * 4000, torch.float32))
+    t.copy_(_values(me, W * 40000, torch.float32))
     before = _counters(g)
     cuda_p2p.all_reduce_(t, "max", g)
     chk.case("all_reduce_ MAX", torch.equal(
-        t, torch.stack([_values(q, W * 4000, torch.float32) for q in range(W)]).amax(0)))
+        t, torch.stack([_values(q, W * 40000, torch.float32) for q in range(W)]).amax(0)))
     _expect_zero_copy(chk, g, "all_reduce.zero_copy", before, "all_reduce_ op")
     return chk.failures
 
