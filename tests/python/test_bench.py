@@ -47,6 +47,19 @@ TINY = {
 }
 
 
+def run_bench(script: str, args: list[str], cwd: Path, timeout: float = 300):
+    """Runs bench/<script> as a user runs it (the installed package only, no PYTHONPATH) and
+    asserts that it exited 0; returns the finished process."""
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run([sys.executable, str(BENCH / script), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, (
+        f"{script} exited {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\n"
+        f"stderr:\n{proc.stderr[-4000:]}")
+    return proc
+
+
 def test_every_script_has_a_tiny_case():
     scripts = sorted(p.name for p in BENCH.glob("*.py") if not p.name.startswith("_"))
     missing = [s for s in scripts if s not in TINY and s not in NEEDS_GPU]
@@ -57,13 +70,7 @@ def test_every_script_has_a_tiny_case():
 def test_bench_script_runs(script, tmp_path):
     args, json_out = TINY[script]
     args = [a.format(out=tmp_path) for a in args]
-    env = dict(os.environ)
-    env.pop("PYTHONPATH", None)  # as a user runs it: the installed package only
-    proc = subprocess.run([sys.executable, str(BENCH / script), *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, (
-        f"{script} exited {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\n"
-        f"stderr:\n{proc.stderr[-4000:]}")
+    run_bench(script, args, tmp_path)
     if json_out:
         data = json.loads(Path(json_out.format(out=tmp_path)).read_text())
         assert data, f"{script} wrote an empty result"
@@ -85,11 +92,7 @@ def test_bench_collectives_hierarchical(tmp_path):
     out = tmp_path / "h.json"
     args = ["--world-sizes", "2", "--hosts", "2", "--sizes", "8", "4K", "--iters", "3",
             "--warmup", "1", "--no-barrier", "--json", str(out), "--no-plot", "--timeout", "120"]
-    env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
-    proc = subprocess.run([sys.executable, str(BENCH / "bench_collectives.py"), *args],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+    run_bench("bench_collectives.py", args, tmp_path)
     data = json.loads(out.read_text())
     assert data["meta"]["hosts"] == 2
     for entry in data["runs"][0]["results"]:
@@ -103,11 +106,7 @@ def test_all_reduce_peer_columns(tmp_path):
     out = tmp_path / "c.json"
     args = TINY["bench_collectives.py"][0]
     args = [a.format(out=tmp_path) for a in args]
-    env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
-    proc = subprocess.run([sys.executable, str(BENCH / "bench_collectives.py"), *args],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1500)
-    assert proc.returncode == 0, (proc.stdout[-4000:], proc.stderr[-4000:])
+    proc = run_bench("bench_collectives.py", args, tmp_path, timeout=1500)
     data = json.loads(out.read_text())
     ds = data["meta"]["deepspeed"]
     assert "DeepSpeed column:" in proc.stderr
@@ -129,11 +128,7 @@ def test_bench_collectives_zero_copy(tmp_path):
             "--collectives", "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce",
             "--iters", "3", "--warmup", "1", "--no-barrier", "--json", str(out), "--no-plot",
             "--timeout", "120"]
-    env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
-    proc = subprocess.run([sys.executable, str(BENCH / "bench_collectives.py"), *args],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+    proc = run_bench("bench_collectives.py", args, tmp_path)
     data = json.loads(out.read_text())
     assert data["meta"]["zero_copy"] is True
     for entry in data["runs"][0]["results"]:
