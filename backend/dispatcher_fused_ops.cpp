@@ -29,12 +29,17 @@ constexpr const char* kMatmulReduceScatterUnfused = "fused_matmul_reduce_scatter
 // per rank, what a user would write without the fused ops: our all_gather_into_tensor then
 // torch.matmul, or torch.matmul then our reduce_scatter_tensor, with the outputs laid out exactly
 // as the fused path lays them out (the reference's own view ops, which the fused path's layout
-// reproduces), counted "<op>.unfused". The choice is made from what every rank shares - the
-// shapes, the group's size and its configuration (set it alike on every rank, like every
-// algorithm knob) - so every rank makes the same one. Only calls whose arguments pass the local
-// checks take it: a bad call goes to the fused op, whose handshake tells every rank (NOTE [Op
-// signatures]); ranks whose shapes disagree so much that some go one way and some the other
-// meet in no handshake and fail by the group's timeout instead of naming the disagreement.
+// reproduces), counted "<op>.unfused". The choice is made from the shapes, the group's size and
+// its configuration, which every rank should share; where they are not shared (a knob set on one
+// rank only, shapes that differ across ranks), some ranks would run the fused op and others the
+// collective, in different protocols, and wait there until the group's timeout. So the unfused
+// pair first runs the fused op's own handshake (NOTE [Op signatures]) with "unfused" where the
+// fused op names its algorithm (ops::agree_all_gather_matmul_unfused): ranks that chose
+// differently raise, every one of them, an error naming what each passed and chose, and the
+// group stays usable. Only calls whose arguments pass the local checks take the unfused path; a
+// bad call goes to the fused op, whose handshake tells every rank, those on the unfused path
+// included. The handshake is one barrier (tens of microseconds on the host), against GEMMs of
+// milliseconds at the host's threshold.
 
 // Flops of the GEMMs a rank runs: 2 * (rows of the gathered / local A) * K * N, summed over Bs.
 double gemm_flops(int64_t a_numel, int64_t a_cols, int64_t k, int64_t n) {
@@ -152,6 +157,12 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_
   auto& pg = resolve_backend(group_name, A_shard.device().type(), kAllGatherMatmul);
   int64_t dim = gather_dim;
   if (all_gather_matmul_unfused(pg, A_shard, Bs, gather_dim, algorithm, dim)) {
+    {
+      auto& state = pg.pipeline_state();
+      std::lock_guard<std::mutex> lock(state.mutex);
+      auto group = pg.pipeline_group(A_shard.device().type());
+      ops::agree_all_gather_matmul_unfused(group, A_shard, Bs, dim, return_A);
+    }
     return all_gather_matmul_unfused_run(pg, A_shard, Bs, dim, return_A);
   }
   auto& state = pg.pipeline_state();
@@ -169,6 +180,12 @@ at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
   auto& pg = resolve_backend(group_name, A.device().type(), kMatmulReduceScatter);
   int64_t dim = scatter_dim;
   if (matmul_reduce_scatter_unfused(pg, A, B, reduce_op, scatter_dim, algorithm, ring_steps, dim)) {
+    {
+      auto& state = pg.pipeline_state();
+      std::lock_guard<std::mutex> lock(state.mutex);
+      auto group = pg.pipeline_group(A.device().type());
+      ops::agree_matmul_reduce_scatter_unfused(group, A, B, reduce_op, dim);
+    }
     return matmul_reduce_scatter_unfused_run(pg, A, B, reduce_op, dim);
   }
   auto& state = pg.pipeline_state();

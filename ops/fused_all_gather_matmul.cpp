@@ -296,6 +296,19 @@ struct Problem {
   }
 };
 
+// Everything the ranks must agree on (NOTE [Op signatures]): the shapes decide the rounds and the
+// buffer's growth; `path` is the algorithm, or "unfused" (agree_all_gather_matmul_unfused).
+std::string signature_text(const at::Tensor& A_shard, at::TensorList Bs, int64_t dim, bool return_A,
+                           const char* path) {
+  std::string sig = "A_shard " + pipeline::shape_text(A_shard.sizes()) + " " +
+                    dtype_name(A_shard.scalar_type()) + ", gather_dim " + std::to_string(dim) +
+                    ", " + std::to_string(Bs.size()) + (Bs.size() == 1 ? " B" : " Bs");
+  for (size_t i = 0; i < Bs.size(); ++i) {
+    sig += (i ? ", " : " ") + pipeline::shape_text(Bs[i].sizes());
+  }
+  return sig + (return_A ? ", return_A" : "") + ", " + path;
+}
+
 }  // namespace
 
 void check_below_autograd(const char* op, at::TensorList tensors) {
@@ -408,15 +421,9 @@ AllGatherMatmulResult fused_all_gather_matmul(pipeline::Group& group, const at::
   if (on_workspace) {
     pipeline::Env env = pipeline::make_env(group);
     pipeline::Stats stats;
-    // Everything the ranks must agree on: the shapes decide the rounds and the buffer's growth.
-    std::string sig = "A_shard " + pipeline::shape_text(A_shard.sizes()) + " " +
-                      dtype_name(A_shard.scalar_type()) + ", gather_dim " + std::to_string(dim) +
-                      ", " + std::to_string(Bs.size()) + (Bs.size() == 1 ? " B" : " Bs");
-    for (size_t i = 0; i < Bs.size(); ++i) {
-      sig += (i ? ", " : " ") + pipeline::shape_text(Bs[i].sizes());
-    }
-    sig += std::string(return_A ? ", return_A" : "") + ", " +
-           (algo == AllGatherAlgorithm::kPullAhead ? "pull_ahead" : "pipeline");
+    const std::string sig =
+        signature_text(A_shard, Bs, dim, return_A,
+                       algo == AllGatherAlgorithm::kPullAhead ? "pull_ahead" : "pipeline");
     r = pipeline::run_or_mark_failed(group.failure, kOp, [&] {
       pipeline::agree(env, state, OpSignature::of(OpKind::kAllGatherMatmul, sig));
       return all_gather_matmul_pipeline(env, A_shard, Bs, gather_dim, return_A, stats, algo);
@@ -433,6 +440,16 @@ AllGatherMatmulResult fused_all_gather_matmul(pipeline::Group& group, const at::
     group.count("fused_all_gather_matmul.send_recv");
   }
   return r;
+}
+
+void agree_all_gather_matmul_unfused(pipeline::Group& group, const at::Tensor& A_shard,
+                                     at::TensorList Bs, int64_t gather_dim, bool return_A) {
+  if (group.world_size == 1) return;
+  pipeline::Env env = pipeline::make_env(group);
+  const std::string sig = signature_text(A_shard, Bs, gather_dim, return_A, "unfused");
+  pipeline::run_or_mark_failed(group.failure, kOp, [&] {
+    pipeline::agree(env, group.state, OpSignature::of(OpKind::kAllGatherMatmul, sig));
+  });
 }
 
 AllGatherMatmulResult fused_all_gather_matmul_meta(const at::Tensor& A_shard, at::TensorList Bs,

@@ -325,6 +325,15 @@ void ring_over_send_recv(c10d::Backend& backend, const Problem& p, const at::Ten
   if (in_flight) in_flight->wait();
 }
 
+// Everything the ranks must agree on (NOTE [Op signatures]): the shapes decide the rounds and the
+// buffer's growth; `path` is the algorithm, or "unfused" (agree_matmul_reduce_scatter_unfused).
+std::string signature_text(const at::Tensor& A, const at::Tensor& B, ReduceOp op, int64_t dim,
+                           const std::string& path) {
+  return "A " + pipeline::shape_text(A.sizes()) + " " + dtype_name(A.scalar_type()) + ", B " +
+         pipeline::shape_text(B.sizes()) + " " + dtype_name(B.scalar_type()) + ", " +
+         lower_name(op) + ", scatter_dim " + std::to_string(dim) + ", " + path;
+}
+
 }  // namespace
 
 int64_t check_matmul_reduce_scatter_args(const at::Tensor& A, const at::Tensor& B,
@@ -439,12 +448,8 @@ at::Tensor fused_matmul_reduce_scatter(pipeline::Group& group, const at::Tensor&
   if (on_workspace) {
     pipeline::Env env = pipeline::make_env(group);
     pipeline::Stats stats;
-    // Everything the ranks must agree on: the shapes decide the rounds and the buffer's growth.
-    const std::string sig =
-        "A " + pipeline::shape_text(A.sizes()) + " " + dtype_name(A.scalar_type()) + ", B " +
-        pipeline::shape_text(B.sizes()) + " " + dtype_name(B.scalar_type()) + ", " +
-        lower_name(op) + ", scatter_dim " + std::to_string(dim) + ", " +
-        (ring ? "ring (" + std::to_string(steps) + " steps)" : std::string("pipeline"));
+    const std::string sig = signature_text(
+        A, B, op, dim, ring ? "ring (" + std::to_string(steps) + " steps)" : "pipeline");
     at::Tensor out;
     out = pipeline::run_or_mark_failed(group.failure, kOp, [&] {
       pipeline::agree(env, state, OpSignature::of(OpKind::kMatmulReduceScatter, sig));
@@ -462,6 +467,18 @@ at::Tensor fused_matmul_reduce_scatter(pipeline::Group& group, const at::Tensor&
   at::Tensor out = matmul_reduce_scatter_send_recv(*group.wrapped, A, B, op, scatter_dim, steps);
   group.count("fused_matmul_reduce_scatter.send_recv");
   return out;
+}
+
+void agree_matmul_reduce_scatter_unfused(pipeline::Group& group, const at::Tensor& A,
+                                         const at::Tensor& B, const std::string& reduce_op,
+                                         int64_t scatter_dim) {
+  if (group.world_size == 1) return;
+  const ReduceOp op = parse_reduce_op(reduce_op, {ReduceOp::kSum, ReduceOp::kAvg}, kOp);
+  pipeline::Env env = pipeline::make_env(group);
+  const std::string sig = signature_text(A, B, op, scatter_dim, "unfused");
+  pipeline::run_or_mark_failed(group.failure, kOp, [&] {
+    pipeline::agree(env, group.state, OpSignature::of(OpKind::kMatmulReduceScatter, sig));
+  });
 }
 
 at::Tensor fused_matmul_reduce_scatter_meta(const at::Tensor& A, const at::Tensor& B,

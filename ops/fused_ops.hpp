@@ -51,6 +51,18 @@ at::Tensor fused_matmul_reduce_scatter(pipeline::Group& group, const at::Tensor&
                                        int64_t scatter_dim, const std::string& algorithm,
                                        int64_t ring_steps);
 
+// The handshake of a call that "auto" runs as the unfused pair instead (NOTE [Unfused below a
+// size] in backend/dispatcher_fused_ops.cpp): the fused op's, with the same arguments (checked by
+// the caller, `gather_dim` / `scatter_dim` normalised) and "unfused" where the fused op names its
+// algorithm, so that ranks that chose differently, or whose arguments differ, raise a
+// SignatureMismatch naming what each passed instead of waiting in different protocols. The
+// caller holds group.state.mutex; nothing when the group has one rank.
+void agree_all_gather_matmul_unfused(pipeline::Group& group, const at::Tensor& A_shard,
+                                     at::TensorList Bs, int64_t gather_dim, bool return_A);
+void agree_matmul_reduce_scatter_unfused(pipeline::Group& group, const at::Tensor& A,
+                                         const at::Tensor& B, const std::string& reduce_op,
+                                         int64_t scatter_dim);
+
 // Meta kernels for a group of W ranks: outputs with the right shapes, dtypes and strides, no
 // data; the same argument checks where the sizes are concrete.
 AllGatherMatmulResult fused_all_gather_matmul_meta(const at::Tensor& A_shard, at::TensorList Bs,

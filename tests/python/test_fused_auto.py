@@ -218,3 +218,70 @@ def _compiled(ctx):
 
 def test_torch_compile_through_the_unfused_path(world2):
     assert world2.run(_compiled) == [2, 2]
+
+
+def _split_decisions(ctx):
+    """Rank 0 runs unfused (its threshold is above the GEMM), the others fused (threshold 0), then
+    rank 1 passes a bad B while the others' shapes put them on the unfused path: every rank must
+    raise an error naming the disagreement, quickly (a short group timeout turns a hang into a
+    different error), and the group must still run an op on which the ranks agree."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    import cuda_p2p
+
+    W, r = ctx.world_size, ctx.rank
+    key = "split_decisions"
+    if key not in fc._groups:
+        opts = cuda_p2p.ProcessGroupCudaP2P.Options()
+        opts.fused_min_flops = (1 << 30) if r == 0 else 0
+        fc._groups[key] = dist.new_group(backend="cuda_p2p", pg_options=opts,
+                                         timeout=timedelta(seconds=20))
+    g = fc._groups[key]
+    b = cuda_p2p.get_cuda_p2p_backend(g)
+    b.reset_counters()
+    out = {}
+
+    def attempt(label, fn):
+        try:
+            fn()
+            out[label] = "no error"
+        except Exception as e:  # noqa: BLE001
+            out[label] = f"{type(e).__name__}: {e}"
+
+    A = torch.full((4, 6), float(r + 1))
+    attempt("ag", lambda: cuda_p2p.fused_all_gather_matmul(A, [torch.ones(6, 5)], 0, g))
+    attempt("rs", lambda: cuda_p2p.fused_matmul_reduce_scatter(torch.ones(2 * W, 6),
+                                                                torch.ones(6, 5), "sum", 0, g))
+    # Rank 0 alone is on the unfused path here; rank 1's B has the wrong K (its local check
+    # fails, so it rejects through the fused op's handshake).
+    B = torch.ones(7 if r == 1 else 6, 5)
+    attempt("bad", lambda: cuda_p2p.fused_all_gather_matmul(A, [B], 0, g))
+    # Forced fused on every rank: they agree, the group still works.
+    _, [h] = cuda_p2p.fused_all_gather_matmul(A, [torch.ones(6, 5)], 0, g, algorithm="pull_ahead")
+    ref = torch.cat([torch.full((4, 6), float(q + 1)) for q in range(W)]) @ torch.ones(6, 5)
+    out["after"] = bool(torch.equal(h, ref))
+    out["counters"] = {k: v for k, v in b.get_counters().items() if k.startswith("fused_")}
+    return out
+
+
+def test_ranks_that_choose_differently_raise_instead_of_hanging(world2, world3):
+    for world in (world2, world3):
+        for r, res in enumerate(world.run(_split_decisions)):
+            for op in ("ag", "rs"):
+                msg = res[op]
+                assert msg.startswith("SignatureMismatch") or "disagree" in msg, (r, op, msg)
+                assert "unfused" in msg, (r, op, msg)
+                fused = "pull_ahead" if op == "ag" else "ring"
+                assert fused in msg, (r, op, msg)
+                assert "timed out" not in msg and "timeout" not in msg, (r, op, msg)
+            bad = res["bad"]
+            # Rank 1 raises its own check's error; its peers, on either path, name it.
+            want = "Bs[0] has 7 rows" if r == 1 else "rank 1 rejected"
+            assert want in bad, (r, bad)
+            assert "timed out" not in bad and "timeout" not in bad, (r, bad)
+            assert res["after"] is True, (r, res)
+            # Nothing ran on either path until the forced fused op.
+            assert res["counters"] == {"fused_all_gather_matmul.pull_ahead": 1}, (r, res)
