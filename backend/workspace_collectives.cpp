@@ -212,14 +212,16 @@ WorkPtr ProcessGroupCudaP2P::broadcast(std::vector<at::Tensor>& tensors,
   });
   at::Tensor& t = tensors[0];
   at::Tensor work = t.is_contiguous() ? t : t.contiguous();
-  bool read = false;
+  bool read = false, zero_copy = false;
   run_collective("broadcast", [&](const ops::CollectiveContext& ctx) {
     ops::broadcast(ctx, work, static_cast<int>(opts.rootRank));
     read = ctx.state.last_private_reads;
+    zero_copy = ctx.state.last_zero_copy;
     if (!work.is_same(t)) t.copy_(work);
   });
   bump_counter("broadcast.direct");
   if (read) bump_counter("broadcast.cross_memory");
+  if (zero_copy) bump_counter("broadcast.zero_copy");
   return completed(c10d::OpType::BROADCAST, tensors);
 }
 

@@ -199,7 +199,8 @@ def _die_with_parent(parent_pid: int) -> None:
 # "Zero-copy symmetric tensors"): inputs from cuda_p2p.empty, and ordinary inputs on that group
 # (what a heap costs an op that does not use it).
 ZERO_COPY_COLUMNS = ("zero_copy", "heap_staged")
-ZERO_COPY_COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")
+ZERO_COPY_COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor",
+                         "broadcast")
 
 
 def _make_inputs(coll: str, nbytes: int, n: int, rank: int, dtype: torch.dtype, heap=None):

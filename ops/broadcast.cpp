@@ -17,6 +17,7 @@ void broadcast(const CollectiveContext& ctx, const at::Tensor& tensor, int root)
   TORCH_CHECK(tensor.is_contiguous(), "cuda_p2p broadcast: expected a contiguous tensor");
   const int64_t bytes = static_cast<int64_t>(tensor.nbytes());
   ctx.state.last_private_reads = false;
+  ctx.state.last_zero_copy = false;
   if (W == 1) return;
   const bool read = uses_private_reads(ctx.config, bytes, ctx.ws.private_reads());
   // Nobody but the root publishes anything, so the signature needs a handshake of its own
@@ -50,6 +51,8 @@ void broadcast(const CollectiveContext& ctx, const at::Tensor& tensor, int root)
     ctx.state.last_private_reads = true;
     return;
   }
+  // A root tensor in its symmetric heap: read where it lies (NOTE [Zero-copy collectives]).
+  if (detail::broadcast_zero_copy(ctx, data, bytes, root)) return;
   const int64_t piece = detail::round_bytes(ctx, 1);
   for (int64_t off = 0; off < bytes; off += piece) {
     const int64_t len = std::min(piece, bytes - off);

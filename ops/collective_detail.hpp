@@ -94,6 +94,9 @@ bool reduce_scatter_zero_copy(const CollectiveContext& ctx, c10::ArrayRef<char*>
                               int64_t numel, at::ScalarType dtype, ReduceOp op);
 bool all_reduce_zero_copy(const CollectiveContext& ctx, char* in, char* out, int64_t numel,
                           at::ScalarType dtype, ReduceOp op);
+// Decided by the root's tensor alone, for a tensor of one staged round at most; after a false
+// every rank runs the staged broadcast.
+bool broadcast_zero_copy(const CollectiveContext& ctx, char* data, int64_t bytes, int root);
 
 // Runs ops::reduce on the collective's stream.
 void reduce_on_stream(const CollectiveContext& ctx, at::Tensor dst, std::vector<at::Tensor> srcs,

@@ -43,7 +43,7 @@ run deepspeed bench/bench_collectives.py --world-sizes 2 4 --collectives all_red
 run hierarchical bench/bench_collectives.py --world-sizes 4 --hosts 2 \
   --json "$out/compare_hierarchical.json" --plot "$out/compare_hierarchical.png" "$@"
 run zero_copy bench/bench_collectives.py --world-sizes 2 4 --zero-copy \
-  --collectives all_gather_into_tensor reduce_scatter_tensor all_reduce \
+  --collectives all_gather_into_tensor reduce_scatter_tensor all_reduce broadcast \
   --json "$out/compare_zero_copy.json" --plot "$out/compare_zero_copy.png" "$@"
 run fused bench/bench_fused.py --small-n 64 128 256 512 --world-sizes 2 4 --dtypes float32 \
   --out-dir "$out"

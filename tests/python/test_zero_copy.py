@@ -170,6 +170,17 @@ def _collectives_case(ctx):
                                                                for q in range(W)])))
             big = m * t.element_size() > one_shot_max
             _expect_zero_copy(chk, g, "all_reduce.zero_copy", before, f"ar counter {tag}", big)
+            # broadcast: the root's tensor in its heap decides; the others' may be anything
+            for root in range(W):
+                if me == root:
+                    b = _fill(cuda_p2p.empty(n, dtype=dtype, group=g), root, seed=5)
+                else:
+                    b = (cuda_p2p.empty(n, dtype=dtype, group=g) if me % 2 else
+                         torch.empty(n, dtype=dtype)).fill_(99)
+                before = _counters(g)
+                dist.broadcast(b, src=root, group=g)
+                chk.case(f"broadcast root {root} {tag}", torch.equal(b, _values(root, n, dtype, 5)))
+                _expect_zero_copy(chk, g, "broadcast.zero_copy", before, f"bc {root} {tag}")
     # float32 against Gloo, and a reduce-scatter chunk of several reduction pieces
     x = _fill(cuda_p2p.empty(W * LARGE, dtype=torch.float32, group=g), me, seed=3)
     y = x.clone()
@@ -225,6 +236,22 @@ def _fallback_case(ctx):
         dist.all_reduce(big, group=g)
         chk.case(f"rank {odd_one} staged: ar", torch.equal(big, full))
         _expect_zero_copy(chk, g, "all_reduce.zero_copy", before, f"ar odd {odd_one}", False)
+    # A broadcast root with an ordinary tensor: every rank stages, whatever the others hold.
+    for root in range(W):
+        b = _fill(torch.empty(n), root, 6) if me == root else cuda_p2p.empty(n, group=g).fill_(0)
+        before = _counters(g)
+        dist.broadcast(b, src=root, group=g)
+        chk.case(f"root {root} staged: bc", torch.equal(b, _values(root, n, torch.float32, 6)))
+        _expect_zero_copy(chk, g, "broadcast.zero_copy", before, f"bc staged {root}", False)
+    # A root tensor in the heap but larger than one staged round (chunk_bytes, 1 MiB): staged,
+    # whose rounds keep every core busy (NOTE [Zero-copy collectives]).
+    m = (1 << 20) // 4 + 3
+    for root in range(W):
+        b = _fill(cuda_p2p.empty(m, group=g), root, 7) if me == root else torch.zeros(m)
+        before = _counters(g)
+        dist.broadcast(b, src=root, group=g)
+        chk.case(f"root {root} large: bc", torch.equal(b, _values(root, m, torch.float32, 7)))
+        _expect_zero_copy(chk, g, "broadcast.zero_copy", before, f"bc large {root}", False)
     # All ordinary tensors on a group with a heap: staged, correct.
     before = _counters(g)
     x = _fill(torch.empty(n), me)
