@@ -17,7 +17,7 @@
 #                 beside DeepSpeed's shm all-reduce (a column only when deepspeed is installed:
 #                 .venv/bin/pip install deepspeed; the bench builds its CPU comm op)
 #   hierarchical  4 ranks on 2 simulated hosts, hierarchical against the flat wrapped Gloo
-#   zero_copy     all-gather, reduce-scatter, all-reduce on 2 and 4 ranks: symmetric inputs
+#   zero_copy     all-gather, reduce-scatter, all-reduce, broadcast on 2 and 4 ranks: symmetric inputs
 #                 (cuda_p2p.empty) against the staged path
 #   fused         the fused ops at M=K=1024, N=64..512 fp32, 2 and 4 ranks: fused, "auto" and the
 #                 unfused pair (bench/results/fused-small-n-*.json; no plot)
