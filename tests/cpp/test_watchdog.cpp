@@ -95,8 +95,10 @@ TEST(Watchdog, TheDeadlineCountsFromWhenTheStreamReachesTheWait) {
   FailureState failure;
   Watchdog dog(failure, nullptr, 10ms);
   auto s = std::make_shared<Script>();
-  dog.track(std::make_unique<ScriptedWait>(s), 50ms, "queued");
-  std::this_thread::sleep_for(300ms);
+  // Queued longer than its timeout; once started it finishes well within it (a wide margin: a
+  // loaded CI machine once overslept a 20 ms sleep past a 50 ms timeout here).
+  dog.track(std::make_unique<ScriptedWait>(s), 250ms, "queued");
+  std::this_thread::sleep_for(400ms);
   EXPECT_FALSE(failure.failed()) << failure.reason();
   s->started = true;
   std::this_thread::sleep_for(20ms);
