@@ -164,13 +164,16 @@ ops::pipeline::State& ProcessGroupCudaP2P::pipeline_state() {
 }
 
 ops::pipeline::Group ProcessGroupCudaP2P::pipeline_group(c10::DeviceType device_type) {
-  return ops::pipeline::Group{workspace_.get(),
-                              wrapped_backend(device_type).get(),
-                              pipeline_state(),
-                              failure_,
-                              config_.max_buffer_size,
-                              getSize(),
-                              [this](const std::string& name) { bump_counter(name); }};
+  ops::pipeline::Group group{workspace_.get(),
+                             wrapped_backend(device_type).get(),
+                             pipeline_state(),
+                             failure_,
+                             config_.max_buffer_size,
+                             getSize(),
+                             [this](const std::string& name) { bump_counter(name); }};
+  std::lock_guard<std::mutex> lock(heap_mutex_);
+  group.heap = heap_.get();
+  return group;
 }
 
 void ProcessGroupCudaP2P::setSequenceNumberForGroup() {

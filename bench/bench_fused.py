@@ -212,11 +212,15 @@ def _small_n_rank(rank, W, port, M, K, ns, dname, iters, out_path):
     import cuda_p2p
 
     p2p, gloo = _init_rank(rank, W, port)
+    # A group with a symmetric heap, for A_shard from cuda_p2p.empty (NOTE [Zero-copy
+    # all-gather→matmul]); the other columns run on the world group, which has none.
+    zc = dist.new_group(backend="cuda_p2p")
     dtype = DTYPES[dname]
     g = torch.Generator().manual_seed(99 + rank)
     out = []
     for N in ns:
         A_shard, B = torch.randn(M // W, K, generator=g).to(dtype), torch.randn(K, N, generator=g).to(dtype)
+        A_zc = cuda_p2p.empty(M // W, K, dtype=dtype, group=zc).copy_(A_shard)
         gathered = torch.empty(M, K, dtype=dtype)
         A_rs, B_rs = torch.randn(M, K, generator=g).to(dtype), torch.randn(K, N, generator=g).to(dtype)
         scattered = torch.empty(M // W, N, dtype=dtype)
@@ -246,6 +250,11 @@ def _small_n_rank(rank, W, port, M, K, ns, dname, iters, out_path):
             ("AG→MM", "fused"): lambda: cuda_p2p.fused_all_gather_matmul(
                 A_shard, [B], 0, p2p, algorithm="pull_ahead"),
             ("AG→MM", "auto"): lambda: cuda_p2p.fused_all_gather_matmul(A_shard, [B], 0, p2p),
+            ("AG→MM", "fused_zero_copy"): lambda: cuda_p2p.fused_all_gather_matmul(
+                A_zc, [B], 0, zc, algorithm="pull_ahead"),
+            # The same heap tensor on the world group (no heap there): staged.
+            ("AG→MM", "fused_heap_staged"): lambda: cuda_p2p.fused_all_gather_matmul(
+                A_zc, [B], 0, p2p, algorithm="pull_ahead"),
             ("MM→RS", "unfused"): rs_unfused,
             ("MM→RS", "unfused_alloc"): rs_unfused_alloc,
             ("MM→RS", "fused"): lambda: cuda_p2p.fused_matmul_reduce_scatter(
@@ -271,7 +280,9 @@ def _small_n_rank(rank, W, port, M, K, ns, dname, iters, out_path):
         for op in ("AG→MM", "MM→RS"):
             out.append({"op": op, "W": W, "M": M, "K": K, "N": N, "dtype": dname,
                         "flops": 2 * M * K * N,
-                        **{v: times[(op, v)] for v in ("unfused", "unfused_alloc", "fused", "auto")}})
+                        **{v: times.get((op, v)) for v in ("unfused", "unfused_alloc", "fused",
+                                                           "auto", "fused_zero_copy",
+                                                           "fused_heap_staged")}})
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(out, f)
@@ -293,14 +304,20 @@ def small_n(args) -> int:
         os.unlink(out_path)
     # unfused: output buffers reused across calls; unfused_alloc: a new output per call, as the
     # fused ops (and "auto"'s unfused path) return.
+    # zero-copy (all-gather→matmul only): A_shard from cuda_p2p.empty on a group with a heap,
+    # against the same heap tensor staged (on the world group) and an ordinary A_shard staged.
     print("| op | W | M×K×N | dtype | GFLOP/rank | unfused ms | unfused+alloc ms | fused ms "
-          "| auto ms | fused/unfused | auto/unfused | auto/unfused+alloc |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| auto ms | fused/unfused | auto/unfused | auto/unfused+alloc "
+          "| zero-copy/heap staged | zero-copy/fused |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        zc = (f"{r['fused_zero_copy'] / r['fused_heap_staged']:.3f} | "
+              f"{r['fused_zero_copy'] / r['fused']:.3f}" if r.get("fused_zero_copy") else "- | -")
         print(f"| {r['op']} | {r['W']} | {r['M']}×{r['K']}×{r['N']} | {r['dtype']} "
               f"| {r['flops'] / 2**30:.2f} | {r['unfused']:.2f} | {r['unfused_alloc']:.2f} "
               f"| {r['fused']:.2f} | {r['auto']:.2f} | {r['fused'] / r['unfused']:.3f} "
-              f"| {r['auto'] / r['unfused']:.3f} | {r['auto'] / r['unfused_alloc']:.3f} |")
+              f"| {r['auto'] / r['unfused']:.3f} | {r['auto'] / r['unfused_alloc']:.3f} "
+              f"| {zc} |")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     with open(args.out_dir / f"fused-small-n-{stamp}.json", "w") as f:

@@ -4,7 +4,10 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
+#include <cstring>
+#include <optional>
 #include <sstream>
+#include <vector>
 
 #include "ops/fused_ops.hpp"
 
@@ -52,6 +55,47 @@ constexpr const char* kOp = "fused_all_gather_matmul";
 // is mostly asleep. The closing barrier, on stream 1 after its last pull (its channel), is ready
 // long before the GEMMs are done; the next round's publication on stream 0 waits for it.
 
+// NOTE [Zero-copy all-gather→matmul]
+// When the group has a symmetric heap (host only: NOTE [Zero-copy collectives] in
+// ops/zero_copy.cpp) and the op's handshake ran (NOTE [The handshake opens the buffer]: no peer
+// reads this rank's buffer any more), each rank writes the heap offset of its prepared shard, or
+// -1, into the head of its buffer and passes a barrier on the caller's stream (channel 0), which
+// publishes the offsets and the shards, final since the callers passed them; every rank reads
+// all W offsets and decides alike. If every shard is in its rank's heap - A_shard from
+// cuda_p2p.empty, gathered along its first or last dim, whose prepared shard is A_shard itself -
+// the schedule runs as one round without its publication: no copy into the buffer and no barrier
+// after it; the pulls read the peers' shards in their heaps. The closing barrier, after every
+// pull, keeps a rank from returning, and its caller from overwriting A_shard, while a peer may
+// still read it. Otherwise the op runs staged, with its opening barrier again (Env::opened
+// cleared): a peer may still be reading this rank's offset when the shard would overwrite it.
+// That is one barrier more than staging alone, paid only by groups that have a heap.
+
+// The peers' shards in their heaps (by rank), or nullopt after the exchange says "staged".
+std::optional<std::vector<const char*>> heap_shards(pipeline::Env& env, const at::Tensor& shard) {
+  const int W = env.world_size(), rank = env.rank();
+  const int64_t bytes = shard.numel() * static_cast<int64_t>(shard.element_size());
+  if (env.heap == nullptr || !env.opened || W == 1 || bytes == 0) return std::nullopt;
+  const auto* base = static_cast<const char*>(env.heap->buffer(rank));
+  const auto* p = static_cast<const char*>(shard.data_ptr());
+  const int64_t mine = p >= base && p + bytes <= base + env.heap->buffer_size() ? p - base : -1;
+  std::vector<int64_t> offsets(static_cast<size_t>(W));
+  env.on_caller("zero-copy offsets", [&] {
+    // The caller's stream runs inline on the host: each step is done when it returns.
+    std::memcpy(env.ws.buffer(rank), &mine, sizeof mine);
+    env.ws.barrier(*env.caller, env.channels[0]);
+    for (int q = 0; q < W; ++q) std::memcpy(&offsets[q], env.ws.buffer(q), sizeof(int64_t));
+  });
+  std::vector<const char*> shards(static_cast<size_t>(W));
+  for (int q = 0; q < W; ++q) {
+    if (offsets[q] < 0) {
+      env.opened = false;
+      return std::nullopt;
+    }
+    shards[q] = static_cast<const char*>(env.heap->buffer(q)) + offsets[q];
+  }
+  return shards;
+}
+
 // A consumer: gets rank src's rows [row0, row0 + shard.size(0)) on pipeline stream `stream`.
 using Consumer = std::function<void(int src, int64_t row0, const at::Tensor& shard, int stream)>;
 
@@ -63,9 +107,16 @@ void gather_and_consume(pipeline::Env& env, const at::Tensor& shard, const at::T
   const int W = env.world_size(), rank = env.rank();
   const int64_t rows = shard.size(0);
   const int64_t row_bytes = shard.size(1) * static_cast<int64_t>(shard.element_size());
-  const int64_t rounds = pipeline::plan_rounds(env, rows, row_bytes, kOp, stats);
+  // NOTE [Zero-copy all-gather→matmul]: one round, read in the heaps, when every shard is there.
+  const auto heap = heap_shards(env, shard);
+  const int64_t rounds = heap ? 1 : pipeline::plan_rounds(env, rows, row_bytes, kOp, stats);
   stats.rounds = rounds;
+  stats.zero_copy = heap.has_value();
   const Consumer* consumer = &consume;
+  // Where rank src's rows of a round are pulled from.
+  const auto source = [&](int src, int64_t row0) -> const void* {
+    return heap ? (*heap)[src] + row0 * row_bytes : ws.buffer(src);
+  };
 
   pipeline::begin(env);
   pipeline::EndGuard guard(env);
@@ -76,15 +127,17 @@ void gather_and_consume(pipeline::Env& env, const at::Tensor& shard, const at::T
     at::Tensor own = shard.narrow(0, row0, len);
 
     // NOTE [All-gather→matmul schedule]: publish the own shard between two barriers, then
-    // consume it.
+    // consume it (zero-copy: the offsets' barrier published it).
     if (round == 0 && !env.opened) {
       // NOTE [Pipeline buffer reuse]: no peer reads the own buffer any more (NOTE [The handshake
       // opens the buffer]: after a handshake, it said so).
       env.span(0, "barrier", [&] { ws.barrier(env.stream(0), env.channels[0]); });
     }
-    env.span(0, "publish",
-             [&] { dev.copy(env.stream(0), ws.buffer(rank), own.data_ptr(), bytes); });
-    env.span(0, "barrier", [&] { ws.barrier(env.stream(0), env.channels[0]); });
+    if (!heap) {
+      env.span(0, "publish",
+               [&] { dev.copy(env.stream(0), ws.buffer(rank), own.data_ptr(), bytes); });
+      env.span(0, "barrier", [&] { ws.barrier(env.stream(0), env.channels[0]); });
+    }
     auto all_published = dev.record(env.stream(0));
     env.run_compute(0, [=] { (*consumer)(rank, row0, own, 0); }, "gemm own");
     dev.wait_event(env.stream(1), *all_published);
@@ -95,7 +148,7 @@ void gather_and_consume(pipeline::Env& env, const at::Tensor& shard, const at::T
         const int src = (rank + k) % W;
         at::Tensor slot = stack[src].narrow(0, row0, len);
         env.span(1, "pull r+" + std::to_string(k),
-                 [&] { dev.copy(env.stream(1), slot.data_ptr(), ws.buffer(src), bytes); });
+                 [&] { dev.copy(env.stream(1), slot.data_ptr(), source(src, row0), bytes); });
         dev.wait_event(env.stream(0), *dev.record(env.stream(1)));
         env.run_compute(0, [=] { (*consumer)(src, row0, slot, 0); }, "gemm r+" + std::to_string(k));
       }
@@ -116,7 +169,7 @@ void gather_and_consume(pipeline::Env& env, const at::Tensor& shard, const at::T
       const int src = (rank + k) % W;
       at::Tensor slot = stack[src].narrow(0, row0, len);
       env.span(s, "pull r+" + std::to_string(k),
-               [&] { dev.copy(env.stream(s), slot.data_ptr(), ws.buffer(src), bytes); });
+               [&] { dev.copy(env.stream(s), slot.data_ptr(), source(src, row0), bytes); });
       if (s == 1) last_pull_on_1 = dev.record(env.stream(1));
       env.run_compute(s, [=] { (*consumer)(src, row0, slot, s); }, "gemm r+" + std::to_string(k));
     }
@@ -432,6 +485,7 @@ AllGatherMatmulResult fused_all_gather_matmul(pipeline::Group& group, const at::
                                                        : "fused_all_gather_matmul.pipeline");
     if (env.trace) state.last_trace = env.trace->events();
     if (stats.rounds > 1) group.count("fused_all_gather_matmul.rounds");
+    if (stats.zero_copy) group.count("fused_all_gather_matmul.zero_copy");
     if (stats.grew) group.count("fused_all_gather_matmul.grow");
   } else {
     TORCH_CHECK(group.wrapped, "cuda_p2p ", kOp, ": the workspace cannot serve ", A_shard.device(),

@@ -102,12 +102,16 @@ struct Group {
   int world_size;
   // Bumps one of the group's counters ("fused_all_gather_matmul.pipeline", ...).
   std::function<void(const std::string&)> count;
+  // The group's symmetric heap once cuda_p2p.empty created it (host only), else null: NOTE
+  // [Zero-copy all-gather→matmul] in ops/fused_all_gather_matmul.cpp.
+  SymmetricWorkspace* heap = nullptr;
 };
 
 // Which path a fused op took, for the backend's counters.
 struct Stats {
-  int64_t rounds = 0;  // rounds run through the workspace (> 1: the buffer was too small)
-  bool grew = false;   // the workspace was grown for this op
+  int64_t rounds = 0;      // rounds run through the workspace (> 1: the buffer was too small)
+  bool grew = false;       // the workspace was grown for this op
+  bool zero_copy = false;  // the shards were read in the peers' symmetric heaps
 };
 
 // One pipelined op's view of the world: the workspace, the caller's stream and the pipeline's
@@ -173,6 +177,8 @@ struct Env {
   std::shared_ptr<Trace> trace;
   // Set by agree() once its handshake ran: NOTE [The handshake opens the buffer].
   bool opened = false;
+  // Group::heap on the host, else null.
+  SymmetricWorkspace* heap = nullptr;
   // Stream i waits for everything enqueued on stream j so far.
   void wait_stream(int i, int j) const;
 };

@@ -419,3 +419,63 @@ def _two_groups_case(ctx):
 def test_two_groups_side_by_side(world3):
     for failures in world3.run(_two_groups_case):
         assert not failures, failures
+
+
+def _fused_case(ctx):
+    """fused_all_gather_matmul with A_shard in the heap (NOTE [Zero-copy all-gather→matmul]):
+    every algorithm, gather dim and return_A against plain torch over every rank's shard; a
+    gather along a middle dim (its prepared shard is a copy) and a rank with an ordinary tensor
+    run staged; the input is intact and the group goes on working after each."""
+    W, me = ctx.world_size, ctx.rank
+    g = _group("zc")
+    chk = Checker()
+    key = "fused_all_gather_matmul.zero_copy"
+
+    def values(rank, shape, dtype, seed):
+        return _values(rank, _numel(shape), dtype, seed).view(shape)
+
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        for algo in ("pull_ahead", "pipeline"):
+            # (A_shard shape, gather_dim, zero-copy expected): first dim, last dim (contraction,
+            # K gathered), a 3-D first dim, and a middle dim (prepared by a copy: staged).
+            for shape, dim, zc in (((5, 6), 0, True), ((3, 4), 1, True), ((2, 3, 6), 0, True),
+                                   ((2, 3, 6), 1, False)):
+                tag = f"{dtype} {algo} {shape} dim {dim}"
+                k = shape[-1] * (W if dim == len(shape) - 1 else 1)
+                B = _values(7, k * 5, dtype, 3).view(k, 5)
+                A = _fill(cuda_p2p.empty(*shape, dtype=dtype, group=g), me, seed=4)
+                full = torch.cat([values(q, shape, dtype, 4) for q in range(W)], dim=dim)
+                for return_A in (True, False):
+                    before = _counters(g)
+                    a_out, [y] = cuda_p2p.fused_all_gather_matmul(A, [B], dim, g,
+                                                                  return_A=return_A,
+                                                                  algorithm=algo)
+                    ref = (full.double() @ B.double()).to(dtype)
+                    chk.case(f"result {tag} rA={return_A}", torch.equal(y, ref),
+                             f"max err {(y.double() - ref.double()).abs().max()}")
+                    if return_A:
+                        chk.case(f"A {tag}", torch.equal(a_out, full))
+                    _expect_zero_copy(chk, g, key, before, f"counter {tag} rA={return_A}", zc)
+                chk.case(f"input intact {tag}", torch.equal(A, values(me, shape, dtype, 4)))
+    # One rank's A_shard is an ordinary tensor: every rank runs staged, correctly.
+    B = _values(7, 30, torch.float32, 3).view(6, 5)
+    full = torch.cat([values(q, (4, 6), torch.float32, 5) for q in range(W)])
+    for odd_one in range(W):
+        A = _fill(torch.empty(4, 6) if me == odd_one else cuda_p2p.empty(4, 6, group=g), me, 5)
+        before = _counters(g)
+        _, [y] = cuda_p2p.fused_all_gather_matmul(A, [B], 0, g, algorithm="pull_ahead")
+        chk.case(f"rank {odd_one} staged: result", torch.equal(y, full @ B))
+        _expect_zero_copy(chk, g, key, before, f"staged {odd_one}", False)
+    return chk.failures
+
+
+def _numel(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def test_fused_all_gather_matmul_zero_copy(any_world):
+    for failures in any_world.run(_fused_case):
+        assert not failures, failures
