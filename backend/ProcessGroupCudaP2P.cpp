@@ -67,7 +67,9 @@ ProcessGroupCudaP2P::ProcessGroupCudaP2P(c10::intrusive_ptr<c10d::Store> store, 
   }
 }
 
-ProcessGroupCudaP2P::~ProcessGroupCudaP2P() = default;
+ProcessGroupCudaP2P::~ProcessGroupCudaP2P() {
+  lifetime_token_.reset();  // NOTE [Group lookup cache]: no cache entry finds this backend now
+}
 std::string ProcessGroupCudaP2P::p2p_unavailable_reason() const {
   if (!workspace_) return config_.workspace_off_reason;
   return workspace_->unavailable_reason();
@@ -143,13 +145,23 @@ void ProcessGroupCudaP2P::bump_counter(std::string_view name, int64_t by) {
 }
 
 std::map<std::string, int64_t> ProcessGroupCudaP2P::counters() const {
-  std::lock_guard<std::mutex> lock(counters_mutex_);
-  return {counters_.begin(), counters_.end()};
+  std::map<std::string, int64_t> all;
+  {
+    std::lock_guard<std::mutex> lock(counters_mutex_);
+    all.insert(counters_.begin(), counters_.end());
+  }
+  static_assert(std::size(kHotCounterNames) == static_cast<size_t>(HotCounter::kCount));
+  for (size_t i = 0; i < hot_counters_.size(); ++i) {
+    const int64_t n = hot_counters_[i].load(std::memory_order_relaxed);
+    if (n != 0) all[kHotCounterNames[i]] += n;
+  }
+  return all;
 }
 
 void ProcessGroupCudaP2P::reset_counters() {
   std::lock_guard<std::mutex> lock(counters_mutex_);
   counters_.clear();
+  for (auto& n : hot_counters_) n.store(0, std::memory_order_relaxed);
 }
 
 void ProcessGroupCudaP2P::ensure_min_buffer_size(int64_t nbytes) {
@@ -195,6 +207,7 @@ void ProcessGroupCudaP2P::setTimeout(std::chrono::milliseconds timeout) {
 // NOTE [Device failure] in p2p_workspace/watchdog.hpp: the workspace's device is failed first,
 // so that a thread blocked in a workspace collective or barrier returns with an error.
 void ProcessGroupCudaP2P::abort() {
+  retired_.store(true, std::memory_order_release);
   if (workspace_) workspace_->abort("the group was aborted (ProcessGroupCudaP2P.abort())");
   cpu_backend_->abort();
   if (cuda_backend_) cuda_backend_->abort();
@@ -202,6 +215,7 @@ void ProcessGroupCudaP2P::abort() {
 }
 
 void ProcessGroupCudaP2P::shutdown() {
+  retired_.store(true, std::memory_order_release);
   // Unblocks pending waits like abort(), but the workspace's blocks are still released through
   // the closing handshake (NOTE [Block lifetime]): peers shut down too.
   if (workspace_) {

@@ -14,6 +14,8 @@
 // collectives' entry) and wrapped_routing.cpp (routing to the wrapped backends, coalescing).
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -210,6 +212,12 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   void setTimeout(std::chrono::milliseconds timeout) override;
   void abort() override;
   void shutdown() override;
+  // Whether the group was shut down or aborted (its dispatcher ops then resolve it anew: NOTE
+  // [Group lookup cache] in backend/dispatcher_group.cpp).
+  bool retired() const { return retired_.load(std::memory_order_acquire); }
+  // Lives exactly as long as this backend (reset first thing in its destructor): what the group
+  // lookup cache holds a weak reference to instead of the backend (NOTE [Group lookup cache]).
+  const std::shared_ptr<const bool>& lifetime_token() const { return lifetime_token_; }
 
  private:
   // The wrapped backend for these tensors: all on one device type, with a backend for it.
@@ -275,6 +283,16 @@ class ProcessGroupCudaP2P : public c10d::Backend {
 
   mutable std::mutex counters_mutex_;
   std::map<std::string, int64_t, std::less<>> counters_;  // looked up without a string
+  // The counters of the all-reduce's hot path (an 8 B all-reduce takes a few µs, NOTE [Inline
+  // one-shot] in ops/all_reduce.cpp): one relaxed atomic add each instead of a lookup under
+  // counters_mutex_. counters() adds them to the map's entries of the same names.
+  enum class HotCounter : uint8_t { kOneShot, kTwoShot, kInline, kZeroCopy, kCount };
+  static constexpr const char* kHotCounterNames[] = {"all_reduce.one_shot", "all_reduce.two_shot",
+                                                     "all_reduce.inline", "all_reduce.zero_copy"};
+  std::array<std::atomic<int64_t>, static_cast<size_t>(HotCounter::kCount)> hot_counters_{};
+  void bump_hot(HotCounter c) {
+    hot_counters_[static_cast<size_t>(c)].fetch_add(1, std::memory_order_relaxed);
+  }
 
   // The symmetric heap, created by ensure_symmetric_heap under heap_mutex_; its allocator is
   // shared with the deleters of the tensors in it, which also keep its mapping alive.
@@ -284,6 +302,9 @@ class ProcessGroupCudaP2P : public c10d::Backend {
 
   std::mutex pipeline_state_mutex_;
   std::shared_ptr<ops::pipeline::State> pipeline_state_;  // see pipeline_state()
+
+  std::atomic<bool> retired_{false};  // see retired()
+  std::shared_ptr<const bool> lifetime_token_ = std::make_shared<const bool>(true);
 
   std::mutex coalescing_mutex_;
   bool coalescing_ = false;

@@ -50,8 +50,9 @@ at::Tensor& all_reduce_(at::Tensor& tensor, c10::string_view reduce_op,
                         c10::string_view group_name) {
   check_tensor(tensor);
   const ops::ReduceOp op = parse_reduce_op(reduce_op);
-  auto& pg = resolve_backend(std::string(group_name), tensor.device().type(), kOp);
-  pg.all_reduce_in_place(tensor, op);
+  resolve_backend(std::string_view(group_name.data(), group_name.size()), tensor.device().type(),
+                  kOp)
+      ->all_reduce_in_place(tensor, op);
   return tensor;
 }
 

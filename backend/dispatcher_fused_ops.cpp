@@ -154,7 +154,8 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_
     const at::Tensor& A_shard, at::TensorList Bs, int64_t gather_dim, const std::string& group_name,
     bool return_A, const std::string& algorithm) {
   TORCH_CHECK(A_shard.defined(), "cuda_p2p ", kAllGatherMatmul, ": A_shard is undefined");
-  auto& pg = resolve_backend(group_name, A_shard.device().type(), kAllGatherMatmul);
+  const auto backend = resolve_backend(group_name, A_shard.device().type(), kAllGatherMatmul);
+  auto& pg = *backend;
   int64_t dim = gather_dim;
   if (all_gather_matmul_unfused(pg, A_shard, Bs, gather_dim, algorithm, dim)) {
     {
@@ -177,7 +178,8 @@ at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
                                        const std::string& group_name, const std::string& algorithm,
                                        int64_t ring_steps) {
   TORCH_CHECK(A.defined(), "cuda_p2p ", kMatmulReduceScatter, ": A is undefined");
-  auto& pg = resolve_backend(group_name, A.device().type(), kMatmulReduceScatter);
+  const auto backend = resolve_backend(group_name, A.device().type(), kMatmulReduceScatter);
+  auto& pg = *backend;
   int64_t dim = scatter_dim;
   if (matmul_reduce_scatter_unfused(pg, A, B, reduce_op, scatter_dim, algorithm, ring_steps, dim)) {
     {

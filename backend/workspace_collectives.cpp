@@ -262,10 +262,9 @@ bool ProcessGroupCudaP2P::all_reduce_on_workspace(at::Tensor& t, ops::ReduceOp o
     call.zero_copy = ctx.state.last_zero_copy;
     if (!call.work.is_same(call.t)) call.t.copy_(call.work);
   });
-  bump_counter(call.algo == ops::AllReduceAlgo::kOneShot ? "all_reduce.one_shot"
-                                                         : "all_reduce.two_shot");
-  if (call.inline_run) bump_counter("all_reduce.inline");
-  if (call.zero_copy) bump_counter("all_reduce.zero_copy");
+  bump_hot(call.algo == ops::AllReduceAlgo::kOneShot ? HotCounter::kOneShot : HotCounter::kTwoShot);
+  if (call.inline_run) bump_hot(HotCounter::kInline);
+  if (call.zero_copy) bump_hot(HotCounter::kZeroCopy);
   return true;
 }
 

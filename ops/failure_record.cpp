@@ -13,9 +13,11 @@ void FailureRecord::mark(const char* what, const std::exception& e) {
   while (!text.empty() && text.back() == ' ') text.pop_back();
   std::lock_guard<std::mutex> lock(mutex_);
   if (failure_.empty()) failure_ = std::string(what) + ": " + text;
+  failed_.store(true, std::memory_order_release);
 }
 
 void FailureRecord::check(const char* what) const {
+  if (!failed_.load(std::memory_order_acquire)) return;
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(failure_.empty(), "cuda_p2p ", what,
               ": refused: an earlier workspace op of this group failed midway, so its ranks may "
@@ -25,6 +27,7 @@ void FailureRecord::check(const char* what) const {
 }
 
 std::string FailureRecord::first() const {
+  if (!failed_.load(std::memory_order_acquire)) return {};
   std::lock_guard<std::mutex> lock(mutex_);
   return failure_;
 }

@@ -2,6 +2,7 @@
 // argument check that tells the peers before it raises.
 #pragma once
 
+#include <atomic>
 #include <exception>
 #include <functional>
 #include <mutex>
@@ -29,6 +30,8 @@ class FailureRecord {
   std::string first() const;
 
  private:
+  // Set, under mutex_, once failure_ is: check() on the hot path of every op is one load.
+  std::atomic<bool> failed_{false};
   mutable std::mutex mutex_;
   std::string failure_;
 };
