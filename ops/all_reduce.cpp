@@ -134,7 +134,8 @@ OpSignature signature(const CollectiveContext& ctx, const Args& a, ReduceOp op,
 //    with the group's timeout, the back-off and sleep of every host wait and the device's
 //    failure checks; a timeout raises the generic path's error.
 struct InlineOneShot {
-  // ws.buffer(rank) and the channel when the addresses were taken.
+  // ws.mapping_version(), ws.buffer(rank) and the channel when the addresses were taken.
+  uint64_t version = 0;
   const void* mine = nullptr;
   int channel = -1;
   int64_t half = 0;                   // detail::phase_bytes
@@ -159,6 +160,7 @@ namespace {
 
 void take_addresses(const CollectiveContext& ctx, InlineOneShot& c) {
   const int W = ctx.ws.world_size(), me = ctx.ws.rank(), ch = ctx.channel;
+  c.version = ctx.ws.mapping_version();  // read first: a growth after it is noticed next time
   c.mine = ctx.ws.buffer(me);
   c.channel = ch;
   c.half = detail::phase_bytes(ctx);
@@ -275,8 +277,8 @@ bool try_inline_one_shot(const CollectiveContext& ctx, const Args& a, ReduceOp o
   }
   auto& c = ctx.state.inline_one_shot;
   if (!c) c = std::make_shared<InlineOneShot>();
-  // One lock per op, to notice a new workspace (growth), as begin_phase does.
-  if (c->mine != ctx.ws.buffer(ctx.ws.rank()) || c->channel != ctx.channel) {
+  // A new workspace (growth) is noticed by its mapping version: one load, no lock.
+  if (c->version != ctx.ws.mapping_version() || c->mine == nullptr || c->channel != ctx.channel) {
     take_addresses(ctx, *c);
   }
   if (a.numel * a.esize > c->round) return false;

@@ -102,6 +102,14 @@ class Device {
   // closed may still be freed (NOTE [Block lifetime]). CUDA: freeing an exported allocation
   // before every importer closed it is undefined.
   virtual bool blocks_outlive_owner() const { return false; }
+  // How many CPUs the ranks of this host may run on together (the union of their affinities),
+  // told at every rendezvous (NOTE [CPUs of the ranks] in p2p_workspace/symmetric_workspace.cpp).
+  // The host device polls its waits by it; others ignore it.
+  virtual void set_ranks_cpus(int /*cpus*/) {}
+  // What set_ranks_cpus was told last (0: not yet, or not a host device), and whether this
+  // host's ranks outnumber those CPUs (then its waits yield from the start).
+  virtual int ranks_cpus() const { return 0; }
+  virtual bool oversubscribed() const { return false; }
 
   // --- blocks ---
   // A new zero-filled block of `bytes`, shareable with peers of the same host.

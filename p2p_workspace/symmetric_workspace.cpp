@@ -2,10 +2,12 @@
 
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cstdlib>
 #include <fstream>
 #include <numeric>
@@ -72,6 +74,45 @@ std::vector<uint8_t> unhex(const std::string& s) {
 std::string to_string(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
 std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
+// NOTE [CPUs of the ranks]
+// Whether the ranks of a host outnumber the CPUs they run on decides how a host wait polls
+// (NOTE [Host waits on shared cores] in p2p_workspace/host/futex_wait.cpp). A rank alone sees
+// only its own affinity: ranks pinned one per core (as bench/ and `taskset` users do) each see
+// one CPU, yet none shares its core. So every rank publishes its affinity mask at rendezvous and
+// the device is told how many CPUs the union of all ranks' masks holds: 2 ranks pinned to 2
+// cores are not oversubscribed, 2 ranks pinned to one core are, 4 unpinned ranks on 2 cores are.
+// Bit i of byte i / 8 is CPU i; bytes past the highest CPU are left out.
+std::vector<uint8_t> cpu_mask() {
+  std::vector<uint8_t> mask;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (!CPU_ISSET(cpu, &set)) continue;
+      if (mask.size() <= static_cast<size_t>(cpu / 8)) mask.resize(cpu / 8 + 1, 0);
+      mask[cpu / 8] |= static_cast<uint8_t>(1u << (cpu % 8));
+    }
+  }
+  if (mask.empty()) {  // unknown: every online CPU
+    const long n = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+    mask.assign((n + 7) / 8, 0);
+    for (long cpu = 0; cpu < n; ++cpu) mask[cpu / 8] |= static_cast<uint8_t>(1u << (cpu % 8));
+  }
+  return mask;
+}
+
+// The number of CPUs in the union of `masks`.
+int union_cpus(const std::vector<std::vector<uint8_t>>& masks) {
+  std::vector<uint8_t> all;
+  for (const auto& m : masks) {
+    if (all.size() < m.size()) all.resize(m.size(), 0);
+    for (size_t i = 0; i < m.size(); ++i) all[i] |= m[i];
+  }
+  int n = 0;
+  for (uint8_t b : all) n += std::popcount(b);
+  return n;
+}
+
 // NOTE [Workspace records]
 // What a rank publishes at rendezvous travels through the c10d store, which is not
 // authenticated: anyone on the machine may have written it. So a record is parsed strictly (a
@@ -79,8 +120,9 @@ std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()
 // handle) and a bad one is an error naming the rank, never a half-parsed PeerInfo. Whom a handle
 // leads to is checked by the device when it maps the block (NOTE [Authenticated block exchange]
 // in p2p_workspace/host/shared_block.cpp).
-constexpr const char* kRecordVersion = "cuda_p2p-peer-v3";
-constexpr size_t kRecordLines = 10;
+constexpr const char* kRecordVersion = "cuda_p2p-peer-v4";
+constexpr size_t kRecordLines = 11;
+constexpr size_t kMaxCpuMaskBytes = 256;  // 2048 CPUs
 constexpr size_t kMaxRecordBytes = 4096;
 constexpr size_t kMaxHandleBytes = 1024;
 
@@ -94,7 +136,8 @@ struct PeerInfo {
   std::vector<uint8_t> handle;
   uint64_t probe_addr = 0;  // NOTE [Private-read probe]
   uint64_t probe_token = 0;
-  std::string uuid;  // Device::device_uuid(): NOTE [Peer devices]
+  std::string uuid;           // Device::device_uuid(): NOTE [Peer devices]
+  std::vector<uint8_t> cpus;  // the CPUs it may run on, a bit each: NOTE [CPUs of the ranks]
 
   std::string serialize() const {
     std::ostringstream os;
@@ -107,7 +150,8 @@ struct PeerInfo {
        << hex(handle) << '\n'
        << probe_addr << '\n'
        << probe_token << '\n'
-       << uuid << '\n';
+       << uuid << '\n'
+       << hex(cpus) << '\n';
     return os.str();
   }
 
@@ -189,6 +233,13 @@ struct PeerInfo {
     if (p.uuid.empty() || p.uuid.size() > 128 || !printable(p.uuid)) {
       fail("the device uuid must be 1-128 printable characters");
     }
+    const std::string& c = lines[10];
+    if (c.empty() || c.size() % 2 != 0 || c.size() > 2 * kMaxCpuMaskBytes ||
+        c.find_first_not_of("0123456789abcdef") != std::string::npos) {
+      fail("the CPU mask must be 1-" + std::to_string(kMaxCpuMaskBytes) +
+           " bytes in lower-case hex");
+    }
+    p.cpus = unhex(c);
     return p;
   }
 };
@@ -511,6 +562,7 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
   me.probe_addr = reinterpret_cast<uint64_t>(&probe_token_);
   me.probe_token = probe_token_;
   me.uuid = device_->device_uuid();
+  me.cpus = cpu_mask();
 
   std::vector<PeerInfo> peers;
   {
@@ -535,6 +587,11 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
                 "cuda_p2p: workspace ranks disagree: rank ", r, " has a ", peers[r].block_size,
                 "-byte block on ", peers[r].device, ", rank ", rank_, " has a ", me.block_size,
                 "-byte block on ", me.device);
+  }
+  {  // NOTE [CPUs of the ranks]
+    std::vector<std::vector<uint8_t>> masks;
+    for (const auto& p : peers) masks.push_back(p.cpus);
+    device_->set_ranks_cpus(union_cpus(masks));
   }
 
   auto mapping = std::make_shared<Mapping>();
@@ -624,6 +681,7 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
   {
     std::lock_guard<std::mutex> lock(mapping_mutex_);
     mapping_ = std::move(mapping);
+    mapping_version_.fetch_add(1, std::memory_order_release);
   }
   sent_.assign(static_cast<size_t>(options_.num_channels) * world_size_, 0);
   expected_.assign(sent_.size(), 0);

@@ -67,6 +67,10 @@ class SymmetricWorkspace {
 
   // Address of `rank`'s buffer as mapped in this process.
   void* buffer(int rank) const;
+  // Changes whenever the mapping does (growth): addresses taken from buffer() and the slot
+  // accessors stay valid while it holds the value read before taking them. One load, where
+  // buffer() takes a lock: the inline all-reduce's check of its cached addresses.
+  uint64_t mapping_version() const { return mapping_version_.load(std::memory_order_acquire); }
   // Signal slot `src` writes in `target`'s pad on `channel`: pad[target] + channel * W + src.
   uint32_t* signal_slot(int target, int channel, int src) const;
   // The pad's other areas (NOTE [Signal pad layout] in the .cpp). Like signal slots, each is
@@ -159,6 +163,7 @@ class SymmetricWorkspace {
   std::atomic<bool> aborted_{false};
   mutable std::mutex mapping_mutex_;
   std::shared_ptr<Mapping> mapping_;
+  std::atomic<uint64_t> mapping_version_{0};  // see mapping_version()
   // Per (channel, peer): signals sent to / expected from that peer. Each channel is driven by one
   // stream (one thread) at a time, so entries need no lock.
   std::vector<uint32_t> sent_;

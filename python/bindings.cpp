@@ -404,6 +404,9 @@ PYBIND11_MODULE(_C, m) {
             d["workspace_collectives"] = self.uses_workspace_collectives();
             d["workspace_collectives_reason"] = self.workspace_collectives_reason();
             d["cuda_workspace_collectives"] = self.options()->cuda_workspace_collectives;
+            const auto* ws = self.workspace();
+            d["ranks_cpus"] = ws ? ws->device().ranks_cpus() : 0;
+            d["oversubscribed"] = ws ? ws->device().oversubscribed() : false;
             return d;
           },
           "The workspace collectives' effective settings (Options, then environment variables, "

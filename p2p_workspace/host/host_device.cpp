@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <optional>
@@ -40,10 +41,13 @@ HostStreams resolve_mode(HostStreams mode) {
 
 class HostDevice : public Device {
  public:
+  // Until rendezvous says how many CPUs the ranks share (set_ranks_cpus), this process's own
+  // affinity stands for all of them.
   HostDevice(int processes, HostStreams mode)
-      : oversubscribed_(processes > usable_cpus()),
+      : processes_(processes),
+        oversubscribed_(processes > usable_cpus()),
         cooperative_(resolve_mode(mode) == HostStreams::kCooperative),
-        scheduler_(cooperative_ ? std::make_shared<CooperativeScheduler>(oversubscribed_)
+        scheduler_(cooperative_ ? std::make_shared<CooperativeScheduler>(oversubscribed_.load())
                                 : nullptr),
         inline_stream_(std::make_shared<HostStream>(HostStream::Mode::kInline, false, nullptr)) {}
 
@@ -110,10 +114,10 @@ class HostDevice : public Device {
           }));
       return;
     }
-    h.enqueue(HostTask::blocking([waits = std::move(waits), timeout, context = std::move(context),
-                                  oversubscribed = oversubscribed_, this] {
-      block_on_waits(waits, timeout, context, oversubscribed, failure_);
-    }));
+    h.enqueue(HostTask::blocking(
+        [waits = std::move(waits), timeout, context = std::move(context),
+         oversubscribed = oversubscribed_.load(std::memory_order_relaxed),
+         this] { block_on_waits(waits, timeout, context, oversubscribed, failure_); }));
   }
 
   // On the host, device work is host work: both run the closure in stream order.
@@ -175,17 +179,28 @@ class HostDevice : public Device {
     futex_store_and_wake(addr, value);
   }
   bool poll_signals_now(c10::ArrayRef<SignalWait> waits) override {
-    return poll_briefly(waits, oversubscribed_);
+    return poll_briefly(waits, oversubscribed_.load(std::memory_order_relaxed));
   }
 
   // NOTE [Device failure]: every wait loop of this device checks failure_ on each pass (at most
   // kMaxSleep apart) and raises.
   void abort(const std::string& why) override { failure_.fail(why); }
   void check_healthy(const char* op) override { failure_.check(op); }
+  void set_ranks_cpus(int cpus) override {
+    ranks_cpus_.store(cpus, std::memory_order_relaxed);
+    const bool over = processes_ > std::max(1, cpus);
+    oversubscribed_.store(over, std::memory_order_relaxed);
+    if (scheduler_) scheduler_->set_oversubscribed(over);
+  }
+  int ranks_cpus() const override { return ranks_cpus_.load(std::memory_order_relaxed); }
+  bool oversubscribed() const override { return oversubscribed_.load(std::memory_order_relaxed); }
 
  private:
   // More ranks than usable CPUs: NOTE [Host waits on shared cores] in host/futex_wait.cpp.
-  const bool oversubscribed_;
+  const int processes_;
+  // More ranks on this host than CPUs they share (NOTE [Host waits on shared cores]).
+  std::atomic<bool> oversubscribed_;
+  std::atomic<int> ranks_cpus_{0};
   const bool cooperative_;  // NOTE [Cooperative host streams] in host/host_stream.cpp
   const std::shared_ptr<CooperativeScheduler> scheduler_;
   std::shared_ptr<HostStream> inline_stream_;

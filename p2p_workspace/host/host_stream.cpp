@@ -240,7 +240,7 @@ void CooperativeScheduler::drive(const std::function<bool()>& finished,
     // sleep on: nap briefly.
     const auto now = std::chrono::steady_clock::now();
     if (idle++ == 0) idle_since = now;
-    if (poll_more(now - idle_since, oversubscribed_)) continue;
+    if (poll_more(now - idle_since, oversubscribed_.load(std::memory_order_relaxed))) continue;
     futex_sleep_any(busy ? std::vector<SignalWait>{} : blocked, now + (busy ? kNap : kMaxSleep));
   }
 }

@@ -100,6 +100,7 @@ class HostStream : public Stream, public std::enable_shared_from_this<HostStream
 class CooperativeScheduler {
  public:
   explicit CooperativeScheduler(bool oversubscribed) : oversubscribed_(oversubscribed) {}
+  void set_oversubscribed(bool over) { oversubscribed_.store(over, std::memory_order_relaxed); }
   void add(const std::shared_ptr<HostStream>& stream);
   // Runs the ready tasks of every cooperative stream, high-priority streams first, until
   // `finished()` holds; while none can run, backs off and sleeps on `waits` (the caller's own
@@ -108,7 +109,7 @@ class CooperativeScheduler {
 
  private:
   std::vector<std::shared_ptr<HostStream>> snapshot();
-  const bool oversubscribed_;
+  std::atomic<bool> oversubscribed_;
   std::mutex mu_;
   std::vector<std::weak_ptr<HostStream>> streams_;
   std::atomic<uint64_t> version_{0};  // bumped by add(): drive() then takes a new snapshot

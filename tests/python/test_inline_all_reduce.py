@@ -267,3 +267,45 @@ def test_views(any_world):
 
 def test_mismatches(any_world):
     cc.assert_all_ok(any_world.run(check_mismatches), min_cases=11)
+
+
+def check_pinned_ranks_are_not_oversubscribed(ctx):
+    """NOTE [CPUs of the ranks]: whether a host's ranks outnumber their CPUs is decided over the
+    union of every rank's affinity, not from a rank's own: W ranks pinned one per CPU (bench/'s
+    default) spin, W ranks pinned to one CPU yield, unpinned ranks compare W with the machine."""
+    import os
+
+    W, me = ctx.world_size, ctx.rank
+    original = os.sched_getaffinity(0)
+    cpus = sorted(original)
+    failures, cases = [], 0
+    layouts = {"unpinned": original, "one CPU": {cpus[0]}}
+    if len(cpus) >= W:  # one CPU each
+        layouts["one each"] = {cpus[me]}
+    try:
+        for label, mine in layouts.items():
+            os.sched_setaffinity(0, mine)
+            g = dist.new_group(backend="cuda_p2p")
+            os.sched_setaffinity(0, original)
+            config = cuda_p2p.get_cuda_p2p_backend(g).get_collective_config()
+            masks = [None] * W
+            dist.all_gather_object(masks, sorted(mine), group=ctx.gloo)
+            union = len(set().union(*map(set, masks)))
+            want = {"ranks_cpus": union, "oversubscribed": W > union}
+            got = {k: config[k] for k in want}
+            cases += 1
+            if got != want:
+                failures.append(f"{label}: {got}, expected {want}")
+            # And the group works either way.
+            t = torch.full((5,), float(me + 1))
+            dist.all_reduce(t, group=g)
+            if not torch.equal(t, torch.full((5,), float(W * (W + 1) // 2))):
+                failures.append(f"{label}: all_reduce gave {t.tolist()}")
+            dist.destroy_process_group(g)
+    finally:
+        os.sched_setaffinity(0, original)
+    return {"cases": cases, "failures": failures}
+
+
+def test_pinned_ranks_are_not_oversubscribed(any_world):
+    cc.assert_all_ok(any_world.run(check_pinned_ranks_are_not_oversubscribed), min_cases=2)
