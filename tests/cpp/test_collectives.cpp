@@ -155,7 +155,7 @@ std::vector<int64_t> sizes_for(int64_t round_elems) {
 TEST(Reduction, HostKernelMatchesAtenForEveryDtypeOpAndSourceCount) {
   for (auto dtype : kAllDtypes) {
     for (auto op : ops_for(dtype)) {
-      for (int n_src : {1, 2, 3, 4, 7}) {
+      for (int n_src : {1, 2, 3, 4, 7, 8}) {
         for (int64_t n : {0, 1, 15, 1023, 1025, 5000}) {
           std::vector<at::Tensor> srcs;
           for (int s = 0; s < n_src; ++s) srcs.push_back(make_input(11, s, n, dtype, op));
