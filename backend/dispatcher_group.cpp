@@ -75,7 +75,11 @@ c10::intrusive_ptr<ProcessGroupCudaP2P> resolve_backend(std::string_view group_n
                                                         const char* op) {
   for (auto& entry : cache) {
     if (entry.device_type != device_type || entry.name != group_name) continue;
-    if (const auto alive = entry.alive.lock(); alive && !entry.backend->retired()) {
+    // Alive (not destroyed), still referenced (a backend whose last reference went is never
+    // revived), not retired: NOTE [Group lookup cache].
+    if (const auto alive = entry.alive.lock();
+        alive && c10::raw::intrusive_ptr::use_count(entry.backend) > 0 &&
+        !entry.backend->retired()) {
       return c10::intrusive_ptr<ProcessGroupCudaP2P>::reclaim_copy(entry.backend);
     }
     break;

@@ -196,9 +196,9 @@ class HostDevice : public Device {
   bool oversubscribed() const override { return oversubscribed_.load(std::memory_order_relaxed); }
 
  private:
-  // More ranks than usable CPUs: NOTE [Host waits on shared cores] in host/futex_wait.cpp.
-  const int processes_;
-  // More ranks on this host than CPUs they share (NOTE [Host waits on shared cores]).
+  const int processes_;  // the ranks of this host
+  // More ranks than the CPUs they share: NOTE [Host waits on shared cores] in
+  // host/futex_wait.cpp; the CPUs are ranks_cpus_ once rendezvous told them.
   std::atomic<bool> oversubscribed_;
   std::atomic<int> ranks_cpus_{0};
   const bool cooperative_;  // NOTE [Cooperative host streams] in host/host_stream.cpp
