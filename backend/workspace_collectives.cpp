@@ -168,10 +168,13 @@ at::Tensor ProcessGroupCudaP2P::all_gather_v(const at::Tensor& input,
       outs.push_back(output.narrow(0, row, sizes[q]));
       row += sizes[q];
     }
+    bool zero_copy = false;
     run_collective("all_gather_v", [&](const ops::CollectiveContext& ctx) {
       ops::all_gather_v(ctx, in, bytes, outs);
+      zero_copy = ctx.state.last_zero_copy;
     });
     bump_counter("all_gather_v.direct");
+    if (zero_copy) bump_counter("all_gather_v.zero_copy");
     return output;
   }
   // Without the workspace: pad every rank's rows to the largest count, gather, drop the padding.

@@ -111,7 +111,8 @@ AllGatherAlgo all_gather(const CollectiveContext& ctx, const at::Tensor& input,
     return algo;
   }
   // Inputs in the peers' symmetric heaps: no staging (NOTE [Zero-copy collectives]).
-  if (detail::all_gather_zero_copy(ctx, g.input, g.bytes, g.out)) return AllGatherAlgo::kDirect;
+  const c10::SmallVector<int64_t, 8> equal(W, g.bytes);
+  if (detail::all_gather_zero_copy(ctx, g.input, equal, g.out)) return AllGatherAlgo::kDirect;
   switch (algo) {
     case AllGatherAlgo::kDirect: {
       if (uses_private_reads(ctx.config, g.bytes * W, ctx.ws.private_reads())) {

@@ -43,6 +43,7 @@ void gather_direct(const CollectiveContext& ctx, const char* input, c10::ArrayRe
 void all_gather_v(const CollectiveContext& ctx, const at::Tensor& input,
                   const std::vector<int64_t>& bytes, const std::vector<at::Tensor>& outputs) {
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
+  ctx.state.last_zero_copy = false;
   TORCH_CHECK(static_cast<int>(bytes.size()) == W && static_cast<int>(outputs.size()) == W,
               "cuda_p2p all_gather_v: expected ", W, " sizes and outputs (one per rank), got ",
               bytes.size(), " and ", outputs.size());
@@ -67,6 +68,8 @@ void all_gather_v(const CollectiveContext& ctx, const at::Tensor& input,
     detail::handshake(ctx);
     return;
   }
+  // Inputs in the peers' symmetric heaps: no staging (NOTE [Zero-copy collectives]).
+  if (W > 1 && detail::all_gather_zero_copy(ctx, detail::bytes_of(input), bytes, out)) return;
   detail::gather_direct(ctx, detail::bytes_of(input), bytes, out);
 }
 

@@ -88,8 +88,10 @@ void gather_direct(const CollectiveContext& ctx, const char* input, c10::ArrayRe
 // Zero-copy collectives (NOTE [Zero-copy collectives] in ops/zero_copy.cpp): each returns false,
 // having run nothing or one empty phase (the same on every rank), when the ranks' inputs are not
 // all in their heaps; the caller then runs its staged algorithm. They set ctx.state.last_zero_copy.
-bool all_gather_zero_copy(const CollectiveContext& ctx, const char* input, int64_t bytes,
-                          c10::ArrayRef<char*> out);
+// all_gather_zero_copy gathers bytes[q] from rank q (all equal for all_gather, any for
+// all_gather_v; a rank with 0 bytes may pass any input).
+bool all_gather_zero_copy(const CollectiveContext& ctx, const char* input,
+                          c10::ArrayRef<int64_t> bytes, c10::ArrayRef<char*> out);
 bool reduce_scatter_zero_copy(const CollectiveContext& ctx, c10::ArrayRef<char*> in, char* out,
                               int64_t numel, at::ScalarType dtype, ReduceOp op);
 bool all_reduce_zero_copy(const CollectiveContext& ctx, char* in, char* out, int64_t numel,

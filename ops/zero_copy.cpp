@@ -1,7 +1,9 @@
-// Zero-copy collectives: all-gather, reduce-scatter, all-reduce and broadcast reading their peers'
-// inputs where they lie, in the peers' symmetric heaps (cuda_p2p.empty), instead of staging them.
+// Zero-copy collectives: all-gather (and all_gather_v), reduce-scatter, all-reduce and broadcast
+// reading their peers' inputs where they lie, in the peers' symmetric heaps (cuda_p2p.empty),
+// instead of staging them.
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 
@@ -118,20 +120,21 @@ c10::SmallVector<int, 8> peers_of(const CollectiveContext& ctx) {
 
 }  // namespace
 
-bool all_gather_zero_copy(const CollectiveContext& ctx, const char* input, int64_t bytes,
-                          c10::ArrayRef<char*> out) {
+bool all_gather_zero_copy(const CollectiveContext& ctx, const char* input,
+                          c10::ArrayRef<int64_t> bytes, c10::ArrayRef<char*> out) {
   ctx.state.last_zero_copy = false;
-  if (!heap_usable(ctx) || bytes == 0) return false;
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
-  auto a = agree(ctx, {heap_offset(ctx, input, bytes)});
+  if (!heap_usable(ctx) || *std::max_element(bytes.begin(), bytes.end()) == 0) return false;
+  // A rank with nothing to contribute (all_gather_v) has no input to place: offset 0, never read.
+  auto a = agree(ctx, {bytes[me] == 0 ? 0 : heap_offset(ctx, input, bytes[me])});
   if (!a) return false;
   // Peers first, then the own shard: the peers' wait for their readers overlaps with that copy.
   for (int s = 1; s < W; ++s) {
     const int q = (me + s) % W;
-    copy(ctx, out[q], in_heap(ctx, q, a->offsets[q]), bytes);
+    if (bytes[q] > 0) copy(ctx, out[q], in_heap(ctx, q, a->offsets[q]), bytes[q]);
   }
   end_phase(ctx, a->ph);
-  copy(ctx, out[me], input, bytes);
+  if (bytes[me] > 0) copy(ctx, out[me], input, bytes[me]);
   wait_readers(ctx, a->ph, peers_of(ctx));
   ctx.state.last_zero_copy = true;
   return true;

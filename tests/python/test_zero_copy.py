@@ -142,6 +142,22 @@ def _collectives_case(ctx):
             outs = [torch.empty(n, dtype=dtype) for _ in range(W)]
             dist.all_gather(outs, inp, group=g)
             chk.case(f"all_gather {tag}", torch.equal(torch.cat(outs), ref))
+            # all_gather_v: rows of 3 elements, a different count per rank (rank 1 has none),
+            # then the same with this rank's input outside the heap on one rank (staged)
+            rows = [(n + q) % 5 if q != 1 else 0 for q in range(W)]
+            want_v = torch.cat([_values(q, rows[q] * 3, dtype).view(-1, 3) for q in range(W)])
+            for plain in (None, 0):
+                if me == plain:
+                    v_in = _fill(torch.empty(rows[me], 3, dtype=dtype), me)
+                else:
+                    v_in = _fill(cuda_p2p.empty(rows[me], 3, dtype=dtype, group=g), me)
+                before = _counters(g)
+                got_v = cuda_p2p.all_gather_v(v_in, rows, group=g)
+                chk.case(f"all_gather_v {tag} plain={plain}", torch.equal(got_v, want_v),
+                         f"{got_v.flatten()[:8]} vs {want_v.flatten()[:8]}")
+                _expect_zero_copy(chk, g, "all_gather_v.zero_copy", before,
+                                  f"agv counter {tag} plain={plain}",
+                                  plain is None and sum(rows) > 0)
             # reduce_scatter_tensor
             rin = _fill(cuda_p2p.empty(W * n, dtype=dtype, group=g), me, seed=1)
             rout = torch.full((n,), 99, dtype=dtype)
