@@ -73,29 +73,30 @@ int64_t resolve_group_size(const std::string& group_name, const char* op) {
 c10::intrusive_ptr<ProcessGroupCudaP2P> resolve_backend(std::string_view group_name,
                                                         c10::DeviceType device_type,
                                                         const char* op) {
+  CacheEntry* slot = nullptr;
   for (auto& entry : cache) {
-    if (entry.device_type != device_type || entry.name != group_name) continue;
-    // Alive (not destroyed), still referenced (a backend whose last reference went is never
-    // revived), not retired: NOTE [Group lookup cache].
-    if (const auto alive = entry.alive.lock();
-        alive && c10::raw::intrusive_ptr::use_count(entry.backend) > 0 &&
-        !entry.backend->retired()) {
-      return c10::intrusive_ptr<ProcessGroupCudaP2P>::reclaim_copy(entry.backend);
+    if (entry.device_type == device_type && entry.name == group_name) {
+      slot = &entry;
+      break;
     }
-    break;
+  }
+  // Alive (not destroyed), still referenced (a backend whose last reference went is never
+  // revived), not retired: NOTE [Group lookup cache].
+  if (slot != nullptr) {
+    if (const auto alive = slot->alive.lock();
+        alive && c10::raw::intrusive_ptr::use_count(slot->backend) > 0 &&
+        !slot->backend->retired()) {
+      return c10::intrusive_ptr<ProcessGroupCudaP2P>::reclaim_copy(slot->backend);
+    }
   }
   auto backend = resolve_uncached(group_name, device_type, op);
   if (!backend->retired()) {
-    CacheEntry* slot = nullptr;
-    for (auto& entry : cache) {
-      if (entry.device_type == device_type && entry.name == group_name) slot = &entry;
-    }
-    if (slot == nullptr) {
+    if (slot == nullptr) {  // a new name: replace the entries in turn
       slot = &cache[cache_next];
       cache_next = (cache_next + 1) % kCacheEntries;
+      slot->name = std::string(group_name);
+      slot->device_type = device_type;
     }
-    slot->name = std::string(group_name);
-    slot->device_type = device_type;
     slot->backend = backend.get();
     slot->alive = backend->lifetime_token();
   }
