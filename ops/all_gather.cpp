@@ -120,8 +120,7 @@ AllGatherAlgo all_gather(const CollectiveContext& ctx, const at::Tensor& input,
         ctx.state.last_private_reads = true;
         break;
       }
-      std::vector<int64_t> bytes(W, g.bytes);
-      detail::gather_direct(ctx, g.input, bytes, g.out);
+      detail::gather_direct(ctx, g.input, equal, g.out);
       break;
     }
     case AllGatherAlgo::kRing:

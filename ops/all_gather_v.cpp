@@ -69,7 +69,7 @@ void all_gather_v(const CollectiveContext& ctx, const at::Tensor& input,
     return;
   }
   // Inputs in the peers' symmetric heaps: no staging (NOTE [Zero-copy collectives]).
-  if (W > 1 && detail::all_gather_zero_copy(ctx, detail::bytes_of(input), bytes, out)) return;
+  if (detail::all_gather_zero_copy(ctx, detail::bytes_of(input), bytes, out)) return;
   detail::gather_direct(ctx, detail::bytes_of(input), bytes, out);
 }
 
