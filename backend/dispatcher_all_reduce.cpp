@@ -10,6 +10,7 @@
 
 #include "backend/ProcessGroupCudaP2P.hpp"
 #include "backend/dispatcher_group.hpp"
+#include "backend/hierarchical.hpp"
 #include "ops/common.hpp"
 
 namespace cuda_p2p {
@@ -18,12 +19,19 @@ void ProcessGroupCudaP2P::all_reduce_in_place(at::Tensor& tensor, ops::ReduceOp 
   TORCH_CHECK(tensor.layout() == at::kStrided,
               "cuda_p2p all_reduce_: expected a strided (dense) tensor, got layout ",
               tensor.layout());
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = to_c10d_reduce_op(op);
+  // The paths of dist.all_reduce, in its order (ProcessGroupCudaP2P::allreduce): a group spanning
+  // hosts runs hierarchically (it copies a non-contiguous tensor back itself), else the
+  // workspace, else the wrapped backend.
+  if (hierarchy_) {
+    std::vector<at::Tensor> tensors{tensor};
+    if (hierarchy_->all_reduce(tensors, opts)) return;
+  }
   if (all_reduce_on_workspace(tensor, op)) return;
   bump_counter("all_reduce.wrapped");
   // The wrapped backends expect contiguous tensors, as they do from dist.all_reduce.
   std::vector<at::Tensor> tensors{tensor.is_contiguous() ? tensor : tensor.contiguous()};
-  c10d::AllreduceOptions opts;
-  opts.reduceOp = to_c10d_reduce_op(op);
   route(tensors, "all_reduce_").allreduce(tensors, opts)->wait();
   if (!tensors[0].is_same(tensor)) tensor.copy_(tensors[0]);
 }

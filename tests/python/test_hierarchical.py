@@ -157,6 +157,40 @@ def _all_reduce(ctx, placement, dtypes):
     return runs, _delta(before, backend.get_counters())
 
 
+def _all_reduce_op(ctx, placement):
+    # The dispatcher op (torch.ops.cuda_p2p.all_reduce_, and its wrapper) takes the paths of
+    # dist.all_reduce: hierarchical on a group spanning hosts, not the flat wrapped backend.
+    group = _group(ctx, placement)
+    backend = cuda_p2p.get_cuda_p2p_backend(group)
+    before = backend.get_counters()
+    runs = 0
+    for dtype in (torch.float32, torch.bfloat16, torch.int32):
+        for n in SIZES:
+            for name, op in (("sum", dist.ReduceOp.SUM), ("max", dist.ReduceOp.MAX)):
+                x = _values(ctx.rank, n, dtype)
+                got = x.clone()
+                out = torch.ops.cuda_p2p.all_reduce_(got, name, group.group_name)
+                assert out is got
+                torch.testing.assert_close(got, _reference_all_reduce(ctx, x, op), rtol=0,
+                                           atol=0, msg=f"{dtype} n={n} {name}")
+                runs += 1
+    # avg through the Python wrapper; a non-contiguous (transposed) view, reduced in place.
+    base = _values(ctx.rank, 15, torch.float32).reshape(3, 5)
+    got = base.clone().t()
+    cuda_p2p.all_reduce_(got, "avg", group)
+    torch.testing.assert_close(got, _reference_all_reduce(ctx, base, dist.ReduceOp.AVG).t(),
+                               **_tol(torch.float32, dist.ReduceOp.AVG))
+    runs += 1
+    # The functional form returns a new tensor and leaves its input alone.
+    x = _values(ctx.rank, 7, torch.float32)
+    y = torch.ops.cuda_p2p.all_reduce(x, "sum", group.group_name)
+    torch.testing.assert_close(x, _values(ctx.rank, 7, torch.float32), rtol=0, atol=0)
+    torch.testing.assert_close(y, _reference_all_reduce(ctx, x, dist.ReduceOp.SUM), rtol=0,
+                               atol=0)
+    runs += 1
+    return runs, _delta(before, backend.get_counters())
+
+
 def _gather_scatter(ctx, placement, dtypes):
     group = _group(ctx, placement)
     backend = cuda_p2p.get_cuda_p2p_backend(group)
@@ -372,6 +406,16 @@ def test_all_reduce(request, pool, placement):
     dtypes = REDUCIBLE if placement in ("2x2", "3+1", "2x3") else [torch.float32, torch.int32]
     results = world.run(_all_reduce, placement, dtypes)
     for runs, counters in results:
+        assert counters == {f"all_reduce.{_path(placement)}": runs}, counters
+
+
+OP_CASES = [("world2", "1+1"), ("world4", "2x2"), ("world4", "3+1"), ("world4", "r%2")]
+
+
+@pytest.mark.parametrize("pool,placement", OP_CASES, ids=[c[1] for c in OP_CASES])
+def test_all_reduce_dispatcher_op(request, pool, placement):
+    world = request.getfixturevalue(pool)
+    for runs, counters in world.run(_all_reduce_op, placement):
         assert counters == {f"all_reduce.{_path(placement)}": runs}, counters
 
 
