@@ -66,9 +66,13 @@ REPO = HERE.parent
 BACKENDS = ("cuda_p2p", "gloo")  # measured backend first, baseline second
 # More all-reduce columns (--peers auto): our dispatcher op, called as vLLM calls its custom
 # all-reduce (torch.ops.cuda_p2p.all_reduce_, no Work, no torch.distributed Python layer), and
-# DeepSpeed's shared-memory all-reduce (torch.ops.deepspeed.inference_all_reduce_, its
-# ShareMemComm op built from its sources), present only when deepspeed imports and the op builds.
-PEERS = ("cuda_p2p_op", "deepspeed")
+# DeepSpeed's shared-memory all-reduce, present only when deepspeed imports and its ShareMemComm
+# op builds from its sources, called both ways its users call it: the bare op
+# (torch.ops.deepspeed.inference_all_reduce_, "deepspeed") and DeepSpeed's communication API
+# (deepspeed.comm.inference_all_reduce, "deepspeed_comm", what its CPU tensor-parallel layers
+# call). Each of our two ways has its like: the dispatcher op against the bare op, dist.all_reduce
+# (a communication library's Python API) against deepspeed.comm's.
+PEERS = ("cuda_p2p_op", "deepspeed", "deepspeed_comm")
 # DeepSpeed's shm kernels reduce these dtypes only; it leaves others untouched.
 DEEPSPEED_DTYPES = ("float32", "bfloat16", "float16")
 # Algorithms of the workspace collectives, forced one group at a time with --algos: the Options
@@ -451,12 +455,15 @@ def _peer_ops(cfg: dict, rank: int, n: int, group) -> dict:
         import io
 
         with contextlib.redirect_stdout(io.StringIO()):
-            from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
+            import deepspeed.comm as ds_comm
 
-            module = ShareMemCommBuilder().load(verbose=False)
-        module.initialize(n, rank)
+            # torch.distributed is initialised already (the default group is the cuda_p2p one),
+            # so DeepSpeed only wraps it, builds/loads its shm op and initialises it, as it does
+            # for its own users.
+            ds_comm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
         ds = torch.ops.deepspeed.inference_all_reduce_
         peers["deepspeed"] = lambda t: ds(t)
+        peers["deepspeed_comm"] = lambda t: ds_comm.inference_all_reduce(t)
     return peers
 
 
@@ -781,6 +788,12 @@ def add_derived(run: dict, memcpy_gbps: float) -> None:
                 op = peers["cuda_p2p_op"]
                 e["vs_deepspeed"]["op"] = ds["median_us"] / op["median_us"]
                 e["vs_deepspeed_ci95"]["op"] = speedup_ci(op["times_us"], ds["times_us"])
+            if "deepspeed_comm" in peers:
+                # Like for like: both libraries' Python communication APIs.
+                comm = peers["deepspeed_comm"]
+                e["vs_deepspeed"]["dist_vs_comm"] = comm["median_us"] / e["cuda_p2p"]["median_us"]
+                e["vs_deepspeed_ci95"]["dist_vs_comm"] = speedup_ci(e["cuda_p2p"]["times_us"],
+                                                                    comm["times_us"])
 
 
 SPEEDUP_COLORS = ["k", "tab:green", "tab:purple", "tab:orange", "tab:brown"]
@@ -903,36 +916,37 @@ def print_zero_copy_table(run: dict) -> None:
 
 
 def print_peer_table(run: dict) -> None:
-    """The all-reduce side by side: Gloo, DeepSpeed's shm op, cuda_p2p via dist.all_reduce and
-    via its dispatcher op; ratios > 1 mean cuda_p2p is faster."""
+    """The all-reduce side by side: Gloo, DeepSpeed's shm op (bare, and through deepspeed.comm),
+    cuda_p2p via dist.all_reduce and via its dispatcher op; ratios > 1 mean cuda_p2p is faster:
+    op/op = bare op against bare op, api/api = dist.all_reduce against deepspeed.comm, ds/dist =
+    dist.all_reduce against DeepSpeed's bare op."""
     es = [e for e in run["results"] if e.get("peers")]
     if not es:
         return
     names = [p for p in PEERS if p in es[0]["peers"]]
-    ds = "deepspeed" in names
+    cols = [("gloo", lambda e: e["gloo"])]
+    if "deepspeed" in names:
+        cols.append(("ds op", lambda e: e["peers"]["deepspeed"]))
+    if "deepspeed_comm" in names:
+        cols.append(("ds.comm", lambda e: e["peers"]["deepspeed_comm"]))
+    cols.append(("p2p dist", lambda e: e["cuda_p2p"]))
+    if "cuda_p2p_op" in names:
+        cols.append(("p2p op", lambda e: e["peers"]["cuda_p2p_op"]))
+    ratios = [(label, key) for label, key in (("op/op", "op"), ("api/api", "dist_vs_comm"),
+                                              ("ds/dist", "dist"))
+              if key in es[0].get("vs_deepspeed", {})]
     print(f"\nworld_size={run['world_size']}  all_reduce side by side: median latency (us) of the "
           "slowest rank")
-    head = f"{'size':>10}{'gloo':>10}" + (f"{'deepspeed':>11}" if ds else "") + \
-        f"{'p2p dist':>10}" + (f"{'p2p op':>10}" if "cuda_p2p_op" in names else "")
-    if ds:
-        head += f"{'ds/dist':>9}{'95% CI':>14}"
-        if "cuda_p2p_op" in names:
-            head += f"{'ds/op':>9}{'95% CI':>14}"
+    head = f"{'size':>10}" + "".join(f"{c:>10}" for c, _ in cols) + \
+        "".join(f"{r:>9}{'95% CI':>14}" for r, _ in ratios)
     print(head)
     print("-" * len(head))
     for e in es:
-        p = e["peers"]
-        line = f"{fmt_size(e['bytes']):>10}{e['gloo']['median_us']:>10.1f}"
-        if ds:
-            line += f"{p['deepspeed']['median_us']:>11.1f}"
-        line += f"{e['cuda_p2p']['median_us']:>10.1f}"
-        if "cuda_p2p_op" in p:
-            line += f"{p['cuda_p2p_op']['median_us']:>10.1f}"
-        if ds:
-            for k in ("dist", "op"):
-                if k in e["vs_deepspeed"]:
-                    lo, hi = e["vs_deepspeed_ci95"][k]
-                    line += f"{e['vs_deepspeed'][k]:>8.2f}x{f'[{lo:.2f}, {hi:.2f}]':>14}"
+        line = f"{fmt_size(e['bytes']):>10}" + "".join(f"{get(e)['median_us']:>10.1f}"
+                                                        for _, get in cols)
+        for _, k in ratios:
+            lo, hi = e["vs_deepspeed_ci95"][k]
+            line += f"{e['vs_deepspeed'][k]:>8.2f}x{f'[{lo:.2f}, {hi:.2f}]':>14}"
         print(line)
 
 
@@ -1023,7 +1037,8 @@ def plot(runs: list[dict], memcpy: dict, path: Path, title: str) -> None:
                 ax_bw.plot(x, [e[name]["busbw_GBps"] for e in es], marker=m, color=colors[name],
                            alpha=0.9 if len(runs) == 1 else 0.5 + 0.5 * (k + 1) / len(runs),
                            label=lbl)
-            for name, color in (("deepspeed", "tab:green"), ("cuda_p2p_op", "tab:orange")):
+            for name, color in (("deepspeed", "tab:green"), ("deepspeed_comm", "tab:olive"),
+                                ("cuda_p2p_op", "tab:orange")):
                 pts = [(e["bytes"], e["peers"][name]["median_us"]) for e in es
                        if name in e.get("peers", {})]
                 if pts:
@@ -1225,8 +1240,15 @@ def main(argv=None) -> int:
           f"cache (256 KiB, best of {memcpy_in_cache['iters']}) {memcpy_in_cache['GBps']:.2f} GB/s "
           f"(median {memcpy_in_cache['median_GBps']:.2f})", file=sys.stderr, flush=True)
     peers = args.peers == "auto" and "all_reduce" in args.collectives and not args.aa
-    deepspeed = deepspeed_status(args.dtype) if peers else {"available": False,
-                                                             "reason": "--peers none"}
+    if not peers:
+        deepspeed = {"available": False, "reason": "--peers none"}
+    elif args.hosts > 1:
+        # Its shm all-reduce spans one host's ranks; on simulated hosts it would run as if the
+        # group were one host, which compares nothing.
+        deepspeed = {"available": False, "reason": "--hosts: DeepSpeed's shm all-reduce is "
+                                                   "for the ranks of one host"}
+    else:
+        deepspeed = deepspeed_status(args.dtype)
     if peers:
         print("[bench] DeepSpeed column: " + (f"DeepSpeed {deepspeed['version']} shm op"
               if deepspeed["available"] else f"off ({deepspeed['reason']})"),
@@ -1291,9 +1313,12 @@ def main(argv=None) -> int:
             "busbw": "algbw * factor: all_reduce 2(n-1)/n, all_gather & reduce_scatter (n-1)/n, "
                      "broadcast 1",
             "speedup": "gloo median latency / cuda_p2p median latency",
-            "peers": "all_reduce only: results[].peers.{cuda_p2p_op,deepspeed} timed like the "
-                     "backends; vs_deepspeed.{dist,op} = deepspeed median / cuda_p2p median "
-                     "(> 1: cuda_p2p faster), via dist.all_reduce and via the dispatcher op",
+            "peers": "all_reduce only: results[].peers.{cuda_p2p_op,deepspeed,deepspeed_comm} "
+                     "timed like the backends (deepspeed: its bare op; deepspeed_comm: "
+                     "deepspeed.comm.inference_all_reduce); > 1: cuda_p2p faster: "
+                     "vs_deepspeed.op = deepspeed / cuda_p2p_op, vs_deepspeed.dist_vs_comm = "
+                     "deepspeed_comm / cuda_p2p (dist.all_reduce), vs_deepspeed.dist = "
+                     "deepspeed / cuda_p2p",
             "memcpy": "bytes copied per second by one thread (torch copy_ of 64 MiB: out of "
                       "cache), best of 20; the %memcpy columns divide by it",
             "memcpy_in_cache": "the same for 256 KiB (in the L2), best of 200"},

@@ -114,9 +114,10 @@ def test_all_reduce_peer_columns(tmp_path):
         peers = entry["peers"]
         assert peers["cuda_p2p_op"]["median_us"] > 0
         assert ("deepspeed" in peers) == ds["available"], (peers.keys(), ds)
+        assert ("deepspeed_comm" in peers) == ds["available"], (peers.keys(), ds)
         assert entry["check"]["ok"], entry["check"]
         if ds["available"]:
-            assert set(entry["vs_deepspeed"]) == {"dist", "op"}
+            assert set(entry["vs_deepspeed"]) == {"dist", "op", "dist_vs_comm"}
     assert "side by side" in proc.stdout
 
 
