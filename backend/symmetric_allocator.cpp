@@ -118,6 +118,40 @@ int64_t HeapSegments::bytes() const {
   return n;
 }
 
+std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> make_pool_allocator(
+    std::shared_ptr<HeapSegments> segments, int device_index) {
+#ifdef CUDA_P2P_WITH_CUDA
+  // NOTE [Heap under a MemPool]: both functions own the segments, hence the heap's mapping.
+  auto allocate = [segments, device_index](size_t bytes, int dev, cudaStream_t) -> void* {
+    TORCH_CHECK(dev == device_index,
+                "cuda_p2p: the symmetric allocator of a group whose heap is on cuda:", device_index,
+                " was asked for memory on cuda:", dev,
+                "; create its torch.cuda.MemPool with cuda:", device_index,
+                " current (cuda_p2p.get_mem_pool does)");
+    return segments->allocate(bytes);
+  };
+  auto free = [segments](void* ptr, size_t, int dev, cudaStream_t) noexcept {
+    try {
+      int previous = -1;
+      if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
+      if (previous != dev) (void)cudaSetDevice(dev);
+      (void)cudaDeviceSynchronize();
+      if (previous >= 0 && previous != dev) (void)cudaSetDevice(previous);
+      (void)cudaGetLastError();
+      segments->free(ptr);
+    } catch (...) {
+      // Not a segment of this heap (never, from torch): nothing of the heap to give back.
+    }
+  };
+  return torch::cuda::CUDAPluggableAllocator::createCustomAllocator(allocate, free);
+#else
+  (void)segments;
+  (void)device_index;
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "cuda_p2p: a MemPool allocator needs a build with CUDA");
+  return nullptr;
+#endif
+}
+
 }  // namespace detail
 
 std::shared_ptr<detail::HeapSegments> ProcessGroupCudaP2P::heap_segments() {
@@ -134,38 +168,12 @@ ProcessGroupCudaP2P::symmetric_allocator() {
       ": torch has no allocator hook for CPU tensors; allocate CPU symmetric tensors with "
       "cuda_p2p.empty or under cuda_p2p.use_symmetric_memory (docs/collectives.md, "
       "\"Zero-copy symmetric tensors\")");
-#ifdef CUDA_P2P_WITH_CUDA
   auto segments = heap_segments();  // collective the first time: creates the heap
   std::lock_guard<std::mutex> lock(heap_mutex_);
-  if (symmetric_allocator_) return symmetric_allocator_;
-  // NOTE [Heap under a MemPool]: both functions own the segments, hence the heap's mapping.
-  const int index = device.index();
-  auto allocate = [segments, index](size_t bytes, int dev, cudaStream_t) -> void* {
-    TORCH_CHECK(
-        dev == index, "cuda_p2p: the symmetric allocator of a group whose heap is on cuda:", index,
-        " was asked for memory on cuda:", dev, "; create its torch.cuda.MemPool with cuda:", index,
-        " current (cuda_p2p.get_mem_pool does)");
-    return segments->allocate(bytes);
-  };
-  auto free = [segments](void* ptr, size_t, int dev, cudaStream_t) noexcept {
-    try {
-      int previous = -1;
-      if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
-      if (previous != dev) (void)cudaSetDevice(dev);
-      (void)cudaDeviceSynchronize();
-      if (previous >= 0 && previous != dev) (void)cudaSetDevice(previous);
-      (void)cudaGetLastError();
-      segments->free(ptr);
-    } catch (...) {
-      // Not a segment of this heap (never, from torch): nothing of the heap to give back.
-    }
-  };
-  symmetric_allocator_ = torch::cuda::CUDAPluggableAllocator::createCustomAllocator(allocate, free);
+  if (!symmetric_allocator_) {
+    symmetric_allocator_ = detail::make_pool_allocator(segments, device.index());
+  }
   return symmetric_allocator_;
-#else
-  TORCH_CHECK_NOT_IMPLEMENTED(false, "cuda_p2p symmetric_allocator: built without CUDA");
-  return nullptr;
-#endif
 }
 
 }  // namespace cuda_p2p

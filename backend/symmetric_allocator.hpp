@@ -12,6 +12,10 @@
 
 #include "p2p_workspace/symmetric_heap.hpp"
 
+namespace c10::cuda::CUDACachingAllocator {
+class CUDAAllocator;  // c10/cuda/CUDACachingAllocator.h (CUDA builds)
+}  // namespace c10::cuda::CUDACachingAllocator
+
 namespace cuda_p2p::detail {
 
 class HeapSegments {
@@ -39,5 +43,10 @@ class HeapSegments {
   mutable std::mutex mutex_;
   std::map<int64_t, int64_t> live_;  // offset -> bytes asked for
 };
+
+// A torch::cuda::CUDAPluggableAllocator whose functions own `segments` and serve requests for
+// GPU `device_index` (NOTE [Heap under a MemPool]); CUDA builds only (else it raises).
+std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> make_pool_allocator(
+    std::shared_ptr<HeapSegments> segments, int device_index);
 
 }  // namespace cuda_p2p::detail

@@ -403,6 +403,20 @@ PYBIND11_MODULE(_C, m) {
             return self.heap_segments();
           },
           "Test hook: the heap segments the MemPool allocator takes and returns (any device).")
+#ifdef CUDA_P2P_WITH_CUDA
+      .def(
+          "_heap_pool_allocator",
+          [](ProcessGroupCudaP2P& self) {
+            std::shared_ptr<cuda_p2p::detail::HeapSegments> segments;
+            {
+              py::gil_scoped_release release;
+              segments = self.heap_segments();
+            }
+            return py::cast(cuda_p2p::detail::make_pool_allocator(segments, -1));
+          },
+          "Test hook: a MemPool allocator over this group's heap on either device (never called "
+          "on the host: it lets the host tests check its type and that it keeps the heap mapped).")
+#endif
       .def(
           "ensure_symmetric_heap",
           [](ProcessGroupCudaP2P& self) {

@@ -424,6 +424,11 @@ def _segments_case(ctx):
     except RuntimeError as e:
         chk.case("second free message", "not a live segment" in str(e), str(e))
     chk.case("reused first fit", seg.allocate(1000) == p)
+    # A MemPool allocator over the heap (built with CUDA): torch's type, never called here.
+    alloc = b._heap_pool_allocator() if hasattr(b, "_heap_pool_allocator") else None
+    if alloc is not None:
+        chk.case("torch's allocator type", isinstance(alloc, torch._C._cuda_CUDAAllocator),
+                 f"{type(alloc)}")
     # The group goes; the segments (what a MemPool's allocator holds) keep the heap mapped.
     del t
     dist.destroy_process_group(g)
@@ -433,6 +438,10 @@ def _segments_case(ctx):
     seg.free(p)
     del seg
     gc.collect()
+    if alloc is not None:
+        chk.case("the allocator keeps it mapped", _mapped_memfd(p))
+        del alloc
+        gc.collect()
     deadline = time.monotonic() + 20  # the peers' unmapping (NOTE [Block lifetime])
     while _mapped_memfd(p) and time.monotonic() < deadline:
         time.sleep(0.05)
