@@ -30,9 +30,11 @@ namespace cuda_p2p {
 // torch/cuda/memory.py):
 //
 //  * A MemPool is a private pool of the caching allocator of the device current at its creation,
-//    and the pool holds a shared_ptr to its allocator. use_mem_pool(pool, device) sends the
-//    calling thread's allocations on that device to the pool until the block ends; other threads
-//    and devices are not affected.
+//    and the pool holds a shared_ptr to its allocator (since at::cuda::MemPool takes a shared_ptr,
+//    early 2026; before, a raw pointer, and a pool tensor outliving both the group and its pool
+//    would reach a freed allocator there). use_mem_pool(pool, device) sends the calling thread's
+//    allocations on that device to the pool until the block ends; other threads and devices are
+//    not affected.
 //  * An allocation in the pool is served from the pool's cached free blocks when one fits
 //    (blocks are split; sizes rounded to 512 B). Else the caching allocator asks for a new
 //    segment: raw_alloc(size) calls the allocation function with (size, current device, current
@@ -60,7 +62,8 @@ namespace cuda_p2p {
 //    a user's): no segment is ever freed under a live tensor, none is returned to an unmapped
 //    heap, and the heap's block is freed only after the group, its cuda_p2p.empty tensors and the
 //    last pool over it with its segments are gone (then NOTE [Block lifetime] waits for the peers
-//    to unmap it).
+//    to unmap it; where the allocator is the heap's last holder, that wait - up to 10 s for a
+//    peer that keeps its mapping - runs inside torch's allocator, under its lock).
 //
 // Offsets are deterministic like the rest of the heap (NOTE [Symmetric heap]) as long as the
 // caching allocator decides alike on every rank: the same allocations and frees in the same order
