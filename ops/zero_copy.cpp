@@ -23,8 +23,7 @@ namespace cuda_p2p::ops::detail {
 //   1. Whether to try is decided from what every rank knows alike: the group has a heap (it is
 //      created collectively, by the first cuda_p2p.empty, at the same point of every rank's op
 //      sequence), the workspace is on the host (CUDA: below), and the sizes (all-reduce:
-//      two-shot). Groups
-//      without a heap never get here: they pay nothing.
+//      two-shot). Groups without a heap never get here: they pay nothing.
 //   2. begin_phase (the reuse guard), then the rank writes, in the header of its region, the heap
 //      offset of each of its inputs, or -1 for an input outside its heap (any ordinary tensor).
 //   3. The op's first phase barrier: it compares the op signatures (NOTE [Op signatures]) and
