@@ -35,7 +35,16 @@
 #include "p2p_workspace/symmetric_heap.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
 
+// The allocator type of torch.cuda.MemPool (c10/cuda/CUDACachingAllocator.h, CUDA builds only).
+namespace c10::cuda::CUDACachingAllocator {
+class CUDAAllocator;
+}  // namespace c10::cuda::CUDACachingAllocator
+
 namespace cuda_p2p {
+
+namespace detail {
+class HeapSegments;  // backend/symmetric_allocator.hpp
+}  // namespace detail
 
 class ProcessGroupCudaP2P : public c10d::Backend {
  public:
@@ -78,20 +87,40 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // The workspace, or null when it was disabled.
   SymmetricWorkspace* workspace() const { return workspace_.get(); }
 
-  // --- the symmetric heap (backend/symmetric_memory.cpp; docs/collectives.md, "Zero-copy
-  // symmetric tensors") ---
-  // Collective, once: creates the group's heap (Config::symmetric_heap_size bytes per rank,
-  // mapped into every peer). Later calls return at once. Raises when the workspace is
-  // unavailable, NotImplementedError on a CUDA workspace.
+  // --- the symmetric heap (backend/symmetric_memory.cpp, backend/symmetric_allocator.cpp;
+  // docs/collectives.md, "Zero-copy symmetric tensors") ---
+  // The device of the group's heap: its workspace's (the host, or the GPU the group was created
+  // on). Raises when the workspace is unavailable.
+  at::Device symmetric_device() const;
+  // Collective, once: creates the group's heap (Config::symmetric_heap_size bytes per rank on
+  // symmetric_device(), mapped into every peer). Later calls return at once. Raises when the
+  // workspace is unavailable, and on every rank when a rank cannot allocate its heap (an
+  // OutOfMemoryError when it ran out of memory); a later call tries again.
   void ensure_symmetric_heap();
   // Collective (ranks allocate in the same order to get the same offsets): a tensor of `sizes`
-  // and `dtype` in this rank's heap, whose block is freed when its storage dies.
-  at::Tensor symmetric_empty(at::IntArrayRef sizes, at::ScalarType dtype);
+  // and `dtype` in this rank's heap, whose block is freed when its storage dies. `device`, when
+  // given, must be symmetric_device() (a CUDA device without index: any index is taken as it).
+  at::Tensor symmetric_empty(at::IntArrayRef sizes, at::ScalarType dtype,
+                             std::optional<at::Device> device = std::nullopt);
   // The offset of `t`'s data (all its storage bytes from its data pointer on) in this rank's
-  // heap, or -1 when it is not in it (or there is no heap).
+  // heap, or -1 when it is not in it (another device, or no heap).
   int64_t symmetric_offset(const at::Tensor& t) const;
-  // {created, capacity, used_bytes, live_blocks, largest_free} of the heap (zeros before it).
+  // `t` (a tensor in this rank's heap) as rank `rank` holds it: a tensor of t's sizes, strides
+  // and dtype aliasing `rank`'s heap at t's offset, on this rank's mapping of it. Meaningful when
+  // the ranks allocated alike (equal offsets); it keeps the heap's mapping alive.
+  at::Tensor symmetric_peer_tensor(const at::Tensor& t, int64_t rank) const;
+  // {created, capacity, used_bytes, live_blocks, largest_free, segments, segment_bytes} of the
+  // heap (zeros before it): blocks count cuda_p2p.empty tensors and MemPool segments alike,
+  // segments those of the MemPool allocator (NOTE [Heap under a MemPool]).
   std::map<std::string, int64_t> symmetric_heap_info() const;
+  // CUDA: the allocator of a torch.cuda.MemPool whose segments are carved from this rank's heap
+  // (NOTE [Heap under a MemPool] in backend/symmetric_allocator.cpp); collective the first time
+  // (creates the heap), then the same allocator on every call. NotImplementedError on a host
+  // heap (torch has no allocator hook for CPU tensors) and in a build without CUDA.
+  std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> symmetric_allocator();
+  // The segments that allocator takes from the heap, on either device (collective the first
+  // time): for the host tests, which exercise the functions the allocator calls.
+  std::shared_ptr<detail::HeapSegments> heap_segments();
 
   // The group's configuration, resolved once from its Options and the environment.
   const Config& config() const { return config_; }
@@ -299,6 +328,11 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   mutable std::mutex heap_mutex_;
   std::unique_ptr<SymmetricWorkspace> heap_;
   std::shared_ptr<HeapAllocator> heap_allocator_;
+  // What the MemPool allocator's functions own (NOTE [Heap under a MemPool]); the allocator
+  // itself is created on the first symmetric_allocator().
+  std::shared_ptr<detail::HeapSegments> heap_segments_;
+  std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> symmetric_allocator_;
+  int heap_attempts_ = 0;  // NOTE [Heap creation attempts] in backend/symmetric_memory.cpp
 
   std::mutex pipeline_state_mutex_;
   std::shared_ptr<ops::pipeline::State> pipeline_state_;  // see pipeline_state()

@@ -157,8 +157,9 @@ const std::vector<Knob>& knobs() {
       {"cross_memory_min_bytes", "", "bytes", "64 KiB",
        "Smallest payload read copy-free when copy-free reads are on."},
       {"symmetric_heap_size", kSymmetricHeapSizeEnv, "bytes", "1 GiB",
-       "Bytes of each rank's symmetric heap (cuda_p2p.empty, use_symmetric_memory), mapped "
-       "sparsely on first use; it does not grow."},
+       "Bytes of each rank's symmetric heap (cuda_p2p.empty, use_symmetric_memory), created on "
+       "first use; host: a sparse mapping (touched pages cost memory); CUDA: committed device "
+       "memory, all of it at creation. It does not grow."},
       {"fused_min_flops", kFusedMinFlopsEnv, "int", "host: 8G; CUDA: 0",
        "The fused ops' \"auto\" runs the fused pipeline from this many GEMM flops per rank "
        "(2*M*N*K) on; below, the unfused workspace collective and matmul (K, M, G: 1024-based)."},

@@ -114,8 +114,11 @@ struct Config {
   ops::CollectiveConfig collective;
   bool cross_memory = false;            // offer copy-free reads
   std::string cross_memory_off_reason;  // the knob that turned them off ("" when on)
-  // Bytes of each rank's symmetric heap, created on the first cuda_p2p.empty of the group. A
-  // sparse mapping: only the pages that tensors touch cost memory, so the default is generous.
+  // Bytes of each rank's symmetric heap, created on the group's first cuda_p2p.empty or
+  // use_symmetric_memory. Host: a sparse mapping, only the pages tensors touch cost memory.
+  // CUDA: a cudaMalloc'd block, all of it committed at creation; the same 1 GiB default is
+  // NVSHMEM's default symmetric heap per GPU (NVSHMEM_SYMMETRIC_SIZE), 1.25% of an 80 GiB GPU,
+  // and a too-large size fails on every rank with an OutOfMemoryError naming this knob.
   int64_t symmetric_heap_size = kDefaultSymmetricHeapSize;
   static constexpr int64_t kDefaultSymmetricHeapSize = int64_t{1} << 30;
   // Options.fused_min_flops, else CUDA_P2P_FUSED_MIN_FLOPS; nullopt: fused_min_flops(device)

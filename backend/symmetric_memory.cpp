@@ -4,37 +4,69 @@
 #include <c10/util/Exception.h>
 #include <c10/util/safe_numerics.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <string>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <utility>
 
 #include "backend/ProcessGroupCudaP2P.hpp"
+#include "backend/symmetric_allocator.hpp"
 
 namespace cuda_p2p {
 
-void ProcessGroupCudaP2P::ensure_symmetric_heap() {
-  std::lock_guard<std::mutex> lock(heap_mutex_);
-  if (heap_) return;
+at::Device ProcessGroupCudaP2P::symmetric_device() const {
   TORCH_CHECK(is_p2p_available(),
               "cuda_p2p symmetric memory: expected a group with an available P2P workspace, but "
               "it is unavailable: ",
               p2p_unavailable_reason());
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      workspace_on_host(),
-      "cuda_p2p symmetric memory: the symmetric heap exists on the host (CPU tensors) only; "
-      "CUDA symmetric tensors are not implemented (docs/collectives.md, \"Zero-copy symmetric "
-      "tensors\")");
+  return workspace_->device().tensor_device();
+}
+
+// NOTE [Heap creation attempts]
+// A heap that cannot be created (a rank out of memory: NOTE [Allocation failures at rendezvous])
+// fails on every rank at once, so every rank counts the same attempts, and each attempt
+// rendezvous under a prefix of its own: a later one (after memory was freed) never reads a record
+// the failed one left in the store.
+void ProcessGroupCudaP2P::ensure_symmetric_heap() {
+  std::lock_guard<std::mutex> lock(heap_mutex_);
+  if (heap_) return;
+  const at::Device device = symmetric_device();
   WorkspaceOptions o = config_.workspace_options;
   o.buffer_size = config_.symmetric_heap_size;
   o.num_channels = 1;  // its pad is never signalled: the collectives synchronise on the workspace
   o.private_reads = false;
+  const std::string prefix = heap_attempts_ == 0
+                                 ? std::string("cuda_p2p/heap/")
+                                 : "cuda_p2p/heap/attempt" + std::to_string(heap_attempts_) + "/";
+  ++heap_attempts_;
   // Collective: every rank creates it at the same point of its op sequence (the first
-  // cuda_p2p.empty or use_symmetric_memory), so collective_state_.heap changes in step.
-  auto heap = std::make_unique<SymmetricWorkspace>(
-      c10::make_intrusive<c10d::PrefixStore>("cuda_p2p/heap/", store_), getRank(), getSize(),
-      workspace_->device_ptr(), o);
+  // cuda_p2p.empty, use_symmetric_memory or MemPool allocator), so collective_state_.heap
+  // changes in step. On CUDA the heap is committed device memory (a cudaMalloc'd block), on the
+  // host a sparse memfd mapping.
+  std::unique_ptr<SymmetricWorkspace> heap;
+  const auto context = [&] {
+    return "cuda_p2p symmetric memory: could not create the group's symmetric heap of " +
+           std::to_string(config_.symmetric_heap_size) + " bytes per rank on " + device.str() +
+           (device.is_cuda() ? " (committed device memory)" : "") + ": ";
+  };
+  try {
+    heap =
+        std::make_unique<SymmetricWorkspace>(c10::make_intrusive<c10d::PrefixStore>(prefix, store_),
+                                             getRank(), getSize(), workspace_->device_ptr(), o);
+  } catch (const c10::OutOfMemoryError& e) {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, context(), e.what_without_backtrace(),
+                     "; lower Options.symmetric_heap_size or CUDA_P2P_SYMMETRIC_HEAP_SIZE, or "
+                     "free memory first");
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, context(), e.what_without_backtrace(),
+                " (the size is Options.symmetric_heap_size or CUDA_P2P_SYMMETRIC_HEAP_SIZE)");
+  }
   TORCH_CHECK(heap->available(), "cuda_p2p symmetric memory: the heap could not be mapped: ",
               heap->unavailable_reason());
   heap_allocator_ = std::make_shared<HeapAllocator>(heap->buffer_size());
+  heap_segments_ = std::make_shared<detail::HeapSegments>(
+      heap_allocator_, heap->get_buffer(getRank(), {heap->buffer_size()}, at::kByte));
   {
     std::lock_guard<std::mutex> collective_lock(collective_mutex_);
     collective_state_.heap = heap.get();
@@ -42,7 +74,8 @@ void ProcessGroupCudaP2P::ensure_symmetric_heap() {
   heap_ = std::move(heap);
 }
 
-at::Tensor ProcessGroupCudaP2P::symmetric_empty(at::IntArrayRef sizes, at::ScalarType dtype) {
+at::Tensor ProcessGroupCudaP2P::symmetric_empty(at::IntArrayRef sizes, at::ScalarType dtype,
+                                                std::optional<at::Device> device) {
   TORCH_CHECK(!c10::isQIntType(dtype) && dtype != at::kComplexHalf,
               "cuda_p2p empty: expected a plain (non-quantized) dtype, got ", dtype);
   uint64_t numel = 1;
@@ -54,6 +87,12 @@ at::Tensor ProcessGroupCudaP2P::symmetric_empty(at::IntArrayRef sizes, at::Scala
   uint64_t nbytes = 0;
   TORCH_CHECK(!c10::mul_overflows(numel, static_cast<uint64_t>(c10::elementSize(dtype)), &nbytes),
               "cuda_p2p empty: the byte size of ", sizes, " x ", dtype, " overflows");
+  const at::Device expected = symmetric_device();
+  TORCH_CHECK_VALUE(!device || (device->type() == expected.type() &&
+                                (!device->has_index() || device->index() == expected.index())),
+                    "cuda_p2p empty: expected device ", expected,
+                    " (this group's symmetric heap lives on its workspace's device), got ",
+                    *device);
   ensure_symmetric_heap();
   const auto& alloc = heap_allocator_;
   const auto bytes = static_cast<int64_t>(std::min<uint64_t>(nbytes, INT64_MAX));
@@ -62,45 +101,72 @@ at::Tensor ProcessGroupCudaP2P::symmetric_empty(at::IntArrayRef sizes, at::Scala
               dtype, " needs ", bytes, " bytes, the largest free range holds ",
               alloc->largest_free(), " of its ", alloc->capacity(), " bytes (",
               alloc->live_blocks(),
-              " live tensors); the heap does not grow: raise Options.symmetric_heap_size or "
+              " live blocks); the heap does not grow: raise Options.symmetric_heap_size or "
               "CUDA_P2P_SYMMETRIC_HEAP_SIZE, or free symmetric tensors");
   // A byte view of the whole heap keeps its mapping alive as long as the tensor's storage.
   at::Tensor heap = heap_->get_buffer(getRank(), {heap_->buffer_size()}, at::kByte);
   void* data = static_cast<char*>(heap.data_ptr()) + *offset;
-  return at::from_blob(
-      data, sizes,
-      [alloc, heap, o = *offset](void*) mutable {
+  return at::for_blob(data, sizes)
+      .deleter([alloc, heap, o = *offset](void*) mutable {
         alloc->free(o);
         heap.reset();
-      },
-      at::TensorOptions().dtype(dtype).device(heap.device()));
+      })
+      .options(at::TensorOptions().dtype(dtype).device(heap.device()))
+      .target_device(heap.device())
+      .make_tensor();
 }
 
 int64_t ProcessGroupCudaP2P::symmetric_offset(const at::Tensor& t) const {
   std::lock_guard<std::mutex> lock(heap_mutex_);
-  if (!heap_ || !t.defined() || !t.device().is_cpu()) return -1;
-  const auto* base = static_cast<const char*>(heap_->buffer(getRank()));
-  const auto* p = static_cast<const char*>(t.data_ptr());
+  if (!heap_ || !t.defined() || !t.has_storage() || t.device() != heap_->device().tensor_device()) {
+    return -1;
+  }
+  const auto base = reinterpret_cast<uintptr_t>(heap_->buffer(getRank()));
+  const auto p = reinterpret_cast<uintptr_t>(t.data_ptr());
   const auto n = static_cast<int64_t>(t.storage().nbytes()) -
                  t.storage_offset() * static_cast<int64_t>(t.element_size());
-  if (p < base || p + std::max<int64_t>(n, 0) > base + heap_->buffer_size()) return -1;
-  return p - base;
+  const auto size = static_cast<uintptr_t>(heap_->buffer_size());
+  if (p < base || p - base > size ||
+      static_cast<uintptr_t>(std::max<int64_t>(n, 0)) > size - (p - base)) {
+    return -1;
+  }
+  return static_cast<int64_t>(p - base);
+}
+
+at::Tensor ProcessGroupCudaP2P::symmetric_peer_tensor(const at::Tensor& t, int64_t rank) const {
+  TORCH_CHECK_VALUE(rank >= 0 && rank < getSize(),
+                    "cuda_p2p symmetric_peer_tensor: rank must be in [0, ", getSize(), "), got ",
+                    rank);
+  const int64_t offset = symmetric_offset(t);
+  TORCH_CHECK_VALUE(offset >= 0,
+                    "cuda_p2p symmetric_peer_tensor: expected a tensor in this group's symmetric "
+                    "heap (cuda_p2p.empty, use_symmetric_memory), got one that is not in it");
+  const int64_t item = static_cast<int64_t>(t.element_size());
+  TORCH_CHECK_VALUE(offset % item == 0, "cuda_p2p symmetric_peer_tensor: the tensor's offset ",
+                    offset, " is not a multiple of its element size ", item);
+  int64_t span = 1;  // elements from the data pointer to the last one
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) == 0) span = 0;
+    if (span > 0) span += (t.size(d) - 1) * t.stride(d);
+  }
+  // symmetric_offset holds the data in the heap; the heap is never replaced once created.
+  return heap_->get_buffer(static_cast<int>(rank), {span}, t.scalar_type(), offset / item)
+      .as_strided(t.sizes(), t.strides());
 }
 
 std::map<std::string, int64_t> ProcessGroupCudaP2P::symmetric_heap_info() const {
   std::lock_guard<std::mutex> lock(heap_mutex_);
   if (!heap_) {
-    return {{"created", 0},
-            {"capacity", 0},
-            {"used_bytes", 0},
-            {"live_blocks", 0},
-            {"largest_free", 0}};
+    return {{"created", 0},      {"capacity", 0}, {"used_bytes", 0},   {"live_blocks", 0},
+            {"largest_free", 0}, {"segments", 0}, {"segment_bytes", 0}};
   }
   return {{"created", 1},
           {"capacity", heap_allocator_->capacity()},
           {"used_bytes", heap_allocator_->used_bytes()},
           {"live_blocks", heap_allocator_->live_blocks()},
-          {"largest_free", heap_allocator_->largest_free()}};
+          {"largest_free", heap_allocator_->largest_free()},
+          {"segments", heap_segments_->segments()},
+          {"segment_bytes", heap_segments_->bytes()}};
 }
 
 }  // namespace cuda_p2p

@@ -22,8 +22,8 @@ namespace cuda_p2p::ops::detail {
 //
 //   1. Whether to try is decided from what every rank knows alike: the group has a heap (it is
 //      created collectively, by the first cuda_p2p.empty, at the same point of every rank's op
-//      sequence), the workspace is on the host, and the sizes (all-reduce: two-shot). Groups
-//      without a heap never get here: they pay nothing.
+//      sequence), the workspace is on the host (CUDA: below), and the sizes (all-reduce:
+//      two-shot). Groups without a heap never get here: they pay nothing.
 //   2. begin_phase (the reuse guard), then the rank writes, in the header of its region, the heap
 //      offset of each of its inputs, or -1 for an input outside its heap (any ordinary tensor).
 //   3. The op's first phase barrier: it compares the op signatures (NOTE [Op signatures]) and
@@ -55,6 +55,21 @@ namespace cuda_p2p::ops::detail {
 //
 // The reductions use the staged path's kernel in rank order, so each element gets the bits the
 // staged direct reduce-scatter and two-shot all-reduce compute, and every rank the same bits.
+//
+// Host only. A CUDA group has a heap too (cuda_p2p.empty, use_symmetric_memory's MemPool), but
+// heap_usable is false there and its collectives stage heap inputs like any other: step 4 is a
+// decision the host takes by reading the W headers right after enqueueing the barrier (and each
+// header is written by a host memcpy in a host task). On the host the barrier has run by then
+// (the caller's stream runs inline); on a GPU it is only enqueued, the headers are device memory
+// (which neither memcpy may touch), and the host would read them before the peers wrote them -
+// unless it synchronised the stream on every op, the cost the workspace exists to avoid. A CUDA
+// version needs an agreement the host does not wait for: either a device-side one (a kernel reads
+// the offsets after the barrier and copies or reduces from each peer's heap or buffer - a
+// data-dependent source, so not cudaMemcpyAsync on the copy engine, whose pointers are fixed when
+// it is enqueued), or offsets every rank knows before it enqueues anything, e.g. carried in the op
+// signature as "my input is at offset o of my heap" and required equal (NOTE [Op signatures]; on
+// CUDA a disagreement surfaces only after the op ran, so a mismatch would be an error, not a
+// fallback). Neither is written.
 
 namespace {
 

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -243,6 +244,49 @@ struct PeerInfo {
     return p;
   }
 };
+
+// NOTE [Allocation failures at rendezvous]
+// A rank whose block cannot be allocated or exported (a symmetric heap larger than the GPU's free
+// memory, a growth beyond what the host can map) must not leave its peers waiting for its record
+// until the rendezvous times out. It publishes a failure record in place of its info, and every
+// rank, having read all records, raises the same error, naming each rank that failed and why: an
+// OutOfMemoryError when one of them ran out of memory, else a RuntimeError. Every rank took part
+// in the exchange, so the generation counts stay in step, and nothing was mapped: a growth keeps
+// the current generation mapped and usable, a construction fails on every rank. A failure record
+// is parsed as strictly as an info record (the store is not trusted); a forged one can only make
+// the ranks fail, which anyone who can write the store can do anyway.
+constexpr const char* kFailureVersion = "cuda_p2p-peer-failed-v1";
+constexpr size_t kMaxFailureReason = 1000;
+
+std::string failure_record(bool out_of_memory, const std::string& reason) {
+  std::string r = reason.substr(0, kMaxFailureReason);
+  for (auto& c : r) {
+    if (c < 0x20 || c > 0x7e) c = ' ';
+  }
+  if (r.empty()) r = "(no reason given)";
+  return std::string(kFailureVersion) + '\n' + (out_of_memory ? "oom" : "error") + '\n' + r + '\n';
+}
+
+// A rank's failure record: {out of memory, reason}; nullopt when `s` is not one (an info record,
+// which PeerInfo::parse then checks).
+std::optional<std::pair<bool, std::string>> parse_failure(const std::string& s, int rank) {
+  const std::string head = std::string(kFailureVersion) + '\n';
+  if (s.rfind(head, 0) != 0) return std::nullopt;
+  const size_t kind_end = s.find('\n', head.size());
+  const size_t reason_end = kind_end == std::string::npos ? kind_end : s.find('\n', kind_end + 1);
+  const std::string kind =
+      kind_end == std::string::npos ? "" : s.substr(head.size(), kind_end - head.size());
+  const std::string reason =
+      reason_end == std::string::npos ? "" : s.substr(kind_end + 1, reason_end - kind_end - 1);
+  const bool valid =
+      reason_end != std::string::npos && reason_end + 1 == s.size() &&
+      (kind == "oom" || kind == "error") && !reason.empty() && reason.size() <= kMaxFailureReason &&
+      std::all_of(reason.begin(), reason.end(), [](char c) { return c >= 0x20 && c <= 0x7e; });
+  TORCH_CHECK(valid, "cuda_p2p: rank ", rank,
+              "'s workspace failure record in the store is invalid; was it written by another "
+              "job or process? (NOTE [Workspace records])");
+  return std::make_pair(kind == "oom", reason);
+}
 
 // Publishes `value` under prefix/<rank> and returns every rank's value, in rank order: an
 // all-gather over the store, read back in one multiGet (one round trip on a TCPStore), as c10d's
@@ -556,18 +600,48 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
   me.device = device_->name();
   me.device_index = device_->device_index();
   me.block_size = static_cast<int64_t>(block_bytes);
-  auto local = device_->allocate(block_bytes);
-  auto exporter = device_->export_block(local, world_size_ - 1);
-  me.handle = exporter->handle();
+  // NOTE [Allocation failures at rendezvous]
+  std::shared_ptr<Block> local;
+  std::unique_ptr<BlockExporter> exporter;
+  std::string record;
+  try {
+    local = device_->allocate(block_bytes);
+    exporter = device_->export_block(local, world_size_ - 1);
+    me.handle = exporter->handle();
+  } catch (const c10::OutOfMemoryError& e) {
+    record = failure_record(/*out_of_memory=*/true, e.what_without_backtrace());
+  } catch (const c10::Error& e) {
+    record = failure_record(/*out_of_memory=*/false, e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    record = failure_record(/*out_of_memory=*/false, e.what());
+  }
   me.probe_addr = reinterpret_cast<uint64_t>(&probe_token_);
   me.probe_token = probe_token_;
   me.uuid = device_->device_uuid();
   me.cpus = cpu_mask();
+  if (record.empty()) record = me.serialize();
 
   std::vector<PeerInfo> peers;
   {
     const auto records =
-        exchange(*store_, prefix + "info/", rank_, world_size_, me.serialize(), options_.timeout);
+        exchange(*store_, prefix + "info/", rank_, world_size_, record, options_.timeout);
+    std::ostringstream failed;
+    int failures = 0;
+    bool out_of_memory = false;
+    for (int r = 0; r < world_size_; ++r) {
+      if (const auto f = parse_failure(records[r], r)) {
+        failed << (failures++ ? "; " : "") << "rank " << r << ": " << f->second;
+        out_of_memory = out_of_memory || f->first;
+      }
+    }
+    if (failures > 0) {
+      const std::string what = "cuda_p2p: workspace rendezvous: " + std::to_string(failures) +
+                               " of " + std::to_string(world_size_) + " ranks could not allocate " +
+                               "their block of " + std::to_string(block_bytes) + " bytes (" +
+                               failed.str() + ")";
+      TORCH_CHECK_WITH(OutOfMemoryError, !out_of_memory, what);
+      TORCH_CHECK(false, what);
+    }
     for (int r = 0; r < world_size_; ++r) peers.push_back(PeerInfo::parse(records[r], r));
   }
 

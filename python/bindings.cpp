@@ -6,7 +6,12 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#ifdef CUDA_P2P_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
 #include "backend/ProcessGroupCudaP2P.hpp"
+#include "backend/symmetric_allocator.hpp"
 #include "ops/pipeline_common.hpp"
 #include "p2p_workspace/host/host_device.hpp"
 
@@ -289,8 +294,9 @@ PYBIND11_MODULE(_C, m) {
                               *v);
             o.symmetric_heap_size = v;
           },
-          "Bytes of each rank's symmetric heap (cuda_p2p.empty), mapped sparsely on first use; it "
-          "does not grow (None: CUDA_P2P_SYMMETRIC_HEAP_SIZE, else 1 GiB).")
+          "Bytes of each rank's symmetric heap (cuda_p2p.empty, use_symmetric_memory): on the host "
+          "a sparse mapping, on CUDA committed device memory; it does not grow (None: "
+          "CUDA_P2P_SYMMETRIC_HEAP_SIZE, else 1 GiB).")
       .def_property(
           "inline_all_reduce", [](const Options& o) { return o.inline_all_reduce; },
           [](Options& o, std::optional<bool> v) { o.inline_all_reduce = v; },
@@ -363,12 +369,54 @@ PYBIND11_MODULE(_C, m) {
           "seconds (default: the group's timeout).")
       .def(
           "symmetric_empty",
-          [](ProcessGroupCudaP2P& self, std::vector<int64_t> sizes, at::ScalarType dtype) {
+          [](ProcessGroupCudaP2P& self, std::vector<int64_t> sizes, at::ScalarType dtype,
+             std::optional<at::Device> device) {
             py::gil_scoped_release release;
-            return self.symmetric_empty(sizes, dtype);
+            return self.symmetric_empty(sizes, dtype, device);
           },
-          py::arg("sizes"), py::arg("dtype"),
+          py::arg("sizes"), py::arg("dtype"), py::arg("device") = py::none(),
           "Collective: a tensor in this rank's symmetric heap (use cuda_p2p.empty).")
+      .def("symmetric_device", &ProcessGroupCudaP2P::symmetric_device,
+           "The device of the group's symmetric heap: its workspace's (cpu, or the GPU the group "
+           "was created on).")
+      .def(
+          "symmetric_allocator",
+          [](ProcessGroupCudaP2P& self) -> py::object {
+            std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> allocator;
+            {
+              py::gil_scoped_release release;
+              allocator = self.symmetric_allocator();
+            }
+#ifdef CUDA_P2P_WITH_CUDA
+            return py::cast(allocator);  // torch registers it: torch._C._cuda_CUDAAllocator
+#else
+            return py::none();  // not reached: symmetric_allocator raises without CUDA
+#endif
+          },
+          "Collective the first time (creates the heap): the allocator of a torch.cuda.MemPool "
+          "whose segments are carved from this rank's symmetric heap (CUDA groups; use "
+          "cuda_p2p.get_mem_pool).")
+      .def(
+          "_heap_segments",
+          [](ProcessGroupCudaP2P& self) {
+            py::gil_scoped_release release;
+            return self.heap_segments();
+          },
+          "Test hook: the heap segments the MemPool allocator takes and returns (any device).")
+#ifdef CUDA_P2P_WITH_CUDA
+      .def(
+          "_heap_pool_allocator",
+          [](ProcessGroupCudaP2P& self) {
+            std::shared_ptr<cuda_p2p::detail::HeapSegments> segments;
+            {
+              py::gil_scoped_release release;
+              segments = self.heap_segments();
+            }
+            return py::cast(cuda_p2p::detail::make_pool_allocator(segments, -1));
+          },
+          "Test hook: a MemPool allocator over this group's heap on either device (never called "
+          "on the host: it lets the host tests check its type and that it keeps the heap mapped).")
+#endif
       .def(
           "ensure_symmetric_heap",
           [](ProcessGroupCudaP2P& self) {
@@ -378,8 +426,13 @@ PYBIND11_MODULE(_C, m) {
           "Collective, once: creates the group's symmetric heap.")
       .def("symmetric_offset", &ProcessGroupCudaP2P::symmetric_offset, py::arg("tensor"),
            "The offset of the tensor's data in this rank's symmetric heap, or -1.")
+      .def("symmetric_peer_tensor", &ProcessGroupCudaP2P::symmetric_peer_tensor, py::arg("tensor"),
+           py::arg("rank"),
+           "`tensor` (in this rank's symmetric heap) as `rank` holds it: its sizes, strides and "
+           "dtype at the same offset of `rank`'s heap, aliasing this rank's mapping of it.")
       .def("symmetric_heap_info", &ProcessGroupCudaP2P::symmetric_heap_info,
-           "{created, capacity, used_bytes, live_blocks, largest_free} of the symmetric heap.")
+           "{created, capacity, used_bytes, live_blocks, largest_free, segments, segment_bytes} of "
+           "the symmetric heap (segments: those of its MemPool allocator, cached ones included).")
       .def("get_counters", &ProcessGroupCudaP2P::counters,
            "Which paths ran: {'all_reduce.one_shot': 3, 'all_reduce.wrapped': 1, ...}.")
       .def("reset_counters", &ProcessGroupCudaP2P::reset_counters)
@@ -461,6 +514,25 @@ PYBIND11_MODULE(_C, m) {
            "Collective: grows every rank's buffer to at least the largest nbytes requested.");
 
   bind_fused_pipelines(pg);
+
+  // What the MemPool allocator's functions call, for the host tests (tests/python/
+  // test_zero_copy.py): addresses as integers.
+  py::class_<cuda_p2p::detail::HeapSegments, std::shared_ptr<cuda_p2p::detail::HeapSegments>>(
+      m, "_HeapSegments")
+      .def(
+          "allocate",
+          [](cuda_p2p::detail::HeapSegments& self, size_t bytes) {
+            return reinterpret_cast<uintptr_t>(self.allocate(bytes));
+          },
+          py::arg("nbytes"))
+      .def(
+          "free",
+          [](cuda_p2p::detail::HeapSegments& self, uintptr_t ptr) {
+            self.free(reinterpret_cast<void*>(ptr));
+          },
+          py::arg("ptr"))
+      .def("segments", &cuda_p2p::detail::HeapSegments::segments)
+      .def("bytes", &cuda_p2p::detail::HeapSegments::bytes);
 
   // The symmetric heap's allocator alone, for its unit tests (tests/python/test_zero_copy.py).
   py::class_<cuda_p2p::HeapAllocator>(m, "_HeapAllocator")

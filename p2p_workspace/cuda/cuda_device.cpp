@@ -384,7 +384,24 @@ class CudaDevice : public Device {
     c10::cuda::CUDAGuard guard(index_);
     void* ptr = nullptr;
     // A plain cudaMalloc block (not the caching allocator): IPC handles cover whole allocations.
-    CUDA_P2P_CUDA_CHECK(cudaMalloc(&ptr, bytes));
+    cudaError_t err = cudaMalloc(&ptr, bytes);
+    if (err == cudaErrorMemoryAllocation) {
+      // What torch's caching allocator holds but does not use is given back first, as torch
+      // itself does before it reports an out-of-memory.
+      (void)cudaGetLastError();
+      c10::cuda::CUDACachingAllocator::emptyCache();
+      err = cudaMalloc(&ptr, bytes);
+    }
+    if (err == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      size_t free = 0, total = 0;
+      if (cudaMemGetInfo(&free, &total) != cudaSuccess) (void)cudaGetLastError();
+      // An OutOfMemoryError on every rank (NOTE [Allocation failures at rendezvous]).
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "cuda_p2p: cannot allocate a block of ", bytes,
+                       " bytes on ", name(), ": ", free, " of its ", total,
+                       " bytes are free (cudaMalloc: out of memory)");
+    }
+    CUDA_P2P_CUDA_CHECK(err);
     auto block = std::make_shared<CudaBlock>(ptr, bytes, /*imported=*/false, index_);
     // Zeroed in the order of the device's own stream, then waited for: the block is published
     // (and read by any stream, here or in a peer) only after this returns.

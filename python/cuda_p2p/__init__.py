@@ -16,7 +16,7 @@ from ._backend import (
     is_cuda_p2p_group,
 )
 from ._collectives import all_gather_v, all_reduce_
-from ._symmetric import empty, is_symmetric, use_symmetric_memory
+from ._symmetric import empty, get_mem_pool, is_symmetric, use_symmetric_memory
 from . import _autograd  # noqa: F401  (registers the fused ops' backward formulas)
 from ._async_tp import async_tp, disable_async_tp, enable_async_tp, is_async_tp_enabled
 
@@ -26,6 +26,7 @@ __all__ = [
     "all_gather_v",
     "all_reduce_",
     "empty",
+    "get_mem_pool",
     "is_symmetric",
     "use_symmetric_memory",
     "async_tp",

@@ -1,24 +1,28 @@
-"""Symmetric tensors: ``cuda_p2p.empty`` and ``use_symmetric_memory`` (docs/collectives.md,
-"Zero-copy symmetric tensors").
+"""Symmetric tensors: ``cuda_p2p.empty``, ``use_symmetric_memory`` and ``get_mem_pool``
+(docs/collectives.md, "Zero-copy symmetric tensors").
 
-A group's symmetric heap is a region per rank that every peer maps (host shared memory). A tensor
-allocated in it lives at the same offset on every rank when the ranks allocate in the same order,
-and the workspace collectives read such inputs straight from their owners' heaps instead of
-staging them (counters ``all_gather.zero_copy``, ``reduce_scatter.zero_copy``,
-``all_reduce.zero_copy``). The heap exists for CPU tensors only; CUDA raises NotImplementedError.
+A group's symmetric heap is a region per rank that every peer maps, on the group's workspace
+device: host shared memory, or a CUDA IPC block on the group's GPU. A tensor allocated in it lives
+at the same offset on every rank when the ranks allocate in the same order. On the host, the
+workspace collectives read such inputs straight from their owners' heaps instead of staging them
+(counters ``all_gather.zero_copy``, ``reduce_scatter.zero_copy``, ``all_reduce.zero_copy``); on
+CUDA they stage them as any other tensor (the zero-copy agreement reads the peers' offsets on the
+host). The CUDA part (a ``torch.cuda.MemPool`` over the heap) is written and compiled but has never
+run on a GPU; scripts/gpu_check.sh runs its tests.
 """
 
 from __future__ import annotations
 
 import contextlib
 import numbers
+import weakref
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ._backend import get_cuda_p2p_backend
+from ._backend import _resolve, get_cuda_p2p_backend
 
-__all__ = ["empty", "use_symmetric_memory", "is_symmetric"]
+__all__ = ["empty", "use_symmetric_memory", "is_symmetric", "get_mem_pool"]
 
 
 def _sizes(size) -> list[int]:
@@ -47,34 +51,47 @@ def _backend_for(group, what: str):
     return backend
 
 
-def _check_device(device, what: str) -> None:
+def _check_device(backend, device, what: str) -> torch.device:
+    """The heap's device, after checking that ``device`` (None: the heap's) names it."""
+    expected = backend.symmetric_device()
     if device is None:
-        return
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        raise NotImplementedError(
-            f"cuda_p2p.{what}: symmetric CUDA tensors are not implemented (the heap exists on "
-            "the host only; docs/collectives.md, 'Zero-copy symmetric tensors')"
+        return expected
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"cuda_p2p.{what}: expected device {expected}, got {device!r} ({e})") \
+            from None
+    given = repr(device)
+    if dev.type == "cuda" and dev.index is None and expected.type == "cuda":
+        dev = torch.device("cuda", torch.cuda.current_device())  # torch's meaning of "cuda"
+        given += f" (the current device, {dev})"
+    if dev != expected:
+        where = ("the GPU this group was created on" if expected.type == "cuda" else
+                 "the host: the group has no CUDA backend")
+        raise ValueError(
+            f"cuda_p2p.{what}: expected device {expected}, got {given}: this group's "
+            f"symmetric heap lives on its workspace's device, {where}"
         )
-    if dev.type != "cpu":
-        raise ValueError(f"cuda_p2p.{what}: expected device 'cpu' (or None), got {device!r}")
+    return dev
 
 
 def empty(*size, dtype=None, device=None, group=None) -> torch.Tensor:
     """A tensor of ``size`` in ``group``'s symmetric heap (default group when None).
 
-    Collective: every rank of the group calls it, in the same order relative to the group's other
-    ``empty`` calls and collectives; the first call creates the heap. The memory is uninitialised
-    (like ``torch.empty``) and returns to the heap when the tensor's storage dies.
+    ``device`` (None: the heap's) must be the heap's device: ``cpu`` on a group whose workspace is
+    on the host, the group's GPU on a group created with CUDA. Collective: every rank of the
+    group calls it, in the same order relative to the group's other ``empty`` calls and
+    collectives; the first call creates the heap. The memory is uninitialised (like
+    ``torch.empty``) and returns to the heap when the tensor's storage dies.
     """
     sizes = _sizes(size)
     if dtype is None:
         dtype = torch.get_default_dtype()
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"cuda_p2p.empty: expected a torch.dtype, got {dtype!r}")
-    _check_device(device, "empty")
     backend = _backend_for(group, "empty")
-    return backend.symmetric_empty(sizes, dtype)
+    dev = _check_device(backend, device, "empty")
+    return backend.symmetric_empty(sizes, dtype, dev)
 
 
 def is_symmetric(tensor: torch.Tensor, group=None) -> bool:
@@ -167,19 +184,65 @@ class _SymmetricMode(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+# The MemPool of each CUDA group (get_mem_pool), dropped with the group's ProcessGroup object:
+# per-group state kept beside torch's own registry of groups, never shared by two groups.
+_pools: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def get_mem_pool(group=None) -> "torch.cuda.MemPool":
+    """The ``torch.cuda.MemPool`` over ``group``'s symmetric heap (default group when None).
+
+    Only for a group whose workspace is on a GPU (NotImplementedError otherwise: torch has no
+    memory-pool hook for CPU tensors). Collective the first time (creates the heap); then the same
+    pool, created on the group's device, for as long as the group lives. Under
+    ``torch.cuda.use_mem_pool(pool, device)`` (what ``use_symmetric_memory`` does) the calling
+    thread's CUDA allocations on that device are carved from the heap.
+    """
+    key = _resolve(group)
+    pool = _pools.get(key)
+    if pool is not None:
+        return pool
+    backend = _backend_for(key, "get_mem_pool")
+    dev = backend.symmetric_device()
+    if dev.type != "cuda":
+        raise NotImplementedError(
+            f"cuda_p2p.get_mem_pool: this group's symmetric heap is on {dev}: torch has no "
+            "memory-pool hook for CPU tensors; use cuda_p2p.empty or cuda_p2p.use_symmetric_memory "
+            "(docs/collectives.md, 'Zero-copy symmetric tensors')"
+        )
+    allocator = backend.symmetric_allocator()  # collective the first time: creates the heap
+    with torch.cuda.device(dev):  # a MemPool belongs to the device current at its creation
+        pool = torch.cuda.MemPool(allocator)
+    _pools[key] = pool
+    return pool
+
+
 @contextlib.contextmanager
 def use_symmetric_memory(group=None):
-    """Inside the block, CPU tensors made by ``torch.empty``, ``zeros``, ``ones``, ``full`` and
-    their ``*_like`` forms are allocated in ``group``'s symmetric heap (default group when None).
+    """Inside the block, new tensors are allocated in ``group``'s symmetric heap (default group
+    when None). Collective: entering creates the heap if needed, and allocations inside are
+    symmetric only when every rank makes the same ones in the same order.
 
-    Collective: entering creates the heap if needed, and allocations inside are symmetric only
-    when every rank makes the same ones in the same order. Not covered (they stay on torch's
-    allocator): the outputs of other operations (``a @ b``, ``x + 1``, ``torch.randn``,
-    ``torch.arange``, ...), calls with ``out=``, ``pin_memory=True`` or another layout, and
-    ``*_like`` of non-contiguous tensors with ``preserve_format``. A group whose workspace is on
-    CUDA raises NotImplementedError.
+    On a group whose workspace is on a GPU, the block runs under ``torch.cuda.use_mem_pool`` with
+    the group's ``get_mem_pool`` for the group's device: every CUDA allocation of this thread on
+    that device through torch's caching allocator (factories, the outputs of operations, torch's
+    own buffers) is carved from the heap; it yields the pool. A dead tensor's memory stays cached
+    in the pool for later allocations in it, not returned to the heap.
+
+    On the host, torch has no allocator hook for CPU tensors: CPU tensors made by ``torch.empty``,
+    ``zeros``, ``ones``, ``full`` and their ``*_like`` forms are redirected by a
+    ``TorchFunctionMode`` (yielded). Not covered (they stay on torch's allocator): the outputs of
+    other operations (``a @ b``, ``x + 1``, ``torch.randn``, ``torch.arange``, ...), calls with
+    ``out=``, ``pin_memory=True`` or another layout, and ``*_like`` of non-contiguous tensors with
+    ``preserve_format``.
     """
     backend = _backend_for(group, "use_symmetric_memory")
+    dev = backend.symmetric_device()
+    if dev.type == "cuda":
+        pool = get_mem_pool(group)  # collective the first time
+        with torch.cuda.use_mem_pool(pool, device=dev):
+            yield pool
+        return
     backend.ensure_symmetric_heap()  # collective, so that no allocation inside has to be
     mode = _SymmetricMode(group)
     with mode:

@@ -84,6 +84,26 @@ TEST(WorkspaceRecords, MalformedRecordsAreRefusedNamingTheRank) {
   expect_refused(record(5, "16384"), "rank 1 has a 16384-byte block");
 }
 
+// NOTE [Allocation failures at rendezvous]: a rank that could not allocate its block publishes a
+// failure record; every rank raises naming it (an OutOfMemoryError for "oom"), and a malformed
+// one is refused like a malformed info record.
+TEST(WorkspaceRecords, AFailedRankIsNamedAndAMalformedFailureRefused) {
+  const std::string head = "cuda_p2p-peer-failed-v1\n";
+  const std::string failed = "1 of 2 ranks could not allocate their block of 8192 bytes (rank 1: ";
+  expect_refused(head + "error\nno memfd for you\n", failed + "no memfd for you)");
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  store->set("cuda_p2p/workspace/1/info/1", bytes(head + "oom\ncudaMalloc: out of memory\n"));
+  EXPECT_THROW(SymmetricWorkspace(store, 0, 2, make_host_device(), short_timeout()),
+               c10::OutOfMemoryError);
+  const std::string invalid = "rank 1's workspace failure record in the store is invalid";
+  expect_refused(head + "fatal\nwhy\n", invalid);      // unknown kind
+  expect_refused(head + "oom\n\n", invalid);           // no reason
+  expect_refused(head + "oom\nwhy\nmore\n", invalid);  // an extra line
+  expect_refused(head + "oom\nwhy", invalid);          // not newline-terminated
+  expect_refused(head + "oom\n\x1b[2J\n", invalid);    // not printable
+  expect_refused(head + "oom\n" + std::string(1001, 'x') + "\n", invalid);  // too long
+}
+
 TEST(WorkspaceRecords, AWellFormedRecordOfAStrangerIsNeverMapped) {
   // The handle names a socket nobody serves (pid 12345 is not whoever might listen there): the
   // mapping fails, and the workspace is off with a reason naming the rank - never half-mapped.

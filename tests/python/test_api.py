@@ -120,6 +120,22 @@ def test_api_before_init_process_group():
         cuda_p2p.get_cuda_p2p_backend("not a group")
 
 
+def test_symmetric_memory_api_surface():
+    """The symmetric-memory API (docs/collectives.md, "Zero-copy symmetric tensors"), CUDA parts
+    included, exists on every machine; here, before init_process_group, it says what is missing."""
+    for name in ("empty", "use_symmetric_memory", "is_symmetric", "get_mem_pool"):
+        assert name in cuda_p2p.__all__ and callable(getattr(cuda_p2p, name)), name
+    for name in ("symmetric_device", "symmetric_empty", "symmetric_offset", "symmetric_heap_info",
+                 "symmetric_allocator", "symmetric_peer_tensor", "ensure_symmetric_heap"):
+        assert callable(getattr(cuda_p2p.ProcessGroupCudaP2P, name, None)), name
+    for fn in (cuda_p2p.get_mem_pool, lambda: cuda_p2p.empty(3, device="cuda"),
+               lambda: cuda_p2p.use_symmetric_memory().__enter__()):
+        with pytest.raises(RuntimeError, match="init_process_group"):
+            fn()
+    if torch.version.cuda is not None:  # what symmetric_allocator() returns, registered by torch
+        assert isinstance(torch._C._cuda_CUDAAllocator, type)
+
+
 def test_backend_is_registered():
     assert "cuda_p2p" in dist.Backend.backend_list
     assert dist.Backend("cuda_p2p") == "cuda_p2p"

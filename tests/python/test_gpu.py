@@ -85,9 +85,9 @@ def _device() -> torch.device:
     return torch.device("cuda", dist.get_rank() % torch.cuda.device_count())
 
 
-def _group(key, backend=NONCCL, opt_in=True, timeout=None, **options):
-    """A group over all ranks (cached by key; collective on first use)."""
-    if key in _groups:
+def _group(key, backend=NONCCL, opt_in=True, timeout=None, cached=True, **options):
+    """A group over all ranks (cached by key unless not ``cached``; collective on first use)."""
+    if cached and key in _groups:
         return _groups[key]
     torch.cuda.set_device(_device())
     o = ProcessGroupCudaP2P.Options()
@@ -102,16 +102,18 @@ def _group(key, backend=NONCCL, opt_in=True, timeout=None, **options):
         os.environ.pop(OPT_IN_ENV, None)
     try:
         kw = {"timeout": timeout} if timeout is not None else {}
-        _groups[key] = dist.new_group(backend=backend, pg_options=o, **kw)
+        group = dist.new_group(backend=backend, pg_options=o, **kw)
     finally:
         if old is None:
             os.environ.pop(OPT_IN_ENV, None)
         else:
             os.environ[OPT_IN_ENV] = old
-    b = cuda_p2p.get_cuda_p2p_backend(_groups[key])
+    if cached:
+        _groups[key] = group
+    b = cuda_p2p.get_cuda_p2p_backend(group)
     if not b.is_p2p_available():
         raise AssertionError(f"workspace unavailable on {_device()}: {b.p2p_unavailable_reason()}")
-    return _groups[key]
+    return group
 
 
 def _input(seed, rank, n, dtype, op=None):
@@ -505,6 +507,197 @@ def check_routing_default(ctx, backend):
 
 
 # ---------------------------------------------------------------------------------------------
+# rank side: the symmetric heap on the GPU (docs/collectives.md, "Zero-copy symmetric tensors";
+# NOTE [Heap under a MemPool] in backend/symmetric_allocator.cpp)
+
+HEAP = 64 << 20  # per rank: room for a few 20 MiB pool segments (4 ranks on one GPU: 256 MiB)
+
+
+def _all_ranks(ctx, value):
+    """Every rank's ``value``, in rank order (over the Gloo reference group)."""
+    out = [None] * ctx.world_size
+    dist.all_gather_object(out, value, group=ctx.gloo)
+    return out
+
+
+def _settle(ctx):
+    """Every rank's GPU work done and every rank here: peers may read, or writers go on."""
+    torch.cuda.synchronize()
+    dist.barrier(group=ctx.gloo)
+
+
+def check_symmetric_tensors(ctx):
+    """cuda_p2p.empty and use_symmetric_memory on the GPU: tensors in the heap at equal offsets,
+    read by peers through their mappings, collectives on them (staged, right results), and two
+    groups with a heap and a pool each."""
+    W, rank, dev = ctx.world_size, ctx.rank, _device()
+    g = _group(("heap",), buffer_size=BUFFER, symmetric_heap_size=HEAP)
+    b = cuda_p2p.get_cuda_p2p_backend(g)
+    chk = Checker(f"symmetric tensors W={W}")
+    chk.case("heap device", b.symmetric_device() == dev, f"{b.symmetric_device()}")
+    # cuda_p2p.empty: "cuda" (the current device, the group's) and None (the heap's device).
+    t = cuda_p2p.empty(1000, dtype=torch.float32, device="cuda", group=g)
+    u = cuda_p2p.empty((3, 5), dtype=torch.int32, group=g)
+    chk.case("empty device", t.device == dev and u.device == dev, f"{t.device} {u.device}")
+    offs = [b.symmetric_offset(t), b.symmetric_offset(u)]
+    every = _all_ranks(ctx, offs)
+    chk.case("empty offsets", 0 <= offs[0] < offs[1] and all(o == offs for o in every), f"{every}")
+    info = b.symmetric_heap_info()
+    chk.case("heap info", info["created"] == 1 and info["capacity"] == HEAP, f"{info}")
+    for bad in ("cpu", torch.device("cuda", dev.index + 1)):
+        try:
+            cuda_p2p.empty(4, device=bad, group=g)
+            chk.case(f"device {bad} raises", False)
+        except ValueError as e:
+            chk.case(f"device {bad} message", f"expected device {dev}" in str(e), str(e))
+    t.copy_(_input(1, rank, 1000, torch.float32).to(dev))
+    _settle(ctx)
+    for q in range(W):  # through this rank's IPC mapping of q's heap
+        peer = b.symmetric_peer_tensor(t, q)
+        chk.case(f"peer {q} reads", peer.device == dev and
+                 torch.equal(peer.cpu(), _input(1, q, 1000, torch.float32)), "differs")
+    _settle(ctx)
+
+    # use_symmetric_memory: torch's own CUDA allocations come from the heap (the group's MemPool).
+    pool = cuda_p2p.get_mem_pool(g)
+    chk.case("pool cached", cuda_p2p.get_mem_pool(g) is pool)
+    with cuda_p2p.use_symmetric_memory(g) as entered:
+        x = torch.empty(4096, device=dev)  # 16 KiB: a 2 MiB segment
+        y = torch.zeros(300000, device=dev)  # 1.2 MB: a 20 MiB segment
+        x.copy_(_input(2, rank, 4096, torch.float32).to(dev))
+        z = x * 2 + 1  # the output of an operation
+    after = torch.empty(16, device=dev)
+    chk.case("yields the pool", entered is pool)
+    for name, v in (("empty", x), ("zeros", y), ("op output", z)):
+        chk.case(f"{name} in the heap", v.device == dev and cuda_p2p.is_symmetric(v, g),
+                 f"offset {b.symmetric_offset(v)}")
+    chk.case("zeros", torch.count_nonzero(y).item() == 0, "not zero")
+    chk.case("after the block", not cuda_p2p.is_symmetric(after, g), "in the heap")
+    offs = [b.symmetric_offset(v) for v in (x, y, z)]
+    every = _all_ranks(ctx, offs)
+    chk.case("pool offsets equal", all(o == offs for o in every), f"{every}")
+    _settle(ctx)
+    for q in range(W):
+        want = _input(2, q, 4096, torch.float32) * 2 + 1
+        got = b.symmetric_peer_tensor(z, q).cpu()
+        chk.case(f"pool peer {q}", torch.equal(got, want), "differs")
+    _settle(ctx)
+    info = b.symmetric_heap_info()
+    chk.case("segments", info["segments"] >= 2 and info["segment_bytes"] >= 22 << 20, f"{info}")
+    del x, y, z
+    torch.cuda.synchronize()
+    chk.case("the pool keeps dead tensors' segments",
+             b.symmetric_heap_info()["segments"] == info["segments"], f"{b.symmetric_heap_info()}")
+
+    # Collectives on heap tensors: right results, staged (the zero-copy path is host-only).
+    b.reset_counters()
+    n = 5000
+    with cuda_p2p.use_symmetric_memory(g):
+        ar = _input(3, rank, n, torch.float32).to(dev)
+        ag_out = torch.empty(n * W, device=dev)
+        rs_in = _input(4, rank, n * W, torch.float32).to(dev)
+        rs_out = torch.empty(n, device=dev)
+        bc = _input(5, rank, n, torch.float32).to(dev)
+    chk.case("collective tensors in the heap", all(
+        cuda_p2p.is_symmetric(v, g) for v in (ar, ag_out, rs_in, rs_out, bc)), "not all")
+    dist.all_reduce(ar, group=g)
+    dist.all_gather_into_tensor(ag_out, bc, group=g)
+    dist.reduce_scatter_tensor(rs_out, rs_in, group=g)
+    dist.broadcast(bc, src=0, group=g)
+    torch.cuda.synchronize()
+    chk.case("all_reduce", torch.equal(
+        ar.cpu(), _reduce_math("SUM", [_input(3, r, n, torch.float32) for r in range(W)])), "")
+    chk.case("all_gather", torch.equal(
+        ag_out.cpu(), torch.cat([_input(5, r, n, torch.float32) for r in range(W)])), "")
+    full = _reduce_math("SUM", [_input(4, r, n * W, torch.float32) for r in range(W)])
+    chk.case("reduce_scatter", torch.equal(rs_out.cpu(), full[rank * n:(rank + 1) * n]), "")
+    chk.case("broadcast", torch.equal(bc.cpu(), _input(5, 0, n, torch.float32)), "")
+    c = _counters(g)
+    chk.case("staged on the workspace", c and not any(
+        k.endswith((".wrapped", ".zero_copy")) for k in c), f"{c}")
+
+    # A second group: its own heap and pool, its tensors in neither of the other's.
+    g2 = _group(("heap2",), buffer_size=BUFFER, symmetric_heap_size=HEAP)
+    pool2 = cuda_p2p.get_mem_pool(g2)
+    chk.case("a pool per group", pool2 is not pool and pool2.id != pool.id, f"{pool2.id}")
+    with cuda_p2p.use_symmetric_memory(g2):
+        w = torch.ones(100, device=dev)
+    chk.case("own heaps", cuda_p2p.is_symmetric(w, g2) and not cuda_p2p.is_symmetric(w, g)
+             and cuda_p2p.is_symmetric(t, g) and not cuda_p2p.is_symmetric(t, g2), "mixed")
+    _settle(ctx)
+    return chk.result()
+
+
+def check_symmetric_heap_limits(ctx):
+    """A full heap is an OutOfMemoryError naming the knobs (cuda_p2p.empty: RuntimeError), a heap
+    larger than the GPU fails on every rank at once, and destroying the group frees its heap."""
+    import gc
+
+    W, rank, dev = ctx.world_size, ctx.rank, _device()
+    chk = Checker(f"heap limits W={W}")
+    g = _group(("heap_small",), buffer_size=BUFFER, symmetric_heap_size=32 << 20)
+    b = cuda_p2p.get_cuda_p2p_backend(g)
+    try:
+        cuda_p2p.empty(40 << 20, dtype=torch.uint8, device=dev, group=g)
+        chk.case("empty beyond the heap raises", False)
+    except RuntimeError as e:
+        chk.case("empty full message", "symmetric heap is full" in str(e), str(e))
+    with cuda_p2p.use_symmetric_memory(g):
+        a = torch.empty(4 << 20, dtype=torch.uint8, device=dev)  # a 20 MiB segment
+        try:
+            # 18 MiB: more than the 16 MiB left in a's segment, so a new 18 MiB segment, and
+            # 12 MiB of the heap are free.
+            torch.empty(18 << 20, dtype=torch.uint8, device=dev)
+            chk.case("pool beyond the heap raises", False)
+        except torch.OutOfMemoryError as e:
+            msg = str(e)
+            chk.case("pool full message", "symmetric heap is full" in msg and
+                     "CUDA_P2P_SYMMETRIC_HEAP_SIZE" in msg and "symmetric_heap_size" in msg, msg)
+        d = torch.ones(1 << 20, dtype=torch.uint8, device=dev)
+    chk.case("the pool works on", cuda_p2p.is_symmetric(a, g) and cuda_p2p.is_symmetric(d, g)
+             and d.sum().item() == 1 << 20, f"{b.symmetric_heap_info()}")
+    del a, d
+
+    # 64 TiB per rank: no GPU has it; every rank raises, nobody waits for a timeout.
+    huge = _group(("heap_huge",), buffer_size=BUFFER, symmetric_heap_size=1 << 46)
+    t0 = time.monotonic()
+    try:
+        cuda_p2p.empty(8, device=dev, group=huge)
+        chk.case("huge heap raises", False)
+    except torch.OutOfMemoryError as e:
+        msg = str(e)
+        chk.case("huge heap message", "could not create the group's symmetric heap" in msg and
+                 "committed device memory" in msg and "CUDA_P2P_SYMMETRIC_HEAP_SIZE" in msg, msg)
+    chk.case("huge heap fast", time.monotonic() - t0 < 60, f"{time.monotonic() - t0:.1f} s")
+    x = torch.ones(10, device=dev)
+    dist.all_reduce(x, group=huge)
+    chk.case("usable after", torch.equal(x.cpu(), torch.full((10,), float(W))), f"{x}")
+
+    # Destroying a group frees its heap: its cuda_p2p.empty block and its pool's segments.
+    size = 256 << 20
+    n_dev = torch.cuda.device_count()
+    sharing = sum(1 for r in range(W) if r % n_dev == rank % n_dev)  # ranks on this GPU
+    _settle(ctx)
+    free0 = torch.cuda.mem_get_info(dev)[0]
+    g3 = _group(("heap_freed",), cached=False, buffer_size=BUFFER, symmetric_heap_size=size)
+    t = cuda_p2p.empty(1 << 20, dtype=torch.uint8, device=dev, group=g3)
+    with cuda_p2p.use_symmetric_memory(g3):
+        y = torch.ones(1 << 20, device=dev)
+    _settle(ctx)
+    free1 = torch.cuda.mem_get_info(dev)[0]
+    chk.case("committed", free0 - free1 >= sharing * size, f"{free0 - free1} bytes")
+    del t, y
+    dist.destroy_process_group(g3)
+    del g3
+    gc.collect()
+    _settle(ctx)
+    free2 = torch.cuda.mem_get_info(dev)[0]
+    chk.case("freed with the group", free2 - free1 >= sharing * size * 9 // 10,
+             f"{free2 - free1} bytes back of {sharing * size}")
+    return chk.result()
+
+
+# ---------------------------------------------------------------------------------------------
 # parent side
 
 W_ALL = [1, 2, 3, 4]
@@ -559,6 +752,14 @@ def test_fused_matmul_reduce_scatter(gpu_world, algorithm):
 @pytest.mark.parametrize("W", [2, 4])  # one rank needs no peer's data, so nothing to grow
 def test_growth_and_rounds(W):
     _ok(conftest._world(W).run(check_growth_and_rounds))
+
+
+def test_symmetric_tensors(gpu_world):
+    _ok(gpu_world.run(check_symmetric_tensors))
+
+
+def test_symmetric_heap_limits(gpu_world):
+    _ok(gpu_world.run(check_symmetric_heap_limits))
 
 
 def test_get_p2p_buffer(gpu_world):

@@ -8,6 +8,8 @@ say whether the zero-copy path ran. The heap's allocator has unit tests of its o
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -297,6 +299,7 @@ def _heap_case(ctx):
     g = _group("small_heap", symmetric_heap_size=1 << 20)
     b = cuda_p2p.get_cuda_p2p_backend(g)
     chk.case("lazy", b.symmetric_heap_info()["created"] == 0)
+    chk.case("device", b.symmetric_device() == torch.device("cpu"), f"{b.symmetric_device()}")
     a = cuda_p2p.empty(1000, group=g)
     info = b.symmetric_heap_info()
     chk.case("created", info["created"] == 1 and info["capacity"] == 1 << 20, f"{info}")
@@ -308,7 +311,7 @@ def _heap_case(ctx):
     chk.case("freed", b.symmetric_heap_info()["live_blocks"] == 0)
     c = cuda_p2p.empty(250, dtype=torch.float32, group=g)
     chk.case("reused", b.symmetric_offset(c) == off == 0, f"{b.symmetric_offset(c)} vs {off}")
-    d = cuda_p2p.empty((3, 5), dtype=torch.int16, group=g)
+    d = cuda_p2p.empty((3, 5), dtype=torch.int16, group=g, device="cpu")
     chk.case("shape/dtype", d.shape == (3, 5) and d.dtype == torch.int16 and d.is_contiguous())
     chk.case("aligned", b.symmetric_offset(d) % 256 == 0 and b.symmetric_offset(d) > 0)
     try:
@@ -320,17 +323,45 @@ def _heap_case(ctx):
     e = cuda_p2p.empty(1 << 18, dtype=torch.float32, group=g)  # exactly the whole heap
     chk.case("whole heap", b.symmetric_offset(e) == 0)
     del e
+    # A peer's copy of a symmetric tensor, read through this rank's mapping of its heap.
+    mine = _fill(cuda_p2p.empty((4, 6), dtype=torch.int32, group=g), ctx.rank, seed=3)
+    view = mine[1:, ::2]
+    dist.barrier(group=ctx.gloo)  # every rank has written its tensor
+    for q in range(ctx.world_size):
+        peer = b.symmetric_peer_tensor(view, q)
+        want = _values(q, 24, torch.int32, 3).view(4, 6)[1:, ::2]
+        chk.case(f"peer {q} tensor", peer.stride() == view.stride() and torch.equal(peer, want),
+                 f"{peer} vs {want}")
+    dist.barrier(group=ctx.gloo)  # nobody frees its tensor while a peer reads it
+    del mine, view, peer
     errors = [
         (lambda: cuda_p2p.empty(-1, group=g), ValueError, "sizes >= 0"),
         (lambda: cuda_p2p.empty(2.5, group=g), TypeError, "integers"),
         (lambda: cuda_p2p.empty(2, dtype="float32", group=g), TypeError, "torch.dtype"),
-        (lambda: cuda_p2p.empty(2, device="cuda", group=g), NotImplementedError, "CUDA"),
-        (lambda: cuda_p2p.empty(2, device="meta", group=g), ValueError, "expected device"),
+        # A host group's heap is on the host: CUDA tensors are a clear error naming both, raised
+        # before anything touches CUDA (there is no GPU here).
+        (lambda: cuda_p2p.empty(2, device="cuda", group=g), ValueError,
+         "expected device cpu, got 'cuda'"),
+        (lambda: cuda_p2p.empty(2, device=torch.device("cuda", 1), group=g), ValueError,
+         "expected device cpu, got device(type='cuda', index=1)"),
+        (lambda: b.symmetric_empty([2], torch.float32, torch.device("cuda", 0)), ValueError,
+         "expected device cpu (this group's symmetric heap lives on its workspace's device), "
+         "got cuda:0"),
+        (lambda: cuda_p2p.empty(2, device="meta", group=g), ValueError, "expected device cpu"),
+        (lambda: cuda_p2p.empty(2, device="nonsense", group=g), ValueError, "expected device"),
+        # The MemPool allocator is CUDA's: a host heap has none.
+        (lambda: cuda_p2p.get_mem_pool(g), NotImplementedError, "no memory-pool hook"),
+        (lambda: b.symmetric_allocator(), NotImplementedError, "no allocator hook"),
         (lambda: cuda_p2p.empty(2, group=ctx.gloo), TypeError, "backend='cuda_p2p'"),
         (lambda: cuda_p2p.empty(2, group=g, dtype=torch.qint8), RuntimeError, "dtype"),
+        (lambda: b.symmetric_peer_tensor(torch.ones(3), 0), ValueError,
+         "expected a tensor in this group's symmetric heap"),
+        (lambda: b.symmetric_peer_tensor(cuda_p2p.empty(3, group=g), ctx.world_size), ValueError,
+         "rank must be in [0, "),
     ]
     off = _group("no_workspace", enable_workspace=False)
     errors.append((lambda: cuda_p2p.empty(2, group=off), RuntimeError, "unavailable"))
+    errors.append((lambda: cuda_p2p.get_mem_pool(off), RuntimeError, "unavailable"))
     errors.append((lambda: cuda_p2p.use_symmetric_memory(off).__enter__(), RuntimeError,
                    "unavailable"))
     for fn, exc, text in errors:
@@ -345,6 +376,151 @@ def _heap_case(ctx):
 def test_heap_lifetime_and_errors(world2):
     for failures in world2.run(_heap_case):
         assert not failures, failures
+
+
+def _mapped_memfd(address):
+    """Whether ``address`` lies in one of this process's memfd mappings of ours."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= address < hi:
+                return "memfd:cuda_p2p" in line
+    return False
+
+
+def _segments_case(ctx):
+    """What the MemPool allocator's functions do (NOTE [Heap under a MemPool]), on the host heap:
+    segments share the heap's first-fit allocator with cuda_p2p.empty, are counted by
+    symmetric_heap_info, a full heap is a torch.OutOfMemoryError naming the knobs, and the
+    segments keep the heap mapped after the group is gone."""
+    import gc
+
+    chk = Checker()
+    g = dist.new_group(backend="cuda_p2p", pg_options=_options(symmetric_heap_size=1 << 20))
+    b = cuda_p2p.get_cuda_p2p_backend(g)
+    seg = b._heap_segments()  # collective: creates the heap
+    p = seg.allocate(300000)
+    t = cuda_p2p.empty(10, group=g)
+    off = b.symmetric_offset(t)
+    chk.case("segment at the heap's start", off == 300032 and t.data_ptr() - p == off,
+             f"tensor at offset {off}, {t.data_ptr() - p} bytes after the segment")
+    info = b.symmetric_heap_info()
+    chk.case("counted", info["segments"] == 1 and info["segment_bytes"] == 300000
+             and info["live_blocks"] == 2 and info["used_bytes"] == 300032 + 256, f"{info}")
+    try:
+        seg.allocate(1 << 20)
+        chk.case("a full heap raises", False)
+    except torch.OutOfMemoryError as e:
+        msg = str(e)
+        chk.case("full heap message", "symmetric heap is full" in msg and str(1 << 20) in msg
+                 and "Options.symmetric_heap_size" in msg
+                 and "CUDA_P2P_SYMMETRIC_HEAP_SIZE" in msg, msg)
+    seg.free(p)
+    info = b.symmetric_heap_info()
+    chk.case("freed", info["segments"] == 0 and info["live_blocks"] == 1, f"{info}")
+    try:
+        seg.free(p)
+        chk.case("a second free raises", False)
+    except RuntimeError as e:
+        chk.case("second free message", "not a live segment" in str(e), str(e))
+    chk.case("reused first fit", seg.allocate(1000) == p)
+    # A MemPool allocator over the heap (built with CUDA): torch's type, never called here.
+    alloc = b._heap_pool_allocator() if hasattr(b, "_heap_pool_allocator") else None
+    if alloc is not None:
+        chk.case("torch's allocator type", isinstance(alloc, torch._C._cuda_CUDAAllocator),
+                 f"{type(alloc)}")
+    # The group goes; the segments (what a MemPool's allocator holds) keep the heap mapped.
+    del t
+    dist.destroy_process_group(g)
+    del g, b
+    gc.collect()
+    chk.case("mapped while segments live", _mapped_memfd(p))
+    seg.free(p)
+    del seg
+    gc.collect()
+    if alloc is not None:
+        chk.case("the allocator keeps it mapped", _mapped_memfd(p))
+        del alloc
+        gc.collect()
+    deadline = time.monotonic() + 20  # the peers' unmapping (NOTE [Block lifetime])
+    while _mapped_memfd(p) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    chk.case("unmapped with the last segment user", not _mapped_memfd(p))
+    return chk.failures
+
+
+def test_heap_segments(world2):
+    for failures in world2.run(_segments_case):
+        assert not failures, failures
+
+
+def _destroyed_case(ctx):
+    """Destroying the group unmaps its heap once no tensor holds it."""
+    import gc
+
+    chk = Checker()
+    g = dist.new_group(backend="cuda_p2p", pg_options=_options(symmetric_heap_size=1 << 20))
+    t = cuda_p2p.empty(100, group=g)
+    base = t.data_ptr() - cuda_p2p.get_cuda_p2p_backend(g).symmetric_offset(t)
+    dist.destroy_process_group(g)
+    del g
+    gc.collect()
+    chk.case("a tensor keeps it mapped", _mapped_memfd(base))
+    del t
+    gc.collect()
+    deadline = time.monotonic() + 20
+    while _mapped_memfd(base) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    chk.case("unmapped", not _mapped_memfd(base))
+    return chk.failures
+
+
+def test_heap_freed_with_the_group(world2):
+    for failures in world2.run(_destroyed_case):
+        assert not failures, failures
+
+
+def _too_large_case(ctx):
+    """A rank that cannot allocate its heap (rank 0 asks for 256 TiB: more than the address
+    space) fails every rank at once, naming it (NOTE [Allocation failures at rendezvous]); the
+    group stays usable and a second attempt fails the same way instead of hanging."""
+    W, me = ctx.world_size, ctx.rank
+    chk = Checker()
+    size = (1 << 48) if me == 0 else (1 << 20)
+    g = dist.new_group(backend="cuda_p2p", pg_options=_options(symmetric_heap_size=size))
+    b = cuda_p2p.get_cuda_p2p_backend(g)
+    for attempt in range(2):
+        t0 = time.monotonic()
+        try:
+            cuda_p2p.empty(10, group=g)
+            chk.case(f"attempt {attempt} raises", False)
+        except RuntimeError as e:
+            msg = str(e)
+            chk.case(f"attempt {attempt} message",
+                     "could not create the group's symmetric heap" in msg
+                     and f"{size} bytes per rank" in msg
+                     and "1 of " + str(W) + " ranks could not allocate" in msg
+                     and "rank 0: " in msg and "symmetric_heap_size" in msg, msg)
+        chk.case(f"attempt {attempt} fast", time.monotonic() - t0 < 20,
+                 f"{time.monotonic() - t0:.1f} s")
+    chk.case("no heap", b.symmetric_heap_info()["created"] == 0)
+    x = torch.full((5,), float(me))
+    dist.all_reduce(x, group=g)
+    chk.case("still usable", torch.equal(x, torch.full((5,), float(sum(range(W))))), f"{x}")
+    dist.destroy_process_group(g)
+    return chk.failures
+
+
+def test_heap_too_large_fails_on_every_rank(world2):
+    for failures in world2.run(_too_large_case):
+        assert not failures, failures
+
+
+def _options(**options):
+    o = cuda_p2p.ProcessGroupCudaP2P.Options()
+    for k, v in options.items():
+        setattr(o, k, v)
+    return o
 
 
 def _context_case(ctx):
