@@ -113,8 +113,10 @@ at::Tensor& all_reduce__functionalize(at::Tensor& tensor, c10::string_view reduc
 }  // namespace cuda_p2p
 
 TORCH_LIBRARY_FRAGMENT(cuda_p2p, m) {
-  m.def("all_reduce_(Tensor(a!) tensor, str reduce_op, str group_name) -> Tensor(a!)");
-  m.def("all_reduce(Tensor tensor, str reduce_op, str group_name) -> Tensor");
+  // Defaults: a sum over the default group, called with no strings (NOTE [The default group's
+  // name] in backend/dispatcher_group.cpp).
+  m.def("all_reduce_(Tensor(a!) tensor, str reduce_op=\"sum\", str group_name=\"\") -> Tensor(a!)");
+  m.def("all_reduce(Tensor tensor, str reduce_op=\"sum\", str group_name=\"\") -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(cuda_p2p, CPU, m) {

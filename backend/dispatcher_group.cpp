@@ -4,37 +4,76 @@
 
 #include <array>
 #include <memory>
+#include <mutex>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <utility>
 
 namespace cuda_p2p {
 namespace {
 
+// How errors name a group: "" is the default group (NOTE [The default group's name]).
+std::string describe(std::string_view requested, const std::string& group_name) {
+  return requested.empty() ? "the default group ('" + group_name + "', group_name '')"
+                           : "group '" + group_name + "'";
+}
+
 c10::intrusive_ptr<c10d::ProcessGroup> resolve_group(const std::string& group_name,
-                                                     const char* op) {
+                                                     std::string_view requested, const char* op) {
   try {
     return c10d::resolve_process_group(group_name);
   } catch (const std::exception& e) {
-    TORCH_CHECK(false, "cuda_p2p ", op, ": no process group named '", group_name,
-                "' (pass group.group_name of a group created with backend='cuda_p2p'): ", e.what());
+    TORCH_CHECK(false, "cuda_p2p ", op, ": no process group named '", group_name, "'",
+                requested.empty()
+                    ? " (group_name '' meant the default group, recorded under that name "
+                      "when it was created and destroyed since)"
+                    : "",
+                " (pass group.group_name of a group created with backend='cuda_p2p'): ", e.what());
   }
+}
+
+// NOTE [The default group's name]
+// The dispatcher ops take group_name="" for the default group, so that `op(t)` - the call of a
+// model whose tensor parallelism spans the world - passes no strings: each string argument costs
+// about 0.1 us in the dispatcher's Python binding, a twentieth of an 8 B all-reduce
+// (docs/collectives.md, "The dispatcher op"). torch keeps its default group in Python
+// (distributed_c10d's _world), out of reach of a C++ kernel, so the backend's creator records
+// the name of a cuda_p2p group created while no default group exists - torch's default group
+// being created - here. A process-wide record, as torch's default group is process-wide; groups
+// side by side are unaffected (they are named).
+// A stale record (the default group destroyed, a non-cuda_p2p default group created after it) is
+// harmless: its name resolves to no group, or to a group the checks below reject with an error
+// that says "" meant the default group.
+std::mutex default_group_mutex;
+std::string default_group_name;  // under default_group_mutex; "" until a default group exists
+
+std::string recorded_default_group_name(const char* op) {
+  std::string name;
+  {
+    std::lock_guard<std::mutex> lock(default_group_mutex);
+    name = default_group_name;
+  }
+  TORCH_CHECK(!name.empty(), "cuda_p2p ", op,
+              ": group_name '' means the default group, but no default group was created with "
+              "backend='cuda_p2p' (pass group.group_name of a cuda_p2p group)");
+  return name;
 }
 
 c10::intrusive_ptr<ProcessGroupCudaP2P> resolve_uncached(std::string_view name,
                                                          c10::DeviceType device_type,
                                                          const char* op) {
-  const std::string group_name(name);
-  auto group = resolve_group(group_name, op);
+  const std::string group_name = name.empty() ? recorded_default_group_name(op) : std::string(name);
+  auto group = resolve_group(group_name, name, op);
   c10::intrusive_ptr<c10d::Backend> backend;
   try {
     backend = group->getBackend(device_type);
   } catch (const std::exception& e) {
-    TORCH_CHECK(false, "cuda_p2p ", op, ": group '", group_name, "' has no backend for ",
+    TORCH_CHECK(false, "cuda_p2p ", op, ": ", describe(name, group_name), " has no backend for ",
                 c10::DeviceTypeName(device_type), " tensors: ", e.what());
   }
   TORCH_CHECK(dynamic_cast<ProcessGroupCudaP2P*>(backend.get()) != nullptr, "cuda_p2p ", op,
-              ": expected a group created with backend='cuda_p2p', but group '", group_name,
-              "' runs ", backend ? backend->getBackendName() : std::string("no backend"), " for ",
+              ": expected a group created with backend='cuda_p2p', but ",
+              describe(name, group_name), " runs ",
+              backend ? backend->getBackendName() : std::string("no backend"), " for ",
               c10::DeviceTypeName(device_type), " tensors");
   return c10::static_intrusive_pointer_cast<ProcessGroupCudaP2P>(std::move(backend));
 }
@@ -66,8 +105,13 @@ thread_local size_t cache_next = 0;  // the entry a miss replaces (round robin)
 
 }  // namespace
 
+void set_default_group_name(const std::string& group_name) {
+  std::lock_guard<std::mutex> lock(default_group_mutex);
+  default_group_name = group_name;
+}
+
 int64_t resolve_group_size(const std::string& group_name, const char* op) {
-  return resolve_group(group_name, op)->getSize();
+  return resolve_group(group_name, group_name, op)->getSize();
 }
 
 c10::intrusive_ptr<ProcessGroupCudaP2P> resolve_backend(std::string_view group_name,

@@ -444,8 +444,15 @@ def _peer_ops(cfg: dict, rank: int, n: int, group) -> dict:
         return peers
     op = getattr(torch.ops.cuda_p2p, "all_reduce_", None)
     if op is not None:
-        name = group.group_name
-        peers["cuda_p2p_op"] = lambda t: op(t, "sum", name)
+        import torch.distributed as dist
+
+        if group is dist.group.WORLD:
+            # As a user of the default group calls it: no strings, the cheapest call (reduce_op
+            # "sum" and group_name "" by default; docs/collectives.md, "The dispatcher op").
+            peers["cuda_p2p_op"] = lambda t: op(t)
+        else:
+            name = group.group_name
+            peers["cuda_p2p_op"] = lambda t: op(t, "sum", name)
     if cfg["deepspeed"]:
         # Its segments are named after MASTER_ADDR/PORT: a port of this run's own, removed by the
         # launcher afterwards (DeepSpeed never unlinks them).

@@ -11,6 +11,7 @@
 #endif
 
 #include "backend/ProcessGroupCudaP2P.hpp"
+#include "backend/dispatcher_group.hpp"
 #include "backend/symmetric_allocator.hpp"
 #include "ops/pipeline_common.hpp"
 #include "p2p_workspace/host/host_device.hpp"
@@ -544,6 +545,10 @@ PYBIND11_MODULE(_C, m) {
       .def("live_blocks", &cuda_p2p::HeapAllocator::live_blocks)
       .def("largest_free", &cuda_p2p::HeapAllocator::largest_free)
       .def("free_ranges", &cuda_p2p::HeapAllocator::free_ranges);
+
+  m.def("_set_default_group_name", &cuda_p2p::set_default_group_name, py::arg("group_name"),
+        "Records the name of torch's default group, a cuda_p2p group being created: the dispatcher "
+        "ops' group_name '' (NOTE [The default group's name] in backend/dispatcher_group.cpp).");
 
   m.def(
       "_config_knobs",

@@ -45,7 +45,8 @@ _REDUCE_OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
 def all_reduce_(tensor: torch.Tensor, op="sum", group=None) -> torch.Tensor:
     """All-reduces ``tensor`` in place over ``group`` and returns it, without a ``Work``.
 
-    ``torch.ops.cuda_p2p.all_reduce_(tensor, reduce_op, group_name)`` underneath: a dispatcher
+    ``torch.ops.cuda_p2p.all_reduce_(tensor, reduce_op="sum", group_name="")`` underneath (``""``:
+    the default group; the op called with no strings is the cheapest call): a dispatcher
     op, called the way vLLM's custom all-reduce and DeepSpeed's ``inference_all_reduce_`` are,
     that skips ``torch.distributed``'s Python layer. It runs the workspace all-reduce that
     ``dist.all_reduce`` runs (same algorithms, same counters ``all_reduce.one_shot`` /

@@ -2,11 +2,14 @@
 down-cast backend, as a user of get_cuda_p2p_backend does), checking after each destroy that the
 default group still works, then destroy the default group. Then a new default group takes the
 old one's name while the old backend is still held, and the dispatcher op called by that name must
-run on the new group (NOTE [Group lookup cache] in backend/dispatcher_group.cpp). Exit code 0 when
-every rank finished; a deadlock is turned into exit code 1 by a per-iteration watchdog."""
+run on the new group (NOTE [Group lookup cache] in backend/dispatcher_group.cpp), as must the op
+called with group_name "" (the default group: NOTE [The default group's name]); with no default
+group, or a Gloo one, "" raises an error that says so. Exit code 0 when every rank finished; a
+deadlock is turned into exit code 1 by a per-iteration watchdog."""
 
 import faulthandler
 import socket
+from contextlib import ExitStack
 import sys
 
 import torch
@@ -17,7 +20,16 @@ import torch.multiprocessing as mp
 WATCHDOG_S = 10
 
 
-def rank_main(rank, world, port, port2, iters):
+def _expect_error(fn, *texts):
+    try:
+        fn()
+    except RuntimeError as e:
+        assert all(t in str(e) for t in texts), (texts, str(e))
+        return
+    raise AssertionError(f"no error (expected one with {texts})")
+
+
+def rank_main(rank, world, port, port2, port3, iters):
     import cuda_p2p
 
     dist.init_process_group(
@@ -49,8 +61,13 @@ def rank_main(rank, world, port, port2, iters):
     t = torch.ones(5)
     torch.ops.cuda_p2p.all_reduce_(t, "sum", old_name)
     assert torch.equal(t, torch.full((5,), float(world))), t
+    torch.ops.cuda_p2p.all_reduce_(t)  # "": the default group, cached too
+    assert torch.equal(t, torch.full((5,), float(world * world))), t
     old_count = old.get_counters().get("all_reduce.one_shot", 0)
     dist.destroy_process_group()
+    # No default group now: the recorded name resolves to nothing.
+    _expect_error(lambda: torch.ops.cuda_p2p.all_reduce_(torch.ones(2)),
+                  f"no process group named '{old_name}'", "meant the default group")
     dist.init_process_group(
         "cuda_p2p", init_method=f"tcp://127.0.0.1:{port2}", rank=rank, world_size=world
     )
@@ -60,16 +77,34 @@ def rank_main(rank, world, port, port2, iters):
     t = torch.full((5,), float(rank + 1))
     torch.ops.cuda_p2p.all_reduce_(t, "sum", new_name)
     assert torch.equal(t, torch.full((5,), float(world * (world + 1) // 2))), t
-    assert new.get_counters().get("all_reduce.one_shot", 0) == 1, new.get_counters()
+    t = torch.full((5,), float(rank + 1))
+    torch.ops.cuda_p2p.all_reduce_(t)  # "" finds the new default group, not the cached old one
+    assert torch.equal(t, torch.full((5,), float(world * (world + 1) // 2))), t
+    assert new.get_counters().get("all_reduce.one_shot", 0) == 2, new.get_counters()
     assert old.get_counters().get("all_reduce.one_shot", 0) == old_count, old.get_counters()
     del old
     print(f"rank {rank}: a reused group name resolves to the new group", flush=True)
     dist.destroy_process_group()
+    # A Gloo default group with a cuda_p2p subgroup: "" is refused, naming the default group and
+    # its backend; the subgroup's name works.
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port3}", rank=rank, world_size=world
+    )
+    sub = dist.new_group(backend="cuda_p2p")
+    _expect_error(lambda: torch.ops.cuda_p2p.all_reduce_(torch.ones(2)),
+                  "the default group", "backend='cuda_p2p'", "gloo")
+    t = torch.ones(4)
+    torch.ops.cuda_p2p.all_reduce_(t, "sum", sub.group_name)
+    assert torch.equal(t, torch.full((4,), float(world))), t
+    print(f"rank {rank}: group_name '' names the default group", flush=True)
+    dist.destroy_process_group(sub)
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    with socket.socket() as s, socket.socket() as s2:
-        s.bind(("127.0.0.1", 0))
-        s2.bind(("127.0.0.1", 0))
-        port, port2 = s.getsockname()[1], s2.getsockname()[1]
-    mp.spawn(rank_main, args=(2, port, port2, int(sys.argv[1])), nprocs=2)
+    with ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(3)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        ports = [s.getsockname()[1] for s in socks]
+    mp.spawn(rank_main, args=(2, *ports, int(sys.argv[1])), nprocs=2)

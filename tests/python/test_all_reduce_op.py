@@ -209,6 +209,37 @@ def check_errors(ctx):
     return {"cases": len(cases) + 3, "failures": failures}
 
 
+def check_defaults(ctx):
+    """reduce_op="sum" and group_name="" (the default group) when left out: the same sums as Gloo,
+    counted on the default group's backend, also when a cuda_p2p subgroup exists."""
+    import cuda_p2p
+
+    me, W = ctx.rank, ctx.world_size
+    backend = cuda_p2p.get_cuda_p2p_backend(dist.group.WORLD)
+    sub = dist.new_group([0, 1], backend="cuda_p2p") if W > 2 else None
+    failures = []
+    for n, dtype in ((1, torch.float32), (1023, torch.bfloat16), (300_001, torch.int64)):
+        # Integers in [-30, 30]: every sum is exact in each dtype, whatever the order.
+        x = (cc.make_input(7 + n, me, n, torch.int64, "SUM") % 61 - 30).to(dtype)
+        ref = x.clone()
+        dist.all_reduce(ref, group=ctx.gloo)
+        before = sum(_counts(backend).values())
+        a = x.clone()
+        if torch.ops.cuda_p2p.all_reduce_(a) is not a:
+            failures.append(f"n={n}: all_reduce_ did not return its input")
+        b = torch.ops.cuda_p2p.all_reduce(x)
+        c = x.clone()
+        torch.ops.cuda_p2p.all_reduce_(c, "sum")
+        for label, got in (("all_reduce_(t)", a), ("all_reduce(t)", b), ("all_reduce_(t, sum)", c)):
+            if not torch.equal(got, ref):
+                failures.append(f"{dtype} n={n} {label}: differs from Gloo")
+        if sum(_counts(backend).values()) - before < 3:
+            failures.append(f"n={n}: the default group's counters did not move: {_counts(backend)}")
+    if sub is not None:
+        dist.destroy_process_group(sub)
+    return {"cases": 9, "failures": failures}
+
+
 def check_compile(ctx):
     """torch.compile(fullgraph=True) traces both ops (Meta kernel + functionalization)."""
     import cuda_p2p
@@ -234,9 +265,15 @@ def check_compile(ctx):
     def functional(x):
         return torch.ops.cuda_p2p.all_reduce(x * 3, "max", name) - 1
 
+    def defaults(x):  # reduce_op and group_name left out: a sum over the default group
+        y = x + 1
+        torch.ops.cuda_p2p.all_reduce_(y)
+        return torch.ops.cuda_p2p.all_reduce(y * 2)
+
     x = torch.randn(5, 8, generator=torch.Generator().manual_seed(me))
     w = torch.randn(8, 3, generator=torch.Generator().manual_seed(100))
-    for label, fn, args in (("in place", layer, (x, w)), ("functional", functional, (x,))):
+    for label, fn, args in (("in place", layer, (x, w)), ("functional", functional, (x,)),
+                            ("defaults", defaults, (x,))):
         eager = fn(*[a.clone() for a in args])
         for backend in ("aot_eager", "inductor"):
             try:
@@ -253,7 +290,10 @@ def check_compile(ctx):
     expected = (sum(torch.relu(y) + 1 for _ in range(W)) / W) * 2
     if not torch.allclose(layer(x.clone(), w), expected, rtol=1e-4, atol=1e-4):
         failures.append("eager in-place layer differs from plain math")
-    return {"cases": 6, "failures": failures}
+    if not torch.allclose(defaults(x.clone()), sum(xi + 1 for xi in xs) * 2 * W, rtol=1e-4,
+                          atol=1e-4):
+        failures.append("eager defaults differ from plain math")
+    return {"cases": 9, "failures": failures}
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
@@ -272,6 +312,10 @@ def test_non_contiguous(world):
 
 def test_fallback_to_wrapped_backend(world3):
     assert_all_ok(world3.run(check_fallback))
+
+
+def test_defaults(any_world):
+    assert_all_ok(any_world.run(check_defaults))
 
 
 def test_errors(world2):

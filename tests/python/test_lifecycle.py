@@ -19,6 +19,7 @@ def test_destroy_process_group_does_not_deadlock():
     assert "rank 0: 10 iterations" in res.output and "rank 1: 10 iterations" in res.output
     for r in (0, 1):
         assert f"rank {r}: a reused group name resolves to the new group" in res.output, res.output
+        assert f"rank {r}: group_name '' names the default group" in res.output, res.output
 
 
 def _abort_unblocks_a_pending_collective(ctx):
