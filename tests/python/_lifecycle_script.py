@@ -9,8 +9,8 @@ deadlock is turned into exit code 1 by a per-iteration watchdog."""
 
 import faulthandler
 import socket
-from contextlib import ExitStack
 import sys
+from contextlib import ExitStack
 
 import torch
 import torch.distributed as dist
