@@ -23,7 +23,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> resolve_group(const std::string& group_na
     return c10d::resolve_process_group(group_name);
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "cuda_p2p ", op, ": no process group named '", group_name, "'",
-                requested.empty()
+                requested.empty() && !group_name.empty()  // "" resolved to the record
                     ? " (group_name '' meant the default group, recorded under that name "
                       "when it was created and destroyed since)"
                     : "",
@@ -111,7 +111,9 @@ void set_default_group_name(const std::string& group_name) {
 }
 
 int64_t resolve_group_size(const std::string& group_name, const char* op) {
-  return resolve_group(group_name, group_name, op)->getSize();
+  // "" as resolve_backend takes it, so that a Meta kernel sizes the group its CPU/CUDA kernel runs.
+  const std::string name = group_name.empty() ? recorded_default_group_name(op) : group_name;
+  return resolve_group(name, group_name, op)->getSize();
 }
 
 c10::intrusive_ptr<ProcessGroupCudaP2P> resolve_backend(std::string_view group_name,
