@@ -264,8 +264,13 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // Runs fn(ctx) for one workspace collective (NOTE [Collectives of a group run one at a time]).
   void run_collective(const char* what,
                       const std::function<void(const ops::CollectiveContext&)>& fn);
-  // A completed Work over `outputs`, tracked while coalescing.
-  c10::intrusive_ptr<c10d::Work> completed(c10d::OpType type, std::vector<at::Tensor> outputs);
+  // A completed Work over `outputs`, tracked while coalescing; none for the synchronous call
+  // (`async_op` false: the options' asyncOp) that returns_no_work() allows.
+  c10::intrusive_ptr<c10d::Work> completed(c10d::OpType type, std::vector<at::Tensor> outputs,
+                                           bool async_op = true);
+  // Whether a workspace collective called with `async_op` returns no Work
+  // (NOTE [No Work for a synchronous call] in backend/workspace_collectives.cpp).
+  bool returns_no_work(bool async_op);
   // The workspace all-reduce of `t` in place (allreduce() and all_reduce_in_place()); false,
   // having done nothing, where the workspace does not serve it (device, reduce op, dtype).
   bool all_reduce_on_workspace(at::Tensor& t, ops::ReduceOp op);

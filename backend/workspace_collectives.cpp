@@ -3,6 +3,7 @@
 // completed Works, and the fallbacks to the wrapped backend with their counters.
 #include <c10/util/Exception.h>
 
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <utility>
 
 #include "backend/CompletedWork.hpp"
@@ -71,7 +72,34 @@ const char* ProcessGroupCudaP2P::workspace_rejects(c10::ArrayRef<at::Tensor> ten
   return nullptr;
 }
 
-WorkPtr ProcessGroupCudaP2P::completed(c10d::OpType type, std::vector<at::Tensor> outputs) {
+// NOTE [No Work for a synchronous call]
+// torch.distributed's Python API sets the options' asyncOp from async_op, and for a synchronous
+// call it waits on the Work only when there is one (`elif work is not None: work.wait()`: every
+// collective in torch 2.14.1; PyTorch's PR 150398, before torch 2.8, spared NCCL's synchronous
+// calls that wait, so every torch we build against has it). On the host a workspace collective
+// has completed when it returns, so the Work of a synchronous call is a cost with no use: its
+// allocation, its conversion to a Python object and the wait() call (which releases and takes
+// the GIL) - 0.6-0.7 us of a 4.6 us dist.all_reduce of 8 bytes on 2 ranks (docs/collectives.md,
+// "No Work for a synchronous call"). So such a call returns none, unless
+//  * asyncOp is true: an async call, and every C++ caller that leaves the options' default
+//    (DDP's reducer, the functional collectives) gets its Work;
+//  * the workspace is on CUDA, where wait() orders the caller's stream after the op and raises
+//    the device's failure (NOTE [Device failure] in p2p_workspace/watchdog.hpp);
+//  * the group is coalescing: endCoalescing's Work is made of the tracked ones;
+//  * torch's allow_inflight_collective_as_graph_input() is on: ProcessGroup registers the Work
+//    of every call for torch.ops._c10d_functional.wait_tensor.
+bool ProcessGroupCudaP2P::returns_no_work(bool async_op) {
+  if (async_op || !workspace_ || !workspace_->device().tensor_device().is_cpu() ||
+      c10d::allow_inflight_collective_as_graph_input()) {
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(coalescing_mutex_);
+  return !coalescing_;
+}
+
+WorkPtr ProcessGroupCudaP2P::completed(c10d::OpType type, std::vector<at::Tensor> outputs,
+                                       bool async_op) {
+  if (returns_no_work(async_op)) return {};  // NOTE [No Work for a synchronous call]
   // On a GPU the op is enqueued, not done: its Work waits for the event run_collective recorded
   // at its end (none on the host, where it has completed).
   std::shared_ptr<Device> device;
@@ -225,7 +253,7 @@ WorkPtr ProcessGroupCudaP2P::broadcast(std::vector<at::Tensor>& tensors,
   bump_counter("broadcast.direct");
   if (read) bump_counter("broadcast.cross_memory");
   if (zero_copy) bump_counter("broadcast.zero_copy");
-  return completed(c10d::OpType::BROADCAST, tensors);
+  return completed(c10d::OpType::BROADCAST, tensors, opts.asyncOp);
 }
 
 WorkPtr ProcessGroupCudaP2P::allreduce(std::vector<at::Tensor>& tensors,
@@ -235,7 +263,7 @@ WorkPtr ProcessGroupCudaP2P::allreduce(std::vector<at::Tensor>& tensors,
   }
   const auto op = to_reduce_op(opts.reduceOp);
   if (tensors.size() == 1 && op && all_reduce_on_workspace(tensors[0], *op)) {
-    return completed(c10d::OpType::ALLREDUCE, tensors);
+    return completed(c10d::OpType::ALLREDUCE, tensors, opts.asyncOp);
   }
   bump_counter("all_reduce.wrapped");
   return delegate(tensors, "allreduce",
@@ -365,7 +393,7 @@ WorkPtr ProcessGroupCudaP2P::allgather(std::vector<std::vector<at::Tensor>>& out
                     [&](c10d::Backend& b) { return b.allgather(outputs, inputs, opts); });
   }
   all_gather_on_workspace(inputs[0], outputs[0]);
-  return completed(c10d::OpType::ALLGATHER, outputs[0]);
+  return completed(c10d::OpType::ALLGATHER, outputs[0], opts.asyncOp);
 }
 
 WorkPtr ProcessGroupCudaP2P::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -381,12 +409,12 @@ WorkPtr ProcessGroupCudaP2P::_allgather_base(at::Tensor& output, at::Tensor& inp
   }
   all_gather_into_tensor_on_workspace(output, input, "all_gather_into_tensor");
   // The future holds what the wrapped backend's would: Gloo's the W chunks, NCCL's the output.
-  if (output.is_cpu() && output.is_contiguous()) {
+  if (output.is_cpu() && output.is_contiguous() && !returns_no_work(opts.asyncOp)) {
     std::vector<at::Tensor> views;
     for (int q = 0; q < getSize(); ++q) views.push_back(flat_chunk(output, q, input.numel()));
-    return completed(c10d::OpType::_ALLGATHER_BASE, std::move(views));
+    return completed(c10d::OpType::_ALLGATHER_BASE, std::move(views), opts.asyncOp);
   }
-  return completed(c10d::OpType::_ALLGATHER_BASE, {output});
+  return completed(c10d::OpType::_ALLGATHER_BASE, {output}, opts.asyncOp);
 }
 
 WorkPtr ProcessGroupCudaP2P::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -410,7 +438,7 @@ WorkPtr ProcessGroupCudaP2P::allgather_into_tensor_coalesced(std::vector<at::Ten
         outputs[i], inputs[i],
         "all_gather_into_tensor (coalesced, tensor " + std::to_string(i) + ")");
   }
-  return completed(c10d::OpType::COALESCED, outputs);
+  return completed(c10d::OpType::COALESCED, outputs, opts.asyncOp);
 }
 
 void ProcessGroupCudaP2P::reduce_scatter_on_workspace(const std::vector<at::Tensor>& inputs,
@@ -461,7 +489,7 @@ WorkPtr ProcessGroupCudaP2P::reduce_scatter(std::vector<at::Tensor>& outputs,
                     [&](c10d::Backend& b) { return b.reduce_scatter(outputs, inputs, opts); });
   }
   reduce_scatter_on_workspace(inputs[0], outputs[0], *op);
-  return completed(c10d::OpType::REDUCE_SCATTER, outputs);
+  return completed(c10d::OpType::REDUCE_SCATTER, outputs, opts.asyncOp);
 }
 
 WorkPtr ProcessGroupCudaP2P::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -479,7 +507,7 @@ WorkPtr ProcessGroupCudaP2P::_reduce_scatter_base(at::Tensor& output, at::Tensor
                     [&](c10d::Backend& b) { return b._reduce_scatter_base(output, input, opts); });
   }
   reduce_scatter_tensor_on_workspace(output, input, *op, "reduce_scatter_tensor");
-  return completed(c10d::OpType::_REDUCE_SCATTER_BASE, {output});
+  return completed(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, opts.asyncOp);
 }
 
 WorkPtr ProcessGroupCudaP2P::reduce_scatter_tensor_coalesced(
@@ -507,7 +535,7 @@ WorkPtr ProcessGroupCudaP2P::reduce_scatter_tensor_coalesced(
         outputs[i], inputs[i], *op,
         "reduce_scatter_tensor (coalesced, tensor " + std::to_string(i) + ")");
   }
-  return completed(c10d::OpType::COALESCED, outputs);
+  return completed(c10d::OpType::COALESCED, outputs, opts.asyncOp);
 }
 
 WorkPtr ProcessGroupCudaP2P::barrier(const c10d::BarrierOptions& opts) {
@@ -528,7 +556,7 @@ WorkPtr ProcessGroupCudaP2P::barrier(const c10d::BarrierOptions& opts) {
     workspace_->device().synchronize(ctx.stream);
   });
   bump_counter("barrier.workspace");
-  return completed(c10d::OpType::BARRIER, {});
+  return completed(c10d::OpType::BARRIER, {}, opts.asyncOp);
 }
 
 }  // namespace cuda_p2p

@@ -604,6 +604,97 @@ def check_api_and_fallbacks(ctx):
     return chk.result()
 
 
+def _opts(name, async_op, **fields):
+    o = getattr(torch._C._distributed_c10d, name)()
+    o.asyncOp = async_op
+    for k, v in fields.items():
+        setattr(o, k, v)
+    return o
+
+
+def _calls(pg, W, rank, async_op):
+    """Each workspace collective called on ProcessGroup `pg` as torch.distributed's Python API
+    calls it, with the options' asyncOp set: {name: (what it returned, its output)}."""
+    out = {}
+    t = torch.arange(6.0) + rank
+    out["allreduce"] = (pg.allreduce([t], _opts("AllreduceOptions", async_op)), t)
+    t = torch.arange(5.0) * (rank + 1)
+    out["broadcast"] = (pg.broadcast([t], _opts("BroadcastOptions", async_op, rootRank=W - 1)), t)
+    o = torch.empty(3 * W)
+    out["_allgather_base"] = (
+        pg._allgather_base(o, torch.full((3,), float(rank)), _opts("AllgatherOptions", async_op)), o)
+    lst = [torch.empty(2) for _ in range(W)]
+    out["allgather"] = (pg.allgather([lst], [torch.full((2,), rank + 0.5)],
+                                     _opts("AllgatherOptions", async_op)), lst)
+    o = torch.empty(2)
+    out["_reduce_scatter_base"] = (
+        pg._reduce_scatter_base(o, torch.arange(2.0 * W) * (rank + 1),
+                                _opts("ReduceScatterOptions", async_op)), o)
+    o = torch.empty(3)
+    out["reduce_scatter"] = (
+        pg.reduce_scatter([o], [[torch.full((3,), float(rank + q)) for q in range(W)]],
+                          _opts("ReduceScatterOptions", async_op)), o)
+    out["barrier"] = (pg.barrier(_opts("BarrierOptions", async_op)), None)
+    return out
+
+
+def check_sync_calls_return_no_work(ctx):
+    """NOTE [No Work for a synchronous call]: on the host a synchronous workspace collective
+    returns no Work (torch.distributed then skips a wait it does not need) and an async one a
+    completed Work, with Gloo's values either way; the callers that need a Work still get one
+    (allow_inflight_collective_as_graph_input, functional collectives, the profiler's boxing)."""
+    W, rank = ctx.world_size, ctx.rank
+    chk = Checker(f"no Work W={W}")
+    g = dist.group.WORLD
+    b = cuda_p2p.get_cuda_p2p_backend(g)
+    b.reset_counters()
+    ref = _calls(ctx.gloo, W, rank, False)
+    for w, _ in ref.values():
+        w.wait()
+    for async_op in (False, True):
+        got = _calls(g, W, rank, async_op)
+        for name, (w, out) in got.items():
+            chk.cases += 1
+            if async_op:
+                chk.case(f"{name} async: a completed Work", w is not None and w.is_completed()
+                         and w.wait(), f"{w!r}")
+            else:
+                chk.case(f"{name} sync: no Work", w is None, f"{w!r}")
+            want = ref[name][1]
+            if isinstance(out, list):
+                out, want = torch.cat(out), torch.cat(want)
+            chk.case(f"{name} async={async_op}: Gloo's values",
+                     out is None or torch.equal(out, want), f"{out} vs {want}")
+    counters = b.get_counters()
+    chk.case("all on the workspace", counters.get("barrier.workspace") == 2
+             and not any(k.endswith(".wrapped") for k in counters), f"{counters}")
+    # torch's inflight-collective registry keeps the Work of every call for wait_tensor.
+    from torch.distributed._functional_collectives import (
+        allow_inflight_collective_as_graph_input_ctx, all_reduce as funcol_all_reduce)
+    t = torch.full((4,), float(rank))
+    with allow_inflight_collective_as_graph_input_ctx():
+        w = g.allreduce([t], _opts("AllreduceOptions", False))
+        torch.ops._c10d_functional.wait_tensor(t)
+    chk.case("inflight registry: a Work", w is not None and w.is_completed(), f"{w!r}")
+    chk.case("inflight registry: values", torch.equal(t, torch.full((4,), W * (W - 1) / 2)), f"{t}")
+    # Functional collectives (what torch.compile traces) register the Work they get.
+    y = funcol_all_reduce(torch.full((3,), rank + 1.0), "sum", g)
+    y = y.wait() if hasattr(y, "wait") else y
+    chk.case("functional all_reduce", torch.equal(y, torch.full((3,), W * (W + 1) / 2)), f"{y}")
+    # The profiler boxes the c10d op's outputs, the (absent) Work included.
+    t = torch.ones(5)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                record_shapes=True) as prof:
+        dist.all_reduce(t)
+        dist.all_gather_into_tensor(torch.empty(5 * W), t)
+    names = {e.key for e in prof.key_averages()}
+    chk.case("profiled: values", torch.equal(t, torch.full((5,), float(W))), f"{t}")
+    chk.case("profiled: the c10d ops recorded",
+             {"c10d::allreduce_", "c10d::_allgather_base_"} <= names, f"{sorted(names)[:40]}")
+    chk.cases += 4
+    return chk.result()
+
+
 def check_env_forcing(ctx):
     """CUDA_P2P_*_ALGO and CUDA_P2P_RING_STEPS force algorithms; an Options value wins."""
     W = ctx.world_size
@@ -727,6 +818,10 @@ def test_all_gather_v(any_world):
 
 def test_api_async_fallbacks_and_off_switches(any_world):
     _assert_ok(any_world.run(check_api_and_fallbacks))
+
+
+def test_synchronous_calls_return_no_work(any_world):
+    _assert_ok(any_world.run(check_sync_calls_return_no_work), min_cases=18)
 
 
 def test_environment_forces_the_algorithm(any_world):
