@@ -5,8 +5,10 @@ Launches N local CPU ranks (torch.multiprocessing, spawn), initialises the defau
 with backend="cuda_p2p" over tcp://127.0.0.1:<free port> and a Gloo group over the same ranks as
 the baseline. For every collective and message size both backends are timed in interleaved
 iterations (ranks synchronised by a barrier before each one); a timed iteration is the slowest
-rank's time, and the reported latency is the median over iterations. Bus bandwidth follows the
-NCCL-tests conventions (see bench/README.md).
+rank's time, and the reported latency is the median over iterations. With --budget (the
+default) the baseline and the other columns share the time by their number: a fast column gets
+many samples where Gloo's milliseconds would otherwise have left it the minimum. Bus bandwidth
+follows the NCCL-tests conventions (see bench/README.md).
 
 The synchronisation runs on a third group that neither measured backend uses: by default
 (--sync shm) the shared-memory barrier of a separate cuda_p2p group followed by a synchronized
@@ -283,38 +285,65 @@ def _check(dist, coll: str, nbytes: int, n: int, rank: int, dtype, groups) -> di
     return {"ok": flag.item() == 0, "bad_ranks": int(flag.item())}
 
 
-def _timed(dist, coll: str, bufs, groups, sync, iters: int, first: int, batch: int = 1,
+def _timed(dist, coll: str, bufs, groups, sync, iters, first: int, batch: int = 1,
            block: int = 1):
-    """iters interleaved iterations of every backend; each op preceded by sync() (a barrier on a
-    group neither backend uses); `batch` back-to-back ops per sample, timed together.
+    """Interleaved iterations of every backend; each op preceded by sync() (a barrier on a
+    group neither backend uses); `batch` back-to-back ops per sample, timed together. `iters`:
+    samples per backend, one number for all or {backend: number} (equal on every rank).
 
     Backends take turns by blocks of `block` consecutive samples (the order flips every round):
     the first op after another backend's runs with caches, and with whatever that backend left
     running (Gloo's threads), that are not its own - with block=1 the op measured after Gloo's
-    was ~3x slower than in a run of its own. Returns {backend: [seconds of this rank per op,
-    per sample]} and the wall time of every round divided by its block (one iteration's cost)."""
+    was ~3x slower than in a run of its own. A backend with fewer samples than the others takes
+    its samples spread evenly over the rounds, not all at the start. Returns {backend: [seconds
+    of this rank per op, per sample]} and the wall time of every round divided by its block
+    (one iteration's cost)."""
     names = list(groups)
+    want = iters if isinstance(iters, dict) else {name: iters for name in names}
     times = {name: [] for name in names}
     walls = []  # per iteration, barriers included: what one more iteration costs
-    done = 0
-    rnd = 0
-    while done < iters:
-        k = min(block, iters - done)
+    rounds = max(1, -(-max(want.values()) // block))
+    for rnd in range(rounds):
+        # Samples each backend owes this round: its share of the rounds so far, rounded up.
+        owed = {name: -(-want[name] * (rnd + 1) // rounds) - len(times[name]) for name in names}
         order = names if (rnd + first) % 2 == 0 else names[::-1]
         w0 = time.perf_counter()
         for name in order:
             inp, out = bufs[name]
             g = groups[name]
-            for _ in range(k):
+            for _ in range(owed[name]):
                 sync()
                 t0 = time.perf_counter()
                 for _ in range(batch):
                     _run_op(dist, coll, inp, out, g)
                 times[name].append((time.perf_counter() - t0) / batch)
-        walls.extend([(time.perf_counter() - w0) / k] * k)
-        done += k
-        rnd += 1
+        k = max(owed.values())
+        if k > 0:
+            walls.extend([(time.perf_counter() - w0) / k] * k)
     return times, walls
+
+
+def _iterations(cfg, warm_times: dict, per_iter: float, dist, group) -> dict:
+    """Timed samples per backend, from the warmup: the baseline (Gloo) and the others share the
+    budget by their number, each within [min_iters, max_iters]; all but the baseline take the
+    same number, so that their ratios pair sample i with sample i. Decided on the slowest
+    rank's costs, so that every rank runs the same iterations."""
+    names = list(warm_times)
+    if cfg["iters"]:
+        return {name: cfg["iters"] for name in names}
+    # One sample's cost per backend: its ops (later half of the warmup: the first ones pay for
+    # first touches and connections) and its share of the iteration's barriers.
+    ops = [statistics.median(warm_times[n][len(warm_times[n]) // 2:]) * cfg["batch"] for n in names]
+    sync_each = max(0.0, per_iter - sum(ops)) / len(names)
+    costs = _max_over_ranks(dist, [c + sync_each for c in ops], group)
+    cost = dict(zip(names, costs))
+    clamp = lambda x: int(min(cfg["max_iters"], max(cfg["min_iters"], x)))  # noqa: E731
+    others = [n for n in names if n != "gloo"]
+    if "gloo" not in cost or not others:
+        return dict.fromkeys(names, clamp(cfg["budget"] / max(sum(costs), 1e-9)))
+    share = cfg["budget"] / len(names)
+    n_others = clamp((cfg["budget"] - share) / max(sum(cost[n] for n in others), 1e-9))
+    return dict(dict.fromkeys(others, n_others), gloo=clamp(share / max(cost["gloo"], 1e-9)))
 
 
 def _synchronized_start(backend, rank: int, n: int, margin_us: float):
@@ -617,20 +646,17 @@ def rank_main(rank: int, cfg: dict) -> None:
                                        timed_groups[name] if name == "zero_copy" else None)
                     if coll != "barrier" else (None, None) for name in timed_groups}
             step(f"{label}: warmup")
-            _, walls = _timed(dist, coll, bufs, timed_groups, sync, warmup, 0, cfg["batch"],
-                              cfg["block"])
+            warm, walls = _timed(dist, coll, bufs, timed_groups, sync, warmup, 0, cfg["batch"],
+                                 cfg["block"])
             # The first warmup iterations pay for first touches and connections: estimate the cost
-            # of an iteration from the later half. Every rank must run the same number of
-            # iterations: decide on the slowest rank's estimate.
+            # of an iteration from the later half.
             per_iter = statistics.median(walls[len(walls) // 2:])
-            per_iter = _max_over_ranks(dist, [per_iter], gloo)[0]
-            iters = cfg["iters"] or int(min(cfg["max_iters"],
-                                            max(cfg["min_iters"], budget / max(per_iter, 1e-9))))
-            step(f"{label}: {iters} timed iterations", expected_s=iters * per_iter)
+            iters = _iterations(cfg, warm, per_iter, dist, gloo)
+            step(f"{label}: {max(iters.values())} timed iterations", expected_s=budget)
             local, _ = _timed(dist, coll, bufs, timed_groups, sync, iters, 1, cfg["batch"],
                               cfg["block"])
             entry = {"collective": coll, "bytes": nbytes, "requested_bytes": size,
-                     "count": nbytes // esize, "iters": iters}
+                     "count": nbytes // esize, "iters": max(iters.values())}
             for name in timed_groups:
                 entry[name] = _summary(_max_over_ranks(dist, local[name], gloo))
             if algo_groups:
@@ -750,12 +776,18 @@ def speedup_ci(p2p_us: list[float], gloo_us: list[float], reps: int = 2000) -> l
     import numpy as np
 
     a, b = np.asarray(p2p_us), np.asarray(gloo_us)
-    n = len(a)
-    block = max(1, int(round(math.sqrt(n))))
     rng = np.random.default_rng(0)
-    starts = rng.integers(0, n, size=(reps, -(-n // block)))
-    idx = ((starts[:, :, None] + np.arange(block)) % n).reshape(reps, -1)[:, :n]
-    r = np.median(b[idx], axis=1) / np.median(a[idx], axis=1)
+
+    def blocks(n):  # indices of `reps` moving-block resamples of n samples
+        block = max(1, int(round(math.sqrt(n))))
+        starts = rng.integers(0, n, size=(reps, -(-n // block)))
+        return ((starts[:, :, None] + np.arange(block)) % n).reshape(reps, -1)[:, :n]
+
+    # Pairs where both took the same samples; the baseline may take fewer (_iterations): each
+    # side is then resampled on its own.
+    ia = blocks(len(a))
+    ib = ia if len(a) == len(b) else blocks(len(b))
+    r = np.median(b[ib], axis=1) / np.median(a[ia], axis=1)
     return [float(np.percentile(r, 2.5)), float(np.percentile(r, 97.5))]
 
 

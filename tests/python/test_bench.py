@@ -139,3 +139,50 @@ def test_bench_collectives_zero_copy(tmp_path):
         assert not any(k.endswith(".zero_copy") for k in hs["paths"]), hs["paths"]
         assert zc["ratio_vs_staged"] > 0 and hs["ratio_vs_staged"] > 0
     assert "zero-copy  world_size=2" in proc.stdout
+
+
+def _bench_module(monkeypatch):
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(BENCH))  # for its _common
+
+    spec = importlib.util.spec_from_file_location("_bench_collectives", BENCH / "bench_collectives.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_fast_columns_get_more_samples_than_the_baseline(monkeypatch):
+    """bench_collectives shares the budget between Gloo and the other columns: the others take
+    one common count (their ratios stay paired), Gloo its own, spread over the rounds; the
+    interval of a ratio of unequal sample counts resamples each side on its own."""
+    mod = _bench_module(monkeypatch)
+
+    class OneRank:  # _max_over_ranks on one rank: the values themselves
+        class ReduceOp:
+            MAX = None
+
+        @staticmethod
+        def all_reduce(t, op=None, group=None):
+            return None
+
+    cfg = {"iters": 0, "budget": 1.0, "batch": 1, "min_iters": 5, "max_iters": 100_000}
+    warm = {"cuda_p2p": [2e-6] * 4, "gloo": [1e-3] * 4, "deepspeed": [3e-6] * 4}
+    iters = mod._iterations(cfg, warm, 1.0e-3 + 5e-6 + 3e-6, OneRank, None)
+    assert iters["cuda_p2p"] == iters["deepspeed"] > 10 * iters["gloo"], iters
+    assert iters["gloo"] == int((1.0 / 3) / (1e-3 + 1e-6 / 3)), iters
+    assert mod._iterations(dict(cfg, iters=7), warm, 1e-3, OneRank, None) == dict.fromkeys(warm, 7)
+    # Samples taken: exactly the counts asked for, Gloo's spread over the rounds.
+    ran = []
+    monkeypatch.setattr(mod, "_run_op", lambda dist, coll, inp, out, g: ran.append(g))
+    groups = {"cuda_p2p": "p", "gloo": "g", "deepspeed": "d"}
+    bufs = dict.fromkeys(groups, (None, None))
+    want = {"cuda_p2p": 20, "gloo": 3, "deepspeed": 20}
+    times, _ = mod._timed(None, "all_reduce", bufs, groups, lambda: None, want, 0, 1, 2)
+    assert {k: len(v) for k, v in times.items()} == want
+    assert ran.count("g") == 3
+    gloo_at = [i for i, g in enumerate(ran) if g == "g"]
+    assert gloo_at[-1] > len(ran) // 2, gloo_at  # not all at the start
+    # Unequal counts: a sensible interval around the ratio of the medians (2.0).
+    lo, hi = mod.speedup_ci([1.0, 1.1, 0.9] * 10, [2.0, 2.2, 1.8])
+    assert lo <= 2.0 <= hi and lo > 1.0, (lo, hi)
