@@ -79,8 +79,8 @@ const char* ProcessGroupCudaP2P::workspace_rejects(c10::ArrayRef<at::Tensor> ten
 // calls that wait, so every torch we build against has it). On the host a workspace collective
 // has completed when it returns, so the Work of a synchronous call is a cost with no use: its
 // allocation, its conversion to a Python object and the wait() call (which releases and takes
-// the GIL) - 0.6-0.7 us of a 4.6 us dist.all_reduce of 8 bytes on 2 ranks (docs/collectives.md,
-// "No Work for a synchronous call"). So such a call returns none, unless
+// the GIL) - 0.7-0.8 us of a 4.6-4.8 us dist.all_reduce of 8 bytes on 2 ranks
+// (docs/collectives.md, "No Work for a synchronous call"). So such a call returns none, unless
 //  * asyncOp is true: an async call, and every C++ caller that leaves the options' default
 //    (DDP's reducer, the functional collectives) gets its Work;
 //  * the workspace is on CUDA, where wait() orders the caller's stream after the op and raises

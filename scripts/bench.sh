@@ -12,10 +12,12 @@
 #   bash scripts/bench.sh --compare               # the comparisons below, one after the other
 #   bash scripts/bench.sh --help
 #
-# --compare runs, each into bench/results/compare_<name>.{json,png} (about 10 minutes):
+# --compare runs, each into bench/results/compare_<name>.{json,png} (about 13 minutes):
 #   deepspeed     all_reduce on 2 and 4 ranks, 8 B .. 16 MiB: dist.all_reduce and the dispatcher op
 #                 beside DeepSpeed's shm all-reduce (a column only when deepspeed is installed:
 #                 .venv/bin/pip install deepspeed; the bench builds its CPU comm op)
+#   deepspeed_b2b the same from 8 B to 64 KiB, 200 back-to-back ops per sample (--batch 200):
+#                 what a decode loop sees, without each sample's cold start
 #   hierarchical  4 ranks on 2 simulated hosts, hierarchical against the flat wrapped Gloo
 #   zero_copy     all-gather, reduce-scatter, all-reduce, broadcast on 2 and 4 ranks: symmetric inputs
 #                 (cuda_p2p.empty) against the staged path
@@ -40,6 +42,9 @@ run() {
 status=0
 run deepspeed bench/bench_collectives.py --world-sizes 2 4 --collectives all_reduce \
   --peers auto --json "$out/compare_deepspeed.json" --plot "$out/compare_deepspeed.png" "$@"
+run deepspeed_b2b bench/bench_collectives.py --world-sizes 2 4 --collectives all_reduce \
+  --sizes 8 1K 4K 16K 64K --batch 200 --peers auto --json "$out/compare_deepspeed_b2b.json" \
+  --plot "$out/compare_deepspeed_b2b.png" "$@"
 run hierarchical bench/bench_collectives.py --world-sizes 4 --hosts 2 \
   --json "$out/compare_hierarchical.json" --plot "$out/compare_hierarchical.png" "$@"
 run zero_copy bench/bench_collectives.py --world-sizes 2 4 --zero-copy \
