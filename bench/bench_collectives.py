@@ -620,7 +620,7 @@ def rank_main(rank: int, cfg: dict) -> None:
             zc_groups["heap_staged"] = hs_group
 
         results, barrier_res = [], None
-        warmup, budget = cfg["warmup"], cfg["budget"]
+        warmup = cfg["warmup"]
         plan = [(c, s) for c in cfg["collectives"] for s in cfg["sizes"]]
         if cfg["barrier"]:
             plan.append(("barrier", 0))
@@ -652,7 +652,9 @@ def rank_main(rank: int, cfg: dict) -> None:
             # of an iteration from the later half.
             per_iter = statistics.median(walls[len(walls) // 2:])
             iters = _iterations(cfg, warm, per_iter, dist, gloo)
-            step(f"{label}: {max(iters.values())} timed iterations", expected_s=budget)
+            # At most the longest count of whole iterations (Gloo may take fewer samples).
+            step(f"{label}: {max(iters.values())} timed iterations",
+                 expected_s=max(iters.values()) * per_iter)
             local, _ = _timed(dist, coll, bufs, timed_groups, sync, iters, 1, cfg["batch"],
                               cfg["block"])
             entry = {"collective": coll, "bytes": nbytes, "requested_bytes": size,
@@ -769,9 +771,11 @@ def _kill_all(ctx) -> None:
 def speedup_ci(p2p_us: list[float], gloo_us: list[float], reps: int = 2000) -> list[float]:
     """95% bootstrap interval of median(gloo) / median(cuda_p2p).
 
-    Iteration i of both backends ran back to back, so iterations are resampled in pairs; and
-    slow phases (another process taking a core) span many iterations, so they are resampled in
-    circular blocks of about sqrt(iterations) consecutive ones (moving-block bootstrap).
+    Where both took the same number of samples, sample i of both ran in the same round, so
+    samples are resampled in pairs (the baseline may take fewer: _iterations; each side is then
+    resampled on its own); and slow phases (another process taking a core) span many samples, so
+    they are resampled in circular blocks of about sqrt(samples) consecutive ones (moving-block
+    bootstrap).
     """
     import numpy as np
 
@@ -783,8 +787,6 @@ def speedup_ci(p2p_us: list[float], gloo_us: list[float], reps: int = 2000) -> l
         starts = rng.integers(0, n, size=(reps, -(-n // block)))
         return ((starts[:, :, None] + np.arange(block)) % n).reshape(reps, -1)[:, :n]
 
-    # Pairs where both took the same samples; the baseline may take fewer (_iterations): each
-    # side is then resampled on its own.
     ia = blocks(len(a))
     ib = ia if len(a) == len(b) else blocks(len(b))
     r = np.median(b[ib], axis=1) / np.median(a[ia], axis=1)
@@ -1142,8 +1144,8 @@ def parse_args(argv=None):
     ap.add_argument("--iters", type=int, default=0,
                     help="timed iterations per backend (0: adaptive, see --budget)")
     ap.add_argument("--budget", type=float, default=None,
-                    help="adaptive iterations: seconds per (collective, size) for both backends "
-                         "(default 1.5, 2.0 with --full)")
+                    help="adaptive iterations: seconds per (collective, size) for all columns, Gloo "
+                         "taking one column's share (default 1.5, 2.0 with --full)")
     ap.add_argument("--min-iters", type=int, default=5)
     ap.add_argument("--max-iters", type=int, default=500)
     ap.add_argument("--sync", choices=("shm", "gloo"), default="shm",
