@@ -408,13 +408,15 @@ WorkPtr ProcessGroupCudaP2P::_allgather_base(at::Tensor& output, at::Tensor& inp
                     [&](c10d::Backend& b) { return b._allgather_base(output, input, opts); });
   }
   all_gather_into_tensor_on_workspace(output, input, "all_gather_into_tensor");
+  // Decided before the views below are made (NOTE [No Work for a synchronous call]).
+  if (returns_no_work(opts.asyncOp)) return {};
   // The future holds what the wrapped backend's would: Gloo's the W chunks, NCCL's the output.
-  if (output.is_cpu() && output.is_contiguous() && !returns_no_work(opts.asyncOp)) {
+  if (output.is_cpu() && output.is_contiguous()) {
     std::vector<at::Tensor> views;
     for (int q = 0; q < getSize(); ++q) views.push_back(flat_chunk(output, q, input.numel()));
-    return completed(c10d::OpType::_ALLGATHER_BASE, std::move(views), opts.asyncOp);
+    return completed(c10d::OpType::_ALLGATHER_BASE, std::move(views));
   }
-  return completed(c10d::OpType::_ALLGATHER_BASE, {output}, opts.asyncOp);
+  return completed(c10d::OpType::_ALLGATHER_BASE, {output});
 }
 
 WorkPtr ProcessGroupCudaP2P::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
