@@ -68,8 +68,25 @@ TEST(CudaWorkspace, ARankThatNeverArrivesIsNamed) {
     }
   }
   store_barrier("late");
-  if (w.rank == absent) ws->barrier(*s, 0);  // releases the stuck streams
-  ws->device().synchronize(*s);
+  if (w.rank == absent) {
+    ws->barrier(*s, 0);  // releases the peers' stuck barriers
+    ws->device().synchronize(*s);
+  } else {
+    // NOTE [Device failure]: a device failed by the watchdog stays failed; every later wait names
+    // the first failure (the first run on a GPU, an H200 on 2026-11-26, showed this test expecting
+    // otherwise).
+    try {
+      ws->device().synchronize(*s);
+      ADD_FAILURE() << "a failed device was usable again";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("unusable"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("never arrived"), std::string::npos) << e.what();
+    }
+  }
+  // The stuck barrier drains once the absent rank arrived; no process may exit before (its peers
+  // still read its signal pad).
+  store_barrier("released");
+  if (w.rank != absent) c10::cuda::device_synchronize();
 }
 #else
 TEST(CudaWorkspace, NotBuilt) { GTEST_SKIP() << "built without CUDA"; }
