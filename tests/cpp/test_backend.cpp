@@ -8,6 +8,10 @@
 #include "ops/coalesced_work.hpp"
 #include "tests/cpp/harness.hpp"
 
+#ifdef CUDA_P2P_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
 namespace cuda_p2p::test {
 namespace {
 
@@ -38,6 +42,10 @@ class RecordingBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
     return done("barrier", {});
   }
+  // c10d::Backend's own setTimeout throws in torch 2.11 and warns in 2.14 (found on the GPU
+  // machine's torch 2.11): record the value instead, as Gloo and NCCL take it.
+  void setTimeout(std::chrono::milliseconds timeout) override { timeout_ms = timeout.count(); }
+  int64_t timeout_ms = -1;
 
  private:
   c10::intrusive_ptr<c10d::Work> done(const std::string& op, std::vector<at::Tensor> result) {
@@ -109,6 +117,7 @@ TEST(Backend, OptionsKeepTheirValuesAndCloneKeepsTheType) {
   EXPECT_NE(typed.get(), options.get());
   f.pg->setTimeout(std::chrono::milliseconds(777));
   EXPECT_EQ(f.pg->options()->timeout.count(), 777);
+  EXPECT_EQ(f.cpu->timeout_ms, 777);  // and it reached the wrapped backend
 }
 
 TEST(Backend, RejectsBadConstructionArguments) {
@@ -370,6 +379,116 @@ TEST(Backend, CoalescingCollectsEveryCpuWork) {
   EXPECT_TRUE(empty->wait());
   EXPECT_TRUE(empty->getFuture()->completed());
 }
+
+#ifdef CUDA_P2P_WITH_CUDA
+// The construction the Python creator does on a GPU machine: a CUDA backend wrapped, so the
+// workspace lives on the GPU. No test reached it before the first GPU run (an H200, 2026-11-26),
+// where every Python path on the GPU failed. No device is made current first, as in a Python
+// process that never called torch.cuda.set_device (the ranks share the current device).
+struct CudaFixture {
+  c10::intrusive_ptr<RecordingBackend> cpu, cuda;
+  c10::intrusive_ptr<ProcessGroupCudaP2P> pg;
+};
+
+CudaFixture make_cuda(std::optional<bool> opt_in, bool small = true) {
+  const auto& w = world();
+  CudaFixture f;
+  f.cpu = c10::make_intrusive<RecordingBackend>(w.rank, w.size, "recording-cpu");
+  f.cuda = c10::make_intrusive<RecordingBackend>(w.rank, w.size, "recording-cuda");
+  auto options = c10::make_intrusive<ProcessGroupCudaP2P::Options>();
+  if (small) options->buffer_size = 1 << 20;
+  options->cuda_workspace_collectives = opt_in;
+  f.pg = c10::make_intrusive<ProcessGroupCudaP2P>(test_store(), w.rank, w.size, options, f.cpu,
+                                                  f.cuda);
+  return f;
+}
+
+TEST(CudaBackend, ConstructsWithDefaultOptionsAndIsDestroyedWithoutShutdown) {
+  if (gpu_count() == 0) GTEST_SKIP() << "no GPU";
+  for (int round = 0; round < 2; ++round) {
+    auto f = make_cuda(std::nullopt, /*small=*/false);
+    ASSERT_TRUE(f.pg->is_p2p_available()) << f.pg->p2p_unavailable_reason();
+    EXPECT_GT(f.pg->get_buffer_size(), 0);
+    if (round == 1) {
+      // A device wait first, so that the watchdog thread runs when the group goes.
+      f.pg->intra_node_barrier();
+      c10::cuda::device_synchronize();
+    }
+  }
+}
+
+TEST(CudaBackend, PutsTheWorkspaceOnTheGpuAndRoutesCudaCollectivesToTheWrappedBackend) {
+  if (gpu_count() == 0) GTEST_SKIP() << "no GPU";
+  const auto& w = world();
+  auto f = make_cuda(/*opt_in=*/false);
+  ASSERT_TRUE(f.pg->is_p2p_available()) << f.pg->p2p_unavailable_reason();
+  EXPECT_TRUE(f.pg->workspace()->device().tensor_device().is_cuda());
+  EXPECT_EQ(f.pg->wrapped_backend(c10::DeviceType::CUDA).get(), f.cuda.get());
+
+  // NOTE [CUDA collectives are opt-in]: without it, CUDA tensors go to the wrapped backend.
+  std::vector<at::Tensor> t{at::ones({5}, at::kCUDA)};
+  f.pg->allreduce(t, c10d::AllreduceOptions())->wait();
+  EXPECT_EQ(f.cuda->calls, std::vector<std::string>{"allreduce"});
+  EXPECT_TRUE(f.cpu->calls.empty());
+  EXPECT_EQ(f.pg->counters().at("all_reduce.wrapped"), 1);
+
+  // Every rank reads every peer's buffer through its IPC mapping.
+  const int64_t n = 64;
+  f.pg->get_p2p_buffer(w.rank, {n}, at::kFloat).fill_(static_cast<float>(w.rank + 1));
+  f.pg->intra_node_barrier();
+  for (int r = 0; r < w.size; ++r) {
+    auto peer = f.pg->get_p2p_buffer(r, {n}, at::kFloat);
+    ASSERT_TRUE(peer.is_cuda());
+    EXPECT_TRUE(peer.cpu().equal(at::full({n}, static_cast<float>(r + 1)))) << "rank " << r;
+  }
+  f.pg->intra_node_barrier();
+  c10::cuda::device_synchronize();
+}
+
+TEST(CudaBackend, OptedInCollectivesRunOnTheGpuWorkspace) {
+  if (gpu_count() == 0) GTEST_SKIP() << "no GPU";
+  const auto& w = world();
+  auto f = make_cuda(/*opt_in=*/true);
+  ASSERT_TRUE(f.pg->is_p2p_available()) << f.pg->p2p_unavailable_reason();
+  const auto cuda = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
+
+  std::vector<at::Tensor> t{at::full({1000}, static_cast<float>(w.rank + 1), cuda)};
+  auto work = f.pg->allreduce(t, c10d::AllreduceOptions());
+  const auto sum = at::full({1000}, static_cast<float>(w.size * (w.size + 1) / 2));
+  // The future as torch's Python API and DDP use it: its value is the op's output.
+  auto fut = work->getFuture();
+  fut->wait();
+  ASSERT_FALSE(fut->hasError()) << fut->tryRetrieveErrorMessage();
+  EXPECT_TRUE(fut->value().toTensorVector().at(0).is_same(t[0]));
+  EXPECT_TRUE(work->wait());
+  EXPECT_TRUE(t[0].cpu().equal(sum));
+
+  at::Tensor in = at::full({3}, static_cast<float>(w.rank), cuda);
+  at::Tensor out = at::empty({3 * w.size}, cuda);
+  f.pg->_allgather_base(out, in, c10d::AllgatherOptions())->wait();
+  EXPECT_TRUE(out.cpu().equal(at::arange(w.size, at::kFloat).repeat_interleave(3)));
+
+  at::Tensor rs_in = at::arange(3 * w.size, cuda);
+  at::Tensor rs_out = at::empty({3}, cuda);
+  f.pg->_reduce_scatter_base(rs_out, rs_in, c10d::ReduceScatterOptions())->wait();
+  EXPECT_TRUE(rs_out.cpu().equal(at::arange(3 * w.rank, 3 * w.rank + 3, at::kFloat) *
+                                 static_cast<float>(w.size)));
+
+  std::vector<at::Tensor> b{at::full({4}, static_cast<float>(w.rank), cuda)};
+  c10d::BroadcastOptions bo;
+  bo.rootRank = w.size - 1;
+  f.pg->broadcast(b, bo)->wait();
+  EXPECT_TRUE(b[0].cpu().equal(at::full({4}, static_cast<float>(w.size - 1))));
+
+  EXPECT_TRUE(f.cuda->calls.empty()) << f.cuda->calls.front();
+  const auto c = f.pg->counters();
+  EXPECT_EQ(c.count("all_reduce.wrapped"), 0u);
+  EXPECT_EQ(c.count("all_gather.wrapped"), 0u);
+  EXPECT_EQ(c.count("reduce_scatter.wrapped"), 0u);
+  EXPECT_EQ(c.count("broadcast.wrapped"), 0u);
+  c10::cuda::device_synchronize();
+}
+#endif
 
 TEST(Harness, StoreIsSharedByAllRanks) {
   auto store = test_store();
