@@ -432,17 +432,30 @@ TEST(CudaBackend, PutsTheWorkspaceOnTheGpuAndRoutesCudaCollectivesToTheWrappedBa
   EXPECT_TRUE(f.cpu->calls.empty());
   EXPECT_EQ(f.pg->counters().at("all_reduce.wrapped"), 1);
 
-  // Every rank reads every peer's buffer through its IPC mapping.
+  // Every rank reads every peer's buffer through its IPC mapping; again after the buffers grew
+  // (new allocations, new mappings), with a view of the old mapping still alive.
   const int64_t n = 64;
-  f.pg->get_p2p_buffer(w.rank, {n}, at::kFloat).fill_(static_cast<float>(w.rank + 1));
-  f.pg->intra_node_barrier();
-  for (int r = 0; r < w.size; ++r) {
-    auto peer = f.pg->get_p2p_buffer(r, {n}, at::kFloat);
-    ASSERT_TRUE(peer.is_cuda());
-    EXPECT_TRUE(peer.cpu().equal(at::full({n}, static_cast<float>(r + 1)))) << "rank " << r;
+  at::Tensor old_view;
+  for (int generation = 0; generation < 2; ++generation) {
+    if (generation == 1) {
+      old_view = f.pg->get_p2p_buffer((w.rank + 1) % w.size, {n}, at::kFloat);
+      f.pg->ensure_min_buffer_size(4 << 20);
+      EXPECT_GE(f.pg->get_buffer_size(), 4 << 20);
+    }
+    const float base = 10.0f * generation;
+    f.pg->get_p2p_buffer(w.rank, {n}, at::kFloat).fill_(base + w.rank + 1);
+    f.pg->intra_node_barrier();
+    for (int r = 0; r < w.size; ++r) {
+      auto peer = f.pg->get_p2p_buffer(r, {n}, at::kFloat);
+      ASSERT_TRUE(peer.is_cuda());
+      EXPECT_TRUE(peer.cpu().equal(at::full({n}, base + r + 1))) << "rank " << r;
+    }
+    f.pg->intra_node_barrier();
   }
-  f.pg->intra_node_barrier();
+  // NOTE [Block lifetime]: the peer's first block is retired, not freed, while this view maps it.
+  old_view.add_(1);
   c10::cuda::device_synchronize();
+  old_view = at::Tensor();
 }
 
 TEST(CudaBackend, OptedInCollectivesRunOnTheGpuWorkspace) {
