@@ -23,6 +23,7 @@ slowest rank's):
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import statistics
@@ -78,6 +79,7 @@ def _time(fn, iters, warmup, sync_group):
 
 
 def _rank_main(rank, W, port, args, queue):
+    faulthandler.enable(all_threads=True)  # a rank that dies of a signal shows where
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import cuda_p2p
     from cuda_p2p import ProcessGroupCudaP2P

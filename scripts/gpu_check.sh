@@ -8,14 +8,19 @@
 #    for the GPU's architecture (sm_90 on an H100/H200) in build/gpu_check/, with the machine's
 #    python and torch as they are (no venv, no pip, no downloads); the Python package is put
 #    together in build/gpu_check/python/ and used through PYTHONPATH;
-# 3. runs every C++ test binary as 1, 2, 3 and 4 ranks sharing the one GPU, started by
-#    tests/cpp/launch.py (no mpirun), and tests/python/test_gpu.py; a skipped or timed-out test
-#    counts as a failure;
-# 4. prints a small timing table of ranks sharing one GPU (bench/gpu_timing.py).
+# 3. runs tests/python/gpu_smoke.py: the Python path's first steps on 1 and 2 ranks, one line per
+#    step, so that a crash names its step (faulthandler prints the rank's Python stacks);
+# 4. runs every C++ test binary as 1, 2, 3 and 4 ranks sharing the one GPU, started by
+#    tests/cpp/launch.py (no mpirun), and tests/python/test_gpu.py (stopping after 5 failures);
+#    a skipped or timed-out test counts as a failure;
+# 5. prints a small timing table of ranks sharing one GPU (bench/gpu_timing.py).
 #
-# Logs and summary.txt go to OUT_DIR. Exit status: 0 when everything passed, 1 on any failure,
-# 2 (after one line) on a machine without a usable GPU. Every step has a time limit; the whole
-# run stays under 8 minutes (CUDA_P2P_GPU_CHECK_BUDGET seconds, default 470).
+# Logs and summary.txt go to OUT_DIR; a failed step's last lines go to the summary too. Exit
+# status: 0 when everything passed, 1 on any failure, 2 (after one line) on a machine without a
+# usable GPU. Every step has a time limit; the whole run stays under 11 minutes
+# (CUDA_P2P_GPU_CHECK_BUDGET seconds, default 640). The build is most of it: on the first GPU
+# machine (an H200 VM, 16 cores, 2026-11-26) it took about 8 minutes, run with -j 1 by mistake
+# and without precompiled headers (both mended).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -31,7 +36,7 @@ if ! timeout 20 nvidia-smi -L >/dev/null 2>&1; then
 fi
 
 START=$(date +%s)
-BUDGET=${CUDA_P2P_GPU_CHECK_BUDGET:-470}
+BUDGET=${CUDA_P2P_GPU_CHECK_BUDGET:-640}
 OUT=${1:-gpu_check_out}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -40,6 +45,9 @@ PY=${PYTHON:-$(command -v python3 || command -v python)}
 BUILD=$ROOT/build/gpu_check
 # Ranks share one GPU: the first visible one unless the caller chose.
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+# The machine's CPUs, read before OMP_NUM_THREADS is set: nproc honours it. (The first GPU run
+# built with -j 1 that way, and its build took most of the lease.)
+NPROC=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 status=0
 
@@ -64,13 +72,17 @@ step() {
   # pytest's workers), not only the first.
   setsid "$@" >"$OUT/$name.log" 2>&1 &
   pid=$!
+  # `sleep && ...`: when the step ends first, its sleep is killed below and nothing else runs (a
+  # plain `sleep; touch` went on to mark a passed step as timed out). Its stderr is dropped: bash
+  # reports the killed sleep ("Terminated") there.
   (
-    sleep "$limit"
-    touch "$marker"
-    kill -TERM -- -"$pid" 2>/dev/null
-    sleep 10
-    kill -KILL -- -"$pid" 2>/dev/null
-  ) &
+    sleep "$limit" && {
+      touch "$marker"
+      kill -TERM -- -"$pid"
+      sleep 10
+      kill -KILL -- -"$pid"
+    }
+  ) 2>/dev/null &
   watchdog=$!
   wait "$pid"
   rc=$?
@@ -87,7 +99,12 @@ step() {
   fi
   say "$(printf '%-22s %-8s %4d s  (limit %d s, log %s)' "$name" "$verdict" $((SECONDS - t0)) \
     "$limit" "$OUT/$name.log")"
-  [ "$verdict" = PASS ] || status=1
+  if [ "$verdict" != PASS ]; then
+    status=1
+    # The end of the log in the summary too: sometimes the summary is all that comes back.
+    tail -n "${CUDA_P2P_GPU_CHECK_TAIL:-25}" "$OUT/$name.log" | cut -c1-300 | sed 's/^/    | /' |
+      tee -a "$OUT/summary.txt"
+  fi
   [ "$verdict" = PASS ]
 }
 
@@ -123,6 +140,7 @@ done
 say "nvcc:    ${NVCC:-not found} $([ -n "$NVCC" ] && "$NVCC" --version | sed -n 's/.*release \([^,]*\).*/\1/p')"
 say "cmake:   $(command -v cmake) $(cmake --version 2>/dev/null | head -1 | awk '{print $3}')"
 say "ninja:   $(command -v ninja || echo 'not found (make is used)')"
+say "cpus:    $NPROC, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)"
 say "mode:    CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES, arch $ARCH, ranks share one GPU"
 if nvidia-smi --query-gpu=compute_mode --format=csv,noheader -i 0 2>/dev/null | grep -qi exclusive; then
   say "WARNING: the GPU's compute mode is exclusive: ranks cannot share it, W >= 2 will fail"
@@ -135,8 +153,9 @@ step configure 120 cmake -S "$ROOT" -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=R
   -DPython_EXECUTABLE="$PY" -DCUDA_P2P_CUDA=ON -DCUDA_P2P_CUDA_ARCHS="$ARCH" \
   ${NVCC:+-DCMAKE_CUDA_COMPILER="$NVCC"} \
   -DCUDA_P2P_GTEST_SOURCE_DIR="${GTEST_SOURCE_DIR:-$ROOT/third_party/googletest}" \
-  -DCUDA_P2P_TEST_LAUNCHER=python -DCUDA_P2P_TEST_RANKS="1;2;3;4" -DCUDA_P2P_TEST_TIMEOUT=150 &&
-  step build 240 cmake --build "$BUILD" -j "$(nproc)" &&
+  -DCUDA_P2P_TEST_LAUNCHER=python -DCUDA_P2P_TEST_RANKS="1;2;3;4" -DCUDA_P2P_TEST_TIMEOUT=150 \
+  -DCUDA_P2P_PCH=ON -DCUDA_P2P_WERROR=OFF &&
+  step build 420 cmake --build "$BUILD" -j "$NPROC" &&
   step package 30 bash -c '
     set -e
     rm -rf "$1/python" && mkdir -p "$1/python/cuda_p2p"
@@ -147,14 +166,20 @@ step configure 120 cmake -S "$ROOT" -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=R
 built=$?
 export PYTHONPATH=$BUILD/python${PYTHONPATH:+:$PYTHONPATH}
 
-# --- 3. tests: the C++ binaries and the GPU pytest suite, side by side ----------------------------
+# The harness's per-call limit: a hung test costs a minute, not two.
+export CUDA_P2P_TEST_TIMEOUT=${CUDA_P2P_TEST_TIMEOUT:-60}
+
+# --- 3. the Python path, step by step -------------------------------------------------------------
 if ((built == 0)); then
+  step smoke 150 "$PY" tests/python/gpu_smoke.py --timeout 60
+
+# --- 4. tests: the C++ binaries and the GPU pytest suite, side by side ----------------------------
   # A skip counts as a failure in the C++ binaries too (except "needs N ranks" at small W).
   step ctest 240 env CUDA_P2P_TEST_FAIL_ON_SKIP=1 ctest --test-dir "$BUILD" -j 6 --output-on-failure --timeout 150 \
     --output-junit "$OUT/ctest.xml" &
   cpp_pid=$!
-  step pytest 240 "$PY" -m pytest -p no:cacheprovider -rs -q tests/python/test_gpu.py \
-    --junitxml="$OUT/pytest.xml" -o junit_family=xunit1 &
+  step pytest 240 "$PY" -m pytest -p no:cacheprovider -rfEs -v --tb=short --maxfail=5 \
+    tests/python/test_gpu.py --junitxml="$OUT/pytest.xml" -o junit_family=xunit1 &
   py_pid=$!
   wait $cpp_pid || status=1
   wait $py_pid || status=1
@@ -183,7 +208,7 @@ sys.exit(bad)
 PYEOF
   ((PIPESTATUS[0] == 0)) || status=1
 
-  # --- 4. timing (alone on the GPU) ---------------------------------------------------------------
+  # --- 5. timing (alone on the GPU) ---------------------------------------------------------------
   if step timing 90 "$PY" bench/gpu_timing.py --world-size 2 --iters 30 --json "$OUT/timing.json"; then
     sed 's/^/  /' "$OUT/timing.log" | tee -a "$OUT/summary.txt"
   fi

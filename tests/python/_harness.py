@@ -14,6 +14,7 @@ hang CI or leave later tests talking to half-finished collectives.
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
 import os
@@ -79,6 +80,9 @@ def _worker_main(rank: int, world_size: int, port: int, conn, log_path: str) -> 
     log = open(log_path, "w", buffering=1)
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
+    # A rank that dies of a signal (a segfault in C++) leaves its Python stacks in the log, which
+    # the parent shows with the failure.
+    faulthandler.enable(file=log, all_threads=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # The fused-op tests use tiny shapes to test the pipelines themselves; "auto"'s unfused path
     # below Options.fused_min_flops is tested on groups with that option set
