@@ -1,6 +1,7 @@
 // CUDA implementation of the device interface (compiled when nvcc is found; runs only on a GPU).
-// It has never run on a GPU in CI: everything device-independent (the watchdog, the failure
-// state, the workspace protocols) lives in shared code that the host tests exercise.
+// CI never runs it (no GPU there): everything device-independent (the watchdog, the failure
+// state, the workspace protocols) lives in shared code that the host tests exercise. It ran once
+// on a GPU, from the C++ tests (docs/testing.md, "What has run on a GPU").
 //
 // NOTE [CUDA signal ordering]
 // write_signal is cuStreamWriteValue32 with the default flags, which puts a memory fence before
