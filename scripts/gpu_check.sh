@@ -9,7 +9,8 @@
 #    python and torch as they are (no venv, no pip, no downloads); the Python package is put
 #    together in build/gpu_check/python/ and used through PYTHONPATH;
 # 3. runs tests/python/gpu_smoke.py: the Python path's first steps on 1 and 2 ranks, one line per
-#    step, so that a crash names its step (faulthandler prints the rank's Python stacks);
+#    step, so that a crash names its step (faulthandler prints the rank's Python stacks); if it
+#    fails, its 1-rank runs again in one process under cuda-gdb, for the C++ frames;
 # 4. runs every C++ test binary as 1, 2, 3 and 4 ranks sharing the one GPU, started by
 #    tests/cpp/launch.py (no mpirun), and tests/python/test_gpu.py (stopping after 5 failures);
 #    a skipped or timed-out test counts as a failure;
@@ -102,7 +103,8 @@ step() {
   if [ "$verdict" != PASS ]; then
     status=1
     # The end of the log in the summary too: sometimes the summary is all that comes back.
-    tail -n "${CUDA_P2P_GPU_CHECK_TAIL:-25}" "$OUT/$name.log" | cut -c1-300 | sed 's/^/    | /' |
+    tail -n "${TAIL_LINES:-${CUDA_P2P_GPU_CHECK_TAIL:-25}}" "$OUT/$name.log" | cut -c1-300 |
+      sed 's/^/    | /' |
       tee -a "$OUT/summary.txt"
   fi
   [ "$verdict" = PASS ]
@@ -171,7 +173,21 @@ export CUDA_P2P_TEST_TIMEOUT=${CUDA_P2P_TEST_TIMEOUT:-60}
 
 # --- 3. the Python path, step by step -------------------------------------------------------------
 if ((built == 0)); then
-  step smoke 150 "$PY" tests/python/gpu_smoke.py --timeout 60
+  if ! step smoke 150 "$PY" tests/python/gpu_smoke.py --timeout 60; then
+    # The 1-rank runs again in one process under a debugger: a crash's C++ frames, which
+    # faulthandler cannot show (cuda-gdb also debugs programs without GPU code).
+    DBG=$(command -v cuda-gdb || command -v gdb || true)
+    if [ -n "$DBG" ]; then
+      # The debugger starts the interpreter behind the venv's python link, which then does not
+      # see the venv's packages: they go on PYTHONPATH.
+      site=$("$PY" -c 'import site; print(":".join(site.getsitepackages()))')
+      TAIL_LINES=0 step backtrace 120 env PYTHONPATH="$PYTHONPATH:$site" "$DBG" -batch \
+        -iex "set auto-load safe-path /" -ex "set pagination off" -ex "set confirm off" -ex run \
+        -ex "thread apply all bt 25" --args "$PY" tests/python/gpu_smoke.py --in-process
+      # Whatever the debugger's own status, its end is the point of this step.
+      tail -n 80 "$OUT/backtrace.log" | cut -c1-300 | sed 's/^/    | /' | tee -a "$OUT/summary.txt"
+    fi
+  fi
 
 # --- 4. tests: the C++ binaries and the GPU pytest suite, side by side ----------------------------
   # A skip counts as a failure in the C++ binaries too (except "needs N ranks" at small W).

@@ -19,7 +19,8 @@ Every result is checked against plain torch.
     python tests/python/gpu_smoke.py [--world-sizes 1 2] [--timeout 120] [--device cpu]
 
 --device cpu runs the same steps on the host workspace (the default-group run is left out): it
-checks this script itself where there is no GPU (tests/python/test_gpu_smoke.py).
+checks this script itself where there is no GPU (tests/python/test_gpu_smoke.py). --in-process
+runs the 1-rank runs in this process, for a debugger (a crash's C++ frames).
 Exit status: 0 when every rank of every run passed, 1 otherwise, 2 without a GPU.
 """
 
@@ -32,6 +33,7 @@ import signal
 import socket
 import sys
 import time
+import traceback
 
 import torch
 import torch.multiprocessing as mp
@@ -209,12 +211,30 @@ def main() -> int:
                     help="ranks of the workspace runs")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per run")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--in-process", action="store_true",
+                    help="the 1-rank runs only, in this process (no spawned ranks): for a "
+                         "debugger's backtrace of a crash (scripts/gpu_check.sh runs it under "
+                         "cuda-gdb when the smoke step failed)")
     args = ap.parse_args()
     cuda = args.device == "cuda"
     if cuda and not torch.cuda.is_available():
         print("gpu_smoke.py: no CUDA GPU here", file=sys.stderr)
         return 2
     runs = ([("default-group", 1)] if cuda else []) + [("workspace", W) for W in args.world_sizes]
+    if args.in_process:
+        failed = 0
+        for run in (["default-group"] if cuda else []) + ["workspace"]:
+            print(f"== {run}, 1 rank, in this process", flush=True)
+            try:  # an exception in one run must not hide a crash in the next
+                _rank_main(run, 0, 1, _free_port(), cuda)
+            except Exception:  # noqa: BLE001
+                traceback.print_exc()
+                failed += 1
+                import torch.distributed as dist
+
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+        return 1 if failed else 0
     ctx = mp.get_context("spawn")
     failed = []
     for run, W in runs:

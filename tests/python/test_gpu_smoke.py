@@ -32,6 +32,18 @@ def test_gpu_smoke_steps_pass_on_the_host_workspace():
     assert "fused_matmul_reduce_scatter.pipeline" in out, out
 
 
+def test_gpu_smoke_runs_one_rank_in_process_for_a_debugger():
+    r = subprocess.run(
+        [sys.executable, os.path.join(HERE, "gpu_smoke.py"), "--device", "cpu", "--in-process"],
+        capture_output=True, text=True, timeout=120,
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "== workspace, 1 rank, in this process" in out, out
+    assert "rank 0: fused_matmul_reduce_scatter (pipeline) ok" in out, out
+    assert "rank 0: PASSED" in out, out
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="there is a GPU here")
 def test_gpu_smoke_says_so_without_a_gpu():
     r = subprocess.run([sys.executable, os.path.join(HERE, "gpu_smoke.py")],
