@@ -16,6 +16,9 @@
 #    a skipped or timed-out test counts as a failure;
 # 5. prints a small timing table of ranks sharing one GPU (bench/gpu_timing.py).
 #
+# A rerun on a warm machine (the build is kept) may run fewer steps: CUDA_P2P_GPU_CHECK_STEPS
+# (default smoke,ctest,pytest,timing), CUDA_P2P_GPU_CHECK_CTEST_ARGS, CUDA_P2P_GPU_CHECK_PYTEST_ARGS.
+#
 # Logs and summary.txt go to OUT_DIR; a failed step's last lines go to the summary too. Exit
 # status: 0 when everything passed, 1 on any failure, 2 (after one line) on a machine without a
 # usable GPU. Every step has a time limit; the whole run stays under 11 minutes
@@ -38,6 +41,10 @@ fi
 
 START=$(date +%s)
 BUDGET=${CUDA_P2P_GPU_CHECK_BUDGET:-640}
+# Which steps after the build (a rerun on a warm machine, whose build is kept, may want fewer),
+# and extra arguments for ctest (e.g. "-R test_backend") and pytest (e.g. "-k all_reduce").
+STEPS=${CUDA_P2P_GPU_CHECK_STEPS:-smoke,ctest,pytest,timing}
+wants() { [[ ",$STEPS," == *",$1,"* ]]; }
 OUT=${1:-gpu_check_out}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -173,7 +180,7 @@ export CUDA_P2P_TEST_TIMEOUT=${CUDA_P2P_TEST_TIMEOUT:-60}
 
 # --- 3. the Python path, step by step -------------------------------------------------------------
 if ((built == 0)); then
-  if ! step smoke 150 "$PY" tests/python/gpu_smoke.py --timeout 60; then
+  if wants smoke && ! step smoke 150 "$PY" tests/python/gpu_smoke.py --timeout 60; then
     # The 1-rank runs again in one process under a debugger: a crash's C++ frames, which
     # faulthandler cannot show (cuda-gdb also debugs programs without GPU code).
     DBG=$(command -v cuda-gdb || command -v gdb || true)
@@ -190,17 +197,27 @@ if ((built == 0)); then
   fi
 
 # --- 4. tests: the C++ binaries and the GPU pytest suite, side by side ----------------------------
-  # A skip counts as a failure in the C++ binaries too (except "needs N ranks" at small W).
-  step ctest 240 env CUDA_P2P_TEST_FAIL_ON_SKIP=1 ctest --test-dir "$BUILD" -j 6 --output-on-failure --timeout 150 \
-    --output-junit "$OUT/ctest.xml" &
-  cpp_pid=$!
-  step pytest 240 "$PY" -m pytest -p no:cacheprovider -rfEs -v --tb=short --maxfail=5 \
-    tests/python/test_gpu.py --junitxml="$OUT/pytest.xml" -o junit_family=xunit1 &
-  py_pid=$!
-  wait $cpp_pid || status=1
-  wait $py_pid || status=1
+  reports=()
+  read -ra ctest_args <<<"${CUDA_P2P_GPU_CHECK_CTEST_ARGS:-}"
+  read -ra pytest_args <<<"${CUDA_P2P_GPU_CHECK_PYTEST_ARGS:-}"
+  if wants ctest; then
+    # A skip counts as a failure in the C++ binaries too (except "needs N ranks" at small W).
+    step ctest 240 env CUDA_P2P_TEST_FAIL_ON_SKIP=1 ctest --test-dir "$BUILD" -j 6 \
+      --output-on-failure --timeout 150 --output-junit "$OUT/ctest.xml" "${ctest_args[@]}" &
+    cpp_pid=$!
+    reports+=("$OUT/ctest.xml")
+  fi
+  if wants pytest; then
+    step pytest 240 "$PY" -m pytest -p no:cacheprovider -rfEs -v --tb=short --maxfail=5 \
+      tests/python/test_gpu.py --junitxml="$OUT/pytest.xml" -o junit_family=xunit1 \
+      "${pytest_args[@]}" &
+    py_pid=$!
+    reports+=("$OUT/pytest.xml")
+  fi
+  if wants ctest; then wait $cpp_pid || status=1; fi
+  if wants pytest; then wait $py_pid || status=1; fi
   # Every test must have run and passed: no skipped, not-run or failed entries.
-  "$PY" - "$OUT/ctest.xml" "$OUT/pytest.xml" <<'PYEOF' 2>&1 | tee -a "$OUT/summary.txt"
+  ((${#reports[@]} == 0)) || "$PY" - "${reports[@]}" <<'PYEOF' 2>&1 | tee -a "$OUT/summary.txt"
 import sys, xml.etree.ElementTree as ET
 bad = 0
 for path in sys.argv[1:]:
@@ -225,10 +242,11 @@ PYEOF
   ((PIPESTATUS[0] == 0)) || status=1
 
   # --- 5. timing (alone on the GPU) ---------------------------------------------------------------
-  if step timing 90 "$PY" bench/gpu_timing.py --world-size 2 --iters 30 --json "$OUT/timing.json"; then
+  if wants timing &&
+    step timing 90 "$PY" bench/gpu_timing.py --world-size 2 --iters 30 --json "$OUT/timing.json"; then
     sed 's/^/  /' "$OUT/timing.log" | tee -a "$OUT/summary.txt"
   fi
 fi
 
-say "== $( ((status == 0)) && echo PASSED || echo FAILED) in $(($(date +%s) - START)) s; logs in $OUT"
+say "== $( ((status == 0)) && echo PASSED || echo FAILED) in $(($(date +%s) - START)) s (steps: $STEPS); logs in $OUT"
 exit $status
