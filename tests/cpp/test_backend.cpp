@@ -390,7 +390,8 @@ struct CudaFixture {
   c10::intrusive_ptr<ProcessGroupCudaP2P> pg;
 };
 
-CudaFixture make_cuda(std::optional<bool> opt_in, bool small = true) {
+CudaFixture make_cuda(std::optional<bool> opt_in, bool small = true,
+                      std::optional<int64_t> heap_size = std::nullopt) {
   const auto& w = world();
   CudaFixture f;
   f.cpu = c10::make_intrusive<RecordingBackend>(w.rank, w.size, "recording-cpu");
@@ -398,6 +399,7 @@ CudaFixture make_cuda(std::optional<bool> opt_in, bool small = true) {
   auto options = c10::make_intrusive<ProcessGroupCudaP2P::Options>();
   if (small) options->buffer_size = 1 << 20;
   options->cuda_workspace_collectives = opt_in;
+  options->symmetric_heap_size = heap_size;
   f.pg = c10::make_intrusive<ProcessGroupCudaP2P>(test_store(), w.rank, w.size, options, f.cpu,
                                                   f.cuda);
   return f;
@@ -500,6 +502,59 @@ TEST(CudaBackend, OptedInCollectivesRunOnTheGpuWorkspace) {
   EXPECT_EQ(c.count("reduce_scatter.wrapped"), 0u);
   EXPECT_EQ(c.count("broadcast.wrapped"), 0u);
   c10::cuda::device_synchronize();
+}
+// The symmetric heap on the GPU (cuda_p2p.empty's C++ side), which only the Python GPU tests
+// reached before.
+TEST(CudaBackend, SymmetricHeapTensorsSitAtEqualOffsetsAndPeersReadThem) {
+  if (gpu_count() == 0) GTEST_SKIP() << "no GPU";
+  const auto& w = world();
+  auto f = make_cuda(/*opt_in=*/true, /*small=*/true, /*heap_size=*/int64_t{16} << 20);
+  ASSERT_TRUE(f.pg->is_p2p_available()) << f.pg->p2p_unavailable_reason();
+  // Every rank allocates alike, so the tensors sit at equal offsets.
+  auto a = f.pg->symmetric_empty({1000}, at::kFloat);
+  auto b = f.pg->symmetric_empty({3, 7}, at::kBFloat16, at::Device(at::kCUDA));
+  ASSERT_TRUE(a.is_cuda());
+  EXPECT_EQ(a.device(), f.pg->symmetric_device());
+  const int64_t off_a = f.pg->symmetric_offset(a);
+  const int64_t off_b = f.pg->symmetric_offset(b);
+  ASSERT_GE(off_a, 0);
+  ASSERT_GE(off_b, 0);
+  auto store = test_store();
+  const std::string mine = std::to_string(off_a) + "," + std::to_string(off_b);
+  store->set("offsets/" + std::to_string(w.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+  for (int r = 0; r < w.size; ++r) {
+    const auto theirs = store->get("offsets/" + std::to_string(r));
+    EXPECT_EQ(std::string(theirs.begin(), theirs.end()), mine) << "rank " << r;
+  }
+  EXPECT_EQ(f.pg->symmetric_offset(at::empty({4}, at::kCUDA)), -1);  // not in the heap
+
+  a.fill_(static_cast<float>(w.rank + 1));
+  b.fill_(static_cast<float>(-w.rank));
+  f.pg->intra_node_barrier();
+  for (int r = 0; r < w.size; ++r) {
+    auto peer_a = f.pg->symmetric_peer_tensor(a, r);
+    ASSERT_TRUE(peer_a.is_cuda());
+    EXPECT_TRUE(peer_a.cpu().equal(at::full({1000}, 1.0f * (r + 1)))) << "rank " << r;
+    EXPECT_TRUE(f.pg->symmetric_peer_tensor(b, r).cpu().equal(
+        at::full({3, 7}, -1.0f * r, at::TensorOptions().dtype(at::kBFloat16))))
+        << "rank " << r;
+  }
+  f.pg->intra_node_barrier();
+
+  {  // A workspace collective on a heap tensor (staged on CUDA).
+    std::vector<at::Tensor> t{a};
+    f.pg->allreduce(t, c10d::AllreduceOptions())->wait();
+    EXPECT_TRUE(a.cpu().equal(at::full({1000}, static_cast<float>(w.size * (w.size + 1) / 2))));
+  }
+
+  auto info = f.pg->symmetric_heap_info();
+  EXPECT_EQ(info.at("created"), 1);
+  EXPECT_GE(info.at("capacity"), int64_t{16} << 20);
+  EXPECT_EQ(info.at("live_blocks"), 2);
+  c10::cuda::device_synchronize();
+  a = at::Tensor();
+  b = at::Tensor();
+  EXPECT_EQ(f.pg->symmetric_heap_info().at("live_blocks"), 0);
 }
 #endif
 
