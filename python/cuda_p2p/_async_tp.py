@@ -529,10 +529,61 @@ def _inductor_config():
     return config
 
 
+# NOTE [One post-grad pass on older torch]
+# torch 2.14's inductor runs every pass of a list in post_grad_custom_post_pass
+# (custom_graph_pass.get_custom_graph_passes); torch 2.11 calls the setting itself, so a list
+# fails there ("'list' object is not callable", found running the suite under 2.11, the GPU
+# machines' torch). Where lists are not taken, several passes are installed as one chain that
+# calls them in order: a CustomGraphPass whose uuid is its members' when every member is one (the
+# FX graph cache keeps working), else a plain callable, for which inductor bypasses the cache as
+# it does for the user's callable alone.
+class _ChainBody:
+    _cuda_p2p_chain = True
+
+    def __init__(self, passes):
+        self.passes = list(passes)
+
+    def __call__(self, graph):
+        for p in self.passes:
+            p(graph)
+
+
+class _PlainChain(_ChainBody):
+    pass
+
+
+_chain_class = None
+
+
+def _takes_lists() -> bool:
+    from torch._inductor import custom_graph_pass
+
+    return hasattr(custom_graph_pass, "get_custom_graph_passes")
+
+
+def _install(passes: list) -> None:
+    global _chain_class
+    if len(passes) <= 1 or _takes_lists():
+        value = None if not passes else passes[0] if len(passes) == 1 else passes
+    else:
+        from torch._inductor.custom_graph_pass import CustomGraphPass
+
+        if all(isinstance(p, CustomGraphPass) for p in passes):
+            if _chain_class is None:
+                _chain_class = type("ChainedCustomGraphPass", (_ChainBody, CustomGraphPass), {
+                    "uuid": lambda self: ("cuda_p2p.chain", tuple(p.uuid() for p in self.passes))})
+            value = _chain_class(passes)
+        else:
+            value = _PlainChain(passes)
+    _inductor_config().post_grad_custom_post_pass = value
+
+
 def _current_passes() -> list:
     cur = _inductor_config().post_grad_custom_post_pass
     if cur is None:
         return []
+    if getattr(cur, "_cuda_p2p_chain", False):
+        return list(cur.passes)
     return list(cur) if isinstance(cur, (list, tuple)) else [cur]
 
 
@@ -543,8 +594,7 @@ def enable_async_tp(*, all_gather_matmul: bool = True,
     disable_async_tp()
     p = _make_pass(all_gather_matmul=all_gather_matmul,
                    matmul_reduce_scatter=matmul_reduce_scatter)
-    passes = _current_passes() + [p]
-    _inductor_config().post_grad_custom_post_pass = passes[0] if len(passes) == 1 else passes
+    _install(_current_passes() + [p])
     return p
 
 
@@ -554,8 +604,7 @@ def disable_async_tp() -> None:
         return  # never enabled
     passes = [p for p in _current_passes() if not _is_ours(p)]
     if len(passes) != len(_current_passes()):
-        _inductor_config().post_grad_custom_post_pass = (
-            None if not passes else passes[0] if len(passes) == 1 else passes)
+        _install(passes)
 
 
 def is_async_tp_enabled() -> bool:

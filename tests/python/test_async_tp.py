@@ -54,19 +54,23 @@ def test_symm_mem_nodes_become_ours(world2):
 _SWITCHES = r"""
 import cuda_p2p
 from torch._inductor import config
+def installed():  # a list on torch 2.14, one chain of them on 2.11
+    cur = config.post_grad_custom_post_pass
+    return list(cur) if isinstance(cur, list) else list(getattr(cur, "passes", [cur]))
 assert cuda_p2p.is_async_tp_enabled(), "CUDA_P2P_ASYNC_TP=1 did not enable the pass at import"
 cuda_p2p.disable_async_tp()
 assert not cuda_p2p.is_async_tp_enabled() and config.post_grad_custom_post_pass is None
 mine = lambda graph: None
 config.post_grad_custom_post_pass = mine
 with cuda_p2p.async_tp() as p:
-    assert config.post_grad_custom_post_pass == [mine, p]
+    assert installed() == [mine, p]
+    assert callable(config.post_grad_custom_post_pass) or isinstance(config.post_grad_custom_post_pass, list)
     u1 = p.uuid()
 assert config.post_grad_custom_post_pass is mine
 p2 = cuda_p2p.enable_async_tp(matmul_reduce_scatter=False)
 assert p2.uuid() != u1, "the options are not part of the uuid"
 cuda_p2p.enable_async_tp()
-assert config.post_grad_custom_post_pass[0] is mine and len(config.post_grad_custom_post_pass) == 2
+assert installed()[0] is mine and len(installed()) == 2
 cuda_p2p.disable_async_tp()
 assert config.post_grad_custom_post_pass is mine
 print("ok")
@@ -82,3 +86,51 @@ def test_switches_and_environment_variable():
     r = subprocess.run([sys.executable, "-c", _SWITCHES], env=env, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
+def test_several_passes_become_one_chain_where_inductor_takes_no_list(monkeypatch):
+    """NOTE [One post-grad pass on older torch]: the path torch 2.11 takes, run here on any torch
+    by making the pass believe lists are not taken."""
+    import torch
+    from torch._inductor import config
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    from cuda_p2p import _async_tp
+
+    class UserPass(CustomGraphPass):
+        def __init__(self):
+            self.graphs = []
+
+        def __call__(self, graph):
+            self.graphs.append(graph)
+
+        def uuid(self):
+            return "user-pass-v1"
+
+    monkeypatch.setattr(_async_tp, "_takes_lists", lambda: False)
+    monkeypatch.setattr(config, "post_grad_custom_post_pass", None)
+    user = UserPass()
+    config.post_grad_custom_post_pass = user
+    ours = _async_tp.enable_async_tp()
+    chain = config.post_grad_custom_post_pass
+    assert isinstance(chain, CustomGraphPass) and not isinstance(chain, list)
+    assert chain.passes == [user, ours]
+    assert chain.uuid() == ("cuda_p2p.chain", ("user-pass-v1", ours.uuid()))
+    graph = torch.fx.Graph()
+    chain(graph)  # every member runs, in order
+    assert user.graphs == [graph] and ours.calls == 1
+    assert _async_tp.is_async_tp_enabled()
+
+    _async_tp.disable_async_tp()
+    assert config.post_grad_custom_post_pass is user  # one pass again: no chain
+
+    # A plain callable in the chain: a plain chain, so that inductor bypasses its FX cache.
+    seen = []
+    config.post_grad_custom_post_pass = seen.append
+    ours = _async_tp.enable_async_tp()
+    chain = config.post_grad_custom_post_pass
+    assert not isinstance(chain, CustomGraphPass) and callable(chain)
+    chain(graph)
+    assert seen == [graph] and ours.calls == 1
+    _async_tp.disable_async_tp()
+    assert config.post_grad_custom_post_pass == seen.append
