@@ -3,7 +3,11 @@ barriers, monitored_barrier and the object collectives, on cuda_p2p against Gloo
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
+import torch
+import torch.distributed as dist
 
 import _collective_checks as cc
 from _collective_checks import SUBGROUPS, assert_all_ok, in_subgroup
@@ -40,6 +44,14 @@ def test_recv_any_source_subgroup(world4):
 
 BARRIERS = ["barrier", "barrier_async", "monitored_barrier", "monitored_barrier_wait_all"]
 DELAY = 0.4
+# torch 2.11's dist.monitored_barrier refuses every group whose backend is not named "gloo"
+# (2.14's asks the backend): there it cannot reach cuda_p2p at all.
+_MONITORED_GLOO_ONLY = "only implemented for GLOO" in inspect.getsource(dist.monitored_barrier)
+
+
+def _skip_monitored_where_torch_refuses(kind):
+    if kind.startswith("monitored") and _MONITORED_GLOO_ONLY:
+        pytest.skip(f"torch {torch.__version__}'s dist.monitored_barrier takes Gloo groups only")
 
 
 def _check_waited(results):
@@ -59,6 +71,7 @@ def _check_waited(results):
 
 @pytest.mark.parametrize("kind", BARRIERS)
 def test_barrier_waits_for_everyone(world, kind):
+    _skip_monitored_where_torch_refuses(kind)
     _check_waited(world.run(cc.check_barrier, kind, delay=DELAY))
 
 
@@ -69,6 +82,7 @@ def barrier_in_subgroup(ctx, layout, kind):
 @pytest.mark.parametrize("kind", ["barrier", "monitored_barrier"])
 @pytest.mark.parametrize("layout", list(SUBGROUPS))
 def test_barrier_subgroup(world4, layout, kind):
+    _skip_monitored_where_torch_refuses(kind)
     results = world4.run(barrier_in_subgroup, layout, kind)
     _check_waited(results)
     if layout == "ranks_1_2_3":
@@ -77,6 +91,7 @@ def test_barrier_subgroup(world4, layout, kind):
 
 def test_monitored_barrier_names_missing_rank(world):
     """The last rank never arrives: rank 0 reports it by number (as Gloo does)."""
+    _skip_monitored_where_torch_refuses("monitored_barrier")
     res = world.run(cc.monitored_barrier_missing_rank, "cuda_p2p")
     W = world.size
     assert res[W - 1] is None
