@@ -30,13 +30,14 @@ import argparse
 import faulthandler
 import os
 import signal
-import socket
 import sys
 import time
 import traceback
 
 import torch
 import torch.multiprocessing as mp
+
+from _harness import free_port  # this script's folder: the test harness beside it
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -178,15 +179,9 @@ def _rank_main(run: str, rank: int, world_size: int, port: int, cuda: bool) -> N
     print(f"rank {rank}: PASSED", flush=True)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(ctx, run: str, W: int, cuda: bool, timeout: float) -> list:
     """Starts W ranks of one run; their exit codes (a hang: SIGABRT after the timeout)."""
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_rank_main, args=(run, r, W, port, cuda)) for r in range(W)]
     for p in procs:
         p.start()
@@ -226,7 +221,7 @@ def main() -> int:
         for run in (["default-group"] if cuda else []) + ["workspace"]:
             print(f"== {run}, 1 rank, in this process", flush=True)
             try:  # an exception in one run must not hide a crash in the next
-                _rank_main(run, 0, 1, _free_port(), cuda)
+                _rank_main(run, 0, 1, free_port(), cuda)
             except Exception:  # noqa: BLE001
                 traceback.print_exc()
                 failed += 1
