@@ -147,6 +147,24 @@ for c in "${CUDA_HOME:-}/bin/nvcc" /usr/local/cuda/bin/nvcc "$(command -v nvcc)"
   [ -z "$NVCC" ] && [ -x "$c" ] && NVCC=$c
 done
 say "nvcc:    ${NVCC:-not found} $([ -n "$NVCC" ] && "$NVCC" --version | sed -n 's/.*release \([^,]*\).*/\1/p')"
+# The C++ compiler: one with a shared libstdc++ (NOTE [One libstdc++ in the process] in
+# CMakeLists.txt). The first GPU machine's CXX named a GCC with libstdc++.a only; /usr/bin/g++
+# was fine.
+has_shared_libstdcxx() { [[ "$("$1" -print-file-name=libstdc++.so 2>/dev/null)" == /* ]]; }
+HOST_CXX=${CXX:-$(command -v c++ || command -v g++)}
+if [ -n "$HOST_CXX" ] && ! has_shared_libstdcxx "$HOST_CXX"; then
+  for c in /usr/bin/g++ /usr/bin/c++ $(type -ap g++); do
+    if [ -x "$c" ] && has_shared_libstdcxx "$c"; then
+      say "note:    $HOST_CXX has no shared libstdc++ (it would put a second copy into _C): using $c"
+      HOST_CXX=$c
+      break
+    fi
+  done
+fi
+# CMake's CUDA link step takes the host compiler from CUDAHOSTCXX, not only from the -D below.
+export CXX=$HOST_CXX CUDAHOSTCXX=$HOST_CXX
+[ -x "${HOST_CXX%g++}gcc" ] && export CC=${HOST_CXX%g++}gcc
+say "c++:     $HOST_CXX $("$HOST_CXX" -dumpfullversion 2>/dev/null)"
 say "cmake:   $(command -v cmake) $(cmake --version 2>/dev/null | head -1 | awk '{print $3}')"
 say "ninja:   $(command -v ninja || echo 'not found (make is used)')"
 say "cpus:    $NPROC, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)"
@@ -160,7 +178,8 @@ gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 step configure 120 cmake -S "$ROOT" -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DPython_EXECUTABLE="$PY" -DCUDA_P2P_CUDA=ON -DCUDA_P2P_CUDA_ARCHS="$ARCH" \
-  ${NVCC:+-DCMAKE_CUDA_COMPILER="$NVCC"} \
+  ${NVCC:+-DCMAKE_CUDA_COMPILER="$NVCC"} -DCMAKE_CXX_COMPILER="$HOST_CXX" \
+  -DCMAKE_CUDA_HOST_COMPILER="$HOST_CXX" \
   -DCUDA_P2P_GTEST_SOURCE_DIR="${GTEST_SOURCE_DIR:-$ROOT/third_party/googletest}" \
   -DCUDA_P2P_TEST_LAUNCHER=python -DCUDA_P2P_TEST_RANKS="1;2;3;4" -DCUDA_P2P_TEST_TIMEOUT=150 \
   -DCUDA_P2P_PCH=ON -DCUDA_P2P_WERROR=OFF &&
