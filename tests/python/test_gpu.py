@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import time
+import zlib
 from datetime import timedelta
 
 import pytest
@@ -290,6 +291,13 @@ def _small(shape, seed, dtype, dev):
     return torch.randint(-1, 2, shape, generator=g).to(dtype).to(dev)
 
 
+def _seed(*case) -> int:
+    """A seed every rank derives alike from a test case. Not hash(): a str's hash differs from
+    process to process (PYTHONHASHSEED), and then each rank draws different inputs (the first
+    GPU run's fused_matmul_reduce_scatter failures at W >= 2 were exactly that)."""
+    return zlib.crc32(repr(case).encode()) % 1000
+
+
 def check_fused_all_gather_matmul(ctx, algorithm):
     W, rank, dev = ctx.world_size, ctx.rank, _device()
     g = _group(("fag",))
@@ -302,7 +310,7 @@ def check_fused_all_gather_matmul(ctx, algorithm):
         for shard, gd in cases:
             for nB in (1, 3):
                 for return_A in (True, False):
-                    seed = hash((shard, gd, nB)) % 1000
+                    seed = _seed(shard, gd, nB)
                     shards = [_small(shard, seed + r, dtype, "cpu") for r in range(W)]
                     A = torch.cat(shards, dim=gd)
                     k = A.shape[-1]
@@ -337,7 +345,7 @@ def check_fused_matmul_reduce_scatter(ctx, algorithm):
         for a_shape, sd in cases:
             for op in ("sum", "avg"):
                 for steps in steps_list:
-                    seed = hash((a_shape, sd, op)) % 1000
+                    seed = _seed(a_shape, sd, op)
                     As = [_small(a_shape, seed + r, dtype, "cpu") for r in range(W)]
                     n = 4 * W if sd == -1 else 6
                     B = _small((a_shape[-1], n), seed + 50, dtype, "cpu")
