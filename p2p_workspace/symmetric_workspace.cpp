@@ -421,16 +421,20 @@ class SymmetricWorkspace::Retirement {
 
   // A mapping of `generation` was released: publish it, and retire `own`.
   void closed(int generation, std::shared_ptr<Block> own) noexcept {
+    bool published = true;
     try {
       store_->set(key(generation, rank_), to_bytes("1"));
     } catch (...) {
       // The store is gone (process teardown): peers cannot learn it; they leak their blocks.
+      published = false;
     }
     bool final = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (own) retired_.emplace_back(generation, std::move(own));
       final = final_;
+      // At teardown, not asked again: every query of a dead TCPStore logs a stack trace.
+      if (!published && final) store_gone_ = true;
     }
     // The workspace is gone (a tensor outlived it): nobody else will reap.
     if (final) reap(close_wait_, /*final=*/true);
@@ -457,9 +461,17 @@ class SymmetricWorkspace::Retirement {
               free.push_back(std::move(entry));  // safe on this device (NOTE [Block lifetime])
             } else if (final) {
               try {  // a warning handler may throw (Python's warnings-as-errors)
-                TORCH_WARN("cuda_p2p: rank ", rank_, " leaks its workspace block of generation ",
-                           entry.first, ": rank(s) ", c10::Join(", ", open),
-                           " did not close their mapping of it in time (NOTE [Block lifetime])");
+                if (open.front() < 0) {
+                  TORCH_WARN("cuda_p2p: rank ", rank_, " leaks its workspace block of generation ",
+                             entry.first,
+                             ": the store cannot be reached (its host process has "
+                             "exited?), so whether the peers closed their mappings of it cannot "
+                             "be learned (NOTE [Block lifetime])");
+                } else {
+                  TORCH_WARN("cuda_p2p: rank ", rank_, " leaks its workspace block of generation ",
+                             entry.first, ": rank(s) ", c10::Join(", ", open),
+                             " did not close their mapping of it in time (NOTE [Block lifetime])");
+                }
               } catch (...) {
               }
               leak.push_back(std::move(entry));
@@ -489,13 +501,16 @@ class SymmetricWorkspace::Retirement {
     return "cuda_p2p/workspace/" + std::to_string(generation) + "/closed/" + std::to_string(rank);
   }
   // The peers that have not closed `generation` yet; {-1} when the store cannot be read.
-  std::vector<int> still_open(int generation) const {
+  // Called under mu_.
+  std::vector<int> still_open(int generation) {
+    if (store_gone_) return {-1};
     std::vector<int> open;
     try {
       for (int r = 0; r < world_size_; ++r) {
         if (r != rank_ && !store_->check({key(generation, r)})) open.push_back(r);
       }
     } catch (...) {
+      store_gone_ = final_;  // at teardown, for good; a live workspace asks again next time
       return {-1};
     }
     return open;
@@ -509,6 +524,7 @@ class SymmetricWorkspace::Retirement {
   mutable std::mutex mu_;
   std::vector<std::pair<int, std::shared_ptr<Block>>> retired_;  // (generation, own block)
   bool final_ = false;                                           // the workspace is destroyed
+  bool store_gone_ = false;  // a store call failed: the store's host has exited
 };
 
 struct SymmetricWorkspace::Mapping {

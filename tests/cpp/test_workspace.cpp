@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <set>
@@ -483,6 +484,112 @@ TEST(Workspace, APeerDeviceThatCannotBeReachedTurnsTheWorkspaceOffEverywhere) {
                      "test-0"),
             std::string::npos)
       << why;
+}
+
+// A store that fails every call once severed, as the job's TCPStore does after its host process
+// (rank 0) has exited while another rank still tears down.
+class SeverableStore : public c10d::Store {
+ public:
+  explicit SeverableStore(c10::intrusive_ptr<c10d::Store> inner) : inner_(std::move(inner)) {}
+  void sever() { severed_ = true; }
+  int calls_after_sever() const { return calls_after_sever_; }
+
+  c10::intrusive_ptr<Store> clone() override { return inner_->clone(); }
+  void set(const std::string& k, const std::vector<uint8_t>& v) override {
+    live();
+    inner_->set(k, v);
+  }
+  std::vector<uint8_t> compareSet(const std::string& k, const std::vector<uint8_t>& expected,
+                                  const std::vector<uint8_t>& desired) override {
+    live();
+    return inner_->compareSet(k, expected, desired);
+  }
+  std::vector<uint8_t> get(const std::string& k) override {
+    live();
+    return inner_->get(k);
+  }
+  int64_t add(const std::string& k, int64_t v) override {
+    live();
+    return inner_->add(k, v);
+  }
+  bool deleteKey(const std::string& k) override {
+    live();
+    return inner_->deleteKey(k);
+  }
+  bool check(const std::vector<std::string>& keys) override {
+    live();
+    return inner_->check(keys);
+  }
+  int64_t getNumKeys() override {
+    live();
+    return inner_->getNumKeys();
+  }
+  void wait(const std::vector<std::string>& keys) override {
+    live();
+    inner_->wait(keys);
+  }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& t) override {
+    live();
+    inner_->wait(keys, t);
+  }
+
+ private:
+  void live() {
+    if (!severed_) return;
+    ++calls_after_sever_;
+    C10_THROW_ERROR(DistNetworkError, "the test severed the store");
+  }
+  c10::intrusive_ptr<c10d::Store> inner_;
+  std::atomic<bool> severed_{false};
+  std::atomic<int> calls_after_sever_{0};
+};
+
+class CollectWarnings : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
+  std::vector<std::string> messages;
+};
+
+// NOTE [Block lifetime] at process teardown: a tensor over a peer's buffer outlives the workspace
+// and the store (the first GPU run's bench/gpu_timing.py). The rank cannot publish that it closed
+// the mapping, nor learn whether the peers closed its block: it leaks the block, says that the
+// store is unreachable (it said "rank(s) -1 did not close"), and asks the dead store nothing more
+// (each call on a dead TCPStore logs a stack trace).
+TEST(Workspace, AtTeardownAnUnreachableStoreIsNamedAndAskedOnce) {
+  const auto& w = world();
+  if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  const int holder = w.size - 1;
+  auto store = c10::make_intrusive<SeverableStore>(test_store());
+  WorkspaceOptions o;
+  o.buffer_size = 4096;
+  o.timeout = std::chrono::milliseconds(300);  // the peers' bounded wait for the holder
+  // No rank unreachable: the host device with CUDA's rule that a block must not be freed under a
+  // peer (blocks_outlive_owner() is false), so that an unclosed block is leaked, with a warning.
+  auto ws = std::make_unique<SymmetricWorkspace>(
+      store, w.rank, w.size, std::make_shared<UnreachablePeerDevice>(make_host_device(), -1), o);
+  ASSERT_TRUE(ws->available()) << ws->unavailable_reason();
+  at::Tensor held;
+  if (w.rank == holder) held = ws->get_buffer(0, {4}, at::kInt);
+  store_barrier("severable-holding");
+  if (w.rank == holder) {
+    CollectWarnings warnings;
+    {
+      c10::WarningUtils::WarningHandlerGuard guard(&warnings);
+      store->sever();
+      ws.reset();           // the mapping lives on in `held`
+      held = at::Tensor();  // its release can neither publish nor ask
+    }
+    ASSERT_EQ(warnings.messages.size(), 1u) << c10::Join(" | ", warnings.messages);
+    const std::string& msg = warnings.messages.front();
+    EXPECT_NE(msg.find("leaks its workspace block of generation 1: the store cannot be reached"),
+              std::string::npos)
+        << msg;
+    EXPECT_EQ(msg.find("-1"), std::string::npos) << msg;
+    EXPECT_EQ(store->calls_after_sever(), 1) << "the failed publish only";
+  } else {
+    ws.reset();  // waits 300 ms for the holder, then leaks its block (the holder never published)
+  }
+  store_barrier("severable-done");
 }
 
 }  // namespace
