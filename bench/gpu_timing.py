@@ -119,6 +119,9 @@ def _rank_main(rank, W, port, args, queue):
     med, best = _time(lambda: dst.copy_(peer), it, wu, cpu)
     rows[f"peer pull {args.pull_mib} MiB (GB/s)"] = (nbytes / med / 1e6, nbytes / best / 1e6)
     b.intra_node_barrier()
+    # A view of a peer's buffer keeps its mapping (and, after growth, an old block) alive; let it
+    # go while the store is up (NOTE [Block lifetime]: the first GPU run warned at exit).
+    del peer
 
     dtype = getattr(torch, args.dtype)
     M, H = args.m, args.h
