@@ -448,8 +448,12 @@ def check_async_side_stream(ctx):
 
 def check_timeout(ctx, absent):
     """A rank that never arrives: every other rank raises, naming it, within the timeout plus a
-    margin - from the op, from the synchronize after it, or at the latest from the next call on
-    the group (a watchdog that aborts the group). Each op on a group of its own."""
+    margin - from the op or at the latest from the next call on the group (its watchdog fails the
+    group's device). Each op on a group of its own and on a stream of its own: on CUDA the op only
+    enqueues its waits, and a stream blocked in cuStreamWaitValue32 stays blocked (NOTE [Device
+    failure] in p2p_workspace/watchdog.hpp), so a second op queued behind the first on one stream
+    would never reach its own waits, and torch.cuda.synchronize() would never return (the first
+    GPU run's failure of this test: it called it)."""
     W, rank, dev = ctx.world_size, ctx.rank, _device()
     t = timedelta(seconds=TIMEOUT_S)
     g_barrier = _group(("timeout", "barrier"), buffer_size=BUFFER, timeout=t)
@@ -465,12 +469,11 @@ def check_timeout(ctx, absent):
         b = cuda_p2p.get_cuda_p2p_backend(g)
         t0 = time.monotonic()
         try:
-            fn(b)
-            torch.cuda.synchronize()
-            while time.monotonic() < t0 + TIMEOUT_S + MARGIN_S:
-                b.intra_node_barrier(timeout=1.0)
-                torch.cuda.synchronize()
-                time.sleep(0.2)
+            with torch.cuda.stream(torch.cuda.Stream(device=dev)):
+                fn(b)
+                while time.monotonic() < t0 + TIMEOUT_S + MARGIN_S:
+                    b.intra_node_barrier(timeout=1.0)
+                    time.sleep(0.2)
             out["errors"].append((what, None, time.monotonic() - t0))
         except Exception as e:  # noqa: BLE001  (the test inspects it)
             out["errors"].append((what, f"{type(e).__name__}: {e}"[:600], time.monotonic() - t0))
