@@ -227,7 +227,7 @@ if ((built == 0)); then
     reports+=("$OUT/ctest.xml")
   fi
   if wants pytest; then
-    step pytest 240 "$PY" -m pytest -p no:cacheprovider -rfEs -v --tb=short --maxfail=5 \
+    CUDA_P2P_REPORT_FAILURES_NOW=1 step pytest 240 "$PY" -m pytest -p no:cacheprovider -rfEs -v --tb=short --maxfail=5 \
       tests/python/test_gpu.py --junitxml="$OUT/pytest.xml" -o junit_family=xunit1 \
       "${pytest_args[@]}" &
     py_pid=$!

@@ -61,6 +61,17 @@ def any_world(request) -> World:
     return request.getfixturevalue(f"world{request.param}")
 
 
+def pytest_runtest_logreport(report):
+    """With CUDA_P2P_REPORT_FAILURES_NOW=1 (scripts/gpu_check.sh sets it), a failure's traceback
+    is printed when it happens, not only in pytest's summary at the end: a run cut off by its time
+    limit still says why the tests before failed (on the second GPU run it did not)."""
+    if report.failed and os.environ.get("CUDA_P2P_REPORT_FAILURES_NOW") == "1":
+        text = report.longreprtext
+        if len(text) > 4000:
+            text = text[:1000] + "\n[...]\n" + text[-3000:]
+        print(f"\n--- {report.nodeid} ({report.when}) failed:\n{text}\n---", flush=True)
+
+
 def pytest_sessionfinish(session, exitstatus):
     pids = [pid for w in _worlds.values() for pid in w.pids()]
     for w in _worlds.values():
