@@ -66,6 +66,8 @@ def _create_nonccl(opts, pg_options) -> ProcessGroupCudaP2P:
     store, rank, size = opts.store, opts.group_rank, opts.group_size
     options.global_ranks_in_group = list(opts.global_ranks_in_group) or list(range(size))
     gloo = dist.ProcessGroupGloo(PrefixStore("gloo/", store), rank, size, opts.timeout)
+    if _ON_CPU:  # no CUDA backend: the workspace is the host's (rehearse_on_cpu)
+        return ProcessGroupCudaP2P(store, rank, size, options, gloo)
     gloo_cuda = dist.ProcessGroupGloo(PrefixStore("gloo_cuda/", store), rank, size, opts.timeout)
     return ProcessGroupCudaP2P(store, rank, size, options, gloo, gloo_cuda)
 
@@ -81,16 +83,40 @@ if NONCCL.upper() not in dist.Backend._plugins:
 _groups: dict = {}
 
 
+# Set in a rank by rehearse_on_cpu: the device-neutral checks then run on the host workspace.
+_ON_CPU = False
+
+
+def rehearse_on_cpu(ctx, check, *args):
+    """Runs `check` with CPU tensors on the host workspace (tests/python/test_gpu_rehearsal.py, in
+    CI): a fault of the check itself shows there, before a scarce GPU lease is spent on it."""
+    global _ON_CPU
+    _ON_CPU = True
+    try:
+        return check(ctx, *args)
+    finally:
+        _ON_CPU = False
+
+
 def _device() -> torch.device:
+    if _ON_CPU:
+        return torch.device("cpu")
     # Every rank on the same GPU when one is visible (CUDA_VISIBLE_DEVICES), else round-robin.
     return torch.device("cuda", dist.get_rank() % torch.cuda.device_count())
 
 
+def _sync() -> None:
+    if _device().type == "cuda":
+        torch.cuda.synchronize()
+
+
 def _group(key, backend=NONCCL, opt_in=True, timeout=None, cached=True, **options):
     """A group over all ranks (cached by key unless not ``cached``; collective on first use)."""
+    key = (key, _ON_CPU)
     if cached and key in _groups:
         return _groups[key]
-    torch.cuda.set_device(_device())
+    if not _ON_CPU:
+        torch.cuda.set_device(_device())
     o = ProcessGroupCudaP2P.Options()
     if opt_in and hasattr(o, "cuda_workspace_collectives"):
         o.cuda_workspace_collectives = True
@@ -197,7 +223,7 @@ def check_all_gather(ctx, algo):
                 ref = torch.empty(n * W, dtype=dtype)
                 dist.all_gather_into_tensor(ref, x, group=ctx.gloo)
                 chk.case("gloo", torch.equal(out.cpu(), ref), "differs from gloo")
-    torch.cuda.synchronize()
+    _sync()
     _expect_counter(chk, g, f"all_gather.{algo}", count)
     return chk.result()
 
@@ -219,7 +245,7 @@ def check_reduce_scatter(ctx, algo, steps):
                 chk.case(f"{name} {op} n={n}", _close(out, full[rank * n : (rank + 1) * n], op),
                          "differs from local math")
                 count += 1
-    torch.cuda.synchronize()
+    _sync()
     _expect_counter(chk, g, f"reduce_scatter.{algo}", count)
     return chk.result()
 
@@ -242,7 +268,7 @@ def check_all_reduce(ctx, algo):
                     ref = _input(seed, rank, n, torch.float32)
                     dist.all_reduce(ref, group=ctx.gloo)
                     chk.case("gloo", torch.equal(x.cpu().float(), ref), "differs from gloo")
-    torch.cuda.synchronize()
+    _sync()
     _expect_counter(chk, g, f"all_reduce.{algo}", count)
     return chk.result()
 
@@ -260,7 +286,7 @@ def check_broadcast(ctx):
                 chk.case(f"{name} n={n} root={root}",
                          torch.equal(t.cpu(), _input(root + n, root, n, dtype)), "differs")
                 count += 1
-    torch.cuda.synchronize()
+    _sync()
     _expect_counter(chk, g, "broadcast.direct", count)
     return chk.result()
 
@@ -280,7 +306,7 @@ def check_all_gather_v(ctx):
                               for r in range(W)])
             chk.case(f"{name} rows={rows}", torch.equal(got.cpu(), want), "differs")
             count += 1
-    torch.cuda.synchronize()
+    _sync()
     _expect_counter(chk, g, "all_gather_v.direct", count)
     return chk.result()
 
@@ -327,7 +353,7 @@ def check_fused_all_gather_matmul(ctx, algorithm):
                         want = (A.double() @ B.double()).to(dtype)
                         chk.case(f"{what} B{i}", torch.equal(outs[i].cpu(), want), "out differs")
                     count += 1
-    torch.cuda.synchronize()
+    _sync()
     _expect_counter(chk, g, f"fused_all_gather_matmul.{algorithm}", count)
     return chk.result()
 
@@ -361,7 +387,7 @@ def check_fused_matmul_reduce_scatter(ctx, algorithm):
                     chk.case(what, _close(got, want, "AVG" if op == "avg" else "SUM"), "differs")
                     chk.case(what + " contiguous", got.is_contiguous(), "not contiguous")
                     count += 1
-    torch.cuda.synchronize()
+    _sync()
     _expect_counter(chk, g, f"fused_matmul_reduce_scatter.{algorithm}", count)
     return chk.result()
 
@@ -401,7 +427,7 @@ def check_p2p_buffer(ctx):
     mine = b.get_p2p_buffer(rank, [256], torch.float32)
     chk.case("device", mine.device == dev, f"{mine.device}")
     mine.fill_(rank + 0.5)
-    torch.cuda.synchronize()
+    _sync()
     b.intra_node_barrier()
     for r in range(W):
         peer = b.get_p2p_buffer(r, [256], torch.float32)
@@ -412,7 +438,7 @@ def check_p2p_buffer(ctx):
     view = b.get_p2p_buffer(nxt, [16], torch.float32, storage_offset=256)
     b.intra_node_barrier()
     view.copy_(torch.arange(16, dtype=torch.float32, device=dev) + 100 * rank)
-    torch.cuda.synchronize()
+    _sync()
     b.intra_node_barrier()
     prev = (rank - 1) % W
     got = b.get_p2p_buffer(rank, [16], torch.float32, storage_offset=256)
