@@ -34,8 +34,16 @@ std::string describe_ranks(const std::vector<int>& ranks) {
   return os.str();
 }
 
-Watchdog::Watchdog(FailureState& failure, std::function<void()> thread_init, Millis max_poll)
-    : failure_(failure), thread_init_(std::move(thread_init)), max_poll_(max_poll) {}
+Watchdog::Watchdog(FailureState& failure, std::function<void()> thread_init, Millis max_poll,
+                   std::function<void(const std::string&)> report)
+    : failure_(failure),
+      thread_init_(std::move(thread_init)),
+      max_poll_(max_poll),
+      report_(std::move(report)) {
+  if (!report_) {
+    report_ = [](const std::string& message) { TORCH_WARN(message); };
+  }
+}
 
 Watchdog::~Watchdog() { stop(); }
 
@@ -77,6 +85,7 @@ bool Watchdog::poll() {
   // Called with mu_ held. Waits on different streams finish in any order: scan them all.
   const auto now = std::chrono::steady_clock::now();
   bool progress = false;
+  bool blocked = false;  // the stream is still at the wait (not a kernel that gave up)
   std::string error;
   for (auto it = entries_.begin(); it != entries_.end();) {
     Entry& e = *it;
@@ -99,14 +108,25 @@ bool Watchdog::poll() {
     if (e.started && now - *e.started > e.timeout) {
       error = e.context + " timed out after " + std::to_string(e.timeout.count()) +
               " ms: " + describe_ranks(e.wait->missing()) + " never arrived";
+      blocked = true;
       break;
     }
     ++it;
   }
   if (!error.empty()) {
-    failure_.fail(error +
-                  "; the stream's pending work cannot be cancelled: destroy the group and end the "
-                  "process (NOTE [Device failure])");
+    const std::string why = error +
+                            "; the stream's pending work cannot be cancelled: destroy the group "
+                            "and end the process (NOTE [Device failure])";
+    if (failure_.fail(why)) {
+      try {  // poll_now() may run in a Python thread whose warnings are errors
+        report_("cuda_p2p watchdog: this group's device failed: " + why + ". " +
+                (blocked ? "Work queued behind the wait stays blocked: torch.cuda.synchronize() "
+                           "and whatever else waits for that stream will not return."
+                         : "The stream went on with stale data; cuda_p2p's calls on this group "
+                           "raise this error."));
+      } catch (...) {
+      }
+    }
     entries_.clear();
     stop_ = true;
   }

@@ -37,7 +37,9 @@ namespace cuda_p2p {
 //    computes on is never returned silently: the host raises for that op (Work.wait(),
 //    synchronize, the next op). A stream blocked in cuStreamWaitValue32 stays blocked: the user
 //    must treat the process's CUDA work as lost (destroy the group and exit, as with NCCL's
-//    watchdog, or relaunch the job).
+//    watchdog, or relaunch the job). A process blocked outside cuda_p2p behind that stream
+//    (torch.cuda.synchronize(), .item()) never gets to raise, so the watchdog also says the
+//    failure once on stderr (a warning) when it records it.
 class FailureState {
  public:
   // Records `why` unless a failure was recorded already; returns whether this call recorded it.
@@ -75,7 +77,11 @@ class Watchdog {
  public:
   // `thread_init` runs first in the watchdog's thread (CUDA: select the device, relax the
   // thread's graph-capture mode). `max_poll` bounds how late a missed deadline is noticed.
-  Watchdog(FailureState& failure, std::function<void()> thread_init, Millis max_poll = Millis(100));
+  // `report` is told the failure once, when the watchdog records it (default: a warning on
+  // stderr): a process blocked outside cuda_p2p (torch.cuda.synchronize(), .item()) behind the
+  // stuck stream would otherwise hang without a word, since only cuda_p2p's own calls raise it.
+  Watchdog(FailureState& failure, std::function<void()> thread_init, Millis max_poll = Millis(100),
+           std::function<void(const std::string&)> report = nullptr);
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
@@ -106,6 +112,7 @@ class Watchdog {
   FailureState& failure_;
   std::function<void()> thread_init_;
   const Millis max_poll_;
+  std::function<void(const std::string&)> report_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Entry> entries_;

@@ -2,6 +2,7 @@
 // them (CUDA streams), driven here with scripted waits: it is device-independent code, and on
 // the host this is where it runs (NOTE [Device failure] in p2p_workspace/watchdog.hpp).
 #include <atomic>
+#include <mutex>
 #include <thread>
 
 #include "p2p_workspace/watchdog.hpp"
@@ -36,6 +37,22 @@ class ScriptedWait : public WatchedWait {
   std::shared_ptr<Script> s_;
 };
 
+// What the watchdog reports (it may report from its own thread).
+struct Reports {
+  std::mutex mu;
+  std::vector<std::string> messages;
+  std::function<void(const std::string&)> sink() {
+    return [this](const std::string& m) {
+      std::lock_guard<std::mutex> lock(mu);
+      messages.push_back(m);
+    };
+  }
+  std::vector<std::string> get() {
+    std::lock_guard<std::mutex> lock(mu);
+    return messages;
+  }
+};
+
 // Polls `cond` for up to `limit`.
 template <typename Cond>
 bool eventually(Cond cond, std::chrono::milliseconds limit = 5000ms) {
@@ -68,7 +85,8 @@ TEST(Watchdog, WaitsThatFinishInTimeRetireWithoutError) {
 
 TEST(Watchdog, AMissedDeadlineFailsTheDeviceNamingTheOpAndTheMissingRanks) {
   FailureState failure;
-  Watchdog dog(failure, nullptr, 20ms);
+  Reports reports;
+  Watchdog dog(failure, nullptr, 20ms, reports.sink());
   auto s = std::make_shared<Script>();
   s->started = true;
   const auto start = std::chrono::steady_clock::now();
@@ -88,6 +106,14 @@ TEST(Watchdog, AMissedDeadlineFailsTheDeviceNamingTheOpAndTheMissingRanks) {
   EXPECT_EQ(dog.pending(), 0u);
   dog.track(std::make_unique<ScriptedWait>(std::make_shared<Script>()), 1ms, "later");
   EXPECT_EQ(dog.pending(), 0u);
+  // Said once, when it happened, for a process that hangs outside cuda_p2p behind the stream.
+  const auto said = reports.get();
+  ASSERT_EQ(said.size(), 1u);
+  EXPECT_NE(said[0].find("device failed: " + why), std::string::npos) << said[0];
+  EXPECT_NE(said[0].find("torch.cuda.synchronize() and whatever else waits for that stream will "
+                         "not return"),
+            std::string::npos)
+      << said[0];
 }
 
 TEST(Watchdog, TheDeadlineCountsFromWhenTheStreamReachesTheWait) {
@@ -109,7 +135,8 @@ TEST(Watchdog, TheDeadlineCountsFromWhenTheStreamReachesTheWait) {
 
 TEST(Watchdog, AKernelThatGaveUpIsAFailureNotStaleData) {
   FailureState failure;
-  Watchdog dog(failure, nullptr, 1000ms);
+  Reports reports;
+  Watchdog dog(failure, nullptr, 1000ms, reports.sink());
   auto s = std::make_shared<Script>();
   s->given_up = {2};
   s->started = true;
@@ -122,11 +149,15 @@ TEST(Watchdog, AKernelThatGaveUpIsAFailureNotStaleData) {
   EXPECT_NE(failure.reason().find("rank 2 never arrived"), std::string::npos) << failure.reason();
   EXPECT_NE(failure.reason().find("stale"), std::string::npos) << failure.reason();
   EXPECT_EQ(s->missing_calls.load(), 0);  // the kernel named the peers itself
+  const auto said = reports.get();
+  ASSERT_EQ(said.size(), 1u);
+  EXPECT_NE(said[0].find("The stream went on with stale data"), std::string::npos) << said[0];
 }
 
 TEST(Watchdog, AbortStopsWatchingAndKeepsTheFirstFailure) {
   FailureState failure;
-  Watchdog dog(failure, nullptr, 10ms);
+  Reports reports;
+  Watchdog dog(failure, nullptr, 10ms, reports.sink());
   auto s = std::make_shared<Script>();
   s->started = true;
   dog.track(std::make_unique<ScriptedWait>(s), 50ms, "never finishes");
@@ -137,6 +168,7 @@ TEST(Watchdog, AbortStopsWatchingAndKeepsTheFirstFailure) {
   EXPECT_EQ(failure.reason(), "aborted by the test");
   EXPECT_FALSE(failure.fail("a later failure"));
   EXPECT_EQ(failure.reason(), "aborted by the test");
+  EXPECT_TRUE(reports.get().empty());  // an abort is the caller's own doing: nothing to report
 }
 
 TEST(Watchdog, DescribesRanks) {
