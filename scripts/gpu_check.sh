@@ -161,10 +161,12 @@ if [ -n "$HOST_CXX" ] && ! has_shared_libstdcxx "$HOST_CXX"; then
     fi
   done
 fi
-# CMake's CUDA link step takes the host compiler from CUDAHOSTCXX, not only from the -D below.
-export CXX=$HOST_CXX CUDAHOSTCXX=$HOST_CXX
-[ -x "${HOST_CXX%g++}gcc" ] && export CC=${HOST_CXX%g++}gcc
-say "c++:     $HOST_CXX $("$HOST_CXX" -dumpfullversion 2>/dev/null)"
+if [ -n "$HOST_CXX" ]; then
+  # CMake's CUDA link step takes the host compiler from CUDAHOSTCXX, not only from the -D below.
+  export CXX=$HOST_CXX CUDAHOSTCXX=$HOST_CXX
+  [[ $HOST_CXX == *g++ && -x ${HOST_CXX%g++}gcc ]] && export CC=${HOST_CXX%g++}gcc
+fi
+say "c++:     ${HOST_CXX:-not found} $([ -n "$HOST_CXX" ] && "$HOST_CXX" -dumpfullversion 2>/dev/null)"
 say "cmake:   $(command -v cmake) $(cmake --version 2>/dev/null | head -1 | awk '{print $3}')"
 say "ninja:   $(command -v ninja || echo 'not found (make is used)')"
 say "cpus:    $NPROC, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)"
@@ -178,8 +180,8 @@ gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 step configure 120 cmake -S "$ROOT" -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DPython_EXECUTABLE="$PY" -DCUDA_P2P_CUDA=ON -DCUDA_P2P_CUDA_ARCHS="$ARCH" \
-  ${NVCC:+-DCMAKE_CUDA_COMPILER="$NVCC"} -DCMAKE_CXX_COMPILER="$HOST_CXX" \
-  -DCMAKE_CUDA_HOST_COMPILER="$HOST_CXX" \
+  ${NVCC:+-DCMAKE_CUDA_COMPILER="$NVCC"} ${HOST_CXX:+-DCMAKE_CXX_COMPILER="$HOST_CXX"} \
+  ${HOST_CXX:+-DCMAKE_CUDA_HOST_COMPILER="$HOST_CXX"} \
   -DCUDA_P2P_GTEST_SOURCE_DIR="${GTEST_SOURCE_DIR:-$ROOT/third_party/googletest}" \
   -DCUDA_P2P_TEST_LAUNCHER=python -DCUDA_P2P_TEST_RANKS="1;2;3;4" -DCUDA_P2P_TEST_TIMEOUT=150 \
   -DCUDA_P2P_PCH=ON -DCUDA_P2P_WERROR=OFF &&
@@ -227,9 +229,9 @@ if ((built == 0)); then
     reports+=("$OUT/ctest.xml")
   fi
   if wants pytest; then
-    CUDA_P2P_REPORT_FAILURES_NOW=1 step pytest 240 "$PY" -m pytest -p no:cacheprovider -rfEs -v --tb=short --maxfail=5 \
-      tests/python/test_gpu.py --junitxml="$OUT/pytest.xml" -o junit_family=xunit1 \
-      "${pytest_args[@]}" &
+    CUDA_P2P_REPORT_FAILURES_NOW=1 step pytest 240 "$PY" -m pytest -p no:cacheprovider -rfEs -v \
+      --tb=short --maxfail=5 tests/python/test_gpu.py --junitxml="$OUT/pytest.xml" \
+      -o junit_family=xunit1 "${pytest_args[@]}" &
     py_pid=$!
     reports+=("$OUT/pytest.xml")
   fi
