@@ -319,7 +319,7 @@ def _small(shape, seed, dtype, dev):
 
 def _seed(*case) -> int:
     """A seed every rank derives alike from a test case. Not hash(): a str's hash differs from
-    process to process (PYTHONHASHSEED), and then each rank draws different inputs (the first
+    process to process (PYTHONHASHSEED), and then each rank draws different inputs (the second
     GPU run's fused_matmul_reduce_scatter failures at W >= 2 were exactly that)."""
     return zlib.crc32(repr(case).encode()) % 1000
 
@@ -478,8 +478,8 @@ def check_timeout(ctx, absent):
     group's device). Each op on a group of its own and on a stream of its own: on CUDA the op only
     enqueues its waits, and a stream blocked in cuStreamWaitValue32 stays blocked (NOTE [Device
     failure] in p2p_workspace/watchdog.hpp), so a second op queued behind the first on one stream
-    would never reach its own waits, and torch.cuda.synchronize() would never return (the first
-    GPU run's failure of this test: it called it)."""
+    would never reach its own waits, and torch.cuda.synchronize() would never return (most
+    likely the second GPU run's failure of this test: it called it)."""
     W, rank, dev = ctx.world_size, ctx.rank, _device()
     t = timedelta(seconds=TIMEOUT_S)
     g_barrier = _group(("timeout", "barrier"), buffer_size=BUFFER, timeout=t)
