@@ -1,7 +1,8 @@
 // CUDA implementation of the device interface (compiled when nvcc is found; runs only on a GPU).
 // CI never runs it (no GPU there): everything device-independent (the watchdog, the failure
-// state, the workspace protocols) lives in shared code that the host tests exercise. It ran once
-// on a GPU, from the C++ tests (docs/testing.md, "What has run on a GPU").
+// state, the workspace protocols) lives in shared code that the host tests exercise. It has run
+// on one GPU shared by 1-4 ranks, from the C++ tests and from Python, never across GPUs
+// (docs/testing.md, "What has run on a GPU").
 //
 // NOTE [CUDA signal ordering]
 // write_signal is cuStreamWriteValue32 with the default flags, which puts a memory fence before
