@@ -54,13 +54,33 @@ ProcessGroupCudaP2P::ProcessGroupCudaP2P(c10::intrusive_ptr<c10d::Store> store, 
   // "all_reduce.one_shot", ...). A host workspace (CPU tensors) is not affected; the fused ops
   // use the workspace on either device.
 
-  // The workspace lives on the GPU when this group drives one (a CUDA backend exists), else in
-  // host shared memory. Every rank constructs the backend, so the rendezvous is collective.
+  // NOTE [The workspace's device]
+  // A group has one workspace, on one device: tensors on the other device go to the wrapped
+  // backend (counted ".wrapped"). By default ("auto") it lives on the current GPU when the group
+  // drives one (it wraps a CUDA backend: Python creates NCCL when a GPU is visible), else in
+  // host shared memory. Options.workspace_device / CUDA_P2P_WORKSPACE_DEVICE choose: "cpu" keeps
+  // a host workspace on a GPU machine, for CPU tensor-parallel inference there (and for the CPU
+  // test suite run on a GPU machine: tests/python/conftest.py); "cuda" insists on the GPU and
+  // fails here, naming the knob, where there is none. Every rank constructs the backend, so the
+  // rendezvous is collective.
   if (config_.workspace) {
     std::shared_ptr<Device> device;
+    const auto where = config_.workspace_device;
 #ifdef CUDA_P2P_WITH_CUDA
-    if (cuda_backend_) device = make_cuda_device(c10::cuda::current_device());
+    if (where != WorkspaceDevice::kCpu && cuda_backend_) {
+      device = make_cuda_device(c10::cuda::current_device());
+    }
+    constexpr bool kBuiltWithCuda = true;
+#else
+    constexpr bool kBuiltWithCuda = false;
 #endif
+    TORCH_CHECK(device || where != WorkspaceDevice::kCuda,
+                "cuda_p2p: ", config_.workspace_device_from,
+                " asks for a workspace on the GPU ('cuda'), but ",
+                kBuiltWithCuda ? "this group wraps no CUDA backend (no GPU visible to torch, or "
+                                 "NCCL unavailable)"
+                               : "cuda_p2p was built without CUDA",
+                "; use 'cpu' or 'auto'");
     if (!device) device = make_host_device(size, config_.host_streams);
     workspace_ = std::make_unique<SymmetricWorkspace>(
         c10::make_intrusive<c10d::PrefixStore>("cuda_p2p/", store_), rank, size, std::move(device),

@@ -38,6 +38,7 @@ constexpr const char* kHostIdEnv = "CUDA_P2P_HOST_ID";
 constexpr const char* kDenyCrossMemoryEnv = "CUDA_P2P_TEST_DENY_CROSS_MEMORY";
 constexpr const char* kSymmetricHeapSizeEnv = "CUDA_P2P_SYMMETRIC_HEAP_SIZE";
 constexpr const char* kFusedMinFlopsEnv = "CUDA_P2P_FUSED_MIN_FLOPS";
+constexpr const char* kWorkspaceDeviceEnv = "CUDA_P2P_WORKSPACE_DEVICE";
 
 constexpr int64_t kMaxBytes = int64_t{1} << 46;  // 64 TiB: a sanity bound, not a policy
 constexpr int64_t kMaxRingSteps = int64_t{1} << 20;
@@ -114,6 +115,11 @@ const std::vector<Knob>& knobs() {
       {"enable_workspace", kDisableWorkspaceEnv, "bool", "True (variable: unset)",
        "Set up the P2P workspace. The variable is inverted: CUDA_P2P_DISABLE_WORKSPACE=1 turns "
        "the workspace off; either side turns it off."},
+      {"workspace_device", kWorkspaceDeviceEnv, "auto|cpu|cuda",
+       "cuda with a visible GPU, else cpu",
+       "Where the workspace lives: cuda (the current GPU; the group must wrap NCCL) or cpu (host "
+       "shared memory). One workspace per group: CPU tensors on a CUDA workspace, and CUDA "
+       "tensors on a CPU one, go to the wrapped backend (Gloo, NCCL)."},
       {"buffer_size", "", "bytes", "32 MiB",
        "Bytes of the symmetric buffer each rank shares with its peers."},
       {"max_buffer_size", "", "bytes", "256 MiB",
@@ -174,6 +180,14 @@ const std::vector<Knob>& knobs() {
 
 }  // namespace config
 
+WorkspaceDevice parse_workspace_device(const std::string& value, const std::string& what) {
+  if (value == "auto") return WorkspaceDevice::kAuto;
+  if (value == "cpu") return WorkspaceDevice::kCpu;
+  if (value == "cuda") return WorkspaceDevice::kCuda;
+  TORCH_CHECK_VALUE(false, "cuda_p2p: ", what, " must be 'auto', 'cpu' or 'cuda', got '", value,
+                    "'");
+}
+
 namespace {
 
 // The value of an optional Options field, else of the environment variable, else `fallback`.
@@ -215,6 +229,10 @@ Config resolve_config(const Options& o, int world_size, const config::EnvLookup&
     // (c10::str rather than std::string operator+: GCC 12 reports a false -Warray-bounds there.)
     c.workspace_off_reason = c10::str("disabled by ", kDisableWorkspaceEnv, "=",
                                       env(kDisableWorkspaceEnv).value_or("1"));
+  }
+  if (auto v = chosen(o.workspace_device, "workspace_device", env, kWorkspaceDeviceEnv)) {
+    c.workspace_device = parse_workspace_device(v->first, v->second);
+    c.workspace_device_from = v->second;
   }
   c.workspace_options.buffer_size = o.buffer_size.value_or(WorkspaceOptions::kDefaultBufferSize);
   c.workspace_options.timeout = o.timeout;

@@ -37,6 +37,10 @@ inline constexpr const char* kBackendName = "cuda_p2p";
 struct Options : c10d::Backend::Options {
   Options() : c10d::Backend::Options(kBackendName) {}
 
+  // Where the workspace lives (NOTE [The workspace's device] in backend/ProcessGroupCudaP2P.cpp):
+  // "cuda" (the current GPU), "cpu" (host shared memory) or "auto" (CUDA_P2P_WORKSPACE_DEVICE,
+  // else "cuda" when the group wraps a CUDA backend, "cpu" otherwise).
+  std::string workspace_device = "auto";
   // Bytes of the symmetric buffer each rank maps for its peers (unset: 32 MiB).
   std::optional<int64_t> buffer_size;
   // Whether to set up the P2P workspace at all (CUDA_P2P_DISABLE_WORKSPACE also turns it off).
@@ -101,10 +105,18 @@ struct Options : c10d::Backend::Options {
   }
 };
 
+// Where a group's workspace lives: Options.workspace_device resolved (kAuto: by the wrapped
+// backends, NOTE [The workspace's device] in backend/ProcessGroupCudaP2P.cpp).
+enum class WorkspaceDevice { kAuto, kCpu, kCuda };
+// "auto", "cpu" or "cuda"; anything else is a ValueError naming `what`.
+WorkspaceDevice parse_workspace_device(const std::string& value, const std::string& what);
+
 // A group's configuration, resolved once (resolve_config) from its Options and the environment.
 struct Config {
   bool workspace = true;               // set up the workspace
   std::string workspace_off_reason;    // why not ("" when it is set up)
+  WorkspaceDevice workspace_device = WorkspaceDevice::kAuto;
+  std::string workspace_device_from;   // the knob that chose it ("" for auto)
   WorkspaceOptions workspace_options;  // buffer size, timeout, host id, copy-free reads
   int64_t max_buffer_size = 0;
   HostStreams host_streams = HostStreams::kCooperative;

@@ -160,6 +160,15 @@ PYBIND11_MODULE(_C, m) {
           "(CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES=1 turns them on, else off). Off, the default until "
           "they have been validated on a GPU, they go to the wrapped NCCL backend. CPU tensors and "
           "the fused ops are not affected.")
+      .def_property(
+          "workspace_device", [](const Options& o) { return o.workspace_device; },
+          [](Options& o, const std::string& v) {
+            cuda_p2p::parse_workspace_device(v, "Options.workspace_device");
+            o.workspace_device = v;
+          },
+          "Where the group's workspace lives: 'cuda' (the current GPU), 'cpu' (host shared "
+          "memory) or 'auto' (CUDA_P2P_WORKSPACE_DEVICE, else 'cuda' when a GPU is visible). "
+          "Tensors on the other device go to the wrapped backend.")
       .def_readwrite("hierarchical", &ProcessGroupCudaP2P::Options::hierarchical,
                      "On a group whose ranks span hosts, run the collectives on CPU tensors "
                      "hierarchically: intra-host on each host's workspace, inter-host on the "
@@ -459,6 +468,10 @@ PYBIND11_MODULE(_C, m) {
             d["workspace_collectives_reason"] = self.workspace_collectives_reason();
             d["cuda_workspace_collectives"] = self.options()->cuda_workspace_collectives;
             const auto* ws = self.workspace();
+            // NOTE [The workspace's device] in backend/ProcessGroupCudaP2P.cpp.
+            d["workspace_device"] =
+                ws ? py::object(py::str(ws->device().tensor_device().is_cpu() ? "cpu" : "cuda"))
+                   : py::object(py::none());
             d["ranks_cpus"] = ws ? ws->device().ranks_cpus() : 0;
             d["oversubscribed"] = ws ? ws->device().oversubscribed() : false;
             return d;

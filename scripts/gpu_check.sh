@@ -14,10 +14,12 @@
 # 4. runs every C++ test binary as 1, 2, 3 and 4 ranks sharing the one GPU, started by
 #    tests/cpp/launch.py (no mpirun), and tests/python/test_gpu.py (stopping after 5 failures);
 #    a skipped or timed-out test counts as a failure;
-# 5. prints a small timing table of ranks sharing one GPU (bench/gpu_timing.py).
+# 5. prints a small timing table of ranks sharing one GPU (bench/gpu_timing.py);
+# 6. runs the CPU suite (tests/python but test_gpu.py) under the machine's torch.
 #
 # A rerun on a warm machine (the build is kept) may run fewer steps: CUDA_P2P_GPU_CHECK_STEPS
-# (default smoke,ctest,pytest,timing), CUDA_P2P_GPU_CHECK_CTEST_ARGS, CUDA_P2P_GPU_CHECK_PYTEST_ARGS.
+# (default smoke,ctest,pytest,timing,cpu_suite), CUDA_P2P_GPU_CHECK_CTEST_ARGS,
+# CUDA_P2P_GPU_CHECK_PYTEST_ARGS (for both pytest steps).
 #
 # Logs and summary.txt go to OUT_DIR; a failed step's last lines go to the summary too. Exit
 # status: 0 when everything passed, 1 on any failure, 2 (after one line) on a machine without a
@@ -43,7 +45,7 @@ START=$(date +%s)
 BUDGET=${CUDA_P2P_GPU_CHECK_BUDGET:-640}
 # Which steps after the build (a rerun on a warm machine, whose build is kept, may want fewer),
 # and extra arguments for ctest (e.g. "-R test_backend") and pytest (e.g. "-k all_reduce").
-STEPS=${CUDA_P2P_GPU_CHECK_STEPS:-smoke,ctest,pytest,timing}
+STEPS=${CUDA_P2P_GPU_CHECK_STEPS:-smoke,ctest,pytest,timing,cpu_suite}
 wants() { [[ ",$STEPS," == *",$1,"* ]]; }
 OUT=${1:-gpu_check_out}
 mkdir -p "$OUT"
@@ -266,6 +268,19 @@ PYEOF
   if wants timing &&
     step timing 90 "$PY" bench/gpu_timing.py --world-size 2 --iters 30 --json "$OUT/timing.json"; then
     sed 's/^/  /' "$OUT/timing.log" | tee -a "$OUT/summary.txt"
+  fi
+
+  # --- 6. the CPU suite under this machine's torch -------------------------------------------------
+  # Everything but test_gpu.py: the host workspace's tests, which CI runs with torch 2.14.1, here
+  # with the machine's torch (2.11 on the GPU machines so far) and beside a visible GPU
+  # (conftest.py keeps their groups' workspaces on the host: NOTE [The workspace's device]).
+  # Skips are expected here (DeepSpeed, mpirun, tools this machine lacks); failures are not.
+  if wants cpu_suite; then
+    xdist=()
+    "$PY" -c "import xdist" 2>/dev/null && xdist=(-n 6)
+    CUDA_P2P_REPORT_FAILURES_NOW=1 step cpu_suite 240 "$PY" -m pytest -p no:cacheprovider -q \
+      -rfE --tb=short --maxfail=20 "${xdist[@]}" tests/python --ignore=tests/python/test_gpu.py \
+      "${pytest_args[@]}"
   fi
 fi
 

@@ -229,6 +229,43 @@ TEST(Backend, RunsCollectivesOnTheWorkspaceAndCountsThePath) {
   EXPECT_EQ(c.count("all_reduce.wrapped"), 0u);
 }
 
+// NOTE [The workspace's device] in backend/ProcessGroupCudaP2P.cpp: "cpu" keeps a host
+// workspace in a group that also wraps a CUDA backend (a GPU machine), and "cuda" is refused,
+// naming the knob, where the group has no CUDA backend. Both run on every machine: the CUDA
+// backend here is a recording one, and CUDA tensors are only used where a GPU is.
+TEST(Backend, WorkspaceDeviceCpuKeepsAHostWorkspaceBesideACudaBackend) {
+  const auto& w = world();
+  auto cpu = c10::make_intrusive<RecordingBackend>(w.rank, w.size, "recording-cpu");
+  auto cuda = c10::make_intrusive<RecordingBackend>(w.rank, w.size, "recording-cuda");
+  auto options = c10::make_intrusive<ProcessGroupCudaP2P::Options>();
+  options->buffer_size = 1 << 20;
+  options->workspace_device = "cpu";
+  auto pg =
+      c10::make_intrusive<ProcessGroupCudaP2P>(test_store(), w.rank, w.size, options, cpu, cuda);
+  ASSERT_TRUE(pg->is_p2p_available()) << pg->p2p_unavailable_reason();
+  EXPECT_TRUE(pg->workspace()->device().tensor_device().is_cpu());
+  std::vector<at::Tensor> t{at::full({5}, static_cast<float>(w.rank + 1))};
+  pg->allreduce(t, c10d::AllreduceOptions());
+  EXPECT_TRUE(t[0].equal(at::full({5}, static_cast<float>(w.size * (w.size + 1) / 2))));
+  EXPECT_EQ(pg->counters().at("all_reduce.one_shot"), 1);
+  EXPECT_TRUE(cpu->calls.empty());
+  if (gpu_count() > 0) {  // CUDA tensors go to the CUDA backend, opted in or not
+    std::vector<at::Tensor> g{at::ones({5}, at::kCUDA)};
+    pg->allreduce(g, c10d::AllreduceOptions())->wait();
+    EXPECT_EQ(cuda->calls, std::vector<std::string>{"allreduce"});
+    EXPECT_EQ(pg->counters().at("all_reduce.wrapped"), 1);
+  }
+}
+
+TEST(Backend, WorkspaceDeviceCudaIsRefusedWithoutACudaBackend) {
+  const auto& w = world();
+  auto cpu = c10::make_intrusive<RecordingBackend>(w.rank, w.size, "recording-cpu");
+  auto options = c10::make_intrusive<ProcessGroupCudaP2P::Options>();
+  options->workspace_device = "cuda";
+  expect_error([&] { ProcessGroupCudaP2P(test_store(), w.rank, w.size, options, cpu, nullptr); },
+               "Options.workspace_device asks for a workspace on the GPU ('cuda'), but");
+}
+
 TEST(Backend, FallsBackOnlyForWhatTheWorkspaceDoesNotRunAndCountsIt) {
   const auto& w = world();
   auto f = make();

@@ -53,6 +53,8 @@ TEST(Config, DefaultsWithNothingSet) {
   EXPECT_EQ(c.collective.all_reduce, ops::AllReduceAlgo::kAuto);
   EXPECT_EQ(c.collective.chunk_bytes, ops::CollectiveConfig::kDefaultChunkBytes);
   EXPECT_TRUE(c.workspace_options.host_id.empty());
+  EXPECT_EQ(c.workspace_device, WorkspaceDevice::kAuto);
+  EXPECT_EQ(c.workspace_device_from, "");
 }
 
 TEST(Config, OptionsWinOverTheEnvironmentWhichWinsOverDefaults) {
@@ -83,6 +85,23 @@ TEST(Config, OptionsWinOverTheEnvironmentWhichWinsOverDefaults) {
             HostStreams::kCooperative);
   EXPECT_TRUE(
       resolve(Options(), {{"CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES", "yes"}}).cuda_collectives);
+}
+
+TEST(Config, TheWorkspaceDeviceComesFromTheOptionThenTheEnvironment) {
+  const Config env = resolve(Options(), {{"CUDA_P2P_WORKSPACE_DEVICE", "cpu"}});
+  EXPECT_EQ(env.workspace_device, WorkspaceDevice::kCpu);
+  EXPECT_EQ(env.workspace_device_from, "CUDA_P2P_WORKSPACE_DEVICE");
+  Options cuda;
+  cuda.workspace_device = "cuda";
+  const Config opt = resolve(cuda, {{"CUDA_P2P_WORKSPACE_DEVICE", "cpu"}});
+  EXPECT_EQ(opt.workspace_device, WorkspaceDevice::kCuda);
+  EXPECT_EQ(opt.workspace_device_from, "Options.workspace_device");
+  EXPECT_EQ(resolve(Options(), {{"CUDA_P2P_WORKSPACE_DEVICE", "auto"}}).workspace_device,
+            WorkspaceDevice::kAuto);
+  expect_error([] { resolve(Options(), {{"CUDA_P2P_WORKSPACE_DEVICE", "gpu"}}); },
+               "CUDA_P2P_WORKSPACE_DEVICE must be 'auto', 'cpu' or 'cuda', got 'gpu'");
+  expect_error([] { parse_workspace_device("CPU", "Options.workspace_device"); },
+               "Options.workspace_device must be 'auto', 'cpu' or 'cuda', got 'CPU'");
 }
 
 TEST(Config, KillSwitchesTurnOffFromEitherSide) {

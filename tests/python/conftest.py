@@ -11,6 +11,13 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from _harness import World  # noqa: E402
 
+# NOTE [The workspace's device] in backend/ProcessGroupCudaP2P.cpp: this suite tests the host
+# workspace, and on a GPU machine a group's workspace would be on the GPU by default, sending the
+# CPU tensors to Gloo (the third GPU run, 2026-11-26: the suite ran there and failed on its
+# counters). Every rank and script the tests start inherits this; test_gpu.py takes it away for
+# its groups on a GPU.
+os.environ.setdefault("CUDA_P2P_WORKSPACE_DEVICE", "cpu")
+
 _worlds: dict[int, World] = {}
 
 

@@ -403,3 +403,55 @@ def routing_defaults(ctx):
 def test_routing_defaults(world2):
     assert world2.run(routing_defaults) == [True] * world2.size
 
+
+def workspace_device_choice(ctx):
+    """NOTE [The workspace's device]: Options.workspace_device and CUDA_P2P_WORKSPACE_DEVICE
+    choose where a group's workspace lives; bad values and an impossible "cuda" are refused on
+    every rank, naming the knob. (tests/python/conftest.py sets the variable to "cpu", so that
+    this suite tests the host workspace on a GPU machine too.)"""
+    import os
+
+    W = ctx.world_size
+    gpu = torch.cuda.is_available()
+    _raises(lambda: setattr(Options(), "workspace_device", "gpu"), ValueError,
+            "Options.workspace_device must be 'auto', 'cpu' or 'cuda', got 'gpu'")
+    cpu = Options()
+    cpu.workspace_device = "cpu"
+    g = dist.new_group(backend="cuda_p2p", pg_options=cpu)
+    bg = cuda_p2p.get_cuda_p2p_backend(g)
+    _expect(bg.get_collective_config()["workspace_device"] == "cpu", "a host workspace")
+    t = torch.full((7,), float(ctx.rank + 1))
+    dist.all_reduce(t, group=g)
+    _expect(torch.equal(t, torch.full((7,), W * (W + 1) / 2)), f"all_reduce gave {t}")
+    _expect(bg.get_counters().get("all_reduce.one_shot") == 1, f"{bg.get_counters()}")
+    # "auto" (neither knob set) on this machine: the GPU when one is visible.
+    saved = os.environ.pop("CUDA_P2P_WORKSPACE_DEVICE", None)
+    try:
+        auto = cuda_p2p.get_cuda_p2p_backend(dist.new_group(backend="cuda_p2p"))
+        want = "cuda" if gpu else "cpu"
+        _expect(auto.get_collective_config()["workspace_device"] == want, f"auto: {want}")
+        os.environ["CUDA_P2P_WORKSPACE_DEVICE"] = "host"
+        _raises(lambda: dist.new_group(backend="cuda_p2p"), ValueError,
+                "CUDA_P2P_WORKSPACE_DEVICE must be 'auto', 'cpu' or 'cuda', got 'host'")
+    finally:
+        os.environ.pop("CUDA_P2P_WORKSPACE_DEVICE", None)
+        if saved is not None:
+            os.environ["CUDA_P2P_WORKSPACE_DEVICE"] = saved
+    cuda = Options()
+    cuda.workspace_device = "cuda"
+    if gpu:
+        gc = cuda_p2p.get_cuda_p2p_backend(dist.new_group(backend="cuda_p2p", pg_options=cuda))
+        _expect(gc.get_collective_config()["workspace_device"] == "cuda", "a GPU workspace")
+    else:
+        _raises(lambda: dist.new_group(backend="cuda_p2p", pg_options=cuda), RuntimeError,
+                "Options.workspace_device asks for a workspace on the GPU ('cuda')",
+                "use 'cpu' or 'auto'")
+    x = torch.ones(3)
+    dist.all_reduce(x)
+    _expect(torch.equal(x, torch.full((3,), float(W))), f"all_reduce after the errors gave {x}")
+    return True
+
+
+def test_workspace_device_choice(any_world):
+    assert any_world.run(workspace_device_choice) == [True] * any_world.size
+

@@ -40,6 +40,7 @@ pytestmark = pytest.mark.skipif(
 
 NONCCL = "cuda_p2p_nonccl"
 OPT_IN_ENV = "CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES"
+DEVICE_ENV = "CUDA_P2P_WORKSPACE_DEVICE"
 BUFFER = 1 << 16  # 64 KiB: "one round" and "several rounds" stay small
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 FLOAT_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX")
@@ -122,24 +123,35 @@ def _group(key, backend=NONCCL, opt_in=True, timeout=None, cached=True, **option
         o.cuda_workspace_collectives = True
     for k, v in options.items():
         setattr(o, k, v)
-    old = os.environ.get(OPT_IN_ENV)
-    if opt_in:
-        os.environ[OPT_IN_ENV] = "1"
-    else:
-        os.environ.pop(OPT_IN_ENV, None)
+    # The environment the group is created in: the opt-in as asked, and on a GPU the default
+    # workspace device, which puts the workspace there (conftest.py sets
+    # CUDA_P2P_WORKSPACE_DEVICE=cpu for the rest of the suite).
+    env = {OPT_IN_ENV: "1" if opt_in else None}
+    if not _ON_CPU:
+        env[DEVICE_ENV] = None
+    old = {k: os.environ.get(k) for k in env}
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
     try:
         kw = {"timeout": timeout} if timeout is not None else {}
         group = dist.new_group(backend=backend, pg_options=o, **kw)
     finally:
-        if old is None:
-            os.environ.pop(OPT_IN_ENV, None)
-        else:
-            os.environ[OPT_IN_ENV] = old
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     if cached:
         _groups[key] = group
     b = cuda_p2p.get_cuda_p2p_backend(group)
     if not b.is_p2p_available():
         raise AssertionError(f"workspace unavailable on {_device()}: {b.p2p_unavailable_reason()}")
+    where = b.get_collective_config()["workspace_device"]
+    if where != _device().type:  # a check of the GPU path must not run on a host workspace
+        raise AssertionError(f"the group's workspace is on {where}, expected {_device().type}")
     return group
 
 
