@@ -94,6 +94,9 @@ def _attach_hierarchy(backend, store, rank: int, size: int, options, opts) -> No
     intra_options = _copy_options(options)
     intra_options._timeout = timeout
     intra_options.group_name = f"{opts.group_id}/host{me}"
+    # The hierarchical collectives are for CPU tensors, and this group wraps no CUDA backend: its
+    # workspace is on the host whatever the group's own workspace_device says.
+    intra_options.workspace_device = "cpu"
     intra_options.global_ranks_in_group = [global_ranks[r] for r in hosts[me]]
     intra_gloo = dist.ProcessGroupGloo(PrefixStore("gloo/", intra_store), local, intra_size,
                                        timeout)
