@@ -58,7 +58,7 @@ import time
 import warnings
 from pathlib import Path
 
-from _common import free_port
+from _common import free_port, host_workspace
 
 import torch
 
@@ -1266,6 +1266,7 @@ def main(argv=None) -> int:
     # Ranks share the cores: one intra-op thread each (also for OpenMP/MKL in spawned children).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("MKL_NUM_THREADS", "1")
+    host_workspace()  # the ranks inherit it
     env = dict(args.env)
     os.environ.update(env)
 

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import torch
 
-from _common import free_port
+from _common import free_port, host_workspace
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -145,6 +145,7 @@ def _init_rank(rank: int, W: int, port: int):
     (for the barriers and the reductions of the timings)."""
     warnings.filterwarnings("ignore")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    host_workspace()
     import torch.distributed as dist
 
     import cuda_p2p  # noqa: F401  (registers the backend)

@@ -33,13 +33,14 @@ from pathlib import Path
 
 import torch
 
-from _common import free_port
+from _common import free_port, host_workspace
 
 VARIANTS = ("eager", "compiled", "compiled+fused")
 
 
 def _rank_main(rank, W, port, args, queue):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    host_workspace()
     torch.set_num_threads(1)
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh

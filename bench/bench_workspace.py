@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import free_port
+from _common import free_port, host_workspace
 
 
 def _timed(fn, iters: int) -> float:
@@ -40,6 +40,7 @@ def _rank_main(rank: int, world: int, port: int, args, out_q) -> None:
     import cuda_p2p
 
     torch.set_num_threads(1)
+    host_workspace()
     dist.init_process_group(
         "cuda_p2p", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
