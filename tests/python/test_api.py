@@ -309,6 +309,13 @@ def test_new_group_bad_pg_options(world2, which):
 # error paths on a live group
 
 
+def _world_still_works(W):
+    """After errors: an all-reduce on the default group still gives the right sum."""
+    x = torch.ones(3)
+    dist.all_reduce(x)
+    _expect(torch.equal(x, torch.full((3,), float(W))), f"all_reduce after the errors gave {x}")
+
+
 def _raises(fn, exc, *needles):
     try:
         fn()
@@ -345,9 +352,7 @@ def error_paths(ctx):
     _raises(lambda: b.allreduce([torch.ones(2), m]), RuntimeError, "one device type")
     _raises(lambda: b.allreduce([]), RuntimeError, "at least one tensor")
     # the group still works afterwards
-    x = torch.ones(3)
-    dist.all_reduce(x)
-    _expect(torch.equal(x, torch.full((3,), float(W))), f"all_reduce after errors gave {x}")
+    _world_still_works(W)
     return True
 
 
@@ -394,9 +399,7 @@ def routing_defaults(ctx):
                 and "'maybe'" in msg, msg)
     finally:
         del os.environ["CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES"]
-    x = torch.ones(3)
-    dist.all_reduce(x)
-    _expect(torch.equal(x, torch.full((3,), float(W))), f"all_reduce after the error gave {x}")
+    _world_still_works(W)
     return True
 
 
@@ -446,9 +449,7 @@ def workspace_device_choice(ctx):
         _raises(lambda: dist.new_group(backend="cuda_p2p", pg_options=cuda), RuntimeError,
                 "Options.workspace_device asks for a workspace on the GPU ('cuda')",
                 "use 'cpu' or 'auto'")
-    x = torch.ones(3)
-    dist.all_reduce(x)
-    _expect(torch.equal(x, torch.full((3,), float(W))), f"all_reduce after the errors gave {x}")
+    _world_still_works(W)
     return True
 
 
