@@ -48,10 +48,15 @@ TINY = {
 
 
 def run_bench(script: str, args: list[str], cwd: Path, timeout: float = 300):
-    """Runs bench/<script> as a user runs it (the installed package only, no PYTHONPATH) and
+    """Runs bench/<script> as a user runs it (the installed or built package, not the sources) and
     asserts that it exited 0; returns the finished process."""
     env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
+    # Not the source tree: the scripts must work with the package as installed. A PYTHONPATH
+    # holding a built package stays (scripts/gpu_check.sh runs this suite with its build there).
+    keep = [p for p in env.pop("PYTHONPATH", "").split(os.pathsep)
+            if p and list(Path(p).glob("cuda_p2p/_C*.so"))]
+    if keep:
+        env["PYTHONPATH"] = os.pathsep.join(keep)
     proc = subprocess.run([sys.executable, str(BENCH / script), *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, (
