@@ -16,6 +16,11 @@ slowest rank's):
   fused vs unfused      cuda_p2p.fused_all_gather_matmul / fused_matmul_reduce_scatter against the
                         same group's workspace all_gather / reduce_scatter (opt-in path) + matmul,
                         at one shape; no NCCL anywhere (it refuses two ranks on one GPU)
+  torch symm_mem        PyTorch's own torch.ops.symm_mem.fused_all_gather_matmul /
+                        fused_matmul_reduce_scatter (SymmetricMemory), same shapes, same run, after
+                        ours: its ratio to our unfused baseline beside ours. Optional
+                        (--no-torch-symm-mem): where torch's SymmetricMemory refuses or fails (e.g.
+                        ranks on one GPU), the table says why, and our rows stand.
 
     python bench/gpu_timing.py [--world-size 2] [--iters 50] [--json OUT.json]
 """
@@ -156,11 +161,42 @@ def _rank_main(rank, W, port, args, queue):
     ms["matmul alone (ag shape)"] = _time(lambda: gathered @ B_col, it, wu, cpu)
     torch.cuda.synchronize()
     counters = b.get_counters()
-    if rank == 0:
-        queue.put({"rows": rows, "ms": ms, "counters": counters,
-                   "gpu": torch.cuda.get_device_name(dev), "torch": torch.__version__})
+    if rank == 0:  # ours first: torch's SymmetricMemory below may fail, even crash the process
+        queue.put(("ours", {"rows": rows, "ms": ms, "counters": counters,
+                            "gpu": torch.cuda.get_device_name(dev), "torch": torch.__version__}))
+    if args.torch_symm_mem:
+        theirs = _torch_symm_mem(A_shard, B_col, A_row, B_row, it, wu, cpu)
+        if rank == 0:
+            queue.put(("torch_symm_mem", theirs))
     dist.barrier(group=cpu)
     dist.destroy_process_group()
+
+
+def _torch_symm_mem(A_shard, B_col, A_row, B_row, it, wu, cpu):
+    """PyTorch's fused ops on the same shapes: {row: (median, best)} or {"error": text}. Every
+    rank runs the same steps, so an exception is (normally) raised on all of them alike; each
+    rank reports its own, rank 0's is printed."""
+    import warnings
+
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        group = dist.new_group(backend="gloo")  # its store holds SymmetricMemory's rendezvous
+        name = group.group_name
+        with warnings.catch_warnings():  # deprecated (and no longer needed) in newer torch
+            warnings.simplefilter("ignore")
+            symm_mem.enable_symm_mem_for_group(name)
+        ag = torch.ops.symm_mem.fused_all_gather_matmul
+        rs = torch.ops.symm_mem.fused_matmul_reduce_scatter
+        out = {}
+        out["torch symm_mem fused_all_gather_matmul"] = _time(
+            lambda: ag(A_shard, [B_col], 0, name), it, wu, cpu)
+        out["torch symm_mem fused_matmul_reduce_scatter"] = _time(
+            lambda: rs(A_row, B_row, "sum", 0, name), it, wu, cpu)
+        torch.cuda.synchronize()
+        return out
+    except Exception as e:  # noqa: BLE001  (reported in the table, ours stand)
+        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
 
 
 def main() -> int:
@@ -172,6 +208,8 @@ def main() -> int:
     ap.add_argument("--h", type=int, default=4096, help="hidden size (FFN = 4H)")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--json", help="write the results here too")
+    ap.add_argument("--no-torch-symm-mem", dest="torch_symm_mem", action="store_false",
+                    help="leave out PyTorch's SymmetricMemory fused ops")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("gpu_timing.py: no CUDA GPU here", file=sys.stderr)
@@ -184,19 +222,31 @@ def main() -> int:
     procs = [ctx.Process(target=_rank_main, args=(r, W, port, args, queue)) for r in range(W)]
     for p in procs:
         p.start()
-    res = None
-    while res is None and (any(p.is_alive() for p in procs) or not queue.empty()):
+    got = {}
+    want = {"ours", "torch_symm_mem"} if args.torch_symm_mem else {"ours"}
+    deadline = None  # once ours arrived: torch's part gets a bounded time (it may hang or crash)
+    while not want <= got.keys() and (any(p.is_alive() for p in procs) or not queue.empty()):
+        if deadline is not None and time.monotonic() > deadline:
+            break
         try:  # read before joining: a child exits only once its queued result is consumed
-            res = queue.get(timeout=1)
+            kind, value = queue.get(timeout=1)
+            got[kind] = value
+            if kind == "ours":
+                deadline = time.monotonic() + 40
         except Exception:  # noqa: BLE001  (queue.Empty; keep polling while ranks run)
             pass
     for p in procs:
-        p.join(30)
+        p.join(10 if deadline is not None and time.monotonic() > deadline else 30)
         if p.is_alive():
             p.kill()
-    if res is None or any(p.exitcode != 0 for p in procs):
-        print(f"gpu_timing.py: ranks exited with {[p.exitcode for p in procs]}", file=sys.stderr)
+            p.join(5)
+    codes = [p.exitcode for p in procs]
+    res = got.get("ours")
+    if res is None:
+        print(f"gpu_timing.py: ranks exited with {codes}", file=sys.stderr)
         return 1
+    if args.torch_symm_mem and "torch_symm_mem" not in got:
+        got["torch_symm_mem"] = {"error": f"no result: the ranks exited with {codes} during it"}
     title = (f"cuda_p2p timing: {W} ranks SHARING ONE GPU ({res['gpu']}), torch {res['torch']}; "
              "not peer GPUs (goal on real peers: signal round trip and barrier <= 10 us)")
     lines = [title, "", f"{'what':44s} {'median':>10s} {'best':>10s}"]
@@ -210,7 +260,19 @@ def main() -> int:
         op = k.split()[0]
         ratio = f"  x{base[op] / med:.2f} vs unfused" if op in base else ""
         lines.append(f"{k:44s} {med:10.3f} {best:10.3f}{ratio}")
+    if args.torch_symm_mem:
+        theirs = got["torch_symm_mem"]
+        lines += ["", "PyTorch SymmetricMemory, same shapes, same run (ms; ratios vs our unfused)"]
+        if "error" in theirs:
+            lines.append(f"  not measured: {theirs['error']}")
+        else:
+            for k, (med, best) in theirs.items():
+                op = k.split()[-1]
+                lines.append(f"{k:44s} {med:10.3f} {best:10.3f}  x{base[op] / med:.2f} vs unfused")
+        res["torch_symm_mem"] = theirs
     lines.append(f"({time.monotonic() - t0:.0f} s; counters on rank 0: {res['counters']})")
+    if set(codes) != {0}:  # after our rows were in: torch's part hung or crashed, or teardown
+        lines.append(f"(the ranks exited with {codes} after our rows; killed if negative)")
     print("\n".join(lines))
     if args.json:
         with open(args.json, "w") as f:

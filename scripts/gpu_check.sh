@@ -266,7 +266,7 @@ PYEOF
 
   # --- 5. timing (alone on the GPU) ---------------------------------------------------------------
   if wants timing &&
-    step timing 90 "$PY" bench/gpu_timing.py --world-size 2 --iters 30 --json "$OUT/timing.json"; then
+    step timing 150 "$PY" bench/gpu_timing.py --world-size 2 --iters 30 --json "$OUT/timing.json"; then
     sed 's/^/  /' "$OUT/timing.log" | tee -a "$OUT/summary.txt"
   fi
 
