@@ -2,6 +2,10 @@
 // machine: ranks share the GPUs round-robin (two processes on one device use CUDA IPC too).
 #include <ATen/ATen.h>
 
+#include <chrono>
+#include <string>
+#include <thread>
+
 #include "p2p_workspace/cuda/cuda_device.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
 #include "tests/cpp/harness.hpp"
@@ -59,6 +63,9 @@ TEST(CudaWorkspace, ARankThatNeverArrivesIsNamed) {
   auto s = ws->device().current_stream();
   const int absent = w.size - 1;
   if (w.rank != absent) {
+    // The watchdog also writes the failure to stderr once (docs/workspace.md: a process blocked
+    // in torch.cuda.synchronize() behind the stuck stream hears of it only there).
+    testing::internal::CaptureStderr();
     ws->barrier(*s, 0, Millis(300));
     try {
       ws->device().synchronize(*s);
@@ -66,6 +73,11 @@ TEST(CudaWorkspace, ARankThatNeverArrivesIsNamed) {
     } catch (const c10::Error& e) {
       EXPECT_NE(std::string(e.what()).find("never arrived"), std::string::npos) << e.what();
     }
+    // The watchdog records the failure, then reports it: the error may be seen first.
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find("cuda_p2p watchdog: this group's device failed"), std::string::npos) << err;
+    EXPECT_NE(err.find("never arrived"), std::string::npos) << err;
   }
   store_barrier("late");
   if (w.rank == absent) {
