@@ -13,6 +13,7 @@ hang CI or leave later tests talking to half-finished collectives.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import faulthandler
 import multiprocessing as mp
@@ -36,6 +37,27 @@ GRACE_S = 10.0
 # The process groups' own timeout: shorter than RUN_TIMEOUT_S so that a collective stuck in
 # Gloo surfaces as an error from the backend, not as a harness timeout.
 PG_TIMEOUT_S = 60.0
+
+
+@contextlib.contextmanager
+def scoped_environ(values: dict):
+    """Sets these environment variables (None: unsets one) for the block, then puts back what
+    was there. For a rank that creates a group under a knob's variable (resolve_config reads the
+    environment when a group is created)."""
+    old = {k: os.environ.get(k) for k in values}
+
+    def put(d):
+        for k, v in d.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+    put(values)
+    try:
+        yield
+    finally:
+        put(old)
 
 
 def free_port() -> int:

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 import cuda_p2p
-from _harness import PG_TIMEOUT_S
+from _harness import PG_TIMEOUT_S, scoped_environ
 
 Options = cuda_p2p.ProcessGroupCudaP2P.Options
 MiB = 1 << 20
@@ -412,8 +412,6 @@ def workspace_device_choice(ctx):
     choose where a group's workspace lives; bad values and an impossible "cuda" are refused on
     every rank, naming the knob. (tests/python/conftest.py sets the variable to "cpu", so that
     this suite tests the host workspace on a GPU machine too.)"""
-    import os
-
     W = ctx.world_size
     gpu = torch.cuda.is_available()
     _raises(lambda: setattr(Options(), "workspace_device", "gpu"), ValueError,
@@ -428,18 +426,13 @@ def workspace_device_choice(ctx):
     _expect(torch.equal(t, torch.full((7,), W * (W + 1) / 2)), f"all_reduce gave {t}")
     _expect(bg.get_counters().get("all_reduce.one_shot") == 1, f"{bg.get_counters()}")
     # "auto" (neither knob set) on this machine: the GPU when one is visible.
-    saved = os.environ.pop("CUDA_P2P_WORKSPACE_DEVICE", None)
-    try:
+    with scoped_environ({"CUDA_P2P_WORKSPACE_DEVICE": None}):
         auto = cuda_p2p.get_cuda_p2p_backend(dist.new_group(backend="cuda_p2p"))
         want = "cuda" if gpu else "cpu"
         _expect(auto.get_collective_config()["workspace_device"] == want, f"auto: {want}")
-        os.environ["CUDA_P2P_WORKSPACE_DEVICE"] = "host"
+    with scoped_environ({"CUDA_P2P_WORKSPACE_DEVICE": "host"}):
         _raises(lambda: dist.new_group(backend="cuda_p2p"), ValueError,
                 "CUDA_P2P_WORKSPACE_DEVICE must be 'auto', 'cpu' or 'cuda', got 'host'")
-    finally:
-        os.environ.pop("CUDA_P2P_WORKSPACE_DEVICE", None)
-        if saved is not None:
-            os.environ["CUDA_P2P_WORKSPACE_DEVICE"] = saved
     cuda = Options()
     cuda.workspace_device = "cuda"
     if gpu:

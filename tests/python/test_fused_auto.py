@@ -119,28 +119,18 @@ def test_knob_parsing_and_validation(monkeypatch):
 
 
 def _config_with_env(ctx, value):
-    import os
+    from _harness import scoped_environ
 
     import torch.distributed as dist
 
     import cuda_p2p
 
-    old = os.environ.get("CUDA_P2P_FUSED_MIN_FLOPS")
-    if value is None:
-        os.environ.pop("CUDA_P2P_FUSED_MIN_FLOPS", None)
-    else:
-        os.environ["CUDA_P2P_FUSED_MIN_FLOPS"] = value
-    try:
+    with scoped_environ({"CUDA_P2P_FUSED_MIN_FLOPS": value}):
         try:
             g = dist.new_group(backend="cuda_p2p")
         except Exception as e:  # noqa: BLE001
             return f"error: {e}"
         return cuda_p2p.get_cuda_p2p_backend(g).get_collective_config()["fused_min_flops"]
-    finally:
-        if old is None:
-            os.environ.pop("CUDA_P2P_FUSED_MIN_FLOPS", None)
-        else:
-            os.environ["CUDA_P2P_FUSED_MIN_FLOPS"] = old
 
 
 def test_env_var_parsed_and_default(world2):

@@ -19,7 +19,6 @@ CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES=1 when the group is created); the groups und
 
 from __future__ import annotations
 
-import os
 import time
 import zlib
 from datetime import timedelta
@@ -31,6 +30,7 @@ from torch.distributed import PrefixStore
 
 import conftest
 import cuda_p2p
+from _harness import scoped_environ
 from cuda_p2p import ProcessGroupCudaP2P
 
 pytestmark = pytest.mark.skipif(
@@ -129,21 +129,9 @@ def _group(key, backend=NONCCL, opt_in=True, timeout=None, cached=True, **option
     env = {OPT_IN_ENV: "1" if opt_in else None}
     if not _ON_CPU:
         env[DEVICE_ENV] = None
-    old = {k: os.environ.get(k) for k in env}
-    for k, v in env.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    try:
+    with scoped_environ(env):
         kw = {"timeout": timeout} if timeout is not None else {}
         group = dist.new_group(backend=backend, pg_options=o, **kw)
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     if cached:
         _groups[key] = group
     b = cuda_p2p.get_cuda_p2p_backend(group)

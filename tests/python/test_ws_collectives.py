@@ -12,7 +12,6 @@ forced algorithm ran (and that nothing fell back silently).
 from __future__ import annotations
 
 import math
-import os
 import traceback
 from datetime import timedelta
 
@@ -21,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 import cuda_p2p
+from _harness import scoped_environ
 
 R = dist.ReduceOp
 BUFFER = 1 << 16
@@ -63,16 +63,8 @@ def _options(**kw):
 def _group(key, env=None, **options):
     """A cuda_p2p group over all ranks with these Options (cached; collective on first use)."""
     if key not in _groups:
-        old = {k: os.environ.get(k) for k in (env or {})}
-        os.environ.update(env or {})
-        try:
+        with scoped_environ(env or {}):
             _groups[key] = dist.new_group(backend="cuda_p2p", pg_options=_options(**options))
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
     return _groups[key]
 
 
