@@ -82,6 +82,12 @@ ProcessGroupCudaP2P::ProcessGroupCudaP2P(c10::intrusive_ptr<c10d::Store> store, 
                                : "cuda_p2p was built without CUDA",
                 "; use 'cpu' or 'auto'");
     if (!device) device = make_host_device(size, config_.host_streams);
+    // NOTE [Zero-copy collectives] in ops/zero_copy.cpp: the exchange is read by the host.
+    TORCH_CHECK(device->tensor_device().is_cpu() ||
+                    config_.collective.zero_copy_agreement != ops::ZeroCopyAgreement::kExchange,
+                "cuda_p2p: ", config_.zero_copy_agreement_from,
+                " asks for 'exchange', which needs a host workspace, but this group's workspace "
+                "is on the GPU; use 'signature' or 'auto'");
     workspace_ = std::make_unique<SymmetricWorkspace>(
         c10::make_intrusive<c10d::PrefixStore>("cuda_p2p/", store_), rank, size, std::move(device),
         config_.workspace_options);
@@ -204,6 +210,7 @@ ops::pipeline::Group ProcessGroupCudaP2P::pipeline_group(c10::DeviceType device_
                              config_.max_buffer_size,
                              getSize(),
                              [this](const std::string& name) { bump_counter(name); }};
+  group.zero_copy_agreement = config_.collective.zero_copy_agreement;
   std::lock_guard<std::mutex> lock(heap_mutex_);
   group.heap = heap_.get();
   return group;

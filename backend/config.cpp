@@ -39,6 +39,7 @@ constexpr const char* kDenyCrossMemoryEnv = "CUDA_P2P_TEST_DENY_CROSS_MEMORY";
 constexpr const char* kSymmetricHeapSizeEnv = "CUDA_P2P_SYMMETRIC_HEAP_SIZE";
 constexpr const char* kFusedMinFlopsEnv = "CUDA_P2P_FUSED_MIN_FLOPS";
 constexpr const char* kWorkspaceDeviceEnv = "CUDA_P2P_WORKSPACE_DEVICE";
+constexpr const char* kZeroCopyAgreementEnv = "CUDA_P2P_ZERO_COPY_AGREEMENT";
 
 constexpr int64_t kMaxBytes = int64_t{1} << 46;  // 64 TiB: a sanity bound, not a policy
 constexpr int64_t kMaxRingSteps = int64_t{1} << 20;
@@ -166,6 +167,14 @@ const std::vector<Knob>& knobs() {
        "Bytes of each rank's symmetric heap (cuda_p2p.empty, use_symmetric_memory), created on "
        "first use; host: a sparse mapping (touched pages cost memory); CUDA: committed device "
        "memory, all of it at creation. It does not grow."},
+      {"zero_copy_agreement", kZeroCopyAgreementEnv, "auto|exchange|signature",
+       "host: exchange; CUDA: signature",
+       "How the ranks agree that a collective's inputs are symmetric tensors. exchange (host "
+       "only): each rank publishes its inputs' heap offsets, which may differ; if any input is "
+       "not in its heap, all stage (one barrier more for a group with a heap). signature: each "
+       "rank states its offsets in the op signature, assuming its peers allocated alike; a group "
+       "with a heap pays nothing for ordinary inputs, and ranks whose tensors differ raise a "
+       "signature mismatch."},
       {"fused_min_flops", kFusedMinFlopsEnv, "int", "host: 8G; CUDA: 0",
        "The fused ops' \"auto\" runs the fused pipeline from this many GEMM flops per rank "
        "(2*M*N*K) on; below, the unfused workspace collective and matmul (K, M, G: 1024-based)."},
@@ -281,6 +290,10 @@ Config resolve_config(const Options& o, int world_size, const config::EnvLookup&
       o.reduce_scatter_ring_max_bytes.value_or(k.reduce_scatter_ring_max_bytes);
   k.cross_memory_min_bytes = o.cross_memory_min_bytes.value_or(k.cross_memory_min_bytes);
   k.inline_all_reduce = pick(o.inline_all_reduce, env_bool(env, kInlineAllReduceEnv), true);
+  if (auto a = chosen(o.zero_copy_agreement, "zero_copy_agreement", env, kZeroCopyAgreementEnv)) {
+    k.zero_copy_agreement = ops::parse_zero_copy_agreement(a->first, a->second);
+    c.zero_copy_agreement_from = a->second;
+  }
   ops::validate(k, world_size);
 
   // Copy-free reads (NOTE [Copy-free reads] in ops/collectives.cpp): off unless asked for - on

@@ -86,6 +86,12 @@ struct Options : c10d::Backend::Options {
   std::optional<bool> cross_memory;
   // The smallest payload (bytes, as the thresholds above) read copy-free (unset: the default).
   std::optional<int64_t> cross_memory_min_bytes;
+  // How the ranks agree that a collective's inputs are symmetric tensors (NOTE [Zero-copy
+  // collectives] in ops/zero_copy.cpp): "exchange" (host workspaces only: every rank publishes its
+  // inputs' heap offsets; anything else stages), "signature" (each rank states its offsets in the
+  // op signature; ranks that differ raise a mismatch) or "auto" (CUDA_P2P_ZERO_COPY_AGREEMENT,
+  // else exchange on the host and signature on CUDA).
+  std::string zero_copy_agreement = "auto";
   // Bytes of each rank's symmetric heap (cuda_p2p.empty; NOTE [Symmetric heap] in
   // p2p_workspace/symmetric_heap.cpp): unset defers to CUDA_P2P_SYMMETRIC_HEAP_SIZE, else 1 GiB.
   std::optional<int64_t> symmetric_heap_size;
@@ -117,6 +123,7 @@ struct Config {
   std::string workspace_off_reason;    // why not ("" when it is set up)
   WorkspaceDevice workspace_device = WorkspaceDevice::kAuto;
   std::string workspace_device_from;   // the knob that chose it ("" for auto)
+  std::string zero_copy_agreement_from;  // the knob that set collective.zero_copy_agreement
   WorkspaceOptions workspace_options;  // buffer size, timeout, host id, copy-free reads
   int64_t max_buffer_size = 0;
   HostStreams host_streams = HostStreams::kCooperative;

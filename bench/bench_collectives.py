@@ -610,12 +610,14 @@ def rank_main(rank: int, cfg: dict) -> None:
 
         zc_groups = {}
         if cfg["zero_copy"]:
+            zc_opts = cuda_p2p.ProcessGroupCudaP2P.Options()
+            zc_opts.zero_copy_agreement = cfg["zero_copy_agreement"]
             step("new_group(cuda_p2p, zero-copy)")
-            zc_group = dist.new_group(backend="cuda_p2p", timeout=timeout)
+            zc_group = dist.new_group(backend="cuda_p2p", timeout=timeout, pg_options=zc_opts)
             cuda_p2p.get_cuda_p2p_backend(zc_group).ensure_symmetric_heap()
             zc_groups = {"zero_copy": zc_group}
             step("new_group(cuda_p2p, heap, staged)")
-            hs_group = dist.new_group(backend="cuda_p2p", timeout=timeout)
+            hs_group = dist.new_group(backend="cuda_p2p", timeout=timeout, pg_options=zc_opts)
             cuda_p2p.get_cuda_p2p_backend(hs_group).ensure_symmetric_heap()
             zc_groups["heap_staged"] = hs_group
 
@@ -943,8 +945,9 @@ def print_zero_copy_table(run: dict) -> None:
     rows = [e for e in run["results"] if e.get("zero_copy")]
     if not rows:
         return
-    print(f"\nzero-copy  world_size={run['world_size']}  (ratio = column / staged, same run; "
-          "% memcpy = bus bandwidth / 1-core memcpy)")
+    agreement = run.get("zero_copy_agreement", "auto")
+    print(f"\nzero-copy  world_size={run['world_size']}  agreement={agreement}  (ratio = column "
+          "/ staged, same run; % memcpy = bus bandwidth / 1-core memcpy)")
     print(f"{'collective':<24}{'size':>8}{'staged us':>11}{'zero-copy us':>14}{'ratio':>7}"
           f"{'heap,staged us':>16}{'ratio':>7}{'staged %mc':>11}{'zc %mc':>8}  zc path")
     for e in rows:
@@ -1168,6 +1171,10 @@ def parse_args(argv=None):
                     help="also time all-reduce, all-gather and reduce-scatter on a group with a "
                          "symmetric heap: inputs from cuda_p2p.empty (zero-copy) and ordinary "
                          "inputs (heap, staged), as ratios to the staged default group")
+    ap.add_argument("--zero-copy-agreement", choices=("auto", "exchange", "signature"),
+                    default="auto",
+                    help="--zero-copy: how those groups' ranks agree that inputs are symmetric "
+                         "(Options.zero_copy_agreement; auto: exchange on the host)")
     ap.add_argument("--algos", action="store_true",
                     help="also time every workspace algorithm forced in turn, and suggest the "
                          "automatic choice's size thresholds")
@@ -1301,7 +1308,7 @@ def main(argv=None) -> int:
            "min_iters": args.min_iters, "max_iters": args.max_iters, "check": args.check,
            "env": env, "pg_options": args.pg_options, "bind": args.bind, "aa": args.aa,
            "sync": args.sync, "batch": args.batch, "algos": args.algos,
-           "zero_copy": args.zero_copy,
+           "zero_copy": args.zero_copy, "zero_copy_agreement": args.zero_copy_agreement,
            "start_margin_us": args.start_margin_us, "block": args.block, "hosts": args.hosts,
            "cpus": sorted(os.sched_getaffinity(0)), "timeout": args.timeout,
            "total_timeout": args.total_timeout, "progress": not args.quiet}
@@ -1315,6 +1322,7 @@ def main(argv=None) -> int:
             print(f"\nbench: FAILED: {e}", file=sys.stderr)
             return 1
         run["aa"] = args.aa
+        run["zero_copy_agreement"] = args.zero_copy_agreement
         run["wall_s"] = time.perf_counter() - t0
         add_derived(run, memcpy["GBps"])
         if args.algos:
@@ -1341,7 +1349,7 @@ def main(argv=None) -> int:
         "pg_options": args.pg_options, "hosts": args.hosts, "peers": args.peers,
         "deepspeed": deepspeed,
         "sync": args.sync, "batch": args.batch, "block": args.block, "algos": args.algos,
-        "zero_copy": args.zero_copy,
+        "zero_copy": args.zero_copy, "zero_copy_agreement": args.zero_copy_agreement,
         "warmup": args.warmup, "budget_s": args.budget, "wall_s": wall,
         "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
         "conventions": {

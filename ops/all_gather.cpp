@@ -99,13 +99,15 @@ AllGatherAlgo all_gather(const CollectiveContext& ctx, const at::Tensor& input,
   }
   const bool read = algo == AllGatherAlgo::kDirect &&
                     uses_private_reads(ctx.config, g.bytes * W, ctx.ws.private_reads());
+  // NOTE [Zero-copy collectives], step 1': in the signature, when the group agrees that way.
+  const std::string claim = detail::claim_all_gather(ctx, g.input, g.bytes, g.out);
   // Compared at the first phase barrier of the direct algorithms, at a handshake of their own
   // before the rings (NOTE [Op signatures]).
   detail::expect_signature(
       ctx, OpSignature::of(OpKind::kAllGather, std::to_string(input.numel()) + " x " +
                                                    dtype_name(input.scalar_type()) + " (" +
                                                    to_string(algo) + (read ? ", copy-free" : "") +
-                                                   detail::config_suffix(ctx) + ")"));
+                                                   detail::config_suffix(ctx) + claim + ")"));
   if (g.bytes == 0) {
     detail::handshake(ctx);
     return algo;

@@ -311,8 +311,13 @@ AllReduceAlgo all_reduce(const CollectiveContext& ctx, const at::Tensor& input,
   ctx.state.last_zero_copy = false;  // only the zero-copy path below sets it
   ctx.state.last_inline = algo == AllReduceAlgo::kOneShot && try_inline_one_shot(ctx, a, op);
   if (ctx.state.last_inline) return algo;
-  // Compared at the first phase barrier of either algorithm (NOTE [Op signatures]).
-  detail::expect_signature(ctx, signature(ctx, a, op, algo));
+  // Compared at the first phase barrier of either algorithm (NOTE [Op signatures]), with the
+  // two-shot's zero-copy claim when the group agrees by signature (NOTE [Zero-copy collectives]).
+  OpSignature sig = signature(ctx, a, op, algo);
+  if (algo == AllReduceAlgo::kTwoShot) {
+    sig.text += detail::claim_all_reduce(ctx, a.in, a.numel, a.esize);
+  }
+  detail::expect_signature(ctx, std::move(sig));
   if (a.numel == 0) {
     detail::handshake(ctx);
     return algo;

@@ -20,14 +20,18 @@ void broadcast(const CollectiveContext& ctx, const at::Tensor& tensor, int root)
   ctx.state.last_zero_copy = false;
   if (W == 1) return;
   const bool read = uses_private_reads(ctx.config, bytes, ctx.ws.private_reads());
+  // NOTE [Zero-copy collectives], step 1': in the signature, when the group agrees that way (a
+  // copy-free broadcast reads the root's tensor wherever it is, so it never claims).
+  const std::string claim = read ? (ctx.state.zero_copy_claim.reset(), std::string())
+                                 : detail::claim_broadcast(ctx, detail::bytes_of(tensor), bytes);
   // Nobody but the root publishes anything, so the signature needs a handshake of its own
   // before the root's first done word can release a reader (NOTE [Op signatures]).
   detail::expect_signature(
-      ctx,
-      OpSignature::of(OpKind::kBroadcast,
-                      std::to_string(tensor.numel()) + " x " + dtype_name(tensor.scalar_type()) +
-                          " from root " + std::to_string(root) +
-                          (read ? " (copy-free" : " (staged") + detail::config_suffix(ctx) + ")"));
+      ctx, OpSignature::of(OpKind::kBroadcast, std::to_string(tensor.numel()) + " x " +
+                                                   dtype_name(tensor.scalar_type()) +
+                                                   " from root " + std::to_string(root) +
+                                                   (read ? " (copy-free" : " (staged") +
+                                                   detail::config_suffix(ctx) + claim + ")"));
   detail::handshake(ctx);
   if (bytes == 0) return;
   char* data = detail::bytes_of(tensor);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <utility>
 
 #include "ops/collectives.hpp"
@@ -85,9 +86,24 @@ at::Tensor view(const CollectiveContext& ctx, void* ptr, int64_t numel, at::Scal
 void gather_direct(const CollectiveContext& ctx, const char* input, c10::ArrayRef<int64_t> bytes,
                    c10::ArrayRef<char*> out);
 
+// Signature agreement on zero-copy (NOTE [Zero-copy collectives] in ops/zero_copy.cpp, step 1'):
+// called at the op's entry, before its signature is set. Each drops any earlier claim, then, when
+// the group agrees by signature and every input of this rank is in its heap, records this rank's
+// prediction of every rank's input offsets and returns the text to append to the op's signature;
+// else "". all_gather: the input and the outputs (by rank); reduce_scatter: the W input chunks of
+// `bytes` each; all_reduce: only for the two-shot; broadcast: this rank's tensor.
+std::string claim_all_gather(const CollectiveContext& ctx, const char* input, int64_t bytes,
+                             c10::ArrayRef<char*> out);
+std::string claim_reduce_scatter(const CollectiveContext& ctx, c10::ArrayRef<char*> in,
+                                 int64_t bytes);
+std::string claim_all_reduce(const CollectiveContext& ctx, const char* in, int64_t numel,
+                             int64_t esize);
+std::string claim_broadcast(const CollectiveContext& ctx, const char* data, int64_t bytes);
+
 // Zero-copy collectives (NOTE [Zero-copy collectives] in ops/zero_copy.cpp): each returns false,
 // having run nothing or one empty phase (the same on every rank), when the ranks' inputs are not
-// all in their heaps; the caller then runs its staged algorithm. They set ctx.state.last_zero_copy.
+// all in their heaps (exchange) or this rank made no claim (signature); the caller then runs its
+// staged algorithm. They set ctx.state.last_zero_copy.
 // all_gather_zero_copy gathers bytes[q] from rank q (all equal for all_gather, any for
 // all_gather_v; a rank with 0 bytes may pass any input).
 bool all_gather_zero_copy(const CollectiveContext& ctx, const char* input,

@@ -93,6 +93,10 @@ struct Named {
 constexpr Named<AllGatherAlgo> kAllGatherNames[] = {{AllGatherAlgo::kAuto, "auto"},
                                                     {AllGatherAlgo::kDirect, "direct"},
                                                     {AllGatherAlgo::kRing, "ring"}};
+constexpr Named<ZeroCopyAgreement> kZeroCopyAgreementNames[] = {
+    {ZeroCopyAgreement::kAuto, "auto"},
+    {ZeroCopyAgreement::kExchange, "exchange"},
+    {ZeroCopyAgreement::kSignature, "signature"}};
 constexpr Named<ReduceScatterAlgo> kReduceScatterNames[] = {{ReduceScatterAlgo::kAuto, "auto"},
                                                             {ReduceScatterAlgo::kDirect, "direct"},
                                                             {ReduceScatterAlgo::kRing, "ring"}};
@@ -124,6 +128,8 @@ const char* to_string(AllGatherAlgo a) { return name_of(kAllGatherNames, a); }
 const char* to_string(ReduceScatterAlgo a) { return name_of(kReduceScatterNames, a); }
 const char* to_string(AllReduceAlgo a) { return name_of(kAllReduceNames, a); }
 
+const char* to_string(ZeroCopyAgreement a) { return name_of(kZeroCopyAgreementNames, a); }
+
 AllGatherAlgo parse_all_gather_algo(const std::string& name, const std::string& what) {
   return parse(kAllGatherNames, name, what);
 }
@@ -132,6 +138,9 @@ ReduceScatterAlgo parse_reduce_scatter_algo(const std::string& name, const std::
 }
 AllReduceAlgo parse_all_reduce_algo(const std::string& name, const std::string& what) {
   return parse(kAllReduceNames, name, what);
+}
+ZeroCopyAgreement parse_zero_copy_agreement(const std::string& name, const std::string& what) {
+  return parse(kZeroCopyAgreementNames, name, what);
 }
 
 void validate(const CollectiveConfig& config, int world_size) {
@@ -304,8 +313,19 @@ void handshake(const CollectiveContext& ctx) {
 }
 
 std::string config_suffix(const CollectiveContext& ctx) {
-  if (ctx.config.chunk_bytes == CollectiveConfig::kDefaultChunkBytes) return "";
-  return ", chunk_bytes " + std::to_string(ctx.config.chunk_bytes);
+  std::string s;
+  if (ctx.config.chunk_bytes != CollectiveConfig::kDefaultChunkBytes) {
+    s = ", chunk_bytes " + std::to_string(ctx.config.chunk_bytes);
+  }
+  // Ranks that agree on zero-copy differently run different phases (NOTE [Zero-copy
+  // collectives]): named when a rank chose other than its device's default.
+  const bool host = ctx.ws.device().tensor_device().is_cpu();
+  const auto zc = ctx.config.zero_copy_agreement;
+  if (zc != ZeroCopyAgreement::kAuto &&
+      zc != (host ? ZeroCopyAgreement::kExchange : ZeroCopyAgreement::kSignature)) {
+    s += std::string(", zero_copy_agreement ") + to_string(zc);
+  }
+  return s;
 }
 void signal(const CollectiveContext& ctx, int peer) {
   ctx.ws.put_signal(ctx.stream, peer, ctx.channel);

@@ -41,10 +41,12 @@ enum class AllReduceAlgo : uint8_t { kAuto, kOneShot, kTwoShot };
 const char* to_string(AllGatherAlgo a);
 const char* to_string(ReduceScatterAlgo a);
 const char* to_string(AllReduceAlgo a);
+const char* to_string(ZeroCopyAgreement a);  // "auto", "exchange", "signature"
 // `what` names the option or variable in the error for an unknown name.
 AllGatherAlgo parse_all_gather_algo(const std::string& name, const std::string& what);
 ReduceScatterAlgo parse_reduce_scatter_algo(const std::string& name, const std::string& what);
 AllReduceAlgo parse_all_reduce_algo(const std::string& name, const std::string& what);
+ZeroCopyAgreement parse_zero_copy_agreement(const std::string& name, const std::string& what);
 
 struct CollectiveConfig {
   AllGatherAlgo all_gather = AllGatherAlgo::kAuto;
@@ -79,6 +81,9 @@ struct CollectiveConfig {
   // (NOTE [Inline one-shot] in ops/all_reduce.cpp). Not part of the op signature: both paths
   // write and wait for the same words, so ranks may differ.
   bool inline_all_reduce = true;
+  // How the ranks agree on zero-copy (NOTE [Zero-copy collectives] in ops/zero_copy.cpp). Part of
+  // the op signature when the ranks differ in the resolved mode (their phases would differ).
+  ZeroCopyAgreement zero_copy_agreement = ZeroCopyAgreement::kAuto;
 
   static constexpr int64_t kDefaultChunkBytes = 1 << 20;
   static constexpr int64_t kDefaultAllReduceOneShotMaxBytes = 8 << 10;
@@ -131,6 +136,10 @@ class CollectiveState {
   SymmetricWorkspace* heap = nullptr;
   // Whether the last collective read its peers' inputs from their heaps (for the counters).
   bool last_zero_copy = false;
+  // Signature agreement (NOTE [Zero-copy collectives] in ops/zero_copy.cpp): the heap offsets this
+  // rank claims for every rank's inputs in the running collective (rank q's input i at
+  // [q * n + i]), set with its signature and taken by its zero-copy path; unset otherwise.
+  std::optional<std::vector<int64_t>> zero_copy_claim;
   // CUDA: the end of the previous collective, which the next one waits for (NOTE [Collectives
   // of a group run one at a time]); unused on the host.
   std::shared_ptr<Event> last;

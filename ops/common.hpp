@@ -13,6 +13,14 @@
 
 namespace cuda_p2p::ops {
 
+// How the ranks agree that an op's inputs are symmetric tensors (NOTE [Zero-copy collectives] in
+// ops/zero_copy.cpp): kExchange (host workspaces only) or kSignature; kAuto is exchange on the
+// host, signature on CUDA.
+enum class ZeroCopyAgreement : uint8_t { kAuto, kExchange, kSignature };
+inline bool agrees_by_signature(ZeroCopyAgreement a, bool host) {
+  return a == ZeroCopyAgreement::kSignature || (a == ZeroCopyAgreement::kAuto && !host);
+}
+
 enum class ReduceOp : uint8_t { kSum, kAvg, kProduct, kMin, kMax, kBand, kBor, kBxor };
 // "SUM", "AVG", ... (c10d's names, as in ReduceOp.AVG).
 const char* to_string(ReduceOp op);

@@ -56,35 +56,78 @@ constexpr const char* kOp = "fused_all_gather_matmul";
 // long before the GEMMs are done; the next round's publication on stream 0 waits for it.
 
 // NOTE [Zero-copy all-gather→matmul]
-// When the group has a symmetric heap (host only: NOTE [Zero-copy collectives] in
-// ops/zero_copy.cpp) and the op's handshake ran (NOTE [The handshake opens the buffer]: no peer
-// reads this rank's buffer any more), each rank writes the heap offset of its prepared shard, or
-// -1, into the head of its buffer and passes a barrier on the caller's stream (channel 0), which
-// publishes the offsets and the shards, final since the callers passed them; every rank reads
-// all W offsets and decides alike. If every shard is in its rank's heap - A_shard from
-// cuda_p2p.empty, gathered along its first or last dim, whose prepared shard is A_shard itself -
-// the schedule runs as one round without its publication: no copy into the buffer and no barrier
-// after it; the pulls read the peers' shards in their heaps. The closing barrier, after every
-// pull, keeps a rank from returning, and its caller from overwriting A_shard, while a peer may
-// still read it. Otherwise the op runs staged, with its opening barrier again (Env::opened
-// cleared): a peer may still be reading this rank's offset when the shard would overwrite it.
-// That is one barrier more than staging alone, paid only by groups that have a heap.
+// When the group has a symmetric heap and the op's handshake ran (NOTE [The handshake opens the
+// buffer]: no peer reads this rank's buffer any more), the ranks agree, as the collectives do
+// (NOTE [Zero-copy collectives] in ops/zero_copy.cpp), whether every rank's prepared shard is
+// in its heap - A_shard from cuda_p2p.empty, gathered along its first or last dim, whose
+// prepared shard is A_shard itself:
+//
+//  * exchange (the host's default): each rank writes the heap offset of its prepared shard, or
+//    -1, into the head of its buffer and passes a barrier on the caller's stream (channel 0),
+//    which publishes the offsets and the shards, final since the callers passed them; every rank
+//    reads all W offsets and decides alike. If any is -1 the op runs staged, with its opening
+//    barrier again (Env::opened cleared): a peer may still be reading this rank's offset when
+//    the shard would overwrite it. That is one barrier more than staging alone, paid only by
+//    groups that have a heap.
+//  * signature (CUDA's; the host's on request): before the handshake, a rank whose A_shard is its
+//    own prepared shard in its heap claims its offset in the op's signature (claim_shard), as
+//    every rank's; the handshake compares the claims and, having followed every rank's entry,
+//    publishes the shards. Equal signatures: every shard is at the claimed offset. No claim: the
+//    op runs staged at no extra cost. Ranks that claim differently raise a signature mismatch
+//    (CUDA: recorded, raised by the next op, after this one ran on the disagreement).
+//
+// If every shard is in its rank's heap, the schedule runs as one round without its publication:
+// no copy into the buffer and no barrier after it; the pulls read the peers' shards in their
+// heaps. The closing barrier, after every pull, keeps a rank from returning, and its caller from
+// overwriting A_shard, while a peer may still read it.
 
-// The peers' shards in their heaps (by rank), or nullopt after the exchange says "staged".
+int64_t own_heap_offset(const pipeline::Env& env, const void* data, int64_t bytes) {
+  const auto* base = static_cast<const char*>(env.heap->buffer(env.rank()));
+  const auto* p = static_cast<const char*>(data);
+  return p >= base && p + bytes <= base + env.heap->buffer_size() ? p - base : -1;
+}
+
+// Signature agreement: this rank's claim (NOTE [Zero-copy all-gather→matmul]), recorded in env
+// and returned as the text that starts its signature (a long signature keeps only its start
+// readable: NOTE [Op signatures]); "" when it claims nothing. A host rank that agrees by
+// signature says so: its peers, if they exchange, would run other barriers.
+std::string claim_shard(pipeline::Env& env, const at::Tensor& A_shard, int64_t gather_dim) {
+  env.zero_copy_claim.reset();
+  if (!env.signature_agreement || env.heap == nullptr || env.world_size() == 1) return "";
+  const std::string mode = env.host() ? "zero_copy_agreement signature; " : "";
+  const int64_t bytes = A_shard.numel() * static_cast<int64_t>(A_shard.element_size());
+  // Problem's prepared shard is A_shard itself exactly when this view is contiguous.
+  const bool itself = gather_dim == A_shard.dim() - 1
+                          ? A_shard.is_contiguous()
+                          : A_shard.movedim(gather_dim, 0).is_contiguous();
+  if (bytes == 0 || !itself) return mode;
+  const int64_t offset = own_heap_offset(env, A_shard.data_ptr(), bytes);
+  if (offset < 0) return mode;
+  env.zero_copy_claim = offset;
+  return mode + "zero-copy: A_shard at heap offset " + std::to_string(offset) + "; ";
+}
+
+// The peers' shards in their heaps (by rank), or nullopt: staged.
 std::optional<std::vector<const char*>> heap_shards(pipeline::Env& env, const at::Tensor& shard) {
   const int W = env.world_size(), rank = env.rank();
   const int64_t bytes = shard.numel() * static_cast<int64_t>(shard.element_size());
   if (env.heap == nullptr || !env.opened || W == 1 || bytes == 0) return std::nullopt;
-  const auto* base = static_cast<const char*>(env.heap->buffer(rank));
-  const auto* p = static_cast<const char*>(shard.data_ptr());
-  const int64_t mine = p >= base && p + bytes <= base + env.heap->buffer_size() ? p - base : -1;
+  const int64_t mine = own_heap_offset(env, shard.data_ptr(), bytes);
   std::vector<int64_t> offsets(static_cast<size_t>(W));
-  env.on_caller("zero-copy offsets", [&] {
-    // The caller's stream runs inline on the host: each step is done when it returns.
-    std::memcpy(env.ws.buffer(rank), &mine, sizeof mine);
-    env.ws.barrier(*env.caller, env.channels[0]);
-    for (int q = 0; q < W; ++q) std::memcpy(&offsets[q], env.ws.buffer(q), sizeof(int64_t));
-  });
+  if (env.signature_agreement) {
+    // The handshake compared the claims and published the shards.
+    if (!env.zero_copy_claim) return std::nullopt;
+    TORCH_INTERNAL_ASSERT(mine == *env.zero_copy_claim, "cuda_p2p ", kOp,
+                          ": the prepared shard is not the claimed A_shard");
+    offsets.assign(offsets.size(), mine);
+  } else {
+    env.on_caller("zero-copy offsets", [&] {
+      // The caller's stream runs inline on the host: each step is done when it returns.
+      std::memcpy(env.ws.buffer(rank), &mine, sizeof mine);
+      env.ws.barrier(*env.caller, env.channels[0]);
+      for (int q = 0; q < W; ++q) std::memcpy(&offsets[q], env.ws.buffer(q), sizeof(int64_t));
+    });
+  }
   std::vector<const char*> shards(static_cast<size_t>(W));
   for (int q = 0; q < W; ++q) {
     if (offsets[q] < 0) {
@@ -475,6 +518,7 @@ AllGatherMatmulResult fused_all_gather_matmul(pipeline::Group& group, const at::
     pipeline::Env env = pipeline::make_env(group);
     pipeline::Stats stats;
     const std::string sig =
+        claim_shard(env, A_shard, dim) +
         signature_text(A_shard, Bs, dim, return_A,
                        algo == AllGatherAlgorithm::kPullAhead ? "pull_ahead" : "pipeline");
     r = pipeline::run_or_mark_failed(group.failure, kOp, [&] {

@@ -105,7 +105,8 @@ Env make_env(Group& group) {
   Env env(ws, dev.current_stream(), acquire_streams(dev, state),
           {kPipelineChannels[0], kPipelineChannels[1]}, group.max_buffer_size);
   if (state.tracing) env.trace = std::make_shared<Trace>();
-  if (env.host()) env.heap = group.heap;
+  env.signature_agreement = agrees_by_signature(group.zero_copy_agreement, env.host());
+  if (env.host() || env.signature_agreement) env.heap = group.heap;
   // Before anything is enqueued: a failed device (NOTE [Device failure]) or a graph capture.
   dev.check_healthy("fused op");
   dev.check_not_capturing(*env.caller, "fused op");

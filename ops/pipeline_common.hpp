@@ -14,11 +14,13 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <utility>
 #include <vector>
 
+#include "ops/common.hpp"
 #include "ops/failure_record.hpp"
 #include "ops/op_signature.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
@@ -102,9 +104,11 @@ struct Group {
   int world_size;
   // Bumps one of the group's counters ("fused_all_gather_matmul.pipeline", ...).
   std::function<void(const std::string&)> count;
-  // The group's symmetric heap once cuda_p2p.empty created it (host only), else null: NOTE
-  // [Zero-copy all-gather→matmul] in ops/fused_all_gather_matmul.cpp.
+  // The group's symmetric heap once cuda_p2p.empty created it, else null, and how the ranks
+  // agree on reading it (the collectives' setting): NOTE [Zero-copy all-gather→matmul] in
+  // ops/fused_all_gather_matmul.cpp.
   SymmetricWorkspace* heap = nullptr;
+  ZeroCopyAgreement zero_copy_agreement = ZeroCopyAgreement::kAuto;
 };
 
 // Which path a fused op took, for the backend's counters.
@@ -177,8 +181,12 @@ struct Env {
   std::shared_ptr<Trace> trace;
   // Set by agree() once its handshake ran: NOTE [The handshake opens the buffer].
   bool opened = false;
-  // Group::heap on the host, else null.
+  // Group::heap where the op may read shards in it (the host, or signature agreement), else
+  // null; whether the ranks agree by signature; and this rank's claim - its A_shard's heap
+  // offset, which it put in the op's signature (NOTE [Zero-copy all-gather→matmul]).
   SymmetricWorkspace* heap = nullptr;
+  bool signature_agreement = false;
+  std::optional<int64_t> zero_copy_claim;
   // Stream i waits for everything enqueued on stream j so far.
   void wait_stream(int i, int j) const;
 };

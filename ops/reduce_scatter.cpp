@@ -180,14 +180,16 @@ ReduceScatterAlgo reduce_scatter(const CollectiveContext& ctx,
               W, ", got ", steps);
   const bool read =
       !ring_algo && uses_private_reads(ctx.config, a.numel * a.esize * W, ctx.ws.private_reads());
+  // NOTE [Zero-copy collectives], step 1': in the signature, when the group agrees that way.
+  const std::string claim = detail::claim_reduce_scatter(ctx, a.in, a.numel * a.esize);
   // Compared at the first phase barrier of the direct algorithms, at a handshake of its own
   // before the ring (NOTE [Op signatures]).
   detail::expect_signature(
-      ctx, OpSignature::of(OpKind::kReduceScatter,
-                           std::to_string(a.numel) + " x " + dtype_name(a.dtype) + " " +
-                               lower_name(op) + " (" + to_string(algo) +
-                               (ring_algo ? ", " + std::to_string(steps) + " steps" : "") +
-                               (read ? ", copy-free" : "") + detail::config_suffix(ctx) + ")"));
+      ctx, OpSignature::of(
+               OpKind::kReduceScatter,
+               std::to_string(a.numel) + " x " + dtype_name(a.dtype) + " " + lower_name(op) + " (" +
+                   to_string(algo) + (ring_algo ? ", " + std::to_string(steps) + " steps" : "") +
+                   (read ? ", copy-free" : "") + detail::config_suffix(ctx) + claim + ")"));
   if (a.numel == 0) {
     detail::handshake(ctx);
     return algo;

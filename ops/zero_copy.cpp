@@ -16,14 +16,17 @@ namespace cuda_p2p::ops::detail {
 // NOTE [Zero-copy collectives]
 // A group's symmetric heap (NOTE [Symmetric heap] in p2p_workspace/symmetric_heap.cpp) is mapped
 // into every peer, so a tensor allocated in it can be read by a peer as it is: the copy into the
-// staging buffer disappears. The protocol is the one of NOTE [Copy-free reads] in
-// ops/collectives.cpp, with heap offsets instead of addresses and a memcpy instead of a system
-// call:
+// staging buffer disappears. Peers read each other's inputs, so the ranks must first agree that
+// every input is in its rank's heap, and where. Two ways (Options.zero_copy_agreement /
+// CUDA_P2P_ZERO_COPY_AGREEMENT; "auto": exchange on the host, signature on CUDA):
+//
+// Exchange (host only). The protocol of NOTE [Copy-free reads] in ops/collectives.cpp, with heap
+// offsets instead of addresses and a memcpy instead of a system call:
 //
 //   1. Whether to try is decided from what every rank knows alike: the group has a heap (it is
 //      created collectively, by the first cuda_p2p.empty, at the same point of every rank's op
-//      sequence), the workspace is on the host (CUDA: below), and the sizes (all-reduce:
-//      two-shot). Groups without a heap never get here: they pay nothing.
+//      sequence), the workspace is on the host, and the sizes (all-reduce: two-shot). Groups
+//      without a heap never get here: they pay nothing.
 //   2. begin_phase (the reuse guard), then the rank writes, in the header of its region, the heap
 //      offset of each of its inputs, or -1 for an input outside its heap (any ordinary tensor).
 //   3. The op's first phase barrier: it compares the op signatures (NOTE [Op signatures]) and
@@ -36,40 +39,66 @@ namespace cuda_p2p::ops::detail {
 //      barrier more than staging alone, never a wrong result, never a hang. Offsets need not be
 //      equal across ranks (each rank publishes its own): an in-place all_gather_into_tensor,
 //      whose input is the rank's own chunk of a heap output, also runs zero-copy.
-//   5. Else the readers read peers' inputs from their heap mappings, and no rank may return - its
-//      caller may overwrite its input - before every peer finished reading it: all-gather and
-//      reduce-scatter end the phase and wait for their readers' done words (wait_readers, which
-//      also satisfies the next phase's reuse guard); all-reduce, in rounds like the staged
-//      two-shot, reduces its part of a round into its region, passes a barrier (every rank has
-//      read that round of every input, the reduced parts are published) and only then writes
-//      that round of its output, which may be its input; later rounds read other bytes of the
-//      inputs, final since the first barrier, and each takes a phase of its own.
 //
-// Broadcast has a single input, the root's, so the root alone decides (broadcast_zero_copy): it
-// publishes its offset (or -1) with the end of a phase, as the staged broadcast publishes a
-// round; the others read it, then the tensor from the root's heap, or fall back with the root.
-// Only a tensor that fits one round of the staged broadcast goes zero-copy: beyond that the
-// staged rounds overlap the root's copy-in with the readers' copy-out, every core working, while
-// zero-copy leaves the root idle - measured 1.1-1.3x slower than staged at 4-16 MiB on 2 ranks,
-// 0.6-0.9x at 64 KiB-1 MiB (docs/collectives.md, "Zero-copy symmetric tensors").
+// Signature (CUDA's only way; the host's on request). Step 4 is a decision the host takes by
+// reading W headers right after enqueueing the barrier. On the host the barrier has run by then
+// (the caller's stream runs inline); on a GPU it is only enqueued, the headers are device memory,
+// and the host would read them before the peers wrote them unless it synchronised the stream on
+// every op - the cost the workspace exists to avoid. So each rank instead assumes that its peers
+// allocated like it did (the heap's allocator gives equal offsets to equal call sequences) and
+// states the assumption in the op signature, which every rank compares anyway:
+//
+//   1'. At the op's entry, before its signature is set (claim_* below): if every input of this
+//       rank is in its heap, the rank predicts every rank's input offsets from its own - equal
+//       offsets, or for an in-place all-gather "rank q's input is chunk q of an output at heap
+//       offset O" - keeps the prediction (CollectiveState::zero_copy_claim) and appends it to its
+//       signature text ("zero-copy: input at heap offset 4096"). Else it claims nothing, and its
+//       text is unchanged.
+//   2'. The zero-copy path runs only on a claim: begin_phase, then the op's first phase barrier
+//       (broadcast: its handshake), which compares the signatures and publishes the inputs as in
+//       step 3. Equal signatures mean equal predictions, and each rank's prediction of its own
+//       inputs is exact, so every prediction is every rank's truth. Without a claim the staged
+//       algorithm runs at once: a group with a heap pays nothing for ordinary inputs.
+//   3'. A rank that claims while a peer does not (one rank's input outside its heap, or offsets
+//       that differ because the ranks allocated or freed differently) is a signature mismatch: on
+//       the host every rank raises SignatureMismatch naming both texts and the group stays usable;
+//       on CUDA the comparison kernel records it and the next op raises it (NOTE [Op
+//       signatures]), after this op ran on the disagreement - its results are garbage, and it may
+//       time out (the two paths signal differently). The cure is the program's: allocate the
+//       inputs of a collective alike on every rank. all_gather_v does not claim (a rank with no
+//       rows has no offset to predict from), so it stages in this mode.
+//
+// Then, either way:
+//
+//   5. The readers read peers' inputs from their heap mappings (host: memcpy and the host
+//      kernels; CUDA: the copy engine and the reduction kernels, through the CUDA IPC mappings),
+//      and no rank may return - its caller may overwrite its input - before every peer finished
+//      reading it: all-gather and reduce-scatter end the phase and wait for their readers' done
+//      words (wait_readers, which also satisfies the next phase's reuse guard); all-reduce, in
+//      rounds like the staged two-shot, reduces its part of a round into its region, passes a
+//      barrier (every rank has read that round of every input, the reduced parts are published)
+//      and only then writes that round of its output, which may be its input; later rounds read
+//      other bytes of the inputs, final since the first barrier, and each takes a phase of its
+//      own. On CUDA "return" is the end of the enqueueing: the caller's later work on its input
+//      is in stream order after the waits, as the stream runs the op (backend/workspace_
+//      collectives.cpp runs every collective on the caller's stream).
+//
+// Broadcast has a single input, the root's. Exchange: the root alone decides
+// (broadcast_zero_copy): it publishes its offset (or -1) with the end of a phase, as the staged
+// broadcast publishes a round; the others read it, then the tensor from the root's heap, or fall
+// back with the root. Signature: every rank's tensor at one offset, as above; the handshake that
+// compared the claims followed every rank's entry, so the readers copy from the root's heap at
+// once and the root waits for them. Only a tensor that fits one round of the staged broadcast
+// goes zero-copy: beyond that the staged rounds overlap the root's copy-in with the readers'
+// copy-out, every core working, while zero-copy leaves the root idle - measured 1.1-1.3x slower
+// than staged at 4-16 MiB on 2 ranks, 0.6-0.9x at 64 KiB-1 MiB (docs/collectives.md, "Zero-copy
+// symmetric tensors").
 //
 // The reductions use the staged path's kernel in rank order, so each element gets the bits the
 // staged direct reduce-scatter and two-shot all-reduce compute, and every rank the same bits.
 //
-// Host only. A CUDA group has a heap too (cuda_p2p.empty, use_symmetric_memory's MemPool), but
-// heap_usable is false there and its collectives stage heap inputs like any other: step 4 is a
-// decision the host takes by reading the W headers right after enqueueing the barrier (and each
-// header is written by a host memcpy in a host task). On the host the barrier has run by then
-// (the caller's stream runs inline); on a GPU it is only enqueued, the headers are device memory
-// (which neither memcpy may touch), and the host would read them before the peers wrote them -
-// unless it synchronised the stream on every op, the cost the workspace exists to avoid. A CUDA
-// version needs an agreement the host does not wait for: either a device-side one (a kernel reads
-// the offsets after the barrier and copies or reduces from each peer's heap or buffer - a
-// data-dependent source, so not cudaMemcpyAsync on the copy engine, whose pointers are fixed when
-// it is enqueued), or offsets every rank knows before it enqueues anything, e.g. carried in the op
-// signature as "my input is at offset o of my heap" and required equal (NOTE [Op signatures]; on
-// CUDA a disagreement surfaces only after the op ran, so a mismatch would be an error, not a
-// fallback). Neither is written.
+// The CUDA side of this (signature agreement over CUDA IPC heaps) is written and compiled; the
+// host runs the very same code with zero_copy_agreement="signature", which the CPU suite tests.
 
 namespace {
 
@@ -77,9 +106,19 @@ constexpr int64_t kNotInHeap = -1;
 // Elements per reduction call: the sources and the destination of a piece stay in the cache.
 constexpr int64_t kReducePieceBytes = 256 << 10;
 
+bool host_workspace(const CollectiveContext& ctx) {
+  return ctx.ws.device().tensor_device().is_cpu();
+}
+
+bool signature_agreement(const CollectiveContext& ctx) {
+  return agrees_by_signature(ctx.config.zero_copy_agreement, host_workspace(ctx));
+}
+
+// Exchange needs the host (NOTE [Zero-copy collectives]): a CUDA group configured for it (the
+// backend refuses that at creation) stages.
 bool heap_usable(const CollectiveContext& ctx) {
   return ctx.state.heap != nullptr && ctx.ws.world_size() > 1 &&
-         ctx.ws.device().tensor_device().is_cpu();
+         (host_workspace(ctx) || signature_agreement(ctx));
 }
 
 // [p, p + n) inside this rank's heap: its offset, else kNotInHeap.
@@ -90,14 +129,47 @@ int64_t heap_offset(const CollectiveContext& ctx, const void* p, int64_t n) {
   return c - base;
 }
 
-// Steps 2-4 of the NOTE: the open phase and every rank's offsets (by rank, then input), or
-// nullopt after the fallback's empty phase.
+// Whether this op may claim (signature agreement, a usable heap), after dropping any earlier
+// claim: every claim_* starts here, so a claim never outlives its op.
+bool may_claim(const CollectiveContext& ctx) {
+  ctx.state.zero_copy_claim.reset();
+  return signature_agreement(ctx) && heap_usable(ctx);
+}
+
+std::string claim(const CollectiveContext& ctx, std::vector<int64_t> offsets, std::string text) {
+  ctx.state.zero_copy_claim = std::move(offsets);
+  return ", zero-copy: " + text;
+}
+
+// The largest all-reduce round (elements) whose reduced part of a rank fits behind the header of
+// its region, as the staged two-shot's rounds (config.chunk_bytes); 0 when none fits.
+int64_t all_reduce_round(const CollectiveContext& ctx, int64_t esize) {
+  const int W = ctx.ws.world_size();
+  const int64_t region = phase_bytes(ctx) - kAlign;
+  int64_t m = region / esize * W;
+  if (ctx.config.chunk_bytes > 0)
+    m = std::min(m, std::max<int64_t>(ctx.config.chunk_bytes / esize, W));
+  while (m > W && ceil_div(m, W) * esize > region) --m;
+  return m <= 0 || ceil_div(m, W) * esize > region ? 0 : m;
+}
+
+// Steps 2-4 (exchange) or 2' (signature) of the NOTE: the open phase and every rank's offsets (by
+// rank, then input), or nullopt - after the fallback's empty phase (exchange), or having run
+// nothing (signature, no claim).
 struct Agreed {
   Phase ph;
   std::vector<int64_t> offsets;  // rank q's input i at [q * n + i]
 };
 
 std::optional<Agreed> agree(const CollectiveContext& ctx, const std::vector<int64_t>& mine) {
+  if (signature_agreement(ctx)) {
+    std::optional<std::vector<int64_t>> claimed = std::move(ctx.state.zero_copy_claim);
+    ctx.state.zero_copy_claim.reset();
+    if (!claimed) return std::nullopt;
+    Agreed a{begin_phase(ctx), std::move(*claimed)};
+    phase_barrier(ctx);  // compares the signatures, which carry the claims (step 2')
+    return a;
+  }
   const int W = ctx.ws.world_size();
   const auto n = static_cast<int64_t>(mine.size());
   Agreed a{begin_phase(ctx), {}};
@@ -134,6 +206,65 @@ c10::SmallVector<int, 8> peers_of(const CollectiveContext& ctx) {
 }
 
 }  // namespace
+
+std::string claim_all_gather(const CollectiveContext& ctx, const char* input, int64_t bytes,
+                             c10::ArrayRef<char*> out) {
+  if (!may_claim(ctx) || bytes == 0) return "";
+  const int W = ctx.ws.world_size(), me = ctx.ws.rank();
+  const int64_t own = heap_offset(ctx, input, bytes);
+  if (own == kNotInHeap) return "";
+  // In place (all_gather_into_tensor with the input as chunk `me` of a heap output): rank q's
+  // input is chunk q of its output.
+  bool in_place = input == out[me] && heap_offset(ctx, out[0], W * bytes) != kNotInHeap;
+  for (int q = 0; q < W && in_place; ++q) in_place = out[q] == out[0] + q * bytes;
+  if (in_place) {
+    const int64_t base = own - me * bytes;
+    std::vector<int64_t> offsets;
+    for (int q = 0; q < W; ++q) offsets.push_back(base + q * bytes);
+    return claim(ctx, std::move(offsets),
+                 "in place in an output at heap offset " + std::to_string(base));
+  }
+  return claim(ctx, std::vector<int64_t>(W, own), "input at heap offset " + std::to_string(own));
+}
+
+std::string claim_reduce_scatter(const CollectiveContext& ctx, c10::ArrayRef<char*> in,
+                                 int64_t bytes) {
+  if (!may_claim(ctx) || bytes == 0) return "";
+  const int W = ctx.ws.world_size();
+  std::vector<int64_t> own;
+  bool contiguous = true;
+  for (const char* p : in) {
+    own.push_back(heap_offset(ctx, p, bytes));
+    if (own.back() == kNotInHeap) return "";
+    contiguous =
+        contiguous && own.back() == own[0] + (static_cast<int64_t>(own.size()) - 1) * bytes;
+  }
+  std::string text =
+      contiguous ? "input at heap offset " + std::to_string(own[0]) : "inputs at heap offsets";
+  for (size_t i = 0; !contiguous && i < own.size(); ++i) {
+    text += (i ? ", " : " ") + std::to_string(own[i]);
+  }
+  std::vector<int64_t> offsets;
+  for (int q = 0; q < W; ++q) offsets.insert(offsets.end(), own.begin(), own.end());
+  return claim(ctx, std::move(offsets), text);
+}
+
+std::string claim_all_reduce(const CollectiveContext& ctx, const char* in, int64_t numel,
+                             int64_t esize) {
+  if (!may_claim(ctx) || numel == 0 || all_reduce_round(ctx, esize) == 0) return "";
+  const int64_t own = heap_offset(ctx, in, numel * esize);
+  if (own == kNotInHeap) return "";
+  return claim(ctx, std::vector<int64_t>(ctx.ws.world_size(), own),
+               "input at heap offset " + std::to_string(own));
+}
+
+std::string claim_broadcast(const CollectiveContext& ctx, const char* data, int64_t bytes) {
+  if (!may_claim(ctx) || bytes == 0 || bytes > round_bytes(ctx, 1)) return "";
+  const int64_t own = heap_offset(ctx, data, bytes);
+  if (own == kNotInHeap) return "";
+  return claim(ctx, std::vector<int64_t>(ctx.ws.world_size(), own),
+               "tensor at heap offset " + std::to_string(own));
+}
 
 bool all_gather_zero_copy(const CollectiveContext& ctx, const char* input,
                           c10::ArrayRef<int64_t> bytes, c10::ArrayRef<char*> out) {
@@ -191,12 +322,8 @@ bool all_reduce_zero_copy(const CollectiveContext& ctx, char* in, char* out, int
   // Rounds of m elements, as the staged two-shot's (config.chunk_bytes), so that a round's
   // reduced chunks are still in the cache when the ranks gather them; each rank's reduced part
   // of a round lands behind the header of its region.
-  const int64_t region = phase_bytes(ctx) - kAlign;
-  int64_t m = region / esize * W;
-  if (ctx.config.chunk_bytes > 0)
-    m = std::min(m, std::max<int64_t>(ctx.config.chunk_bytes / esize, W));
-  while (m > W && ceil_div(m, W) * esize > region) --m;
-  if (m <= 0 || ceil_div(m, W) * esize > region) return false;
+  const int64_t m = all_reduce_round(ctx, esize);
+  if (m == 0) return false;
   auto a = agree(ctx, {heap_offset(ctx, in, numel * esize)});
   if (!a) return false;
   for (int64_t base = 0; base < numel; base += m) {
@@ -229,6 +356,23 @@ bool broadcast_zero_copy(const CollectiveContext& ctx, char* data, int64_t bytes
   ctx.state.last_zero_copy = false;
   if (!heap_usable(ctx) || bytes == 0 || bytes > round_bytes(ctx, 1)) return false;
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
+  c10::SmallVector<int, 8> readers;
+  for (int q = 0; q < W; ++q) {
+    if (q != root) readers.push_back(q);
+  }
+  if (signature_agreement(ctx)) {
+    std::optional<std::vector<int64_t>> claimed = std::move(ctx.state.zero_copy_claim);
+    ctx.state.zero_copy_claim.reset();
+    if (!claimed) return false;
+    // The handshake before this (ops/broadcast.cpp) compared the claims and followed every
+    // rank's entry: the root's tensor is final. The phase is for the done words only.
+    const Phase ph = begin_phase(ctx);
+    if (me != root) copy(ctx, data, in_heap(ctx, root, (*claimed)[root]), bytes);
+    end_phase(ctx, ph);
+    if (me == root) wait_readers(ctx, ph, readers);
+    ctx.state.last_zero_copy = true;
+    return true;
+  }
   const Phase ph = begin_phase(ctx);
   if (me == root) {
     const int64_t offset = heap_offset(ctx, data, bytes);
@@ -237,10 +381,6 @@ bool broadcast_zero_copy(const CollectiveContext& ctx, char* data, int64_t bytes
                               [header, offset] { std::memcpy(header, &offset, sizeof offset); });
     end_phase(ctx, ph);  // publishes the offset to every rank at once
     if (offset == kNotInHeap) return false;
-    c10::SmallVector<int, 8> readers;
-    for (int q = 0; q < W; ++q) {
-      if (q != root) readers.push_back(q);
-    }
     // The caller may overwrite its tensor once this returns: not before every reader is done.
     wait_readers(ctx, ph, readers);
   } else {

@@ -236,6 +236,15 @@ PYBIND11_MODULE(_C, m) {
           "Workspace all-reduce algorithm: 'auto' (CUDA_P2P_ALL_REDUCE_ALGO may force one), "
           "'one_shot' or 'two_shot'.")
       .def_property(
+          "zero_copy_agreement", [](const Options& o) { return o.zero_copy_agreement; },
+          [](Options& o, const std::string& v) {
+            cuda_p2p::ops::parse_zero_copy_agreement(v, "Options.zero_copy_agreement");
+            o.zero_copy_agreement = v;
+          },
+          "How the ranks agree that a collective's inputs are symmetric tensors: 'auto' "
+          "(CUDA_P2P_ZERO_COPY_AGREEMENT, else 'exchange' on the host, 'signature' on CUDA), "
+          "'exchange' (host only) or 'signature'.")
+      .def_property(
           "ring_steps", [](const Options& o) { return o.ring_steps; },
           [](Options& o, std::optional<int64_t> v) {
             TORCH_CHECK_VALUE(!v || *v > 0,
@@ -461,6 +470,14 @@ PYBIND11_MODULE(_C, m) {
             d["reduce_scatter_ring_max_bytes"] = c.reduce_scatter_ring_max_bytes;
             d["cross_memory_min_bytes"] = c.cross_memory_min_bytes;
             d["inline_all_reduce"] = c.inline_all_reduce;
+            {
+              // "auto" resolved by the workspace's device (NOTE [Zero-copy collectives]).
+              const auto* w = self.workspace();
+              const bool host = !w || w->device().tensor_device().is_cpu();
+              d["zero_copy_agreement"] =
+                  cuda_p2p::ops::agrees_by_signature(c.zero_copy_agreement, host) ? "signature"
+                                                                                  : "exchange";
+            }
             d["cross_memory"] = self.uses_cross_memory();
             d["cross_memory_reason"] = self.cross_memory_reason();
             d["fused_min_flops"] = self.config().fused_min_flops_for(c10::DeviceType::CPU);

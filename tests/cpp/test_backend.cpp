@@ -266,6 +266,19 @@ TEST(Backend, WorkspaceDeviceCudaIsRefusedWithoutACudaBackend) {
                "Options.workspace_device asks for a workspace on the GPU ('cuda'), but");
 }
 
+// NOTE [Zero-copy collectives] in ops/zero_copy.cpp: the exchange is read by the host, so a group
+// whose workspace is on the GPU refuses it, naming the knob.
+TEST(Backend, ZeroCopyExchangeIsRefusedOnAGpuWorkspace) {
+  if (gpu_count() == 0) GTEST_SKIP() << "no GPU";
+  const auto& w = world();
+  auto cpu = c10::make_intrusive<RecordingBackend>(w.rank, w.size, "recording-cpu");
+  auto cuda = c10::make_intrusive<RecordingBackend>(w.rank, w.size, "recording-cuda");
+  auto options = c10::make_intrusive<ProcessGroupCudaP2P::Options>();
+  options->zero_copy_agreement = "exchange";
+  expect_error([&] { ProcessGroupCudaP2P(test_store(), w.rank, w.size, options, cpu, cuda); },
+               "Options.zero_copy_agreement asks for 'exchange', which needs a host workspace");
+}
+
 TEST(Backend, FallsBackOnlyForWhatTheWorkspaceDoesNotRunAndCountsIt) {
   const auto& w = world();
   auto f = make();

@@ -104,6 +104,21 @@ TEST(Config, TheWorkspaceDeviceComesFromTheOptionThenTheEnvironment) {
                "Options.workspace_device must be 'auto', 'cpu' or 'cuda', got 'CPU'");
 }
 
+TEST(Config, TheZeroCopyAgreementComesFromTheOptionThenTheEnvironment) {
+  EXPECT_EQ(resolve(Options(), {}).collective.zero_copy_agreement, ops::ZeroCopyAgreement::kAuto);
+  const Config env = resolve(Options(), {{"CUDA_P2P_ZERO_COPY_AGREEMENT", "signature"}});
+  EXPECT_EQ(env.collective.zero_copy_agreement, ops::ZeroCopyAgreement::kSignature);
+  EXPECT_EQ(env.zero_copy_agreement_from, "CUDA_P2P_ZERO_COPY_AGREEMENT");
+  Options exchange;
+  exchange.zero_copy_agreement = "exchange";
+  const Config opt = resolve(exchange, {{"CUDA_P2P_ZERO_COPY_AGREEMENT", "signature"}});
+  EXPECT_EQ(opt.collective.zero_copy_agreement, ops::ZeroCopyAgreement::kExchange);
+  EXPECT_EQ(opt.zero_copy_agreement_from, "Options.zero_copy_agreement");
+  expect_error([] { resolve(Options(), {{"CUDA_P2P_ZERO_COPY_AGREEMENT", "headers"}}); },
+               "CUDA_P2P_ZERO_COPY_AGREEMENT must be one of auto|exchange|signature, got "
+               "'headers'");
+}
+
 TEST(Config, KillSwitchesTurnOffFromEitherSide) {
   Options off;
   off.enable_workspace = false;

@@ -126,24 +126,27 @@ def test_all_reduce_peer_columns(tmp_path):
     assert "side by side" in proc.stdout
 
 
-def test_bench_collectives_zero_copy(tmp_path):
+@pytest.mark.parametrize("agreement", ["auto", "signature"])
+def test_bench_collectives_zero_copy(tmp_path, agreement):
     # --zero-copy: a group with heap inputs (counted zero_copy) and one with ordinary inputs, as
-    # ratios to the staged default group, every output checked against Gloo.
+    # ratios to the staged default group, every output checked against Gloo; either agreement.
     out = tmp_path / "z.json"
     args = ["--world-sizes", "2", "--sizes", "128K", "--zero-copy", "--peers", "none",
+            "--zero-copy-agreement", agreement,
             "--collectives", "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce",
             "--iters", "3", "--warmup", "1", "--no-barrier", "--json", str(out), "--no-plot",
             "--timeout", "120"]
     proc = run_bench("bench_collectives.py", args, tmp_path)
     data = json.loads(out.read_text())
     assert data["meta"]["zero_copy"] is True
+    assert data["meta"]["zero_copy_agreement"] == agreement
     for entry in data["runs"][0]["results"]:
         assert entry["check"]["ok"], entry
         zc, hs = entry["zero_copy"]["zero_copy"], entry["zero_copy"]["heap_staged"]
         assert any(k.endswith(".zero_copy") for k in zc["paths"]), zc["paths"]
         assert not any(k.endswith(".zero_copy") for k in hs["paths"]), hs["paths"]
         assert zc["ratio_vs_staged"] > 0 and hs["ratio_vs_staged"] > 0
-    assert "zero-copy  world_size=2" in proc.stdout
+    assert f"zero-copy  world_size=2  agreement={agreement}" in proc.stdout
 
 
 def _bench_module(monkeypatch):

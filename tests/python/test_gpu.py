@@ -626,7 +626,9 @@ def check_symmetric_tensors(ctx):
     chk.case("the pool keeps dead tensors' segments",
              b.symmetric_heap_info()["segments"] == info["segments"], f"{b.symmetric_heap_info()}")
 
-    # Collectives on heap tensors: right results, staged (the zero-copy path is host-only).
+    # Collectives on heap tensors from the pool: right results, and zero-copy (signature
+    # agreement: the ranks made the same allocations, so the pool's blocks sit at equal offsets;
+    # were they not, every rank would raise a signature mismatch naming the offsets).
     b.reset_counters()
     n = 5000
     with cuda_p2p.use_symmetric_memory(g):
@@ -650,8 +652,10 @@ def check_symmetric_tensors(ctx):
     chk.case("reduce_scatter", torch.equal(rs_out.cpu(), full[rank * n:(rank + 1) * n]), "")
     chk.case("broadcast", torch.equal(bc.cpu(), _input(5, 0, n, torch.float32)), "")
     c = _counters(g)
-    chk.case("staged on the workspace", c and not any(
-        k.endswith((".wrapped", ".zero_copy")) for k in c), f"{c}")
+    zc = 1 if W > 1 else 0
+    chk.case("on the workspace, zero-copy", c and not any(k.endswith(".wrapped") for k in c) and
+             all(c.get(f"{k}.zero_copy", 0) == zc for k in ("all_gather", "reduce_scatter",
+                                                            "broadcast")), f"{c}")
 
     # A second group: its own heap and pool, its tensors in neither of the other's.
     g2 = _group(("heap2",), buffer_size=BUFFER, symmetric_heap_size=HEAP)
@@ -662,6 +666,146 @@ def check_symmetric_tensors(ctx):
     chk.case("own heaps", cuda_p2p.is_symmetric(w, g2) and not cuda_p2p.is_symmetric(w, g)
              and cuda_p2p.is_symmetric(t, g) and not cuda_p2p.is_symmetric(t, g2), "mixed")
     _settle(ctx)
+    return chk.result()
+
+
+def check_zero_copy_collectives(ctx):
+    """Collectives on cuda_p2p.empty tensors read them where they lie, in their owners' heaps
+    (NOTE [Zero-copy collectives] in ops/zero_copy.cpp): signature agreement, CUDA's default;
+    rehearsed on the CPU with it set (the host's default is the exchange)."""
+    W, rank, dev = ctx.world_size, ctx.rank, _device()
+    extra = {"zero_copy_agreement": "signature"} if _ON_CPU else {}
+    g = _group(("zc",), buffer_size=BUFFER, symmetric_heap_size=HEAP, all_reduce_algo="two_shot",
+               **extra)
+    b = cuda_p2p.get_cuda_p2p_backend(g)
+    chk = Checker(f"zero-copy W={W}")
+    mode = b.get_collective_config()["zero_copy_agreement"]
+    chk.case("agreement", mode == "signature", mode)
+    b.reset_counters()
+    want = {"all_gather.zero_copy": 0, "reduce_scatter.zero_copy": 0, "all_reduce.zero_copy": 0,
+            "broadcast.zero_copy": 0}
+    zc = 1 if W > 1 else 0
+
+    def heap(n, dtype, values=None):
+        t = cuda_p2p.empty(n, dtype=dtype, group=g)
+        return t.copy_(values.to(dev)) if values is not None else t.zero_()
+
+    for name, dtype in DTYPES.items():
+        for n in SIZES[1:]:
+            tag = f"{name} n={n}"
+            ref = torch.cat([_input(n, r, n, dtype) for r in range(W)])
+            x = heap(n, dtype, _input(n, rank, n, dtype))
+            out = torch.empty(n * W, dtype=dtype, device=dev)
+            dist.all_gather_into_tensor(out, x, group=g)
+            # The caller may overwrite its input as soon as the call returns: on CUDA that is in
+            # stream order after the peers' reads (step 5 of the NOTE), so they gathered x.
+            x.fill_(0)
+            chk.case(f"all_gather {tag}", torch.equal(out.cpu(), ref), "differs")
+            whole = heap(n * W, dtype)
+            whole[rank * n:(rank + 1) * n].copy_(_input(n, rank, n, dtype).to(dev))
+            dist.all_gather_into_tensor(whole, whole[rank * n:(rank + 1) * n], group=g)
+            chk.case(f"in-place all_gather {tag}", torch.equal(whole.cpu(), ref), "differs")
+            want["all_gather.zero_copy"] += 2 * zc
+            rin = heap(n * W, dtype, _input(n + 1, rank, n * W, dtype))
+            rout = torch.empty(n, dtype=dtype, device=dev)
+            dist.reduce_scatter_tensor(rout, rin, group=g)
+            full = _reduce_math("SUM", [_input(n + 1, r, n * W, dtype) for r in range(W)])
+            chk.case(f"reduce_scatter {tag}", _close(rout, full[rank * n:(rank + 1) * n], "SUM"),
+                     "differs")
+            want["reduce_scatter.zero_copy"] += zc
+            t = heap(n, dtype, _input(n + 2, rank, n, dtype))
+            dist.all_reduce(t, group=g)
+            chk.case(f"all_reduce {tag}", _close(t, _reduce_math(
+                "SUM", [_input(n + 2, r, n, dtype) for r in range(W)]), "SUM"), "differs")
+            want["all_reduce.zero_copy"] += zc
+            for root in range(W):
+                bc = heap(n, dtype, _input(n + 3, rank, n, dtype))
+                dist.broadcast(bc, src=root, group=g)
+                chk.case(f"broadcast {tag} root={root}",
+                         torch.equal(bc.cpu(), _input(n + 3, root, n, dtype)), "differs")
+                # one staged round at most (half the buffer) goes zero-copy
+                want["broadcast.zero_copy"] += zc * (n * bc.element_size() <= BUFFER // 2)
+    _sync()
+    c = _counters(g)
+    chk.case("counters", all(c.get(k, 0) == v for k, v in want.items()) and
+             not any(k.endswith(".wrapped") for k in c), f"expected {want}, got {c}")
+    # fused_all_gather_matmul with A_shard in the heap: the pulls read the peers' shards there
+    # (NOTE [Zero-copy all-gather→matmul]); a middle gather dim prepares a copy, staged.
+    b.reset_counters()
+    fused_zc = 0
+    for name, dtype in DTYPES.items():
+        for shard, gd, zc_case in (((8, 16), 0, True), ((4, 2, 8), -1, True),
+                                   ((2, 5, 16), 1, False)):
+            for algorithm in ("pipeline", "pull_ahead"):
+                seed = _seed(shard, gd, algorithm)
+                shards = [_small(shard, seed + r, dtype, "cpu") for r in range(W)]
+                A = torch.cat(shards, dim=gd)
+                B = _small((A.shape[-1], 7), seed + 100, dtype, "cpu")
+                a = cuda_p2p.empty(*shard, dtype=dtype, group=g).copy_(shards[rank].to(dev))
+                got_A, [out] = cuda_p2p.fused_all_gather_matmul(a, [B.to(dev)], gd, group=g,
+                                                                return_A=True, algorithm=algorithm)
+                a.fill_(0)  # in stream order after the peers' pulls (the closing barrier)
+                what = f"fused {name} shard={shard} dim={gd} {algorithm}"
+                chk.case(what, torch.equal(got_A.cpu(), A), "A differs")
+                chk.case(f"{what} out", torch.equal(out.cpu(), (A.double() @ B.double()).to(dtype)),
+                         "out differs")
+                fused_zc += zc * zc_case
+    _sync()
+    got = _counters(g).get("fused_all_gather_matmul.zero_copy", 0)
+    chk.case("fused counter", got == fused_zc, f"expected {fused_zc}, got {_counters(g)}")
+    # Ordinary tensors on the same group: staged, no claim, nothing raised.
+    b.reset_counters()
+    x = _input(9, rank, 1000, torch.float32).to(dev)
+    out = torch.empty(1000 * W, device=dev)
+    dist.all_gather_into_tensor(out, x, group=g)
+    _sync()
+    chk.case("ordinary input", torch.equal(out.cpu(), torch.cat(
+        [_input(9, r, 1000, torch.float32) for r in range(W)])), "differs")
+    chk.case("ordinary input staged", _counters(g).get("all_gather.zero_copy", 0) == 0,
+             f"{_counters(g)}")
+    _sync()
+    dist.barrier(group=ctx.gloo)  # every rank's reads done before its heap tensors die
+    return chk.result()
+
+
+def check_zero_copy_mismatch(ctx):
+    """Ranks that claim differently (one rank's input outside its heap) disagree in the op's
+    signature (NOTE [Zero-copy collectives], step 3'): on the host the op raises on every rank; on
+    CUDA the comparison kernel records it and the group's next op raises it on every rank, naming
+    both claims - the first exercise of a recorded disagreement on a GPU. Either way the group
+    then works again."""
+    W, rank, dev = ctx.world_size, ctx.rank, _device()
+    extra = {"zero_copy_agreement": "signature"} if _ON_CPU else {}
+    # The direct all-gather of one round runs one barrier and ends one phase, as the zero-copy
+    # path does, so on CUDA the disagreeing ranks wait for nothing the other never sends (a ring,
+    # auto's choice on 3+ ranks at this size, would wait for its neighbour's signal until the
+    # timeout).
+    g = _group(("zc_mismatch",), buffer_size=BUFFER, symmetric_heap_size=HEAP,
+               all_gather_algo="direct", **extra)
+    chk = Checker(f"zero-copy mismatch W={W}")
+    n = 1000  # 4000 bytes: one round (half the buffer)
+    in_heap = cuda_p2p.empty(n, dtype=torch.float32, group=g)  # every rank: creates the heap
+    x = (torch.empty(n, device=dev) if rank == 0 else in_heap).copy_(
+        _input(1, rank, n, torch.float32))
+    out = torch.empty(n * W, device=dev)
+    raised = None
+    try:
+        dist.all_gather_into_tensor(out, x, group=g)
+        _sync()
+        dist.all_gather_into_tensor(out, x.clone(), group=g)  # ordinary: staged by every rank
+    except RuntimeError as e:
+        raised = str(e)
+    if W == 1:
+        chk.case("one rank: nothing to disagree on", raised is None, f"{raised}")
+    else:
+        chk.case("raised", raised is not None and "disagree" in raised and
+                 "zero-copy: input at heap offset" in raised, f"{raised}")
+    _sync()
+    dist.all_gather_into_tensor(out, x.clone(), group=g)
+    _sync()
+    chk.case("usable after", torch.equal(out.cpu(), torch.cat(
+        [_input(1, r, n, torch.float32) for r in range(W)])), "differs")
+    dist.barrier(group=ctx.gloo)
     return chk.result()
 
 
@@ -793,6 +937,14 @@ def test_growth_and_rounds(W):
 
 def test_symmetric_tensors(gpu_world):
     _ok(gpu_world.run(check_symmetric_tensors))
+
+
+def test_zero_copy_collectives(gpu_world):
+    _ok(gpu_world.run(check_zero_copy_collectives))
+
+
+def test_zero_copy_mismatch(gpu_world):
+    _ok(gpu_world.run(check_zero_copy_mismatch))
 
 
 def test_symmetric_heap_limits(gpu_world):

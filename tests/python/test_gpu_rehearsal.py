@@ -29,6 +29,8 @@ CHECKS = [
       for a in ("pipeline", "ring")],
     ("growth_and_rounds", g.check_growth_and_rounds, ()),
     ("get_p2p_buffer", g.check_p2p_buffer, ()),
+    ("zero_copy_collectives", g.check_zero_copy_collectives, ()),
+    ("zero_copy_mismatch", g.check_zero_copy_mismatch, ()),
 ]
 
 

@@ -117,10 +117,16 @@ def _expect_zero_copy(chk, group, key, before, what, ran=True):
     chk.case(what, got == (1 if ran else 0), f"{key} moved by {got}, expected {int(ran)}")
 
 
-def _collectives_case(ctx):
+def _collectives_case(ctx, agreement):
+    """Every zero-copy collective against plain-torch math. ``agreement``: the group's
+    zero_copy_agreement ("exchange", the host's default, or "signature", CUDA's: the same code the
+    GPU runs, NOTE [Zero-copy collectives])."""
     W, me = ctx.world_size, ctx.rank
-    g = _group("zc")
+    g = _group(f"zc_{agreement}", zero_copy_agreement=agreement)
+    signature = agreement == "signature"
     chk = Checker()
+    chk.case("mode reported", cuda_p2p.get_cuda_p2p_backend(g).get_collective_config()[
+        "zero_copy_agreement"] == agreement)
     for dtype in DTYPES:
         for n in SIZES:
             tag = f"{dtype} n={n}"
@@ -145,10 +151,12 @@ def _collectives_case(ctx):
             dist.all_gather(outs, inp, group=g)
             chk.case(f"all_gather {tag}", torch.equal(torch.cat(outs), ref))
             # all_gather_v: rows of 3 elements, a different count per rank (rank 1 has none),
-            # then the same with this rank's input outside the heap on one rank (staged)
+            # then the same with this rank's input outside the heap on one rank (staged); it
+            # never claims under signature agreement, so it stages there
             rows = [(n + q) % 5 if q != 1 else 0 for q in range(W)]
             want_v = torch.cat([_values(q, rows[q] * 3, dtype).view(-1, 3) for q in range(W)])
-            for plain in (None, 0):
+            # (signature: ranks that allocate differently would get different offsets later)
+            for plain in (None,) if signature else (None, 0):
                 if me == plain:
                     v_in = _fill(torch.empty(rows[me], 3, dtype=dtype), me)
                 else:
@@ -159,7 +167,7 @@ def _collectives_case(ctx):
                          f"{got_v.flatten()[:8]} vs {want_v.flatten()[:8]}")
                 _expect_zero_copy(chk, g, "all_gather_v.zero_copy", before,
                                   f"agv counter {tag} plain={plain}",
-                                  plain is None and sum(rows) > 0)
+                                  plain is None and sum(rows) > 0 and not signature)
             # reduce_scatter_tensor
             rin = _fill(cuda_p2p.empty(W * n, dtype=dtype, group=g), me, seed=1)
             rout = torch.full((n,), 99, dtype=dtype)
@@ -189,11 +197,12 @@ def _collectives_case(ctx):
             big = m * t.element_size() > one_shot_max
             _expect_zero_copy(chk, g, "all_reduce.zero_copy", before, f"ar counter {tag}", big)
             # broadcast: the root's tensor in its heap decides; the others' may be anything
+            # (exchange) or sit at the root's offset (signature)
             for root in range(W):
                 if me == root:
                     b = _fill(cuda_p2p.empty(n, dtype=dtype, group=g), root, seed=5)
                 else:
-                    b = (cuda_p2p.empty(n, dtype=dtype, group=g) if me % 2 else
+                    b = (cuda_p2p.empty(n, dtype=dtype, group=g) if me % 2 or signature else
                          torch.empty(n, dtype=dtype)).fill_(99)
                 before = _counters(g)
                 dist.broadcast(b, src=root, group=g)
@@ -213,8 +222,9 @@ def _collectives_case(ctx):
     return chk.failures
 
 
-def test_zero_copy_collectives(any_world):
-    for failures in any_world.run(_collectives_case):
+@pytest.mark.parametrize("agreement", ["exchange", "signature"])
+def test_zero_copy_collectives(any_world, agreement):
+    for failures in any_world.run(_collectives_case, agreement):
         assert not failures, failures
 
 
@@ -292,6 +302,102 @@ def _fallback_case(ctx):
 def test_fallback_and_offsets(any_world):
     for failures in any_world.run(_fallback_case):
         assert not failures, failures
+
+
+def _raises_everywhere(chk, what, fn, *needles):
+    """fn() must raise on this rank (every rank runs it) with every needle in the message."""
+    try:
+        fn()
+    except RuntimeError as e:
+        text = str(e)
+        chk.case(f"{what}: message", all(n in text for n in needles), text)
+        return
+    chk.case(what, False, "no error")
+
+
+def _signature_case(ctx):
+    """Signature agreement's contract (NOTE [Zero-copy collectives], steps 1'-3'): ranks that
+    claim differently raise a signature mismatch on every rank, the group stays usable, ordinary
+    inputs stage with no claim, and an explicit setting that differs between ranks is named."""
+    W, me = ctx.world_size, ctx.rank
+    g = _group("zc_signature", zero_copy_agreement="signature")
+    chk = Checker()
+    n = 1001
+    ref = torch.cat([_values(q, n, torch.float32) for q in range(W)])
+    out = torch.empty(W * n)
+    # Offsets that differ (odd ranks allocated a pad first): a mismatch naming the offsets.
+    pad = cuda_p2p.empty(64 * (me + 1), dtype=torch.uint8, group=g) if me % 2 else None
+    inp = _fill(cuda_p2p.empty(n, group=g), me)
+    _raises_everywhere(chk, "different offsets", lambda: dist.all_gather_into_tensor(
+        out, inp, group=g), "zero-copy: input at heap offset", "disagree")
+    del pad, inp
+    inp = _fill(cuda_p2p.empty(n, group=g), me)  # the same offset on every rank now
+    offs = [None] * W
+    dist.all_gather_object(offs, cuda_p2p.get_cuda_p2p_backend(g).symmetric_offset(inp),
+                           group=ctx.gloo)
+    chk.case("offsets equal", len(set(offs)) == 1, f"{offs}")
+    before = _counters(g)
+    dist.all_gather_into_tensor(out, inp, group=g)
+    chk.case("usable after mismatch", torch.equal(out, ref))
+    _expect_zero_copy(chk, g, "all_gather.zero_copy", before, "equal offsets")
+    # One rank's input outside its heap: every rank raises, for each collective.
+    for odd_one in range(W):
+        x = _fill(torch.empty(n) if me == odd_one else cuda_p2p.empty(n, group=g), me)
+        _raises_everywhere(chk, f"ag odd {odd_one}", lambda: dist.all_gather_into_tensor(
+            out, x, group=g), "zero-copy", "disagree")
+        big = _fill(torch.empty(W * n) if me == odd_one else cuda_p2p.empty(W * n, group=g), me)
+        _raises_everywhere(chk, f"rs odd {odd_one}", lambda: dist.reduce_scatter_tensor(
+            torch.empty(n), big, group=g), "zero-copy", "disagree")
+        m = 1 << 16  # 256 KiB: two-shot on every world size
+        t = _fill(torch.empty(m) if me == odd_one else cuda_p2p.empty(m, group=g), me)
+        _raises_everywhere(chk, f"ar odd {odd_one}", lambda: dist.all_reduce(t, group=g),
+                           "zero-copy", "disagree")
+        b = torch.zeros(n) if me == odd_one else cuda_p2p.empty(n, group=g).fill_(0)
+        _raises_everywhere(chk, f"bc odd {odd_one}", lambda: dist.broadcast(
+            b, src=(odd_one + 1) % W, group=g), "zero-copy", "disagree")
+        del x, big, t, b
+    # Ordinary inputs on a group with a heap: nobody claims, every rank stages, no error.
+    before = _counters(g)
+    x = _fill(torch.empty(n), me)
+    dist.all_gather_into_tensor(out, x, group=g)
+    chk.case("plain tensors: ag", torch.equal(out, ref))
+    big = _fill(torch.empty(W * n), me, 4)
+    r = torch.empty(n)
+    dist.reduce_scatter_tensor(r, big, group=g)
+    full = _sum([_values(q, W * n, torch.float32, 4) for q in range(W)])
+    chk.case("plain tensors: rs", torch.equal(r, full[me * n:(me + 1) * n]))
+    after = _counters(g)
+    chk.case("plain tensors: no zero-copy", all(after.get(k, 0) == before.get(k, 0) for k in (
+        "all_gather.zero_copy", "reduce_scatter.zero_copy")), f"{before} -> {after}")
+    # A broadcast larger than one staged round never claims: mixed tensors are fine.
+    m = (1 << 20) // 4 + 3
+    b = _fill(cuda_p2p.empty(m, group=g), 0, 7) if me == 0 else torch.zeros(m)
+    before = _counters(g)
+    dist.broadcast(b, src=0, group=g)
+    chk.case("large bc", torch.equal(b, _values(0, m, torch.float32, 7)))
+    _expect_zero_copy(chk, g, "broadcast.zero_copy", before, "large bc", False)
+    # The settings themselves: a rank that asks for signature among ranks that exchange is named
+    # in the mismatch (their phases would differ).
+    mixed = _group("zc_mixed", zero_copy_agreement="signature" if me == 0 else "auto")
+    y = _fill(torch.empty(n), me)
+    _raises_everywhere(chk, "mixed settings", lambda: dist.all_gather_into_tensor(
+        out, y, group=mixed), "zero_copy_agreement signature")
+    return chk.failures
+
+
+def test_signature_agreement_mismatches(any_world):
+    for failures in any_world.run(_signature_case):
+        assert not failures, failures
+
+
+def test_zero_copy_agreement_option():
+    o = cuda_p2p.ProcessGroupCudaP2P.Options()
+    assert o.zero_copy_agreement == "auto"
+    o.zero_copy_agreement = "signature"
+    assert o.zero_copy_agreement == "signature"
+    with pytest.raises(RuntimeError, match="Options.zero_copy_agreement must be one of "
+                       "auto\\|exchange\\|signature, got 'headers'"):
+        o.zero_copy_agreement = "headers"
 
 
 def _heap_case(ctx):
@@ -613,13 +719,14 @@ def test_two_groups_side_by_side(world3):
         assert not failures, failures
 
 
-def _fused_case(ctx):
+def _fused_case(ctx, agreement):
     """fused_all_gather_matmul with A_shard in the heap (NOTE [Zero-copy all-gather→matmul]):
     every algorithm, gather dim and return_A against plain torch over every rank's shard; a
-    gather along a middle dim (its prepared shard is a copy) and a rank with an ordinary tensor
-    run staged; the input is intact and the group goes on working after each."""
+    gather along a middle dim (its prepared shard is a copy) runs staged; a rank with an ordinary
+    tensor makes every rank stage (exchange) or raise a signature mismatch (signature); the input
+    is intact and the group goes on working after each."""
     W, me = ctx.world_size, ctx.rank
-    g = _group("zc")
+    g = _group(f"zc_{agreement}", zero_copy_agreement=agreement)
     chk = Checker()
     key = "fused_all_gather_matmul.zero_copy"
 
@@ -649,15 +756,27 @@ def _fused_case(ctx):
                         chk.case(f"A {tag}", torch.equal(a_out, full))
                     _expect_zero_copy(chk, g, key, before, f"counter {tag} rA={return_A}", zc)
                 chk.case(f"input intact {tag}", torch.equal(A, values(me, shape, dtype, 4)))
-    # One rank's A_shard is an ordinary tensor: every rank runs staged, correctly.
+    # One rank's A_shard is an ordinary tensor: every rank runs staged, correctly (exchange), or
+    # every rank raises, naming the claim, and the group stays usable (signature).
     B = _values(7, 30, torch.float32, 3).view(6, 5)
     full = torch.cat([values(q, (4, 6), torch.float32, 5) for q in range(W)])
     for odd_one in range(W):
         A = _fill(torch.empty(4, 6) if me == odd_one else cuda_p2p.empty(4, 6, group=g), me, 5)
         before = _counters(g)
+        if agreement == "signature":
+            _raises_everywhere(chk, f"odd {odd_one}", lambda: cuda_p2p.fused_all_gather_matmul(
+                A, [B], 0, g, algorithm="pull_ahead"), "zero-copy: A_shard at heap offset",
+                "disagree")
+            continue
         _, [y] = cuda_p2p.fused_all_gather_matmul(A, [B], 0, g, algorithm="pull_ahead")
         chk.case(f"rank {odd_one} staged: result", torch.equal(y, full @ B))
         _expect_zero_copy(chk, g, key, before, f"staged {odd_one}", False)
+    # Every A_shard ordinary: staged, on either agreement.
+    A = _fill(torch.empty(4, 6), me, 5)
+    before = _counters(g)
+    _, [y] = cuda_p2p.fused_all_gather_matmul(A, [B], 0, g, algorithm="pipeline")
+    chk.case("ordinary: result", torch.equal(y, full @ B))
+    _expect_zero_copy(chk, g, key, before, "ordinary", False)
     return chk.failures
 
 
@@ -668,6 +787,7 @@ def _numel(shape):
     return n
 
 
-def test_fused_all_gather_matmul_zero_copy(any_world):
-    for failures in any_world.run(_fused_case):
+@pytest.mark.parametrize("agreement", ["exchange", "signature"])
+def test_fused_all_gather_matmul_zero_copy(any_world, agreement):
+    for failures in any_world.run(_fused_case, agreement):
         assert not failures, failures
