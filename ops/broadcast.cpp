@@ -22,8 +22,12 @@ void broadcast(const CollectiveContext& ctx, const at::Tensor& tensor, int root)
   const bool read = uses_private_reads(ctx.config, bytes, ctx.ws.private_reads());
   // NOTE [Zero-copy collectives], step 1': in the signature, when the group agrees that way (a
   // copy-free broadcast reads the root's tensor wherever it is, so it never claims).
-  const std::string claim = read ? (ctx.state.zero_copy_claim.reset(), std::string())
-                                 : detail::claim_broadcast(ctx, detail::bytes_of(tensor), bytes);
+  std::string claim;
+  if (read) {
+    ctx.state.zero_copy_claim.reset();
+  } else {
+    claim = detail::claim_broadcast(ctx, detail::bytes_of(tensor), bytes);
+  }
   // Nobody but the root publishes anything, so the signature needs a handshake of its own
   // before the root's first done word can release a reader (NOTE [Op signatures]).
   detail::expect_signature(

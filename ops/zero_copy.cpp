@@ -25,8 +25,8 @@ namespace cuda_p2p::ops::detail {
 //
 //   1. Whether to try is decided from what every rank knows alike: the group has a heap (it is
 //      created collectively, by the first cuda_p2p.empty, at the same point of every rank's op
-//      sequence), the workspace is on the host, and the sizes (all-reduce: two-shot). Groups
-//      without a heap never get here: they pay nothing.
+//      sequence), the workspace is on the host, and the sizes (all-reduce: two-shot, on 3+ ranks:
+//      all_reduce_round). Groups without a heap never get here: they pay nothing.
 //   2. begin_phase (the reuse guard), then the rank writes, in the header of its region, the heap
 //      offset of each of its inputs, or -1 for an input outside its heap (any ordinary tensor).
 //   3. The op's first phase barrier: it compares the op signatures (NOTE [Op signatures]) and
@@ -142,9 +142,13 @@ std::string claim(const CollectiveContext& ctx, std::vector<int64_t> offsets, st
 }
 
 // The largest all-reduce round (elements) whose reduced part of a rank fits behind the header of
-// its region, as the staged two-shot's rounds (config.chunk_bytes); 0 when none fits.
+// its region, as the staged two-shot's rounds (config.chunk_bytes); 0 when none fits, or when
+// zero-copy does not pay: on a host workspace with 2 ranks it was slower than the staged
+// two-shot in every run (1.15-1.30x at 1 MiB, 0.98-1.07x at 16 MiB; docs/collectives.md,
+// "Zero-copy symmetric tensors"), so that all-reduce stages; on 3+ ranks it wins.
 int64_t all_reduce_round(const CollectiveContext& ctx, int64_t esize) {
   const int W = ctx.ws.world_size();
+  if (W == 2 && host_workspace(ctx)) return 0;
   const int64_t region = phase_bytes(ctx) - kAlign;
   int64_t m = region / esize * W;
   if (ctx.config.chunk_bytes > 0)

@@ -143,7 +143,9 @@ def test_bench_collectives_zero_copy(tmp_path, agreement):
     for entry in data["runs"][0]["results"]:
         assert entry["check"]["ok"], entry
         zc, hs = entry["zero_copy"]["zero_copy"], entry["zero_copy"]["heap_staged"]
-        assert any(k.endswith(".zero_copy") for k in zc["paths"]), zc["paths"]
+        # 2 host ranks stage the all-reduce (measured slower zero-copy: ops/zero_copy.cpp)
+        staged = entry["collective"] == "all_reduce"
+        assert any(k.endswith(".zero_copy") for k in zc["paths"]) != staged, zc["paths"]
         assert not any(k.endswith(".zero_copy") for k in hs["paths"]), hs["paths"]
         assert zc["ratio_vs_staged"] > 0 and hs["ratio_vs_staged"] > 0
     assert f"zero-copy  world_size=2  agreement={agreement}" in proc.stdout

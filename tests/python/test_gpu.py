@@ -717,7 +717,9 @@ def check_zero_copy_collectives(ctx):
             dist.all_reduce(t, group=g)
             chk.case(f"all_reduce {tag}", _close(t, _reduce_math(
                 "SUM", [_input(n + 2, r, n, dtype) for r in range(W)]), "SUM"), "differs")
-            want["all_reduce.zero_copy"] += zc
+            # (a host workspace with 2 ranks stages it: measured slower, NOTE [Zero-copy
+            # collectives])
+            want["all_reduce.zero_copy"] += zc * (not _ON_CPU or W > 2)
             for root in range(W):
                 bc = heap(n, dtype, _input(n + 3, rank, n, dtype))
                 dist.broadcast(bc, src=root, group=g)
