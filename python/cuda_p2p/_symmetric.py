@@ -3,13 +3,15 @@
 
 A group's symmetric heap is a region per rank that every peer maps, on the group's workspace
 device: host shared memory, or a CUDA IPC block on the group's GPU. A tensor allocated in it lives
-at the same offset on every rank when the ranks allocate in the same order. On the host, the
-workspace collectives read such inputs straight from their owners' heaps instead of staging them
-(counters ``all_gather.zero_copy``, ``reduce_scatter.zero_copy``, ``all_reduce.zero_copy``); on
-CUDA they stage them as any other tensor (the zero-copy agreement reads the peers' offsets on the
-host). The CUDA part (a ``torch.cuda.MemPool`` over the heap) is written and compiled but has never
-run on a GPU; scripts/gpu_check.sh runs its tests.
-"""
+at the same offset on every rank when the ranks allocate in the same order. The workspace
+collectives and ``fused_all_gather_matmul`` read such inputs straight from their owners' heaps
+instead of staging them (counters ``all_gather.zero_copy``, ``reduce_scatter.zero_copy``,
+``all_reduce.zero_copy``, ...). How the ranks agree on it is ``Options.zero_copy_agreement``: on
+the host by default they exchange offsets (any offsets; anything else stages), on CUDA each rank
+claims its offsets in the op signature, and ranks whose tensors are not at the same offsets raise
+a signature mismatch. The heap and its ``torch.cuda.MemPool`` have run on one GPU (shared by 1-4
+ranks); the collectives reading them in place on CUDA have not yet (scripts/gpu_check.sh runs
+their tests)."""
 
 from __future__ import annotations
 
