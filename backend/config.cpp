@@ -167,14 +167,14 @@ const std::vector<Knob>& knobs() {
        "Bytes of each rank's symmetric heap (cuda_p2p.empty, use_symmetric_memory), created on "
        "first use; host: a sparse mapping (touched pages cost memory); CUDA: committed device "
        "memory, all of it at creation. It does not grow."},
-      {"zero_copy_agreement", kZeroCopyAgreementEnv, "auto|exchange|signature",
+      {"zero_copy_agreement", kZeroCopyAgreementEnv, "auto|exchange|signature|off",
        "host: exchange; CUDA: signature",
        "How the ranks agree that a collective's inputs are symmetric tensors. exchange (host "
        "only): each rank publishes its inputs' heap offsets, which may differ; if any input is "
        "not in its heap, all stage (one barrier more for a group with a heap). signature: each "
        "rank states its offsets in the op signature, assuming its peers allocated alike; a group "
        "with a heap pays nothing for ordinary inputs, and ranks whose tensors differ raise a "
-       "signature mismatch."},
+       "signature mismatch. off: symmetric inputs stage like any other."},
       {"fused_min_flops", kFusedMinFlopsEnv, "int", "host: 8G; CUDA: 0",
        "The fused ops' \"auto\" runs the fused pipeline from this many GEMM flops per rank "
        "(2*M*N*K) on; below, the unfused workspace collective and matmul (K, M, G: 1024-based)."},

@@ -89,8 +89,8 @@ struct Options : c10d::Backend::Options {
   // How the ranks agree that a collective's inputs are symmetric tensors (NOTE [Zero-copy
   // collectives] in ops/zero_copy.cpp): "exchange" (host workspaces only: every rank publishes its
   // inputs' heap offsets; anything else stages), "signature" (each rank states its offsets in the
-  // op signature; ranks that differ raise a mismatch) or "auto" (CUDA_P2P_ZERO_COPY_AGREEMENT,
-  // else exchange on the host and signature on CUDA).
+  // op signature; ranks that differ raise a mismatch), "off" (they stage like any input) or
+  // "auto" (CUDA_P2P_ZERO_COPY_AGREEMENT, else exchange on the host and signature on CUDA).
   std::string zero_copy_agreement = "auto";
   // Bytes of each rank's symmetric heap (cuda_p2p.empty; NOTE [Symmetric heap] in
   // p2p_workspace/symmetric_heap.cpp): unset defers to CUDA_P2P_SYMMETRIC_HEAP_SIZE, else 1 GiB.

@@ -93,10 +93,6 @@ struct Named {
 constexpr Named<AllGatherAlgo> kAllGatherNames[] = {{AllGatherAlgo::kAuto, "auto"},
                                                     {AllGatherAlgo::kDirect, "direct"},
                                                     {AllGatherAlgo::kRing, "ring"}};
-constexpr Named<ZeroCopyAgreement> kZeroCopyAgreementNames[] = {
-    {ZeroCopyAgreement::kAuto, "auto"},
-    {ZeroCopyAgreement::kExchange, "exchange"},
-    {ZeroCopyAgreement::kSignature, "signature"}};
 constexpr Named<ReduceScatterAlgo> kReduceScatterNames[] = {{ReduceScatterAlgo::kAuto, "auto"},
                                                             {ReduceScatterAlgo::kDirect, "direct"},
                                                             {ReduceScatterAlgo::kRing, "ring"}};
@@ -128,8 +124,6 @@ const char* to_string(AllGatherAlgo a) { return name_of(kAllGatherNames, a); }
 const char* to_string(ReduceScatterAlgo a) { return name_of(kReduceScatterNames, a); }
 const char* to_string(AllReduceAlgo a) { return name_of(kAllReduceNames, a); }
 
-const char* to_string(ZeroCopyAgreement a) { return name_of(kZeroCopyAgreementNames, a); }
-
 AllGatherAlgo parse_all_gather_algo(const std::string& name, const std::string& what) {
   return parse(kAllGatherNames, name, what);
 }
@@ -138,9 +132,6 @@ ReduceScatterAlgo parse_reduce_scatter_algo(const std::string& name, const std::
 }
 AllReduceAlgo parse_all_reduce_algo(const std::string& name, const std::string& what) {
   return parse(kAllReduceNames, name, what);
-}
-ZeroCopyAgreement parse_zero_copy_agreement(const std::string& name, const std::string& what) {
-  return parse(kZeroCopyAgreementNames, name, what);
 }
 
 void validate(const CollectiveConfig& config, int world_size) {
@@ -318,12 +309,11 @@ std::string config_suffix(const CollectiveContext& ctx) {
     s = ", chunk_bytes " + std::to_string(ctx.config.chunk_bytes);
   }
   // Ranks that agree on zero-copy differently run different phases (NOTE [Zero-copy
-  // collectives]): named when a rank chose other than its device's default.
-  const bool host = ctx.ws.device().tensor_device().is_cpu();
-  const auto zc = ctx.config.zero_copy_agreement;
-  if (zc != ZeroCopyAgreement::kAuto &&
-      zc != (host ? ZeroCopyAgreement::kExchange : ZeroCopyAgreement::kSignature)) {
-    s += std::string(", zero_copy_agreement ") + to_string(zc);
+  // collectives]): named when a rank of a group with a heap chose other than its device's default.
+  if (ctx.state.heap != nullptr) {
+    const std::string zc =
+        agreement_text(ctx.config.zero_copy_agreement, ctx.ws.device().tensor_device().is_cpu());
+    if (!zc.empty()) s += ", " + zc;
   }
   return s;
 }

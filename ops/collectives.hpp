@@ -41,12 +41,10 @@ enum class AllReduceAlgo : uint8_t { kAuto, kOneShot, kTwoShot };
 const char* to_string(AllGatherAlgo a);
 const char* to_string(ReduceScatterAlgo a);
 const char* to_string(AllReduceAlgo a);
-const char* to_string(ZeroCopyAgreement a);  // "auto", "exchange", "signature"
 // `what` names the option or variable in the error for an unknown name.
 AllGatherAlgo parse_all_gather_algo(const std::string& name, const std::string& what);
 ReduceScatterAlgo parse_reduce_scatter_algo(const std::string& name, const std::string& what);
 AllReduceAlgo parse_all_reduce_algo(const std::string& name, const std::string& what);
-ZeroCopyAgreement parse_zero_copy_agreement(const std::string& name, const std::string& what);
 
 struct CollectiveConfig {
   AllGatherAlgo all_gather = AllGatherAlgo::kAuto;

@@ -54,4 +54,36 @@ ReduceOp parse_reduce_op(std::string_view name, std::initializer_list<ReduceOp> 
                     std::string(name), "\"");
 }
 
+namespace {
+struct AgreementName {
+  ZeroCopyAgreement value;
+  const char* name;
+};
+constexpr AgreementName kAgreementNames[] = {{ZeroCopyAgreement::kAuto, "auto"},
+                                             {ZeroCopyAgreement::kExchange, "exchange"},
+                                             {ZeroCopyAgreement::kSignature, "signature"},
+                                             {ZeroCopyAgreement::kOff, "off"}};
+}  // namespace
+
+const char* to_string(ZeroCopyAgreement a) {
+  for (const auto& n : kAgreementNames) {
+    if (n.value == a) return n.name;
+  }
+  return "?";
+}
+
+ZeroCopyAgreement parse_zero_copy_agreement(const std::string& name, const std::string& what) {
+  for (const auto& n : kAgreementNames) {
+    if (name == n.name) return n.value;
+  }
+  TORCH_CHECK(false, "cuda_p2p: ", what, " must be one of auto|exchange|signature|off, got '", name,
+              "'");
+}
+
+std::string agreement_text(ZeroCopyAgreement a, bool host) {
+  const ZeroCopyAgreement resolved = resolve_agreement(a, host);
+  if (resolved == resolve_agreement(ZeroCopyAgreement::kAuto, host)) return "";
+  return std::string("zero_copy_agreement ") + to_string(resolved);
+}
+
 }  // namespace cuda_p2p::ops

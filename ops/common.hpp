@@ -14,12 +14,21 @@
 namespace cuda_p2p::ops {
 
 // How the ranks agree that an op's inputs are symmetric tensors (NOTE [Zero-copy collectives] in
-// ops/zero_copy.cpp): kExchange (host workspaces only) or kSignature; kAuto is exchange on the
-// host, signature on CUDA.
-enum class ZeroCopyAgreement : uint8_t { kAuto, kExchange, kSignature };
-inline bool agrees_by_signature(ZeroCopyAgreement a, bool host) {
-  return a == ZeroCopyAgreement::kSignature || (a == ZeroCopyAgreement::kAuto && !host);
+// ops/zero_copy.cpp): kExchange (host workspaces only) or kSignature; kOff never reads them in
+// place (they stage); kAuto is exchange on the host, signature on CUDA.
+enum class ZeroCopyAgreement : uint8_t { kAuto, kExchange, kSignature, kOff };
+// kAuto resolved for a workspace on the host (`host`) or on a GPU.
+inline ZeroCopyAgreement resolve_agreement(ZeroCopyAgreement a, bool host) {
+  if (a != ZeroCopyAgreement::kAuto) return a;
+  return host ? ZeroCopyAgreement::kExchange : ZeroCopyAgreement::kSignature;
 }
+const char* to_string(ZeroCopyAgreement a);  // "auto", "exchange", "signature", "off"
+// `what` names the option or variable in the error for an unknown name.
+ZeroCopyAgreement parse_zero_copy_agreement(const std::string& name, const std::string& what);
+// What an op signature carries about the agreement when the group has a heap: "" for the
+// device's default, else "zero_copy_agreement <name>" - ranks that agree differently run
+// different phases, so they must disagree in the signature.
+std::string agreement_text(ZeroCopyAgreement a, bool host);
 
 enum class ReduceOp : uint8_t { kSum, kAvg, kProduct, kMin, kMax, kBand, kBor, kBxor };
 // "SUM", "AVG", ... (c10d's names, as in ReduceOp.AVG).

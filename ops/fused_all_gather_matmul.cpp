@@ -89,12 +89,12 @@ int64_t own_heap_offset(const pipeline::Env& env, const void* data, int64_t byte
 
 // Signature agreement: this rank's claim (NOTE [Zero-copy all-gather→matmul]), recorded in env
 // and returned as the text that starts its signature (a long signature keeps only its start
-// readable: NOTE [Op signatures]); "" when it claims nothing. A host rank that agrees by
-// signature says so: its peers, if they exchange, would run other barriers.
+// readable: NOTE [Op signatures]), after the agreement when it is not the device's default (its
+// peers, if they agree otherwise, would run other barriers).
 std::string claim_shard(pipeline::Env& env, const at::Tensor& A_shard, int64_t gather_dim) {
   env.zero_copy_claim.reset();
-  if (!env.signature_agreement || env.heap == nullptr || env.world_size() == 1) return "";
-  const std::string mode = env.host() ? "zero_copy_agreement signature; " : "";
+  const std::string& mode = env.agreement_text;
+  if (!env.signature_agreement || env.heap == nullptr || env.world_size() == 1) return mode;
   const int64_t bytes = A_shard.numel() * static_cast<int64_t>(A_shard.element_size());
   // Problem's prepared shard is A_shard itself exactly when this view is contiguous.
   const bool itself = gather_dim == A_shard.dim() - 1

@@ -122,6 +122,20 @@ const char* kind_name(OpKind kind) {
   return "an unknown op";
 }
 
+// When a rank claimed zero-copy (NOTE [Zero-copy collectives] in ops/zero_copy.cpp), what the user
+// can do about a disagreement.
+std::string zero_copy_hint(const std::vector<Decoded>& d) {
+  for (const auto& x : d) {
+    if (x.text.find("zero-copy:") != std::string::npos) {
+      return ". A zero-copy claim differs: allocate the op's symmetric inputs alike on every rank "
+             "(backend.symmetric_offset tells where each is), or set "
+             "Options.zero_copy_agreement / CUDA_P2P_ZERO_COPY_AGREEMENT to 'off' (or "
+             "'exchange' on the host)";
+    }
+  }
+  return "";
+}
+
 // The error every rank raises, built from the W descriptors (identical on every rank, so the
 // text is too); "" when they all equal `mine` or `mine` is itself invalid.
 std::string disagreement(const uint32_t* all, int W, const Words& mine, const OpSignature& sig) {
@@ -156,7 +170,7 @@ std::string disagreement(const uint32_t* all, int W, const Words& mine, const Op
     for (int r = 0; r < W; ++r) msg += " " + std::to_string(d[r].stamp);
     msg += ")";
   }
-  return msg + "; the op did not run on any rank";
+  return msg + "; the op did not run on any rank" + zero_copy_hint(d);
 }
 
 #ifdef CUDA_P2P_WITH_CUDA
@@ -308,13 +322,15 @@ void check_signature_record(SignatureState& state, const char* what) {
   if (*flag == 0) return;
   const int W = static_cast<int>(rec->host->world_size);
   std::string msg = std::string("cuda_p2p ") + what + ": an earlier op's ranks disagreed (";
+  std::vector<Decoded> d;
   for (int r = 0; r < W; ++r) {
-    const Decoded x = decode(rec->host->words + r * kWords);
+    d.push_back(decode(rec->host->words + r * kWords));
+    const Decoded& x = d.back();
     msg += (r ? ", rank " : "rank ") + std::to_string(r) +
            (x.invalid ? " rejected: " : " passed ") + kind_name(x.kind) + " " + x.text;
   }
   *flag = 0;
-  throw SignatureMismatch(msg + "); its results are not valid");
+  throw SignatureMismatch(msg + "); its results are not valid" + zero_copy_hint(d));
 #else
   (void)state;
   (void)what;

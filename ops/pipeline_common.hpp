@@ -187,6 +187,9 @@ struct Env {
   SymmetricWorkspace* heap = nullptr;
   bool signature_agreement = false;
   std::optional<int64_t> zero_copy_claim;
+  // "zero_copy_agreement <name>; " when the group has a heap and this rank's agreement is not its
+  // device's default, else "": the head of the fused ops' signatures.
+  std::string agreement_text;
   // Stream i waits for everything enqueued on stream j so far.
   void wait_stream(int i, int j) const;
 };

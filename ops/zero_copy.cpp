@@ -18,7 +18,8 @@ namespace cuda_p2p::ops::detail {
 // into every peer, so a tensor allocated in it can be read by a peer as it is: the copy into the
 // staging buffer disappears. Peers read each other's inputs, so the ranks must first agree that
 // every input is in its rank's heap, and where. Two ways (Options.zero_copy_agreement /
-// CUDA_P2P_ZERO_COPY_AGREEMENT; "auto": exchange on the host, signature on CUDA):
+// CUDA_P2P_ZERO_COPY_AGREEMENT; "auto": exchange on the host, signature on CUDA; "off" never
+// reads in place, so heap inputs stage like any other):
 //
 // Exchange (host only). The protocol of NOTE [Copy-free reads] in ops/collectives.cpp, with heap
 // offsets instead of addresses and a memcpy instead of a system call:
@@ -65,8 +66,12 @@ namespace cuda_p2p::ops::detail {
 //       on CUDA the comparison kernel records it and the next op raises it (NOTE [Op
 //       signatures]), after this op ran on the disagreement - its results are garbage, and it may
 //       time out (the two paths signal differently). The cure is the program's: allocate the
-//       inputs of a collective alike on every rank. all_gather_v does not claim (a rank with no
-//       rows has no offset to predict from), so it stages in this mode.
+//       inputs of a collective alike on every rank, or turn zero-copy off (the error says both).
+//       all_gather_v does not claim (a rank with no rows has no offset to predict from), so it
+//       stages in this mode.
+//
+// Ranks of a group with a heap whose agreements differ would run different phases: each op's
+// signature names a rank's agreement when it is not its device's default (agreement_text).
 //
 // Then, either way:
 //
@@ -110,15 +115,21 @@ bool host_workspace(const CollectiveContext& ctx) {
   return ctx.ws.device().tensor_device().is_cpu();
 }
 
-bool signature_agreement(const CollectiveContext& ctx) {
-  return agrees_by_signature(ctx.config.zero_copy_agreement, host_workspace(ctx));
+ZeroCopyAgreement agreement(const CollectiveContext& ctx) {
+  return resolve_agreement(ctx.config.zero_copy_agreement, host_workspace(ctx));
 }
 
-// Exchange needs the host (NOTE [Zero-copy collectives]): a CUDA group configured for it (the
-// backend refuses that at creation) stages.
+bool signature_agreement(const CollectiveContext& ctx) {
+  return agreement(ctx) == ZeroCopyAgreement::kSignature;
+}
+
+// "off" stages everything; the exchange needs the host (NOTE [Zero-copy collectives]): a CUDA
+// group configured for it (the backend refuses that at creation) stages.
 bool heap_usable(const CollectiveContext& ctx) {
+  const ZeroCopyAgreement a = agreement(ctx);
   return ctx.state.heap != nullptr && ctx.ws.world_size() > 1 &&
-         (host_workspace(ctx) || signature_agreement(ctx));
+         (a == ZeroCopyAgreement::kSignature ||
+          (a == ZeroCopyAgreement::kExchange && host_workspace(ctx)));
 }
 
 // [p, p + n) inside this rank's heap: its offset, else kNotInHeap.

@@ -243,7 +243,7 @@ PYBIND11_MODULE(_C, m) {
           },
           "How the ranks agree that a collective's inputs are symmetric tensors: 'auto' "
           "(CUDA_P2P_ZERO_COPY_AGREEMENT, else 'exchange' on the host, 'signature' on CUDA), "
-          "'exchange' (host only) or 'signature'.")
+          "'exchange' (host only), 'signature', or 'off' (never read them in place).")
       .def_property(
           "ring_steps", [](const Options& o) { return o.ring_steps; },
           [](Options& o, std::optional<int64_t> v) {
@@ -474,9 +474,8 @@ PYBIND11_MODULE(_C, m) {
               // "auto" resolved by the workspace's device (NOTE [Zero-copy collectives]).
               const auto* w = self.workspace();
               const bool host = !w || w->device().tensor_device().is_cpu();
-              d["zero_copy_agreement"] =
-                  cuda_p2p::ops::agrees_by_signature(c.zero_copy_agreement, host) ? "signature"
-                                                                                  : "exchange";
+              d["zero_copy_agreement"] = cuda_p2p::ops::to_string(
+                  cuda_p2p::ops::resolve_agreement(c.zero_copy_agreement, host));
             }
             d["cross_memory"] = self.uses_cross_memory();
             d["cross_memory_reason"] = self.cross_memory_reason();

@@ -115,8 +115,18 @@ TEST(Config, TheZeroCopyAgreementComesFromTheOptionThenTheEnvironment) {
   EXPECT_EQ(opt.collective.zero_copy_agreement, ops::ZeroCopyAgreement::kExchange);
   EXPECT_EQ(opt.zero_copy_agreement_from, "Options.zero_copy_agreement");
   expect_error([] { resolve(Options(), {{"CUDA_P2P_ZERO_COPY_AGREEMENT", "headers"}}); },
-               "CUDA_P2P_ZERO_COPY_AGREEMENT must be one of auto|exchange|signature, got "
+               "CUDA_P2P_ZERO_COPY_AGREEMENT must be one of auto|exchange|signature|off, got "
                "'headers'");
+  Options off;
+  off.zero_copy_agreement = "off";
+  EXPECT_EQ(resolve(off, {}).collective.zero_copy_agreement, ops::ZeroCopyAgreement::kOff);
+  // The text a signature carries: nothing for the device's default.
+  EXPECT_EQ(ops::agreement_text(ops::ZeroCopyAgreement::kAuto, true), "");
+  EXPECT_EQ(ops::agreement_text(ops::ZeroCopyAgreement::kExchange, true), "");
+  EXPECT_EQ(ops::agreement_text(ops::ZeroCopyAgreement::kSignature, false), "");
+  EXPECT_EQ(ops::agreement_text(ops::ZeroCopyAgreement::kSignature, true),
+            "zero_copy_agreement signature");
+  EXPECT_EQ(ops::agreement_text(ops::ZeroCopyAgreement::kOff, false), "zero_copy_agreement off");
 }
 
 TEST(Config, KillSwitchesTurnOffFromEitherSide) {

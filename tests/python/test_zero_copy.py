@@ -383,13 +383,68 @@ def _signature_case(ctx):
     dist.broadcast(b, src=0, group=g)
     chk.case("large bc", torch.equal(b, _values(0, m, torch.float32, 7)))
     _expect_zero_copy(chk, g, "broadcast.zero_copy", before, "large bc", False)
-    # The settings themselves: a rank that asks for signature among ranks that exchange is named
-    # in the mismatch (their phases would differ).
+    # The settings themselves: on a group with a heap, a rank that asks for signature among ranks
+    # that exchange is named in the mismatch (their phases would differ); without a heap the
+    # setting changes nothing, and is not compared.
     mixed = _group("zc_mixed", zero_copy_agreement="signature" if me == 0 else "auto")
     y = _fill(torch.empty(n), me)
+    dist.all_gather_into_tensor(out, y, group=mixed)
+    chk.case("mixed settings, no heap", torch.equal(out, ref))
+    cuda_p2p.empty(1, group=mixed)  # creates its heap
     _raises_everywhere(chk, "mixed settings", lambda: dist.all_gather_into_tensor(
         out, y, group=mixed), "zero_copy_agreement signature")
+    # The hint in a zero-copy disagreement says what to do.
+    x = _fill(torch.empty(n) if me == 0 else cuda_p2p.empty(n, group=g), me)
+    _raises_everywhere(chk, "hint", lambda: dist.all_gather_into_tensor(out, x, group=g),
+                       "allocate the op's symmetric inputs alike on every rank", "'off'")
     return chk.failures
+
+
+def _off_case(ctx):
+    """zero_copy_agreement="off": symmetric inputs stage like any other (no zero-copy counter, no
+    claim, mixed heap and ordinary inputs fine), results as ever."""
+    W, me = ctx.world_size, ctx.rank
+    g = _group("zc_off", zero_copy_agreement="off")
+    chk = Checker()
+    chk.case("mode reported",
+             cuda_p2p.get_cuda_p2p_backend(g).get_collective_config()["zero_copy_agreement"]
+             == "off")
+    n = 3001
+    ref = torch.cat([_values(q, n, torch.float32) for q in range(W)])
+    out = torch.empty(W * n)
+    for odd_one in (None, 0):
+        x = _fill(torch.empty(n) if me == odd_one else cuda_p2p.empty(n, group=g), me)
+        big = _fill(cuda_p2p.empty(W * n, group=g), me, 4)
+        m = 1 << 16
+        t = _fill(cuda_p2p.empty(m, group=g), me, 2)
+        b = _fill(cuda_p2p.empty(n, group=g), me, 6)
+        before = _counters(g)
+        dist.all_gather_into_tensor(out, x, group=g)
+        chk.case(f"ag {odd_one}", torch.equal(out, ref))
+        r = torch.empty(n)
+        dist.reduce_scatter_tensor(r, big, group=g)
+        full = _sum([_values(q, W * n, torch.float32, 4) for q in range(W)])
+        chk.case(f"rs {odd_one}", torch.equal(r, full[me * n:(me + 1) * n]))
+        dist.all_reduce(t, group=g)
+        chk.case(f"ar {odd_one}", torch.equal(t, _sum([_values(q, m, torch.float32, 2)
+                                                        for q in range(W)])))
+        dist.broadcast(b, src=W - 1, group=g)
+        chk.case(f"bc {odd_one}", torch.equal(b, _values(W - 1, n, torch.float32, 6)))
+        A = _fill(cuda_p2p.empty(4, 6, group=g), me, 5)
+        B = _values(7, 30, torch.float32, 3).view(6, 5)
+        _, [y] = cuda_p2p.fused_all_gather_matmul(A, [B], 0, g, algorithm="pull_ahead")
+        fullA = torch.cat([_values(q, 24, torch.float32, 5).view(4, 6) for q in range(W)])
+        chk.case(f"fused {odd_one}", torch.equal(y, fullA @ B))
+        after = _counters(g)
+        moved = {k: after[k] - before.get(k, 0) for k in after
+                 if k.endswith("zero_copy") and after[k] != before.get(k, 0)}
+        chk.case(f"nothing zero-copy {odd_one}", not moved, f"{moved}")
+    return chk.failures
+
+
+def test_zero_copy_off(any_world):
+    for failures in any_world.run(_off_case):
+        assert not failures, failures
 
 
 def test_signature_agreement_mismatches(any_world):
@@ -403,7 +458,7 @@ def test_zero_copy_agreement_option():
     o.zero_copy_agreement = "signature"
     assert o.zero_copy_agreement == "signature"
     with pytest.raises(RuntimeError, match="Options.zero_copy_agreement must be one of "
-                       "auto\\|exchange\\|signature, got 'headers'"):
+                       "auto\\|exchange\\|signature\\|off, got 'headers'"):
         o.zero_copy_agreement = "headers"
 
 
