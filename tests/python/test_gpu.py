@@ -48,6 +48,10 @@ ALL_GATHER_ALGOS = ("direct", "ring")
 REDUCE_SCATTER_ALGOS = (("direct", 1), ("ring", 1), ("ring", 2))
 ALL_REDUCE_ALGOS = ("one_shot", "two_shot")
 TIMEOUT_S = 3.0  # the groups' timeout in the never-arriving-rank test
+# The groups whose ops read symmetric inputs in place: ranks that disagree on CUDA run the op
+# anyway (NOTE [Zero-copy collectives]) and may wait for a signal that never comes; a short
+# timeout turns that into an error in seconds rather than a hang of the GPU run.
+ZERO_COPY_TIMEOUT = timedelta(seconds=60)
 MARGIN_S = 15.0  # what a rank may take beyond it to raise
 SIZES = (0, 1, 7, 5000, 3 * (BUFFER // 2) + 5)  # elements: empty, tiny, odd, one round, rounds
 
@@ -568,7 +572,10 @@ def check_symmetric_tensors(ctx):
     read by peers through their mappings, collectives on them (staged, right results), and two
     groups with a heap and a pool each."""
     W, rank, dev = ctx.world_size, ctx.rank, _device()
-    g = _group(("heap",), buffer_size=BUFFER, symmetric_heap_size=HEAP)
+    # direct algorithms: were the pool's offsets to differ, the disagreeing ranks would run the
+    # same signals (a ring would wait for its neighbour until the timeout)
+    g = _group(("heap",), buffer_size=BUFFER, symmetric_heap_size=HEAP,
+               timeout=ZERO_COPY_TIMEOUT, all_gather_algo="direct", reduce_scatter_algo="direct")
     b = cuda_p2p.get_cuda_p2p_backend(g)
     chk = Checker(f"symmetric tensors W={W}")
     chk.case("heap device", b.symmetric_device() == dev, f"{b.symmetric_device()}")
@@ -676,7 +683,7 @@ def check_zero_copy_collectives(ctx):
     W, rank, dev = ctx.world_size, ctx.rank, _device()
     extra = {"zero_copy_agreement": "signature"} if _ON_CPU else {}
     g = _group(("zc",), buffer_size=BUFFER, symmetric_heap_size=HEAP, all_reduce_algo="two_shot",
-               **extra)
+               timeout=ZERO_COPY_TIMEOUT, **extra)
     b = cuda_p2p.get_cuda_p2p_backend(g)
     chk = Checker(f"zero-copy W={W}")
     mode = b.get_collective_config()["zero_copy_agreement"]
@@ -783,7 +790,7 @@ def check_zero_copy_mismatch(ctx):
     # auto's choice on 3+ ranks at this size, would wait for its neighbour's signal until the
     # timeout).
     g = _group(("zc_mismatch",), buffer_size=BUFFER, symmetric_heap_size=HEAP,
-               all_gather_algo="direct", **extra)
+               all_gather_algo="direct", timeout=ZERO_COPY_TIMEOUT, **extra)
     chk = Checker(f"zero-copy mismatch W={W}")
     n = 1000  # 4000 bytes: one round (half the buffer)
     in_heap = cuda_p2p.empty(n, dtype=torch.float32, group=g)  # every rank: creates the heap
