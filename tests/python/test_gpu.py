@@ -569,7 +569,7 @@ def _settle(ctx):
 
 def check_symmetric_tensors(ctx):
     """cuda_p2p.empty and use_symmetric_memory on the GPU: tensors in the heap at equal offsets,
-    read by peers through their mappings, collectives on them (staged, right results), and two
+    read by peers through their mappings, collectives on them (zero-copy, right results), and two
     groups with a heap and a pool each."""
     W, rank, dev = ctx.world_size, ctx.rank, _device()
     # direct algorithms: were the pool's offsets to differ, the disagreeing ranks would run the
