@@ -121,16 +121,10 @@ int64_t ProcessGroupCudaP2P::symmetric_offset(const at::Tensor& t) const {
   if (!heap_ || !t.defined() || !t.has_storage() || t.device() != heap_->device().tensor_device()) {
     return -1;
   }
-  const auto base = reinterpret_cast<uintptr_t>(heap_->buffer(getRank()));
-  const auto p = reinterpret_cast<uintptr_t>(t.data_ptr());
+  // From the data pointer to the end of the storage: all the tensor may reach.
   const auto n = static_cast<int64_t>(t.storage().nbytes()) -
                  t.storage_offset() * static_cast<int64_t>(t.element_size());
-  const auto size = static_cast<uintptr_t>(heap_->buffer_size());
-  if (p < base || p - base > size ||
-      static_cast<uintptr_t>(std::max<int64_t>(n, 0)) > size - (p - base)) {
-    return -1;
-  }
-  return static_cast<int64_t>(p - base);
+  return heap_->own_offset(t.data_ptr(), n);
 }
 
 at::Tensor ProcessGroupCudaP2P::symmetric_peer_tensor(const at::Tensor& t, int64_t rank) const {

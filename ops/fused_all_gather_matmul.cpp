@@ -81,12 +81,6 @@ constexpr const char* kOp = "fused_all_gather_matmul";
 // heaps. The closing barrier, after every pull, keeps a rank from returning, and its caller from
 // overwriting A_shard, while a peer may still read it.
 
-int64_t own_heap_offset(const pipeline::Env& env, const void* data, int64_t bytes) {
-  const auto* base = static_cast<const char*>(env.heap->buffer(env.rank()));
-  const auto* p = static_cast<const char*>(data);
-  return p >= base && p + bytes <= base + env.heap->buffer_size() ? p - base : -1;
-}
-
 // Signature agreement: this rank's claim (NOTE [Zero-copy all-gather→matmul]), recorded in env
 // and returned as the text that starts its signature (a long signature keeps only its start
 // readable: NOTE [Op signatures]), after the agreement when it is not the device's default (its
@@ -101,7 +95,7 @@ std::string claim_shard(pipeline::Env& env, const at::Tensor& A_shard, int64_t g
                           ? A_shard.is_contiguous()
                           : A_shard.movedim(gather_dim, 0).is_contiguous();
   if (bytes == 0 || !itself) return mode;
-  const int64_t offset = own_heap_offset(env, A_shard.data_ptr(), bytes);
+  const int64_t offset = env.heap->own_offset(A_shard.data_ptr(), bytes);
   if (offset < 0) return mode;
   env.zero_copy_claim = offset;
   return mode + "zero-copy: A_shard at heap offset " + std::to_string(offset) + "; ";
@@ -112,7 +106,7 @@ std::optional<std::vector<const char*>> heap_shards(pipeline::Env& env, const at
   const int W = env.world_size(), rank = env.rank();
   const int64_t bytes = shard.numel() * static_cast<int64_t>(shard.element_size());
   if (env.heap == nullptr || !env.opened || W == 1 || bytes == 0) return std::nullopt;
-  const int64_t mine = own_heap_offset(env, shard.data_ptr(), bytes);
+  const int64_t mine = env.heap->own_offset(shard.data_ptr(), bytes);
   std::vector<int64_t> offsets(static_cast<size_t>(W));
   if (env.signature_agreement) {
     // The handshake compared the claims and published the shards.

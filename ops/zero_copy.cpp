@@ -134,10 +134,14 @@ bool heap_usable(const CollectiveContext& ctx) {
 
 // [p, p + n) inside this rank's heap: its offset, else kNotInHeap.
 int64_t heap_offset(const CollectiveContext& ctx, const void* p, int64_t n) {
-  const auto* base = static_cast<const char*>(ctx.state.heap->buffer(ctx.ws.rank()));
-  const auto* c = static_cast<const char*>(p);
-  if (c < base || c + n > base + ctx.state.heap->buffer_size()) return kNotInHeap;
-  return c - base;
+  return ctx.state.heap->own_offset(p, n);
+}
+
+// Signature agreement: takes this op's claim out of the state (it never outlives its op).
+std::optional<std::vector<int64_t>> take_claim(const CollectiveContext& ctx) {
+  std::optional<std::vector<int64_t>> claimed = std::move(ctx.state.zero_copy_claim);
+  ctx.state.zero_copy_claim.reset();
+  return claimed;
 }
 
 // Whether this op may claim (signature agreement, a usable heap), after dropping any earlier
@@ -178,8 +182,7 @@ struct Agreed {
 
 std::optional<Agreed> agree(const CollectiveContext& ctx, const std::vector<int64_t>& mine) {
   if (signature_agreement(ctx)) {
-    std::optional<std::vector<int64_t>> claimed = std::move(ctx.state.zero_copy_claim);
-    ctx.state.zero_copy_claim.reset();
+    auto claimed = take_claim(ctx);
     if (!claimed) return std::nullopt;
     Agreed a{begin_phase(ctx), std::move(*claimed)};
     phase_barrier(ctx);  // compares the signatures, which carry the claims (step 2')
@@ -376,8 +379,7 @@ bool broadcast_zero_copy(const CollectiveContext& ctx, char* data, int64_t bytes
     if (q != root) readers.push_back(q);
   }
   if (signature_agreement(ctx)) {
-    std::optional<std::vector<int64_t>> claimed = std::move(ctx.state.zero_copy_claim);
-    ctx.state.zero_copy_claim.reset();
+    const auto claimed = take_claim(ctx);
     if (!claimed) return false;
     // The handshake before this (ops/broadcast.cpp) compared the claims and followed every
     // rank's entry: the root's tensor is final. The phase is for the done words only.

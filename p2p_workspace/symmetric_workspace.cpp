@@ -834,6 +834,17 @@ void* SymmetricWorkspace::buffer(int rank) const {
   return mapping()->buffers[rank];
 }
 
+int64_t SymmetricWorkspace::own_offset(const void* p, int64_t n) const {
+  const auto base = reinterpret_cast<uintptr_t>(buffer(rank_));
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  const auto size = static_cast<uintptr_t>(buffer_size());
+  if (at < base || at - base > size ||
+      static_cast<uintptr_t>(std::max<int64_t>(n, 0)) > size - (at - base)) {
+    return -1;
+  }
+  return static_cast<int64_t>(at - base);
+}
+
 uint32_t* SymmetricWorkspace::signal_slot(int target, int channel, int src) const {
   check_available("signal_slot");
   check_rank(target, "signal_slot");

@@ -67,6 +67,9 @@ class SymmetricWorkspace {
 
   // Address of `rank`'s buffer as mapped in this process.
   void* buffer(int rank) const;
+  // The offset of [p, p + n) in this rank's own buffer when it lies wholly inside, else -1 (a
+  // symmetric heap's tensors: their offset is the same in every peer's mapping).
+  int64_t own_offset(const void* p, int64_t n) const;
   // Changes whenever the mapping does (growth): addresses taken from buffer() and the slot
   // accessors stay valid while it holds the value read before taking them. One load, where
   // buffer() takes a lock: the inline all-reduce's check of its cached addresses.
