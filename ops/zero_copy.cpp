@@ -180,7 +180,10 @@ struct Agreed {
   std::vector<int64_t> offsets;  // rank q's input i at [q * n + i]
 };
 
-std::optional<Agreed> agree(const CollectiveContext& ctx, const std::vector<int64_t>& mine) {
+// `own_offsets()` gives this rank's inputs' offsets for the exchange; the signature agreement has
+// them in its claim already (claim_*), so it does not call it.
+template <typename OwnOffsets>
+std::optional<Agreed> agree(const CollectiveContext& ctx, OwnOffsets&& own_offsets) {
   if (signature_agreement(ctx)) {
     auto claimed = take_claim(ctx);
     if (!claimed) return std::nullopt;
@@ -188,6 +191,7 @@ std::optional<Agreed> agree(const CollectiveContext& ctx, const std::vector<int6
     phase_barrier(ctx);  // compares the signatures, which carry the claims (step 2')
     return a;
   }
+  const std::vector<int64_t> mine = own_offsets();
   const int W = ctx.ws.world_size();
   const auto n = static_cast<int64_t>(mine.size());
   Agreed a{begin_phase(ctx), {}};
@@ -290,7 +294,9 @@ bool all_gather_zero_copy(const CollectiveContext& ctx, const char* input,
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
   if (!heap_usable(ctx) || *std::max_element(bytes.begin(), bytes.end()) == 0) return false;
   // A rank with nothing to contribute (all_gather_v) has no input to place: offset 0, never read.
-  auto a = agree(ctx, {bytes[me] == 0 ? 0 : heap_offset(ctx, input, bytes[me])});
+  auto a = agree(ctx, [&] {
+    return std::vector<int64_t>{bytes[me] == 0 ? 0 : heap_offset(ctx, input, bytes[me])};
+  });
   if (!a) return false;
   // Peers first, then the own shard: the peers' wait for their readers overlaps with that copy.
   for (int s = 1; s < W; ++s) {
@@ -310,9 +316,11 @@ bool reduce_scatter_zero_copy(const CollectiveContext& ctx, c10::ArrayRef<char*>
   if (!heap_usable(ctx) || numel == 0) return false;
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
   const auto esize = static_cast<int64_t>(c10::elementSize(dtype));
-  std::vector<int64_t> mine;
-  for (const char* p : in) mine.push_back(heap_offset(ctx, p, numel * esize));
-  auto a = agree(ctx, mine);
+  auto a = agree(ctx, [&] {
+    std::vector<int64_t> mine;
+    for (const char* p : in) mine.push_back(heap_offset(ctx, p, numel * esize));
+    return mine;
+  });
   if (!a) return false;
   const int64_t m = std::max<int64_t>(kReducePieceBytes / esize, 1);
   for (int64_t off = 0; off < numel; off += m) {
@@ -342,7 +350,7 @@ bool all_reduce_zero_copy(const CollectiveContext& ctx, char* in, char* out, int
   // of a round lands behind the header of its region.
   const int64_t m = all_reduce_round(ctx, esize);
   if (m == 0) return false;
-  auto a = agree(ctx, {heap_offset(ctx, in, numel * esize)});
+  auto a = agree(ctx, [&] { return std::vector<int64_t>{heap_offset(ctx, in, numel * esize)}; });
   if (!a) return false;
   for (int64_t base = 0; base < numel; base += m) {
     const int64_t len = std::min(m, numel - base);
