@@ -115,7 +115,7 @@ E parse(const Named<E> (&names)[N], const std::string& name, const std::string& 
     if (name == n.name) return n.value;
     known += known.empty() ? n.name : std::string("|") + n.name;
   }
-  TORCH_CHECK(false, "cuda_p2p: ", what, " must be one of ", known, ", got '", name, "'");
+  TORCH_CHECK_VALUE(false, "cuda_p2p: ", what, " must be one of ", known, ", got '", name, "'");
 }
 
 }  // namespace

@@ -76,8 +76,8 @@ ZeroCopyAgreement parse_zero_copy_agreement(const std::string& name, const std::
   for (const auto& n : kAgreementNames) {
     if (name == n.name) return n.value;
   }
-  TORCH_CHECK(false, "cuda_p2p: ", what, " must be one of auto|exchange|signature|off, got '", name,
-              "'");
+  TORCH_CHECK_VALUE(false, "cuda_p2p: ", what, " must be one of auto|exchange|signature|off, got '",
+                    name, "'");
 }
 
 std::string agreement_text(ZeroCopyAgreement a, bool host) {

@@ -24,6 +24,20 @@ using cuda_p2p::ProcessGroupCudaP2P;
 using Options = ProcessGroupCudaP2P::Options;
 using BackendPtr = c10::intrusive_ptr<c10d::Backend>;
 
+// The getter and the setter of an Options string whose values `parse` checks: a bad value raises
+// (naming `what`, e.g. "Options.host_streams") and leaves the option as it was.
+template <std::string Options::* Member>
+std::string get_string(const Options& o) {
+  return o.*Member;
+}
+template <std::string Options::* Member, typename Parse>
+auto parsed_string_setter(Parse parse, const char* what) {
+  return [parse, what](Options& o, const std::string& v) {
+    parse(v, what);
+    o.*Member = v;
+  };
+}
+
 // NOTE [GIL-free destructor]: the last reference to a backend may be dropped from Python (the
 // object of get_cuda_p2p_backend outliving destroy_process_group). Its destructor joins Gloo's
 // worker thread, which may itself need the GIL to free the tensors of its last Work: destroying
@@ -161,11 +175,9 @@ PYBIND11_MODULE(_C, m) {
           "they have been validated on a GPU, they go to the wrapped NCCL backend. CPU tensors and "
           "the fused ops are not affected.")
       .def_property(
-          "workspace_device", [](const Options& o) { return o.workspace_device; },
-          [](Options& o, const std::string& v) {
-            cuda_p2p::parse_workspace_device(v, "Options.workspace_device");
-            o.workspace_device = v;
-          },
+          "workspace_device", &get_string<&Options::workspace_device>,
+          parsed_string_setter<&Options::workspace_device>(cuda_p2p::parse_workspace_device,
+                                                           "Options.workspace_device"),
           "Where the group's workspace lives: 'cuda' (the current GPU), 'cpu' (host shared "
           "memory) or 'auto' (CUDA_P2P_WORKSPACE_DEVICE, else 'cuda' when a GPU is visible). "
           "Tensors on the other device go to the wrapped backend.")
@@ -203,44 +215,34 @@ PYBIND11_MODULE(_C, m) {
           },
           "Options handed to the wrapped NCCL backend (ProcessGroupNCCL.Options), or None.")
       .def_property(
-          "host_streams", [](const Options& o) { return o.host_streams; },
-          [](Options& o, const std::string& v) {
-            cuda_p2p::parse_host_streams(v, "Options.host_streams");
-            o.host_streams = v;
-          },
+          "host_streams", &get_string<&Options::host_streams>,
+          parsed_string_setter<&Options::host_streams>(cuda_p2p::parse_host_streams,
+                                                       "Options.host_streams"),
           "How a CPU group runs the fused pipelines' two streams: 'auto' (CUDA_P2P_HOST_STREAMS, "
           "else 'cooperative'), 'cooperative' (in the waiting thread) or 'threads' (a thread per "
           "stream, the GPU's concurrency).")
       .def_property(
-          "all_gather_algo", [](const Options& o) { return o.all_gather_algo; },
-          [](Options& o, const std::string& v) {
-            cuda_p2p::ops::parse_all_gather_algo(v, "Options.all_gather_algo");
-            o.all_gather_algo = v;
-          },
+          "all_gather_algo", &get_string<&Options::all_gather_algo>,
+          parsed_string_setter<&Options::all_gather_algo>(cuda_p2p::ops::parse_all_gather_algo,
+                                                          "Options.all_gather_algo"),
           "Workspace all-gather algorithm: 'auto' (by size; CUDA_P2P_ALL_GATHER_ALGO may force "
           "one), 'direct' or 'ring'.")
       .def_property(
-          "reduce_scatter_algo", [](const Options& o) { return o.reduce_scatter_algo; },
-          [](Options& o, const std::string& v) {
-            cuda_p2p::ops::parse_reduce_scatter_algo(v, "Options.reduce_scatter_algo");
-            o.reduce_scatter_algo = v;
-          },
+          "reduce_scatter_algo", &get_string<&Options::reduce_scatter_algo>,
+          parsed_string_setter<&Options::reduce_scatter_algo>(
+              cuda_p2p::ops::parse_reduce_scatter_algo, "Options.reduce_scatter_algo"),
           "Workspace reduce-scatter algorithm: 'auto' (CUDA_P2P_REDUCE_SCATTER_ALGO may force "
           "one), 'direct' or 'ring'.")
       .def_property(
-          "all_reduce_algo", [](const Options& o) { return o.all_reduce_algo; },
-          [](Options& o, const std::string& v) {
-            cuda_p2p::ops::parse_all_reduce_algo(v, "Options.all_reduce_algo");
-            o.all_reduce_algo = v;
-          },
+          "all_reduce_algo", &get_string<&Options::all_reduce_algo>,
+          parsed_string_setter<&Options::all_reduce_algo>(cuda_p2p::ops::parse_all_reduce_algo,
+                                                          "Options.all_reduce_algo"),
           "Workspace all-reduce algorithm: 'auto' (CUDA_P2P_ALL_REDUCE_ALGO may force one), "
           "'one_shot' or 'two_shot'.")
       .def_property(
-          "zero_copy_agreement", [](const Options& o) { return o.zero_copy_agreement; },
-          [](Options& o, const std::string& v) {
-            cuda_p2p::ops::parse_zero_copy_agreement(v, "Options.zero_copy_agreement");
-            o.zero_copy_agreement = v;
-          },
+          "zero_copy_agreement", &get_string<&Options::zero_copy_agreement>,
+          parsed_string_setter<&Options::zero_copy_agreement>(
+              cuda_p2p::ops::parse_zero_copy_agreement, "Options.zero_copy_agreement"),
           "How the ranks agree that a collective's inputs are symmetric tensors: 'auto' "
           "(CUDA_P2P_ZERO_COPY_AGREEMENT, else 'exchange' on the host, 'signature' on CUDA), "
           "'exchange' (host only), 'signature', or 'off' (never read them in place).")
@@ -459,6 +461,7 @@ PYBIND11_MODULE(_C, m) {
           "get_collective_config",
           [](const ProcessGroupCudaP2P& self) {
             const auto& c = self.collective_config();
+            const auto* ws = self.workspace();
             py::dict d;
             d["all_gather_algo"] = cuda_p2p::ops::to_string(c.all_gather);
             d["reduce_scatter_algo"] = cuda_p2p::ops::to_string(c.reduce_scatter);
@@ -470,20 +473,15 @@ PYBIND11_MODULE(_C, m) {
             d["reduce_scatter_ring_max_bytes"] = c.reduce_scatter_ring_max_bytes;
             d["cross_memory_min_bytes"] = c.cross_memory_min_bytes;
             d["inline_all_reduce"] = c.inline_all_reduce;
-            {
-              // "auto" resolved by the workspace's device (NOTE [Zero-copy collectives]).
-              const auto* w = self.workspace();
-              const bool host = !w || w->device().tensor_device().is_cpu();
-              d["zero_copy_agreement"] = cuda_p2p::ops::to_string(
-                  cuda_p2p::ops::resolve_agreement(c.zero_copy_agreement, host));
-            }
+            // "auto" resolved by the workspace's device (NOTE [Zero-copy collectives]).
+            d["zero_copy_agreement"] = cuda_p2p::ops::to_string(cuda_p2p::ops::resolve_agreement(
+                c.zero_copy_agreement, !ws || ws->device().tensor_device().is_cpu()));
             d["cross_memory"] = self.uses_cross_memory();
             d["cross_memory_reason"] = self.cross_memory_reason();
             d["fused_min_flops"] = self.config().fused_min_flops_for(c10::DeviceType::CPU);
             d["workspace_collectives"] = self.uses_workspace_collectives();
             d["workspace_collectives_reason"] = self.workspace_collectives_reason();
             d["cuda_workspace_collectives"] = self.options()->cuda_workspace_collectives;
-            const auto* ws = self.workspace();
             // NOTE [The workspace's device] in backend/ProcessGroupCudaP2P.cpp.
             d["workspace_device"] =
                 ws ? py::object(py::str(ws->device().tensor_device().is_cpu() ? "cpu" : "cuda"))

@@ -3,6 +3,8 @@ new_group), and the error paths (bad options, send to self, meta tensors)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -40,6 +42,34 @@ def test_options_host_streams_bad_value():
                                          "'threads', got 'fibers'"):
         o.host_streams = "fibers"
     assert o.host_streams == "auto"
+
+
+# Every Options string whose values are checked: (name, a good value, a bad one, the allowed ones
+# as the error names them).
+CHECKED_STRINGS = [
+    ("workspace_device", "cpu", "gpu", "'auto', 'cpu' or 'cuda'"),
+    ("host_streams", "threads", "fibers", "'auto', 'cooperative' or 'threads'"),
+    ("all_gather_algo", "ring", "rings", "one of auto|direct|ring"),
+    ("reduce_scatter_algo", "direct", "tree", "one of auto|direct|ring"),
+    ("all_reduce_algo", "one_shot", "three_shot", "one of auto|one_shot|two_shot"),
+    ("zero_copy_agreement", "off", "headers", "one of auto|exchange|signature|off"),
+]
+
+
+@pytest.mark.parametrize("name,good,bad,allowed", CHECKED_STRINGS)
+def test_options_checked_strings(name, good, bad, allowed):
+    o = Options()
+    assert getattr(o, name) == "auto"
+    setattr(o, name, good)
+    assert getattr(o, name) == good
+    # A bad value is a ValueError naming the option, what it accepts and what it got, and leaves
+    # the option as it was.
+    with pytest.raises(ValueError, match=re.escape(f"Options.{name} must be {allowed}, got '{bad}'")):
+        setattr(o, name, bad)
+    assert getattr(o, name) == good
+    with pytest.raises(TypeError):
+        setattr(o, name, 3)
+    assert getattr(o, name) == good
 
 
 @pytest.mark.parametrize("value", [1, 4096, 32 * MiB, 1 << 40])

@@ -457,7 +457,7 @@ def test_zero_copy_agreement_option():
     assert o.zero_copy_agreement == "auto"
     o.zero_copy_agreement = "signature"
     assert o.zero_copy_agreement == "signature"
-    with pytest.raises(RuntimeError, match="Options.zero_copy_agreement must be one of "
+    with pytest.raises(ValueError, match="Options.zero_copy_agreement must be one of "
                        "auto\\|exchange\\|signature\\|off, got 'headers'"):
         o.zero_copy_agreement = "headers"
 
