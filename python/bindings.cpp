@@ -38,6 +38,21 @@ auto parsed_string_setter(Parse parse, const char* what) {
   };
 }
 
+// The getter and the setter of an optional count of Options (bytes, flops) that must not be
+// negative: a negative one raises, naming `what`, and leaves the option as it was.
+template <std::optional<int64_t> Options::* Member>
+std::optional<int64_t> get_count(const Options& o) {
+  return o.*Member;
+}
+template <std::optional<int64_t> Options::* Member>
+auto non_negative_setter(const char* what) {
+  return [what](Options& o, std::optional<int64_t> v) {
+    TORCH_CHECK_VALUE(!v || *v >= 0, "cuda_p2p: ", what, " must be >= 0 or None, got ",
+                      v.value_or(0));
+    o.*Member = v;
+  };
+}
+
 // NOTE [GIL-free destructor]: the last reference to a backend may be dropped from Python (the
 // object of get_cuda_p2p_backend outliving destroy_process_group). Its destructor joins Gloo's
 // worker thread, which may itself need the GIL to free the tensors of its last Work: destroying
@@ -258,39 +273,25 @@ PYBIND11_MODULE(_C, m) {
           "Steps of the reduce-scatter ring, a multiple of the world size (None: "
           "CUDA_P2P_RING_STEPS, else the world size).")
       .def_property(
-          "chunk_bytes", [](const Options& o) { return o.chunk_bytes; },
-          [](Options& o, std::optional<int64_t> v) {
-            TORCH_CHECK_VALUE(!v || *v >= 0,
-                              "cuda_p2p: Options.chunk_bytes must be >= 0 or "
-                              "None, got ",
-                              v.value_or(0));
-            o.chunk_bytes = v;
-          },
+          "chunk_bytes", &get_count<&Options::chunk_bytes>,
+          non_negative_setter<&Options::chunk_bytes>("Options.chunk_bytes"),
           "Bytes a rank stages per round of a workspace collective (0: half the buffer; None: "
           "CUDA_P2P_CHUNK_BYTES, else the default).")
       .def_property(
-          "all_reduce_one_shot_max_bytes",
-          [](const Options& o) { return o.all_reduce_one_shot_max_bytes; },
-          [](Options& o, std::optional<int64_t> v) {
-            TORCH_CHECK_VALUE(!v || *v >= 0, "cuda_p2p: thresholds must be >= 0 or None");
-            o.all_reduce_one_shot_max_bytes = v;
-          },
+          "all_reduce_one_shot_max_bytes", &get_count<&Options::all_reduce_one_shot_max_bytes>,
+          non_negative_setter<&Options::all_reduce_one_shot_max_bytes>(
+              "Options.all_reduce_one_shot_max_bytes"),
           "Largest all-reduce (bytes) that 'auto' runs one-shot (None: the measured default).")
       .def_property(
-          "all_gather_ring_max_bytes", [](const Options& o) { return o.all_gather_ring_max_bytes; },
-          [](Options& o, std::optional<int64_t> v) {
-            TORCH_CHECK_VALUE(!v || *v >= 0, "cuda_p2p: thresholds must be >= 0 or None");
-            o.all_gather_ring_max_bytes = v;
-          },
+          "all_gather_ring_max_bytes", &get_count<&Options::all_gather_ring_max_bytes>,
+          non_negative_setter<&Options::all_gather_ring_max_bytes>(
+              "Options.all_gather_ring_max_bytes"),
           "Largest all-gather output (bytes) that 'auto' runs as a unidirectional ring on 3+ "
           "ranks, above: direct (None: the measured default).")
       .def_property(
-          "reduce_scatter_ring_max_bytes",
-          [](const Options& o) { return o.reduce_scatter_ring_max_bytes; },
-          [](Options& o, std::optional<int64_t> v) {
-            TORCH_CHECK_VALUE(!v || *v >= 0, "cuda_p2p: thresholds must be >= 0 or None");
-            o.reduce_scatter_ring_max_bytes = v;
-          },
+          "reduce_scatter_ring_max_bytes", &get_count<&Options::reduce_scatter_ring_max_bytes>,
+          non_negative_setter<&Options::reduce_scatter_ring_max_bytes>(
+              "Options.reduce_scatter_ring_max_bytes"),
           "Largest reduce-scatter input (bytes) that 'auto' runs as a ring, above: direct "
           "(None: the measured default).")
       .def_property(
@@ -299,11 +300,8 @@ PYBIND11_MODULE(_C, m) {
           "Copy-free reads of peers' tensors on the host (process_vm_readv) where the system "
           "allows them: True, False, or None (CUDA_P2P_CROSS_MEMORY, else off).")
       .def_property(
-          "cross_memory_min_bytes", [](const Options& o) { return o.cross_memory_min_bytes; },
-          [](Options& o, std::optional<int64_t> v) {
-            TORCH_CHECK_VALUE(!v || *v >= 0, "cuda_p2p: thresholds must be >= 0 or None");
-            o.cross_memory_min_bytes = v;
-          },
+          "cross_memory_min_bytes", &get_count<&Options::cross_memory_min_bytes>,
+          non_negative_setter<&Options::cross_memory_min_bytes>("Options.cross_memory_min_bytes"),
           "Smallest payload (bytes) the direct all-gather / reduce-scatter and broadcast read "
           "copy-free (None: the measured default).")
       .def_property(
@@ -325,12 +323,8 @@ PYBIND11_MODULE(_C, m) {
           "thread without enqueueing: True, False, or None (CUDA_P2P_INLINE_ALL_REDUCE, else "
           "on).")
       .def_property(
-          "fused_min_flops", [](const Options& o) { return o.fused_min_flops; },
-          [](Options& o, std::optional<int64_t> v) {
-            TORCH_CHECK_VALUE(!v || *v >= 0, "cuda_p2p: fused_min_flops must be >= 0 or None, got ",
-                              v.value_or(0));
-            o.fused_min_flops = v;
-          },
+          "fused_min_flops", &get_count<&Options::fused_min_flops>,
+          non_negative_setter<&Options::fused_min_flops>("Options.fused_min_flops"),
           "The fused ops' 'auto' runs the fused pipeline from this many GEMM flops per rank "
           "(2*M*N*K) on, below it the unfused workspace collective and matmul (None: "
           "CUDA_P2P_FUSED_MIN_FLOPS, else the device's measured default).");

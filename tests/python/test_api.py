@@ -72,6 +72,26 @@ def test_options_checked_strings(name, good, bad, allowed):
     assert getattr(o, name) == good
 
 
+# Every optional count of Options that may be 0 but not negative.
+NON_NEGATIVE_COUNTS = ["chunk_bytes", "all_reduce_one_shot_max_bytes", "all_gather_ring_max_bytes",
+                       "reduce_scatter_ring_max_bytes", "cross_memory_min_bytes", "fused_min_flops"]
+
+
+@pytest.mark.parametrize("name", NON_NEGATIVE_COUNTS)
+def test_options_non_negative_counts(name):
+    o = Options()
+    assert getattr(o, name) is None
+    for value in (0, 4096, None, 1 << 40):
+        setattr(o, name, value)
+        assert getattr(o, name) == value
+    with pytest.raises(ValueError, match=re.escape(f"Options.{name} must be >= 0 or None, got -5")):
+        setattr(o, name, -5)
+    assert getattr(o, name) == 1 << 40
+    with pytest.raises(TypeError):
+        setattr(o, name, "4K")
+    assert getattr(o, name) == 1 << 40
+
+
 @pytest.mark.parametrize("value", [1, 4096, 32 * MiB, 1 << 40])
 def test_options_buffer_size_roundtrip(value):
     o = Options()
