@@ -36,14 +36,6 @@ def test_options_host_streams(value):
     assert o.host_streams == value
 
 
-def test_options_host_streams_bad_value():
-    o = Options()
-    with pytest.raises(ValueError, match="host_streams must be 'auto', 'cooperative' or "
-                                         "'threads', got 'fibers'"):
-        o.host_streams = "fibers"
-    assert o.host_streams == "auto"
-
-
 # Every Options string whose values are checked: (name, a good value, a bad one, the allowed ones
 # as the error names them).
 CHECKED_STRINGS = [
