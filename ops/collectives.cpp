@@ -84,39 +84,16 @@ namespace cuda_p2p::ops {
 
 namespace {
 
-template <typename E>
-struct Named {
-  E value;
-  const char* name;
-};
-
-constexpr Named<AllGatherAlgo> kAllGatherNames[] = {{AllGatherAlgo::kAuto, "auto"},
-                                                    {AllGatherAlgo::kDirect, "direct"},
-                                                    {AllGatherAlgo::kRing, "ring"}};
-constexpr Named<ReduceScatterAlgo> kReduceScatterNames[] = {{ReduceScatterAlgo::kAuto, "auto"},
-                                                            {ReduceScatterAlgo::kDirect, "direct"},
-                                                            {ReduceScatterAlgo::kRing, "ring"}};
-constexpr Named<AllReduceAlgo> kAllReduceNames[] = {{AllReduceAlgo::kAuto, "auto"},
-                                                    {AllReduceAlgo::kOneShot, "one_shot"},
-                                                    {AllReduceAlgo::kTwoShot, "two_shot"}};
-
-template <typename E, size_t N>
-const char* name_of(const Named<E> (&names)[N], E value) {
-  for (const auto& n : names) {
-    if (n.value == value) return n.name;
-  }
-  return "?";
-}
-
-template <typename E, size_t N>
-E parse(const Named<E> (&names)[N], const std::string& name, const std::string& what) {
-  std::string known;
-  for (const auto& n : names) {
-    if (name == n.name) return n.value;
-    known += known.empty() ? n.name : std::string("|") + n.name;
-  }
-  TORCH_CHECK_VALUE(false, "cuda_p2p: ", what, " must be one of ", known, ", got '", name, "'");
-}
+constexpr NamedValue<AllGatherAlgo> kAllGatherNames[] = {{AllGatherAlgo::kAuto, "auto"},
+                                                         {AllGatherAlgo::kDirect, "direct"},
+                                                         {AllGatherAlgo::kRing, "ring"}};
+constexpr NamedValue<ReduceScatterAlgo> kReduceScatterNames[] = {
+    {ReduceScatterAlgo::kAuto, "auto"},
+    {ReduceScatterAlgo::kDirect, "direct"},
+    {ReduceScatterAlgo::kRing, "ring"}};
+constexpr NamedValue<AllReduceAlgo> kAllReduceNames[] = {{AllReduceAlgo::kAuto, "auto"},
+                                                         {AllReduceAlgo::kOneShot, "one_shot"},
+                                                         {AllReduceAlgo::kTwoShot, "two_shot"}};
 
 }  // namespace
 
@@ -125,13 +102,13 @@ const char* to_string(ReduceScatterAlgo a) { return name_of(kReduceScatterNames,
 const char* to_string(AllReduceAlgo a) { return name_of(kAllReduceNames, a); }
 
 AllGatherAlgo parse_all_gather_algo(const std::string& name, const std::string& what) {
-  return parse(kAllGatherNames, name, what);
+  return parse_named(kAllGatherNames, name, what);
 }
 ReduceScatterAlgo parse_reduce_scatter_algo(const std::string& name, const std::string& what) {
-  return parse(kReduceScatterNames, name, what);
+  return parse_named(kReduceScatterNames, name, what);
 }
 AllReduceAlgo parse_all_reduce_algo(const std::string& name, const std::string& what) {
-  return parse(kAllReduceNames, name, what);
+  return parse_named(kAllReduceNames, name, what);
 }
 
 void validate(const CollectiveConfig& config, int world_size) {

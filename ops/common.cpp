@@ -55,29 +55,17 @@ ReduceOp parse_reduce_op(std::string_view name, std::initializer_list<ReduceOp> 
 }
 
 namespace {
-struct AgreementName {
-  ZeroCopyAgreement value;
-  const char* name;
-};
-constexpr AgreementName kAgreementNames[] = {{ZeroCopyAgreement::kAuto, "auto"},
-                                             {ZeroCopyAgreement::kExchange, "exchange"},
-                                             {ZeroCopyAgreement::kSignature, "signature"},
-                                             {ZeroCopyAgreement::kOff, "off"}};
+constexpr NamedValue<ZeroCopyAgreement> kAgreementNames[] = {
+    {ZeroCopyAgreement::kAuto, "auto"},
+    {ZeroCopyAgreement::kExchange, "exchange"},
+    {ZeroCopyAgreement::kSignature, "signature"},
+    {ZeroCopyAgreement::kOff, "off"}};
 }  // namespace
 
-const char* to_string(ZeroCopyAgreement a) {
-  for (const auto& n : kAgreementNames) {
-    if (n.value == a) return n.name;
-  }
-  return "?";
-}
+const char* to_string(ZeroCopyAgreement a) { return name_of(kAgreementNames, a); }
 
 ZeroCopyAgreement parse_zero_copy_agreement(const std::string& name, const std::string& what) {
-  for (const auto& n : kAgreementNames) {
-    if (name == n.name) return n.value;
-  }
-  TORCH_CHECK_VALUE(false, "cuda_p2p: ", what, " must be one of auto|exchange|signature|off, got '",
-                    name, "'");
+  return parse_named(kAgreementNames, name, what);
 }
 
 std::string agreement_text(ZeroCopyAgreement a, bool host) {

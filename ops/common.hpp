@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -12,6 +13,30 @@
 #include <utility>
 
 namespace cuda_p2p::ops {
+
+// A name table of an enum's values (the settings' vocabularies): the name of a value, and the
+// value of a name, where an unknown name raises ValueError naming `what` and every known name.
+template <typename E>
+struct NamedValue {
+  E value;
+  const char* name;
+};
+template <typename E, size_t N>
+const char* name_of(const NamedValue<E> (&names)[N], E value) {
+  for (const auto& n : names) {
+    if (n.value == value) return n.name;
+  }
+  return "?";
+}
+template <typename E, size_t N>
+E parse_named(const NamedValue<E> (&names)[N], const std::string& name, const std::string& what) {
+  std::string known;
+  for (const auto& n : names) {
+    if (name == n.name) return n.value;
+    known += known.empty() ? n.name : std::string("|") + n.name;
+  }
+  TORCH_CHECK_VALUE(false, "cuda_p2p: ", what, " must be one of ", known, ", got '", name, "'");
+}
 
 // How the ranks agree that an op's inputs are symmetric tensors (NOTE [Zero-copy collectives] in
 // ops/zero_copy.cpp): kExchange (host workspaces only) or kSignature; kOff never reads them in

@@ -182,8 +182,9 @@ struct Env {
   // Set by agree() once its handshake ran: NOTE [The handshake opens the buffer].
   bool opened = false;
   // Group::heap where the op may read shards in it (exchange on the host, or signature), else
-  // null ("off", or exchange on CUDA); whether the ranks agree by signature; and this rank's claim - its A_shard's heap
-  // offset, which it put in the op's signature (NOTE [Zero-copy all-gather→matmul]).
+  // null ("off", or exchange on CUDA); whether the ranks agree by signature; and this rank's
+  // claim - its A_shard's heap offset, which it put in the op's signature (NOTE [Zero-copy
+  // all-gather→matmul]).
   SymmetricWorkspace* heap = nullptr;
   bool signature_agreement = false;
   std::optional<int64_t> zero_copy_claim;
