@@ -17,3 +17,80 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class CorePlacementProbe:
+    """How the two CPUs the first two ranks run on are placed, sampled through a run (NOTE [Core
+    placement] in p2p_workspace/host/core_probe.cpp): a thread of the launcher bounces a cache
+    line between them for `probe_s` every `period_s` seconds (`cuda_p2p._C._core_round_trip_ns`;
+    both threads yield to the ranks after a short spin). A virtual machine's host moves its vCPUs
+    between placements for seconds at a time: on this project's machines a round trip takes about
+    30 ns (two threads of one core), 70 ns (one core complex) or 300 ns (two), and every
+    cross-rank transfer of the host path slows down with it. A sample is "off" when its median
+    round trip differs from the run's typical one (the median of all samples) by more than
+    OFF_FACTOR either way; every benchmark cell lists the samples taken while it ran."""
+
+    OFF_FACTOR = 1.6
+
+    def __init__(self, cpus: list[int], period_s: float, probe_s: float = 0.002):
+        import threading
+
+        self.cpus = list(cpus[:2])
+        self.period_s, self.probe_s = period_s, probe_s
+        self.samples: list[tuple[float, float]] = []  # (time.monotonic(), median round trip ns)
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="core-probe", daemon=True)
+        self.enabled = period_s > 0 and len(set(self.cpus)) == 2
+        if self.enabled:
+            self.sample()  # the first sample before any rank runs
+            self._thread.start()
+
+    def sample(self) -> None:
+        import time
+
+        from cuda_p2p import _C
+
+        try:
+            r = _C._core_round_trip_ns(self.cpus[0], self.cpus[1], self.probe_s)
+        except (RuntimeError, ValueError) as e:  # a CPU never free, or taken away: stop probing
+            self.error = str(e)
+            self._stop.set()
+            return
+        self.samples.append((time.monotonic(), r["median_ns"]))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self.sample()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def typical_ns(self) -> float | None:
+        import statistics
+
+        return statistics.median(ns for _, ns in self.samples) if self.samples else None
+
+    def _off(self, ns: float, typical: float) -> bool:
+        return ns > self.OFF_FACTOR * typical or ns * self.OFF_FACTOR < typical
+
+    def window(self, t0: float, t1: float) -> dict | None:
+        """The samples taken between t0 and t1 (time.monotonic(), the clock every process of the
+        machine shares): their round trips, and how many are off the run's typical one."""
+        typical = self.typical_ns()
+        if typical is None:
+            return None
+        ns = [round(v, 1) for t, v in self.samples if t0 <= t <= t1]
+        return {"samples": len(ns), "off": sum(self._off(v, typical) for v in ns),
+                "round_trip_ns": ns}
+
+    def summary(self) -> dict:
+        typical = self.typical_ns()
+        off = [v for _, v in self.samples if typical is not None and self._off(v, typical)]
+        return {"enabled": self.enabled, "cpus": self.cpus, "period_s": self.period_s,
+                "probe_s": self.probe_s, "off_factor": self.OFF_FACTOR, "typical_ns": typical,
+                "samples": len(self.samples), "off_samples": len(off),
+                "off_ns": sorted(round(v, 1) for v in off), "error": self.error,
+                "timeline": [[round(t, 3), round(v, 1)] for t, v in self.samples]}

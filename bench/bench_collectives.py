@@ -58,7 +58,7 @@ import time
 import warnings
 from pathlib import Path
 
-from _common import free_port, host_workspace
+from _common import CorePlacementProbe, free_port, host_workspace
 
 import torch
 
@@ -643,6 +643,7 @@ def rank_main(rank: int, cfg: dict) -> None:
             counters_before = read_counters(p2p_backend)
             zc_before = {k: read_counters(cuda_p2p.get_cuda_p2p_backend(g))
                          for k, g in zc_groups.items()}
+            t_cell = time.monotonic()  # the cell's span, for the placement probe
             step(f"{label}: allocate")
             bufs = {name: _make_inputs(coll, nbytes, n, rank, dtype,
                                        timed_groups[name] if name == "zero_copy" else None)
@@ -660,7 +661,8 @@ def rank_main(rank: int, cfg: dict) -> None:
             local, _ = _timed(dist, coll, bufs, timed_groups, sync, iters, 1, cfg["batch"],
                               cfg["block"])
             entry = {"collective": coll, "bytes": nbytes, "requested_bytes": size,
-                     "count": nbytes // esize, "iters": max(iters.values())}
+                     "count": nbytes // esize, "iters": max(iters.values()),
+                     "t_monotonic": [t_cell, time.monotonic()]}
             for name in timed_groups:
                 entry[name] = _summary(_max_over_ranks(dist, local[name], gloo))
             if algo_groups:
@@ -856,6 +858,16 @@ def fmt_paths(paths: dict | None) -> str:
     return "+".join(k.split(".", 1)[-1] for k in paths)
 
 
+def fmt_cores(e: dict) -> str:
+    """'cores 70-310 ns' (the range of the placement samples taken during the cell) when one of
+    them is off the run's typical round trip; '' otherwise."""
+    c = e.get("cores")
+    if not c or not c["off"]:
+        return ""
+    lo, hi = min(c["round_trip_ns"]), max(c["round_trip_ns"])
+    return f"cores {lo:.0f} ns" if lo == hi else f"cores {lo:.0f}-{hi:.0f} ns"
+
+
 def print_table(run: dict, memcpy: dict, dtype: str) -> None:
     n = run["world_size"]
     cols = [("collective", "", "<", 15), ("size", "", ">", 10), ("iters", "", ">", 6),
@@ -898,7 +910,7 @@ def print_table(run: dict, memcpy: dict, dtype: str) -> None:
             cells += [fmt_gbps(p["busbw_GBps"]), fmt_gbps(g["busbw_GBps"]),
                       f"{100 * p['busbw_frac_memcpy']:.1f}%", f"{100 * g['busbw_frac_memcpy']:.1f}%",
                       "-" if e.get("check") is None else ("ok" if e["check"]["ok"] else "FAIL")]
-        cells.append("  " + fmt_paths(e.get("paths")))
+        cells.append("  " + " ".join(filter(None, (fmt_paths(e.get("paths")), fmt_cores(e)))))
         print(line(cells))
 
 
@@ -935,7 +947,8 @@ def markdown_report(doc: dict) -> str:
                     else f"{100 * p['busbw_frac_memcpy']:.0f}%")
             out.append(f"| {run['world_size']} | {e['collective']} | {size} | "
                        f"{p['median_us']:.1f} | {g['median_us']:.1f} | {e['speedup']:.1f}x "
-                       f"[{lo:.1f}, {hi:.1f}] | {bw} | {frac} | {fmt_paths(e.get('paths'))} |")
+                       f"[{lo:.1f}, {hi:.1f}] | {bw} | {frac} | "
+                       f"{' '.join(filter(None, (fmt_paths(e.get('paths')), fmt_cores(e))))} |")
     return "\n".join(out) + "\n"
 
 
@@ -991,7 +1004,7 @@ def print_peer_table(run: dict) -> None:
         for _, k in ratios:
             lo, hi = e["vs_deepspeed_ci95"][k]
             line += f"{e['vs_deepspeed'][k]:>8.2f}x{f'[{lo:.2f}, {hi:.2f}]':>14}"
-        print(line)
+        print((line + "  " + fmt_cores(e)).rstrip())
 
 
 def _best_threshold(points: list[tuple[int, float, float]]) -> int:
@@ -1142,6 +1155,10 @@ def parse_args(argv=None):
     ap.add_argument("--bind", choices=("core", "none"), default="core",
                     help="core: pin rank r to the r-th CPU (mod the CPUs this process may use); "
                          "none: let the scheduler place ranks")
+    ap.add_argument("--core-probe", type=float, default=0.5, metavar="SECONDS",
+                    help="every SECONDS, time a 2 ms cache-line ping-pong between the first two "
+                         "ranks' CPUs and mark the cells measured while it was off its typical "
+                         "value (the machine's core placement, bench/README.md); 0: off")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     ap.add_argument("--warmup", type=int, default=5, help="untimed iterations per backend")
     ap.add_argument("--iters", type=int, default=0,
@@ -1313,14 +1330,22 @@ def main(argv=None) -> int:
            "cpus": sorted(os.sched_getaffinity(0)), "timeout": args.timeout,
            "total_timeout": args.total_timeout, "progress": not args.quiet}
 
+    probe = CorePlacementProbe(cfg["cpus"], args.core_probe)
+    if probe.enabled:
+        print(f"[bench] core placement probe: CPUs {probe.cpus[0]} and {probe.cpus[1]}, round "
+              f"trip {probe.typical_ns():.0f} ns at start; every {args.core_probe:g} s",
+              file=sys.stderr, flush=True)
     runs = []
     for n in args.world_sizes:
         t0 = time.perf_counter()
         try:
             run = launch(n, cfg)
         except BenchError as e:
+            probe.stop()
             print(f"\nbench: FAILED: {e}", file=sys.stderr)
             return 1
+        for e in run["results"] + ([run["barrier"]] if run.get("barrier") else []):
+            e["cores"] = probe.window(*e["t_monotonic"])
         run["aa"] = args.aa
         run["zero_copy_agreement"] = args.zero_copy_agreement
         run["wall_s"] = time.perf_counter() - t0
@@ -1335,6 +1360,18 @@ def main(argv=None) -> int:
             print_algo_tables(run)
         sys.stdout.flush()
 
+    probe.stop()
+    for run in runs:  # against the whole run's typical sample, now that every sample is in
+        for e in run["results"] + ([run["barrier"]] if run.get("barrier") else []):
+            e["cores"] = probe.window(*e["t_monotonic"])
+    core_probe = probe.summary()
+    if probe.enabled:
+        off = core_probe["off_ns"]
+        print(f"[bench] core placement: {core_probe['samples']} samples, typical round trip "
+              f"{core_probe['typical_ns']:.0f} ns; "
+              + (f"{len(off)} off it ({off[0]:.0f}-{off[-1]:.0f} ns): the cells marked 'cores' "
+                 "ran partly in another placement of the CPUs" if off else "none off it")
+              + (f"; stopped: {probe.error}" if probe.error else ""), file=sys.stderr, flush=True)
     wall = time.perf_counter() - t_start
     failed = [(r["world_size"], e["collective"], e["bytes"]) for r in runs for e in r["results"]
               if e.get("check") and not e["check"]["ok"]]
@@ -1351,6 +1388,7 @@ def main(argv=None) -> int:
         "sync": args.sync, "batch": args.batch, "block": args.block, "algos": args.algos,
         "zero_copy": args.zero_copy, "zero_copy_agreement": args.zero_copy_agreement,
         "warmup": args.warmup, "budget_s": args.budget, "wall_s": wall,
+        "core_probe": core_probe,
         "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
         "conventions": {
             "latency": "median over timed iterations of the max over ranks of one op's time "
@@ -1371,7 +1409,10 @@ def main(argv=None) -> int:
                      "deepspeed / cuda_p2p",
             "memcpy": "bytes copied per second by one thread (torch copy_ of 64 MiB: out of "
                       "cache), best of 20; the %memcpy columns divide by it",
-            "memcpy_in_cache": "the same for 256 KiB (in the L2), best of 200"},
+            "memcpy_in_cache": "the same for 256 KiB (in the L2), best of 200",
+            "cores": "results[].cores: the core placement probe's samples taken while the cell "
+                     "ran (meta.core_probe; bench/README.md); off = round trip more than "
+                     "off_factor x above or below the run's typical (median) sample"},
     }
     doc = {"meta": meta, "memcpy": memcpy, "memcpy_in_cache": memcpy_in_cache, "runs": runs}
     args.json.parent.mkdir(parents=True, exist_ok=True)

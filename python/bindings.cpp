@@ -14,6 +14,7 @@
 #include "backend/dispatcher_group.hpp"
 #include "backend/symmetric_allocator.hpp"
 #include "ops/pipeline_common.hpp"
+#include "p2p_workspace/host/core_probe.hpp"
 #include "p2p_workspace/host/host_device.hpp"
 
 namespace py = pybind11;
@@ -570,6 +571,31 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_default_group_name", &cuda_p2p::set_default_group_name, py::arg("group_name"),
         "Records the name of torch's default group, a cuda_p2p group being created: the dispatcher "
         "ops' group_name '' (NOTE [The default group's name] in backend/dispatcher_group.cpp).");
+
+  m.def(
+      "_core_round_trip_ns",
+      [](int cpu_a, int cpu_b, double seconds) {
+        if (!(seconds > 0 && seconds <= 1)) {
+          throw py::value_error("_core_round_trip_ns: expected seconds in (0, 1], got " +
+                                std::to_string(seconds));
+        }
+        cuda_p2p::host::CoreRoundTrip r;
+        {
+          py::gil_scoped_release no_gil;
+          r = cuda_p2p::host::core_round_trip(
+              cpu_a, cpu_b,
+              std::chrono::microseconds(std::max<int64_t>(1, static_cast<int64_t>(seconds * 1e6))));
+        }
+        py::dict d;
+        d["min_ns"] = r.min_ns;
+        d["median_ns"] = r.median_ns;
+        d["batches"] = r.batches;
+        return d;
+      },
+      py::arg("cpu_a"), py::arg("cpu_b"), py::arg("seconds") = 0.002,
+      "Bounces a cache line between threads pinned to two CPUs for `seconds`: the round trip in "
+      "ns (min and median over batches of 16). The bench's placement probe (NOTE [Core "
+      "placement] in p2p_workspace/host/core_probe.cpp).");
 
   m.def(
       "_config_knobs",

@@ -31,7 +31,7 @@ TINY = {
     "bench_collectives.py": (
         ["--world-sizes", "2", "--sizes", "8", "4K", "--collectives", "all_reduce",
          "--iters", "3", "--warmup", "1", "--no-barrier", "--json", "{out}/c.json",
-         "--no-plot", "--timeout", "120"],
+         "--no-plot", "--timeout", "120", "--core-probe", "0.05"],
         "{out}/c.json",
     ),
     "bench_fused.py": (
@@ -79,8 +79,66 @@ def test_bench_script_runs(script, tmp_path):
     if json_out:
         data = json.loads(Path(json_out.format(out=tmp_path)).read_text())
         assert data, f"{script} wrote an empty result"
+        if script == "bench_collectives.py":
+            check_core_probe(data)
     else:
         assert any(tmp_path.glob("*.json")), f"{script} wrote no JSON into {tmp_path}"
+
+
+def check_core_probe(data: dict) -> None:
+    """The placement probe of a bench_collectives.py run with --core-probe 0.05: samples through
+    the run, and every cell lists those taken while it ran."""
+    probe = data["meta"]["core_probe"]
+    if len(os.sched_getaffinity(0)) < 2:
+        assert not probe["enabled"], probe
+        return
+    assert probe["enabled"] and probe["error"] is None, probe
+    assert probe["samples"] >= 2 and len(probe["timeline"]) == probe["samples"], probe
+    assert all(10 < ns < 1e6 for _, ns in probe["timeline"]), probe["timeline"]
+    times = [t for t, _ in probe["timeline"]]
+    assert times == sorted(times)
+    for e in data["runs"][0]["results"]:
+        t0, t1 = e["t_monotonic"]
+        inside = [ns for t, ns in probe["timeline"] if t0 <= t <= t1]
+        assert e["cores"]["round_trip_ns"] == inside and e["cores"]["samples"] == len(inside), e
+
+
+def test_core_round_trip_probe_and_its_errors():
+    from cuda_p2p import _C
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) >= 2:
+        r = _C._core_round_trip_ns(cpus[0], cpus[1], 0.001)
+        assert r["batches"] >= 32 and 0 < r["min_ns"] <= r["median_ns"] < 1e6, r
+    with pytest.raises(ValueError, match="two different CPUs.*got 0 and 0"):
+        _C._core_round_trip_ns(0, 0, 0.001)
+    with pytest.raises(ValueError, match="two different CPUs.*got -1 and 0"):
+        _C._core_round_trip_ns(-1, 0, 0.001)
+    outside = max(cpus) + 1
+    with pytest.raises(ValueError, match=f"cannot run a thread on CPU {outside}"):
+        _C._core_round_trip_ns(cpus[0], outside, 0.001)
+    for seconds in (0, -1, 1.5):
+        with pytest.raises(ValueError, match="expected seconds in \\(0, 1\\]"):
+            _C._core_round_trip_ns(0, 1, seconds)
+
+
+def test_core_placement_windows_and_off_samples():
+    # The classification alone, on made-up samples: "off" is more than OFF_FACTOR away from the
+    # median sample, either way.
+    sys.path.insert(0, str(BENCH))
+    try:
+        from _common import CorePlacementProbe
+    finally:
+        sys.path.remove(str(BENCH))
+    probe = CorePlacementProbe([0, 1], period_s=0)  # never probes by itself
+    assert not probe.enabled and probe.window(0, 1) is None
+    probe.samples = [(1.0, 70.0), (2.0, 72.0), (3.0, 310.0), (4.0, 30.0), (5.0, 71.0)]
+    assert probe.typical_ns() == 71.0
+    assert probe.window(1.5, 3.5) == {"samples": 2, "off": 1, "round_trip_ns": [72.0, 310.0]}
+    assert probe.window(3.5, 9) == {"samples": 2, "off": 1, "round_trip_ns": [30.0, 71.0]}
+    assert probe.window(6, 7) == {"samples": 0, "off": 0, "round_trip_ns": []}
+    summary = probe.summary()
+    assert summary["off_samples"] == 2 and summary["off_ns"] == [30.0, 310.0], summary
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="runs its real case in scripts/gpu_check.sh")
