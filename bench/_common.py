@@ -26,11 +26,11 @@ class CorePlacementProbe:
     both threads yield to the ranks after a short spin). A virtual machine's host moves its vCPUs
     between placements for seconds at a time: on this project's machines a round trip takes about
     30 ns (two threads of one core), 70 ns (one core complex) or 300 ns (two), and every
-    cross-rank transfer of the host path slows down with it. A sample is "off" when its median
-    round trip differs from the run's typical one (the median of all samples) by more than
-    OFF_FACTOR either way; every benchmark cell lists the samples taken while it ran."""
+    cross-rank transfer of the host path slows down with it. The placement "varied" during a run
+    when its slowest sample took more than VARIED_FACTOR times its fastest; every benchmark cell
+    lists the samples taken while it ran."""
 
-    OFF_FACTOR = 1.6
+    VARIED_FACTOR = 1.6
 
     def __init__(self, cpus: list[int], period_s: float, probe_s: float = 0.002):
         import threading
@@ -73,24 +73,23 @@ class CorePlacementProbe:
 
         return statistics.median(ns for _, ns in self.samples) if self.samples else None
 
-    def _off(self, ns: float, typical: float) -> bool:
-        return ns > self.OFF_FACTOR * typical or ns * self.OFF_FACTOR < typical
+    def varied(self) -> bool:
+        ns = [v for _, v in self.samples]
+        return bool(ns) and max(ns) > self.VARIED_FACTOR * min(ns)
 
     def window(self, t0: float, t1: float) -> dict | None:
         """The samples taken between t0 and t1 (time.monotonic(), the clock every process of the
-        machine shares): their round trips, and how many are off the run's typical one."""
-        typical = self.typical_ns()
-        if typical is None:
+        machine shares), and whether the placement varied during the run."""
+        if not self.samples:
             return None
         ns = [round(v, 1) for t, v in self.samples if t0 <= t <= t1]
-        return {"samples": len(ns), "off": sum(self._off(v, typical) for v in ns),
-                "round_trip_ns": ns}
+        return {"samples": len(ns), "round_trip_ns": ns, "run_varied": self.varied()}
 
     def summary(self) -> dict:
-        typical = self.typical_ns()
-        off = [v for _, v in self.samples if typical is not None and self._off(v, typical)]
+        ns = [v for _, v in self.samples]
         return {"enabled": self.enabled, "cpus": self.cpus, "period_s": self.period_s,
-                "probe_s": self.probe_s, "off_factor": self.OFF_FACTOR, "typical_ns": typical,
-                "samples": len(self.samples), "off_samples": len(off),
-                "off_ns": sorted(round(v, 1) for v in off), "error": self.error,
+                "probe_s": self.probe_s, "varied_factor": self.VARIED_FACTOR,
+                "typical_ns": self.typical_ns(), "min_ns": min(ns, default=None),
+                "max_ns": max(ns, default=None), "varied": self.varied(), "samples": len(ns),
+                "error": self.error,
                 "timeline": [[round(t, 3), round(v, 1)] for t, v in self.samples]}

@@ -859,10 +859,10 @@ def fmt_paths(paths: dict | None) -> str:
 
 
 def fmt_cores(e: dict) -> str:
-    """'cores 70-310 ns' (the range of the placement samples taken during the cell) when one of
-    them is off the run's typical round trip; '' otherwise."""
+    """'cores 70-310 ns': the range of the placement samples taken during the cell, when the
+    placement varied during the run; '' otherwise."""
     c = e.get("cores")
-    if not c or not c["off"]:
+    if not c or not c["run_varied"] or not c["samples"]:
         return ""
     lo, hi = min(c["round_trip_ns"]), max(c["round_trip_ns"])
     return f"cores {lo:.0f} ns" if lo == hi else f"cores {lo:.0f}-{hi:.0f} ns"
@@ -1361,16 +1361,16 @@ def main(argv=None) -> int:
         sys.stdout.flush()
 
     probe.stop()
-    for run in runs:  # against the whole run's typical sample, now that every sample is in
+    for run in runs:  # whether the placement varied, now that every sample is in
         for e in run["results"] + ([run["barrier"]] if run.get("barrier") else []):
             e["cores"] = probe.window(*e["t_monotonic"])
     core_probe = probe.summary()
     if probe.enabled:
-        off = core_probe["off_ns"]
-        print(f"[bench] core placement: {core_probe['samples']} samples, typical round trip "
-              f"{core_probe['typical_ns']:.0f} ns; "
-              + (f"{len(off)} off it ({off[0]:.0f}-{off[-1]:.0f} ns): the cells marked 'cores' "
-                 "ran partly in another placement of the CPUs" if off else "none off it")
+        print(f"[bench] core placement: {core_probe['samples']} samples, round trips "
+              f"{core_probe['min_ns']:.0f}-{core_probe['max_ns']:.0f} ns (median "
+              f"{core_probe['typical_ns']:.0f}); "
+              + ("it varied: each cell says what it was while it ran ('cores')"
+                 if core_probe["varied"] else "it did not vary")
               + (f"; stopped: {probe.error}" if probe.error else ""), file=sys.stderr, flush=True)
     wall = time.perf_counter() - t_start
     failed = [(r["world_size"], e["collective"], e["bytes"]) for r in runs for e in r["results"]
@@ -1411,8 +1411,8 @@ def main(argv=None) -> int:
                       "cache), best of 20; the %memcpy columns divide by it",
             "memcpy_in_cache": "the same for 256 KiB (in the L2), best of 200",
             "cores": "results[].cores: the core placement probe's samples taken while the cell "
-                     "ran (meta.core_probe; bench/README.md); off = round trip more than "
-                     "off_factor x above or below the run's typical (median) sample"},
+                     "ran (meta.core_probe; bench/README.md); run_varied: the run's slowest "
+                     "sample took more than varied_factor x its fastest"},
     }
     doc = {"meta": meta, "memcpy": memcpy, "memcpy_in_cache": memcpy_in_cache, "runs": runs}
     args.json.parent.mkdir(parents=True, exist_ok=True)

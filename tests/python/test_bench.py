@@ -122,23 +122,27 @@ def test_core_round_trip_probe_and_its_errors():
             _C._core_round_trip_ns(0, 1, seconds)
 
 
-def test_core_placement_windows_and_off_samples():
-    # The classification alone, on made-up samples: "off" is more than OFF_FACTOR away from the
-    # median sample, either way.
+def test_core_placement_windows_and_variation():
+    # The bookkeeping alone, on made-up samples: each cell gets the samples of its span, and the
+    # run "varied" when its slowest sample took more than VARIED_FACTOR times its fastest.
     sys.path.insert(0, str(BENCH))
     try:
         from _common import CorePlacementProbe
     finally:
         sys.path.remove(str(BENCH))
     probe = CorePlacementProbe([0, 1], period_s=0)  # never probes by itself
-    assert not probe.enabled and probe.window(0, 1) is None
-    probe.samples = [(1.0, 70.0), (2.0, 72.0), (3.0, 310.0), (4.0, 30.0), (5.0, 71.0)]
-    assert probe.typical_ns() == 71.0
-    assert probe.window(1.5, 3.5) == {"samples": 2, "off": 1, "round_trip_ns": [72.0, 310.0]}
-    assert probe.window(3.5, 9) == {"samples": 2, "off": 1, "round_trip_ns": [30.0, 71.0]}
-    assert probe.window(6, 7) == {"samples": 0, "off": 0, "round_trip_ns": []}
+    assert not probe.enabled and probe.window(0, 1) is None and not probe.varied()
+    probe.samples = [(1.0, 70.0), (2.0, 72.0), (3.0, 100.0), (4.0, 71.0)]
+    assert not probe.varied()
+    assert probe.window(1.5, 3.5) == {"samples": 2, "round_trip_ns": [72.0, 100.0],
+                                      "run_varied": False}
+    probe.samples.append((5.0, 310.0))
+    assert probe.varied()
+    assert probe.window(4.5, 9) == {"samples": 1, "round_trip_ns": [310.0], "run_varied": True}
+    assert probe.window(6, 7) == {"samples": 0, "round_trip_ns": [], "run_varied": True}
     summary = probe.summary()
-    assert summary["off_samples"] == 2 and summary["off_ns"] == [30.0, 310.0], summary
+    assert (summary["min_ns"], summary["max_ns"], summary["typical_ns"]) == (70.0, 310.0, 72.0)
+    assert summary["varied"] and summary["samples"] == 5 and len(summary["timeline"]) == 5
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="runs its real case in scripts/gpu_check.sh")
