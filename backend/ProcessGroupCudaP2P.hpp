@@ -320,9 +320,10 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // The counters of the all-reduce's hot path (an 8 B all-reduce takes a few µs, NOTE [Inline
   // one-shot] in ops/all_reduce.cpp): one relaxed atomic add each instead of a lookup under
   // counters_mutex_. counters() adds them to the map's entries of the same names.
-  enum class HotCounter : uint8_t { kOneShot, kTwoShot, kInline, kZeroCopy, kCount };
+  enum class HotCounter : uint8_t { kOneShot, kTwoShot, kInline, kZeroCopy, kLargeRounds, kCount };
   static constexpr const char* kHotCounterNames[] = {"all_reduce.one_shot", "all_reduce.two_shot",
-                                                     "all_reduce.inline", "all_reduce.zero_copy"};
+                                                     "all_reduce.inline", "all_reduce.zero_copy",
+                                                     "all_reduce.large_rounds"};
   std::array<std::atomic<int64_t>, static_cast<size_t>(HotCounter::kCount)> hot_counters_{};
   void bump_hot(HotCounter c) {
     hot_counters_[static_cast<size_t>(c)].fetch_add(1, std::memory_order_relaxed);

@@ -31,6 +31,7 @@ constexpr const char* kHostStreamsEnv = "CUDA_P2P_HOST_STREAMS";
 constexpr const char* kAllGatherAlgoEnv = "CUDA_P2P_ALL_GATHER_ALGO";
 constexpr const char* kReduceScatterAlgoEnv = "CUDA_P2P_REDUCE_SCATTER_ALGO";
 constexpr const char* kAllReduceAlgoEnv = "CUDA_P2P_ALL_REDUCE_ALGO";
+constexpr const char* kAllReduceRoundsEnv = "CUDA_P2P_ALL_REDUCE_ROUNDS";
 constexpr const char* kRingStepsEnv = "CUDA_P2P_RING_STEPS";
 constexpr const char* kChunkBytesEnv = "CUDA_P2P_CHUNK_BYTES";
 constexpr const char* kInlineAllReduceEnv = "CUDA_P2P_INLINE_ALL_REDUCE";
@@ -149,6 +150,11 @@ const std::vector<Knob>& knobs() {
        "size)."},
       {"chunk_bytes", kChunkBytesEnv, "bytes", "1 MiB",
        "Bytes a rank stages per round of a workspace collective (0: half the buffer)."},
+      {"all_reduce_rounds", kAllReduceRoundsEnv, "auto|chunked|large", "auto",
+       "Rounds of a two-shot all-reduce of 4+ rounds on a host workspace: auto lets rank 0 choose, "
+       "from the times of its recent ops, between chunk_bytes rounds and the largest the buffer "
+       "holds; large makes it choose the latter; chunked keeps chunk_bytes. Equal on every rank "
+       "(auto and large may mix)."},
       {"all_reduce_one_shot_max_bytes", "", "bytes", "64 KiB on 2 ranks, else 8 KiB",
        "Largest all-reduce that auto runs one-shot."},
       {"inline_all_reduce", kInlineAllReduceEnv, "bool", "True",
@@ -271,6 +277,9 @@ Config resolve_config(const Options& o, int world_size, const config::EnvLookup&
   }
   if (auto a = chosen(o.all_reduce_algo, "all_reduce_algo", env, kAllReduceAlgoEnv)) {
     k.all_reduce = ops::parse_all_reduce_algo(a->first, a->second);
+  }
+  if (auto a = chosen(o.all_reduce_rounds, "all_reduce_rounds", env, kAllReduceRoundsEnv)) {
+    k.all_reduce_rounds = ops::parse_all_reduce_rounds(a->first, a->second);
   }
   TORCH_CHECK(!o.ring_steps || (*o.ring_steps >= 0 && *o.ring_steps <= kMaxRingSteps),
               "cuda_p2p: Options.ring_steps must be a positive multiple of the world size, got ",

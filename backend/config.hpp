@@ -72,6 +72,10 @@ struct Options : c10d::Backend::Options {
   std::string all_gather_algo = "auto";      // auto|direct|ring
   std::string reduce_scatter_algo = "auto";  // auto|direct|ring
   std::string all_reduce_algo = "auto";      // auto|one_shot|two_shot
+  // Rounds of a large two-shot all-reduce on a host workspace (NOTE [Rounds chosen by rank 0] in
+  // ops/all_reduce.cpp): "auto" (CUDA_P2P_ALL_REDUCE_ROUNDS, else rank 0 chooses by time),
+  // "chunked" (chunk_bytes rounds) or "large" (rank 0 always chooses the largest rounds).
+  std::string all_reduce_rounds = "auto";
   // Steps of the reduce-scatter ring, a multiple of the world size (unset: the world size).
   std::optional<int64_t> ring_steps;
   // Bytes a rank stages per round; 0: half the buffer.
@@ -119,12 +123,12 @@ WorkspaceDevice parse_workspace_device(const std::string& value, const std::stri
 
 // A group's configuration, resolved once (resolve_config) from its Options and the environment.
 struct Config {
-  bool workspace = true;               // set up the workspace
-  std::string workspace_off_reason;    // why not ("" when it is set up)
+  bool workspace = true;             // set up the workspace
+  std::string workspace_off_reason;  // why not ("" when it is set up)
   WorkspaceDevice workspace_device = WorkspaceDevice::kAuto;
-  std::string workspace_device_from;   // the knob that chose it ("" for auto)
+  std::string workspace_device_from;     // the knob that chose it ("" for auto)
   std::string zero_copy_agreement_from;  // the knob that set collective.zero_copy_agreement
-  WorkspaceOptions workspace_options;  // buffer size, timeout, host id, copy-free reads
+  WorkspaceOptions workspace_options;    // buffer size, timeout, host id, copy-free reads
   int64_t max_buffer_size = 0;
   HostStreams host_streams = HostStreams::kCooperative;
   bool collectives = true;        // the collectives run on the workspace

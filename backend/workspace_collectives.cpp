@@ -285,17 +285,20 @@ bool ProcessGroupCudaP2P::all_reduce_on_workspace(at::Tensor& t, ops::ReduceOp o
     ops::AllReduceAlgo algo = ops::AllReduceAlgo::kAuto;
     bool inline_run = false;
     bool zero_copy = false;
+    bool large_rounds = false;
   } call{t, t.is_contiguous() ? t : t.contiguous(), op};
   // One reference captured: the std::function keeps it inline, with no allocation.
   run_collective("all_reduce", [&call](const ops::CollectiveContext& ctx) {
     call.algo = ops::all_reduce(ctx, call.work, call.work, call.op, ops::AllReduceAlgo::kAuto);
     call.inline_run = ctx.state.last_inline;
     call.zero_copy = ctx.state.last_zero_copy;
+    call.large_rounds = ctx.state.last_large_rounds;
     if (!call.work.is_same(call.t)) call.t.copy_(call.work);
   });
   bump_hot(call.algo == ops::AllReduceAlgo::kOneShot ? HotCounter::kOneShot : HotCounter::kTwoShot);
   if (call.inline_run) bump_hot(HotCounter::kInline);
   if (call.zero_copy) bump_hot(HotCounter::kZeroCopy);
+  if (call.large_rounds) bump_hot(HotCounter::kLargeRounds);
   return true;
 }
 

@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 
+#include <chrono>
 #include <cstring>
 #include <string>
 
@@ -44,6 +45,58 @@ void one_shot(const CollectiveContext& ctx, const Args& a, ReduceOp op) {
   }
 }
 
+// Elements per two-shot round: the staged round and its largest chunk, each cache-line aligned,
+// fit in the phase's region; at most `cap_bytes` (0: no cap) but at least W elements.
+int64_t two_shot_round(const CollectiveContext& ctx, const Args& a, int64_t cap_bytes) {
+  const int W = ctx.ws.world_size();
+  const int64_t region = detail::phase_bytes(ctx);
+  int64_t m = (region - 2 * detail::kAlign) / a.esize * W / (W + 1);
+  if (cap_bytes > 0) m = std::min(m, std::max<int64_t>(cap_bytes / a.esize, W));
+  auto fits = [&](int64_t e) {
+    return detail::align_up(e * a.esize, detail::kAlign) +
+               detail::align_up(detail::ceil_div(e, W) * a.esize, detail::kAlign) <=
+           region;
+  };
+  while (m > 0 && !fits(m)) --m;
+  TORCH_CHECK(m > 0, "cuda_p2p all_reduce: the workspace buffer (", ctx.ws.buffer_size(),
+              " bytes) is too small for a two-shot round of ", a.dtype,
+              "; grow it with ensure_min_buffer_size");
+  return m;
+}
+
+// NOTE [Rounds chosen by rank 0]
+// Rounds of chunk_bytes (1 MiB) keep what one rank wrote in its caches until the peer reads it,
+// which is fastest while the ranks' cores share a last-level cache. On a virtual machine whose
+// host moves the vCPUs for seconds at a time into a placement where they do not (NOTE [Core
+// placement] in p2p_workspace/host/core_probe.cpp), a 2-rank 16 MiB all-reduce took 9.9 ms in
+// 1 MiB rounds against 2.9 ms in one 16 MiB round, while in the ordinary placement it is 1.5 ms
+// against 3.4 ms (docs/collectives.md, "The windows are the cores' placement"). Neither size wins
+// everywhere, and the guest cannot see the placement except by timing, so on a host workspace a
+// two-shot of at least 4 chunked rounds, when the buffer holds rounds at least twice as large,
+// lets rank 0 choose from the times of its recent ops (RoundPolicy, ops/round_policy.cpp):
+//  * the first round is always chunked; before its first barrier rank 0 writes its choice into
+//    the first word of its own region - the bytes of its own chunk, which it does not stage and
+//    no peer reads - tagged with the phase index; the barrier publishes it (as it publishes the
+//    staged bytes), and every rank reads it before staging the next round. So all ranks run the
+//    same rounds without a barrier of their own, whatever each one measured;
+//  * the rest of the tensor runs in the chosen rounds; rank 0 times the whole op (waits for the
+//    peers included) and records it;
+//  * only on streams that run inline (the host's), where the word can be read at once; ranks
+//    must agree on whether rank 0 chooses, so the signature says it (", rounds by rank 0"), and
+//    a rank with all_reduce_rounds = chunked raises a mismatch beside one with auto or large.
+bool rounds_by_rank0(const CollectiveContext& ctx, const Args& a) {
+  if (ctx.config.all_reduce_rounds == AllReduceRounds::kChunked || ctx.ws.world_size() < 2 ||
+      !ctx.ws.device().runs_inline(ctx.stream)) {
+    return false;
+  }
+  const int64_t chunked = two_shot_round(ctx, a, ctx.config.chunk_bytes);
+  // Rank 0's word fits in its own chunk of the first round.
+  const bool word_fits = chunked / ctx.ws.world_size() * a.esize >= 8;
+  return word_fits && a.numel >= 4 * chunked && two_shot_round(ctx, a, 0) >= 2 * chunked;
+}
+
+constexpr uint64_t kRoundsWordTag = 0x52;  // 'R': a word written by rank 0's choice
+
 // NOTE [Two-shot all-reduce]
 // A round of `len` elements is split into W chunks (split_range). Each rank stages the chunks
 // of its peers at their natural offsets in its region (not its own: it reduces that one from its
@@ -54,30 +107,38 @@ void one_shot(const CollectiveContext& ctx, const Args& a, ReduceOp op) {
 // of the reduced chunks too.
 void two_shot(const CollectiveContext& ctx, const Args& a, ReduceOp op) {
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
-  const int64_t region = detail::phase_bytes(ctx);
-  // The staged round and its largest chunk, each cache-line aligned, fit in the region.
-  int64_t m = (region - 2 * detail::kAlign) / a.esize * W / (W + 1);
-  if (ctx.config.chunk_bytes > 0)
-    m = std::min(m, std::max<int64_t>(ctx.config.chunk_bytes / a.esize, W));
-  auto fits = [&](int64_t e) {
-    return detail::align_up(e * a.esize, detail::kAlign) +
-               detail::align_up(detail::ceil_div(e, W) * a.esize, detail::kAlign) <=
-           region;
-  };
-  while (m > 0 && !fits(m)) --m;
-  TORCH_CHECK(m > 0, "cuda_p2p all_reduce: the workspace buffer (", ctx.ws.buffer_size(),
-              " bytes) is too small for a two-shot round of ", a.dtype,
-              "; grow it with ensure_min_buffer_size");
-  for (int64_t off = 0; off < a.numel; off += m) {
+  int64_t m = two_shot_round(ctx, a, ctx.config.chunk_bytes);
+  // NOTE [Rounds chosen by rank 0]: rank 0's choice, for the rounds after the first.
+  const bool by_rank0 = rounds_by_rank0(ctx, a);
+  RoundSize choice = RoundSize::kChunked;
+  if (by_rank0 && me == 0) {
+    choice = ctx.config.all_reduce_rounds == AllReduceRounds::kLarge
+                 ? RoundSize::kLarge
+                 : ctx.state.round_policy.choose(a.numel * a.esize);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t off = 0; off < a.numel;) {
     const int64_t len = std::min(m, a.numel - off);
     const detail::Phase ph = detail::begin_phase(ctx);
     const int64_t reduced = detail::align_up(len * a.esize, detail::kAlign);
     const auto [b, e] = split_range(len, W, me);
     char* in = a.in + off * a.esize;
     char* out = a.out + off * a.esize;
+    if (by_rank0 && off == 0 && me == 0) {
+      const uint64_t word = (ph.index << 8) | (kRoundsWordTag << 1) | static_cast<uint64_t>(choice);
+      std::memcpy(ph.region[0], &word, sizeof(word));
+    }
     detail::copy(ctx, ph.region[me], in, b * a.esize);
     detail::copy(ctx, ph.region[me] + e * a.esize, in + e * a.esize, (len - e) * a.esize);
     detail::phase_barrier(ctx);
+    if (by_rank0 && off == 0) {
+      uint64_t word = 0;
+      std::memcpy(&word, ph.region[0], sizeof(word));
+      TORCH_CHECK((word >> 8) == ph.index && ((word >> 1) & 0x7f) == kRoundsWordTag,
+                  "cuda_p2p all_reduce: rank ", me, " read rank 0's choice of rounds as ", word,
+                  " in phase ", ph.index, " (a bug: NOTE [Rounds chosen by rank 0])");
+      choice = static_cast<RoundSize>(word & 1);
+    }
     std::vector<at::Tensor> srcs;
     srcs.reserve(W);
     for (int q = 0; q < W; ++q) {
@@ -93,15 +154,25 @@ void two_shot(const CollectiveContext& ctx, const Args& a, ReduceOp op) {
       detail::copy(ctx, out + bq * a.esize, ph.region[q] + reduced, (eq - bq) * a.esize);
     }
     detail::end_phase(ctx, ph);
+    if (by_rank0 && off == 0 && choice == RoundSize::kLarge) m = two_shot_round(ctx, a, 0);
+    off += len;
+  }
+  ctx.state.last_large_rounds = by_rank0 && choice == RoundSize::kLarge;
+  if (by_rank0 && me == 0 && ctx.config.all_reduce_rounds == AllReduceRounds::kAuto) {
+    ctx.state.round_policy.record(
+        a.numel * a.esize, choice,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
 }
 
-// What the ranks compare (NOTE [Op signatures]), for both implementations of every algorithm.
-OpSignature signature(const CollectiveContext& ctx, const Args& a, ReduceOp op,
-                      AllReduceAlgo algo) {
+// What the ranks compare (NOTE [Op signatures]), for both implementations of every algorithm;
+// `by_rank0`: whether the two-shot's rounds are chosen by rank 0 (NOTE [Rounds chosen by rank 0]).
+OpSignature signature(const CollectiveContext& ctx, const Args& a, ReduceOp op, AllReduceAlgo algo,
+                      bool by_rank0 = false) {
   return OpSignature::of(OpKind::kAllReduce, std::to_string(a.numel) + " x " + dtype_name(a.dtype) +
                                                  " " + lower_name(op) + " (" + to_string(algo) +
-                                                 detail::config_suffix(ctx) + ")");
+                                                 detail::config_suffix(ctx) +
+                                                 (by_rank0 ? ", rounds by rank 0" : "") + ")");
 }
 
 }  // namespace
@@ -308,12 +379,14 @@ AllReduceAlgo all_reduce(const CollectiveContext& ctx, const at::Tensor& input,
   Args a{detail::bytes_of(input), detail::bytes_of(output), input.numel(), input.scalar_type(),
          static_cast<int64_t>(input.element_size())};
   if (algo == AllReduceAlgo::kAuto) algo = select_all_reduce(ctx.config, a.numel * a.esize, W);
-  ctx.state.last_zero_copy = false;  // only the zero-copy path below sets it
+  ctx.state.last_zero_copy = false;     // only the zero-copy path below sets it
+  ctx.state.last_large_rounds = false;  // nor the two-shot's large rounds
   ctx.state.last_inline = algo == AllReduceAlgo::kOneShot && try_inline_one_shot(ctx, a, op);
   if (ctx.state.last_inline) return algo;
   // Compared at the first phase barrier of either algorithm (NOTE [Op signatures]), with the
   // two-shot's zero-copy claim when the group agrees by signature (NOTE [Zero-copy collectives]).
-  OpSignature sig = signature(ctx, a, op, algo);
+  OpSignature sig =
+      signature(ctx, a, op, algo, algo == AllReduceAlgo::kTwoShot && rounds_by_rank0(ctx, a));
   if (algo == AllReduceAlgo::kTwoShot) {
     sig.text += detail::claim_all_reduce(ctx, a.in, a.numel, a.esize);
   }

@@ -94,12 +94,17 @@ constexpr NamedValue<ReduceScatterAlgo> kReduceScatterNames[] = {
 constexpr NamedValue<AllReduceAlgo> kAllReduceNames[] = {{AllReduceAlgo::kAuto, "auto"},
                                                          {AllReduceAlgo::kOneShot, "one_shot"},
                                                          {AllReduceAlgo::kTwoShot, "two_shot"}};
+constexpr NamedValue<AllReduceRounds> kAllReduceRoundsNames[] = {
+    {AllReduceRounds::kAuto, "auto"},
+    {AllReduceRounds::kChunked, "chunked"},
+    {AllReduceRounds::kLarge, "large"}};
 
 }  // namespace
 
 const char* to_string(AllGatherAlgo a) { return name_of(kAllGatherNames, a); }
 const char* to_string(ReduceScatterAlgo a) { return name_of(kReduceScatterNames, a); }
 const char* to_string(AllReduceAlgo a) { return name_of(kAllReduceNames, a); }
+const char* to_string(AllReduceRounds r) { return name_of(kAllReduceRoundsNames, r); }
 
 AllGatherAlgo parse_all_gather_algo(const std::string& name, const std::string& what) {
   return parse_named(kAllGatherNames, name, what);
@@ -109,6 +114,9 @@ ReduceScatterAlgo parse_reduce_scatter_algo(const std::string& name, const std::
 }
 AllReduceAlgo parse_all_reduce_algo(const std::string& name, const std::string& what) {
   return parse_named(kAllReduceNames, name, what);
+}
+AllReduceRounds parse_all_reduce_rounds(const std::string& name, const std::string& what) {
+  return parse_named(kAllReduceRoundsNames, name, what);
 }
 
 void validate(const CollectiveConfig& config, int world_size) {

@@ -26,6 +26,7 @@
 
 #include "ops/common.hpp"
 #include "ops/op_signature.hpp"
+#include "ops/round_policy.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
 
 namespace cuda_p2p::ops {
@@ -35,16 +36,22 @@ namespace cuda_p2p::ops {
 enum class AllGatherAlgo : uint8_t { kAuto, kDirect, kRing };
 enum class ReduceScatterAlgo : uint8_t { kAuto, kDirect, kRing };
 enum class AllReduceAlgo : uint8_t { kAuto, kOneShot, kTwoShot };
+// The rounds of a large two-shot all-reduce on a host workspace (NOTE [Rounds chosen by rank 0]
+// in ops/all_reduce.cpp): kAuto lets rank 0 choose between chunk_bytes rounds and the largest the
+// buffer holds, kLarge makes it always choose the latter, kChunked keeps chunk_bytes rounds.
+enum class AllReduceRounds : uint8_t { kAuto, kChunked, kLarge };
 
 // Names as used by options, environment variables and counters: "auto", "direct", "ring",
 // "one_shot", "two_shot".
 const char* to_string(AllGatherAlgo a);
 const char* to_string(ReduceScatterAlgo a);
 const char* to_string(AllReduceAlgo a);
+const char* to_string(AllReduceRounds r);  // "auto", "chunked", "large"
 // `what` names the option or variable in the error for an unknown name.
 AllGatherAlgo parse_all_gather_algo(const std::string& name, const std::string& what);
 ReduceScatterAlgo parse_reduce_scatter_algo(const std::string& name, const std::string& what);
 AllReduceAlgo parse_all_reduce_algo(const std::string& name, const std::string& what);
+AllReduceRounds parse_all_reduce_rounds(const std::string& name, const std::string& what);
 
 struct CollectiveConfig {
   AllGatherAlgo all_gather = AllGatherAlgo::kAuto;
@@ -57,6 +64,10 @@ struct CollectiveConfig {
   // phase's half of the buffer, are pipelined through the buffer in rounds, so that one rank
   // stages round i+1 while its peers still read round i. 0: the whole half-buffer.
   int64_t chunk_bytes = kDefaultChunkBytes;
+  // Who sizes the rounds of a large two-shot all-reduce on a host workspace (NOTE [Rounds chosen
+  // by rank 0] in ops/all_reduce.cpp). Part of the op signature: ranks must agree on whether rank 0
+  // chooses (auto and large do; chunked does not).
+  AllReduceRounds all_reduce_rounds = AllReduceRounds::kAuto;
 
   // Thresholds of the automatic choice (bytes of the full payload: the all-reduce tensor, the
   // all-gather output, the reduce-scatter input), measured by bench/bench_collectives.py --algos
@@ -149,6 +160,10 @@ class CollectiveState {
   // ops/all_reduce.cpp), made on its first use, and whether the last all-reduce ran it.
   std::shared_ptr<InlineOneShot> inline_one_shot;
   bool last_inline = false;
+  // Rank 0's choice of rounds for large two-shot all-reduces (NOTE [Rounds chosen by rank 0]),
+  // and whether the last all-reduce ran large rounds (for the counters).
+  RoundPolicy round_policy;
+  bool last_large_rounds = false;
 };
 
 // What every collective runs on.

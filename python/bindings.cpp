@@ -256,6 +256,13 @@ PYBIND11_MODULE(_C, m) {
           "Workspace all-reduce algorithm: 'auto' (CUDA_P2P_ALL_REDUCE_ALGO may force one), "
           "'one_shot' or 'two_shot'.")
       .def_property(
+          "all_reduce_rounds", &get_string<&Options::all_reduce_rounds>,
+          parsed_string_setter<&Options::all_reduce_rounds>(cuda_p2p::ops::parse_all_reduce_rounds,
+                                                            "Options.all_reduce_rounds"),
+          "Rounds of a two-shot all-reduce of 4+ rounds on a host workspace: 'auto' (rank 0 "
+          "chooses by time between chunk_bytes rounds and the largest the buffer holds; "
+          "CUDA_P2P_ALL_REDUCE_ROUNDS may force one), 'chunked' or 'large'.")
+      .def_property(
           "zero_copy_agreement", &get_string<&Options::zero_copy_agreement>,
           parsed_string_setter<&Options::zero_copy_agreement>(
               cuda_p2p::ops::parse_zero_copy_agreement, "Options.zero_copy_agreement"),
@@ -461,6 +468,7 @@ PYBIND11_MODULE(_C, m) {
             d["all_gather_algo"] = cuda_p2p::ops::to_string(c.all_gather);
             d["reduce_scatter_algo"] = cuda_p2p::ops::to_string(c.reduce_scatter);
             d["all_reduce_algo"] = cuda_p2p::ops::to_string(c.all_reduce);
+            d["all_reduce_rounds"] = cuda_p2p::ops::to_string(c.all_reduce_rounds);
             d["ring_steps"] = c.ring_steps == 0 ? self.getSize() : c.ring_steps;
             d["chunk_bytes"] = c.chunk_bytes;
             d["all_reduce_one_shot_max_bytes"] = c.all_reduce_one_shot_max_bytes;

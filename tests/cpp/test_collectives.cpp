@@ -588,6 +588,148 @@ TEST(Collectives, SmallChunksPipelineManyRounds) {
   ops::barrier(f.ctx());
 }
 
+// NOTE [Rounds chosen by rank 0]: the policy alone, on made-up times (16 MiB ops).
+TEST(RoundPolicy, TriesLargeRoundsWhenChunkedOnesSlowDownAndComesBack) {
+  using ops::RoundSize;
+  ops::RoundPolicy p;
+  const int64_t n = 16 << 20;
+  EXPECT_EQ(p.choose(n), RoundSize::kChunked);  // nothing measured: chunked
+  p.record(n, RoundSize::kChunked, 1.5e-3);
+  EXPECT_EQ(p.choose(n), RoundSize::kChunked);
+  p.record(n, RoundSize::kChunked, 2.0e-3);
+  // Large rounds once after two ops; they lose in an ordinary placement and are not tried again
+  // for 128 ops while chunked ones keep their ordinary spread.
+  EXPECT_EQ(p.choose(n), RoundSize::kLarge);
+  p.record(n, RoundSize::kLarge, 3.4e-3);
+  for (int i = 0; i < 127; ++i) {
+    EXPECT_EQ(p.choose(n), RoundSize::kChunked) << i;
+    p.record(n, RoundSize::kChunked, i % 2 ? 1.5e-3 : 2.0e-3);
+  }
+  EXPECT_EQ(p.choose(n), RoundSize::kLarge);
+  p.record(n, RoundSize::kLarge, 3.4e-3);
+  EXPECT_EQ(p.choose(n), RoundSize::kChunked);
+  // One slow op (over 2.5x the best) in an ordinary placement, 32 ops after the last try of
+  // large rounds: large rounds once, slower than chunked ones usually are but faster than that
+  // op, then chunked again after one op.
+  for (int i = 0; i < 31; ++i) p.record(n, RoundSize::kChunked, 1.5e-3);
+  p.record(n, RoundSize::kChunked, 4.0e-3);
+  EXPECT_EQ(p.choose(n), RoundSize::kLarge);
+  p.record(n, RoundSize::kLarge, 3.4e-3);
+  EXPECT_EQ(p.choose(n), RoundSize::kChunked);
+  p.record(n, RoundSize::kChunked, 1.5e-3);
+  EXPECT_EQ(p.choose(n), RoundSize::kChunked);
+  // A slow placement: large rounds are faster; chunked ones are tried again after 2, 4, ... and
+  // then every 32 ops, as long as each try confirms it.
+  p.record(n, RoundSize::kChunked, 9.9e-3);
+  std::vector<int> gaps;
+  int since = 0;
+  for (int op = 0; op < 200; ++op) {
+    const RoundSize r = p.choose(n);
+    ++since;
+    if (r == RoundSize::kChunked) {
+      gaps.push_back(since);
+      since = 0;
+    }
+    p.record(n, r, r == RoundSize::kChunked ? 9.9e-3 : 2.9e-3);
+  }
+  ASSERT_GE(gaps.size(), 6u);
+  EXPECT_EQ(std::vector<int>(gaps.begin(), gaps.begin() + 6),
+            (std::vector<int>{2, 4, 8, 16, 32, 32}));
+  // The placement ends: large rounds are back to 3.4 ms, the next chunked try is fast, and
+  // chunked rounds stay.
+  while (p.choose(n) == RoundSize::kLarge) p.record(n, RoundSize::kLarge, 3.4e-3);
+  p.record(n, RoundSize::kChunked, 1.5e-3);
+  for (int i = 0; i < 100; ++i) {
+    EXPECT_EQ(p.choose(n), RoundSize::kChunked) << i;
+    p.record(n, RoundSize::kChunked, 1.6e-3);
+  }
+  // Large rounds that lost are not tried again for 32 ops, however slow chunked ones are; size
+  // classes are apart; an empty op or no time records nothing. (The first try, here after two
+  // chunked ops, is the one that loses.)
+  const int64_t m = 4 << 20;
+  EXPECT_EQ(p.choose(m), RoundSize::kChunked);
+  p.record(m, RoundSize::kChunked, 1e-3);
+  p.record(m, RoundSize::kChunked, 0);
+  p.record(0, RoundSize::kChunked, 1.0);
+  p.record(m, RoundSize::kChunked, 3e-3);
+  EXPECT_EQ(p.choose(m), RoundSize::kLarge);
+  p.record(m, RoundSize::kLarge, 4e-3);
+  for (int i = 0; i < 31; ++i) {
+    EXPECT_EQ(p.choose(m), RoundSize::kChunked) << i;
+    p.record(m, RoundSize::kChunked, 3e-3);
+  }
+  EXPECT_EQ(p.choose(m), RoundSize::kLarge);
+  EXPECT_EQ(p.choose(n), RoundSize::kChunked);
+}
+
+// NOTE [Rounds chosen by rank 0]: every setting, mixed across ranks where allowed, odd sizes and
+// several dtypes: the same results as the reference, and every rank runs the rounds rank 0 chose.
+TEST(Collectives, AllReduceRoundsChosenByRankZero) {
+  const auto& w = world();
+  Fixture f(1 << 16);
+  f.config.chunk_bytes = 256;  // 64 floats per chunked round; large rounds hold thousands
+  using ops::AllReduceRounds;
+  struct Case {
+    AllReduceRounds rank0, others;
+    bool large;  // whether rank 0 chooses large rounds (when it does not choose by time)
+  };
+  for (const Case c : {Case{AllReduceRounds::kAuto, AllReduceRounds::kAuto, false},
+                       Case{AllReduceRounds::kLarge, AllReduceRounds::kLarge, true},
+                       Case{AllReduceRounds::kLarge, AllReduceRounds::kAuto, true},
+                       Case{AllReduceRounds::kAuto, AllReduceRounds::kLarge, false},
+                       Case{AllReduceRounds::kChunked, AllReduceRounds::kChunked, false}}) {
+    f.config.all_reduce_rounds = w.rank == 0 ? c.rank0 : c.others;
+    f.state.round_policy = ops::RoundPolicy{};
+    for (auto dtype : {at::kFloat, at::kBFloat16, at::kInt, at::kByte}) {
+      const int64_t esize = static_cast<int64_t>(c10::elementSize(dtype));
+      // Below 4 chunked rounds (never chosen), just 4, and many with a ragged end.
+      for (int64_t n : {4 * 256 / esize - 1, 4 * 256 / esize, int64_t{9001} + w.size}) {
+        SCOPED_TRACE(describe("all_reduce rounds", ops::to_string(f.config.all_reduce_rounds),
+                              dtype, n, ReduceOp::kSum));
+        std::vector<at::Tensor> all;
+        for (int q = 0; q < w.size; ++q) {
+          all.push_back(make_input(n + 3, q, n, dtype, ReduceOp::kSum));
+        }
+        Guarded out(n, dtype);
+        ops::all_reduce(f.ctx(), all[w.rank], out.inner, ReduceOp::kSum, AllReduceAlgo::kTwoShot);
+        EXPECT_TRUE(out.inner.equal(reference_reduce(all, ReduceOp::kSum)));
+        EXPECT_TRUE(out.margins_intact());
+        const bool chosen = w.size > 1 && c.rank0 != AllReduceRounds::kChunked &&
+                            n * esize >= 4 * 256 && 256 / esize / w.size * esize >= 8;
+        // Rank 0's auto choice depends on its timings: only known when it forces large rounds,
+        // but the same on every rank either way.
+        if (c.rank0 != AllReduceRounds::kAuto) {
+          EXPECT_EQ(f.state.last_large_rounds, chosen && c.large);
+        }
+        const auto large = at::full({1}, static_cast<int>(f.state.last_large_rounds), at::kInt);
+        EXPECT_TRUE(
+            identical_on_every_rank(large, "rounds/" + std::string(ops::to_string(c.rank0)) + "/" +
+                                               ops::to_string(c.others) + "/" +
+                                               c10::toString(dtype) + "/" + std::to_string(n)));
+      }
+    }
+  }
+  // chunked on one rank, auto on the others: their signatures differ, and every rank raises.
+  if (w.size > 1) {
+    f.config.all_reduce_rounds = w.rank == 0 ? AllReduceRounds::kChunked : AllReduceRounds::kAuto;
+    auto x = make_input(1, w.rank, 4096, at::kFloat, ReduceOp::kSum);
+    try {
+      ops::all_reduce(f.ctx(), x, x.clone(), ReduceOp::kSum, AllReduceAlgo::kTwoShot);
+      ADD_FAILURE() << "returned on rank " << w.rank;
+    } catch (const ops::SignatureMismatch& e) {
+      EXPECT_NE(std::string(e.what_without_backtrace()).find("rounds by rank 0"), std::string::npos)
+          << e.what_without_backtrace();
+    }
+    f.config.all_reduce_rounds = AllReduceRounds::kAuto;
+    std::vector<at::Tensor> all;
+    for (int q = 0; q < w.size; ++q)
+      all.push_back(make_input(2, q, 4096, at::kFloat, ReduceOp::kSum));
+    auto out = at::empty({4096});
+    ops::all_reduce(f.ctx(), all[w.rank], out, ReduceOp::kSum, AllReduceAlgo::kTwoShot);
+    EXPECT_TRUE(out.equal(reference_reduce(all, ReduceOp::kSum)));
+  }
+}
+
 TEST(Collectives, ConsecutiveCollectivesOfEveryKindDoNotCorruptEachOther) {
   // Many different collectives back to back with no barrier in between: a rank racing ahead
   // writes the other half of the buffer while its peers still read the previous one.

@@ -44,6 +44,7 @@ CHECKED_STRINGS = [
     ("all_gather_algo", "ring", "rings", "one of auto|direct|ring"),
     ("reduce_scatter_algo", "direct", "tree", "one of auto|direct|ring"),
     ("all_reduce_algo", "one_shot", "three_shot", "one of auto|one_shot|two_shot"),
+    ("all_reduce_rounds", "large", "huge", "one of auto|chunked|large"),
     ("zero_copy_agreement", "off", "headers", "one of auto|exchange|signature|off"),
 ]
 
