@@ -1157,8 +1157,8 @@ def parse_args(argv=None):
                          "none: let the scheduler place ranks")
     ap.add_argument("--core-probe", type=float, default=0.5, metavar="SECONDS",
                     help="every SECONDS, time a 2 ms cache-line ping-pong between the first two "
-                         "ranks' CPUs and mark the cells measured while it was off its typical "
-                         "value (the machine's core placement, bench/README.md); 0: off")
+                         "ranks' CPUs (the machine's core placement, bench/README.md) and, when "
+                         "it varied during the run, mark every cell with what it was; 0: off")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     ap.add_argument("--warmup", type=int, default=5, help="untimed iterations per backend")
     ap.add_argument("--iters", type=int, default=0,
@@ -1332,9 +1332,9 @@ def main(argv=None) -> int:
 
     probe = CorePlacementProbe(cfg["cpus"], args.core_probe)
     if probe.enabled:
-        print(f"[bench] core placement probe: CPUs {probe.cpus[0]} and {probe.cpus[1]}, round "
-              f"trip {probe.typical_ns():.0f} ns at start; every {args.core_probe:g} s",
-              file=sys.stderr, flush=True)
+        print(f"[bench] core placement probe: CPUs {probe.cpus[0]} and {probe.cpus[1]}, "
+              + (f"round trip {probe.typical_ns():.0f} ns at start; every {args.core_probe:g} s"
+                 if probe.samples else f"off: {probe.error}"), file=sys.stderr, flush=True)
     runs = []
     for n in args.world_sizes:
         t0 = time.perf_counter()
@@ -1365,7 +1365,7 @@ def main(argv=None) -> int:
         for e in run["results"] + ([run["barrier"]] if run.get("barrier") else []):
             e["cores"] = probe.window(*e["t_monotonic"])
     core_probe = probe.summary()
-    if probe.enabled:
+    if probe.samples:
         print(f"[bench] core placement: {core_probe['samples']} samples, round trips "
               f"{core_probe['min_ns']:.0f}-{core_probe['max_ns']:.0f} ns (median "
               f"{core_probe['typical_ns']:.0f}); "

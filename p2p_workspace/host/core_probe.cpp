@@ -21,8 +21,9 @@
 // cross-rank transfer of the host path moves lines the other rank just wrote, so in that
 // placement a 2-rank 16 MiB all-reduce runs 4-6x slower while a local copy does not change
 // (docs/collectives.md, "The windows are the cores' placement"). Nothing inside the guest can
-// choose the placement; the bench samples it (bench/README.md) and marks the cells measured
-// while it was off its usual value.
+// choose the placement; the bench samples it through a run and marks every cell with what it
+// was while the cell ran (bench/README.md); the two-shot all-reduce adapts its rounds to it by
+// timing (NOTE [Rounds chosen by rank 0] in ops/all_reduce.cpp).
 
 namespace cuda_p2p::host {
 namespace {
@@ -98,7 +99,8 @@ CoreRoundTrip core_round_trip(int cpu_a, int cpu_b, std::chrono::microseconds du
       }
     }
   });
-  std::thread ping([&] {
+  std::thread ping;
+  auto ping_body = [&] {
     if (!wait_for_go()) return;
     using clock = std::chrono::steady_clock;
     const auto start = clock::now();
@@ -130,13 +132,14 @@ CoreRoundTrip core_round_trip(int cpu_a, int cpu_b, std::chrono::microseconds du
                            kRoundTripBatch);
       }
     }
-  });
+  };
   try {
+    ping = std::thread(ping_body);
     pin_to(pong, cpu_b);
     pin_to(ping, cpu_a);
-  } catch (...) {
+  } catch (...) {  // a CPU refused, or no thread: both threads return without probing
     state.store(2, std::memory_order_release);
-    ping.join();
+    if (ping.joinable()) ping.join();
     pong.join();
     throw;
   }
