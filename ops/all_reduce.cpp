@@ -105,11 +105,11 @@ constexpr uint64_t kRoundsWordTag = 0x52;  // 'R': a word written by rank 0's ch
 // region. A second barrier publishes the reduced chunks, which every rank then pulls. Both
 // barriers belong to one phase, whose reuse guard (NOTE [Collective phases]) covered the bytes
 // of the reduced chunks too.
-void two_shot(const CollectiveContext& ctx, const Args& a, ReduceOp op) {
+// `by_rank0`: rounds_by_rank0(ctx, a), as the signature said.
+void two_shot(const CollectiveContext& ctx, const Args& a, ReduceOp op, bool by_rank0) {
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
   int64_t m = two_shot_round(ctx, a, ctx.config.chunk_bytes);
   // NOTE [Rounds chosen by rank 0]: rank 0's choice, for the rounds after the first.
-  const bool by_rank0 = rounds_by_rank0(ctx, a);
   RoundSize choice = RoundSize::kChunked;
   if (by_rank0 && me == 0) {
     choice = ctx.config.all_reduce_rounds == AllReduceRounds::kLarge
@@ -385,8 +385,8 @@ AllReduceAlgo all_reduce(const CollectiveContext& ctx, const at::Tensor& input,
   if (ctx.state.last_inline) return algo;
   // Compared at the first phase barrier of either algorithm (NOTE [Op signatures]), with the
   // two-shot's zero-copy claim when the group agrees by signature (NOTE [Zero-copy collectives]).
-  OpSignature sig =
-      signature(ctx, a, op, algo, algo == AllReduceAlgo::kTwoShot && rounds_by_rank0(ctx, a));
+  const bool by_rank0 = algo == AllReduceAlgo::kTwoShot && rounds_by_rank0(ctx, a);
+  OpSignature sig = signature(ctx, a, op, algo, by_rank0);
   if (algo == AllReduceAlgo::kTwoShot) {
     sig.text += detail::claim_all_reduce(ctx, a.in, a.numel, a.esize);
   }
@@ -405,7 +405,7 @@ AllReduceAlgo all_reduce(const CollectiveContext& ctx, const at::Tensor& input,
     return algo;
   }
   if (algo == AllReduceAlgo::kTwoShot) {
-    two_shot(ctx, a, op);
+    two_shot(ctx, a, op, by_rank0);
   } else {
     one_shot(ctx, a, op);
   }
