@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "ops/collective_detail.hpp"
@@ -68,31 +69,39 @@ int64_t two_shot_round(const CollectiveContext& ctx, const Args& a, int64_t cap_
 // Rounds of chunk_bytes (1 MiB) keep what one rank wrote in its caches until the peer reads it,
 // which is fastest while the ranks' cores share a last-level cache. On a virtual machine whose
 // host moves the vCPUs for seconds at a time into a placement where they do not (NOTE [Core
-// placement] in p2p_workspace/host/core_probe.cpp), a 2-rank 16 MiB all-reduce took 9.9 ms in
-// 1 MiB rounds against 2.9 ms in one 16 MiB round, while in the ordinary placement it is 1.5 ms
-// against 3.4 ms (docs/collectives.md, "The windows are the cores' placement"). Neither size wins
-// everywhere, and the guest cannot see the placement except by timing, so on a host workspace a
-// two-shot of at least 4 chunked rounds, when the buffer holds rounds at least twice as large,
-// lets rank 0 choose from the times of its recent ops (RoundPolicy, ops/round_policy.cpp):
-//  * the first round is always chunked; before its first barrier rank 0 writes its choice into
-//    the first word of its own region - the bytes of its own chunk, which it does not stage and
-//    no peer reads - tagged with the phase index; the barrier publishes it (as it publishes the
-//    staged bytes), and every rank reads it before staging the next round. So all ranks run the
-//    same rounds without a barrier of their own, whatever each one measured;
-//  * the rest of the tensor runs in the chosen rounds; rank 0 times the whole op (waits for the
-//    peers included) and records it;
-//  * only on streams that run inline (the host's), where the word can be read at once; ranks
-//    must agree on whether rank 0 chooses, so the signature says it (", rounds by rank 0"), and
-//    a rank with all_reduce_rounds = chunked raises a mismatch beside one with auto or large.
+// placement] in p2p_workspace/host/core_probe.cpp), and on any machine whose ranks sit in
+// different core complexes, a 2-rank 16 MiB all-reduce took 9.9 ms in 1 MiB rounds against 2.9 ms
+// in one 16 MiB round, and 4 MiB 2.3 ms against 1.6 ms, while in the ordinary placement they are
+// 1.5 against 3.4 ms and 0.22 against 0.43 ms (docs/collectives.md, "The windows are the cores'
+// placement"). Neither size wins everywhere, and the guest cannot see the placement except by
+// timing, so on a host workspace a two-shot of more than one chunked round, when the buffer holds
+// rounds at least twice as large, runs in the rounds rank 0 chose from the times of its recent
+// ops (RoundPolicy, ops/round_policy.cpp), one op ahead:
+//  * every rank keeps, per size class, the rounds the next op of that class runs in (chunked
+//    until rank 0 has chosen: RoundPolicy::agreed); the op runs all of its rounds in them;
+//  * in the first round, before its first barrier, rank 0 writes into the first word of its own
+//    region - the bytes of its own chunk, which it does not stage and no peer reads - the rounds
+//    this op runs in and its choice for the next op of the class, tagged with the phase index;
+//    the barrier publishes it (as it publishes the staged bytes), and every rank reads it, checks
+//    the rounds against its own, and keeps the choice. So all ranks run the same rounds without a
+//    barrier of their own, whatever each one measured, and no op is split into a chunked first
+//    round and large ones after it;
+//  * every rank reads the word in every such op, so the ranks' states stay equal as long as they
+//    run the same ops, which the signature checks; it also carries the rounds (", rounds by rank
+//    0: large"), so a rank that went astray raises a mismatch on every rank before any byte of
+//    the op is read, and a rank with all_reduce_rounds = chunked (no suffix) beside one with auto
+//    or large does too;
+//  * only on streams that run inline (the host's), where the word can be read at once. Rank 0
+//    times the whole op (waits for the peers included) and records it.
 bool rounds_by_rank0(const CollectiveContext& ctx, const Args& a) {
   if (ctx.config.all_reduce_rounds == AllReduceRounds::kChunked || ctx.ws.world_size() < 2 ||
       !ctx.ws.device().runs_inline(ctx.stream)) {
     return false;
   }
   const int64_t chunked = two_shot_round(ctx, a, ctx.config.chunk_bytes);
-  // Rank 0's word fits in its own chunk of the first round.
+  // Rank 0's word fits in its own chunk of the first round, whichever the rounds.
   const bool word_fits = chunked / ctx.ws.world_size() * a.esize >= 8;
-  return word_fits && a.numel >= 4 * chunked && two_shot_round(ctx, a, 0) >= 2 * chunked;
+  return word_fits && a.numel > chunked && two_shot_round(ctx, a, 0) >= 2 * chunked;
 }
 
 constexpr uint64_t kRoundsWordTag = 0x52;  // 'R': a word written by rank 0's choice
@@ -105,16 +114,21 @@ constexpr uint64_t kRoundsWordTag = 0x52;  // 'R': a word written by rank 0's ch
 // region. A second barrier publishes the reduced chunks, which every rank then pulls. Both
 // barriers belong to one phase, whose reuse guard (NOTE [Collective phases]) covered the bytes
 // of the reduced chunks too.
-// `by_rank0`: rounds_by_rank0(ctx, a), as the signature said.
-void two_shot(const CollectiveContext& ctx, const Args& a, ReduceOp op, bool by_rank0) {
+// `rounds`: when rank 0 chooses them (rounds_by_rank0), the agreed rounds, as the signature said.
+void two_shot(const CollectiveContext& ctx, const Args& a, ReduceOp op,
+              std::optional<RoundSize> rounds) {
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
-  int64_t m = two_shot_round(ctx, a, ctx.config.chunk_bytes);
-  // NOTE [Rounds chosen by rank 0]: rank 0's choice, for the rounds after the first.
-  RoundSize choice = RoundSize::kChunked;
-  if (by_rank0 && me == 0) {
-    choice = ctx.config.all_reduce_rounds == AllReduceRounds::kLarge
-                 ? RoundSize::kLarge
-                 : ctx.state.round_policy.choose(a.numel * a.esize);
+  const int64_t bytes = a.numel * a.esize;
+  const bool large = rounds == RoundSize::kLarge;
+  const int64_t m = two_shot_round(ctx, a, large ? 0 : ctx.config.chunk_bytes);
+  // NOTE [Rounds chosen by rank 0]: rank 0's word, with its choice for the next op.
+  uint64_t word = 0;
+  if (rounds && me == 0) {
+    const RoundSize next = ctx.config.all_reduce_rounds == AllReduceRounds::kLarge
+                               ? RoundSize::kLarge
+                               : ctx.state.round_policy.choose(bytes, *rounds);
+    word =
+        (kRoundsWordTag << 8) | (static_cast<uint64_t>(*rounds) << 1) | static_cast<uint64_t>(next);
   }
   const auto start = std::chrono::steady_clock::now();
   for (int64_t off = 0; off < a.numel;) {
@@ -124,20 +138,22 @@ void two_shot(const CollectiveContext& ctx, const Args& a, ReduceOp op, bool by_
     const auto [b, e] = split_range(len, W, me);
     char* in = a.in + off * a.esize;
     char* out = a.out + off * a.esize;
-    if (by_rank0 && off == 0 && me == 0) {
-      const uint64_t word = (ph.index << 8) | (kRoundsWordTag << 1) | static_cast<uint64_t>(choice);
-      std::memcpy(ph.region[0], &word, sizeof(word));
+    if (rounds && off == 0 && me == 0) {
+      const uint64_t tagged = (ph.index << 16) | word;
+      std::memcpy(ph.region[0], &tagged, sizeof(tagged));
     }
     detail::copy(ctx, ph.region[me], in, b * a.esize);
     detail::copy(ctx, ph.region[me] + e * a.esize, in + e * a.esize, (len - e) * a.esize);
     detail::phase_barrier(ctx);
-    if (by_rank0 && off == 0) {
-      uint64_t word = 0;
-      std::memcpy(&word, ph.region[0], sizeof(word));
-      TORCH_CHECK((word >> 8) == ph.index && ((word >> 1) & 0x7f) == kRoundsWordTag,
-                  "cuda_p2p all_reduce: rank ", me, " read rank 0's choice of rounds as ", word,
-                  " in phase ", ph.index, " (a bug: NOTE [Rounds chosen by rank 0])");
-      choice = static_cast<RoundSize>(word & 1);
+    if (rounds && off == 0) {
+      uint64_t got = 0;
+      std::memcpy(&got, ph.region[0], sizeof(got));
+      const bool tagged = (got >> 16) == ph.index && ((got >> 8) & 0xff) == kRoundsWordTag;
+      TORCH_CHECK(tagged && ((got >> 1) & 1) == static_cast<uint64_t>(*rounds),
+                  "cuda_p2p all_reduce: rank ", me, " read rank 0's rounds as ", got, " in phase ",
+                  ph.index, ", running ", to_string(*rounds),
+                  " rounds (a bug: NOTE [Rounds chosen by rank 0])");
+      ctx.state.round_policy.agree(bytes, static_cast<RoundSize>(got & 1));
     }
     std::vector<at::Tensor> srcs;
     srcs.reserve(W);
@@ -154,25 +170,26 @@ void two_shot(const CollectiveContext& ctx, const Args& a, ReduceOp op, bool by_
       detail::copy(ctx, out + bq * a.esize, ph.region[q] + reduced, (eq - bq) * a.esize);
     }
     detail::end_phase(ctx, ph);
-    if (by_rank0 && off == 0 && choice == RoundSize::kLarge) m = two_shot_round(ctx, a, 0);
     off += len;
   }
-  ctx.state.last_large_rounds = by_rank0 && choice == RoundSize::kLarge;
-  if (by_rank0 && me == 0 && ctx.config.all_reduce_rounds == AllReduceRounds::kAuto) {
+  ctx.state.last_large_rounds = large;
+  if (rounds && me == 0 && ctx.config.all_reduce_rounds == AllReduceRounds::kAuto) {
     ctx.state.round_policy.record(
-        a.numel * a.esize, choice,
+        bytes, *rounds,
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
 }
 
 // What the ranks compare (NOTE [Op signatures]), for both implementations of every algorithm;
-// `by_rank0`: whether the two-shot's rounds are chosen by rank 0 (NOTE [Rounds chosen by rank 0]).
+// `rounds`: the two-shot's rounds when rank 0 chooses them (NOTE [Rounds chosen by rank 0]).
 OpSignature signature(const CollectiveContext& ctx, const Args& a, ReduceOp op, AllReduceAlgo algo,
-                      bool by_rank0 = false) {
-  return OpSignature::of(OpKind::kAllReduce, std::to_string(a.numel) + " x " + dtype_name(a.dtype) +
-                                                 " " + lower_name(op) + " (" + to_string(algo) +
-                                                 detail::config_suffix(ctx) +
-                                                 (by_rank0 ? ", rounds by rank 0" : "") + ")");
+                      std::optional<RoundSize> rounds = std::nullopt) {
+  return OpSignature::of(
+      OpKind::kAllReduce,
+      std::to_string(a.numel) + " x " + dtype_name(a.dtype) + " " + lower_name(op) + " (" +
+          to_string(algo) + detail::config_suffix(ctx) +
+          (rounds ? std::string(", rounds by rank 0: ") + to_string(*rounds) : std::string()) +
+          ")");
 }
 
 }  // namespace
@@ -385,8 +402,11 @@ AllReduceAlgo all_reduce(const CollectiveContext& ctx, const at::Tensor& input,
   if (ctx.state.last_inline) return algo;
   // Compared at the first phase barrier of either algorithm (NOTE [Op signatures]), with the
   // two-shot's zero-copy claim when the group agrees by signature (NOTE [Zero-copy collectives]).
-  const bool by_rank0 = algo == AllReduceAlgo::kTwoShot && rounds_by_rank0(ctx, a);
-  OpSignature sig = signature(ctx, a, op, algo, by_rank0);
+  std::optional<RoundSize> rounds;
+  if (algo == AllReduceAlgo::kTwoShot && rounds_by_rank0(ctx, a)) {
+    rounds = ctx.state.round_policy.agreed(a.numel * a.esize);
+  }
+  OpSignature sig = signature(ctx, a, op, algo, rounds);
   if (algo == AllReduceAlgo::kTwoShot) {
     sig.text += detail::claim_all_reduce(ctx, a.in, a.numel, a.esize);
   }
@@ -405,7 +425,7 @@ AllReduceAlgo all_reduce(const CollectiveContext& ctx, const at::Tensor& input,
     return algo;
   }
   if (algo == AllReduceAlgo::kTwoShot) {
-    two_shot(ctx, a, op, by_rank0);
+    two_shot(ctx, a, op, rounds);
   } else {
     one_shot(ctx, a, op);
   }

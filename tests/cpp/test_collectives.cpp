@@ -5,9 +5,12 @@
 // margins must stay untouched.
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <bit>
 #include <cstdlib>
 #include <functional>
 #include <numeric>
+#include <set>
 #include <sstream>
 
 #include "ops/collective_detail.hpp"
@@ -609,17 +612,23 @@ TEST(RoundPolicy, TriesLargeRoundsWhenChunkedOnesSlowDownAndComesBack) {
   p.record(n, RoundSize::kLarge, 3.4e-3);
   EXPECT_EQ(p.choose(n), RoundSize::kChunked);
   // One slow op (over 2.5x the best) in an ordinary placement, 32 ops after the last try of
-  // large rounds: large rounds once, slower than chunked ones usually are but faster than that
-  // op, then chunked again after one op.
+  // large rounds, is noise; two in a row: large rounds once, slower than chunked ones usually
+  // are but faster than those ops, then chunked again after one op.
   for (int i = 0; i < 31; ++i) p.record(n, RoundSize::kChunked, 1.5e-3);
+  p.record(n, RoundSize::kChunked, 4.0e-3);
+  EXPECT_EQ(p.choose(n), RoundSize::kChunked);
+  p.record(n, RoundSize::kChunked, 1.5e-3);
+  p.record(n, RoundSize::kChunked, 4.0e-3);
+  EXPECT_EQ(p.choose(n), RoundSize::kChunked);
   p.record(n, RoundSize::kChunked, 4.0e-3);
   EXPECT_EQ(p.choose(n), RoundSize::kLarge);
   p.record(n, RoundSize::kLarge, 3.4e-3);
   EXPECT_EQ(p.choose(n), RoundSize::kChunked);
   p.record(n, RoundSize::kChunked, 1.5e-3);
   EXPECT_EQ(p.choose(n), RoundSize::kChunked);
-  // A slow placement: large rounds are faster; chunked ones are tried again after 2, 4, ... and
-  // then every 32 ops, as long as each try confirms it.
+  // A slow placement: large rounds are faster from the second slow chunked op on (one is noise);
+  // chunked ones are tried again after 2, 4, ... and then every 32 ops, as long as each try
+  // confirms it.
   p.record(n, RoundSize::kChunked, 9.9e-3);
   std::vector<int> gaps;
   int since = 0;
@@ -632,9 +641,9 @@ TEST(RoundPolicy, TriesLargeRoundsWhenChunkedOnesSlowDownAndComesBack) {
     }
     p.record(n, r, r == RoundSize::kChunked ? 9.9e-3 : 2.9e-3);
   }
-  ASSERT_GE(gaps.size(), 6u);
-  EXPECT_EQ(std::vector<int>(gaps.begin(), gaps.begin() + 6),
-            (std::vector<int>{2, 4, 8, 16, 32, 32}));
+  ASSERT_GE(gaps.size(), 7u);
+  EXPECT_EQ(std::vector<int>(gaps.begin(), gaps.begin() + 7),
+            (std::vector<int>{1, 2, 4, 8, 16, 32, 32}));
   // The placement ends: large rounds are back to 3.4 ms, the next chunked try is fast, and
   // chunked rounds stay.
   while (p.choose(n) == RoundSize::kLarge) p.record(n, RoundSize::kLarge, 3.4e-3);
@@ -662,6 +671,59 @@ TEST(RoundPolicy, TriesLargeRoundsWhenChunkedOnesSlowDownAndComesBack) {
   EXPECT_EQ(p.choose(n), RoundSize::kChunked);
 }
 
+// NOTE [Rounds chosen by rank 0]: as the all-reduce uses the policy, one op ahead - rank 0 chooses
+// the next op's rounds while an op runs, before that op's time is recorded. A try is never run
+// twice in a row, a slow placement still moves the ops to large rounds after one more chunked op,
+// and the placement's end brings chunked rounds back.
+TEST(RoundPolicy, ChoosesOneOpAheadWithoutRepeatingATry) {
+  using ops::RoundSize;
+  ops::RoundPolicy p;
+  const int64_t n = 4 << 20;
+  EXPECT_EQ(p.agreed(n), RoundSize::kChunked);  // every size class starts chunked
+  RoundSize running = p.agreed(n);
+  std::vector<RoundSize> ran;
+  // time(op, rounds): the ordinary placement for 200 ops, the slow one for 200, then ordinary.
+  auto time = [](int op, RoundSize r) {
+    const bool slow = op >= 200 && op < 400;
+    if (r == RoundSize::kChunked) return slow ? 2.3e-3 : 0.22e-3;
+    return slow ? 1.6e-3 : 0.43e-3;
+  };
+  for (int op = 0; op < 600; ++op) {
+    const RoundSize next = p.choose(n, running);  // written into rank 0's word
+    p.record(n, running, time(op, running));      // the op ends
+    ran.push_back(running);
+    p.agree(n, next);  // what every rank read
+    running = p.agreed(n);
+  }
+  for (size_t i = 1; i < ran.size(); ++i) {
+    // Large rounds are never tried twice in a row while chunked ones are in use: in the first
+    // ordinary placement, and after the next chunked try in the last one.
+    const bool ordinary = i < 200 || i >= 433;
+    if (ordinary) {
+      EXPECT_FALSE(ran[i] == RoundSize::kLarge && ran[i - 1] == RoundSize::kLarge) << i;
+    }
+  }
+  auto large_in = [&](int b, int e) {
+    return std::count(ran.begin() + b, ran.begin() + e, RoundSize::kLarge);
+  };
+  // Ordinary: the first try after two ops, then one in 128 or so.
+  EXPECT_EQ(ran[0], RoundSize::kChunked);
+  EXPECT_EQ(ran[3], RoundSize::kLarge);
+  EXPECT_LE(large_in(0, 200), 3);
+  // Slow: large rounds from the fourth op of the placement on (two slow chunked ops, the second
+  // recorded while the next one runs), chunked tries after 2, 4, ... 32 ops.
+  EXPECT_EQ(ran[202], RoundSize::kChunked);
+  EXPECT_EQ(ran[203], RoundSize::kLarge);
+  EXPECT_GE(large_in(203, 400), 185);
+  // Back to ordinary: the next chunked try finds it, and large rounds stop within 33 ops.
+  EXPECT_LE(large_in(433, 600), 3);
+  // A size class that is not chosen keeps its own agreed rounds.
+  EXPECT_EQ(p.agreed(n * 4), RoundSize::kChunked);
+  p.agree(n * 4, RoundSize::kLarge);
+  EXPECT_EQ(p.agreed(n * 4), RoundSize::kLarge);
+  EXPECT_EQ(p.agreed(n), running);
+}
+
 // NOTE [Rounds chosen by rank 0]: every setting, mixed across ranks where allowed, odd sizes and
 // several dtypes: the same results as the reference, and every rank runs the rounds rank 0 chose.
 TEST(Collectives, AllReduceRoundsChosenByRankZero) {
@@ -680,32 +742,38 @@ TEST(Collectives, AllReduceRoundsChosenByRankZero) {
                        Case{AllReduceRounds::kChunked, AllReduceRounds::kChunked, false}}) {
     f.config.all_reduce_rounds = w.rank == 0 ? c.rank0 : c.others;
     f.state.round_policy = ops::RoundPolicy{};
-    for (auto dtype : {at::kFloat, at::kBFloat16, at::kInt, at::kByte}) {
-      const int64_t esize = static_cast<int64_t>(c10::elementSize(dtype));
-      // Below 4 chunked rounds (never chosen), just 4, and many with a ragged end.
-      for (int64_t n : {4 * 256 / esize - 1, 4 * 256 / esize, int64_t{9001} + w.size}) {
-        SCOPED_TRACE(describe("all_reduce rounds", ops::to_string(f.config.all_reduce_rounds),
-                              dtype, n, ReduceOp::kSum));
-        std::vector<at::Tensor> all;
-        for (int q = 0; q < w.size; ++q) {
-          all.push_back(make_input(n + 3, q, n, dtype, ReduceOp::kSum));
+    std::set<int> seen;  // the size classes (floor(log2(bytes))) rank 0 has chosen for
+    for (int rep = 0; rep < 2; ++rep) {
+      for (auto dtype : {at::kFloat, at::kBFloat16, at::kInt, at::kByte}) {
+        const int64_t esize = static_cast<int64_t>(c10::elementSize(dtype));
+        // One chunked round (never chosen), just over one, and many with a ragged end.
+        for (int64_t n : {256 / esize, 256 / esize + 1, int64_t{9001} + w.size}) {
+          SCOPED_TRACE(describe("all_reduce rounds", ops::to_string(f.config.all_reduce_rounds),
+                                dtype, n, ReduceOp::kSum));
+          std::vector<at::Tensor> all;
+          for (int q = 0; q < w.size; ++q) {
+            all.push_back(make_input(n + 3 + rep, q, n, dtype, ReduceOp::kSum));
+          }
+          Guarded out(n, dtype);
+          ops::all_reduce(f.ctx(), all[w.rank], out.inner, ReduceOp::kSum, AllReduceAlgo::kTwoShot);
+          EXPECT_TRUE(out.inner.equal(reference_reduce(all, ReduceOp::kSum)));
+          EXPECT_TRUE(out.margins_intact());
+          const bool chosen = w.size > 1 && c.rank0 != AllReduceRounds::kChunked &&
+                              n * esize > 256 && 256 / esize / w.size * esize >= 8;
+          // Rank 0's choice applies from the second op of a size class on; its auto choice
+          // depends on its timings: only known when it forces large rounds, but the same on
+          // every rank either way.
+          const int size_class = 63 - std::countl_zero(static_cast<uint64_t>(n * esize));
+          const bool second = chosen && !seen.insert(size_class).second;
+          if (c.rank0 != AllReduceRounds::kAuto) {
+            EXPECT_EQ(f.state.last_large_rounds, second && c.large);
+          }
+          const auto large = at::full({1}, static_cast<int>(f.state.last_large_rounds), at::kInt);
+          EXPECT_TRUE(identical_on_every_rank(
+              large, "rounds/" + std::string(ops::to_string(c.rank0)) + "/" +
+                         ops::to_string(c.others) + "/" + c10::toString(dtype) + "/" +
+                         std::to_string(n) + "/" + std::to_string(rep)));
         }
-        Guarded out(n, dtype);
-        ops::all_reduce(f.ctx(), all[w.rank], out.inner, ReduceOp::kSum, AllReduceAlgo::kTwoShot);
-        EXPECT_TRUE(out.inner.equal(reference_reduce(all, ReduceOp::kSum)));
-        EXPECT_TRUE(out.margins_intact());
-        const bool chosen = w.size > 1 && c.rank0 != AllReduceRounds::kChunked &&
-                            n * esize >= 4 * 256 && 256 / esize / w.size * esize >= 8;
-        // Rank 0's auto choice depends on its timings: only known when it forces large rounds,
-        // but the same on every rank either way.
-        if (c.rank0 != AllReduceRounds::kAuto) {
-          EXPECT_EQ(f.state.last_large_rounds, chosen && c.large);
-        }
-        const auto large = at::full({1}, static_cast<int>(f.state.last_large_rounds), at::kInt);
-        EXPECT_TRUE(
-            identical_on_every_rank(large, "rounds/" + std::string(ops::to_string(c.rank0)) + "/" +
-                                               ops::to_string(c.others) + "/" +
-                                               c10::toString(dtype) + "/" + std::to_string(n)));
       }
     }
   }

@@ -15,7 +15,7 @@ import torch.distributed as dist
 import _collective_checks as cc
 import cuda_p2p
 
-CHUNK = 4096  # the groups' chunk_bytes: 4 chunked rounds of float32 from 4096 elements
+CHUNK = 4096  # the groups' chunk_bytes: more than one chunked round of float32 from 1025 elements
 
 
 def _group(rounds):
@@ -29,6 +29,22 @@ def _group(rounds):
 
 def _large_rounds(g) -> int:
     return cuda_p2p.get_cuda_p2p_backend(g).get_counters().get("all_reduce.large_rounds", 0)
+
+
+def _ops_in_chosen_rounds(sizes, dtypes, repeats) -> int:
+    """How many of these ops (in _check_sums's order, `repeats` times) run in rounds rank 0 chose:
+    those of more than one chunked round, from the second op of their size class (floor(log2(
+    bytes))) on - rank 0 chooses one op ahead."""
+    seen, count = set(), 0
+    for _ in range(repeats):
+        for dtype in dtypes:
+            for n in sizes:
+                nbytes = n * dtype.itemsize
+                if nbytes > CHUNK:
+                    size_class = nbytes.bit_length() - 1
+                    count += size_class in seen
+                    seen.add(size_class)
+    return count
 
 
 def _same_on_every_rank(ctx, value) -> bool:
@@ -58,10 +74,11 @@ def _check_sums(ctx, g, label, sizes, dtypes, failures) -> int:
 def check_rounds(ctx):
     W, rank = ctx.world_size, ctx.rank
     failures, cases = [], 0
-    sizes = (CHUNK // 4 * 4 - 1, CHUNK // 4 * 4, 50_001)  # below 4 rounds, 4, many
+    sizes = (CHUNK // 4, CHUNK // 4 + 1, 50_001)  # one round, just over one, many
     dtypes = (torch.float32, torch.int64)
-    # large: every op of 4+ rounds runs large rounds after the first, on every rank; chunked:
-    # none; rank 0 forcing large beside auto peers: rank 0 decides.
+    # large: every op of more than one round runs large rounds from the second op of its size
+    # class on, on every rank; chunked: none; rank 0 forcing large beside auto peers: rank 0
+    # decides.
     for label, mine, want in (("large", "large", True), ("chunked", "chunked", False),
                               ("large/auto", "large" if rank == 0 else "auto", True)):
         g = _group(mine)
@@ -69,11 +86,10 @@ def check_rounds(ctx):
         if config["all_reduce_rounds"] != mine:
             failures.append(f"{label}: get_collective_config says {config['all_reduce_rounds']}")
         before = _large_rounds(g)
-        cases += _check_sums(ctx, g, label, sizes, dtypes, failures)
+        for _ in range(2):
+            cases += _check_sums(ctx, g, label, sizes, dtypes, failures)
         ran = _large_rounds(g) - before
-        # The ops of 4 chunked rounds or more (4095 int64 elements are, 4095 float32 not).
-        four_rounds = sum(n * d.itemsize >= 4 * CHUNK for d in dtypes for n in sizes)
-        expected = four_rounds if want and W > 1 else 0
+        expected = _ops_in_chosen_rounds(sizes, dtypes, 2) if want and W > 1 else 0
         if ran != expected:
             failures.append(f"{label}: {ran} ops ran large rounds, expected {expected}")
         dist.destroy_process_group(g)
@@ -87,7 +103,7 @@ def check_rounds(ctx):
     dist.destroy_process_group(g)
     if W > 1:
         # chunked on rank 0, auto elsewhere: their signatures differ, so every rank raises (and
-        # the group works right after, below 4 rounds, where rank 0 does not choose).
+        # the group works right after, in one round, where rank 0 does not choose).
         g = _group("chunked" if rank == 0 else "auto")
         cases += 1
         try:
@@ -95,9 +111,9 @@ def check_rounds(ctx):
             failures.append("chunked beside auto: returned")
         except RuntimeError as e:
             if "ranks disagree" not in str(e) or "(two_shot, chunk_bytes 4096, rounds by " \
-                    "rank 0)" not in str(e) or "\n" in str(e).strip():
+                    "rank 0: chunked)" not in str(e) or "\n" in str(e).strip():
                 failures.append(f"chunked beside auto: {e}")
-        cases += _check_sums(ctx, g, "after the mismatch", (3000,), (torch.float32,), failures)
+        cases += _check_sums(ctx, g, "after the mismatch", (1000,), (torch.float32,), failures)
         dist.destroy_process_group(g)
     # The environment variable, read at group creation.
     os.environ["CUDA_P2P_ALL_REDUCE_ROUNDS"] = "large"
