@@ -151,9 +151,10 @@ const std::vector<Knob>& knobs() {
       {"chunk_bytes", kChunkBytesEnv, "bytes", "1 MiB",
        "Bytes a rank stages per round of a workspace collective (0: half the buffer)."},
       {"all_reduce_rounds", kAllReduceRoundsEnv, "auto|chunked|large", "auto",
-       "Rounds of a two-shot all-reduce of 4+ rounds on a host workspace: auto lets rank 0 choose, "
-       "from the times of its recent ops, between chunk_bytes rounds and the largest the buffer "
-       "holds; large makes it choose the latter; chunked keeps chunk_bytes. Equal on every rank "
+       "Rounds of a two-shot all-reduce of more than one chunk_bytes round on a host workspace: "
+       "auto lets rank 0 choose, one op ahead, from the times of its recent ops, between "
+       "chunk_bytes rounds and the largest the buffer holds; large makes it choose the latter "
+       "(from the second op of each size class); chunked keeps chunk_bytes. Equal on every rank "
        "(auto and large may mix)."},
       {"all_reduce_one_shot_max_bytes", "", "bytes", "64 KiB on 2 ranks, else 8 KiB",
        "Largest all-reduce that auto runs one-shot."},

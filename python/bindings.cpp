@@ -259,8 +259,9 @@ PYBIND11_MODULE(_C, m) {
           "all_reduce_rounds", &get_string<&Options::all_reduce_rounds>,
           parsed_string_setter<&Options::all_reduce_rounds>(cuda_p2p::ops::parse_all_reduce_rounds,
                                                             "Options.all_reduce_rounds"),
-          "Rounds of a two-shot all-reduce of 4+ rounds on a host workspace: 'auto' (rank 0 "
-          "chooses by time between chunk_bytes rounds and the largest the buffer holds; "
+          "Rounds of a two-shot all-reduce of more than one chunk_bytes round on a host "
+          "workspace: 'auto' (rank 0 chooses by time, one op ahead, between chunk_bytes rounds "
+          "and the largest the buffer holds; "
           "CUDA_P2P_ALL_REDUCE_ROUNDS may force one), 'chunked' or 'large'.")
       .def_property(
           "zero_copy_agreement", &get_string<&Options::zero_copy_agreement>,
