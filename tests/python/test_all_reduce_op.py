@@ -98,6 +98,11 @@ def check_values(ctx, dtype_name, sizes=SIZES):
             want = {want: 1}
             if want.get("all_reduce.one_shot") and n > 0:
                 want["all_reduce.inline"] = 1  # one round, on the host: NOTE [Inline one-shot]
+            # More than one 1 MiB round: rank 0 may have chosen large rounds by its timings
+            # (NOTE [Rounds chosen by rank 0]); both are right, and counted when chosen.
+            chosen = not one_shot and W > 1 and n * x.element_size() > 1 << 20
+            if chosen and delta.get("all_reduce.large_rounds") == 1:
+                want["all_reduce.large_rounds"] = 1
             if delta != want:
                 failures.append(f"{label}: counters moved by {delta}, expected {want}")
     return {"cases": count, "failures": failures}
