@@ -253,7 +253,7 @@ def test_soak_mixed_ops_two_groups_two_threads(world2):
         assert not res["errors"], res["errors"]
         assert not res["failures"], res["failures"][:20]
         assert res["ops"] == SOAK_OPS // 2 * 2
-        private = {k: m["rss"] - m["shmem"] for k, m in res.items() if k in ("start", "mid", "end")}
+        private = {k: res[k]["rss"] - res[k]["shmem"] for k in ("start", "mid", "end")}
         assert private["end"] - private["start"] <= MAX_RSS_GROWTH, (start, end)
         assert private["end"] - private["mid"] <= MAX_RSS_GROWTH_SECOND_HALF, (mid, end)
         mapped = sum(end["buffers"]) * len(results)  # every rank's buffer, in each group
