@@ -89,8 +89,7 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$sources_hash" ] &&
   log "cuda_p2p is up to date"
 else
   log "building and installing cuda_p2p (CMake via scikit-build-core)"
-  # Precompiled torch headers (CUDA_P2P_PCH, C++ sources only): a clean build with the tests
-  # took 4m13s with them; without, 57 of its 78 steps took 8m36s (2 cores, 2026-11-26, loaded).
+  # Precompiled torch headers for the C++ sources (CUDA_P2P_PCH; the timings: docs/testing.md).
   "$VPY" -m pip install -q --no-build-isolation --no-deps . \
     -Ccmake.define.CUDA_P2P_BUILD_TESTS="${CUDA_P2P_BUILD_TESTS:-ON}" \
     -Ccmake.define.CUDA_P2P_PCH="${CUDA_P2P_PCH:-ON}"
