@@ -8,7 +8,9 @@
 #         1 rank; test_workspace with a thread per host stream, 2 ranks). tests/cpp/tsan.supp
 #         silences what TSan cannot see inside the uninstrumented libtorch.
 #
-#   bash scripts/sanitizers.sh [asan] [tsan]      (default: both; needs scripts/setup.sh's .venv)
+#   bash scripts/sanitizers.sh [--build-only] [asan] [tsan]
+#                 (default: both; needs scripts/setup.sh's .venv; --build-only builds, runs nothing:
+#                 scripts/test.sh builds them this way in the background while the main suite runs)
 #
 # Every finding aborts the rank (halt_on_error), which fails its ctest entry.
 set -euo pipefail
@@ -31,7 +33,11 @@ if [ -x "$BIN/ninja" ]; then
 elif command -v ninja >/dev/null; then
   gen=(-G Ninja)
 fi
-kinds=("$@")
+build_only=0
+kinds=()
+for arg in "$@"; do
+  if [ "$arg" = --build-only ]; then build_only=1; else kinds+=("$arg"); fi
+done
 ((${#kinds[@]})) || kinds=(asan tsan)
 
 # configure_and_build DIR SANITIZE TARGETS...: -O1 with line tables keeps the builds and runs short
@@ -58,6 +64,7 @@ for kind in "${kinds[@]}"; do
       # shellcheck disable=SC2207
       targets=($(cd tests/cpp && ls test_*.cpp | sed 's/\.cpp$//'))
       configure_and_build build/asan address,undefined "${targets[@]}" || { status=1; continue; }
+      ((build_only)) && continue
       ranks=${CUDA_P2P_ASAN_RANKS:-1|2}
       # Leaks: libtorch's own static allocations are reported at exit and are not ours to fix.
       ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=0:detect_stack_use_after_return=0 \
@@ -69,6 +76,7 @@ for kind in "${kinds[@]}"; do
       echo "== TSan: build/tsan"
       extra=()
       configure_and_build build/tsan thread test_host_streams test_workspace || { status=1; continue; }
+      ((build_only)) && continue
       TSAN_OPTIONS="suppressions=$ROOT/tests/cpp/tsan.supp:halt_on_error=1:second_deadlock_stack=1:history_size=4" \
         "$CTEST" --test-dir build/tsan --output-on-failure --timeout 300 \
         -R '^(test_host_streams_np1|test_workspace_threads_np2)$' || status=1

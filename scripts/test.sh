@@ -21,6 +21,21 @@ PYEOF
 )
 status=0
 skipped=()
+# The sanitizer builds (CPU-bound) go on in the background while the tests below run: the ranks
+# wait on each other, for timeouts and for subprocesses much of the time, and on a 2-core machine
+# pytest keeps the CPUs ~70% busy. SCHED_IDLE (chrt --idle) gives the builds only CPU time that
+# nothing else wants, so the tests run as they would alone. Its log: build/sanitizers_build.log;
+# scripts/sanitizers.sh below finishes whatever is left of the builds and reports any error.
+sanitizer_build=
+if [ "${CUDA_P2P_SANITIZERS:-1}" = 1 ]; then
+  mkdir -p build
+  idle=()
+  if command -v chrt >/dev/null && chrt --idle 0 true 2>/dev/null; then idle=(chrt --idle 0); fi
+  # A process group of its own (setsid): an interrupted run takes the whole build down with it.
+  setsid "${idle[@]}" bash scripts/sanitizers.sh --build-only >build/sanitizers_build.log 2>&1 &
+  sanitizer_build=$!
+  trap 'kill -- -"$sanitizer_build" 2>/dev/null || true' EXIT
+fi
 if [ -n "$build_dir" ]; then
   echo "== C++ tests (ctest in $build_dir)"
   ctest_bin=$(dirname "$VPY")/ctest
@@ -35,6 +50,9 @@ echo "== Python tests (pytest)"
 
 if [ "${CUDA_P2P_SANITIZERS:-1}" = 1 ]; then
   echo "== C++ tests under sanitizers (scripts/sanitizers.sh)"
+  t0=$SECONDS
+  wait "$sanitizer_build" || true  # its errors show again in the run below
+  echo "(the background build ended $((SECONDS - t0)) s after the tests above)"
   bash scripts/sanitizers.sh || status=1
 else
   echo "== sanitizers left out (CUDA_P2P_SANITIZERS=0)"
