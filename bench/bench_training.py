@@ -18,6 +18,7 @@ and is not timed. Ratios are against eager in the same run.
 
     .venv/bin/python bench/bench_training.py                      # W=2 and 4, default shape
     .venv/bin/python bench/bench_training.py --world-sizes 2 --iters 10 --tokens 512
+    .venv/bin/python bench/bench_training.py --variants compiled+fused   # and eager, not compiled
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def _rank_main(rank, W, port, args, queue):
     backend = cuda_p2p.get_cuda_p2p_backend()
     steps = {}
     fused_counts = {}
-    for name in VARIANTS:
+    for name in args.variants:
         model, opt = build()
         if name == "compiled+fused":
             cuda_p2p.enable_async_tp()
@@ -107,9 +108,10 @@ def _rank_main(rank, W, port, args, queue):
         cuda_p2p.disable_async_tp()
 
     x = torch.randn(S, D)
-    times = {name: [] for name in VARIANTS}
+    times = {name: [] for name in args.variants}
+    n = len(args.variants)
     for it in range(args.iters):
-        order = VARIANTS[it % 3:] + VARIANTS[:it % 3]
+        order = args.variants[it % n:] + args.variants[:it % n]
         for name in order:
             fn, opt = steps[name]
             dist.barrier(group=gloo)
@@ -150,7 +152,10 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=1200)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
+                    help="which variants to run (eager always runs: the ratios are against it)")
     args = ap.parse_args()
+    args.variants = tuple(v for v in VARIANTS if v in args.variants or v == "eager")
 
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
               "torch": torch.__version__, "dim": args.dim, "tokens": args.tokens,
@@ -164,7 +169,7 @@ def main():
         res = run(W, args)
         eager = statistics.median(res["times"]["eager"])
         rows = {}
-        for name in VARIANTS:
+        for name in args.variants:
             t = res["times"][name]
             med = statistics.median(t)
             rows[name] = {"median_s": med, "min_s": min(t), "ratio_vs_eager": med / eager,

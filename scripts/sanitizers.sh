@@ -2,8 +2,9 @@
 # The C++ tests under sanitizers (docs/testing.md); scripts/test.sh runs this after the main suite.
 #
 #   asan  build/asan: our code (core library, harness, tests; not libtorch) built with
-#         -fsanitize=address,undefined; every test binary as 1 and 2 ranks (CUDA_P2P_ASAN_RANKS),
-#         GoogleTest built from third_party/googletest (so CI also proves that copy builds).
+#         -fsanitize=address,undefined; every test binary as 1 and 2 ranks (CUDA_P2P_ASAN_RANKS)
+#         but the test_cuda_* ones (built without CUDA they only skip), GoogleTest built from
+#         third_party/googletest (so CI also proves that copy builds).
 #   tsan  build/tsan: -fsanitize=thread; the host executor tests (test_host_streams, and
 #         1 rank; test_workspace with a thread per host stream, 2 ranks). tests/cpp/tsan.supp
 #         silences what TSan cannot see inside the uninstrumented libtorch.
@@ -61,15 +62,17 @@ for kind in "${kinds[@]}"; do
     asan)
       echo "== ASan+UBSan: build/asan"
       extra=(-DCUDA_P2P_GTEST_SOURCE_DIR="$ROOT/third_party/googletest")
+      # Not the test_cuda_* binaries: built without CUDA (CUDA_P2P_CUDA=OFF) they only skip.
       # shellcheck disable=SC2207
-      targets=($(cd tests/cpp && ls test_*.cpp | sed 's/\.cpp$//'))
+      targets=($(cd tests/cpp && ls test_*.cpp | sed 's/\.cpp$//' | grep -v '^test_cuda_'))
       configure_and_build build/asan address,undefined "${targets[@]}" || { status=1; continue; }
       ((build_only)) && continue
       ranks=${CUDA_P2P_ASAN_RANKS:-1|2}
       # Leaks: libtorch's own static allocations are reported at exit and are not ours to fix.
       ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=0:detect_stack_use_after_return=0 \
         UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-        "$CTEST" --test-dir build/asan --output-on-failure --timeout 300 -R "_np(${ranks})\$" ||
+        "$CTEST" --test-dir build/asan --output-on-failure --timeout 300 -R "_np(${ranks})\$" \
+        -E '^test_cuda_' ||
         status=1
       ;;
     tsan)

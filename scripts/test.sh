@@ -40,8 +40,13 @@ if [ "${CUDA_P2P_SANITIZERS:-1}" = 1 ]; then
 fi
 faults=
 # An interrupted run stops what it started in the background (which ignores SIGINT).
-trap '[ -z "$sanitizer_build" ] || kill -- -"$sanitizer_build" 2>/dev/null
-      [ -z "$faults" ] || kill "$faults" 2>/dev/null; true' EXIT
+# (Each kill ends in `|| true`: under set -e a failing last command of the trap would make the
+# script's exit status 1 after a run that passed.)
+stop_background() {
+  if [ -n "$sanitizer_build" ]; then kill -- -"$sanitizer_build" 2>/dev/null || true; fi
+  if [ -n "$faults" ]; then kill "$faults" 2>/dev/null || true; fi
+}
+trap stop_background EXIT
 if [ -n "$build_dir" ]; then
   echo "== C++ tests (ctest in $build_dir)"
   ctest_bin=$(dirname "$VPY")/ctest

@@ -17,6 +17,9 @@ from _harness import World  # noqa: E402
 # counters). Every rank and script the tests start inherits this; test_gpu.py takes it away for
 # its groups on a GPU.
 os.environ.setdefault("CUDA_P2P_WORKSPACE_DEVICE", "cpu")
+# The torch.compile tests compile on every rank at once: a pool of inductor compile workers per
+# rank (one per CPU) only adds processes that import torch to two shared cores.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 _worlds: dict[int, World] = {}
 
