@@ -4,7 +4,8 @@
 # reference), then the C++ tests under ASan+UBSan and TSan (scripts/sanitizers.sh). Installs
 # what they need first. Exits non-zero when anything fails - including when the C++ suite
 # cannot run at all (CUDA_P2P_ALLOW_SKIP_CPP=1 accepts that, loudly). CUDA_P2P_SANITIZERS=0
-# leaves the sanitizer builds out (CI runs them).
+# leaves the sanitizer builds out (CI runs them). The sanitizer builds and
+# tests/python/test_faults.py run beside the rest (below; docs/testing.md, "What runs beside what").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
