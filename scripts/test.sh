@@ -26,10 +26,9 @@ skipped=()
 # wait on each other, for timeouts and for subprocesses much of the time, and on a 2-core machine
 # pytest alone keeps the CPUs ~73% busy. SCHED_IDLE (chrt --idle) gives the builds mostly CPU time
 # nothing else wants; the tests still slow down some (a polling rank's sched_yield can hand the
-# core to a compiler until the next tick). Measured 2026-11-27: ctest +49 s, pytest +1m51s, and
-# the builds ended 2.5 min after the tests instead of taking ~8 min there (docs/testing.md). Its
-# log: build/sanitizers_build.log; scripts/sanitizers.sh below finishes whatever is left of the
-# builds and reports any error.
+# core to a compiler until the next tick; the timings: docs/testing.md). Its log:
+# build/sanitizers_build.log; scripts/sanitizers.sh below finishes whatever is left of the builds
+# and reports any error.
 sanitizer_build=
 if [ "${CUDA_P2P_SANITIZERS:-1}" = 1 ]; then
   mkdir -p build
