@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -134,6 +135,7 @@ def run_fault(case: str, world: int, victim: int, signal_from_test: int | None) 
             p.wait()
         for log in logs:
             log.close()
+        shutil.rmtree(out_dir, ignore_errors=True)  # the logs are in `result` (and printed)
 
 
 def _logs(out_dir: str, world: int) -> str:
