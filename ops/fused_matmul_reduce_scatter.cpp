@@ -9,7 +9,7 @@ namespace cuda_p2p::ops {
 
 namespace {
 
-constexpr const char* kOp = "fused_matmul_reduce_scatter";
+constexpr const char* kOpName = "fused_matmul_reduce_scatter";
 
 // NOTE [Matmul→reduce-scatter schedule]
 // Rank r owns rows [r*rows, (r+1)*rows) of the product (scatter dim moved to the front and
@@ -55,7 +55,7 @@ constexpr const char* kOp = "fused_matmul_reduce_scatter";
 // more. Over send/recv, step i's send and step i+1's receive are issued together, so the
 // transfer of one running sum overlaps the next GEMM.
 
-struct Problem {
+struct ScatterProblem {
   int64_t W = 1;
   ReduceOp reduce_op = ReduceOp::kSum;
   bool columns = false;  // the last dim is scattered
@@ -97,9 +97,9 @@ at::Tensor make_output(const at::Tensor& A, const at::Tensor& B, int64_t scatter
   return at::empty_symint(sizes, A.options().memory_format(std::nullopt));
 }
 
-Problem make_problem(const at::Tensor& A, const at::Tensor& B, ReduceOp reduce_op,
-                     int64_t scatter_dim, int64_t W) {
-  Problem p;
+ScatterProblem make_scatter_problem(const at::Tensor& A, const at::Tensor& B, ReduceOp reduce_op,
+                                    int64_t scatter_dim, int64_t W) {
+  ScatterProblem p;
   p.W = W;
   p.reduce_op = reduce_op;
   p.B = B;
@@ -125,7 +125,7 @@ Problem make_problem(const at::Tensor& A, const at::Tensor& B, ReduceOp reduce_o
   return p;
 }
 
-void reduce_stack(const Problem& p, const at::Tensor& stack) {
+void reduce_stack(const ScatterProblem& p, const at::Tensor& stack) {
   if (p.rows == 0 || p.cols == 0) return;
   // One pass per partial into a float32 sum: several times faster on the CPU than at::sum over
   // dim 0 with a float32 dtype, and the same additions.
@@ -136,7 +136,7 @@ void reduce_stack(const Problem& p, const at::Tensor& stack) {
 }
 
 // NOTE [Matmul→reduce-scatter schedule]
-void produce_and_exchange(pipeline::Env& env, const Problem& p, const at::Tensor& stack,
+void produce_and_exchange(pipeline::Env& env, const ScatterProblem& p, const at::Tensor& stack,
                           pipeline::Stats& stats) {
   auto& dev = env.device();
   auto& ws = env.ws;
@@ -144,7 +144,7 @@ void produce_and_exchange(pipeline::Env& env, const Problem& p, const at::Tensor
   const auto dtype = stack.scalar_type();
   const int64_t elem = static_cast<int64_t>(stack.element_size());
   // Two halves of one round each.
-  const int64_t rounds = pipeline::plan_rounds(env, p.rows, 2 * p.cols * elem, kOp, stats);
+  const int64_t rounds = pipeline::plan_rounds(env, p.rows, 2 * p.cols * elem, kOpName, stats);
   stats.rounds = rounds;
   if (rounds == 0) return;
   const int64_t half_elems = split_range(p.rows, rounds, 0).second * p.cols;
@@ -210,7 +210,7 @@ std::vector<RingStep> ring_schedule(int64_t W, int64_t rank, int64_t row_begin, 
   return steps;
 }
 
-void ring_over_workspace(pipeline::Env& env, const Problem& p, const at::Tensor& products,
+void ring_over_workspace(pipeline::Env& env, const ScatterProblem& p, const at::Tensor& products,
                          int64_t q, pipeline::Stats& stats) {
   auto& dev = env.device();
   auto& ws = env.ws;
@@ -221,7 +221,8 @@ void ring_over_workspace(pipeline::Env& env, const Problem& p, const at::Tensor&
   const int64_t acc_elem = static_cast<int64_t>(c10::elementSize(acc));
   // One slot holds one sub-part; two slots per round.
   const int64_t sub_rows = (p.rows + q - 1) / q;
-  const int64_t rounds = pipeline::plan_rounds(env, sub_rows, 2 * p.cols * acc_elem, kOp, stats);
+  const int64_t rounds =
+      pipeline::plan_rounds(env, sub_rows, 2 * p.cols * acc_elem, kOpName, stats);
   stats.rounds = rounds;
   if (rounds == 0) return;
   const int64_t slot_elems = split_range(sub_rows, rounds, 0).second * p.cols;
@@ -286,8 +287,8 @@ void ring_over_workspace(pipeline::Env& env, const Problem& p, const at::Tensor&
   pipeline::end(env);
 }
 
-void ring_over_send_recv(c10d::Backend& backend, const Problem& p, const at::Tensor& products,
-                         int64_t q) {
+void ring_over_send_recv(c10d::Backend& backend, const ScatterProblem& p,
+                         const at::Tensor& products, int64_t q) {
   const int W = backend.getSize(), rank = backend.getRank();
   const int left = (rank + W - 1) % W, right = (rank + 1) % W;
   const auto acc = accumulate_type(products.scalar_type());
@@ -338,30 +339,31 @@ std::string signature_text(const at::Tensor& A, const at::Tensor& B, ReduceOp op
 
 int64_t check_matmul_reduce_scatter_args(const at::Tensor& A, const at::Tensor& B,
                                          int64_t scatter_dim, int64_t world_size) {
-  TORCH_CHECK(A.defined() && B.defined(), "cuda_p2p ", kOp, ": A and B must be defined");
-  TORCH_CHECK(A.layout() == at::kStrided && B.layout() == at::kStrided, "cuda_p2p ", kOp,
+  TORCH_CHECK(A.defined() && B.defined(), "cuda_p2p ", kOpName, ": A and B must be defined");
+  TORCH_CHECK(A.layout() == at::kStrided && B.layout() == at::kStrided, "cuda_p2p ", kOpName,
               ": expected strided (dense) A and B, got layouts ", A.layout(), " and ", B.layout());
-  check_below_autograd(kOp, {A, B});  // NOTE [Fused ops below autograd]
+  check_below_autograd(kOpName, {A, B});  // NOTE [Fused ops below autograd]
   const int64_t nd = A.dim();
-  TORCH_CHECK(nd >= 2, "cuda_p2p ", kOp, ": expected A with at least 2 dims, got shape ",
+  TORCH_CHECK(nd >= 2, "cuda_p2p ", kOpName, ": expected A with at least 2 dims, got shape ",
               A.sizes());
-  TORCH_CHECK(B.dim() == 2, "cuda_p2p ", kOp, ": expected B to be a matrix, got shape ", B.sizes());
-  TORCH_CHECK(scatter_dim >= -nd && scatter_dim < nd, "cuda_p2p ", kOp,
+  TORCH_CHECK(B.dim() == 2, "cuda_p2p ", kOpName, ": expected B to be a matrix, got shape ",
+              B.sizes());
+  TORCH_CHECK(scatter_dim >= -nd && scatter_dim < nd, "cuda_p2p ", kOpName,
               ": scatter_dim must be in [", -nd, ", ", nd, ") for a ", nd, "-D A, got ",
               scatter_dim);
   if (scatter_dim < 0) scatter_dim += nd;
-  TORCH_CHECK(at::isFloatingType(A.scalar_type()), "cuda_p2p ", kOp,
+  TORCH_CHECK(at::isFloatingType(A.scalar_type()), "cuda_p2p ", kOpName,
               ": expected a floating-point A (float32, bfloat16, float16, float64), got ",
               A.scalar_type());
-  TORCH_CHECK(B.scalar_type() == A.scalar_type(), "cuda_p2p ", kOp, ": expected B of A's dtype ",
-              A.scalar_type(), ", got ", B.scalar_type());
-  TORCH_CHECK(B.device() == A.device(), "cuda_p2p ", kOp, ": expected B on ", A.device(),
+  TORCH_CHECK(B.scalar_type() == A.scalar_type(), "cuda_p2p ", kOpName,
+              ": expected B of A's dtype ", A.scalar_type(), ", got ", B.scalar_type());
+  TORCH_CHECK(B.device() == A.device(), "cuda_p2p ", kOpName, ": expected B on ", A.device(),
               " like A, got ", B.device());
-  TORCH_CHECK(B.size(0) == A.size(-1), "cuda_p2p ", kOp,
+  TORCH_CHECK(B.size(0) == A.size(-1), "cuda_p2p ", kOpName,
               ": A @ B needs B with A.size(-1) = ", A.size(-1), " rows, got B of shape ",
               B.sizes());
   const int64_t scattered = scatter_dim == nd - 1 ? B.size(1) : A.size(scatter_dim);
-  TORCH_CHECK(scattered % world_size == 0, "cuda_p2p ", kOp, ": the scattered dim (",
+  TORCH_CHECK(scattered % world_size == 0, "cuda_p2p ", kOpName, ": the scattered dim (",
               scatter_dim == nd - 1 ? "B.size(1)" : "A.size(scatter_dim)", " = ", scattered,
               ", scatter_dim = ", scatter_dim, ") must be divisible by the group size ",
               world_size);
@@ -370,7 +372,7 @@ int64_t check_matmul_reduce_scatter_args(const at::Tensor& A, const at::Tensor& 
 
 int64_t check_ring_steps(int64_t ring_steps, int64_t world_size) {
   if (ring_steps == 0) return world_size;
-  TORCH_CHECK(ring_steps > 0 && ring_steps % world_size == 0, "cuda_p2p ", kOp,
+  TORCH_CHECK(ring_steps > 0 && ring_steps % world_size == 0, "cuda_p2p ", kOpName,
               ": ring_steps must be a positive multiple of the group size ", world_size,
               " (or 0 for the group size), got ", ring_steps);
   return ring_steps;
@@ -381,7 +383,7 @@ at::Tensor matmul_reduce_scatter_pipeline(pipeline::Env& env, const at::Tensor& 
                                           int64_t scatter_dim, pipeline::Stats& stats) {
   const int64_t W = env.world_size();
   scatter_dim = check_matmul_reduce_scatter_args(A, B, scatter_dim, W);
-  Problem p = make_problem(A, B, reduce_op, scatter_dim, W);
+  ScatterProblem p = make_scatter_problem(A, B, reduce_op, scatter_dim, W);
   at::Tensor stack = at::empty({W, p.rows, p.cols}, A.options());
   produce_and_exchange(env, p, stack, stats);
   env.on_caller("reduce", [&] {
@@ -397,7 +399,7 @@ at::Tensor matmul_reduce_scatter_ring(pipeline::Env& env, const at::Tensor& A, c
   const int64_t W = env.world_size();
   scatter_dim = check_matmul_reduce_scatter_args(A, B, scatter_dim, W);
   steps = check_ring_steps(steps, W);
-  Problem p = make_problem(A, B, reduce_op, scatter_dim, W);
+  ScatterProblem p = make_scatter_problem(A, B, reduce_op, scatter_dim, W);
   at::Tensor products = at::empty({W, p.rows, p.cols}, A.options());
   ring_over_workspace(env, p, products, steps / W, stats);
   p.finish();
@@ -410,7 +412,7 @@ at::Tensor matmul_reduce_scatter_send_recv(c10d::Backend& backend, const at::Ten
   const int64_t W = backend.getSize();
   scatter_dim = check_matmul_reduce_scatter_args(A, B, scatter_dim, W);
   steps = check_ring_steps(steps, W);
-  Problem p = make_problem(A, B, reduce_op, scatter_dim, W);
+  ScatterProblem p = make_scatter_problem(A, B, reduce_op, scatter_dim, W);
   at::Tensor products = at::empty({W, p.rows, p.cols}, A.options());
   ring_over_send_recv(backend, p, products, steps / W);
   p.finish();
@@ -428,13 +430,13 @@ at::Tensor fused_matmul_reduce_scatter(pipeline::Group& group, const at::Tensor&
   int64_t steps = W, dim = scatter_dim;
   // NOTE [Op signatures]: a rank whose own arguments are wrong tells its peers.
   pipeline::check_or_reject(group, on_workspace, OpKind::kMatmulReduceScatter, [&] {
-    op = parse_reduce_op(reduce_op, {ReduceOp::kSum, ReduceOp::kAvg}, kOp);
+    op = parse_reduce_op(reduce_op, {ReduceOp::kSum, ReduceOp::kAvg}, kOpName);
     TORCH_CHECK(algorithm == "auto" || algorithm == "pipeline" || algorithm == "ring", "cuda_p2p ",
-                kOp, ": algorithm must be \"auto\", \"pipeline\" or \"ring\", got \"", algorithm,
-                "\"");
+                kOpName, ": algorithm must be \"auto\", \"pipeline\" or \"ring\", got \"",
+                algorithm, "\"");
     dim = check_matmul_reduce_scatter_args(A, B, scatter_dim, W);
     steps = check_ring_steps(ring_steps, W);
-    TORCH_CHECK(ring_steps == 0 || algorithm != "pipeline", "cuda_p2p ", kOp,
+    TORCH_CHECK(ring_steps == 0 || algorithm != "pipeline", "cuda_p2p ", kOpName,
                 ": ring_steps applies to the ring, got ring_steps=", ring_steps,
                 " with algorithm=\"pipeline\"");
   });
@@ -451,7 +453,7 @@ at::Tensor fused_matmul_reduce_scatter(pipeline::Group& group, const at::Tensor&
     const std::string sig = signature_text(
         A, B, op, dim, ring ? "ring (" + std::to_string(steps) + " steps)" : "pipeline");
     at::Tensor out;
-    out = pipeline::run_or_mark_failed(group.failure, kOp, [&] {
+    out = pipeline::run_or_mark_failed(group.failure, kOpName, [&] {
       pipeline::agree(env, state, OpSignature::of(OpKind::kMatmulReduceScatter, sig));
       return ring ? matmul_reduce_scatter_ring(env, A, B, op, scatter_dim, steps, stats)
                   : matmul_reduce_scatter_pipeline(env, A, B, op, scatter_dim, stats);
@@ -462,7 +464,7 @@ at::Tensor fused_matmul_reduce_scatter(pipeline::Group& group, const at::Tensor&
     if (stats.grew) group.count("fused_matmul_reduce_scatter.grow");
     return out;
   }
-  TORCH_CHECK(group.wrapped, "cuda_p2p ", kOp, ": the workspace cannot serve ", A.device(),
+  TORCH_CHECK(group.wrapped, "cuda_p2p ", kOpName, ": the workspace cannot serve ", A.device(),
               " tensors and the group has no wrapped backend for them");
   at::Tensor out = matmul_reduce_scatter_send_recv(*group.wrapped, A, B, op, scatter_dim, steps);
   group.count("fused_matmul_reduce_scatter.send_recv");
@@ -473,10 +475,10 @@ void agree_matmul_reduce_scatter_unfused(pipeline::Group& group, const at::Tenso
                                          const at::Tensor& B, const std::string& reduce_op,
                                          int64_t scatter_dim) {
   if (group.world_size == 1) return;
-  const ReduceOp op = parse_reduce_op(reduce_op, {ReduceOp::kSum, ReduceOp::kAvg}, kOp);
+  const ReduceOp op = parse_reduce_op(reduce_op, {ReduceOp::kSum, ReduceOp::kAvg}, kOpName);
   pipeline::Env env = pipeline::make_env(group);
   const std::string sig = signature_text(A, B, op, scatter_dim, "unfused");
-  pipeline::run_or_mark_failed(group.failure, kOp, [&] {
+  pipeline::run_or_mark_failed(group.failure, kOpName, [&] {
     pipeline::agree(env, group.state, OpSignature::of(OpKind::kMatmulReduceScatter, sig));
   });
 }
@@ -485,9 +487,9 @@ at::Tensor fused_matmul_reduce_scatter_meta(const at::Tensor& A, const at::Tenso
                                             const std::string& reduce_op, int64_t scatter_dim,
                                             int64_t W, const std::string& algorithm,
                                             int64_t ring_steps) {
-  parse_reduce_op(reduce_op, {ReduceOp::kSum, ReduceOp::kAvg}, kOp);
+  parse_reduce_op(reduce_op, {ReduceOp::kSum, ReduceOp::kAvg}, kOpName);
   TORCH_CHECK(algorithm == "auto" || algorithm == "pipeline" || algorithm == "ring", "cuda_p2p ",
-              kOp, ": algorithm must be \"auto\", \"pipeline\" or \"ring\", got \"", algorithm,
+              kOpName, ": algorithm must be \"auto\", \"pipeline\" or \"ring\", got \"", algorithm,
               "\"");
   check_ring_steps(ring_steps, W);
   const bool concrete = !A.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
@@ -495,8 +497,9 @@ at::Tensor fused_matmul_reduce_scatter_meta(const at::Tensor& A, const at::Tenso
   if (concrete) {
     scatter_dim = check_matmul_reduce_scatter_args(A, B, scatter_dim, W);
   } else {
-    TORCH_CHECK(A.dim() >= 2 && scatter_dim >= -A.dim() && scatter_dim < A.dim(), "cuda_p2p ", kOp,
-                ": scatter_dim must be in [", -A.dim(), ", ", A.dim(), "), got ", scatter_dim);
+    TORCH_CHECK(A.dim() >= 2 && scatter_dim >= -A.dim() && scatter_dim < A.dim(), "cuda_p2p ",
+                kOpName, ": scatter_dim must be in [", -A.dim(), ", ", A.dim(), "), got ",
+                scatter_dim);
     if (scatter_dim < 0) scatter_dim += A.dim();
   }
   return make_output(A, B, scatter_dim, W);

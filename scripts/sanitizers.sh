@@ -43,13 +43,18 @@ done
 
 # configure_and_build DIR SANITIZE TARGETS...: -O1 with line tables keeps the builds and runs short
 # and the stacks readable; precompiled torch headers cut each file's compile time several-fold.
+# A unity build (CMAKE_UNITY_BUILD: up to 8 of a library's sources compiled as one file) cuts the
+# libraries' compile time by a third more (ASan: 479 -> 374 s of CPU, 4m15s -> 3m18s on 2 cores).
+# It needs the names in our sources' anonymous namespaces to differ between the files of a
+# library (a clash is a compile error here, which CI shows); the main build compiles each file
+# alone, as ever.
 configure_and_build() {
   local dir=$1 sanitize=$2
   shift 2
   "$CMAKE" -S "$ROOT" -B "$dir" "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DPython_EXECUTABLE="$VPY" \
     -DCUDA_P2P_CUDA=OFF -DCUDA_P2P_PCH=ON -DCUDA_P2P_SANITIZE="$sanitize" \
-    -DCUDA_P2P_TEST_LAUNCHER=AUTO -DCUDA_P2P_TEST_RANKS= "${extra[@]}" >"$dir.configure.log" 2>&1 ||
+    -DCUDA_P2P_TEST_LAUNCHER=AUTO -DCUDA_P2P_TEST_RANKS= -DCMAKE_UNITY_BUILD=ON "${extra[@]}" >"$dir.configure.log" 2>&1 ||
     { cat "$dir.configure.log"; return 1; }
   "$CMAKE" --build "$dir" --target "$@" -j "$(nproc)"
 }
