@@ -12,6 +12,8 @@
 #include <string_view>
 #include <utility>
 
+#include "ops/reduce_op.hpp"
+
 namespace cuda_p2p::ops {
 
 // A name table of an enum's values (the settings' vocabularies): the name of a value, and the
@@ -55,9 +57,7 @@ ZeroCopyAgreement parse_zero_copy_agreement(const std::string& name, const std::
 // different phases, so they must disagree in the signature.
 std::string agreement_text(ZeroCopyAgreement a, bool host);
 
-enum class ReduceOp : uint8_t { kSum, kAvg, kProduct, kMin, kMax, kBand, kBor, kBxor };
-// "SUM", "AVG", ... (c10d's names, as in ReduceOp.AVG).
-const char* to_string(ReduceOp op);
+// ReduceOp and to_string(ReduceOp): ops/reduce_op.hpp.
 // "sum", "avg", ... (the names the dispatcher ops take, and op signatures use).
 std::string lower_name(ReduceOp op);
 // The op named `name` ("sum", "avg", ...) among `allowed`; a ValueError naming `what` and the

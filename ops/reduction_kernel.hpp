@@ -4,11 +4,13 @@
 // -mavx2 -mfma -mf16c) and chosen at run time by ops/reduction.cpp.
 #pragma once
 
-#include <ATen/ATen.h>
+// Light headers only (NOTE in ops/reduce_op.hpp): not ATen.h, not ops/collectives.hpp.
+#include <c10/core/ScalarType.h>
+#include <c10/util/Exception.h>
 
 #include <cstdint>
 
-#include "ops/collectives.hpp"
+#include "ops/reduce_op.hpp"
 
 namespace cuda_p2p::ops::detail {
 
