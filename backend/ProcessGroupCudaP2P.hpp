@@ -14,6 +14,8 @@
 // collectives' entry) and wrapped_routing.cpp (routing to the wrapped backends, coalescing).
 #pragma once
 
+#include <c10/util/FunctionRef.h>
+
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -262,8 +264,9 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // every rank agrees on, so all ranks take the same path.
   const char* workspace_rejects(c10::ArrayRef<at::Tensor> tensors) const;
   // Runs fn(ctx) for one workspace collective (NOTE [Collectives of a group run one at a time]).
-  void run_collective(const char* what,
-                      const std::function<void(const ops::CollectiveContext&)>& fn);
+  // A function_ref, not a std::function: nothing to construct, copy or destroy on the small
+  // all-reduce's path (NOTE [Inline one-shot] in ops/all_reduce.cpp).
+  void run_collective(const char* what, c10::function_ref<void(const ops::CollectiveContext&)> fn);
   // A completed Work over `outputs`, tracked while coalescing; none for the synchronous call
   // (`async_op` false: the options' asyncOp) that returns_no_work() allows.
   c10::intrusive_ptr<c10d::Work> completed(c10d::OpType type, std::vector<at::Tensor> outputs,

@@ -19,16 +19,21 @@ void ProcessGroupCudaP2P::all_reduce_in_place(at::Tensor& tensor, ops::ReduceOp 
   TORCH_CHECK(tensor.layout() == at::kStrided,
               "cuda_p2p all_reduce_: expected a strided (dense) tensor, got layout ",
               tensor.layout());
-  c10d::AllreduceOptions opts;
-  opts.reduceOp = to_c10d_reduce_op(op);
   // The paths of dist.all_reduce, in its order (ProcessGroupCudaP2P::allreduce): a group spanning
   // hosts runs hierarchically (it copies a non-contiguous tensor back itself), else the
-  // workspace, else the wrapped backend.
+  // workspace, else the wrapped backend. The c10d options only where they are used: not on the
+  // small all-reduce's path (NOTE [Inline one-shot] in ops/all_reduce.cpp).
+  const auto options = [op] {
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = to_c10d_reduce_op(op);
+    return opts;
+  };
   if (hierarchy_) {
     std::vector<at::Tensor> tensors{tensor};
-    if (hierarchy_->all_reduce(tensors, opts)) return;
+    if (hierarchy_->all_reduce(tensors, options())) return;
   }
   if (all_reduce_on_workspace(tensor, op)) return;
+  const c10d::AllreduceOptions opts = options();
   bump_counter("all_reduce.wrapped");
   // The wrapped backends expect contiguous tensors, as they do from dist.all_reduce.
   std::vector<at::Tensor> tensors{tensor.is_contiguous() ? tensor : tensor.contiguous()};
@@ -42,6 +47,7 @@ constexpr const char* kOp = "all_reduce_";
 
 ops::ReduceOp parse_reduce_op(c10::string_view name) {
   using ops::ReduceOp;
+  if (name == "sum") return ReduceOp::kSum;  // the default, compared inline
   return ops::parse_reduce_op(std::string_view(name.data(), name.size()),
                               {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProduct, ReduceOp::kMin,
                                ReduceOp::kMax, ReduceOp::kBand, ReduceOp::kBor, ReduceOp::kBxor},

@@ -129,8 +129,8 @@ c10::intrusive_ptr<ProcessGroupCudaP2P> resolve_backend(std::string_view group_n
   // Alive (not destroyed), still referenced (a backend whose last reference went is never
   // revived), not retired: NOTE [Group lookup cache].
   if (slot != nullptr) {
-    if (const auto alive = slot->alive.lock();
-        alive && c10::raw::intrusive_ptr::use_count(slot->backend) > 0 &&
+    // expired(): one load, where lock() is a compare-and-swap loop and the token is not used.
+    if (!slot->alive.expired() && c10::raw::intrusive_ptr::use_count(slot->backend) > 0 &&
         !slot->backend->retired()) {
       return c10::intrusive_ptr<ProcessGroupCudaP2P>::reclaim_copy(slot->backend);
     }

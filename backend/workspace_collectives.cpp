@@ -26,7 +26,7 @@ using WorkPtr = c10::intrusive_ptr<Work>;
 // reduce-scatter streams) still execute one after another, in issue order, as the signal counts
 // assume.
 void ProcessGroupCudaP2P::run_collective(
-    const char* what, const std::function<void(const ops::CollectiveContext&)>& fn) {
+    const char* what, c10::function_ref<void(const ops::CollectiveContext&)> fn) {
   std::lock_guard<std::mutex> lock(collective_mutex_);
   failure_.check(what);
   ops::check_signature_record(collective_state_.signature, what);
@@ -287,7 +287,6 @@ bool ProcessGroupCudaP2P::all_reduce_on_workspace(at::Tensor& t, ops::ReduceOp o
     bool zero_copy = false;
     bool large_rounds = false;
   } call{t, t.is_contiguous() ? t : t.contiguous(), op};
-  // One reference captured: the std::function keeps it inline, with no allocation.
   run_collective("all_reduce", [&call](const ops::CollectiveContext& ctx) {
     call.algo = ops::all_reduce(ctx, call.work, call.work, call.op, ops::AllReduceAlgo::kAuto);
     call.inline_run = ctx.state.last_inline;

@@ -16,8 +16,7 @@ void FailureRecord::mark(const char* what, const std::exception& e) {
   failed_.store(true, std::memory_order_release);
 }
 
-void FailureRecord::check(const char* what) const {
-  if (!failed_.load(std::memory_order_acquire)) return;
+void FailureRecord::raise(const char* what) const {
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(failure_.empty(), "cuda_p2p ", what,
               ": refused: an earlier workspace op of this group failed midway, so its ranks may "

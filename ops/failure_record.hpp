@@ -24,12 +24,16 @@ class FailureRecord {
   // Records `e` (its message without the C++ backtrace, on one line) as the group's failure, if
   // it is the first; `what` names the op that failed.
   void mark(const char* what, const std::exception& e);
-  // TORCH_CHECKs that the group has not failed; `what` names the refused op.
-  void check(const char* what) const;
+  // TORCH_CHECKs that the group has not failed; `what` names the refused op. (One load inline:
+  // it is on every op's path.)
+  void check(const char* what) const {
+    if (failed_.load(std::memory_order_acquire)) raise(what);
+  }
   // The first failure ("" when none).
   std::string first() const;
 
  private:
+  void raise(const char* what) const;
   // Set, under mutex_, once failure_ is: check() on the hot path of every op is one load.
   std::atomic<bool> failed_{false};
   mutable std::mutex mutex_;

@@ -314,9 +314,8 @@ std::string signature_disagreement(const uint32_t* all, int world_size, const De
   return disagreement(all, world_size, mine, sig);
 }
 
-void check_signature_record(SignatureState& state, const char* what) {
+void check_recorded_signature(SignatureState& state, const char* what) {
 #ifdef CUDA_P2P_WITH_CUDA
-  if (!state.cuda_record) return;
   auto* rec = static_cast<CudaRecord*>(state.cuda_record.get());
   volatile uint32_t* flag = &rec->host->flag;
   if (*flag == 0) return;

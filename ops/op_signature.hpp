@@ -84,7 +84,10 @@ DescriptorWords encode_signature(const OpSignature& sig, uint64_t count);
 std::string signature_disagreement(const uint32_t* all, int world_size, const DescriptorWords& mine,
                                    const OpSignature& sig);
 // CUDA: throws the SignatureMismatch a comparison kernel recorded (once), if any. A no-op on the
-// host, whose comparisons report at once.
-void check_signature_record(SignatureState& state, const char* what);
+// host, whose comparisons report at once (no record: the test is inline, on every op's path).
+void check_recorded_signature(SignatureState& state, const char* what);
+inline void check_signature_record(SignatureState& state, const char* what) {
+  if (state.cuda_record) check_recorded_signature(state, what);
+}
 
 }  // namespace cuda_p2p::ops

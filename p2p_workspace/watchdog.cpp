@@ -20,8 +20,7 @@ std::string FailureState::reason() const {
   return reason_;
 }
 
-void FailureState::check(const char* op) const {
-  if (!failed()) return;
+void FailureState::raise(const char* op) const {
   TORCH_CHECK(false, "cuda_p2p ", op,
               ": this group's device is unusable (NOTE [Device failure]): ", reason());
 }

@@ -46,10 +46,13 @@ class FailureState {
   bool fail(const std::string& why);
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   std::string reason() const;
-  // Raises "cuda_p2p <op>: <reason>" once failed.
-  void check(const char* op) const;
+  // Raises "cuda_p2p <op>: <reason>" once failed (the test inline: on every op's path).
+  void check(const char* op) const {
+    if (failed()) raise(op);
+  }
 
  private:
+  [[noreturn]] void raise(const char* op) const;
   std::atomic<bool> failed_{false};
   mutable std::mutex mu_;
   std::string reason_;
