@@ -70,6 +70,19 @@ at::Tensor& all_reduce_(at::Tensor& tensor, c10::string_view reduce_op,
   return tensor;
 }
 
+// NOTE [The one-argument op]
+// all_reduce_sum_(t) is all_reduce_(t) - the sum over the default group - with a schema of the
+// tensor alone, as DeepSpeed's inference_all_reduce_ and vLLM's custom all-reduce have. From
+// Python every argument a call leaves to its default costs: torch's createStackForSchema looks
+// each one up in the keyword arguments by a Python string it builds from the argument's name
+// (~300 instructions and ~20 lines of code each; docs/collectives.md, "The whole call").
+at::Tensor& all_reduce_sum_(at::Tensor& tensor) {
+  check_tensor(tensor);
+  resolve_backend("", tensor.device().type(), "all_reduce_sum_")
+      ->all_reduce_in_place(tensor, ops::ReduceOp::kSum);
+  return tensor;
+}
+
 at::Tensor all_reduce(const at::Tensor& tensor, c10::string_view reduce_op,
                       c10::string_view group_name) {
   check_tensor(tensor);
@@ -82,6 +95,11 @@ at::Tensor& all_reduce__meta(at::Tensor& tensor, c10::string_view reduce_op,
                              c10::string_view /*group_name*/) {
   check_tensor(tensor);
   parse_reduce_op(reduce_op);
+  return tensor;
+}
+
+at::Tensor& all_reduce_sum__meta(at::Tensor& tensor) {
+  check_tensor(tensor);
   return tensor;
 }
 
@@ -115,6 +133,10 @@ at::Tensor& all_reduce__functionalize(at::Tensor& tensor, c10::string_view reduc
   return tensor;
 }
 
+at::Tensor& all_reduce_sum__functionalize(at::Tensor& tensor) {
+  return all_reduce__functionalize(tensor, "sum", "");
+}
+
 }  // namespace
 }  // namespace cuda_p2p
 
@@ -123,25 +145,31 @@ TORCH_LIBRARY_FRAGMENT(cuda_p2p, m) {
   // name] in backend/dispatcher_group.cpp).
   m.def("all_reduce_(Tensor(a!) tensor, str reduce_op=\"sum\", str group_name=\"\") -> Tensor(a!)");
   m.def("all_reduce(Tensor tensor, str reduce_op=\"sum\", str group_name=\"\") -> Tensor");
+  // NOTE [The one-argument op]
+  m.def("all_reduce_sum_(Tensor(a!) tensor) -> Tensor(a!)");
 }
 
 TORCH_LIBRARY_IMPL(cuda_p2p, CPU, m) {
   m.impl("all_reduce_", &cuda_p2p::all_reduce_);
+  m.impl("all_reduce_sum_", &cuda_p2p::all_reduce_sum_);
   m.impl("all_reduce", &cuda_p2p::all_reduce);
 }
 
 #ifdef CUDA_P2P_WITH_CUDA
 TORCH_LIBRARY_IMPL(cuda_p2p, CUDA, m) {
   m.impl("all_reduce_", &cuda_p2p::all_reduce_);
+  m.impl("all_reduce_sum_", &cuda_p2p::all_reduce_sum_);
   m.impl("all_reduce", &cuda_p2p::all_reduce);
 }
 #endif
 
 TORCH_LIBRARY_IMPL(cuda_p2p, Meta, m) {
   m.impl("all_reduce_", &cuda_p2p::all_reduce__meta);
+  m.impl("all_reduce_sum_", &cuda_p2p::all_reduce_sum__meta);
   m.impl("all_reduce", &cuda_p2p::all_reduce_meta);
 }
 
 TORCH_LIBRARY_IMPL(cuda_p2p, Functionalize, m) {
   m.impl("all_reduce_", &cuda_p2p::all_reduce__functionalize);
+  m.impl("all_reduce_sum_", &cuda_p2p::all_reduce_sum__functionalize);
 }

@@ -1,4 +1,5 @@
-"""torch.ops.cuda_p2p.all_reduce_ / all_reduce and cuda_p2p.all_reduce_ (the dispatcher op).
+"""torch.ops.cuda_p2p.all_reduce_ / all_reduce / all_reduce_sum_ and cuda_p2p.all_reduce_ (the
+dispatcher ops).
 
 Every case is compared with plain-torch math over every rank's input (each rank rebuilds its
 peers' inputs), with Gloo's all-reduce of the same inputs, and bit for bit with dist.all_reduce
@@ -72,9 +73,15 @@ def check_values(ctx, dtype_name, sizes=SIZES):
             functional = torch.ops.cuda_p2p.all_reduce(functional_in, op.lower(), name)
             wrapper = x.clone()
             cuda_p2p.all_reduce_(wrapper, getattr(dist.ReduceOp, op), p2p)
+            got_by_op = [("all_reduce_", inplace), ("all_reduce", functional),
+                         ("cuda_p2p.all_reduce_", wrapper)]
+            if op == "SUM":  # the one-argument op: the sum over the default group (this one)
+                one_arg = x.clone()
+                if torch.ops.cuda_p2p.all_reduce_sum_(one_arg) is not one_arg:
+                    failures.append(f"{label}: all_reduce_sum_ did not return its input")
+                got_by_op.append(("all_reduce_sum_", one_arg))
             tol = cc.tolerance(dtype, op)
-            for what, got in (("all_reduce_", inplace), ("all_reduce", functional),
-                              ("cuda_p2p.all_reduce_", wrapper)):
+            for what, got in got_by_op:
                 if got.dtype != dtype or got.shape != x.shape:
                     failures.append(f"{label} {what}: got {got.dtype} {tuple(got.shape)}")
                 elif not torch.equal(got, via_dist):
@@ -185,6 +192,11 @@ def check_errors(ctx):
         ("complex", lambda: torch.ops.cuda_p2p.all_reduce_(torch.ones(3, dtype=torch.complex64),
                                                            "sum", name),
          RuntimeError, "complex"),
+        ("complex, one-argument op",
+         lambda: torch.ops.cuda_p2p.all_reduce_sum_(torch.ones(3, dtype=torch.complex64)),
+         RuntimeError, "complex"),
+        ("one-argument op with a reduce_op", lambda: torch.ops.cuda_p2p.all_reduce_sum_(t, "max"),
+         RuntimeError, "all_reduce_sum_"),
         ("wrapper op type", lambda: cuda_p2p.all_reduce_(t, 3), TypeError, "op must be"),
         ("wrapper op name", lambda: cuda_p2p.all_reduce_(t, "mean"), ValueError, "op must be"),
         ("avg on int64", lambda: cuda_p2p.all_reduce_(torch.ones(3, dtype=torch.int64), "avg"),
@@ -235,14 +247,18 @@ def check_defaults(ctx):
         b = torch.ops.cuda_p2p.all_reduce(x)
         c = x.clone()
         torch.ops.cuda_p2p.all_reduce_(c, "sum")
-        for label, got in (("all_reduce_(t)", a), ("all_reduce(t)", b), ("all_reduce_(t, sum)", c)):
+        d = x.clone()
+        if torch.ops.cuda_p2p.all_reduce_sum_(d) is not d:
+            failures.append(f"n={n}: all_reduce_sum_ did not return its input")
+        for label, got in (("all_reduce_(t)", a), ("all_reduce(t)", b), ("all_reduce_(t, sum)", c),
+                           ("all_reduce_sum_(t)", d)):
             if not torch.equal(got, ref):
                 failures.append(f"{dtype} n={n} {label}: differs from Gloo")
-        if sum(_counts(backend).values()) - before < 3:
+        if sum(_counts(backend).values()) - before < 4:
             failures.append(f"n={n}: the default group's counters did not move: {_counts(backend)}")
     if sub is not None:
         dist.destroy_process_group(sub)
-    return {"cases": 9, "failures": failures}
+    return {"cases": 12, "failures": failures}
 
 
 def check_compile(ctx):
@@ -260,6 +276,8 @@ def check_compile(ctx):
             failures.append(f"fake all_reduce: {out.shape} {out.dtype}")
         if torch.ops.cuda_p2p.all_reduce_(f, "max", name) is not f:
             failures.append("fake all_reduce_ did not return its input")
+        if torch.ops.cuda_p2p.all_reduce_sum_(f) is not f:
+            failures.append("fake all_reduce_sum_ did not return its input")
 
     def layer(x, w):
         y = x @ w
@@ -273,7 +291,9 @@ def check_compile(ctx):
     def defaults(x):  # reduce_op and group_name left out: a sum over the default group
         y = x + 1
         torch.ops.cuda_p2p.all_reduce_(y)
-        return torch.ops.cuda_p2p.all_reduce(y * 2)
+        z = torch.ops.cuda_p2p.all_reduce(y * 2) - 1
+        torch.ops.cuda_p2p.all_reduce_sum_(z)  # the one-argument op
+        return z
 
     x = torch.randn(5, 8, generator=torch.Generator().manual_seed(me))
     w = torch.randn(8, 3, generator=torch.Generator().manual_seed(100))
@@ -295,8 +315,8 @@ def check_compile(ctx):
     expected = (sum(torch.relu(y) + 1 for _ in range(W)) / W) * 2
     if not torch.allclose(layer(x.clone(), w), expected, rtol=1e-4, atol=1e-4):
         failures.append("eager in-place layer differs from plain math")
-    if not torch.allclose(defaults(x.clone()), sum(xi + 1 for xi in xs) * 2 * W, rtol=1e-4,
-                          atol=1e-4):
+    if not torch.allclose(defaults(x.clone()), (sum(xi + 1 for xi in xs) * 2 * W - 1) * W,
+                          rtol=1e-4, atol=1e-4):
         failures.append("eager defaults differ from plain math")
     return {"cases": 9, "failures": failures}
 
