@@ -54,7 +54,8 @@ configure_and_build() {
   "$CMAKE" -S "$ROOT" -B "$dir" "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DPython_EXECUTABLE="$VPY" \
     -DCUDA_P2P_CUDA=OFF -DCUDA_P2P_PCH=ON -DCUDA_P2P_SANITIZE="$sanitize" \
-    -DCUDA_P2P_TEST_LAUNCHER=AUTO -DCUDA_P2P_TEST_RANKS= -DCMAKE_UNITY_BUILD=ON "${extra[@]}" >"$dir.configure.log" 2>&1 ||
+    -DCUDA_P2P_TEST_LAUNCHER=AUTO -DCUDA_P2P_TEST_RANKS= -DCMAKE_UNITY_BUILD=ON \
+    "${extra[@]}" >"$dir.configure.log" 2>&1 ||
     { cat "$dir.configure.log"; return 1; }
   "$CMAKE" --build "$dir" --target "$@" -j "$(nproc)"
 }
