@@ -46,8 +46,8 @@ done
 # A unity build (CMAKE_UNITY_BUILD: up to 8 of a library's sources compiled as one file) cuts the
 # libraries' compile time by a third more (ASan: 479 -> 374 s of CPU, 4m15s -> 3m18s on 2 cores).
 # It needs the names in our sources' anonymous namespaces to differ between the files of a
-# library (a clash is a compile error here, which CI shows); the main build compiles each file
-# alone, as ever.
+# library (a clash is a compile error here, which CI shows); scripts/setup.sh's main build is a
+# unity build too, scripts/gpu_check.sh's compiles each file alone.
 configure_and_build() {
   local dir=$1 sanitize=$2
   shift 2
