@@ -160,7 +160,9 @@ void ProcessGroupCudaP2P::intra_node_barrier(const std::vector<int64_t>& ranks,
   auto stream = device.current_stream();
   device.check_healthy("intra_node_barrier");
   device.check_not_capturing(*stream, "intra_node_barrier");
+  workspace_->begin_op(*stream);  // NOTE [One order per group]
   workspace_->barrier(*stream, ops::kApiChannel, timeout, members);
+  workspace_->end_op(*stream);
 }
 
 void ProcessGroupCudaP2P::bump_counter(std::string_view name, int64_t by) {

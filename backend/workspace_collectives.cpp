@@ -21,38 +21,43 @@ using WorkPtr = c10::intrusive_ptr<Work>;
 // counts of the collective channel, so they must run in one order on every rank and never
 // overlap. On the host they run synchronously on the calling thread (the device's inline stream),
 // under collective_mutex_, so threads that share a group cannot interleave them. On CUDA they are
-// enqueued on the caller's current stream; each one first waits for an event recorded at the end
-// of the previous one, so that collectives issued on different streams (FSDP's all-gather and
-// reduce-scatter streams) still execute one after another, in issue order, as the signal counts
-// assume.
+// enqueued on the caller's current stream; each one first waits for the end of the group's
+// previous workspace op, a collective or a fused op (NOTE [One order per group] in
+// p2p_workspace/symmetric_workspace.cpp), so that ops issued on different streams (FSDP's
+// all-gather and reduce-scatter streams) still execute one after another, in issue order, as the
+// signal counts and the shared buffer assume.
 void ProcessGroupCudaP2P::run_collective(
     const char* what, c10::function_ref<void(const ops::CollectiveContext&)> fn) {
   std::lock_guard<std::mutex> lock(collective_mutex_);
   failure_.check(what);
   ops::check_signature_record(collective_state_.signature, what);
   Device& device = workspace_->device();
-  const bool host = device.tensor_device().is_cpu();
   auto stream = device.current_stream();
   // Before anything is enqueued (NOTE [Device failure] in p2p_workspace/watchdog.hpp).
   device.check_healthy(what);
   device.check_not_capturing(*stream, what);
-  if (!host && collective_state_.last) device.wait_event(*stream, *collective_state_.last);
+  workspace_->begin_op(*stream);
   const ops::CollectiveContext ctx{*workspace_, *stream, ops::kCollectiveChannel, collective_state_,
                                    config_.collective};
   try {
     fn(ctx);
+    // NOTE [Host ops return complete] in ops/pipeline_common.hpp.
+    if (!device.runs_inline(*stream) && device.tensor_device().is_cpu()) {
+      device.synchronize(*stream);
+    }
   } catch (const ops::SignatureMismatch&) {
     // The op ran nowhere and the phases were settled: the group stays usable.
-    if (!host) collective_state_.last = device.record(*stream);
+    workspace_->end_op(*stream);
     throw;
   } catch (const std::exception& e) {
     collective_state_.pending.reset();
     failure_.mark(what, e);
+    workspace_->end_op(*stream);
     throw;
   }
   TORCH_INTERNAL_ASSERT(!collective_state_.pending, "cuda_p2p ", what,
                         ": the op's signature was never compared");
-  if (!host) collective_state_.last = device.record(*stream);
+  workspace_->end_op(*stream);
 }
 
 void ProcessGroupCudaP2P::check_or_reject(const char* what, ops::OpKind kind,
@@ -105,9 +110,8 @@ WorkPtr ProcessGroupCudaP2P::completed(c10d::OpType type, std::vector<at::Tensor
   std::shared_ptr<Device> device;
   std::shared_ptr<Event> end;
   if (workspace_ && !workspace_->device().tensor_device().is_cpu()) {
-    std::lock_guard<std::mutex> lock(collective_mutex_);
     device = workspace_->device_ptr();
-    end = collective_state_.last;
+    end = workspace_->last_op();
   }
   return track(c10::make_intrusive<CompletedWork>(getRank(), type, std::move(outputs),
                                                   std::move(device), std::move(end)));

@@ -149,9 +149,6 @@ class CollectiveState {
   // rank claims for every rank's inputs in the running collective (rank q's input i at
   // [q * n + i]), set with its signature and taken by its zero-copy path; unset otherwise.
   std::optional<std::vector<int64_t>> zero_copy_claim;
-  // CUDA: the end of the previous collective, which the next one waits for (NOTE [Collectives
-  // of a group run one at a time]); unused on the host.
-  std::shared_ptr<Event> last;
   // The handshakes of the collective channel (NOTE [Op signatures] in ops/op_signature.cpp), and
   // the signature of the running collective until it has been compared.
   SignatureState signature;

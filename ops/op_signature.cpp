@@ -266,10 +266,18 @@ std::string compare_signatures(SymmetricWorkspace& ws, Stream& s, int channel,
   const uint32_t* slots = ws.descriptor_slot(me, channel, parity, 0);
   if (ws.device().tensor_device().is_cpu()) {
     // The caller's inline stream: the barrier's waits have run (acquiring the peers' stores), and
-    // so does this, now.
-    std::string error;
-    ws.device().host_task(s, [&] { error = disagreement(slots, W, words, mine); });
-    return error;
+    // so does this, now. A host caller on a stream of its own (host::set_current_stream) is
+    // waited for: the host decides here whether the op goes on.
+    if (ws.device().runs_inline(s)) {
+      std::string error;
+      ws.device().host_task(s, [&] { error = disagreement(slots, W, words, mine); });
+      return error;
+    }
+    auto error = std::make_shared<std::string>();
+    ws.device().host_task(
+        s, [error, slots, W, words, mine] { *error = disagreement(slots, W, words, mine); });
+    ws.device().synchronize(s);
+    return *error;
   }
 #ifdef CUDA_P2P_WITH_CUDA
   if (!state.cuda_record) {

@@ -83,15 +83,12 @@ void Env::wait_stream(int i, int j) const {
 }
 
 std::array<std::shared_ptr<Stream>, 2> acquire_streams(Device& device, State& state) {
-  if (!device.tensor_device().is_cpu()) {
-    return {device.new_stream(/*high_priority=*/false), device.new_stream(/*high_priority=*/true)};
-  }
+  // NOTE [Group streams] in p2p_workspace/cuda/cuda_device.cpp: the group's own two, on every
+  // device, made on first use.
   for (int i = 0; i < 2; ++i) {
-    if (!state.host_streams[i]) {
-      state.host_streams[i] = device.new_stream(/*high_priority=*/i == 1);
-    }
+    if (!state.streams[i]) state.streams[i] = device.new_stream(/*high_priority=*/i == 1);
   }
-  return state.host_streams;
+  return state.streams;
 }
 
 Env make_env(Group& group) {
@@ -119,6 +116,7 @@ Env make_env(Group& group) {
   dev.check_healthy("fused op");
   dev.check_not_capturing(*env.caller, "fused op");
   for (int i = 0; i < 2; ++i) dev.check_not_capturing(env.stream(i), "fused op");
+  ws.begin_op(*env.caller);  // NOTE [One order per group]
   return env;
 }
 
@@ -126,6 +124,9 @@ void agree(Env& env, State& state, const OpSignature& sig) {
   if (env.world_size() == 1) return;
   env.on_caller("handshake", [&] {
     const std::string error = handshake(env.ws, *env.caller, env.channels[0], state.signature, sig);
+    // The handshake is the whole op when it is a rejection or precedes the unfused pair: its end
+    // is the group's last op until the pipeline's own (NOTE [One order per group]).
+    env.ws.end_op(*env.caller);
     if (!error.empty()) throw SignatureMismatch(error);
   });
   env.opened = true;  // NOTE [The handshake opens the buffer]
@@ -155,9 +156,13 @@ void begin(Env& env) {
 
 void end(Env& env) {
   auto& dev = env.device();
-  if (!env.host()) {
+  const bool inline_caller = dev.runs_inline(*env.caller);
+  if (!inline_caller) {
     for (int i = 0; i < 2; ++i) dev.wait_event(*env.caller, *dev.record(env.stream(i)));
-    return;
+    env.ws.end_op(*env.caller);  // NOTE [One order per group]
+    // NOTE [Host ops return complete]: on the host the streams' closures refer to the op's
+    // locals, so the host waits for them below also when its caller's stream is its own.
+    if (!env.host()) return;
   }
   // First the caller waits until both streams have drained (waiting on the caller's own stream
   // runs at once on the host and reports a stream's error without clearing it). Only then are
@@ -165,6 +170,7 @@ void end(Env& env) {
   // still wait for it would let that one run on past it.
   std::exception_ptr error;
   for (int i : {1, 0}) {
+    if (!inline_caller) break;  // its waits are enqueued above; synchronize below drains
     try {
       dev.wait_event(*env.caller, *dev.record(env.stream(i)));
     } catch (...) {

@@ -78,7 +78,8 @@ struct State {
   // Held for the whole of a fused op: two ops on one group must not interleave their signals on
   // the pipeline channels (NOTE [Signal sequence numbers]) nor their send/recv tags.
   std::mutex mutex;
-  std::array<std::shared_ptr<Stream>, 2> host_streams;
+  // The pipeline streams, the group's own (acquire_streams).
+  std::array<std::shared_ptr<Stream>, 2> streams;
   // The handshakes comparing the ops' signatures across ranks, on the first pipeline channel
   // (NOTE [Op signatures] in ops/op_signature.cpp).
   SignatureState signature;
@@ -125,9 +126,10 @@ struct Stats {
 // streams[0] ("the first stream") has normal priority; streams[1] ("the second stream") has high
 // priority on CUDA and carries the communication of the alternate steps. Both start after
 // everything the caller enqueued before the op (begin), and the caller continues only after
-// both (end): on CUDA in stream order, on the host by blocking, so an op returns with its
-// results complete. Each stream signals only on its own channel (channels[i]), so barriers
-// issued from the two streams never consume each other's signals.
+// both (end): in stream order (CUDA, or a host caller on a stream of its own), or, for the host's
+// inline caller, by blocking, so an op returns with its results complete. Each stream signals only
+// on its own channel (channels[i]), so barriers issued from the two streams never consume each
+// other's signals.
 //
 // NOTE [Pipeline temporaries]
 // A pipeline's temporaries (stacks, accumulators, contiguous copies of A, staging outputs) are
@@ -195,8 +197,9 @@ struct Env {
   void wait_stream(int i, int j) const;
 };
 
-// The pipeline streams of `device`: on the host, executor threads kept in `state` (created on
-// first use); on CUDA, pool streams (the second one high priority).
+// The pipeline streams of `device`, kept in `state` (created on first use; the second one has high
+// priority): on the host executor threads, on CUDA streams of the group's own (NOTE [Group
+// streams] in p2p_workspace/cuda/cuda_device.cpp).
 std::array<std::shared_ptr<Stream>, 2> acquire_streams(Device& device, State& state);
 
 // The Env of an op of `group` on its workspace: the caller's current stream, the pipeline
@@ -237,6 +240,13 @@ void begin(Env& env);
 // The caller's stream waits for both pipeline streams (on the host: blocks until both have run
 // and rethrows the first error of either, leaving both usable for the next op).
 void end(Env& env);
+
+// NOTE [Host ops return complete]
+// On the host an op's stream closures run later, in other threads, and refer to the op's locals
+// (its consumers, its Env): so every host op has run when it returns, also when its caller's
+// current stream is a stream of its own (host::set_current_stream), whose waits it still
+// enqueues in stream order. On CUDA a closure runs when it is enqueued (Device::launch), and an
+// op returns with its work queued.
 
 // Runs end(env) when a pipeline is left by an exception half-way, so that no stream still uses
 // the op's temporaries after they are freed. The error itself is the one already in flight.

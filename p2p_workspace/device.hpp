@@ -163,10 +163,20 @@ class Device {
   // the host, whose ops complete before they return.
   virtual void quiesce() = 0;
 
+  // Blocks the host until the work enqueued on the device's own streams and on the callers'
+  // streams its ops used since it last drained has run, or `limit` has passed (returns false
+  // then). Unlike quiesce it raises nothing, also on a failed device, whose released waits let
+  // the streams drain (NOTE [Teardown drains] in p2p_workspace/symmetric_workspace.cpp).
+  virtual bool drain(Millis /*limit*/) noexcept { return true; }
+  // The group's timeout: how long a host-side wait for a stream (synchronize, quiesce) may take
+  // before it raises instead of hanging (CUDA; the host's waits have their own deadlines).
+  virtual void set_timeout(Millis /*timeout*/) {}
+
   // --- failure (NOTE [Device failure] in p2p_workspace/watchdog.hpp) ---
   // Fails this device for good: every pending and later wait raises an error naming `why`
-  // (host: every wait loop returns within ~10 ms; CUDA: the watchdog stops tracking and records
-  // `why`). Thread-safe, may be called while another thread is blocked in a wait.
+  // (host: every wait loop returns within ~10 ms; CUDA: the watchdog records `why` and releases
+  // every pending wait, NOTE [Releasing blocked waits]). Thread-safe, may be called while
+  // another thread is blocked in a wait.
   virtual void abort(const std::string& why) = 0;
   // Raises the error that failed this device (an abort, or on CUDA a wait that missed its
   // deadline, naming the op and the ranks that never arrived); a no-op while it is healthy.

@@ -564,6 +564,7 @@ SymmetricWorkspace::SymmetricWorkspace(c10::intrusive_ptr<c10d::Store> store, in
               "cuda_p2p: workspace num_channels must be in [1, 64], got ", options_.num_channels);
   TORCH_CHECK(options_.timeout.count() > 0, "cuda_p2p: workspace timeout must be positive, got ",
               options_.timeout.count(), " ms");
+  device_->set_timeout(options_.timeout);
   reader_ = device_->private_memory_reader();
   if (reader_ && options_.deny_private_reads) reader_ = make_cross_memory_reader(/*deny=*/true);
   retirement_ = std::make_shared<Retirement>(store_, rank_, world_size_,
@@ -575,7 +576,28 @@ SymmetricWorkspace::SymmetricWorkspace(c10::intrusive_ptr<c10d::Store> store, in
   rendezvous(options_.buffer_size);
 }
 
+// NOTE [Teardown drains]
+// Copies and signal writes this process queued may still read or write a peer's block (and the
+// peer its own, ours) when the group is destroyed: a GPU op returns when it is enqueued. So the
+// destructor first drains the device (Device::drain: the group's own streams and the callers'
+// streams its ops used), and only then closes its mappings and publishes "closed", after which a
+// peer may free its block (NOTE [Block lifetime]). A failed device drains too: its pending waits
+// were released (NOTE [Releasing blocked waits] in p2p_workspace/watchdog.hpp). What does not
+// drain within the close wait (a stream held by someone else's work) keeps its mapping: leaked,
+// with a warning, rather than unmapped under a queued copy.
 SymmetricWorkspace::~SymmetricWorkspace() {
+  const Millis wait = std::min<Millis>(options_.timeout, kCloseWait);
+  if (!device_->drain(wait)) {
+    try {
+      TORCH_WARN("cuda_p2p: rank ", rank_, " destroys its workspace while work it queued on ",
+                 device_->name(), " has not finished after ", wait.count(),
+                 " ms: its mappings are kept (leaked) so that the queued work never reads or "
+                 "writes unmapped memory (NOTE [Teardown drains])");
+    } catch (...) {
+    }
+    std::lock_guard<std::mutex> lock(mapping_mutex_);
+    (void)new std::shared_ptr<Mapping>(std::move(mapping_));  // intentionally never released
+  }
   // NOTE [Block lifetime]: release the mapping (publishing "closed" unless a tensor still
   // aliases it), then wait for the peers to close this rank's blocks.
   {
@@ -584,6 +606,50 @@ SymmetricWorkspace::~SymmetricWorkspace() {
   }
   retirement_->reap(aborted_ ? Millis(0) : std::min<Millis>(options_.timeout, kCloseWait),
                     /*final=*/true);
+}
+
+// NOTE [One order per group]
+// A group's workspace ops share its buffer and the signal counts of its channels, which assume
+// that every rank executes them in one order: the order the host issued them in. On a GPU an op
+// only enqueues work, on the caller's current stream and the group's own streams, so op n+1
+// issued on another stream (a side stream, FSDP's streams, or a collective after a fused op)
+// could otherwise run before op n: its early signals would satisfy op n's waits, its pulls read
+// unpublished data, and it would overwrite a buffer peers still pull from. So every workspace op
+// (collectives, fused ops, their handshakes, the API barrier) begins by making its caller's
+// stream wait for the end of the previous one (begin_op) and ends by recording its own end
+// (end_op): the group's ops run one after another on the device whatever streams they were
+// issued on. An op on the host's inline stream has completed when it returns: nothing to order.
+// The host device can give a thread another current stream (host::set_current_stream), which is
+// how CI runs this order (tests/cpp/test_op_order.cpp).
+void SymmetricWorkspace::begin_op(Stream& caller) {
+  // One load on the host's hot path (a small all-reduce), where no op is ever pending.
+  if (!has_last_op_.load(std::memory_order_acquire)) return;
+  std::shared_ptr<Event> last;
+  {
+    std::lock_guard<std::mutex> lock(order_mutex_);
+    last = last_op_;
+  }
+  if (last) device_->wait_event(caller, *last);
+}
+
+void SymmetricWorkspace::end_op(Stream& caller) {
+  if (device_->runs_inline(caller)) {
+    // Complete now, and it began after the previous op had completed (begin_op).
+    if (!has_last_op_.load(std::memory_order_acquire)) return;
+    std::lock_guard<std::mutex> lock(order_mutex_);
+    last_op_.reset();
+    has_last_op_.store(false, std::memory_order_release);
+    return;
+  }
+  auto end = device_->record(caller);
+  std::lock_guard<std::mutex> lock(order_mutex_);
+  last_op_ = std::move(end);
+  has_last_op_.store(true, std::memory_order_release);
+}
+
+std::shared_ptr<Event> SymmetricWorkspace::last_op() const {
+  std::lock_guard<std::mutex> lock(order_mutex_);
+  return last_op_;
 }
 
 void SymmetricWorkspace::abort(const std::string& why) {

@@ -128,6 +128,15 @@ class SymmetricWorkspace {
   // exchange when `nbytes` exceeds the buffer.
   void grow_to(int64_t nbytes);
 
+  // --- the group's op order (NOTE [One order per group] in the .cpp) ---
+  // Makes `caller` wait for the end of the group's previous workspace op: called by every op
+  // before it enqueues anything on `caller` or its own streams.
+  void begin_op(Stream& caller);
+  // Records the end of the op: called once everything the op enqueued is joined into `caller`.
+  void end_op(Stream& caller);
+  // The end of the last op on a stream that does not run inline (null: none is pending).
+  std::shared_ptr<Event> last_op() const;
+
   // Fails the device for good (Device::abort): pending and later waits raise; the destructor
   // then waits for no peer (NOTE [Block lifetime] in the .cpp). Thread-safe.
   void abort(const std::string& why);
@@ -163,6 +172,9 @@ class SymmetricWorkspace {
   int exchange_count_ = 0;
 
   std::shared_ptr<Retirement> retirement_;  // NOTE [Block lifetime]
+  mutable std::mutex order_mutex_;
+  std::shared_ptr<Event> last_op_;  // NOTE [One order per group]
+  std::atomic<bool> has_last_op_{false};
   std::atomic<bool> aborted_{false};
   mutable std::mutex mapping_mutex_;
   std::shared_ptr<Mapping> mapping_;

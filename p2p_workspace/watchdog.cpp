@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <iterator>
 #include <sstream>
 
 namespace cuda_p2p {
@@ -47,86 +48,149 @@ Watchdog::Watchdog(FailureState& failure, std::function<void()> thread_init, Mil
 Watchdog::~Watchdog() { stop(); }
 
 void Watchdog::track(std::unique_ptr<WatchedWait> wait, Millis timeout, std::string context) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (stop_ || failure_.failed()) return;
-  entries_.push_back(Entry{std::move(wait), timeout, std::move(context), std::nullopt});
-  if (!thread_.joinable()) {
-    thread_ = std::thread([this] { loop(); });
-  } else if (entries_.size() == 1) {
-    cv_.notify_all();  // the thread sleeps until there is something to watch
+  {
+    std::lock_guard<std::mutex> lock(in_mu_);
+    if (!stop_ && !failure_.failed()) {
+      incoming_.push_back(Entry{std::move(wait), timeout, std::move(context), std::nullopt});
+      if (!thread_.joinable()) {
+        thread_ = std::thread([this] { loop(); });
+      } else if (incoming_.size() + queued_ == 1) {
+        cv_.notify_all();  // the thread sleeps until there is something to watch
+      }
+      return;
+    }
   }
+  // Enqueued on its stream after the failure was recorded: NOTE [Releasing blocked waits].
+  if (failure_.failed()) wait->release();
 }
 
 size_t Watchdog::pending() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return entries_.size();
+  std::lock_guard<std::mutex> lock(in_mu_);
+  return incoming_.size() + queued_;
 }
 
 void Watchdog::poll_now() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!stop_) poll();
+  std::lock_guard<std::mutex> scan(scan_mu_);
+  {
+    std::lock_guard<std::mutex> lock(in_mu_);
+    if (stop_) return;
+  }
+  adopt();
+  poll();
+}
+
+void Watchdog::fail(const std::string& why) {
+  failure_.fail(why);
+  {
+    std::lock_guard<std::mutex> scan(scan_mu_);
+    adopt();
+    release_all();
+  }
+  stop();
 }
 
 void Watchdog::stop() {
   std::thread t;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(in_mu_);
     stop_ = true;
-    entries_.clear();
     t = std::move(thread_);
   }
   cv_.notify_all();
   if (t.joinable() && t.get_id() != std::this_thread::get_id()) t.join();
   if (t.joinable()) t.detach();  // stop() from the watchdog thread itself: it returns next
+  std::lock_guard<std::mutex> scan(scan_mu_);
+  std::lock_guard<std::mutex> lock(in_mu_);
+  incoming_.clear();
+  fifos_.clear();
+  queued_ = 0;
+}
+
+void Watchdog::adopt() {
+  std::vector<Entry> in;
+  {
+    std::lock_guard<std::mutex> lock(in_mu_);
+    in.swap(incoming_);
+    queued_ += in.size();
+  }
+  for (auto& e : in) {
+    const void* key = e.wait->stream();
+    auto it = std::find_if(fifos_.begin(), fifos_.end(), [&](auto& f) { return f.first == key; });
+    if (it == fifos_.end()) {
+      fifos_.emplace_back(key, std::deque<Entry>{});
+      it = std::prev(fifos_.end());
+    }
+    it->second.push_back(std::move(e));
+  }
+}
+
+void Watchdog::release_all() {
+  for (auto& [stream, fifo] : fifos_) {
+    for (auto& e : fifo) e.wait->release();
+  }
+  fifos_.clear();
+  std::lock_guard<std::mutex> lock(in_mu_);
+  queued_ = 0;
 }
 
 bool Watchdog::poll() {
-  // Called with mu_ held. Waits on different streams finish in any order: scan them all.
+  // Only the head of each stream's FIFO can have been reached and not passed: two queries per
+  // stream, not per pending wait.
   const auto now = std::chrono::steady_clock::now();
   bool progress = false;
   bool blocked = false;  // the stream is still at the wait (not a kernel that gave up)
   std::string error;
-  for (auto it = entries_.begin(); it != entries_.end();) {
-    Entry& e = *it;
-    if (e.wait->finished()) {
-      if (auto peers = e.wait->given_up(); !peers.empty()) {
-        error = e.context + " timed out after " + std::to_string(e.timeout.count()) +
-                " ms: " + describe_ranks(peers) +
-                " never arrived (the wait kernel gave up, so the data "
-                "this op produced is stale)";
-        break;
+  size_t retired = 0;
+  for (auto& [stream, fifo] : fifos_) {
+    while (!fifo.empty() && error.empty()) {
+      Entry& e = fifo.front();
+      if (e.wait->finished()) {
+        if (auto peers = e.wait->given_up(); !peers.empty()) {
+          error = e.context + " timed out after " + std::to_string(e.timeout.count()) +
+                  " ms: " + describe_ranks(peers) +
+                  " never arrived (the wait kernel gave up, so the data this op produced is "
+                  "stale)";
+          break;
+        }
+        fifo.pop_front();
+        ++retired;
+        progress = true;
+        continue;
       }
-      it = entries_.erase(it);
-      progress = true;
-      continue;
+      if (!e.started && e.wait->started()) {
+        e.started = now;
+        progress = true;
+      }
+      if (e.started && now - *e.started > e.timeout) {
+        error = e.context + " timed out after " + std::to_string(e.timeout.count()) +
+                " ms: " + describe_ranks(e.wait->missing()) + " never arrived";
+        blocked = true;
+      }
+      break;  // the later waits of this stream are not reached yet
     }
-    if (!e.started && e.wait->started()) {
-      e.started = now;
-      progress = true;
-    }
-    if (e.started && now - *e.started > e.timeout) {
-      error = e.context + " timed out after " + std::to_string(e.timeout.count()) +
-              " ms: " + describe_ranks(e.wait->missing()) + " never arrived";
-      blocked = true;
-      break;
-    }
-    ++it;
+    if (!error.empty()) break;
+  }
+  std::erase_if(fifos_, [](const auto& f) { return f.second.empty(); });
+  {
+    std::lock_guard<std::mutex> lock(in_mu_);
+    queued_ -= retired;
   }
   if (!error.empty()) {
     const std::string why = error +
-                            "; the stream's pending work cannot be cancelled: destroy the group "
-                            "and end the process (NOTE [Device failure])";
+                            "; the group's pending waits were released, so its streams drain on "
+                            "stale data: destroy the group (NOTE [Device failure])";
     if (failure_.fail(why)) {
       try {  // poll_now() may run in a Python thread whose warnings are errors
         report_("cuda_p2p watchdog: this group's device failed: " + why + ". " +
-                (blocked ? "Work queued behind the wait stays blocked: torch.cuda.synchronize() "
-                           "and whatever else waits for that stream will not return."
+                (blocked ? "The waits were released; cuda_p2p's calls on this group raise this "
+                           "error."
                          : "The stream went on with stale data; cuda_p2p's calls on this group "
                            "raise this error."));
       } catch (...) {
       }
     }
-    entries_.clear();
+    release_all();  // NOTE [Releasing blocked waits]
+    std::lock_guard<std::mutex> lock(in_mu_);
     stop_ = true;
   }
   return progress;
@@ -134,17 +198,27 @@ bool Watchdog::poll() {
 
 void Watchdog::loop() {
   if (thread_init_) thread_init_();
-  std::unique_lock<std::mutex> lock(mu_);
   // Back-off: poll every millisecond while waits start and finish, up to max_poll_ when nothing
   // moves (a deadline is noticed at most max_poll_ late).
   Millis nap{1};
-  while (!stop_) {
-    if (entries_.empty()) {
-      cv_.wait(lock, [&] { return stop_ || !entries_.empty(); });
-      nap = Millis(1);
-      continue;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(in_mu_);
+      if (stop_) break;
+      if (incoming_.empty() && queued_ == 0) {
+        cv_.wait(lock, [&] { return stop_ || !incoming_.empty(); });
+        nap = Millis(1);
+        continue;
+      }
     }
-    nap = poll() ? Millis(1) : std::min(nap * 2, max_poll_);
+    bool progress = false;
+    {
+      std::lock_guard<std::mutex> scan(scan_mu_);
+      adopt();
+      progress = poll();
+    }
+    nap = progress ? Millis(1) : std::min(nap * 2, max_poll_);
+    std::unique_lock<std::mutex> lock(in_mu_);
     if (stop_) break;
     cv_.wait_for(lock, nap);
   }

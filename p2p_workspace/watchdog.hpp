@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -35,11 +36,23 @@ namespace cuda_p2p {
 //    missing) gives up at its own deadline and flags the peers it gave up on in host-mapped
 //    memory; the watchdog turns the flag into the failure, so the stale data the stream then
 //    computes on is never returned silently: the host raises for that op (Work.wait(),
-//    synchronize, the next op). A stream blocked in cuStreamWaitValue32 stays blocked: the user
-//    must treat the process's CUDA work as lost (destroy the group and exit, as with NCCL's
-//    watchdog, or relaunch the job). A process blocked outside cuda_p2p behind that stream
-//    (torch.cuda.synchronize(), .item()) never gets to raise, so the watchdog also says the
-//    failure once on stderr (a warning) when it records it.
+//    synchronize, the next op). A stream blocked at a wait is released: NOTE [Releasing blocked
+//    waits]. The watchdog also says the failure once on stderr (a warning) when it records it,
+//    for a process whose next CUDA call is not one of cuda_p2p's.
+//
+// NOTE [Releasing blocked waits]
+// A GPU stream blocked in cuStreamWaitValue32 (or the wait kernel) cannot be cancelled, and the
+// fused ops' handshake waits on the caller's stream, usually the user's compute stream: left
+// alone, every later kernel, NCCL op, .item(), torch.cuda.synchronize() and the frees of
+// destroy_process_group would hang behind it. Every wait polls a word of the waiter's own pad
+// (NOTE [Signal pad layout]), so whoever fails the device (a missed deadline or abort()) also
+// releases every wait not yet retired: WatchedWait::release() writes the awaited value into that
+// word from a stream that is not blocked (CUDA: the device's own auxiliary stream). The streams
+// then run on - on stale data, which no cuda_p2p call returns, since the failure is sticky -
+// drain, and the process can raise, tear the group down (NOTE [Teardown drains]) and create a
+// new one on the same GPU. A wait enqueued after the failure was recorded (a thread that passed
+// the failure check just before) is released as it is tracked. Releases of one stream run in the
+// order the waits were tracked, so a signal word never moves backwards.
 class FailureState {
  public:
   // Records `why` unless a failure was recorded already; returns whether this call recorded it.
@@ -71,6 +84,13 @@ class WatchedWait {
   virtual std::vector<int> given_up() = 0;
   // The peers whose signals have not arrived yet (asked once the deadline has passed).
   virtual std::vector<int> missing() = 0;
+  // Makes the stream pass the wait: writes the awaited values into the waiter's own pad from a
+  // stream that is not blocked (NOTE [Releasing blocked waits]). Called once, after the device
+  // failed, never concurrently with the other calls; must not throw.
+  virtual void release() = 0;
+  // Identifies the stream the wait is on: the waits of one stream are reached, and finish, in the
+  // order they were tracked, so only the oldest unfinished one can be at its deadline.
+  virtual const void* stream() const = 0;
 };
 
 // "rank 3" / "ranks 1, 2" / "rank ?" (the words had all arrived by the time they were read).
@@ -91,14 +111,19 @@ class Watchdog {
 
   // Watches `wait`: if the stream stays at it longer than `timeout` (from the first poll that
   // sees started()), or a kernel gave up on it, the device fails with an error naming `context`
-  // and the missing ranks. Waits are retired in the order they were tracked. No-op once failed.
+  // and the missing ranks, and every pending wait is released. Once the device failed, `wait` is
+  // released at once instead (NOTE [Releasing blocked waits]).
   void track(std::unique_ptr<WatchedWait> wait, Millis timeout, std::string context);
   // Waits not yet retired.
   size_t pending() const;
   // One pass now, in the calling thread: after a stream was seen idle, so that a wait kernel's
   // give-up on that stream becomes the device's failure before the caller returns.
   void poll_now();
-  // Stops the thread and drops every pending wait (after abort(); also the destructor).
+  // Fails the device with `why` (unless it failed already), releases every pending wait and
+  // stops watching (abort()). Thread-safe.
+  void fail(const std::string& why);
+  // Stops the thread and drops every pending wait without releasing it (the destructor, once
+  // the device's streams are drained).
   void stop();
 
  private:
@@ -109,16 +134,26 @@ class Watchdog {
     std::optional<std::chrono::steady_clock::time_point> started;
   };
   void loop();
-  // One pass over the pending waits; returns whether any retired or started.
+  // Moves what track() queued into the per-stream FIFOs. Called with scan_mu_ held.
+  void adopt();
+  // One pass over the FIFOs' heads; returns whether any wait retired or started. Called with
+  // scan_mu_ held (never in_mu_: it queries the device).
   bool poll();
+  // Releases every pending wait, oldest first per stream, and forgets them. scan_mu_ held.
+  void release_all();
 
   FailureState& failure_;
   std::function<void()> thread_init_;
   const Millis max_poll_;
   std::function<void(const std::string&)> report_;
-  mutable std::mutex mu_;
+  // Lock order: scan_mu_ before in_mu_. track() (every wait_signals) takes only in_mu_, for a
+  // push: the scans, which query the device, never hold it.
+  mutable std::mutex scan_mu_;
+  std::list<std::pair<const void*, std::deque<Entry>>> fifos_;  // one per stream, in use order
+  mutable std::mutex in_mu_;
   std::condition_variable cv_;
-  std::deque<Entry> entries_;
+  std::vector<Entry> incoming_;
+  size_t queued_ = 0;  // entries in fifos_ (read by pending() under in_mu_)
   bool stop_ = false;
   std::thread thread_;  // started by the first track()
 };

@@ -12,6 +12,10 @@ __global__ void publish_signature_kernel(SignatureWords words, SignatureTargets 
     volatile uint32_t* slot = targets.slot[t];
     slot[i] = words.w[i];
   }
+  // NOTE [Descriptor visibility]: over PCIe P2P a peer may observe the barrier's signal before
+  // these posted writes unless they are fenced system-wide first; the waiter adds
+  // CU_STREAM_WAIT_VALUE_FLUSH where the device supports it (p2p_workspace/cuda/cuda_device.cpp).
+  __threadfence_system();
 }
 
 __global__ void compare_signatures_kernel(const uint32_t* slots, int world_size,

@@ -11,6 +11,24 @@
 // cuStreamWaitValue32(GEQ), which compares (int32_t)(*addr - value) >= 0 like the host side
 // (signal_reached). Neither occupies an SM. Where the driver entry points are missing, one-thread
 // kernels do the same with st.release.sys / ld.acquire.sys (signal_kernels.cu).
+//
+// NOTE [Descriptor visibility]
+// The op descriptors of a handshake are written into the peers' pads by SM stores (a kernel,
+// ops/cuda/signature_kernel.cu), then announced by the barrier's cuStreamWriteValue32. Over
+// NVLink the write's fence orders them; over PCIe P2P posted writes may still be in flight when
+// the peer observes the signal. So the kernel ends with a system-wide fence, and where the device
+// supports it (CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES) every wait carries
+// CU_STREAM_WAIT_VALUE_FLUSH, which makes remote writes that reached the device before the wait
+// was satisfied visible to the work after it. Not yet run across GPUs (docs/testing.md).
+//
+// NOTE [Group streams]
+// The pipeline streams are the group's own (new_stream creates them; they are not c10's pool
+// streams, which ProcessGroupNCCL and torch.cuda.Stream() share, 32 per priority): no wrap-around
+// serialises a group behind NCCL or a user's stream, and cuBLAS keeps one workspace per stream,
+// two per group. The device waits only for streams it owns or handed to one of its ops since it
+// last drained (quiesce, drain), never for every stream of the GPU, and every such wait has the
+// group's deadline (set_timeout): a wait of group A that blocks a stream is an error in group B,
+// not a hang.
 #include "p2p_workspace/cuda/cuda_device.hpp"
 
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -21,6 +39,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -121,6 +140,27 @@ class CudaStreamImpl : public Stream {
   c10::cuda::CUDAStream stream;
 };
 
+// Writes signal words from the device's auxiliary stream, which no wait ever blocks: what
+// releases blocked waits (NOTE [Releasing blocked waits] in p2p_workspace/watchdog.hpp).
+struct AuxWriter {
+  cudaStream_t stream = nullptr;
+  std::mutex* mu = nullptr;
+  WriteValueFn write_value = nullptr;
+  int device = 0;
+
+  void write(uint32_t* addr, uint32_t value) const noexcept {
+    QuietDeviceSwitch guard(device);
+    std::lock_guard<std::mutex> lock(*mu);
+    if (write_value) {
+      (void)write_value(reinterpret_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(addr),
+                        value, 0);
+    } else {
+      (void)cuda::launch_write_signal(addr, value, stream);
+    }
+    (void)cudaGetLastError();
+  }
+};
+
 class CudaEventImpl : public Event {
  public:
   explicit CudaEventImpl(int device) : device_(device) {
@@ -212,8 +252,13 @@ class WaitResources {
 class CudaWatchedWait : public WatchedWait {
  public:
   CudaWatchedWait(WaitResources& res, std::vector<SignalWait> waits, cudaStream_t reader,
-                  std::mutex& reader_mu)
-      : res_(res), waits_(std::move(waits)), reader_(reader), reader_mu_(reader_mu) {}
+                  std::mutex& reader_mu, cudaStream_t stream, const AuxWriter& aux)
+      : res_(res),
+        waits_(std::move(waits)),
+        reader_(reader),
+        reader_mu_(reader_mu),
+        stream_(stream),
+        aux_(aux) {}
   ~CudaWatchedWait() override {
     if (before) res_.put(before);
     if (after) res_.put(after);
@@ -256,6 +301,12 @@ class CudaWatchedWait : public WatchedWait {
     (void)cudaGetLastError();
     return peers;
   }
+  // NOTE [Releasing blocked waits]: each word is the waiter's own pad, written here from the
+  // auxiliary stream; the blocked stream (or wait kernel) sees the awaited value and passes.
+  void release() override {
+    for (const auto& w : waits_) aux_.write(const_cast<uint32_t*>(w.addr), w.value);
+  }
+  const void* stream() const override { return stream_; }
 
   cudaEvent_t before = nullptr;
   cudaEvent_t after = nullptr;
@@ -275,6 +326,8 @@ class CudaWatchedWait : public WatchedWait {
   std::vector<SignalWait> waits_;
   cudaStream_t reader_;
   std::mutex& reader_mu_;
+  cudaStream_t stream_;
+  AuxWriter aux_;
 };
 
 // The first exception a host task raised, until a synchronize reports it. Shared with the host
@@ -329,9 +382,21 @@ class CudaDevice : public Device {
     cudaDeviceProp prop{};
     CUDA_P2P_CUDA_CHECK(cudaGetDeviceProperties(&prop, index_));
     uuid_ = format_uuid(prop.uuid);
+    int can_flush = 0;  // NOTE [Descriptor visibility]
+    if (cudaDeviceGetAttribute(&can_flush, cudaDevAttrCanFlushRemoteWrites, index_) !=
+        cudaSuccess) {
+      (void)cudaGetLastError();
+      can_flush = 0;
+    }
+    if (can_flush) wait_flags_ |= CU_STREAM_WAIT_VALUE_FLUSH;
+    if (cudaDeviceGetStreamPriorityRange(&least_priority_, &greatest_priority_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      least_priority_ = greatest_priority_ = 0;
+    }
     // A stream of the device's own for allocation and the watchdog's reads: stream
     // order on it replaces cudaDeviceSynchronize, which would also wait for unrelated work.
     CUDA_P2P_CUDA_CHECK(cudaStreamCreateWithFlags(&aux_, cudaStreamNonBlocking));
+    aux_writer_ = AuxWriter{aux_, &aux_mu_, write_value_, index_};
     watchdog_ = std::make_unique<Watchdog>(failure_, [dev = index_] {
       (void)cudaSetDevice(dev);
       // Its event queries must not invalidate a graph another thread is capturing in the global
@@ -342,9 +407,14 @@ class CudaDevice : public Device {
     });
   }
   ~CudaDevice() override {
+    // NOTE [Teardown drains]: the workspace drained the group's work before it released its
+    // blocks; what is still queued here (a failed drain) completes on its own after
+    // cudaStreamDestroy, which does not wait.
     watchdog_.reset();  // before the pools its waits return their events to
     QuietDeviceSwitch guard(index_);
+    for (auto stream : own_streams_) (void)cudaStreamDestroy(stream);
     (void)cudaStreamDestroy(aux_);
+    (void)cudaGetLastError();
   }
 
   std::string name() const override { return "cuda:" + std::to_string(index_); }
@@ -442,9 +512,18 @@ class CudaDevice : public Device {
     return handed_out(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(index_)));
   }
 
+  // NOTE [Group streams]: a stream of the group's own, not one of c10's pool.
   std::shared_ptr<Stream> new_stream(bool high_priority) override {
-    return handed_out(
-        c10::cuda::getStreamFromPool(high_priority, static_cast<c10::DeviceIndex>(index_)));
+    c10::cuda::CUDAGuard guard(index_);
+    cudaStream_t stream = nullptr;
+    CUDA_P2P_CUDA_CHECK(cudaStreamCreateWithPriority(
+        &stream, cudaStreamNonBlocking, high_priority ? greatest_priority_ : least_priority_));
+    {
+      std::lock_guard<std::mutex> lock(streams_mu_);
+      own_streams_.push_back(stream);
+    }
+    return std::make_shared<CudaStreamImpl>(
+        c10::cuda::getStreamFromExternal(stream, static_cast<c10::DeviceIndex>(index_)));
   }
 
   void copy(Stream& s, void* dst, const void* src, size_t n) override {
@@ -475,14 +554,15 @@ class CudaDevice : public Device {
     if (waits.empty()) return;
     c10::cuda::CUDAGuard guard(index_);
     auto stream = as_cuda(s).stream.stream();
-    auto watched = std::make_unique<CudaWatchedWait>(resources_, waits, aux_, aux_mu_);
+    auto watched =
+        std::make_unique<CudaWatchedWait>(resources_, waits, aux_, aux_mu_, stream, aux_writer_);
     watched->before = resources_.event();
     CUDA_P2P_CUDA_CHECK(cudaEventRecord(watched->before, stream));
     if (wait_value_) {
       for (const auto& w : waits) {
         const CUresult r =
             wait_value_(reinterpret_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(w.addr),
-                        w.value, CU_STREAM_WAIT_VALUE_GEQ);
+                        w.value, CU_STREAM_WAIT_VALUE_GEQ | wait_flags_);
         TORCH_CHECK(r == CUDA_SUCCESS, "cuda_p2p: cuStreamWaitValue32 failed with CUresult ", r);
       }
     } else {
@@ -558,16 +638,12 @@ class CudaDevice : public Device {
   }
 
   // NOTE [Workspace growth]: waits for what this device enqueued - an event recorded now on
-  // every stream it handed out - not for the whole GPU (cudaDeviceSynchronize would also wait
-  // for other libraries' work, and hang on another group's blocked stream).
+  // its own streams and on every stream it handed to an op since it last drained - not for the
+  // whole GPU (cudaDeviceSynchronize would also wait for other libraries' work, and hang on
+  // another group's blocked stream). NOTE [Group streams].
   void quiesce() override {
     c10::cuda::CUDAGuard guard(index_);
-    std::vector<cudaStream_t> streams;
-    {
-      std::lock_guard<std::mutex> lock(streams_mu_);
-      streams.assign(streams_.begin(), streams_.end());
-    }
-    for (auto stream : streams) {
+    for (auto stream : streams_to_drain()) {
       CudaEventImpl e(index_);
       if (cudaEventRecord(e.event, stream) != cudaSuccess) {
         (void)cudaGetLastError();  // a stream the user destroyed meanwhile: nothing to wait for
@@ -575,12 +651,45 @@ class CudaDevice : public Device {
       }
       poll_until([&e] { return cudaEventQuery(e.event); }, "quiesce");
     }
+    forget_callers();
   }
 
-  void abort(const std::string& why) override {
-    failure_.fail(why);
-    watchdog_->stop();
+  // NOTE [Teardown drains]: like quiesce, but it raises nothing (a failed device's released
+  // waits let its streams drain) and gives up at `limit`.
+  bool drain(Millis limit) noexcept override {
+    QuietDeviceSwitch guard(index_);
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    bool drained = true;
+    for (auto stream : streams_to_drain()) {
+      cudaEvent_t e = nullptr;
+      if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess ||
+          cudaEventRecord(e, stream) != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (e) (void)cudaEventDestroy(e);
+        continue;
+      }
+      auto nap = std::chrono::microseconds(1);
+      while (true) {
+        const cudaError_t q = cudaEventQuery(e);
+        if (q != cudaErrorNotReady) break;  // done, or an error: nothing more to wait for
+        if (std::chrono::steady_clock::now() >= deadline) {
+          drained = false;
+          break;
+        }
+        std::this_thread::sleep_for(nap);
+        nap = std::min<std::chrono::microseconds>(nap * 2, std::chrono::microseconds(1000));
+      }
+      (void)cudaEventDestroy(e);
+      (void)cudaGetLastError();
+    }
+    if (drained) forget_callers();
+    return drained;
   }
+
+  void set_timeout(Millis timeout) override { timeout_ms_.store(timeout.count()); }
+
+  // NOTE [Releasing blocked waits]: every pending wait is released, so that the streams drain.
+  void abort(const std::string& why) override { watchdog_->fail(why); }
   void check_healthy(const char* op) override { failure_.check(op); }
 
   void check_not_capturing(Stream& s, const char* op) override {
@@ -610,16 +719,33 @@ class CudaDevice : public Device {
   std::shared_ptr<Stream> handed_out(c10::cuda::CUDAStream s) {
     {
       std::lock_guard<std::mutex> lock(streams_mu_);
-      streams_.insert(s.stream());
+      callers_.insert(s.stream());
     }
     return std::make_shared<CudaStreamImpl>(s);
+  }
+
+  // The streams quiesce and drain wait for: the auxiliary and the group's own streams, and the
+  // callers' streams that ops enqueued on since the last drain.
+  std::vector<cudaStream_t> streams_to_drain() {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    std::vector<cudaStream_t> all(own_streams_.begin(), own_streams_.end());
+    all.insert(all.end(), callers_.begin(), callers_.end());
+    all.push_back(aux_);
+    return all;
+  }
+  void forget_callers() {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    callers_.clear();
   }
 
   // Polls `query` (cudaStreamQuery / cudaEventQuery) with back-off until it succeeds; raises
   // the device's failure as soon as there is one, and, once done, the give-up of a wait kernel
   // that ran on the way (so that its stale data is never returned silently).
+  // NOTE [Group streams]: it gives up at the group's timeout, naming what it waited for.
   template <typename Query>
   void poll_until(Query query, const char* op) {
+    const Millis limit(timeout_ms_.load());
+    const auto deadline = std::chrono::steady_clock::now() + limit;
     auto nap = std::chrono::microseconds(1);
     while (true) {
       const cudaError_t q = query();
@@ -629,6 +755,10 @@ class CudaDevice : public Device {
         TORCH_CHECK(false, "cuda_p2p ", op, ": the stream failed: ", cudaGetErrorString(q));
       }
       failure_.check(op);
+      TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "cuda_p2p ", op, " on ", name(),
+                  ": the stream did not finish within the group's timeout of ", limit.count(),
+                  " ms (work queued on it before this group's op - a long kernel, or a wait of "
+                  "another group or library - still holds it)");
       std::this_thread::sleep_for(nap);
       nap = std::min<std::chrono::microseconds>(nap * 2, std::chrono::microseconds(1000));
     }
@@ -643,8 +773,14 @@ class CudaDevice : public Device {
   WaitValueFn wait_value_ = nullptr;
   cudaStream_t aux_ = nullptr;
   std::mutex aux_mu_;
+  int least_priority_ = 0;
+  int greatest_priority_ = 0;
+  unsigned int wait_flags_ = 0;  // NOTE [Descriptor visibility]
+  AuxWriter aux_writer_;
+  std::atomic<int64_t> timeout_ms_{30 * 60 * 1000};  // set_timeout: the group's
   std::mutex streams_mu_;
-  std::set<cudaStream_t> streams_;  // every stream handed out (c10 streams live as long as torch)
+  std::vector<cudaStream_t> own_streams_;  // NOTE [Group streams]: destroyed with the device
+  std::set<cudaStream_t> callers_;         // handed to ops since the last drain
   FailureState failure_;
   std::shared_ptr<HostTaskErrors> host_errors_ = std::make_shared<HostTaskErrors>();
   WaitResources resources_;             // outlives watchdog_

@@ -11,6 +11,8 @@
 #include <chrono>
 #include <cstring>
 #include <optional>
+#include <stdexcept>
+#include <thread>
 
 #include "p2p_workspace/host/cross_memory.hpp"
 #include "p2p_workspace/host/futex_wait.hpp"
@@ -69,16 +71,39 @@ class HostDevice : public Device {
     return make_cross_memory_reader();  // host/cross_memory.cpp
   }
 
-  // One inline stream per device object: it carries no state but its counters.
-  std::shared_ptr<Stream> current_stream() override { return inline_stream_; }
-  std::shared_ptr<Stream> new_stream(bool high_priority) override {
-    if (!cooperative_) {
-      return std::make_shared<HostStream>(HostStream::Mode::kThread, high_priority, nullptr);
+  // One inline stream per device object: it carries no state but its counters. A thread that
+  // chose another (set_current_stream) gets that one.
+  std::shared_ptr<Stream> current_stream() override {
+    if (!any_callers_.load(std::memory_order_acquire)) return inline_stream_;
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    const auto self = std::this_thread::get_id();
+    for (const auto& [thread, stream] : callers_) {
+      if (thread == self) return stream;
     }
-    auto s =
-        std::make_shared<HostStream>(HostStream::Mode::kCooperative, high_priority, scheduler_);
-    scheduler_->add(s);
+    return inline_stream_;
+  }
+  std::shared_ptr<Stream> new_stream(bool high_priority) override {
+    std::shared_ptr<HostStream> s;
+    if (!cooperative_) {
+      s = std::make_shared<HostStream>(HostStream::Mode::kThread, high_priority, nullptr);
+    } else {
+      s = std::make_shared<HostStream>(HostStream::Mode::kCooperative, high_priority, scheduler_);
+      scheduler_->add(s);
+    }
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    std::erase_if(streams_, [](const auto& w) { return w.expired(); });
+    streams_.push_back(s);
     return s;
+  }
+
+  void set_current_stream(std::shared_ptr<Stream> stream) {
+    TORCH_CHECK(!stream || stream == inline_stream_ || own(*stream),
+                "cuda_p2p: set_current_stream needs a stream of this device (new_stream)");
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    const auto self = std::this_thread::get_id();
+    std::erase_if(callers_, [&](const auto& c) { return c.first == self; });
+    if (stream && stream != inline_stream_) callers_.emplace_back(self, std::move(stream));
+    any_callers_.store(!callers_.empty(), std::memory_order_release);
   }
 
   void copy(Stream& s, void* dst, const void* src, size_t n) override {
@@ -169,8 +194,42 @@ class HostDevice : public Device {
     failure_.check("synchronize");
   }
 
-  // Every host op drains its streams before it returns (pipeline::end), so nothing is in flight.
-  void quiesce() override {}
+  // An op on the inline stream drains its streams before it returns (pipeline::end), so nothing
+  // is in flight; one on a stream of set_current_stream may be, as on a GPU.
+  void quiesce() override {
+    if (!any_callers_.load(std::memory_order_acquire)) return;
+    for (auto& s : live_streams()) {
+      if (s->mode() == HostStream::Mode::kCooperative) {
+        const uint64_t target = s->enqueued();
+        scheduler_->drive([&] { return s->done() >= target; });
+      } else {
+        s->wait_done(s->enqueued(), /*rethrow=*/false);
+      }
+    }
+  }
+
+  // NOTE [Teardown drains] in p2p_workspace/symmetric_workspace.cpp.
+  bool drain(Millis limit) noexcept override {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    try {
+      for (auto& s : live_streams()) {
+        const uint64_t target = s->enqueued();
+        auto on_time = [&] {
+          if (s->done() >= target) return true;
+          if (std::chrono::steady_clock::now() >= deadline) throw std::runtime_error("late");
+          return false;
+        };
+        if (s->mode() == HostStream::Mode::kCooperative) {
+          scheduler_->drive(on_time);
+        } else {
+          while (!on_time()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+      }
+    } catch (...) {
+      return false;
+    }
+    return true;
+  }
 
   // NOTE [Inline signals] in p2p_workspace/device.hpp. The inline stream counts no task for
   // these: an event recorded on it is complete whatever its count, as everything on it is.
@@ -205,6 +264,28 @@ class HostDevice : public Device {
   const std::shared_ptr<CooperativeScheduler> scheduler_;
   std::shared_ptr<HostStream> inline_stream_;
   FailureState failure_;  // NOTE [Device failure]
+  // The streams new_stream made (kept alive by their users), and the threads' chosen current
+  // streams (set_current_stream); any_callers_ spares current_stream() the lock while none is.
+  std::mutex streams_mu_;
+  std::vector<std::weak_ptr<HostStream>> streams_;
+  std::vector<std::pair<std::thread::id, std::shared_ptr<Stream>>> callers_;
+  std::atomic<bool> any_callers_{false};
+
+  bool own(const Stream& s) {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    for (const auto& w : streams_) {
+      if (w.lock().get() == &s) return true;
+    }
+    return false;
+  }
+  std::vector<std::shared_ptr<HostStream>> live_streams() {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    std::vector<std::shared_ptr<HostStream>> live;
+    for (const auto& w : streams_) {
+      if (auto s = w.lock()) live.push_back(std::move(s));
+    }
+    return live;
+  }
 };
 
 }  // namespace
@@ -222,5 +303,11 @@ HostStreams parse_host_streams(const std::string& value, const std::string& what
 
 std::shared_ptr<Device> make_host_device(int processes, HostStreams streams) {
   return std::make_shared<host::HostDevice>(processes, streams);
+}
+
+void set_current_stream(Device& device, std::shared_ptr<Stream> stream) {
+  auto* host = dynamic_cast<host::HostDevice*>(&device);
+  TORCH_CHECK(host, "cuda_p2p: set_current_stream needs a host device, got ", device.name());
+  host->set_current_stream(std::move(stream));
 }
 }  // namespace cuda_p2p

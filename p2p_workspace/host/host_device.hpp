@@ -24,4 +24,10 @@ HostStreams parse_host_streams(const std::string& value, const std::string& what
 std::shared_ptr<Device> make_host_device(int processes = 0,
                                          HostStreams streams = HostStreams::kDefault);
 
+// Makes `stream` (a stream `device`, a host device, created with new_stream) the calling thread's
+// current stream on `device`, as torch.cuda.set_stream does on a GPU; null restores the inline
+// stream. Ops then enqueue on it and return before their work has run, so that the tests see the
+// stream order a GPU sees (NOTE [One order per group] in p2p_workspace/symmetric_workspace.cpp).
+void set_current_stream(Device& device, std::shared_ptr<Stream> stream);
+
 }  // namespace cuda_p2p

@@ -20,11 +20,19 @@ struct Script {
   std::vector<int> given_up;  // set before `finished`
   std::vector<int> missing{1, 3};
   std::atomic<int> missing_calls{0};
+  // NOTE [Releasing blocked waits]: how often, and in which order among all scripts, release()
+  // ran (a release lets the stream pass: it finishes).
+  std::atomic<int> releases{0};
+  int release_order = -1;
 };
+
+// The order in which scripts were released.
+std::atomic<int> release_clock{0};
 
 class ScriptedWait : public WatchedWait {
  public:
-  explicit ScriptedWait(std::shared_ptr<Script> s) : s_(std::move(s)) {}
+  explicit ScriptedWait(std::shared_ptr<Script> s, const void* stream = nullptr)
+      : s_(std::move(s)), stream_(stream) {}
   bool started() override { return s_->started.load(); }
   bool finished() override { return s_->finished.load(); }
   std::vector<int> given_up() override { return s_->given_up; }
@@ -32,10 +40,21 @@ class ScriptedWait : public WatchedWait {
     ++s_->missing_calls;
     return s_->missing;
   }
+  void release() override {
+    s_->release_order = release_clock++;
+    ++s_->releases;
+    s_->started = true;
+    s_->finished = true;
+  }
+  const void* stream() const override { return stream_; }
 
  private:
   std::shared_ptr<Script> s_;
+  const void* stream_;
 };
+
+// Stream identities for the scripts.
+const char kStreamA = 'a', kStreamB = 'b';
 
 // What the watchdog reports (it may report from its own thread).
 struct Reports {
@@ -70,7 +89,9 @@ TEST(Watchdog, WaitsThatFinishInTimeRetireWithoutError) {
   std::vector<std::shared_ptr<Script>> scripts;
   for (int i = 0; i < 5; ++i) {
     scripts.push_back(std::make_shared<Script>());
-    dog.track(std::make_unique<ScriptedWait>(scripts.back()), 200ms, "op " + std::to_string(i));
+    // Each on a stream of its own: they finish in any order.
+    dog.track(std::make_unique<ScriptedWait>(scripts.back(), &scripts.back()), 200ms,
+              "op " + std::to_string(i));
   }
   EXPECT_EQ(dog.pending(), 5u);
   // Out of order, as waits on different streams do.
@@ -102,18 +123,65 @@ TEST(Watchdog, AMissedDeadlineFailsTheDeviceNamingTheOpAndTheMissingRanks) {
   // Sticky: later ops raise it, naming themselves.
   expect_error([&] { failure.check("all_reduce"); }, "cuda_p2p all_reduce:");
   expect_error([&] { failure.check("all_reduce"); }, "ranks 1, 3 never arrived");
-  // The group's pending work is dropped, and nothing more is tracked.
+  // The group's pending work is released and dropped, and nothing more is tracked.
   EXPECT_EQ(dog.pending(), 0u);
-  dog.track(std::make_unique<ScriptedWait>(std::make_shared<Script>()), 1ms, "later");
+  EXPECT_EQ(s->releases.load(), 1);
+  auto later = std::make_shared<Script>();
+  dog.track(std::make_unique<ScriptedWait>(later), 1ms, "later");
   EXPECT_EQ(dog.pending(), 0u);
+  EXPECT_EQ(later->releases.load(), 1);  // enqueued after the failure: released at once
   // Said once, when it happened, for a process that hangs outside cuda_p2p behind the stream.
   const auto said = reports.get();
   ASSERT_EQ(said.size(), 1u);
   EXPECT_NE(said[0].find("device failed: " + why), std::string::npos) << said[0];
-  EXPECT_NE(said[0].find("torch.cuda.synchronize() and whatever else waits for that stream will "
-                         "not return"),
-            std::string::npos)
-      << said[0];
+  EXPECT_NE(said[0].find("The waits were released"), std::string::npos) << said[0];
+}
+
+TEST(Watchdog, AMissedDeadlineReleasesEveryPendingWaitOldestFirstPerStream) {
+  // NOTE [Releasing blocked waits]: the stuck wait, the waits queued behind it on its stream,
+  // and the waits of the device's other streams all let their streams pass.
+  FailureState failure;
+  Watchdog dog(failure, nullptr, 10ms, [](const std::string&) {});
+  std::vector<std::shared_ptr<Script>> a, b;
+  for (int i = 0; i < 3; ++i) {
+    a.push_back(std::make_shared<Script>());
+    dog.track(std::make_unique<ScriptedWait>(a.back(), &kStreamA), 80ms, "a" + std::to_string(i));
+    b.push_back(std::make_shared<Script>());
+    dog.track(std::make_unique<ScriptedWait>(b.back(), &kStreamB), 60s, "b" + std::to_string(i));
+  }
+  a[0]->started = true;  // stream A is stuck at its first wait; B has not reached its waits
+  ASSERT_TRUE(eventually([&] { return failure.failed(); }));
+  EXPECT_NE(failure.reason().find("a0 timed out after 80 ms"), std::string::npos)
+      << failure.reason();
+  EXPECT_NE(failure.reason().find("released"), std::string::npos) << failure.reason();
+  for (const auto& v : {a, b}) {
+    for (size_t i = 0; i < v.size(); ++i) {
+      EXPECT_EQ(v[i]->releases.load(), 1) << i;
+      if (i > 0) {
+        EXPECT_LT(v[i - 1]->release_order, v[i]->release_order) << i;
+      }
+    }
+  }
+  EXPECT_EQ(dog.pending(), 0u);
+}
+
+TEST(Watchdog, OnlyTheOldestWaitOfAStreamCanBeLate) {
+  // Two waits on one stream: the second cannot be reached before the first passes, whatever a
+  // query of it says (on a GPU its "before" event may complete early only if the stream moved).
+  FailureState failure;
+  Watchdog dog(failure, nullptr, 5ms, [](const std::string&) {});
+  auto first = std::make_shared<Script>(), second = std::make_shared<Script>();
+  second->started = true;
+  dog.track(std::make_unique<ScriptedWait>(first, &kStreamA), 60s, "first");
+  dog.track(std::make_unique<ScriptedWait>(second, &kStreamA), 30ms, "second");
+  std::this_thread::sleep_for(200ms);
+  EXPECT_FALSE(failure.failed()) << failure.reason();
+  first->started = true;
+  first->finished = true;
+  // Now the second is the head: started long ago as far as its script says, but its deadline
+  // counts from the poll that first sees it started at the head.
+  ASSERT_TRUE(eventually([&] { return failure.failed(); }));
+  EXPECT_NE(failure.reason().find("second timed out"), std::string::npos) << failure.reason();
 }
 
 TEST(Watchdog, TheDeadlineCountsFromWhenTheStreamReachesTheWait) {
@@ -154,21 +222,62 @@ TEST(Watchdog, AKernelThatGaveUpIsAFailureNotStaleData) {
   EXPECT_NE(said[0].find("The stream went on with stale data"), std::string::npos) << said[0];
 }
 
-TEST(Watchdog, AbortStopsWatchingAndKeepsTheFirstFailure) {
+TEST(Watchdog, AbortReleasesEveryWaitStopsWatchingAndKeepsTheFirstFailure) {
   FailureState failure;
   Reports reports;
   Watchdog dog(failure, nullptr, 10ms, reports.sink());
   auto s = std::make_shared<Script>();
   s->started = true;
-  dog.track(std::make_unique<ScriptedWait>(s), 50ms, "never finishes");
-  EXPECT_TRUE(failure.fail("aborted by the test"));
-  dog.stop();
+  dog.track(std::make_unique<ScriptedWait>(s), 50s, "never finishes");
+  auto queued = std::make_shared<Script>();
+  dog.track(std::make_unique<ScriptedWait>(queued), 50s, "queued behind it");
+  dog.fail("aborted by the test");
   EXPECT_EQ(dog.pending(), 0u);
+  EXPECT_EQ(s->releases.load(), 1);
+  EXPECT_EQ(queued->releases.load(), 1);
+  EXPECT_LT(s->release_order, queued->release_order);
   std::this_thread::sleep_for(100ms);
   EXPECT_EQ(failure.reason(), "aborted by the test");
   EXPECT_FALSE(failure.fail("a later failure"));
   EXPECT_EQ(failure.reason(), "aborted by the test");
+  dog.fail("a second abort");
+  EXPECT_EQ(failure.reason(), "aborted by the test");
   EXPECT_TRUE(reports.get().empty());  // an abort is the caller's own doing: nothing to report
+}
+
+TEST(Watchdog, StopDropsWaitsWithoutReleasingThem) {
+  // The destructor's path, once the device's streams drained: nothing is left to release.
+  FailureState failure;
+  Watchdog dog(failure, nullptr, 10ms);
+  auto s = std::make_shared<Script>();
+  dog.track(std::make_unique<ScriptedWait>(s), 50s, "pending");
+  dog.stop();
+  EXPECT_EQ(dog.pending(), 0u);
+  EXPECT_EQ(s->releases.load(), 0);
+  EXPECT_FALSE(failure.failed());
+}
+
+TEST(Watchdog, TrackingDoesNotWaitForAScanThatQueriesTheDevice) {
+  // NOTE on Watchdog's locks: a scan queries the device (slow on a GPU); wait_signals' track()
+  // must not queue behind it.
+  FailureState failure;
+  Watchdog dog(failure, nullptr, 1ms);
+  struct SlowWait : ScriptedWait {
+    using ScriptedWait::ScriptedWait;
+    bool started() override {
+      std::this_thread::sleep_for(1s);
+      return false;
+    }
+  };
+  dog.track(std::make_unique<SlowWait>(std::make_shared<Script>(), &kStreamA), 60s, "slow");
+  std::this_thread::sleep_for(50ms);  // the watchdog thread is inside the slow query now
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 10; ++i) {
+    dog.track(std::make_unique<ScriptedWait>(std::make_shared<Script>(), &kStreamB), 60s, "fast");
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 500ms);
+  EXPECT_EQ(dog.pending(), 11u);
+  dog.stop();
 }
 
 TEST(Watchdog, DescribesRanks) {
