@@ -175,7 +175,7 @@ const std::vector<Knob>& knobs() {
        "first use; host: a sparse mapping (touched pages cost memory); CUDA: committed device "
        "memory, all of it at creation. It does not grow."},
       {"zero_copy_agreement", kZeroCopyAgreementEnv, "auto|exchange|signature|off",
-       "host: exchange; CUDA: signature",
+       "host: exchange; CUDA: off (signature is opt-in until validated on GPUs)",
        "How the ranks agree that a collective's inputs are symmetric tensors. exchange (host "
        "only): each rank publishes its inputs' heap offsets, which may differ; if any input is "
        "not in its heap, all stage (one barrier more for a group with a heap). signature: each "

@@ -42,12 +42,20 @@ E parse_named(const NamedValue<E> (&names)[N], const std::string& name, const st
 
 // How the ranks agree that an op's inputs are symmetric tensors (NOTE [Zero-copy collectives] in
 // ops/zero_copy.cpp): kExchange (host workspaces only) or kSignature; kOff never reads them in
-// place (they stage); kAuto is exchange on the host, signature on CUDA.
+// place (they stage); kAuto is exchange on the host, off on CUDA (NOTE [CUDA zero-copy is
+// opt-in]).
 enum class ZeroCopyAgreement : uint8_t { kAuto, kExchange, kSignature, kOff };
+// NOTE [CUDA zero-copy is opt-in]
+// Signature agreement trusts that every rank's tensors lie at the same heap offsets. On a GPU
+// that fails without a word when pool tensors are freed at different times on different ranks
+// (a tensor record-streamed on NCCL's stream is released when that stream gets there), and the
+// ranks then read garbage until the host next compares. The exchange, which cannot be wrong, needs
+// a host workspace. So until a GPU run has validated it, a CUDA group stages by default ("off");
+// "signature" is the user's opt-in (Options.zero_copy_agreement, CUDA_P2P_ZERO_COPY_AGREEMENT).
 // kAuto resolved for a workspace on the host (`host`) or on a GPU.
 inline ZeroCopyAgreement resolve_agreement(ZeroCopyAgreement a, bool host) {
   if (a != ZeroCopyAgreement::kAuto) return a;
-  return host ? ZeroCopyAgreement::kExchange : ZeroCopyAgreement::kSignature;
+  return host ? ZeroCopyAgreement::kExchange : ZeroCopyAgreement::kOff;
 }
 const char* to_string(ZeroCopyAgreement a);  // "auto", "exchange", "signature", "off"
 // `what` names the option or variable in the error for an unknown name.

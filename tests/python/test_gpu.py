@@ -678,10 +678,11 @@ def check_symmetric_tensors(ctx):
 
 def check_zero_copy_collectives(ctx):
     """Collectives on cuda_p2p.empty tensors read them where they lie, in their owners' heaps
-    (NOTE [Zero-copy collectives] in ops/zero_copy.cpp): signature agreement, CUDA's default;
-    rehearsed on the CPU with it set (the host's default is the exchange)."""
+    (NOTE [Zero-copy collectives] in ops/zero_copy.cpp) with signature agreement, an opt-in on
+    CUDA (NOTE [CUDA zero-copy is opt-in] in ops/common.hpp); rehearsed on the CPU with it set
+    too (the host's default is the exchange)."""
     W, rank, dev = ctx.world_size, ctx.rank, _device()
-    extra = {"zero_copy_agreement": "signature"} if _ON_CPU else {}
+    extra = {"zero_copy_agreement": "signature"}
     g = _group(("zc",), buffer_size=BUFFER, symmetric_heap_size=HEAP, all_reduce_algo="two_shot",
                timeout=ZERO_COPY_TIMEOUT, **extra)
     b = cuda_p2p.get_cuda_p2p_backend(g)
@@ -784,7 +785,7 @@ def check_zero_copy_mismatch(ctx):
     both claims - the first exercise of a recorded disagreement on a GPU. Either way the group
     then works again."""
     W, rank, dev = ctx.world_size, ctx.rank, _device()
-    extra = {"zero_copy_agreement": "signature"} if _ON_CPU else {}
+    extra = {"zero_copy_agreement": "signature"}  # opt-in on CUDA too
     # The direct all-gather of one round runs one barrier and ends one phase, as the zero-copy
     # path does, so on CUDA the disagreeing ranks wait for nothing the other never sends (a ring,
     # auto's choice on 3+ ranks at this size, would wait for its neighbour's signal until the
