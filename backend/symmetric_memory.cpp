@@ -106,9 +106,29 @@ at::Tensor ProcessGroupCudaP2P::symmetric_empty(at::IntArrayRef sizes, at::Scala
   // A byte view of the whole heap keeps its mapping alive as long as the tensor's storage.
   at::Tensor heap = heap_->get_buffer(getRank(), {heap_->buffer_size()}, at::kByte);
   void* data = static_cast<char*>(heap.data_ptr()) + *offset;
+  // NOTE [Heap frees in stream order] in p2p_workspace/symmetric_heap.cpp: on a GPU the range is
+  // reclaimed only after the work queued before the free (the freeing thread's stream, then the
+  // group's streams) has run.
+  std::shared_ptr<Device> gpu;
+  if (!heap_->device().tensor_device().is_cpu()) gpu = heap_->device_ptr();
+  const Millis timeout = heap_->timeout();
   return at::for_blob(data, sizes)
-      .deleter([alloc, heap, o = *offset](void*) mutable {
-        alloc->free(o);
+      .deleter([alloc, heap, o = *offset, gpu, timeout](void*) mutable {
+        std::shared_ptr<Event> queued;
+        if (gpu) {
+          try {
+            queued = gpu->record(*gpu->current_stream());
+          } catch (...) {  // NOLINT(bugprone-empty-catch): no context left (process exit)
+          }
+        }
+        if (!queued) {
+          alloc->free(o);
+        } else {
+          alloc->free_after(o, [gpu, queued, timeout] {
+            gpu->synchronize(*queued);
+            (void)gpu->drain(timeout);
+          });
+        }
         heap.reset();
       })
       .options(at::TensorOptions().dtype(dtype).device(heap.device()))

@@ -29,20 +29,63 @@ HeapAllocator::HeapAllocator(int64_t capacity, int64_t alignment)
   if (usable > 0) free_.emplace(0, usable);
 }
 
+// NOTE [Heap frees in stream order]
+// On a GPU a tensor's Python reference dies while kernels queued on a stream, or a peer's
+// zero-copy pull, may still read it; handing its range to the next cuda_p2p.empty at once would
+// let a new tensor's writes land under them (the MemPool path synchronizes instead:
+// backend/symmetric_allocator.cpp). So a CUDA heap's tensors are freed with free_after, whose
+// wait covers the work queued before the free (an event on the freeing thread's stream, then the
+// group's streams: backend/symmetric_memory.cpp). Their ranges are reclaimed lazily - all of
+// them, in the order they were freed, by the first allocation that cannot be served otherwise -
+// never by polling which waits happen to be over: ranks that allocate and free alike must keep
+// making the same calls in the same order (NOTE [Symmetric heap]), and a poll would differ
+// between ranks. The host frees at once: its ops have completed when they return.
 std::optional<int64_t> HeapAllocator::allocate(int64_t nbytes) {
   TORCH_CHECK(nbytes >= 0, "cuda_p2p HeapAllocator: expected a size >= 0 bytes, got ", nbytes);
   if (nbytes > capacity_) return std::nullopt;
   const int64_t size = std::max<int64_t>(1, (nbytes + alignment_ - 1) / alignment_) * alignment_;
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (auto it = free_.begin(); it != free_.end(); ++it) {
-    if (it->second < size) continue;
-    const int64_t offset = it->first, rest = it->second - size;
-    free_.erase(it);
-    if (rest > 0) free_.emplace(offset + size, rest);
-    used_.emplace(offset, size);
-    return offset;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto it = free_.begin(); it != free_.end(); ++it) {
+        if (it->second < size) continue;
+        const int64_t offset = it->first, rest = it->second - size;
+        free_.erase(it);
+        if (rest > 0) free_.emplace(offset + size, rest);
+        used_.emplace(offset, size);
+        return offset;
+      }
+      if (deferred_.empty()) break;
+    }
+    complete_deferred();
   }
   return std::nullopt;
+}
+
+void HeapAllocator::free_after(int64_t offset, std::function<void()> wait) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_CHECK(used_.count(offset), "cuda_p2p HeapAllocator: no live block at offset ", offset);
+  deferred_.emplace_back(offset, std::move(wait));
+}
+
+void HeapAllocator::complete_deferred() {
+  std::vector<std::pair<int64_t, std::function<void()>>> due;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    due.swap(deferred_);
+  }
+  for (auto& [offset, wait] : due) {
+    try {
+      if (wait) wait();
+    } catch (...) {  // NOLINT(bugprone-empty-catch): a failed device's work is over or abandoned
+    }
+    free(offset);
+  }
+}
+
+int64_t HeapAllocator::deferred_blocks() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<int64_t>(deferred_.size());
 }
 
 void HeapAllocator::free(int64_t offset) {

@@ -5,9 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <utility>
+#include <vector>
 
 namespace cuda_p2p {
 
@@ -22,6 +25,14 @@ class HeapAllocator {
   std::optional<int64_t> allocate(int64_t nbytes);
   // Returns the block at `offset` (as allocate returned it); it merges with free neighbours.
   void free(int64_t offset);
+  // Returns the block at `offset` only once `wait` has returned (NOTE [Heap frees in stream
+  // order] in the .cpp): until then it stays allocated. Deferred frees are completed, all of
+  // them and in the order they were made, by the first allocate that finds no free range
+  // otherwise, and by complete_deferred(). `wait` may block; an exception out of it is ignored.
+  void free_after(int64_t offset, std::function<void()> wait);
+  void complete_deferred();
+  // Blocks freed with free_after and not returned yet.
+  int64_t deferred_blocks() const;
 
   int64_t capacity() const { return capacity_; }
   int64_t alignment() const { return alignment_; }
@@ -38,6 +49,7 @@ class HeapAllocator {
   mutable std::mutex mutex_;
   std::map<int64_t, int64_t> free_;  // offset -> bytes, never adjacent (merged)
   std::map<int64_t, int64_t> used_;  // offset -> bytes
+  std::vector<std::pair<int64_t, std::function<void()>>> deferred_;  // (offset, wait), in order
 };
 
 }  // namespace cuda_p2p

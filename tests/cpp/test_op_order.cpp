@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "backend/ProcessGroupCudaP2P.hpp"
 #include "ops/fused_ops.hpp"
 #include "p2p_workspace/host/host_device.hpp"
+#include "p2p_workspace/symmetric_heap.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
 #include "tests/cpp/harness.hpp"
 
@@ -185,6 +187,35 @@ TEST(OpOrder, AFailureInOneGroupLeavesAnotherGroupWorking) {
     EXPECT_TRUE(at::equal(op.got, op.want)) << op.what;
   }
   store_barrier("after-failure");
+}
+
+TEST(OpOrder, HeapFreesInStreamOrderAreReclaimedAllAtOnceWhenNeeded) {
+  // NOTE [Heap frees in stream order]: a deferred range stays allocated until an allocation
+  // needs it; then every deferred free completes, in order, after its wait - the same calls on
+  // every rank, whatever the waits' progress.
+  HeapAllocator heap(4096, 256);
+  std::vector<std::string> log;
+  const auto a = heap.allocate(1024), b = heap.allocate(1024), c = heap.allocate(2048);
+  ASSERT_TRUE(a && b && c);
+  heap.free_after(*a, [&] { log.push_back("a"); });
+  heap.free_after(*b, [&] {
+    log.push_back("b");
+    throw std::runtime_error("a failed device");  // ignored: the range is returned anyway
+  });
+  EXPECT_EQ(heap.deferred_blocks(), 2);
+  EXPECT_EQ(heap.used_bytes(), 4096);  // not reusable yet
+  EXPECT_TRUE(log.empty());
+  const auto d = heap.allocate(512);  // no free range: completes both, then serves
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(*d, *a);  // first fit over the reclaimed ranges, as an immediate free would give
+  EXPECT_EQ(log, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(heap.deferred_blocks(), 0);
+  EXPECT_EQ(heap.used_bytes(), 512 + 2048);
+  expect_error([&] { heap.free_after(*a + 4096, [] {}); }, "no live block at offset");
+  heap.free(*c);
+  heap.free(*d);
+  EXPECT_EQ(heap.used_bytes(), 0);
+  EXPECT_FALSE(heap.allocate(8192).has_value());  // larger than the heap: nothing to wait for
 }
 
 }  // namespace
