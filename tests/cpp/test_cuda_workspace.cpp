@@ -100,6 +100,38 @@ TEST(CudaWorkspace, ARankThatNeverArrivesIsNamed) {
   store_barrier("released");
   if (w.rank != absent) c10::cuda::device_synchronize();
 }
+TEST(CudaWorkspace, AFailureReleasesTheBlockedStreamSoTheGpuDrains) {
+  // NOTE [Releasing blocked waits]: after a missed deadline, and after abort(), the stream that
+  // sat at the wait - and the work queued behind it - runs on, so device_synchronize() returns
+  // although the absent rank never arrives, and a new workspace on the same GPU works.
+  if (gpu_count() == 0) GTEST_SKIP() << "no GPU";
+  const auto& w = world();
+  if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  const int dev = w.rank % gpu_count();
+  c10::cuda::CUDAGuard guard(dev);
+  const int absent = w.size - 1;
+  for (const bool by_abort : {false, true}) {
+    store_barrier(by_abort ? "abort" : "deadline");
+    {
+      auto ws = make_cuda_workspace(dev);
+      if (w.rank != absent) {
+        auto s = ws->device().current_stream();
+        ws->barrier(*s, 0, by_abort ? Millis(600000) : Millis(300));
+        auto behind = at::ones({1024}, at::TensorOptions().device(at::kCUDA, dev)) * 2;
+        if (by_abort) ws->abort("aborted by the test");
+        c10::cuda::device_synchronize();  // hangs here if the wait was not released
+        EXPECT_EQ(behind.sum().item<float>(), 2048.0f);
+        EXPECT_THROW(ws->device().synchronize(*s), c10::Error);  // the failure is sticky
+      }
+      store_barrier(by_abort ? "abort-done" : "deadline-done");
+    }
+    // A new workspace on the same GPU runs a barrier.
+    auto fresh = make_cuda_workspace(dev);
+    auto s = fresh->device().current_stream();
+    fresh->barrier(*s, 0);
+    fresh->device().synchronize(*s);
+  }
+}
 #else
 TEST(CudaWorkspace, NotBuilt) { GTEST_SKIP() << "built without CUDA"; }
 #endif

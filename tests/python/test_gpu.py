@@ -480,10 +480,8 @@ def check_timeout(ctx, absent):
     """A rank that never arrives: every other rank raises, naming it, within the timeout plus a
     margin - from the op or at the latest from the next call on the group (its watchdog fails the
     group's device). Each op on a group of its own and on a stream of its own: on CUDA the op only
-    enqueues its waits, and a stream blocked in cuStreamWaitValue32 stays blocked (NOTE [Device
-    failure] in p2p_workspace/watchdog.hpp), so a second op queued behind the first on one stream
-    would never reach its own waits, and torch.cuda.synchronize() would never return (most
-    likely the second GPU run's failure of this test: it called it)."""
+    enqueues its waits, which stay blocked until the failure releases them (NOTE [Releasing
+    blocked waits] in p2p_workspace/watchdog.hpp); afterwards torch.cuda.synchronize() returns."""
     W, rank, dev = ctx.world_size, ctx.rank, _device()
     t = timedelta(seconds=TIMEOUT_S)
     g_barrier = _group(("timeout", "barrier"), buffer_size=BUFFER, timeout=t)
@@ -507,6 +505,10 @@ def check_timeout(ctx, absent):
             out["errors"].append((what, None, time.monotonic() - t0))
         except Exception as e:  # noqa: BLE001  (the test inspects it)
             out["errors"].append((what, f"{type(e).__name__}: {e}"[:600], time.monotonic() - t0))
+    # The released waits let every stream drain (a hang here is the failure).
+    t0 = time.monotonic()
+    torch.cuda.synchronize(dev)
+    out["synchronize_s"] = time.monotonic() - t0
     return out
 
 
@@ -994,3 +996,4 @@ def test_a_rank_that_never_arrives_is_named(W):
             assert str(absent) in err and ("never arrived" in err or "timed out" in err.lower()), (
                 f"rank {r['rank']}: {what}: the error does not name rank {absent}: {err}")
             assert secs < TIMEOUT_S + MARGIN_S, f"rank {r['rank']}: {what} took {secs:.1f} s"
+        assert r["synchronize_s"] < MARGIN_S, r
