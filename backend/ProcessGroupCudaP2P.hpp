@@ -59,7 +59,8 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   ProcessGroupCudaP2P(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
                       c10::intrusive_ptr<Options> options,
                       c10::intrusive_ptr<c10d::Backend> cpu_backend,
-                      c10::intrusive_ptr<c10d::Backend> cuda_backend);
+                      c10::intrusive_ptr<c10d::Backend> cuda_backend,
+                      std::optional<int64_t> bound_cuda_device = std::nullopt);
   ~ProcessGroupCudaP2P() override;
 
   const std::string getBackendName() const override { return kBackendName; }
