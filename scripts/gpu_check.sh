@@ -71,9 +71,10 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 status=0
 
 say() { printf '%s\n' "$*" | tee -a "$OUT/summary.txt"; }
-# The final table: one row per step, in order ("name|verdict|seconds|note").
-ROWS=()
-row() { ROWS+=("$1|$2|$3|$4"); }
+# The final table: one row per step as it ends ("name|verdict|seconds|note"), in a file: the
+# ctest and pytest steps run in background subshells.
+: >"$OUT/.rows"
+row() { printf '%s|%s|%s|%s\n' "$1" "$2" "$3" "$4" >>"$OUT/.rows"; }
 left() { echo $((BUDGET - ($(date +%s) - START))); }
 # step NAME CAP_SECONDS CMD...: runs CMD with its output in OUT/NAME.log, limited to CAP seconds
 # or what is left of the budget; records PASS / FAIL / TIMEOUT in the summary.
@@ -361,9 +362,8 @@ fi
 # --- the summary table: every step, in order -------------------------------------------------------
 say ""
 say "$(printf '%-22s %-8s %6s  %s' step verdict seconds 'limit, log (in OUT_DIR)')"
-for r in "${ROWS[@]}"; do
-  IFS='|' read -r name verdict secs note <<<"$r"
+while IFS='|' read -r name verdict secs note; do
   say "$(printf '%-22s %-8s %6s  %s' "$name" "$verdict" "$secs" "$note")"
-done
+done <"$OUT/.rows"
 say "== $( ((status == 0)) && echo PASSED || echo FAILED) in $(($(date +%s) - START)) s (steps: $STEPS); logs in $OUT"
 exit $status
