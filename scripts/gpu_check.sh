@@ -282,9 +282,9 @@ PYEOF
   # --- 5. multi-GPU readiness, ranks sharing the one GPU ---------------------------------------
   # Each script prints one line per rank and step, and also runs with --device cpu in CI
   # (tests/python/test_gpu_readiness.py). The stress's 1-rank run interleaves real NCCL; its
-  # 2-rank run the wrapped backend (NCCL refuses two ranks on one GPU).
+  # 2- and 4-rank runs the wrapped backend (NCCL refuses two ranks on one GPU).
   if wants stress; then
-    step stress 110 "$PY" tests/python/gpu_stress.py --world-sizes 1 2 --ops 1500 --timeout 50
+    step stress 120 "$PY" tests/python/gpu_stress.py --world-sizes 1 2 4 --ops 2000 --timeout 40
   fi
   if wants fault; then
     step fault 60 "$PY" tests/python/gpu_fault.py --world-size 2 --op-timeout 5 --margin 15 \
