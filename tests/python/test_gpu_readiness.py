@@ -16,12 +16,38 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 
-def _run(script: str, *args: str, timeout: float = 120) -> str:
-    r = subprocess.run([sys.executable, os.path.join(HERE, script), *args],
-                       capture_output=True, text=True, timeout=timeout)
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-6000:]
-    return out
+# The three scripts' CPU runs, started together on first use (module fixture): most of each run
+# is its ranks' start-up and a fault's timeout, so side by side they cost the suite one run's
+# wall time rather than three.
+_RUNS = {
+    "stress": ["gpu_stress.py", "--world-sizes", "2", "--ops", "120", "--max-elems", "20000",
+               "--timeout", "100"],
+    "fault": ["gpu_fault.py", "--op-timeout", "2", "--margin", "10", "--timeout", "100"],
+    "teardown": ["gpu_teardown.py", "--ops", "16", "--op-timeout", "5", "--stagger", "0.3",
+                 "--timeout", "100"],
+}
+
+
+@pytest.fixture(scope="module")
+def runs():
+    procs = {name: subprocess.Popen(
+        [sys.executable, os.path.join(HERE, argv[0]), "--device", "cpu", *argv[1:]],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for name, argv in _RUNS.items()}
+    outputs: dict = {}
+
+    def result(name: str) -> str:
+        if name not in outputs:
+            out, _ = procs[name].communicate(timeout=150)
+            outputs[name] = out
+            assert procs[name].returncode == 0, out[-6000:]
+        return outputs[name]
+
+    yield result
+    for p in procs.values():
+        if p.poll() is None:
+            p.kill()
+        p.communicate()
 
 
 def test_the_stress_schedule_is_the_same_on_every_rank_and_covers_every_kind():
@@ -37,9 +63,8 @@ def test_the_stress_schedule_is_the_same_on_every_rank_and_covers_every_kind():
     assert max(op["n"] for op in a) > 1 << 14  # several rounds on the 64 KiB group
 
 
-def test_the_stress_script_checks_every_op_on_the_host_workspace():
-    out = _run("gpu_stress.py", "--device", "cpu", "--world-sizes", "2", "--ops", "120",
-               "--max-elems", "20000", "--timeout", "100")
+def test_the_stress_script_checks_every_op_on_the_host_workspace(runs):
+    out = runs("stress")
     assert "every run passed" in out, out
     for rank in (0, 1):
         assert f"rank {rank}: checked 120 ops" in out, out
@@ -47,17 +72,15 @@ def test_the_stress_script_checks_every_op_on_the_host_workspace():
     assert "fused_all_gather_matmul.pipeline" in out and "all_reduce.one_shot" in out, out
 
 
-def test_the_fault_script_names_the_rank_that_never_arrives_on_the_host_workspace():
-    out = _run("gpu_fault.py", "--device", "cpu", "--op-timeout", "2", "--margin", "10",
-               "--timeout", "100")
+def test_the_fault_script_names_the_rank_that_never_arrives_on_the_host_workspace(runs):
+    out = runs("fault")
     assert "rank 0: error after" in out and "rank 1" in out, out
     assert "rank 0: a new group on the same device passed a checked all_reduce" in out, out
     assert "rank 1: PASSED" in out and "every run passed" in out, out
 
 
-def test_the_teardown_script_on_the_host_workspace():
-    out = _run("gpu_teardown.py", "--device", "cpu", "--ops", "16", "--op-timeout", "5",
-               "--stagger", "0.3", "--timeout", "100")
+def test_the_teardown_script_on_the_host_workspace(runs):
+    out = runs("teardown")
     for scenario in ("queued", "staggered", "early_exit"):
         assert f"rank 0: {scenario}: the queued results match plain torch" in out, out
     for scenario in ("queued", "staggered"):
