@@ -220,6 +220,8 @@ WorkspaceDevice parse_workspace_device(const std::string& value, const std::stri
 //     torch.cuda.set_device(local_rank); "mod" keeps one-GPU-per-process launches, where every
 //     process sees only its own GPU, on that GPU);
 //  3. the current device (no launcher told us anything: the user's set_device, or cuda:0).
+// So under a launcher that sets LOCAL_RANK, a torch.cuda.set_device to another GPU is not what
+// decides: a job that maps ranks to GPUs otherwise passes device_id= (rule 1).
 // A LOCAL_RANK that is not a non-negative integer and a bound device out of range are errors,
 // not a silent fall-through to the next rule. When every rank of a group still lands on one GPU
 // while the host has a GPU per rank, python/cuda_p2p/_backend.py warns, naming the fix.
