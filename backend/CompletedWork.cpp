@@ -1,6 +1,7 @@
 #include "backend/CompletedWork.hpp"
 
 #include <ATen/core/ivalue.h>
+#include <c10/util/Exception.h>
 
 namespace cuda_p2p {
 
@@ -41,6 +42,22 @@ c10::intrusive_ptr<c10::ivalue::Future> CompletedWork::getFuture() {
   std::lock_guard<std::mutex> lock(future_mutex_);
   if (!future_) make_future();
   return future_;
+}
+
+bool CompletedWork::isCompleted() {
+  if (!device_ || !end_) return true;  // the host: complete on return
+  return failed() || device_->query(*end_);
+}
+
+bool CompletedWork::isSuccess() const { return !device_ || !failed(); }
+
+bool CompletedWork::failed() const {
+  try {
+    device_->check_healthy("Work.is_completed");
+    return false;
+  } catch (const c10::Error&) {
+    return true;
+  }
 }
 
 bool CompletedWork::wait(std::chrono::milliseconds /*timeout*/) {

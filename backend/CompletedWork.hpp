@@ -1,11 +1,11 @@
 // The Work of a collective that ran on the workspace. On the host it has completed when the call
 // returns, and its wait() is free. On CUDA it is enqueued on the caller's stream; like NCCL's
-// Work, wait() makes the caller's current stream wait for the event recorded at the op's end
-// and synchronize() blocks the host until that event has completed; both raise the device's
-// failure (a wait that missed its deadline, an abort: NOTE [Device failure] in
-// p2p_workspace/watchdog.hpp). Its future is completed and holds the outputs; for CUDA outputs
-// the future records an event on the current stream, so that callbacks and waiters on other
-// streams are ordered after the collective.
+// Work, isCompleted() says whether the event recorded at the op's end has run, wait() makes the
+// caller's current stream wait for that event and synchronize() blocks the host until it has
+// run; wait and synchronize raise the device's failure (a wait that missed its deadline, an
+// abort: NOTE [Device failure] in p2p_workspace/watchdog.hpp). Its future is completed and holds
+// the outputs; for CUDA outputs the future records an event on the current stream, so that
+// callbacks and waiters on other streams are ordered after the collective.
 #pragma once
 
 #include <memory>
@@ -23,8 +23,10 @@ class CompletedWork : public c10d::Work {
   CompletedWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs,
                 std::shared_ptr<Device> device = nullptr, std::shared_ptr<Event> end = nullptr);
 
-  bool isCompleted() override { return true; }
-  bool isSuccess() const override { return true; }
+  // On a GPU: whether the op's end event has run (asked without blocking), or the device failed
+  // (then wait() and synchronize() raise the failure, as NCCL's Work does).
+  bool isCompleted() override;
+  bool isSuccess() const override;
   bool wait(std::chrono::milliseconds timeout) override;
   void synchronize() override;
   std::vector<at::Tensor> result() override { return outputs_; }
@@ -35,6 +37,8 @@ class CompletedWork : public c10d::Work {
 
  private:
   void make_future();
+  // Whether the device has failed (an abort, a missed deadline): the op will never complete.
+  bool failed() const;
 
   std::vector<at::Tensor> outputs_;
   std::mutex future_mutex_;

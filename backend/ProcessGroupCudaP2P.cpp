@@ -25,7 +25,8 @@ using WorkPtr = c10::intrusive_ptr<Work>;
 ProcessGroupCudaP2P::ProcessGroupCudaP2P(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
                                          c10::intrusive_ptr<Options> options,
                                          c10::intrusive_ptr<c10d::Backend> cpu_backend,
-                                         c10::intrusive_ptr<c10d::Backend> cuda_backend)
+                                         c10::intrusive_ptr<c10d::Backend> cuda_backend,
+                                         std::optional<int64_t> bound_cuda_device)
     : c10d::Backend(rank, size),
       store_(std::move(store)),
       options_(options ? std::move(options) : c10::make_intrusive<Options>()),
@@ -56,9 +57,10 @@ ProcessGroupCudaP2P::ProcessGroupCudaP2P(c10::intrusive_ptr<c10d::Store> store, 
 
   // NOTE [The workspace's device]
   // A group has one workspace, on one device: tensors on the other device go to the wrapped
-  // backend (counted ".wrapped"). By default ("auto") it lives on the current GPU when the group
-  // drives one (it wraps a CUDA backend: Python creates NCCL when a GPU is visible), else in
-  // host shared memory. Options.workspace_device / CUDA_P2P_WORKSPACE_DEVICE choose: "cpu" keeps
+  // backend (counted ".wrapped"). By default ("auto") it lives on a GPU when the group drives one
+  // (it wraps a CUDA backend: Python creates NCCL when a GPU is visible; which GPU: NOTE [The
+  // workspace's GPU] in backend/config.cpp), else in host shared memory.
+  // Options.workspace_device / CUDA_P2P_WORKSPACE_DEVICE choose: "cpu" keeps
   // a host workspace on a GPU machine, for CPU tensor-parallel inference there (and for the CPU
   // test suite run on a GPU machine: tests/python/conftest.py); "cuda" insists on the GPU and
   // fails here, naming the knob, where there is none. Every rank constructs the backend, so the
@@ -68,11 +70,15 @@ ProcessGroupCudaP2P::ProcessGroupCudaP2P(c10::intrusive_ptr<c10d::Store> store, 
     const auto where = config_.workspace_device;
 #ifdef CUDA_P2P_WITH_CUDA
     if (where != WorkspaceDevice::kCpu && cuda_backend_) {
-      device = make_cuda_device(c10::cuda::current_device());
+      // NOTE [The workspace's GPU] in backend/config.cpp.
+      device = make_cuda_device(choose_cuda_device(bound_cuda_device, c10::cuda::device_count(),
+                                                   c10::cuda::current_device())
+                                    .index);
     }
     constexpr bool kBuiltWithCuda = true;
 #else
     constexpr bool kBuiltWithCuda = false;
+    (void)bound_cuda_device;
 #endif
     TORCH_CHECK(device || where != WorkspaceDevice::kCuda,
                 "cuda_p2p: ", config_.workspace_device_from,

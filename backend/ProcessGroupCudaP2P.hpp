@@ -59,7 +59,8 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   ProcessGroupCudaP2P(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
                       c10::intrusive_ptr<Options> options,
                       c10::intrusive_ptr<c10d::Backend> cpu_backend,
-                      c10::intrusive_ptr<c10d::Backend> cuda_backend);
+                      c10::intrusive_ptr<c10d::Backend> cuda_backend,
+                      std::optional<int64_t> bound_cuda_device = std::nullopt);
   ~ProcessGroupCudaP2P() override;
 
   const std::string getBackendName() const override { return kBackendName; }
@@ -254,7 +255,9 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // The wrapped backend for these tensors: all on one device type, with a backend for it.
   c10d::Backend& route(const std::vector<at::Tensor>& tensors, const char* op) const;
   c10d::Backend& route(const at::Tensor& tensor, const char* op) const;
-  c10d::Backend& route_barrier(const c10d::BarrierOptions& opts) const;
+  // The wrapped backend of a barrier the workspace does not run (NOTE [Barriers order the GPU]
+  // in backend/wrapped_routing.cpp); names the group's GPU in `opts.device_ids` for a CUDA one.
+  c10d::Backend& route_barrier(c10d::BarrierOptions& opts) const;
   // Records a CPU-side or workspace Work while coalescing; returns it unchanged.
   c10::intrusive_ptr<c10d::Work> track(c10::intrusive_ptr<c10d::Work> work);
 

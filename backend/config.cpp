@@ -41,6 +41,7 @@ constexpr const char* kSymmetricHeapSizeEnv = "CUDA_P2P_SYMMETRIC_HEAP_SIZE";
 constexpr const char* kFusedMinFlopsEnv = "CUDA_P2P_FUSED_MIN_FLOPS";
 constexpr const char* kWorkspaceDeviceEnv = "CUDA_P2P_WORKSPACE_DEVICE";
 constexpr const char* kZeroCopyAgreementEnv = "CUDA_P2P_ZERO_COPY_AGREEMENT";
+constexpr const char* kLocalRankEnv = "LOCAL_RANK";  // set by torchrun and most launchers
 
 constexpr int64_t kMaxBytes = int64_t{1} << 46;  // 64 TiB: a sanity bound, not a policy
 constexpr int64_t kMaxRingSteps = int64_t{1} << 20;
@@ -119,9 +120,9 @@ const std::vector<Knob>& knobs() {
        "the workspace off; either side turns it off."},
       {"workspace_device", kWorkspaceDeviceEnv, "auto|cpu|cuda",
        "cuda with a visible GPU, else cpu",
-       "Where the workspace lives: cuda (the current GPU; the group must wrap NCCL) or cpu (host "
-       "shared memory). One workspace per group: CPU tensors on a CUDA workspace, and CUDA "
-       "tensors on a CPU one, go to the wrapped backend (Gloo, NCCL)."},
+       "Where the workspace lives: cuda (a GPU, chosen as LOCAL_RANK says; the group must wrap "
+       "NCCL) or cpu (host shared memory). One workspace per group: CPU tensors on a CUDA "
+       "workspace, and CUDA tensors on a CPU one, go to the wrapped backend (Gloo, NCCL)."},
       {"buffer_size", "", "bytes", "32 MiB",
        "Bytes of the symmetric buffer each rank shares with its peers."},
       {"max_buffer_size", "", "bytes", "256 MiB",
@@ -190,6 +191,10 @@ const std::vector<Knob>& knobs() {
        "(tests simulate several hosts with it)."},
       {"", kDenyCrossMemoryEnv, "bool", "False",
        "Test hook: this process's copy-free reads fail as under Yama ptrace_scope (EPERM)."},
+      {"", kLocalRankEnv, "int", "unset",
+       "This process's rank on its host (torchrun sets it). A CUDA workspace goes on the device "
+       "bound by init_process_group(device_id=...), else on GPU LOCAL_RANK mod the visible GPUs, "
+       "else on the current GPU."},
   };
   return kKnobs;
 }
@@ -202,6 +207,54 @@ WorkspaceDevice parse_workspace_device(const std::string& value, const std::stri
   if (value == "cuda") return WorkspaceDevice::kCuda;
   TORCH_CHECK_VALUE(false, "cuda_p2p: ", what, " must be 'auto', 'cpu' or 'cuda', got '", value,
                     "'");
+}
+
+// NOTE [The workspace's GPU]
+// init_process_group before torch.cuda.set_device is common, and torch's current device is then
+// cuda:0 in every rank: a workspace put on the current device would put every rank's context,
+// block and heap on one GPU, and the fused ops would fall back to the wrapped backend whenever
+// the tensors live elsewhere. So a CUDA workspace goes, in this order, on
+//  1. the device bound by init_process_group(device_id=...) (every group of the process inherits
+//     it: torch passes it to new_group), the user's explicit choice;
+//  2. GPU LOCAL_RANK mod the visible GPUs (torchrun's convention, the one NCCL users follow with
+//     torch.cuda.set_device(local_rank); "mod" keeps one-GPU-per-process launches, where every
+//     process sees only its own GPU, on that GPU);
+//  3. the current device (no launcher told us anything: the user's set_device, or cuda:0).
+// So under a launcher that sets LOCAL_RANK, a torch.cuda.set_device to another GPU is not what
+// decides: a job that maps ranks to GPUs otherwise passes device_id= (rule 1).
+// A LOCAL_RANK that is not a non-negative integer and a bound device out of range are errors,
+// not a silent fall-through to the next rule. When every rank of a group still lands on one GPU
+// while the host has a GPU per rank, python/cuda_p2p/_backend.py warns, naming the fix.
+CudaDeviceChoice choose_cuda_device(std::optional<int64_t> bound_device, int device_count,
+                                    int current_device, const config::EnvLookup& env) {
+  TORCH_CHECK(device_count >= 1, "cuda_p2p: a CUDA workspace needs a visible GPU, got ",
+              device_count, " visible");
+  if (bound_device) {
+    TORCH_CHECK_VALUE(*bound_device >= 0 && *bound_device < device_count,
+                      "cuda_p2p: the device bound by init_process_group(device_id=...) is cuda:",
+                      *bound_device, ", but this process sees ", device_count, " GPU",
+                      device_count == 1 ? "" : "s", " (cuda:0 to cuda:", device_count - 1, ")");
+    return {static_cast<int>(*bound_device), "init_process_group(device_id=...)"};
+  }
+  if (auto text = env(config::kLocalRankEnv)) {
+    const std::string& t = *text;
+    // Digits only (no sign, space or suffix: parse_int's "1K" is no local rank), at most 9.
+    const bool digits = !t.empty() && t.size() <= 9 && std::all_of(t.begin(), t.end(), [](char c) {
+      return std::isdigit(static_cast<unsigned char>(c)) != 0;
+    });
+    TORCH_CHECK_VALUE(digits, "cuda_p2p: ", config::kLocalRankEnv,
+                      " must be a non-negative integer (this process's rank on its host, as "
+                      "torchrun sets it), got '",
+                      t.substr(0, 64), "'");
+    const int local_rank = std::stoi(t);
+    return {local_rank % device_count,
+            c10::str(config::kLocalRankEnv, "=", local_rank, " (mod ", device_count, " visible GPU",
+                     device_count == 1 ? "" : "s", ")")};
+  }
+  TORCH_CHECK(current_device >= 0 && current_device < device_count,
+              "cuda_p2p: the current CUDA device is ", current_device, ", but this process sees ",
+              device_count, " GPUs");
+  return {current_device, "the current device (torch.cuda.current_device())"};
 }
 
 namespace {

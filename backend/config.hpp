@@ -38,8 +38,9 @@ struct Options : c10d::Backend::Options {
   Options() : c10d::Backend::Options(kBackendName) {}
 
   // Where the workspace lives (NOTE [The workspace's device] in backend/ProcessGroupCudaP2P.cpp):
-  // "cuda" (the current GPU), "cpu" (host shared memory) or "auto" (CUDA_P2P_WORKSPACE_DEVICE,
-  // else "cuda" when the group wraps a CUDA backend, "cpu" otherwise).
+  // "cuda" (a GPU: NOTE [The workspace's GPU] in backend/config.cpp), "cpu" (host shared memory)
+  // or "auto" (CUDA_P2P_WORKSPACE_DEVICE, else "cuda" when the group wraps a CUDA backend, "cpu"
+  // otherwise).
   std::string workspace_device = "auto";
   // Bytes of the symmetric buffer each rank maps for its peers (unset: 32 MiB).
   std::optional<int64_t> buffer_size;
@@ -186,6 +187,19 @@ std::optional<int64_t> env_int(const EnvLookup& env, const std::string& name, in
                                int64_t max);
 
 }  // namespace config
+
+// The GPU of a group's CUDA workspace (NOTE [The workspace's GPU] in backend/config.cpp): `index`
+// and the rule that chose it, for messages.
+struct CudaDeviceChoice {
+  int index = 0;
+  std::string from;
+};
+// `bound_device`: the index of the device bound by init_process_group(device_id=...) (nullopt:
+// none); `device_count`: the GPUs this process sees; `current_device`: torch's current one.
+// TORCH_CHECKs a bound device out of range and a LOCAL_RANK that is not a non-negative integer.
+CudaDeviceChoice choose_cuda_device(std::optional<int64_t> bound_device, int device_count,
+                                    int current_device,
+                                    const config::EnvLookup& env = config::process_environment());
 
 // Resolves `options` (its timeout included) and the environment into a group's Config for
 // `world_size` ranks; TORCH_CHECKs every value against its knob's rules.

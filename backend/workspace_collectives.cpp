@@ -552,8 +552,9 @@ WorkPtr ProcessGroupCudaP2P::barrier(const c10d::BarrierOptions& opts) {
                          (is_p2p_available() && !workspace_->device().tensor_device().is_cpu());
   if (!uses_workspace_collectives() || !device_ok) {
     bump_counter("barrier.wrapped");
-    c10d::Backend& b = route_barrier(opts);
-    auto work = b.barrier(opts);
+    c10d::BarrierOptions wrapped = opts;
+    c10d::Backend& b = route_barrier(wrapped);  // NOTE [Barriers order the GPU]
+    auto work = b.barrier(wrapped);
     return &b == cpu_backend_.get() ? track(std::move(work)) : work;
   }
   std::optional<Millis> timeout;

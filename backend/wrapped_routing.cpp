@@ -45,11 +45,30 @@ c10d::Backend& ProcessGroupCudaP2P::route(const at::Tensor& tensor, const char* 
   return route(std::vector<at::Tensor>{tensor}, op);
 }
 
-c10d::Backend& ProcessGroupCudaP2P::route_barrier(const c10d::BarrierOptions& opts) const {
-  // A barrier on a CUDA device goes to NCCL, so that it also orders that device's streams;
-  // everything else is a process barrier on the CPU backend.
-  if (opts.device.has_value() && opts.device->is_cuda() && cuda_backend_) return *cuda_backend_;
-  return *cpu_backend_;
+// NOTE [Barriers order the GPU]
+// NCCL's barrier is an all-reduce on the GPU whose Work blocks the caller until it ran, so that
+// dist.barrier() on a backend="nccl" group also orders the GPU work before it. On a cuda_p2p
+// group, torch passes the device of init_process_group(device_id=...) when there is one, else
+// "cpu" (its _get_object_coll_device prefers cpu when the group has a CPU backend), which sent
+// the barrier to Gloo: a process barrier that orders no GPU work. So a group that drives a GPU -
+// it wraps a CUDA backend and its workspace is on that GPU or not set up (workspace_device "cpu"
+// keeps a host workspace, whose barriers stay on the host) - sends every barrier the workspace
+// does not run to the CUDA backend, whatever the device asked, and names its workspace's GPU
+// when the caller named none (NCCL would otherwise guess rank mod the GPUs). Everything else is
+// a process barrier on the CPU backend.
+c10d::Backend& ProcessGroupCudaP2P::route_barrier(c10d::BarrierOptions& opts) const {
+  if (!cuda_backend_) return *cpu_backend_;
+  const bool cuda_device = opts.device.has_value() && opts.device->is_cuda();
+  const bool drives_gpu = config_.workspace_device != WorkspaceDevice::kCpu && !workspace_on_host();
+  if (!cuda_device && !drives_gpu) return *cpu_backend_;
+  if (opts.device_ids.empty()) {
+    if (cuda_device && opts.device->has_index()) {
+      opts.device_ids = {opts.device->index()};
+    } else if (workspace_ && !workspace_on_host()) {
+      opts.device_ids = {workspace_->device().tensor_device().index()};
+    }
+  }
+  return *cuda_backend_;
 }
 
 WorkPtr ProcessGroupCudaP2P::track(WorkPtr work) {

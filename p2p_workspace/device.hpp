@@ -158,6 +158,9 @@ class Device {
   virtual void synchronize(Stream& s) = 0;
   // Blocks the host until the work recorded by `e` has run; rethrows the device's failure.
   virtual void synchronize(const Event& e) = 0;
+  // Whether the work recorded by `e` has run, without blocking (Work.is_completed()). The default
+  // is the host's answer: an op there has run when it returns, so its Work holds no event to ask.
+  virtual bool query(const Event& /*e*/) { return true; }
   // Blocks the host until all work this device enqueued, on the streams it handed out, has run
   // (before blocks that work may still read are released: NOTE [Workspace growth]). A no-op on
   // the host, whose ops complete before they return.

@@ -194,7 +194,8 @@ PYBIND11_MODULE(_C, m) {
           "workspace_device", &get_string<&Options::workspace_device>,
           parsed_string_setter<&Options::workspace_device>(cuda_p2p::parse_workspace_device,
                                                            "Options.workspace_device"),
-          "Where the group's workspace lives: 'cuda' (the current GPU), 'cpu' (host shared "
+          "Where the group's workspace lives: 'cuda' (the GPU bound by init_process_group("
+          "device_id=...), else GPU LOCAL_RANK, else the current one), 'cpu' (host shared "
           "memory) or 'auto' (CUDA_P2P_WORKSPACE_DEVICE, else 'cuda' when a GPU is visible). "
           "Tensors on the other device go to the wrapped backend.")
       .def_readwrite("hierarchical", &ProcessGroupCudaP2P::Options::hierarchical,
@@ -340,15 +341,20 @@ PYBIND11_MODULE(_C, m) {
 
   pg.def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                      c10::intrusive_ptr<ProcessGroupCudaP2P::Options> options,
-                     const py::object& cpu_backend, const py::object& cuda_backend) {
+                     const py::object& cpu_backend, const py::object& cuda_backend,
+                     std::optional<int64_t> bound_device) {
            auto cpu = optional_backend(cpu_backend, "cpu_backend");
            auto cuda = optional_backend(cuda_backend, "cuda_backend");
            return IntrusivePtrNoGilDestructor<ProcessGroupCudaP2P>(
                c10::make_intrusive<ProcessGroupCudaP2P>(store, rank, size, std::move(options),
-                                                        std::move(cpu), std::move(cuda)));
+                                                        std::move(cpu), std::move(cuda),
+                                                        bound_device));
          }),
          py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("options"),
-         py::arg("cpu_backend"), py::arg("cuda_backend") = py::none())
+         py::arg("cpu_backend"), py::arg("cuda_backend") = py::none(),
+         py::arg("bound_device") = py::none(),
+         "`bound_device`: the index of the GPU bound by init_process_group(device_id=...), for "
+         "a CUDA workspace (NOTE [The workspace's GPU] in backend/config.cpp).")
       .def_property_readonly("options", &ProcessGroupCudaP2P::options)
       .def(
           "wrapped_backend",
@@ -606,6 +612,23 @@ PYBIND11_MODULE(_C, m) {
       "ns (min and median over batches of 16). The bench's placement probe (NOTE [Core "
       "placement] in p2p_workspace/host/core_probe.cpp).");
 
+  m.def(
+      "_choose_cuda_device",
+      [](std::optional<int64_t> bound_device, int device_count, int current_device,
+         const std::map<std::string, std::string>& env) {
+        auto choice = cuda_p2p::choose_cuda_device(
+            bound_device, device_count, current_device,
+            [&env](const std::string& name) -> std::optional<std::string> {
+              auto it = env.find(name);
+              if (it == env.end() || it->second.empty()) return std::nullopt;
+              return it->second;
+            });
+        return py::make_tuple(choice.index, choice.from);
+      },
+      py::arg("bound_device"), py::arg("device_count"), py::arg("current_device"),
+      py::arg("env"),
+      "Test hook: (index, rule) of the GPU a CUDA workspace would take, with `env` as the "
+      "environment (NOTE [The workspace's GPU] in backend/config.cpp).");
   m.def(
       "_config_knobs",
       [] {

@@ -14,19 +14,28 @@
 # 4. runs every C++ test binary as 1, 2, 3 and 4 ranks sharing the one GPU, started by
 #    tests/cpp/launch.py (no mpirun), and tests/python/test_gpu.py (stopping after 5 failures);
 #    a skipped or timed-out test counts as a failure;
-# 5. prints a small timing table of ranks sharing one GPU (bench/gpu_timing.py);
-# 6. runs the CPU suite (tests/python but test_gpu.py) under the machine's torch.
+# 5. the multi-GPU-readiness steps, ranks sharing the one GPU: a stream stress
+#    (tests/python/gpu_stress.py: fused ops and opt-in collectives on caller and side streams,
+#    two groups, interleaved with NCCL or wrapped ops, checked against plain torch), a rank that
+#    never arrives (gpu_fault.py), teardown under load (gpu_teardown.py), and compute-sanitizer
+#    (memcheck, racecheck, synccheck) over the C++ CUDA tests and, under memcheck, the smoke
+#    script's 1-rank runs, when the toolkit has it (the summary says so when not);
+# 6. prints a small timing table of ranks sharing one GPU (bench/gpu_timing.py);
+# 7. runs the CPU suite (tests/python but test_gpu.py) under the machine's torch.
+# At the end, one table of every step: its verdict, seconds and log.
 #
 # A rerun on a warm machine (the build is kept) may run fewer steps: CUDA_P2P_GPU_CHECK_STEPS
-# (default smoke,ctest,pytest,timing,cpu_suite), CUDA_P2P_GPU_CHECK_CTEST_ARGS,
-# CUDA_P2P_GPU_CHECK_PYTEST_ARGS (for both pytest steps).
+# (default smoke,ctest,pytest,stress,fault,teardown,sanitizer,timing,cpu_suite),
+# CUDA_P2P_GPU_CHECK_CTEST_ARGS, CUDA_P2P_GPU_CHECK_PYTEST_ARGS (for both pytest steps),
+# CUDA_P2P_GPU_CHECK_SANITIZER_TOOLS (default "memcheck racecheck synccheck").
 #
 # Logs and summary.txt go to OUT_DIR; a failed step's last lines go to the summary too. Exit
 # status: 0 when everything passed, 1 on any failure, 2 (after one line) on a machine without a
-# usable GPU. Every step has a time limit; the whole run stays under 11 minutes
-# (CUDA_P2P_GPU_CHECK_BUDGET seconds, default 640). The build is most of it: on the first GPU
-# machine (an H200 VM, 16 cores, 2026-11-26) it took about 8 minutes, run with -j 1 by mistake
-# and without precompiled headers (both mended).
+# usable GPU. Every step has a time limit; the whole run stays under 10 minutes, one device call
+# (CUDA_P2P_GPU_CHECK_BUDGET seconds, default 570; a step that finds too little of it left is
+# SKIPPED, which fails the run). The build is a large part: on the first GPU machine (an H200
+# VM, 16 cores, 2026-11-26) it took about 8 minutes, run with -j 1 by mistake and without
+# precompiled headers (both mended; 37 s on the third run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -42,10 +51,10 @@ if ! timeout 20 nvidia-smi -L >/dev/null 2>&1; then
 fi
 
 START=$(date +%s)
-BUDGET=${CUDA_P2P_GPU_CHECK_BUDGET:-640}
+BUDGET=${CUDA_P2P_GPU_CHECK_BUDGET:-570}
 # Which steps after the build (a rerun on a warm machine, whose build is kept, may want fewer),
 # and extra arguments for ctest (e.g. "-R test_backend") and pytest (e.g. "-k all_reduce").
-STEPS=${CUDA_P2P_GPU_CHECK_STEPS:-smoke,ctest,pytest,timing,cpu_suite}
+STEPS=${CUDA_P2P_GPU_CHECK_STEPS:-smoke,ctest,pytest,stress,fault,teardown,sanitizer,timing,cpu_suite}
 wants() { [[ ",$STEPS," == *",$1,"* ]]; }
 OUT=${1:-gpu_check_out}
 mkdir -p "$OUT"
@@ -62,6 +71,10 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 status=0
 
 say() { printf '%s\n' "$*" | tee -a "$OUT/summary.txt"; }
+# The final table: one row per step as it ends ("name|verdict|seconds|note"), in a file: the
+# ctest and pytest steps run in background subshells.
+: >"$OUT/.rows"
+row() { printf '%s|%s|%s|%s\n' "$1" "$2" "$3" "$4" >>"$OUT/.rows"; }
 left() { echo $((BUDGET - ($(date +%s) - START))); }
 # step NAME CAP_SECONDS CMD...: runs CMD with its output in OUT/NAME.log, limited to CAP seconds
 # or what is left of the budget; records PASS / FAIL / TIMEOUT in the summary.
@@ -73,6 +86,7 @@ step() {
   ((limit > cap)) && limit=$cap
   if ((limit < 10)); then
     say "$(printf '%-22s %-8s %s' "$name" SKIPPED "no time left in the ${BUDGET} s budget")"
+    row "$name" SKIPPED 0 "no time left in the ${BUDGET} s budget"
     status=1
     return 1
   fi
@@ -109,6 +123,7 @@ step() {
   fi
   say "$(printf '%-22s %-8s %4d s  (limit %d s, log %s)' "$name" "$verdict" $((SECONDS - t0)) \
     "$limit" "$OUT/$name.log")"
+  row "$name" "$verdict" $((SECONDS - t0)) "limit $limit s, $name.log"
   if [ "$verdict" != PASS ]; then
     status=1
     # The end of the log in the summary too: sometimes the summary is all that comes back.
@@ -264,13 +279,72 @@ sys.exit(bad)
 PYEOF
   ((PIPESTATUS[0] == 0)) || status=1
 
-  # --- 5. timing (alone on the GPU) ---------------------------------------------------------------
+  # --- 5. multi-GPU readiness, ranks sharing the one GPU ---------------------------------------
+  # Each script prints one line per rank and step, and also runs with --device cpu in CI
+  # (tests/python/test_gpu_readiness.py). The stress's 1-rank run interleaves real NCCL; its
+  # 2- and 4-rank runs the wrapped backend (NCCL refuses two ranks on one GPU).
+  if wants stress; then
+    step stress 120 "$PY" tests/python/gpu_stress.py --world-sizes 1 2 4 --ops 2000 --timeout 40
+  fi
+  if wants fault; then
+    step fault 60 "$PY" tests/python/gpu_fault.py --world-size 2 --op-timeout 5 --margin 15 \
+      --timeout 55
+  fi
+  if wants teardown; then
+    step teardown 80 "$PY" tests/python/gpu_teardown.py --world-size 2 --op-timeout 5 \
+      --margin 10 --timeout 25
+  fi
+  # compute-sanitizer over the C++ CUDA test binaries (2 ranks, each under its own sanitizer,
+  # started by launch.py) and, under memcheck, the smoke script's 1-rank runs in one process.
+  if wants sanitizer; then
+    SANITIZER=""
+    for c in "${CUDA_HOME:+$CUDA_HOME/bin/compute-sanitizer}" \
+      "${NVCC:+$(dirname "$NVCC")/compute-sanitizer}" /usr/local/cuda/bin/compute-sanitizer \
+      "$(command -v compute-sanitizer)"; do
+      [ -z "$SANITIZER" ] && [ -n "$c" ] && [ -x "$c" ] && SANITIZER=$c
+    done
+    cuda_tests=()
+    while IFS= read -r t; do cuda_tests+=("$t"); done < <(
+      find "$BUILD" -type f -perm -u+x -name 'test_cuda_*' 2>/dev/null | sort)
+    if [ -z "$SANITIZER" ]; then
+      say "$(printf '%-22s %-8s %s' sanitizer "NOT RUN" "compute-sanitizer not found (CUDA_HOME, nvcc's folder, /usr/local/cuda/bin, PATH)")"
+      row sanitizer "NOT RUN" 0 "compute-sanitizer not found (CUDA_HOME, nvcc's folder, /usr/local/cuda/bin, PATH)"
+    elif ((${#cuda_tests[@]} == 0)); then
+      say "$(printf '%-22s %-8s %s' sanitizer FAIL "no test_cuda_* binary in $BUILD")"
+      row sanitizer FAIL 0 "no test_cuda_* binary in $BUILD"
+      status=1
+    else
+      say "sanitizer: $SANITIZER ($("$SANITIZER" --version 2>/dev/null | tail -1)); tests: ${cuda_tests[*]##*/}"
+      read -ra tools <<<"${CUDA_P2P_GPU_CHECK_SANITIZER_TOOLS:-memcheck racecheck synccheck}"
+      for tool in "${tools[@]}"; do
+        step "sanitize_$tool" 60 bash -c '
+          san=$1 tool=$2 py=$3
+          shift 3
+          rc=0
+          for t in "$@"; do
+            echo "== $tool: ${t##*/}, 2 ranks"
+            "$py" tests/cpp/launch.py -n 2 --timeout 100 -- "$san" --tool "$tool" \
+              --error-exitcode 9 --print-limit 20 "$t" || rc=1
+          done
+          exit $rc
+        ' _ "$SANITIZER" "$tool" "$PY" "${cuda_tests[@]}"
+        # The Python path under memcheck is a step of its own: torch's start-up under the
+        # sanitizer is slow, and a time-out there must not hide the C++ tests' verdict.
+        if [ "$tool" = memcheck ]; then
+          step sanitize_smoke 90 "$SANITIZER" --tool memcheck --error-exitcode 9 \
+            --print-limit 20 --target-processes all "$PY" tests/python/gpu_smoke.py --in-process
+        fi
+      done
+    fi
+  fi
+
+  # --- 6. timing (alone on the GPU) ---------------------------------------------------------------
   if wants timing &&
     step timing 150 "$PY" bench/gpu_timing.py --world-size 2 --iters 30 --json "$OUT/timing.json"; then
     sed 's/^/  /' "$OUT/timing.log" | tee -a "$OUT/summary.txt"
   fi
 
-  # --- 6. the CPU suite under this machine's torch -------------------------------------------------
+  # --- 7. the CPU suite under this machine's torch -------------------------------------------------
   # Everything but test_gpu.py: the host workspace's tests, which CI runs with torch 2.14.1, here
   # with the machine's torch (2.11 on the GPU machines so far) and beside a visible GPU
   # (conftest.py keeps their groups' workspaces on the host: NOTE [The workspace's device]).
@@ -284,5 +358,11 @@ PYEOF
   fi
 fi
 
+# --- the summary table: every step, in order -------------------------------------------------------
+say ""
+say "$(printf '%-22s %-8s %6s  %s' step verdict seconds 'limit, log (in OUT_DIR)')"
+while IFS='|' read -r name verdict secs note; do
+  say "$(printf '%-22s %-8s %6s  %s' "$name" "$verdict" "$secs" "$note")"
+done <"$OUT/.rows"
 say "== $( ((status == 0)) && echo PASSED || echo FAILED) in $(($(date +%s) - START)) s (steps: $STEPS); logs in $OUT"
 exit $status

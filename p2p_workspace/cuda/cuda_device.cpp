@@ -637,6 +637,15 @@ class CudaDevice : public Device {
     poll_until([event] { return cudaEventQuery(event); }, "synchronize");
   }
 
+  bool query(const Event& e) override {
+    c10::cuda::CUDAGuard guard(index_);
+    const cudaError_t q = cudaEventQuery(as_event(e));
+    if (q == cudaSuccess) return true;
+    if (q == cudaErrorNotReady) return false;
+    (void)cudaGetLastError();
+    TORCH_CHECK(false, "cuda_p2p Work.is_completed: the stream failed: ", cudaGetErrorString(q));
+  }
+
   // NOTE [Workspace growth]: waits for what this device enqueued - an event recorded now on
   // its own streams and on every stream it handed to an op since it last drained - not for the
   // whole GPU (cudaDeviceSynchronize would also wait for other libraries' work, and hang on

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -46,14 +47,77 @@ def _create_backend(opts, pg_options) -> ProcessGroupCudaP2P:
         nccl_options.global_ranks_in_group = list(opts.global_ranks_in_group)
         nccl_options.group_name = str(opts.group_id)
         nccl = dist.ProcessGroupNCCL(PrefixStore("nccl/", store), rank, size, nccl_options)
-    backend = ProcessGroupCudaP2P(store, rank, size, options, gloo, nccl)
+    backend = ProcessGroupCudaP2P(store, rank, size, options, gloo, nccl,
+                                  bound_device=_bound_cuda_index(opts))
     if not backend.is_p2p_available():
         _attach_hierarchy(backend, store, rank, size, options, opts)
+    elif size > 1 and backend.symmetric_device().type == "cuda":
+        props = torch.cuda.get_device_properties(backend.symmetric_device().index)
+        _check_one_gpu(store, rank, size, str(getattr(props, "uuid", "unknown")),
+                       torch.cuda.device_count())
     if not dist.is_initialized():
         # torch is creating its default group: the dispatcher ops' group_name "" names it
         # (NOTE [The default group's name] in backend/dispatcher_group.cpp).
         _set_default_group_name(str(opts.group_id))
     return backend
+
+
+def _bound_cuda_index(opts) -> int | None:
+    """The index of the GPU bound by init_process_group(device_id=...), or None.
+
+    torch sets ``pg.bound_device_id`` on the group before it calls the backend's creator, and
+    passes the default group's to every new_group; ``opts.process_group`` is that group (a field
+    of _DistributedBackendOptions since torch 2.6). Older releases: the default group's, if any.
+    NOTE [The workspace's GPU] in backend/config.cpp.
+    """
+    pg = getattr(opts, "process_group", None)
+    device = getattr(pg, "bound_device_id", None) if pg is not None else None
+    if device is None and dist.is_initialized():
+        device = getattr(dist.distributed_c10d._get_default_group(), "bound_device_id", None)
+    if device is None:
+        return None
+    device = torch.device(device)
+    if device.type != "cuda" or device.index is None:
+        return None
+    return device.index
+
+
+# Store keys of the GPU check below, under the group's store.
+_GPU_KEY = "cuda_p2p/gpu_uuid/"
+
+
+def _check_one_gpu(store, rank: int, size: int, uuid: str, visible_gpus: int) -> None:
+    """Warns (group rank 0) when every rank's CUDA workspace is on one GPU while the host has a
+    GPU per rank: init_process_group without device_id, before torch.cuda.set_device, and no
+    LOCAL_RANK (NOTE [The workspace's GPU]). Collective: every rank of a CUDA workspace calls it
+    (the workspace is up on all of them or on none, and on one device kind)."""
+    store.set(f"{_GPU_KEY}{rank}", uuid)
+    uuids = [store.get(f"{_GPU_KEY}{r}").decode(errors="replace") for r in range(size)]
+    message = _one_gpu_warning(uuids, visible_gpus)
+    if message and rank == 0:
+        # Once per process and setting (the warnings registry): every group would say the same.
+        warnings.warn(message, stacklevel=4)
+
+
+def _one_gpu_warning(uuids: list[str], visible_gpus: int) -> str | None:
+    """The warning for a group whose ranks (all on one host: their workspace is up) report
+    these GPU UUIDs, on a host where a rank sees ``visible_gpus`` GPUs; None when there is
+    nothing to say. The store is not trusted: a malformed record is an error naming its rank."""
+    for r, u in enumerate(uuids):
+        if not u or len(u) > 128 or not u.isprintable():
+            raise RuntimeError(
+                f"cuda_p2p: malformed GPU record of rank {r} in the store: {u[:200]!r}")
+    if len(uuids) < 2 or len(set(uuids)) != 1 or uuids[0] == "unknown":
+        return None
+    if visible_gpus < len(uuids):  # sharing a GPU is all this host allows (and tests do it)
+        return None
+    return (
+        f"cuda_p2p: all {len(uuids)} ranks of a group put their CUDA workspace on one GPU "
+        f"({uuids[0]}) while each sees {visible_gpus} GPUs: they share that GPU's memory and "
+        "compute, and NCCL refuses two ranks on one GPU. Call torch.cuda.set_device(local_rank) "
+        "before init_process_group, pass init_process_group(device_id=torch.device('cuda', "
+        "local_rank)), or launch with torchrun (LOCAL_RANK)."
+    )
 
 
 def _attach_hierarchy(backend, store, rank: int, size: int, options, opts) -> None:

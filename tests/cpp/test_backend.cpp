@@ -39,9 +39,11 @@ class RecordingBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int, int) override {
     return done("send", tensors);
   }
-  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
+    barrier_device_ids = opts.device_ids;
     return done("barrier", {});
   }
+  std::vector<int64_t> barrier_device_ids;  // of the last barrier
   // c10d::Backend's own setTimeout throws in torch 2.11 and warns in 2.14 (found on the GPU
   // machine's torch 2.11): record the value instead, as Gloo and NCCL take it.
   void setTimeout(std::chrono::milliseconds timeout) override { timeout_ms = timeout.count(); }
@@ -255,6 +257,54 @@ TEST(Backend, WorkspaceDeviceCpuKeepsAHostWorkspaceBesideACudaBackend) {
     EXPECT_EQ(cuda->calls, std::vector<std::string>{"allreduce"});
     EXPECT_EQ(pg->counters().at("all_reduce.wrapped"), 1);
   }
+}
+
+// NOTE [Barriers order the GPU] in backend/wrapped_routing.cpp: a group that drives a GPU sends
+// every barrier the workspace does not run to its CUDA backend, whatever device torch passed
+// ("cpu" from dist.barrier() without device_id); a group that keeps a host workspace beside its
+// CUDA backend keeps its CPU barriers on the host.
+TEST(Backend, BarriersOfAGroupDrivingAGpuGoToItsCudaBackend) {
+  const auto& w = world();
+  auto cpu = c10::make_intrusive<RecordingBackend>(w.rank, w.size, "recording-cpu");
+  auto cuda = c10::make_intrusive<RecordingBackend>(w.rank, w.size, "recording-cuda");
+  auto options = c10::make_intrusive<ProcessGroupCudaP2P::Options>();
+  options->enable_workspace = false;  // no workspace on either build: the wrapped backends only
+  auto pg =
+      c10::make_intrusive<ProcessGroupCudaP2P>(test_store(), w.rank, w.size, options, cpu, cuda);
+  pg->barrier(c10d::BarrierOptions())->wait();  // no device
+  c10d::BarrierOptions on_cpu;
+  on_cpu.device = c10::Device(c10::DeviceType::CPU);
+  pg->barrier(on_cpu)->wait();
+  EXPECT_TRUE(cuda->barrier_device_ids.empty());  // no workspace: NCCL's own choice
+  c10d::BarrierOptions on_gpu1;
+  on_gpu1.device = c10::Device(c10::DeviceType::CUDA, 1);
+  pg->barrier(on_gpu1)->wait();
+  EXPECT_EQ(cuda->barrier_device_ids, std::vector<int64_t>{1});
+  c10d::BarrierOptions named;
+  named.device_ids = {3};
+  pg->barrier(named)->wait();
+  EXPECT_EQ(cuda->barrier_device_ids, std::vector<int64_t>{3});  // the caller's, untouched
+  EXPECT_EQ(cuda->calls, (std::vector<std::string>{"barrier", "barrier", "barrier", "barrier"}));
+  EXPECT_TRUE(cpu->calls.empty()) << cpu->calls.front();
+  EXPECT_EQ(pg->counters().at("barrier.wrapped"), 4);
+
+  // workspace_device "cpu": a host workspace beside the CUDA backend; a barrier on the CPU stays
+  // on the host (the CPU backend here: workspace collectives off), one on a GPU goes to NCCL.
+  auto cpu2 = c10::make_intrusive<RecordingBackend>(w.rank, w.size, "recording-cpu");
+  auto cuda2 = c10::make_intrusive<RecordingBackend>(w.rank, w.size, "recording-cuda");
+  auto host = c10::make_intrusive<ProcessGroupCudaP2P::Options>();
+  host->buffer_size = 1 << 20;
+  host->workspace_device = "cpu";
+  host->workspace_collectives = false;
+  auto pg2 =
+      c10::make_intrusive<ProcessGroupCudaP2P>(test_store(), w.rank, w.size, host, cpu2, cuda2);
+  ASSERT_TRUE(pg2->is_p2p_available()) << pg2->p2p_unavailable_reason();
+  pg2->barrier(c10d::BarrierOptions())->wait();
+  pg2->barrier(on_cpu)->wait();
+  EXPECT_EQ(cpu2->calls, (std::vector<std::string>{"barrier", "barrier"}));
+  pg2->barrier(on_gpu1)->wait();
+  EXPECT_EQ(cuda2->calls, std::vector<std::string>{"barrier"});
+  EXPECT_EQ(cuda2->barrier_device_ids, std::vector<int64_t>{1});
 }
 
 TEST(Backend, WorkspaceDeviceCudaIsRefusedWithoutACudaBackend) {

@@ -2,7 +2,8 @@
 // returned); where the op was only enqueued (a GPU), wait() orders the caller's current stream
 // after the op's end event and synchronize() blocks until it has run. The enqueued case is driven
 // here with a host device and an event recorded on one of its side streams, the same calls the
-// CUDA device receives.
+// CUDA device receives; is_completed() of such work with a device whose events complete when the
+// test says so.
 #include <ATen/ATen.h>
 
 #include <atomic>
@@ -60,6 +61,90 @@ TEST_P(EnqueuedWork, WaitRaisesTheDevicesFailure) {
   dev->abort("a wait missed its deadline (test)");
   expect_error([&] { work->wait(std::chrono::milliseconds(0)); }, "Work.wait");
   expect_error([&] { work->synchronize(); }, "a wait missed its deadline (test)");
+}
+
+// A host device whose events complete when the test says so: is_completed() of enqueued work
+// must ask the device (without blocking) instead of answering true.
+class ManualEventsDevice : public Device {
+ public:
+  explicit ManualEventsDevice(std::shared_ptr<Device> inner) : inner_(std::move(inner)) {}
+  std::atomic<bool> done{false};
+  std::atomic<int> queries{0};
+
+  bool query(const Event& /*e*/) override {
+    ++queries;
+    return done.load();
+  }
+  std::string name() const override { return inner_->name(); }
+  at::Device tensor_device() const override { return inner_->tensor_device(); }
+  int device_index() const override { return inner_->device_index(); }
+  std::shared_ptr<Block> allocate(size_t bytes) override { return inner_->allocate(bytes); }
+  std::unique_ptr<BlockExporter> export_block(const std::shared_ptr<Block>& b, int n) override {
+    return inner_->export_block(b, n);
+  }
+  std::shared_ptr<Block> import_block(const std::vector<uint8_t>& h, size_t bytes,
+                                      Millis timeout) override {
+    return inner_->import_block(h, bytes, timeout);
+  }
+  std::shared_ptr<Stream> current_stream() override { return inner_->current_stream(); }
+  std::shared_ptr<Stream> new_stream(bool high) override { return inner_->new_stream(high); }
+  void copy(Stream& s, void* dst, const void* src, size_t n) override {
+    inner_->copy(s, dst, src, n);
+  }
+  void write_signal(Stream& s, uint32_t* addr, uint32_t value) override {
+    inner_->write_signal(s, addr, value);
+  }
+  void wait_signals(Stream& s, std::vector<SignalWait> w, Millis t, std::string c) override {
+    inner_->wait_signals(s, std::move(w), t, std::move(c));
+  }
+  void launch(Stream& s, std::function<void()> fn) override { inner_->launch(s, std::move(fn)); }
+  void host_task(Stream& s, std::function<void()> fn) override {
+    inner_->host_task(s, std::move(fn));
+  }
+  std::shared_ptr<Event> record(Stream& s) override { return inner_->record(s); }
+  void wait_event(Stream& s, const Event& e) override { inner_->wait_event(s, e); }
+  void synchronize(Stream& s) override { inner_->synchronize(s); }
+  void synchronize(const Event& e) override { inner_->synchronize(e); }
+  void quiesce() override { inner_->quiesce(); }
+  void abort(const std::string& why) override { inner_->abort(why); }
+  void check_healthy(const char* op) override { inner_->check_healthy(op); }
+
+ private:
+  std::shared_ptr<Device> inner_;
+};
+
+TEST(CompletedWork, EnqueuedWorkIsCompletedOnlyOnceItsEndEventHasRun) {
+  auto dev = std::make_shared<ManualEventsDevice>(make_host_device(1, HostStreams::kThreads));
+  auto side = dev->new_stream(false);
+  auto work = c10::make_intrusive<CompletedWork>(
+      0, c10d::OpType::ALLREDUCE, std::vector<at::Tensor>{}, dev, dev->record(*side));
+  EXPECT_FALSE(work->isCompleted());
+  EXPECT_FALSE(work->isCompleted());
+  EXPECT_EQ(dev->queries.load(), 2);
+  EXPECT_TRUE(work->isSuccess());
+  dev->done = true;
+  EXPECT_TRUE(work->isCompleted());
+  EXPECT_TRUE(work->isSuccess());
+}
+
+TEST(CompletedWork, EnqueuedWorkOfAFailedDeviceIsCompletedWithoutSuccess) {
+  auto dev = std::make_shared<ManualEventsDevice>(make_host_device(1, HostStreams::kThreads));
+  auto side = dev->new_stream(false);
+  auto work = c10::make_intrusive<CompletedWork>(
+      0, c10d::OpType::ALLREDUCE, std::vector<at::Tensor>{}, dev, dev->record(*side));
+  EXPECT_FALSE(work->isCompleted());
+  dev->abort("a wait missed its deadline (test)");
+  // Its end event never runs; the Work is over, and wait() says why.
+  EXPECT_TRUE(work->isCompleted());
+  EXPECT_FALSE(work->isSuccess());
+  expect_error([&] { work->wait(std::chrono::milliseconds(0)); }, "a wait missed its deadline");
+}
+
+TEST(CompletedWork, TheHostDeviceAnswersQueriesAsTheHost) {
+  // Device::query's default: an op on the host has run when it returns.
+  auto dev = make_host_device(1, HostStreams::kCooperative);
+  auto e = dev->record(*dev->current_stream());
+  EXPECT_TRUE(dev->query(*e));
 }
 
 INSTANTIATE_TEST_SUITE_P(HostStreams, EnqueuedWork,

@@ -99,11 +99,16 @@ def _workspace(step, rank: int, world_size: int, port: int, cuda: bool) -> None:
         o = cuda_p2p.ProcessGroupCudaP2P.Options()
         o.cuda_workspace_collectives = True
         o.buffer_size = 1 << 20
+        # Explicit: test_gpu imports conftest.py, which sets CUDA_P2P_WORKSPACE_DEVICE=cpu for
+        # the CPU suite (a GPU run's smoke then tested a host workspace beside the GPU).
+        o.workspace_device = "cuda" if cuda else "cpu"
         return dist.new_group(backend=test_gpu.NONCCL if cuda else "cuda_p2p", pg_options=o)
 
     g = step("new_group(cuda_p2p" + (" over Gloo for CUDA tensors)" if cuda else ")"), make_group)
     b = step("get_cuda_p2p_backend", cuda_p2p.get_cuda_p2p_backend, g)
     assert step("is_p2p_available", b.is_p2p_available), b.p2p_unavailable_reason()
+    where = b.get_collective_config()["workspace_device"]
+    assert where == dev.type, f"the workspace is on {where}, expected {dev.type}"
     step("intra_node_barrier", b.intra_node_barrier)
     peer = (rank + 1) % world_size
 

@@ -476,6 +476,25 @@ def check_async_side_stream(ctx):
     return chk.result()
 
 
+def check_is_completed(ctx):
+    """Work.is_completed() of a workspace collective says False until the GPU ran the op (a long
+    kernel queued before it on the caller's stream), True once it has; as NCCL's Work."""
+    W, rank, dev = ctx.world_size, ctx.rank, _device()
+    g = _group(("is_completed",), buffer_size=BUFFER)
+    chk = Checker(f"is_completed W={W}")
+    x = torch.full((1000,), float(rank + 1), device=dev)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(500_000_000)  # a few hundred ms of GPU time before the op
+    work = dist.all_reduce(x, group=g, async_op=True)
+    chk.case("False while the GPU is busy", not work.is_completed(),
+             "is_completed() was True before the GPU ran the op")
+    work.synchronize()
+    chk.case("True after synchronize", work.is_completed() and work.is_success(),
+             f"is_completed() {work.is_completed()}, is_success() {work.is_success()}")
+    chk.case("result", torch.equal(x.cpu(), torch.full((1000,), W * (W + 1) / 2)), "differs")
+    return chk.result()
+
+
 def check_timeout(ctx, absent):
     """A rank that never arrives: every other rank raises, naming it, within the timeout plus a
     margin - from the op or at the latest from the next call on the group (its watchdog fails the
@@ -969,6 +988,10 @@ def test_get_p2p_buffer(gpu_world):
 
 def test_async_wait_on_a_side_stream(gpu_world):
     _ok(gpu_world.run(check_async_side_stream))
+
+
+def test_is_completed_only_once_the_gpu_ran_the_op(gpu_world):
+    _ok(gpu_world.run(check_is_completed))
 
 
 def test_routing_default_nccl_one_rank():
