@@ -193,8 +193,9 @@ const std::vector<Knob>& knobs() {
        "Test hook: this process's copy-free reads fail as under Yama ptrace_scope (EPERM)."},
       {"", kLocalRankEnv, "int", "unset",
        "This process's rank on its host (torchrun sets it). A CUDA workspace goes on the device "
-       "bound by init_process_group(device_id=...), else on GPU LOCAL_RANK mod the visible GPUs, "
-       "else on the current GPU."},
+       "bound by init_process_group(device_id=...), else on the current GPU if "
+       "torch.cuda.set_device chose one other than cuda:0, else on GPU LOCAL_RANK mod the visible "
+       "GPUs, else on cuda:0."},
   };
   return kKnobs;
 }
@@ -216,12 +217,14 @@ WorkspaceDevice parse_workspace_device(const std::string& value, const std::stri
 // the tensors live elsewhere. So a CUDA workspace goes, in this order, on
 //  1. the device bound by init_process_group(device_id=...) (every group of the process inherits
 //     it: torch passes it to new_group), the user's explicit choice;
-//  2. GPU LOCAL_RANK mod the visible GPUs (torchrun's convention, the one NCCL users follow with
+//  2. the current device when it is not cuda:0: only torch.cuda.set_device makes it so, the
+//     user's explicit choice, which a launcher's variable must not override;
+//  3. GPU LOCAL_RANK mod the visible GPUs (torchrun's convention, the one NCCL users follow with
 //     torch.cuda.set_device(local_rank); "mod" keeps one-GPU-per-process launches, where every
 //     process sees only its own GPU, on that GPU);
-//  3. the current device (no launcher told us anything: the user's set_device, or cuda:0).
-// So under a launcher that sets LOCAL_RANK, a torch.cuda.set_device to another GPU is not what
-// decides: a job that maps ranks to GPUs otherwise passes device_id= (rule 1).
+//  4. the current device, cuda:0 (no launcher told us anything).
+// The one choice rule 2 cannot see is set_device(0) on a rank whose LOCAL_RANK is not 0: a job
+// that maps ranks to GPUs that way passes device_id= (rule 1).
 // A LOCAL_RANK that is not a non-negative integer and a bound device out of range are errors,
 // not a silent fall-through to the next rule. When every rank of a group still lands on one GPU
 // while the host has a GPU per rank, python/cuda_p2p/_backend.py warns, naming the fix.
@@ -235,6 +238,12 @@ CudaDeviceChoice choose_cuda_device(std::optional<int64_t> bound_device, int dev
                       *bound_device, ", but this process sees ", device_count, " GPU",
                       device_count == 1 ? "" : "s", " (cuda:0 to cuda:", device_count - 1, ")");
     return {static_cast<int>(*bound_device), "init_process_group(device_id=...)"};
+  }
+  TORCH_CHECK(current_device >= 0 && current_device < device_count,
+              "cuda_p2p: the current CUDA device is ", current_device, ", but this process sees ",
+              device_count, " GPUs");
+  if (current_device != 0) {
+    return {current_device, "the current device (torch.cuda.set_device)"};
   }
   if (auto text = env(config::kLocalRankEnv)) {
     const std::string& t = *text;
@@ -251,9 +260,6 @@ CudaDeviceChoice choose_cuda_device(std::optional<int64_t> bound_device, int dev
             c10::str(config::kLocalRankEnv, "=", local_rank, " (mod ", device_count, " visible GPU",
                      device_count == 1 ? "" : "s", ")")};
   }
-  TORCH_CHECK(current_device >= 0 && current_device < device_count,
-              "cuda_p2p: the current CUDA device is ", current_device, ", but this process sees ",
-              device_count, " GPUs");
   return {current_device, "the current device (torch.cuda.current_device())"};
 }
 

@@ -67,13 +67,20 @@ def test_local_rank_comes_next_modulo_the_visible_gpus():
     # More ranks than GPUs on the host: round-robin.
     assert [_choose(count=4, current=0, LOCAL_RANK=str(r))[0] for r in range(8)] == \
         [0, 1, 2, 3, 0, 1, 2, 3]
-    assert _choose(count=8, current=6, LOCAL_RANK="0")[0] == 0
     assert _choose(count=8, current=0, LOCAL_RANK="007")[0] == 7
 
 
+def test_a_device_the_user_set_beats_local_rank():
+    # Only torch.cuda.set_device makes the current device other than cuda:0.
+    assert _choose(count=8, current=6, LOCAL_RANK="0") == (
+        6, "the current device (torch.cuda.set_device)")
+    assert _choose(count=8, current=6, LOCAL_RANK="2")[0] == 6
+
+
 def test_the_current_device_comes_last():
-    assert _choose(count=8, current=6) == (6, "the current device (torch.cuda.current_device())")
-    assert _choose(count=8, current=6, LOCAL_RANK="")[0] == 6  # empty: unset
+    assert _choose(count=8, current=0) == (0, "the current device (torch.cuda.current_device())")
+    assert _choose(count=8, current=6)[0] == 6
+    assert _choose(count=8, current=0, LOCAL_RANK="")[0] == 0  # empty: unset
 
 
 @pytest.mark.parametrize("bad", ["-1", "one", "1K", " 1", "1.0", "+2", "9999999999"])
