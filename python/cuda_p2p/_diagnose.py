@@ -192,8 +192,11 @@ def _rank_main(as_json: bool) -> int:
     try:
         backend = cuda_p2p.get_cuda_p2p_backend()
         mine = group_facts(backend)
-        reports: list = [None] * dist.get_world_size()
-        dist.all_gather_object(reports, mine)
+        # Gathered over a Gloo group: on CPU tensors whatever the devices (all_gather_object on
+        # the cuda_p2p group could pick CUDA tensors, i.e. NCCL, which refuses ranks sharing a GPU).
+        gloo = dist.new_group(backend="gloo")
+        reports: list = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+        dist.gather_object(mine, reports, dst=0, group=gloo)
         if dist.get_rank() == 0:
             env = environment()
             if as_json:
