@@ -172,6 +172,7 @@ void ProcessGroupCudaP2P::intra_node_barrier(const std::vector<int64_t>& ranks,
 }
 
 void ProcessGroupCudaP2P::bump_counter(std::string_view name, int64_t by) {
+  if (config_.debug) debug_fallback(name, nullptr);  // NOTE [Debug lines] in backend/config.cpp
   std::lock_guard<std::mutex> lock(counters_mutex_);
   // Found without making a string: a hot path's counter costs a lookup, not an allocation.
   auto it = counters_.find(name);

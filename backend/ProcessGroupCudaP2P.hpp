@@ -23,6 +23,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -160,6 +161,11 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // Counters of which path ran ("all_reduce.one_shot", "all_reduce.wrapped", ...), so tests and
   // users can see that the fast path ran and that no fallback was silent.
   void bump_counter(std::string_view name, int64_t by = 1);
+  // bump_counter for a call that went to the wrapped backend (`name`: "<op>.wrapped"), with the
+  // short reason the caller found (workspace_rejects(), "several tensors", ...): under
+  // CUDA_P2P_DEBUG=INFO the first such call of each counter writes one line saying why (NOTE
+  // [Debug lines] in backend/config.cpp).
+  void count_fallback(std::string_view name, const char* why);
   std::map<std::string, int64_t> counters() const;
   void reset_counters();
 
@@ -320,6 +326,14 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // in the op's handshake with an invalid signature (ops::reject) before its error propagates,
   // so that its peers raise at once instead of waiting for the timeout.
   void check_or_reject(const char* what, ops::OpKind kind, const std::function<void()>& checks);
+
+  // What workspace_rejects() says when the collectives do not run on the workspace at all.
+  static constexpr const char* kWorkspaceOff = "workspace unavailable or its collectives off";
+  // The debug line of a fallback counter's first call (NOTE [Debug lines]), once per counter;
+  // `why` may be null (the counter's name says it: "<op>.flat.<why>", "<op>.unfused").
+  void debug_fallback(std::string_view name, const char* why);
+  std::mutex debug_mutex_;
+  std::set<std::string, std::less<>> debug_reported_;
 
   mutable std::mutex counters_mutex_;
   std::map<std::string, int64_t, std::less<>> counters_;  // looked up without a string

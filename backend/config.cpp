@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <utility>
@@ -42,6 +43,7 @@ constexpr const char* kFusedMinFlopsEnv = "CUDA_P2P_FUSED_MIN_FLOPS";
 constexpr const char* kWorkspaceDeviceEnv = "CUDA_P2P_WORKSPACE_DEVICE";
 constexpr const char* kZeroCopyAgreementEnv = "CUDA_P2P_ZERO_COPY_AGREEMENT";
 constexpr const char* kLocalRankEnv = "LOCAL_RANK";  // set by torchrun and most launchers
+constexpr const char* kDebugEnv = "CUDA_P2P_DEBUG";
 
 constexpr int64_t kMaxBytes = int64_t{1} << 46;  // 64 TiB: a sanity bound, not a policy
 constexpr int64_t kMaxRingSteps = int64_t{1} << 20;
@@ -186,6 +188,11 @@ const std::vector<Knob>& knobs() {
       {"fused_min_flops", kFusedMinFlopsEnv, "int", "host: 8G; CUDA: 0",
        "The fused ops' \"auto\" runs the fused pipeline from this many GEMM flops per rank "
        "(2*M*N*K) on; below, the unfused workspace collective and matmul (K, M, G: 1024-based)."},
+      {"", kDebugEnv, "off|info", "off",
+       "INFO: one line on stderr per group at its creation (the workspace, its device, the "
+       "collectives' path, each knob that is not at its default) and one per fallback to the "
+       "wrapped backend the first time it happens on the group (python -m cuda_p2p reports the "
+       "same facts)."},
       {"", kHostIdEnv, "string", "hostname/boot id",
        "This process's host identity; ranks with different identities do not share a workspace "
        "(tests simulate several hosts with it)."},
@@ -198,6 +205,100 @@ const std::vector<Knob>& knobs() {
        "GPUs, else on cuda:0."},
   };
   return kKnobs;
+}
+
+namespace {
+
+std::string bool_text(bool b) { return b ? "True" : "False"; }
+
+// The text of the Options field `field` when it is set (NOTE [Configuration rules]: an optional
+// that holds a value, a name other than "auto", a plain bool or number that differs from its
+// default), else nullopt.
+std::optional<std::string> option_text(const Options& o, const std::string& field) {
+  const Options d;
+  auto opt_int = [](const std::optional<int64_t>& v) -> std::optional<std::string> {
+    if (!v) return std::nullopt;
+    return std::to_string(*v);
+  };
+  auto opt_bool = [](const std::optional<bool>& v) -> std::optional<std::string> {
+    if (!v) return std::nullopt;
+    return bool_text(*v);
+  };
+  auto name = [](const std::string& v) -> std::optional<std::string> {
+    if (v == "auto") return std::nullopt;
+    return v;
+  };
+  auto plain_bool = [](bool v, bool def) -> std::optional<std::string> {
+    if (v == def) return std::nullopt;
+    return bool_text(v);
+  };
+  if (field == "enable_workspace") return plain_bool(o.enable_workspace, d.enable_workspace);
+  if (field == "workspace_device") return name(o.workspace_device);
+  if (field == "buffer_size") return opt_int(o.buffer_size);
+  if (field == "max_buffer_size") {
+    if (o.max_buffer_size == d.max_buffer_size) return std::nullopt;
+    return std::to_string(o.max_buffer_size);
+  }
+  if (field == "workspace_collectives") {
+    return plain_bool(o.workspace_collectives, d.workspace_collectives);
+  }
+  if (field == "cuda_workspace_collectives") return opt_bool(o.cuda_workspace_collectives);
+  if (field == "hierarchical") return plain_bool(o.hierarchical, d.hierarchical);
+  if (field == "host_streams") return name(o.host_streams);
+  if (field == "all_gather_algo") return name(o.all_gather_algo);
+  if (field == "reduce_scatter_algo") return name(o.reduce_scatter_algo);
+  if (field == "all_reduce_algo") return name(o.all_reduce_algo);
+  if (field == "all_reduce_rounds") return name(o.all_reduce_rounds);
+  if (field == "ring_steps") return opt_int(o.ring_steps);
+  if (field == "chunk_bytes") return opt_int(o.chunk_bytes);
+  if (field == "all_reduce_one_shot_max_bytes") return opt_int(o.all_reduce_one_shot_max_bytes);
+  if (field == "inline_all_reduce") return opt_bool(o.inline_all_reduce);
+  if (field == "all_gather_ring_max_bytes") return opt_int(o.all_gather_ring_max_bytes);
+  if (field == "reduce_scatter_ring_max_bytes") return opt_int(o.reduce_scatter_ring_max_bytes);
+  if (field == "cross_memory") return opt_bool(o.cross_memory);
+  if (field == "cross_memory_min_bytes") return opt_int(o.cross_memory_min_bytes);
+  if (field == "symmetric_heap_size") return opt_int(o.symmetric_heap_size);
+  if (field == "zero_copy_agreement") return name(o.zero_copy_agreement);
+  if (field == "fused_min_flops") return opt_int(o.fused_min_flops);
+  TORCH_INTERNAL_ASSERT(false, "cuda_p2p: knob_values: no Options field ", field);
+}
+
+}  // namespace
+
+std::vector<KnobValue> knob_values(const Options& o, const EnvLookup& env) {
+  std::vector<KnobValue> out;
+  for (const auto& k : knobs()) {
+    KnobValue v{&k, k.default_value, "default"};
+    if (!k.option.empty()) {
+      if (auto text = option_text(o, k.option)) {
+        out.push_back({&k, *text, "Options"});
+        continue;
+      }
+    }
+    if (!k.env.empty()) {
+      // A name knob's "auto" leaves the choice to the default, as resolve_config reads it.
+      if (auto text = env(k.env); text && !(k.type.find('|') != std::string::npos &&
+                                            lower(*text) == "auto")) {
+        v = {&k, *text, "environment"};
+      }
+    }
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+// NOTE [Debug lines]
+// CUDA_P2P_DEBUG=INFO is this backend's NCCL_DEBUG=INFO: a user sees which path a job is on
+// without reading counters. A line is written with one fwrite of the whole line (stderr is
+// unbuffered), so the lines of the ranks of a job sharing a terminal interleave by lines, not
+// by characters. The group's line is written by the Python layer when it has created the group
+// (python/cuda_p2p/_backend.py: it knows the hierarchy, attached after construction); the
+// fallback lines by ProcessGroupCudaP2P::count_fallback, once per counter and group.
+void debug_line(const std::string& line) {
+  std::string whole = line;
+  if (whole.empty() || whole.back() != '\n') whole.push_back('\n');
+  std::fwrite(whole.data(), 1, whole.size(), stderr);
+  std::fflush(stderr);
 }
 
 }  // namespace config
@@ -392,6 +493,14 @@ Config resolve_config(const Options& o, int world_size, const config::EnvLookup&
               *o.fused_min_flops);
   c.fused_min_flops =
       o.fused_min_flops ? o.fused_min_flops : env_int(env, kFusedMinFlopsEnv, 0, kMaxFlops);
+  // NOTE [Debug lines].
+  if (auto v = env(kDebugEnv)) {
+    const std::string level = lower(*v);
+    TORCH_CHECK(level == "info" || level == "off" || level == "0", "cuda_p2p: ", kDebugEnv,
+                " must be INFO or OFF (any case), got '", *v, "'");
+    c.debug = level == "info";
+  }
+  c.knobs = knob_values(o, env);
   return c;
 }
 

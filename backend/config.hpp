@@ -122,6 +122,27 @@ enum class WorkspaceDevice { kAuto, kCpu, kCuda };
 // "auto", "cpu" or "cuda"; anything else is a ValueError naming `what`.
 WorkspaceDevice parse_workspace_device(const std::string& value, const std::string& what);
 
+namespace config {
+// One configuration knob, for the docs table (docs/configuration.md is checked against it) and
+// for error messages.
+struct Knob {
+  std::string option;  // the ProcessGroupCudaP2P.Options field ("" for environment only)
+  std::string env;     // the environment variable ("" for Options only)
+  std::string type;    // "bool", "bytes", "int", "string", or the names "a|b|c"
+  std::string default_value;
+  std::string help;
+};
+
+// Each knob's value for a group with `options`, and where it came from: "Options" (set there),
+// "environment" (the variable), or "default" (the knob's default, as the table says). The value
+// is the text of that source: what `python -m cuda_p2p` and CUDA_P2P_DEBUG=INFO report.
+struct KnobValue {
+  const Knob* knob;
+  std::string value;
+  std::string source;
+};
+}  // namespace config
+
 // A group's configuration, resolved once (resolve_config) from its Options and the environment.
 struct Config {
   bool workspace = true;             // set up the workspace
@@ -148,6 +169,11 @@ struct Config {
   // Options.fused_min_flops, else CUDA_P2P_FUSED_MIN_FLOPS; nullopt: fused_min_flops(device)
   // takes the device's default.
   std::optional<int64_t> fused_min_flops;
+  // CUDA_P2P_DEBUG=INFO: one line on stderr per group at creation (python/cuda_p2p/_diagnose.py)
+  // and one per fallback the first time it happens (NOTE [Debug lines] in backend/config.cpp).
+  bool debug = false;
+  // Every knob's value and source when the group was created (config::knob_values).
+  std::vector<config::KnobValue> knobs;
 
   // The fused ops' threshold for tensors on `device` (docs/pipelines.md, measured results):
   // 8 GFLOP (8·2^30) on the host, where the pipelines at best tie the unfused path; 0 on CUDA
@@ -170,16 +196,14 @@ EnvLookup process_environment();
 bool parse_bool(const std::string& text, const std::string& what);
 int64_t parse_int(const std::string& text, const std::string& what, int64_t min, int64_t max);
 
-// One configuration knob, for the docs table (docs/configuration.md is checked against it) and
-// for error messages.
-struct Knob {
-  std::string option;  // the ProcessGroupCudaP2P.Options field ("" for environment only)
-  std::string env;     // the environment variable ("" for Options only)
-  std::string type;    // "bool", "bytes", "int", "string", or the names "a|b|c"
-  std::string default_value;
-  std::string help;
-};
 const std::vector<Knob>& knobs();
+
+// Each knob's value for a group with `options`, and where it came from (KnobValue).
+std::vector<KnobValue> knob_values(const Options& options,
+                                   const EnvLookup& env = process_environment());
+
+// Writes one line to stderr, whole (NOTE [Debug lines]).
+void debug_line(const std::string& line);
 
 // A knob's value from the environment, by the rules above (nullopt: unset).
 std::optional<bool> env_bool(const EnvLookup& env, const std::string& name);

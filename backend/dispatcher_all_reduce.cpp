@@ -34,7 +34,8 @@ void ProcessGroupCudaP2P::all_reduce_in_place(at::Tensor& tensor, ops::ReduceOp 
   }
   if (all_reduce_on_workspace(tensor, op)) return;
   const c10d::AllreduceOptions opts = options();
-  bump_counter("all_reduce.wrapped");
+  const char* why = workspace_rejects({tensor});
+  count_fallback("all_reduce.wrapped", why ? why : "dtype");
   // The wrapped backends expect contiguous tensors, as they do from dist.all_reduce.
   std::vector<at::Tensor> tensors{tensor.is_contiguous() ? tensor : tensor.contiguous()};
   route(tensors, "all_reduce_").allreduce(tensors, opts)->wait();

@@ -69,7 +69,7 @@ void ProcessGroupCudaP2P::check_or_reject(const char* what, ops::OpKind kind,
 }
 
 const char* ProcessGroupCudaP2P::workspace_rejects(c10::ArrayRef<at::Tensor> tensors) const {
-  if (!uses_workspace_collectives()) return "workspace unavailable or its collectives off";
+  if (!uses_workspace_collectives()) return kWorkspaceOff;
   const at::Device device = workspace_->device().tensor_device();
   for (const auto& t : tensors) {
     if (!t.defined() || t.layout() != at::kStrided || t.device() != device) return "device";
@@ -224,7 +224,7 @@ at::Tensor ProcessGroupCudaP2P::all_gather_v(const at::Tensor& input,
     output.narrow(0, row, sizes[q]).copy_(gathered.narrow(0, q * largest, sizes[q]));
     row += sizes[q];
   }
-  bump_counter("all_gather_v.wrapped");
+  count_fallback("all_gather_v.wrapped", workspace_rejects({input}));
   return output;
 }
 
@@ -236,7 +236,7 @@ WorkPtr ProcessGroupCudaP2P::broadcast(std::vector<at::Tensor>& tensors,
   const char* why = workspace_rejects(tensors);
   if (!why && (tensors.size() != 1 || opts.rootTensor != 0)) why = "several tensors";
   if (why) {
-    bump_counter("broadcast.wrapped");
+    count_fallback("broadcast.wrapped", why);
     return delegate(tensors, "broadcast",
                     [&](c10d::Backend& b) { return b.broadcast(tensors, opts); });
   }
@@ -269,7 +269,14 @@ WorkPtr ProcessGroupCudaP2P::allreduce(std::vector<at::Tensor>& tensors,
   if (tensors.size() == 1 && op && all_reduce_on_workspace(tensors[0], *op)) {
     return completed(c10d::OpType::ALLREDUCE, tensors, opts.asyncOp);
   }
-  bump_counter("all_reduce.wrapped");
+  if (config_.debug) {  // why, for the debug line only (NOTE [Debug lines] in backend/config.cpp)
+    const char* why = tensors.size() != 1 ? "several tensors" : !op ? "reduce op" : nullptr;
+    if (!why) why = workspace_rejects(tensors);
+    if (!why && !ops::is_reducible_dtype(tensors[0].scalar_type())) why = "dtype";
+    count_fallback("all_reduce.wrapped", why);
+  } else {
+    bump_counter("all_reduce.wrapped");
+  }
   return delegate(tensors, "allreduce",
                   [&](c10d::Backend& b) { return b.allreduce(tensors, opts); });
 }
@@ -394,7 +401,7 @@ WorkPtr ProcessGroupCudaP2P::allgather(std::vector<std::vector<at::Tensor>>& out
     }
   }
   if (why) {
-    bump_counter("all_gather.wrapped");
+    count_fallback("all_gather.wrapped", why);
     return delegate(inputs, "allgather",
                     [&](c10d::Backend& b) { return b.allgather(outputs, inputs, opts); });
   }
@@ -409,7 +416,7 @@ WorkPtr ProcessGroupCudaP2P::_allgather_base(at::Tensor& output, at::Tensor& inp
   }
   const char* why = workspace_rejects({input, output});
   if (why) {
-    bump_counter("all_gather.wrapped");
+    count_fallback("all_gather.wrapped", why);
     return delegate(input, "all_gather_into_tensor",
                     [&](c10d::Backend& b) { return b._allgather_base(output, input, opts); });
   }
@@ -435,7 +442,7 @@ WorkPtr ProcessGroupCudaP2P::allgather_into_tensor_coalesced(std::vector<at::Ten
   if (!why) why = workspace_rejects(outputs);
   if (!why && outputs.size() != inputs.size()) why = "shapes";
   if (why) {
-    bump_counter("all_gather.wrapped");
+    count_fallback("all_gather.wrapped", why);
     return delegate(inputs, "allgather_into_tensor_coalesced", [&](c10d::Backend& b) {
       return b.allgather_into_tensor_coalesced(outputs, inputs, opts);
     });
@@ -492,7 +499,7 @@ WorkPtr ProcessGroupCudaP2P::reduce_scatter(std::vector<at::Tensor>& outputs,
     }
   }
   if (why) {
-    bump_counter("reduce_scatter.wrapped");
+    count_fallback("reduce_scatter.wrapped", why);
     return delegate(outputs, "reduce_scatter",
                     [&](c10d::Backend& b) { return b.reduce_scatter(outputs, inputs, opts); });
   }
@@ -510,7 +517,7 @@ WorkPtr ProcessGroupCudaP2P::_reduce_scatter_base(at::Tensor& output, at::Tensor
   if (!why && !op) why = "reduce op";
   if (!why && !ops::is_reducible_dtype(output.scalar_type())) why = "dtype";
   if (why) {
-    bump_counter("reduce_scatter.wrapped");
+    count_fallback("reduce_scatter.wrapped", why);
     return delegate(input, "reduce_scatter_tensor",
                     [&](c10d::Backend& b) { return b._reduce_scatter_base(output, input, opts); });
   }
@@ -533,7 +540,7 @@ WorkPtr ProcessGroupCudaP2P::reduce_scatter_tensor_coalesced(
     if (!ops::is_reducible_dtype(outputs[i].scalar_type())) why = "dtype";
   }
   if (why) {
-    bump_counter("reduce_scatter.wrapped");
+    count_fallback("reduce_scatter.wrapped", why);
     return delegate(inputs, "reduce_scatter_tensor_coalesced", [&](c10d::Backend& b) {
       return b.reduce_scatter_tensor_coalesced(outputs, inputs, opts);
     });
@@ -551,7 +558,7 @@ WorkPtr ProcessGroupCudaP2P::barrier(const c10d::BarrierOptions& opts) {
   const bool device_ok = !opts.device.has_value() || !opts.device->is_cuda() ||
                          (is_p2p_available() && !workspace_->device().tensor_device().is_cpu());
   if (!uses_workspace_collectives() || !device_ok) {
-    bump_counter("barrier.wrapped");
+    count_fallback("barrier.wrapped", !uses_workspace_collectives() ? kWorkspaceOff : "device");
     c10d::BarrierOptions wrapped = opts;
     c10d::Backend& b = route_barrier(wrapped);  // NOTE [Barriers order the GPU]
     auto work = b.barrier(wrapped);

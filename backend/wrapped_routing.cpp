@@ -71,6 +71,49 @@ c10d::Backend& ProcessGroupCudaP2P::route_barrier(c10d::BarrierOptions& opts) co
   return *cuda_backend_;
 }
 
+namespace {
+// The reason of the ops the workspace never runs (their counters exist so that every call says
+// which path ran: docs/collectives.md, "Counters").
+constexpr const char* kNoWorkspaceOp = "no workspace version of this op";
+}  // namespace
+
+void ProcessGroupCudaP2P::count_fallback(std::string_view name, const char* why) {
+  if (config_.debug) debug_fallback(name, why);
+  bump_counter(name);
+}
+
+// NOTE [Debug lines] in backend/config.cpp: one line per fallback counter, its first time.
+void ProcessGroupCudaP2P::debug_fallback(std::string_view name, const char* why) {
+  const bool fallback = name.ends_with(".wrapped") || name.ends_with(".unfused") ||
+                        name.find(".flat.") != std::string_view::npos;
+  if (!fallback) return;
+  {
+    std::lock_guard<std::mutex> lock(debug_mutex_);
+    if (!debug_reported_.emplace(name).second) return;
+  }
+  std::string reason;
+  if (why == nullptr) {
+    reason = name.ends_with(".unfused") ? "the GEMM is below fused_min_flops"
+             : name.ends_with(".wrapped") ? "see the group's line"
+                                          : "the counter's name says why";
+  } else if (std::string_view(why) == kWorkspaceOff) {
+    reason = workspace_collectives_reason();
+  } else if (std::string_view(why) == "device") {
+    const std::string device =
+        is_p2p_available() ? workspace_->device().tensor_device().str() : "none";
+    reason = c10::str("a tensor is not a strided tensor on the workspace's device (", device, ")");
+  } else if (std::string_view(why) == "dtype") {
+    reason = "a dtype the workspace does not reduce (bool, complex, ...)";
+  } else if (std::string_view(why) == "reduce op") {
+    reason = "a reduce op the workspace does not run (PREMUL_SUM)";
+  } else {
+    reason = why;
+  }
+  config::debug_line(c10::str("cuda_p2p INFO rank ", getRank(), "/", getSize(), " group ",
+                              options_->group_name, ": ", name, ": ", reason,
+                              " (logged once per counter; get_counters() counts every call)"));
+}
+
 WorkPtr ProcessGroupCudaP2P::track(WorkPtr work) {
   std::lock_guard<std::mutex> lock(coalescing_mutex_);
   if (coalescing_ && work) coalesced_works_.push_back(work);
@@ -79,26 +122,28 @@ WorkPtr ProcessGroupCudaP2P::track(WorkPtr work) {
 
 WorkPtr ProcessGroupCudaP2P::allreduce_sparse(std::vector<at::Tensor>& tensors,
                                               const c10d::AllreduceOptions& opts) {
+  count_fallback("all_reduce_sparse.wrapped", kNoWorkspaceOp);
   return delegate(tensors, "allreduce_sparse",
                   [&](c10d::Backend& b) { return b.allreduce_sparse(tensors, opts); });
 }
 
 WorkPtr ProcessGroupCudaP2P::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                  const c10d::AllreduceCoalescedOptions& opts) {
-  bump_counter("all_reduce.wrapped");
+  count_fallback("all_reduce.wrapped", "several tensors");
   return delegate(tensors, "allreduce_coalesced",
                   [&](c10d::Backend& b) { return b.allreduce_coalesced(tensors, opts); });
 }
 
 WorkPtr ProcessGroupCudaP2P::reduce(std::vector<at::Tensor>& tensors,
                                     const c10d::ReduceOptions& opts) {
+  count_fallback("reduce.wrapped", kNoWorkspaceOp);
   return delegate(tensors, "reduce", [&](c10d::Backend& b) { return b.reduce(tensors, opts); });
 }
 
 WorkPtr ProcessGroupCudaP2P::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                  std::vector<at::Tensor>& inputs,
                                                  const c10d::AllgatherOptions& opts) {
-  bump_counter("all_gather.wrapped");
+  count_fallback("all_gather.wrapped", "several tensors");
   return delegate(inputs, "allgather_coalesced",
                   [&](c10d::Backend& b) { return b.allgather_coalesced(outputs, inputs, opts); });
 }
@@ -106,6 +151,7 @@ WorkPtr ProcessGroupCudaP2P::allgather_coalesced(std::vector<std::vector<at::Ten
 WorkPtr ProcessGroupCudaP2P::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                     std::vector<at::Tensor>& inputs,
                                     const c10d::GatherOptions& opts) {
+  count_fallback("gather.wrapped", kNoWorkspaceOp);
   return delegate(inputs, "gather",
                   [&](c10d::Backend& b) { return b.gather(outputs, inputs, opts); });
 }
@@ -113,6 +159,7 @@ WorkPtr ProcessGroupCudaP2P::gather(std::vector<std::vector<at::Tensor>>& output
 WorkPtr ProcessGroupCudaP2P::scatter(std::vector<at::Tensor>& outputs,
                                      std::vector<std::vector<at::Tensor>>& inputs,
                                      const c10d::ScatterOptions& opts) {
+  count_fallback("scatter.wrapped", kNoWorkspaceOp);
   return delegate(outputs, "scatter",
                   [&](c10d::Backend& b) { return b.scatter(outputs, inputs, opts); });
 }
@@ -121,6 +168,7 @@ WorkPtr ProcessGroupCudaP2P::alltoall_base(at::Tensor& output, at::Tensor& input
                                            std::vector<int64_t>& output_split_sizes,
                                            std::vector<int64_t>& input_split_sizes,
                                            const c10d::AllToAllOptions& opts) {
+  count_fallback("all_to_all_single.wrapped", kNoWorkspaceOp);
   return delegate(input, "all_to_all_single", [&](c10d::Backend& b) {
     return b.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
   });
@@ -129,6 +177,7 @@ WorkPtr ProcessGroupCudaP2P::alltoall_base(at::Tensor& output, at::Tensor& input
 WorkPtr ProcessGroupCudaP2P::alltoall(std::vector<at::Tensor>& outputs,
                                       std::vector<at::Tensor>& inputs,
                                       const c10d::AllToAllOptions& opts) {
+  count_fallback("all_to_all.wrapped", kNoWorkspaceOp);
   return delegate(inputs, "all_to_all",
                   [&](c10d::Backend& b) { return b.alltoall(outputs, inputs, opts); });
 }
@@ -137,6 +186,7 @@ WorkPtr ProcessGroupCudaP2P::send(std::vector<at::Tensor>& tensors, int dst_rank
   TORCH_CHECK(dst_rank >= 0 && dst_rank < getSize() && dst_rank != getRank(),
               "cuda_p2p send: destination must be another rank in [0, ", getSize(), "), got ",
               dst_rank, " on rank ", getRank());
+  count_fallback("send.wrapped", kNoWorkspaceOp);
   return delegate(tensors, "send",
                   [&](c10d::Backend& b) { return b.send(tensors, dst_rank, tag); });
 }
@@ -145,17 +195,20 @@ WorkPtr ProcessGroupCudaP2P::recv(std::vector<at::Tensor>& tensors, int src_rank
   TORCH_CHECK(src_rank >= 0 && src_rank < getSize() && src_rank != getRank(),
               "cuda_p2p recv: source must be another rank in [0, ", getSize(), "), got ", src_rank,
               " on rank ", getRank());
+  count_fallback("recv.wrapped", kNoWorkspaceOp);
   return delegate(tensors, "recv",
                   [&](c10d::Backend& b) { return b.recv(tensors, src_rank, tag); });
 }
 
 WorkPtr ProcessGroupCudaP2P::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  count_fallback("recv_anysource.wrapped", kNoWorkspaceOp);
   return delegate(tensors, "recv_anysource",
                   [&](c10d::Backend& b) { return b.recvAnysource(tensors, tag); });
 }
 
 void ProcessGroupCudaP2P::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
   // Only Gloo implements it; it reports which ranks failed to arrive.
+  count_fallback("monitored_barrier.wrapped", kNoWorkspaceOp);
   cpu_backend_->monitoredBarrier(opts, wait_all_ranks);
 }
 

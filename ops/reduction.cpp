@@ -53,6 +53,16 @@ bool host_has_avx2() {
 #endif
 }
 
+}  // namespace
+
+std::string host_reduction_isa() {
+  if (host_has_avx2()) return "avx2";
+  return detail::host_reduce_avx2_compiled() ? "baseline (this CPU lacks AVX2, FMA or F16C)"
+                                             : "baseline (the AVX2 build is not compiled in)";
+}
+
+namespace {
+
 bool same_memory(const at::Tensor& a, const at::Tensor& b) { return a.data_ptr() == b.data_ptr(); }
 
 // out = op(a, b) with ATen's type promotion (a float partial with a bfloat16 input gives float).

@@ -20,6 +20,10 @@ bool reduce_op_applies(ReduceOp op, at::ScalarType dtype);
 // needs a floating-point dtype, the bitwise ops an integer one. `what` names the collective.
 void check_reduce_op(ReduceOp op, at::ScalarType dtype, const char* what);
 
+// Which build of the host reduction kernel runs on this CPU, for the diagnostic
+// (python -m cuda_p2p): "avx2" (the AVX2+FMA+F16C build), or "baseline" with why in parentheses.
+std::string host_reduction_isa();
+
 // dst = op(srcs[0], srcs[1], ..., srcs[n-1]), combined left to right (so every rank that reduces
 // the same sources in the same order gets the same bits). Every tensor is contiguous with dst's
 // numel; a source has dst's dtype, or the accumulate type of the result's dtype (a partial of a

@@ -14,6 +14,7 @@
 #include "backend/dispatcher_group.hpp"
 #include "backend/symmetric_allocator.hpp"
 #include "ops/pipeline_common.hpp"
+#include "ops/reduction.hpp"
 #include "p2p_workspace/host/core_probe.hpp"
 #include "p2p_workspace/host/host_device.hpp"
 
@@ -467,6 +468,39 @@ PYBIND11_MODULE(_C, m) {
            "Which paths ran: {'all_reduce.one_shot': 3, 'all_reduce.wrapped': 1, ...}.")
       .def("reset_counters", &ProcessGroupCudaP2P::reset_counters)
       .def(
+          "_knob_values",
+          [](const ProcessGroupCudaP2P& self) {
+            py::list out;
+            for (const auto& v : self.config().knobs) {
+              py::dict d;
+              d["option"] = v.knob->option;
+              d["env"] = v.knob->env;
+              d["value"] = v.value;
+              d["source"] = v.source;
+              out.append(d);
+            }
+            return out;
+          },
+          "Each knob's value for this group and where it came from ('Options', 'environment' or "
+          "'default'), as they were when the group was created: for python -m cuda_p2p and "
+          "CUDA_P2P_DEBUG=INFO.")
+      .def(
+          "_wrapped_backends",
+          [](const ProcessGroupCudaP2P& self) {
+            py::dict d;
+            for (const auto type : {c10::DeviceType::CPU, c10::DeviceType::CUDA}) {
+              if (auto b = self.wrapped_backend(type)) {
+                d[py::str(c10::DeviceTypeName(type, /*lower_case=*/true))] = b->getBackendName();
+              }
+            }
+            return d;
+          },
+          "The wrapped backends by tensor device: {'cpu': 'gloo', 'cuda': 'nccl'} (no 'cuda' "
+          "where the group was created without a GPU).")
+      .def(
+          "_debug", [](const ProcessGroupCudaP2P& self) { return self.config().debug; },
+          "Whether CUDA_P2P_DEBUG=INFO was set when the group was created.")
+      .def(
           "get_collective_config",
           [](const ProcessGroupCudaP2P& self) {
             const auto& c = self.collective_config();
@@ -629,6 +663,30 @@ PYBIND11_MODULE(_C, m) {
       py::arg("env"),
       "Test hook: (index, rule) of the GPU a CUDA workspace would take, with `env` as the "
       "environment (NOTE [The workspace's GPU] in backend/config.cpp).");
+  m.def(
+      "_build_info",
+      [] {
+        py::dict d;
+#ifdef CUDA_P2P_WITH_CUDA
+        d["cuda"] = true;
+#ifdef CUDA_P2P_CUDA_ARCHS_TEXT
+        d["cuda_archs"] = CUDA_P2P_CUDA_ARCHS_TEXT;
+#else
+        d["cuda_archs"] = "";
+#endif
+#else
+        d["cuda"] = false;
+        d["cuda_archs"] = "";
+#endif
+        d["host_reduction"] = cuda_p2p::ops::host_reduction_isa();
+        return d;
+      },
+      "How this extension was built: {'cuda': CUDA sources compiled in, 'cuda_archs': their "
+      "architectures, 'host_reduction': the host reduction kernel's build used on this CPU}.");
+
+  m.def("_debug_line", &cuda_p2p::config::debug_line, py::arg("line"),
+        "Writes one line to stderr in one piece (NOTE [Debug lines] in backend/config.cpp).");
+
   m.def(
       "_config_knobs",
       [] {

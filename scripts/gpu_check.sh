@@ -25,7 +25,7 @@
 # At the end, one table of every step: its verdict, seconds and log.
 #
 # A rerun on a warm machine (the build is kept) may run fewer steps: CUDA_P2P_GPU_CHECK_STEPS
-# (default smoke,ctest,pytest,stress,fault,teardown,sanitizer,timing,cpu_suite),
+# (default smoke,examples,ctest,pytest,stress,fault,teardown,sanitizer,timing,cpu_suite),
 # CUDA_P2P_GPU_CHECK_CTEST_ARGS, CUDA_P2P_GPU_CHECK_PYTEST_ARGS (for both pytest steps),
 # CUDA_P2P_GPU_CHECK_SANITIZER_TOOLS (default "memcheck racecheck synccheck").
 #
@@ -54,7 +54,7 @@ START=$(date +%s)
 BUDGET=${CUDA_P2P_GPU_CHECK_BUDGET:-570}
 # Which steps after the build (a rerun on a warm machine, whose build is kept, may want fewer),
 # and extra arguments for ctest (e.g. "-R test_backend") and pytest (e.g. "-k all_reduce").
-STEPS=${CUDA_P2P_GPU_CHECK_STEPS:-smoke,ctest,pytest,stress,fault,teardown,sanitizer,timing,cpu_suite}
+STEPS=${CUDA_P2P_GPU_CHECK_STEPS:-smoke,examples,ctest,pytest,stress,fault,teardown,sanitizer,timing,cpu_suite}
 wants() { [[ ",$STEPS," == *",$1,"* ]]; }
 OUT=${1:-gpu_check_out}
 mkdir -p "$OUT"
@@ -232,6 +232,14 @@ if ((built == 0)); then
       # Whatever the debugger's own status, its end is the point of this step.
       tail -n 80 "$OUT/backtrace.log" | cut -c1-300 | sed 's/^/    | /' | tee -a "$OUT/summary.txt"
     fi
+  fi
+
+  # The diagnostic on one rank, then the GPU launch example a user copies (examples/gpu_launch.py:
+  # device_id=, one process per GPU; CI only compiles it), under torchrun on one rank: NCCL
+  # refuses two ranks on one GPU.
+  if wants examples; then
+    step examples 120 bash -c '"$1" -m cuda_p2p --world-size 1 &&
+      "$1" -m torch.distributed.run --standalone --nproc-per-node 1 examples/gpu_launch.py' _ "$PY"
   fi
 
 # --- 4. tests: the C++ binaries and the GPU pytest suite, side by side ----------------------------

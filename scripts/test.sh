@@ -6,8 +6,17 @@
 # cannot run at all (CUDA_P2P_ALLOW_SKIP_CPP=1 accepts that, loudly). CUDA_P2P_SANITIZERS=0
 # leaves the sanitizer builds out (CI runs them). The sanitizer builds and
 # tests/python/test_faults.py run beside the rest (below; docs/testing.md, "What runs beside what").
+#
+# `bash scripts/test.sh --quick [pytest args]`: a contributor's loop (docs/testing.md, "The quick
+# loop"): the incremental build, each C++ binary once (2 ranks), and the Python tests not marked
+# slow (tests/python/conftest.py), without the sanitizers. Not CI: the full run is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+quick=0
+if [ "${1:-}" = "--quick" ]; then
+  quick=1
+  shift
+fi
 bash scripts/setup.sh
 
 VPY=$(cat build/.python 2>/dev/null || echo "$PWD/.venv/bin/python")
@@ -22,6 +31,28 @@ PYEOF
 )
 status=0
 skipped=()
+if ((quick)); then
+  t0=$SECONDS
+  ctest_bin=$(dirname "$VPY")/ctest
+  [ -x "$ctest_bin" ] || ctest_bin=ctest
+  if [ -n "$build_dir" ]; then
+    # Each binary once: as 2 ranks, or as 1 where it is single-process (tests/cpp/CMakeLists.txt).
+    quick_cpp='_np2$|^test_(config|watchdog|completed_work)_np1$'
+    echo "== C++ tests, each binary once (ctest -R '$quick_cpp' in $build_dir)"
+    "$ctest_bin" --test-dir "$build_dir" --output-on-failure --timeout 300 -R "$quick_cpp" \
+      -E _threads_ ||
+      status=1
+  else
+    echo "!!! no ctest build: the C++ tests were not run"
+    status=1
+  fi
+  echo "== Python tests not marked slow (pytest -m 'not slow')"
+  "$VPY" -m pytest -q -p no:cacheprovider --durations=10 -m "not slow" tests/python "$@" ||
+    status=1
+  echo "== quick run: $((SECONDS - t0)) s after setup ($( ((status == 0)) && echo passed ||
+    echo FAILED)); the full run is bash scripts/test.sh"
+  exit $status
+fi
 # The sanitizer builds (CPU-bound) go on in the background while the tests below run: the ranks
 # wait on each other, for timeouts and for subprocesses much of the time, and on a 2-core machine
 # pytest alone keeps the CPUs ~73% busy. SCHED_IDLE (chrt --idle) gives the builds mostly CPU time

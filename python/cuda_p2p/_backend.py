@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import PrefixStore
 
-from ._C import ProcessGroupCudaP2P, _set_default_group_name
+from ._C import ProcessGroupCudaP2P, _debug_line, _set_default_group_name
 
 BACKEND_NAME = "cuda_p2p"
 _DEVICES = ["cpu", "cuda"]
@@ -55,6 +55,10 @@ def _create_backend(opts, pg_options) -> ProcessGroupCudaP2P:
         props = torch.cuda.get_device_properties(backend.symmetric_device().index)
         _check_one_gpu(store, rank, size, str(getattr(props, "uuid", "unknown")),
                        torch.cuda.device_count())
+    if backend._debug():  # CUDA_P2P_DEBUG=INFO (NOTE [Debug lines] in backend/config.cpp)
+        from ._diagnose import group_line
+
+        _debug_line(group_line(backend))
     if not dist.is_initialized():
         # torch is creating its default group: the dispatcher ops' group_name "" names it
         # (NOTE [The default group's name] in backend/dispatcher_group.cpp).

@@ -180,5 +180,40 @@ TEST(Config, EveryKnobIsDocumentedOnce) {
   EXPECT_TRUE(options.count("cuda_workspace_collectives"));
 }
 
+// What python -m cuda_p2p and CUDA_P2P_DEBUG=INFO report: each knob's value and its source.
+TEST(Config, KnobValuesSayWhereEachValueCameFrom) {
+  Options o;
+  o.chunk_bytes = 4096;            // Options, over the environment below
+  o.workspace_collectives = false;  // a plain bool counts as set when not at its default
+  o.all_reduce_algo = "two_shot";
+  const auto values = config::knob_values(
+      o, fake_env({{"CUDA_P2P_CHUNK_BYTES", "2M"}, {"CUDA_P2P_RING_STEPS", "8"},
+                   {"CUDA_P2P_ALL_GATHER_ALGO", "auto"}, {"CUDA_P2P_HOST_ID", "h1"}}));
+  ASSERT_EQ(values.size(), config::knobs().size());
+  std::map<std::string, std::pair<std::string, std::string>> by_name;
+  for (const auto& v : values) {
+    by_name[v.knob->option.empty() ? v.knob->env : v.knob->option] = {v.value, v.source};
+  }
+  using P = std::pair<std::string, std::string>;
+  EXPECT_EQ(by_name["chunk_bytes"], P("4096", "Options"));
+  EXPECT_EQ(by_name["workspace_collectives"], P("False", "Options"));
+  EXPECT_EQ(by_name["all_reduce_algo"], P("two_shot", "Options"));
+  EXPECT_EQ(by_name["ring_steps"], P("8", "environment"));
+  EXPECT_EQ(by_name["CUDA_P2P_HOST_ID"], P("h1", "environment"));
+  // "auto" in the environment leaves a name knob to its default, as resolve_config reads it.
+  EXPECT_EQ(by_name["all_gather_algo"], P("auto", "default"));
+  EXPECT_EQ(by_name["buffer_size"], P("32 MiB", "default"));
+  EXPECT_EQ(by_name["hierarchical"], P("True", "default"));
+}
+
+TEST(Config, TheDebugLevelIsInfoOrOff) {
+  EXPECT_FALSE(resolve(Options(), {}).debug);
+  EXPECT_TRUE(resolve(Options(), {{"CUDA_P2P_DEBUG", "INFO"}}).debug);
+  EXPECT_TRUE(resolve(Options(), {{"CUDA_P2P_DEBUG", "info"}}).debug);
+  EXPECT_FALSE(resolve(Options(), {{"CUDA_P2P_DEBUG", "OFF"}}).debug);
+  expect_error([] { resolve(Options(), {{"CUDA_P2P_DEBUG", "trace"}}); },
+               "CUDA_P2P_DEBUG must be INFO or OFF (any case), got 'trace'");
+}
+
 }  // namespace
 }  // namespace cuda_p2p::test

@@ -71,6 +71,43 @@ def any_world(request) -> World:
     return request.getfixturevalue(f"world{request.param}")
 
 
+# `bash scripts/test.sh --quick` (docs/testing.md, "The quick loop") runs `pytest -m "not slow"`:
+# these files' tests are marked slow here, as are SLOW_TESTS, the tests on 3 or more ranks and
+# those marked @pytest.mark.slow themselves. A file is here when it takes over ~20 s on our 2 cores (subprocess
+# launches, torch.compile, 6 ranks, timeouts waited for on purpose) or is a soak; the full run
+# (CI) runs everything.
+SLOW_FILES = frozenset({
+    "test_soak.py", "test_faults.py", "test_async_tp.py", "test_autograd.py", "test_bench.py",
+    "test_scripts.py", "test_launch.py", "test_lifecycle.py", "test_security.py",
+    "test_clients.py", "test_gpu_rehearsal.py", "test_gpu_smoke.py", "test_hierarchical.py",
+    "test_all_reduce_rounds.py", "test_harness.py", "test_gpu.py", "test_examples.py",
+})
+# Single tests over ~20 s (torch.compile, a subprocess's ranks) in files that are otherwise quick.
+SLOW_TESTS = frozenset({
+    "test_all_reduce_op.py::test_torch_compile_fullgraph",
+    "test_diagnose.py::test_world_size_2_text",
+})
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: left out of `bash scripts/test.sh --quick`")
+
+
+def _more_than_two_ranks(item) -> bool:
+    """Whether a test runs on a pool of 3 or more ranks (the quick loop keeps 2-rank tests)."""
+    if set(getattr(item, "fixturenames", ())) & {"world3", "world4", "world6"}:
+        return True
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return any(params[k] not in (2, "world2") for k in ("world", "any_world") if k in params)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        name = f"{item.path.name}::{item.originalname}"
+        if item.path.name in SLOW_FILES or name in SLOW_TESTS or _more_than_two_ranks(item):
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_runtest_logreport(report):
     """With CUDA_P2P_REPORT_FAILURES_NOW=1 (scripts/gpu_check.sh sets it), a failure's traceback
     is printed when it happens, not only in pytest's summary at the end: a run cut off by its time

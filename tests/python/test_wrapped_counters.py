@@ -1,0 +1,164 @@
+"""Every op counts which path ran: the ops the workspace never runs count `<op>.wrapped` once per
+call (docs/collectives.md, "Counters"), and their results are still those of plain torch."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from _harness import scoped_environ
+
+
+def _wrapped_ops(ctx):
+    """Runs each wrapped-only op once on a fresh group; its counters and results."""
+    import cuda_p2p
+
+    g = dist.new_group(list(range(ctx.world_size)), backend="cuda_p2p")
+    b = cuda_p2p.get_cuda_p2p_backend(g)
+    b.reset_counters()
+    r, W = ctx.rank, ctx.world_size
+    results = {}
+
+    # all_to_all_single: rank r sends value 10*r + q to rank q.
+    inp = torch.tensor([10.0 * r + q for q in range(W)])
+    out = torch.empty(W)
+    dist.all_to_all_single(out, inp, group=g)
+    results["all_to_all_single"] = out.tolist() == [10.0 * q + r for q in range(W)]
+
+    # all_to_all with a list of tensors (Gloo's wants equal sizes): rank r sends r + q/10 to q.
+    ins = [torch.full((3,), r + q / 10, dtype=torch.float64) for q in range(W)]
+    outs = [torch.empty(3, dtype=torch.float64) for _ in range(W)]
+    dist.all_to_all(outs, ins, group=g)
+    results["all_to_all"] = all(o.tolist() == [q + r / 10] * 3 for q, o in enumerate(outs))
+
+    # gather to rank 0, scatter from rank 0.
+    t = torch.tensor([r, r * r], dtype=torch.int32)
+    gl = [torch.empty(2, dtype=torch.int32) for _ in range(W)] if r == 0 else None
+    dist.gather(t, gl, dst=0, group=g)
+    results["gather"] = r != 0 or [x.tolist() for x in gl] == [[q, q * q] for q in range(W)]
+    s = torch.empty(3)
+    dist.scatter(s, [torch.full((3,), float(q) + 0.5) for q in range(W)] if r == 0 else None,
+                 src=0, group=g)
+    results["scatter"] = s.tolist() == [r + 0.5] * 3
+
+    # reduce to rank 1 (bfloat16: the wrapped backend's own reduction).
+    x = torch.full((5,), float(r + 1), dtype=torch.bfloat16)
+    dist.reduce(x, dst=1, group=g)
+    results["reduce"] = r != 1 or x.tolist() == [float(W * (W + 1) // 2)] * 5
+
+    # send / recv around a ring, then recv from any source at rank 0.
+    nxt, prv = (r + 1) % W, (r - 1) % W
+    msg = torch.tensor([float(r)])
+    got = torch.empty(1)
+    if r % 2 == 0:
+        dist.send(msg, nxt, group=g)
+        dist.recv(got, prv, group=g)
+    else:
+        dist.recv(got, prv, group=g)
+        dist.send(msg, nxt, group=g)
+    results["send_recv"] = got.item() == float(prv)
+    if r == 0:
+        seen = set()
+        for _ in range(W - 1):
+            buf = torch.empty(1)
+            dist.recv(buf, group=g)
+            seen.add(int(buf.item()))
+        results["recv_anysource"] = seen == set(range(1, W))
+    else:
+        dist.send(torch.tensor([float(r)]), 0, group=g)
+        results["recv_anysource"] = True
+
+    dist.monitored_barrier(group=g, timeout=timedelta(seconds=30))
+    counters = dict(b.get_counters())
+    dist.destroy_process_group(g)
+    return {"results": results, "counters": counters}
+
+
+@pytest.mark.parametrize("world", ["world2", "world3"])
+def test_wrapped_ops_are_counted(world, request):
+    w = request.getfixturevalue(world)
+    out = w.run(_wrapped_ops)
+    W = len(out)
+    for r, rep in enumerate(out):
+        assert all(rep["results"].values()), (r, rep["results"])
+        c = rep["counters"]
+        expected = {
+            "all_to_all_single.wrapped": 1,
+            "all_to_all.wrapped": 1,
+            "gather.wrapped": 1,
+            "scatter.wrapped": 1,
+            "reduce.wrapped": 1,
+            "send.wrapped": 1 + (0 if r == 0 else 1),
+            "recv.wrapped": 1,
+            "monitored_barrier.wrapped": 1,
+        }
+        if r == 0:
+            expected["recv_anysource.wrapped"] = W - 1
+        # Nothing else ran: every call of the function above is one of these.
+        assert {k: v for k, v in c.items() if k.endswith(".wrapped")} == expected, (r, c)
+
+
+def _fallback_lines(ctx):
+    """Creates a group under CUDA_P2P_DEBUG=INFO with stderr captured; falls back twice each."""
+    import os
+    import tempfile
+
+    import cuda_p2p
+
+    with tempfile.TemporaryFile() as cap:
+        saved = os.dup(2)
+        os.dup2(cap.fileno(), 2)
+        try:
+            with scoped_environ({"CUDA_P2P_DEBUG": "INFO"}):
+                g = dist.new_group(list(range(ctx.world_size)), backend="cuda_p2p")
+            b = cuda_p2p.get_cuda_p2p_backend(g)
+            for _ in range(2):
+                dist.all_reduce(torch.ones(3, dtype=torch.bool), group=g)  # dtype: wrapped
+                dist.all_to_all_single(torch.empty(ctx.world_size),
+                                       torch.ones(ctx.world_size), group=g)
+                dist.all_reduce(torch.ones(4), group=g)  # the workspace: no line
+            counters = dict(b.get_counters())
+            dist.destroy_process_group(g)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        cap.seek(0)
+        text = cap.read().decode(errors="replace")
+    return {"text": text, "counters": counters}
+
+
+def test_debug_lines(world2):
+    out = world2.run(_fallback_lines)
+    for r, rep in enumerate(out):
+        lines = [ln for ln in rep["text"].splitlines() if ln.startswith("cuda_p2p INFO")]
+        group = [ln for ln in lines if "workspace:" in ln]
+        assert len(group) == 1, rep["text"]
+        assert f"rank {r}/2 group" in group[0], group[0]
+        assert "workspace: up on cpu" in group[0] and "collectives: on the workspace" in group[0]
+        # The knob set in the environment is named, with its source.
+        assert "workspace_device=cpu (environment)" in group[0], group[0]
+        fallbacks = [ln for ln in lines if "workspace:" not in ln]
+        assert len(fallbacks) == 2, rep["text"]  # once per counter, though each ran twice
+        ar = [ln for ln in fallbacks if ": all_reduce.wrapped:" in ln]
+        assert len(ar) == 1 and "a dtype the workspace does not reduce" in ar[0], fallbacks
+        a2a = [ln for ln in fallbacks if ": all_to_all_single.wrapped:" in ln]
+        assert len(a2a) == 1 and "no workspace version of this op" in a2a[0], fallbacks
+        assert rep["counters"]["all_reduce.wrapped"] == 2
+        assert rep["counters"]["all_to_all_single.wrapped"] == 2
+
+
+def _bad_debug_value(ctx):
+    with scoped_environ({"CUDA_P2P_DEBUG": "verbose"}):
+        try:
+            dist.new_group(list(range(ctx.world_size)), backend="cuda_p2p")
+        except Exception as e:  # noqa: BLE001
+            return str(e)
+    return None
+
+
+def test_debug_rejects_a_bad_value(world2):
+    for msg in world2.run(_bad_debug_value):
+        assert msg is not None and "CUDA_P2P_DEBUG must be INFO or OFF" in msg, msg
