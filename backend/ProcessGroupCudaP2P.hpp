@@ -169,6 +169,10 @@ class ProcessGroupCudaP2P : public c10d::Backend {
                      c10::intrusive_ptr<c10d::Backend> inter);
   // Null on a group within one host.
   const Hierarchy* hierarchy() const { return hierarchy_.get(); }
+  // Bench knob only (NOTE [Hierarchical agreement]): off skips the group-wide agreement.
+  void set_hierarchical_agreement(bool on) {
+    if (hierarchy_) hierarchy_->set_agreement(on);
+  }
 
   // --- fused GEMM pipelines (ops/fused_*.cpp) -------------------------------------------------
   // The group's state of the pipelines (their host streams, the lock that serialises them on

@@ -3,6 +3,8 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstring>
+#include <exception>
 #include <map>
 #include <optional>
 #include <utility>
@@ -10,6 +12,7 @@
 #include "backend/CompletedWork.hpp"
 #include "backend/ProcessGroupCudaP2P.hpp"
 #include "ops/collectives.hpp"
+#include "ops/common.hpp"
 #include "ops/reduction.hpp"
 
 namespace cuda_p2p {
@@ -56,7 +59,7 @@ int HostLayout::min_host_size() const {
 
 Hierarchy::Hierarchy(int rank, HostLayout layout, c10::intrusive_ptr<c10d::Backend> intra,
                      c10::intrusive_ptr<c10d::Backend> inter,
-                     std::function<void(const std::string&)> count)
+                     std::function<void(const std::string&)> count, bool nccl)
     : rank_(rank),
       layout_(std::move(layout)),
       host_(layout_.host.at(rank)),
@@ -64,7 +67,8 @@ Hierarchy::Hierarchy(int rank, HostLayout layout, c10::intrusive_ptr<c10d::Backe
       even_(layout_.even()),
       intra_(std::move(intra)),
       inter_(std::move(inter)),
-      count_(std::move(count)) {
+      count_(std::move(count)),
+      nccl_(nccl) {
   const int H = layout_.num_hosts();
   const int L = static_cast<int>(layout_.hosts[host_].size());
   TORCH_CHECK(H >= 2, "cuda_p2p hierarchy: expected ranks on at least 2 hosts, got ", H);
@@ -121,16 +125,189 @@ bool Hierarchy::decline(const char* op, const char* why) {
   return false;
 }
 
+// --- agreement ----------------------------------------------------------------------------------
+
+// NOTE [Hierarchical agreement]
+// A flat workspace group compares every op's signature before any data moves (NOTE [Op
+// signatures] in ops/op_signature.cpp). The steps of a hierarchical collective cannot do that by
+// themselves: each intra step compares only its host's ranks (and names them by local index), and
+// the inter steps run on Gloo, which does not compare anything - given buffers of different sizes,
+// its transport thread throws and the process aborts. So every hierarchical collective first has
+// the whole group agree on the call, in a fixed-size exchange that cannot itself mismatch:
+//
+//  * Each rank encodes its signature - the op's kind and a text naming every argument the ranks
+//    must agree on ("1000 x float32 sum"), plus its route when the call goes flat on the wrapped
+//    backend ("(flat: dtype)"), or, when its own argument checks failed, the reason (an invalid
+//    signature) - as one op descriptor (ops::encode_signature, SymmetricWorkspace::
+//    kDescriptorWords words).
+//  * Intra: an all-gather of the descriptors on the host's workspace (every host rank gets its
+//    host's). Inter: an all-gather of the host's descriptors (padded to the widest host) among the
+//    ranks of one local index, on even hosts every local index (each then has all W), on uneven
+//    ones the leaders, who hand the W descriptors to their host by an intra broadcast.
+//  * Every rank holds the same W descriptors, by group rank, and compares them as a flat group
+//    does (ops::signature_disagreement): on any difference every rank throws the same
+//    SignatureMismatch naming group ranks, before any step of the op; a rank whose own arguments
+//    were invalid throws its own error and its peers name it. Every exchange was of the same size
+//    on every rank and completed, so the group stays usable.
+//  * The route is part of the signature: ranks that would run a call hierarchically on some ranks
+//    and flat on others (a dtype, a device, a reduce op one rank's call cannot take) disagree
+//    instead of waiting in different collectives. Every hierarchical entry point therefore agrees,
+//    also for calls that then go flat; all_gather_v and barrier too (barrier: the exchange is a
+//    barrier of the whole group).
+//  * Not agreed: calls whose tensors are all on CUDA when the group wraps NCCL (they keep NCCL
+//    without a host round trip per op), so a CUDA call on one rank against a CPU call on another
+//    ends in the CPU side's timeout there.
+//
+// Cost: one intra all-gather and one inter all-gather of W * 128 bytes at most (and on uneven
+// hosts an intra broadcast) before the op's own steps (docs/collectives.md, "Across hosts").
+
+namespace {
+
+std::string describe(const at::Tensor& t) {
+  if (!t.defined()) return "an undefined tensor";
+  std::string s = std::to_string(t.numel()) + " x " + ops::dtype_name(t.scalar_type());
+  if (!t.is_cpu()) s += std::string(" on ") + c10::DeviceTypeName(t.device().type(), true);
+  if (t.layout() != at::kStrided) s += " (" + c10::str(t.layout()) + ")";
+  return s;
+}
+
+std::string describe(c10::ArrayRef<at::Tensor> tensors) {
+  if (tensors.size() == 1) return describe(tensors[0]);
+  std::string s = std::to_string(tensors.size()) + " tensors [";
+  for (size_t i = 0; i < tensors.size(); ++i) s += (i ? ", " : "") + describe(tensors[i]);
+  return s + "]";
+}
+
+std::string op_name(const c10d::ReduceOp& op) {
+  const auto mapped = ProcessGroupCudaP2P::to_reduce_op(op);
+  return mapped ? ops::lower_name(*mapped) : std::string("premul_sum");
+}
+
+// What a rank's own argument checks raised: its message (the invalid signature's text) and the
+// error itself, thrown again once the group has agreed.
+struct Checked {
+  std::string error;
+  std::exception_ptr thrown;
+  void rethrow() const {
+    if (thrown) std::rethrow_exception(thrown);
+  }
+};
+
+template <typename F>
+Checked run_checks(F&& checks) {
+  try {
+    checks();
+  } catch (const c10::Error& e) {
+    return {e.what_without_backtrace(), std::current_exception()};
+  }
+  return {};
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s = "[";
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+bool Hierarchy::on_nccl(c10::ArrayRef<at::Tensor> tensors) const {
+  if (!nccl_ || tensors.empty()) return false;
+  return std::all_of(tensors.begin(), tensors.end(),
+                     [](const at::Tensor& t) { return t.defined() && t.is_cuda(); });
+}
+
+ops::OpSignature Hierarchy::signature(ops::OpKind kind, std::string text, const char* why,
+                                      const std::string& error) {
+  if (!error.empty()) return ops::OpSignature::rejected(kind, error);
+  if (why) text += std::string(" (flat: ") + why + ")";
+  return ops::OpSignature::of(kind, std::move(text));
+}
+
+void Hierarchy::agree(const ops::OpSignature& mine, std::chrono::milliseconds timeout) {
+  if (!agreement_) return;  // the bench knob
+  const auto words = ops::encode_signature(mine, 0);
+  const int64_t R = static_cast<int64_t>(sizeof(words));
+  const int H = layout_.num_hosts();
+  const int64_t L = static_cast<int64_t>(layout_.hosts[host_].size());
+  const int W = static_cast<int>(layout_.host.size());
+  if (!own_.defined()) {
+    int64_t widest = 0;
+    for (const auto& h : layout_.hosts) widest = std::max<int64_t>(widest, h.size());
+    const auto bytes = at::TensorOptions().dtype(at::kByte);
+    own_ = at::empty({R}, bytes);
+    host_descs_ = at::zeros({widest * R}, bytes);  // the padding stays zero
+    gathered_ = at::empty({H * widest * R}, bytes);
+    all_descs_ = at::empty({W * R}, bytes);
+  }
+  std::memcpy(own_.data_ptr(), words.data(), R);
+  intra_all_gather(host_descs_.narrow(0, 0, L * R), own_);
+  if (inter_ && (even_ || local_ == 0)) {
+    inter_all_gather(gathered_, host_descs_, timeout);
+    const int64_t widest = host_descs_.numel() / R;
+    const auto* from = static_cast<const uint8_t*>(gathered_.data_ptr());
+    auto* to = static_cast<uint8_t*>(all_descs_.data_ptr());
+    for (int h = 0; h < H; ++h) {
+      const auto& ranks = layout_.hosts[h];
+      for (size_t k = 0; k < ranks.size(); ++k) {
+        std::memcpy(to + ranks[k] * R, from + (h * widest + static_cast<int64_t>(k)) * R, R);
+      }
+    }
+  }
+  if (!even_) intra_broadcast(all_descs_, 0);
+  const std::string error = ops::signature_disagreement(
+      static_cast<const uint32_t*>(all_descs_.data_ptr()), W, words, mine);
+  if (!error.empty()) throw ops::SignatureMismatch(error);
+}
+
+bool Hierarchy::barrier(const c10d::BarrierOptions& opts) {
+  if (nccl_ && opts.device.has_value() && opts.device->is_cuda()) return false;
+  std::lock_guard<std::mutex> lock(mutex_);
+  const bool was = agreement_;
+  agreement_ = true;  // the exchange is the barrier: never skipped
+  try {
+    agree(ops::OpSignature::of(ops::OpKind::kBarrier, ""), opts.timeout);
+  } catch (...) {
+    agreement_ = was;
+    throw;
+  }
+  agreement_ = was;
+  count_("barrier.hierarchical");
+  return true;
+}
+
+void Hierarchy::agree_flat(ops::OpKind kind, c10::ArrayRef<at::Tensor> tensors,
+                           const std::function<void()>& checks,
+                           const std::function<std::string()>& text,
+                           std::chrono::milliseconds timeout) {
+  if (on_nccl(tensors)) {
+    checks();
+    return;
+  }
+  const Checked checked = run_checks(checks);
+  std::lock_guard<std::mutex> lock(mutex_);
+  agree(signature(kind, checked.thrown ? std::string() : text(), nullptr, checked.error), timeout);
+  checked.rethrow();
+}
+
 // --- entry points -------------------------------------------------------------------------------
 
 bool Hierarchy::all_reduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
-  if (tensors.size() != 1) return decline("all_reduce", "several_tensors");
-  if (const char* why = rejects(tensors)) return decline("all_reduce", why);
-  at::Tensor& t = tensors[0];
-  if (const char* why = rejects_reduction(opts.reduceOp, t.scalar_type(), "all_reduce")) {
-    return decline("all_reduce", why);
+  if (on_nccl(tensors)) return decline("all_reduce", "device");
+  const char* why = tensors.size() != 1 ? "several_tensors" : rejects(tensors);
+  Checked checked;
+  if (!why) {
+    checked = run_checks([&] {
+      why = rejects_reduction(opts.reduceOp, tensors[0].scalar_type(), "all_reduce");
+    });
   }
   std::lock_guard<std::mutex> lock(mutex_);
+  agree(signature(ops::OpKind::kAllReduce, describe(tensors) + " " + op_name(opts.reduceOp), why,
+                  checked.error),
+        opts.timeout);
+  checked.rethrow();
+  if (why) return decline("all_reduce", why);
+  at::Tensor& t = tensors[0];
   at::Tensor work = t.contiguous();
   all_reduce_flat(work.view(-1), opts.reduceOp, opts.timeout);
   if (!work.is_same(t)) t.copy_(work);
@@ -141,9 +318,11 @@ bool Hierarchy::all_reduce(std::vector<at::Tensor>& tensors, const c10d::Allredu
 const char* Hierarchy::all_gather_rejects(const at::Tensor& output, const at::Tensor& input) const {
   if (const char* why = rejects({input, output})) return why;
   const int64_t W = static_cast<int64_t>(layout_.host.size());
-  if (output.numel() != input.numel() * W || output.scalar_type() != input.scalar_type()) {
-    return "shapes";  // the wrapped backend reports the mismatch
-  }
+  TORCH_CHECK(
+      output.numel() == input.numel() * W && output.scalar_type() == input.scalar_type(),
+      "cuda_p2p all_gather_into_tensor: the output must have world size (", W,
+      ") times the input's ", input.numel(), " elements of ", input.scalar_type(), ", got ",
+      output.numel(), " of ", output.scalar_type());
   return nullptr;
 }
 
@@ -157,8 +336,13 @@ void Hierarchy::run_all_gather_into_tensor(const at::Tensor& output, const at::T
 
 bool Hierarchy::all_gather_into_tensor(at::Tensor& output, at::Tensor& input,
                                        const c10d::AllgatherOptions& opts) {
-  if (const char* why = all_gather_rejects(output, input)) return decline("all_gather", why);
+  if (on_nccl({input, output})) return decline("all_gather", "device");
+  const char* why = nullptr;
+  const Checked checked = run_checks([&] { why = all_gather_rejects(output, input); });
   std::lock_guard<std::mutex> lock(mutex_);
+  agree(signature(ops::OpKind::kAllGather, describe(input), why, checked.error), opts.timeout);
+  checked.rethrow();
+  if (why) return decline("all_gather", why);
   run_all_gather_into_tensor(output, input, opts.timeout);
   return true;
 }
@@ -166,13 +350,22 @@ bool Hierarchy::all_gather_into_tensor(at::Tensor& output, at::Tensor& input,
 bool Hierarchy::all_gather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                  std::vector<at::Tensor>& inputs,
                                                  const c10d::AllgatherOptions& opts) {
-  if (outputs.size() != inputs.size() || inputs.empty()) return decline("all_gather", "shapes");
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (const char* why = all_gather_rejects(outputs[i], inputs[i])) {
-      return decline("all_gather", why);
+  if (on_nccl(inputs)) return decline("all_gather", "device");
+  const char* why = nullptr;
+  const Checked checked = run_checks([&] {
+    TORCH_CHECK(outputs.size() == inputs.size() && !inputs.empty(),
+                "cuda_p2p all_gather_into_tensor (coalesced): expected as many outputs as inputs "
+                "(at least one), got ",
+                outputs.size(), " and ", inputs.size());
+    for (size_t i = 0; i < inputs.size() && !why; ++i) {
+      why = all_gather_rejects(outputs[i], inputs[i]);
     }
-  }
+  });
   std::lock_guard<std::mutex> lock(mutex_);
+  agree(signature(ops::OpKind::kAllGather, "coalesced " + describe(inputs), why, checked.error),
+        opts.timeout);
+  checked.rethrow();
+  if (why) return decline("all_gather", why);
   for (size_t i = 0; i < inputs.size(); ++i) {
     run_all_gather_into_tensor(outputs[i], inputs[i], opts.timeout);
   }
@@ -181,19 +374,30 @@ bool Hierarchy::all_gather_into_tensor_coalesced(std::vector<at::Tensor>& output
 
 bool Hierarchy::all_gather(std::vector<std::vector<at::Tensor>>& outputs,
                            std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  if (on_nccl(inputs)) return decline("all_gather", "device");
   const size_t W = layout_.host.size();
+  const char* why = nullptr;
   if (inputs.size() != 1 || outputs.size() != 1 || outputs[0].size() != W) {
-    return decline("all_gather", "several_tensors");
+    why = "several_tensors";
   }
-  if (const char* why = rejects(inputs)) return decline("all_gather", why);
-  if (const char* why = rejects(outputs[0])) return decline("all_gather", why);
-  const at::Tensor& input = inputs[0];
-  for (const auto& o : outputs[0]) {
-    if (o.numel() != input.numel() || o.scalar_type() != input.scalar_type()) {
-      return decline("all_gather", "shapes");
-    }
+  if (!why) why = rejects(inputs);
+  if (!why) why = rejects(outputs[0]);
+  Checked checked;
+  if (!why) {
+    checked = run_checks([&] {
+      for (const auto& o : outputs[0]) {
+        TORCH_CHECK(o.numel() == inputs[0].numel() && o.scalar_type() == inputs[0].scalar_type(),
+                    "cuda_p2p all_gather: every output must have the input's ", inputs[0].numel(),
+                    " elements of ", inputs[0].scalar_type(), ", got ", o.numel(), " of ",
+                    o.scalar_type());
+      }
+    });
   }
   std::lock_guard<std::mutex> lock(mutex_);
+  agree(signature(ops::OpKind::kAllGather, describe(inputs), why, checked.error), opts.timeout);
+  checked.rethrow();
+  if (why) return decline("all_gather", why);
+  const at::Tensor& input = inputs[0];
   const int64_t n = input.numel();
   at::Tensor out = at::empty({n * static_cast<int64_t>(W)}, input.options());
   all_gather_flat(input.contiguous().view(-1), out, opts.timeout);
@@ -208,9 +412,11 @@ const char* Hierarchy::reduce_scatter_rejects(const at::Tensor& output, const at
                                               const c10d::ReduceOp& op) const {
   if (const char* why = rejects({input, output})) return why;
   const int64_t W = static_cast<int64_t>(layout_.host.size());
-  if (input.numel() != output.numel() * W || output.scalar_type() != input.scalar_type()) {
-    return "shapes";
-  }
+  TORCH_CHECK(
+      input.numel() == output.numel() * W && output.scalar_type() == input.scalar_type(),
+      "cuda_p2p reduce_scatter_tensor: the input must have world size (", W,
+      ") times the output's ", output.numel(), " elements of ", output.scalar_type(), ", got ",
+      input.numel(), " of ", input.scalar_type());
   return rejects_reduction(op, output.scalar_type(), "reduce_scatter_tensor");
 }
 
@@ -225,10 +431,16 @@ void Hierarchy::run_reduce_scatter_tensor(const at::Tensor& output, const at::Te
 
 bool Hierarchy::reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
                                       const c10d::ReduceScatterOptions& opts) {
-  if (const char* why = reduce_scatter_rejects(output, input, opts.reduceOp)) {
-    return decline("reduce_scatter", why);
-  }
+  if (on_nccl({input, output})) return decline("reduce_scatter", "device");
+  const char* why = nullptr;
+  const Checked checked =
+      run_checks([&] { why = reduce_scatter_rejects(output, input, opts.reduceOp); });
   std::lock_guard<std::mutex> lock(mutex_);
+  agree(signature(ops::OpKind::kReduceScatter, describe(output) + " " + op_name(opts.reduceOp),
+                  why, checked.error),
+        opts.timeout);
+  checked.rethrow();
+  if (why) return decline("reduce_scatter", why);
   run_reduce_scatter_tensor(output, input, opts.reduceOp, opts.timeout);
   return true;
 }
@@ -236,15 +448,24 @@ bool Hierarchy::reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
 bool Hierarchy::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                 std::vector<at::Tensor>& inputs,
                                                 const c10d::ReduceScatterOptions& opts) {
-  if (outputs.size() != inputs.size() || inputs.empty()) {
-    return decline("reduce_scatter", "shapes");
-  }
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (const char* why = reduce_scatter_rejects(outputs[i], inputs[i], opts.reduceOp)) {
-      return decline("reduce_scatter", why);
+  if (on_nccl(inputs)) return decline("reduce_scatter", "device");
+  const char* why = nullptr;
+  const Checked checked = run_checks([&] {
+    TORCH_CHECK(outputs.size() == inputs.size() && !inputs.empty(),
+                "cuda_p2p reduce_scatter_tensor (coalesced): expected as many outputs as inputs "
+                "(at least one), got ",
+                outputs.size(), " and ", inputs.size());
+    for (size_t i = 0; i < inputs.size() && !why; ++i) {
+      why = reduce_scatter_rejects(outputs[i], inputs[i], opts.reduceOp);
     }
-  }
+  });
   std::lock_guard<std::mutex> lock(mutex_);
+  agree(signature(ops::OpKind::kReduceScatter,
+                  "coalesced " + describe(outputs) + " " + op_name(opts.reduceOp), why,
+                  checked.error),
+        opts.timeout);
+  checked.rethrow();
+  if (why) return decline("reduce_scatter", why);
   for (size_t i = 0; i < inputs.size(); ++i) {
     run_reduce_scatter_tensor(outputs[i], inputs[i], opts.reduceOp, opts.timeout);
   }
@@ -254,22 +475,34 @@ bool Hierarchy::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs
 bool Hierarchy::reduce_scatter(std::vector<at::Tensor>& outputs,
                                std::vector<std::vector<at::Tensor>>& inputs,
                                const c10d::ReduceScatterOptions& opts) {
+  if (on_nccl(outputs)) return decline("reduce_scatter", "device");
   const size_t W = layout_.host.size();
+  const char* why = nullptr;
   if (outputs.size() != 1 || inputs.size() != 1 || inputs[0].size() != W) {
-    return decline("reduce_scatter", "several_tensors");
+    why = "several_tensors";
   }
-  if (const char* why = rejects(outputs)) return decline("reduce_scatter", why);
-  if (const char* why = rejects(inputs[0])) return decline("reduce_scatter", why);
-  at::Tensor& output = outputs[0];
-  for (const auto& t : inputs[0]) {
-    if (t.numel() != output.numel() || t.scalar_type() != output.scalar_type()) {
-      return decline("reduce_scatter", "shapes");
-    }
-  }
-  if (const char* why = rejects_reduction(opts.reduceOp, output.scalar_type(), "reduce_scatter")) {
-    return decline("reduce_scatter", why);
+  if (!why) why = rejects(outputs);
+  if (!why) why = rejects(inputs[0]);
+  Checked checked;
+  if (!why) {
+    checked = run_checks([&] {
+      for (const auto& t : inputs[0]) {
+        TORCH_CHECK(
+            t.numel() == outputs[0].numel() && t.scalar_type() == outputs[0].scalar_type(),
+            "cuda_p2p reduce_scatter: every input must have the output's ", outputs[0].numel(),
+            " elements of ", outputs[0].scalar_type(), ", got ", t.numel(), " of ",
+            t.scalar_type());
+      }
+      why = rejects_reduction(opts.reduceOp, outputs[0].scalar_type(), "reduce_scatter");
+    });
   }
   std::lock_guard<std::mutex> lock(mutex_);
+  agree(signature(ops::OpKind::kReduceScatter, describe(outputs) + " " + op_name(opts.reduceOp),
+                  why, checked.error),
+        opts.timeout);
+  checked.rethrow();
+  if (why) return decline("reduce_scatter", why);
+  at::Tensor& output = outputs[0];
   const int64_t n = output.numel();
   at::Tensor in = at::empty({n * static_cast<int64_t>(W)}, output.options());
   for (size_t r = 0; r < W; ++r) {
@@ -283,12 +516,21 @@ bool Hierarchy::reduce_scatter(std::vector<at::Tensor>& outputs,
 }
 
 bool Hierarchy::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
-  if (tensors.size() != 1 || opts.rootTensor != 0) return decline("broadcast", "several_tensors");
-  if (const char* why = rejects(tensors)) return decline("broadcast", why);
+  if (on_nccl(tensors)) return decline("broadcast", "device");
   const int W = static_cast<int>(layout_.host.size());
-  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < W,
-              "cuda_p2p broadcast: root must be a rank in [0, ", W, "), got ", opts.rootRank);
+  const char* why =
+      tensors.size() != 1 || opts.rootTensor != 0 ? "several_tensors" : rejects(tensors);
+  const Checked checked = run_checks([&] {
+    TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < W,
+                "cuda_p2p broadcast: root must be a rank in [0, ", W, "), got ", opts.rootRank);
+  });
   std::lock_guard<std::mutex> lock(mutex_);
+  agree(signature(ops::OpKind::kBroadcast,
+                  describe(tensors) + " from root " + std::to_string(opts.rootRank), why,
+                  checked.error),
+        opts.timeout);
+  checked.rethrow();
+  if (why) return decline("broadcast", why);
   at::Tensor& t = tensors[0];
   at::Tensor work = t.contiguous();
   const int root = static_cast<int>(opts.rootRank);
@@ -417,6 +659,40 @@ void Hierarchy::broadcast_flat(const at::Tensor& t, int root, std::chrono::milli
 
 // --- steps --------------------------------------------------------------------------------------
 
+// Errors of the steps name their sub-group's ranks (a host's local indices, an inter group's
+// host numbers): these say which of the group's ranks those are.
+template <typename F>
+void Hierarchy::intra_step(F&& step) {
+  try {
+    step();
+  } catch (const c10::Error& e) {
+    const auto& ranks = layout_.hosts[host_];
+    const std::string msg = "cuda_p2p hierarchical: the step on host " + std::to_string(host_) +
+                            "'s workspace failed (its ranks 0-" + std::to_string(ranks.size() - 1) +
+                            " are the group's ranks " + rank_list(ranks) +
+                            "): " + e.what_without_backtrace();
+    if (dynamic_cast<const c10::DistBackendError*>(&e)) C10_THROW_ERROR(DistBackendError, msg);
+    C10_THROW_ERROR(Error, msg);
+  }
+}
+
+template <typename F>
+void Hierarchy::inter_step(F&& step) {
+  TORCH_INTERNAL_ASSERT(inter_, "cuda_p2p hierarchy: local index ", local_, " has no inter step");
+  try {
+    step();
+  } catch (const c10::Error& e) {
+    std::vector<int> ranks;
+    for (const auto& h : layout_.hosts) ranks.push_back(h[local_]);
+    const std::string msg = "cuda_p2p hierarchical: the inter-host step among local index " +
+                            std::to_string(local_) + " failed (its ranks 0-" +
+                            std::to_string(ranks.size() - 1) + " are the group's ranks " +
+                            rank_list(ranks) + "): " + e.what_without_backtrace();
+    if (dynamic_cast<const c10::DistBackendError*>(&e)) C10_THROW_ERROR(DistBackendError, msg);
+    C10_THROW_ERROR(Error, msg);
+  }
+}
+
 // A host of one rank has no intra step to take (copies where the step has an output).
 
 void Hierarchy::intra_all_reduce(const at::Tensor& t, c10d::ReduceOp op) {
@@ -424,7 +700,7 @@ void Hierarchy::intra_all_reduce(const at::Tensor& t, c10d::ReduceOp op) {
   std::vector<at::Tensor> v{t};
   c10d::AllreduceOptions o;
   o.reduceOp = std::move(op);
-  intra_->allreduce(v, o)->wait();
+  intra_step([&] { intra_->allreduce(v, o)->wait(); });
 }
 
 void Hierarchy::intra_reduce_scatter(const at::Tensor& out, const at::Tensor& in,
@@ -436,7 +712,7 @@ void Hierarchy::intra_reduce_scatter(const at::Tensor& out, const at::Tensor& in
   at::Tensor o_ = out, i_ = in;
   c10d::ReduceScatterOptions o;
   o.reduceOp = std::move(op);
-  intra_->_reduce_scatter_base(o_, i_, o)->wait();
+  intra_step([&] { intra_->_reduce_scatter_base(o_, i_, o)->wait(); });
 }
 
 void Hierarchy::intra_all_gather(const at::Tensor& out, const at::Tensor& in) {
@@ -445,7 +721,7 @@ void Hierarchy::intra_all_gather(const at::Tensor& out, const at::Tensor& in) {
     return;
   }
   at::Tensor o_ = out, i_ = in;
-  intra_->_allgather_base(o_, i_, c10d::AllgatherOptions())->wait();
+  intra_step([&] { intra_->_allgather_base(o_, i_, c10d::AllgatherOptions())->wait(); });
 }
 
 void Hierarchy::intra_broadcast(const at::Tensor& t, int local_root) {
@@ -453,47 +729,43 @@ void Hierarchy::intra_broadcast(const at::Tensor& t, int local_root) {
   std::vector<at::Tensor> v{t};
   c10d::BroadcastOptions o;
   o.rootRank = local_root;
-  intra_->broadcast(v, o)->wait();
+  intra_step([&] { intra_->broadcast(v, o)->wait(); });
 }
 
 void Hierarchy::inter_all_reduce(const at::Tensor& t, c10d::ReduceOp op,
                                  std::chrono::milliseconds timeout) {
-  TORCH_INTERNAL_ASSERT(inter_, "cuda_p2p hierarchy: local index ", local_, " has no inter step");
   std::vector<at::Tensor> v{t};
   c10d::AllreduceOptions o;
   o.reduceOp = std::move(op);
   o.timeout = timeout;
-  inter_->allreduce(v, o)->wait();
+  inter_step([&] { inter_->allreduce(v, o)->wait(); });
 }
 
 void Hierarchy::inter_all_gather(const at::Tensor& out, const at::Tensor& in,
                                  std::chrono::milliseconds timeout) {
-  TORCH_INTERNAL_ASSERT(inter_, "cuda_p2p hierarchy: local index ", local_, " has no inter step");
   // As bytes: moving data needs no dtype, and Gloo moves no int16.
   at::Tensor o_ = out.view(at::kByte), i_ = in.view(at::kByte);
   c10d::AllgatherOptions o;
   o.timeout = timeout;
-  inter_->_allgather_base(o_, i_, o)->wait();
+  inter_step([&] { inter_->_allgather_base(o_, i_, o)->wait(); });
 }
 
 void Hierarchy::inter_reduce_scatter(const at::Tensor& out, const at::Tensor& in, c10d::ReduceOp op,
                                      std::chrono::milliseconds timeout) {
-  TORCH_INTERNAL_ASSERT(inter_, "cuda_p2p hierarchy: local index ", local_, " has no inter step");
   at::Tensor o_ = out, i_ = in;
   c10d::ReduceScatterOptions o;
   o.reduceOp = std::move(op);
   o.timeout = timeout;
-  inter_->_reduce_scatter_base(o_, i_, o)->wait();
+  inter_step([&] { inter_->_reduce_scatter_base(o_, i_, o)->wait(); });
 }
 
 void Hierarchy::inter_broadcast(const at::Tensor& t, int root_host,
                                 std::chrono::milliseconds timeout) {
-  TORCH_INTERNAL_ASSERT(inter_, "cuda_p2p hierarchy: local index ", local_, " has no inter step");
   std::vector<at::Tensor> v{t.view(at::kByte)};  // as bytes (see inter_all_gather)
   c10d::BroadcastOptions o;
   o.rootRank = root_host;
   o.timeout = timeout;
-  inter_->broadcast(v, o)->wait();
+  inter_step([&] { inter_->broadcast(v, o)->wait(); });
 }
 
 // --- lifecycle ----------------------------------------------------------------------------------
@@ -523,9 +795,9 @@ void ProcessGroupCudaP2P::set_hierarchy(const std::vector<int64_t>& host_of,
               getSize(), " hosts (one per rank), got ", host_of.size());
   TORCH_CHECK(!is_p2p_available(),
               "cuda_p2p set_hierarchy: the group has a workspace, so its ranks are on one host");
-  hierarchy_ = std::make_unique<Hierarchy>(getRank(), HostLayout(host_of), std::move(intra),
-                                           std::move(inter),
-                                           [this](const std::string& name) { bump_counter(name); });
+  hierarchy_ = std::make_unique<Hierarchy>(
+      getRank(), HostLayout(host_of), std::move(intra), std::move(inter),
+      [this](const std::string& name) { bump_counter(name); }, cuda_backend_ != nullptr);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCudaP2P::hierarchical_done(

@@ -176,6 +176,18 @@ at::Tensor ProcessGroupCudaP2P::all_gather_v(const at::Tensor& input,
   };
   if (input.defined() && !workspace_rejects({input})) {
     check_or_reject("all_gather_v", ops::OpKind::kAllGatherV, checks);
+  } else if (hierarchy_) {
+    // NOTE [Hierarchical agreement]: the flat path's Gloo all-gather takes the largest size.
+    hierarchy_->agree_flat(
+        ops::OpKind::kAllGatherV, {input}, checks,
+        [&] {
+          const int64_t row_bytes =
+              c10::multiply_integers(input.sizes().slice(1)) * input.element_size();
+          std::string text = ops::dtype_name(input.scalar_type()) + ", bytes [";
+          for (int q = 0; q < W; ++q) text += (q ? ", " : "") + std::to_string(sizes[q] * row_bytes);
+          return text + "]";
+        },
+        options_->timeout);
   } else {
     checks();
   }
@@ -543,6 +555,9 @@ WorkPtr ProcessGroupCudaP2P::reduce_scatter_tensor_coalesced(
 }
 
 WorkPtr ProcessGroupCudaP2P::barrier(const c10d::BarrierOptions& opts) {
+  if (hierarchy_ && hierarchy_->barrier(opts)) {
+    return hierarchical_done(c10d::OpType::BARRIER, {});
+  }
   // A barrier for a CUDA device stays with NCCL unless the workspace itself is on CUDA.
   const bool device_ok = !opts.device.has_value() || !opts.device->is_cuda() ||
                          (is_p2p_available() && !workspace_->device().tensor_device().is_cpu());
