@@ -34,6 +34,9 @@ void ProcessGroupCudaP2P::all_reduce_in_place(at::Tensor& tensor, ops::ReduceOp 
   }
   if (all_reduce_on_workspace(tensor, op)) return;
   const c10d::AllreduceOptions opts = options();
+  // NOTE [Routes agree] in backend/workspace_collectives.cpp.
+  agree_on_route("all_reduce", ops::OpKind::kAllReduce, {tensor}, " " + ops::lower_name(op),
+                 uses_workspace_collectives() && !workspace_rejects({tensor}) ? "dtype" : "device");
   bump_counter("all_reduce.wrapped");
   // The wrapped backends expect contiguous tensors, as they do from dist.all_reduce.
   std::vector<at::Tensor> tensors{tensor.is_contiguous() ? tensor : tensor.contiguous()};

@@ -157,26 +157,24 @@ bool Hierarchy::decline(const char* op, const char* why) {
 //  * Not agreed: calls whose tensors are all on CUDA when the group wraps NCCL (they keep NCCL
 //    without a host round trip per op), so a CUDA call on one rank against a CPU call on another
 //    ends in the CPU side's timeout there.
+//  * Small all-reduces ride in the agreement: every record has an area of kInlineBytes, where an
+//    all-reduce of at most that many bytes (in its accumulation type: float32 for float16 and
+//    bfloat16) puts its tensor. After the intra all-gather each rank reduces its host's L
+//    payloads (host order), sends the host's partial with the host's descriptors, and after the
+//    inter all-gather reduces the H partials (host order; AVG divides by W once) - every rank
+//    the same bits - and writes the result only once all W descriptors agree. Whether a call
+//    rides is a function of its signature, so all ranks that agree decide alike. Such an
+//    all-reduce is two exchanges (three on uneven hosts) instead of the agreement's two plus the
+//    algorithm's three.
 //
-// Cost: one intra all-gather and one inter all-gather of W * 128 bytes at most (and on uneven
-// hosts an intra broadcast) before the op's own steps (docs/collectives.md, "Across hosts").
+// Cost: one intra all-gather of (128 + kInlineBytes) bytes per rank and one inter all-gather of
+// a host's descriptors and kInlineBytes per host (and on uneven hosts an intra broadcast) before
+// the op's own steps; none for a small all-reduce, which it replaces (docs/collectives.md,
+// "Across hosts").
 
 namespace {
 
-std::string describe(const at::Tensor& t) {
-  if (!t.defined()) return "an undefined tensor";
-  std::string s = std::to_string(t.numel()) + " x " + ops::dtype_name(t.scalar_type());
-  if (!t.is_cpu()) s += std::string(" on ") + c10::DeviceTypeName(t.device().type(), true);
-  if (t.layout() != at::kStrided) s += " (" + c10::str(t.layout()) + ")";
-  return s;
-}
-
-std::string describe(c10::ArrayRef<at::Tensor> tensors) {
-  if (tensors.size() == 1) return describe(tensors[0]);
-  std::string s = std::to_string(tensors.size()) + " tensors [";
-  for (size_t i = 0; i < tensors.size(); ++i) s += (i ? ", " : "") + describe(tensors[i]);
-  return s + "]";
-}
+std::string describe(c10::ArrayRef<at::Tensor> tensors) { return ops::describe_tensors(tensors); }
 
 std::string op_name(const c10d::ReduceOp& op) {
   const auto mapped = ProcessGroupCudaP2P::to_reduce_op(op);
@@ -203,6 +201,35 @@ Checked run_checks(F&& checks) {
   return {};
 }
 
+// The rows of `rows` ([k, n]) reduced with `op` (AVG as a sum), in row order.
+at::Tensor reduce_rows(const at::Tensor& rows, const c10d::ReduceOp& op) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM:
+    case c10d::ReduceOp::AVG:
+      return rows.sum(0, false, rows.scalar_type());
+    case c10d::ReduceOp::PRODUCT:
+      return rows.prod(0, false, rows.scalar_type());
+    case c10d::ReduceOp::MIN:
+      return rows.amin(0);
+    case c10d::ReduceOp::MAX:
+      return rows.amax(0);
+    case c10d::ReduceOp::BAND:
+    case c10d::ReduceOp::BOR:
+    case c10d::ReduceOp::BXOR: {
+      at::Tensor r = rows[0].clone();
+      for (int64_t i = 1; i < rows.size(0); ++i) {
+        if (op.op_ == c10d::ReduceOp::BAND) r.bitwise_and_(rows[i]);
+        if (op.op_ == c10d::ReduceOp::BOR) r.bitwise_or_(rows[i]);
+        if (op.op_ == c10d::ReduceOp::BXOR) r.bitwise_xor_(rows[i]);
+      }
+      return r;
+    }
+    default:
+      TORCH_CHECK(false, "cuda_p2p hierarchy: no inline reduction for reduce op ",
+                  static_cast<int>(op.op_));
+  }
+}
+
 std::string rank_list(const std::vector<int>& ranks) {
   std::string s = "[";
   for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
@@ -224,40 +251,82 @@ ops::OpSignature Hierarchy::signature(ops::OpKind kind, std::string text, const 
   return ops::OpSignature::of(kind, std::move(text));
 }
 
-void Hierarchy::agree(const ops::OpSignature& mine, std::chrono::milliseconds timeout) {
-  if (!agreement_) return;  // the bench knob
+bool Hierarchy::fits_inline(const at::Tensor& t) {
+  return t.numel() > 0 &&
+         t.numel() *
+                 static_cast<int64_t>(c10::elementSize(ops::accumulate_type(t.scalar_type()))) <=
+             kInlineBytes;
+}
+
+bool Hierarchy::agree(const ops::OpSignature& mine, std::chrono::milliseconds timeout,
+                      const at::Tensor& payload, const c10d::ReduceOp& op) {
+  if (!agreement_) return false;  // the bench knob
   const auto words = ops::encode_signature(mine, 0);
-  const int64_t R = static_cast<int64_t>(sizeof(words));
+  constexpr int64_t R = static_cast<int64_t>(sizeof(words)), C = kInlineBytes;
   const int H = layout_.num_hosts();
   const int64_t L = static_cast<int64_t>(layout_.hosts[host_].size());
   const int W = static_cast<int>(layout_.host.size());
   if (!own_.defined()) {
-    int64_t widest = 0;
-    for (const auto& h : layout_.hosts) widest = std::max<int64_t>(widest, h.size());
+    for (const auto& h : layout_.hosts) widest_ = std::max<int64_t>(widest_, h.size());
     const auto bytes = at::TensorOptions().dtype(at::kByte);
-    own_ = at::empty({R}, bytes);
-    host_descs_ = at::zeros({widest * R}, bytes);  // the padding stays zero
-    gathered_ = at::empty({H * widest * R}, bytes);
-    all_descs_ = at::empty({W * R}, bytes);
+    own_ = at::empty({R + C}, bytes);
+    host_recs_ = at::zeros({widest_ * (R + C)}, bytes);  // the padding stays zero
+    host_out_ = at::zeros({widest_ * R + C}, bytes);
+    gathered_ = at::empty({H * (widest_ * R + C)}, bytes);
+    all_ = at::empty({W * R + C}, bytes);
   }
-  std::memcpy(own_.data_ptr(), words.data(), R);
-  intra_all_gather(host_descs_.narrow(0, 0, L * R), own_);
+  const int64_t out_rec = widest_ * R + C;  // one host's record across hosts
+  const bool carry = payload.defined();
+  const at::ScalarType acc = carry ? ops::accumulate_type(payload.scalar_type()) : at::kByte;
+  const int64_t acc_bytes =
+      carry ? payload.numel() * static_cast<int64_t>(c10::elementSize(acc)) : 0;
+  auto* own = own_.data_ptr<uint8_t>();
+  std::memcpy(own, words.data(), R);
+  if (carry) std::memcpy(own + R, payload.data_ptr(), payload.nbytes());
+
+  intra_all_gather(host_recs_.narrow(0, 0, L * (R + C)), own_);
+  const auto* recs = host_recs_.data_ptr<uint8_t>();
+  auto* out = host_out_.data_ptr<uint8_t>();
+  bool host_agrees = true;
+  for (int64_t k = 0; k < L; ++k) {
+    std::memcpy(out + k * R, recs + k * (R + C), R);
+    host_agrees = host_agrees && std::memcmp(recs + k * (R + C), words.data(), R) == 0;
+  }
+  if (carry && host_agrees) {  // the host's partial, accumulated (AVG: a sum so far)
+    const at::Tensor rows = host_recs_.view({widest_, R + C})
+                                .narrow(0, 0, L)
+                                .narrow(1, R, static_cast<int64_t>(payload.nbytes()))
+                                .view(payload.scalar_type())
+                                .to(acc);
+    host_out_.narrow(0, widest_ * R, acc_bytes).view(acc).copy_(reduce_rows(rows, op));
+  }
+  auto* all = all_.data_ptr<uint8_t>();
   if (inter_ && (even_ || local_ == 0)) {
-    inter_all_gather(gathered_, host_descs_, timeout);
-    const int64_t widest = host_descs_.numel() / R;
-    const auto* from = static_cast<const uint8_t*>(gathered_.data_ptr());
-    auto* to = static_cast<uint8_t*>(all_descs_.data_ptr());
+    inter_all_gather(gathered_, host_out_, timeout);
+    const auto* from = gathered_.data_ptr<uint8_t>();
+    bool agreed = true;
     for (int h = 0; h < H; ++h) {
       const auto& ranks = layout_.hosts[h];
       for (size_t k = 0; k < ranks.size(); ++k) {
-        std::memcpy(to + ranks[k] * R, from + (h * widest + static_cast<int64_t>(k)) * R, R);
+        const uint8_t* desc = from + h * out_rec + static_cast<int64_t>(k) * R;
+        std::memcpy(all + ranks[k] * R, desc, R);
+        agreed = agreed && std::memcmp(desc, words.data(), R) == 0;
       }
     }
+    if (carry && agreed) {  // the hosts' partials, in host order on every rank: the same bits
+      at::Tensor result =
+          reduce_rows(gathered_.view({H, out_rec}).narrow(1, widest_ * R, acc_bytes).view(acc), op);
+      if (is_avg(op)) result.div_(W);
+      all_.narrow(0, W * R, acc_bytes).view(acc).copy_(result);
+    }
   }
-  if (!even_) intra_broadcast(all_descs_, 0);
-  const std::string error = ops::signature_disagreement(
-      static_cast<const uint32_t*>(all_descs_.data_ptr()), W, words, mine);
+  if (!even_) intra_broadcast(all_, 0);
+  const std::string error =
+      ops::signature_disagreement(reinterpret_cast<const uint32_t*>(all), W, words, mine);
   if (!error.empty()) throw ops::SignatureMismatch(error);
+  if (!carry) return false;
+  payload.copy_(all_.narrow(0, W * R, acc_bytes).view(acc));
+  return true;
 }
 
 bool Hierarchy::barrier(const c10d::BarrierOptions& opts) {
@@ -297,32 +366,35 @@ bool Hierarchy::all_reduce(std::vector<at::Tensor>& tensors, const c10d::Allredu
   const char* why = tensors.size() != 1 ? "several_tensors" : rejects(tensors);
   Checked checked;
   if (!why) {
-    checked = run_checks([&] {
-      why = rejects_reduction(opts.reduceOp, tensors[0].scalar_type(), "all_reduce");
-    });
+    checked = run_checks(
+        [&] { why = rejects_reduction(opts.reduceOp, tensors[0].scalar_type(), "all_reduce"); });
   }
+  // Small enough, the all-reduce rides in the agreement itself (NOTE [Hierarchical agreement]).
+  const bool carry = !why && !checked.thrown && fits_inline(tensors[0]);
+  at::Tensor work = carry ? tensors[0].contiguous() : at::Tensor();
   std::lock_guard<std::mutex> lock(mutex_);
-  agree(signature(ops::OpKind::kAllReduce, describe(tensors) + " " + op_name(opts.reduceOp), why,
-                  checked.error),
-        opts.timeout);
+  const bool done =
+      agree(signature(ops::OpKind::kAllReduce, describe(tensors) + " " + op_name(opts.reduceOp),
+                      why, checked.error),
+            opts.timeout, carry ? work.view(-1) : at::Tensor(), opts.reduceOp);
   checked.rethrow();
   if (why) return decline("all_reduce", why);
   at::Tensor& t = tensors[0];
-  at::Tensor work = t.contiguous();
-  all_reduce_flat(work.view(-1), opts.reduceOp, opts.timeout);
+  if (!work.defined()) work = t.contiguous();
+  if (!done) all_reduce_flat(work.view(-1), opts.reduceOp, opts.timeout);
   if (!work.is_same(t)) t.copy_(work);
   count_(std::string("all_reduce.") + path());
+  if (done) count_("all_reduce.in_agreement");
   return true;
 }
 
 const char* Hierarchy::all_gather_rejects(const at::Tensor& output, const at::Tensor& input) const {
   if (const char* why = rejects({input, output})) return why;
   const int64_t W = static_cast<int64_t>(layout_.host.size());
-  TORCH_CHECK(
-      output.numel() == input.numel() * W && output.scalar_type() == input.scalar_type(),
-      "cuda_p2p all_gather_into_tensor: the output must have world size (", W,
-      ") times the input's ", input.numel(), " elements of ", input.scalar_type(), ", got ",
-      output.numel(), " of ", output.scalar_type());
+  TORCH_CHECK(output.numel() == input.numel() * W && output.scalar_type() == input.scalar_type(),
+              "cuda_p2p all_gather_into_tensor: the output must have world size (", W,
+              ") times the input's ", input.numel(), " elements of ", input.scalar_type(), ", got ",
+              output.numel(), " of ", output.scalar_type());
   return nullptr;
 }
 
@@ -412,11 +484,10 @@ const char* Hierarchy::reduce_scatter_rejects(const at::Tensor& output, const at
                                               const c10d::ReduceOp& op) const {
   if (const char* why = rejects({input, output})) return why;
   const int64_t W = static_cast<int64_t>(layout_.host.size());
-  TORCH_CHECK(
-      input.numel() == output.numel() * W && output.scalar_type() == input.scalar_type(),
-      "cuda_p2p reduce_scatter_tensor: the input must have world size (", W,
-      ") times the output's ", output.numel(), " elements of ", output.scalar_type(), ", got ",
-      input.numel(), " of ", input.scalar_type());
+  TORCH_CHECK(input.numel() == output.numel() * W && output.scalar_type() == input.scalar_type(),
+              "cuda_p2p reduce_scatter_tensor: the input must have world size (", W,
+              ") times the output's ", output.numel(), " elements of ", output.scalar_type(),
+              ", got ", input.numel(), " of ", input.scalar_type());
   return rejects_reduction(op, output.scalar_type(), "reduce_scatter_tensor");
 }
 
@@ -436,8 +507,8 @@ bool Hierarchy::reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
   const Checked checked =
       run_checks([&] { why = reduce_scatter_rejects(output, input, opts.reduceOp); });
   std::lock_guard<std::mutex> lock(mutex_);
-  agree(signature(ops::OpKind::kReduceScatter, describe(output) + " " + op_name(opts.reduceOp),
-                  why, checked.error),
+  agree(signature(ops::OpKind::kReduceScatter, describe(output) + " " + op_name(opts.reduceOp), why,
+                  checked.error),
         opts.timeout);
   checked.rethrow();
   if (why) return decline("reduce_scatter", why);
@@ -487,11 +558,10 @@ bool Hierarchy::reduce_scatter(std::vector<at::Tensor>& outputs,
   if (!why) {
     checked = run_checks([&] {
       for (const auto& t : inputs[0]) {
-        TORCH_CHECK(
-            t.numel() == outputs[0].numel() && t.scalar_type() == outputs[0].scalar_type(),
-            "cuda_p2p reduce_scatter: every input must have the output's ", outputs[0].numel(),
-            " elements of ", outputs[0].scalar_type(), ", got ", t.numel(), " of ",
-            t.scalar_type());
+        TORCH_CHECK(t.numel() == outputs[0].numel() && t.scalar_type() == outputs[0].scalar_type(),
+                    "cuda_p2p reduce_scatter: every input must have the output's ",
+                    outputs[0].numel(), " elements of ", outputs[0].scalar_type(), ", got ",
+                    t.numel(), " of ", t.scalar_type());
       }
       why = rejects_reduction(opts.reduceOp, outputs[0].scalar_type(), "reduce_scatter");
     });

@@ -72,6 +72,7 @@ class Hierarchy {
   // (counted "<op>.flat.<why>") when these arguments cannot take the hierarchical path: the
   // caller then runs the op flat on the wrapped backend. Every rank decides alike from what its
   // arguments agree on (devices, dtypes, counts, reduce op), after the group agreed on them
+  // (an all-reduce that rode in the agreement also counts "all_reduce.in_agreement")
   // (NOTE [Hierarchical agreement]): a mismatch throws ops::SignatureMismatch on every rank, and a
   // rank whose own arguments are invalid throws its own error. Blocking: done on return.
   bool all_reduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts);
@@ -135,7 +136,13 @@ class Hierarchy {
   // The agreement (NOTE [Hierarchical agreement]); the caller holds mutex_. `mine` is this rank's
   // signature; throws ops::SignatureMismatch when the group's signatures differ; returns
   // normally when they all agree or `mine` is itself invalid (the caller raises its own error).
-  void agree(const ops::OpSignature& mine, std::chrono::milliseconds timeout);
+  // With a `payload` (a contiguous all-reduce of at most kInlineBytes, accumulated), the exchange
+  // carries it and reduces it with `op` in place: returns true when it did (every rank agreed).
+  bool agree(const ops::OpSignature& mine, std::chrono::milliseconds timeout,
+             const at::Tensor& payload = at::Tensor(), const c10d::ReduceOp& op = c10d::ReduceOp());
+  // Whether an all-reduce of `t` rides in the agreement (NOTE [Hierarchical agreement]).
+  static bool fits_inline(const at::Tensor& t);
+  static constexpr int64_t kInlineBytes = 4096;
   // The signature of a call of `kind` described by `text`: invalid with `error` when the rank's
   // own checks failed, marked with the flat route `why` when it goes to the wrapped backend.
   static ops::OpSignature signature(ops::OpKind kind, std::string text, const char* why,
@@ -180,9 +187,13 @@ class Hierarchy {
   std::function<void(const std::string&)> count_;
   const bool nccl_;
   bool agreement_ = true;
-  // The agreement's buffers (under mutex_): this rank's descriptor, its host's (padded to the
-  // widest host), every host's as the inter all-gather delivers them, and the group's by rank.
-  at::Tensor own_, host_descs_, gathered_, all_descs_;
+  // The agreement's buffers (under mutex_), each descriptors and an inline payload area of
+  // kInlineBytes: this rank's record (its descriptor, its payload), its host's records (padded
+  // to the widest host), what it sends across hosts (its host's descriptors, the host's partial),
+  // every host's as the inter all-gather delivers them, and the group's descriptors by rank
+  // with the result.
+  at::Tensor own_, host_recs_, host_out_, gathered_, all_;
+  int64_t widest_ = 0;
   // order_[i * H + h] = the rank with local index i on host h (even hosts): the position of each
   // rank's block after an inter all-gather followed by an intra all-gather (NOTE [Block order]).
   at::Tensor order_;

@@ -3,18 +3,40 @@
 // completed Works, and the fallbacks to the wrapped backend with their counters.
 #include <c10/util/Exception.h>
 
+#include <optional>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <utility>
 
 #include "backend/CompletedWork.hpp"
 #include "backend/ProcessGroupCudaP2P.hpp"
 #include "ops/channels.hpp"
+#include "ops/common.hpp"
 #include "ops/reduction.hpp"
 
 namespace cuda_p2p {
 
 using c10d::Work;
 using WorkPtr = c10::intrusive_ptr<Work>;
+
+namespace {
+
+// The reduce op as op signatures name it ("sum", ...; "premul_sum", which the workspace lacks).
+std::string reduce_op_text(const c10d::ReduceOp& op) {
+  const auto mapped = ProcessGroupCudaP2P::to_reduce_op(op);
+  return mapped ? ops::lower_name(*mapped) : std::string("premul_sum");
+}
+
+// Why an all-reduce the workspace did not take goes to the wrapped backend (NOTE [Routes agree]).
+const char* wrapped_reason(c10::ArrayRef<at::Tensor> tensors,
+                           const std::optional<ops::ReduceOp>& op) {
+  if (tensors.size() != 1) return "several tensors";
+  if (!op) return "reduce op";
+  const at::Tensor& t = tensors[0];
+  if (!t.defined() || t.layout() != at::kStrided || !t.is_cpu()) return "device";
+  return "dtype";
+}
+
+}  // namespace
 
 // NOTE [Collectives of a group run one at a time]
 // A group's workspace collectives share its buffer halves, its phase counter and the signal
@@ -61,6 +83,28 @@ void ProcessGroupCudaP2P::check_or_reject(const char* what, ops::OpKind kind,
     run_collective(what,
                    [&](const ops::CollectiveContext& ctx) { ops::reject(ctx, kind, reason); });
   });
+}
+
+// NOTE [Routes agree]
+// A collective the workspace serves goes to the wrapped backend on a rank whose call the workspace
+// cannot take (a dtype it does not reduce, tensors on another device, several tensors, a reduce op
+// it lacks). Were its peers' calls workspace ones, they would wait at their first barrier, and
+// this rank in Gloo or NCCL, until the timeout. So on a host workspace such a rank first takes part
+// in the op's handshake (ops::announce) with a signature naming its route ("1000 x bool sum
+// (wrapped: dtype)"): ranks that route alike agree and go on to the wrapped backend, ranks that
+// do not raise the same error (NOTE [Op signatures] in ops/op_signature.cpp), and the group stays
+// usable. Its cost is a handshake barrier on the workspace before a wrapped call. Not on a CUDA
+// workspace, whose comparison is asynchronous (a disagreement would surface one op later, after
+// the wrapped call had waited for its timeout), nor without a workspace.
+void ProcessGroupCudaP2P::agree_on_route(const char* what, ops::OpKind kind,
+                                         c10::ArrayRef<at::Tensor> tensors,
+                                         const std::string& detail, const char* why) {
+  if (!uses_workspace_collectives() || !workspace_->device().tensor_device().is_cpu() ||
+      getSize() == 1) {
+    return;
+  }
+  const std::string text = ops::describe_tensors(tensors) + detail + " (wrapped: " + why + ")";
+  run_collective(what, [&](const ops::CollectiveContext& ctx) { ops::announce(ctx, kind, text); });
 }
 
 const char* ProcessGroupCudaP2P::workspace_rejects(c10::ArrayRef<at::Tensor> tensors) const {
@@ -184,7 +228,8 @@ at::Tensor ProcessGroupCudaP2P::all_gather_v(const at::Tensor& input,
           const int64_t row_bytes =
               c10::multiply_integers(input.sizes().slice(1)) * input.element_size();
           std::string text = ops::dtype_name(input.scalar_type()) + ", bytes [";
-          for (int q = 0; q < W; ++q) text += (q ? ", " : "") + std::to_string(sizes[q] * row_bytes);
+          for (int q = 0; q < W; ++q)
+            text += (q ? ", " : "") + std::to_string(sizes[q] * row_bytes);
           return text + "]";
         },
         options_->timeout);
@@ -244,6 +289,8 @@ WorkPtr ProcessGroupCudaP2P::broadcast(std::vector<at::Tensor>& tensors,
   const char* why = workspace_rejects(tensors);
   if (!why && (tensors.size() != 1 || opts.rootTensor != 0)) why = "several tensors";
   if (why) {
+    agree_on_route("broadcast", ops::OpKind::kBroadcast, tensors,
+                   " from root " + std::to_string(opts.rootRank), why);
     bump_counter("broadcast.wrapped");
     return delegate(tensors, "broadcast",
                     [&](c10d::Backend& b) { return b.broadcast(tensors, opts); });
@@ -277,6 +324,8 @@ WorkPtr ProcessGroupCudaP2P::allreduce(std::vector<at::Tensor>& tensors,
   if (tensors.size() == 1 && op && all_reduce_on_workspace(tensors[0], *op)) {
     return completed(c10d::OpType::ALLREDUCE, tensors, opts.asyncOp);
   }
+  agree_on_route("all_reduce", ops::OpKind::kAllReduce, tensors,
+                 " " + reduce_op_text(opts.reduceOp), wrapped_reason(tensors, op));
   bump_counter("all_reduce.wrapped");
   return delegate(tensors, "allreduce",
                   [&](c10d::Backend& b) { return b.allreduce(tensors, opts); });
@@ -402,6 +451,7 @@ WorkPtr ProcessGroupCudaP2P::allgather(std::vector<std::vector<at::Tensor>>& out
     }
   }
   if (why) {
+    agree_on_route("all_gather", ops::OpKind::kAllGather, inputs, "", why);
     bump_counter("all_gather.wrapped");
     return delegate(inputs, "allgather",
                     [&](c10d::Backend& b) { return b.allgather(outputs, inputs, opts); });
@@ -417,6 +467,7 @@ WorkPtr ProcessGroupCudaP2P::_allgather_base(at::Tensor& output, at::Tensor& inp
   }
   const char* why = workspace_rejects({input, output});
   if (why) {
+    agree_on_route("all_gather_into_tensor", ops::OpKind::kAllGather, {input}, "", why);
     bump_counter("all_gather.wrapped");
     return delegate(input, "all_gather_into_tensor",
                     [&](c10d::Backend& b) { return b._allgather_base(output, input, opts); });
@@ -443,6 +494,7 @@ WorkPtr ProcessGroupCudaP2P::allgather_into_tensor_coalesced(std::vector<at::Ten
   if (!why) why = workspace_rejects(outputs);
   if (!why && outputs.size() != inputs.size()) why = "shapes";
   if (why) {
+    agree_on_route("all_gather_into_tensor", ops::OpKind::kAllGather, inputs, "", why);
     bump_counter("all_gather.wrapped");
     return delegate(inputs, "allgather_into_tensor_coalesced", [&](c10d::Backend& b) {
       return b.allgather_into_tensor_coalesced(outputs, inputs, opts);
@@ -500,6 +552,8 @@ WorkPtr ProcessGroupCudaP2P::reduce_scatter(std::vector<at::Tensor>& outputs,
     }
   }
   if (why) {
+    agree_on_route("reduce_scatter", ops::OpKind::kReduceScatter, outputs,
+                   " " + reduce_op_text(opts.reduceOp), why);
     bump_counter("reduce_scatter.wrapped");
     return delegate(outputs, "reduce_scatter",
                     [&](c10d::Backend& b) { return b.reduce_scatter(outputs, inputs, opts); });
@@ -518,6 +572,8 @@ WorkPtr ProcessGroupCudaP2P::_reduce_scatter_base(at::Tensor& output, at::Tensor
   if (!why && !op) why = "reduce op";
   if (!why && !ops::is_reducible_dtype(output.scalar_type())) why = "dtype";
   if (why) {
+    agree_on_route("reduce_scatter_tensor", ops::OpKind::kReduceScatter, {output},
+                   " " + reduce_op_text(opts.reduceOp), why);
     bump_counter("reduce_scatter.wrapped");
     return delegate(input, "reduce_scatter_tensor",
                     [&](c10d::Backend& b) { return b._reduce_scatter_base(output, input, opts); });
@@ -541,6 +597,8 @@ WorkPtr ProcessGroupCudaP2P::reduce_scatter_tensor_coalesced(
     if (!ops::is_reducible_dtype(outputs[i].scalar_type())) why = "dtype";
   }
   if (why) {
+    agree_on_route("reduce_scatter_tensor", ops::OpKind::kReduceScatter, outputs,
+                   " " + reduce_op_text(opts.reduceOp), why);
     bump_counter("reduce_scatter.wrapped");
     return delegate(inputs, "reduce_scatter_tensor_coalesced", [&](c10d::Backend& b) {
       return b.reduce_scatter_tensor_coalesced(outputs, inputs, opts);

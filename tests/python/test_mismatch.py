@@ -162,6 +162,15 @@ def check_collective_mismatches(ctx, placement=None):
               lambda: (dist.barrier(group=g) if rank == 0
                        else dist.all_reduce(torch.ones(4), group=g)),
               ["rank 0 passed barrier", "rank 1 passed all_reduce of 4 x float32 sum"], g)
+    # Routes (NOTE [Routes agree], [Hierarchical agreement]): a call that the last rank's group
+    # would send elsewhere than its peers' (the wrapped backend, or flat across hosts): a dtype
+    # the workspace does not reduce. (A CUDA tensor against a CPU one needs a GPU; a meta tensor
+    # never reaches the backend: c10d's Meta kernels stand in.)
+    last = rank == W - 1
+    dt = torch.bool if last else torch.uint8
+    _mismatch(ctx, chk, "all_reduce routed elsewhere on one rank (bool)",
+              lambda: dist.all_reduce(torch.ones(9, dtype=dt), op=R.MAX, group=g),
+              ["rank 0 passed 9 x uint8 max", f"rank {W - 1} passed 9 x bool max ("], g)
     counters = b.get_counters()
     # A hierarchical group's all_gather_v runs on the wrapped backend by design.
     flat = [k for k in counters if (k.endswith(".wrapped") or ".flat." in k)
@@ -177,9 +186,9 @@ def check_collective_mismatches(ctx, placement=None):
 
 
 def _routing_mismatches(ctx, chk, g):
-    """Hierarchical groups: calls that the last rank would route elsewhere than its peers (flat on
-    the wrapped backend: a dtype the hierarchy does not reduce), and the issue's own case (the
-    last rank passes 1200 elements, or int32)."""
+    """Hierarchical groups: a call that the last rank would route flat (a dtype the hierarchy's
+    Gloo does not reduce), and the issue's own case (the last rank passes 1200 elements, or
+    int32)."""
     W, rank = ctx.world_size, ctx.rank
     last = rank == W - 1
     n = 1200 if last else 1000
@@ -190,11 +199,6 @@ def _routing_mismatches(ctx, chk, g):
     _mismatch(ctx, chk, "all_reduce float32 vs int32 (last rank)",
               lambda: dist.all_reduce(torch.ones(1000, dtype=dt), group=g),
               ["rank 0 passed 1000 x float32 sum", f"rank {W - 1} passed 1000 x int32 sum"], g)
-    dt = torch.bool if last else torch.uint8
-    _mismatch(ctx, chk, "all_reduce routed flat on one rank (bool)",
-              lambda: dist.all_reduce(torch.ones(9, dtype=dt), op=R.MAX, group=g),
-              ["rank 0 passed 9 x uint8 max,", f"rank {W - 1} passed 9 x bool max (flat: dtype)"],
-              g)
     dt = torch.int16 if last else torch.int32
     _mismatch(ctx, chk, "reduce_scatter_tensor routed flat on one rank (int16)",
               lambda: dist.reduce_scatter_tensor(torch.empty(3, dtype=dt),
