@@ -176,6 +176,10 @@ class ProcessGroupCudaP2P : public c10d::Backend {
                      c10::intrusive_ptr<c10d::Backend> inter);
   // Null on a group within one host.
   const Hierarchy* hierarchy() const { return hierarchy_.get(); }
+  // Bench knob only (NOTE [Hierarchical agreement]): off skips the group-wide agreement.
+  void set_hierarchical_agreement(bool on) {
+    if (hierarchy_) hierarchy_->set_agreement(on);
+  }
 
   // --- fused GEMM pipelines (ops/fused_*.cpp) -------------------------------------------------
   // The group's state of the pipelines (their host streams, the lock that serialises them on
@@ -326,6 +330,10 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // in the op's handshake with an invalid signature (ops::reject) before its error propagates,
   // so that its peers raise at once instead of waiting for the timeout.
   void check_or_reject(const char* what, ops::OpKind kind, const std::function<void()>& checks);
+  // A collective the workspace serves, routed to the wrapped backend on this rank (`why`): on a
+  // host workspace, takes part in the op's handshake naming the route (NOTE [Routes agree]).
+  void agree_on_route(const char* what, ops::OpKind kind, c10::ArrayRef<at::Tensor> tensors,
+                      const std::string& detail, const char* why);
 
   // What workspace_rejects() says when the collectives do not run on the workspace at all.
   static constexpr const char* kWorkspaceOff = "workspace unavailable or its collectives off";

@@ -35,7 +35,10 @@ void ProcessGroupCudaP2P::all_reduce_in_place(at::Tensor& tensor, ops::ReduceOp 
   if (all_reduce_on_workspace(tensor, op)) return;
   const c10d::AllreduceOptions opts = options();
   const char* why = workspace_rejects({tensor});
-  count_fallback("all_reduce.wrapped", why ? why : "dtype");
+  if (!why) why = "dtype";
+  // NOTE [Routes agree] in backend/workspace_collectives.cpp.
+  agree_on_route("all_reduce", ops::OpKind::kAllReduce, {tensor}, " " + ops::lower_name(op), why);
+  count_fallback("all_reduce.wrapped", why);
   // The wrapped backends expect contiguous tensors, as they do from dist.all_reduce.
   std::vector<at::Tensor> tensors{tensor.is_contiguous() ? tensor : tensor.contiguous()};
   route(tensors, "all_reduce_").allreduce(tensors, opts)->wait();

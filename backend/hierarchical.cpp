@@ -3,6 +3,8 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstring>
+#include <exception>
 #include <map>
 #include <optional>
 #include <utility>
@@ -10,6 +12,7 @@
 #include "backend/CompletedWork.hpp"
 #include "backend/ProcessGroupCudaP2P.hpp"
 #include "ops/collectives.hpp"
+#include "ops/common.hpp"
 #include "ops/reduction.hpp"
 
 namespace cuda_p2p {
@@ -56,7 +59,7 @@ int HostLayout::min_host_size() const {
 
 Hierarchy::Hierarchy(int rank, HostLayout layout, c10::intrusive_ptr<c10d::Backend> intra,
                      c10::intrusive_ptr<c10d::Backend> inter,
-                     std::function<void(const std::string&)> count)
+                     std::function<void(const std::string&)> count, bool nccl)
     : rank_(rank),
       layout_(std::move(layout)),
       host_(layout_.host.at(rank)),
@@ -64,7 +67,8 @@ Hierarchy::Hierarchy(int rank, HostLayout layout, c10::intrusive_ptr<c10d::Backe
       even_(layout_.even()),
       intra_(std::move(intra)),
       inter_(std::move(inter)),
-      count_(std::move(count)) {
+      count_(std::move(count)),
+      nccl_(nccl) {
   const int H = layout_.num_hosts();
   const int L = static_cast<int>(layout_.hosts[host_].size());
   TORCH_CHECK(H >= 2, "cuda_p2p hierarchy: expected ranks on at least 2 hosts, got ", H);
@@ -121,29 +125,276 @@ bool Hierarchy::decline(const char* op, const char* why) {
   return false;
 }
 
+// --- agreement ----------------------------------------------------------------------------------
+
+// NOTE [Hierarchical agreement]
+// A flat workspace group compares every op's signature before any data moves (NOTE [Op
+// signatures] in ops/op_signature.cpp). The steps of a hierarchical collective cannot do that by
+// themselves: each intra step compares only its host's ranks (and names them by local index), and
+// the inter steps run on Gloo, which does not compare anything - given buffers of different sizes,
+// its transport thread throws and the process aborts. So every hierarchical collective first has
+// the whole group agree on the call, in a fixed-size exchange that cannot itself mismatch:
+//
+//  * Each rank encodes its signature - the op's kind and a text naming every argument the ranks
+//    must agree on ("1000 x float32 sum"), plus its route when the call goes flat on the wrapped
+//    backend ("(flat: dtype)"), or, when its own argument checks failed, the reason (an invalid
+//    signature) - as one op descriptor (ops::encode_signature, SymmetricWorkspace::
+//    kDescriptorWords words).
+//  * Intra: an all-gather of the descriptors on the host's workspace (every host rank gets its
+//    host's). Inter: an all-gather of the host's descriptors (padded to the widest host) among the
+//    ranks of one local index, on even hosts every local index (each then has all W), on uneven
+//    ones the leaders, who hand the W descriptors to their host by an intra broadcast.
+//  * Every rank holds the same W descriptors, by group rank, and compares them as a flat group
+//    does (ops::signature_disagreement): on any difference every rank throws the same
+//    SignatureMismatch naming group ranks, before any step of the op; a rank whose own arguments
+//    were invalid throws its own error and its peers name it. Every exchange was of the same size
+//    on every rank and completed, so the group stays usable.
+//  * The route is part of the signature: ranks that would run a call hierarchically on some ranks
+//    and flat on others (a dtype, a device, a reduce op one rank's call cannot take) disagree
+//    instead of waiting in different collectives. Every hierarchical entry point therefore agrees,
+//    also for calls that then go flat; all_gather_v and barrier too (barrier: the exchange is a
+//    barrier of the whole group).
+//  * Not agreed: calls whose tensors are all on CUDA when the group wraps NCCL (they keep NCCL
+//    without a host round trip per op), so a CUDA call on one rank against a CPU call on another
+//    ends in the CPU side's timeout there.
+//  * Small all-reduces ride in the agreement: every record has an area of kInlineBytes, where an
+//    all-reduce of at most that many bytes (in its accumulation type: float32 for float16 and
+//    bfloat16) puts its tensor. After the intra all-gather each rank reduces its host's L
+//    payloads (host order), sends the host's partial with the host's descriptors, and after the
+//    inter all-gather reduces the H partials (host order; AVG divides by W once) - every rank
+//    the same bits - and writes the result only once all W descriptors agree. Whether a call
+//    rides is a function of its signature, so all ranks that agree decide alike. Such an
+//    all-reduce is two exchanges (three on uneven hosts) instead of the agreement's two plus the
+//    algorithm's three.
+//
+// Cost: one intra all-gather of (128 + kInlineBytes) bytes per rank and one inter all-gather of
+// a host's descriptors and kInlineBytes per host (and on uneven hosts an intra broadcast) before
+// the op's own steps; none for a small all-reduce, which it replaces (docs/collectives.md,
+// "Across hosts").
+
+namespace {
+
+std::string describe(c10::ArrayRef<at::Tensor> tensors) { return ops::describe_tensors(tensors); }
+
+std::string op_name(const c10d::ReduceOp& op) {
+  const auto mapped = ProcessGroupCudaP2P::to_reduce_op(op);
+  return mapped ? ops::lower_name(*mapped) : std::string("premul_sum");
+}
+
+// What a rank's own argument checks raised: its message (the invalid signature's text) and the
+// error itself, thrown again once the group has agreed.
+struct Checked {
+  std::string error;
+  std::exception_ptr thrown;
+  void rethrow() const {
+    if (thrown) std::rethrow_exception(thrown);
+  }
+};
+
+template <typename F>
+Checked run_checks(F&& checks) {
+  try {
+    checks();
+  } catch (const c10::Error& e) {
+    return {e.what_without_backtrace(), std::current_exception()};
+  }
+  return {};
+}
+
+// The rows of `rows` ([k, n]) reduced with `op` (AVG as a sum), in row order.
+at::Tensor reduce_rows(const at::Tensor& rows, const c10d::ReduceOp& op) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM:
+    case c10d::ReduceOp::AVG:
+      return rows.sum(0, false, rows.scalar_type());
+    case c10d::ReduceOp::PRODUCT:
+      return rows.prod(0, false, rows.scalar_type());
+    case c10d::ReduceOp::MIN:
+      return rows.amin(0);
+    case c10d::ReduceOp::MAX:
+      return rows.amax(0);
+    case c10d::ReduceOp::BAND:
+    case c10d::ReduceOp::BOR:
+    case c10d::ReduceOp::BXOR: {
+      at::Tensor r = rows[0].clone();
+      for (int64_t i = 1; i < rows.size(0); ++i) {
+        if (op.op_ == c10d::ReduceOp::BAND) r.bitwise_and_(rows[i]);
+        if (op.op_ == c10d::ReduceOp::BOR) r.bitwise_or_(rows[i]);
+        if (op.op_ == c10d::ReduceOp::BXOR) r.bitwise_xor_(rows[i]);
+      }
+      return r;
+    }
+    default:
+      TORCH_CHECK(false, "cuda_p2p hierarchy: no inline reduction for reduce op ",
+                  static_cast<int>(op.op_));
+  }
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s = "[";
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+bool Hierarchy::on_nccl(c10::ArrayRef<at::Tensor> tensors) const {
+  if (!nccl_ || tensors.empty()) return false;
+  return std::all_of(tensors.begin(), tensors.end(),
+                     [](const at::Tensor& t) { return t.defined() && t.is_cuda(); });
+}
+
+ops::OpSignature Hierarchy::signature(ops::OpKind kind, std::string text, const char* why,
+                                      const std::string& error) {
+  if (!error.empty()) return ops::OpSignature::rejected(kind, error);
+  if (why) text += std::string(" (flat: ") + why + ")";
+  return ops::OpSignature::of(kind, std::move(text));
+}
+
+bool Hierarchy::fits_inline(const at::Tensor& t) {
+  return t.numel() > 0 &&
+         t.numel() *
+                 static_cast<int64_t>(c10::elementSize(ops::accumulate_type(t.scalar_type()))) <=
+             kInlineBytes;
+}
+
+bool Hierarchy::agree(const ops::OpSignature& mine, std::chrono::milliseconds timeout,
+                      const at::Tensor& payload, const c10d::ReduceOp& op) {
+  if (!agreement_) return false;  // the bench knob
+  const auto words = ops::encode_signature(mine, 0);
+  constexpr int64_t R = static_cast<int64_t>(sizeof(words)), C = kInlineBytes;
+  const int H = layout_.num_hosts();
+  const int64_t L = static_cast<int64_t>(layout_.hosts[host_].size());
+  const int W = static_cast<int>(layout_.host.size());
+  if (!own_.defined()) {
+    for (const auto& h : layout_.hosts) widest_ = std::max<int64_t>(widest_, h.size());
+    const auto bytes = at::TensorOptions().dtype(at::kByte);
+    own_ = at::empty({R + C}, bytes);
+    host_recs_ = at::zeros({widest_ * (R + C)}, bytes);  // the padding stays zero
+    host_out_ = at::zeros({widest_ * R + C}, bytes);
+    gathered_ = at::empty({H * (widest_ * R + C)}, bytes);
+    all_ = at::empty({W * R + C}, bytes);
+  }
+  const int64_t out_rec = widest_ * R + C;  // one host's record across hosts
+  const bool carry = payload.defined();
+  const at::ScalarType acc = carry ? ops::accumulate_type(payload.scalar_type()) : at::kByte;
+  const int64_t acc_bytes =
+      carry ? payload.numel() * static_cast<int64_t>(c10::elementSize(acc)) : 0;
+  auto* own = own_.data_ptr<uint8_t>();
+  std::memcpy(own, words.data(), R);
+  if (carry) std::memcpy(own + R, payload.data_ptr(), payload.nbytes());
+
+  intra_all_gather(host_recs_.narrow(0, 0, L * (R + C)), own_);
+  const auto* recs = host_recs_.data_ptr<uint8_t>();
+  auto* out = host_out_.data_ptr<uint8_t>();
+  bool host_agrees = true;
+  for (int64_t k = 0; k < L; ++k) {
+    std::memcpy(out + k * R, recs + k * (R + C), R);
+    host_agrees = host_agrees && std::memcmp(recs + k * (R + C), words.data(), R) == 0;
+  }
+  if (carry && host_agrees) {  // the host's partial, accumulated (AVG: a sum so far)
+    const at::Tensor rows = host_recs_.view({widest_, R + C})
+                                .narrow(0, 0, L)
+                                .narrow(1, R, static_cast<int64_t>(payload.nbytes()))
+                                .view(payload.scalar_type())
+                                .to(acc);
+    host_out_.narrow(0, widest_ * R, acc_bytes).view(acc).copy_(reduce_rows(rows, op));
+  }
+  auto* all = all_.data_ptr<uint8_t>();
+  if (inter_ && (even_ || local_ == 0)) {
+    inter_all_gather(gathered_, host_out_, timeout);
+    const auto* from = gathered_.data_ptr<uint8_t>();
+    bool agreed = true;
+    for (int h = 0; h < H; ++h) {
+      const auto& ranks = layout_.hosts[h];
+      for (size_t k = 0; k < ranks.size(); ++k) {
+        const uint8_t* desc = from + h * out_rec + static_cast<int64_t>(k) * R;
+        std::memcpy(all + ranks[k] * R, desc, R);
+        agreed = agreed && std::memcmp(desc, words.data(), R) == 0;
+      }
+    }
+    if (carry && agreed) {  // the hosts' partials, in host order on every rank: the same bits
+      at::Tensor result =
+          reduce_rows(gathered_.view({H, out_rec}).narrow(1, widest_ * R, acc_bytes).view(acc), op);
+      if (is_avg(op)) result.div_(W);
+      all_.narrow(0, W * R, acc_bytes).view(acc).copy_(result);
+    }
+  }
+  if (!even_) intra_broadcast(all_, 0);
+  const std::string error =
+      ops::signature_disagreement(reinterpret_cast<const uint32_t*>(all), W, words, mine);
+  if (!error.empty()) throw ops::SignatureMismatch(error);
+  if (!carry) return false;
+  payload.copy_(all_.narrow(0, W * R, acc_bytes).view(acc));
+  return true;
+}
+
+bool Hierarchy::barrier(const c10d::BarrierOptions& opts) {
+  if (nccl_ && opts.device.has_value() && opts.device->is_cuda()) return false;
+  std::lock_guard<std::mutex> lock(mutex_);
+  const bool was = agreement_;
+  agreement_ = true;  // the exchange is the barrier: never skipped
+  try {
+    agree(ops::OpSignature::of(ops::OpKind::kBarrier, ""), opts.timeout);
+  } catch (...) {
+    agreement_ = was;
+    throw;
+  }
+  agreement_ = was;
+  count_("barrier.hierarchical");
+  return true;
+}
+
+void Hierarchy::agree_flat(ops::OpKind kind, c10::ArrayRef<at::Tensor> tensors,
+                           const std::function<void()>& checks,
+                           const std::function<std::string()>& text,
+                           std::chrono::milliseconds timeout) {
+  if (on_nccl(tensors)) {
+    checks();
+    return;
+  }
+  const Checked checked = run_checks(checks);
+  std::lock_guard<std::mutex> lock(mutex_);
+  agree(signature(kind, checked.thrown ? std::string() : text(), nullptr, checked.error), timeout);
+  checked.rethrow();
+}
+
 // --- entry points -------------------------------------------------------------------------------
 
 bool Hierarchy::all_reduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
-  if (tensors.size() != 1) return decline("all_reduce", "several_tensors");
-  if (const char* why = rejects(tensors)) return decline("all_reduce", why);
-  at::Tensor& t = tensors[0];
-  if (const char* why = rejects_reduction(opts.reduceOp, t.scalar_type(), "all_reduce")) {
-    return decline("all_reduce", why);
+  if (on_nccl(tensors)) return decline("all_reduce", "device");
+  const char* why = tensors.size() != 1 ? "several_tensors" : rejects(tensors);
+  Checked checked;
+  if (!why) {
+    checked = run_checks(
+        [&] { why = rejects_reduction(opts.reduceOp, tensors[0].scalar_type(), "all_reduce"); });
   }
+  // Small enough, the all-reduce rides in the agreement itself (NOTE [Hierarchical agreement]).
+  const bool carry = !why && !checked.thrown && fits_inline(tensors[0]);
+  at::Tensor work = carry ? tensors[0].contiguous() : at::Tensor();
   std::lock_guard<std::mutex> lock(mutex_);
-  at::Tensor work = t.contiguous();
-  all_reduce_flat(work.view(-1), opts.reduceOp, opts.timeout);
+  const bool done =
+      agree(signature(ops::OpKind::kAllReduce, describe(tensors) + " " + op_name(opts.reduceOp),
+                      why, checked.error),
+            opts.timeout, carry ? work.view(-1) : at::Tensor(), opts.reduceOp);
+  checked.rethrow();
+  if (why) return decline("all_reduce", why);
+  at::Tensor& t = tensors[0];
+  if (!work.defined()) work = t.contiguous();
+  if (!done) all_reduce_flat(work.view(-1), opts.reduceOp, opts.timeout);
   if (!work.is_same(t)) t.copy_(work);
   count_(std::string("all_reduce.") + path());
+  if (done) count_("all_reduce.in_agreement");
   return true;
 }
 
 const char* Hierarchy::all_gather_rejects(const at::Tensor& output, const at::Tensor& input) const {
   if (const char* why = rejects({input, output})) return why;
   const int64_t W = static_cast<int64_t>(layout_.host.size());
-  if (output.numel() != input.numel() * W || output.scalar_type() != input.scalar_type()) {
-    return "shapes";  // the wrapped backend reports the mismatch
-  }
+  TORCH_CHECK(output.numel() == input.numel() * W && output.scalar_type() == input.scalar_type(),
+              "cuda_p2p all_gather_into_tensor: the output must have world size (", W,
+              ") times the input's ", input.numel(), " elements of ", input.scalar_type(), ", got ",
+              output.numel(), " of ", output.scalar_type());
   return nullptr;
 }
 
@@ -157,8 +408,13 @@ void Hierarchy::run_all_gather_into_tensor(const at::Tensor& output, const at::T
 
 bool Hierarchy::all_gather_into_tensor(at::Tensor& output, at::Tensor& input,
                                        const c10d::AllgatherOptions& opts) {
-  if (const char* why = all_gather_rejects(output, input)) return decline("all_gather", why);
+  if (on_nccl({input, output})) return decline("all_gather", "device");
+  const char* why = nullptr;
+  const Checked checked = run_checks([&] { why = all_gather_rejects(output, input); });
   std::lock_guard<std::mutex> lock(mutex_);
+  agree(signature(ops::OpKind::kAllGather, describe(input), why, checked.error), opts.timeout);
+  checked.rethrow();
+  if (why) return decline("all_gather", why);
   run_all_gather_into_tensor(output, input, opts.timeout);
   return true;
 }
@@ -166,13 +422,22 @@ bool Hierarchy::all_gather_into_tensor(at::Tensor& output, at::Tensor& input,
 bool Hierarchy::all_gather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                  std::vector<at::Tensor>& inputs,
                                                  const c10d::AllgatherOptions& opts) {
-  if (outputs.size() != inputs.size() || inputs.empty()) return decline("all_gather", "shapes");
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (const char* why = all_gather_rejects(outputs[i], inputs[i])) {
-      return decline("all_gather", why);
+  if (on_nccl(inputs)) return decline("all_gather", "device");
+  const char* why = nullptr;
+  const Checked checked = run_checks([&] {
+    TORCH_CHECK(outputs.size() == inputs.size() && !inputs.empty(),
+                "cuda_p2p all_gather_into_tensor (coalesced): expected as many outputs as inputs "
+                "(at least one), got ",
+                outputs.size(), " and ", inputs.size());
+    for (size_t i = 0; i < inputs.size() && !why; ++i) {
+      why = all_gather_rejects(outputs[i], inputs[i]);
     }
-  }
+  });
   std::lock_guard<std::mutex> lock(mutex_);
+  agree(signature(ops::OpKind::kAllGather, "coalesced " + describe(inputs), why, checked.error),
+        opts.timeout);
+  checked.rethrow();
+  if (why) return decline("all_gather", why);
   for (size_t i = 0; i < inputs.size(); ++i) {
     run_all_gather_into_tensor(outputs[i], inputs[i], opts.timeout);
   }
@@ -181,19 +446,30 @@ bool Hierarchy::all_gather_into_tensor_coalesced(std::vector<at::Tensor>& output
 
 bool Hierarchy::all_gather(std::vector<std::vector<at::Tensor>>& outputs,
                            std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  if (on_nccl(inputs)) return decline("all_gather", "device");
   const size_t W = layout_.host.size();
+  const char* why = nullptr;
   if (inputs.size() != 1 || outputs.size() != 1 || outputs[0].size() != W) {
-    return decline("all_gather", "several_tensors");
+    why = "several_tensors";
   }
-  if (const char* why = rejects(inputs)) return decline("all_gather", why);
-  if (const char* why = rejects(outputs[0])) return decline("all_gather", why);
-  const at::Tensor& input = inputs[0];
-  for (const auto& o : outputs[0]) {
-    if (o.numel() != input.numel() || o.scalar_type() != input.scalar_type()) {
-      return decline("all_gather", "shapes");
-    }
+  if (!why) why = rejects(inputs);
+  if (!why) why = rejects(outputs[0]);
+  Checked checked;
+  if (!why) {
+    checked = run_checks([&] {
+      for (const auto& o : outputs[0]) {
+        TORCH_CHECK(o.numel() == inputs[0].numel() && o.scalar_type() == inputs[0].scalar_type(),
+                    "cuda_p2p all_gather: every output must have the input's ", inputs[0].numel(),
+                    " elements of ", inputs[0].scalar_type(), ", got ", o.numel(), " of ",
+                    o.scalar_type());
+      }
+    });
   }
   std::lock_guard<std::mutex> lock(mutex_);
+  agree(signature(ops::OpKind::kAllGather, describe(inputs), why, checked.error), opts.timeout);
+  checked.rethrow();
+  if (why) return decline("all_gather", why);
+  const at::Tensor& input = inputs[0];
   const int64_t n = input.numel();
   at::Tensor out = at::empty({n * static_cast<int64_t>(W)}, input.options());
   all_gather_flat(input.contiguous().view(-1), out, opts.timeout);
@@ -208,9 +484,10 @@ const char* Hierarchy::reduce_scatter_rejects(const at::Tensor& output, const at
                                               const c10d::ReduceOp& op) const {
   if (const char* why = rejects({input, output})) return why;
   const int64_t W = static_cast<int64_t>(layout_.host.size());
-  if (input.numel() != output.numel() * W || output.scalar_type() != input.scalar_type()) {
-    return "shapes";
-  }
+  TORCH_CHECK(input.numel() == output.numel() * W && output.scalar_type() == input.scalar_type(),
+              "cuda_p2p reduce_scatter_tensor: the input must have world size (", W,
+              ") times the output's ", output.numel(), " elements of ", output.scalar_type(),
+              ", got ", input.numel(), " of ", input.scalar_type());
   return rejects_reduction(op, output.scalar_type(), "reduce_scatter_tensor");
 }
 
@@ -225,10 +502,16 @@ void Hierarchy::run_reduce_scatter_tensor(const at::Tensor& output, const at::Te
 
 bool Hierarchy::reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
                                       const c10d::ReduceScatterOptions& opts) {
-  if (const char* why = reduce_scatter_rejects(output, input, opts.reduceOp)) {
-    return decline("reduce_scatter", why);
-  }
+  if (on_nccl({input, output})) return decline("reduce_scatter", "device");
+  const char* why = nullptr;
+  const Checked checked =
+      run_checks([&] { why = reduce_scatter_rejects(output, input, opts.reduceOp); });
   std::lock_guard<std::mutex> lock(mutex_);
+  agree(signature(ops::OpKind::kReduceScatter, describe(output) + " " + op_name(opts.reduceOp), why,
+                  checked.error),
+        opts.timeout);
+  checked.rethrow();
+  if (why) return decline("reduce_scatter", why);
   run_reduce_scatter_tensor(output, input, opts.reduceOp, opts.timeout);
   return true;
 }
@@ -236,15 +519,24 @@ bool Hierarchy::reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
 bool Hierarchy::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                 std::vector<at::Tensor>& inputs,
                                                 const c10d::ReduceScatterOptions& opts) {
-  if (outputs.size() != inputs.size() || inputs.empty()) {
-    return decline("reduce_scatter", "shapes");
-  }
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (const char* why = reduce_scatter_rejects(outputs[i], inputs[i], opts.reduceOp)) {
-      return decline("reduce_scatter", why);
+  if (on_nccl(inputs)) return decline("reduce_scatter", "device");
+  const char* why = nullptr;
+  const Checked checked = run_checks([&] {
+    TORCH_CHECK(outputs.size() == inputs.size() && !inputs.empty(),
+                "cuda_p2p reduce_scatter_tensor (coalesced): expected as many outputs as inputs "
+                "(at least one), got ",
+                outputs.size(), " and ", inputs.size());
+    for (size_t i = 0; i < inputs.size() && !why; ++i) {
+      why = reduce_scatter_rejects(outputs[i], inputs[i], opts.reduceOp);
     }
-  }
+  });
   std::lock_guard<std::mutex> lock(mutex_);
+  agree(signature(ops::OpKind::kReduceScatter,
+                  "coalesced " + describe(outputs) + " " + op_name(opts.reduceOp), why,
+                  checked.error),
+        opts.timeout);
+  checked.rethrow();
+  if (why) return decline("reduce_scatter", why);
   for (size_t i = 0; i < inputs.size(); ++i) {
     run_reduce_scatter_tensor(outputs[i], inputs[i], opts.reduceOp, opts.timeout);
   }
@@ -254,22 +546,33 @@ bool Hierarchy::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs
 bool Hierarchy::reduce_scatter(std::vector<at::Tensor>& outputs,
                                std::vector<std::vector<at::Tensor>>& inputs,
                                const c10d::ReduceScatterOptions& opts) {
+  if (on_nccl(outputs)) return decline("reduce_scatter", "device");
   const size_t W = layout_.host.size();
+  const char* why = nullptr;
   if (outputs.size() != 1 || inputs.size() != 1 || inputs[0].size() != W) {
-    return decline("reduce_scatter", "several_tensors");
+    why = "several_tensors";
   }
-  if (const char* why = rejects(outputs)) return decline("reduce_scatter", why);
-  if (const char* why = rejects(inputs[0])) return decline("reduce_scatter", why);
-  at::Tensor& output = outputs[0];
-  for (const auto& t : inputs[0]) {
-    if (t.numel() != output.numel() || t.scalar_type() != output.scalar_type()) {
-      return decline("reduce_scatter", "shapes");
-    }
-  }
-  if (const char* why = rejects_reduction(opts.reduceOp, output.scalar_type(), "reduce_scatter")) {
-    return decline("reduce_scatter", why);
+  if (!why) why = rejects(outputs);
+  if (!why) why = rejects(inputs[0]);
+  Checked checked;
+  if (!why) {
+    checked = run_checks([&] {
+      for (const auto& t : inputs[0]) {
+        TORCH_CHECK(t.numel() == outputs[0].numel() && t.scalar_type() == outputs[0].scalar_type(),
+                    "cuda_p2p reduce_scatter: every input must have the output's ",
+                    outputs[0].numel(), " elements of ", outputs[0].scalar_type(), ", got ",
+                    t.numel(), " of ", t.scalar_type());
+      }
+      why = rejects_reduction(opts.reduceOp, outputs[0].scalar_type(), "reduce_scatter");
+    });
   }
   std::lock_guard<std::mutex> lock(mutex_);
+  agree(signature(ops::OpKind::kReduceScatter, describe(outputs) + " " + op_name(opts.reduceOp),
+                  why, checked.error),
+        opts.timeout);
+  checked.rethrow();
+  if (why) return decline("reduce_scatter", why);
+  at::Tensor& output = outputs[0];
   const int64_t n = output.numel();
   at::Tensor in = at::empty({n * static_cast<int64_t>(W)}, output.options());
   for (size_t r = 0; r < W; ++r) {
@@ -283,12 +586,21 @@ bool Hierarchy::reduce_scatter(std::vector<at::Tensor>& outputs,
 }
 
 bool Hierarchy::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
-  if (tensors.size() != 1 || opts.rootTensor != 0) return decline("broadcast", "several_tensors");
-  if (const char* why = rejects(tensors)) return decline("broadcast", why);
+  if (on_nccl(tensors)) return decline("broadcast", "device");
   const int W = static_cast<int>(layout_.host.size());
-  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < W,
-              "cuda_p2p broadcast: root must be a rank in [0, ", W, "), got ", opts.rootRank);
+  const char* why =
+      tensors.size() != 1 || opts.rootTensor != 0 ? "several_tensors" : rejects(tensors);
+  const Checked checked = run_checks([&] {
+    TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < W,
+                "cuda_p2p broadcast: root must be a rank in [0, ", W, "), got ", opts.rootRank);
+  });
   std::lock_guard<std::mutex> lock(mutex_);
+  agree(signature(ops::OpKind::kBroadcast,
+                  describe(tensors) + " from root " + std::to_string(opts.rootRank), why,
+                  checked.error),
+        opts.timeout);
+  checked.rethrow();
+  if (why) return decline("broadcast", why);
   at::Tensor& t = tensors[0];
   at::Tensor work = t.contiguous();
   const int root = static_cast<int>(opts.rootRank);
@@ -417,6 +729,40 @@ void Hierarchy::broadcast_flat(const at::Tensor& t, int root, std::chrono::milli
 
 // --- steps --------------------------------------------------------------------------------------
 
+// Errors of the steps name their sub-group's ranks (a host's local indices, an inter group's
+// host numbers): these say which of the group's ranks those are.
+template <typename F>
+void Hierarchy::intra_step(F&& step) {
+  try {
+    step();
+  } catch (const c10::Error& e) {
+    const auto& ranks = layout_.hosts[host_];
+    const std::string msg = "cuda_p2p hierarchical: the step on host " + std::to_string(host_) +
+                            "'s workspace failed (its ranks 0-" + std::to_string(ranks.size() - 1) +
+                            " are the group's ranks " + rank_list(ranks) +
+                            "): " + e.what_without_backtrace();
+    if (dynamic_cast<const c10::DistBackendError*>(&e)) C10_THROW_ERROR(DistBackendError, msg);
+    C10_THROW_ERROR(Error, msg);
+  }
+}
+
+template <typename F>
+void Hierarchy::inter_step(F&& step) {
+  TORCH_INTERNAL_ASSERT(inter_, "cuda_p2p hierarchy: local index ", local_, " has no inter step");
+  try {
+    step();
+  } catch (const c10::Error& e) {
+    std::vector<int> ranks;
+    for (const auto& h : layout_.hosts) ranks.push_back(h[local_]);
+    const std::string msg = "cuda_p2p hierarchical: the inter-host step among local index " +
+                            std::to_string(local_) + " failed (its ranks 0-" +
+                            std::to_string(ranks.size() - 1) + " are the group's ranks " +
+                            rank_list(ranks) + "): " + e.what_without_backtrace();
+    if (dynamic_cast<const c10::DistBackendError*>(&e)) C10_THROW_ERROR(DistBackendError, msg);
+    C10_THROW_ERROR(Error, msg);
+  }
+}
+
 // A host of one rank has no intra step to take (copies where the step has an output).
 
 void Hierarchy::intra_all_reduce(const at::Tensor& t, c10d::ReduceOp op) {
@@ -424,7 +770,7 @@ void Hierarchy::intra_all_reduce(const at::Tensor& t, c10d::ReduceOp op) {
   std::vector<at::Tensor> v{t};
   c10d::AllreduceOptions o;
   o.reduceOp = std::move(op);
-  intra_->allreduce(v, o)->wait();
+  intra_step([&] { intra_->allreduce(v, o)->wait(); });
 }
 
 void Hierarchy::intra_reduce_scatter(const at::Tensor& out, const at::Tensor& in,
@@ -436,7 +782,7 @@ void Hierarchy::intra_reduce_scatter(const at::Tensor& out, const at::Tensor& in
   at::Tensor o_ = out, i_ = in;
   c10d::ReduceScatterOptions o;
   o.reduceOp = std::move(op);
-  intra_->_reduce_scatter_base(o_, i_, o)->wait();
+  intra_step([&] { intra_->_reduce_scatter_base(o_, i_, o)->wait(); });
 }
 
 void Hierarchy::intra_all_gather(const at::Tensor& out, const at::Tensor& in) {
@@ -445,7 +791,7 @@ void Hierarchy::intra_all_gather(const at::Tensor& out, const at::Tensor& in) {
     return;
   }
   at::Tensor o_ = out, i_ = in;
-  intra_->_allgather_base(o_, i_, c10d::AllgatherOptions())->wait();
+  intra_step([&] { intra_->_allgather_base(o_, i_, c10d::AllgatherOptions())->wait(); });
 }
 
 void Hierarchy::intra_broadcast(const at::Tensor& t, int local_root) {
@@ -453,47 +799,43 @@ void Hierarchy::intra_broadcast(const at::Tensor& t, int local_root) {
   std::vector<at::Tensor> v{t};
   c10d::BroadcastOptions o;
   o.rootRank = local_root;
-  intra_->broadcast(v, o)->wait();
+  intra_step([&] { intra_->broadcast(v, o)->wait(); });
 }
 
 void Hierarchy::inter_all_reduce(const at::Tensor& t, c10d::ReduceOp op,
                                  std::chrono::milliseconds timeout) {
-  TORCH_INTERNAL_ASSERT(inter_, "cuda_p2p hierarchy: local index ", local_, " has no inter step");
   std::vector<at::Tensor> v{t};
   c10d::AllreduceOptions o;
   o.reduceOp = std::move(op);
   o.timeout = timeout;
-  inter_->allreduce(v, o)->wait();
+  inter_step([&] { inter_->allreduce(v, o)->wait(); });
 }
 
 void Hierarchy::inter_all_gather(const at::Tensor& out, const at::Tensor& in,
                                  std::chrono::milliseconds timeout) {
-  TORCH_INTERNAL_ASSERT(inter_, "cuda_p2p hierarchy: local index ", local_, " has no inter step");
   // As bytes: moving data needs no dtype, and Gloo moves no int16.
   at::Tensor o_ = out.view(at::kByte), i_ = in.view(at::kByte);
   c10d::AllgatherOptions o;
   o.timeout = timeout;
-  inter_->_allgather_base(o_, i_, o)->wait();
+  inter_step([&] { inter_->_allgather_base(o_, i_, o)->wait(); });
 }
 
 void Hierarchy::inter_reduce_scatter(const at::Tensor& out, const at::Tensor& in, c10d::ReduceOp op,
                                      std::chrono::milliseconds timeout) {
-  TORCH_INTERNAL_ASSERT(inter_, "cuda_p2p hierarchy: local index ", local_, " has no inter step");
   at::Tensor o_ = out, i_ = in;
   c10d::ReduceScatterOptions o;
   o.reduceOp = std::move(op);
   o.timeout = timeout;
-  inter_->_reduce_scatter_base(o_, i_, o)->wait();
+  inter_step([&] { inter_->_reduce_scatter_base(o_, i_, o)->wait(); });
 }
 
 void Hierarchy::inter_broadcast(const at::Tensor& t, int root_host,
                                 std::chrono::milliseconds timeout) {
-  TORCH_INTERNAL_ASSERT(inter_, "cuda_p2p hierarchy: local index ", local_, " has no inter step");
   std::vector<at::Tensor> v{t.view(at::kByte)};  // as bytes (see inter_all_gather)
   c10d::BroadcastOptions o;
   o.rootRank = root_host;
   o.timeout = timeout;
-  inter_->broadcast(v, o)->wait();
+  inter_step([&] { inter_->broadcast(v, o)->wait(); });
 }
 
 // --- lifecycle ----------------------------------------------------------------------------------
@@ -523,9 +865,9 @@ void ProcessGroupCudaP2P::set_hierarchy(const std::vector<int64_t>& host_of,
               getSize(), " hosts (one per rank), got ", host_of.size());
   TORCH_CHECK(!is_p2p_available(),
               "cuda_p2p set_hierarchy: the group has a workspace, so its ranks are on one host");
-  hierarchy_ = std::make_unique<Hierarchy>(getRank(), HostLayout(host_of), std::move(intra),
-                                           std::move(inter),
-                                           [this](const std::string& name) { bump_counter(name); });
+  hierarchy_ = std::make_unique<Hierarchy>(
+      getRank(), HostLayout(host_of), std::move(intra), std::move(inter),
+      [this](const std::string& name) { bump_counter(name); }, cuda_backend_ != nullptr);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCudaP2P::hierarchical_done(

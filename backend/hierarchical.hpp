@@ -17,6 +17,9 @@
 // local index 0) carries the host's whole payload over the slow link, and an intra broadcast
 // hands the result to the others. Only CPU tensors take these paths: a group driving a GPU keeps
 // NCCL (hierarchical by itself) for CUDA tensors.
+//
+// Before any of them moves data, the whole group agrees on the call (NOTE [Hierarchical
+// agreement] in hierarchical.cpp): a mismatch is the same error on every rank, naming group ranks.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -27,6 +30,8 @@
 #include <string>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <vector>
+
+#include "ops/op_signature.hpp"
 
 namespace cuda_p2p {
 
@@ -52,9 +57,11 @@ class Hierarchy {
   // `intra`: a cuda_p2p backend over this host's ranks (rank = local index). `inter`: a backend
   // over the ranks with this rank's local index on every host (rank = host number), present when
   // that local index exists on every host (local index < min_host_size()), else null. `count`
-  // bumps one of the group's counters.
+  // bumps one of the group's counters. `nccl`: the group wraps NCCL, which keeps its CUDA
+  // tensors' collectives without an agreement (NOTE [Hierarchical agreement]).
   Hierarchy(int rank, HostLayout layout, c10::intrusive_ptr<c10d::Backend> intra,
-            c10::intrusive_ptr<c10d::Backend> inter, std::function<void(const std::string&)> count);
+            c10::intrusive_ptr<c10d::Backend> inter, std::function<void(const std::string&)> count,
+            bool nccl = false);
 
   const HostLayout& layout() const { return layout_; }
   const c10::intrusive_ptr<c10d::Backend>& intra() const { return intra_; }
@@ -64,7 +71,10 @@ class Hierarchy {
   // "<op>.hierarchical_leaders" on uneven hosts), or returns false without having communicated
   // (counted "<op>.flat.<why>") when these arguments cannot take the hierarchical path: the
   // caller then runs the op flat on the wrapped backend. Every rank decides alike from what its
-  // arguments agree on (devices, dtypes, counts, reduce op). Blocking: done on return.
+  // arguments agree on (devices, dtypes, counts, reduce op), after the group agreed on them
+  // (an all-reduce that rode in the agreement also counts "all_reduce.in_agreement")
+  // (NOTE [Hierarchical agreement]): a mismatch throws ops::SignatureMismatch on every rank, and a
+  // rank whose own arguments are invalid throws its own error. Blocking: done on return.
   bool all_reduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts);
   bool all_gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                   const c10d::AllgatherOptions& opts);
@@ -85,6 +95,19 @@ class Hierarchy {
                                        std::vector<at::Tensor>& inputs,
                                        const c10d::ReduceScatterOptions& opts);
 
+  // A barrier of the whole group: the agreement alone (counted "barrier.hierarchical"); false,
+  // without communicating, for a CUDA device's barrier on a group with NCCL.
+  bool barrier(const c10d::BarrierOptions& opts);
+  // For a call that runs flat on the wrapped backend (all_gather_v): runs `checks` (a TORCH_CHECK
+  // failure makes the signature invalid), agrees on `text` across the group, then rethrows the
+  // checks' error if any. `tensors`: what the call passes (CUDA ones on a group with NCCL skip it).
+  void agree_flat(ops::OpKind kind, c10::ArrayRef<at::Tensor> tensors,
+                  const std::function<void()>& checks, const std::function<std::string()>& text,
+                  std::chrono::milliseconds timeout);
+  // Bench knob (bench/bench_collectives.py --agreement-cost): off skips the agreement, to measure
+  // what it costs. Mismatched arguments then crash or hang the group.
+  void set_agreement(bool on) { agreement_ = on; }
+
   // Forwarded to the intra and inter backends.
   void set_timeout(std::chrono::milliseconds timeout);
   void abort();
@@ -98,7 +121,7 @@ class Hierarchy {
   static const char* rejects_reduction(const c10d::ReduceOp& op, at::ScalarType dtype,
                                        const char* what);
   // Why one (output, input) pair of all_gather_into_tensor / reduce_scatter_tensor cannot take
-  // the hierarchical path (nullptr when it can).
+  // the hierarchical path (nullptr when it can); TORCH_CHECKs their sizes and dtypes.
   const char* all_gather_rejects(const at::Tensor& output, const at::Tensor& input) const;
   const char* reduce_scatter_rejects(const at::Tensor& output, const at::Tensor& input,
                                      const c10d::ReduceOp& op) const;
@@ -108,6 +131,28 @@ class Hierarchy {
   void run_reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
                                  const c10d::ReduceOp& op, std::chrono::milliseconds timeout);
   bool decline(const char* op, const char* why);
+  // Whether this call skips the agreement: every tensor on CUDA and the group wraps NCCL.
+  bool on_nccl(c10::ArrayRef<at::Tensor> tensors) const;
+  // The agreement (NOTE [Hierarchical agreement]); the caller holds mutex_. `mine` is this rank's
+  // signature; throws ops::SignatureMismatch when the group's signatures differ; returns
+  // normally when they all agree or `mine` is itself invalid (the caller raises its own error).
+  // With a `payload` (a contiguous all-reduce of at most kInlineBytes, accumulated), the exchange
+  // carries it and reduces it with `op` in place: returns true when it did (every rank agreed).
+  bool agree(const ops::OpSignature& mine, std::chrono::milliseconds timeout,
+             const at::Tensor& payload = at::Tensor(), const c10d::ReduceOp& op = c10d::ReduceOp());
+  // Whether an all-reduce of `t` rides in the agreement (NOTE [Hierarchical agreement]).
+  static bool fits_inline(const at::Tensor& t);
+  static constexpr int64_t kInlineBytes = 4096;
+  // The signature of a call of `kind` described by `text`: invalid with `error` when the rank's
+  // own checks failed, marked with the flat route `why` when it goes to the wrapped backend.
+  static ops::OpSignature signature(ops::OpKind kind, std::string text, const char* why,
+                                    const std::string& error);
+  // Runs an intra- or inter-host step, naming the group's ranks in its error (the step's own
+  // error names the sub-group's ranks).
+  template <typename F>
+  void intra_step(F&& step);
+  template <typename F>
+  void inter_step(F&& step);
   const char* path() const { return even_ ? "hierarchical" : "hierarchical_leaders"; }
 
   // The algorithms on contiguous 1-D tensors of one dtype.
@@ -140,6 +185,15 @@ class Hierarchy {
   c10::intrusive_ptr<c10d::Backend> intra_;
   c10::intrusive_ptr<c10d::Backend> inter_;
   std::function<void(const std::string&)> count_;
+  const bool nccl_;
+  bool agreement_ = true;
+  // The agreement's buffers (under mutex_), each descriptors and an inline payload area of
+  // kInlineBytes: this rank's record (its descriptor, its payload), its host's records (padded
+  // to the widest host), what it sends across hosts (its host's descriptors, the host's partial),
+  // every host's as the inter all-gather delivers them, and the group's descriptors by rank
+  // with the result.
+  at::Tensor own_, host_recs_, host_out_, gathered_, all_;
+  int64_t widest_ = 0;
   // order_[i * H + h] = the rank with local index i on host h (even hosts): the position of each
   // rank's block after an inter all-gather followed by an intra all-gather (NOTE [Block order]).
   at::Tensor order_;

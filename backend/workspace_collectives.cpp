@@ -3,18 +3,30 @@
 // completed Works, and the fallbacks to the wrapped backend with their counters.
 #include <c10/util/Exception.h>
 
+#include <optional>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <utility>
 
 #include "backend/CompletedWork.hpp"
 #include "backend/ProcessGroupCudaP2P.hpp"
 #include "ops/channels.hpp"
+#include "ops/common.hpp"
 #include "ops/reduction.hpp"
 
 namespace cuda_p2p {
 
 using c10d::Work;
 using WorkPtr = c10::intrusive_ptr<Work>;
+
+namespace {
+
+// The reduce op as op signatures name it ("sum", ...; "premul_sum", which the workspace lacks).
+std::string reduce_op_text(const c10d::ReduceOp& op) {
+  const auto mapped = ProcessGroupCudaP2P::to_reduce_op(op);
+  return mapped ? ops::lower_name(*mapped) : std::string("premul_sum");
+}
+
+}  // namespace
 
 // NOTE [Collectives of a group run one at a time]
 // A group's workspace collectives share its buffer halves, its phase counter and the signal
@@ -66,6 +78,28 @@ void ProcessGroupCudaP2P::check_or_reject(const char* what, ops::OpKind kind,
     run_collective(what,
                    [&](const ops::CollectiveContext& ctx) { ops::reject(ctx, kind, reason); });
   });
+}
+
+// NOTE [Routes agree]
+// A collective the workspace serves goes to the wrapped backend on a rank whose call the workspace
+// cannot take (a dtype it does not reduce, tensors on another device, several tensors, a reduce op
+// it lacks). Were its peers' calls workspace ones, they would wait at their first barrier, and
+// this rank in Gloo or NCCL, until the timeout. So on a host workspace such a rank first takes part
+// in the op's handshake (ops::announce) with a signature naming its route ("1000 x bool sum
+// (wrapped: dtype)"): ranks that route alike agree and go on to the wrapped backend, ranks that
+// do not raise the same error (NOTE [Op signatures] in ops/op_signature.cpp), and the group stays
+// usable. Its cost is a handshake barrier on the workspace before a wrapped call. Not on a CUDA
+// workspace, whose comparison is asynchronous (a disagreement would surface one op later, after
+// the wrapped call had waited for its timeout), nor without a workspace.
+void ProcessGroupCudaP2P::agree_on_route(const char* what, ops::OpKind kind,
+                                         c10::ArrayRef<at::Tensor> tensors,
+                                         const std::string& detail, const char* why) {
+  if (!uses_workspace_collectives() || !workspace_->device().tensor_device().is_cpu() ||
+      getSize() == 1) {
+    return;
+  }
+  const std::string text = ops::describe_tensors(tensors) + detail + " (wrapped: " + why + ")";
+  run_collective(what, [&](const ops::CollectiveContext& ctx) { ops::announce(ctx, kind, text); });
 }
 
 const char* ProcessGroupCudaP2P::workspace_rejects(c10::ArrayRef<at::Tensor> tensors) const {
@@ -180,6 +214,19 @@ at::Tensor ProcessGroupCudaP2P::all_gather_v(const at::Tensor& input,
   };
   if (input.defined() && !workspace_rejects({input})) {
     check_or_reject("all_gather_v", ops::OpKind::kAllGatherV, checks);
+  } else if (hierarchy_) {
+    // NOTE [Hierarchical agreement]: the flat path's Gloo all-gather takes the largest size.
+    hierarchy_->agree_flat(
+        ops::OpKind::kAllGatherV, {input}, checks,
+        [&] {
+          const int64_t row_bytes =
+              c10::multiply_integers(input.sizes().slice(1)) * input.element_size();
+          std::string text = ops::dtype_name(input.scalar_type()) + ", bytes [";
+          for (int q = 0; q < W; ++q)
+            text += (q ? ", " : "") + std::to_string(sizes[q] * row_bytes);
+          return text + "]";
+        },
+        options_->timeout);
   } else {
     checks();
   }
@@ -236,6 +283,8 @@ WorkPtr ProcessGroupCudaP2P::broadcast(std::vector<at::Tensor>& tensors,
   const char* why = workspace_rejects(tensors);
   if (!why && (tensors.size() != 1 || opts.rootTensor != 0)) why = "several tensors";
   if (why) {
+    agree_on_route("broadcast", ops::OpKind::kBroadcast, tensors,
+                   " from root " + std::to_string(opts.rootRank), why);
     count_fallback("broadcast.wrapped", why);
     return delegate(tensors, "broadcast",
                     [&](c10d::Backend& b) { return b.broadcast(tensors, opts); });
@@ -269,14 +318,13 @@ WorkPtr ProcessGroupCudaP2P::allreduce(std::vector<at::Tensor>& tensors,
   if (tensors.size() == 1 && op && all_reduce_on_workspace(tensors[0], *op)) {
     return completed(c10d::OpType::ALLREDUCE, tensors, opts.asyncOp);
   }
-  if (config_.debug) {  // why, for the debug line only (NOTE [Debug lines] in backend/config.cpp)
-    const char* why = tensors.size() != 1 ? "several tensors" : !op ? "reduce op" : nullptr;
-    if (!why) why = workspace_rejects(tensors);
-    if (!why && !ops::is_reducible_dtype(tensors[0].scalar_type())) why = "dtype";
-    count_fallback("all_reduce.wrapped", why);
-  } else {
-    bump_counter("all_reduce.wrapped");
-  }
+  // Why, for the route's handshake and the debug line (NOTE [Routes agree], NOTE [Debug lines]).
+  const char* why = tensors.size() != 1 ? "several tensors" : !op ? "reduce op" : nullptr;
+  if (!why) why = workspace_rejects(tensors);
+  if (!why && !ops::is_reducible_dtype(tensors[0].scalar_type())) why = "dtype";
+  agree_on_route("all_reduce", ops::OpKind::kAllReduce, tensors,
+                 " " + reduce_op_text(opts.reduceOp), why);
+  count_fallback("all_reduce.wrapped", why);
   return delegate(tensors, "allreduce",
                   [&](c10d::Backend& b) { return b.allreduce(tensors, opts); });
 }
@@ -401,6 +449,7 @@ WorkPtr ProcessGroupCudaP2P::allgather(std::vector<std::vector<at::Tensor>>& out
     }
   }
   if (why) {
+    agree_on_route("all_gather", ops::OpKind::kAllGather, inputs, "", why);
     count_fallback("all_gather.wrapped", why);
     return delegate(inputs, "allgather",
                     [&](c10d::Backend& b) { return b.allgather(outputs, inputs, opts); });
@@ -416,6 +465,7 @@ WorkPtr ProcessGroupCudaP2P::_allgather_base(at::Tensor& output, at::Tensor& inp
   }
   const char* why = workspace_rejects({input, output});
   if (why) {
+    agree_on_route("all_gather_into_tensor", ops::OpKind::kAllGather, {input}, "", why);
     count_fallback("all_gather.wrapped", why);
     return delegate(input, "all_gather_into_tensor",
                     [&](c10d::Backend& b) { return b._allgather_base(output, input, opts); });
@@ -442,6 +492,7 @@ WorkPtr ProcessGroupCudaP2P::allgather_into_tensor_coalesced(std::vector<at::Ten
   if (!why) why = workspace_rejects(outputs);
   if (!why && outputs.size() != inputs.size()) why = "shapes";
   if (why) {
+    agree_on_route("all_gather_into_tensor", ops::OpKind::kAllGather, inputs, "", why);
     count_fallback("all_gather.wrapped", why);
     return delegate(inputs, "allgather_into_tensor_coalesced", [&](c10d::Backend& b) {
       return b.allgather_into_tensor_coalesced(outputs, inputs, opts);
@@ -499,6 +550,8 @@ WorkPtr ProcessGroupCudaP2P::reduce_scatter(std::vector<at::Tensor>& outputs,
     }
   }
   if (why) {
+    agree_on_route("reduce_scatter", ops::OpKind::kReduceScatter, outputs,
+                   " " + reduce_op_text(opts.reduceOp), why);
     count_fallback("reduce_scatter.wrapped", why);
     return delegate(outputs, "reduce_scatter",
                     [&](c10d::Backend& b) { return b.reduce_scatter(outputs, inputs, opts); });
@@ -517,6 +570,8 @@ WorkPtr ProcessGroupCudaP2P::_reduce_scatter_base(at::Tensor& output, at::Tensor
   if (!why && !op) why = "reduce op";
   if (!why && !ops::is_reducible_dtype(output.scalar_type())) why = "dtype";
   if (why) {
+    agree_on_route("reduce_scatter_tensor", ops::OpKind::kReduceScatter, {output},
+                   " " + reduce_op_text(opts.reduceOp), why);
     count_fallback("reduce_scatter.wrapped", why);
     return delegate(input, "reduce_scatter_tensor",
                     [&](c10d::Backend& b) { return b._reduce_scatter_base(output, input, opts); });
@@ -540,6 +595,8 @@ WorkPtr ProcessGroupCudaP2P::reduce_scatter_tensor_coalesced(
     if (!ops::is_reducible_dtype(outputs[i].scalar_type())) why = "dtype";
   }
   if (why) {
+    agree_on_route("reduce_scatter_tensor", ops::OpKind::kReduceScatter, outputs,
+                   " " + reduce_op_text(opts.reduceOp), why);
     count_fallback("reduce_scatter.wrapped", why);
     return delegate(inputs, "reduce_scatter_tensor_coalesced", [&](c10d::Backend& b) {
       return b.reduce_scatter_tensor_coalesced(outputs, inputs, opts);
@@ -554,6 +611,9 @@ WorkPtr ProcessGroupCudaP2P::reduce_scatter_tensor_coalesced(
 }
 
 WorkPtr ProcessGroupCudaP2P::barrier(const c10d::BarrierOptions& opts) {
+  if (hierarchy_ && hierarchy_->barrier(opts)) {
+    return hierarchical_done(c10d::OpType::BARRIER, {});
+  }
   // A barrier for a CUDA device stays with NCCL unless the workspace itself is on CUDA.
   const bool device_ok = !opts.device.has_value() || !opts.device->is_cuda() ||
                          (is_p2p_available() && !workspace_->device().tensor_device().is_cpu());

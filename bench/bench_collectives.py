@@ -23,6 +23,11 @@ measured cuda_p2p group: it then runs hierarchically (intra-host on each host's 
 inter-host on Gloo: docs/collectives.md, "Across hosts"), and the Gloo baseline is exactly the flat
 wrapped backend such a group would otherwise use. Its results go to bench/results/hierarchical.*.
 
+--agreement-cost (with --hosts) also times a second hierarchical group whose group-wide
+agreement on each call is off (a bench-only knob, backend._set_hierarchical_agreement(False):
+NOTE [Hierarchical agreement] in backend/hierarchical.cpp), interleaved with the measured group:
+the ratio of the two medians is what the agreement costs, both measured in the same run.
+
 --algos also times the cuda_p2p workspace with each algorithm forced in turn (a group per
 algorithm: all-gather direct / ring, reduce-scatter direct / ring,
 all-reduce one_shot / two_shot), prints a table per collective and the size thresholds the
@@ -36,6 +41,8 @@ Output: a table on stdout, JSON (--json) and a PNG plot (--plot).
     .venv/bin/python bench/bench_collectives.py --env CUDA_P2P_SOME_KNOB=1 --pg-option buffer_size=1048576
     .venv/bin/python bench/bench_collectives.py --full --algos --world-sizes 2 4   # thresholds
     .venv/bin/python bench/bench_collectives.py --hosts 2 --world-sizes 4   # hierarchical vs flat
+    .venv/bin/python bench/bench_collectives.py --hosts 2 --world-sizes 4 --collectives all_reduce \
+        --sizes 8 1K 8K 64K --agreement-cost       # what the cross-host agreement costs
 """
 
 from __future__ import annotations
@@ -611,6 +618,22 @@ def rank_main(rank: int, cfg: dict) -> None:
                 algo_groups[f"cuda_p2p/{value}"] = dist.new_group(
                     backend="cuda_p2p", timeout=timeout, pg_options=opts)
 
+        # --agreement-cost: the same hierarchical group with its agreement off (bench knob).
+        no_agreement = {}
+        if cfg["agreement_cost"]:
+            step("new_group(cuda_p2p, hierarchical, agreement off)")
+            os.environ["CUDA_P2P_HOST_ID"] = f"bench-host-{rank * hosts // n}"
+            try:
+                na_group = dist.new_group(backend="cuda_p2p", timeout=timeout,
+                                          pg_options=pg_options)
+            finally:
+                os.environ.pop("CUDA_P2P_HOST_ID")
+            na_backend = cuda_p2p.get_cuda_p2p_backend(na_group)
+            if na_backend.hierarchy() is None:
+                raise RuntimeError("--agreement-cost: the second group is not hierarchical")
+            na_backend._set_hierarchical_agreement(False)
+            no_agreement = {"no_agreement": na_group}
+
         zc_groups = {}
         if cfg["zero_copy"]:
             zc_opts = cuda_p2p.ProcessGroupCudaP2P.Options()
@@ -643,6 +666,8 @@ def rank_main(rank: int, cfg: dict) -> None:
                 timed_groups.update(peer_ops)
             if coll in ZERO_COPY_COLLECTIVES:
                 timed_groups.update(zc_groups)
+            if coll != "barrier":
+                timed_groups.update(no_agreement)
             counters_before = read_counters(p2p_backend)
             zc_before = {k: read_counters(cuda_p2p.get_cuda_p2p_backend(g))
                          for k, g in zc_groups.items()}
@@ -672,6 +697,8 @@ def rank_main(rank: int, cfg: dict) -> None:
                 entry["algos"] = {name.split("/", 1)[1]: entry.pop(name) for name in algo_groups}
             if coll == "all_reduce" and peer_ops:
                 entry["peers"] = {name: entry.pop(name) for name in peer_ops}
+            if no_agreement and coll != "barrier":
+                entry["agreement_off"] = entry.pop("no_agreement")
             if coll in ZERO_COPY_COLLECTIVES and zc_groups:
                 entry["zero_copy"] = {name: entry.pop(name) for name in zc_groups}
                 for name, g in zc_groups.items():
@@ -811,7 +838,8 @@ def add_derived(run: dict, memcpy_gbps: float) -> None:
             s["busbw_GBps"] = s["algbw_GBps"] * factor
             s["busbw_frac_memcpy"] = s["busbw_GBps"] / memcpy_gbps
         for s in (list(e.get("algos", {}).values()) + list(e.get("peers", {}).values())
-                  + list(e.get("zero_copy", {}).values())):
+                  + list(e.get("zero_copy", {}).values())
+                  + ([e["agreement_off"]] if "agreement_off" in e else [])):
             t = s["median_us"] * 1e-6
             s["algbw_GBps"] = e["bytes"] / t / 1e9
             s["busbw_GBps"] = s["algbw_GBps"] * factor
@@ -819,6 +847,11 @@ def add_derived(run: dict, memcpy_gbps: float) -> None:
     for e in run["results"] + ([run["barrier"]] if run.get("barrier") else []):
         e["speedup"] = e["gloo"]["median_us"] / e["cuda_p2p"]["median_us"]
         e["speedup_ci95"] = speedup_ci(e["cuda_p2p"]["times_us"], e["gloo"]["times_us"])
+        if "agreement_off" in e:
+            # > 1: what the agreement costs (with / without it, same run).
+            off = e["agreement_off"]
+            e["agreement_cost"] = e["cuda_p2p"]["median_us"] / off["median_us"]
+            e["agreement_cost_ci95"] = speedup_ci(off["times_us"], e["cuda_p2p"]["times_us"])
         for s in e.get("zero_copy", {}).values():
             # < 1: faster than the staged path of the default group (no heap), same run.
             s["ratio_vs_staged"] = s["median_us"] / e["cuda_p2p"]["median_us"]
@@ -973,6 +1006,23 @@ def print_zero_copy_table(run: dict) -> None:
               f"{zc['median_us']:>14.1f}{zc['ratio_vs_staged']:>7.2f}{hs['median_us']:>16.1f}"
               f"{hs['ratio_vs_staged']:>7.2f}{100 * st['busbw_frac_memcpy']:>10.1f}%"
               f"{100 * zc['busbw_frac_memcpy']:>7.1f}%  {fmt_paths(zc.get('paths'))}")
+
+
+def print_agreement_table(run: dict) -> None:
+    """--agreement-cost: the hierarchical group with and without its group-wide agreement,
+    interleaved in the same run (cost = with / without; > 1: slower with it)."""
+    rows = [e for e in run["results"] if "agreement_off" in e]
+    if not rows:
+        return
+    print(f"\nagreement cost  world_size={run['world_size']}  (hierarchical, same run; cost = "
+          "with / without the agreement)")
+    print(f"{'collective':<24}{'size':>8}{'with us':>10}{'without us':>12}{'cost':>7}"
+          f"{'95% CI':>16}{'gloo us':>10}")
+    for e in rows:
+        lo, hi = e["agreement_cost_ci95"]
+        print(f"{e['collective']:<24}{fmt_size(e['bytes']):>8}{e['cuda_p2p']['median_us']:>10.1f}"
+              f"{e['agreement_off']['median_us']:>12.1f}{e['agreement_cost']:>7.2f}"
+              f"{f'[{lo:.2f}, {hi:.2f}]':>16}{e['gloo']['median_us']:>10.1f}")
 
 
 def print_peer_table(run: dict) -> None:
@@ -1224,6 +1274,9 @@ def parse_args(argv=None):
                     help="simulated hosts for the measured cuda_p2p group (ranks in contiguous "
                          "blocks): >1 measures its hierarchical collectives against the flat "
                          "wrapped Gloo; results default to bench/results/hierarchical.*")
+    ap.add_argument("--agreement-cost", action="store_true",
+                    help="with --hosts: also time the hierarchical group with its group-wide "
+                         "agreement off (bench knob), interleaved, and print the ratio")
     ap.add_argument("--json", type=Path, default=None,
                     help="default: bench/results/collectives.json (hierarchical.json with --hosts)")
     ap.add_argument("--plot", type=Path, default=None,
@@ -1242,6 +1295,8 @@ def parse_args(argv=None):
         ap.error("--hosts must be >= 1 and at most every world size")
     if args.hosts > 1 and args.aa:
         ap.error("--hosts and --aa are exclusive")
+    if args.agreement_cost and args.hosts < 2:
+        ap.error("--agreement-cost needs --hosts >= 2")
     stem = "hierarchical" if args.hosts > 1 else "collectives"
     args.json = args.json or HERE / "results" / f"{stem}.json"
     args.plot = args.plot or HERE / "results" / f"{stem}.png"
@@ -1330,7 +1385,8 @@ def main(argv=None) -> int:
            "sync": args.sync, "batch": args.batch, "algos": args.algos,
            "zero_copy": args.zero_copy, "zero_copy_agreement": args.zero_copy_agreement,
            "start_margin_us": args.start_margin_us, "block": args.block, "hosts": args.hosts,
-           "cpus": sorted(os.sched_getaffinity(0)), "timeout": args.timeout,
+           "agreement_cost": args.agreement_cost, "cpus": sorted(os.sched_getaffinity(0)),
+           "timeout": args.timeout,
            "total_timeout": args.total_timeout, "progress": not args.quiet}
 
     probe = CorePlacementProbe(cfg["cpus"], args.core_probe)
@@ -1359,6 +1415,7 @@ def main(argv=None) -> int:
         print_table(run, memcpy, args.dtype)
         print_peer_table(run)
         print_zero_copy_table(run)
+        print_agreement_table(run)
         if args.algos:
             print_algo_tables(run)
         sys.stdout.flush()
@@ -1387,6 +1444,7 @@ def main(argv=None) -> int:
         "dtype": args.dtype, "sizes": args.sizes, "bind": args.bind,
         "cpus": sorted(os.sched_getaffinity(0)), "aa": args.aa, "env": env,
         "pg_options": args.pg_options, "hosts": args.hosts, "peers": args.peers,
+        "agreement_cost": args.agreement_cost,
         "deepspeed": deepspeed,
         "sync": args.sync, "batch": args.batch, "block": args.block, "algos": args.algos,
         "zero_copy": args.zero_copy, "zero_copy_agreement": args.zero_copy_agreement,

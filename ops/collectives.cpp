@@ -186,6 +186,12 @@ void reject(const CollectiveContext& ctx, OpKind kind, const std::string& reason
   detail::handshake(ctx);
 }
 
+void announce(const CollectiveContext& ctx, OpKind kind, const std::string& text) {
+  if (ctx.ws.world_size() == 1) return;
+  detail::expect_signature(ctx, OpSignature::of(kind, text));
+  detail::handshake(ctx);
+}
+
 namespace detail {
 
 int64_t phase_bytes(const CollectiveContext& ctx) {

@@ -206,5 +206,10 @@ void barrier(const CollectiveContext& ctx, std::optional<Millis> timeout = {});
 // in the op's handshake with an invalid signature carrying `reason`, so that every peer raises at
 // once naming this rank, and leaves the phases in step; the caller then raises its own error.
 void reject(const CollectiveContext& ctx, OpKind kind, const std::string& reason);
+// For a rank whose call goes to the wrapped backend where its peers' may run on the workspace:
+// takes part in the op's handshake with the signature `text` (its route included), so that ranks
+// that route a call differently raise the same error instead of waiting in different backends
+// (NOTE [Routes agree] in backend/workspace_collectives.cpp); returns when every rank agreed.
+void announce(const CollectiveContext& ctx, OpKind kind, const std::string& text);
 
 }  // namespace cuda_p2p::ops

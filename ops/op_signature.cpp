@@ -226,6 +226,20 @@ std::string dtype_name(at::ScalarType dtype) {
   }
 }
 
+std::string describe_tensors(c10::ArrayRef<at::Tensor> tensors) {
+  const auto one = [](const at::Tensor& t) {
+    if (!t.defined()) return std::string("an undefined tensor");
+    std::string s = std::to_string(t.numel()) + " x " + dtype_name(t.scalar_type());
+    if (!t.is_cpu()) s += std::string(" on ") + c10::DeviceTypeName(t.device().type(), true);
+    if (t.layout() != at::kStrided) s += " (" + c10::str(t.layout()) + ")";
+    return s;
+  };
+  if (tensors.size() == 1) return one(tensors[0]);
+  std::string s = std::to_string(tensors.size()) + " tensors [";
+  for (size_t i = 0; i < tensors.size(); ++i) s += (i ? ", " : "") + one(tensors[i]);
+  return s + "]";
+}
+
 void publish_signature(SymmetricWorkspace& ws, Stream& s, int channel, const SignatureState& state,
                        const OpSignature& sig) {
   const Words words = encode(sig, state.count);

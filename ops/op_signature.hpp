@@ -29,6 +29,10 @@ const char* to_string(OpKind kind);
 
 // "float32", "bfloat16", ... (the torch names users write).
 std::string dtype_name(at::ScalarType dtype);
+// What a signature says of the tensors of a call that no workspace algorithm describes (a route to
+// the wrapped backend, a hierarchical collective): "1000 x float32", "4 x float32 on cuda",
+// "2 tensors [3 x int64, 3 x int64]".
+std::string describe_tensors(c10::ArrayRef<at::Tensor> tensors);
 
 // What one rank passed to one op: its kind and a text that names every argument the ranks must
 // agree on ("4194304 x float32 sum (two_shot)"), or, when the rank's own argument check failed,

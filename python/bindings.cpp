@@ -562,6 +562,11 @@ PYBIND11_MODULE(_C, m) {
           "For the Python layer, at group construction: the host of every rank, the cuda_p2p "
           "backend over this host's ranks and the backend over this rank's local-index peers on "
           "the other hosts (backend/hierarchical.hpp).")
+      .def("_set_hierarchical_agreement", &ProcessGroupCudaP2P::set_hierarchical_agreement,
+           py::arg("on"),
+           "Bench knob (bench/bench_collectives.py --agreement-cost), not for users: off skips "
+           "the agreement of a hierarchical group's collectives (NOTE [Hierarchical agreement]), "
+           "to measure its cost; mismatched arguments then crash or hang the group.")
       .def(
           "hierarchy",
           [](const ProcessGroupCudaP2P& self) -> py::object {

@@ -161,14 +161,18 @@ def test_gpu_script_says_no_gpu(script):
 def test_bench_collectives_hierarchical(tmp_path):
     # --hosts: the measured group spans simulated hosts and runs hierarchically (counted).
     out = tmp_path / "h.json"
+    # --agreement-cost: a second such group with its agreement off, timed beside it.
     args = ["--world-sizes", "2", "--hosts", "2", "--sizes", "8", "4K", "--iters", "3",
-            "--warmup", "1", "--no-barrier", "--json", str(out), "--no-plot", "--timeout", "120"]
-    run_bench("bench_collectives.py", args, tmp_path)
+            "--warmup", "1", "--no-barrier", "--json", str(out), "--no-plot", "--timeout", "120",
+            "--agreement-cost"]
+    proc = run_bench("bench_collectives.py", args, tmp_path)
     data = json.loads(out.read_text())
-    assert data["meta"]["hosts"] == 2
+    assert data["meta"]["hosts"] == 2 and data["meta"]["agreement_cost"]
     for entry in data["runs"][0]["results"]:
         assert entry["check"]["ok"], entry
         assert any(k.endswith(".hierarchical") for k in entry["paths"]), entry["paths"]
+        assert entry["agreement_off"]["median_us"] > 0 and entry["agreement_cost"] > 0, entry
+    assert "agreement cost" in proc.stdout
 
 
 def check_peer_columns(data: dict, proc) -> None:

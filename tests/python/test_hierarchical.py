@@ -101,6 +101,17 @@ def _delta(before: dict, after: dict) -> dict:
     return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
 
 
+# An all-reduce of at most this many bytes, accumulated (float16 / bfloat16 in float32), rides in
+# the group's agreement (NOTE [Hierarchical agreement] in backend/hierarchical.cpp).
+INLINE_BYTES = 4096
+
+
+def _in_agreement(n: int, dtype: torch.dtype) -> bool:
+    if dtype in (torch.float16, torch.bfloat16):
+        dtype = torch.float32
+    return 0 < n * torch.empty((), dtype=dtype).element_size() <= INLINE_BYTES
+
+
 # ---------------------------------------------------------------------------------------------
 # functions run on every rank
 
@@ -129,10 +140,11 @@ def _all_reduce(ctx, placement, dtypes):
     backend = cuda_p2p.get_cuda_p2p_backend(group)
     intra = backend.hierarchy()["intra"]
     before, intra_before = backend.get_counters(), intra.get_counters()
-    runs = 0
+    runs = inline = 0
     for dtype in dtypes:
         for n in SIZES:
             for op in _ops_for(dtype):
+                inline += _in_agreement(n, dtype)
                 if op == dist.ReduceOp.PRODUCT:
                     x = _product_values(ctx.rank, n, dtype)
                 else:
@@ -150,11 +162,25 @@ def _all_reduce(ctx, placement, dtypes):
     dist.all_reduce(ref, group=ctx.gloo)
     torch.testing.assert_close(got, ref.t(), rtol=0, atol=0)
     runs += 1
+    inline += 1
+    # Every size again with its steps (the agreement off: what runs above the inline size).
+    backend._set_hierarchical_agreement(False)
+    try:
+        for dtype in dtypes[:2]:
+            for n in SIZES:
+                x = _values(ctx.rank, n, dtype)
+                got = x.clone()
+                dist.all_reduce(got, group=group)
+                torch.testing.assert_close(got, _reference_all_reduce(ctx, x, dist.ReduceOp.SUM),
+                                           rtol=0, atol=0, msg=f"steps {dtype} n={n}")
+                runs += 1
+    finally:
+        backend._set_hierarchical_agreement(True)
     # The intra-host steps ran on the host's workspace, never on its wrapped Gloo.
     intra_paths = _delta(intra_before, intra.get_counters())
     assert intra.size() == 1 or intra_paths, intra_paths
     assert not any(k.endswith(".wrapped") for k in intra_paths), intra_paths
-    return runs, _delta(before, backend.get_counters())
+    return runs, inline, _delta(before, backend.get_counters())
 
 
 def _all_reduce_op(ctx, placement):
@@ -405,8 +431,9 @@ def test_all_reduce(request, pool, placement):
     world = request.getfixturevalue(pool)
     dtypes = REDUCIBLE if placement in ("2x2", "3+1", "2x3") else [torch.float32, torch.int32]
     results = world.run(_all_reduce, placement, dtypes)
-    for runs, counters in results:
-        assert counters == {f"all_reduce.{_path(placement)}": runs}, counters
+    for runs, inline, counters in results:
+        assert counters == {f"all_reduce.{_path(placement)}": runs,
+                            "all_reduce.in_agreement": inline}, counters
 
 
 OP_CASES = [("world2", "1+1"), ("world4", "2x2"), ("world4", "3+1"), ("world4", "r%2")]
@@ -416,7 +443,9 @@ OP_CASES = [("world2", "1+1"), ("world4", "2x2"), ("world4", "3+1"), ("world4", 
 def test_all_reduce_dispatcher_op(request, pool, placement):
     world = request.getfixturevalue(pool)
     for runs, counters in world.run(_all_reduce_op, placement):
-        assert counters == {f"all_reduce.{_path(placement)}": runs}, counters
+        # Every call is small enough to ride in the agreement.
+        assert counters == {f"all_reduce.{_path(placement)}": runs,
+                            "all_reduce.in_agreement": runs}, counters
 
 
 @pytest.mark.parametrize("pool,placement", CASES, ids=[c[1] for c in CASES])
@@ -454,7 +483,8 @@ def test_coalesced(world4, placement):
 
 def test_two_groups_side_by_side(world4):
     for a, b in world4.run(_two_groups_interleaved):
-        assert a == {"all_reduce.hierarchical": 5} and b == {"all_reduce.hierarchical": 5}
+        want = {"all_reduce.hierarchical": 5, "all_reduce.in_agreement": 5}
+        assert a == want and b == want, (a, b)
 
 
 def test_fallbacks_are_counted(world4):

@@ -7,10 +7,16 @@ what each rank passed, and that the group stays usable: a correct op right after
 result. A rank whose own argument check fails makes its peers raise at once (not after the
 timeout). After a real failure midway (a rank that never arrives), both the collectives and the
 fused ops of the group refuse at once with one line naming the failure.
+
+The collective cases also run on groups spanning simulated hosts (CUDA_P2P_HOST_ID: 2x2, 2x3,
+3+1), whose hierarchical collectives agree across the whole group before any step (NOTE
+[Hierarchical agreement] in backend/hierarchical.cpp): there too every rank raises the same line,
+naming group ranks, no rank aborts, and the group works afterwards (issue 41).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import timedelta
 
@@ -27,6 +33,7 @@ MiB = 1 << 20
 class Checker:
     def __init__(self, label):
         self.label, self.failures, self.cases = label, [], 0
+        self.errors = []  # (case, error text) of every mismatch, for comparing across ranks
 
     def case(self, what, ok, detail=""):
         self.cases += 1
@@ -34,7 +41,7 @@ class Checker:
             self.failures.append(f"{self.label}: {what}: {detail}")
 
     def result(self):
-        return {"failures": self.failures, "cases": self.cases}
+        return {"failures": self.failures, "cases": self.cases, "errors": self.errors}
 
 
 def _raises(call):
@@ -65,80 +72,155 @@ def _mismatch(ctx, chk, what, call, needles, group=None):
     """`call` raises on every rank the one-line mismatch error containing every needle; then
     the group works."""
     err, _ = _raises(call)
+    chk.errors.append((what, err))
     chk.case(f"{what}: raises", err is not None and "ranks disagree" in err
              and all(n in err for n in needles), f"{err!r} (want {needles})")
     chk.case(f"{what}: one line", err is not None and "\n" not in err.strip(), f"{err!r}")
     _still_usable(ctx, chk, what, group)
 
 
+# Host of each rank for the simulated-host layouts (as in test_hierarchical.py).
+PLACEMENTS = {
+    "2x2": lambda r: r // 2,
+    "2x3": lambda r: r // 3,
+    "3+1": lambda r: 0 if r < 3 else 1,
+}
+
+
+def _new_group(ctx, placement=None, **kwargs):
+    """A new cuda_p2p group; on simulated hosts (`placement`), a hierarchical one."""
+    if placement is None:
+        return dist.new_group(backend="cuda_p2p", **kwargs)
+    os.environ["CUDA_P2P_HOST_ID"] = f"mismatch-host-{PLACEMENTS[placement](ctx.rank)}"
+    try:
+        g = dist.new_group(backend="cuda_p2p", **kwargs)
+    finally:
+        del os.environ["CUDA_P2P_HOST_ID"]
+    assert cuda_p2p.get_cuda_p2p_backend(g).hierarchy() is not None
+    return g
+
+
 # ---------------------------------------------------------------------------------------------
 # collectives
 
 
-def check_collective_mismatches(ctx):
+def check_collective_mismatches(ctx, placement=None):
+    """On the default group, or (`placement`) on a new group spanning simulated hosts."""
     W, rank = ctx.world_size, ctx.rank
-    chk = Checker(f"collectives W={W}")
-    b = cuda_p2p.get_cuda_p2p_backend(dist.group.WORLD)
+    chk = Checker(f"collectives W={W}" + (f" hosts {placement}" if placement else ""))
+    g = _new_group(ctx, placement, timeout=timedelta(seconds=30)) if placement else None
+    b = cuda_p2p.get_cuda_p2p_backend(g or dist.group.WORLD)
     b.reset_counters()
 
     # Sizes at one-shot (64 vs 128 B) and two-shot (4 vs 8 MiB) sizes, and zero vs some.
     for n0, n1 in ((16, 32), (MiB, 2 * MiB), (0, 8)):
         n = n0 if rank == 0 else n1
         _mismatch(ctx, chk, f"all_reduce {n0} vs {n1}",
-                  lambda: dist.all_reduce(torch.ones(n)),
-                  [f"rank 0 passed {n0} x float32 sum", f"rank 1 passed {n1} x float32 sum"])
+                  lambda: dist.all_reduce(torch.ones(n), group=g),
+                  [f"rank 0 passed {n0} x float32 sum", f"rank 1 passed {n1} x float32 sum"], g)
     # Dtypes: the same element count, other bytes or the same bytes read differently.
     for other in (torch.float64, torch.int32, torch.bfloat16):
         name = str(other).replace("torch.", "")
         dt = torch.float32 if rank == 0 else other
         _mismatch(ctx, chk, f"all_reduce float32 vs {name}",
-                  lambda: dist.all_reduce(torch.ones(1000, dtype=dt)),
-                  ["rank 0 passed 1000 x float32 sum", f"rank 1 passed 1000 x {name} sum"])
+                  lambda: dist.all_reduce(torch.ones(1000, dtype=dt), group=g),
+                  ["rank 0 passed 1000 x float32 sum", f"rank 1 passed 1000 x {name} sum"], g)
     # Reduce ops.
     op = R.SUM if rank == 0 else R.MAX
-    _mismatch(ctx, chk, "all_reduce sum vs max", lambda: dist.all_reduce(torch.ones(64), op=op),
-              ["rank 0 passed 64 x float32 sum", "rank 1 passed 64 x float32 max"])
+    _mismatch(ctx, chk, "all_reduce sum vs max",
+              lambda: dist.all_reduce(torch.ones(64), op=op, group=g),
+              ["rank 0 passed 64 x float32 sum", "rank 1 passed 64 x float32 max"], g)
     # Broadcast: roots and sizes.
-    _mismatch(ctx, chk, "broadcast roots", lambda: dist.broadcast(torch.ones(100), src=rank % 2),
-              ["rank 0 passed 100 x float32 from root 0", "rank 1 passed 100 x float32 from root 1"])
+    _mismatch(ctx, chk, "broadcast roots",
+              lambda: dist.broadcast(torch.ones(100), src=rank % 2, group=g),
+              ["rank 0 passed 100 x float32 from root 0", "rank 1 passed 100 x float32 from root 1"],
+              g)
     nb = 100 if rank == 0 else 3 * MiB
-    _mismatch(ctx, chk, "broadcast sizes", lambda: dist.broadcast(torch.ones(nb), src=0),
-              ["rank 0 passed 100 x float32", f"rank 1 passed {3 * MiB} x float32"])
+    _mismatch(ctx, chk, "broadcast sizes", lambda: dist.broadcast(torch.ones(nb), src=0, group=g),
+              ["rank 0 passed 100 x float32", f"rank 1 passed {3 * MiB} x float32"], g)
     # all_gather / reduce_scatter sizes (small: rings on 3+ ranks; large: direct) and dtypes.
     for n0, n1 in ((10, 20), (MiB, 2 * MiB)):
         n = n0 if rank == 0 else n1
         _mismatch(ctx, chk, f"all_gather_into_tensor {n0} vs {n1}",
-                  lambda: dist.all_gather_into_tensor(torch.empty(n * W), torch.ones(n)),
-                  [f"rank 0 passed {n0} x float32", f"rank 1 passed {n1} x float32"])
+                  lambda: dist.all_gather_into_tensor(torch.empty(n * W), torch.ones(n), group=g),
+                  [f"rank 0 passed {n0} x float32", f"rank 1 passed {n1} x float32"], g)
         _mismatch(ctx, chk, f"reduce_scatter_tensor {n0} vs {n1}",
-                  lambda: dist.reduce_scatter_tensor(torch.empty(n), torch.ones(n * W)),
-                  [f"rank 0 passed {n0} x float32 sum", f"rank 1 passed {n1} x float32 sum"])
+                  lambda: dist.reduce_scatter_tensor(torch.empty(n), torch.ones(n * W), group=g),
+                  [f"rank 0 passed {n0} x float32 sum", f"rank 1 passed {n1} x float32 sum"], g)
     dt = torch.float32 if rank == 0 else torch.int32
     _mismatch(ctx, chk, "all_gather dtypes",
               lambda: dist.all_gather([torch.empty(8, dtype=dt) for _ in range(W)],
-                                      torch.ones(8, dtype=dt)),
-              ["rank 0 passed 8 x float32", "rank 1 passed 8 x int32"])
+                                      torch.ones(8, dtype=dt), group=g),
+              ["rank 0 passed 8 x float32", "rank 1 passed 8 x int32"], g)
     # all_gather_v: the sizes lists differ.
     sizes = [2] * W if rank == 0 else [3] * W
     _mismatch(ctx, chk, "all_gather_v sizes",
               lambda: b.all_gather_v(torch.ones(sizes[rank], 4), sizes),
-              ["rank 0 passed float32, bytes [32", "rank 1 passed float32, bytes [48"])
+              ["rank 0 passed float32, bytes [32", "rank 1 passed float32, bytes [48"], g)
     # Different ops altogether: a barrier against an all_reduce.
     _mismatch(ctx, chk, "barrier vs all_reduce",
-              lambda: dist.barrier() if rank == 0 else dist.all_reduce(torch.ones(4)),
-              ["rank 0 passed barrier", "rank 1 passed all_reduce of 4 x float32 sum"])
+              lambda: (dist.barrier(group=g) if rank == 0
+                       else dist.all_reduce(torch.ones(4), group=g)),
+              ["rank 0 passed barrier", "rank 1 passed all_reduce of 4 x float32 sum"], g)
+    # Routes (NOTE [Routes agree], [Hierarchical agreement]): a call that the last rank's group
+    # would send elsewhere than its peers' (the wrapped backend, or flat across hosts): a dtype
+    # the workspace does not reduce. (A CUDA tensor against a CPU one needs a GPU; a meta tensor
+    # never reaches the backend: c10d's Meta kernels stand in.)
+    last = rank == W - 1
+    dt = torch.bool if last else torch.uint8
+    _mismatch(ctx, chk, "all_reduce routed elsewhere on one rank (bool)",
+              lambda: dist.all_reduce(torch.ones(9, dtype=dt), op=R.MAX, group=g),
+              ["rank 0 passed 9 x uint8 max", f"rank {W - 1} passed 9 x bool max ("], g)
     counters = b.get_counters()
-    chk.case("nothing went to Gloo", not any(k.endswith(".wrapped") for k in counters),
-             f"{counters}")
+    # A hierarchical group's all_gather_v runs on the wrapped backend by design.
+    flat = [k for k in counters if (k.endswith(".wrapped") or ".flat." in k)
+            and not (placement and k == "all_gather_v.wrapped")]
+    chk.case("nothing went to Gloo", not flat, f"{counters}")
+    if placement:
+        chk.case("ran hierarchically", counters.get("all_reduce.hierarchical", 0)
+                 + counters.get("all_reduce.hierarchical_leaders", 0) > 0, f"{counters}")
+        _routing_mismatches(ctx, chk, g)
+        dist.barrier(group=ctx.gloo)
+        dist.destroy_process_group(g)
     return chk.result()
 
 
-def check_local_errors_reach_peers(ctx):
+def _routing_mismatches(ctx, chk, g):
+    """Hierarchical groups: a call that the last rank would route flat (a dtype the hierarchy's
+    Gloo does not reduce), and the issue's own case (the last rank passes 1200 elements, or
+    int32)."""
+    W, rank = ctx.world_size, ctx.rank
+    last = rank == W - 1
+    n = 1200 if last else 1000
+    _mismatch(ctx, chk, "all_reduce 1000 vs 1200 (last rank)",
+              lambda: dist.all_reduce(torch.ones(n), group=g),
+              ["rank 0 passed 1000 x float32 sum", f"rank {W - 1} passed 1200 x float32 sum"], g)
+    dt = torch.int32 if last else torch.float32
+    _mismatch(ctx, chk, "all_reduce float32 vs int32 (last rank)",
+              lambda: dist.all_reduce(torch.ones(1000, dtype=dt), group=g),
+              ["rank 0 passed 1000 x float32 sum", f"rank {W - 1} passed 1000 x int32 sum"], g)
+    dt = torch.int16 if last else torch.int32
+    _mismatch(ctx, chk, "reduce_scatter_tensor routed flat on one rank (int16)",
+              lambda: dist.reduce_scatter_tensor(torch.empty(3, dtype=dt),
+                                                 torch.ones(3 * W, dtype=dt), group=g),
+              ["rank 0 passed 3 x int32 sum,", f"rank {W - 1} passed 3 x int16 sum (flat: dtype)"],
+              g)
+    # All ranks routing flat alike is no mismatch: Gloo's result.
+    x = torch.arange(9) % 2 == rank % 2
+    ref = x.clone()
+    dist.all_reduce(x, group=g)
+    dist.all_reduce(ref, group=ctx.gloo)
+    chk.case("bool all_reduce flat on every rank", torch.equal(x, ref), f"{x} {ref}")
+
+
+
+
+def check_local_errors_reach_peers(ctx, placement=None):
     """A rank whose own arguments are wrong (its peers' are fine) raises its own error; the peers
     raise at once naming it, instead of waiting for the timeout; then the group works."""
     W, rank = ctx.world_size, ctx.rank
-    chk = Checker(f"local errors W={W}")
-    g = dist.new_group(backend="cuda_p2p", timeout=timedelta(seconds=20))
+    chk = Checker(f"local errors W={W}" + (f" hosts {placement}" if placement else ""))
+    g = _new_group(ctx, placement, timeout=timedelta(seconds=20))
     cases = (
         ("all_gather_into_tensor output size",
          lambda bad: dist.all_gather_into_tensor(torch.empty(3 * W + bad), torch.ones(3), group=g)),
@@ -362,6 +444,29 @@ def test_collective_mismatches(any_world):
 
 def test_local_errors_reach_peers(any_world):
     _assert_ok(any_world.run(check_local_errors_reach_peers), 12)
+
+
+HOST_LAYOUTS = [("world4", "2x2"), ("world6", "2x3"), ("world4", "3+1")]
+
+
+def _same_line_everywhere(results):
+    """Every rank raised the same error for every case (after the op's own name, which differs
+    where the ranks called different ops): the ranks it names are the group's, on every host."""
+    for case in range(len(results[0]["errors"])):
+        texts = {str(r["errors"][case][1]).split(": ", 1)[-1] for r in results}
+        assert len(texts) == 1, (results[0]["errors"][case][0], texts)
+
+
+@pytest.mark.parametrize("pool,placement", HOST_LAYOUTS, ids=[p for _, p in HOST_LAYOUTS])
+def test_collective_mismatches_across_hosts(request, pool, placement):
+    results = request.getfixturevalue(pool).run(check_collective_mismatches, placement)
+    _assert_ok(results, 70)
+    _same_line_everywhere(results)
+
+
+@pytest.mark.parametrize("pool,placement", HOST_LAYOUTS, ids=[p for _, p in HOST_LAYOUTS])
+def test_local_errors_reach_peers_across_hosts(request, pool, placement):
+    _assert_ok(request.getfixturevalue(pool).run(check_local_errors_reach_peers, placement), 12)
 
 
 def test_edge_inputs(any_world):
