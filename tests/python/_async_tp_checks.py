@@ -133,6 +133,7 @@ def check_patterns(ctx, dynamic=False, grad=True):
         # No cache: the pass must run for its log to be checked (a hit skips it, rightly).
         with cuda_p2p.async_tp() as p, _no_compile_caches():
             got, got_grads = _run(_compiled_patterns(dynamic), inputs, group, grad)
+            reports = [str(r) for r in cuda_p2p.async_tp_report()]
         counters = _delta(before, _counters(group))
         for i, (g, w) in enumerate(zip(got, want)):
             _compare(failures, f"output {i}", g, w)
@@ -146,7 +147,7 @@ def check_patterns(ctx, dynamic=False, grad=True):
         logger.removeHandler(handler)
         logger.setLevel(old_level)
     return {"cases": n, "failures": failures, "counters": counters, "log": handler.lines,
-            "pass_calls": p.calls}
+            "pass_calls": p.calls, "reports": reports}
 
 
 def check_pass_off_and_gloo(ctx):
@@ -410,3 +411,90 @@ def check_symm_mem_nodes(ctx):
     _compare(failures, "symm_mem matmul reduce-scatter", r, ref.chunk(W)[ctx.rank])
     n += 2
     return {"cases": n, "failures": failures, "counters": {}}
+
+
+# ---- a transformer block (tests/python/_async_tp_block.py), trained ------------------------------
+
+# Counter suffixes that flag a property of a call, not a call.
+_FLAGS = ("cross_memory", "zero_copy", "rounds", "grow")
+
+
+def collective_calls(counters: dict) -> dict:
+    """Calls per collective or fused op ("all_gather", "reduce_scatter", "all_reduce",
+    "fused_all_gather_matmul", ...) in a counter delta."""
+    calls = {}
+    for k, v in counters.items():
+        op, _, what = k.partition(".")
+        if what and what not in _FLAGS:
+            calls[op] = calls.get(op, 0) + v
+    return calls
+
+
+def _block_step(ctx, group, plan, compiled, checkpointed, bias, x, target):
+    import _async_tp_block as blk
+
+    model = blk.make_tp_model(group, plan, checkpointed=checkpointed, bias=bias)
+    step = torch.compile(model, fullgraph=True) if compiled else model
+    c0 = _counters(group)
+    out = step(x)
+    loss = ((out - target) ** 2).sum()
+    c1 = _counters(group)
+    loss.backward()
+    c2 = _counters(group)
+    grads = blk.full_grads(model, plan, group)
+    return out.detach(), grads, collective_calls(_delta(c0, c1)), collective_calls(_delta(c1, c2))
+
+
+def check_transformer_block(ctx, plan="dtensor", bias=False, checkpointed=("0.feed_forward",)):
+    """A transformer block (its feed-forward under activation checkpointing), tensor + sequence
+    parallel: compiled with the pass equals eager (outputs and every gradient), every all-gather
+    and reduce-scatter of the step is fused (the report leaves none), and the compiled step runs
+    no more collectives than eager, forward and backward counted apart."""
+    import _async_tp_block as blk
+
+    group = dist.group.WORLD
+    W = ctx.world_size
+    failures, n = [], 0
+    B, S = 2, 2 * W
+    g = torch.Generator().manual_seed(7)
+    x_full = torch.randn(B, S, blk.DIM, generator=g)
+    t_full = torch.randn(B, S, blk.DIM, generator=g)
+    x = x_full.chunk(W, 1)[ctx.rank].contiguous()
+    target = t_full.chunk(W, 1)[ctx.rank].contiguous()
+    torch._dynamo.reset()
+    want, want_grads, e_fwd, e_bwd = _block_step(ctx, group, plan, False, checkpointed, bias, x,
+                                                 target)
+    with cuda_p2p.async_tp() as p, _no_compile_caches():
+        got, got_grads, c_fwd, c_bwd = _block_step(ctx, group, plan, True, checkpointed, bias, x,
+                                                   target)
+        reports = cuda_p2p.async_tp_report()
+    torch._dynamo.reset()
+    # The one-process model on the whole sequence: the reference for eager itself.
+    ref_model = blk.make_model(checkpointed=checkpointed, bias=bias)
+    ref = ref_model(x_full)
+    ((ref - t_full) ** 2).sum().backward()
+    _compare(failures, "eager vs one process", want, ref.detach().chunk(W, 1)[ctx.rank])
+    _compare(failures, "compiled+fused vs eager", got, want)
+    n += 2
+    for k, v in want_grads.items():
+        _compare(failures, f"grad {k}: compiled+fused vs eager", got_grads[k], v)
+        ref_grad = dict(ref_model.named_parameters())[k].grad
+        _compare(failures, f"grad {k}: eager vs one process", v, ref_grad)
+        n += 2
+    if len(want_grads) != len(list(ref_model.parameters())):
+        failures.append(f"gradients of {sorted(want_grads)} only")
+    for phase, e, c in (("forward", e_fwd, c_fwd), ("backward", e_bwd, c_bwd)):
+        fused = c.get("fused_all_gather_matmul", 0) + c.get("fused_matmul_reduce_scatter", 0)
+        left = c.get("all_gather", 0) + c.get("reduce_scatter", 0)
+        if sum(c.values()) > sum(e.values()):
+            failures.append(f"{phase}: compiled runs more collectives than eager: {c} vs {e}")
+        if left or not fused:
+            failures.append(f"{phase}: {left} all-gather/reduce-scatter left unfused, {fused} "
+                            f"fused: compiled {c}, eager {e}")
+        n += 2
+    report = "\n".join(str(r) for r in reports)
+    if not reports or any(r.left for r in reports):
+        failures.append(f"the report leaves collectives:\n{report}")
+    n += 1
+    return {"cases": n, "failures": failures, "counters": {}, "report": report,
+            "eager": (e_fwd, e_bwd), "compiled": (c_fwd, c_bwd), "pass_calls": p.calls}
