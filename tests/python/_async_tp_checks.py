@@ -498,3 +498,75 @@ def check_transformer_block(ctx, plan="dtensor", bias=False, checkpointed=("0.fe
     n += 1
     return {"cases": n, "failures": failures, "counters": {}, "report": report,
             "eager": (e_fwd, e_bwd), "compiled": (c_fwd, c_bwd), "pass_calls": p.calls}
+
+
+# ---- the forms, on FX graphs (no inductor) -----------------------------------------------------
+
+
+def _fx_forms(x1, wq, wk, A3, A3b, B, Bb, A2, B2, *, W, name):
+    """The forms the pass must recognise, written as DTensor / funcol / inductor emit them."""
+    c10d = torch.ops._c10d_functional
+    # funcol's view form of a gather along dim 1 (the dim before it has size 1), two linear
+    # consumers (view -> mm -> view), and the view saved for a backward-like product too.
+    r = c10d.wait_tensor(c10d.all_gather_into_tensor(x1, W, name))  # [W, s, K]
+    a = r.view(1, W * x1.shape[1], x1.shape[2])
+    flat = a.view(-1, a.shape[-1])
+    q = (flat @ wq).view(1, a.shape[1], -1)
+    k = flat @ wk  # no view back
+    saved = flat.t() @ k  # another reader of the gathered tensor
+    # DTensor's scatter of dim 1: clone(permute(P)) -> reduce-scatter(dim 0) -> wait -> permute,
+    # P a sum of two linear layers' products (w1/w3's input gradient).
+    P = ((A3.reshape(-1, A3.shape[-1]) @ B).view(*A3.shape[:-1], -1)
+         + (A3b.reshape(-1, A3b.shape[-1]) @ Bb).view(*A3b.shape[:-1], -1))
+    T = P.permute(1, 0, 2).clone()
+    s = c10d.wait_tensor(c10d.reduce_scatter_tensor(T, "sum", W, name)).permute(1, 0, 2)
+    # A dtype cast between the matmul and the reduce-scatter: left, with its reason.
+    c = c10d.wait_tensor(c10d.reduce_scatter_tensor((A2 @ B2).double(), "sum", W, name))
+    return q, k, saved, s, c
+
+
+def check_fx_forms(ctx):
+    """Each form rewritten on a traced graph (make_fx, no inductor), and the rewritten graph
+    computes what the original does; the report's reasons for what is left."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from cuda_p2p._async_tp import GraphReport, rewrite
+
+    group = dist.group.WORLD
+    W, name = ctx.world_size, group.group_name
+    failures, n = [], 0
+    g = torch.Generator().manual_seed(5 + ctx.rank)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g)
+
+    args = (r(1, 3, 8), r(8, 5), r(8, 4), r(2, 2 * W, 6), r(2, 2 * W, 7), r(6, 4), r(7, 4),
+            r(2 * W, 6), r(6, 3))
+
+    def f(*a):
+        return _fx_forms(*a, W=W, name=name)
+
+    want = f(*args)
+    gm = make_fx(f)(*args)
+    stats = rewrite(gm.graph)
+    gm.recompile()
+    report = str(GraphReport(0, stats))
+    targets = [nd.target for nd in gm.graph.nodes]
+    c10d = torch.ops._c10d_functional
+    if targets.count(c10d.all_gather_into_tensor.default) != 0:
+        failures.append(f"an all-gather is left in the graph:\n{gm.graph}")
+    if targets.count(c10d.reduce_scatter_tensor.default) != 1:
+        failures.append(f"expected the cast reduce-scatter only to be left:\n{gm.graph}")
+    if stats["all_gather_matmul"] != 1 or stats["matmul_reduce_scatter"] != 1 or \
+            len(stats["left_items"]) != 1:
+        failures.append(f"stats {stats}")
+    if "gather_dim=1, 2 matmul(s), return_A" not in report or \
+            "2 matmul(s), permuted [1, 0, 2]" not in report or \
+            "LEFT: its input is produced by _to_copy" not in report:
+        failures.append(f"report:\n{report}")
+    n += 3
+    got = gm(*args)
+    for i, (a, b) in enumerate(zip(got, want)):
+        _compare(failures, f"output {i}", a, b)
+        n += 1
+    return {"cases": n, "failures": failures, "counters": {}, "report": report}

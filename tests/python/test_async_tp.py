@@ -160,3 +160,10 @@ def test_transformer_block_with_biases_fuses_everything_w4(world4):
                      timeout=900)
     r = _block_result(res)
     assert "LEFT" not in r["report"], r["report"]
+
+
+def test_forms_on_traced_graphs(world):
+    """funcol's view-form gather, a gather's other readers, DTensor's permute/clone scatter of a
+    sum of matmuls, and a cast left with its reason: traced with make_fx, rewritten, run."""
+    res = world.run(atc.run_safely, atc.check_fx_forms)
+    assert_all_ok(res, 8)
