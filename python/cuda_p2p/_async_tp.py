@@ -398,19 +398,19 @@ def _matmul_terms(P: torch.fx.Node, group_name: str) -> _Terms:
                 return A.args[0]
         return (A, [*lead, At.shape[-1]])  # a view to insert
 
-    def walk(n, shape) -> bool:
+    def walk(n) -> bool:
         nv = _val(n)
         if nv is None:
             r.why = f"no tensor metadata on {n.name}"
             return False
-        if n.target in _VIEWS and n is not P or (n is P and n.target in _VIEWS):
+        if n.target in _VIEWS:
             inner = _val(n.args[0])
             if inner is None or inner.dim() != 2 or not _same([inner.shape[-1]],
                                                                   [nv.shape[-1]]):
                 r.why = f"{n.name} is a view that does not flatten the leading dims"
                 return False
             r.nodes.append(n)
-            return walk(n.args[0], shape)
+            return walk(n.args[0])
         if n.target is aten.mm.default:
             r.nodes.append(n)
             r.terms.append((n.args[0], n.args[1]))
@@ -419,14 +419,14 @@ def _matmul_terms(P: torch.fx.Node, group_name: str) -> _Terms:
                 isinstance(a, torch.fx.Node) and _val(a) is not None
                 and _same(list(_val(a).shape), list(nv.shape)) for a in n.args):
             r.nodes.append(n)
-            return walk(n.args[0], shape) and walk(n.args[1], shape)
+            return walk(n.args[0]) and walk(n.args[1])
         if n.target is aten.addmm.default and not n.kwargs:
             c, A, B = n.args
             r.nodes.append(n)
             r.terms.append((A, B))
             ct = _val(c)
             if ct is not None and ct.dim() == 2 and _same(list(ct.shape), list(nv.shape)):
-                return walk(c, shape)  # inductor's form of a sum of matmuls
+                return walk(c)  # inductor's form of a sum of matmuls
             bias = _dtensor_bias(c, group_name)
             if bias is None or r.bias is not None:
                 r.why = ("addmm's bias is not bias / group_size (a replicated bias made partial); "
@@ -438,7 +438,7 @@ def _matmul_terms(P: torch.fx.Node, group_name: str) -> _Terms:
         r.why = f"its input is produced by {what}, not by mm / addmm / a sum of them"
         return False
 
-    if not walk(P, lead):
+    if not walk(P):
         r.terms = []
         return r
     r.terms = [(left(A), B) for A, B in r.terms]
@@ -483,7 +483,8 @@ def _fuse_reduce_scatter(rs: torch.fx.Node, stats: dict) -> None:
         return
     dtypes = {_val(x).dtype for x in operands if _val(x) is not None}
     if len(dtypes) != 1:
-        _left(stats, "reduce-scatter", rs, f"the matmuls' operands have dtypes {sorted(map(str, dtypes))}")
+        _left(stats, "reduce-scatter", rs,
+              f"the matmuls' operands have dtypes {sorted(map(str, dtypes))}")
         return
     with graph.inserting_before(wait):
         As, Bs = [], []
