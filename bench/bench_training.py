@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""A DTensor tensor-parallel MLP training step: eager vs compiled vs compiled + the async-TP pass.
+"""A tensor-parallel training step (an MLP, or a transformer block): eager vs compiled vs
+compiled + the async-TP pass.
 
 Launches W local CPU ranks (torch.multiprocessing, spawn) on the cuda_p2p backend. Each builds
 the same MLP (LayerNorm with SequenceParallel, Linear D->F ColwiseParallel, ReLU, Linear F->D
@@ -11,6 +12,12 @@ RowwiseParallel, sequence dim sharded) on a mesh over the cuda_p2p group and tim
     compiled+fused     torch.compile with cuda_p2p.enable_async_tp(): the all-gathers and
                        reduce-scatters fused with their matmuls, forward and backward
 
+``--model block``: a transformer block (RMSNorm, attention with Q/K/V/O, SwiGLU; the feed-forward
+under activation checkpointing; tests/python/_async_tp_block.py) with torch's TP styles on
+[batch, sequence, D] activations, the sequence sharded between the sub-blocks; ``--dtype bfloat16``
+runs it in bf16. For the compiled+fused variant the pass's report gives the fused fraction: the
+all-gathers and reduce-scatters of the compiled graphs that the pass fused, over all of them.
+
 Variants run interleaved (each iteration runs each once, in rotating order, after a Gloo barrier)
 so that load changes hit all alike; an iteration's time is the slowest rank's; a variant's time is
 the median over iterations (the minimum is reported too). Compilation happens in warm-up steps
@@ -19,6 +26,7 @@ and is not timed. Ratios are against eager in the same run.
     .venv/bin/python bench/bench_training.py                      # W=2 and 4, default shape
     .venv/bin/python bench/bench_training.py --world-sizes 2 --iters 10 --tokens 512
     .venv/bin/python bench/bench_training.py --variants compiled+fused   # and eager, not compiled
+    .venv/bin/python bench/bench_training.py --model block --dim 256 --tokens 256 --dtype bfloat16
 """
 
 from __future__ import annotations
@@ -70,7 +78,16 @@ def _rank_main(rank, W, port, args, queue):
         def forward(self, x):
             return self.w2(torch.relu(self.w1(self.norm(x))))
 
+    dtype = getattr(torch, args.dtype)
+
     def build():
+        if args.model == "block":
+            sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "python"))
+            import _async_tp_block as blk
+
+            model = blk.make_tp_model(dist.group.WORLD, "dtensor", dim=D, heads=args.heads,
+                                      hidden=F).to(dtype)
+            return model, torch.optim.SGD(model.parameters(), lr=1e-3)
         torch.manual_seed(0)
         mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu")
         model = parallelize_module(MLP(), mesh, {
@@ -83,6 +100,8 @@ def _rank_main(rank, W, port, args, queue):
     backend = cuda_p2p.get_cuda_p2p_backend()
     steps = {}
     fused_counts = {}
+    fractions = {}
+    shape = (args.batch, S, D) if args.model == "block" else (S, D)
     for name in args.variants:
         model, opt = build()
         if name == "compiled+fused":
@@ -96,7 +115,7 @@ def _rank_main(rank, W, port, args, queue):
                  {"model": model}, ns)
             fn = torch.compile(ns["step"], fullgraph=True)
         steps[name] = (fn, opt)
-        x = torch.randn(S, D)
+        x = torch.randn(*shape, dtype=dtype)
         before = dict(backend.get_counters())
         for _ in range(args.warmup):  # compiles here
             opt.zero_grad()
@@ -105,9 +124,14 @@ def _rank_main(rank, W, port, args, queue):
         after = dict(backend.get_counters())
         fused_counts[name] = sum(v - before.get(k, 0) for k, v in after.items()
                                  if k.startswith("fused_"))
+        if name == "compiled+fused":
+            reports = cuda_p2p.async_tp_report()
+            fused = sum(len(r.fused) for r in reports)
+            left = sum(len(r.left) for r in reports)
+            fractions[name] = [fused, fused + left]
         cuda_p2p.disable_async_tp()
 
-    x = torch.randn(S, D)
+    x = torch.randn(*shape, dtype=dtype)
     times = {name: [] for name in args.variants}
     n = len(args.variants)
     for it in range(args.iters):
@@ -123,7 +147,8 @@ def _rank_main(rank, W, port, args, queue):
             dist.all_reduce(dt, op=dist.ReduceOp.MAX, group=gloo)
             times[name].append(float(dt))
     if rank == 0:
-        queue.put({"times": times, "fused_ops_in_warmup": fused_counts})
+        queue.put({"times": times, "fused_ops_in_warmup": fused_counts,
+                   "fused_fraction": fractions})
     dist.barrier(group=gloo)
     dist.destroy_process_group()
 
@@ -146,7 +171,11 @@ def run(W, args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--model", choices=("mlp", "block"), default="mlp")
     ap.add_argument("--dim", type=int, default=256, help="model dim D (hidden F = 4D)")
+    ap.add_argument("--heads", type=int, default=8, help="attention heads (--model block)")
+    ap.add_argument("--batch", type=int, default=1, help="batch size (--model block)")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     ap.add_argument("--tokens", type=int, default=512, help="sequence length (all ranks)")
     ap.add_argument("--iters", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=2)
@@ -158,13 +187,15 @@ def main():
     args.variants = tuple(v for v in VARIANTS if v in args.variants or v == "eager")
 
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-              "torch": torch.__version__, "dim": args.dim, "tokens": args.tokens,
+              "torch": torch.__version__, "model": args.model, "dtype": args.dtype,
+              "dim": args.dim, "tokens": args.tokens, "batch": args.batch,
               "iters": args.iters, "cpus": os.cpu_count(), "loadavg_at_start": os.getloadavg(),
               "results": {}}
-    print(f"TP MLP step, D={args.dim} F={4 * args.dim} tokens={args.tokens}, "
+    print(f"TP {args.model} step ({args.dtype}), D={args.dim} F={4 * args.dim} "
+          f"tokens={args.tokens}, "
           f"median (min) over {args.iters} iterations, slowest rank")
     print(f"{'W':>3} {'variant':>16} {'median ms':>10} {'min ms':>8} {'vs eager':>9} "
-          f"{'fused ops/warm-up':>18}")
+          f"{'fused ops/warm-up':>18} {'fused/all colls':>16}")
     for W in args.world_sizes:
         res = run(W, args)
         eager = statistics.median(res["times"]["eager"])
@@ -172,17 +203,21 @@ def main():
         for name in args.variants:
             t = res["times"][name]
             med = statistics.median(t)
+            frac = res["fused_fraction"].get(name)
             rows[name] = {"median_s": med, "min_s": min(t), "ratio_vs_eager": med / eager,
-                          "fused_ops_in_warmup": res["fused_ops_in_warmup"][name]}
+                          "fused_ops_in_warmup": res["fused_ops_in_warmup"][name],
+                          "fused_of_collectives": frac}
+            shown = f"{frac[0]}/{frac[1]}" if frac else "-"
             print(f"{W:>3} {name:>16} {med * 1e3:>10.2f} {min(t) * 1e3:>8.2f} "
-                  f"{med / eager:>9.2f} {res['fused_ops_in_warmup'][name]:>18}")
+                  f"{med / eager:>9.2f} {res['fused_ops_in_warmup'][name]:>18} {shown:>16}")
         report["results"][str(W)] = rows
     report["loadavg_at_end"] = os.getloadavg()
     print(f"load average (1 min) at start {report['loadavg_at_start'][0]:.1f}, "
           f"at end {report['loadavg_at_end'][0]:.1f} on {os.cpu_count()} CPUs")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "training.json"
+    path = out / ("training.json" if args.model == "mlp" and args.dtype == "float32"
+                  else f"training_{args.model}_{args.dtype}.json")
     path.write_text(json.dumps(report, indent=2))
     print(f"wrote {path}")
 

@@ -18,7 +18,7 @@ from ._backend import (
 from ._collectives import all_gather_v, all_reduce_
 from ._symmetric import empty, get_mem_pool, is_symmetric, use_symmetric_memory
 from . import _autograd  # noqa: F401  (registers the fused ops' backward formulas)
-from ._async_tp import async_tp, disable_async_tp, enable_async_tp, is_async_tp_enabled
+from ._async_tp import async_tp, async_tp_report, disable_async_tp, enable_async_tp, is_async_tp_enabled
 
 __all__ = [
     "BACKEND_NAME",
@@ -30,6 +30,7 @@ __all__ = [
     "is_symmetric",
     "use_symmetric_memory",
     "async_tp",
+    "async_tp_report",
     "disable_async_tp",
     "enable_async_tp",
     "is_async_tp_enabled",

@@ -6,19 +6,24 @@ keeps running); ``disable_async_tp()`` removes it; ``with async_tp():`` does bot
 ``CUDA_P2P_ASYNC_TP=1`` at import enables it. On groups of the cuda_p2p backend only, it rewrites
 
 * ``wait(all_gather_into_tensor(shard))`` (gather dim 0), or its ``split``/``slice`` +
-  ``cat(dim=d)`` form (gather dim d), consumed by one or several ``mm`` / ``addmm`` /
-  ``reshape -> mm -> reshape`` with the gathered tensor as the left operand, into one
-  ``cuda_p2p.fused_all_gather_matmul`` (``return_A`` only when the gathered tensor has other
-  users; an ``addmm``'s bias is added to the fused output);
-* ``wait(reduce_scatter_tensor(mm(A, B)))`` (or of ``cat(split(mm, dim=d))`` for scatter dim d,
-  or of ``reshape(mm(reshape(A)))``; "sum"/"avg") into ``cuda_p2p.fused_matmul_reduce_scatter``;
-  an ``addmm`` whose bias is DTensor's ``bias / group_size`` (a replicated bias made partial)
-  becomes the fused op plus ``bias``;
+  ``cat(dim=d)`` form or funcol's single-view form (gather dim d), consumed by one or several
+  ``mm`` / ``addmm`` / ``view -> mm|addmm [-> view]`` with the gathered tensor as the left
+  operand, into one ``cuda_p2p.fused_all_gather_matmul`` (``return_A`` when anything else reads
+  the gathered tensor, which then reads the returned A: NOTE [No unfused copy of a fused
+  gather]; an ``addmm``'s bias is added to the fused output);
+* ``wait(reduce_scatter_tensor(X))`` ("sum"/"avg") where X is P, ``cat(split(P, dim=d))``
+  (funcol's scatter dim d) or ``clone(permute(P, perm))`` (DTensor's), and P is a matmul
+  (``mm``, ``view(mm(view(A)))``, ``addmm``) or a sum of them (NOTE [A sum of matmuls
+  reduce-scattered]), into ``cuda_p2p.fused_matmul_reduce_scatter``; an ``addmm`` whose bias is
+  DTensor's ``bias / group_size`` (a replicated bias made partial) becomes the fused op plus
+  ``bias``;
 * PyTorch's own ``symm_mem.fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter`` nodes on
   cuda_p2p groups into ours.
 
-Both forward and backward graphs are rewritten (the pass runs on each). The ``cuda_p2p.async_tp``
-logger says what was rewritten (INFO) and what was left and why (DEBUG).
+Both forward and backward graphs are rewritten (the pass runs on each; an activation
+checkpoint's recomputed forward is in the backward graph). ``async_tp_report()`` gives, per
+graph, what was fused and why each collective left was left; the ``cuda_p2p.async_tp`` logger
+says the same (INFO: each rewrite and one summary per graph; DEBUG: each miss).
 """
 
 from __future__ import annotations
@@ -143,6 +148,8 @@ class _Gather:
 
 
 def _match_gather(ag: torch.fx.Node) -> tuple[Optional[_Gather], str]:
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
     c10d = _c10d()
     shard, group_name = ag.args[0], _arg(ag, 2, "group_name")
     waits = [u for u in ag.users if u.target is c10d.wait_tensor.default]
@@ -150,6 +157,17 @@ def _match_gather(ag: torch.fx.Node) -> tuple[Optional[_Gather], str]:
         return None, "the all-gather's result is used other than through one wait_tensor"
     wait = waits[0]
     users = list(wait.users)
+    # funcol's view form of a gather along dim d when every dim before d has size 1
+    # (_maybe_view_chunk_cat): one view of the dim-0 result, [W*s0, ...] -> [..., W*s_d, ...].
+    st, W = _val(shard), _arg(ag, 1, "group_size")
+    if len(users) == 1 and users[0].target in _VIEWS and st is not None and isinstance(W, int):
+        vt = _val(users[0])
+        s = list(st.shape)
+        for d in range(1, len(s)):
+            if vt is not None and _same(list(vt.shape), s[:d] + [s[d] * W] + s[d + 1:]) and \
+                    all(statically_known_true(x == 1) for x in s[:d]):
+                return _Gather(ag, wait, users[0], [ag, wait, users[0]], d, shard,
+                               group_name), ""
     # gather_dim > 0: funcol chunks the dim-0 result and concatenates the chunks along the dim.
     parts = []
     for u in users:
@@ -181,37 +199,54 @@ def _match_gather(ag: torch.fx.Node) -> tuple[Optional[_Gather], str]:
 
 
 class _Consumer:
-    """``res @ B`` found among res's users: mm, addmm, or view -> mm -> view."""
+    """``res @ B`` found among res's users: mm, addmm, or view -> mm / addmm [-> view]."""
 
     def __init__(self, out, B, bias=None, pre=None, mm=None):
         self.out, self.B, self.bias, self.pre, self.mm = out, B, bias, pre, mm
+
+
+def _flat_view(u: torch.fx.Node, t: torch.Tensor) -> bool:
+    """``u`` views the N-D ``t`` as the matrix [rows, t.shape[-1]]."""
+    v = _val(u)
+    return (u.target in _VIEWS and v is not None and v.dim() == 2 and t.dim() > 2
+            and _same([v.shape[-1]], [t.shape[-1]]))
+
+
+def _matmul_of(u: torch.fx.Node, left: torch.fx.Node):
+    """(B, bias) when ``u`` is ``mm(left, B)`` or ``addmm(bias, left, B)`` with a broadcast
+    bias; else None."""
+    if u.target is aten.mm.default and u.args[0] is left:
+        return u.args[1], None
+    if u.target is aten.addmm.default and u.args[1] is left and not u.kwargs:
+        bt = _val(u.args[0])
+        if bt is not None and bt.dim() <= 1:  # a broadcast bias only
+            return u.args[2], u.args[0]
+    return None
 
 
 def _consumers(res: torch.fx.Node) -> list[_Consumer]:
     found = []
     t = _val(res)
     for u in res.users:
-        if u.target is aten.mm.default and u.args[0] is res:
-            found.append(_Consumer(u, u.args[1], mm=u))
-        elif u.target is aten.addmm.default and u.args[1] is res and not u.kwargs:
-            bias = u.args[0]
-            bt = _val(bias)
-            if bt is not None and bt.dim() <= 1:  # a broadcast bias only
-                found.append(_Consumer(u, u.args[2], bias=bias, mm=u))
-        elif u.target in _VIEWS and t is not None and t.dim() > 2:
-            v = _val(u)
-            if v is None or v.dim() != 2 or not _same([v.shape[-1]], [t.shape[-1]]):
-                continue
+        m = _matmul_of(u, res)
+        if m is not None:
+            found.append(_Consumer(u, m[0], bias=m[1], mm=u))
+        elif t is not None and _flat_view(u, t):
             for mm in u.users:
-                if mm.target is not aten.mm.default or mm.args[0] is not u:
+                m = _matmul_of(mm, u)
+                if m is None:
                     continue
-                for post in mm.users:
-                    pv, Bv = _val(post), _val(mm.args[1])
-                    if post.target in _VIEWS and pv is not None and Bv is not None and _same(
-                        list(pv.shape), [*t.shape[:-1], Bv.shape[-1]]
-                    ):
-                        found.append(_Consumer(post, mm.args[1], pre=u, mm=mm))
+                # The N-D product is the fused op's output; the 2-D one a view of it. A view back
+                # to N-D after the matmul (linear's form) becomes the output itself.
+                post = None
+                Bv = _val(m[0])
+                for v in mm.users:
+                    pv = _val(v)
+                    if v.target in _VIEWS and pv is not None and Bv is not None and _same(
+                            list(pv.shape), [*t.shape[:-1], Bv.shape[-1]]):
+                        post = v
                         break
+                found.append(_Consumer(post, m[0], bias=m[1], pre=u, mm=mm))
     return found
 
 
@@ -232,13 +267,11 @@ def _fuse_all_gather(g: _Gather, stats: dict) -> None:
     if any(b.dtype != shard_t.dtype for b in B_ts) or shard_t.dim() < 2:
         _left(stats, "all-gather", g.ag, "dtypes differ, or the shard has fewer than 2 dims")
         return
-    matched = {c.out if c.pre is None else c.pre for c in consumers}
-    others = [u for u in res.users if u not in matched]
     with graph.inserting_before(g.ag):
         fused = graph.call_function(
             torch.ops.cuda_p2p.fused_all_gather_matmul.default,
             args=(g.shard, [c.B for c in consumers], g.gather_dim, g.group_name),
-            kwargs={"return_A": bool(others)},
+            kwargs={"return_A": False},
         )
     _raise_before(fused, [c.B for c in consumers])
     with graph.inserting_after(fused):
@@ -254,41 +287,59 @@ def _fuse_all_gather(g: _Gather, stats: dict) -> None:
             _raise_before(out, [c.bias])
             last = out
         old_mm = c.mm
-        c.out.replace_all_uses_with(out)
-        if c.pre is not None:
-            # The 2-D product may have users of its own (a saved activation).
-            if old_mm.users:
+        if c.out is not None and c.out is not old_mm:
+            c.out.replace_all_uses_with(out)
+            graph.erase_node(c.out)
+        if old_mm.users:
+            if c.pre is not None:
+                # The 2-D product has users of its own (a saved activation, a matmul of the
+                # backward): they read the fused output as a matrix.
                 with graph.inserting_after(last):
                     flat = graph.call_function(aten.reshape.default,
                                                (out, list(_val(old_mm).shape)))
-                old_mm.replace_all_uses_with(flat)
                 last = flat
-            graph.erase_node(c.out)
-            graph.erase_node(old_mm)
-            if not c.pre.users:
-                graph.erase_node(c.pre)
-        else:
-            graph.erase_node(c.out)
+                old_mm.replace_all_uses_with(flat)
+            else:
+                old_mm.replace_all_uses_with(out)
+        graph.erase_node(old_mm)
+        if c.pre is not None and not c.pre.users:
+            graph.erase_node(c.pre)
+    # NOTE [No unfused copy of a fused gather]
+    # Whatever else reads the gathered tensor (a saved activation, the view that the backward's
+    # weight gradient multiplies, another consumer) reads the fused op's gathered A: the original
+    # all-gather must leave the graph, or the step would gather twice.
+    others = bool(res.users)
     if others:
+        fused.kwargs = {"return_A": True}
         with graph.inserting_after(fused):
             A = graph.call_function(operator.getitem, (fused, 0))
         res.replace_all_uses_with(A)
     _erase_dead(graph, g.nodes)
-    stats["all_gather_matmul"] += 1
-    log.info("cuda_p2p async-TP: fused all-gather (gather_dim=%d, group %s) with %d matmul(s)%s",
-             g.gather_dim, g.group_name, len(consumers),
-             " (return_A: the gathered tensor has other users)" if others else "")
+    if g.ag in graph.nodes:  # cannot happen: every user of res now reads A
+        raise AssertionError("cuda_p2p async-TP: the fused all-gather left the original behind")
+    _fused(stats, "all-gather", g.ag,
+           f"gather_dim={g.gather_dim}, {len(consumers)} matmul(s)"
+           + (", return_A (the gathered tensor has other users)" if others else ""))
 
 
 # ---- matmul -> reduce-scatter ----------------------------------------------------------------
 
 
-def _match_scatter_input(inp: torch.fx.Node, rs: torch.fx.Node):
-    """(tensor, scatter_dim, nodes) for the reduce-scatter's input: the tensor itself (dim 0), or
-    the cat of its chunks along dim d (funcol's form for scatter_dim d)."""
-    if inp.target is aten.cat.default and _arg(inp, 1, "dim", 0) == 0 and len(inp.users) == 1:
-        pieces = list(inp.args[0])
-        srcs, dims, nodes = set(), set(), [inp]
+def _match_scatter_input(inp: torch.fx.Node):
+    """(P, scatter_dim, perm, nodes): the reduce-scatter of ``inp`` (along dim 0) is the
+    reduce-scatter of ``P`` along ``scatter_dim``, permuted by ``perm`` (None: as it is). Forms:
+    ``P`` itself (dim 0); funcol's ``cat(split(P, dim=d))`` (dim d); DTensor's
+    ``clone(permute(P, perm))`` (dim perm[0]), whose scattered chunk r is chunk r of P along
+    perm[0], permuted. None when the input is a cat of pieces of several tensors."""
+    nodes = []
+    n = inp
+    while n.target is aten.clone.default and len(n.users) == 1:
+        nodes.append(n)
+        n = n.args[0]
+    if n.target is aten.cat.default and _arg(n, 1, "dim", 0) == 0 and len(n.users) == 1:
+        pieces = list(n.args[0])
+        srcs, dims = set(), set()
+        nodes.append(n)
         for p in pieces:
             if p.target is operator.getitem and p.args[0].target in _SPLITS:
                 sp = p.args[0]
@@ -306,9 +357,94 @@ def _match_scatter_input(inp: torch.fx.Node, rs: torch.fx.Node):
             d = next(iter(dims))
             t = _val(src)
             if t is not None:
-                return src, d % t.dim(), list(dict.fromkeys(nodes))
+                return src, d % t.dim(), None, list(dict.fromkeys(nodes))
         return None
-    return inp, 0, []
+    if n.target is aten.permute.default and len(n.users) == 1:
+        perm = [int(d) % len(n.args[1]) for d in n.args[1]]
+        nodes.append(n)
+        return n.args[0], perm[0], perm, nodes
+    return n, 0, None, nodes
+
+
+class _Terms:
+    """``P = sum_i A_i @ B_i (+ bias)``, each A_i with P's leading dims."""
+
+    def __init__(self):
+        self.terms, self.bias, self.nodes = [], None, []
+        self.why = ""
+
+
+def _matmul_terms(P: torch.fx.Node, group_name: str) -> _Terms:
+    """Splits P into matmul terms through mm, addmm, add and the views of a linear layer's 3-D
+    form; ``why`` says what did not fit."""
+    r = _Terms()
+    Pt = _val(P)
+    if Pt is None:
+        r.why = "no tensor metadata on its input"
+        return r
+    lead = list(Pt.shape[:-1])
+
+    def left(A):
+        """A as [*lead, K]: the N-D tensor that A flattens, or a view of the 2-D A."""
+        At = _val(A)
+        if At is None:
+            return None
+        if At.dim() == len(lead) + 1 and _same(list(At.shape[:-1]), lead):
+            return A
+        if A.target in _VIEWS:
+            src = _val(A.args[0])
+            if src is not None and src.dim() == len(lead) + 1 and \
+                    _same(list(src.shape[:-1]), lead) and _same([src.shape[-1]], [At.shape[-1]]):
+                return A.args[0]
+        return (A, [*lead, At.shape[-1]])  # a view to insert
+
+    def walk(n) -> bool:
+        nv = _val(n)
+        if nv is None:
+            r.why = f"no tensor metadata on {n.name}"
+            return False
+        if n.target in _VIEWS:
+            inner = _val(n.args[0])
+            if inner is None or inner.dim() != 2 or not _same([inner.shape[-1]],
+                                                                  [nv.shape[-1]]):
+                r.why = f"{n.name} is a view that does not flatten the leading dims"
+                return False
+            r.nodes.append(n)
+            return walk(n.args[0])
+        if n.target is aten.mm.default:
+            r.nodes.append(n)
+            r.terms.append((n.args[0], n.args[1]))
+            return True
+        if n.target is aten.add.Tensor and not n.kwargs and all(
+                isinstance(a, torch.fx.Node) and _val(a) is not None
+                and _same(list(_val(a).shape), list(nv.shape)) for a in n.args):
+            r.nodes.append(n)
+            return walk(n.args[0]) and walk(n.args[1])
+        if n.target is aten.addmm.default and not n.kwargs:
+            c, A, B = n.args
+            r.nodes.append(n)
+            r.terms.append((A, B))
+            ct = _val(c)
+            if ct is not None and ct.dim() == 2 and _same(list(ct.shape), list(nv.shape)):
+                return walk(c)  # inductor's form of a sum of matmuls
+            bias = _dtensor_bias(c, group_name)
+            if bias is None or r.bias is not None:
+                r.why = ("addmm's bias is not bias / group_size (a replicated bias made partial); "
+                         "reduce-scattering it needs its own collective")
+                return False
+            r.bias = bias
+            return True
+        what = getattr(n.target, "__name__", str(n.target))
+        r.why = f"its input is produced by {what}, not by mm / addmm / a sum of them"
+        return False
+
+    if not walk(P):
+        r.terms = []
+        return r
+    r.terms = [(left(A), B) for A, B in r.terms]
+    if any(a is None for a, _ in r.terms):
+        r.terms, r.why = [], "no tensor metadata on a matmul's left operand"
+    return r
 
 
 def _fuse_reduce_scatter(rs: torch.fx.Node, stats: dict) -> None:
@@ -323,73 +459,70 @@ def _fuse_reduce_scatter(rs: torch.fx.Node, stats: dict) -> None:
     if reduce_op not in ("sum", "avg"):
         _left(stats, "reduce-scatter", rs, f"reduce_op {reduce_op!r} (only sum and avg fuse)")
         return
-    m = _match_scatter_input(rs.args[0], rs)
+    m = _match_scatter_input(rs.args[0])
     if m is None:
         _left(stats, "reduce-scatter", rs, "its input is a cat of pieces of several tensors")
         return
-    prod, sd, chunk_nodes = m
-    bias = None
-    pre = None
-    if prod.target in _VIEWS:
-        # view -> mm -> view: the fused op takes the N-D A directly.
-        mm = prod.args[0]
-        if not isinstance(mm, torch.fx.Node) or mm.target is not aten.mm.default or \
-                mm.args[0].target not in _VIEWS:
-            _left(stats, "reduce-scatter", rs, "its input is not produced by a matmul")
-            return
-        pre = mm.args[0]
-        A, B = pre.args[0], mm.args[1]
-        At, pv = _val(A), _val(prod)
-        if At is None or pv is None or not _same(list(pv.shape), [*At.shape[:-1], pv.shape[-1]]) \
-                or len(mm.users) != 1:
-            _left(stats, "reduce-scatter", rs, "reshape -> mm -> reshape does not keep A's dims")
-            return
-        mm_nodes = [prod, mm] + ([pre] if len(pre.users) == 1 else [])
-    elif prod.target is aten.mm.default:
-        A, B = prod.args
-        mm_nodes = [prod]
-    elif prod.target is aten.addmm.default and not prod.kwargs:
-        c, A, B = prod.args
-        bias = _dtensor_bias(c, group_name)
-        if bias is None:
-            _left(stats, "reduce-scatter", rs, "addmm's bias is not bias / group_size (a "
-                  "replicated bias made partial); reduce-scattering it needs its own collective")
-            return
-        if sd == 1:
-            _left(stats, "reduce-scatter", rs, "addmm with the bias's dim scattered")
-            return
-        mm_nodes = [prod]
-    else:
-        _left(stats, "reduce-scatter", rs, "its input is not produced by mm / addmm / "
-              "reshape-mm-reshape")
+    P, sd, perm, chunk_nodes = m
+    t = _matmul_terms(P, group_name)
+    if not t.terms:
+        _left(stats, "reduce-scatter", rs, t.why)
         return
-    allowed = set(chunk_nodes) | {rs}
-    if any(u not in allowed for u in prod.users):
-        _left(stats, "reduce-scatter", rs, "the matmul's result has other users")
+    Pt = _val(P)
+    if t.bias is not None and sd == Pt.dim() - 1:
+        _left(stats, "reduce-scatter", rs, "addmm with the bias's dim scattered")
         return
-    if wait in _ancestors(A) or wait in _ancestors(B):
+    inner = set(t.nodes) | set(chunk_nodes) | {rs}
+    for n in [P, *t.nodes]:
+        if any(u not in inner for u in n.users):
+            _left(stats, "reduce-scatter", rs, f"the matmul's result ({n.name}) has other users")
+            return
+    operands = [x for A, B in t.terms for x in ((A[0] if isinstance(A, tuple) else A), B)]
+    if any(wait in _ancestors(x) or x is wait for x in operands):
         _left(stats, "reduce-scatter", rs, "its result feeds the matmul")
         return
+    dtypes = {_val(x).dtype for x in operands if _val(x) is not None}
+    if len(dtypes) != 1:
+        _left(stats, "reduce-scatter", rs,
+              f"the matmuls' operands have dtypes {sorted(map(str, dtypes))}")
+        return
     with graph.inserting_before(wait):
+        As, Bs = [], []
+        for A, B in t.terms:
+            if isinstance(A, tuple):
+                A = graph.call_function(aten.reshape.default, (A[0], A[1]))
+            As.append(A)
+            Bs.append(B)
+        if len(As) == 1:
+            A, B = As[0], Bs[0]
+        else:
+            # NOTE [A sum of matmuls reduce-scattered]: sum_i A_i @ B_i is one matmul of the
+            # concatenated [A_0 | A_1 | ...] with the stacked [B_0; B_1; ...]; one fused op
+            # instead of a reduce-scatter left unfused (or one per term: W-fold the traffic).
+            A = graph.call_function(aten.cat.default, (As, -1))
+            B = graph.call_function(aten.cat.default, (Bs, 0))
         fused = graph.call_function(
             torch.ops.cuda_p2p.fused_matmul_reduce_scatter.default,
             args=(A, B, reduce_op, sd, group_name),
         )
         out = fused
-        if bias is not None:
+        if t.bias is not None:
             if reduce_op == "avg":
-                out = graph.call_function(aten.div.Tensor, (bias, _group_size(group_name)))
+                out = graph.call_function(aten.div.Tensor, (t.bias, _group_size(group_name)))
                 out = graph.call_function(aten.add.Tensor, (fused, out))
             else:
-                out = graph.call_function(aten.add.Tensor, (fused, bias))
+                out = graph.call_function(aten.add.Tensor, (fused, t.bias))
+        if perm is not None:
+            out = graph.call_function(aten.permute.default, (out, perm))
     wait.replace_all_uses_with(out)
     for u in list(rs.users):
         if u.op == "output":
             u.replace_input_with(rs, out)
-    _erase_dead(graph, [wait, rs, *chunk_nodes, *mm_nodes])
-    stats["matmul_reduce_scatter"] += 1
-    log.info("cuda_p2p async-TP: fused matmul with reduce-scatter (%s, scatter_dim=%d, group %s)%s",
-             reduce_op, sd, group_name, " (+ bias)" if bias is not None else "")
+    _erase_dead(graph, [wait, rs, *chunk_nodes, *t.nodes])
+    _fused(stats, "reduce-scatter", rs,
+           f"{reduce_op}, scatter_dim={sd}, {len(t.terms)} matmul(s)"
+           + (", + bias" if t.bias is not None else "")
+           + (f", permuted {perm}" if perm is not None else ""))
 
 
 def _group_size(group_name: str) -> int:
@@ -431,14 +564,25 @@ def _symm_mem_targets():
 
 def _left(stats: dict, what: str, node: torch.fx.Node, why: str) -> None:
     stats["left"] += 1
+    stats["left_items"].append((what, node.name, why))
     log.debug("cuda_p2p async-TP: left %s %s: %s", what, node.name, why)
+
+
+def _fused(stats: dict, what: str, node: torch.fx.Node, how: str) -> None:
+    stats["all_gather_matmul" if what == "all-gather" else "matmul_reduce_scatter"] += 1
+    stats["fused_items"].append((what, node.name, how))
+    log.info("cuda_p2p async-TP: fused %s %s (%s, group %s)",
+             "all-gather" if what == "all-gather" else "matmul with reduce-scatter", node.name,
+             how, _arg(node, 2 if what == "all-gather" else 3, "group_name"))
 
 
 def rewrite(graph: torch.fx.Graph, *, all_gather_matmul: bool = True,
             matmul_reduce_scatter: bool = True) -> dict:
-    """Rewrites ``graph`` in place; returns how many patterns were fused and left."""
+    """Rewrites ``graph`` in place; returns how many patterns were fused and left, and each
+    one's node and reason (``fused_items`` / ``left_items``: (kind, node name, why))."""
     c10d = _c10d()
-    stats = {"all_gather_matmul": 0, "matmul_reduce_scatter": 0, "symm_mem": 0, "left": 0}
+    stats = {"all_gather_matmul": 0, "matmul_reduce_scatter": 0, "symm_mem": 0, "left": 0,
+             "fused_items": [], "left_items": []}
     symm = _symm_mem_targets()
     for node in list(graph.nodes):
         if node.op == "call_function" and node.target in symm:
@@ -447,30 +591,66 @@ def rewrite(graph: torch.fx.Graph, *, all_gather_matmul: bool = True,
                 node.target = ours
                 stats["symm_mem"] += 1
                 log.info("cuda_p2p async-TP: %s -> %s", node.name, ours)
-    if all_gather_matmul:
-        for node in list(graph.nodes):
-            if node.target is not c10d.all_gather_into_tensor.default or node not in graph.nodes:
-                continue
-            if not _is_cuda_p2p_group_name(_arg(node, 2, "group_name")):
-                _left(stats, "all-gather", node, "not on a cuda_p2p group")
-                continue
+    for node in list(graph.nodes):
+        if node.target is not c10d.all_gather_into_tensor.default or node not in graph.nodes:
+            continue
+        if not _is_cuda_p2p_group_name(_arg(node, 2, "group_name")):
+            _left(stats, "all-gather", node, "not on a cuda_p2p group")
+        elif not all_gather_matmul:
+            _left(stats, "all-gather", node, "all_gather_matmul=False")
+        else:
             g, why = _match_gather(node)
             if g is None:
                 _left(stats, "all-gather", node, why)
-                continue
-            _fuse_all_gather(g, stats)
-    if matmul_reduce_scatter:
-        for node in list(graph.nodes):
-            if node.target is not c10d.reduce_scatter_tensor.default or node not in graph.nodes:
-                continue
-            if not _is_cuda_p2p_group_name(_arg(node, 3, "group_name")):
-                _left(stats, "reduce-scatter", node, "not on a cuda_p2p group")
-                continue
+            else:
+                _fuse_all_gather(g, stats)
+    for node in list(graph.nodes):
+        if node.target is not c10d.reduce_scatter_tensor.default or node not in graph.nodes:
+            continue
+        if not _is_cuda_p2p_group_name(_arg(node, 3, "group_name")):
+            _left(stats, "reduce-scatter", node, "not on a cuda_p2p group")
+        elif not matmul_reduce_scatter:
+            _left(stats, "reduce-scatter", node, "matmul_reduce_scatter=False")
+        else:
             _fuse_reduce_scatter(node, stats)
     graph.lint()
-    if any(stats[k] for k in ("all_gather_matmul", "matmul_reduce_scatter", "symm_mem")):
-        log.info("cuda_p2p async-TP: %s", stats)
     return stats
+
+
+class GraphReport:
+    """What the pass did to one graph: ``fused`` and ``left``, lists of (kind, node, how/why),
+    kind "all-gather" or "reduce-scatter"."""
+
+    def __init__(self, index: int, stats: dict):
+        self.index = index
+        self.fused = list(stats["fused_items"])
+        self.left = list(stats["left_items"])
+        self.symm_mem = stats["symm_mem"]
+
+    def __str__(self) -> str:
+        ag = sum(1 for k, *_ in self.fused if k == "all-gather")
+        rs = len(self.fused) - ag
+        lines = [f"graph {self.index}: fused {ag} all-gather->matmul, {rs} "
+                 f"matmul->reduce-scatter; left {len(self.left)}"]
+        lines += [f"  {k} {n}: fused ({how})" for k, n, how in self.fused]
+        lines += [f"  {k} {n}: LEFT: {why}" for k, n, why in self.left]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"GraphReport({self.index}, fused={self.fused}, left={self.left})"
+
+
+def async_tp_report() -> list:
+    """The installed pass's report: one ``GraphReport`` per graph it rewrote since it was
+    enabled (every forward and backward graph inductor compiled; none for an FX-cache hit,
+    where the cached rewrite is reused). ``str()`` of each says what was fused and why each
+    collective that was not was left. Empty when the pass is not enabled."""
+    if "torch._inductor.config" not in sys.modules:
+        return []
+    for p in _current_passes():
+        if _is_ours(p):
+            return list(p.reports)
+    return []
 
 
 def _source_hash() -> str:
@@ -492,10 +672,16 @@ class _AsyncTPPassBody:
     def __init__(self, **options):
         self.options = dict(sorted(options.items()))
         self.calls = 0  # graphs seen (a test's witness that the pass ran)
+        self.reports = []  # GraphReport per graph (async_tp_report())
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         self.calls += 1
-        rewrite(graph, **self.options)
+        stats = rewrite(graph, **self.options)
+        report = GraphReport(len(self.reports), stats)
+        self.reports.append(report)
+        # One summary per graph at INFO, so that a miss is seen without a debugger.
+        if report.fused or report.left:
+            log.info("cuda_p2p async-TP: %s", report)
 
     def uuid(self) -> Any:
         return (

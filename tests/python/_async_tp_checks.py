@@ -133,6 +133,7 @@ def check_patterns(ctx, dynamic=False, grad=True):
         # No cache: the pass must run for its log to be checked (a hit skips it, rightly).
         with cuda_p2p.async_tp() as p, _no_compile_caches():
             got, got_grads = _run(_compiled_patterns(dynamic), inputs, group, grad)
+            reports = [str(r) for r in cuda_p2p.async_tp_report()]
         counters = _delta(before, _counters(group))
         for i, (g, w) in enumerate(zip(got, want)):
             _compare(failures, f"output {i}", g, w)
@@ -146,7 +147,7 @@ def check_patterns(ctx, dynamic=False, grad=True):
         logger.removeHandler(handler)
         logger.setLevel(old_level)
     return {"cases": n, "failures": failures, "counters": counters, "log": handler.lines,
-            "pass_calls": p.calls}
+            "pass_calls": p.calls, "reports": reports}
 
 
 def check_pass_off_and_gloo(ctx):
@@ -410,3 +411,162 @@ def check_symm_mem_nodes(ctx):
     _compare(failures, "symm_mem matmul reduce-scatter", r, ref.chunk(W)[ctx.rank])
     n += 2
     return {"cases": n, "failures": failures, "counters": {}}
+
+
+# ---- a transformer block (tests/python/_async_tp_block.py), trained ------------------------------
+
+# Counter suffixes that flag a property of a call, not a call.
+_FLAGS = ("cross_memory", "zero_copy", "rounds", "grow")
+
+
+def collective_calls(counters: dict) -> dict:
+    """Calls per collective or fused op ("all_gather", "reduce_scatter", "all_reduce",
+    "fused_all_gather_matmul", ...) in a counter delta."""
+    calls = {}
+    for k, v in counters.items():
+        op, _, what = k.partition(".")
+        if what and what not in _FLAGS:
+            calls[op] = calls.get(op, 0) + v
+    return calls
+
+
+def _block_step(ctx, group, plan, compiled, checkpointed, bias, x, target):
+    import _async_tp_block as blk
+
+    model = blk.make_tp_model(group, plan, checkpointed=checkpointed, bias=bias)
+    step = torch.compile(model, fullgraph=True) if compiled else model
+    c0 = _counters(group)
+    out = step(x)
+    loss = ((out - target) ** 2).sum()
+    c1 = _counters(group)
+    loss.backward()
+    c2 = _counters(group)
+    grads = blk.full_grads(model, plan, group)
+    return out.detach(), grads, collective_calls(_delta(c0, c1)), collective_calls(_delta(c1, c2))
+
+
+def check_transformer_block(ctx, plan="dtensor", bias=False, checkpointed=("0.feed_forward",)):
+    """A transformer block (its feed-forward under activation checkpointing), tensor + sequence
+    parallel: compiled with the pass equals eager (outputs and every gradient), every all-gather
+    and reduce-scatter of the step is fused (the report leaves none), and the compiled step runs
+    no more collectives than eager, forward and backward counted apart."""
+    import _async_tp_block as blk
+
+    group = dist.group.WORLD
+    W = ctx.world_size
+    failures, n = [], 0
+    B, S = 2, 2 * W
+    g = torch.Generator().manual_seed(7)
+    x_full = torch.randn(B, S, blk.DIM, generator=g)
+    t_full = torch.randn(B, S, blk.DIM, generator=g)
+    x = x_full.chunk(W, 1)[ctx.rank].contiguous()
+    target = t_full.chunk(W, 1)[ctx.rank].contiguous()
+    torch._dynamo.reset()
+    want, want_grads, e_fwd, e_bwd = _block_step(ctx, group, plan, False, checkpointed, bias, x,
+                                                 target)
+    with cuda_p2p.async_tp() as p, _no_compile_caches():
+        got, got_grads, c_fwd, c_bwd = _block_step(ctx, group, plan, True, checkpointed, bias, x,
+                                                   target)
+        reports = cuda_p2p.async_tp_report()
+    torch._dynamo.reset()
+    # The one-process model on the whole sequence: the reference for eager itself.
+    ref_model = blk.make_model(checkpointed=checkpointed, bias=bias)
+    ref = ref_model(x_full)
+    ((ref - t_full) ** 2).sum().backward()
+    _compare(failures, "eager vs one process", want, ref.detach().chunk(W, 1)[ctx.rank])
+    _compare(failures, "compiled+fused vs eager", got, want)
+    n += 2
+    for k, v in want_grads.items():
+        _compare(failures, f"grad {k}: compiled+fused vs eager", got_grads[k], v)
+        ref_grad = dict(ref_model.named_parameters())[k].grad
+        _compare(failures, f"grad {k}: eager vs one process", v, ref_grad)
+        n += 2
+    if len(want_grads) != len(list(ref_model.parameters())):
+        failures.append(f"gradients of {sorted(want_grads)} only")
+    for phase, e, c in (("forward", e_fwd, c_fwd), ("backward", e_bwd, c_bwd)):
+        fused = c.get("fused_all_gather_matmul", 0) + c.get("fused_matmul_reduce_scatter", 0)
+        left = c.get("all_gather", 0) + c.get("reduce_scatter", 0)
+        if sum(c.values()) > sum(e.values()):
+            failures.append(f"{phase}: compiled runs more collectives than eager: {c} vs {e}")
+        if left or not fused:
+            failures.append(f"{phase}: {left} all-gather/reduce-scatter left unfused, {fused} "
+                            f"fused: compiled {c}, eager {e}")
+        n += 2
+    report = "\n".join(str(r) for r in reports)
+    if not reports or any(r.left for r in reports):
+        failures.append(f"the report leaves collectives:\n{report}")
+    n += 1
+    return {"cases": n, "failures": failures, "counters": {}, "report": report,
+            "eager": (e_fwd, e_bwd), "compiled": (c_fwd, c_bwd), "pass_calls": p.calls}
+
+
+# ---- the forms, on FX graphs (no inductor) -----------------------------------------------------
+
+
+def _fx_forms(x1, wq, wk, A3, A3b, B, Bb, A2, B2, *, W, name):
+    """The forms the pass must recognise, written as DTensor / funcol / inductor emit them."""
+    c10d = torch.ops._c10d_functional
+    # funcol's view form of a gather along dim 1 (the dim before it has size 1), two linear
+    # consumers (view -> mm -> view), and the view saved for a backward-like product too.
+    r = c10d.wait_tensor(c10d.all_gather_into_tensor(x1, W, name))  # [W, s, K]
+    a = r.view(1, W * x1.shape[1], x1.shape[2])
+    flat = a.view(-1, a.shape[-1])
+    q = (flat @ wq).view(1, a.shape[1], -1)
+    k = flat @ wk  # no view back
+    saved = flat.t() @ k  # another reader of the gathered tensor
+    # DTensor's scatter of dim 1: clone(permute(P)) -> reduce-scatter(dim 0) -> wait -> permute,
+    # P a sum of two linear layers' products (w1/w3's input gradient).
+    P = ((A3.reshape(-1, A3.shape[-1]) @ B).view(*A3.shape[:-1], -1)
+         + (A3b.reshape(-1, A3b.shape[-1]) @ Bb).view(*A3b.shape[:-1], -1))
+    T = P.permute(1, 0, 2).clone()
+    s = c10d.wait_tensor(c10d.reduce_scatter_tensor(T, "sum", W, name)).permute(1, 0, 2)
+    # A dtype cast between the matmul and the reduce-scatter: left, with its reason.
+    c = c10d.wait_tensor(c10d.reduce_scatter_tensor((A2 @ B2).double(), "sum", W, name))
+    return q, k, saved, s, c
+
+
+def check_fx_forms(ctx):
+    """Each form rewritten on a traced graph (make_fx, no inductor), and the rewritten graph
+    computes what the original does; the report's reasons for what is left."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from cuda_p2p._async_tp import GraphReport, rewrite
+
+    group = dist.group.WORLD
+    W, name = ctx.world_size, group.group_name
+    failures, n = [], 0
+    g = torch.Generator().manual_seed(5 + ctx.rank)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g)
+
+    args = (r(1, 3, 8), r(8, 5), r(8, 4), r(2, 2 * W, 6), r(2, 2 * W, 7), r(6, 4), r(7, 4),
+            r(2 * W, 6), r(6, 3))
+
+    def f(*a):
+        return _fx_forms(*a, W=W, name=name)
+
+    want = f(*args)
+    gm = make_fx(f)(*args)
+    stats = rewrite(gm.graph)
+    gm.recompile()
+    report = str(GraphReport(0, stats))
+    targets = [nd.target for nd in gm.graph.nodes]
+    c10d = torch.ops._c10d_functional
+    if targets.count(c10d.all_gather_into_tensor.default) != 0:
+        failures.append(f"an all-gather is left in the graph:\n{gm.graph}")
+    if targets.count(c10d.reduce_scatter_tensor.default) != 1:
+        failures.append(f"expected the cast reduce-scatter only to be left:\n{gm.graph}")
+    if stats["all_gather_matmul"] != 1 or stats["matmul_reduce_scatter"] != 1 or \
+            len(stats["left_items"]) != 1:
+        failures.append(f"stats {stats}")
+    if "gather_dim=1, 2 matmul(s), return_A" not in report or \
+            "2 matmul(s), permuted [1, 0, 2]" not in report or \
+            "LEFT: its input is produced by _to_copy" not in report:
+        failures.append(f"report:\n{report}")
+    n += 3
+    got = gm(*args)
+    for i, (a, b) in enumerate(zip(got, want)):
+        _compare(failures, f"output {i}", a, b)
+        n += 1
+    return {"cases": n, "failures": failures, "counters": {}, "report": report}
