@@ -989,7 +989,7 @@ def markdown_report(doc: dict) -> str:
             bw = "-" if e["collective"] == "barrier" else fmt_gbps(p["busbw_GBps"])
             frac = ("-" if e["collective"] == "barrier"
                     else f"{100 * p['busbw_frac_memcpy']:.0f}%")
-            out.append(f"| {run['world_size']} | {e['collective']} | {size} | "
+            out.append(f"| {run['world_size']}{_threads_tag(run)} | {e['collective']} | {size} | "
                        f"{p['median_us']:.1f} | {g['median_us']:.1f} | {e['speedup']:.1f}x "
                        f"[{lo:.1f}, {hi:.1f}] | {bw} | {frac} | "
                        f"{' '.join(filter(None, (fmt_paths(e.get('paths')), fmt_cores(e))))} |")

@@ -220,6 +220,22 @@ def test_bench_collectives_zero_copy(tmp_path, agreement):
     assert f"zero-copy  world_size=2  agreement={agreement}" in proc.stdout
 
 
+def test_bench_collectives_threads(tmp_path):
+    # --threads 1 2: one run per thread count; with 2 the large host copies and reductions are
+    # split across the rank's intra-op threads (counted), and the results still equal Gloo's.
+    out = tmp_path / "t.json"
+    args = ["--world-sizes", "2", "--threads", "1", "2", "--sizes", "2M", "--collectives",
+            "reduce_scatter_tensor", "--iters", "3", "--warmup", "1", "--no-barrier", "--peers",
+            "none", "--json", str(out), "--no-plot", "--timeout", "120", "--core-probe", "0"]
+    run_bench("bench_collectives.py", args, tmp_path)
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["threads"] for r in runs] == [1, 2]
+    for r in runs:
+        for entry in r["results"]:
+            assert entry["check"]["ok"], entry
+            assert ("intra_op.split" in entry["paths"]) == (r["threads"] == 2), entry["paths"]
+
+
 def _netns_names() -> set[str]:
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     return {line.split()[0] for line in out.splitlines() if line.strip()}
