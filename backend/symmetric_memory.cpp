@@ -99,12 +99,11 @@ at::Tensor ProcessGroupCudaP2P::symmetric_empty(at::IntArrayRef sizes, at::Scala
   const auto offset = alloc->allocate(bytes);
   // An OutOfMemoryError (a RuntimeError in Python): allocateTensor takes it for a full heap.
   TORCH_CHECK_WITH(OutOfMemoryError, offset.has_value(),
-                   "cuda_p2p empty: the symmetric heap is full: ", sizes, " x ",
-              dtype, " needs ", bytes, " bytes, the largest free range holds ",
-              alloc->largest_free(), " of its ", alloc->capacity(), " bytes (",
-              alloc->live_blocks(),
-              " live blocks); the heap does not grow: raise Options.symmetric_heap_size or "
-              "CUDA_P2P_SYMMETRIC_HEAP_SIZE, or free symmetric tensors");
+                   "cuda_p2p empty: the symmetric heap is full: ", sizes, " x ", dtype, " needs ",
+                   bytes, " bytes, the largest free range holds ", alloc->largest_free(),
+                   " of its ", alloc->capacity(), " bytes (", alloc->live_blocks(),
+                   " live blocks); the heap does not grow: raise Options.symmetric_heap_size or "
+                   "CUDA_P2P_SYMMETRIC_HEAP_SIZE, or free symmetric tensors");
   // A byte view of the whole heap keeps its mapping alive as long as the tensor's storage.
   at::Tensor heap = heap_->get_buffer(getRank(), {heap_->buffer_size()}, at::kByte);
   void* data = static_cast<char*>(heap.data_ptr()) + *offset;
@@ -210,7 +209,9 @@ at::Tensor ProcessGroupCudaP2P::allocateTensor(long size, at::TensorOptions opti
     auto t = symmetric_empty({size}, dtype, device);
     bump_counter("allocate_tensor.heap");
     return t;
-  } catch (const c10::OutOfMemoryError&) {  // the heap is full (or too small for it)
+  } catch (const c10::OutOfMemoryError&) {
+    // The heap is full or too small for it, or could not be created (on every rank alike: NOTE
+    // [Allocation failures at rendezvous]); an ordinary tensor, as the NOTE above says.
   }
   bump_counter("allocate_tensor.fallback");
   return at::empty({size}, options.device(symmetric_device()));
