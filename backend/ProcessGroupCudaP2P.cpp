@@ -191,6 +191,10 @@ std::map<std::string, int64_t> ProcessGroupCudaP2P::counters() const {
     const int64_t n = hot_counters_[i].load(std::memory_order_relaxed);
     if (n != 0) all[kHotCounterNames[i]] += n;
   }
+  // NOTE [Intra-op threads] in ops/collectives.cpp
+  if (const int64_t n = collective_state_.parallel_splits->load(std::memory_order_relaxed)) {
+    all["intra_op.split"] += n;
+  }
   return all;
 }
 
@@ -198,6 +202,7 @@ void ProcessGroupCudaP2P::reset_counters() {
   std::lock_guard<std::mutex> lock(counters_mutex_);
   counters_.clear();
   for (auto& n : hot_counters_) n.store(0, std::memory_order_relaxed);
+  collective_state_.parallel_splits->store(0, std::memory_order_relaxed);
 }
 
 void ProcessGroupCudaP2P::ensure_min_buffer_size(int64_t nbytes) {

@@ -125,6 +125,8 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // The segments that allocator takes from the heap, on either device (collective the first
   // time): for the host tests, which exercise the functions the allocator calls.
   std::shared_ptr<detail::HeapSegments> heap_segments();
+  bool supportsTensorAlloc(c10::DeviceIndex device_index) override;
+  at::Tensor allocateTensor(long size, at::TensorOptions options = {}) override;
 
   // The group's configuration, resolved once from its Options and the environment.
   const Config& config() const { return config_; }

@@ -35,6 +35,7 @@ constexpr const char* kAllReduceAlgoEnv = "CUDA_P2P_ALL_REDUCE_ALGO";
 constexpr const char* kAllReduceRoundsEnv = "CUDA_P2P_ALL_REDUCE_ROUNDS";
 constexpr const char* kRingStepsEnv = "CUDA_P2P_RING_STEPS";
 constexpr const char* kChunkBytesEnv = "CUDA_P2P_CHUNK_BYTES";
+constexpr const char* kParallelMinBytesEnv = "CUDA_P2P_PARALLEL_MIN_BYTES";
 constexpr const char* kInlineAllReduceEnv = "CUDA_P2P_INLINE_ALL_REDUCE";
 constexpr const char* kHostIdEnv = "CUDA_P2P_HOST_ID";
 constexpr const char* kDenyCrossMemoryEnv = "CUDA_P2P_TEST_DENY_CROSS_MEMORY";
@@ -173,6 +174,10 @@ const std::vector<Knob>& knobs() {
        "them."},
       {"cross_memory_min_bytes", "", "bytes", "64 KiB",
        "Smallest payload read copy-free when copy-free reads are on."},
+      {"parallel_min_bytes", kParallelMinBytesEnv, "bytes", "1 MiB",
+       "On the host, copies and reductions of a workspace collective of at least this many bytes "
+       "are split across the rank's intra-op threads (torch.get_num_threads()) when it has two "
+       "or more; 0: never. One thread per rank (the default) never splits."},
       {"symmetric_heap_size", kSymmetricHeapSizeEnv, "bytes", "1 GiB",
        "Bytes of each rank's symmetric heap (cuda_p2p.empty, use_symmetric_memory), created on "
        "first use; host: a sparse mapping (touched pages cost memory); CUDA: committed device "
@@ -459,6 +464,12 @@ Config resolve_config(const Options& o, int world_size, const config::EnvLookup&
   k.reduce_scatter_ring_max_bytes =
       o.reduce_scatter_ring_max_bytes.value_or(k.reduce_scatter_ring_max_bytes);
   k.cross_memory_min_bytes = o.cross_memory_min_bytes.value_or(k.cross_memory_min_bytes);
+  TORCH_CHECK(!o.parallel_min_bytes || *o.parallel_min_bytes >= 0,
+              "cuda_p2p: Options.parallel_min_bytes must be >= 0 (0: never split), got ",
+              *o.parallel_min_bytes);
+  k.parallel_min_bytes =
+      pick(o.parallel_min_bytes, env_int(env, kParallelMinBytesEnv, 0, kMaxBytes),
+           ops::CollectiveConfig::kDefaultParallelMinBytes);
   k.inline_all_reduce = pick(o.inline_all_reduce, env_bool(env, kInlineAllReduceEnv), true);
   if (auto a = chosen(o.zero_copy_agreement, "zero_copy_agreement", env, kZeroCopyAgreementEnv)) {
     k.zero_copy_agreement = ops::parse_zero_copy_agreement(a->first, a->second);

@@ -91,6 +91,9 @@ struct Options : c10d::Backend::Options {
   std::optional<bool> cross_memory;
   // The smallest payload (bytes, as the thresholds above) read copy-free (unset: the default).
   std::optional<int64_t> cross_memory_min_bytes;
+  // Host copies and reductions from this many bytes on use the rank's intra-op threads (unset:
+  // CUDA_P2P_PARALLEL_MIN_BYTES, else the measured default; 0: never).
+  std::optional<int64_t> parallel_min_bytes;
   // How the ranks agree that a collective's inputs are symmetric tensors (NOTE [Zero-copy
   // collectives] in ops/zero_copy.cpp): "exchange" (host workspaces only: every rank publishes its
   // inputs' heap offsets; anything else stages), "signature" (each rank states its offsets in the

@@ -97,12 +97,13 @@ at::Tensor ProcessGroupCudaP2P::symmetric_empty(at::IntArrayRef sizes, at::Scala
   const auto& alloc = heap_allocator_;
   const auto bytes = static_cast<int64_t>(std::min<uint64_t>(nbytes, INT64_MAX));
   const auto offset = alloc->allocate(bytes);
-  TORCH_CHECK(offset.has_value(), "cuda_p2p empty: the symmetric heap is full: ", sizes, " x ",
-              dtype, " needs ", bytes, " bytes, the largest free range holds ",
-              alloc->largest_free(), " of its ", alloc->capacity(), " bytes (",
-              alloc->live_blocks(),
-              " live blocks); the heap does not grow: raise Options.symmetric_heap_size or "
-              "CUDA_P2P_SYMMETRIC_HEAP_SIZE, or free symmetric tensors");
+  // An OutOfMemoryError (a RuntimeError in Python): allocateTensor takes it for a full heap.
+  TORCH_CHECK_WITH(OutOfMemoryError, offset.has_value(),
+                   "cuda_p2p empty: the symmetric heap is full: ", sizes, " x ", dtype, " needs ",
+                   bytes, " bytes, the largest free range holds ", alloc->largest_free(),
+                   " of its ", alloc->capacity(), " bytes (", alloc->live_blocks(),
+                   " live blocks); the heap does not grow: raise Options.symmetric_heap_size or "
+                   "CUDA_P2P_SYMMETRIC_HEAP_SIZE, or free symmetric tensors");
   // A byte view of the whole heap keeps its mapping alive as long as the tensor's storage.
   at::Tensor heap = heap_->get_buffer(getRank(), {heap_->buffer_size()}, at::kByte);
   void* data = static_cast<char*>(heap.data_ptr()) + *offset;
@@ -166,6 +167,54 @@ at::Tensor ProcessGroupCudaP2P::symmetric_peer_tensor(const at::Tensor& t, int64
   // symmetric_offset holds the data in the heap; the heap is never replaced once created.
   return heap_->get_buffer(static_cast<int>(rank), {span}, t.scalar_type(), offset / item)
       .as_strided(t.sizes(), t.strides());
+}
+
+// NOTE [Process-group allocation for FSDP2]
+// FSDP2 with model.set_allocate_memory_from_process_group_for_comm(True) asks the group's backend
+// supports_tensor_alloc(device), then allocate_tensor(numel, dtype=, device=) for its comm
+// buffers (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, ProcessGroupAllocMixin):
+// the all-gather output, whose own chunk is the all-gather's input (an in-place all-gather), and
+// the reduce-scatter's input and output. Heap tensors make those collectives zero-copy (NOTE
+// [Zero-copy collectives] in ops/zero_copy.cpp). So the answer is yes only where the heap's
+// tensors would be read in place: the collectives run on the workspace, the zero-copy agreement
+// is not "off" (a CUDA group's default: NOTE [CUDA zero-copy is opt-in]) and the device is the
+// heap's; elsewhere FSDP2 takes torch.empty, and a heap tensor that would only stage holds heap
+// memory for nothing. c10d passes the device's index only: a CPU device has none (-1), so a
+// host heap answers -1 and a CUDA heap its own GPU's index.
+// Each call is a collective like cuda_p2p.empty (the first creates the heap); FSDP2 makes the
+// same calls in the same order on every rank. A request the heap cannot hold gets an ordinary
+// tensor (counted allocate_tensor.fallback) instead of failing the training step: its
+// collective then stages on every rank - the exchange sees an input outside its heap; under the
+// signature agreement every rank's allocator, fed the same calls, failed alike, and none claims.
+bool ProcessGroupCudaP2P::supportsTensorAlloc(c10::DeviceIndex device_index) {
+  if (!uses_workspace_collectives() || hierarchy_) return false;
+  const bool host = workspace_on_host();
+  if (ops::resolve_agreement(config_.collective.zero_copy_agreement, host) ==
+      ops::ZeroCopyAgreement::kOff) {
+    return false;
+  }
+  return device_index == (host ? c10::DeviceIndex(-1) : symmetric_device().index());
+}
+
+at::Tensor ProcessGroupCudaP2P::allocateTensor(long size, at::TensorOptions options) {
+  const at::ScalarType dtype = c10::typeMetaToScalarType(options.dtype());
+  const std::optional<at::Device> device = options.device_opt();
+  TORCH_CHECK_VALUE(size >= 0, "cuda_p2p allocate_tensor: expected a size >= 0, got ", size);
+  TORCH_CHECK(supportsTensorAlloc(device ? device->index() : c10::DeviceIndex(-1)),
+              "cuda_p2p allocate_tensor: this group does not allocate tensors on ",
+              device ? device->str() : std::string("the default device"),
+              " (supports_tensor_alloc is false: it allocates only where its collectives read the "
+              "heap's tensors in place, NOTE [Process-group allocation for FSDP2])");
+  try {
+    auto t = symmetric_empty({size}, dtype, device);
+    bump_counter("allocate_tensor.heap");
+    return t;
+  } catch (const c10::OutOfMemoryError&) {
+    // The heap is full or too small for it, or could not be created (on every rank alike: NOTE
+    // [Allocation failures at rendezvous]); an ordinary tensor, as the NOTE above says.
+  }
+  bump_counter("allocate_tensor.fallback");
+  return at::empty({size}, options.device(symmetric_device()));
 }
 
 std::map<std::string, int64_t> ProcessGroupCudaP2P::symmetric_heap_info() const {

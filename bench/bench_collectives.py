@@ -22,6 +22,10 @@ style) and reports the sample's time / K.
 measured cuda_p2p group: it then runs hierarchically (intra-host on each host's workspace,
 inter-host on Gloo: docs/collectives.md, "Across hosts"), and the Gloo baseline is exactly the flat
 wrapped backend such a group would otherwise use. Its results go to bench/results/hierarchical.*.
+With --netns (what `scripts/bench.sh --hosts 2 --link RATE` passes) each simulated host's ranks
+run in a network namespace of their own (they enter it with setns(2) before any socket exists),
+and the store and Gloo bind to that namespace's end of a veth pair shaped to RATE: bytes between
+hosts cost what they would on such a link; bytes within a host stay in its namespace.
 
 --agreement-cost (with --hosts) also times a second hierarchical group whose group-wide
 agreement on each call is off (a bench-only knob, backend._set_hierarchical_agreement(False):
@@ -195,6 +199,27 @@ class Step:
         faulthandler.dump_traceback_later(self.timeout + 2.0 * expected_s, exit=True)
         with open(self.path, "w") as f:
             f.write(what)
+
+
+def _enter_netns(name: str) -> None:
+    """Moves this process (its one thread so far: every thread it starts later inherits it) into
+    the network namespace /var/run/netns/<name> (made by `ip netns add`; needs root)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns into network namespace {name!r}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+def parse_netns(spec: str) -> dict:
+    """NAME,IFNAME,ADDRESS: a namespace, its interface towards the other hosts and its address."""
+    parts = spec.split(",")
+    if len(parts) != 3 or not all(parts):
+        raise argparse.ArgumentTypeError(f"expected NAME,IFNAME,ADDRESS, got {spec!r}")
+    return {"name": parts[0], "ifname": parts[1], "addr": parts[2]}
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -523,12 +548,23 @@ def _remove_deepspeed_segments(port: int, world_size: int) -> None:
 
 def rank_main(rank: int, cfg: dict) -> None:
     _die_with_parent(cfg["parent_pid"])
+    if cfg["netns"]:
+        # Before any socket or thread: the store, Gloo's and cuda_p2p's threads all inherit it.
+        # Every group knows the hosts (CUDA_P2P_HOST_ID stays set): namespaces do not share
+        # abstract unix sockets, so no workspace may span two of them.
+        ns = cfg["netns"][rank * cfg["hosts"] // cfg["world_size"]]
+        _enter_netns(ns["name"])
+        os.environ["GLOO_SOCKET_IFNAME"] = ns["ifname"]
+    threads = cfg["threads"]
     if cfg["bind"] == "core":
         # Round-robin binding, before any communication thread exists (they inherit it). Ranks
         # that migrate between the few cores they share wake up later, and more erratically.
+        # With --threads N a rank gets N consecutive CPUs (mod the CPUs there are) for its pool.
         cpus = cfg["cpus"]
-        os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
-    torch.set_num_threads(1)
+        os.sched_setaffinity(0, {cpus[(rank * threads + i) % len(cpus)] for i in range(threads)})
+    # --threads: the rank's ATen intra-op threads, which cuda_p2p's large host copies and
+    # reductions use (NOTE [Intra-op threads] in ops/collectives.cpp).
+    torch.set_num_threads(threads)
     # torch 2.14 deprecates the *_tensor names in favour of *_single; they are still the names
     # users call (and what NCCL-tests measures), so the benchmark keeps them, quietly.
     warnings.filterwarnings("ignore", category=FutureWarning,
@@ -555,7 +591,7 @@ def rank_main(rank: int, cfg: dict) -> None:
         os.environ["CUDA_P2P_HOST_ID"] = f"bench-host-{rank * hosts // n}"
     dist.init_process_group(backend="cuda_p2p", init_method=cfg["init_method"], rank=rank,
                             world_size=n, timeout=timeout, pg_options=pg_options)
-    if hosts > 1:
+    if hosts > 1 and not cfg["netns"]:
         os.environ.pop("CUDA_P2P_HOST_ID")
     try:
         step("new_group(gloo)")
@@ -720,7 +756,7 @@ def rank_main(rank: int, cfg: dict) -> None:
         step("backend_state")
         state = backend_state(p2p_backend)
         if rank == 0:
-            out = {"world_size": n, "results": results, "barrier": barrier_res,
+            out = {"world_size": n, "threads": threads, "results": results, "barrier": barrier_res,
                    "backend_state": state}
             tmp = os.path.join(cfg["tmpdir"], "results.json.tmp")
             with open(tmp, "w") as f:
@@ -746,8 +782,10 @@ def launch(world_size: int, cfg: dict) -> dict:
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="cuda_p2p_bench_") as tmpdir:
+        # --netns: the store listens in host 0's namespace, on its end of the link.
+        master = cfg["netns"][0]["addr"] if cfg["netns"] else "127.0.0.1"
         cfg = dict(cfg, world_size=world_size, tmpdir=tmpdir, parent_pid=os.getpid(),
-                   init_method=f"tcp://127.0.0.1:{free_port()}", deepspeed_port=free_port())
+                   init_method=f"tcp://{master}:{free_port()}", deepspeed_port=free_port())
         ctx = mp.start_processes(rank_main, args=(cfg,), nprocs=world_size, join=False,
                                  start_method="spawn")
         deadline = time.monotonic() + cfg["total_timeout"]
@@ -915,7 +953,8 @@ def print_table(run: dict, memcpy: dict, dtype: str) -> None:
     def line(cells):
         return "".join(f"{c:{a}{w}}" for c, (_, _, a, w) in zip(cells, cols)).rstrip()
 
-    print(f"\nworld_size={n}  dtype={dtype}  single-core memcpy={memcpy['GBps']:.2f} GB/s  "
+    print(f"\nworld_size={n}  threads={run.get('threads', 1)}  dtype={dtype}  "
+          f"single-core memcpy={memcpy['GBps']:.2f} GB/s  "
           f"latency = median over iterations of the slowest rank's time")
     if run.get("aa"):
         print("A/A MODE: the 'p2p' columns measure a second Gloo group, not cuda_p2p")
@@ -967,7 +1006,9 @@ def markdown_report(doc: dict) -> str:
            "; % memcpy is bus bandwidth over the out-of-cache rate."
            + (f" cuda_p2p runs hierarchically over {meta['hosts']} simulated hosts "
               "(CUDA_P2P_HOST_ID); Gloo is the flat wrapped backend."
-              if meta.get("hosts", 1) > 1 else ""),
+              if meta.get("hosts", 1) > 1 else "")
+           + (f" Each host's ranks in a network namespace of their own, joined by: "
+              f"{meta.get('link') or 'a veth pair'}." if meta.get("netns") else ""),
            "",
            "| W | collective | size | cuda_p2p us | Gloo us | speedup (95% CI) | busbw GB/s | "
            "% memcpy | path |",
@@ -981,7 +1022,7 @@ def markdown_report(doc: dict) -> str:
             bw = "-" if e["collective"] == "barrier" else fmt_gbps(p["busbw_GBps"])
             frac = ("-" if e["collective"] == "barrier"
                     else f"{100 * p['busbw_frac_memcpy']:.0f}%")
-            out.append(f"| {run['world_size']} | {e['collective']} | {size} | "
+            out.append(f"| {run['world_size']}{_threads_tag(run)} | {e['collective']} | {size} | "
                        f"{p['median_us']:.1f} | {g['median_us']:.1f} | {e['speedup']:.1f}x "
                        f"[{lo:.1f}, {hi:.1f}] | {bw} | {frac} | "
                        f"{' '.join(filter(None, (fmt_paths(e.get('paths')), fmt_cores(e))))} |")
@@ -1023,6 +1064,10 @@ def print_agreement_table(run: dict) -> None:
         print(f"{e['collective']:<24}{fmt_size(e['bytes']):>8}{e['cuda_p2p']['median_us']:>10.1f}"
               f"{e['agreement_off']['median_us']:>12.1f}{e['agreement_cost']:>7.2f}"
               f"{f'[{lo:.2f}, {hi:.2f}]':>16}{e['gloo']['median_us']:>10.1f}")
+
+
+def _threads_tag(run: dict) -> str:
+    return f" t={run['threads']}" if run.get("threads", 1) > 1 else ""
 
 
 def print_peer_table(run: dict) -> None:
@@ -1140,7 +1185,7 @@ def plot(runs: list[dict], memcpy: dict, path: Path, title: str) -> None:
             x = [e["bytes"] for e in es]
             m = markers[k % len(markers)]
             for name in BACKENDS:
-                lbl = f"{name} n={run['world_size']}"
+                lbl = f"{name} n={run['world_size']}{_threads_tag(run)}"
                 ax_lat.plot(x, [e[name]["median_us"] for e in es], marker=m, color=colors[name],
                             alpha=0.9 if len(runs) == 1 else 0.5 + 0.5 * (k + 1) / len(runs),
                             label=lbl)
@@ -1153,10 +1198,10 @@ def plot(runs: list[dict], memcpy: dict, path: Path, title: str) -> None:
                        if name in e.get("peers", {})]
                 if pts:
                     ax_lat.plot([a for a, _ in pts], [b for _, b in pts], marker=m, color=color,
-                                ls="--", label=f"{name} n={run['world_size']}")
+                                ls="--", label=f"{name} n={run['world_size']}{_threads_tag(run)}")
             sp_color = SPEEDUP_COLORS[k % len(SPEEDUP_COLORS)]
             ax_sp.plot(x, [e["speedup"] for e in es], marker=m, color=sp_color,
-                       label=f"n={run['world_size']} (band: 95% CI)")
+                       label=f"n={run['world_size']}{_threads_tag(run)} (band: 95% CI)")
             ax_sp.fill_between(x, [e["speedup_ci95"][0] for e in es],
                                [e["speedup_ci95"][1] for e in es], color=sp_color, alpha=0.15)
         ax_bw.axhline(memcpy["GBps"], color="gray", ls="--", lw=1, label="1-core memcpy")
@@ -1205,6 +1250,10 @@ def parse_args(argv=None):
     ap.add_argument("--collectives", nargs="+", choices=COLLECTIVES, default=list(COLLECTIVES))
     ap.add_argument("--no-barrier", dest="barrier", action="store_false",
                     help="skip the barrier latency measurement")
+    ap.add_argument("--threads", type=int, nargs="+", default=[1], metavar="N",
+                    help="ATen intra-op threads per rank (torch.set_num_threads), one run per N "
+                         "for every world size; cuda_p2p splits its large host copies and "
+                         "reductions across them (Options.parallel_min_bytes)")
     ap.add_argument("--bind", choices=("core", "none"), default="core",
                     help="core: pin rank r to the r-th CPU (mod the CPUs this process may use); "
                          "none: let the scheduler place ranks")
@@ -1277,6 +1326,14 @@ def parse_args(argv=None):
     ap.add_argument("--agreement-cost", action="store_true",
                     help="with --hosts: also time the hierarchical group with its group-wide "
                          "agreement off (bench knob), interleaved, and print the ratio")
+    ap.add_argument("--netns", type=parse_netns, nargs="+", default=None,
+                    metavar="NAME,IFNAME,ADDRESS",
+                    help="with --hosts H: one network namespace per host (made beforehand, as "
+                         "scripts/bench.sh --link does), its interface to the other hosts and its "
+                         "address there; needs root. The sync barrier is then Gloo's")
+    ap.add_argument("--link", default=None, metavar="TEXT",
+                    help="with --netns: what joins the namespaces (e.g. 'veth, tbf 10gbit, "
+                         "measured 9.4 Gbit/s'), recorded in the JSON and titles")
     ap.add_argument("--json", type=Path, default=None,
                     help="default: bench/results/collectives.json (hierarchical.json with --hosts)")
     ap.add_argument("--plot", type=Path, default=None,
@@ -1291,12 +1348,20 @@ def parse_args(argv=None):
 
     if any(n < 1 for n in args.world_sizes):
         ap.error("--world-sizes must be positive")
+    if any(t < 1 for t in args.threads):
+        ap.error("--threads must be positive")
     if args.hosts < 1 or any(n < args.hosts for n in args.world_sizes):
         ap.error("--hosts must be >= 1 and at most every world size")
     if args.hosts > 1 and args.aa:
         ap.error("--hosts and --aa are exclusive")
     if args.agreement_cost and args.hosts < 2:
         ap.error("--agreement-cost needs --hosts >= 2")
+    if args.netns is not None:
+        if len(args.netns) != args.hosts or args.hosts < 2:
+            ap.error(f"--netns needs one namespace per host (--hosts {args.hosts} >= 2), got "
+                     f"{len(args.netns)}")
+        # A shm sync group would span the namespaces, whose abstract sockets are apart.
+        args.sync = "gloo"
     stem = "hierarchical" if args.hosts > 1 else "collectives"
     args.json = args.json or HERE / "results" / f"{stem}.json"
     args.plot = args.plot or HERE / "results" / f"{stem}.png"
@@ -1385,20 +1450,23 @@ def main(argv=None) -> int:
            "sync": args.sync, "batch": args.batch, "algos": args.algos,
            "zero_copy": args.zero_copy, "zero_copy_agreement": args.zero_copy_agreement,
            "start_margin_us": args.start_margin_us, "block": args.block, "hosts": args.hosts,
-           "agreement_cost": args.agreement_cost, "cpus": sorted(os.sched_getaffinity(0)),
-           "timeout": args.timeout,
+           "agreement_cost": args.agreement_cost, "netns": args.netns,
+           "cpus": sorted(os.sched_getaffinity(0)), "timeout": args.timeout,
            "total_timeout": args.total_timeout, "progress": not args.quiet}
 
+    if args.netns:
+        print(f"hosts in network namespaces {', '.join(ns['name'] for ns in args.netns)}, joined "
+              f"by {args.link or 'a veth pair'}", flush=True)
     probe = CorePlacementProbe(cfg["cpus"], args.core_probe)
     if probe.enabled:
         print(f"[bench] core placement probe: CPUs {probe.cpus[0]} and {probe.cpus[1]}, "
               + (f"round trip {probe.typical_ns():.0f} ns at start; every {args.core_probe:g} s"
                  if probe.samples else f"off: {probe.error}"), file=sys.stderr, flush=True)
     runs = []
-    for n in args.world_sizes:
+    for n, threads in [(n, t) for n in args.world_sizes for t in args.threads]:
         t0 = time.perf_counter()
         try:
-            run = launch(n, cfg)
+            run = launch(n, dict(cfg, threads=threads))
         except BenchError as e:
             probe.stop()
             print(f"\nbench: FAILED: {e}", file=sys.stderr)
@@ -1445,6 +1513,8 @@ def main(argv=None) -> int:
         "cpus": sorted(os.sched_getaffinity(0)), "aa": args.aa, "env": env,
         "pg_options": args.pg_options, "hosts": args.hosts, "peers": args.peers,
         "agreement_cost": args.agreement_cost,
+        "threads": args.threads,
+        "netns": args.netns, "link": args.link,
         "deepspeed": deepspeed,
         "sync": args.sync, "batch": args.batch, "block": args.block, "algos": args.algos,
         "zero_copy": args.zero_copy, "zero_copy_agreement": args.zero_copy_agreement,
@@ -1489,6 +1559,8 @@ def main(argv=None) -> int:
             if args.hosts > 1:
                 what = (f"cuda_p2p hierarchical on {args.hosts} simulated hosts vs flat Gloo "
                         "(the wrapped backend)")
+                if args.netns:
+                    what += f", hosts joined by {args.link or 'a veth pair'}"
             title = (f"{what}, CPU ranks, {args.dtype}, {os.cpu_count()} cores, "
                      f"torch {torch.__version__}")
             plot(runs, memcpy, args.plot, title)

@@ -1,6 +1,7 @@
 // Configuration, automatic choice, phases and the barrier of the workspace collectives.
 #include "ops/collectives.hpp"
 
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
 #include <cctype>
@@ -352,8 +353,32 @@ void wait_readers(const CollectiveContext& ctx, const Phase& ph, c10::ArrayRef<i
   wait_phase_ended(ctx, ph, readers, "copy-free read guard: readers of this rank's input");
 }
 
+// NOTE [Intra-op threads]
+// A rank with several cores of its own (torch.set_num_threads(N), ATen's intra-op pool, one per
+// process) would otherwise stage and reduce on one of them. On the host, a copy or reduction of a
+// workspace collective of at least config.parallel_min_bytes is split into one piece per thread
+// with at::parallel_for, run from the stream's closure (the caller's thread or the stream's
+// worker: ATen's pool serves any thread; inside a parallel region it runs serially). Pieces are
+// element ranges and each element is reduced alone, sources in the same order, so the bits are
+// those of one thread. With one thread per rank (the default: ranks sharing cores) nothing
+// changes: not a closure more, not a branch of the kernel. The threshold was measured with
+// bench/bench_collectives.py --threads (docs/collectives.md, "Intra-op threads"): below it the
+// pool's wake-up costs more than the second core gains. CUDA copies are the copy engine's.
 void copy(const CollectiveContext& ctx, void* dst, const void* src, int64_t n) {
   if (n <= 0 || dst == src) return;
+  const int64_t grain = ctx.ws.device().tensor_device().is_cpu()
+                            ? parallel_grain(n, 1, ctx.config.parallel_min_bytes)
+                            : 0;
+  if (grain > 0) {
+    ctx.ws.device().launch(ctx.stream, [dst, src, n, grain, splits = ctx.state.parallel_splits] {
+      at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) {
+        std::memcpy(static_cast<char*>(dst) + b, static_cast<const char*>(src) + b,
+                    static_cast<size_t>(e - b));
+      });
+      splits->fetch_add(1, std::memory_order_relaxed);
+    });
+    return;
+  }
   ctx.ws.device().copy(ctx.stream, dst, src, static_cast<size_t>(n));
 }
 
@@ -371,9 +396,15 @@ void reduce_on_stream(const CollectiveContext& ctx, at::Tensor dst, std::vector<
                       ReduceOp op, int64_t divisor, at::Tensor also) {
   if (dst.numel() == 0) return;
   at::Tensor* scratch = &ctx.state.scratch;
-  ctx.ws.device().launch(
-      ctx.stream, [dst = std::move(dst), srcs = std::move(srcs), op, divisor, scratch,
-                   also = std::move(also)] { reduce(dst, srcs, op, divisor, *scratch, also); });
+  ctx.ws.device().launch(ctx.stream, [dst = std::move(dst), srcs = std::move(srcs), op, divisor,
+                                      scratch, also = std::move(also),
+                                      min = ctx.config.parallel_min_bytes,
+                                      splits = ctx.state.parallel_splits] {
+    // NOTE [Intra-op threads]
+    if (reduce(dst, srcs, op, divisor, *scratch, also, min)) {
+      splits->fetch_add(1, std::memory_order_relaxed);
+    }
+  });
   // The scratch outlives this op and the next one may run on another stream: the caching
   // allocator must not hand it out again before this stream's use (NOTE [Pipeline
   // temporaries] in ops/pipeline_common.hpp). On CUDA the closure ran already; no-op on the host.

@@ -19,6 +19,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -93,6 +94,10 @@ struct CollectiveConfig {
   // How the ranks agree on zero-copy (NOTE [Zero-copy collectives] in ops/zero_copy.cpp). Part of
   // the op signature when the ranks differ in the resolved mode (their phases would differ).
   ZeroCopyAgreement zero_copy_agreement = ZeroCopyAgreement::kAuto;
+  // Host copies and reductions of at least this many bytes are split across the rank's ATen
+  // intra-op threads when it has two or more (NOTE [Intra-op threads] in ops/collectives.cpp);
+  // 0: never. Not part of the op signature: it changes where bytes are computed, not which.
+  int64_t parallel_min_bytes = kDefaultParallelMinBytes;
 
   static constexpr int64_t kDefaultChunkBytes = 1 << 20;
   static constexpr int64_t kDefaultAllReduceOneShotMaxBytes = 8 << 10;
@@ -103,6 +108,7 @@ struct CollectiveConfig {
   static constexpr int64_t kDefaultAllGatherRingMaxBytes = 256 << 10;
   static constexpr int64_t kDefaultReduceScatterRingMaxBytes = 256 << 10;
   static constexpr int64_t kDefaultCrossMemoryMinBytes = 64 << 10;
+  static constexpr int64_t kDefaultParallelMinBytes = 1 << 20;
 };
 
 // TORCH_CHECKs the settings against a world size.
@@ -161,6 +167,10 @@ class CollectiveState {
   // and whether the last all-reduce ran large rounds (for the counters).
   RoundPolicy round_policy;
   bool last_large_rounds = false;
+  // Host copies and reductions split across the intra-op threads (NOTE [Intra-op threads] in
+  // ops/collectives.cpp), counted by the closures that ran them (the counter "intra_op.split").
+  std::shared_ptr<std::atomic<int64_t>> parallel_splits =
+      std::make_shared<std::atomic<int64_t>>(0);
 };
 
 // What every collective runs on.

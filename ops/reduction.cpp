@@ -1,5 +1,6 @@
 #include "ops/reduction.hpp"
 
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 
@@ -140,18 +141,35 @@ void reduce_with_aten(const at::Tensor& dst, c10::ArrayRef<at::Tensor> srcs, Red
 
 namespace {
 
-// The host kernel on `r`, whose pointers the caller set.
-void run_host_reduction(detail::HostReduction& r, int64_t numel, at::ScalarType dtype, ReduceOp op,
-                        int64_t divisor) {
+// The host kernel on `r`, whose pointers the caller set; in pieces on the intra-op threads from
+// `parallel_min_bytes` on (NOTE [Intra-op threads] in ops/collectives.cpp).
+bool run_host_reduction(detail::HostReduction& r, int64_t numel, at::ScalarType dtype, ReduceOp op,
+                        int64_t divisor, int64_t parallel_min_bytes = 0) {
   r.numel = numel;
   r.dtype = dtype;
   r.op = op;
   r.divisor = op == ReduceOp::kAvg ? divisor : 0;
-  if (host_has_avx2()) {
-    detail::host_reduce_avx2(r);
-  } else {
-    detail::host_reduce_default(r);
+  const auto kernel = host_has_avx2() ? &detail::host_reduce_avx2 : &detail::host_reduce_default;
+  const auto esize = static_cast<int64_t>(c10::elementSize(dtype));
+  const int64_t grain = parallel_grain(numel * esize, esize, parallel_min_bytes);
+  if (grain == 0) {
+    kernel(r);
+    return false;
   }
+  const auto acc_size = static_cast<int64_t>(c10::elementSize(accumulate_type(dtype)));
+  at::parallel_for(0, numel, grain, [&](int64_t b, int64_t e) {
+    c10::SmallVector<const void*, 8> srcs(static_cast<size_t>(r.num_srcs));
+    for (int i = 0; i < r.num_srcs; ++i) {
+      srcs[i] = static_cast<const char*>(r.srcs[i]) + b * (r.src_is_acc[i] ? acc_size : esize);
+    }
+    detail::HostReduction piece = r;
+    piece.srcs = srcs.data();
+    piece.numel = e - b;
+    piece.dst = static_cast<char*>(r.dst) + b * (r.dst_is_acc ? acc_size : esize);
+    if (r.dst2) piece.dst2 = static_cast<char*>(r.dst2) + b * esize;
+    kernel(piece);
+  });
+  return true;
 }
 
 }  // namespace
@@ -173,12 +191,22 @@ void reduce_host(void* dst, const void* const* srcs, int n, int64_t numel, at::S
   run_host_reduction(r, numel, dtype, op, divisor);
 }
 
-void reduce(const at::Tensor& dst, c10::ArrayRef<at::Tensor> srcs, ReduceOp op, int64_t divisor,
-            at::Tensor& scratch, const at::Tensor& also) {
+int64_t parallel_grain(int64_t bytes, int64_t esize, int64_t min_bytes) {
+  if (min_bytes <= 0 || bytes < min_bytes || at::in_parallel_region()) return 0;
+  const int threads = at::get_num_threads();
+  if (threads < 2) return 0;
+  const int64_t numel = bytes / esize;
+  constexpr int64_t kAlignElems = 64;
+  const int64_t grain = (numel + threads - 1) / threads;
+  return (grain + kAlignElems - 1) / kAlignElems * kAlignElems;
+}
+
+bool reduce(const at::Tensor& dst, c10::ArrayRef<at::Tensor> srcs, ReduceOp op, int64_t divisor,
+            at::Tensor& scratch, const at::Tensor& also, int64_t parallel_min_bytes) {
   TORCH_CHECK(!srcs.empty(), "cuda_p2p reduce: expected at least one source, got none");
   TORCH_CHECK(op != ReduceOp::kAvg || divisor > 0,
               "cuda_p2p reduce: AVG needs a positive divisor, got ", divisor);
-  if (dst.numel() == 0) return;
+  if (dst.numel() == 0) return false;
   if (also.defined()) {
     TORCH_CHECK(also.numel() == dst.numel() && also.scalar_type() == dst.scalar_type() &&
                     also.is_contiguous() && also.device() == dst.device(),
@@ -188,7 +216,7 @@ void reduce(const at::Tensor& dst, c10::ArrayRef<at::Tensor> srcs, ReduceOp op, 
   if (!dst.is_cpu()) {
     detail::reduce_with_aten(dst, srcs, op, divisor, scratch);
     if (also.defined()) also.copy_(dst);
-    return;
+    return false;
   }
   const at::ScalarType dtype = detail::result_dtype(dst, srcs);
   const at::ScalarType acc = accumulate_type(dtype);
@@ -212,14 +240,14 @@ void reduce(const at::Tensor& dst, c10::ArrayRef<at::Tensor> srcs, ReduceOp op, 
     if (r.dst_is_acc) {  // not a case the collectives use: keep the kernel simple
       detail::reduce_with_aten(dst, srcs, op, divisor, scratch);
       also.copy_(dst);
-      return;
+      return false;
     }
     r.dst2 = also.data_ptr();
   }
   r.srcs = ptrs.data();
   r.src_is_acc = is_acc.data();
   r.num_srcs = static_cast<int>(ptrs.size());
-  run_host_reduction(r, dst.numel(), dtype, op, divisor);
+  return run_host_reduction(r, dst.numel(), dtype, op, divisor, parallel_min_bytes);
 }
 
 }  // namespace cuda_p2p::ops

@@ -32,8 +32,17 @@ std::string host_reduction_isa();
 // `also`, when defined, receives the same result (dst's dtype and size, a source of none) in the
 // same pass over the data. `scratch` holds accumulators between calls; on CUDA it lives on the
 // device.
-void reduce(const at::Tensor& dst, c10::ArrayRef<at::Tensor> srcs, ReduceOp op, int64_t divisor,
-            at::Tensor& scratch, const at::Tensor& also = {});
+// On the host, a reduction of at least `parallel_min_bytes` (> 0) result bytes is split across
+// the calling process's ATen intra-op threads when it has two or more (NOTE [Intra-op threads] in
+// ops/collectives.cpp): each element is still reduced alone, in the same order: the same bits.
+// Returns whether it was split.
+bool reduce(const at::Tensor& dst, c10::ArrayRef<at::Tensor> srcs, ReduceOp op, int64_t divisor,
+            at::Tensor& scratch, const at::Tensor& also = {}, int64_t parallel_min_bytes = 0);
+
+// The elements per piece when `bytes` of elements of `esize` bytes are split across the intra-op
+// threads from `min_bytes` (> 0) on, or 0: not split (fewer bytes, one thread, or already inside
+// a parallel region). Pieces are multiples of 64 elements (vector-aligned boundaries).
+int64_t parallel_grain(int64_t bytes, int64_t esize, int64_t min_bytes);
 
 // reduce() on raw host pointers, for a caller on the host thread that has no tensors (NOTE
 // [Inline one-shot] in ops/all_reduce.cpp): dst = op(srcs[0], ..., srcs[n-1]) over `numel`

@@ -316,6 +316,12 @@ PYBIND11_MODULE(_C, m) {
           "Smallest payload (bytes) the direct all-gather / reduce-scatter and broadcast read "
           "copy-free (None: the measured default).")
       .def_property(
+          "parallel_min_bytes", &get_count<&Options::parallel_min_bytes>,
+          non_negative_setter<&Options::parallel_min_bytes>("Options.parallel_min_bytes"),
+          "On the host, copies and reductions of at least this many bytes use the rank's "
+          "intra-op threads when it has 2+ (0: never; None: CUDA_P2P_PARALLEL_MIN_BYTES, else "
+          "the measured default).")
+      .def_property(
           "symmetric_heap_size", [](const Options& o) { return o.symmetric_heap_size; },
           [](Options& o, std::optional<int64_t> v) {
             TORCH_CHECK_VALUE(!v || *v > 0,
@@ -455,6 +461,27 @@ PYBIND11_MODULE(_C, m) {
             self.ensure_symmetric_heap();
           },
           "Collective, once: creates the group's symmetric heap.")
+      // torch's Backend binds these too; ours release the GIL, as the first allocation is a
+      // collective (it creates the heap). NOTE [Process-group allocation for FSDP2].
+      .def(
+          "supports_tensor_alloc",
+          [](ProcessGroupCudaP2P& self, const at::Device& device) {
+            return self.supportsTensorAlloc(device.index()) &&
+                   device.type() == self.symmetric_device().type();
+          },
+          py::arg("device"),
+          "Whether allocate_tensor serves `device`: the heap's device, where the collectives read "
+          "heap tensors in place (FSDP2's set_allocate_memory_from_process_group_for_comm).")
+      .def(
+          "allocate_tensor",
+          [](ProcessGroupCudaP2P& self, int64_t size, at::ScalarType dtype,
+             const at::Device& device) {
+            py::gil_scoped_release release;
+            return self.allocateTensor(size, at::TensorOptions().dtype(dtype).device(device));
+          },
+          py::arg("size"), py::kw_only(), py::arg("dtype"), py::arg("device"),
+          "Collective: a 1-d tensor of `size` elements in this rank's symmetric heap (an ordinary "
+          "one, counted allocate_tensor.fallback, when the heap cannot hold it).")
       .def("symmetric_offset", &ProcessGroupCudaP2P::symmetric_offset, py::arg("tensor"),
            "The offset of the tensor's data in this rank's symmetric heap, or -1.")
       .def("symmetric_peer_tensor", &ProcessGroupCudaP2P::symmetric_peer_tensor, py::arg("tensor"),
@@ -516,6 +543,7 @@ PYBIND11_MODULE(_C, m) {
             d["all_gather_ring_max_bytes"] = c.all_gather_ring_max_bytes;
             d["reduce_scatter_ring_max_bytes"] = c.reduce_scatter_ring_max_bytes;
             d["cross_memory_min_bytes"] = c.cross_memory_min_bytes;
+            d["parallel_min_bytes"] = c.parallel_min_bytes;
             d["inline_all_reduce"] = c.inline_all_reduce;
             // "auto" resolved by the workspace's device (NOTE [Zero-copy collectives]).
             d["zero_copy_agreement"] = cuda_p2p::ops::to_string(cuda_p2p::ops::resolve_agreement(
@@ -622,6 +650,10 @@ PYBIND11_MODULE(_C, m) {
       .def("largest_free", &cuda_p2p::HeapAllocator::largest_free)
       .def("free_ranges", &cuda_p2p::HeapAllocator::free_ranges);
 
+  m.def("_parallel_grain", &cuda_p2p::ops::parallel_grain, py::arg("bytes"), py::arg("esize"),
+        py::arg("min_bytes"),
+        "Test hook: the elements per piece a host copy / reduction of `bytes` is split into on "
+        "this process's intra-op threads from `min_bytes` on, or 0 (NOTE [Intra-op threads]).");
   m.def("_set_default_group_name", &cuda_p2p::set_default_group_name, py::arg("group_name"),
         "Records the name of torch's default group, a cuda_p2p group being created: the dispatcher "
         "ops' group_name '' (NOTE [The default group's name] in backend/dispatcher_group.cpp).");

@@ -2,7 +2,8 @@
 # Installs what the build, the tests and the benchmarks need, then builds and installs cuda_p2p
 # into .venv. Idempotent: when everything is in place it takes seconds.
 #
-#   Debian packages  libgtest-dev, openmpi-bin, libopenmpi-dev, where apt works (root, online).
+#   Debian packages  libgtest-dev, openmpi-bin, libopenmpi-dev, iproute2, where apt works (root,
+#                    online).
 #                    Without them nothing is skipped: GoogleTest is built from
 #                    third_party/googletest and ctest starts the ranks with tests/cpp/launch.py.
 #   Python           .venv made with --system-site-packages so an importable torch >= 2.11 is
@@ -17,7 +18,8 @@ ROOT=$PWD
 log() { printf '[setup] %s\n' "$*"; }
 
 # --- Debian packages ----------------------------------------------------------------------------
-apt_pkgs=(libgtest-dev openmpi-bin libopenmpi-dev)
+# iproute2: network namespaces and tc for bench.sh --link (tests/python/test_bench.py).
+apt_pkgs=(libgtest-dev openmpi-bin libopenmpi-dev iproute2)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -35,6 +35,13 @@ TINY = {
          "--no-plot", "--timeout", "120", "--core-probe", "0.05"],
         "{out}/c.json",
     ),
+    "bench_fsdp.py": (
+        # It fails (exit 1) when the symmetric variant ran no zero-copy collective, or its
+        # parameters differ from the staged one's.
+        ["--world-sizes", "2", "--layers", "2", "--dim", "16", "--tokens", "4", "--iters", "1",
+         "--warmup", "1", "--json", "{out}/f.json", "--plot", "{out}/f.png"],
+        "{out}/f.json",
+    ),
     "bench_fused.py": (
         ["--world-sizes", "2", "--shapes", "64x32", "--dtypes", "float32", "--iters", "2",
          "--warmup", "1", "--out-dir", "{out}"],
@@ -215,6 +222,70 @@ def test_bench_collectives_zero_copy(tmp_path, agreement):
         assert not any(k.endswith(".zero_copy") for k in hs["paths"]), hs["paths"]
         assert zc["ratio_vs_staged"] > 0 and hs["ratio_vs_staged"] > 0
     assert f"zero-copy  world_size=2  agreement={agreement}" in proc.stdout
+
+
+def test_bench_collectives_threads(tmp_path):
+    # --threads 1 2: one run per thread count; with 2 the large host copies and reductions are
+    # split across the rank's intra-op threads (counted), and the results still equal Gloo's.
+    out = tmp_path / "t.json"
+    args = ["--world-sizes", "2", "--threads", "1", "2", "--sizes", "2M", "--collectives",
+            "reduce_scatter_tensor", "--iters", "3", "--warmup", "1", "--no-barrier", "--peers",
+            "none", "--json", str(out), "--no-plot", "--timeout", "120", "--core-probe", "0"]
+    run_bench("bench_collectives.py", args, tmp_path)
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["threads"] for r in runs] == [1, 2]
+    for r in runs:
+        for entry in r["results"]:
+            assert entry["check"]["ok"], entry
+            assert ("intra_op.split" in entry["paths"]) == (r["threads"] == 2), entry["paths"]
+
+
+def _netns_names() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def test_bench_link_between_namespaces(tmp_path):
+    # bench.sh --hosts 2 --link RATE: each simulated host's ranks in a network namespace of their
+    # own, joined by a veth pair shaped with tbf; the namespaces are gone afterwards. CI runs as
+    # root with iproute2; elsewhere the script says why it skips, and so does this test.
+    import shutil
+
+    before = _netns_names() if shutil.which("ip") else set()
+    out = tmp_path / "l.json"
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "bench.sh"), "--hosts", "2", "--link", "10gbit",
+         "--world-sizes", "2", "--sizes", "4K", "--collectives", "all_reduce", "--iters", "3",
+         "--warmup", "1", "--no-barrier", "--json", str(out), "--no-plot", "--timeout", "120",
+         "--core-probe", "0"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout[-4000:], proc.stderr[-4000:])
+    if "skipped:" in proc.stdout:
+        pytest.skip(proc.stdout.strip().splitlines()[-1])
+    assert _netns_names() == before, "bench.sh --link left network namespaces behind"
+    assert "one TCP stream carried" in proc.stdout
+    data = json.loads(out.read_text())
+    meta = data["meta"]
+    assert meta["hosts"] == 2 and len(meta["netns"]) == 2 and "tbf rate 10gbit" in meta["link"]
+    assert meta["sync"] == "gloo"
+    for entry in data["runs"][0]["results"]:
+        assert entry["check"]["ok"], entry
+        assert any(k.endswith(".hierarchical") for k in entry["paths"]), entry["paths"]
+
+
+def test_bench_link_says_why_it_skips(tmp_path):
+    # Without ip and tc (a PATH without iproute2) --link skips, says so, and exits 0.
+    import shutil
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for tool in ("dirname", "id"):
+        (bindir / tool).symlink_to(shutil.which(tool))
+    proc = subprocess.run(["/bin/bash", str(REPO / "scripts" / "bench.sh"), "--hosts", "2",
+                           "--link", "10gbit"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, env={"PATH": str(bindir)})
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    assert "skipped: it needs root and iproute2" in proc.stdout, proc.stdout
 
 
 def _bench_module(monkeypatch):
