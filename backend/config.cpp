@@ -265,6 +265,7 @@ std::optional<std::string> option_text(const Options& o, const std::string& fiel
   if (field == "symmetric_heap_size") return opt_int(o.symmetric_heap_size);
   if (field == "zero_copy_agreement") return name(o.zero_copy_agreement);
   if (field == "fused_min_flops") return opt_int(o.fused_min_flops);
+  if (field == "parallel_min_bytes") return opt_int(o.parallel_min_bytes);
   TORCH_INTERNAL_ASSERT(false, "cuda_p2p: knob_values: no Options field ", field);
 }
 

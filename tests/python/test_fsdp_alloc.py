@@ -13,23 +13,13 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import cuda_p2p
+from _groups import cached_group
 
 STEPS = 3
 # Odd sizes: the shards are padded (dim 0 of 13 on 2, 3, 4 ranks) and the all-gathers of the
 # layers have different lengths.
 D_IN, D_HID, D_OUT = 7, 13, 5
 
-_groups: dict = {}
-
-
-def _group(key, **options):
-    """A cuda_p2p group over all ranks with these Options (cached; collective on first use)."""
-    if key not in _groups:
-        o = cuda_p2p.ProcessGroupCudaP2P.Options()
-        for k, v in options.items():
-            setattr(o, k, v)
-        _groups[key] = dist.new_group(backend="cuda_p2p", pg_options=o)
-    return _groups[key]
 
 
 def _model():
@@ -50,7 +40,7 @@ def fsdp_train(ctx, where, switch):
 
     # The direct reduce-scatter, as the zero-copy one: the same kernel in the same rank order, so
     # the switch changes no bit (auto would pick the ring for these small sizes).
-    group = ctx.gloo if where == "gloo" else _group((where,), zero_copy_agreement=where,
+    group = ctx.gloo if where == "gloo" else cached_group((where,), zero_copy_agreement=where,
                                                      reduce_scatter_algo="direct")
     mesh = DeviceMesh.from_group(group, "cpu")
     model = _model()
@@ -131,9 +121,9 @@ def alloc_api(ctx):
     out["supports_cuda"] = b.supports_tensor_alloc(torch.device("cuda", 0))
     t = fsdp_view.allocate_tensor(1001, dtype=torch.bfloat16, device=cpu)
     out["tensor"] = (tuple(t.shape), t.dtype, t.device.type, b.symmetric_offset(t) >= 0)
-    off = _group(("off",), zero_copy_agreement="off")
+    off = cached_group(("off",), zero_copy_agreement="off")
     out["supports_off"] = cuda_p2p.get_cuda_p2p_backend(off).supports_tensor_alloc(cpu)
-    nows = _group(("nows",), workspace_collectives=False)
+    nows = cached_group(("nows",), workspace_collectives=False)
     out["supports_no_collectives"] = cuda_p2p.get_cuda_p2p_backend(nows).supports_tensor_alloc(cpu)
     errors = {}
     for name, call in [
@@ -149,7 +139,7 @@ def alloc_api(ctx):
             errors[name] = (type(e).__name__, str(e).split("\n")[0])
     out["errors"] = errors
     # A heap of 64 KiB: 8 KiB fit, 128 KiB do not - an ordinary tensor, counted.
-    small = _group(("small",), symmetric_heap_size=64 << 10)
+    small = cached_group(("small",), symmetric_heap_size=64 << 10)
     sb = cuda_p2p.get_cuda_p2p_backend(small)
     fit = sb.allocate_tensor(2048, dtype=torch.float32, device=cpu)
     big = sb.allocate_tensor(32 << 10, dtype=torch.float32, device=cpu)

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 import _collective_checks as cc
 import cuda_p2p
+from _groups import cached_group
 
 R = dist.ReduceOp
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
@@ -25,22 +26,11 @@ NO_GLOO = (torch.int16,)  # Gloo has no all-reduce for these: plain torch is the
 CHUNK = 4096  # the groups' chunk_bytes: one-shot above it takes several rounds (generic)
 
 
-_groups: dict = {}
-
-
-def _group(key, **options):
-    """A cuda_p2p group over all ranks with these Options (cached; collective on first use)."""
-    if key not in _groups:
-        o = cuda_p2p.ProcessGroupCudaP2P.Options()
-        for k, v in options.items():
-            setattr(o, k, v)
-        _groups[key] = dist.new_group(backend="cuda_p2p", pg_options=o)
-    return _groups[key]
 
 
 def _mixed(ctx, algo="auto"):
     """Even ranks inline, odd ranks generic (and every rank inline when W == 1)."""
-    return _group(("mixed", algo), inline_all_reduce=ctx.rank % 2 == 0, chunk_bytes=CHUNK,
+    return cached_group(("mixed", algo), inline_all_reduce=ctx.rank % 2 == 0, chunk_bytes=CHUNK,
                   all_reduce_algo=algo)
 
 
@@ -136,7 +126,7 @@ def check_interleaved(ctx):
     workspace and a second group, every result checked."""
     W, me = ctx.world_size, ctx.rank
     g = _mixed(ctx)
-    other = _group("plain")  # a second group, inline on every rank
+    other = cached_group("plain")  # a second group, inline on every rank
     failures, cases = [], 0
     sizes = (2, CHUNK // 4 + 3, 5, (8 << 10) // 4 + 1, 1, 300_001, 8, CHUNK // 4)
     for rep in range(3):

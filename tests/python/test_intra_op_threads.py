@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 import cuda_p2p
+from _groups import cached_group
 from cuda_p2p import _C
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
@@ -19,16 +20,6 @@ DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int
 # threshold (1 MiB) is covered by one large payload per collective.
 MIN_BYTES = 4096
 
-_groups: dict = {}
-
-
-def _group(key, **options):
-    if key not in _groups:
-        o = cuda_p2p.ProcessGroupCudaP2P.Options()
-        for k, v in options.items():
-            setattr(o, k, v)
-        _groups[key] = dist.new_group(backend="cuda_p2p", pg_options=o)
-    return _groups[key]
 
 
 def _values(rank, n, dtype, seed=0):
@@ -80,7 +71,7 @@ def threads_case(ctx, dtype_names, n, min_bytes):
     W, rank = ctx.world_size, ctx.rank
     dtypes = [getattr(torch, d) for d in dtype_names]
     key = ("threads", min_bytes)
-    g = _group(key, parallel_min_bytes=min_bytes) if min_bytes is not None else dist.group.WORLD
+    g = cached_group(key, parallel_min_bytes=min_bytes) if min_bytes is not None else dist.group.WORLD
     b = cuda_p2p.get_cuda_p2p_backend(g)
     effective = b.get_collective_config()["parallel_min_bytes"]
     failures = []

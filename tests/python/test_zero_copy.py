@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 import cuda_p2p
+from _groups import cached_group
 from cuda_p2p import _C
 
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64,
@@ -67,17 +68,6 @@ def test_allocator_is_deterministic():
 # ---------------------------------------------------------------------------------------------
 # rank side
 
-_groups: dict = {}
-
-
-def _group(key, **options):
-    """A cuda_p2p group over all ranks with these Options (cached; collective on first use)."""
-    if key not in _groups:
-        o = cuda_p2p.ProcessGroupCudaP2P.Options()
-        for k, v in options.items():
-            setattr(o, k, v)
-        _groups[key] = dist.new_group(backend="cuda_p2p", pg_options=o)
-    return _groups[key]
 
 
 def _counters(group):
@@ -122,7 +112,7 @@ def _collectives_case(ctx, agreement):
     zero_copy_agreement ("exchange", the host's default, or "signature", CUDA's: the same code the
     GPU runs, NOTE [Zero-copy collectives])."""
     W, me = ctx.world_size, ctx.rank
-    g = _group(f"zc_{agreement}", zero_copy_agreement=agreement)
+    g = cached_group(f"zc_{agreement}", zero_copy_agreement=agreement)
     signature = agreement == "signature"
     chk = Checker()
     chk.case("mode reported", cuda_p2p.get_cuda_p2p_backend(g).get_collective_config()[
@@ -232,7 +222,7 @@ def test_zero_copy_collectives(any_world, agreement):
 
 def _fallback_case(ctx):
     W, me = ctx.world_size, ctx.rank
-    g = _group("zc")
+    g = cached_group("zc")
     chk = Checker()
     n = 1001
     ref = torch.cat([_values(q, n, torch.float32) for q in range(W)])
@@ -322,7 +312,7 @@ def _signature_case(ctx):
     claim differently raise a signature mismatch on every rank, the group stays usable, ordinary
     inputs stage with no claim, and an explicit setting that differs between ranks is named."""
     W, me = ctx.world_size, ctx.rank
-    g = _group("zc_signature", zero_copy_agreement="signature")
+    g = cached_group("zc_signature", zero_copy_agreement="signature")
     chk = Checker()
     n = 1001
     ref = torch.cat([_values(q, n, torch.float32) for q in range(W)])
@@ -386,7 +376,7 @@ def _signature_case(ctx):
     # The settings themselves: on a group with a heap, a rank that asks for signature among ranks
     # that exchange is named in the mismatch (their phases would differ); without a heap the
     # setting changes nothing, and is not compared.
-    mixed = _group("zc_mixed", zero_copy_agreement="signature" if me == 0 else "auto")
+    mixed = cached_group("zc_mixed", zero_copy_agreement="signature" if me == 0 else "auto")
     y = _fill(torch.empty(n), me)
     dist.all_gather_into_tensor(out, y, group=mixed)
     chk.case("mixed settings, no heap", torch.equal(out, ref))
@@ -404,7 +394,7 @@ def _off_case(ctx):
     """zero_copy_agreement="off": symmetric inputs stage like any other (no zero-copy counter, no
     claim, mixed heap and ordinary inputs fine), results as ever."""
     W, me = ctx.world_size, ctx.rank
-    g = _group("zc_off", zero_copy_agreement="off")
+    g = cached_group("zc_off", zero_copy_agreement="off")
     chk = Checker()
     chk.case("mode reported",
              cuda_p2p.get_cuda_p2p_backend(g).get_collective_config()["zero_copy_agreement"]
@@ -464,7 +454,7 @@ def test_zero_copy_agreement_option():
 
 def _heap_case(ctx):
     chk = Checker()
-    g = _group("small_heap", symmetric_heap_size=1 << 20)
+    g = cached_group("small_heap", symmetric_heap_size=1 << 20)
     b = cuda_p2p.get_cuda_p2p_backend(g)
     chk.case("lazy", b.symmetric_heap_info()["created"] == 0)
     chk.case("device", b.symmetric_device() == torch.device("cpu"), f"{b.symmetric_device()}")
@@ -527,7 +517,7 @@ def _heap_case(ctx):
         (lambda: b.symmetric_peer_tensor(cuda_p2p.empty(3, group=g), ctx.world_size), ValueError,
          "rank must be in [0, "),
     ]
-    off = _group("no_workspace", enable_workspace=False)
+    off = cached_group("no_workspace", enable_workspace=False)
     errors.append((lambda: cuda_p2p.empty(2, group=off), RuntimeError, "unavailable"))
     errors.append((lambda: cuda_p2p.get_mem_pool(off), RuntimeError, "unavailable"))
     errors.append((lambda: cuda_p2p.use_symmetric_memory(off).__enter__(), RuntimeError,
@@ -693,7 +683,7 @@ def _options(**options):
 
 def _context_case(ctx):
     W, me = ctx.world_size, ctx.rank
-    g = _group("zc")
+    g = cached_group("zc")
     chk = Checker()
     plain = torch.arange(6.0).view(2, 3)
     out = torch.empty(3)
@@ -761,7 +751,7 @@ def test_use_symmetric_memory(world3):
 
 def _two_groups_case(ctx):
     W, me = ctx.world_size, ctx.rank
-    g1, g2 = _group("side_a"), _group("side_b")
+    g1, g2 = cached_group("side_a"), cached_group("side_b")
     chk = Checker()
     n = 777
     a = _fill(cuda_p2p.empty(n, group=g1), me)
@@ -790,7 +780,7 @@ def _fused_case(ctx, agreement):
     tensor makes every rank stage (exchange) or raise a signature mismatch (signature); the input
     is intact and the group goes on working after each."""
     W, me = ctx.world_size, ctx.rank
-    g = _group(f"zc_{agreement}", zero_copy_agreement=agreement)
+    g = cached_group(f"zc_{agreement}", zero_copy_agreement=agreement)
     chk = Checker()
     key = "fused_all_gather_matmul.zero_copy"
 
