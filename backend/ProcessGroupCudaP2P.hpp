@@ -113,9 +113,10 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // and dtype aliasing `rank`'s heap at t's offset, on this rank's mapping of it. Meaningful when
   // the ranks allocated alike (equal offsets); it keeps the heap's mapping alive.
   at::Tensor symmetric_peer_tensor(const at::Tensor& t, int64_t rank) const;
-  // {created, capacity, used_bytes, live_blocks, largest_free, segments, segment_bytes} of the
-  // heap (zeros before it): blocks count cuda_p2p.empty tensors and MemPool segments alike,
-  // segments those of the MemPool allocator (NOTE [Heap under a MemPool]).
+  // {created, capacity, used_bytes, live_blocks, deferred_blocks, largest_free, segments,
+  // segment_bytes} of the heap (zeros before it): blocks count cuda_p2p.empty tensors and MemPool
+  // segments alike (deferred: freed on a CUDA heap, NOTE [Heap frees in stream order]), segments
+  // those of the MemPool allocator (NOTE [Heap under a MemPool]).
   std::map<std::string, int64_t> symmetric_heap_info() const;
   // CUDA: the allocator of a torch.cuda.MemPool whose segments are carved from this rank's heap
   // (NOTE [Heap under a MemPool] in backend/symmetric_allocator.cpp); collective the first time

@@ -220,13 +220,16 @@ at::Tensor ProcessGroupCudaP2P::allocateTensor(long size, at::TensorOptions opti
 std::map<std::string, int64_t> ProcessGroupCudaP2P::symmetric_heap_info() const {
   std::lock_guard<std::mutex> lock(heap_mutex_);
   if (!heap_) {
-    return {{"created", 0},      {"capacity", 0}, {"used_bytes", 0},   {"live_blocks", 0},
-            {"largest_free", 0}, {"segments", 0}, {"segment_bytes", 0}};
+    return {{"created", 0},         {"capacity", 0},     {"used_bytes", 0}, {"live_blocks", 0},
+            {"deferred_blocks", 0}, {"largest_free", 0}, {"segments", 0},   {"segment_bytes", 0}};
   }
   return {{"created", 1},
           {"capacity", heap_allocator_->capacity()},
           {"used_bytes", heap_allocator_->used_bytes()},
-          {"live_blocks", heap_allocator_->live_blocks()},
+          // A block freed in stream order (NOTE [Heap frees in stream order]) has no tensor any
+          // more: it counts as deferred, not live, until an allocation reclaims it.
+          {"live_blocks", heap_allocator_->live_blocks() - heap_allocator_->deferred_blocks()},
+          {"deferred_blocks", heap_allocator_->deferred_blocks()},
           {"largest_free", heap_allocator_->largest_free()},
           {"segments", heap_segments_->segments()},
           {"segment_bytes", heap_segments_->bytes()}};

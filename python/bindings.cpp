@@ -489,8 +489,10 @@ PYBIND11_MODULE(_C, m) {
            "`tensor` (in this rank's symmetric heap) as `rank` holds it: its sizes, strides and "
            "dtype at the same offset of `rank`'s heap, aliasing this rank's mapping of it.")
       .def("symmetric_heap_info", &ProcessGroupCudaP2P::symmetric_heap_info,
-           "{created, capacity, used_bytes, live_blocks, largest_free, segments, segment_bytes} of "
-           "the symmetric heap (segments: those of its MemPool allocator, cached ones included).")
+           "{created, capacity, used_bytes, live_blocks, deferred_blocks, largest_free, segments, "
+           "segment_bytes} of the symmetric heap (live_blocks: blocks with a tensor; "
+           "deferred_blocks: freed on a CUDA heap, reclaimed in stream order by a later "
+           "allocation; segments: those of its MemPool allocator, cached ones included).")
       .def("get_counters", &ProcessGroupCudaP2P::counters,
            "Which paths ran: {'all_reduce.one_shot': 3, 'all_reduce.wrapped': 1, ...}.")
       .def("reset_counters", &ProcessGroupCudaP2P::reset_counters)
@@ -696,8 +698,7 @@ PYBIND11_MODULE(_C, m) {
             });
         return py::make_tuple(choice.index, choice.from);
       },
-      py::arg("bound_device"), py::arg("device_count"), py::arg("current_device"),
-      py::arg("env"),
+      py::arg("bound_device"), py::arg("device_count"), py::arg("current_device"), py::arg("env"),
       "Test hook: (index, rule) of the GPU a CUDA workspace would take, with `env` as the "
       "environment (NOTE [The workspace's GPU] in backend/config.cpp).");
   m.def(

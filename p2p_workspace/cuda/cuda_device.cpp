@@ -262,6 +262,8 @@ class CudaWatchedWait : public WatchedWait {
   ~CudaWatchedWait() override {
     if (before) res_.put(before);
     if (after) res_.put(after);
+    if (probe_event) res_.put(probe_event);
+    if (probe.first) res_.put(probe);
     for (auto& g : give_ups) res_.put(g);
   }
 
@@ -286,16 +288,32 @@ class CudaWatchedWait : public WatchedWait {
     }
     return peers;
   }
+  // NOTE [Reading a blocked wait's words]
+  // The waiting stream is blocked, so the words are read through the device's reader stream,
+  // into pinned memory taken when the wait was enqueued (a copy into pageable memory, or an
+  // allocation now, may wait for the whole device), and for at most kReadLimit: the watchdog
+  // thread must never block here, since the release of every wait comes after this read. On
+  // the first GPU run of the release test (2026-11-27) the watchdog never reported a missed
+  // deadline while the test's main thread sat in cudaDeviceSynchronize() behind the wait; the
+  // read then copied into pageable memory and synchronized the reader stream without a limit.
+  // A word that could not be read in time names its peer as missing.
+  static constexpr Millis kReadLimit{1000};
   std::vector<int> missing() override {
-    // The waiting stream is blocked: read the words through the device's reader stream.
     std::vector<int> peers;
     std::lock_guard<std::mutex> lock(reader_mu_);
-    for (const auto& w : waits_) {
-      uint32_t word = 0;
-      if (cudaMemcpyAsync(&word, w.addr, sizeof(word), cudaMemcpyDeviceToHost, reader_) ==
-              cudaSuccess &&
-          cudaStreamSynchronize(reader_) == cudaSuccess && !signal_reached(word, w.value)) {
-        peers.push_back(w.peer);
+    for (size_t first = 0; first < waits_.size(); first += cuda::kMaxKernelWaits) {
+      const size_t last = std::min(waits_.size(), first + cuda::kMaxKernelWaits);
+      bool read = probe.first != nullptr && probe_event != nullptr;
+      for (size_t w = first; read && w < last; ++w) {
+        read = cudaMemcpyAsync(&probe.first->missing[w - first], waits_[w].addr, sizeof(uint32_t),
+                               cudaMemcpyDeviceToHost, reader_) == cudaSuccess;
+      }
+      read = read && cudaEventRecord(probe_event, reader_) == cudaSuccess &&
+             done_within(probe_event, kReadLimit);
+      for (size_t w = first; w < last; ++w) {
+        if (!read || !signal_reached(load(probe.first->missing[w - first]), waits_[w].value)) {
+          peers.push_back(waits_[w].peer);
+        }
       }
     }
     (void)cudaGetLastError();
@@ -311,6 +329,9 @@ class CudaWatchedWait : public WatchedWait {
   cudaEvent_t before = nullptr;
   cudaEvent_t after = nullptr;
   std::vector<std::pair<cuda::KernelGiveUp*, cuda::KernelGiveUp*>> give_ups;
+  // NOTE [Reading a blocked wait's words]: pinned words for missing(), and its event.
+  std::pair<cuda::KernelGiveUp*, cuda::KernelGiveUp*> probe{nullptr, nullptr};
+  cudaEvent_t probe_event = nullptr;
 
  private:
   static bool done(cudaEvent_t e) {
@@ -320,6 +341,16 @@ class CudaWatchedWait : public WatchedWait {
   }
   static uint32_t load(const uint32_t& word) {
     return *static_cast<const volatile uint32_t*>(&word);  // written by the GPU
+  }
+  static bool done_within(cudaEvent_t e, Millis limit) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    auto nap = std::chrono::microseconds(10);
+    while (!done(e)) {
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(nap);
+      nap = std::min<std::chrono::microseconds>(nap * 2, std::chrono::microseconds(10000));
+    }
+    return true;
   }
 
   WaitResources& res_;
@@ -397,10 +428,19 @@ class CudaDevice : public Device {
     // order on it replaces cudaDeviceSynchronize, which would also wait for unrelated work.
     CUDA_P2P_CUDA_CHECK(cudaStreamCreateWithFlags(&aux_, cudaStreamNonBlocking));
     aux_writer_ = AuxWriter{aux_, &aux_mu_, write_value_, index_};
+    // NOTE [Replay-safe signals]: where a captured wait that gives up says so. Allocated now:
+    // nothing may be allocated during a capture.
+    void* give_up = nullptr;
+    CUDA_P2P_CUDA_CHECK(cudaHostAlloc(&give_up, sizeof(cuda::GraphGiveUp), cudaHostAllocMapped));
+    std::memset(give_up, 0, sizeof(cuda::GraphGiveUp));
+    graph_give_up_ = static_cast<cuda::GraphGiveUp*>(give_up);
+    void* give_up_dev = nullptr;
+    CUDA_P2P_CUDA_CHECK(cudaHostGetDevicePointer(&give_up_dev, give_up, 0));
+    graph_give_up_dev_ = static_cast<cuda::GraphGiveUp*>(give_up_dev);
     watchdog_ = std::make_unique<Watchdog>(failure_, [dev = index_] {
       (void)cudaSetDevice(dev);
       // Its event queries must not invalidate a graph another thread is capturing in the global
-      // mode (the events it queries are never captured: check_not_capturing).
+      // mode (the events it queries are never captured: NOTE [Replay-safe signals]).
       cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
       (void)cudaThreadExchangeStreamCaptureMode(&mode);
       (void)cudaGetLastError();
@@ -414,6 +454,7 @@ class CudaDevice : public Device {
     QuietDeviceSwitch guard(index_);
     for (auto stream : own_streams_) (void)cudaStreamDestroy(stream);
     (void)cudaStreamDestroy(aux_);
+    if (graph_give_up_) (void)cudaFreeHost(graph_give_up_);
     (void)cudaGetLastError();
   }
 
@@ -546,6 +587,51 @@ class CudaDevice : public Device {
     }
   }
 
+  // --- NOTE [Replay-safe signals] in p2p_workspace/symmetric_workspace.cpp ---
+  uint64_t capture_id(Stream& s) override {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    unsigned long long id = 0;
+    const cudaError_t err = cudaStreamGetCaptureInfo(as_cuda(s).stream.stream(), &status, &id);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      TORCH_CHECK(false, "cuda_p2p: cudaStreamGetCaptureInfo failed: ", cudaGetErrorString(err));
+    }
+    TORCH_CHECK(status != cudaStreamCaptureStatusInvalidated,
+                "cuda_p2p: the stream's CUDA graph capture was invalidated (an earlier call broke "
+                "it); end the capture and start again");
+    return status == cudaStreamCaptureStatusActive ? (id == 0 ? 1 : id) : 0;
+  }
+  void advance_counter(Stream& s, uint32_t* counter, uint32_t delta) override {
+    c10::cuda::CUDAGuard guard(index_);
+    CUDA_P2P_CUDA_CHECK(cuda::launch_advance_counter(counter, delta, as_cuda(s).stream.stream()));
+  }
+  void write_counted(Stream& s, uint32_t* addr, const uint32_t* counter, uint32_t offset) override {
+    c10::cuda::CUDAGuard guard(index_);
+    CUDA_P2P_CUDA_CHECK(
+        cuda::launch_write_counted(addr, counter, offset, as_cuda(s).stream.stream()));
+  }
+  // The wait kernel gives up by itself at `timeout` (the GPU's clock): no watchdog can follow a
+  // replay's waits, whose events are the graph's. It flags the peers in graph_give_up_, which
+  // check_healthy and every host poll turn into the device's failure.
+  void wait_counted(Stream& s, std::vector<CountedWait> waits, Millis timeout,
+                    std::string context) override {
+    check_healthy(context.c_str());
+    c10::cuda::CUDAGuard guard(index_);
+    auto stream = as_cuda(s).stream.stream();
+    for (size_t i = 0; i < waits.size(); i += cuda::kMaxKernelWaits) {
+      cuda::CountedKernelWaits kw{};
+      for (size_t j = i; j < waits.size() && j < i + cuda::kMaxKernelWaits; ++j) {
+        kw.addr[kw.count] = waits[j].addr;
+        kw.counter[kw.count] = waits[j].counter;
+        kw.offset[kw.count] = waits[j].offset;
+        kw.peer[kw.count] = waits[j].peer;
+        ++kw.count;
+      }
+      CUDA_P2P_CUDA_CHECK(cuda::launch_wait_counted(
+          kw, static_cast<uint64_t>(timeout.count()) * 1000000ull, graph_give_up_dev_, stream));
+    }
+  }
+
   // NOTE [Device failure] (p2p_workspace/watchdog.hpp): the waits are bracketed by two events
   // and handed to the watchdog, which enforces `timeout` from the moment the stream reaches them.
   void wait_signals(Stream& s, std::vector<SignalWait> waits, Millis timeout,
@@ -554,9 +640,14 @@ class CudaDevice : public Device {
     if (waits.empty()) return;
     c10::cuda::CUDAGuard guard(index_);
     auto stream = as_cuda(s).stream.stream();
+    TORCH_CHECK(capture_id(s) == 0, "cuda_p2p ", context,
+                ": a sequence-numbered wait on a stream being captured (NOTE [Replay-safe "
+                "signals]); this op should have used a counted wait");
     auto watched =
         std::make_unique<CudaWatchedWait>(resources_, waits, aux_, aux_mu_, stream, aux_writer_);
     watched->before = resources_.event();
+    watched->probe = resources_.give_up();
+    watched->probe_event = resources_.event();
     CUDA_P2P_CUDA_CHECK(cudaEventRecord(watched->before, stream));
     if (wait_value_) {
       for (const auto& w : waits) {
@@ -699,17 +790,9 @@ class CudaDevice : public Device {
 
   // NOTE [Releasing blocked waits]: every pending wait is released, so that the streams drain.
   void abort(const std::string& why) override { watchdog_->fail(why); }
-  void check_healthy(const char* op) override { failure_.check(op); }
-
-  void check_not_capturing(Stream& s, const char* op) override {
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    const cudaError_t err = cudaStreamIsCapturing(as_cuda(s).stream.stream(), &status);
-    if (err != cudaSuccess) (void)cudaGetLastError();
-    TORCH_CHECK(err == cudaSuccess && status == cudaStreamCaptureStatusNone, "cuda_p2p ", op,
-                ": cannot run while its stream is being captured into a CUDA graph (",
-                err != cudaSuccess ? cudaGetErrorString(err) : "capture status active",
-                "): its signals are absolute sequence numbers, so a replay would wait for "
-                "signals the captured run consumed; call it outside the graph");
+  void check_healthy(const char* op) override {
+    check_graph_give_up();
+    failure_.check(op);
   }
 
   void record_stream(const at::Tensor& t, Stream& s) override {
@@ -763,6 +846,7 @@ class CudaDevice : public Device {
         (void)cudaGetLastError();
         TORCH_CHECK(false, "cuda_p2p ", op, ": the stream failed: ", cudaGetErrorString(q));
       }
+      check_graph_give_up();
       failure_.check(op);
       TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "cuda_p2p ", op, " on ", name(),
                   ": the stream did not finish within the group's timeout of ", limit.count(),
@@ -772,8 +856,25 @@ class CudaDevice : public Device {
       nap = std::min<std::chrono::microseconds>(nap * 2, std::chrono::microseconds(1000));
     }
     watchdog_->poll_now();
+    check_graph_give_up();
     failure_.check(op);
     if (auto err = host_errors_->take()) std::rethrow_exception(err);
+  }
+
+  // A counted wait of a replayed graph that gave up (NOTE [Replay-safe signals]) fails the device
+  // for good, naming the peers it gave up on, and releases the eager waits like any failure.
+  void check_graph_give_up() {
+    const auto* g = graph_give_up_;
+    if (g == nullptr || *static_cast<const volatile uint32_t*>(&g->gave_up) == 0) return;
+    std::vector<int> peers;
+    for (int r = 0; r < 128; ++r) {
+      if (*static_cast<const volatile uint32_t*>(&g->peer_bits[r / 32]) & (1u << (r % 32))) {
+        peers.push_back(r);
+      }
+    }
+    watchdog_->fail("a wait of a replayed CUDA graph timed out: " + describe_ranks(peers) +
+                    " never arrived (the graph's kernels went on with stale data; NOTE "
+                    "[Replay-safe signals])");
   }
 
   const int index_;
@@ -792,8 +893,10 @@ class CudaDevice : public Device {
   std::set<cudaStream_t> callers_;         // handed to ops since the last drain
   FailureState failure_;
   std::shared_ptr<HostTaskErrors> host_errors_ = std::make_shared<HostTaskErrors>();
-  WaitResources resources_;             // outlives watchdog_
-  std::unique_ptr<Watchdog> watchdog_;  // NOTE [Device failure]
+  cuda::GraphGiveUp* graph_give_up_ = nullptr;      // host-mapped: NOTE [Replay-safe signals]
+  cuda::GraphGiveUp* graph_give_up_dev_ = nullptr;  // its device address
+  WaitResources resources_;                         // outlives watchdog_
+  std::unique_ptr<Watchdog> watchdog_;              // NOTE [Device failure]
 };
 
 }  // namespace

@@ -654,7 +654,12 @@ TEST(CudaBackend, SymmetricHeapTensorsSitAtEqualOffsetsAndPeersReadThem) {
   c10::cuda::device_synchronize();
   a = at::Tensor();
   b = at::Tensor();
-  EXPECT_EQ(f.pg->symmetric_heap_info().at("live_blocks"), 0);
+  // NOTE [Heap frees in stream order]: the blocks have no tensor any more, but return to the heap
+  // only when an allocation reclaims them (the first GPU run of this test, 2026-11-27, found
+  // them still counted as live).
+  info = f.pg->symmetric_heap_info();
+  EXPECT_EQ(info.at("live_blocks"), 0);
+  EXPECT_EQ(info.at("deferred_blocks"), 2);
 }
 #endif
 

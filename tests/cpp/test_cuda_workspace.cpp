@@ -13,6 +13,8 @@
 #ifdef CUDA_P2P_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
 #endif
 
 namespace cuda_p2p::test {
@@ -119,9 +121,33 @@ TEST(CudaWorkspace, AFailureReleasesTheBlockedStreamSoTheGpuDrains) {
         ws->barrier(*s, 0, by_abort ? Millis(600000) : Millis(300));
         auto behind = at::ones({1024}, at::TensorOptions().device(at::kCUDA, dev)) * 2;
         if (by_abort) ws->abort("aborted by the test");
-        c10::cuda::device_synchronize();  // hangs here if the wait was not released
-        EXPECT_EQ(behind.sum().item<float>(), 2048.0f);
-        EXPECT_THROW(ws->device().synchronize(*s), c10::Error);  // the failure is sticky
+        // Bounded first, so that a stream that is never released fails the test, saying whether
+        // the device had failed (the first GPU run, 2026-11-27, hung in device_synchronize()
+        // without a word: NOTE [Reading a blocked wait's words]).
+        const cudaStream_t raw = c10::cuda::getCurrentCUDAStream(dev).stream();
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+        while (cudaStreamQuery(raw) == cudaErrorNotReady &&
+               std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        const bool released = cudaStreamQuery(raw) == cudaSuccess;
+        std::string failure = "(none)";
+        try {
+          ws->device().check_healthy("test");
+        } catch (const c10::Error& e) {
+          failure = e.what();
+        }
+        EXPECT_NE(failure.find(by_abort ? "aborted by the test" : "never arrived"),
+                  std::string::npos)
+            << failure;
+        if (!released) {
+          ADD_FAILURE() << "the stream was not released within 30 s; the device's failure: "
+                        << failure;
+        } else {
+          c10::cuda::device_synchronize();  // returns too: nothing is left behind the wait
+          EXPECT_EQ(behind.sum().item<float>(), 2048.0f);
+          EXPECT_THROW(ws->device().synchronize(*s), c10::Error);  // the failure is sticky
+        }
       }
       store_barrier(by_abort ? "abort-done" : "deadline-done");
     }

@@ -595,8 +595,11 @@ def check_symmetric_tensors(ctx):
     W, rank, dev = ctx.world_size, ctx.rank, _device()
     # direct algorithms: were the pool's offsets to differ, the disagreeing ranks would run the
     # same signals (a ring would wait for its neighbour until the timeout)
+    # Zero-copy on a GPU workspace is an opt-in (NOTE [CUDA zero-copy is opt-in]): the first run
+    # after it became one (2026-11-27) found this check counting staged collectives.
     g = _group(("heap",), buffer_size=BUFFER, symmetric_heap_size=HEAP,
-               timeout=ZERO_COPY_TIMEOUT, all_gather_algo="direct", reduce_scatter_algo="direct")
+               timeout=ZERO_COPY_TIMEOUT, all_gather_algo="direct", reduce_scatter_algo="direct",
+               zero_copy_agreement="signature")
     b = cuda_p2p.get_cuda_p2p_backend(g)
     chk = Checker(f"symmetric tensors W={W}")
     chk.case("heap device", b.symmetric_device() == dev, f"{b.symmetric_device()}")
