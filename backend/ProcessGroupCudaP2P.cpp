@@ -165,7 +165,6 @@ void ProcessGroupCudaP2P::intra_node_barrier(const std::vector<int64_t>& ranks,
   auto& device = workspace_->device();
   auto stream = device.current_stream();
   device.check_healthy("intra_node_barrier");
-  device.check_not_capturing(*stream, "intra_node_barrier");
   workspace_->begin_op(*stream);  // NOTE [One order per group]
   workspace_->barrier(*stream, ops::kApiChannel, timeout, members);
   workspace_->end_op(*stream);

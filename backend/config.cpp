@@ -283,8 +283,8 @@ std::vector<KnobValue> knob_values(const Options& o, const EnvLookup& env) {
     }
     if (!k.env.empty()) {
       // A name knob's "auto" leaves the choice to the default, as resolve_config reads it.
-      if (auto text = env(k.env); text && !(k.type.find('|') != std::string::npos &&
-                                            lower(*text) == "auto")) {
+      if (auto text = env(k.env);
+          text && !(k.type.find('|') != std::string::npos && lower(*text) == "auto")) {
         v = {&k, *text, "environment"};
       }
     }

@@ -47,14 +47,14 @@ void ProcessGroupCudaP2P::run_collective(
   auto stream = device.current_stream();
   // Before anything is enqueued (NOTE [Device failure] in p2p_workspace/watchdog.hpp).
   device.check_healthy(what);
-  device.check_not_capturing(*stream, what);
   workspace_->begin_op(*stream);
   const ops::CollectiveContext ctx{*workspace_, *stream, ops::kCollectiveChannel, collective_state_,
                                    config_.collective};
   try {
     fn(ctx);
-    // NOTE [Host ops return complete] in ops/pipeline_common.hpp.
-    if (!device.runs_inline(*stream) && device.tensor_device().is_cpu()) {
+    // NOTE [Host ops return complete] in ops/pipeline_common.hpp (a captured op has not run).
+    if (!device.runs_inline(*stream) && device.tensor_device().is_cpu() &&
+        !workspace_->capturing(*stream)) {
       device.synchronize(*stream);
     }
   } catch (const ops::SignatureMismatch&) {
@@ -69,6 +69,8 @@ void ProcessGroupCudaP2P::run_collective(
   }
   TORCH_INTERNAL_ASSERT(!collective_state_.pending, "cuda_p2p ", what,
                         ": the op's signature was never compared");
+  // NOTE [Replay-safe signals]: an op enqueued under capture counts once here, when captured.
+  if (workspace_->capturing(*stream)) bump_counter(std::string(what) + ".graph");
   workspace_->end_op(*stream);
 }
 
@@ -145,7 +147,8 @@ WorkPtr ProcessGroupCudaP2P::completed(c10d::OpType type, std::vector<at::Tensor
   std::shared_ptr<Event> end;
   if (workspace_ && !workspace_->device().tensor_device().is_cpu()) {
     device = workspace_->device_ptr();
-    end = workspace_->last_op();
+    // Under capture, the op's captured end (NOTE [Replay-safe signals]).
+    end = workspace_->last_op(device->capture_id(*device->current_stream()));
   }
   return track(c10::make_intrusive<CompletedWork>(getRank(), type, std::move(outputs),
                                                   std::move(device), std::move(end)));

@@ -93,7 +93,7 @@ void ProcessGroupCudaP2P::debug_fallback(std::string_view name, const char* why)
   }
   std::string reason;
   if (why == nullptr) {
-    reason = name.ends_with(".unfused") ? "the GEMM is below fused_min_flops"
+    reason = name.ends_with(".unfused")   ? "the GEMM is below fused_min_flops"
              : name.ends_with(".wrapped") ? "see the group's line"
                                           : "the counter's name says why";
   } else if (std::string_view(why) == kWorkspaceOff) {

@@ -88,17 +88,18 @@ AllGatherAlgo all_gather(const CollectiveContext& ctx, const at::Tensor& input,
                 " bytes, got ", o.nbytes(), " bytes");
     g.out.push_back(detail::bytes_of(o));
   }
+  const detail::CaptureBracket bracket(ctx);
   ctx.state.last_private_reads = false;
   ctx.state.last_zero_copy = false;
   if (algo == AllGatherAlgo::kAuto) {
-    algo = select_all_gather(ctx.config, g.bytes * W, W, ctx.ws.private_reads());
+    algo = select_all_gather(ctx.config, g.bytes * W, W, detail::private_reads(ctx));
   }
   if (W == 1) {
     copy(ctx, g.out[0], g.input, g.bytes);
     return algo;
   }
   const bool read = algo == AllGatherAlgo::kDirect &&
-                    uses_private_reads(ctx.config, g.bytes * W, ctx.ws.private_reads());
+                    uses_private_reads(ctx.config, g.bytes * W, detail::private_reads(ctx));
   // NOTE [Zero-copy collectives], step 1': in the signature, when the group agrees that way.
   const std::string claim = detail::claim_all_gather(ctx, g.input, g.bytes, g.out);
   // Compared at the first phase barrier of the direct algorithms, at a handshake of their own
@@ -117,7 +118,7 @@ AllGatherAlgo all_gather(const CollectiveContext& ctx, const at::Tensor& input,
   if (detail::all_gather_zero_copy(ctx, g.input, equal, g.out)) return AllGatherAlgo::kDirect;
   switch (algo) {
     case AllGatherAlgo::kDirect: {
-      if (uses_private_reads(ctx.config, g.bytes * W, ctx.ws.private_reads())) {
+      if (uses_private_reads(ctx.config, g.bytes * W, detail::private_reads(ctx))) {
         direct_read(ctx, g);
         ctx.state.last_private_reads = true;
         break;

@@ -58,6 +58,7 @@ void all_gather_v(const CollectiveContext& ctx, const at::Tensor& input,
                 bytes[q], " bytes, got ", outputs[q].nbytes());
     out.push_back(detail::bytes_of(outputs[q]));
   }
+  const detail::CaptureBracket bracket(ctx);
   ctx.state.zero_copy_claim.reset();  // it never claims (NOTE [Zero-copy collectives])
   std::string sizes;
   for (int q = 0; q < W; ++q) sizes += (q ? ", " : "") + std::to_string(bytes[q]);

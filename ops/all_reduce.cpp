@@ -395,6 +395,7 @@ AllReduceAlgo all_reduce(const CollectiveContext& ctx, const at::Tensor& input,
               output.scalar_type());
   Args a{detail::bytes_of(input), detail::bytes_of(output), input.numel(), input.scalar_type(),
          static_cast<int64_t>(input.element_size())};
+  const detail::CaptureBracket bracket(ctx);
   if (algo == AllReduceAlgo::kAuto) algo = select_all_reduce(ctx.config, a.numel * a.esize, W);
   ctx.state.last_zero_copy = false;     // only the zero-copy path below sets it
   ctx.state.last_large_rounds = false;  // nor the two-shot's large rounds

@@ -19,7 +19,8 @@ void broadcast(const CollectiveContext& ctx, const at::Tensor& tensor, int root)
   ctx.state.last_private_reads = false;
   ctx.state.last_zero_copy = false;
   if (W == 1) return;
-  const bool read = uses_private_reads(ctx.config, bytes, ctx.ws.private_reads());
+  const detail::CaptureBracket bracket(ctx);
+  const bool read = uses_private_reads(ctx.config, bytes, detail::private_reads(ctx));
   // NOTE [Zero-copy collectives], step 1': in the signature, when the group agrees that way (a
   // copy-free broadcast reads the root's tensor wherever it is, so it never claims).
   std::string claim;

@@ -35,7 +35,29 @@ struct Phase {
   c10::SmallVector<char*, 8> region;  // by rank: the start of this phase's region
   int64_t bytes = 0;
   uint64_t index = 0;
+  // Begun under capture: guarded by the graph done words (NOTE [Replay-safe signals]).
+  bool graph = false;
 };
+// NOTE [Replay-safe signals] (p2p_workspace/symmetric_workspace.cpp): a collective enqueued
+// under capture begins and ends with a barrier of its channel, so that no peer still reads this
+// rank's buffer from an earlier op when it begins, nor from this one when the next op (eager,
+// another graph, the next replay) begins. Nothing outside a capture; the closing barrier is not
+// enqueued when the op raises.
+class CaptureBracket {
+ public:
+  explicit CaptureBracket(const CollectiveContext& ctx);
+  ~CaptureBracket();
+  CaptureBracket(const CaptureBracket&) = delete;
+  CaptureBracket& operator=(const CaptureBracket&) = delete;
+
+ private:
+  const CollectiveContext& ctx_;
+  bool active_;
+  int exceptions_;
+};
+// Whether the op may read peers' private memory: the workspace offers it, and the stream is not
+// being captured (NOTE [Replay-safe signals]).
+bool private_reads(const CollectiveContext& ctx);
 // Advances the phase counter and returns the regions of the new phase, once every peer has
 // finished reading this rank's region of the same half (phase index-2): the reuse guard.
 Phase begin_phase(const CollectiveContext& ctx);

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <numeric>
 #include <string>
 
@@ -169,6 +170,10 @@ AllReduceAlgo select_all_reduce(const CollectiveConfig& config, int64_t bytes, i
 
 void barrier(const CollectiveContext& ctx, std::optional<Millis> timeout) {
   if (ctx.ws.world_size() == 1) return;
+  if (ctx.ws.capturing(ctx.stream)) {  // NOTE [Replay-safe signals]: no signature
+    ctx.ws.barrier(ctx.stream, ctx.channel, timeout);
+    return;
+  }
   const OpSignature sig = OpSignature::of(OpKind::kBarrier, "");
   publish_signature(ctx.ws, ctx.stream, ctx.channel, ctx.state.signature, sig);
   ctx.ws.barrier(ctx.stream, ctx.channel, timeout);
@@ -211,8 +216,38 @@ int64_t round_bytes(const CollectiveContext& ctx, int64_t unit, int64_t slots) {
   return bytes;
 }
 
+CaptureBracket::CaptureBracket(const CollectiveContext& ctx)
+    : ctx_(ctx),
+      active_(ctx.ws.world_size() > 1 && ctx.ws.capturing(ctx.stream)),
+      exceptions_(std::uncaught_exceptions()) {
+  if (active_) ctx.ws.barrier(ctx.stream, ctx.channel);
+}
+
+CaptureBracket::~CaptureBracket() {
+  if (!active_ || std::uncaught_exceptions() > exceptions_) return;
+  try {
+    ctx_.ws.barrier(ctx_.stream, ctx_.channel);
+  } catch (...) {
+    // Enqueueing failed (a failed device): the group's next call raises that failure.
+  }
+}
+
+bool private_reads(const CollectiveContext& ctx) {
+  return ctx.ws.private_reads() && !ctx.ws.capturing(ctx.stream);
+}
+
 Phase begin_phase(const CollectiveContext& ctx) {
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
+  if (ctx.ws.capturing(ctx.stream)) {
+    // NOTE [Replay-safe signals]: the eager phase count is left alone; one half of the buffer,
+    // guarded by the graph done words.
+    Phase p;
+    p.graph = true;
+    p.bytes = phase_bytes(ctx);
+    for (int r = 0; r < W; ++r) p.region.push_back(static_cast<char*>(ctx.ws.buffer(r)));
+    ctx.ws.graph_phase_begin(ctx.stream, ctx.channel, "collective phase");
+    return p;
+  }
   Phase p;
   void* const mine = ctx.ws.buffer(me);
   if (ctx.state.buffer != mine) {  // a new workspace (growth): nobody reads it yet
@@ -264,9 +299,20 @@ void end_phase_index(const CollectiveContext& ctx, uint64_t index) {
 
 }  // namespace
 
-void end_phase(const CollectiveContext& ctx, const Phase& ph) { end_phase_index(ctx, ph.index); }
+void end_phase(const CollectiveContext& ctx, const Phase& ph) {
+  if (ph.graph) {
+    ctx.ws.graph_phase_end(ctx.stream, ctx.channel);
+    return;
+  }
+  end_phase_index(ctx, ph.index);
+}
 
 void phase_barrier(const CollectiveContext& ctx) {
+  if (ctx.ws.capturing(ctx.stream)) {  // NOTE [Replay-safe signals]: no signature
+    ctx.state.pending.reset();
+    ctx.ws.barrier(ctx.stream, ctx.channel);
+    return;
+  }
   if (!ctx.state.pending) {
     ctx.ws.barrier(ctx.stream, ctx.channel);
     return;
@@ -287,6 +333,12 @@ void expect_signature(const CollectiveContext& ctx, OpSignature sig) {
 
 void handshake(const CollectiveContext& ctx) {
   if (!ctx.state.pending) return;
+  if (ctx.ws.capturing(ctx.stream)) {  // NOTE [Replay-safe signals]: nothing to compare
+    const bool invalid = ctx.state.pending->invalid;
+    ctx.state.pending.reset();
+    if (invalid) end_phase(ctx, begin_phase(ctx));  // as its peers do; the caller raises
+    return;
+  }
   const OpSignature sig = std::move(*ctx.state.pending);
   ctx.state.pending.reset();
   const std::string error =
@@ -339,6 +391,10 @@ void read_private(const CollectiveContext& ctx, void* dst, const Phase& ph, int 
 
 void wait_phase_ended(const CollectiveContext& ctx, const Phase& ph, c10::ArrayRef<int> ranks,
                       const char* why) {
+  if (ph.graph) {
+    ctx.ws.graph_wait_phase_ended(ctx.stream, ctx.channel, ranks, why);
+    return;
+  }
   std::vector<SignalWait> waits;
   waits.reserve(ranks.size());
   const uint32_t want = static_cast<uint32_t>(ph.index + 1);
@@ -396,15 +452,15 @@ void reduce_on_stream(const CollectiveContext& ctx, at::Tensor dst, std::vector<
                       ReduceOp op, int64_t divisor, at::Tensor also) {
   if (dst.numel() == 0) return;
   at::Tensor* scratch = &ctx.state.scratch;
-  ctx.ws.device().launch(ctx.stream, [dst = std::move(dst), srcs = std::move(srcs), op, divisor,
-                                      scratch, also = std::move(also),
-                                      min = ctx.config.parallel_min_bytes,
-                                      splits = ctx.state.parallel_splits] {
-    // NOTE [Intra-op threads]
-    if (reduce(dst, srcs, op, divisor, *scratch, also, min)) {
-      splits->fetch_add(1, std::memory_order_relaxed);
-    }
-  });
+  ctx.ws.device().launch(
+      ctx.stream,
+      [dst = std::move(dst), srcs = std::move(srcs), op, divisor, scratch, also = std::move(also),
+       min = ctx.config.parallel_min_bytes, splits = ctx.state.parallel_splits] {
+        // NOTE [Intra-op threads]
+        if (reduce(dst, srcs, op, divisor, *scratch, also, min)) {
+          splits->fetch_add(1, std::memory_order_relaxed);
+        }
+      });
   // The scratch outlives this op and the next one may run on another stream: the caching
   // allocator must not hand it out again before this stream's use (NOTE [Pipeline
   // temporaries] in ops/pipeline_common.hpp). On CUDA the closure ran already; no-op on the host.

@@ -18,8 +18,8 @@
 
 #include <ATen/ATen.h>
 
-#include <cstdint>
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -169,8 +169,7 @@ class CollectiveState {
   bool last_large_rounds = false;
   // Host copies and reductions split across the intra-op threads (NOTE [Intra-op threads] in
   // ops/collectives.cpp), counted by the closures that ran them (the counter "intra_op.split").
-  std::shared_ptr<std::atomic<int64_t>> parallel_splits =
-      std::make_shared<std::atomic<int64_t>>(0);
+  std::shared_ptr<std::atomic<int64_t>> parallel_splits = std::make_shared<std::atomic<int64_t>>(0);
 };
 
 // What every collective runs on.

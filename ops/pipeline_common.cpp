@@ -112,16 +112,31 @@ Env make_env(Group& group) {
     env.agreement_text = agreement_text(group.zero_copy_agreement, env.host());
     if (!env.agreement_text.empty()) env.agreement_text += "; ";
   }
-  // Before anything is enqueued: a failed device (NOTE [Device failure]) or a graph capture.
+  // Before anything is enqueued: a failed device (NOTE [Device failure]) or a capture it cannot
+  // replay.
   dev.check_healthy("fused op");
-  dev.check_not_capturing(*env.caller, "fused op");
-  for (int i = 0; i < 2; ++i) dev.check_not_capturing(env.stream(i), "fused op");
+  env.captured = ws.capturing(*env.caller);
+  if (env.captured) {
+    // NOTE [Replay-safe signals]. The host pipelines' closures refer to the call's locals, which
+    // a replay would find gone; on a GPU the closures only enqueue kernels, when they are called.
+    TORCH_CHECK(!env.host(),
+                "cuda_p2p fused op: cannot be captured on a host workspace (its "
+                "stream closures refer to the call's locals); the host captures collectives only");
+    env.heap = nullptr;  // zero-copy agreements carry host-issued values
+  }
   ws.begin_op(*env.caller);  // NOTE [One order per group]
   return env;
 }
 
 void agree(Env& env, State& state, const OpSignature& sig) {
   if (env.world_size() == 1) return;
+  if (env.captured) {
+    // NOTE [Replay-safe signals]: no signature to compare; the barrier opens the buffer (every
+    // peer has ended its earlier ops) as the handshake does.
+    env.on_caller("barrier", [&] { env.ws.barrier(*env.caller, env.channels[0]); });
+    env.opened = true;
+    return;
+  }
   env.on_caller("handshake", [&] {
     const std::string error = handshake(env.ws, *env.caller, env.channels[0], state.signature, sig);
     // The handshake is the whole op when it is a rejection or precedes the unfused pair: its end
@@ -159,6 +174,8 @@ void end(Env& env) {
   const bool inline_caller = dev.runs_inline(*env.caller);
   if (!inline_caller) {
     for (int i = 0; i < 2; ++i) dev.wait_event(*env.caller, *dev.record(env.stream(i)));
+    // NOTE [Replay-safe signals]: every peer done with this rank's buffer before the next op.
+    if (env.captured && env.world_size() > 1) env.ws.barrier(*env.caller, env.channels[0]);
     env.ws.end_op(*env.caller);  // NOTE [One order per group]
     // NOTE [Host ops return complete]: on the host the streams' closures refer to the op's
     // locals, so the host waits for them below also when its caller's stream is its own.
@@ -219,6 +236,11 @@ int64_t plan_rounds(Env& env, int64_t rows, int64_t bytes_per_row, const char* o
   const int64_t need = rows * bytes_per_row;
   if (need > env.ws.buffer_size()) {
     const int64_t target = std::min(need, std::max(env.max_buffer_size, env.ws.buffer_size()));
+    TORCH_CHECK(!env.captured || target <= env.ws.buffer_size(), "cuda_p2p ", op,
+                ": would grow the workspace to ", target, " bytes (it holds ", env.ws.buffer_size(),
+                "), which a graph capture cannot do (NOTE [Replay-safe "
+                "signals]): call ensure_min_buffer_size(",
+                target, ") on the group, or run the op once eagerly, before capturing");
     if (target > env.ws.buffer_size()) {
       env.ws.grow_to(target);
       stats.grew = true;

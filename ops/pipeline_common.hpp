@@ -183,6 +183,8 @@ struct Env {
   std::shared_ptr<Trace> trace;
   // Set by agree() once its handshake ran: NOTE [The handshake opens the buffer].
   bool opened = false;
+  // The caller's stream is being captured (NOTE [Replay-safe signals]).
+  bool captured = false;
   // Group::heap where the op may read shards in it (exchange on the host, or signature), else
   // null ("off", or exchange on CUDA); whether the ranks agree by signature; and this rank's
   // claim - its A_shard's heap offset, which it put in the op's signature (NOTE [Zero-copy

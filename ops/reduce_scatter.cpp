@@ -167,10 +167,11 @@ ReduceScatterAlgo reduce_scatter(const CollectiveContext& ctx,
                 a.numel, " elements of ", a.dtype, ", got ", t.numel(), " of ", t.scalar_type());
     a.in.push_back(bytes_of(t));
   }
+  const detail::CaptureBracket bracket(ctx);
   ctx.state.last_private_reads = false;
   ctx.state.last_zero_copy = false;
   if (algo == ReduceScatterAlgo::kAuto) {
-    algo = select_reduce_scatter(ctx.config, a.numel * a.esize * W, W, ctx.ws.private_reads());
+    algo = select_reduce_scatter(ctx.config, a.numel * a.esize * W, W, detail::private_reads(ctx));
   }
   const int steps = ctx.config.ring_steps > 0 ? ctx.config.ring_steps : W;
   const bool ring_algo = algo == ReduceScatterAlgo::kRing;
@@ -178,8 +179,8 @@ ReduceScatterAlgo reduce_scatter(const CollectiveContext& ctx,
               "cuda_p2p reduce_scatter: ring_steps must be a multiple of the "
               "world size ",
               W, ", got ", steps);
-  const bool read =
-      !ring_algo && uses_private_reads(ctx.config, a.numel * a.esize * W, ctx.ws.private_reads());
+  const bool read = !ring_algo && uses_private_reads(ctx.config, a.numel * a.esize * W,
+                                                     detail::private_reads(ctx));
   // NOTE [Zero-copy collectives], step 1': in the signature, when the group agrees that way.
   const std::string claim = detail::claim_reduce_scatter(ctx, a.in, a.numel * a.esize);
   // Compared at the first phase barrier of the direct algorithms, at a handshake of its own

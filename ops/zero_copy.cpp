@@ -127,7 +127,8 @@ bool signature_agreement(const CollectiveContext& ctx) {
 // group configured for it (the backend refuses that at creation) stages.
 bool heap_usable(const CollectiveContext& ctx) {
   const ZeroCopyAgreement a = agreement(ctx);
-  return ctx.state.heap != nullptr && ctx.ws.world_size() > 1 &&
+  // Not under capture: its agreements carry host-issued values (NOTE [Replay-safe signals]).
+  return ctx.state.heap != nullptr && ctx.ws.world_size() > 1 && !ctx.ws.capturing(ctx.stream) &&
          (a == ZeroCopyAgreement::kSignature ||
           (a == ZeroCopyAgreement::kExchange && host_workspace(ctx)));
 }

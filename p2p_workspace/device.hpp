@@ -61,6 +61,16 @@ struct SignalWait {
   int peer;
 };
 
+// A wait whose value is read when the stream reaches it: *addr >= *counter + offset (NOTE
+// [Replay-safe signals] in p2p_workspace/symmetric_workspace.cpp). `counter` is a word of this
+// rank's own memory that only this rank's streams advance (Device::advance_counter).
+struct CountedWait {
+  const uint32_t* addr;
+  const uint32_t* counter;
+  uint32_t offset;
+  int peer;
+};
+
 // True when `word` has reached `value` in sequence-number order (wrap-around safe, the same rule
 // as CU_STREAM_WAIT_VALUE_GEQ).
 inline bool signal_reached(uint32_t word, uint32_t value) {
@@ -184,11 +194,24 @@ class Device {
   // Raises the error that failed this device (an abort, or on CUDA a wait that missed its
   // deadline, naming the op and the ranks that never arrived); a no-op while it is healthy.
   virtual void check_healthy(const char* op) = 0;
-  // Raises a clear error when `s` is being captured into a CUDA graph: the signal protocol uses
-  // absolute sequence numbers (NOTE [Signal sequence numbers]), so a replayed op would wait for
-  // signals that were consumed by the capture. Called before an op enqueues anything. No-op on
-  // the host.
-  virtual void check_not_capturing(Stream& /*s*/, const char* /*op*/) {}
+  // --- capture (NOTE [Replay-safe signals] in p2p_workspace/symmetric_workspace.cpp) ---
+  // Nonzero while `s` is being captured into a graph (CUDA: a CUDA graph; host: a host capture,
+  // host/host_device.hpp): an id the same for every stream of one capture, different for the
+  // next. Work enqueued then runs at each replay, with the values it was enqueued with, so an
+  // op enqueues no host-issued sequence number and nothing that allocates or exchanges.
+  virtual uint64_t capture_id(Stream& /*s*/) { return 0; }
+  // At the stream's turn: *counter += delta (a word of this rank's own memory).
+  virtual void advance_counter(Stream& s, uint32_t* counter, uint32_t delta) = 0;
+  // At the stream's turn: writes *counter + offset to `addr` (usually a peer's pad), after all
+  // earlier work on `s`, like write_signal.
+  virtual void write_counted(Stream& s, uint32_t* addr, const uint32_t* counter,
+                             uint32_t offset) = 0;
+  // Makes `s` wait until every counted wait is satisfied, the values read when `s` reaches the
+  // wait. A wait not satisfied within `timeout` fails the device naming `context` and the peers
+  // missing; under capture the wait gives up by itself (CUDA: on the GPU's clock) and the error
+  // is raised by the group's next call.
+  virtual void wait_counted(Stream& s, std::vector<CountedWait> waits, Millis timeout,
+                            std::string context) = 0;
   // Tells the caching allocator that `t` is used on `s`, so that its memory is not handed out
   // again before the work `s` has enqueued so far has run (c10 recordStream). No-op on the host.
   virtual void record_stream(const at::Tensor& /*t*/, Stream& /*s*/) {}

@@ -36,14 +36,52 @@ namespace cuda_p2p {
 // NOTE [Signal pad layout]
 // Each rank's pad (after its buffer) holds, in 32-bit words, with C channels and W ranks:
 //
-//   signals      [C][W]                      sequence numbers (NOTE [Signal sequence numbers])
-//   done words   [C][W]                      phases ended (NOTE [Collective phases])
-//   descriptors  [C][2][W][kDescriptorWords] op signatures (NOTE [Op signatures])
+//   signals        [C][W]                      sequence numbers (NOTE [Signal sequence numbers])
+//   done words     [C][W]                      phases ended (NOTE [Collective phases])
+//   descriptors    [C][2][W][kDescriptorWords] op signatures (NOTE [Op signatures])
+//   graph signals  [C][W]                      counts (NOTE [Replay-safe signals])
+//   graph done     [C][W]                      graph phases ended (NOTE [Replay-safe signals])
+//   graph counters [C][2W + 1]                 this rank's own: sent, expected, phases
 //
-// indexed [channel][...][src] in the pad of the target. Every area is written only by `src`
-// (into its peers' pads: a remote store) and read only by the pad's owner, so that no wait ever
-// polls another rank's memory: on a GPU a stream wait on a peer's memory would poll across the
-// interconnect. The pad is rounded up to whole pages; a new generation (growth) starts zeroed.
+// indexed [channel][...][src] in the pad of the target. Every area but the graph counters is
+// written only by `src` (into its peers' pads: a remote store) and read only by the pad's owner,
+// so that no wait ever polls another rank's memory: on a GPU a stream wait on a peer's memory
+// would poll across the interconnect. The graph counters are read and written by the owner's own
+// streams only. The pad is rounded up to whole pages; a new generation (growth) starts zeroed.
+
+// NOTE [Replay-safe signals]
+// A captured op (a CUDA graph, or the host's capture: NOTE [Host capture] in
+// host/host_device.cpp) runs again at every replay with the values it was enqueued with, so
+// the host-issued sequence numbers of NOTE [Signal sequence numbers] cannot be used inside it:
+// at the second replay every wait would already be satisfied by the first. While its stream is
+// being captured (Device::capture_id), an op signals with counts that live in device memory
+// instead: this rank's graph counters, which its streams advance as they run
+// (Device::advance_counter), and whose values a signal writes and a wait compares with when the
+// stream gets there (Device::write_counted, Device::wait_counted). Each replay thus advances the
+// counts exactly as an eager run would, on every rank, since every rank replays the same ops in
+// the same order. The counts are kept apart from the eager ones (their own slots, and the graph
+// counters of the mapping the op was captured on), so eager ops and replays mix freely: the
+// eager counts are never advanced by a replay, nor the graph counts by an eager op.
+//
+// What a captured op gives up to be replayable, and what takes its place:
+//  - buffer reuse: a captured collective begins with a barrier (every peer has ended its earlier
+//    ops, eager or replayed, so none reads this rank's buffer any more) and ends waiting until
+//    every peer has ended its phases (none will read it again): the eager ops before and after
+//    a replay need no guard of their own. Between its own phases, graph done words guard the
+//    reuse (every peer ended the previous phase), so a captured op uses one half of the buffer;
+//  - op signatures, zero-copy and copy-free reads: not checked or used under capture (their
+//    words carry host-issued values); a captured op is the op it was when captured, on the
+//    tensors captured. Run the op eagerly once first to have its arguments checked across ranks;
+//  - growth: nothing is allocated or exchanged under capture. An op that would grow the
+//    workspace raises, naming the size to ensure first (ensure_min_buffer_size); the mapping a
+//    capture used is kept for as long as the workspace lives, so that a later growth never
+//    unmaps memory a graph still addresses;
+//  - timeouts: no host watchdog follows a replay's waits. A counted wait gives up by itself at
+//    the group's timeout (on a GPU: the GPU's %globaltimer) and flags the ranks it missed; the
+//    device fails, and the group's next call (or check) raises the usual error naming them.
+// Replays of a group are ordered with its eager ops by the stream they are replayed on, as the
+// eager ops are among themselves (NOTE [One order per group]): replay on the stream the group's
+// ops are issued on, or order the two yourself.
 
 namespace {
 
@@ -51,7 +89,8 @@ constexpr size_t kPageSize = 4096;
 
 size_t pad_words(int channels, int world_size) {
   const size_t cw = static_cast<size_t>(channels) * world_size;
-  return 2 * cw + cw * 2 * SymmetricWorkspace::kDescriptorWords;
+  return 2 * cw + cw * 2 * SymmetricWorkspace::kDescriptorWords + 2 * cw +
+         static_cast<size_t>(channels) * (2 * world_size + 1);
 }
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
@@ -597,9 +636,17 @@ SymmetricWorkspace::~SymmetricWorkspace() {
     }
     std::lock_guard<std::mutex> lock(mapping_mutex_);
     (void)new std::shared_ptr<Mapping>(std::move(mapping_));  // intentionally never released
+    std::lock_guard<std::mutex> order(order_mutex_);
+    (void)new std::vector<std::shared_ptr<Mapping>>(std::move(captured_));  // likewise
   }
   // NOTE [Block lifetime]: release the mapping (publishing "closed" unless a tensor still
-  // aliases it), then wait for the peers to close this rank's blocks.
+  // aliases it), then wait for the peers to close this rank's blocks. The mappings kept for
+  // captured graphs go too (NOTE [Replay-safe signals]): a graph must not be replayed after its
+  // group is destroyed.
+  {
+    std::lock_guard<std::mutex> lock(order_mutex_);
+    captured_.clear();
+  }
   {
     std::lock_guard<std::mutex> lock(mapping_mutex_);
     mapping_.reset();
@@ -623,16 +670,39 @@ SymmetricWorkspace::~SymmetricWorkspace() {
 // how CI runs this order (tests/cpp/test_op_order.cpp).
 void SymmetricWorkspace::begin_op(Stream& caller) {
   // One load on the host's hot path (a small all-reduce), where no op is ever pending.
-  if (!has_last_op_.load(std::memory_order_acquire)) return;
+  const bool pending = has_last_op_.load(std::memory_order_acquire);
+  if (!pending && !capturing_any_.load(std::memory_order_acquire) && device_->runs_inline(caller)) {
+    return;
+  }
+  const uint64_t capture = device_->capture_id(caller);
   std::shared_ptr<Event> last;
   {
     std::lock_guard<std::mutex> lock(order_mutex_);
-    last = last_op_;
+    // NOTE [Replay-safe signals]: a capture depends on nothing outside it (a replay is ordered
+    // by its stream), and an op outside never waits for a captured end.
+    if (last_op_capture_ == capture) last = last_op_;
+    if (capture != 0) {
+      capturing_any_.store(true, std::memory_order_release);
+      auto m = mapping();
+      if (std::find(captured_.begin(), captured_.end(), m) == captured_.end()) {
+        captured_.push_back(std::move(m));  // kept while the workspace lives
+      }
+    }
   }
   if (last) device_->wait_event(caller, *last);
 }
 
 void SymmetricWorkspace::end_op(Stream& caller) {
+  const uint64_t capture =
+      capturing_any_.load(std::memory_order_acquire) ? device_->capture_id(caller) : 0;
+  if (capture != 0) {
+    auto end = device_->record(caller);
+    std::lock_guard<std::mutex> lock(order_mutex_);
+    last_op_ = std::move(end);
+    last_op_capture_ = capture;
+    has_last_op_.store(true, std::memory_order_release);
+    return;
+  }
   if (device_->runs_inline(caller)) {
     // Complete now, and it began after the previous op had completed (begin_op).
     if (!has_last_op_.load(std::memory_order_acquire)) return;
@@ -644,12 +714,13 @@ void SymmetricWorkspace::end_op(Stream& caller) {
   auto end = device_->record(caller);
   std::lock_guard<std::mutex> lock(order_mutex_);
   last_op_ = std::move(end);
+  last_op_capture_ = 0;
   has_last_op_.store(true, std::memory_order_release);
 }
 
-std::shared_ptr<Event> SymmetricWorkspace::last_op() const {
+std::shared_ptr<Event> SymmetricWorkspace::last_op(uint64_t capture) const {
   std::lock_guard<std::mutex> lock(order_mutex_);
-  return last_op_;
+  return last_op_capture_ == capture ? last_op_ : nullptr;
 }
 
 void SymmetricWorkspace::abort(const std::string& why) {
@@ -972,10 +1043,88 @@ at::Tensor SymmetricWorkspace::get_buffer(int rank, at::IntArrayRef sizes, at::S
       .make_tensor();
 }
 
+// The areas after the descriptors (NOTE [Signal pad layout]).
+uint32_t* SymmetricWorkspace::graph_area(int target, size_t index) const {
+  const size_t cw = static_cast<size_t>(options_.num_channels) * world_size_;
+  return mapping()->pads[target] + 2 * cw + cw * 2 * kDescriptorWords + index;
+}
+
+uint32_t* SymmetricWorkspace::graph_signal_slot(int target, int channel, int src) const {
+  return graph_area(target, static_cast<size_t>(channel) * world_size_ + src);
+}
+
+uint32_t* SymmetricWorkspace::graph_done_slot(int target, int channel, int src) const {
+  const size_t cw = static_cast<size_t>(options_.num_channels) * world_size_;
+  return graph_area(target, cw + static_cast<size_t>(channel) * world_size_ + src);
+}
+
+// kind 0: sent to `peer`, 1: expected from `peer`, 2: phases (peer ignored).
+uint32_t* SymmetricWorkspace::graph_counter(int channel, int kind, int peer) const {
+  const size_t cw = static_cast<size_t>(options_.num_channels) * world_size_;
+  return graph_area(rank_, 2 * cw + static_cast<size_t>(channel) * (2 * world_size_ + 1) +
+                               (kind == 2 ? 2 * world_size_ : kind * world_size_ + peer));
+}
+
+bool SymmetricWorkspace::capturing(Stream& s) const { return device_->capture_id(s) != 0; }
+
+void SymmetricWorkspace::graph_phase_begin(Stream& s, int channel, const std::string& context) {
+  check_channel(channel);
+  uint32_t* phases = graph_counter(channel, 2, 0);
+  std::vector<CountedWait> waits;
+  for (int r = 0; r < world_size_; ++r) {
+    if (r != rank_) waits.push_back(CountedWait{graph_done_slot(rank_, channel, r), phases, 0, r});
+  }
+  if (!waits.empty()) {
+    device_->wait_counted(s, std::move(waits), options_.timeout,
+                          context + " (graph buffer reuse guard, rank " + std::to_string(rank_) +
+                              ", channel " + std::to_string(channel) + ")");
+  }
+  device_->advance_counter(s, phases, 1);
+}
+
+void SymmetricWorkspace::graph_phase_end(Stream& s, int channel) {
+  check_channel(channel);
+  const uint32_t* phases = graph_counter(channel, 2, 0);
+  for (int k = 1; k < world_size_; ++k) {
+    const int r = (rank_ + k) % world_size_;
+    device_->write_counted(s, graph_done_slot(r, channel, rank_), phases, 0);
+  }
+}
+
+void SymmetricWorkspace::graph_wait_phase_ended(Stream& s, int channel, c10::ArrayRef<int> ranks,
+                                                const std::string& context) {
+  check_channel(channel);
+  const uint32_t* phases = graph_counter(channel, 2, 0);
+  std::vector<CountedWait> waits;
+  for (int r : ranks) {
+    check_rank(r, "graph_wait_phase_ended");
+    if (r != rank_) waits.push_back(CountedWait{graph_done_slot(rank_, channel, r), phases, 0, r});
+  }
+  if (waits.empty()) return;
+  device_->wait_counted(s, std::move(waits), options_.timeout,
+                        context + " (rank " + std::to_string(rank_) + ", graph)");
+}
+
+void SymmetricWorkspace::put_counted(Stream& s, int peer, int channel) {
+  uint32_t* sent = graph_counter(channel, 0, peer);
+  device_->advance_counter(s, sent, 1);
+  device_->write_counted(s, graph_signal_slot(peer, channel, rank_), sent, 0);
+}
+
+CountedWait SymmetricWorkspace::expect_counted(Stream& s, int peer, int channel) {
+  uint32_t* expected = graph_counter(channel, 1, peer);
+  device_->advance_counter(s, expected, 1);
+  return CountedWait{graph_signal_slot(rank_, channel, peer), expected, 0, peer};
+}
+
 void SymmetricWorkspace::put_signal(Stream& s, int peer, int channel) {
   check_available("put_signal");
   check_rank(peer, "put_signal");
   check_channel(channel);
+  if (capturing(s)) {  // NOTE [Replay-safe signals]
+    put_counted(s, peer, channel);
+    return;
+  }
   const uint32_t value = ++sent_[channel * world_size_ + peer];
   device_->write_signal(s, signal_slot(peer, channel, rank_), value);
 }
@@ -985,6 +1134,13 @@ void SymmetricWorkspace::wait_signal(Stream& s, int peer, int channel,
   check_available("wait_signal");
   check_rank(peer, "wait_signal");
   check_channel(channel);
+  if (capturing(s)) {  // NOTE [Replay-safe signals]
+    device_->wait_counted(s, {expect_counted(s, peer, channel)}, timeout.value_or(options_.timeout),
+                          "wait_signal from rank " + std::to_string(peer) + " on channel " +
+                              std::to_string(channel) + " (rank " + std::to_string(rank_) +
+                              ", graph)");
+    return;
+  }
   const uint32_t value = ++expected_[channel * world_size_ + peer];
   device_->wait_signals(s, {SignalWait{signal_slot(rank_, channel, peer), value, peer}},
                         timeout.value_or(options_.timeout),
@@ -1010,6 +1166,20 @@ void SymmetricWorkspace::barrier(Stream& s, int channel, std::optional<Millis> t
     }
     TORCH_CHECK(unique.count(rank_), "cuda_p2p barrier: the ranks ", members,
                 " must include the calling rank ", rank_);
+  }
+  if (capturing(s)) {  // NOTE [Replay-safe signals]
+    std::vector<CountedWait> counted;
+    for (int r : members) {
+      if (r != rank_) put_counted(s, r, channel);
+    }
+    for (int r : members) {
+      if (r != rank_) counted.push_back(expect_counted(s, r, channel));
+    }
+    if (counted.empty()) return;
+    device_->wait_counted(s, std::move(counted), timeout.value_or(options_.timeout),
+                          "barrier on channel " + std::to_string(channel) + " (rank " +
+                              std::to_string(rank_) + ", graph)");
+    return;
   }
   std::vector<SignalWait> waits;
   waits.reserve(members.size());

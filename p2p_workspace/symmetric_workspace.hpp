@@ -134,8 +134,22 @@ class SymmetricWorkspace {
   void begin_op(Stream& caller);
   // Records the end of the op: called once everything the op enqueued is joined into `caller`.
   void end_op(Stream& caller);
-  // The end of the last op on a stream that does not run inline (null: none is pending).
-  std::shared_ptr<Event> last_op() const;
+  // The end of the last op on a stream that does not run inline (null: none is pending), if it
+  // was enqueued in the capture `capture` (0: outside any; Device::capture_id).
+  std::shared_ptr<Event> last_op(uint64_t capture = 0) const;
+
+  // --- capture (NOTE [Replay-safe signals] in the .cpp) ---
+  // Whether `s` is being captured: put_signal, wait_signal and barrier then use the graph
+  // counts, and an op uses the graph_* calls below where it would use done words.
+  bool capturing(Stream& s) const;
+  // A phase of a captured op begins: waits until every peer has ended every graph phase this
+  // rank has begun on `channel`, then counts one more.
+  void graph_phase_begin(Stream& s, int channel, const std::string& context);
+  // Tells the peers this rank has ended its current graph phase on `channel`.
+  void graph_phase_end(Stream& s, int channel);
+  // Waits until every rank in `ranks` has ended this rank's current graph phase on `channel`.
+  void graph_wait_phase_ended(Stream& s, int channel, c10::ArrayRef<int> ranks,
+                              const std::string& context);
 
   // Fails the device for good (Device::abort): pending and later waits raise; the destructor
   // then waits for no peer (NOTE [Block lifetime] in the .cpp). Thread-safe.
@@ -153,6 +167,12 @@ class SymmetricWorkspace {
   void check_rank(int r, const char* what) const;
   void check_channel(int channel) const;
   void check_available(const char* what) const;
+  uint32_t* graph_area(int target, size_t index) const;
+  uint32_t* graph_signal_slot(int target, int channel, int src) const;
+  uint32_t* graph_done_slot(int target, int channel, int src) const;
+  uint32_t* graph_counter(int channel, int kind, int peer) const;
+  void put_counted(Stream& s, int peer, int channel);
+  CountedWait expect_counted(Stream& s, int peer, int channel);
 
   c10::intrusive_ptr<c10d::Store> store_;
   const int rank_;
@@ -174,7 +194,11 @@ class SymmetricWorkspace {
   std::shared_ptr<Retirement> retirement_;  // NOTE [Block lifetime]
   mutable std::mutex order_mutex_;
   std::shared_ptr<Event> last_op_;  // NOTE [One order per group]
+  uint64_t last_op_capture_ = 0;    // the capture last_op_ was recorded in (0: none)
   std::atomic<bool> has_last_op_{false};
+  // NOTE [Replay-safe signals]: set by the first captured op; the mappings captures used.
+  std::atomic<bool> capturing_any_{false};
+  std::vector<std::shared_ptr<Mapping>> captured_;
   std::atomic<bool> aborted_{false};
   mutable std::mutex mapping_mutex_;
   std::shared_ptr<Mapping> mapping_;

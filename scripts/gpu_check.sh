@@ -13,7 +13,9 @@
 #    fails, its 1-rank runs again in one process under cuda-gdb, for the C++ frames;
 # 4. runs every C++ test binary as 1, 2, 3 and 4 ranks sharing the one GPU, started by
 #    tests/cpp/launch.py (no mpirun), and tests/python/test_gpu.py (stopping after 5 failures);
-#    a skipped or timed-out test counts as a failure;
+#    a skipped or timed-out test counts as a failure; then tests/python/gpu_graph.py (CUDA graphs
+#    of the collectives and fused ops, replayed with new inputs, and a captured small all-reduce
+#    timed against the eager one);
 # 5. the multi-GPU-readiness steps, ranks sharing the one GPU: a stream stress
 #    (tests/python/gpu_stress.py: fused ops and opt-in collectives on caller and side streams,
 #    two groups, interleaved with NCCL or wrapped ops, checked against plain torch), a rank that
@@ -25,7 +27,7 @@
 # At the end, one table of every step: its verdict, seconds and log.
 #
 # A rerun on a warm machine (the build is kept) may run fewer steps: CUDA_P2P_GPU_CHECK_STEPS
-# (default smoke,examples,ctest,pytest,stress,fault,teardown,sanitizer,timing,cpu_suite),
+# (default smoke,examples,ctest,pytest,graph,stress,fault,teardown,sanitizer,timing,cpu_suite),
 # CUDA_P2P_GPU_CHECK_CTEST_ARGS, CUDA_P2P_GPU_CHECK_PYTEST_ARGS (for both pytest steps),
 # CUDA_P2P_GPU_CHECK_SANITIZER_TOOLS (default "memcheck racecheck synccheck").
 #
@@ -54,7 +56,7 @@ START=$(date +%s)
 BUDGET=${CUDA_P2P_GPU_CHECK_BUDGET:-570}
 # Which steps after the build (a rerun on a warm machine, whose build is kept, may want fewer),
 # and extra arguments for ctest (e.g. "-R test_backend") and pytest (e.g. "-k all_reduce").
-STEPS=${CUDA_P2P_GPU_CHECK_STEPS:-smoke,examples,ctest,pytest,stress,fault,teardown,sanitizer,timing,cpu_suite}
+STEPS=${CUDA_P2P_GPU_CHECK_STEPS:-smoke,examples,ctest,pytest,graph,stress,fault,teardown,sanitizer,timing,cpu_suite}
 wants() { [[ ",$STEPS," == *",$1,"* ]]; }
 OUT=${1:-gpu_check_out}
 mkdir -p "$OUT"
@@ -286,6 +288,13 @@ for path in sys.argv[1:]:
 sys.exit(bad)
 PYEOF
   ((PIPESTATUS[0] == 0)) || status=1
+
+  # CUDA graphs (NOTE [Replay-safe signals]): the ops captured once and replayed with new inputs,
+  # eager ops between replays, 1, 2 and 4 ranks; then a captured small all-reduce timed against
+  # the same op eager.
+  if wants graph; then
+    step graph 150 "$PY" tests/python/gpu_graph.py --world-sizes 1 2 4 --timeout 60
+  fi
 
   # --- 5. multi-GPU readiness, ranks sharing the one GPU ---------------------------------------
   # Each script prints one line per rank and step, and also runs with --device cpu in CI

@@ -42,7 +42,58 @@ __global__ void wait_signals_kernel(KernelWaits waits, uint64_t timeout_ns, Kern
   }
 }
 
+__global__ void advance_counter_kernel(uint32_t* counter, uint32_t delta) { *counter += delta; }
+
+__global__ void write_counted_kernel(uint32_t* addr, const uint32_t* counter, uint32_t offset) {
+  const uint32_t value = *counter + offset;  // this stream's own earlier kernels wrote it
+  __threadfence_system();
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(addr), "r"(value) : "memory");
+}
+
+__global__ void wait_counted_kernel(CountedKernelWaits waits, uint64_t timeout_ns,
+                                    GraphGiveUp* give_up) {
+  const uint64_t start = global_timer_ns();
+  uint32_t value[kMaxKernelWaits];
+  for (int i = 0; i < waits.count; ++i) value[i] = *waits.counter[i] + waits.offset[i];
+  for (int i = 0; i < waits.count; ++i) {
+    unsigned sleep_ns = 32;
+    while (static_cast<int32_t>(load_acquire_sys(waits.addr[i]) - value[i]) < 0) {
+      if (global_timer_ns() - start > timeout_ns) {
+        for (int j = i; j < waits.count; ++j) {
+          if (static_cast<int32_t>(load_acquire_sys(waits.addr[j]) - value[j]) < 0) {
+            const int p = waits.peer[j];
+            if (p >= 0 && p < 128) atomicOr_system(&give_up->peer_bits[p / 32], 1u << (p % 32));
+          }
+        }
+        __threadfence_system();
+        atomicAdd_system(&give_up->gave_up, 1u);
+        __threadfence_system();
+        return;
+      }
+      __nanosleep(sleep_ns);
+      if (sleep_ns < 8192) sleep_ns *= 2;
+    }
+  }
+}
+
 }  // namespace
+
+cudaError_t launch_advance_counter(uint32_t* counter, uint32_t delta, cudaStream_t stream) {
+  advance_counter_kernel<<<1, 1, 0, stream>>>(counter, delta);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_write_counted(uint32_t* addr, const uint32_t* counter, uint32_t offset,
+                                 cudaStream_t stream) {
+  write_counted_kernel<<<1, 1, 0, stream>>>(addr, counter, offset);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_wait_counted(const CountedKernelWaits& waits, uint64_t timeout_ns,
+                                GraphGiveUp* give_up, cudaStream_t stream) {
+  wait_counted_kernel<<<1, 1, 0, stream>>>(waits, timeout_ns, give_up);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_write_signal(uint32_t* addr, uint32_t value, cudaStream_t stream) {
   write_signal_kernel<<<1, 1, 0, stream>>>(addr, value);

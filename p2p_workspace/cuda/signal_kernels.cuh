@@ -33,4 +33,35 @@ cudaError_t launch_write_signal(uint32_t* addr, uint32_t value, cudaStream_t str
 cudaError_t launch_wait_signals(const KernelWaits& waits, uint64_t timeout_ns,
                                 KernelGiveUp* give_up, cudaStream_t stream);
 
+// NOTE [Replay-safe signals] (p2p_workspace/symmetric_workspace.cpp): the counted operations,
+// whose values are read from counters in device memory when the kernel runs, so that a CUDA
+// graph replays them correctly.
+struct CountedKernelWaits {
+  const uint32_t* addr[kMaxKernelWaits];
+  const uint32_t* counter[kMaxKernelWaits];
+  uint32_t offset[kMaxKernelWaits];
+  int peer[kMaxKernelWaits];
+  int count;
+};
+
+// What a counted wait reports when it gives up under a graph (host-mapped pinned memory of the
+// device, allocated before any capture): the peers still missing, one bit per rank, and a count
+// of give-ups. The host turns it into the device's failure at its next check (NOTE [Device
+// failure]). Never reset: the device stays failed.
+struct GraphGiveUp {
+  uint32_t peer_bits[4];  // ranks 0..127
+  uint32_t gave_up;
+};
+
+// *counter += delta.
+cudaError_t launch_advance_counter(uint32_t* counter, uint32_t delta, cudaStream_t stream);
+// *addr = *counter + offset, after a system-wide fence.
+cudaError_t launch_write_counted(uint32_t* addr, const uint32_t* counter, uint32_t offset,
+                                 cudaStream_t stream);
+// Spins until every *addr[i] >= *counter[i] + offset[i] (sequence-number order) or `timeout_ns`
+// passes; then flags the missing peers in *give_up (a device pointer to host-mapped memory) and
+// returns, so that the stream goes on (its data stale; the host raises).
+cudaError_t launch_wait_counted(const CountedKernelWaits& waits, uint64_t timeout_ns,
+                                GraphGiveUp* give_up, cudaStream_t stream);
+
 }  // namespace cuda_p2p::cuda

@@ -10,7 +10,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <thread>
 
@@ -40,6 +42,64 @@ int usable_cpus() {
 HostStreams resolve_mode(HostStreams mode) {
   return mode == HostStreams::kDefault ? HostStreams::kCooperative : mode;
 }
+
+uint32_t read_counter(const uint32_t* counter) {
+  return std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(counter)).load(std::memory_order_relaxed);
+}
+
+// The task that makes `self` wait until `other` has run `seq` tasks (wait_event, and a replay's
+// recorded waits).
+HostTask event_wait(HostStream& self, HostStream* other, uint64_t seq) {
+  if (self.mode() == HostStream::Mode::kCooperative) {
+    return HostTask::when([other, seq] {
+      if (other->done() < seq) return false;
+      if (auto err = other->error()) std::rethrow_exception(err);
+      return true;
+    });
+  }
+  // Blocks (the inline stream of a cooperative device runs the streams meanwhile).
+  return HostTask::blocking([other, seq] {
+    other->wait_done(seq, /*rethrow=*/false);
+    if (auto err = other->error()) std::rethrow_exception(err);
+  });
+}
+
+// NOTE [Host capture]
+// The host device's stand-in for CUDA graph capture, so that CI runs what a replayed graph runs
+// (NOTE [Replay-safe signals] in p2p_workspace/symmetric_workspace.cpp). Between begin_capture
+// and end_capture, work enqueued on the captured stream - and on every stream that waits for an
+// event recorded in the capture, which joins it, as on CUDA - is recorded instead of run:
+// each task as it was built, with the values and addresses it was given then. A replay
+// enqueues the recorded tasks again, in the recorded order, each on its own stream; a recorded
+// wait for a captured event becomes a wait for the same position of that stream's replayed
+// tasks. Like a CUDA graph, a replay is ordered after the work already queued on those streams,
+// and a capture may not depend on work outside it (waiting for an outside event raises) nor
+// synchronize a captured stream. The inline stream cannot be captured: its work runs at once.
+struct CaptureEntry {
+  HostStream* stream;
+  HostTask task;
+  HostStream* other;  // is_wait: the stream whose captured tasks it waits for
+  uint64_t seq;       // is_wait: how many of them
+  bool is_wait;
+};
+
+class HostGraphImpl : public HostGraph {
+ public:
+  HostGraphImpl(std::vector<CaptureEntry> entries, std::set<std::shared_ptr<HostStream>> keep)
+      : entries_(std::move(entries)), keep_(std::move(keep)) {}
+  void replay() override {
+    std::map<HostStream*, uint64_t> base;
+    for (const auto& s : keep_) base[s.get()] = s->enqueued();
+    for (const auto& e : entries_) {
+      e.stream->enqueue(e.is_wait ? event_wait(*e.stream, e.other, base[e.other] + e.seq) : e.task);
+    }
+  }
+  size_t tasks() const override { return entries_.size(); }
+
+ private:
+  std::vector<CaptureEntry> entries_;
+  std::set<std::shared_ptr<HostStream>> keep_;  // every stream the capture recorded tasks of
+};
 
 class HostDevice : public Device {
  public:
@@ -107,11 +167,71 @@ class HostDevice : public Device {
   }
 
   void copy(Stream& s, void* dst, const void* src, size_t n) override {
-    as_host(s).enqueue(HostTask::work([dst, src, n] { std::memcpy(dst, src, n); }));
+    enqueue(s, HostTask::work([dst, src, n] { std::memcpy(dst, src, n); }));
   }
 
   void write_signal(Stream& s, uint32_t* addr, uint32_t value) override {
-    as_host(s).enqueue(HostTask::work([addr, value] { futex_store_and_wake(addr, value); }));
+    enqueue(s, HostTask::work([addr, value] { futex_store_and_wake(addr, value); }));
+  }
+
+  // NOTE [Replay-safe signals] in p2p_workspace/symmetric_workspace.cpp: the counter is read
+  // and written only by the tasks of the streams of one channel, one at a time (relaxed atomics,
+  // ordered by the streams' own order); the words they produce are published by
+  // futex_store_and_wake's release store.
+  void advance_counter(Stream& s, uint32_t* counter, uint32_t delta) override {
+    enqueue(s, HostTask::work([counter, delta] {
+              std::atomic_ref<uint32_t>(*counter).fetch_add(delta, std::memory_order_relaxed);
+            }));
+  }
+  void write_counted(Stream& s, uint32_t* addr, const uint32_t* counter, uint32_t offset) override {
+    enqueue(s, HostTask::work([addr, counter, offset] {
+              futex_store_and_wake(addr, read_counter(counter) + offset);
+            }));
+  }
+  void wait_counted(Stream& s, std::vector<CountedWait> counted, Millis timeout,
+                    std::string context) override {
+    failure_.check(context.c_str());
+    if (counted.empty()) return;
+    auto& h = as_host(s);
+    // The values are read when the stream reaches the wait, then it is an ordinary wait.
+    auto resolve = [counted = std::move(counted)] {
+      std::vector<SignalWait> waits;
+      waits.reserve(counted.size());
+      for (const auto& c : counted) {
+        waits.push_back(SignalWait{c.addr, read_counter(c.counter) + c.offset, c.peer});
+      }
+      return waits;
+    };
+    if (h.mode() == HostStream::Mode::kCooperative) {
+      auto late = std::make_shared<std::vector<SignalWait>>();
+      HostTask t = HostTask::when(
+          [resolve, late, timeout, context = std::move(context),
+           deadline = std::optional<std::chrono::steady_clock::time_point>(), this]() mutable {
+            if (!deadline) {
+              *late = resolve();
+              deadline = std::chrono::steady_clock::now() + timeout;
+            }
+            return check_waits(*late, *deadline, timeout, context, failure_);
+          });
+      t.late_waits = late;
+      enqueue(s, std::move(t));
+      return;
+    }
+    if (h.mode() == HostStream::Mode::kInline && cooperative_) {
+      enqueue(s, HostTask::blocking([this, resolve, timeout, context = std::move(context)] {
+                const auto waits = resolve();
+                const auto deadline = std::chrono::steady_clock::now() + timeout;
+                scheduler_->drive(
+                    [&] { return check_waits(waits, deadline, timeout, context, failure_); },
+                    waits);
+              }));
+      return;
+    }
+    enqueue(s, HostTask::blocking([resolve, timeout, context = std::move(context),
+                                   oversubscribed = oversubscribed_.load(std::memory_order_relaxed),
+                                   this] {
+              block_on_waits(resolve(), timeout, context, oversubscribed, failure_);
+            }));
   }
 
   void wait_signals(Stream& s, std::vector<SignalWait> waits, Millis timeout,
@@ -121,40 +241,48 @@ class HostDevice : public Device {
     if (h.mode() == HostStream::Mode::kCooperative) {
       // Tried by the scheduler until it holds; the timeout counts from the first try.
       std::optional<std::chrono::steady_clock::time_point> deadline;
-      h.enqueue(HostTask::when(
-          [waits, timeout, context = std::move(context), deadline, this]() mutable {
-            if (!deadline) deadline = std::chrono::steady_clock::now() + timeout;
-            return check_waits(waits, *deadline, timeout, context, failure_);
-          },
-          waits));
+      enqueue(s, HostTask::when(
+                     [waits, timeout, context = std::move(context), deadline, this]() mutable {
+                       if (!deadline) deadline = std::chrono::steady_clock::now() + timeout;
+                       return check_waits(waits, *deadline, timeout, context, failure_);
+                     },
+                     waits));
       return;
     }
     if (h.mode() == HostStream::Mode::kInline && cooperative_) {
       // The caller waits, and runs the cooperative streams meanwhile.
-      h.enqueue(HostTask::blocking(
-          [this, waits = std::move(waits), timeout, context = std::move(context)] {
-            const auto deadline = std::chrono::steady_clock::now() + timeout;
-            scheduler_->drive(
-                [&] { return check_waits(waits, deadline, timeout, context, failure_); }, waits);
-          }));
+      enqueue(s, HostTask::blocking(
+                     [this, waits = std::move(waits), timeout, context = std::move(context)] {
+                       const auto deadline = std::chrono::steady_clock::now() + timeout;
+                       scheduler_->drive(
+                           [&] { return check_waits(waits, deadline, timeout, context, failure_); },
+                           waits);
+                     }));
       return;
     }
-    h.enqueue(HostTask::blocking(
-        [waits = std::move(waits), timeout, context = std::move(context),
-         oversubscribed = oversubscribed_.load(std::memory_order_relaxed),
-         this] { block_on_waits(waits, timeout, context, oversubscribed, failure_); }));
+    enqueue(s, HostTask::blocking(
+                   [waits = std::move(waits), timeout, context = std::move(context),
+                    oversubscribed = oversubscribed_.load(std::memory_order_relaxed),
+                    this] { block_on_waits(waits, timeout, context, oversubscribed, failure_); }));
   }
 
   // On the host, device work is host work: both run the closure in stream order.
   void launch(Stream& s, std::function<void()> fn) override {
-    as_host(s).enqueue(HostTask::work(std::move(fn)));
+    enqueue(s, HostTask::work(std::move(fn)));
   }
   void host_task(Stream& s, std::function<void()> fn) override {
-    as_host(s).enqueue(HostTask::work(std::move(fn)));
+    enqueue(s, HostTask::work(std::move(fn)));
   }
 
   std::shared_ptr<Event> record(Stream& s) override {
     auto& h = as_host(s);
+    {
+      std::lock_guard<std::mutex> lock(capture_mu_);
+      if (capture_ && capture_->counts.count(&h)) {  // NOTE [Host capture]
+        return std::make_shared<HostEvent>(h.shared_from_this(), capture_->counts[&h],
+                                           capture_->id);
+      }
+    }
     // The event keeps the stream alive for whoever waits on it.
     return std::make_shared<HostEvent>(h.shared_from_this(), h.enqueued());
   }
@@ -162,27 +290,31 @@ class HostDevice : public Device {
   void wait_event(Stream& s, const Event& e) override {
     const auto* ev = dynamic_cast<const HostEvent*>(&e);
     TORCH_CHECK(ev, "cuda_p2p: a host device was given an event of another device");
-    HostStream* other = ev->stream.get();
-    const uint64_t seq = ev->seq;
     auto& self = as_host(s);
-    if (other == &self) return;
-    if (self.mode() == HostStream::Mode::kCooperative) {
-      self.enqueue(HostTask::when([other, seq] {
-        if (other->done() < seq) return false;
-        if (auto err = other->error()) std::rethrow_exception(err);
-        return true;
-      }));
-      return;
+    if (ev->stream.get() == &self) return;
+    if (ev->capture != 0 || capturing_.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(capture_mu_);
+      const bool active = capture_ && capture_->id == ev->capture;
+      if (active) {  // NOTE [Host capture]: `s` joins the capture, the wait is recorded
+        capture_->counts.try_emplace(&self, 0);
+        capture_->keep.insert(self.shared_from_this());
+        capture_->entries.push_back(
+            CaptureEntry{&self, HostTask{}, ev->stream.get(), ev->seq, /*is_wait=*/true});
+        ++capture_->counts[&self];
+        return;
+      }
+      TORCH_CHECK(ev->capture == 0, "cuda_p2p: a host stream waits for an event recorded in ",
+                  "a capture that has ended; wait for work after its replay instead");
+      TORCH_CHECK(!capture_ || !capture_->counts.count(&self),
+                  "cuda_p2p: a stream being captured waits for an event recorded outside the ",
+                  "capture (a replay could not depend on it; NOTE [Host capture])");
     }
-    // Blocks (the inline stream of a cooperative device runs the streams meanwhile).
-    self.enqueue(HostTask::blocking([other, seq] {
-      other->wait_done(seq, /*rethrow=*/false);
-      if (auto err = other->error()) std::rethrow_exception(err);
-    }));
+    self.enqueue(event_wait(self, ev->stream.get(), ev->seq));
   }
 
   void synchronize(Stream& s) override {
     auto& h = as_host(s);
+    check_not_captured(h, "synchronize");
     h.wait_done(h.enqueued(), /*rethrow=*/true);
   }
 
@@ -241,6 +373,39 @@ class HostDevice : public Device {
     return poll_briefly(waits, oversubscribed_.load(std::memory_order_relaxed));
   }
 
+  // --- NOTE [Host capture] ---
+  uint64_t capture_id(Stream& s) override {
+    if (!capturing_.load(std::memory_order_acquire)) return 0;
+    auto& h = as_host(s);
+    std::lock_guard<std::mutex> lock(capture_mu_);
+    return capture_ && capture_->counts.count(&h) ? capture_->id : 0;
+  }
+  void begin_capture(const std::shared_ptr<Stream>& stream) {
+    TORCH_CHECK(stream && own(*stream),
+                "cuda_p2p begin_capture: needs a stream of this device made by new_stream (the "
+                "inline stream runs its work at once and cannot be captured)");
+    auto h = std::dynamic_pointer_cast<HostStream>(stream);
+    std::lock_guard<std::mutex> lock(capture_mu_);
+    TORCH_CHECK(!capture_,
+                "cuda_p2p begin_capture: a capture is already in progress on this "
+                "device (end it first)");
+    capture_.emplace();
+    capture_->id = ++captures_;
+    capture_->origin = h.get();
+    capture_->counts[h.get()] = 0;
+    capture_->keep.insert(h);
+    capturing_.store(true, std::memory_order_release);
+  }
+  std::shared_ptr<HostGraph> end_capture() {
+    std::lock_guard<std::mutex> lock(capture_mu_);
+    TORCH_CHECK(capture_, "cuda_p2p end_capture: no capture is in progress on this device");
+    auto graph =
+        std::make_shared<HostGraphImpl>(std::move(capture_->entries), std::move(capture_->keep));
+    capture_.reset();
+    capturing_.store(false, std::memory_order_release);
+    return graph;
+  }
+
   // NOTE [Device failure]: every wait loop of this device checks failure_ on each pass (at most
   // kMaxSleep apart) and raises.
   void abort(const std::string& why) override { failure_.fail(why); }
@@ -270,6 +435,39 @@ class HostDevice : public Device {
   std::vector<std::weak_ptr<HostStream>> streams_;
   std::vector<std::pair<std::thread::id, std::shared_ptr<Stream>>> callers_;
   std::atomic<bool> any_callers_{false};
+
+  // NOTE [Host capture]
+  struct Capture {
+    uint64_t id = 0;
+    HostStream* origin = nullptr;
+    std::map<HostStream*, uint64_t> counts;  // the captured streams: tasks recorded so far
+    std::set<std::shared_ptr<HostStream>> keep;
+    std::vector<CaptureEntry> entries;
+  };
+  std::mutex capture_mu_;
+  std::optional<Capture> capture_;
+  std::atomic<bool> capturing_{false};  // spares enqueue() the lock outside captures
+  uint64_t captures_ = 0;
+
+  // Every task of this device goes through here: recorded when its stream is being captured.
+  void enqueue(Stream& s, HostTask task) {
+    auto& h = as_host(s);
+    if (capturing_.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(capture_mu_);
+      if (capture_ && capture_->counts.count(&h)) {
+        capture_->entries.push_back(CaptureEntry{&h, std::move(task), nullptr, 0, false});
+        ++capture_->counts[&h];
+        return;
+      }
+    }
+    h.enqueue(std::move(task));
+  }
+  void check_not_captured(HostStream& h, const char* what) {
+    if (!capturing_.load(std::memory_order_acquire)) return;
+    std::lock_guard<std::mutex> lock(capture_mu_);
+    TORCH_CHECK(!capture_ || !capture_->counts.count(&h), "cuda_p2p ", what,
+                ": the stream is being captured (NOTE [Host capture]): its work runs at replay");
+  }
 
   bool own(const Stream& s) {
     std::lock_guard<std::mutex> lock(streams_mu_);
@@ -309,5 +507,17 @@ void set_current_stream(Device& device, std::shared_ptr<Stream> stream) {
   auto* host = dynamic_cast<host::HostDevice*>(&device);
   TORCH_CHECK(host, "cuda_p2p: set_current_stream needs a host device, got ", device.name());
   host->set_current_stream(std::move(stream));
+}
+
+void begin_capture(Device& device, const std::shared_ptr<Stream>& stream) {
+  auto* host = dynamic_cast<host::HostDevice*>(&device);
+  TORCH_CHECK(host, "cuda_p2p: begin_capture needs a host device, got ", device.name());
+  host->begin_capture(stream);
+}
+
+std::shared_ptr<HostGraph> end_capture(Device& device) {
+  auto* host = dynamic_cast<host::HostDevice*>(&device);
+  TORCH_CHECK(host, "cuda_p2p: end_capture needs a host device, got ", device.name());
+  return host->end_capture();
 }
 }  // namespace cuda_p2p

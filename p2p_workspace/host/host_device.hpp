@@ -30,4 +30,20 @@ std::shared_ptr<Device> make_host_device(int processes = 0,
 // stream order a GPU sees (NOTE [One order per group] in p2p_workspace/symmetric_workspace.cpp).
 void set_current_stream(Device& device, std::shared_ptr<Stream> stream);
 
+// A recorded stretch of stream work (NOTE [Host capture] in host/host_device.cpp): the host's
+// CUDA graph.
+class HostGraph {
+ public:
+  virtual ~HostGraph() = default;
+  // Enqueues the recorded work again, on the streams it was recorded on, after their queued work.
+  virtual void replay() = 0;
+  // How many tasks it holds (waits included).
+  virtual size_t tasks() const = 0;
+};
+// Starts recording `stream` (made by device.new_stream) and the streams that join it; one capture
+// per device at a time.
+void begin_capture(Device& device, const std::shared_ptr<Stream>& stream);
+// Ends the capture; what was recorded.
+std::shared_ptr<HostGraph> end_capture(Device& device);
+
 }  // namespace cuda_p2p

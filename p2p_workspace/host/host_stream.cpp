@@ -134,6 +134,9 @@ HostStream::Step HostStream::step(std::vector<SignalWait>& waits) {
     }
     if (!ready && !err) {
       waits.insert(waits.end(), head->waits.begin(), head->waits.end());
+      if (head->late_waits) {
+        waits.insert(waits.end(), head->late_waits->begin(), head->late_waits->end());
+      }
       return Step::kBlocked;
     }
   }

@@ -27,6 +27,9 @@ struct HostTask {
   std::function<bool()> ready;
   std::function<void()> block;
   std::vector<SignalWait> waits;
+  // What `ready` waits for when its values are known only once it first runs (a counted wait:
+  // NOTE [Replay-safe signals]); filled by `ready`, read by the same stepping thread.
+  std::shared_ptr<const std::vector<SignalWait>> late_waits;
 
   static HostTask work(std::function<void()> fn) {
     HostTask t;
@@ -117,10 +120,14 @@ class CooperativeScheduler {
 
 class HostEvent : public Event {
  public:
-  HostEvent(std::shared_ptr<HostStream> stream, uint64_t seq)
-      : stream(std::move(stream)), seq(seq) {}
+  HostEvent(std::shared_ptr<HostStream> stream, uint64_t seq, uint64_t capture = 0)
+      : stream(std::move(stream)), seq(seq), capture(capture) {}
   std::shared_ptr<HostStream> stream;
+  // Outside a capture: the stream's task count at the record. Recorded in a capture (`capture`
+  // is its id): the count of the stream's captured tasks before it, which a replay offsets by
+  // the stream's count at the replay (NOTE [Host capture] in host_device.cpp).
   uint64_t seq;
+  uint64_t capture;
 };
 
 }  // namespace cuda_p2p::host

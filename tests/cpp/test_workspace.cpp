@@ -452,6 +452,16 @@ class UnreachablePeerDevice : public Device {
   void wait_signals(Stream& s, std::vector<SignalWait> w, Millis t, std::string c) override {
     inner_->wait_signals(s, std::move(w), t, std::move(c));
   }
+  uint64_t capture_id(Stream& s) override { return inner_->capture_id(s); }
+  void advance_counter(Stream& s, uint32_t* c, uint32_t d) override {
+    inner_->advance_counter(s, c, d);
+  }
+  void write_counted(Stream& s, uint32_t* a, const uint32_t* c, uint32_t o) override {
+    inner_->write_counted(s, a, c, o);
+  }
+  void wait_counted(Stream& s, std::vector<CountedWait> w, Millis t, std::string c) override {
+    inner_->wait_counted(s, std::move(w), t, std::move(c));
+  }
   void launch(Stream& s, std::function<void()> fn) override { inner_->launch(s, std::move(fn)); }
   void host_task(Stream& s, std::function<void()> fn) override {
     inner_->host_task(s, std::move(fn));
