@@ -525,6 +525,7 @@ AllGatherMatmulResult fused_all_gather_matmul(pipeline::Group& group, const at::
     if (stats.rounds > 1) group.count("fused_all_gather_matmul.rounds");
     if (stats.zero_copy) group.count("fused_all_gather_matmul.zero_copy");
     if (stats.grew) group.count("fused_all_gather_matmul.grow");
+    if (env.captured) group.count("fused_all_gather_matmul.graph");  // NOTE [Replay-safe signals]
   } else {
     TORCH_CHECK(group.wrapped, "cuda_p2p ", kOp, ": the workspace cannot serve ", A_shard.device(),
                 " tensors and the group has no wrapped backend for them");

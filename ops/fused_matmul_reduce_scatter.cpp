@@ -462,6 +462,7 @@ at::Tensor fused_matmul_reduce_scatter(pipeline::Group& group, const at::Tensor&
     if (env.trace) state.last_trace = env.trace->events();
     if (stats.rounds > 1) group.count("fused_matmul_reduce_scatter.rounds");
     if (stats.grew) group.count("fused_matmul_reduce_scatter.grow");
+    if (env.captured) group.count("fused_matmul_reduce_scatter.graph");
     return out;
   }
   TORCH_CHECK(group.wrapped, "cuda_p2p ", kOpName, ": the workspace cannot serve ", A.device(),

@@ -84,7 +84,14 @@ void Env::wait_stream(int i, int j) const {
 
 std::array<std::shared_ptr<Stream>, 2> acquire_streams(Device& device, State& state) {
   // NOTE [Group streams] in p2p_workspace/cuda/cuda_device.cpp: the group's own two, on every
-  // device, made on first use.
+  // device, made on first use - never under capture (NOTE [Replay-safe signals]: nothing is made
+  // while a graph is captured).
+  if (!state.streams[0] || !state.streams[1]) {
+    TORCH_CHECK(device.capture_id(*device.current_stream()) == 0,
+                "cuda_p2p fused op: the group's pipeline streams do not exist yet, and a graph "
+                "capture cannot create them: run a fused op of this group once eagerly before "
+                "capturing");
+  }
   for (int i = 0; i < 2; ++i) {
     if (!state.streams[i]) state.streams[i] = device.new_stream(/*high_priority=*/i == 1);
   }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/ProcessGroupCudaP2P.hpp"
+#include "ops/fused_ops.hpp"
 #include "p2p_workspace/host/host_device.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
 #include "tests/cpp/harness.hpp"
@@ -212,6 +213,44 @@ TEST(Graphs, CaptureRefusesWhatItCannotReplay) {
   EXPECT_THROW(dev.synchronize(*s), c10::Error);
   (void)end_capture(dev);
   EXPECT_THROW(end_capture(dev), c10::Error);
+  set_current_stream(dev, nullptr);
+  pg->shutdown();
+}
+
+// Fused ops are captured on CUDA only; on the host the capture refuses them before anything is
+// enqueued, with an error that says why (and, before the group's first fused op, what to run
+// first), and the group goes on working.
+TEST(Graphs, AFusedOpUnderHostCaptureRaisesClearly) {
+  const auto& w = world();
+  auto pg = make_group(Millis(60000), "cooperative");
+  Device& dev = pg->workspace()->device();
+  auto s = dev.new_stream(false);
+  set_current_stream(dev, s);
+  auto B = input({6, 5}, 99);
+  auto shard = input({3, 6}, w.rank);
+  auto fused = [&] {
+    auto group = pg->pipeline_group(c10::DeviceType::CPU);
+    std::lock_guard<std::mutex> lock(group.state.mutex);
+    return ops::fused_all_gather_matmul(group, shard, {B}, 0, false, "pipeline");
+  };
+  auto expect_refused = [&](const char* words) {
+    begin_capture(dev, s);
+    try {
+      (void)fused();
+      ADD_FAILURE() << "a fused op was captured on the host";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+    (void)end_capture(dev);
+  };
+  if (w.size > 1) expect_refused("run a fused op of this group once eagerly");
+  auto r = fused();  // eager: makes the streams
+  dev.synchronize(*s);
+  std::vector<at::Tensor> shards;
+  for (int q = 0; q < w.size; ++q) shards.push_back(input({3, 6}, q));
+  EXPECT_TRUE(r.outputs[0].equal(at::matmul(at::cat(shards), B)));
+  if (w.size > 1) expect_refused("cannot be captured on a host workspace");
+  eager_all_reduce(*pg, dev, *s, 7);  // the group still works
   set_current_stream(dev, nullptr);
   pg->shutdown();
 }
