@@ -122,7 +122,7 @@ Env make_env(Group& group) {
   // Before anything is enqueued: a failed device (NOTE [Device failure]) or a capture it cannot
   // replay.
   dev.check_healthy("fused op");
-  env.captured = ws.capturing(*env.caller);
+  env.captured = dev.capture_id(*env.caller) != 0;  // before begin_op flags the group
   if (env.captured) {
     // NOTE [Replay-safe signals]. The host pipelines' closures refer to the call's locals, which
     // a replay would find gone; on a GPU the closures only enqueue kernels, when they are called.

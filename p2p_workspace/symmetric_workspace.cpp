@@ -1065,7 +1065,12 @@ uint32_t* SymmetricWorkspace::graph_counter(int channel, int kind, int peer) con
                                (kind == 2 ? 2 * world_size_ : kind * world_size_ + peer));
 }
 
-bool SymmetricWorkspace::capturing(Stream& s) const { return device_->capture_id(s) != 0; }
+// The device is asked only once the group has seen a capture: every op calls begin_op first, which
+// asks it for every op not on an inline stream, and flags the group at its first captured op. An
+// eager op then costs no query per signal (cudaStreamGetCaptureInfo on CUDA).
+bool SymmetricWorkspace::capturing(Stream& s) const {
+  return capturing_any_.load(std::memory_order_acquire) && device_->capture_id(s) != 0;
+}
 
 void SymmetricWorkspace::graph_phase_begin(Stream& s, int channel, const std::string& context) {
   check_channel(channel);

@@ -140,7 +140,8 @@ class SymmetricWorkspace {
 
   // --- capture (NOTE [Replay-safe signals] in the .cpp) ---
   // Whether `s` is being captured: put_signal, wait_signal and barrier then use the graph
-  // counts, and an op uses the graph_* calls below where it would use done words.
+  // counts, and an op uses the graph_* calls below where it would use done words. Exact once the
+  // op's begin_op has run (before it, false until the group's first captured op).
   bool capturing(Stream& s) const;
   // A phase of a captured op begins: waits until every peer has ended every graph phase this
   // rank has begun on `channel`, then counts one more.

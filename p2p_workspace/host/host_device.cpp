@@ -171,6 +171,7 @@ class HostDevice : public Device {
   }
 
   void write_signal(Stream& s, uint32_t* addr, uint32_t value) override {
+    check_not_captured(as_host(s), "write_signal (a sequence number; NOTE [Replay-safe signals])");
     enqueue(s, HostTask::work([addr, value] { futex_store_and_wake(addr, value); }));
   }
 
@@ -203,6 +204,8 @@ class HostDevice : public Device {
       return waits;
     };
     if (h.mode() == HostStream::Mode::kCooperative) {
+      // `late` is shared by the copies a replay enqueues of a captured task: they run one after
+      // another on the stream, and only the one at its head fills or reads it.
       auto late = std::make_shared<std::vector<SignalWait>>();
       HostTask t = HostTask::when(
           [resolve, late, timeout, context = std::move(context),
@@ -238,6 +241,7 @@ class HostDevice : public Device {
                     std::string context) override {
     failure_.check(context.c_str());
     auto& h = as_host(s);
+    check_not_captured(h, "wait_signals (a sequence number; NOTE [Replay-safe signals])");
     if (h.mode() == HostStream::Mode::kCooperative) {
       // Tried by the scheduler until it holds; the timeout counts from the first try.
       std::optional<std::chrono::steady_clock::time_point> deadline;
@@ -276,7 +280,7 @@ class HostDevice : public Device {
 
   std::shared_ptr<Event> record(Stream& s) override {
     auto& h = as_host(s);
-    {
+    if (capturing_.load(std::memory_order_acquire)) {
       std::lock_guard<std::mutex> lock(capture_mu_);
       if (capture_ && capture_->counts.count(&h)) {  // NOTE [Host capture]
         return std::make_shared<HostEvent>(h.shared_from_this(), capture_->counts[&h],
@@ -391,7 +395,6 @@ class HostDevice : public Device {
                 "device (end it first)");
     capture_.emplace();
     capture_->id = ++captures_;
-    capture_->origin = h.get();
     capture_->counts[h.get()] = 0;
     capture_->keep.insert(h);
     capturing_.store(true, std::memory_order_release);
@@ -439,7 +442,6 @@ class HostDevice : public Device {
   // NOTE [Host capture]
   struct Capture {
     uint64_t id = 0;
-    HostStream* origin = nullptr;
     std::map<HostStream*, uint64_t> counts;  // the captured streams: tasks recorded so far
     std::set<std::shared_ptr<HostStream>> keep;
     std::vector<CaptureEntry> entries;
