@@ -2,10 +2,12 @@
 // RANK/WORLD_SIZE) runs the same binary; ranks rendezvous over a c10d TCPStore hosted by rank 0.
 #pragma once
 
+#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
 #include <string>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "p2p_workspace/device.hpp"
@@ -33,6 +35,20 @@ int gpu_count();
 // A host device for `processes` ranks whose streams run as CUDA_P2P_HOST_STREAMS says (ctest runs
 // some binaries once more with "threads"), resolved by the backend's own configuration rules.
 std::shared_ptr<Device> test_host_device(int processes = 0);
+
+// Float32 integers in [lo, hi] drawn from `seed`: every rank draws a peer's input alike, and their
+// sums are exact in float32 whatever the order.
+inline at::Tensor small_ints(at::IntArrayRef sizes, int64_t seed, int lo = -2, int hi = 2) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(seed));
+  return at::randint(lo, hi + 1, sizes, gen, at::TensorOptions().dtype(at::kFloat));
+}
+
+// A wrapped backend no test op may reach: every op under test runs on the workspace.
+class Unreachable : public c10d::Backend {
+ public:
+  Unreachable(int rank, int size) : c10d::Backend(rank, size) {}
+  const std::string getBackendName() const override { return "unreachable"; }
+};
 
 // Expects `fn` to throw a c10::Error whose message contains `needle`.
 template <typename Fn>

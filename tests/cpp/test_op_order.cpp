@@ -24,18 +24,7 @@
 namespace cuda_p2p::test {
 namespace {
 
-// Integer-valued inputs: the sums below are exact in float32 whatever their order.
-at::Tensor input(at::IntArrayRef sizes, int64_t seed) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(seed));
-  return at::randint(-2, 3, sizes, gen, at::TensorOptions().dtype(at::kFloat));
-}
-
-// A backend whose wrapped Gloo is never reached (every op below runs on the workspace).
-class Unreachable : public c10d::Backend {
- public:
-  Unreachable(int rank, int size) : c10d::Backend(rank, size) {}
-  const std::string getBackendName() const override { return "unreachable"; }
-};
+at::Tensor input(at::IntArrayRef sizes, int64_t seed) { return small_ints(sizes, seed); }
 
 c10::intrusive_ptr<ProcessGroupCudaP2P> make_group(int64_t buffer_size, Millis timeout) {
   auto options = c10::make_intrusive<ProcessGroupCudaP2P::Options>();
