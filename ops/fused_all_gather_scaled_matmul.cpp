@@ -112,11 +112,13 @@ struct ScaledProblem {
     if (rowwise) {
       // NOTE [Rowwise scales travel with their rows]
       shard = at::empty({rows, cols + 4}, A_shard.options().dtype(at::kByte));
-      if (rows > 0) {  // (an empty scale's strides may not allow the byte view)
-        shard.narrow(1, 0, cols).copy_(moved.view(at::kByte));
-        at::Tensor scale = A_scale_.movedim(gather_dim, 0).contiguous().view({rows, 1});
-        shard.narrow(1, cols, 4).copy_(scale.view(at::kByte));
-      }
+      shard.narrow(1, 0, cols).copy_(moved.view(at::kByte));
+      // A fresh [rows, 1]: a size-1 dim of a "contiguous" tensor may have any stride, which the
+      // byte view refuses.
+      const at::Tensor src = A_scale_.movedim(gather_dim, 0);
+      at::Tensor scale = at::empty({rows, 1}, A_scale_.options());
+      scale.view(src.sizes()).copy_(src);
+      shard.narrow(1, cols, 4).copy_(scale.view(at::kByte));
       stack = at::empty({W, rows, cols + 4}, shard.options());
     } else {
       shard = moved;

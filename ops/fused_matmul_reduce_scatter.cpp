@@ -155,7 +155,11 @@ ScatterProblem make_scatter_problem(const at::Tensor& A, const at::Tensor& B, Re
     if (s.numel() == 1) {
       p.A_scale2 = s;  // tensorwise
     } else {
-      p.A_scale2 = (p.columns ? s : s.movedim(scatter_dim, 0)).contiguous().view({lead, 1});
+      // A fresh [lead, 1]: a size-1 dim of a "contiguous" tensor may have any stride, which
+      // _scaled_mm refuses for a scale.
+      const at::Tensor src = p.columns ? s : s.movedim(scatter_dim, 0);
+      p.A_scale2 = at::empty({lead, 1}, s.options());
+      p.A_scale2.view(src.sizes()).copy_(src);
     }
   }
   return p;

@@ -35,3 +35,18 @@ def test_errors_on_every_rank(world):
 
 def test_meta_kernels_match_the_real_layouts(world2):
     assert_all_ok(world2.run(run_safely, f8.check_meta_and_fake), 6)
+
+
+import pytest  # noqa: E402
+
+import _fp8_pass_checks as fpc  # noqa: E402
+
+
+@pytest.mark.parametrize("mode", ["tensorwise", "rowwise"])
+def test_async_tp_pass_fuses_the_fp8_mlp(world, mode):
+    """A Float8-style TP MLP compiled with enable_async_tp: loss and gradients equal eager, every
+    fp8 all-gather + _scaled_mm and _scaled_mm + reduce-scatter fused forward and backward, no
+    more collectives than eager, the report naming the fp8 ops."""
+    res = world.run(run_safely, fpc.check_fp8_mlp, mode, timeout=900)
+    assert_all_ok(res, 11)
+    assert "fused_all_gather_scaled_matmul" in res[0]["report"], res[0]["report"]
