@@ -40,8 +40,9 @@ def cast(x, mode, dtype=E4M3, amax=None):
 
 
 def weight_cast(w, mode):
-    """B = w_fp8.t() ([K, N], column-major) for a weight w [N, K], and its scale ([1, N])."""
-    wq, s = cast(w, mode)
+    """B = w_fp8.t() ([K, N], column-major, as _scaled_mm wants it on CUDA and in inductor's
+    lowering) for a weight w [N, K], and its scale ([1, N])."""
+    wq, s = cast(w.contiguous(), mode)
     return wq.t(), (s.t() if mode == "rowwise" else s)
 
 
