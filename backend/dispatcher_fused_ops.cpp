@@ -214,10 +214,73 @@ at::Tensor fused_matmul_reduce_scatter_meta(const at::Tensor& A, const at::Tenso
                                                ring_steps);
 }
 
+// The fp8 ops (NOTE [Scaled matmuls in the pipelines]): always fused - no unfused path below a
+// size, whose reference would be our all-gather of fp8 bytes then _scaled_mm.
+constexpr const char* kAllGatherScaledMatmul = "fused_all_gather_scaled_matmul";
+constexpr const char* kScaledMatmulReduceScatter = "fused_scaled_matmul_reduce_scatter";
+
+std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_scaled_matmul(
+    const at::Tensor& A_shard, at::TensorList Bs, const at::Tensor& A_scale,
+    at::TensorList B_scales, int64_t gather_dim, const std::string& group_name,
+    std::vector<at::ScalarType> out_dtypes, bool return_A, const std::string& algorithm) {
+  TORCH_CHECK(A_shard.defined(), "cuda_p2p ", kAllGatherScaledMatmul, ": A_shard is undefined");
+  const auto backend = resolve_backend(group_name, A_shard.device().type(), kAllGatherScaledMatmul);
+  auto& pg = *backend;
+  auto& state = pg.pipeline_state();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  auto group = pg.pipeline_group(A_shard.device().type());
+  auto r = ops::fused_all_gather_scaled_matmul(group, A_shard, Bs, A_scale, B_scales, gather_dim,
+                                               out_dtypes, return_A, algorithm);
+  return {r.A, r.outputs};
+}
+
+at::Tensor fused_scaled_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
+                                              const at::Tensor& A_scale, const at::Tensor& B_scale,
+                                              const std::string& reduce_op, int64_t scatter_dim,
+                                              const std::string& group_name,
+                                              at::ScalarType out_dtype,
+                                              const std::string& algorithm, int64_t ring_steps) {
+  TORCH_CHECK(A.defined(), "cuda_p2p ", kScaledMatmulReduceScatter, ": A is undefined");
+  const auto backend = resolve_backend(group_name, A.device().type(), kScaledMatmulReduceScatter);
+  auto& pg = *backend;
+  auto& state = pg.pipeline_state();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  auto group = pg.pipeline_group(A.device().type());
+  return ops::fused_scaled_matmul_reduce_scatter(group, A, B, A_scale, B_scale, reduce_op,
+                                                 scatter_dim, out_dtype, algorithm, ring_steps);
+}
+
+std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_scaled_matmul_meta(
+    const at::Tensor& A_shard, at::TensorList Bs, const at::Tensor& A_scale,
+    at::TensorList B_scales, int64_t gather_dim, const std::string& group_name,
+    std::vector<at::ScalarType> out_dtypes, bool return_A, const std::string& algorithm) {
+  const int64_t W = resolve_group_size(group_name, kAllGatherScaledMatmul);
+  auto r = ops::fused_all_gather_scaled_matmul_meta(A_shard, Bs, A_scale, B_scales, gather_dim,
+                                                    out_dtypes, W, return_A, algorithm);
+  return {r.A, r.outputs};
+}
+
+at::Tensor fused_scaled_matmul_reduce_scatter_meta(
+    const at::Tensor& A, const at::Tensor& B, const at::Tensor& A_scale, const at::Tensor& B_scale,
+    const std::string& reduce_op, int64_t scatter_dim, const std::string& group_name,
+    at::ScalarType out_dtype, const std::string& algorithm, int64_t ring_steps) {
+  const int64_t W = resolve_group_size(group_name, kScaledMatmulReduceScatter);
+  return ops::fused_scaled_matmul_reduce_scatter_meta(
+      A, B, A_scale, B_scale, reduce_op, scatter_dim, out_dtype, W, algorithm, ring_steps);
+}
+
 }  // namespace
 }  // namespace cuda_p2p
 
 TORCH_LIBRARY(cuda_p2p, m) {
+  m.def(
+      "fused_all_gather_scaled_matmul(Tensor A_shard, Tensor[] Bs, Tensor A_scale, "
+      "Tensor[] B_scales, int gather_dim, str group_name, *, ScalarType[] out_dtypes, "
+      "bool return_A=True, str algorithm=\"auto\") -> (Tensor?, Tensor[])");
+  m.def(
+      "fused_scaled_matmul_reduce_scatter(Tensor A, Tensor B, Tensor A_scale, Tensor B_scale, "
+      "str reduce_op, int scatter_dim, str group_name, *, ScalarType out_dtype, "
+      "str algorithm=\"auto\", int ring_steps=0) -> Tensor");
   m.def(
       "fused_all_gather_matmul(Tensor A_shard, Tensor[] Bs, int gather_dim, str group_name, *, "
       "bool return_A=True, str algorithm=\"auto\") -> (Tensor?, Tensor[])");
@@ -229,16 +292,22 @@ TORCH_LIBRARY(cuda_p2p, m) {
 TORCH_LIBRARY_IMPL(cuda_p2p, CPU, m) {
   m.impl("fused_all_gather_matmul", &cuda_p2p::fused_all_gather_matmul);
   m.impl("fused_matmul_reduce_scatter", &cuda_p2p::fused_matmul_reduce_scatter);
+  m.impl("fused_all_gather_scaled_matmul", &cuda_p2p::fused_all_gather_scaled_matmul);
+  m.impl("fused_scaled_matmul_reduce_scatter", &cuda_p2p::fused_scaled_matmul_reduce_scatter);
 }
 
 #ifdef CUDA_P2P_WITH_CUDA
 TORCH_LIBRARY_IMPL(cuda_p2p, CUDA, m) {
   m.impl("fused_all_gather_matmul", &cuda_p2p::fused_all_gather_matmul);
   m.impl("fused_matmul_reduce_scatter", &cuda_p2p::fused_matmul_reduce_scatter);
+  m.impl("fused_all_gather_scaled_matmul", &cuda_p2p::fused_all_gather_scaled_matmul);
+  m.impl("fused_scaled_matmul_reduce_scatter", &cuda_p2p::fused_scaled_matmul_reduce_scatter);
 }
 #endif
 
 TORCH_LIBRARY_IMPL(cuda_p2p, Meta, m) {
   m.impl("fused_all_gather_matmul", &cuda_p2p::fused_all_gather_matmul_meta);
   m.impl("fused_matmul_reduce_scatter", &cuda_p2p::fused_matmul_reduce_scatter_meta);
+  m.impl("fused_all_gather_scaled_matmul", &cuda_p2p::fused_all_gather_scaled_matmul_meta);
+  m.impl("fused_scaled_matmul_reduce_scatter", &cuda_p2p::fused_scaled_matmul_reduce_scatter_meta);
 }

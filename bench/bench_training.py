@@ -15,7 +15,11 @@ RowwiseParallel, sequence dim sharded) on a mesh over the cuda_p2p group and tim
 ``--model block``: a transformer block (RMSNorm, attention with Q/K/V/O, SwiGLU; the feed-forward
 under activation checkpointing; tests/python/_async_tp_block.py) with torch's TP styles on
 [batch, sequence, D] activations, the sequence sharded between the sub-blocks; ``--dtype bfloat16``
-runs it in bf16. For the compiled+fused variant the pass's report gives the fused fraction: the
+runs it in bf16. ``--model fp8-mlp``: the sequence-parallel MLP in fp8 (the Float8-style linears of
+tests/python/_fp8_pass_checks.py: float8 casts with ``--fp8-scaling`` tensorwise or rowwise
+scales, fp8 all-gathers, ``torch._scaled_mm`` with bfloat16 outputs, forward and backward), which
+the CPU runs; the pass fuses it into ``fused_all_gather_scaled_matmul`` /
+``fused_scaled_matmul_reduce_scatter``. For the compiled+fused variant the pass's report gives the fused fraction: the
 all-gathers and reduce-scatters of the compiled graphs that the pass fused, over all of them.
 
 Variants run interleaved (each iteration runs each once, in rotating order, after a Gloo barrier)
@@ -27,6 +31,7 @@ and is not timed. Ratios are against eager in the same run.
     .venv/bin/python bench/bench_training.py --world-sizes 2 --iters 10 --tokens 512
     .venv/bin/python bench/bench_training.py --variants compiled+fused   # and eager, not compiled
     .venv/bin/python bench/bench_training.py --model block --dim 256 --tokens 256 --dtype bfloat16
+    .venv/bin/python bench/bench_training.py --model fp8-mlp --fp8-scaling rowwise
 """
 
 from __future__ import annotations
@@ -81,6 +86,15 @@ def _rank_main(rank, W, port, args, queue):
     dtype = getattr(torch, args.dtype)
 
     def build():
+        if args.model == "fp8-mlp":
+            sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "python"))
+            import _fp8_pass_checks as fpc
+
+            g = torch.Generator().manual_seed(0)
+            w1 = torch.randn(F // W, D, generator=g) / D ** 0.5
+            w2 = torch.randn(D, F // W, generator=g) / F ** 0.5
+            model = fpc.Fp8Mlp(w1, w2, args.fp8_scaling, dist.group.WORLD)
+            return model, torch.optim.SGD(model.parameters(), lr=1e-3)
         if args.model == "block":
             sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "python"))
             import _async_tp_block as blk
@@ -115,11 +129,11 @@ def _rank_main(rank, W, port, args, queue):
                  {"model": model}, ns)
             fn = torch.compile(ns["step"], fullgraph=True)
         steps[name] = (fn, opt)
-        x = torch.randn(*shape, dtype=dtype)
+        x = torch.randn(*shape, dtype=dtype, requires_grad=args.model == "fp8-mlp")
         before = dict(backend.get_counters())
         for _ in range(args.warmup):  # compiles here
             opt.zero_grad()
-            fn(x).square().mean().backward()
+            fn(x).float().square().mean().backward()
             opt.step()
         after = dict(backend.get_counters())
         fused_counts[name] = sum(v - before.get(k, 0) for k, v in after.items()
@@ -131,7 +145,9 @@ def _rank_main(rank, W, port, args, queue):
             fractions[name] = [fused, fused + left]
         cuda_p2p.disable_async_tp()
 
-    x = torch.randn(*shape, dtype=dtype)
+    # fp8-mlp: the input needs a gradient, like a layer inside a network (its backward's
+    # reduce-scatter would otherwise be dropped by the compiled step only).
+    x = torch.randn(*shape, dtype=dtype, requires_grad=args.model == "fp8-mlp")
     times = {name: [] for name in args.variants}
     n = len(args.variants)
     for it in range(args.iters):
@@ -141,7 +157,7 @@ def _rank_main(rank, W, port, args, queue):
             dist.barrier(group=gloo)
             t0 = time.perf_counter()
             opt.zero_grad()
-            fn(x).square().mean().backward()
+            fn(x).float().square().mean().backward()
             opt.step()
             dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
             dist.all_reduce(dt, op=dist.ReduceOp.MAX, group=gloo)
@@ -171,7 +187,9 @@ def run(W, args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
-    ap.add_argument("--model", choices=("mlp", "block"), default="mlp")
+    ap.add_argument("--model", choices=("mlp", "block", "fp8-mlp"), default="mlp")
+    ap.add_argument("--fp8-scaling", choices=("tensorwise", "rowwise"), default="tensorwise",
+                    help="the float8 scales of --model fp8-mlp")
     ap.add_argument("--dim", type=int, default=256, help="model dim D (hidden F = 4D)")
     ap.add_argument("--heads", type=int, default=8, help="attention heads (--model block)")
     ap.add_argument("--batch", type=int, default=1, help="batch size (--model block)")
@@ -191,7 +209,10 @@ def main():
               "dim": args.dim, "tokens": args.tokens, "batch": args.batch,
               "iters": args.iters, "cpus": os.cpu_count(), "loadavg_at_start": os.getloadavg(),
               "results": {}}
-    print(f"TP {args.model} step ({args.dtype}), D={args.dim} F={4 * args.dim} "
+    if args.model == "fp8-mlp":
+        args.dtype = "float32"  # parameters and input; the GEMMs are fp8, their outputs bf16
+        report["dtype"] = f"float8 ({args.fp8_scaling}), float32 parameters"
+    print(f"TP {args.model} step ({report['dtype']}), D={args.dim} F={4 * args.dim} "
           f"tokens={args.tokens}, "
           f"median (min) over {args.iters} iterations, slowest rank")
     print(f"{'W':>3} {'variant':>16} {'median ms':>10} {'min ms':>8} {'vs eager':>9} "
@@ -216,8 +237,11 @@ def main():
           f"at end {report['loadavg_at_end'][0]:.1f} on {os.cpu_count()} CPUs")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / ("training.json" if args.model == "mlp" and args.dtype == "float32"
-                  else f"training_{args.model}_{args.dtype}.json")
+    if args.model == "fp8-mlp":
+        path = out / f"training_fp8-mlp_{args.fp8_scaling}.json"
+    else:
+        path = out / ("training.json" if args.model == "mlp" and args.dtype == "float32"
+                      else f"training_{args.model}_{args.dtype}.json")
     path.write_text(json.dumps(report, indent=2))
     print(f"wrote {path}")
 

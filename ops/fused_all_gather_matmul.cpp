@@ -133,19 +133,20 @@ std::optional<std::vector<const char*>> heap_shards(pipeline::Env& env, const at
   return shards;
 }
 
-// A consumer: gets rank src's rows [row0, row0 + shard.size(0)) on pipeline stream `stream`.
-using Consumer = std::function<void(int src, int64_t row0, const at::Tensor& shard, int stream)>;
+using Consumer = GatherConsumer;
+
+}  // namespace
 
 void gather_and_consume(pipeline::Env& env, const at::Tensor& shard, const at::Tensor& stack,
-                        const Consumer& consume, bool fill_own_slot, bool pull_ahead,
-                        pipeline::Stats& stats) {
+                        const GatherConsumer& consume, bool fill_own_slot, bool pull_ahead,
+                        pipeline::Stats& stats, bool zero_copy) {
   auto& dev = env.device();
   auto& ws = env.ws;
   const int W = env.world_size(), rank = env.rank();
   const int64_t rows = shard.size(0);
   const int64_t row_bytes = shard.size(1) * static_cast<int64_t>(shard.element_size());
   // NOTE [Zero-copy all-gather→matmul]: one round, read in the heaps, when every shard is there.
-  const auto heap = heap_shards(env, shard);
+  const auto heap = zero_copy ? heap_shards(env, shard) : std::nullopt;
   const int64_t rounds = heap ? 1 : pipeline::plan_rounds(env, rows, row_bytes, kOp, stats);
   stats.rounds = rounds;
   stats.zero_copy = heap.has_value();
@@ -228,7 +229,7 @@ void gather_and_consume(pipeline::Env& env, const at::Tensor& shard, const at::T
 // at step k the shard it received at step k-1; each shard is consumed while the next transfer
 // is in flight.
 void gather_and_consume_send_recv(c10d::Backend& backend, const at::Tensor& shard,
-                                  const at::Tensor& stack, const Consumer& consume) {
+                                  const at::Tensor& stack, const GatherConsumer& consume) {
   const int W = backend.getSize(), rank = backend.getRank();
   const int right = (rank + 1) % W, left = (rank + W - 1) % W;
   if (shard.size(0) == 0) return;
@@ -244,6 +245,8 @@ void gather_and_consume_send_recv(c10d::Backend& backend, const at::Tensor& shar
   const int last = (rank + 1) % W;  // the one received at step W-1 (our own when W == 1)
   consume(last, 0, stack[last], 0);
 }
+
+namespace {
 
 // The outputs are allocated with the shapes and strides of the unfused reference, found by
 // running its own view ops on meta tensors: all_gather_into_tensor (contiguous [W * d0, ...]),

@@ -66,15 +66,40 @@ struct ScatterProblem {
   at::Tensor out;       // what the op returns (contiguous, like the reference)
   at::Tensor out_flat;  // [rows, cols]: out itself, or a contiguous staging copied to out_view
   at::Tensor out_view;  // out with the scatter dim moved to the front
+  // NOTE [Scaled matmuls in the pipelines]: set for a scaled matmul; A_scale2 is A2's rowwise
+  // scale [rows of A2, 1] or the tensorwise scale.
+  std::optional<ScaledMatmul> scaled;
+  at::Tensor A_scale2;
 
   // The partial for part `dst`, rows [row0, row0 + out.size(0)) of it, into out.
   void produce(int64_t dst, int64_t row0, at::Tensor out) const {
     const int64_t len = out.size(0);
+    if (scaled) {
+      produce_scaled(dst, row0, out);
+      return;
+    }
     if (columns) {
       at::mm_out(out, A2.narrow(0, row0, len), B.narrow(1, dst * cols, cols));
     } else {
       at::mm_out(out, A2.narrow(0, dst * rows + row0, len), B);
     }
+  }
+
+  // NOTE [Scaled matmuls in the pipelines]: the rows' own scales go with them; a rowwise B scale
+  // [1, N] is narrowed with B's columns.
+  void produce_scaled(int64_t dst, int64_t row0, at::Tensor out) const {
+    const int64_t len = out.size(0);
+    if (len == 0 || out.size(1) == 0) return;
+    const int64_t first = columns ? row0 : dst * rows + row0;
+    // One element: a tensorwise scale (or a rowwise one of a single row: the same product).
+    at::Tensor sa = A_scale2.numel() == 1 ? A_scale2 : A_scale2.narrow(0, first, len);
+    // cuBLAS's rowwise kernel wants 16-byte aligned scales; a slice may not be.
+    if (sa.numel() > 1 && reinterpret_cast<uintptr_t>(sa.data_ptr()) % 16 != 0) sa = sa.clone();
+    at::Tensor sb = scaled->B_scale;
+    if (columns && sb.numel() != 1) sb = sb.narrow(1, dst * cols, cols);
+    at::Tensor b = columns ? B.narrow(1, dst * cols, cols) : B;
+    at::_scaled_mm_out(out, A2.narrow(0, first, len), b, sa, sb, std::nullopt, std::nullopt,
+                       scaled->out_dtype, false);
   }
 
   // out_flat rows [row0, ...) = sum (float32) / W for a mean, rounded to the output dtype.
@@ -90,20 +115,22 @@ struct ScatterProblem {
   }
 };
 
-at::Tensor make_output(const at::Tensor& A, const at::Tensor& B, int64_t scatter_dim, int64_t W) {
+at::Tensor make_output(const at::Tensor& A, const at::Tensor& B, int64_t scatter_dim, int64_t W,
+                       at::ScalarType dtype) {
   auto sizes = A.sym_sizes().vec();
   sizes.back() = B.sym_size(1);
   sizes[scatter_dim] = sizes[scatter_dim] / W;
-  return at::empty_symint(sizes, A.options().memory_format(std::nullopt));
+  return at::empty_symint(sizes, A.options().dtype(dtype).memory_format(std::nullopt));
 }
 
 ScatterProblem make_scatter_problem(const at::Tensor& A, const at::Tensor& B, ReduceOp reduce_op,
-                                    int64_t scatter_dim, int64_t W) {
+                                    int64_t scatter_dim, int64_t W,
+                                    const ScaledMatmul* scaled = nullptr) {
   ScatterProblem p;
   p.W = W;
   p.reduce_op = reduce_op;
   p.B = B;
-  p.out = make_output(A, B, scatter_dim, W);
+  p.out = make_output(A, B, scatter_dim, W, scaled ? scaled->out_dtype : A.scalar_type());
   const int64_t nd = A.dim();
   const int64_t K = A.size(-1);
   int64_t lead = 1;  // every dim of A but the last
@@ -122,6 +149,19 @@ ScatterProblem make_scatter_problem(const at::Tensor& A, const at::Tensor& B, Re
   }
   p.out_flat = p.out_view.is_contiguous() ? p.out_view.view({p.rows, p.cols})
                                           : at::empty({p.rows, p.cols}, p.out.options());
+  if (scaled) {
+    p.scaled = *scaled;
+    const at::Tensor& s = scaled->A_scale;
+    if (s.numel() == 1) {
+      p.A_scale2 = s;  // tensorwise
+    } else {
+      // A fresh [lead, 1]: a size-1 dim of a "contiguous" tensor may have any stride, which
+      // _scaled_mm refuses for a scale.
+      const at::Tensor src = p.columns ? s : s.movedim(scatter_dim, 0);
+      p.A_scale2 = at::empty({lead, 1}, s.options());
+      p.A_scale2.view(src.sizes()).copy_(src);
+    }
+  }
   return p;
 }
 
@@ -370,6 +410,15 @@ int64_t check_matmul_reduce_scatter_args(const at::Tensor& A, const at::Tensor& 
   return scatter_dim;
 }
 
+namespace {
+int64_t check_args(const at::Tensor& A, const at::Tensor& B, int64_t scatter_dim, int64_t W,
+                   const ScaledMatmul* scaled) {
+  if (scaled == nullptr) return check_matmul_reduce_scatter_args(A, B, scatter_dim, W);
+  return check_scaled_matmul_reduce_scatter_args(A, B, scaled->A_scale, scaled->B_scale,
+                                                 scatter_dim, scaled->out_dtype, W);
+}
+}  // namespace
+
 int64_t check_ring_steps(int64_t ring_steps, int64_t world_size) {
   if (ring_steps == 0) return world_size;
   TORCH_CHECK(ring_steps > 0 && ring_steps % world_size == 0, "cuda_p2p ", kOpName,
@@ -380,11 +429,12 @@ int64_t check_ring_steps(int64_t ring_steps, int64_t world_size) {
 
 at::Tensor matmul_reduce_scatter_pipeline(pipeline::Env& env, const at::Tensor& A,
                                           const at::Tensor& B, ReduceOp reduce_op,
-                                          int64_t scatter_dim, pipeline::Stats& stats) {
+                                          int64_t scatter_dim, pipeline::Stats& stats,
+                                          const ScaledMatmul* scaled) {
   const int64_t W = env.world_size();
-  scatter_dim = check_matmul_reduce_scatter_args(A, B, scatter_dim, W);
-  ScatterProblem p = make_scatter_problem(A, B, reduce_op, scatter_dim, W);
-  at::Tensor stack = at::empty({W, p.rows, p.cols}, A.options());
+  scatter_dim = check_args(A, B, scatter_dim, W, scaled);
+  ScatterProblem p = make_scatter_problem(A, B, reduce_op, scatter_dim, W, scaled);
+  at::Tensor stack = at::empty({W, p.rows, p.cols}, p.out.options());
   produce_and_exchange(env, p, stack, stats);
   env.on_caller("reduce", [&] {
     reduce_stack(p, stack);
@@ -395,12 +445,12 @@ at::Tensor matmul_reduce_scatter_pipeline(pipeline::Env& env, const at::Tensor& 
 
 at::Tensor matmul_reduce_scatter_ring(pipeline::Env& env, const at::Tensor& A, const at::Tensor& B,
                                       ReduceOp reduce_op, int64_t scatter_dim, int64_t steps,
-                                      pipeline::Stats& stats) {
+                                      pipeline::Stats& stats, const ScaledMatmul* scaled) {
   const int64_t W = env.world_size();
-  scatter_dim = check_matmul_reduce_scatter_args(A, B, scatter_dim, W);
+  scatter_dim = check_args(A, B, scatter_dim, W, scaled);
   steps = check_ring_steps(steps, W);
-  ScatterProblem p = make_scatter_problem(A, B, reduce_op, scatter_dim, W);
-  at::Tensor products = at::empty({W, p.rows, p.cols}, A.options());
+  ScatterProblem p = make_scatter_problem(A, B, reduce_op, scatter_dim, W, scaled);
+  at::Tensor products = at::empty({W, p.rows, p.cols}, p.out.options());
   ring_over_workspace(env, p, products, steps / W, stats);
   p.finish();
   return p.out;
@@ -408,12 +458,13 @@ at::Tensor matmul_reduce_scatter_ring(pipeline::Env& env, const at::Tensor& A, c
 
 at::Tensor matmul_reduce_scatter_send_recv(c10d::Backend& backend, const at::Tensor& A,
                                            const at::Tensor& B, ReduceOp reduce_op,
-                                           int64_t scatter_dim, int64_t steps) {
+                                           int64_t scatter_dim, int64_t steps,
+                                           const ScaledMatmul* scaled) {
   const int64_t W = backend.getSize();
-  scatter_dim = check_matmul_reduce_scatter_args(A, B, scatter_dim, W);
+  scatter_dim = check_args(A, B, scatter_dim, W, scaled);
   steps = check_ring_steps(steps, W);
-  ScatterProblem p = make_scatter_problem(A, B, reduce_op, scatter_dim, W);
-  at::Tensor products = at::empty({W, p.rows, p.cols}, A.options());
+  ScatterProblem p = make_scatter_problem(A, B, reduce_op, scatter_dim, W, scaled);
+  at::Tensor products = at::empty({W, p.rows, p.cols}, p.out.options());
   ring_over_send_recv(backend, p, products, steps / W);
   p.finish();
   return p.out;
@@ -503,7 +554,7 @@ at::Tensor fused_matmul_reduce_scatter_meta(const at::Tensor& A, const at::Tenso
                 scatter_dim);
     if (scatter_dim < 0) scatter_dim += A.dim();
   }
-  return make_output(A, B, scatter_dim, W);
+  return make_output(A, B, scatter_dim, W, A.scalar_type());
 }
 
 }  // namespace cuda_p2p::ops

@@ -14,6 +14,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -73,6 +74,33 @@ at::Tensor fused_matmul_reduce_scatter_meta(const at::Tensor& A, const at::Tenso
                                             int64_t W, const std::string& algorithm,
                                             int64_t ring_steps);
 
+// The fp8 ops (NOTE [Scaled matmuls in the pipelines]): all_gather(A_shard, gather_dim), then
+// _scaled_mm(A, B, A_scale (gathered with A when rowwise), B_scale, out_dtype) for each B, laid
+// out like the unfused reference (PyTorch's fallback: the gathered A flattened to a matrix, the
+// product unflattened and moved back to gather_dim); gather_dim is not the last dim. And
+// reduce_scatter(_scaled_mm(A, B, ...), reduce_op, scatter_dim). The caller holds
+// group.state.mutex.
+AllGatherMatmulResult fused_all_gather_scaled_matmul(pipeline::Group& group,
+                                                     const at::Tensor& A_shard, at::TensorList Bs,
+                                                     const at::Tensor& A_scale,
+                                                     at::TensorList B_scales, int64_t gather_dim,
+                                                     c10::ArrayRef<at::ScalarType> out_dtypes,
+                                                     bool return_A, const std::string& algorithm);
+at::Tensor fused_scaled_matmul_reduce_scatter(pipeline::Group& group, const at::Tensor& A,
+                                              const at::Tensor& B, const at::Tensor& A_scale,
+                                              const at::Tensor& B_scale,
+                                              const std::string& reduce_op, int64_t scatter_dim,
+                                              at::ScalarType out_dtype,
+                                              const std::string& algorithm, int64_t ring_steps);
+AllGatherMatmulResult fused_all_gather_scaled_matmul_meta(
+    const at::Tensor& A_shard, at::TensorList Bs, const at::Tensor& A_scale,
+    at::TensorList B_scales, int64_t gather_dim, c10::ArrayRef<at::ScalarType> out_dtypes,
+    int64_t W, bool return_A, const std::string& algorithm);
+at::Tensor fused_scaled_matmul_reduce_scatter_meta(
+    const at::Tensor& A, const at::Tensor& B, const at::Tensor& A_scale, const at::Tensor& B_scale,
+    const std::string& reduce_op, int64_t scatter_dim, at::ScalarType out_dtype, int64_t W,
+    const std::string& algorithm, int64_t ring_steps);
+
 // ---- paths -----------------------------------------------------------------------------------
 
 // NOTE [Fused ops below autograd]
@@ -96,6 +124,23 @@ enum class AllGatherAlgorithm { kPipeline, kPullAhead };
 AllGatherAlgorithm parse_all_gather_algorithm(const std::string& algorithm,
                                               const at::Device& device);
 
+// A consumer of gathered rows: gets rank src's rows [row0, row0 + shard.size(0)) on pipeline
+// stream `stream` (0 or 1; always 0 over send/recv).
+using GatherConsumer =
+    std::function<void(int src, int64_t row0, const at::Tensor& shard, int stream)>;
+// The all-gather schedule of the pipelines (NOTE [All-gather→matmul schedule], NOTE [Pull-ahead
+// all-gather→matmul]): gathers the [rows, cols] contiguous `shard` (any dtype: rows travel as
+// bytes) into the [W, rows, cols] `stack` and hands every rank's rows to `consume` as they
+// arrive. `fill_own_slot`: copy the own shard into its slot too (the stack is returned).
+// `zero_copy`: read the peers' shards in their heaps where every rank's shard is there (NOTE
+// [Zero-copy all-gather→matmul]); false for a shard the op built itself (never in the heap).
+void gather_and_consume(pipeline::Env& env, const at::Tensor& shard, const at::Tensor& stack,
+                        const GatherConsumer& consume, bool fill_own_slot, bool pull_ahead,
+                        pipeline::Stats& stats, bool zero_copy = true);
+// The same over the wrapped backend's send/recv (a ring).
+void gather_and_consume_send_recv(c10d::Backend& backend, const at::Tensor& shard,
+                                  const at::Tensor& stack, const GatherConsumer& consume);
+
 // The all-gather→matmul pipeline over the workspace (NOTE [All-gather→matmul schedule]), or its
 // pull-ahead variant (NOTE [Pull-ahead all-gather→matmul]).
 AllGatherMatmulResult all_gather_matmul_pipeline(
@@ -108,23 +153,57 @@ AllGatherMatmulResult all_gather_matmul_send_recv(c10d::Backend& backend, const 
                                                   at::TensorList Bs, int64_t gather_dim,
                                                   bool return_A);
 
+// NOTE [Scaled matmuls in the pipelines]
+// The fp8 ops (fused_all_gather_scaled_matmul, fused_scaled_matmul_reduce_scatter) run the
+// pipelines above unchanged; only their per-chunk product is torch._scaled_mm(a, b, scale_a,
+// scale_b, out_dtype=...) instead of a.mm(b), with the chunk's own scales: a tensorwise scale (one
+// element) as it is, a rowwise A scale ([rows, 1]) narrowed with A's rows, a rowwise B scale
+// ([1, N]) narrowed with B's columns where the columns are split. Each output row (or column
+// block) is then one _scaled_mm of the same operands as the unfused reference's: equal to it
+// wherever the backend's _scaled_mm gives a row the same value whatever the other rows (the
+// CPU's does; tests/python/test_fp8.py checks it bitwise). The partials of a reduce-scatter are
+// in out_dtype and summed in float32, as the unscaled op sums bfloat16 partials.
+struct ScaledMatmul {
+  at::Tensor A_scale;                     // float32: 1 element, or A's leading dims + [1] (rowwise)
+  at::Tensor B_scale;                     // float32: 1 element, or [1, N] (rowwise)
+  at::ScalarType out_dtype = at::kFloat;  // float32 or bfloat16
+};
+
+// The fp8 dtypes _scaled_mm takes.
+bool is_float8(at::ScalarType dtype);
+// Checks the arguments of fused_all_gather_scaled_matmul; returns gather_dim in
+// [0, A_shard.dim() - 1).
+int64_t check_all_gather_scaled_matmul_args(const at::Tensor& A_shard, at::TensorList Bs,
+                                            const at::Tensor& A_scale, at::TensorList B_scales,
+                                            int64_t gather_dim,
+                                            c10::ArrayRef<at::ScalarType> out_dtypes);
+
 // Checks the arguments, returns scatter_dim in [0, A.dim()).
 int64_t check_matmul_reduce_scatter_args(const at::Tensor& A, const at::Tensor& B,
                                          int64_t scatter_dim, int64_t world_size);
 // The number of ring steps for `ring_steps` (0: the group size); checks it is a multiple of W.
 int64_t check_ring_steps(int64_t ring_steps, int64_t world_size);
 
+// The same for the scaled product (NOTE [Scaled matmuls in the pipelines]).
+int64_t check_scaled_matmul_reduce_scatter_args(const at::Tensor& A, const at::Tensor& B,
+                                                const at::Tensor& A_scale,
+                                                const at::Tensor& B_scale, int64_t scatter_dim,
+                                                at::ScalarType out_dtype, int64_t world_size);
+
 // The matmul→reduce-scatter pipeline over the workspace (NOTE [Matmul→reduce-scatter schedule]).
+// With `scaled`, the products are scaled matmuls (NOTE [Scaled matmuls in the pipelines]).
 at::Tensor matmul_reduce_scatter_pipeline(pipeline::Env& env, const at::Tensor& A,
                                           const at::Tensor& B, ReduceOp reduce_op,
-                                          int64_t scatter_dim, pipeline::Stats& stats);
+                                          int64_t scatter_dim, pipeline::Stats& stats,
+                                          const ScaledMatmul* scaled = nullptr);
 // The ring reduce-scatter in `steps` steps over the workspace (NOTE [Ring reduce-scatter]).
 at::Tensor matmul_reduce_scatter_ring(pipeline::Env& env, const at::Tensor& A, const at::Tensor& B,
                                       ReduceOp reduce_op, int64_t scatter_dim, int64_t steps,
-                                      pipeline::Stats& stats);
+                                      pipeline::Stats& stats, const ScaledMatmul* scaled = nullptr);
 // The same ring over `backend`'s send/recv.
 at::Tensor matmul_reduce_scatter_send_recv(c10d::Backend& backend, const at::Tensor& A,
                                            const at::Tensor& B, ReduceOp reduce_op,
-                                           int64_t scatter_dim, int64_t steps);
+                                           int64_t scatter_dim, int64_t steps,
+                                           const ScaledMatmul* scaled = nullptr);
 
 }  // namespace cuda_p2p::ops

@@ -8,7 +8,12 @@ import torch
 import torch.distributed  # noqa: F401  (registers torch's c10d classes before our extension)
 
 from . import _C
-from .ops import fused_all_gather_matmul, fused_matmul_reduce_scatter
+from .ops import (
+    fused_all_gather_matmul,
+    fused_all_gather_scaled_matmul,
+    fused_matmul_reduce_scatter,
+    fused_scaled_matmul_reduce_scatter,
+)
 from ._backend import (
     BACKEND_NAME,
     ProcessGroupCudaP2P,
@@ -38,6 +43,8 @@ __all__ = [
     "is_cuda_p2p_group",
     "fused_all_gather_matmul",
     "fused_matmul_reduce_scatter",
+    "fused_all_gather_scaled_matmul",
+    "fused_scaled_matmul_reduce_scatter",
 ]
 
 __version__ = "0.1.0"

@@ -201,8 +201,9 @@ def _match_gather(ag: torch.fx.Node) -> tuple[Optional[_Gather], str]:
 class _Consumer:
     """``res @ B`` found among res's users: mm, addmm, or view -> mm / addmm [-> view]."""
 
-    def __init__(self, out, B, bias=None, pre=None, mm=None):
+    def __init__(self, out, B, bias=None, pre=None, mm=None, scaled=None):
         self.out, self.B, self.bias, self.pre, self.mm = out, B, bias, pre, mm
+        self.scaled = scaled  # (scale_a, scale_b, out_dtype) of a _scaled_mm
 
 
 def _flat_view(u: torch.fx.Node, t: torch.Tensor) -> bool:
@@ -224,16 +225,46 @@ def _matmul_of(u: torch.fx.Node, left: torch.fx.Node):
     return None
 
 
-def _consumers(res: torch.fx.Node) -> list[_Consumer]:
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+
+
+def _scaled_parts(u: torch.fx.Node):
+    """(A, B, scale_a, scale_b, out_dtype) of ``_scaled_mm(A, B, scale_a, scale_b,
+    out_dtype=float32|bfloat16)`` with no bias, result scale or fast accumulation (what the fused
+    fp8 ops take); else None."""
+    if u.target is not aten._scaled_mm.default:
+        return None
+    A, B, sa, sb = u.args[:4]
+    bias, scale_result = _arg(u, 4, "bias"), _arg(u, 5, "scale_result")
+    out_dtype, fast = _arg(u, 6, "out_dtype"), _arg(u, 7, "use_fast_accum", False)
+    if bias is not None or scale_result is not None or fast:
+        return None
+    if out_dtype not in (torch.float32, torch.bfloat16):
+        return None
+    return A, B, sa, sb, out_dtype
+
+
+def _scaled_of(u: torch.fx.Node, left: torch.fx.Node):
+    """(B, None, (scale_a, scale_b, out_dtype)) when ``u`` is a fusable ``_scaled_mm(left, B,
+    ...)``; else None."""
+    p = _scaled_parts(u)
+    if p is None or p[0] is not left:
+        return None
+    return p[1], None, p[2:]
+
+
+def _consumers(res: torch.fx.Node, of=None) -> list[_Consumer]:
+    of = of or _matmul_of
     found = []
     t = _val(res)
     for u in res.users:
-        m = _matmul_of(u, res)
+        m = of(u, res)
         if m is not None:
-            found.append(_Consumer(u, m[0], bias=m[1], mm=u))
+            found.append(_Consumer(u, m[0], bias=m[1], mm=u,
+                                   scaled=m[2] if len(m) > 2 else None))
         elif t is not None and _flat_view(u, t):
             for mm in u.users:
-                m = _matmul_of(mm, u)
+                m = of(mm, u)
                 if m is None:
                     continue
                 # The N-D product is the fused op's output; the 2-D one a view of it. A view back
@@ -246,13 +277,18 @@ def _consumers(res: torch.fx.Node) -> list[_Consumer]:
                             list(pv.shape), [*t.shape[:-1], Bv.shape[-1]]):
                         post = v
                         break
-                found.append(_Consumer(post, m[0], bias=m[1], pre=u, mm=mm))
+                found.append(_Consumer(post, m[0], bias=m[1], pre=u, mm=mm,
+                                       scaled=m[2] if len(m) > 2 else None))
     return found
 
 
 def _fuse_all_gather(g: _Gather, stats: dict) -> None:
     graph = g.ag.graph
     res = g.res
+    shard_t = _val(g.shard)
+    if shard_t is not None and shard_t.dtype in _FP8:
+        _fuse_all_gather_scaled(g, stats)
+        return
     consumers = [c for c in _consumers(res)
                  if c.B is not res and res not in _ancestors(c.B)
                  and (c.bias is None or (c.bias is not res and res not in _ancestors(c.bias)))]
@@ -274,6 +310,16 @@ def _fuse_all_gather(g: _Gather, stats: dict) -> None:
             kwargs={"return_A": False},
         )
     _raise_before(fused, [c.B for c in consumers])
+    others = _replace_gather_consumers(graph, fused, consumers, g)
+    _fused(stats, "all-gather", g.ag,
+           f"gather_dim={g.gather_dim}, {len(consumers)} matmul(s)"
+           + (", return_A (the gathered tensor has other users)" if others else ""))
+
+
+def _replace_gather_consumers(graph, fused, consumers, g: _Gather, extra_nodes=()) -> bool:
+    """Rewires every consumer to the fused op's outputs, and every other reader of the gathered
+    tensor to its returned A; erases the gather. Returns whether A is returned."""
+    res = g.res
     with graph.inserting_after(fused):
         outs = graph.call_function(operator.getitem, (fused, 1))
     last = outs
@@ -310,15 +356,96 @@ def _fuse_all_gather(g: _Gather, stats: dict) -> None:
     # all-gather must leave the graph, or the step would gather twice.
     others = bool(res.users)
     if others:
-        fused.kwargs = {"return_A": True}
+        fused.kwargs = {**fused.kwargs, "return_A": True}
         with graph.inserting_after(fused):
             A = graph.call_function(operator.getitem, (fused, 0))
         res.replace_all_uses_with(A)
-    _erase_dead(graph, g.nodes)
+    _erase_dead(graph, [*g.nodes, *extra_nodes])
     if g.ag in graph.nodes:  # cannot happen: every user of res now reads A
         raise AssertionError("cuda_p2p async-TP: the fused all-gather left the original behind")
-    _fused(stats, "all-gather", g.ag,
-           f"gather_dim={g.gather_dim}, {len(consumers)} matmul(s)"
+    return others
+
+
+def _gathered_scale(sa: torch.fx.Node, g: _Gather, shard_t: torch.Tensor):
+    """(the scale shard, the gather's nodes) when ``sa`` is the rowwise scale of the gathered
+    fp8 tensor, itself gathered like it (same group, same gather dim) and shaped
+    ``shard.shape[:-1] + (1,)`` (or a view of that as the [rows, 1] matrix of a flattened
+    gather along dim 0); else None."""
+    c10d = _c10d()
+    node = sa
+    if sa.target in _VIEWS and g.gather_dim == 0:
+        node = sa.args[0]
+    for n in [node, *node.all_input_nodes]:
+        if n.target is c10d.wait_tensor.default:
+            ag = n.args[0]
+            break
+    else:
+        return None
+    if ag.target is not c10d.all_gather_into_tensor.default or \
+            _arg(ag, 2, "group_name") != g.group_name:
+        return None
+    g2, _ = _match_gather(ag)
+    if g2 is None or g2.res is not node or g2.gather_dim != g.gather_dim:
+        return None
+    st = _val(g2.shard)
+    if st is None or st.dtype != torch.float32 or \
+            not _same(list(st.shape), [*shard_t.shape[:-1], 1]):
+        return None
+    return g2.shard, g2.nodes
+
+
+def _fuse_all_gather_scaled(g: _Gather, stats: dict) -> None:
+    """NOTE [Scaled matmuls in the pipelines]: a gathered fp8 tensor consumed by _scaled_mm(s)
+    with one A scale: tensorwise (one element, not computed from the gathered tensor), or
+    rowwise, gathered from the ranks' scale shards like A (its gather then leaves the graph too,
+    unless something else reads it)."""
+    graph = g.ag.graph
+    res = g.res
+    shard_t = _val(g.shard)
+    what = "all-gather"
+    if shard_t.dim() < 2 or g.gather_dim == shard_t.dim() - 1:
+        _left(stats, what, g.ag, "an fp8 gather of the contraction dim (no per-rank scale)")
+        return
+    consumers = [c for c in _consumers(res, _scaled_of)
+                 if all(x is not res and res not in _ancestors(x)
+                        for x in (c.B, *c.scaled[:2]))]
+    if not consumers:
+        _left(stats, what, g.ag, "no _scaled_mm (out_dtype float32/bfloat16, no bias, result "
+              "scale or fast accumulation) consumes the gathered fp8 tensor as its left operand")
+        return
+    scale_nodes = {c.scaled[0] for c in consumers}
+    if len(scale_nodes) != 1:
+        _left(stats, what, g.ag, "the _scaled_mm consumers use different A scales")
+        return
+    sa = next(iter(scale_nodes))
+    sa_t = _val(sa)
+    if sa_t is None or any(_val(x) is None for c in consumers for x in (c.B, c.scaled[1])):
+        _left(stats, what, g.ag, "no tensor metadata on a scale or a B")
+        return
+    extra = []
+    if sa_t.numel() == 1:
+        A_scale = sa
+    else:
+        found = _gathered_scale(sa, g, shard_t)
+        if found is None:
+            _left(stats, what, g.ag, "the rowwise A scale is not gathered from scale shards "
+                  "[*shard.shape[:-1], 1] like A (same group and dim)")
+            return
+        A_scale, extra = found
+        extra = [sa, *extra]  # a view of the gathered scale, then its gather
+    with graph.inserting_before(g.ag):
+        fused = graph.call_function(
+            torch.ops.cuda_p2p.fused_all_gather_scaled_matmul.default,
+            args=(g.shard, [c.B for c in consumers], A_scale, [c.scaled[1] for c in consumers],
+                  g.gather_dim, g.group_name),
+            kwargs={"out_dtypes": [c.scaled[2] for c in consumers], "return_A": False},
+        )
+    _raise_before(fused, [A_scale, *[x for c in consumers for x in (c.B, c.scaled[1])]])
+    others = _replace_gather_consumers(graph, fused, consumers, g, extra)
+    mode = "tensorwise" if sa_t.numel() == 1 else "rowwise, the scales gathered with A"
+    _fused(stats, what, g.ag,
+           f"fp8 fused_all_gather_scaled_matmul, {mode}, gather_dim={g.gather_dim}, "
+           f"{len(consumers)} _scaled_mm(s)"
            + (", return_A (the gathered tensor has other users)" if others else ""))
 
 
@@ -371,6 +498,7 @@ class _Terms:
 
     def __init__(self):
         self.terms, self.bias, self.nodes = [], None, []
+        self.scaled = None  # (scale_a, scale_b, out_dtype): P is one _scaled_mm
         self.why = ""
 
 
@@ -415,6 +543,16 @@ def _matmul_terms(P: torch.fx.Node, group_name: str) -> _Terms:
             r.nodes.append(n)
             r.terms.append((n.args[0], n.args[1]))
             return True
+        if n.target is aten._scaled_mm.default:
+            parts = _scaled_parts(n)
+            if parts is None:
+                r.why = (f"{n.name} is a _scaled_mm with a bias, a result scale, fast "
+                         "accumulation or an out_dtype other than float32/bfloat16")
+                return False
+            r.nodes.append(n)
+            r.terms.append((parts[0], parts[1]))
+            r.scaled = parts[2:]
+            return True
         if n.target is aten.add.Tensor and not n.kwargs and all(
                 isinstance(a, torch.fx.Node) and _val(a) is not None
                 and _same(list(_val(a).shape), list(nv.shape)) for a in n.args):
@@ -440,6 +578,9 @@ def _matmul_terms(P: torch.fx.Node, group_name: str) -> _Terms:
 
     if not walk(P):
         r.terms = []
+        return r
+    if r.scaled is not None and (len(r.terms) != 1 or r.bias is not None):
+        r.terms, r.why = [], "a sum of _scaled_mm terms (or one with a bias) is not fused"
         return r
     r.terms = [(left(A), B) for A, B in r.terms]
     if any(a is None for a, _ in r.terms):
@@ -480,6 +621,9 @@ def _fuse_reduce_scatter(rs: torch.fx.Node, stats: dict) -> None:
     operands = [x for A, B in t.terms for x in ((A[0] if isinstance(A, tuple) else A), B)]
     if any(wait in _ancestors(x) or x is wait for x in operands):
         _left(stats, "reduce-scatter", rs, "its result feeds the matmul")
+        return
+    if t.scaled is not None:
+        _fuse_scaled_reduce_scatter(rs, wait, t, P, sd, perm, chunk_nodes, stats)
         return
     dtypes = {_val(x).dtype for x in operands if _val(x) is not None}
     if len(dtypes) != 1:
@@ -522,6 +666,43 @@ def _fuse_reduce_scatter(rs: torch.fx.Node, stats: dict) -> None:
     _fused(stats, "reduce-scatter", rs,
            f"{reduce_op}, scatter_dim={sd}, {len(t.terms)} matmul(s)"
            + (", + bias" if t.bias is not None else "")
+           + (f", permuted {perm}" if perm is not None else ""))
+
+
+def _fuse_scaled_reduce_scatter(rs, wait, t: _Terms, P, sd, perm, chunk_nodes, stats) -> None:
+    """NOTE [Scaled matmuls in the pipelines]: P = _scaled_mm(A, B, scale_a, scale_b) (through
+    the views of a linear layer's N-D form) reduce-scattered: one
+    fused_scaled_matmul_reduce_scatter, a rowwise scale viewed with A's leading dims."""
+    graph = rs.graph
+    reduce_op, group_name = _arg(rs, 1, "reduce_op"), _arg(rs, 3, "group_name")
+    (A, B), = t.terms
+    sa, sb, out_dtype = t.scaled
+    sa_t, Pt = _val(sa), _val(P)
+    if sa_t is None or _val(sb) is None:
+        _left(stats, "reduce-scatter", rs, "no tensor metadata on a scale")
+        return
+    with graph.inserting_before(wait):
+        if isinstance(A, tuple):
+            A = graph.call_function(aten.reshape.default, (A[0], A[1]))
+        A_scale = sa
+        if sa_t.numel() != 1 and Pt.dim() != 2:
+            A_scale = graph.call_function(aten.reshape.default, (sa, [*Pt.shape[:-1], 1]))
+        fused = graph.call_function(
+            torch.ops.cuda_p2p.fused_scaled_matmul_reduce_scatter.default,
+            args=(A, B, A_scale, sb, reduce_op, sd, group_name),
+            kwargs={"out_dtype": out_dtype},
+        )
+        out = fused
+        if perm is not None:
+            out = graph.call_function(aten.permute.default, (out, perm))
+    wait.replace_all_uses_with(out)
+    for u in list(rs.users):
+        if u.op == "output":
+            u.replace_input_with(rs, out)
+    _erase_dead(graph, [wait, rs, *chunk_nodes, *t.nodes])
+    mode = "tensorwise" if sa_t.numel() == 1 else "rowwise"
+    _fused(stats, "reduce-scatter", rs,
+           f"fp8 fused_scaled_matmul_reduce_scatter, {mode}, {reduce_op}, scatter_dim={sd}"
            + (f", permuted {perm}" if perm is not None else ""))
 
 
@@ -591,8 +772,13 @@ def rewrite(graph: torch.fx.Graph, *, all_gather_matmul: bool = True,
                 node.target = ours
                 stats["symm_mem"] += 1
                 log.info("cuda_p2p async-TP: %s -> %s", node.name, ours)
-    for node in list(graph.nodes):
-        if node.target is not c10d.all_gather_into_tensor.default or node not in graph.nodes:
+    # fp8 gathers first: one may take the gather of its rowwise scales with it, which must not be
+    # reported as a gather left unfused.
+    gathers = [n for n in graph.nodes if n.target is c10d.all_gather_into_tensor.default]
+    gathers.sort(key=lambda n: not (_val(n.args[0]) is not None
+                                    and _val(n.args[0]).dtype in _FP8))
+    for node in gathers:
+        if node not in graph.nodes:
             continue
         if not _is_cuda_p2p_group_name(_arg(node, 2, "group_name")):
             _left(stats, "all-gather", node, "not on a cuda_p2p group")

@@ -104,9 +104,73 @@ def fused_matmul_reduce_scatter(
     )
 
 
+def fused_all_gather_scaled_matmul(
+    A_shard: torch.Tensor,
+    Bs: Sequence[torch.Tensor],
+    A_scale: torch.Tensor,
+    B_scales: Sequence[torch.Tensor],
+    gather_dim: int,
+    group: GroupLike = None,
+    *,
+    out_dtypes: Sequence[torch.dtype],
+    return_A: bool = True,
+    algorithm: str = "auto",
+) -> tuple[Optional[torch.Tensor], list[torch.Tensor]]:
+    """``torch._scaled_mm(all_gather(A_shard, gather_dim), B, A_scale, B_scale, out_dtype=...)``
+    for every ``B`` in ``Bs``, pipelined like ``fused_all_gather_matmul`` (docs/training.md, fp8).
+
+    ``A_shard`` and ``Bs`` are float8; ``A_scale`` is float32, one element (tensorwise, the same
+    on every rank) or ``A_shard.shape[:-1] + (1,)`` (rowwise, sharded with A and gathered with
+    it); each ``B_scale`` one element or ``[1, N]``. ``out_dtypes``: float32 or bfloat16 per B.
+    ``gather_dim`` is any dim but the last. Returns ``(A, outputs)`` laid out as PyTorch's
+    unfused fallback lays them out (the gathered fp8 A; each product unflattened and moved back
+    to ``gather_dim``). No autograd formula: torch has none for ``_scaled_mm`` either; the
+    compile pass uses the op below autograd.
+    """
+    if algorithm not in ALL_GATHER_ALGORITHMS:
+        raise ValueError(
+            f"cuda_p2p: algorithm must be one of {ALL_GATHER_ALGORITHMS}, got {algorithm!r}"
+        )
+    return torch.ops.cuda_p2p.fused_all_gather_scaled_matmul(
+        A_shard, list(Bs), A_scale, list(B_scales), gather_dim, _group_name(group),
+        out_dtypes=list(out_dtypes), return_A=return_A, algorithm=algorithm,
+    )
+
+
+def fused_scaled_matmul_reduce_scatter(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    A_scale: torch.Tensor,
+    B_scale: torch.Tensor,
+    reduce_op: str,
+    scatter_dim: int,
+    group: GroupLike = None,
+    *,
+    out_dtype: torch.dtype,
+    algorithm: str = "auto",
+    ring_steps: int = 0,
+) -> torch.Tensor:
+    """``reduce_scatter(torch._scaled_mm(A, B, A_scale, B_scale, out_dtype=out_dtype),
+    reduce_op, scatter_dim)``, on the pipelines of ``fused_matmul_reduce_scatter``.
+
+    ``A`` ([..., K]) and ``B`` ([K, N]) are float8; ``A_scale`` is float32, one element or
+    ``A.shape[:-1] + (1,)`` (rowwise: each part's rows take their own scales); ``B_scale`` one
+    element or ``[1, N]``. ``out_dtype``: float32 or bfloat16; the partials are in ``out_dtype``
+    and summed in float32.
+    """
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"cuda_p2p: algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    return torch.ops.cuda_p2p.fused_scaled_matmul_reduce_scatter(
+        A, B, A_scale, B_scale, reduce_op, scatter_dim, _group_name(group),
+        out_dtype=out_dtype, algorithm=algorithm, ring_steps=ring_steps,
+    )
+
+
 __all__ = [
     "ALGORITHMS",
     "ALL_GATHER_ALGORITHMS",
     "fused_all_gather_matmul",
+    "fused_all_gather_scaled_matmul",
     "fused_matmul_reduce_scatter",
+    "fused_scaled_matmul_reduce_scatter",
 ]
