@@ -24,6 +24,9 @@ enum class OpKind : uint8_t {
   kBroadcast,
   kAllGatherMatmul,
   kMatmulReduceScatter,
+  kAllToAllSingle,
+  kAllToAll,
+  kAllToAllV,
 };
 const char* to_string(OpKind kind);
 

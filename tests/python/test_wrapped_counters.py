@@ -1,5 +1,6 @@
 """Every op counts which path ran: the ops the workspace never runs count `<op>.wrapped` once per
-call (docs/collectives.md, "Counters"), and their results are still those of plain torch."""
+call (docs/collectives.md, "Counters"), and their results are still those of plain torch. The
+all-to-alls run on the workspace (`<op>.direct`; their wrapped path: test_all_to_all.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from _harness import scoped_environ
 
 
 def _wrapped_ops(ctx):
-    """Runs each wrapped-only op once on a fresh group; its counters and results."""
+    """Runs each wrapped-only op (and the all-to-alls) once on a fresh group; its counters and
+    results."""
     import cuda_p2p
 
     g = dist.new_group(list(range(ctx.world_size)), backend="cuda_p2p")
@@ -86,8 +88,6 @@ def test_wrapped_ops_are_counted(world, request):
         assert all(rep["results"].values()), (r, rep["results"])
         c = rep["counters"]
         expected = {
-            "all_to_all_single.wrapped": 1,
-            "all_to_all.wrapped": 1,
             "gather.wrapped": 1,
             "scatter.wrapped": 1,
             "reduce.wrapped": 1,
@@ -99,6 +99,7 @@ def test_wrapped_ops_are_counted(world, request):
             expected["recv_anysource.wrapped"] = W - 1
         # Nothing else ran: every call of the function above is one of these.
         assert {k: v for k, v in c.items() if k.endswith(".wrapped")} == expected, (r, c)
+        assert c.get("all_to_all_single.direct") == 1 and c.get("all_to_all.direct") == 1, (r, c)
 
 
 def _fallback_lines(ctx):
@@ -117,8 +118,7 @@ def _fallback_lines(ctx):
             b = cuda_p2p.get_cuda_p2p_backend(g)
             for _ in range(2):
                 dist.all_reduce(torch.ones(3, dtype=torch.bool), group=g)  # dtype: wrapped
-                dist.all_to_all_single(torch.empty(ctx.world_size),
-                                       torch.ones(ctx.world_size), group=g)
+                dist.reduce(torch.ones(ctx.world_size), dst=0, group=g)  # wrapped: no workspace op
                 dist.all_reduce(torch.ones(4), group=g)  # the workspace: no line
             counters = dict(b.get_counters())
             dist.destroy_process_group(g)
@@ -144,10 +144,10 @@ def test_debug_lines(world2):
         assert len(fallbacks) == 2, rep["text"]  # once per counter, though each ran twice
         ar = [ln for ln in fallbacks if ": all_reduce.wrapped:" in ln]
         assert len(ar) == 1 and "a dtype the workspace does not reduce" in ar[0], fallbacks
-        a2a = [ln for ln in fallbacks if ": all_to_all_single.wrapped:" in ln]
-        assert len(a2a) == 1 and "no workspace version of this op" in a2a[0], fallbacks
+        red = [ln for ln in fallbacks if ": reduce.wrapped:" in ln]
+        assert len(red) == 1 and "no workspace version of this op" in red[0], fallbacks
         assert rep["counters"]["all_reduce.wrapped"] == 2
-        assert rep["counters"]["all_to_all_single.wrapped"] == 2
+        assert rep["counters"]["reduce.wrapped"] == 2
 
 
 def _bad_debug_value(ctx):
