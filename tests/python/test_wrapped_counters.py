@@ -4,6 +4,7 @@ all-to-alls run on the workspace (`<op>.direct`; their wrapped path: test_all_to
 
 from __future__ import annotations
 
+import warnings
 from datetime import timedelta
 
 import pytest
@@ -73,6 +74,27 @@ def _wrapped_ops(ctx):
         dist.send(torch.tensor([float(r)]), 0, group=g)
         results["recv_anysource"] = True
 
+    # Several tensors per rank (the workspace runs one), and a sparse all-reduce.
+    a, c = torch.full((3,), float(r)), torch.full((2,), 1.0)
+    dist.all_reduce_coalesced([a, c], group=g)
+    results["all_reduce_coalesced"] = (a.tolist() == [float(W * (W - 1) // 2)] * 3
+                                       and c.tolist() == [float(W)] * 2)
+    gathered = [[torch.empty(2), torch.empty(1)] for _ in range(W)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # all_gather_coalesced is deprecated
+        dist.all_gather_coalesced(gathered, [torch.full((2,), float(r)), torch.ones(1) * r],
+                                  group=g)
+    results["all_gather_coalesced"] = all(x.tolist() == [float(q)] * 2 and y.tolist() == [float(q)]
+                                          for q, (x, y) in enumerate(gathered))
+    sp = torch.sparse_coo_tensor(torch.tensor([[r % 4]]), torch.tensor([1.0]), (4,))
+    work = dist.all_reduce(sp, group=g, async_op=True)
+    work.wait()
+    dense = work.result()[0].to_dense() if work.result() else sp.to_dense()
+    want = torch.zeros(4)
+    for q in range(W):
+        want[q % 4] += 1.0
+    results["all_reduce_sparse"] = torch.equal(dense, want)
+
     dist.monitored_barrier(group=g, timeout=timedelta(seconds=30))
     counters = dict(b.get_counters())
     dist.destroy_process_group(g)
@@ -94,6 +116,10 @@ def test_wrapped_ops_are_counted(world, request):
             "send.wrapped": 1 + (0 if r == 0 else 1),
             "recv.wrapped": 1,
             "monitored_barrier.wrapped": 1,
+            # all_reduce_coalesced (several tensors) and the sparse all_reduce (not strided:
+            # torch 2.14 sends it to allreduce(), not allreduce_sparse())
+            "all_reduce.wrapped": 2,
+            "all_gather.wrapped": 1,  # all_gather_coalesced: several tensors
         }
         if r == 0:
             expected["recv_anysource.wrapped"] = W - 1
