@@ -69,6 +69,15 @@ at::Tensor a2a_output(const at::Tensor& t) {
   return t.is_contiguous() ? t : at::empty(t.sizes(), t.options());
 }
 
+// The all-to-alls read their split sizes back on the host, which a graph cannot replay: refused
+// before the op's handshake, so the group stays usable (inside the op the error would mark the
+// group failed: NOTE [Failed groups]).
+void a2a_refuse_capture(SymmetricWorkspace& ws, const char* what) {
+  TORCH_CHECK(!ws.capturing(*ws.device().current_stream()), "cuda_p2p ", what,
+              ": cannot be captured in a graph (its split sizes are read back on the host); call "
+              "it outside the capture");
+}
+
 std::string a2a_rows_text(const at::Tensor& t) {
   return "rows of " + std::to_string(a2a_row_elems(t)) + " x " + ops::dtype_name(t.scalar_type());
 }
@@ -89,6 +98,7 @@ WorkPtr ProcessGroupCudaP2P::alltoall_base(at::Tensor& output, at::Tensor& input
       return b.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
     });
   }
+  a2a_refuse_capture(*workspace_, "all_to_all_single");
   std::vector<int64_t> in_rows, out_rows;
   check_or_reject("all_to_all_single", ops::OpKind::kAllToAllSingle, [&] {
     in_rows = a2a_split_rows(input, input_split_sizes, W, "input", "all_to_all_single");
@@ -140,6 +150,7 @@ WorkPtr ProcessGroupCudaP2P::alltoall(std::vector<at::Tensor>& outputs,
     return delegate(inputs, "all_to_all",
                     [&](c10d::Backend& b) { return b.alltoall(outputs, inputs, opts); });
   }
+  a2a_refuse_capture(*workspace_, "all_to_all");
   std::vector<at::Tensor> ins, outs;
   ops::AllToAllArgs args;
   args.kind = ops::OpKind::kAllToAll;
@@ -186,6 +197,7 @@ std::pair<at::Tensor, std::vector<int64_t>> ProcessGroupCudaP2P::all_to_all_v(
   };
   const char* why = input.defined() ? workspace_rejects({input}) : "device";
   if (!why) {
+    a2a_refuse_capture(*workspace_, kWhat);
     check_or_reject(kWhat, ops::OpKind::kAllToAllV, checks);
   } else {
     if (input.defined()) {
