@@ -148,22 +148,6 @@ WorkPtr ProcessGroupCudaP2P::allgather_coalesced(std::vector<std::vector<at::Ten
                   [&](c10d::Backend& b) { return b.allgather_coalesced(outputs, inputs, opts); });
 }
 
-WorkPtr ProcessGroupCudaP2P::gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                    std::vector<at::Tensor>& inputs,
-                                    const c10d::GatherOptions& opts) {
-  count_fallback("gather.wrapped", kNoWorkspaceOp);
-  return delegate(inputs, "gather",
-                  [&](c10d::Backend& b) { return b.gather(outputs, inputs, opts); });
-}
-
-WorkPtr ProcessGroupCudaP2P::scatter(std::vector<at::Tensor>& outputs,
-                                     std::vector<std::vector<at::Tensor>>& inputs,
-                                     const c10d::ScatterOptions& opts) {
-  count_fallback("scatter.wrapped", kNoWorkspaceOp);
-  return delegate(outputs, "scatter",
-                  [&](c10d::Backend& b) { return b.scatter(outputs, inputs, opts); });
-}
-
 WorkPtr ProcessGroupCudaP2P::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
   TORCH_CHECK(dst_rank >= 0 && dst_rank < getSize() && dst_rank != getRank(),
               "cuda_p2p send: destination must be another rank in [0, ", getSize(), "), got ",

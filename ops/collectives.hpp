@@ -11,6 +11,8 @@
 //   reduce_scatter.cpp  direct, ring in S steps
 //   all_reduce.cpp      one-shot, two-shot
 //   broadcast.cpp       direct
+//   gather.cpp          direct (the others publish with their done words, the root pulls)
+//   scatter.cpp         direct (the root publishes a slot per rank with its done word)
 //   collectives.cpp     configuration, automatic choice, phases, barrier
 //
 // Every entry point is collective over the workspace's ranks: each rank calls it with the same
@@ -234,6 +236,15 @@ AllReduceAlgo all_reduce(const CollectiveContext& ctx, const at::Tensor& input,
 
 // tensor = root's tensor.
 void broadcast(const CollectiveContext& ctx, const at::Tensor& tensor, int root);
+
+// outputs[q] (W tensors, on `root` only; ignored elsewhere) receives rank q's `input` (the same
+// bytes on every rank). Rank root's own input is copied, not staged.
+void gather(const CollectiveContext& ctx, const at::Tensor& input,
+            const std::vector<at::Tensor>& outputs, int root);
+
+// `output` receives root's inputs[rank] (W tensors, on `root` only; every one with output's bytes).
+void scatter(const CollectiveContext& ctx, const std::vector<at::Tensor>& inputs,
+             const at::Tensor& output, int root);
 
 // Returns (host) or lets the stream continue (CUDA) once every rank has arrived. Its handshake
 // tells a barrier from another collective called on another rank (NOTE [Op signatures]).

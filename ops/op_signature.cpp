@@ -124,6 +124,10 @@ const char* kind_name(OpKind kind) {
       return "all_to_all";
     case OpKind::kAllToAllV:
       return "all_to_all_v";
+    case OpKind::kGather:
+      return "gather";
+    case OpKind::kScatter:
+      return "scatter";
   }
   return "an unknown op";
 }

@@ -27,6 +27,8 @@ enum class OpKind : uint8_t {
   kAllToAllSingle,
   kAllToAll,
   kAllToAllV,
+  kGather,
+  kScatter,
 };
 const char* to_string(OpKind kind);
 

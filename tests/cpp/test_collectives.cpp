@@ -484,6 +484,46 @@ TEST(Collectives, AllToAllSplitsThatDisagreeRaiseEverywhere) {
   }
 }
 
+// ops::gather and ops::scatter from every root, sizes from empty to many rounds (a 16 KiB buffer,
+// then 1 KiB chunks); 1-4 ranks.
+TEST(Collectives, GatherAndScatterFromEveryRoot) {
+  const auto& w = world();
+  for (int64_t chunk : {int64_t{0}, int64_t{1024}}) {
+    Fixture f(/*buffer=*/1 << 14);
+    f.config.chunk_bytes = chunk;
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{5000}}) {
+      for (int root = 0; root < w.size; ++root) {
+        const std::string what = "n " + std::to_string(n) + " root " + std::to_string(root) +
+                                 " chunk " + std::to_string(chunk);
+        std::vector<at::Tensor> parts, outs;
+        for (int q = 0; q < w.size; ++q) {
+          parts.push_back(make_input(40 + root, q, n, at::kInt, ReduceOp::kSum));
+        }
+        Guarded all(n * w.size, at::kInt);
+        if (w.rank == root) {
+          for (int q = 0; q < w.size; ++q) outs.push_back(all.inner.narrow(0, q * n, n));
+        }
+        ops::gather(f.ctx(), parts[w.rank], outs, root);
+        if (w.rank == root) {
+          EXPECT_TRUE(all.inner.equal(at::cat(parts))) << "gather " << what;
+        }
+        EXPECT_TRUE(all.margins_intact()) << "gather " << what;
+        Guarded mine(n, at::kInt);
+        std::vector<at::Tensor> ins;
+        if (w.rank == root) {
+          for (int q = 0; q < w.size; ++q) {
+            ins.push_back(make_input(50 + root, q, n, at::kInt, ReduceOp::kSum));
+          }
+        }
+        ops::scatter(f.ctx(), ins, mine.inner, root);
+        EXPECT_TRUE(mine.inner.equal(make_input(50 + root, w.rank, n, at::kInt, ReduceOp::kSum)))
+            << "scatter " << what;
+        EXPECT_TRUE(mine.margins_intact()) << "scatter " << what;
+      }
+    }
+  }
+}
+
 TEST(Collectives, ReduceScatterEveryAlgorithmDtypeOpAndSize) {
   const auto& w = world();
   Fixture f;
