@@ -2,8 +2,9 @@
 //
 // It wraps one backend per device type (Gloo for CPU tensors, NCCL for CUDA tensors; both created
 // by the Python layer, since torch's wheel ships no Gloo headers). all_reduce, all_gather,
-// all_gather_into_tensor, reduce_scatter(_tensor), broadcast, barrier and all_gather_v run on
-// the P2P workspace (ops/collectives.hpp) when it is available and the tensors are on its device;
+// all_gather_into_tensor, reduce_scatter(_tensor), broadcast, barrier, all_gather_v and the
+// all-to-alls (all_to_all_single, all_to_all, all_to_all_v), gather and scatter run on the P2P
+// workspace (ops/collectives.hpp) when it is available and the tensors are on its device;
 // everything else, and every case the workspace does not support, goes to the wrapped backend for
 // the tensors' device. Every path bumps a counter ("all_reduce.one_shot", "all_reduce.wrapped",
 // ...). Works returned by a wrapped backend are handed back unchanged, so completion, errors and
@@ -11,7 +12,9 @@
 //
 // Its definitions are split by concern: ProcessGroupCudaP2P.cpp (the lifecycle: construction,
 // the workspace's API, counters, abort/shutdown), workspace_collectives.cpp (the workspace
-// collectives' entry) and wrapped_routing.cpp (routing to the wrapped backends, coalescing).
+// collectives' entry), workspace_all_to_all.cpp and workspace_gather_scatter.cpp (the all-to-alls',
+// gather's and scatter's entries) and wrapped_routing.cpp (routing to the wrapped backends,
+// coalescing).
 #pragma once
 
 #include <c10/util/FunctionRef.h>
@@ -28,6 +31,7 @@
 #include <string_view>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <utility>
 #include <vector>
 
 #include "backend/config.hpp"
@@ -151,6 +155,14 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // rank. Returns the rows of all ranks in rank order. Without the workspace: padding + the
   // wrapped backend's all_gather_into_tensor.
   at::Tensor all_gather_v(const at::Tensor& input, const std::vector<int64_t>& sizes);
+
+  // Collective: sends input_splits[q] rows (dim 0) of `input` to rank q, in rank order (sizes >=
+  // 0 summing to input's rows; other dims and dtype equal on every rank), without the receivers
+  // knowing what they get. Returns the rows received from every rank, in rank order, and how
+  // many came from each. Without the workspace: the sizes, then the rows, over the wrapped
+  // backend's all_to_all_single.
+  std::pair<at::Tensor, std::vector<int64_t>> all_to_all_v(
+      const at::Tensor& input, const std::vector<int64_t>& input_splits);
 
   // The all-reduce of torch.ops.cuda_p2p.all_reduce_ (backend/dispatcher_all_reduce.cpp): in
   // place, with no Work. The workspace all-reduce that allreduce() runs, counted the same; where

@@ -148,40 +148,6 @@ WorkPtr ProcessGroupCudaP2P::allgather_coalesced(std::vector<std::vector<at::Ten
                   [&](c10d::Backend& b) { return b.allgather_coalesced(outputs, inputs, opts); });
 }
 
-WorkPtr ProcessGroupCudaP2P::gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                    std::vector<at::Tensor>& inputs,
-                                    const c10d::GatherOptions& opts) {
-  count_fallback("gather.wrapped", kNoWorkspaceOp);
-  return delegate(inputs, "gather",
-                  [&](c10d::Backend& b) { return b.gather(outputs, inputs, opts); });
-}
-
-WorkPtr ProcessGroupCudaP2P::scatter(std::vector<at::Tensor>& outputs,
-                                     std::vector<std::vector<at::Tensor>>& inputs,
-                                     const c10d::ScatterOptions& opts) {
-  count_fallback("scatter.wrapped", kNoWorkspaceOp);
-  return delegate(outputs, "scatter",
-                  [&](c10d::Backend& b) { return b.scatter(outputs, inputs, opts); });
-}
-
-WorkPtr ProcessGroupCudaP2P::alltoall_base(at::Tensor& output, at::Tensor& input,
-                                           std::vector<int64_t>& output_split_sizes,
-                                           std::vector<int64_t>& input_split_sizes,
-                                           const c10d::AllToAllOptions& opts) {
-  count_fallback("all_to_all_single.wrapped", kNoWorkspaceOp);
-  return delegate(input, "all_to_all_single", [&](c10d::Backend& b) {
-    return b.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
-  });
-}
-
-WorkPtr ProcessGroupCudaP2P::alltoall(std::vector<at::Tensor>& outputs,
-                                      std::vector<at::Tensor>& inputs,
-                                      const c10d::AllToAllOptions& opts) {
-  count_fallback("all_to_all.wrapped", kNoWorkspaceOp);
-  return delegate(inputs, "all_to_all",
-                  [&](c10d::Backend& b) { return b.alltoall(outputs, inputs, opts); });
-}
-
 WorkPtr ProcessGroupCudaP2P::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
   TORCH_CHECK(dst_rank >= 0 && dst_rank < getSize() && dst_rank != getRank(),
               "cuda_p2p send: destination must be another rank in [0, ", getSize(), "), got ",

@@ -97,15 +97,19 @@ ALGOS = {
 }
 # Counter prefix of each benchmarked collective.
 COUNTER = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
-           "reduce_scatter_tensor": "reduce_scatter", "broadcast": "broadcast"}
-COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast")
+           "reduce_scatter_tensor": "reduce_scatter", "broadcast": "broadcast",
+           "all_to_all_single": "all_to_all_single"}
+COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast",
+               "all_to_all_single")
 # NCCL-tests bus bandwidth factors (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md);
-# the message size is the all-reduce/broadcast buffer, the all-gather output, the reduce-scatter input.
+# the message size is the all-reduce/broadcast buffer, the all-gather output, the reduce-scatter input,
+# the all-to-all's input (= its output: numel / n elements to every rank).
 BUSBW_FACTOR = {
     "all_reduce": lambda n: 2.0 * (n - 1) / n,
     "all_gather_into_tensor": lambda n: (n - 1) / n,
     "reduce_scatter_tensor": lambda n: (n - 1) / n,
     "broadcast": lambda n: 1.0,
+    "all_to_all_single": lambda n: (n - 1) / n,
 }
 SHORT_SIZES = (8, 1 << 10, 64 << 10, 1 << 20, 16 << 20)
 FULL_MIN, FULL_MAX = 8, 64 << 20
@@ -259,6 +263,8 @@ def _make_inputs(coll: str, nbytes: int, n: int, rank: int, dtype: torch.dtype, 
         return inp(numel // n), torch.empty(numel, dtype=dtype)
     if coll == "reduce_scatter_tensor":
         return inp(numel), torch.empty(numel // n, dtype=dtype)
+    if coll == "all_to_all_single":
+        return inp(numel), torch.empty(numel, dtype=dtype)
     raise ValueError(coll)
 
 
@@ -274,6 +280,8 @@ def _run_op(dist, coll: str, inp, out, group) -> None:
         dist.reduce_scatter_tensor(out, inp, group=group)
     elif coll == "broadcast":
         dist.broadcast(inp, src=0, group=group)
+    elif coll == "all_to_all_single":
+        dist.all_to_all_single(out, inp, group=group)
     elif coll == "barrier":
         dist.barrier(group=group)
     else:
@@ -308,6 +316,9 @@ def _check(dist, coll: str, nbytes: int, n: int, rank: int, dtype, groups) -> di
             exp = base(numel, 0)
         elif coll == "all_gather_into_tensor":
             exp = torch.cat([base(numel // n, r) for r in range(n)])
+        elif coll == "all_to_all_single":
+            shard = numel // n
+            exp = torch.cat([base(numel, r)[rank * shard:(rank + 1) * shard] for r in range(n)])
         else:
             shard = numel // n
             exp = sum(base(numel, r) for r in range(n))[rank * shard:(rank + 1) * shard]
@@ -694,7 +705,8 @@ def rank_main(rank: int, cfg: dict) -> None:
                 print(f"[bench] world_size={n} {idx + 1}/{len(plan)} {label}", file=sys.stderr,
                       flush=True)
             # Message size rounded up so that every rank holds whole elements (as NCCL-tests).
-            unit = esize * (n if coll in ("all_gather_into_tensor", "reduce_scatter_tensor") else 1)
+            unit = esize * (n if coll in ("all_gather_into_tensor", "reduce_scatter_tensor",
+                                          "all_to_all_single") else 1)
             nbytes = 0 if coll == "barrier" else -(-size // unit) * unit
             set_algo_groups(coll)
             timed_groups = dict(groups, **algo_groups)
@@ -918,7 +930,7 @@ def add_derived(run: dict, memcpy_gbps: float) -> None:
 SPEEDUP_COLORS = ["k", "tab:green", "tab:purple", "tab:orange", "tab:brown"]
 SHORT_NAMES = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
                "reduce_scatter_tensor": "reduce_scatter", "broadcast": "broadcast",
-               "barrier": "barrier"}
+               "all_to_all_single": "all_to_all", "barrier": "barrier"}
 
 
 def fmt_gbps(v: float) -> str:
@@ -1526,11 +1538,11 @@ def main(argv=None) -> int:
                        "(a sample of --batch back-to-back ops / batch); ranks pass a barrier "
                        "(--sync: shm or gloo, on a group neither backend uses) before every "
                        "timed sample; backends take turns by blocks of --block samples",
-            "bytes": "all_reduce/broadcast: buffer; all_gather: output; reduce_scatter: input "
-                     "(NCCL-tests)",
+            "bytes": "all_reduce/broadcast: buffer; all_gather: output; reduce_scatter: input; "
+                     "all_to_all_single: input (NCCL-tests)",
             "algbw": "bytes / latency (1 GB = 1e9 B)",
-            "busbw": "algbw * factor: all_reduce 2(n-1)/n, all_gather & reduce_scatter (n-1)/n, "
-                     "broadcast 1",
+            "busbw": "algbw * factor: all_reduce 2(n-1)/n, all_gather & reduce_scatter & "
+                     "all_to_all_single (n-1)/n, broadcast 1",
             "speedup": "gloo median latency / cuda_p2p median latency",
             "peers": "all_reduce only: results[].peers.{cuda_p2p_op,deepspeed,deepspeed_comm} "
                      "timed like the backends (deepspeed: its bare op; deepspeed_comm: "

@@ -7,9 +7,12 @@
 //
 //   all_gather.cpp      direct, ring
 //   all_gather_v.cpp    a different number of bytes per rank (direct)
+//   all_to_all.cpp      all-to-all with any split sizes, also unknown to the receiver (direct)
 //   reduce_scatter.cpp  direct, ring in S steps
 //   all_reduce.cpp      one-shot, two-shot
 //   broadcast.cpp       direct
+//   gather.cpp          direct (the others publish with their done words, the root pulls)
+//   scatter.cpp         direct (the root publishes a slot per rank with its done word)
 //   collectives.cpp     configuration, automatic choice, phases, barrier
 //
 // Every entry point is collective over the workspace's ranks: each rank calls it with the same
@@ -17,6 +20,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/util/FunctionRef.h>
 
 #include <atomic>
 #include <cstdint>
@@ -195,6 +199,32 @@ AllGatherAlgo all_gather(const CollectiveContext& ctx, const at::Tensor& input,
 void all_gather_v(const CollectiveContext& ctx, const at::Tensor& input,
                   const std::vector<int64_t>& bytes, const std::vector<at::Tensor>& outputs);
 
+// One rank's part of an all-to-all (ops/all_to_all.cpp, NOTE [All-to-all headers]). Sizes count
+// units (rows, or elements for the list all_to_all) of `unit_bytes` bytes each.
+struct AllToAllArgs {
+  OpKind kind = OpKind::kAllToAllSingle;
+  // The part of the signature every rank must pass alike (dtype, row shape: "rows of 6 x
+  // float32"); the settings that change the rounds are appended.
+  std::string text;
+  // send[q]: send_counts[q] units for rank q (W of each; contiguous, on the workspace's device).
+  std::vector<const char*> send;
+  std::vector<int64_t> send_counts;
+  // The units this rank expects from each rank, or empty when it does not know them (they are
+  // learnt from the senders: all_to_all_v).
+  std::vector<int64_t> recv_counts;
+  int64_t unit_bytes = 1;
+  const char* unit = "rows";  // in errors
+};
+// Where the units from each rank land (W pointers), given how many each rank sends this one:
+// called once every rank's split sizes are known and agreed, before anything is read.
+using AllToAllOutputs = c10::function_ref<std::vector<char*>(const std::vector<int64_t>& recv)>;
+// Rank r's send[q] lands at rank q's outputs(...)[r]. Split sizes that do not match across ranks
+// (rank r sends n units to q, q expects m != n from r) raise SignatureMismatch on every rank,
+// naming both, before anything is read. Returns the units received from each rank. Not
+// capturable in a graph: the split sizes are read back on the host.
+std::vector<int64_t> all_to_all(const CollectiveContext& ctx, const AllToAllArgs& args,
+                                AllToAllOutputs outputs);
+
 // output = op over ranks of inputs[rank] (W chunks, each with output's size and dtype).
 ReduceScatterAlgo reduce_scatter(const CollectiveContext& ctx,
                                  const std::vector<at::Tensor>& inputs, const at::Tensor& output,
@@ -206,6 +236,15 @@ AllReduceAlgo all_reduce(const CollectiveContext& ctx, const at::Tensor& input,
 
 // tensor = root's tensor.
 void broadcast(const CollectiveContext& ctx, const at::Tensor& tensor, int root);
+
+// outputs[q] (W tensors, on `root` only; ignored elsewhere) receives rank q's `input` (the same
+// bytes on every rank). Rank root's own input is copied, not staged.
+void gather(const CollectiveContext& ctx, const at::Tensor& input,
+            const std::vector<at::Tensor>& outputs, int root);
+
+// `output` receives root's inputs[rank] (W tensors, on `root` only; every one with output's bytes).
+void scatter(const CollectiveContext& ctx, const std::vector<at::Tensor>& inputs,
+             const at::Tensor& output, int root);
 
 // Returns (host) or lets the stream continue (CUDA) once every rank has arrived. Its handshake
 // tells a barrier from another collective called on another rank (NOTE [Op signatures]).

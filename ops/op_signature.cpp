@@ -118,6 +118,16 @@ const char* kind_name(OpKind kind) {
       return "fused_all_gather_matmul";
     case OpKind::kMatmulReduceScatter:
       return "fused_matmul_reduce_scatter";
+    case OpKind::kAllToAllSingle:
+      return "all_to_all_single";
+    case OpKind::kAllToAll:
+      return "all_to_all";
+    case OpKind::kAllToAllV:
+      return "all_to_all_v";
+    case OpKind::kGather:
+      return "gather";
+    case OpKind::kScatter:
+      return "scatter";
   }
   return "an unknown op";
 }

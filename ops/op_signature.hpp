@@ -24,6 +24,11 @@ enum class OpKind : uint8_t {
   kBroadcast,
   kAllGatherMatmul,
   kMatmulReduceScatter,
+  kAllToAllSingle,
+  kAllToAll,
+  kAllToAllV,
+  kGather,
+  kScatter,
 };
 const char* to_string(OpKind kind);
 

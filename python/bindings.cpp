@@ -570,6 +570,10 @@ PYBIND11_MODULE(_C, m) {
            py::call_guard<py::gil_scoped_release>(),
            "Collective: concatenates along dim 0 the rows of every rank (sizes[r] rows from rank "
            "r) in rank order.")
+      .def("all_to_all_v", &ProcessGroupCudaP2P::all_to_all_v, py::arg("tensor"),
+           py::arg("input_splits"), py::call_guard<py::gil_scoped_release>(),
+           "Collective: sends input_splits[q] rows (dim 0) of tensor to rank q; returns (the rows "
+           "received from every rank in rank order, how many came from each rank).")
       .def_static(
           "_hierarchy_host",
           [](const c10::intrusive_ptr<ProcessGroupCudaP2P::Options>& options,

@@ -20,7 +20,7 @@ from ._backend import (
     get_cuda_p2p_backend,
     is_cuda_p2p_group,
 )
-from ._collectives import all_gather_v, all_reduce_
+from ._collectives import all_gather_v, all_reduce_, all_to_all_v
 from ._symmetric import empty, get_mem_pool, is_symmetric, use_symmetric_memory
 from . import _autograd  # noqa: F401  (registers the fused ops' backward formulas)
 from ._async_tp import async_tp, async_tp_report, disable_async_tp, enable_async_tp, is_async_tp_enabled
@@ -29,6 +29,7 @@ __all__ = [
     "BACKEND_NAME",
     "ProcessGroupCudaP2P",
     "all_gather_v",
+    "all_to_all_v",
     "all_reduce_",
     "empty",
     "get_mem_pool",

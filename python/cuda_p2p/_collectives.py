@@ -39,6 +39,41 @@ def all_gather_v(tensor: torch.Tensor, sizes: Sequence[int], group=None) -> torc
     return get_cuda_p2p_backend(group).all_gather_v(tensor, sizes)
 
 
+def all_to_all_v(
+    tensor: torch.Tensor, input_splits: Sequence[int], group=None
+) -> tuple[torch.Tensor, list[int]]:
+    """Sends ``input_splits[q]`` rows (dim 0) of ``tensor`` to rank ``q`` of ``group``, without the
+    receivers knowing in advance how many rows they get (an MoE dispatch or combine).
+
+    ``input_splits`` has one entry per rank of the group, each >= 0, summing to ``tensor``'s rows;
+    the other dims and the dtype must be equal on every rank. Returns ``(output, output_splits)``:
+    the rows every rank sent to this one, concatenated in rank order along dim 0, and how many
+    came from each rank.
+
+    Runs on the P2P workspace when it is available (counter ``all_to_all_v.direct``: the split
+    sizes travel with the rows), else exchanges the split sizes and then the rows with the wrapped
+    backend's all_to_all_single (``all_to_all_v.wrapped``).
+    """
+    group = _resolve(group)
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"cuda_p2p.all_to_all_v: expected a Tensor, got {type(tensor).__name__}")
+    try:
+        input_splits = [int(s) for s in input_splits]
+    except TypeError:
+        raise TypeError(
+            "cuda_p2p.all_to_all_v: input_splits must be a sequence of ints, got "
+            f"{type(input_splits).__name__}"
+        ) from None
+    world = dist.get_world_size(group)
+    if len(input_splits) != world:
+        raise ValueError(
+            f"cuda_p2p.all_to_all_v: expected {world} input split sizes (one per rank of the "
+            f"group), got {len(input_splits)}"
+        )
+    output, splits = get_cuda_p2p_backend(group).all_to_all_v(tensor, input_splits)
+    return output, list(splits)
+
+
 _REDUCE_OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
 
 

@@ -388,6 +388,142 @@ TEST(Collectives, AllGatherVWithADifferentSizePerRank) {
   }
 }
 
+// ops::all_to_all (NOTE [All-to-all headers]): rows of 3 int32 from every rank to every rank, with
+// the receiver's counts known and unknown, split layouts with empty slices, in one round and in
+// many (a 16 KiB buffer, then 1 KiB chunks); 1-4 ranks.
+TEST(Collectives, AllToAllAnySplitsKnownOrNot) {
+  const auto& w = world();
+  const int64_t row = 3;
+  auto block = [&](int src, int dst, int64_t rows, int seed) {
+    return (at::arange(rows * row, at::kInt) * 5 + src * 7 + dst * 3 + seed).view({rows, row});
+  };
+  const std::vector<std::function<int64_t(int, int)>> layouts = {
+      [](int, int) { return int64_t{0}; },
+      [](int s, int d) { return int64_t{(s + 2 * d) % 4 + 1}; },
+      [](int s, int d) { return (s + d) % 2 ? int64_t{0} : int64_t{s + d + 1}; },
+      [](int s, int d) { return int64_t{400 + 300 * ((s + d) % 3)}; },  // many rounds
+  };
+  for (int64_t chunk : {int64_t{0}, int64_t{1024}}) {
+    Fixture f(/*buffer=*/1 << 14);
+    f.config.chunk_bytes = chunk;
+    for (size_t l = 0; l < layouts.size(); ++l) {
+      for (bool known : {true, false}) {
+        const int seed = static_cast<int>(l) + (known ? 0 : 10);
+        ops::AllToAllArgs args;
+        args.text = "rows of 3 x int32";
+        args.unit_bytes = row * 4;
+        std::vector<at::Tensor> sends, want;
+        int64_t total = 0;
+        for (int q = 0; q < w.size; ++q) {
+          sends.push_back(block(w.rank, q, layouts[l](w.rank, q), seed).contiguous());
+          args.send.push_back(static_cast<const char*>(sends.back().const_data_ptr()));
+          args.send_counts.push_back(layouts[l](w.rank, q));
+          if (known) args.recv_counts.push_back(layouts[l](q, w.rank));
+          want.push_back(block(q, w.rank, layouts[l](q, w.rank), seed));
+          total += layouts[l](q, w.rank);
+        }
+        Guarded out(total * row, at::kInt);
+        const auto recv = ops::all_to_all(f.ctx(), args, [&](const std::vector<int64_t>& rows) {
+          std::vector<char*> ptrs;
+          int64_t at_row = 0;
+          for (int64_t r : rows) {
+            ptrs.push_back(static_cast<char*>(out.inner.data_ptr()) + at_row * row * 4);
+            at_row += r;
+          }
+          EXPECT_EQ(at_row, total);
+          return ptrs;
+        });
+        const std::string what = "layout " + std::to_string(l) + " known " + std::to_string(known) +
+                                 " chunk " + std::to_string(chunk);
+        EXPECT_TRUE(out.inner.view({total, row}).equal(at::cat(want))) << what;
+        EXPECT_TRUE(out.margins_intact()) << what;
+        for (int q = 0; q < w.size; ++q) EXPECT_EQ(recv[q], layouts[l](q, w.rank)) << what;
+      }
+    }
+  }
+}
+
+// Split sizes that disagree raise the same error on every rank, naming both ranks, and the next
+// all-to-all runs.
+TEST(Collectives, AllToAllSplitsThatDisagreeRaiseEverywhere) {
+  const auto& w = world();
+  if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  Fixture f(/*buffer=*/1 << 14);
+  auto run = [&](bool wrong) {
+    const auto in = at::arange(w.size * 2, at::kLong) + 100 * w.rank;
+    auto out = at::full({w.size * 2}, -1, at::kLong);
+    ops::AllToAllArgs args;
+    args.text = "rows of 1 x int64";
+    args.unit_bytes = 8;
+    for (int q = 0; q < w.size; ++q) {
+      args.send.push_back(static_cast<const char*>(in.const_data_ptr()) + q * 16);
+      args.send_counts.push_back(2);
+      args.recv_counts.push_back(wrong && w.rank == 0 && q == 1 ? 3 : 2);
+    }
+    ops::all_to_all(f.ctx(), args, [&](const std::vector<int64_t>&) {
+      std::vector<char*> ptrs;
+      for (int q = 0; q < w.size; ++q) ptrs.push_back(static_cast<char*>(out.data_ptr()) + q * 16);
+      return ptrs;
+    });
+    return out;
+  };
+  try {
+    run(true);
+    ADD_FAILURE() << "returned on rank " << w.rank;
+  } catch (const ops::SignatureMismatch& e) {
+    const std::string msg = e.what_without_backtrace();
+    EXPECT_NE(msg.find("ranks disagree on the split sizes: rank 1 sends 2 rows (16 bytes) to "
+                       "rank 0, but rank 0 expects 3 rows (24 bytes) from rank 1"),
+              std::string::npos)
+        << msg;
+  }
+  const auto out = run(false);
+  for (int q = 0; q < w.size; ++q) {
+    EXPECT_EQ(out[2 * q].item<int64_t>(), 100 * q + 2 * w.rank);
+    EXPECT_EQ(out[2 * q + 1].item<int64_t>(), 100 * q + 2 * w.rank + 1);
+  }
+}
+
+// ops::gather and ops::scatter from every root, sizes from empty to many rounds (a 16 KiB buffer,
+// then 1 KiB chunks); 1-4 ranks.
+TEST(Collectives, GatherAndScatterFromEveryRoot) {
+  const auto& w = world();
+  for (int64_t chunk : {int64_t{0}, int64_t{1024}}) {
+    Fixture f(/*buffer=*/1 << 14);
+    f.config.chunk_bytes = chunk;
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{5000}}) {
+      for (int root = 0; root < w.size; ++root) {
+        const std::string what = "n " + std::to_string(n) + " root " + std::to_string(root) +
+                                 " chunk " + std::to_string(chunk);
+        std::vector<at::Tensor> parts, outs;
+        for (int q = 0; q < w.size; ++q) {
+          parts.push_back(make_input(40 + root, q, n, at::kInt, ReduceOp::kSum));
+        }
+        Guarded all(n * w.size, at::kInt);
+        if (w.rank == root) {
+          for (int q = 0; q < w.size; ++q) outs.push_back(all.inner.narrow(0, q * n, n));
+        }
+        ops::gather(f.ctx(), parts[w.rank], outs, root);
+        if (w.rank == root) {
+          EXPECT_TRUE(all.inner.equal(at::cat(parts))) << "gather " << what;
+        }
+        EXPECT_TRUE(all.margins_intact()) << "gather " << what;
+        Guarded mine(n, at::kInt);
+        std::vector<at::Tensor> ins;
+        if (w.rank == root) {
+          for (int q = 0; q < w.size; ++q) {
+            ins.push_back(make_input(50 + root, q, n, at::kInt, ReduceOp::kSum));
+          }
+        }
+        ops::scatter(f.ctx(), ins, mine.inner, root);
+        EXPECT_TRUE(mine.inner.equal(make_input(50 + root, w.rank, n, at::kInt, ReduceOp::kSum)))
+            << "scatter " << what;
+        EXPECT_TRUE(mine.margins_intact()) << "scatter " << what;
+      }
+    }
+  }
+}
+
 TEST(Collectives, ReduceScatterEveryAlgorithmDtypeOpAndSize) {
   const auto& w = world();
   Fixture f;

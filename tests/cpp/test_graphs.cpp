@@ -201,8 +201,24 @@ TEST(Graphs, CaptureRefusesWhatItCannotReplay) {
   EXPECT_THROW(begin_capture(dev, s), c10::Error);  // one capture at a time
   // A captured stream cannot be synchronized: its work runs at replay.
   EXPECT_THROW(dev.synchronize(*s), c10::Error);
+  // Nor can an all-to-all be captured: its split sizes are read back on the host.
+  const int W = world().size;
+  auto in = at::arange(2 * W, at::kFloat), out = at::empty({2 * W});
+  std::vector<int64_t> no_splits;
+  try {
+    pg->alltoall_base(out, in, no_splits, no_splits, c10d::AllToAllOptions());
+    ADD_FAILURE() << "an all-to-all was captured";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot be captured"), std::string::npos) << e.what();
+  }
   (void)end_capture(dev);
   EXPECT_THROW(end_capture(dev), c10::Error);
+  // The group was not failed by the refusal: an eager all-to-all runs.
+  pg->alltoall_base(out, in, no_splits, no_splits, c10d::AllToAllOptions());
+  dev.synchronize(*s);
+  for (int q = 0; q < W; ++q) {
+    EXPECT_EQ(out[2 * q].item<float>(), static_cast<float>(2 * world().rank)) << q;
+  }
   set_current_stream(dev, nullptr);
   pg->shutdown();
 }

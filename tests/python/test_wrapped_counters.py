@@ -1,8 +1,11 @@
 """Every op counts which path ran: the ops the workspace never runs count `<op>.wrapped` once per
-call (docs/collectives.md, "Counters"), and their results are still those of plain torch."""
+call (docs/collectives.md, "Counters"), and their results are still those of plain torch. The
+all-to-alls, gather and scatter run on the workspace (`<op>.direct`; their wrapped paths:
+test_all_to_all.py, test_gather_scatter.py)."""
 
 from __future__ import annotations
 
+import warnings
 from datetime import timedelta
 
 import pytest
@@ -13,7 +16,8 @@ from _harness import scoped_environ
 
 
 def _wrapped_ops(ctx):
-    """Runs each wrapped-only op once on a fresh group; its counters and results."""
+    """Runs each wrapped-only op (and the all-to-alls, gather and scatter) once on a fresh group;
+    its counters and results."""
     import cuda_p2p
 
     g = dist.new_group(list(range(ctx.world_size)), backend="cuda_p2p")
@@ -71,6 +75,27 @@ def _wrapped_ops(ctx):
         dist.send(torch.tensor([float(r)]), 0, group=g)
         results["recv_anysource"] = True
 
+    # Several tensors per rank (the workspace runs one), and a sparse all-reduce.
+    a, c = torch.full((3,), float(r)), torch.full((2,), 1.0)
+    dist.all_reduce_coalesced([a, c], group=g)
+    results["all_reduce_coalesced"] = (a.tolist() == [float(W * (W - 1) // 2)] * 3
+                                       and c.tolist() == [float(W)] * 2)
+    gathered = [[torch.empty(2), torch.empty(1)] for _ in range(W)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # all_gather_coalesced is deprecated
+        dist.all_gather_coalesced(gathered, [torch.full((2,), float(r)), torch.ones(1) * r],
+                                  group=g)
+    results["all_gather_coalesced"] = all(x.tolist() == [float(q)] * 2 and y.tolist() == [float(q)]
+                                          for q, (x, y) in enumerate(gathered))
+    sp = torch.sparse_coo_tensor(torch.tensor([[r % 4]]), torch.tensor([1.0]), (4,))
+    work = dist.all_reduce(sp, group=g, async_op=True)
+    work.wait()
+    dense = work.result()[0].to_dense() if work.result() else sp.to_dense()
+    want = torch.zeros(4)
+    for q in range(W):
+        want[q % 4] += 1.0
+    results["all_reduce_sparse"] = torch.equal(dense, want)
+
     dist.monitored_barrier(group=g, timeout=timedelta(seconds=30))
     counters = dict(b.get_counters())
     dist.destroy_process_group(g)
@@ -86,19 +111,21 @@ def test_wrapped_ops_are_counted(world, request):
         assert all(rep["results"].values()), (r, rep["results"])
         c = rep["counters"]
         expected = {
-            "all_to_all_single.wrapped": 1,
-            "all_to_all.wrapped": 1,
-            "gather.wrapped": 1,
-            "scatter.wrapped": 1,
             "reduce.wrapped": 1,
             "send.wrapped": 1 + (0 if r == 0 else 1),
             "recv.wrapped": 1,
             "monitored_barrier.wrapped": 1,
+            # all_reduce_coalesced (several tensors) and the sparse all_reduce (not strided:
+            # torch 2.14 sends it to allreduce(), not allreduce_sparse())
+            "all_reduce.wrapped": 2,
+            "all_gather.wrapped": 1,  # all_gather_coalesced: several tensors
         }
         if r == 0:
             expected["recv_anysource.wrapped"] = W - 1
         # Nothing else ran: every call of the function above is one of these.
         assert {k: v for k, v in c.items() if k.endswith(".wrapped")} == expected, (r, c)
+        for op in ("all_to_all_single", "all_to_all", "gather", "scatter"):
+            assert c.get(f"{op}.direct") == 1, (r, op, c)
 
 
 def _fallback_lines(ctx):
@@ -117,8 +144,7 @@ def _fallback_lines(ctx):
             b = cuda_p2p.get_cuda_p2p_backend(g)
             for _ in range(2):
                 dist.all_reduce(torch.ones(3, dtype=torch.bool), group=g)  # dtype: wrapped
-                dist.all_to_all_single(torch.empty(ctx.world_size),
-                                       torch.ones(ctx.world_size), group=g)
+                dist.reduce(torch.ones(ctx.world_size), dst=0, group=g)  # wrapped: no workspace op
                 dist.all_reduce(torch.ones(4), group=g)  # the workspace: no line
             counters = dict(b.get_counters())
             dist.destroy_process_group(g)
@@ -144,10 +170,10 @@ def test_debug_lines(world2):
         assert len(fallbacks) == 2, rep["text"]  # once per counter, though each ran twice
         ar = [ln for ln in fallbacks if ": all_reduce.wrapped:" in ln]
         assert len(ar) == 1 and "a dtype the workspace does not reduce" in ar[0], fallbacks
-        a2a = [ln for ln in fallbacks if ": all_to_all_single.wrapped:" in ln]
-        assert len(a2a) == 1 and "no workspace version of this op" in a2a[0], fallbacks
+        red = [ln for ln in fallbacks if ": reduce.wrapped:" in ln]
+        assert len(red) == 1 and "no workspace version of this op" in red[0], fallbacks
         assert rep["counters"]["all_reduce.wrapped"] == 2
-        assert rep["counters"]["all_to_all_single.wrapped"] == 2
+        assert rep["counters"]["reduce.wrapped"] == 2
 
 
 def _bad_debug_value(ctx):

@@ -1,0 +1,130 @@
+// ProcessGroupCudaP2P's gather and scatter: on the workspace (ops/gather.cpp, ops/scatter.cpp)
+// when it serves the tensors, else on the wrapped backend, counted (docs/collectives.md,
+// "Gather and scatter").
+#include <c10/util/Exception.h>
+
+#include <utility>
+
+#include "backend/CompletedWork.hpp"
+#include "backend/ProcessGroupCudaP2P.hpp"
+
+namespace cuda_p2p {
+
+using c10d::Work;
+using WorkPtr = c10::intrusive_ptr<Work>;
+
+namespace {
+
+at::Tensor gs_output(const at::Tensor& t) {
+  return t.is_contiguous() ? t : at::empty(t.sizes(), t.options());
+}
+
+// Whether `list` (the root's W tensors) matches `one` (numel, dtype): else the wrapped backend
+// runs the call and reports what it finds.
+bool gs_matches(const std::vector<at::Tensor>& list, const at::Tensor& one, int W) {
+  if (static_cast<int>(list.size()) != W) return false;
+  for (const auto& t : list) {
+    if (!t.defined() || t.numel() != one.numel() || t.scalar_type() != one.scalar_type()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Capture would need the root's waits for several ranks replayed: not tested, so refused before
+// the handshake (the group stays usable).
+void gs_refuse_capture(SymmetricWorkspace& ws, const char* what) {
+  TORCH_CHECK(!ws.capturing(*ws.device().current_stream()), "cuda_p2p ", what,
+              ": cannot be captured in a graph; call it outside the capture");
+}
+
+}  // namespace
+
+WorkPtr ProcessGroupCudaP2P::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                    std::vector<at::Tensor>& inputs,
+                                    const c10d::GatherOptions& opts) {
+  const int W = getSize(), me = getRank();
+  const int64_t root = opts.rootRank;
+  const char* why = workspace_rejects(inputs);
+  if (!why && inputs.size() != 1) why = "several tensors";
+  if (!why && root == me) {
+    if (outputs.size() != 1 || !gs_matches(outputs[0], inputs[0], W)) {
+      why = "shapes";  // the wrapped backend reports it
+    } else {
+      why = workspace_rejects(outputs[0]);
+    }
+  }
+  if (!why && root != me && !(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()))) {
+    why = "shapes";
+  }
+  if (why) {
+    agree_on_route("gather", ops::OpKind::kGather, inputs, " to root " + std::to_string(root), why);
+    count_fallback("gather.wrapped", why);
+    return delegate(inputs, "gather",
+                    [&](c10d::Backend& b) { return b.gather(outputs, inputs, opts); });
+  }
+  check_or_reject("gather", ops::OpKind::kGather, [&] {
+    TORCH_CHECK(root >= 0 && root < W, "cuda_p2p gather: root must be a rank in [0, ", W, "), got ",
+                root);
+  });
+  gs_refuse_capture(*workspace_, "gather");
+  const at::Tensor in = inputs[0].is_contiguous() ? inputs[0] : inputs[0].contiguous();
+  std::vector<at::Tensor> outs;
+  if (root == me) {
+    for (const auto& o : outputs[0]) outs.push_back(gs_output(o));
+  }
+  run_collective("gather", [&](const ops::CollectiveContext& ctx) {
+    ops::gather(ctx, in, outs, static_cast<int>(root));
+    for (size_t q = 0; q < outs.size(); ++q) {
+      if (!outs[q].is_same(outputs[0][q])) outputs[0][q].copy_(outs[q]);
+    }
+  });
+  bump_counter("gather.direct");
+  return completed(c10d::OpType::GATHER, root == me ? outputs[0] : std::vector<at::Tensor>{},
+                   opts.asyncOp);
+}
+
+WorkPtr ProcessGroupCudaP2P::scatter(std::vector<at::Tensor>& outputs,
+                                     std::vector<std::vector<at::Tensor>>& inputs,
+                                     const c10d::ScatterOptions& opts) {
+  const int W = getSize(), me = getRank();
+  const int64_t root = opts.rootRank;
+  const char* why = workspace_rejects(outputs);
+  if (!why && outputs.size() != 1) why = "several tensors";
+  if (!why && root == me) {
+    if (inputs.size() != 1 || !gs_matches(inputs[0], outputs[0], W)) {
+      why = "shapes";  // the wrapped backend reports it
+    } else {
+      why = workspace_rejects(inputs[0]);
+    }
+  }
+  if (!why && root != me && !(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()))) {
+    why = "shapes";
+  }
+  if (why) {
+    agree_on_route("scatter", ops::OpKind::kScatter, outputs, " from root " + std::to_string(root),
+                   why);
+    count_fallback("scatter.wrapped", why);
+    return delegate(outputs, "scatter",
+                    [&](c10d::Backend& b) { return b.scatter(outputs, inputs, opts); });
+  }
+  check_or_reject("scatter", ops::OpKind::kScatter, [&] {
+    TORCH_CHECK(root >= 0 && root < W, "cuda_p2p scatter: root must be a rank in [0, ", W,
+                "), got ", root);
+  });
+  gs_refuse_capture(*workspace_, "scatter");
+  std::vector<at::Tensor> ins;
+  if (root == me) {
+    for (const auto& t : inputs[0]) ins.push_back(t.is_contiguous() ? t : t.contiguous());
+  }
+  at::Tensor& output = outputs[0];
+  at::Tensor out = gs_output(output);
+  run_collective("scatter", [&](const ops::CollectiveContext& ctx) {
+    ops::scatter(ctx, ins, out, static_cast<int>(root));
+    if (!out.is_same(output)) output.copy_(out);
+  });
+  bump_counter("scatter.direct");
+  return completed(c10d::OpType::SCATTER, outputs, opts.asyncOp);
+}
+
+}  // namespace cuda_p2p

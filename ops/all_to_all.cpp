@@ -1,0 +1,227 @@
+// All-to-all on the workspace (all_to_all_single, the list all_to_all, all_to_all_v): every rank
+// stages what it sends to its peers in its own region, passes the phase barrier, and pulls the
+// slices addressed to it from every peer's region into its output; in rounds when the bytes sent
+// exceed a region. The split sizes travel in a header with the first round (NOTE [All-to-all
+// headers]), so a receiver need not know what it receives.
+#include <c10/util/Exception.h>
+
+#include "ops/collective_detail.hpp"
+#include "ops/collectives.hpp"
+
+namespace cuda_p2p::ops {
+
+namespace {
+
+using detail::copy;
+
+// NOTE [All-to-all headers]
+// A receiver must know where its slice lies in each sender's region and how long it is, and
+// all_to_all_v's receiver does not even know the lengths. So in the op's first phase every rank
+// writes a header at the start of its region - a magic word, the bytes of one unit (row), the
+// units it sends to each rank and the units it expects from each rank (-1: unknown) - and the
+// phase barrier that publishes the staged bytes (and compares the op signatures) publishes it
+// too. Every rank then copies all W headers to host memory (a device copy and a synchronize, so
+// the algorithm is the same on the host and on CUDA; on CUDA it costs a host round trip per op,
+// which is also why the op cannot be captured in a graph) and checks them. Every rank reads the
+// same W headers, so every rank reaches the same verdict: when a rank expects other than what its
+// sender sends, every rank ends the phase and raises the same SignatureMismatch naming both
+// ranks, and the group stays usable (NOTE [Op signatures] in ops/op_signature.cpp). Otherwise the
+// number of rounds follows from the largest sender's bytes, which every rank now knows, so every
+// rank runs as many phases (NOTE [Collective phases]). The header space stays reserved in every
+// round (the same piece size in every round) and is covered by the reuse guard like staged bytes.
+//
+// A rank stages only what goes to its peers: the concatenation of its send slices without its
+// own, in rank order (its "stream"), round k staging bytes [k * piece, (k + 1) * piece) of it.
+// Its own slice is copied straight from its input to its output.
+constexpr int64_t kMagic = 0x6132613148647231;  // a header of this layout
+
+int64_t header_words(int W) { return 2 + 2 * static_cast<int64_t>(W); }
+int64_t header_bytes(int W) {
+  return detail::align_up(header_words(W) * static_cast<int64_t>(sizeof(int64_t)), detail::kAlign);
+}
+
+// Host words the device copies to and from in stream order (pinned on CUDA).
+at::Tensor host_words(const CollectiveContext& ctx, int64_t n) {
+  auto options = at::TensorOptions().dtype(at::kLong);
+  if (!ctx.ws.device().tensor_device().is_cpu()) options = options.pinned_memory(true);
+  return at::empty({n}, options);
+}
+
+// The W headers every rank read back.
+struct Headers {
+  int W;
+  const int64_t* words;
+  const int64_t* of(int r) const { return words + r * header_words(W); }
+  int64_t magic(int r) const { return of(r)[0]; }
+  int64_t unit(int r) const { return of(r)[1]; }
+  int64_t sends(int r, int q) const { return of(r)[2 + q]; }        // units r sends q
+  int64_t expects(int q, int r) const { return of(q)[2 + W + r]; }  // units q expects from r
+  // Where rank r's slice for q starts in r's stream (bytes), and the stream's length.
+  int64_t stream_offset(int r, int q) const {
+    int64_t off = 0;
+    for (int p = 0; p < q; ++p) off += p == r ? 0 : sends(r, p) * unit(r);
+    return off;
+  }
+  int64_t stream_bytes(int r) const { return stream_offset(r, W); }
+};
+
+std::string units(int64_t n, int64_t unit_bytes, const char* unit) {
+  return std::to_string(n) + " " + unit + " (" + std::to_string(n * unit_bytes) + " bytes)";
+}
+
+// The error every rank raises for these headers ("" when they agree): the same on every rank.
+std::string split_disagreement(const Headers& h, OpKind kind, const char* unit) {
+  for (int r = 0; r < h.W; ++r) {
+    if (h.magic(r) != kMagic || h.unit(r) < 0) {
+      return std::string("cuda_p2p ") + to_string(kind) + ": rank " + std::to_string(r) +
+             " wrote no all-to-all header (a protocol error); the op did not run on any rank";
+    }
+  }
+  for (int r = 1; r < h.W; ++r) {
+    // The signature compares the units too; this keeps the copies in bounds where it is compared
+    // asynchronously (CUDA).
+    if (h.unit(r) != h.unit(0)) {
+      return std::string("cuda_p2p ") + to_string(kind) + ": ranks disagree on the bytes of " +
+             unit + ": rank 0 has " + std::to_string(h.unit(0)) + ", rank " + std::to_string(r) +
+             " " + std::to_string(h.unit(r)) + "; the op did not run on any rank";
+    }
+  }
+  std::string pairs;
+  int shown = 0, more = 0;
+  for (int q = 0; q < h.W; ++q) {
+    for (int r = 0; r < h.W; ++r) {
+      const int64_t sent = h.sends(r, q), want = h.expects(q, r);
+      if (want < 0 || want == sent) continue;
+      if (shown == 4) {
+        ++more;
+        continue;
+      }
+      pairs += (shown++ ? "; rank " : "rank ") + std::to_string(r) + " sends " +
+               units(sent, h.unit(r), unit) + " to rank " + std::to_string(q) + ", but rank " +
+               std::to_string(q) + " expects " + units(want, h.unit(q), unit) + " from rank " +
+               std::to_string(r);
+    }
+  }
+  if (pairs.empty()) return "";
+  if (more > 0) pairs += " (and " + std::to_string(more) + " more pairs)";
+  return std::string("cuda_p2p ") + to_string(kind) +
+         ": ranks disagree on the split sizes: " + pairs + "; the op did not run on any rank";
+}
+
+// Copies bytes [a, b) of this rank's stream (its send slices without its own) to `dst`.
+void stage_window(const CollectiveContext& ctx, const AllToAllArgs& args, char* dst, int64_t a,
+                  int64_t b) {
+  const int W = ctx.ws.world_size(), me = ctx.ws.rank();
+  int64_t off = 0;
+  for (int q = 0; q < W && off < b; ++q) {
+    if (q == me) continue;
+    const int64_t len = args.send_counts[q] * args.unit_bytes;
+    const int64_t lo = std::max(off, a), hi = std::min(off + len, b);
+    if (lo < hi) copy(ctx, dst + (lo - a), args.send[q] + (lo - off), hi - lo);
+    off += len;
+  }
+}
+
+}  // namespace
+
+std::vector<int64_t> all_to_all(const CollectiveContext& ctx, const AllToAllArgs& args,
+                                AllToAllOutputs outputs) {
+  const int W = ctx.ws.world_size(), me = ctx.ws.rank();
+  const char* what = to_string(args.kind);
+  TORCH_CHECK(static_cast<int>(args.send.size()) == W &&
+                  static_cast<int>(args.send_counts.size()) == W &&
+                  (args.recv_counts.empty() || static_cast<int>(args.recv_counts.size()) == W),
+              "cuda_p2p ", what, ": expected ", W, " send slices and sizes (one per rank), got ",
+              args.send.size(), " and ", args.send_counts.size());
+  TORCH_CHECK(args.unit_bytes >= 0, "cuda_p2p ", what, ": unit bytes must be >= 0, got ",
+              args.unit_bytes);
+  for (int q = 0; q < W; ++q) {
+    TORCH_CHECK(args.send_counts[q] >= 0 && (args.recv_counts.empty() || args.recv_counts[q] >= 0),
+                "cuda_p2p ", what, ": split sizes must be >= 0");
+  }
+  TORCH_CHECK(!ctx.ws.capturing(ctx.stream), "cuda_p2p ", what,
+              ": cannot be captured in a graph (its split sizes are read back on the host)");
+  ctx.state.last_private_reads = false;
+  ctx.state.last_zero_copy = false;
+  ctx.state.zero_copy_claim.reset();  // it never reads in place (NOTE [Zero-copy collectives])
+  if (W == 1) {
+    TORCH_CHECK(args.recv_counts.empty() || args.recv_counts[0] == args.send_counts[0], "cuda_p2p ",
+                what, ": rank 0 sends ", units(args.send_counts[0], args.unit_bytes, args.unit),
+                " to itself, but expects ", units(args.recv_counts[0], args.unit_bytes, args.unit));
+    const std::vector<int64_t> recv{args.send_counts[0]};
+    const std::vector<char*> out = outputs(recv);
+    copy(ctx, out[0], args.send[0], recv[0] * args.unit_bytes);
+    return recv;
+  }
+  // Compared at the first phase barrier (NOTE [Op signatures]); the split sizes, which the ranks
+  // do not pass alike, travel in the header (NOTE [All-to-all headers]).
+  detail::expect_signature(ctx, OpSignature::of(args.kind, args.text + detail::config_suffix(ctx)));
+  const int64_t hdr = header_bytes(W);
+  const int64_t hdr_used = header_words(W) * static_cast<int64_t>(sizeof(int64_t));
+  int64_t piece = detail::phase_bytes(ctx) - hdr;
+  if (ctx.config.chunk_bytes > 0) piece = std::min(piece, ctx.config.chunk_bytes);
+  piece = detail::align_down(piece, detail::kAlign);
+  TORCH_CHECK(piece > 0, "cuda_p2p ", what, ": the workspace buffer (", ctx.ws.buffer_size(),
+              " bytes) is too small for the all-to-all header of ", W,
+              " ranks; grow it with ensure_min_buffer_size");
+
+  // This rank's header, alive until the synchronize below (the device copies from it).
+  const at::Tensor own = host_words(ctx, header_words(W));
+  int64_t* w = own.data_ptr<int64_t>();
+  w[0] = kMagic;
+  w[1] = args.unit_bytes;
+  int64_t my_stream = 0;
+  for (int q = 0; q < W; ++q) {
+    w[2 + q] = args.send_counts[q];
+    w[2 + W + q] = args.recv_counts.empty() ? -1 : args.recv_counts[q];
+    my_stream += q == me ? 0 : args.send_counts[q] * args.unit_bytes;
+  }
+
+  detail::Phase ph = detail::begin_phase(ctx);
+  copy(ctx, ph.region[me], w, hdr_used);
+  stage_window(ctx, args, ph.region[me] + hdr, 0, std::min(piece, my_stream));
+  detail::phase_barrier(ctx);  // raises SignatureMismatch on every rank on a disagreement
+
+  const at::Tensor all = host_words(ctx, W * header_words(W));
+  for (int r = 0; r < W; ++r) {
+    copy(ctx, all.data_ptr<int64_t>() + r * header_words(W), ph.region[r], hdr_used);
+  }
+  ctx.ws.device().synchronize(ctx.stream);
+  const Headers h{W, all.data_ptr<int64_t>()};
+  const std::string error = split_disagreement(h, args.kind, args.unit);
+  if (!error.empty()) {
+    detail::end_phase(ctx, ph);  // every rank ends the one phase it began (NOTE [Op signatures])
+    throw SignatureMismatch(error);
+  }
+  std::vector<int64_t> recv(W);
+  int64_t largest = 0;
+  for (int r = 0; r < W; ++r) {
+    recv[r] = h.sends(r, me);
+    largest = std::max(largest, h.stream_bytes(r));
+  }
+  const std::vector<char*> out = outputs(recv);
+  TORCH_CHECK(static_cast<int>(out.size()) == W, "cuda_p2p ", what, ": expected ", W,
+              " outputs, got ", out.size());
+  // The own slice first: the peers may still be staging.
+  copy(ctx, out[me], args.send[me], args.send_counts[me] * args.unit_bytes);
+  const int64_t rounds = std::max<int64_t>(1, detail::ceil_div(largest, piece));
+  for (int64_t k = 0; k < rounds; ++k) {
+    const int64_t a = k * piece, b = a + piece;
+    if (k > 0) {
+      ph = detail::begin_phase(ctx);
+      if (a < my_stream) stage_window(ctx, args, ph.region[me] + hdr, a, std::min(b, my_stream));
+      detail::phase_barrier(ctx);
+    }
+    // Start with the next rank, so that the ranks do not all read rank 0 first.
+    for (int s = 1; s < W; ++s) {
+      const int r = (me + s) % W;
+      const int64_t off = h.stream_offset(r, me), len = recv[r] * h.unit(r);
+      const int64_t lo = std::max(off, a), hi = std::min(off + len, b);
+      if (lo < hi) copy(ctx, out[r] + (lo - off), ph.region[r] + hdr + (lo - a), hi - lo);
+    }
+    detail::end_phase(ctx, ph);
+  }
+  return recv;
+}
+
+}  // namespace cuda_p2p::ops

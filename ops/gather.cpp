@@ -1,0 +1,58 @@
+// Gather on the workspace: in each round every rank but the root stages a round of its input and
+// ends the phase, which publishes it to the root (NOTE [Collective phases]: the done words); the
+// root waits for every peer's done word and pulls the rounds into its outputs. Nobody waits for
+// anyone but the root waits for everyone: broadcast's protocol, the other way round.
+#include <c10/util/Exception.h>
+
+#include "ops/collective_detail.hpp"
+#include "ops/collectives.hpp"
+
+namespace cuda_p2p::ops {
+
+void gather(const CollectiveContext& ctx, const at::Tensor& input,
+            const std::vector<at::Tensor>& outputs, int root) {
+  const int W = ctx.ws.world_size(), me = ctx.ws.rank();
+  TORCH_CHECK(root >= 0 && root < W, "cuda_p2p gather: root must be in [0, ", W, "), got ", root);
+  TORCH_CHECK(input.is_contiguous(), "cuda_p2p gather: expected a contiguous input");
+  const int64_t bytes = static_cast<int64_t>(input.nbytes());
+  if (me == root) {
+    TORCH_CHECK(static_cast<int>(outputs.size()) == W, "cuda_p2p gather: expected ", W,
+                " outputs on the root (one per rank), got ", outputs.size());
+    for (const auto& o : outputs) {
+      TORCH_CHECK(static_cast<int64_t>(o.nbytes()) == bytes && o.is_contiguous(),
+                  "cuda_p2p gather: every output must be contiguous with the input's ", bytes,
+                  " bytes, got ", o.nbytes());
+    }
+  }
+  ctx.state.last_private_reads = false;
+  ctx.state.last_zero_copy = false;
+  ctx.state.zero_copy_claim.reset();  // it never reads in place (NOTE [Zero-copy collectives])
+  const char* in = detail::bytes_of(input);
+  if (me == root) detail::copy(ctx, detail::bytes_of(outputs[me]), in, bytes);
+  if (W == 1) return;
+  const detail::CaptureBracket bracket(ctx);
+  // The root reads what the others publish with their done words, so the signature needs a
+  // handshake of its own before it reads anything (NOTE [Op signatures]).
+  detail::expect_signature(
+      ctx, OpSignature::of(OpKind::kGather, std::to_string(input.numel()) + " x " +
+                                                dtype_name(input.scalar_type()) + " to root " +
+                                                std::to_string(root) + detail::config_suffix(ctx)));
+  detail::handshake(ctx);
+  const int64_t piece = detail::round_bytes(ctx, 1);
+  c10::SmallVector<int, 8> peers;
+  for (int s = 1; s < W; ++s) peers.push_back((root + s) % W);
+  for (int64_t off = 0; off < bytes; off += piece) {
+    const int64_t len = std::min(piece, bytes - off);
+    const detail::Phase ph = detail::begin_phase(ctx);
+    if (me != root) {
+      detail::copy(ctx, ph.region[me], in + off, len);
+      detail::end_phase(ctx, ph);  // publishes the round to the root
+    } else {
+      detail::wait_phase_ended(ctx, ph, peers, "gather: the root waiting for its senders");
+      for (int q : peers) detail::copy(ctx, detail::bytes_of(outputs[q]) + off, ph.region[q], len);
+      detail::end_phase(ctx, ph);
+    }
+  }
+}
+
+}  // namespace cuda_p2p::ops
