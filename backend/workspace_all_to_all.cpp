@@ -73,7 +73,7 @@ at::Tensor a2a_output(const at::Tensor& t) {
 // before the op's handshake, so the group stays usable (inside the op the error would mark the
 // group failed: NOTE [Failed groups]).
 void a2a_refuse_capture(SymmetricWorkspace& ws, const char* what) {
-  TORCH_CHECK(!ws.capturing(*ws.device().current_stream()), "cuda_p2p ", what,
+  TORCH_CHECK(ws.device().capture_id(*ws.device().current_stream()) == 0, "cuda_p2p ", what,
               ": cannot be captured in a graph (its split sizes are read back on the host); call "
               "it outside the capture");
 }

@@ -34,7 +34,7 @@ bool gs_matches(const std::vector<at::Tensor>& list, const at::Tensor& one, int 
 // Capture would need the root's waits for several ranks replayed: not tested, so refused before
 // the handshake (the group stays usable).
 void gs_refuse_capture(SymmetricWorkspace& ws, const char* what) {
-  TORCH_CHECK(!ws.capturing(*ws.device().current_stream()), "cuda_p2p ", what,
+  TORCH_CHECK(ws.device().capture_id(*ws.device().current_stream()) == 0, "cuda_p2p ", what,
               ": cannot be captured in a graph; call it outside the capture");
 }
 
