@@ -315,6 +315,97 @@ def check_all_gather_v(ctx):
     return chk.result()
 
 
+def _a2a_splits(W, layout):
+    """splits[s][d]: rows rank s sends to rank d. "uneven" has zero-row splits; "rounds" moves more
+    than the 64 KiB buffer at the rows of 300 elements used with it."""
+    if layout == "even":
+        return [[2] * W for _ in range(W)]
+    if layout == "uneven":
+        return [[(s * 3 + d * 5 + 1) % 4 for d in range(W)] for s in range(W)]
+    return [[40 + (s + 2 * d) % 3 for d in range(W)] for s in range(W)]
+
+
+def _a2a_block(src, dst, rows, row, dtype):
+    return _input(src * 13 + dst * 5 + rows, src, rows * row, dtype).view(rows, row)
+
+
+def check_all_to_all(ctx):
+    """all_to_all_single (even, uneven with zero rows, several rounds), the list all_to_all and
+    cuda_p2p.all_to_all_v on the GPU workspace, against local math and (float32) Gloo."""
+    W, rank, dev = ctx.world_size, ctx.rank, _device()
+    g = _group(("a2a",), buffer_size=BUFFER, chunk_bytes=0)
+    cuda_p2p.get_cuda_p2p_backend(g).reset_counters()
+    chk = Checker(f"all_to_all W={W}")
+    calls = {"all_to_all_single.direct": 0, "all_to_all.direct": 0, "all_to_all_v.direct": 0}
+    for name, dtype in DTYPES.items():
+        for layout, row in (("even", 3), ("uneven", 5), ("rounds", 300)):
+            sp = _a2a_splits(W, layout)
+            recv = [sp[s][rank] for s in range(W)]
+            blocks = [_a2a_block(rank, d, sp[rank][d], row, dtype) for d in range(W)]
+            want = torch.cat([_a2a_block(s, rank, sp[s][rank], row, dtype) for s in range(W)])
+            what = f"{name} {layout}"
+            out = torch.full((sum(recv), row), 77, dtype=dtype, device=dev)
+            if layout == "even":
+                dist.all_to_all_single(out, torch.cat(blocks).to(dev), group=g)
+            else:
+                dist.all_to_all_single(out, torch.cat(blocks).to(dev), recv, sp[rank], group=g)
+            calls["all_to_all_single.direct"] += 1
+            chk.case(f"single {what}", torch.equal(out.cpu(), want), "differs from local math")
+            outs = [torch.full((n, row), 77, dtype=dtype, device=dev) for n in recv]
+            dist.all_to_all(outs, [b.to(dev) for b in blocks], group=g)
+            calls["all_to_all.direct"] += 1
+            chk.case(f"list {what}", torch.equal(torch.cat([o.cpu() for o in outs]), want),
+                     "differs from local math")
+            got, counts = cuda_p2p.all_to_all_v(torch.cat(blocks).to(dev), sp[rank], group=g)
+            calls["all_to_all_v.direct"] += 1
+            chk.case(f"v {what}", list(counts) == recv and got.device == dev
+                     and torch.equal(got.cpu(), want), f"counts {list(counts)}, want {recv}")
+            if layout == "uneven" and dtype == torch.float32:  # the Gloo reference on CPU copies
+                ref = torch.empty(sum(recv), row)
+                dist.all_to_all_single(ref, torch.cat(blocks), recv, sp[rank], group=ctx.gloo)
+                chk.case("gloo", torch.equal(out.cpu(), ref), "differs from gloo")
+    _sync()
+    c = _counters(g)
+    wrapped = {k: v for k, v in c.items() if k.endswith(".wrapped")}
+    chk.case("counters", all(c.get(k, 0) == n for k, n in calls.items()) and not wrapped,
+             f"expected {calls} and nothing wrapped, got {c}")
+    return chk.result()
+
+
+def check_gather_scatter(ctx):
+    """gather and scatter on the GPU workspace, every root, against local math."""
+    W, rank, dev = ctx.world_size, ctx.rank, _device()
+    g = _group(("gs",), buffer_size=BUFFER, chunk_bytes=0)
+    cuda_p2p.get_cuda_p2p_backend(g).reset_counters()
+    chk = Checker(f"gather/scatter W={W}")
+    calls = 0
+    for name, dtype in DTYPES.items():
+        for n in (0, 7, 3 * (BUFFER // 8) + 5):  # empty, odd, several rounds at W >= 2
+            for root in range(W):
+                seed = root * 3 + n
+                mine = _input(seed, rank, n, dtype).to(dev)
+                outs = [torch.full((n,), 77, dtype=dtype, device=dev) for _ in range(W)] \
+                    if rank == root else None
+                dist.gather(mine, outs, dst=root, group=g)
+                if rank == root:
+                    chk.case(f"gather {name} n={n} root={root}",
+                             all(torch.equal(o.cpu(), _input(seed, q, n, dtype))
+                                 for q, o in enumerate(outs)), "differs from local math")
+                ins = [_input(seed + 1, q + 7 * root, n, dtype).to(dev) for q in range(W)] \
+                    if rank == root else None
+                got = torch.full((n,), 77, dtype=dtype, device=dev)
+                dist.scatter(got, ins, src=root, group=g)
+                chk.case(f"scatter {name} n={n} root={root}",
+                         torch.equal(got.cpu(), _input(seed + 1, rank + 7 * root, n, dtype)),
+                         "differs from local math")
+                calls += 1
+    _sync()
+    c = _counters(g)
+    chk.case("counters", c.get("gather.direct") == calls and c.get("scatter.direct") == calls
+             and not any(k.endswith(".wrapped") for k in c), f"expected {calls} each, got {c}")
+    return chk.result()
+
+
 def _small(shape, seed, dtype, dev):
     """Values in {-1, 0, 1}: matmuls of K <= 64 and sums over 4 ranks stay exact in bf16/fp16."""
     g = torch.Generator().manual_seed(seed)
@@ -952,6 +1043,14 @@ def test_broadcast(gpu_world):
 
 def test_all_gather_v(gpu_world):
     _ok(gpu_world.run(check_all_gather_v))
+
+
+def test_all_to_all(gpu_world):
+    _ok(gpu_world.run(check_all_to_all))
+
+
+def test_gather_scatter(gpu_world):
+    _ok(gpu_world.run(check_gather_scatter))
 
 
 @pytest.mark.parametrize("algorithm", ["pipeline", "pull_ahead"])

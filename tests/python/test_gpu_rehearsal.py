@@ -23,6 +23,8 @@ CHECKS = [
     *[(f"all_reduce-{a}", g.check_all_reduce, (a,)) for a in g.ALL_REDUCE_ALGOS],
     ("broadcast", g.check_broadcast, ()),
     ("all_gather_v", g.check_all_gather_v, ()),
+    ("all_to_all", g.check_all_to_all, ()),
+    ("gather_scatter", g.check_gather_scatter, ()),
     *[(f"fused_all_gather_matmul-{a}", g.check_fused_all_gather_matmul, (a,))
       for a in ("pipeline", "pull_ahead")],
     *[(f"fused_matmul_reduce_scatter-{a}", g.check_fused_matmul_reduce_scatter, (a,))
