@@ -53,7 +53,7 @@ bool CompletedWork::isSuccess() const { return !device_ || !failed(); }
 
 bool CompletedWork::failed() const {
   try {
-    device_->check_healthy("Work.is_completed");
+    device_->check_work("Work.is_completed");
     return false;
   } catch (const c10::Error&) {
     return true;
@@ -62,15 +62,24 @@ bool CompletedWork::failed() const {
 
 bool CompletedWork::wait(std::chrono::milliseconds /*timeout*/) {
   if (!device_) return true;  // the host: complete on return
-  device_->check_healthy("Work.wait");
+  device_->check_work("Work.wait");
   if (end_) device_->wait_event(*device_->current_stream(), *end_);
   return true;
 }
 
 void CompletedWork::synchronize() {
   if (!device_) return;
-  if (end_) device_->synchronize(*end_);
-  device_->check_healthy("Work.synchronize");
+  // A device retired after a drain (NOTE [Shutdown flushes] in backend/ProcessGroupCudaP2P.cpp)
+  // has run this op to its end, and its synchronize() would raise the retirement: only
+  // check_work speaks then.
+  bool healthy = true;
+  try {
+    device_->check_healthy("Work.synchronize");
+  } catch (const c10::Error&) {
+    healthy = false;
+  }
+  if (end_ && healthy) device_->synchronize(*end_);
+  device_->check_work("Work.synchronize");
 }
 
 }  // namespace cuda_p2p

@@ -255,12 +255,36 @@ void ProcessGroupCudaP2P::abort() {
   if (hierarchy_) hierarchy_->abort();
 }
 
+// NOTE [Shutdown flushes]
+// destroy_process_group() shuts a group's backends down; NCCL's shutdown flushes: it waits for
+// the collectives already enqueued, then destroys the communicator. Ours does the same: a GPU op
+// returns when it is enqueued, and a user may well destroy the group right after enqueuing the
+// last ones and read their results after torch.cuda.synchronize(). So shutdown() first drains
+// the workspace's device (Device::retire: the group's streams and the callers' streams its ops
+// used) for at most the group's timeout, and only then fails it ("the group was shut down"):
+//  - drained: every op enqueued before ran to its end normally; their Works stay successful
+//    (Work.wait(), is_success(), synchronize(): Device::check_work), and every later op on the
+//    group raises. A wait released after all, or enqueued after the failure, makes them raise
+//    (FailureState::taint): that op computed on stale data.
+//  - not drained within the timeout (a peer that never enqueued its part): an abort; the pending
+//    waits are released (NOTE [Releasing blocked waits] in p2p_workspace/watchdog.hpp), those
+//    Works raise, and a warning says so.
+// On the host the ops on the inline stream completed when they returned; ops on host side
+// streams (set_current_stream) drain like a GPU's. abort() does not drain: it is the way out of
+// a hang.
 void ProcessGroupCudaP2P::shutdown() {
   retired_.store(true, std::memory_order_release);
-  // Unblocks pending waits like abort(), but the workspace's blocks are still released through
-  // the closing handshake (NOTE [Block lifetime]): peers shut down too.
+  // The workspace's blocks are then released through the closing handshake (NOTE [Block
+  // lifetime]): peers shut down too.
   if (workspace_) {
-    workspace_->device().abort("the group was shut down (ProcessGroupCudaP2P.shutdown())");
+    const Millis limit = options_->timeout;
+    if (!workspace_->device().retire("the group was shut down (ProcessGroupCudaP2P.shutdown())",
+                                     limit)) {
+      TORCH_WARN("cuda_p2p: rank ", getRank(), "'s shutdown: the work queued on ",
+                 workspace_->device().name(), " did not finish within the group's timeout (",
+                 limit.count(),
+                 " ms); its waits were released and its Works raise (NOTE [Shutdown flushes])");
+    }
   }
   cpu_backend_->shutdown();
   if (cuda_backend_) cuda_backend_->shutdown();

@@ -191,9 +191,21 @@ class Device {
   // every pending wait, NOTE [Releasing blocked waits]). Thread-safe, may be called while
   // another thread is blocked in a wait.
   virtual void abort(const std::string& why) = 0;
+  // The graceful end (NOTE [Shutdown flushes] in backend/ProcessGroupCudaP2P.cpp): drains for at
+  // most `limit`, then fails the device with `why`. Returns whether the work drained; if it did,
+  // the Works of the ops enqueued before stay successful (check_work) and only later ops raise;
+  // if not, this is an abort: the waits still pending are released and those Works raise.
+  virtual bool retire(const std::string& why, Millis limit) {
+    const bool drained = drain(limit);
+    abort(why);
+    return drained;
+  }
   // Raises the error that failed this device (an abort, or on CUDA a wait that missed its
   // deadline, naming the op and the ranks that never arrived); a no-op while it is healthy.
   virtual void check_healthy(const char* op) = 0;
+  // check_healthy for the Work of an op enqueued earlier (Work.wait(), is_success()): no error
+  // after a retire() that drained, since that op ran to its end normally.
+  virtual void check_work(const char* op) { check_healthy(op); }
   // --- capture (NOTE [Replay-safe signals] in p2p_workspace/symmetric_workspace.cpp) ---
   // Nonzero while `s` is being captured into a graph (CUDA: a CUDA graph; host: a host capture,
   // host/host_device.hpp): an id the same for every stream of one capture, different for the

@@ -8,10 +8,11 @@
 
 namespace cuda_p2p {
 
-bool FailureState::fail(const std::string& why) {
+bool FailureState::fail(const std::string& why, bool work_done) {
   std::lock_guard<std::mutex> lock(mu_);
   if (failed_.load(std::memory_order_relaxed)) return false;
   reason_ = why;
+  work_done_.store(work_done, std::memory_order_release);
   failed_.store(true, std::memory_order_release);
   return true;
 }
@@ -60,8 +61,12 @@ void Watchdog::track(std::unique_ptr<WatchedWait> wait, Millis timeout, std::str
       return;
     }
   }
-  // Enqueued on its stream after the failure was recorded: NOTE [Releasing blocked waits].
-  if (failure_.failed()) wait->release();
+  // Enqueued on its stream after the failure was recorded: NOTE [Releasing blocked waits]. Its
+  // op's Work must raise, also after a shutdown that drained (NOTE [Shutdown flushes]).
+  if (failure_.failed()) {
+    failure_.taint();
+    wait->release();
+  }
 }
 
 size_t Watchdog::pending() const {
@@ -79,12 +84,12 @@ void Watchdog::poll_now() {
   poll();
 }
 
-void Watchdog::fail(const std::string& why) {
-  failure_.fail(why);
+void Watchdog::fail(const std::string& why, bool work_done) {
+  failure_.fail(why, work_done);
   {
     std::lock_guard<std::mutex> scan(scan_mu_);
     adopt();
-    release_all();
+    if (release_all() > 0) failure_.taint();  // NOTE [Shutdown flushes]
   }
   stop();
 }
@@ -124,13 +129,18 @@ void Watchdog::adopt() {
   }
 }
 
-void Watchdog::release_all() {
+size_t Watchdog::release_all() {
+  size_t unfinished = 0;
   for (auto& [stream, fifo] : fifos_) {
-    for (auto& e : fifo) e.wait->release();
+    for (auto& e : fifo) {
+      if (!e.wait->finished()) ++unfinished;
+      e.wait->release();
+    }
   }
   fifos_.clear();
   std::lock_guard<std::mutex> lock(in_mu_);
   queued_ = 0;
+  return unfinished;
 }
 
 bool Watchdog::poll() {

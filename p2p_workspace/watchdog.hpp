@@ -21,11 +21,13 @@
 namespace cuda_p2p {
 
 // NOTE [Device failure]
-// A device fails in one of two ways: abort() (ProcessGroupCudaP2P::abort()/shutdown(), from any
-// thread, possibly while another thread is blocked in a wait), or a signal wait that missed its
+// A device fails in one of three ways: abort() (ProcessGroupCudaP2P::abort(), from any thread,
+// possibly while another thread is blocked in a wait), retire() (shutdown(), after draining:
+// NOTE [Shutdown flushes] in backend/ProcessGroupCudaP2P.cpp), or a signal wait that missed its
 // deadline. The first failure is kept and is sticky: every later op, wait, Work.wait() and
-// synchronize() of the device raises it. Nothing un-fails a device; the group must be recreated
-// (after a missed deadline the ranks no longer agree on the signal counts anyway).
+// synchronize() of the device raises it - except the Works of ops that had run to their end
+// before a retire() that drained. Nothing un-fails a device; the group must be recreated (after
+// a missed deadline the ranks no longer agree on the signal counts anyway).
 //  - On the host every wait runs in a host thread, checks the failure on every pass (at least
 //    every 10 ms) and raises: a rank blocked in a collective returns promptly after abort().
 //  - On CUDA the waits run on GPU streams (cuStreamWaitValue32, or the wait kernel), which the
@@ -56,17 +58,28 @@ namespace cuda_p2p {
 class FailureState {
  public:
   // Records `why` unless a failure was recorded already; returns whether this call recorded it.
-  bool fail(const std::string& why);
+  // `work_done`: every op enqueued before had run to its end normally (a shutdown that drained,
+  // NOTE [Shutdown flushes] in backend/ProcessGroupCudaP2P.cpp), so their Works stay successful
+  // (check_work) while every later op raises.
+  bool fail(const std::string& why, bool work_done = false);
+  // Some op's wait was released after all (or enqueued after the failure): its Work must raise.
+  void taint() { work_done_.store(false, std::memory_order_release); }
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   std::string reason() const;
   // Raises "cuda_p2p <op>: <reason>" once failed (the test inline: on every op's path).
   void check(const char* op) const {
     if (failed()) raise(op);
   }
+  // For the Work of an op enqueued before the failure: raises unless the failure came after
+  // every such op had run normally.
+  void check_work(const char* op) const {
+    if (failed() && !work_done_.load(std::memory_order_acquire)) raise(op);
+  }
 
  private:
   [[noreturn]] void raise(const char* op) const;
   std::atomic<bool> failed_{false};
+  std::atomic<bool> work_done_{false};
   mutable std::mutex mu_;
   std::string reason_;
 };
@@ -120,8 +133,10 @@ class Watchdog {
   // give-up on that stream becomes the device's failure before the caller returns.
   void poll_now();
   // Fails the device with `why` (unless it failed already), releases every pending wait and
-  // stops watching (abort()). Thread-safe.
-  void fail(const std::string& why);
+  // stops watching (abort()). Thread-safe. `work_done` (a shutdown that drained): the ops
+  // enqueued so far have run, so their Works stay successful, unless a wait was still pending
+  // after all (FailureState::taint).
+  void fail(const std::string& why, bool work_done = false);
   // Stops the thread and drops every pending wait without releasing it (the destructor, once
   // the device's streams are drained).
   void stop();
@@ -139,8 +154,9 @@ class Watchdog {
   // One pass over the FIFOs' heads; returns whether any wait retired or started. Called with
   // scan_mu_ held (never in_mu_: it queries the device).
   bool poll();
-  // Releases every pending wait, oldest first per stream, and forgets them. scan_mu_ held.
-  void release_all();
+  // Releases every pending wait, oldest first per stream, and forgets them; returns how many of
+  // them the stream had not passed yet. scan_mu_ held.
+  size_t release_all();
 
   FailureState& failure_;
   std::function<void()> thread_init_;

@@ -790,9 +790,19 @@ class CudaDevice : public Device {
 
   // NOTE [Releasing blocked waits]: every pending wait is released, so that the streams drain.
   void abort(const std::string& why) override { watchdog_->fail(why); }
+  // NOTE [Shutdown flushes] in backend/ProcessGroupCudaP2P.cpp.
+  bool retire(const std::string& why, Millis limit) override {
+    const bool drained = drain(limit);
+    watchdog_->fail(why, drained);
+    return drained;
+  }
   void check_healthy(const char* op) override {
     check_graph_give_up();
     failure_.check(op);
+  }
+  void check_work(const char* op) override {
+    check_graph_give_up();
+    failure_.check_work(op);
   }
 
   void record_stream(const at::Tensor& t, Stream& s) override {

@@ -412,7 +412,14 @@ class HostDevice : public Device {
   // NOTE [Device failure]: every wait loop of this device checks failure_ on each pass (at most
   // kMaxSleep apart) and raises.
   void abort(const std::string& why) override { failure_.fail(why); }
+  // NOTE [Shutdown flushes] in backend/ProcessGroupCudaP2P.cpp.
+  bool retire(const std::string& why, Millis limit) override {
+    const bool drained = drain(limit);
+    failure_.fail(why, drained);
+    return drained;
+  }
   void check_healthy(const char* op) override { failure_.check(op); }
+  void check_work(const char* op) override { failure_.check_work(op); }
   void set_ranks_cpus(int cpus) override {
     ranks_cpus_.store(cpus, std::memory_order_relaxed);
     const bool over = processes_ > std::max(1, cpus);

@@ -63,6 +63,44 @@ TEST_P(EnqueuedWork, WaitRaisesTheDevicesFailure) {
   expect_error([&] { work->synchronize(); }, "a wait missed its deadline (test)");
 }
 
+TEST_P(EnqueuedWork, AShutdownFlushesTheQueuedOpsAndTheirWorksSucceed) {
+  // NOTE [Shutdown flushes]: retire() drains first; the op queued before ran to its end, so its
+  // Work succeeds, while a new op on the device raises the shutdown.
+  auto dev = make_host_device(1, GetParam());
+  auto side = dev->new_stream(false);
+  std::atomic<int> ran{0};
+  dev->host_task(*side, [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ran = 1;
+  });
+  auto work = c10::make_intrusive<CompletedWork>(
+      0, c10d::OpType::ALLREDUCE, std::vector<at::Tensor>{}, dev, dev->record(*side));
+  EXPECT_TRUE(dev->retire("the group was shut down (test)", std::chrono::seconds(30)));
+  EXPECT_EQ(ran.load(), 1);  // drained before it returned
+  EXPECT_TRUE(work->isCompleted());
+  EXPECT_TRUE(work->isSuccess());
+  EXPECT_TRUE(work->wait(std::chrono::milliseconds(0)));
+  work->synchronize();
+  expect_error([&] { dev->check_healthy("all_reduce"); }, "the group was shut down (test)");
+}
+
+TEST(CompletedWork, AShutdownThatCannotDrainIsAnAbortAndTheWorkRaises) {
+  // A stream that does not finish within the limit: its op never ran to its end.
+  auto dev = make_host_device(1, HostStreams::kThreads);
+  auto side = dev->new_stream(false);
+  std::atomic<bool> go{false};
+  dev->host_task(*side, [&] {
+    while (!go.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  auto work = c10::make_intrusive<CompletedWork>(
+      0, c10d::OpType::ALLREDUCE, std::vector<at::Tensor>{}, dev, dev->record(*side));
+  EXPECT_FALSE(dev->retire("the group was shut down (test)", std::chrono::milliseconds(50)));
+  EXPECT_FALSE(work->isSuccess());
+  expect_error([&] { work->wait(std::chrono::milliseconds(0)); }, "the group was shut down");
+  go = true;
+  EXPECT_TRUE(dev->drain(std::chrono::seconds(30)));
+}
+
 // A host device whose events complete when the test says so: is_completed() of enqueued work
 // must ask the device (without blocking) instead of answering true.
 class ManualEventsDevice : public Device {
@@ -117,7 +155,9 @@ class ManualEventsDevice : public Device {
   void synchronize(const Event& e) override { inner_->synchronize(e); }
   void quiesce() override { inner_->quiesce(); }
   void abort(const std::string& why) override { inner_->abort(why); }
+  bool retire(const std::string& why, Millis limit) override { return inner_->retire(why, limit); }
   void check_healthy(const char* op) override { inner_->check_healthy(op); }
+  void check_work(const char* op) override { inner_->check_work(op); }
 
  private:
   std::shared_ptr<Device> inner_;

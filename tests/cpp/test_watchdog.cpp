@@ -245,6 +245,35 @@ TEST(Watchdog, AbortReleasesEveryWaitStopsWatchingAndKeepsTheFirstFailure) {
   EXPECT_TRUE(reports.get().empty());  // an abort is the caller's own doing: nothing to report
 }
 
+TEST(Watchdog, AFailureAfterTheWorkRanKeepsItsWorksSuccessfulUnlessAWaitWasReleased) {
+  // NOTE [Shutdown flushes]: fail(why, work_done) after a drain; a wait the stream had not
+  // passed (released now), or one tracked after the failure, makes the Works raise after all.
+  for (const int late : {0, 1, 2}) {  // 0: every wait finished; 1: one pending; 2: one after
+    FailureState failure;
+    Watchdog dog(failure, nullptr, 10ms);
+    auto done = std::make_shared<Script>();
+    done->started = true;
+    done->finished = true;
+    dog.track(std::make_unique<ScriptedWait>(done), 50s, "ran");
+    auto pending = std::make_shared<Script>();
+    if (late == 1) dog.track(std::make_unique<ScriptedWait>(pending), 50s, "still pending");
+    dog.fail("the group was shut down (test)", /*work_done=*/true);
+    if (late == 2) dog.track(std::make_unique<ScriptedWait>(pending), 50s, "after");
+    EXPECT_EQ(pending->releases.load(), late == 0 ? 0 : 1) << late;
+    EXPECT_TRUE(failure.failed());
+    expect_error([&] { failure.check("all_reduce"); }, "shut down (test)");
+    if (late == 0) {
+      EXPECT_NO_THROW(failure.check_work("Work.wait")) << late;
+    } else {
+      expect_error([&] { failure.check_work("Work.wait"); }, "shut down (test)");
+    }
+  }
+  // Without work_done (abort), a Work raises even if every wait finished.
+  FailureState failure;
+  failure.fail("aborted (test)");
+  expect_error([&] { failure.check_work("Work.wait"); }, "aborted (test)");
+}
+
 TEST(Watchdog, StopDropsWaitsWithoutReleasingThem) {
   // The destructor's path, once the device's streams drained: nothing is left to release.
   FailureState failure;
