@@ -424,6 +424,8 @@ class CudaDevice : public Device {
       (void)cudaGetLastError();
       least_priority_ = greatest_priority_ = 0;
     }
+    // NOTE [Kernels loaded up front] in p2p_workspace/cuda/signal_kernels.cuh.
+    CUDA_P2P_CUDA_CHECK(cuda::load_kernels());
     // A stream of the device's own for allocation and the watchdog's reads: stream
     // order on it replaces cudaDeviceSynchronize, which would also wait for unrelated work.
     CUDA_P2P_CUDA_CHECK(cudaStreamCreateWithFlags(&aux_, cudaStreamNonBlocking));

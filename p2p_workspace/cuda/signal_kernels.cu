@@ -106,4 +106,19 @@ cudaError_t launch_wait_signals(const KernelWaits& waits, uint64_t timeout_ns,
   return cudaGetLastError();
 }
 
+cudaError_t load_kernels() {
+  // cudaFuncGetAttributes loads a lazily loaded kernel (CUDA_MODULE_LOADING=LAZY).
+  const void* kernels[] = {reinterpret_cast<const void*>(&write_signal_kernel),
+                           reinterpret_cast<const void*>(&wait_signals_kernel),
+                           reinterpret_cast<const void*>(&advance_counter_kernel),
+                           reinterpret_cast<const void*>(&write_counted_kernel),
+                           reinterpret_cast<const void*>(&wait_counted_kernel)};
+  for (const void* k : kernels) {
+    cudaFuncAttributes attributes;
+    const cudaError_t err = cudaFuncGetAttributes(&attributes, k);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
 }  // namespace cuda_p2p::cuda

@@ -27,6 +27,15 @@ struct KernelGiveUp {
 // to peers first).
 cudaError_t launch_write_signal(uint32_t* addr, uint32_t value, cudaStream_t stream);
 
+// NOTE [Kernels loaded up front]
+// Under CUDA's lazy loading (CUDA_MODULE_LOADING=LAZY, the default since CUDA 12.2) a kernel is
+// loaded at its first launch, and loading may synchronize the context: it waits for every stream
+// of the process. A stream blocked at a signal wait then blocks the launch, and the launch may be
+// the very one that would let it pass (a wait kernel's first use behind a blocked wait, the
+// release of NOTE [Releasing blocked waits]). So the device loads every kernel of this file when
+// it is created, before any wait is enqueued. Returns the first error.
+cudaError_t load_kernels();
+
 // Spins (with __nanosleep back-off) until every wait is reached or `timeout_ns` passes; on
 // timeout it fills *give_up (a device pointer to host-mapped memory) and returns, and the
 // device's watchdog turns that into an error the host raises (NOTE [Device failure]).

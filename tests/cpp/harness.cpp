@@ -4,6 +4,7 @@
 
 #include <cctype>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <map>
@@ -169,6 +170,9 @@ constexpr int kSkipStatus = 77;
 
 int main(int argc, char** argv) {
   using namespace cuda_p2p::test;
+  // Line-buffered into launch.py's pipe: a rank killed at the time limit has said what it got
+  // to (the GPU run of 2026-11-27 lost a hung rank's whole output in its stdio buffer).
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   ::testing::InitGoogleTest(&argc, argv);
   read_launcher_env(g_world);
 

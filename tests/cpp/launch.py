@@ -9,7 +9,8 @@ ranks' lines are prefixed with "[rank r] ".
 
 Exit status: 0 when every rank exits 0; 77 (ctest's SKIP_RETURN_CODE for these tests) when every
 rank exits 77, i.e. every test skipped itself; 124 when the ranks ran past --timeout (every rank
-is killed, and the ranks still running are named); otherwise the first failing rank's status
+is killed, and the ranks still running are named, after gdb printed their threads' stacks where
+gdb is installed; CUDA_P2P_LAUNCH_STACKS=0 skips that); otherwise the first failing rank's status
 (1 for a signal). Once a rank fails, the others get --grace seconds to finish (they usually fail
 at their next rendezvous) before they are killed. No rank outlives the launcher.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -54,6 +56,41 @@ def kill_all(procs: list) -> None:
             p.wait(10)
         except subprocess.TimeoutExpired:
             pass
+
+
+def dump_stacks(procs: list, ranks: list, out, lock: threading.Lock) -> None:
+    """Every thread's stack of each rank still running, before it is killed (gdb, where this
+    machine has it; the ranks at once, 45 s at most): a hang's place, which a killed rank cannot
+    tell itself."""
+    debugger = shutil.which("gdb") or shutil.which("cuda-gdb")
+    if debugger is None or os.environ.get("CUDA_P2P_LAUNCH_STACKS", "1") == "0":
+        return
+    gdbs = {}
+    for r in ranks:
+        try:
+            gdbs[r] = subprocess.Popen(
+                [debugger, "-p", str(procs[r].pid), "-batch", "-nx", "-ex", "set pagination off",
+                 "-ex", "thread apply all bt 30"], stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        except OSError as e:
+            gdbs[r] = e
+    deadline = time.monotonic() + 45
+    for r, g in gdbs.items():
+        if isinstance(g, OSError):
+            text = f"({debugger} failed: {g})".encode()
+        else:
+            try:
+                text = g.communicate(timeout=max(1.0, deadline - time.monotonic()))[0]
+            except subprocess.TimeoutExpired:
+                g.kill()
+                text = g.communicate()[0] + b"\n(gdb timed out)"
+        keep = [ln for ln in text.splitlines()
+                if ln.startswith((b"#", b"Thread ", b"(gdb"))][:400]
+        with lock:
+            out.write(f"launch.py: rank {r}'s threads before the kill:\n".encode())
+            for ln in keep:
+                out.write(f"[rank {r} stack] ".encode() + ln + b"\n")
+            out.flush()
 
 
 def describe(rc: int) -> str:
@@ -110,11 +147,13 @@ def main() -> int:
                     failed_at = now
             running = [r for r, p in enumerate(procs) if p.poll() is None]
             if now > deadline:
+                dump_stacks(procs, running, out, lock)
                 kill_all(procs)
                 print(f"launch.py: TIMEOUT after {args.timeout:.0f} s: ranks {running} of "
                       f"{args.np} still running, killed", flush=True)
                 return 124
             if failed_at is not None and now - failed_at > args.grace:
+                dump_stacks(procs, running, out, lock)
                 kill_all(procs)
                 r, rc = first_failure
                 print(f"launch.py: rank {r} failed ({describe(rc)}); ranks {running} did not "

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <cstdio>
 #include <string>
 #include <thread>
 
@@ -117,9 +118,16 @@ TEST(CudaWorkspace, AFailureReleasesTheBlockedStreamSoTheGpuDrains) {
     {
       auto ws = make_cuda_workspace(dev);
       if (w.rank != absent) {
+        // The kernels queued behind the wait below run once before it: a lazily loaded kernel's
+        // first launch may wait for every stream, the blocked one too (NOTE [Kernels loaded up
+        // front] in p2p_workspace/cuda/signal_kernels.cuh), and this test checks the release,
+        // not torch's loading.
+        const auto opts = at::TensorOptions().device(at::kCUDA, dev);
+        EXPECT_EQ((at::ones({1024}, opts) * 2).sum().item<float>(), 2048.0f);
         auto s = ws->device().current_stream();
         ws->barrier(*s, 0, by_abort ? Millis(600000) : Millis(300));
-        auto behind = at::ones({1024}, at::TensorOptions().device(at::kCUDA, dev)) * 2;
+        std::printf("rank %d: at the barrier (%s)\n", w.rank, by_abort ? "abort" : "deadline");
+        auto behind = at::ones({1024}, opts) * 2;
         if (by_abort) ws->abort("aborted by the test");
         // Bounded first, so that a stream that is never released fails the test, saying whether
         // the device had failed (the first GPU run, 2026-11-27, hung in device_synchronize()
@@ -131,6 +139,7 @@ TEST(CudaWorkspace, AFailureReleasesTheBlockedStreamSoTheGpuDrains) {
           std::this_thread::sleep_for(std::chrono::milliseconds(5));
         }
         const bool released = cudaStreamQuery(raw) == cudaSuccess;
+        std::printf("rank %d: the stream %s\n", w.rank, released ? "was released" : "is blocked");
         std::string failure = "(none)";
         try {
           ws->device().check_healthy("test");
@@ -145,6 +154,7 @@ TEST(CudaWorkspace, AFailureReleasesTheBlockedStreamSoTheGpuDrains) {
                         << failure;
         } else {
           c10::cuda::device_synchronize();  // returns too: nothing is left behind the wait
+          std::printf("rank %d: the device drained\n", w.rank);
           EXPECT_EQ(behind.sum().item<float>(), 2048.0f);
           EXPECT_THROW(ws->device().synchronize(*s), c10::Error);  // the failure is sticky
         }

@@ -51,3 +51,24 @@ def test_cmake_refuses_a_compiler_without_a_shared_libstdcxx(tmp_path):
     assert proc.returncode != 0, out[-2000:]
     assert f"the C++ compiler {fake} has no shared libstdc++" in out, out[-2000:]
     assert "CXX=/usr/bin/g++" in out, out[-2000:]
+
+
+@pytest.mark.parametrize("stacks", ["1", "0"])
+def test_launch_names_and_shows_the_ranks_it_kills_at_its_time_limit(stacks):
+    """tests/cpp/launch.py (the C++ tests' launcher on the GPU machines): past --timeout every
+    rank is killed, status 124, the ranks still running named, and - where gdb is installed -
+    their threads' stacks printed first (a hung rank cannot say where it hangs)."""
+    env = dict(__import__("os").environ, CUDA_P2P_LAUNCH_STACKS=stacks)
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "cpp" / "launch.py"), "-n", "2",
+                           "--timeout", "2", "--", sys.executable, "-c",
+                           "import os, time; print('rank', os.environ['RANK'], 'up', flush=True); "
+                           "time.sleep(0 if os.environ['RANK'] == '0' else 60)"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    out = proc.stdout
+    assert proc.returncode == 124, (proc.returncode, out, proc.stderr)
+    assert "rank 0 up" in out and "[rank 1] rank 1 up" in out, out
+    assert "TIMEOUT after 2 s: ranks [1] of 2 still running, killed" in out, out
+    shown = "launch.py: rank 1's threads before the kill:" in out
+    assert shown == (stacks == "1" and shutil.which("gdb") is not None), out
+    if shown:
+        assert "[rank 1 stack] #0" in out, out
