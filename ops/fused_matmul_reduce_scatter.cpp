@@ -377,21 +377,36 @@ std::string signature_text(const at::Tensor& A, const at::Tensor& B, ReduceOp op
 
 }  // namespace
 
+int64_t check_reduce_scatter_shapes(const char* op, const at::Tensor& A, const at::Tensor& B,
+                                    int64_t scatter_dim) {
+  const int64_t nd = A.dim();
+  TORCH_CHECK(nd >= 2, "cuda_p2p ", op, ": expected A with at least 2 dims, got shape ", A.sizes());
+  TORCH_CHECK(B.dim() == 2, "cuda_p2p ", op, ": expected B to be a matrix, got shape ", B.sizes());
+  TORCH_CHECK(scatter_dim >= -nd && scatter_dim < nd, "cuda_p2p ", op, ": scatter_dim must be in [",
+              -nd, ", ", nd, ") for a ", nd, "-D A, got ", scatter_dim);
+  return scatter_dim < 0 ? scatter_dim + nd : scatter_dim;
+}
+
+void check_reduce_scatter_product(const char* op, const at::Tensor& A, const at::Tensor& B,
+                                  int64_t scatter_dim, int64_t world_size) {
+  TORCH_CHECK(B.size(0) == A.size(-1), "cuda_p2p ", op,
+              ": A @ B needs B with A.size(-1) = ", A.size(-1), " rows, got B of shape ",
+              B.sizes());
+  const bool last = scatter_dim == A.dim() - 1;
+  const int64_t scattered = last ? B.size(1) : A.size(scatter_dim);
+  TORCH_CHECK(scattered % world_size == 0, "cuda_p2p ", op, ": the scattered dim (",
+              last ? "B.size(1)" : "A.size(scatter_dim)", " = ", scattered,
+              ", scatter_dim = ", scatter_dim, ") must be divisible by the group size ",
+              world_size);
+}
+
 int64_t check_matmul_reduce_scatter_args(const at::Tensor& A, const at::Tensor& B,
                                          int64_t scatter_dim, int64_t world_size) {
   TORCH_CHECK(A.defined() && B.defined(), "cuda_p2p ", kOpName, ": A and B must be defined");
   TORCH_CHECK(A.layout() == at::kStrided && B.layout() == at::kStrided, "cuda_p2p ", kOpName,
               ": expected strided (dense) A and B, got layouts ", A.layout(), " and ", B.layout());
   check_below_autograd(kOpName, {A, B});  // NOTE [Fused ops below autograd]
-  const int64_t nd = A.dim();
-  TORCH_CHECK(nd >= 2, "cuda_p2p ", kOpName, ": expected A with at least 2 dims, got shape ",
-              A.sizes());
-  TORCH_CHECK(B.dim() == 2, "cuda_p2p ", kOpName, ": expected B to be a matrix, got shape ",
-              B.sizes());
-  TORCH_CHECK(scatter_dim >= -nd && scatter_dim < nd, "cuda_p2p ", kOpName,
-              ": scatter_dim must be in [", -nd, ", ", nd, ") for a ", nd, "-D A, got ",
-              scatter_dim);
-  if (scatter_dim < 0) scatter_dim += nd;
+  scatter_dim = check_reduce_scatter_shapes(kOpName, A, B, scatter_dim);
   TORCH_CHECK(at::isFloatingType(A.scalar_type()), "cuda_p2p ", kOpName,
               ": expected a floating-point A (float32, bfloat16, float16, float64), got ",
               A.scalar_type());
@@ -399,14 +414,7 @@ int64_t check_matmul_reduce_scatter_args(const at::Tensor& A, const at::Tensor& 
               ": expected B of A's dtype ", A.scalar_type(), ", got ", B.scalar_type());
   TORCH_CHECK(B.device() == A.device(), "cuda_p2p ", kOpName, ": expected B on ", A.device(),
               " like A, got ", B.device());
-  TORCH_CHECK(B.size(0) == A.size(-1), "cuda_p2p ", kOpName,
-              ": A @ B needs B with A.size(-1) = ", A.size(-1), " rows, got B of shape ",
-              B.sizes());
-  const int64_t scattered = scatter_dim == nd - 1 ? B.size(1) : A.size(scatter_dim);
-  TORCH_CHECK(scattered % world_size == 0, "cuda_p2p ", kOpName, ": the scattered dim (",
-              scatter_dim == nd - 1 ? "B.size(1)" : "A.size(scatter_dim)", " = ", scattered,
-              ", scatter_dim = ", scatter_dim, ") must be divisible by the group size ",
-              world_size);
+  check_reduce_scatter_product(kOpName, A, B, scatter_dim, world_size);
   return scatter_dim;
 }
 

@@ -178,6 +178,14 @@ int64_t check_all_gather_scaled_matmul_args(const at::Tensor& A_shard, at::Tenso
                                             int64_t gather_dim,
                                             c10::ArrayRef<at::ScalarType> out_dtypes);
 
+// The checks both matmul -> reduce-scatter ops (plain and scaled) share, under `op`'s name: A at
+// least 2-D and B a matrix (returns scatter_dim in [0, A.dim())); then, once the dtypes and
+// devices are checked, B with A.size(-1) rows and a scattered dim divisible by the group size.
+int64_t check_reduce_scatter_shapes(const char* op, const at::Tensor& A, const at::Tensor& B,
+                                    int64_t scatter_dim);
+void check_reduce_scatter_product(const char* op, const at::Tensor& A, const at::Tensor& B,
+                                  int64_t scatter_dim, int64_t world_size);
+
 // Checks the arguments, returns scatter_dim in [0, A.dim()).
 int64_t check_matmul_reduce_scatter_args(const at::Tensor& A, const at::Tensor& B,
                                          int64_t scatter_dim, int64_t world_size);

@@ -40,15 +40,7 @@ int64_t check_scaled_matmul_reduce_scatter_args(const at::Tensor& A, const at::T
   TORCH_CHECK(A.layout() == at::kStrided && B.layout() == at::kStrided, "cuda_p2p ", kScaledRsOp,
               ": expected strided (dense) A and B, got layouts ", A.layout(), " and ", B.layout());
   check_below_autograd(kScaledRsOp, {A, B, A_scale, B_scale});  // NOTE [Fused ops below autograd]
-  const int64_t nd = A.dim();
-  TORCH_CHECK(nd >= 2, "cuda_p2p ", kScaledRsOp, ": expected A with at least 2 dims, got shape ",
-              A.sizes());
-  TORCH_CHECK(B.dim() == 2, "cuda_p2p ", kScaledRsOp, ": expected B to be a matrix, got shape ",
-              B.sizes());
-  TORCH_CHECK(scatter_dim >= -nd && scatter_dim < nd, "cuda_p2p ", kScaledRsOp,
-              ": scatter_dim must be in [", -nd, ", ", nd, ") for a ", nd, "-D A, got ",
-              scatter_dim);
-  if (scatter_dim < 0) scatter_dim += nd;
+  scatter_dim = check_reduce_scatter_shapes(kScaledRsOp, A, B, scatter_dim);
   TORCH_CHECK(is_float8(A.scalar_type()) && is_float8(B.scalar_type()), "cuda_p2p ", kScaledRsOp,
               ": expected float8 A and B (float8_e4m3fn, float8_e5m2, or their fnuz forms), got ",
               A.scalar_type(), " and ", B.scalar_type());
@@ -56,9 +48,6 @@ int64_t check_scaled_matmul_reduce_scatter_args(const at::Tensor& A, const at::T
       B.device() == A.device() && A_scale.device() == A.device() && B_scale.device() == A.device(),
       "cuda_p2p ", kScaledRsOp, ": expected B and the scales on ", A.device(), " like A, got B on ",
       B.device(), ", A_scale on ", A_scale.device(), ", B_scale on ", B_scale.device());
-  TORCH_CHECK(B.size(0) == A.size(-1), "cuda_p2p ", kScaledRsOp,
-              ": A @ B needs B with A.size(-1) = ", A.size(-1), " rows, got B of shape ",
-              B.sizes());
   TORCH_CHECK(out_dtype == at::kFloat || out_dtype == at::kBFloat16, "cuda_p2p ", kScaledRsOp,
               ": expected out_dtype float32 or bfloat16, got ", out_dtype);
   TORCH_CHECK(A_scale.scalar_type() == at::kFloat && B_scale.scalar_type() == at::kFloat,
@@ -75,11 +64,7 @@ int64_t check_scaled_matmul_reduce_scatter_args(const at::Tensor& A, const at::T
   TORCH_CHECK(b_tensorwise || B_scale.sizes() == at::IntArrayRef({1, B.size(1)}), "cuda_p2p ",
               kScaledRsOp, ": expected B_scale with 1 element (tensorwise) or of shape [1, ",
               B.size(1), "] (rowwise), got shape ", B_scale.sizes());
-  const int64_t scattered = scatter_dim == nd - 1 ? B.size(1) : A.size(scatter_dim);
-  TORCH_CHECK(scattered % world_size == 0, "cuda_p2p ", kScaledRsOp, ": the scattered dim (",
-              scatter_dim == nd - 1 ? "B.size(1)" : "A.size(scatter_dim)", " = ", scattered,
-              ", scatter_dim = ", scatter_dim, ") must be divisible by the group size ",
-              world_size);
+  check_reduce_scatter_product(kScaledRsOp, A, B, scatter_dim, world_size);
   return scatter_dim;
 }
 

@@ -11,6 +11,7 @@
 
 #include "backend/CompletedWork.hpp"
 #include "p2p_workspace/host/host_device.hpp"
+#include "tests/cpp/forwarding_device.hpp"
 #include "tests/cpp/harness.hpp"
 
 namespace cuda_p2p::test {
@@ -103,9 +104,9 @@ TEST(CompletedWork, AShutdownThatCannotDrainIsAnAbortAndTheWorkRaises) {
 
 // A host device whose events complete when the test says so: is_completed() of enqueued work
 // must ask the device (without blocking) instead of answering true.
-class ManualEventsDevice : public Device {
+class ManualEventsDevice : public ForwardingDevice {
  public:
-  explicit ManualEventsDevice(std::shared_ptr<Device> inner) : inner_(std::move(inner)) {}
+  using ForwardingDevice::ForwardingDevice;
   std::atomic<bool> done{false};
   std::atomic<int> queries{0};
 
@@ -113,54 +114,6 @@ class ManualEventsDevice : public Device {
     ++queries;
     return done.load();
   }
-  std::string name() const override { return inner_->name(); }
-  at::Device tensor_device() const override { return inner_->tensor_device(); }
-  int device_index() const override { return inner_->device_index(); }
-  std::shared_ptr<Block> allocate(size_t bytes) override { return inner_->allocate(bytes); }
-  std::unique_ptr<BlockExporter> export_block(const std::shared_ptr<Block>& b, int n) override {
-    return inner_->export_block(b, n);
-  }
-  std::shared_ptr<Block> import_block(const std::vector<uint8_t>& h, size_t bytes,
-                                      Millis timeout) override {
-    return inner_->import_block(h, bytes, timeout);
-  }
-  std::shared_ptr<Stream> current_stream() override { return inner_->current_stream(); }
-  std::shared_ptr<Stream> new_stream(bool high) override { return inner_->new_stream(high); }
-  void copy(Stream& s, void* dst, const void* src, size_t n) override {
-    inner_->copy(s, dst, src, n);
-  }
-  void write_signal(Stream& s, uint32_t* addr, uint32_t value) override {
-    inner_->write_signal(s, addr, value);
-  }
-  void wait_signals(Stream& s, std::vector<SignalWait> w, Millis t, std::string c) override {
-    inner_->wait_signals(s, std::move(w), t, std::move(c));
-  }
-  uint64_t capture_id(Stream& s) override { return inner_->capture_id(s); }
-  void advance_counter(Stream& s, uint32_t* c, uint32_t d) override {
-    inner_->advance_counter(s, c, d);
-  }
-  void write_counted(Stream& s, uint32_t* a, const uint32_t* c, uint32_t o) override {
-    inner_->write_counted(s, a, c, o);
-  }
-  void wait_counted(Stream& s, std::vector<CountedWait> w, Millis t, std::string c) override {
-    inner_->wait_counted(s, std::move(w), t, std::move(c));
-  }
-  void launch(Stream& s, std::function<void()> fn) override { inner_->launch(s, std::move(fn)); }
-  void host_task(Stream& s, std::function<void()> fn) override {
-    inner_->host_task(s, std::move(fn));
-  }
-  std::shared_ptr<Event> record(Stream& s) override { return inner_->record(s); }
-  void wait_event(Stream& s, const Event& e) override { inner_->wait_event(s, e); }
-  void synchronize(Stream& s) override { inner_->synchronize(s); }
-  void synchronize(const Event& e) override { inner_->synchronize(e); }
-  void quiesce() override { inner_->quiesce(); }
-  void abort(const std::string& why) override { inner_->abort(why); }
-  bool retire(const std::string& why, Millis limit) override { return inner_->retire(why, limit); }
-  void check_healthy(const char* op) override { inner_->check_healthy(op); }
-  void check_work(const char* op) override { inner_->check_work(op); }
-
- private:
-  std::shared_ptr<Device> inner_;
 };
 
 TEST(CompletedWork, EnqueuedWorkIsCompletedOnlyOnceItsEndEventHasRun) {

@@ -12,6 +12,7 @@
 #include "p2p_workspace/host/host_device.hpp"
 #include "p2p_workspace/host/shared_block.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
+#include "tests/cpp/forwarding_device.hpp"
 #include "tests/cpp/harness.hpp"
 
 namespace cuda_p2p::test {
@@ -171,8 +172,8 @@ TEST(Workspace, SimulatedTwoHostsTurnTheWorkspaceOff) {
   WorkspaceOptions o;
   o.buffer_size = 1 << 16;
   o.host_id = w.rank < w.size / 2 ? "host-a" : "host-b";
-  auto ws = std::make_unique<SymmetricWorkspace>(test_store(), w.rank, w.size, test_host_device(),
-                                                 o);
+  auto ws =
+      std::make_unique<SymmetricWorkspace>(test_store(), w.rank, w.size, test_host_device(), o);
   EXPECT_FALSE(ws->available());
   EXPECT_NE(ws->unavailable_reason().find("span hosts"), std::string::npos)
       << ws->unavailable_reason();
@@ -195,7 +196,7 @@ TEST(Workspace, SegmentsArePrivateAndLeaveNothingBehind) {
     EXPECT_EQ(dev_shm_entries(), before_shm);
     // The own block is a memfd readable by its owner only.
     auto block = host::allocate_shared_block(4096);
-    struct stat st {};
+    struct stat st{};
     ASSERT_EQ(fstat(dynamic_cast<host::HostBlock&>(*block).fd(), &st), 0);
     EXPECT_EQ(st.st_mode & 0777, 0600u);
     ws->barrier(*ws->device().current_stream(), 0);
@@ -322,8 +323,8 @@ TEST(Workspace, PrivateReadsTurnedOffOrDeniedOnOneRankAreOffEverywhere) {
   WorkspaceOptions o;
   o.buffer_size = 1 << 16;
   o.deny_private_reads = w.rank == w.size - 1;
-  auto ws = std::make_unique<SymmetricWorkspace>(test_store(), w.rank, w.size, test_host_device(),
-                                                 o);
+  auto ws =
+      std::make_unique<SymmetricWorkspace>(test_store(), w.rank, w.size, test_host_device(), o);
   ASSERT_TRUE(ws->available());
   EXPECT_FALSE(ws->private_reads());
   EXPECT_NE(
@@ -426,56 +427,16 @@ TEST(Workspace, DestructionWaitsBoundedForPeersToClose) {
 
 // A device that reports a peer it cannot reach (as CUDA does for GPUs without peer access):
 // the workspace is unavailable on every rank, with a reason naming the ranks.
-class UnreachablePeerDevice : public Device {
+class UnreachablePeerDevice : public ForwardingDevice {
  public:
   UnreachablePeerDevice(std::shared_ptr<Device> inner, int unreachable_from)
-      : inner_(std::move(inner)), from_(unreachable_from) {}
-  std::string name() const override { return inner_->name(); }
-  at::Device tensor_device() const override { return inner_->tensor_device(); }
-  int device_index() const override { return inner_->device_index(); }
+      : ForwardingDevice(std::move(inner)), from_(unreachable_from) {}
   std::string device_uuid() const override { return "test-" + std::to_string(world().rank); }
   std::string peer_access_problem(const std::string& peer_uuid) override {
     return world().rank == from_ ? "no path to " + peer_uuid : "";
   }
-  std::shared_ptr<Block> allocate(size_t bytes) override { return inner_->allocate(bytes); }
-  std::unique_ptr<BlockExporter> export_block(const std::shared_ptr<Block>& b, int n) override {
-    return inner_->export_block(b, n);
-  }
-  std::shared_ptr<Block> import_block(const std::vector<uint8_t>& h, size_t bytes,
-                                      Millis t) override {
-    return inner_->import_block(h, bytes, t);
-  }
-  std::shared_ptr<Stream> current_stream() override { return inner_->current_stream(); }
-  std::shared_ptr<Stream> new_stream(bool hp) override { return inner_->new_stream(hp); }
-  void copy(Stream& s, void* d, const void* src, size_t n) override { inner_->copy(s, d, src, n); }
-  void write_signal(Stream& s, uint32_t* a, uint32_t v) override { inner_->write_signal(s, a, v); }
-  void wait_signals(Stream& s, std::vector<SignalWait> w, Millis t, std::string c) override {
-    inner_->wait_signals(s, std::move(w), t, std::move(c));
-  }
-  uint64_t capture_id(Stream& s) override { return inner_->capture_id(s); }
-  void advance_counter(Stream& s, uint32_t* c, uint32_t d) override {
-    inner_->advance_counter(s, c, d);
-  }
-  void write_counted(Stream& s, uint32_t* a, const uint32_t* c, uint32_t o) override {
-    inner_->write_counted(s, a, c, o);
-  }
-  void wait_counted(Stream& s, std::vector<CountedWait> w, Millis t, std::string c) override {
-    inner_->wait_counted(s, std::move(w), t, std::move(c));
-  }
-  void launch(Stream& s, std::function<void()> fn) override { inner_->launch(s, std::move(fn)); }
-  void host_task(Stream& s, std::function<void()> fn) override {
-    inner_->host_task(s, std::move(fn));
-  }
-  std::shared_ptr<Event> record(Stream& s) override { return inner_->record(s); }
-  void wait_event(Stream& s, const Event& e) override { inner_->wait_event(s, e); }
-  void synchronize(Stream& s) override { inner_->synchronize(s); }
-  void synchronize(const Event& e) override { inner_->synchronize(e); }
-  void quiesce() override { inner_->quiesce(); }
-  void abort(const std::string& why) override { inner_->abort(why); }
-  void check_healthy(const char* op) override { inner_->check_healthy(op); }
 
  private:
-  std::shared_ptr<Device> inner_;
   int from_;
 };
 
