@@ -19,6 +19,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def spawn_ranks(rank_main, W: int, args, timeout: float):
+    """Runs rank_main(rank, W, port, args, queue) in W spawned processes and returns the first
+    thing a rank puts on the queue (rank 0's result, or a rank's {"error": ...}) within `timeout`
+    seconds; the ranks are joined (killed after 60 s) whatever happens."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=rank_main, args=(r, W, port, args, queue)) for r in range(W)]
+    for p in procs:
+        p.start()
+    try:
+        return queue.get(timeout=timeout)
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+
+
 class CorePlacementProbe:
     """How the two CPUs the first two ranks run on are placed, sampled through a run (NOTE [Core
     placement] in p2p_workspace/host/core_probe.cpp): a thread of the launcher bounces a cache

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import torch
 
-from _common import free_port, host_workspace
+from _common import host_workspace, spawn_ranks
 
 VARIANTS = ("eager", "compiled", "compiled+fused")
 
@@ -170,17 +170,9 @@ def _rank_main(rank, W, port, args, queue):
 
 
 def run(W, args):
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, W, port, args, queue)) for r in range(W)]
-    for p in procs:
-        p.start()
-    result = queue.get(timeout=args.timeout)
-    for p in procs:
-        p.join(timeout=60)
+    result = spawn_ranks(_rank_main, W, args, args.timeout)
+    if "error" in result:
+        raise RuntimeError(result["error"])
     return result
 
 

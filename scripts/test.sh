@@ -18,6 +18,14 @@ if [ "${1:-}" = "--quick" ]; then
   shift
 fi
 bash scripts/setup.sh
+# Each stage's wall time, printed at the end (CI's budget: docs/testing.md, "What runs beside
+# what (CI time)").
+times=("setup: $SECONDS s")
+mark=$SECONDS
+stage_done() {
+  times+=("$1: $((SECONDS - mark)) s")
+  mark=$SECONDS
+}
 
 VPY=$(cat build/.python 2>/dev/null || echo "$PWD/.venv/bin/python")
 # The scikit-build-core build (build/<wheel tag>), not the sanitizer or gpu_check builds.
@@ -83,6 +91,7 @@ if [ -n "$build_dir" ]; then
   ctest_bin=$(dirname "$VPY")/ctest
   [ -x "$ctest_bin" ] || ctest_bin=ctest
   "$ctest_bin" --test-dir "$build_dir" --output-on-failure --timeout 300 || status=1
+  stage_done "C++ tests"
 else
   skipped+=("C++ tests: no ctest build (CUDA_P2P_BUILD_TESTS=OFF?)")
 fi
@@ -99,7 +108,9 @@ else
   faults=$!
   "$VPY" -m pytest -q --durations=15 tests/python --ignore tests/python/test_faults.py ||
     status=1
+  stage_done "Python tests"
   wait "$faults" || status=1
+  stage_done "test_faults.py (beside; after the Python tests)"
   echo "== Python tests: tests/python/test_faults.py (run beside the above)"
   cat "$faults_log"
 fi
@@ -110,10 +121,12 @@ if [ "${CUDA_P2P_SANITIZERS:-1}" = 1 ]; then
   wait "$sanitizer_build" || true  # its errors show again in the run below
   echo "(the background build ended $((SECONDS - t0)) s after the tests above)"
   bash scripts/sanitizers.sh || status=1
+  stage_done "sanitizers"
 else
   echo "== sanitizers left out (CUDA_P2P_SANITIZERS=0)"
 fi
 
+echo "== stages: ${times[*]/%/;} total $SECONDS s"
 if ((${#skipped[@]})); then
   echo
   echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
