@@ -2,9 +2,9 @@
 //
 // It wraps one backend per device type (Gloo for CPU tensors, NCCL for CUDA tensors; both created
 // by the Python layer, since torch's wheel ships no Gloo headers). all_reduce, all_gather,
-// all_gather_into_tensor, reduce_scatter(_tensor), broadcast, barrier, all_gather_v and the
-// all-to-alls (all_to_all_single, all_to_all, all_to_all_v), gather and scatter run on the P2P
-// workspace (ops/collectives.hpp) when it is available and the tensors are on its device;
+// all_gather_into_tensor, reduce_scatter(_tensor), broadcast, barrier, all_gather_v, the
+// all-to-alls (all_to_all_single, all_to_all, all_to_all_v), gather, scatter and reduce run on the
+// P2P workspace (ops/collectives.hpp) when it is available and the tensors are on its device;
 // everything else, and every case the workspace does not support, goes to the wrapped backend for
 // the tensors' device. Every path bumps a counter ("all_reduce.one_shot", "all_reduce.wrapped",
 // ...). Works returned by a wrapped backend are handed back unchanged, so completion, errors and
@@ -12,9 +12,9 @@
 //
 // Its definitions are split by concern: ProcessGroupCudaP2P.cpp (the lifecycle: construction,
 // the workspace's API, counters, abort/shutdown), workspace_collectives.cpp (the workspace
-// collectives' entry), workspace_all_to_all.cpp and workspace_gather_scatter.cpp (the all-to-alls',
-// gather's and scatter's entries) and wrapped_routing.cpp (routing to the wrapped backends,
-// coalescing).
+// collectives' entry), workspace_all_to_all.cpp and workspace_gather_scatter.cpp (the entries of
+// the all-to-alls and of the rooted gather, scatter and reduce) and wrapped_routing.cpp (routing
+// to the wrapped backends, coalescing).
 #pragma once
 
 #include <c10/util/FunctionRef.h>

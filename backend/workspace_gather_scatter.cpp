@@ -1,12 +1,14 @@
-// ProcessGroupCudaP2P's gather and scatter: on the workspace (ops/gather.cpp, ops/scatter.cpp)
-// when it serves the tensors, else on the wrapped backend, counted (docs/collectives.md,
-// "Gather and scatter").
+// ProcessGroupCudaP2P's rooted collectives gather, scatter and reduce: on the workspace
+// (ops/gather.cpp, ops/scatter.cpp, ops/reduce.cpp) when it serves the tensors, else on the
+// wrapped backend, counted (docs/collectives.md, "Gather and scatter", "Reduce").
 #include <c10/util/Exception.h>
 
 #include <utility>
 
 #include "backend/CompletedWork.hpp"
 #include "backend/ProcessGroupCudaP2P.hpp"
+#include "ops/common.hpp"
+#include "ops/reduction.hpp"
 
 namespace cuda_p2p {
 
@@ -125,6 +127,45 @@ WorkPtr ProcessGroupCudaP2P::scatter(std::vector<at::Tensor>& outputs,
   });
   bump_counter("scatter.direct");
   return completed(c10d::OpType::SCATTER, outputs, opts.asyncOp);
+}
+
+// torch.distributed.reduce: only the root's tensor receives the result; the others' are left
+// as they were (NOTE [Reduce at the root] in ops/reduce.cpp).
+WorkPtr ProcessGroupCudaP2P::reduce(std::vector<at::Tensor>& tensors,
+                                    const c10d::ReduceOptions& opts) {
+  const int W = getSize(), me = getRank();
+  const int64_t root = opts.rootRank;
+  const auto op = to_reduce_op(opts.reduceOp);
+  // The reasons in all_reduce's order, so that ranks routing alike name the same one (NOTE
+  // [Routes agree]).
+  const char* why = tensors.size() != 1 || opts.rootTensor != 0 ? "several tensors"
+                    : !op                                       ? "reduce op"
+                                                                : nullptr;
+  if (!why) why = workspace_rejects(tensors);
+  if (!why && !ops::is_reducible_dtype(tensors[0].scalar_type())) why = "dtype";
+  if (why) {
+    agree_on_route("reduce", ops::OpKind::kReduce, tensors,
+                   " " + (op ? ops::lower_name(*op) : std::string("premul_sum")) + " to root " +
+                       std::to_string(root),
+                   why);
+    count_fallback("reduce.wrapped", why);
+    return delegate(tensors, "reduce", [&](c10d::Backend& b) { return b.reduce(tensors, opts); });
+  }
+  at::Tensor& t = tensors[0];
+  check_or_reject("reduce", ops::OpKind::kReduce, [&] {
+    TORCH_CHECK(root >= 0 && root < W, "cuda_p2p reduce: root must be a rank in [0, ", W, "), got ",
+                root);
+    ops::check_reduce_op(*op, t.scalar_type(), "reduce");
+  });
+  gs_refuse_capture(*workspace_, "reduce");
+  // Only the root's copy goes back into a non-contiguous tensor: the others' stay as they were.
+  at::Tensor work = t.is_contiguous() ? t : t.contiguous();
+  run_collective("reduce", [&](const ops::CollectiveContext& ctx) {
+    ops::reduce(ctx, work, static_cast<int>(root), *op);
+    if (root == me && !work.is_same(t)) t.copy_(work);
+  });
+  bump_counter("reduce.direct");
+  return completed(c10d::OpType::REDUCE, tensors, opts.asyncOp);
 }
 
 }  // namespace cuda_p2p

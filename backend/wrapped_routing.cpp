@@ -134,12 +134,6 @@ WorkPtr ProcessGroupCudaP2P::allreduce_coalesced(std::vector<at::Tensor>& tensor
                   [&](c10d::Backend& b) { return b.allreduce_coalesced(tensors, opts); });
 }
 
-WorkPtr ProcessGroupCudaP2P::reduce(std::vector<at::Tensor>& tensors,
-                                    const c10d::ReduceOptions& opts) {
-  count_fallback("reduce.wrapped", kNoWorkspaceOp);
-  return delegate(tensors, "reduce", [&](c10d::Backend& b) { return b.reduce(tensors, opts); });
-}
-
 WorkPtr ProcessGroupCudaP2P::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                  std::vector<at::Tensor>& inputs,
                                                  const c10d::AllgatherOptions& opts) {

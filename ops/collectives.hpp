@@ -13,6 +13,7 @@
 //   broadcast.cpp       direct
 //   gather.cpp          direct (the others publish with their done words, the root pulls)
 //   scatter.cpp         direct (the root publishes a slot per rank with its done word)
+//   reduce.cpp          direct (gather's protocol; the root reduces the rounds in rank order)
 //   collectives.cpp     configuration, automatic choice, phases, barrier
 //
 // Every entry point is collective over the workspace's ranks: each rank calls it with the same
@@ -245,6 +246,11 @@ void gather(const CollectiveContext& ctx, const at::Tensor& input,
 // `output` receives root's inputs[rank] (W tensors, on `root` only; every one with output's bytes).
 void scatter(const CollectiveContext& ctx, const std::vector<at::Tensor>& inputs,
              const at::Tensor& output, int root);
+
+// tensor = op over ranks of tensor, on `root` only (in place; the same bits as the one-shot
+// all-reduce: NOTE [Reduce at the root] in ops/reduce.cpp); the others' tensors are left as they
+// were. `op` applies to the dtype (check_reduce_op).
+void reduce(const CollectiveContext& ctx, const at::Tensor& tensor, int root, ReduceOp op);
 
 // Returns (host) or lets the stream continue (CUDA) once every rank has arrived. Its handshake
 // tells a barrier from another collective called on another rank (NOTE [Op signatures]).

@@ -128,6 +128,8 @@ const char* kind_name(OpKind kind) {
       return "gather";
     case OpKind::kScatter:
       return "scatter";
+    case OpKind::kReduce:
+      return "reduce";
   }
   return "an unknown op";
 }

@@ -29,6 +29,7 @@ enum class OpKind : uint8_t {
   kAllToAllV,
   kGather,
   kScatter,
+  kReduce,
 };
 const char* to_string(OpKind kind);
 

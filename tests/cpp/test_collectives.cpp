@@ -652,6 +652,63 @@ TEST(Collectives, BroadcastFromEveryRoot) {
   }
 }
 
+// ops::reduce (NOTE [Reduce at the root]): every dtype and op, from a rotating root, at the
+// round boundaries; the root's tensor holds the reduction (in place), the others' are untouched.
+TEST(Collectives, ReduceEveryDtypeOpAndSizeFromEveryRoot) {
+  const auto& w = world();
+  Fixture f;
+  for (auto dtype : kAllDtypes) {
+    const int64_t esize = static_cast<int64_t>(c10::elementSize(dtype));
+    auto ctx = f.ctx();
+    const int64_t round = ops::detail::round_bytes(ctx, esize) / esize;
+    int c = 0;
+    for (auto op : ops_for(dtype)) {
+      for (int64_t n : sizes_for(round)) {
+        const int root = c++ % w.size;
+        SCOPED_TRACE(describe("reduce", "direct", dtype, n, op) + " root=" + std::to_string(root));
+        const int64_t seed = n + 13 * static_cast<int>(op);
+        Guarded t(n, dtype);
+        t.inner.copy_(make_input(seed, w.rank, n, dtype, op));
+        ops::reduce(f.ctx(), t.inner, root, op);
+        if (w.rank == root) {
+          std::vector<at::Tensor> all;
+          for (int q = 0; q < w.size; ++q) all.push_back(make_input(seed, q, n, dtype, op));
+          if (n > 0) {
+            EXPECT_TRUE(t.inner.equal(reference_reduce(all, op)));
+          }
+        } else {
+          EXPECT_TRUE(t.inner.equal(make_input(seed, w.rank, n, dtype, op)));
+        }
+        EXPECT_TRUE(t.margins_intact());
+      }
+    }
+  }
+}
+
+// The root's bits are the one-shot all-reduce's (the same sources, order and kernel), in rounds
+// of 1 KiB chunks too.
+TEST(Collectives, ReduceGivesTheOneShotAllReduceBits) {
+  const auto& w = world();
+  for (int64_t chunk : {int64_t{0}, int64_t{1024}}) {
+    Fixture f;
+    f.config.chunk_bytes = chunk;
+    for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+      for (auto op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProduct}) {
+        at::manual_seed(200 + w.rank);  // random values: rounding depends on the order
+        const auto x = (at::randn({3000}) * 3).to(dtype);
+        auto one = at::empty_like(x);
+        ops::all_reduce(f.ctx(), x, one, op, AllReduceAlgo::kOneShot);
+        for (int root = 0; root < w.size; ++root) {
+          auto r = x.clone();
+          ops::reduce(f.ctx(), r, root, op);
+          EXPECT_TRUE(r.equal(w.rank == root ? one : x))
+              << dtype << " " << ops::to_string(op) << " root " << root << " chunk " << chunk;
+        }
+      }
+    }
+  }
+}
+
 // NOTE [Copy-free reads]: direct all-gather, direct reduce-scatter and broadcast reading peers'
 // tensors give the staged paths' bits, for every dtype and op, sizes of 0, 1, odd and several
 // 64 KiB reduce-scatter pieces, inputs that stay untouched and reused at once.
@@ -959,7 +1016,10 @@ TEST(Collectives, ConsecutiveCollectivesOfEveryKindDoNotCorruptEachOther) {
                         it % 3 ? ReduceScatterAlgo::kDirect : ReduceScatterAlgo::kRing);
     auto bc = xs[w.rank].clone();
     ops::broadcast(f.ctx(), bc, it % w.size);
+    auto rd = xs[w.rank].clone();
+    ops::reduce(f.ctx(), rd, (it + 1) % w.size, ReduceOp::kSum);
     const auto sum = reference_reduce(xs, ReduceOp::kSum);
+    EXPECT_TRUE(rd.equal(w.rank == (it + 1) % w.size ? sum : xs[w.rank])) << "iteration " << it;
     EXPECT_TRUE(ar.equal(sum)) << "iteration " << it;
     EXPECT_TRUE(ag.equal(at::cat(xs))) << "iteration " << it;
     EXPECT_TRUE(rs.equal(sum.narrow(0, w.rank * n, n))) << "iteration " << it;
@@ -1033,6 +1093,9 @@ TEST(Collectives, RanksThatDisagreeAllRaiseAndStayInStep) {
     for (int q = 0; q < w.size; ++q) outs.push_back(ag.narrow(0, q * n * w.size, n * w.size));
     ops::all_gather(f.ctx(), xs[w.rank], outs, AllGatherAlgo::kRing);
     EXPECT_TRUE(ag.equal(at::cat(xs))) << what;
+    auto rd = xs[w.rank].clone();
+    ops::reduce(f.ctx(), rd, 0, ReduceOp::kSum);
+    EXPECT_TRUE(rd.equal(w.rank == 0 ? reference_reduce(xs, ReduceOp::kSum) : xs[w.rank])) << what;
   };
   for (auto algo : {AllReduceAlgo::kOneShot, AllReduceAlgo::kTwoShot}) {
     expect_mismatch("all_reduce sizes", [&] {
@@ -1064,6 +1127,14 @@ TEST(Collectives, RanksThatDisagreeAllRaiseAndStayInStep) {
   expect_mismatch("broadcast roots", [&] {
     auto x = at::ones({7000});
     ops::broadcast(f.ctx(), x, odd ? 0 : 1);
+  });
+  expect_mismatch("reduce roots", [&] {
+    auto x = at::ones({7000});
+    ops::reduce(f.ctx(), x, odd ? 0 : 1, ReduceOp::kSum);
+  });
+  expect_mismatch("reduce ops", [&] {
+    auto x = at::ones({7000});
+    ops::reduce(f.ctx(), x, 0, odd ? ReduceOp::kSum : ReduceOp::kMax);
   });
   expect_mismatch("barrier vs all_reduce", [&] {
     if (odd) {

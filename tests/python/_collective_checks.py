@@ -221,8 +221,12 @@ def reduce_run(g, c, a):
     t = make_input(c["seed"], g.rank, c["n"], c["dtype"], c["op"])
     root = _root(g, c)
     h = dist.reduce(t, group_dst=root, op=getattr(R, c["op"]), group=g.pg, async_op=a)
-    # Only the root's tensor is defined after a reduce.
-    return [t if g.rank == root else None], finish(h, a)
+    # Only the root's tensor is defined after a reduce (Gloo's others hold partial results,
+    # cuda_p2p's are left as they were): neither it nor the future's value is compared elsewhere.
+    fut = finish(h, a)
+    if g.rank != root and fut is not None and fut[0] == "future":
+        fut = (fut[0], [None] * len(fut[1]), fut[2])
+    return [t if g.rank == root else None], fut
 
 
 def reduce_expected(g, c):

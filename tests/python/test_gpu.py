@@ -406,6 +406,49 @@ def check_gather_scatter(ctx):
     return chk.result()
 
 
+def check_reduce(ctx):
+    """reduce on the GPU workspace, every root and op, against local math: only the root's tensor
+    changes, the others' are left as they were; a non-contiguous tensor and an async Work."""
+    W, rank, dev = ctx.world_size, ctx.rank, _device()
+    g = _group(("reduce",), buffer_size=BUFFER, chunk_bytes=0)
+    cuda_p2p.get_cuda_p2p_backend(g).reset_counters()
+    chk, calls = Checker(f"reduce W={W}"), 0
+    for name, dtype in DTYPES.items():
+        for op in FLOAT_OPS:
+            for n in (0, 7, 3 * (BUFFER // 8) + 5):  # empty, odd, several rounds
+                for root in range(W):
+                    seed = root * 5 + n
+                    mine = _input(seed, rank, n, dtype, op)
+                    x = mine.to(dev, copy=True)  # a copy on the CPU too (rehearse_on_cpu)
+                    dist.reduce(x, dst=root, op=getattr(dist.ReduceOp, op), group=g)
+                    calls += 1
+                    if rank == root:
+                        want = _reduce_math(op, [_input(seed, r, n, dtype, op) for r in range(W)])
+                        chk.case(f"{name} {op} n={n} root={root}", _close(x, want, op),
+                                 "differs from local math")
+                    else:
+                        chk.case(f"{name} {op} n={n} root={root}: left as it was",
+                                 torch.equal(x.cpu(), mine), "changed on a rank that is not root")
+                    if op == "SUM" and n == 7 and name == "float32":
+                        ref = mine.clone()
+                        dist.reduce(ref, dst=root, group=ctx.gloo)
+                        if rank == root:
+                            chk.case(f"gloo root={root}", torch.equal(x.cpu(), ref),
+                                     "differs from gloo")
+    root = W - 1
+    mine = _input(3, rank, 12, torch.float32).view(3, 4)
+    x = mine.to(dev, copy=True).t()  # not contiguous
+    work = dist.reduce(x, dst=root, group=g, async_op=True)
+    work.wait()
+    calls += 1
+    want = _reduce_math("SUM", [_input(3, r, 12, torch.float32).view(3, 4) for r in range(W)]) \
+        if rank == root else mine
+    chk.case("non-contiguous async", torch.equal(x.cpu(), want.t()), "differs")
+    _sync()
+    _expect_counter(chk, g, "reduce.direct", calls)
+    return chk.result()
+
+
 def _small(shape, seed, dtype, dev):
     """Values in {-1, 0, 1}: matmuls of K <= 64 and sums over 4 ranks stay exact in bf16/fp16."""
     g = torch.Generator().manual_seed(seed)
@@ -1051,6 +1094,10 @@ def test_all_to_all(gpu_world):
 
 def test_gather_scatter(gpu_world):
     _ok(gpu_world.run(check_gather_scatter))
+
+
+def test_reduce(gpu_world):
+    _ok(gpu_world.run(check_reduce))
 
 
 @pytest.mark.parametrize("algorithm", ["pipeline", "pull_ahead"])

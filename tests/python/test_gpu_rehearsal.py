@@ -25,6 +25,7 @@ CHECKS = [
     ("all_gather_v", g.check_all_gather_v, ()),
     ("all_to_all", g.check_all_to_all, ()),
     ("gather_scatter", g.check_gather_scatter, ()),
+    ("reduce", g.check_reduce, ()),
     *[(f"fused_all_gather_matmul-{a}", g.check_fused_all_gather_matmul, (a,))
       for a in ("pipeline", "pull_ahead")],
     *[(f"fused_matmul_reduce_scatter-{a}", g.check_fused_matmul_reduce_scatter, (a,))

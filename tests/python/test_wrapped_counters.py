@@ -1,7 +1,7 @@
 """Every op counts which path ran: the ops the workspace never runs count `<op>.wrapped` once per
 call (docs/collectives.md, "Counters"), and their results are still those of plain torch. The
-all-to-alls, gather and scatter run on the workspace (`<op>.direct`; their wrapped paths:
-test_all_to_all.py, test_gather_scatter.py)."""
+all-to-alls, gather, scatter and reduce run on the workspace (`<op>.direct`; their wrapped paths:
+test_all_to_all.py, test_gather_scatter.py, test_reduce.py)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from _harness import scoped_environ
 
 
 def _wrapped_ops(ctx):
-    """Runs each wrapped-only op (and the all-to-alls, gather and scatter) once on a fresh group;
-    its counters and results."""
+    """Runs each wrapped-only op (and the all-to-alls, gather, scatter and reduce) once on a fresh
+    group; its counters and results."""
     import cuda_p2p
 
     g = dist.new_group(list(range(ctx.world_size)), backend="cuda_p2p")
@@ -48,10 +48,14 @@ def _wrapped_ops(ctx):
                  src=0, group=g)
     results["scatter"] = s.tolist() == [r + 0.5] * 3
 
-    # reduce to rank 1 (bfloat16: the wrapped backend's own reduction).
+    # reduce to rank 1 (bfloat16: the workspace's), then a bool one (the wrapped backend's: a
+    # dtype the workspace does not reduce).
     x = torch.full((5,), float(r + 1), dtype=torch.bfloat16)
     dist.reduce(x, dst=1, group=g)
     results["reduce"] = r != 1 or x.tolist() == [float(W * (W + 1) // 2)] * 5
+    xb = torch.tensor([r == 0, True, False, r == W - 1])
+    dist.reduce(xb, dst=1, op=dist.ReduceOp.MAX, group=g)
+    results["reduce_bool"] = r != 1 or xb.tolist() == [True, True, False, True]
 
     # send / recv around a ring, then recv from any source at rank 0.
     nxt, prv = (r + 1) % W, (r - 1) % W
@@ -124,7 +128,7 @@ def test_wrapped_ops_are_counted(world, request):
             expected["recv_anysource.wrapped"] = W - 1
         # Nothing else ran: every call of the function above is one of these.
         assert {k: v for k, v in c.items() if k.endswith(".wrapped")} == expected, (r, c)
-        for op in ("all_to_all_single", "all_to_all", "gather", "scatter"):
+        for op in ("all_to_all_single", "all_to_all", "gather", "scatter", "reduce"):
             assert c.get(f"{op}.direct") == 1, (r, op, c)
 
 
@@ -144,7 +148,11 @@ def _fallback_lines(ctx):
             b = cuda_p2p.get_cuda_p2p_backend(g)
             for _ in range(2):
                 dist.all_reduce(torch.ones(3, dtype=torch.bool), group=g)  # dtype: wrapped
-                dist.reduce(torch.ones(ctx.world_size), dst=0, group=g)  # wrapped: no workspace op
+                dist.reduce(torch.ones(3, dtype=torch.bool), dst=0, group=g)  # dtype: wrapped
+                if ctx.rank == 0:  # wrapped: no workspace op
+                    dist.send(torch.ones(1), 1, group=g)
+                elif ctx.rank == 1:
+                    dist.recv(torch.ones(1), 0, group=g)
                 dist.all_reduce(torch.ones(4), group=g)  # the workspace: no line
             counters = dict(b.get_counters())
             dist.destroy_process_group(g)
@@ -167,11 +175,13 @@ def test_debug_lines(world2):
         # The knob set in the environment is named, with its source.
         assert "workspace_device=cpu (environment)" in group[0], group[0]
         fallbacks = [ln for ln in lines if "workspace:" not in ln]
-        assert len(fallbacks) == 2, rep["text"]  # once per counter, though each ran twice
+        assert len(fallbacks) == 3, rep["text"]  # once per counter, though each ran twice
         ar = [ln for ln in fallbacks if ": all_reduce.wrapped:" in ln]
         assert len(ar) == 1 and "a dtype the workspace does not reduce" in ar[0], fallbacks
         red = [ln for ln in fallbacks if ": reduce.wrapped:" in ln]
-        assert len(red) == 1 and "no workspace version of this op" in red[0], fallbacks
+        assert len(red) == 1 and "a dtype the workspace does not reduce" in red[0], fallbacks
+        p2p = [ln for ln in fallbacks if (": send.wrapped:" if r == 0 else ": recv.wrapped:") in ln]
+        assert len(p2p) == 1 and "no workspace version of this op" in p2p[0], fallbacks
         assert rep["counters"]["all_reduce.wrapped"] == 2
         assert rep["counters"]["reduce.wrapped"] == 2
 
