@@ -13,24 +13,12 @@ import torch
 import torch.distributed as dist
 
 import cuda_p2p
+from _checks import Checker, assert_ok, gloo_ok, raises
 from _groups import cached_group
 
 SMALL_BUFFER = 1 << 16  # 64 KiB: 32 KiB per phase, so larger payloads run in rounds
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
           torch.int16, torch.int32, torch.int64, torch.bool)
-
-
-class Checker:
-    def __init__(self, label):
-        self.label, self.cases, self.failures = label, 0, []
-
-    def case(self, what, ok, detail=""):
-        self.cases += 1
-        if not ok:
-            self.failures.append(f"{self.label} {what}: {detail}")
-
-    def result(self):
-        return {"cases": self.cases, "failures": self.failures}
 
 
 def _block(src, dst, rows, row_shape, dtype, seed=0):
@@ -70,16 +58,6 @@ def _single(group, rank, W, splits, row_shape, dtype, even=False, seed=0):
     return out, want
 
 
-def _gloo_ok(fn):
-    try:
-        fn()
-        return True
-    except RuntimeError as e:  # Gloo lacks some dtypes (int16, bool)
-        if "Invalid scalar type" in str(e) or "not supported" in str(e).lower():
-            return None
-        raise
-
-
 def check_single(ctx):
     W, rank = ctx.world_size, ctx.rank
     chk = Checker(f"all_to_all_single W={W}")
@@ -114,7 +92,7 @@ def check_single(ctx):
                                                    [splits[s][rank] for s in range(W)],
                                                    splits[rank], group=ctx.gloo)
 
-                        ok = _gloo_ok(run_gloo)
+                        ok = gloo_ok(run_gloo)
                         if ok:
                             chk.case(f"gloo {dtype} {layout} {row_shape}",
                                      torch.equal(out, ref_out), "differs from Gloo")
@@ -228,14 +206,6 @@ def check_v(ctx):
     return chk.result()
 
 
-def _raises(call):
-    try:
-        call()
-    except (RuntimeError, ValueError) as e:
-        return str(e)
-    return None
-
-
 def _usable(ctx, chk, what):
     splits = _splits("uneven", ctx.world_size, seed=3)
     out, want = _single(None, ctx.rank, ctx.world_size, splits, (2,), torch.float32, seed=3)
@@ -253,7 +223,7 @@ def check_mismatches(ctx):
     if rank == 0:
         out_splits[1] += 1
     inp = torch.ones(sum(splits[rank]), 2)
-    err = _raises(lambda: dist.all_to_all_single(torch.empty(sum(out_splits), 2), inp, out_splits,
+    err = raises(lambda: dist.all_to_all_single(torch.empty(sum(out_splits), 2), inp, out_splits,
                                                  splits[rank]))
     n = splits[1][0]
     needle = (f"rank 1 sends {n} rows ({n * 8} bytes) to rank 0, but rank 0 expects {n + 1} rows "
@@ -263,25 +233,25 @@ def check_mismatches(ctx):
     _usable(ctx, chk, "splits")
     # all_to_all_v: nobody expects anything, so splits cannot disagree; dtypes can.
     dt = torch.float32 if rank == 0 else torch.int32
-    err = _raises(lambda: cuda_p2p.all_to_all_v(torch.ones(W, 3, dtype=dt), [1] * W))
+    err = raises(lambda: cuda_p2p.all_to_all_v(torch.ones(W, 3, dtype=dt), [1] * W))
     chk.case("all_to_all_v dtypes", err is not None and "all_to_all_v: ranks disagree" in err
              and "rank 0 passed rows of 3 x float32" in err
              and "rank 1 passed rows of 3 x int32" in err, f"{err!r}")
     _usable(ctx, chk, "dtypes")
     # Row shapes differ.
     cols = 2 if rank == 0 else 3
-    err = _raises(lambda: dist.all_to_all_single(torch.empty(W, cols), torch.ones(W, cols)))
+    err = raises(lambda: dist.all_to_all_single(torch.empty(W, cols), torch.ones(W, cols)))
     chk.case("row shapes", err is not None and "rank 0 passed rows of 2 x float32" in err
              and "rank 1 passed rows of 3 x float32" in err, f"{err!r}")
     _usable(ctx, chk, "row shapes")
     # A different op on one rank.
-    err = _raises(lambda: dist.all_to_all_single(torch.empty(W), torch.ones(W)) if rank == 0
+    err = raises(lambda: dist.all_to_all_single(torch.empty(W), torch.ones(W)) if rank == 0
                   else dist.all_reduce(torch.ones(W)))
     chk.case("other op", err is not None and "rank 0 passed all_to_all_single" in err, f"{err!r}")
     _usable(ctx, chk, "other op")
     # A rank whose own check fails: its peers raise at once naming it.
     bad = [1] * W if rank != 0 else [2] * W  # rank 0's sum does not match its W rows
-    err = _raises(lambda: dist.all_to_all_single(torch.empty(W, 2), torch.ones(W, 2), [1] * W,
+    err = raises(lambda: dist.all_to_all_single(torch.empty(W, 2), torch.ones(W, 2), [1] * W,
                                                  bad))
     if rank == 0:
         chk.case("local error", err is not None and "input split sizes sum to" in err
@@ -299,7 +269,7 @@ def check_mismatches(ctx):
         (lambda: dist.all_to_all_single(torch.empty(W, 3), torch.ones(W, 2)),
          "the output's rows must have the input's 2 elements, got 3"),
     ):
-        err = _raises(call)
+        err = raises(call)
         chk.case(needle, err is not None and needle in err, f"{err!r}")
     _usable(ctx, chk, "bad arguments")
     c = b.get_counters()
@@ -334,27 +304,21 @@ def check_wrapped(ctx):
     return chk.result()
 
 
-def _assert_ok(results, min_cases=1):
-    for r, res in enumerate(results):
-        assert not res["failures"], f"rank {r}:\n" + "\n".join(res["failures"][:20])
-        assert res["cases"] >= min_cases, (r, res["cases"])
-
-
 def test_all_to_all_single(any_world):
-    _assert_ok(any_world.run(check_single), min_cases=100)
+    assert_ok(any_world.run(check_single), min_cases=100)
 
 
 def test_all_to_all_list(any_world):
-    _assert_ok(any_world.run(check_list), min_cases=20)
+    assert_ok(any_world.run(check_list), min_cases=20)
 
 
 def test_all_to_all_v(any_world):
-    _assert_ok(any_world.run(check_v), min_cases=30)
+    assert_ok(any_world.run(check_v), min_cases=30)
 
 
 def test_all_to_all_mismatches(any_world):
-    _assert_ok(any_world.run(check_mismatches), min_cases=10)
+    assert_ok(any_world.run(check_mismatches), min_cases=10)
 
 
 def test_all_to_all_wrapped(any_world):
-    _assert_ok(any_world.run(check_wrapped), min_cases=3)
+    assert_ok(any_world.run(check_wrapped), min_cases=3)

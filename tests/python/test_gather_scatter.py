@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 import cuda_p2p
+from _checks import Checker, assert_ok, gloo_ok, raises
 from _groups import cached_group
 
 SMALL_BUFFER = 1 << 16
@@ -20,34 +21,11 @@ DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int
 SIZES = (0, 1, 7, 1000, 3 * 8192 + 5)
 
 
-class Checker:
-    def __init__(self, label):
-        self.label, self.cases, self.failures = label, 0, []
-
-    def case(self, what, ok, detail=""):
-        self.cases += 1
-        if not ok:
-            self.failures.append(f"{self.label} {what}: {detail}")
-
-    def result(self):
-        return {"cases": self.cases, "failures": self.failures}
-
-
 def _value(src, dst, n, dtype, seed=0):
     v = (torch.arange(n, dtype=torch.int64) * 5 + src * 7 + dst * 3 + seed) % 17
     if dtype == torch.bool:
         v = v % 2
     return v.to(dtype)
-
-
-def _gloo_or_none(fn):
-    try:
-        fn()
-        return True
-    except RuntimeError as e:  # Gloo lacks some dtypes
-        if "Invalid scalar type" in str(e) or "not supported" in str(e).lower():
-            return None
-        raise
 
 
 def _groups():
@@ -85,7 +63,7 @@ def check_gather(ctx):
                                                                          torch.int64):
                         ref = [torch.empty(n, dtype=dtype) for _ in range(W)] \
                             if rank == root else None
-                        if _gloo_or_none(lambda: dist.gather(t, ref, dst=root, group=ctx.gloo)) \
+                        if gloo_ok(lambda: dist.gather(t, ref, dst=root, group=ctx.gloo)) \
                                 and rank == root:
                             chk.case(f"gloo {dtype} n={n} root={root}",
                                      all(torch.equal(o, x) for o, x in zip(outs, ref)),
@@ -132,7 +110,7 @@ def check_scatter(ctx):
                     if gname == "world" and n in (7, 1000) and dtype in (torch.float32,
                                                                          torch.int64):
                         ref = torch.empty(n, dtype=dtype)
-                        if _gloo_or_none(lambda: dist.scatter(ref, ins, src=root,
+                        if gloo_ok(lambda: dist.scatter(ref, ins, src=root,
                                                               group=ctx.gloo)):
                             chk.case(f"gloo {dtype} n={n} root={root}", torch.equal(out, ref),
                                      "differs from Gloo")
@@ -149,14 +127,6 @@ def check_scatter(ctx):
     chk.case("non-contiguous", torch.equal(out, _value(root, rank, 12, torch.float32)
                                            .view(3, 4).t()), f"{out}")
     return chk.result()
-
-
-def _raises(call):
-    try:
-        call()
-    except (RuntimeError, ValueError) as e:
-        return str(e)
-    return None
 
 
 def _usable(ctx, chk, what):
@@ -180,7 +150,7 @@ def check_mismatches(ctx):
     # Sizes differ.
     n = 4 if rank == 0 else 6
     outs = [torch.empty(n) for _ in range(W)] if rank == 0 else None
-    err = _raises(lambda: dist.gather(torch.ones(n), outs, dst=0))
+    err = raises(lambda: dist.gather(torch.ones(n), outs, dst=0))
     chk.case("gather sizes", err is not None and "cuda_p2p gather: ranks disagree" in err
              and "rank 0 passed 4 x float32 to root 0" in err
              and "rank 1 passed 6 x float32 to root 0" in err and "\n" not in err, f"{err!r}")
@@ -188,7 +158,7 @@ def check_mismatches(ctx):
     # Dtypes differ.
     dt = torch.float32 if rank == 0 else torch.int32
     ins = [torch.ones(3, dtype=dt) for _ in range(W)] if rank == 0 else None
-    err = _raises(lambda: dist.scatter(torch.empty(3, dtype=dt), ins, src=0))
+    err = raises(lambda: dist.scatter(torch.empty(3, dtype=dt), ins, src=0))
     chk.case("scatter dtypes", err is not None and "cuda_p2p scatter: ranks disagree" in err
              and "rank 1 passed 3 x int32 from root 0" in err, f"{err!r}")
     _usable(ctx, chk, "scatter dtypes")
@@ -197,7 +167,7 @@ def check_mismatches(ctx):
     pg = dist.group.WORLD
     opts = dist.GatherOptions()
     opts.rootRank = W + 3
-    err = _raises(lambda: pg.gather([], [torch.ones(2)], opts).wait())
+    err = raises(lambda: pg.gather([], [torch.ones(2)], opts).wait())
     chk.case("bad root", err is not None and f"root must be a rank in [0, {W}), got {W + 3}"
              in err, f"{err!r}")
     _usable(ctx, chk, "bad root")
@@ -226,23 +196,17 @@ def check_wrapped(ctx):
     return chk.result()
 
 
-def _assert_ok(results, min_cases=1):
-    for r, res in enumerate(results):
-        assert not res["failures"], f"rank {r}:\n" + "\n".join(res["failures"][:20])
-        assert res["cases"] >= min_cases, (r, res["cases"])
-
-
 def test_gather(any_world):
-    _assert_ok(any_world.run(check_gather), min_cases=3)
+    assert_ok(any_world.run(check_gather), min_cases=3)
 
 
 def test_scatter(any_world):
-    _assert_ok(any_world.run(check_scatter), min_cases=50)
+    assert_ok(any_world.run(check_scatter), min_cases=50)
 
 
 def test_gather_scatter_mismatches(any_world):
-    _assert_ok(any_world.run(check_mismatches), min_cases=5)
+    assert_ok(any_world.run(check_mismatches), min_cases=5)
 
 
 def test_gather_scatter_wrapped(any_world):
-    _assert_ok(any_world.run(check_wrapped), min_cases=2)
+    assert_ok(any_world.run(check_wrapped), min_cases=2)

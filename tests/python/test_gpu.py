@@ -30,6 +30,7 @@ from torch.distributed import PrefixStore
 
 import conftest
 import cuda_p2p
+from _checks import Checker
 from _harness import scoped_environ
 from cuda_p2p import ProcessGroupCudaP2P
 
@@ -177,19 +178,6 @@ def _close(got, want, op):
     if op == "AVG":  # one rounding in the accumulate type, possibly another order
         return torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2)
     return torch.equal(got, want)
-
-
-class Checker:
-    def __init__(self, label):
-        self.label, self.cases, self.failures = label, 0, []
-
-    def case(self, what, ok, detail=""):
-        self.cases += 1
-        if not ok:
-            self.failures.append(f"{self.label} {what}: {detail}")
-
-    def result(self):
-        return {"cases": self.cases, "failures": self.failures[:20]}
 
 
 def _counters(g):

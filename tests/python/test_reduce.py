@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 import cuda_p2p
+from _checks import Checker, assert_ok, raises
 from _groups import cached_group
 
 R = dist.ReduceOp
@@ -27,27 +28,6 @@ INT_OPS = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
 # round; 4 KiB chunks: 1024).
 SIZES = (0, 1, 7, 1000)
 ROUNDS = 3 * 8192 + 5
-
-
-class Checker:
-    def __init__(self, label):
-        self.label, self.cases, self.failures = label, 0, []
-
-    def case(self, what, ok, detail=""):
-        self.cases += 1
-        if not ok:
-            self.failures.append(f"{self.label} {what}: {detail}")
-
-    def result(self):
-        return {"cases": self.cases, "failures": self.failures}
-
-
-def _raises(call):
-    try:
-        call()
-    except (RuntimeError, ValueError) as e:
-        return str(e)
-    return None
 
 
 def _value(rank, n, dtype, op, seed=0):
@@ -181,7 +161,7 @@ def check_mismatches(ctx):
     b.reset_counters()
 
     def disagree(what, call, *parts):
-        err = _raises(call)
+        err = raises(call)
         chk.case(what, err is not None and "cuda_p2p reduce: ranks disagree" in err
                  and all(p in err for p in parts) and "\n" not in err, f"{err!r}")
         _usable(ctx, chk, what)
@@ -199,7 +179,7 @@ def check_mismatches(ctx):
     disagree("ops", lambda: dist.reduce(torch.ones(3), dst=0, op=op),
              "rank 0 passed 3 x float32 sum to root 0", "rank 1 passed 3 x float32 max to root 0")
     # AVG on integers, on every rank: the error Gloo's users get, raised before any data moves.
-    err = _raises(lambda: dist.reduce(torch.ones(3, dtype=torch.int64), dst=0, op=R.AVG))
+    err = raises(lambda: dist.reduce(torch.ones(3, dtype=torch.int64), dst=0, op=R.AVG))
     chk.case("int AVG", err is not None and "ReduceOp.AVG needs a floating-point dtype" in err,
              f"{err!r}")
     _usable(ctx, chk, "int AVG")
@@ -207,7 +187,7 @@ def check_mismatches(ctx):
     # backend's own op with a bad root).
     opts = dist.ReduceOptions()
     opts.rootRank = W + 3
-    err = _raises(lambda: dist.group.WORLD.reduce([torch.ones(2)], opts).wait())
+    err = raises(lambda: dist.group.WORLD.reduce([torch.ones(2)], opts).wait())
     chk.case("bad root", err is not None and f"root must be a rank in [0, {W}), got {W + 3}"
              in err, f"{err!r}")
     _usable(ctx, chk, "bad root")
@@ -242,19 +222,13 @@ def check_wrapped(ctx):
     return chk.result()
 
 
-def _assert_ok(results, min_cases=1):
-    for r, res in enumerate(results):
-        assert not res["failures"], f"rank {r}:\n" + "\n".join(res["failures"][:20])
-        assert res["cases"] >= min_cases, (r, res["cases"])
-
-
 def test_reduce(any_world):
-    _assert_ok(any_world.run(check_reduce), min_cases=200)
+    assert_ok(any_world.run(check_reduce), min_cases=200)
 
 
 def test_reduce_mismatches(any_world):
-    _assert_ok(any_world.run(check_mismatches), min_cases=10)
+    assert_ok(any_world.run(check_mismatches), min_cases=10)
 
 
 def test_reduce_wrapped(any_world):
-    _assert_ok(any_world.run(check_wrapped), min_cases=2)
+    assert_ok(any_world.run(check_wrapped), min_cases=2)
