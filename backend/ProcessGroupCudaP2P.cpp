@@ -15,6 +15,10 @@
 
 #ifdef CUDA_P2P_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
+#include <cuda_runtime.h>
+
+#include "ops/cuda/signature_kernel.cuh"
+#include "ops/cuda/sleep_kernel.cuh"
 #endif
 
 namespace cuda_p2p {
@@ -74,6 +78,12 @@ ProcessGroupCudaP2P::ProcessGroupCudaP2P(c10::intrusive_ptr<c10d::Store> store, 
       device = make_cuda_device(choose_cuda_device(bound_cuda_device, c10::cuda::device_count(),
                                                    c10::cuda::current_device())
                                     .index);
+      // The ops' own kernels too (the device loaded its signal kernels): NOTE [Kernels loaded up
+      // front] in p2p_workspace/cuda/signal_kernels.cuh.
+      cudaError_t err = cuda::load_signature_kernels();
+      if (err == cudaSuccess) err = cuda::load_sleep_kernel();
+      TORCH_CHECK(err == cudaSuccess,
+                  "cuda_p2p: loading the ops' CUDA kernels failed: ", cudaGetErrorString(err));
     }
     constexpr bool kBuiltWithCuda = true;
 #else

@@ -53,4 +53,11 @@ cudaError_t launch_compare_signatures(const uint32_t* slots, int world_size,
   return cudaGetLastError();
 }
 
+cudaError_t load_signature_kernels() {
+  cudaFuncAttributes attributes;
+  cudaError_t err = cudaFuncGetAttributes(&attributes, publish_signature_kernel);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attributes, compare_signatures_kernel);
+  return err;
+}
+
 }  // namespace cuda_p2p::cuda

@@ -30,6 +30,8 @@ struct SignatureRecord {
   uint32_t words[1];  // world_size * kSignatureWords, allocated behind the struct
 };
 
+// Loads both kernels now (NOTE [Kernels loaded up front] in p2p_workspace/cuda/signal_kernels.cuh).
+cudaError_t load_signature_kernels();
 // Writes `words` into every target slot, in the order of `stream`.
 cudaError_t launch_publish_signature(const SignatureWords& words, const SignatureTargets& targets,
                                      cudaStream_t stream);

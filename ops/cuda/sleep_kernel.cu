@@ -18,4 +18,9 @@ cudaError_t launch_sleep(cudaStream_t stream, uint32_t nanoseconds) {
   return cudaGetLastError();
 }
 
+cudaError_t load_sleep_kernel() {
+  cudaFuncAttributes attributes;
+  return cudaFuncGetAttributes(&attributes, sleep_kernel);
+}
+
 }  // namespace cuda_p2p::cuda

@@ -10,5 +10,7 @@ namespace cuda_p2p::cuda {
 
 // Enqueues a one-thread kernel on `stream` that sleeps for about `nanoseconds`.
 cudaError_t launch_sleep(cudaStream_t stream, uint32_t nanoseconds);
+// Loads it now (NOTE [Kernels loaded up front] in p2p_workspace/cuda/signal_kernels.cuh).
+cudaError_t load_sleep_kernel();
 
 }  // namespace cuda_p2p::cuda

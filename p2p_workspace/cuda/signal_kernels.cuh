@@ -33,7 +33,8 @@ cudaError_t launch_write_signal(uint32_t* addr, uint32_t value, cudaStream_t str
 // of the process. A stream blocked at a signal wait then blocks the launch, and the launch may be
 // the very one that would let it pass (a wait kernel's first use behind a blocked wait, the
 // release of NOTE [Releasing blocked waits]). So the device loads every kernel of this file when
-// it is created, before any wait is enqueued. Returns the first error.
+// it is created, before any wait is enqueued, and the backend the ops' kernels (ops/cuda/) when it
+// creates a CUDA workspace. Returns the first error.
 cudaError_t load_kernels();
 
 // Spins (with __nanosleep back-off) until every wait is reached or `timeout_ns` passes; on
