@@ -5,6 +5,8 @@
 // headers]), so a receiver need not know what it receives.
 #include <c10/util/Exception.h>
 
+#include <cstdint>
+
 #include "ops/collective_detail.hpp"
 #include "ops/collectives.hpp"
 
@@ -33,9 +35,20 @@ using detail::copy;
 // A rank stages only what goes to its peers: the concatenation of its send slices without its
 // own, in rank order (its "stream"), round k staging bytes [k * piece, (k + 1) * piece) of it.
 // Its own slice is copied straight from its input to its output.
-constexpr int64_t kMagic = 0x6132613148647231;  // a header of this layout
+//
+// Copy-free reads (NOTE [Copy-free reads] in ops/collectives.cpp): the header also holds the
+// address of each of the rank's send slices. When the op needs more than one round and the bytes
+// all ranks send to their peers reach cross_memory_min_bytes on a group with private reads (a
+// verdict every rank reaches alike from the same W headers), the receivers take round 0 from the
+// staged region as usual and read the rest of each slice from the sender's input where it lies,
+// in the same phase: one copy per byte instead of a staging copy and a pull, and one phase
+// barrier instead of one per round. Each rank then waits for its readers (wait_readers) before it
+// returns, so its input stays as it was until every peer has read it.
+constexpr int64_t kMagic = 0x6132613148647232;  // a header of this layout
 
-int64_t header_words(int W) { return 2 + 2 * static_cast<int64_t>(W); }
+int64_t header_words(int W) { return 2 + 3 * static_cast<int64_t>(W); }
+// The header word holding the address of rank r's slice for rank q (in r's address space).
+int64_t address_word(int W, int q) { return 2 + 2 * static_cast<int64_t>(W) + q; }
 int64_t header_bytes(int W) {
   return detail::align_up(header_words(W) * static_cast<int64_t>(sizeof(int64_t)), detail::kAlign);
 }
@@ -174,6 +187,7 @@ std::vector<int64_t> all_to_all(const CollectiveContext& ctx, const AllToAllArgs
   for (int q = 0; q < W; ++q) {
     w[2 + q] = args.send_counts[q];
     w[2 + W + q] = args.recv_counts.empty() ? -1 : args.recv_counts[q];
+    w[address_word(W, q)] = static_cast<int64_t>(reinterpret_cast<intptr_t>(args.send[q]));
     my_stream += q == me ? 0 : args.send_counts[q] * args.unit_bytes;
   }
 
@@ -194,10 +208,11 @@ std::vector<int64_t> all_to_all(const CollectiveContext& ctx, const AllToAllArgs
     throw SignatureMismatch(error);
   }
   std::vector<int64_t> recv(W);
-  int64_t largest = 0;
+  int64_t largest = 0, crossing = 0;
   for (int r = 0; r < W; ++r) {
     recv[r] = h.sends(r, me);
     largest = std::max(largest, h.stream_bytes(r));
+    crossing += h.stream_bytes(r);
   }
   const std::vector<char*> out = outputs(recv);
   TORCH_CHECK(static_cast<int>(out.size()) == W, "cuda_p2p ", what, ": expected ", W,
@@ -205,6 +220,28 @@ std::vector<int64_t> all_to_all(const CollectiveContext& ctx, const AllToAllArgs
   // The own slice first: the peers may still be staging.
   copy(ctx, out[me], args.send[me], args.send_counts[me] * args.unit_bytes);
   const int64_t rounds = std::max<int64_t>(1, detail::ceil_div(largest, piece));
+  // NOTE [All-to-all headers]: copy-free reads past round 0, decided alike on every rank.
+  if (rounds > 1 && uses_private_reads(ctx.config, crossing, detail::private_reads(ctx))) {
+    c10::SmallVector<int, 8> peers;
+    for (int s = 1; s < W; ++s) {
+      const int r = (me + s) % W;
+      const int64_t off = h.stream_offset(r, me), len = recv[r] * h.unit(r);
+      if (off < piece) {
+        const int64_t hi = std::min(off + len, piece);
+        copy(ctx, out[r], ph.region[r] + hdr + off, hi - off);
+      }
+      const int64_t lo = std::max(off, piece);
+      if (lo < off + len) {
+        detail::read_private(ctx, out[r] + (lo - off), ph, r, static_cast<int>(address_word(W, me)),
+                             lo - off, off + len - lo);
+      }
+      peers.push_back(r);
+    }
+    detail::end_phase(ctx, ph);
+    detail::wait_readers(ctx, ph, peers);
+    ctx.state.last_private_reads = true;
+    return recv;
+  }
   for (int64_t k = 0; k < rounds; ++k) {
     const int64_t a = k * piece, b = a + piece;
     if (k > 0) {

@@ -62,8 +62,11 @@ def check_single(ctx):
     W, rank = ctx.world_size, ctx.rank
     chk = Checker(f"all_to_all_single W={W}")
     world = dist.group.WORLD
+    # "small": every round staged (copy-free reads off); "chunked": 4 KiB rounds, read copy-free
+    # past the first (NOTE [All-to-all headers]).
     small = cached_group("a2a-small", buffer_size=SMALL_BUFFER, chunk_bytes=0)
-    chunked = cached_group("a2a-chunked", buffer_size=SMALL_BUFFER, chunk_bytes=4096)
+    chunked = cached_group("a2a-chunked", buffer_size=SMALL_BUFFER, chunk_bytes=4096,
+                           cross_memory=True, cross_memory_min_bytes=0)
     for g in (world, small, chunked):
         cuda_p2p.get_cuda_p2p_backend(g).reset_counters()
     calls = {id(world): 0, id(small): 0, id(chunked): 0}
@@ -101,6 +104,10 @@ def check_single(ctx):
         wrapped = {k: v for k, v in c.items() if k.endswith(".wrapped")}
         chk.case(f"{gname} counters", c.get("all_to_all_single.direct") == calls[id(g)]
                  and not wrapped, f"expected all_to_all_single.direct={calls[id(g)]}, got {c}")
+        read = c.get("all_to_all_single.cross_memory", 0)
+        if gname != "world":  # the world's buffer holds every case in one round
+            chk.case(f"{gname} copy-free", (read > 0) == (gname == "chunked"),
+                     f"all_to_all_single.cross_memory={read}")
     # A non-contiguous input and output, and a 1-D tensor with even splits.
     splits = _splits("uneven", W, seed=1)
     inp = torch.cat([_block(rank, d, splits[rank][d], (4,), torch.float32, 1) for d in range(W)])
