@@ -15,6 +15,7 @@
 
 #ifdef CUDA_P2P_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime.h>
 
 #include "ops/cuda/signature_kernel.cuh"
@@ -79,7 +80,8 @@ ProcessGroupCudaP2P::ProcessGroupCudaP2P(c10::intrusive_ptr<c10d::Store> store, 
                                                    c10::cuda::current_device())
                                     .index);
       // The ops' own kernels too (the device loaded its signal kernels): NOTE [Kernels loaded up
-      // front] in p2p_workspace/cuda/signal_kernels.cuh.
+      // front] in p2p_workspace/cuda/signal_kernels.cuh. Into the workspace GPU's context.
+      const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device->device_index()));
       cudaError_t err = cuda::load_signature_kernels();
       if (err == cudaSuccess) err = cuda::load_sleep_kernel();
       TORCH_CHECK(err == cudaSuccess,
