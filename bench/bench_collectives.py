@@ -98,9 +98,9 @@ ALGOS = {
 # Counter prefix of each benchmarked collective.
 COUNTER = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
            "reduce_scatter_tensor": "reduce_scatter", "broadcast": "broadcast",
-           "all_to_all_single": "all_to_all_single"}
+           "all_to_all_single": "all_to_all_single", "reduce": "reduce"}
 COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast",
-               "all_to_all_single")
+               "all_to_all_single", "reduce")
 # NCCL-tests bus bandwidth factors (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md);
 # the message size is the all-reduce/broadcast buffer, the all-gather output, the reduce-scatter input,
 # the all-to-all's input (= its output: numel / n elements to every rank).
@@ -110,6 +110,7 @@ BUSBW_FACTOR = {
     "reduce_scatter_tensor": lambda n: (n - 1) / n,
     "broadcast": lambda n: 1.0,
     "all_to_all_single": lambda n: (n - 1) / n,
+    "reduce": lambda n: 1.0,
 }
 SHORT_SIZES = (8, 1 << 10, 64 << 10, 1 << 20, 16 << 20)
 FULL_MIN, FULL_MAX = 8, 64 << 20
@@ -257,7 +258,7 @@ def _make_inputs(coll: str, nbytes: int, n: int, rank: int, dtype: torch.dtype, 
         import cuda_p2p
         return cuda_p2p.empty(k, dtype=dtype, group=heap).zero_()
 
-    if coll == "all_reduce" or coll == "broadcast":
+    if coll in ("all_reduce", "broadcast", "reduce"):
         return inp(numel), None
     if coll == "all_gather_into_tensor":
         return inp(numel // n), torch.empty(numel, dtype=dtype)
@@ -282,6 +283,8 @@ def _run_op(dist, coll: str, inp, out, group) -> None:
         dist.broadcast(inp, src=0, group=group)
     elif coll == "all_to_all_single":
         dist.all_to_all_single(out, inp, group=group)
+    elif coll == "reduce":
+        dist.reduce(inp, dst=0, group=group)
     elif coll == "barrier":
         dist.barrier(group=group)
     else:
@@ -304,13 +307,16 @@ def _check(dist, coll: str, nbytes: int, n: int, rank: int, dtype, groups) -> di
         _run_op(dist, coll, inp, out, group)
         outs[name] = (inp if out is None else out).clone()
     ref = outs["gloo"]
-    ok = all(torch.equal(o, ref) for o in outs.values())
+    # A reduce's result is defined on its root only (the others' tensors: Gloo leaves partial sums,
+    # cuda_p2p the input).
+    defined = coll != "reduce" or rank == 0
+    ok = not defined or all(torch.equal(o, ref) for o in outs.values())
     # Independent of both backends: the expected values computed locally.
-    if coll != "barrier":
+    if coll != "barrier" and defined:
         base = _pattern
         esize = torch.empty((), dtype=dtype).element_size()
         numel = nbytes // esize
-        if coll == "all_reduce":
+        if coll in ("all_reduce", "reduce"):
             exp = sum(base(numel, r) for r in range(n))
         elif coll == "broadcast":
             exp = base(numel, 0)
@@ -930,7 +936,7 @@ def add_derived(run: dict, memcpy_gbps: float) -> None:
 SPEEDUP_COLORS = ["k", "tab:green", "tab:purple", "tab:orange", "tab:brown"]
 SHORT_NAMES = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
                "reduce_scatter_tensor": "reduce_scatter", "broadcast": "broadcast",
-               "all_to_all_single": "all_to_all", "barrier": "barrier"}
+               "all_to_all_single": "all_to_all", "reduce": "reduce", "barrier": "barrier"}
 
 
 def fmt_gbps(v: float) -> str:
@@ -1538,11 +1544,11 @@ def main(argv=None) -> int:
                        "(a sample of --batch back-to-back ops / batch); ranks pass a barrier "
                        "(--sync: shm or gloo, on a group neither backend uses) before every "
                        "timed sample; backends take turns by blocks of --block samples",
-            "bytes": "all_reduce/broadcast: buffer; all_gather: output; reduce_scatter: input; "
-                     "all_to_all_single: input (NCCL-tests)",
+            "bytes": "all_reduce/broadcast/reduce: buffer; all_gather: output; reduce_scatter: "
+                     "input; all_to_all_single: input (NCCL-tests)",
             "algbw": "bytes / latency (1 GB = 1e9 B)",
             "busbw": "algbw * factor: all_reduce 2(n-1)/n, all_gather & reduce_scatter & "
-                     "all_to_all_single (n-1)/n, broadcast 1",
+                     "all_to_all_single (n-1)/n, broadcast & reduce 1",
             "speedup": "gloo median latency / cuda_p2p median latency",
             "peers": "all_reduce only: results[].peers.{cuda_p2p_op,deepspeed,deepspeed_comm} "
                      "timed like the backends (deepspeed: its bare op; deepspeed_comm: "

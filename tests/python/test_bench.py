@@ -177,9 +177,9 @@ def test_bench_collectives_hierarchical(tmp_path):
     assert data["meta"]["hosts"] == 2 and data["meta"]["agreement_cost"]
     for entry in data["runs"][0]["results"]:
         assert entry["check"]["ok"], entry
-        if entry["collective"] == "all_to_all_single":
-            # No hierarchical all-to-all: across hosts it is the wrapped backend's, counted.
-            assert "all_to_all_single.wrapped" in entry["paths"], entry["paths"]
+        if entry["collective"] in ("all_to_all_single", "reduce"):
+            # No hierarchical all-to-all or reduce: across hosts the wrapped backend's, counted.
+            assert f"{entry['collective']}.wrapped" in entry["paths"], entry["paths"]
             continue
         assert any(k.endswith(".hierarchical") for k in entry["paths"]), entry["paths"]
         assert entry["agreement_off"]["median_us"] > 0 and entry["agreement_cost"] > 0, entry
