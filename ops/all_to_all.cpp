@@ -154,9 +154,7 @@ std::vector<int64_t> all_to_all(const CollectiveContext& ctx, const AllToAllArgs
   }
   TORCH_CHECK(!ctx.ws.capturing(ctx.stream), "cuda_p2p ", what,
               ": cannot be captured in a graph (its split sizes are read back on the host)");
-  ctx.state.last_private_reads = false;
-  ctx.state.last_zero_copy = false;
-  ctx.state.zero_copy_claim.reset();  // it never reads in place (NOTE [Zero-copy collectives])
+  detail::staged_only(ctx);  // its copy-free reads set last_private_reads again
   if (W == 1) {
     TORCH_CHECK(args.recv_counts.empty() || args.recv_counts[0] == args.send_counts[0], "cuda_p2p ",
                 what, ": rank 0 sends ", units(args.send_counts[0], args.unit_bytes, args.unit),

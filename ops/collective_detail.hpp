@@ -58,6 +58,16 @@ class CaptureBracket {
 // Whether the op may read peers' private memory: the workspace offers it, and the stream is not
 // being captured (NOTE [Replay-safe signals]).
 bool private_reads(const CollectiveContext& ctx);
+// For an op that reads no peer's private memory and no tensor in place (it may set
+// last_private_reads again later): clears the last op's path flags and any zero-copy claim
+// (NOTE [Zero-copy collectives]).
+void staged_only(const CollectiveContext& ctx);
+// The tensors of a rooted op (gather: `mine` is the input and `at_root` the outputs, named
+// "input" and "output"; scatter the other way round): the root in [0, W), `mine` contiguous, and
+// on the root W contiguous tensors of `mine`'s bytes. Returns those bytes.
+int64_t check_rooted(const CollectiveContext& ctx, const char* op, int root, const at::Tensor& mine,
+                     const char* mine_name, const std::vector<at::Tensor>& at_root,
+                     const char* root_name);
 // Advances the phase counter and returns the regions of the new phase, once every peer has
 // finished reading this rank's region of the same half (phase index-2): the reuse guard.
 Phase begin_phase(const CollectiveContext& ctx);

@@ -331,6 +331,30 @@ void expect_signature(const CollectiveContext& ctx, OpSignature sig) {
   ctx.state.pending = std::move(sig);
 }
 
+void staged_only(const CollectiveContext& ctx) {
+  ctx.state.last_private_reads = false;
+  ctx.state.last_zero_copy = false;
+  ctx.state.zero_copy_claim.reset();
+}
+
+int64_t check_rooted(const CollectiveContext& ctx, const char* op, int root, const at::Tensor& mine,
+                     const char* mine_name, const std::vector<at::Tensor>& at_root,
+                     const char* root_name) {
+  const int W = ctx.ws.world_size();
+  TORCH_CHECK(root >= 0 && root < W, "cuda_p2p ", op, ": root must be in [0, ", W, "), got ", root);
+  TORCH_CHECK(mine.is_contiguous(), "cuda_p2p ", op, ": expected a contiguous ", mine_name);
+  const int64_t bytes = static_cast<int64_t>(mine.nbytes());
+  if (ctx.ws.rank() != root) return bytes;
+  TORCH_CHECK(static_cast<int>(at_root.size()) == W, "cuda_p2p ", op, ": expected ", W, " ",
+              root_name, "s on the root (one per rank), got ", at_root.size());
+  for (const auto& t : at_root) {
+    TORCH_CHECK(static_cast<int64_t>(t.nbytes()) == bytes && t.is_contiguous(), "cuda_p2p ", op,
+                ": every ", root_name, " must be contiguous with the ", mine_name, "'s ", bytes,
+                " bytes, got ", t.nbytes());
+  }
+  return bytes;
+}
+
 void handshake(const CollectiveContext& ctx) {
   if (!ctx.state.pending) return;
   if (ctx.ws.capturing(ctx.stream)) {  // NOTE [Replay-safe signals]: nothing to compare

@@ -12,21 +12,9 @@ namespace cuda_p2p::ops {
 void gather(const CollectiveContext& ctx, const at::Tensor& input,
             const std::vector<at::Tensor>& outputs, int root) {
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
-  TORCH_CHECK(root >= 0 && root < W, "cuda_p2p gather: root must be in [0, ", W, "), got ", root);
-  TORCH_CHECK(input.is_contiguous(), "cuda_p2p gather: expected a contiguous input");
-  const int64_t bytes = static_cast<int64_t>(input.nbytes());
-  if (me == root) {
-    TORCH_CHECK(static_cast<int>(outputs.size()) == W, "cuda_p2p gather: expected ", W,
-                " outputs on the root (one per rank), got ", outputs.size());
-    for (const auto& o : outputs) {
-      TORCH_CHECK(static_cast<int64_t>(o.nbytes()) == bytes && o.is_contiguous(),
-                  "cuda_p2p gather: every output must be contiguous with the input's ", bytes,
-                  " bytes, got ", o.nbytes());
-    }
-  }
-  ctx.state.last_private_reads = false;
-  ctx.state.last_zero_copy = false;
-  ctx.state.zero_copy_claim.reset();  // it never reads in place (NOTE [Zero-copy collectives])
+  const int64_t bytes =
+      detail::check_rooted(ctx, "gather", root, input, "input", outputs, "output");
+  detail::staged_only(ctx);
   const char* in = detail::bytes_of(input);
   if (me == root) detail::copy(ctx, detail::bytes_of(outputs[me]), in, bytes);
   if (W == 1) return;

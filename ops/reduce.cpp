@@ -34,10 +34,8 @@ void reduce(const CollectiveContext& ctx, const at::Tensor& tensor, int root, Re
   const at::ScalarType dtype = tensor.scalar_type();
   const int64_t numel = tensor.numel();
   const int64_t esize = static_cast<int64_t>(tensor.element_size());
-  ctx.state.last_private_reads = false;
-  ctx.state.last_zero_copy = false;
-  ctx.state.zero_copy_claim.reset();  // it never reads in place (NOTE [Zero-copy collectives])
-  if (W == 1) return;                 // the reduction of one tensor is itself (AVG: divided by 1)
+  detail::staged_only(ctx);
+  if (W == 1) return;  // the reduction of one tensor is itself (AVG: divided by 1)
   const detail::CaptureBracket bracket(ctx);
   // The root reads what the others publish with their done words, so the signature needs a
   // handshake of its own before it reads anything (NOTE [Op signatures]).

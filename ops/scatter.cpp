@@ -12,21 +12,9 @@ namespace cuda_p2p::ops {
 void scatter(const CollectiveContext& ctx, const std::vector<at::Tensor>& inputs,
              const at::Tensor& output, int root) {
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
-  TORCH_CHECK(root >= 0 && root < W, "cuda_p2p scatter: root must be in [0, ", W, "), got ", root);
-  TORCH_CHECK(output.is_contiguous(), "cuda_p2p scatter: expected a contiguous output");
-  const int64_t bytes = static_cast<int64_t>(output.nbytes());
-  if (me == root) {
-    TORCH_CHECK(static_cast<int>(inputs.size()) == W, "cuda_p2p scatter: expected ", W,
-                " inputs on the root (one per rank), got ", inputs.size());
-    for (const auto& i : inputs) {
-      TORCH_CHECK(static_cast<int64_t>(i.nbytes()) == bytes && i.is_contiguous(),
-                  "cuda_p2p scatter: every input must be contiguous with the output's ", bytes,
-                  " bytes, got ", i.nbytes());
-    }
-  }
-  ctx.state.last_private_reads = false;
-  ctx.state.last_zero_copy = false;
-  ctx.state.zero_copy_claim.reset();  // it never reads in place (NOTE [Zero-copy collectives])
+  const int64_t bytes =
+      detail::check_rooted(ctx, "scatter", root, output, "output", inputs, "input");
+  detail::staged_only(ctx);
   char* out = detail::bytes_of(output);
   if (me == root) detail::copy(ctx, out, detail::bytes_of(inputs[me]), bytes);
   if (W == 1) return;
