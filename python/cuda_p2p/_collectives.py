@@ -10,6 +10,25 @@ import torch.distributed as dist
 from ._backend import _resolve, get_cuda_p2p_backend
 
 
+def _per_rank_ints(op: str, tensor, values, name: str, noun: str, group) -> list[int]:
+    """Checks ``tensor`` and ``values`` (``name``: the argument) of ``op`` before any
+    communication: a Tensor, and one int per rank of ``group`` (``noun`` in the message)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"cuda_p2p.{op}: expected a Tensor, got {type(tensor).__name__}")
+    try:
+        ints = [int(v) for v in values]
+    except TypeError:
+        raise TypeError(
+            f"cuda_p2p.{op}: {name} must be a sequence of ints, got {type(values).__name__}"
+        ) from None
+    world = dist.get_world_size(group)
+    if len(ints) != world:
+        raise ValueError(
+            f"cuda_p2p.{op}: expected {world} {noun} (one per rank of the group), got {len(ints)}"
+        )
+    return ints
+
+
 def all_gather_v(tensor: torch.Tensor, sizes: Sequence[int], group=None) -> torch.Tensor:
     """Gathers a different number of rows from every rank of ``group``.
 
@@ -22,20 +41,7 @@ def all_gather_v(tensor: torch.Tensor, sizes: Sequence[int], group=None) -> torc
     (``all_gather_v.wrapped``).
     """
     group = _resolve(group)
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"cuda_p2p.all_gather_v: expected a Tensor, got {type(tensor).__name__}")
-    try:
-        sizes = [int(s) for s in sizes]
-    except TypeError:
-        raise TypeError(
-            f"cuda_p2p.all_gather_v: sizes must be a sequence of ints, got {type(sizes).__name__}"
-        ) from None
-    world = dist.get_world_size(group)
-    if len(sizes) != world:
-        raise ValueError(
-            f"cuda_p2p.all_gather_v: expected {world} sizes (one per rank of the group), "
-            f"got {len(sizes)}"
-        )
+    sizes = _per_rank_ints("all_gather_v", tensor, sizes, "sizes", "sizes", group)
     return get_cuda_p2p_backend(group).all_gather_v(tensor, sizes)
 
 
@@ -55,21 +61,9 @@ def all_to_all_v(
     backend's all_to_all_single (``all_to_all_v.wrapped``).
     """
     group = _resolve(group)
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"cuda_p2p.all_to_all_v: expected a Tensor, got {type(tensor).__name__}")
-    try:
-        input_splits = [int(s) for s in input_splits]
-    except TypeError:
-        raise TypeError(
-            "cuda_p2p.all_to_all_v: input_splits must be a sequence of ints, got "
-            f"{type(input_splits).__name__}"
-        ) from None
-    world = dist.get_world_size(group)
-    if len(input_splits) != world:
-        raise ValueError(
-            f"cuda_p2p.all_to_all_v: expected {world} input split sizes (one per rank of the "
-            f"group), got {len(input_splits)}"
-        )
+    input_splits = _per_rank_ints(
+        "all_to_all_v", tensor, input_splits, "input_splits", "input split sizes", group
+    )
     output, splits = get_cuda_p2p_backend(group).all_to_all_v(tensor, input_splits)
     return output, list(splits)
 
