@@ -17,6 +17,17 @@ class Checker:
         return {"cases": self.cases, "failures": self.failures}
 
 
+def wrapped(counters):
+    """The `<op>.wrapped` entries of a backend's counters."""
+    return {k: v for k, v in counters.items() if k.endswith(".wrapped")}
+
+
+def expect_nothing_wrapped(chk, backend):
+    """A case: no op of `backend` went to the wrapped backend since its counters were reset."""
+    c = backend.get_counters()
+    chk.case("nothing wrapped", not wrapped(c), f"{c}")
+
+
 def raises(call):
     """The message of the RuntimeError/ValueError `call()` raises, or None when it returns."""
     try:

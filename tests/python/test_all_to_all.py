@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 import cuda_p2p
-from _checks import Checker, assert_ok, gloo_ok, raises
+from _checks import Checker, assert_ok, expect_nothing_wrapped, gloo_ok, raises, wrapped
 from _groups import cached_group
 
 SMALL_BUFFER = 1 << 16  # 64 KiB: 32 KiB per phase, so larger payloads run in rounds
@@ -101,9 +101,8 @@ def check_single(ctx):
                                      torch.equal(out, ref_out), "differs from Gloo")
     for g, gname in ((world, "world"), (small, "small"), (chunked, "chunked")):
         c = cuda_p2p.get_cuda_p2p_backend(g).get_counters()
-        wrapped = {k: v for k, v in c.items() if k.endswith(".wrapped")}
         chk.case(f"{gname} counters", c.get("all_to_all_single.direct") == calls[id(g)]
-                 and not wrapped, f"expected all_to_all_single.direct={calls[id(g)]}, got {c}")
+                 and not wrapped(c), f"expected all_to_all_single.direct={calls[id(g)]}, got {c}")
         read = c.get("all_to_all_single.cross_memory", 0)
         if gname != "world":  # the world's buffer holds every case in one round
             chk.case(f"{gname} copy-free", (read > 0) == (gname == "chunked"),
@@ -151,8 +150,8 @@ def check_list(ctx):
                                                          for o, x in zip(outs, want)),
                          f"{[o.flatten()[:4] for o in outs]}")
         c = b.get_counters()
-        chk.case(f"{gname} counters", c.get("all_to_all.direct") == n and not any(
-            k.endswith(".wrapped") for k in c), f"{c}")
+        chk.case(f"{gname} counters", c.get("all_to_all.direct") == n and not wrapped(c),
+                 f"{c}")
     return chk.result()
 
 
@@ -279,8 +278,7 @@ def check_mismatches(ctx):
         err = raises(call)
         chk.case(needle, err is not None and needle in err, f"{err!r}")
     _usable(ctx, chk, "bad arguments")
-    c = b.get_counters()
-    chk.case("nothing wrapped", not any(k.endswith(".wrapped") for k in c), f"{c}")
+    expect_nothing_wrapped(chk, b)
     return chk.result()
 
 

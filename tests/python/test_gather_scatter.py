@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 import cuda_p2p
-from _checks import Checker, assert_ok, gloo_ok, raises
+from _checks import Checker, assert_ok, expect_nothing_wrapped, gloo_ok, raises, wrapped
 from _groups import cached_group
 
 SMALL_BUFFER = 1 << 16
@@ -34,11 +34,10 @@ def _groups():
             (cached_group("gs-chunked", buffer_size=SMALL_BUFFER, chunk_bytes=4096), "chunked"))
 
 
-def check_gather(ctx):
-    W, rank = ctx.world_size, ctx.rank
-    chk = Checker(f"gather W={W}")
-    groups = _groups()
-    calls = {}
+def _cases(W, groups):
+    """(dtype, n, root, group, its name, whether Gloo checks it too): every dtype, size and root on
+    the world group; float32 and int8 from 1000 elements on the small ones. Resets the groups'
+    counters first."""
     for g, _ in groups:
         cuda_p2p.get_cuda_p2p_backend(g).reset_counters()
     for dtype in DTYPES:
@@ -48,30 +47,41 @@ def check_gather(ctx):
                     if gname != "world" and (dtype not in (torch.float32, torch.int8)
                                              or n < 1000):
                         continue
-                    seed = root + n
-                    t = _value(rank, root, n, dtype, seed)
-                    outs = [torch.full((n,), 1, dtype=dtype) for _ in range(W)] \
-                        if rank == root else None
-                    dist.gather(t, outs, dst=root, group=g)
-                    calls[gname] = calls.get(gname, 0) + 1
-                    if rank == root:
-                        want = [_value(q, root, n, dtype, seed) for q in range(W)]
-                        chk.case(f"{gname} {dtype} n={n} root={root}",
-                                 all(torch.equal(o, w) for o, w in zip(outs, want)),
-                                 f"{[o[:4] for o in outs]}")
-                    if gname == "world" and n in (7, 1000) and dtype in (torch.float32,
-                                                                         torch.int64):
-                        ref = [torch.empty(n, dtype=dtype) for _ in range(W)] \
-                            if rank == root else None
-                        if gloo_ok(lambda: dist.gather(t, ref, dst=root, group=ctx.gloo)) \
-                                and rank == root:
-                            chk.case(f"gloo {dtype} n={n} root={root}",
-                                     all(torch.equal(o, x) for o, x in zip(outs, ref)),
-                                     "differs from Gloo")
+                    gloo = gname == "world" and n in (7, 1000) and dtype in (torch.float32,
+                                                                             torch.int64)
+                    yield dtype, n, root, g, gname, gloo
+
+
+def _expect_direct(chk, groups, key, calls):
+    """Each group counted `key` once per call, and nothing wrapped."""
     for g, gname in groups:
         c = cuda_p2p.get_cuda_p2p_backend(g).get_counters()
-        chk.case(f"{gname} counters", c.get("gather.direct") == calls[gname]
-                 and not any(k.endswith(".wrapped") for k in c), f"{calls[gname]}: {c}")
+        chk.case(f"{gname} counters", c.get(key) == calls[gname] and not wrapped(c),
+                 f"{calls[gname]}: {c}")
+
+
+def check_gather(ctx):
+    W, rank = ctx.world_size, ctx.rank
+    chk = Checker(f"gather W={W}")
+    groups = _groups()
+    calls = {}
+    for dtype, n, root, g, gname, gloo in _cases(W, groups):
+        seed = root + n
+        t = _value(rank, root, n, dtype, seed)
+        outs = [torch.full((n,), 1, dtype=dtype) for _ in range(W)] if rank == root else None
+        dist.gather(t, outs, dst=root, group=g)
+        calls[gname] = calls.get(gname, 0) + 1
+        if rank == root:
+            want = [_value(q, root, n, dtype, seed) for q in range(W)]
+            chk.case(f"{gname} {dtype} n={n} root={root}",
+                     all(torch.equal(o, w) for o, w in zip(outs, want)),
+                     f"{[o[:4] for o in outs]}")
+        if gloo:
+            ref = [torch.empty(n, dtype=dtype) for _ in range(W)] if rank == root else None
+            if gloo_ok(lambda: dist.gather(t, ref, dst=root, group=ctx.gloo)) and rank == root:
+                chk.case(f"gloo {dtype} n={n} root={root}",
+                         all(torch.equal(o, x) for o, x in zip(outs, ref)), "differs from Gloo")
+    _expect_direct(chk, groups, "gather.direct", calls)
     # Non-contiguous input and outputs; async.
     root = W - 1
     t = _value(rank, root, 12, torch.float32).view(3, 4).t()
@@ -90,34 +100,20 @@ def check_scatter(ctx):
     chk = Checker(f"scatter W={W}")
     groups = _groups()
     calls = {}
-    for g, _ in groups:
-        cuda_p2p.get_cuda_p2p_backend(g).reset_counters()
-    for dtype in DTYPES:
-        for n in SIZES:
-            for root in range(W):
-                for g, gname in groups:
-                    if gname != "world" and (dtype not in (torch.float32, torch.int8)
-                                             or n < 1000):
-                        continue
-                    seed = root + n + 1
-                    ins = [_value(root, q, n, dtype, seed) for q in range(W)] \
-                        if rank == root else None
-                    out = torch.full((n,), 1, dtype=dtype)
-                    dist.scatter(out, ins, src=root, group=g)
-                    calls[gname] = calls.get(gname, 0) + 1
-                    chk.case(f"{gname} {dtype} n={n} root={root}",
-                             torch.equal(out, _value(root, rank, n, dtype, seed)), f"{out[:4]}")
-                    if gname == "world" and n in (7, 1000) and dtype in (torch.float32,
-                                                                         torch.int64):
-                        ref = torch.empty(n, dtype=dtype)
-                        if gloo_ok(lambda: dist.scatter(ref, ins, src=root,
-                                                              group=ctx.gloo)):
-                            chk.case(f"gloo {dtype} n={n} root={root}", torch.equal(out, ref),
-                                     "differs from Gloo")
-    for g, gname in groups:
-        c = cuda_p2p.get_cuda_p2p_backend(g).get_counters()
-        chk.case(f"{gname} counters", c.get("scatter.direct") == calls[gname]
-                 and not any(k.endswith(".wrapped") for k in c), f"{calls[gname]}: {c}")
+    for dtype, n, root, g, gname, gloo in _cases(W, groups):
+        seed = root + n + 1
+        ins = [_value(root, q, n, dtype, seed) for q in range(W)] if rank == root else None
+        out = torch.full((n,), 1, dtype=dtype)
+        dist.scatter(out, ins, src=root, group=g)
+        calls[gname] = calls.get(gname, 0) + 1
+        chk.case(f"{gname} {dtype} n={n} root={root}",
+                 torch.equal(out, _value(root, rank, n, dtype, seed)), f"{out[:4]}")
+        if gloo:
+            ref = torch.empty(n, dtype=dtype)
+            if gloo_ok(lambda: dist.scatter(ref, ins, src=root, group=ctx.gloo)):
+                chk.case(f"gloo {dtype} n={n} root={root}", torch.equal(out, ref),
+                         "differs from Gloo")
+    _expect_direct(chk, groups, "scatter.direct", calls)
     root = 0
     ins = [_value(root, q, 12, torch.float32).view(3, 4).t() for q in range(W)] \
         if rank == root else None
@@ -171,8 +167,7 @@ def check_mismatches(ctx):
     chk.case("bad root", err is not None and f"root must be a rank in [0, {W}), got {W + 3}"
              in err, f"{err!r}")
     _usable(ctx, chk, "bad root")
-    c = b.get_counters()
-    chk.case("nothing wrapped", not any(k.endswith(".wrapped") for k in c), f"{c}")
+    expect_nothing_wrapped(chk, b)
     return chk.result()
 
 

@@ -30,7 +30,7 @@ from torch.distributed import PrefixStore
 
 import conftest
 import cuda_p2p
-from _checks import Checker
+from _checks import Checker, wrapped
 from _harness import scoped_environ
 from cuda_p2p import ProcessGroupCudaP2P
 
@@ -186,8 +186,7 @@ def _counters(g):
 
 def _expect_counter(chk, g, key, count):
     c = _counters(g)
-    wrapped = {k: v for k, v in c.items() if k.endswith(".wrapped")}
-    chk.case("counters", c.get(key, 0) == count and not wrapped,
+    chk.case("counters", c.get(key, 0) == count and not wrapped(c),
              f"expected {key}={count} and nothing wrapped, got {c}")
 
 
@@ -354,8 +353,7 @@ def check_all_to_all(ctx):
                 chk.case("gloo", torch.equal(out.cpu(), ref), "differs from gloo")
     _sync()
     c = _counters(g)
-    wrapped = {k: v for k, v in c.items() if k.endswith(".wrapped")}
-    chk.case("counters", all(c.get(k, 0) == n for k, n in calls.items()) and not wrapped,
+    chk.case("counters", all(c.get(k, 0) == n for k, n in calls.items()) and not wrapped(c),
              f"expected {calls} and nothing wrapped, got {c}")
     return chk.result()
 
@@ -390,7 +388,7 @@ def check_gather_scatter(ctx):
     _sync()
     c = _counters(g)
     chk.case("counters", c.get("gather.direct") == calls and c.get("scatter.direct") == calls
-             and not any(k.endswith(".wrapped") for k in c), f"expected {calls} each, got {c}")
+             and not wrapped(c), f"expected {calls} each, got {c}")
     return chk.result()
 
 
