@@ -262,6 +262,7 @@ void ProcessGroupCudaP2P::setTimeout(std::chrono::milliseconds timeout) {
 void ProcessGroupCudaP2P::abort() {
   retired_.store(true, std::memory_order_release);
   if (workspace_) workspace_->abort("the group was aborted (ProcessGroupCudaP2P.abort())");
+  fail_mailboxes("the group was aborted (ProcessGroupCudaP2P.abort())");
   cpu_backend_->abort();
   if (cuda_backend_) cuda_backend_->abort();
   if (hierarchy_) hierarchy_->abort();
@@ -284,8 +285,16 @@ void ProcessGroupCudaP2P::abort() {
 // On the host the ops on the inline stream completed when they returned; ops on host side
 // streams (set_current_stream) drain like a GPU's. abort() does not drain: it is the way out of
 // a hang.
+// Messages: a send through the mailboxes ends once its chunks are in this rank's outbox (NOTE
+// [Mailboxes] in ops/send_recv.cpp), which dies with the group unless its receiver has mapped it.
+// So before anything else shutdown() waits until the receivers took every message this rank
+// sent, for at most the group's timeout or kCloseWait (10 s), whichever is shorter: a receive that
+// will never be posted must not hold a destroy_process_group for the default 30 minutes. A
+// warning names the ranks that did not take theirs. Then the sends and receives still pending fail
+// with "the group was shut down".
 void ProcessGroupCudaP2P::shutdown() {
   retired_.store(true, std::memory_order_release);
+  flush_mailboxes(std::min(options_->timeout, SymmetricWorkspace::kCloseWait));
   // The workspace's blocks are then released through the closing handshake (NOTE [Block
   // lifetime]): peers shut down too.
   if (workspace_) {
@@ -298,6 +307,8 @@ void ProcessGroupCudaP2P::shutdown() {
                  " ms); its waits were released and its Works raise (NOTE [Shutdown flushes])");
     }
   }
+  // A send or receive still pending has no peer to wait for any more (NOTE [Mailboxes]).
+  fail_mailboxes("the group was shut down (ProcessGroupCudaP2P.shutdown())");
   cpu_backend_->shutdown();
   if (cuda_backend_) cuda_backend_->shutdown();
   if (hierarchy_) hierarchy_->shutdown();

@@ -39,6 +39,7 @@
 #include "ops/collectives.hpp"
 #include "ops/failure_record.hpp"
 #include "ops/pipeline_common.hpp"
+#include "ops/send_recv.hpp"
 #include "p2p_workspace/symmetric_heap.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
 
@@ -322,6 +323,20 @@ class ProcessGroupCudaP2P : public c10d::Backend {
     auto work = call(b);
     return &b == cpu_backend_.get() ? track(std::move(work)) : work;
   }
+
+  // --- send/recv (backend/workspace_send_recv.cpp) ---
+  // Why a send or receive of `tensors` goes to the wrapped backend (nullptr: the mailboxes take
+  // it). Depends only on what both ranks of a pair agree on, so that both take the same path.
+  const char* mailbox_rejects(const std::vector<at::Tensor>& tensors) const;
+  // The group's mailboxes (NOTE [Mailboxes] in ops/send_recv.cpp), made on the first use.
+  std::shared_ptr<ops::Mailboxes> mailboxes();
+  // A shutdown's flush of the mailboxes (NOTE [Shutdown flushes]): waits at most `limit` until
+  // the receivers took every message this rank sent; warns naming those that did not.
+  void flush_mailboxes(std::chrono::milliseconds limit);
+  // Fails the mailboxes' pending and later ops with `why` (abort, shutdown).
+  void fail_mailboxes(const std::string& why);
+  std::mutex mailboxes_mutex_;
+  std::shared_ptr<ops::Mailboxes> mailboxes_;
 
   // The Work of a hierarchical collective (done on return), tracked while coalescing.
   c10::intrusive_ptr<c10d::Work> hierarchical_done(c10d::OpType type,

@@ -40,6 +40,8 @@ constexpr const char* kInlineAllReduceEnv = "CUDA_P2P_INLINE_ALL_REDUCE";
 constexpr const char* kHostIdEnv = "CUDA_P2P_HOST_ID";
 constexpr const char* kDenyCrossMemoryEnv = "CUDA_P2P_TEST_DENY_CROSS_MEMORY";
 constexpr const char* kSymmetricHeapSizeEnv = "CUDA_P2P_SYMMETRIC_HEAP_SIZE";
+constexpr const char* kMailboxSlotBytesEnv = "CUDA_P2P_MAILBOX_SLOT_BYTES";
+constexpr int64_t kMaxMailboxSlotBytes = int64_t{256} << 20;
 constexpr const char* kFusedMinFlopsEnv = "CUDA_P2P_FUSED_MIN_FLOPS";
 constexpr const char* kWorkspaceDeviceEnv = "CUDA_P2P_WORKSPACE_DEVICE";
 constexpr const char* kZeroCopyAgreementEnv = "CUDA_P2P_ZERO_COPY_AGREEMENT";
@@ -182,6 +184,10 @@ const std::vector<Knob>& knobs() {
        "Bytes of each rank's symmetric heap (cuda_p2p.empty, use_symmetric_memory), created on "
        "first use; host: a sparse mapping (touched pages cost memory); CUDA: committed device "
        "memory, all of it at creation. It does not grow."},
+      {"mailbox_slot_bytes", kMailboxSlotBytesEnv, "bytes", "1 MiB",
+       "Bytes of each slot of the send/recv mailboxes on a host workspace (two per pair of "
+       "ranks, in the sender's memory): a message up to two slots is sent eagerly, a larger one "
+       "streams through them. A multiple of 4096, at most 256 MiB."},
       {"zero_copy_agreement", kZeroCopyAgreementEnv, "auto|exchange|signature|off",
        "host: exchange; CUDA: off (signature is opt-in until validated on GPUs)",
        "How the ranks agree that a collective's inputs are symmetric tensors. exchange (host "
@@ -263,6 +269,7 @@ std::optional<std::string> option_text(const Options& o, const std::string& fiel
   if (field == "cross_memory") return opt_bool(o.cross_memory);
   if (field == "cross_memory_min_bytes") return opt_int(o.cross_memory_min_bytes);
   if (field == "symmetric_heap_size") return opt_int(o.symmetric_heap_size);
+  if (field == "mailbox_slot_bytes") return opt_int(o.mailbox_slot_bytes);
   if (field == "zero_copy_agreement") return name(o.zero_copy_agreement);
   if (field == "fused_min_flops") return opt_int(o.fused_min_flops);
   if (field == "parallel_min_bytes") return opt_int(o.parallel_min_bytes);
@@ -499,6 +506,15 @@ Config resolve_config(const Options& o, int world_size, const config::EnvLookup&
   c.symmetric_heap_size =
       pick(o.symmetric_heap_size, env_int(env, kSymmetricHeapSizeEnv, 1, kMaxBytes),
            Config::kDefaultSymmetricHeapSize);
+  // The send/recv mailboxes (NOTE [Mailboxes] in ops/send_recv.cpp).
+  c.mailbox_slot_bytes =
+      pick(o.mailbox_slot_bytes, env_int(env, kMailboxSlotBytesEnv, 4096, kMaxMailboxSlotBytes),
+           Config::kDefaultMailboxSlotBytes);
+  TORCH_CHECK(c.mailbox_slot_bytes >= 4096 && c.mailbox_slot_bytes <= kMaxMailboxSlotBytes &&
+                  c.mailbox_slot_bytes % 4096 == 0,
+              "cuda_p2p: mailbox_slot_bytes (Options.mailbox_slot_bytes or ", kMailboxSlotBytesEnv,
+              ") must be a multiple of 4096 in [4096, ", kMaxMailboxSlotBytes, "], got ",
+              c.mailbox_slot_bytes);
   // The fused ops' choice between fused and unfused (NOTE [Unfused below a size]).
   TORCH_CHECK(!o.fused_min_flops || (*o.fused_min_flops >= 0 && *o.fused_min_flops <= kMaxFlops),
               "cuda_p2p: Options.fused_min_flops must be in [0, ", kMaxFlops, "] (flops), got ",

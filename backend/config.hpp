@@ -103,6 +103,9 @@ struct Options : c10d::Backend::Options {
   // Bytes of each rank's symmetric heap (cuda_p2p.empty; NOTE [Symmetric heap] in
   // p2p_workspace/symmetric_heap.cpp): unset defers to CUDA_P2P_SYMMETRIC_HEAP_SIZE, else 1 GiB.
   std::optional<int64_t> symmetric_heap_size;
+  // Bytes of each slot of the send/recv mailboxes (NOTE [Mailboxes] in ops/send_recv.cpp), a
+  // multiple of 4096: unset defers to CUDA_P2P_MAILBOX_SLOT_BYTES, else 1 MiB.
+  std::optional<int64_t> mailbox_slot_bytes;
   // The inline one-shot all-reduce on a host workspace (NOTE [Inline one-shot] in
   // ops/all_reduce.cpp): unset defers to CUDA_P2P_INLINE_ALL_REDUCE, else on.
   std::optional<bool> inline_all_reduce;
@@ -169,6 +172,10 @@ struct Config {
   // and a too-large size fails on every rank with an OutOfMemoryError naming this knob.
   int64_t symmetric_heap_size = kDefaultSymmetricHeapSize;
   static constexpr int64_t kDefaultSymmetricHeapSize = int64_t{1} << 30;
+  // Options.mailbox_slot_bytes, else CUDA_P2P_MAILBOX_SLOT_BYTES, else 1 MiB: a message up to two
+  // slots is sent eagerly, a larger one streams through them.
+  int64_t mailbox_slot_bytes = kDefaultMailboxSlotBytes;
+  static constexpr int64_t kDefaultMailboxSlotBytes = int64_t{1} << 20;
   // Options.fused_min_flops, else CUDA_P2P_FUSED_MIN_FLOPS; nullopt: fused_min_flops(device)
   // takes the device's default.
   std::optional<int64_t> fused_min_flops;

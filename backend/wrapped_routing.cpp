@@ -142,30 +142,6 @@ WorkPtr ProcessGroupCudaP2P::allgather_coalesced(std::vector<std::vector<at::Ten
                   [&](c10d::Backend& b) { return b.allgather_coalesced(outputs, inputs, opts); });
 }
 
-WorkPtr ProcessGroupCudaP2P::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
-  TORCH_CHECK(dst_rank >= 0 && dst_rank < getSize() && dst_rank != getRank(),
-              "cuda_p2p send: destination must be another rank in [0, ", getSize(), "), got ",
-              dst_rank, " on rank ", getRank());
-  count_fallback("send.wrapped", kNoWorkspaceOp);
-  return delegate(tensors, "send",
-                  [&](c10d::Backend& b) { return b.send(tensors, dst_rank, tag); });
-}
-
-WorkPtr ProcessGroupCudaP2P::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
-  TORCH_CHECK(src_rank >= 0 && src_rank < getSize() && src_rank != getRank(),
-              "cuda_p2p recv: source must be another rank in [0, ", getSize(), "), got ", src_rank,
-              " on rank ", getRank());
-  count_fallback("recv.wrapped", kNoWorkspaceOp);
-  return delegate(tensors, "recv",
-                  [&](c10d::Backend& b) { return b.recv(tensors, src_rank, tag); });
-}
-
-WorkPtr ProcessGroupCudaP2P::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  count_fallback("recv_anysource.wrapped", kNoWorkspaceOp);
-  return delegate(tensors, "recv_anysource",
-                  [&](c10d::Backend& b) { return b.recvAnysource(tensors, tag); });
-}
-
 void ProcessGroupCudaP2P::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
   // Only Gloo implements it; it reports which ranks failed to arrive.
   count_fallback("monitored_barrier.wrapped", kNoWorkspaceOp);

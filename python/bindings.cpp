@@ -334,6 +334,18 @@ PYBIND11_MODULE(_C, m) {
           "a sparse mapping, on CUDA committed device memory; it does not grow (None: "
           "CUDA_P2P_SYMMETRIC_HEAP_SIZE, else 1 GiB).")
       .def_property(
+          "mailbox_slot_bytes", [](const Options& o) { return o.mailbox_slot_bytes; },
+          [](Options& o, std::optional<int64_t> v) {
+            TORCH_CHECK_VALUE(!v || (*v >= 4096 && *v % 4096 == 0),
+                              "cuda_p2p: Options.mailbox_slot_bytes must be a positive multiple "
+                              "of 4096 bytes or None, got ",
+                              *v);
+            o.mailbox_slot_bytes = v;
+          },
+          "Bytes of each slot of the send/recv mailboxes on a host workspace (two per pair of "
+          "ranks): a message up to two slots is sent eagerly, a larger one streams through them "
+          "(None: CUDA_P2P_MAILBOX_SLOT_BYTES, else 1 MiB).")
+      .def_property(
           "inline_all_reduce", [](const Options& o) { return o.inline_all_reduce; },
           [](Options& o, std::optional<bool> v) { o.inline_all_reduce = v; },
           "On a host workspace, a one-shot all-reduce that fits one round runs on the calling "
@@ -553,6 +565,7 @@ PYBIND11_MODULE(_C, m) {
             d["cross_memory"] = self.uses_cross_memory();
             d["cross_memory_reason"] = self.cross_memory_reason();
             d["fused_min_flops"] = self.config().fused_min_flops_for(c10::DeviceType::CPU);
+            d["mailbox_slot_bytes"] = self.config().mailbox_slot_bytes;
             d["workspace_collectives"] = self.uses_workspace_collectives();
             d["workspace_collectives_reason"] = self.workspace_collectives_reason();
             d["cuda_workspace_collectives"] = self.options()->cuda_workspace_collectives;

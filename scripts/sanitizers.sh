@@ -86,11 +86,11 @@ for kind in "${kinds[@]}"; do
       echo "== TSan: build/tsan"
       extra=()
       configure_and_build build/tsan thread test_host_streams test_workspace test_watchdog \
-        test_op_order || { status=1; continue; }
+        test_op_order test_send_recv || { status=1; continue; }
       ((build_only)) && continue
       TSAN_OPTIONS="suppressions=$ROOT/tests/cpp/tsan.supp:halt_on_error=1:second_deadlock_stack=1:history_size=4" \
         "$CTEST" --test-dir build/tsan --output-on-failure --timeout 300 \
-        -R '^(test_host_streams_np1|test_workspace_threads_np2|test_watchdog_np1|test_op_order_np2)$' ||
+        -R '^(test_host_streams_np1|test_workspace_threads_np2|test_watchdog_np1|test_op_order_np2|test_send_recv_np2)$' ||
         status=1
       ;;
     *)

@@ -55,6 +55,7 @@ TEST(Config, DefaultsWithNothingSet) {
   EXPECT_TRUE(c.workspace_options.host_id.empty());
   EXPECT_EQ(c.workspace_device, WorkspaceDevice::kAuto);
   EXPECT_EQ(c.workspace_device_from, "");
+  EXPECT_EQ(c.mailbox_slot_bytes, Config::kDefaultMailboxSlotBytes);
 }
 
 TEST(Config, OptionsWinOverTheEnvironmentWhichWinsOverDefaults) {
@@ -168,6 +169,20 @@ TEST(Config, BadValuesAreErrorsNamingTheKnob) {
   Options negative;
   negative.buffer_size = 0;
   expect_error([&] { resolve(negative, {}); }, "Options.buffer_size must be positive");
+  // The mailboxes' slots: whole pages, from either side.
+  expect_error([] { resolve(Options(), {{"CUDA_P2P_MAILBOX_SLOT_BYTES", "5000"}}); },
+               "mailbox_slot_bytes (Options.mailbox_slot_bytes or CUDA_P2P_MAILBOX_SLOT_BYTES) "
+               "must be a multiple of 4096 in [4096, 268435456], got 5000");
+  expect_error([] { resolve(Options(), {{"CUDA_P2P_MAILBOX_SLOT_BYTES", "1K"}}); },
+               "CUDA_P2P_MAILBOX_SLOT_BYTES must be in [4096, 268435456], got 1024");
+  Options slots;
+  slots.mailbox_slot_bytes = 8192;
+  EXPECT_EQ(resolve(slots, {{"CUDA_P2P_MAILBOX_SLOT_BYTES", "64K"}}).mailbox_slot_bytes, 8192);
+  EXPECT_EQ(resolve(Options(), {{"CUDA_P2P_MAILBOX_SLOT_BYTES", "64K"}}).mailbox_slot_bytes,
+            64 << 10);
+  slots.mailbox_slot_bytes = 4097;
+  expect_error([&] { resolve(slots, {}); },
+               "must be a multiple of 4096 in [4096, 268435456], got 4097");
 }
 
 TEST(Config, EveryKnobIsDocumentedOnce) {
@@ -189,12 +204,13 @@ TEST(Config, EveryKnobIsDocumentedOnce) {
 // What python -m cuda_p2p and CUDA_P2P_DEBUG=INFO report: each knob's value and its source.
 TEST(Config, KnobValuesSayWhereEachValueCameFrom) {
   Options o;
-  o.chunk_bytes = 4096;            // Options, over the environment below
+  o.chunk_bytes = 4096;             // Options, over the environment below
   o.workspace_collectives = false;  // a plain bool counts as set when not at its default
   o.all_reduce_algo = "two_shot";
-  const auto values = config::knob_values(
-      o, fake_env({{"CUDA_P2P_CHUNK_BYTES", "2M"}, {"CUDA_P2P_RING_STEPS", "8"},
-                   {"CUDA_P2P_ALL_GATHER_ALGO", "auto"}, {"CUDA_P2P_HOST_ID", "h1"}}));
+  const auto values = config::knob_values(o, fake_env({{"CUDA_P2P_CHUNK_BYTES", "2M"},
+                                                       {"CUDA_P2P_RING_STEPS", "8"},
+                                                       {"CUDA_P2P_ALL_GATHER_ALGO", "auto"},
+                                                       {"CUDA_P2P_HOST_ID", "h1"}}));
   ASSERT_EQ(values.size(), config::knobs().size());
   std::map<std::string, std::pair<std::string, std::string>> by_name;
   for (const auto& v : values) {

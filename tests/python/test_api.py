@@ -85,6 +85,20 @@ def test_options_non_negative_counts(name):
     assert getattr(o, name) == 1 << 40
 
 
+def test_options_mailbox_slot_bytes():
+    o = Options()
+    assert o.mailbox_slot_bytes is None
+    for value in (4096, 1 * MiB, None):
+        o.mailbox_slot_bytes = value
+        assert o.mailbox_slot_bytes == value
+    for bad in (0, 100, 4097, -4096):
+        with pytest.raises(ValueError, match=re.escape(
+                f"Options.mailbox_slot_bytes must be a positive multiple of 4096 bytes or None, "
+                f"got {bad}")):
+            o.mailbox_slot_bytes = bad
+    assert o.mailbox_slot_bytes is None
+
+
 @pytest.mark.parametrize("value", [1, 4096, 32 * MiB, 1 << 40])
 def test_options_buffer_size_roundtrip(value):
     o = Options()

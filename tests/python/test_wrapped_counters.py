@@ -1,7 +1,7 @@
 """Every op counts which path ran: the ops the workspace never runs count `<op>.wrapped` once per
 call (docs/collectives.md, "Counters"), and their results are still those of plain torch. The
-all-to-alls, gather, scatter and reduce run on the workspace (`<op>.direct`; their wrapped paths:
-test_all_to_all.py, test_gather_scatter.py, test_reduce.py)."""
+all-to-alls, gather, scatter, reduce, send and recv run on the workspace (`<op>.direct`; their
+wrapped paths: test_all_to_all.py, test_gather_scatter.py, test_reduce.py, test_send_recv.py)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from _harness import scoped_environ
 
 
 def _wrapped_ops(ctx):
-    """Runs each wrapped-only op (and the all-to-alls, gather, scatter and reduce) once on a fresh
-    group; its counters and results."""
+    """Runs each wrapped-only op (and the all-to-alls, gather, scatter, reduce, send and recv)
+    once on a fresh group; its counters and results."""
     import cuda_p2p
 
     g = dist.new_group(list(range(ctx.world_size)), backend="cuda_p2p")
@@ -116,24 +116,25 @@ def test_wrapped_ops_are_counted(world, request):
         c = rep["counters"]
         expected = {
             "reduce.wrapped": 1,
-            "send.wrapped": 1 + (0 if r == 0 else 1),
-            "recv.wrapped": 1,
             "monitored_barrier.wrapped": 1,
             # all_reduce_coalesced (several tensors) and the sparse all_reduce (not strided:
             # torch 2.14 sends it to allreduce(), not allreduce_sparse())
             "all_reduce.wrapped": 2,
             "all_gather.wrapped": 1,  # all_gather_coalesced: several tensors
         }
-        if r == 0:
-            expected["recv_anysource.wrapped"] = W - 1
         # Nothing else ran: every call of the function above is one of these.
         assert {k: v for k, v in c.items() if k.endswith(".wrapped")} == expected, (r, c)
         for op in ("all_to_all_single", "all_to_all", "gather", "scatter", "reduce"):
             assert c.get(f"{op}.direct") == 1, (r, op, c)
+        # The ring, then every other rank's message to rank 0.
+        assert c.get("send.direct") == 1 + (0 if r == 0 else 1), (r, c)
+        assert c.get("recv.direct") == 1, (r, c)
+        assert c.get("recv_anysource.direct") == (W - 1 if r == 0 else None), (r, c)
 
 
 def _fallback_lines(ctx):
-    """Creates a group under CUDA_P2P_DEBUG=INFO with stderr captured; falls back twice each."""
+    """Creates a group under CUDA_P2P_DEBUG=INFO with stderr captured; falls back twice each (and
+    sends twice, on the workspace: no line)."""
     import os
     import tempfile
 
@@ -149,7 +150,7 @@ def _fallback_lines(ctx):
             for _ in range(2):
                 dist.all_reduce(torch.ones(3, dtype=torch.bool), group=g)  # dtype: wrapped
                 dist.reduce(torch.ones(3, dtype=torch.bool), dst=0, group=g)  # dtype: wrapped
-                if ctx.rank == 0:  # wrapped: no workspace op
+                if ctx.rank == 0:  # the workspace's mailboxes: no line
                     dist.send(torch.ones(1), 1, group=g)
                 elif ctx.rank == 1:
                     dist.recv(torch.ones(1), 0, group=g)
@@ -175,13 +176,12 @@ def test_debug_lines(world2):
         # The knob set in the environment is named, with its source.
         assert "workspace_device=cpu (environment)" in group[0], group[0]
         fallbacks = [ln for ln in lines if "workspace:" not in ln]
-        assert len(fallbacks) == 3, rep["text"]  # once per counter, though each ran twice
+        assert len(fallbacks) == 2, rep["text"]  # once per counter, though each ran twice
         ar = [ln for ln in fallbacks if ": all_reduce.wrapped:" in ln]
         assert len(ar) == 1 and "a dtype the workspace does not reduce" in ar[0], fallbacks
         red = [ln for ln in fallbacks if ": reduce.wrapped:" in ln]
         assert len(red) == 1 and "a dtype the workspace does not reduce" in red[0], fallbacks
-        p2p = [ln for ln in fallbacks if (": send.wrapped:" if r == 0 else ": recv.wrapped:") in ln]
-        assert len(p2p) == 1 and "no workspace version of this op" in p2p[0], fallbacks
+        assert rep["counters"]["send.direct" if r == 0 else "recv.direct"] == 2
         assert rep["counters"]["all_reduce.wrapped"] == 2
         assert rep["counters"]["reduce.wrapped"] == 2
 

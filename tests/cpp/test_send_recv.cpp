@@ -1,0 +1,150 @@
+// The send/recv mailboxes (ops/send_recv.cpp, NOTE [Mailboxes]) on the host device, over the
+// job's TCPStore (no Python): several threads of each rank sending and receiving chunked messages
+// in any tag order, receives from any rank, and the errors. Run under TSan too
+// (scripts/sanitizers.sh).
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <thread>
+#include <vector>
+
+#include "ops/send_recv.hpp"
+#include "tests/cpp/harness.hpp"
+
+namespace cuda_p2p::test {
+namespace {
+
+using std::chrono::milliseconds;
+constexpr int64_t kSlot = 4096;
+constexpr milliseconds kLong{60000};
+
+std::unique_ptr<ops::Mailboxes> make_mailboxes() {
+  return std::make_unique<ops::Mailboxes>(test_store(), world().rank, world().size,
+                                          test_host_device(world().size), kSlot);
+}
+
+// Message i of rank `src`: 0 to ~5 slots of floats, distinct per rank and index, exact.
+int64_t numel_of(int i) { return (i * 1237) % 5000; }
+at::Tensor payload(int src, int i) {
+  return at::arange(numel_of(i), at::kFloat) * 3 + src * 100000 + i * 7;
+}
+
+TEST(Mailboxes, ThreadsExchangeChunkedMessagesInAnyTagOrder) {
+  const auto& w = world();
+  if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  auto mb = make_mailboxes();
+  const int right = (w.rank + 1) % w.size, left = (w.rank + w.size - 1) % w.size;
+  constexpr int kMessages = 32, kTags = 4;
+  // One thread sends message i with tag i % kTags, all posted before any is waited for.
+  std::thread sender([&] {
+    std::vector<ops::P2POpPtr> ops;
+    for (int i = 0; i < kMessages; ++i) {
+      ops.push_back(mb->send(payload(w.rank, i), right, i % kTags, kLong));
+    }
+    for (auto& op : ops) mb->wait(*op);
+  });
+  // Two threads receive: one the highest tags first, the other the lowest; within a tag, in
+  // order. Most messages pass each other (NOTE [Mailboxes]: the unexpected ones).
+  std::vector<at::Tensor> got(kMessages);
+  const auto receive = [&](std::vector<int> tags) {
+    std::vector<std::pair<int, ops::P2POpPtr>> ops;
+    for (int tag : tags) {
+      for (int i = tag; i < kMessages; i += kTags) {
+        got[i] = at::full({numel_of(i)}, -1.0f);
+        ops.emplace_back(i, mb->recv(got[i], left, tag, kLong));
+      }
+    }
+    for (auto& [i, op] : ops) {
+      mb->wait(*op);
+      EXPECT_EQ(op->peer(), left);
+    }
+  };
+  std::thread high(receive, std::vector<int>{3, 2});
+  receive({0, 1});
+  high.join();
+  sender.join();
+  for (int i = 0; i < kMessages; ++i) {
+    EXPECT_TRUE(got[i].equal(payload(left, i))) << "message " << i << " from rank " << left;
+  }
+  store_barrier("done");  // nobody destroys an outbox a peer has yet to map
+}
+
+TEST(Mailboxes, ReceivesFromAnyRankNameTheirSource) {
+  const auto& w = world();
+  if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  auto mb = make_mailboxes();
+  if (w.rank == 0) {
+    std::vector<int> seen;
+    for (int k = 1; k < w.size; ++k) {
+      auto t = at::empty({3}, at::kLong);
+      auto op = mb->recv(t, -1, 5, kLong);
+      mb->wait(*op);
+      seen.push_back(op->peer());
+      EXPECT_EQ(t[0].item<int64_t>(), op->peer());
+      EXPECT_EQ(op->future()->value().toTensorVector()[0].data_ptr(), t.data_ptr());
+    }
+    std::sort(seen.begin(), seen.end());
+    for (int k = 1; k < w.size; ++k) EXPECT_EQ(seen[k - 1], k);
+  } else {
+    mb->wait(*mb->send(at::full({3}, int64_t{w.rank}), 0, 5, kLong));
+  }
+  store_barrier("done");
+}
+
+TEST(Mailboxes, TimeoutsNameBothRanksAndMismatchesKeepTheMessage) {
+  const auto& w = world();
+  if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  auto mb = make_mailboxes();
+  const milliseconds short_timeout{300};
+  if (w.rank == 1) {
+    auto t = at::zeros({3});
+    expect_error([&] { mb->wait(*mb->recv(t, 0, 7, short_timeout)); },
+                 "rank 1's recv from rank 0 (tag 7, 12 bytes of Float) timed out after 300 ms: "
+                 "rank 0 has sent nothing on this group");
+    auto any = at::zeros({2});
+    expect_error([&] { mb->wait(*mb->recv(any, -1, 99, short_timeout)); },
+                 "rank 1's recv from any rank (tag 99, 8 bytes of Float) timed out after 300 ms: "
+                 "no rank sent a message with tag 99");
+  }
+  store_barrier("nothing sent");
+  if (w.rank == 0) {
+    mb->wait(*mb->send(at::arange(3, at::kFloat), 1, 1, kLong));
+    // Larger than the mailbox, never taken: times out midway, and the channel is unusable.
+    expect_error([&] { mb->wait(*mb->send(at::zeros({4 * kSlot}), 1, 9, short_timeout)); },
+                 "rank 0's send to rank 1 (tag 9, 65536 bytes of Float) timed out after 300 ms: "
+                 "rank 1 did not take the earlier chunks from its mailbox (2 of 16 chunks sent); "
+                 "the channel to rank 1 is now unusable");
+    expect_error([&] { mb->wait(*mb->send(at::zeros({1}), 1, 1, kLong)); },
+                 "the channel from rank 0 to rank 1 is unusable");
+  } else if (w.rank == 1) {
+    auto wrong = at::zeros({3}, at::kInt);
+    expect_error([&] { mb->wait(*mb->recv(wrong, 0, 1, kLong)); },
+                 "rank 1 expected 12 bytes of Int from rank 0 with tag 1, but rank 0 sent 12 bytes "
+                 "of Float with that tag; the message stays queued");
+    auto right = at::zeros({3});
+    mb->wait(*mb->recv(right, 0, 1, kLong));
+    EXPECT_TRUE(right.equal(at::arange(3, at::kFloat)));
+    // Nothing more is posted here: rank 0's large send stays untaken.
+  }
+  store_barrier("done");
+}
+
+TEST(Mailboxes, AFailureEndsThePendingOpsAndTheLaterOnes) {
+  const auto& w = world();
+  if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  auto mb = make_mailboxes();
+  auto t = at::zeros({1});
+  auto op = mb->recv(t, (w.rank + 1) % w.size, 3, kLong);
+  std::thread waiter(
+      [&] { expect_error([&] { mb->wait(*op); }, "cuda_p2p send/recv: going away"); });
+  std::this_thread::sleep_for(milliseconds(50));
+  mb->fail("cuda_p2p send/recv: going away");
+  waiter.join();
+  EXPECT_TRUE(op->done());
+  EXPECT_TRUE(op->future()->hasError());
+  expect_error([&] { mb->wait(*mb->send(t, (w.rank + 1) % w.size, 3, kLong)); }, "going away");
+  store_barrier("done");
+}
+
+}  // namespace
+}  // namespace cuda_p2p::test
