@@ -98,9 +98,11 @@ ALGOS = {
 # Counter prefix of each benchmarked collective.
 COUNTER = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
            "reduce_scatter_tensor": "reduce_scatter", "broadcast": "broadcast",
-           "all_to_all_single": "all_to_all_single", "reduce": "reduce"}
+           "all_to_all_single": "all_to_all_single", "reduce": "reduce", "send_recv": "send"}
+# send_recv: every rank sends the message to its right neighbour and receives its left one's
+# (batch_isend_irecv, waited for), as a pipeline's stages hand activations on.
 COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast",
-               "all_to_all_single", "reduce")
+               "all_to_all_single", "reduce", "send_recv")
 # NCCL-tests bus bandwidth factors (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md);
 # the message size is the all-reduce/broadcast buffer, the all-gather output, the reduce-scatter input,
 # the all-to-all's input (= its output: numel / n elements to every rank).
@@ -111,6 +113,7 @@ BUSBW_FACTOR = {
     "broadcast": lambda n: 1.0,
     "all_to_all_single": lambda n: (n - 1) / n,
     "reduce": lambda n: 1.0,
+    "send_recv": lambda n: 1.0,
 }
 SHORT_SIZES = (8, 1 << 10, 64 << 10, 1 << 20, 16 << 20)
 FULL_MIN, FULL_MAX = 8, 64 << 20
@@ -264,7 +267,7 @@ def _make_inputs(coll: str, nbytes: int, n: int, rank: int, dtype: torch.dtype, 
         return inp(numel // n), torch.empty(numel, dtype=dtype)
     if coll == "reduce_scatter_tensor":
         return inp(numel), torch.empty(numel // n, dtype=dtype)
-    if coll == "all_to_all_single":
+    if coll in ("all_to_all_single", "send_recv"):
         return inp(numel), torch.empty(numel, dtype=dtype)
     raise ValueError(coll)
 
@@ -285,6 +288,12 @@ def _run_op(dist, coll: str, inp, out, group) -> None:
         dist.all_to_all_single(out, inp, group=group)
     elif coll == "reduce":
         dist.reduce(inp, dst=0, group=group)
+    elif coll == "send_recv":
+        n, r = dist.get_world_size(group), dist.get_rank(group)
+        for w in dist.batch_isend_irecv([
+                dist.P2POp(dist.isend, inp, group=group, group_peer=(r + 1) % n),
+                dist.P2POp(dist.irecv, out, group=group, group_peer=(r - 1) % n)]):
+            w.wait()
     elif coll == "barrier":
         dist.barrier(group=group)
     else:
@@ -325,6 +334,8 @@ def _check(dist, coll: str, nbytes: int, n: int, rank: int, dtype, groups) -> di
         elif coll == "all_to_all_single":
             shard = numel // n
             exp = torch.cat([base(numel, r)[rank * shard:(rank + 1) * shard] for r in range(n)])
+        elif coll == "send_recv":
+            exp = base(numel, (rank - 1) % n)
         else:
             shard = numel // n
             exp = sum(base(numel, r) for r in range(n))[rank * shard:(rank + 1) * shard]
@@ -936,7 +947,8 @@ def add_derived(run: dict, memcpy_gbps: float) -> None:
 SPEEDUP_COLORS = ["k", "tab:green", "tab:purple", "tab:orange", "tab:brown"]
 SHORT_NAMES = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
                "reduce_scatter_tensor": "reduce_scatter", "broadcast": "broadcast",
-               "all_to_all_single": "all_to_all", "reduce": "reduce", "barrier": "barrier"}
+               "all_to_all_single": "all_to_all", "reduce": "reduce", "send_recv": "send_recv",
+               "barrier": "barrier"}
 
 
 def fmt_gbps(v: float) -> str:
