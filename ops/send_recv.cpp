@@ -33,11 +33,16 @@ namespace cuda_p2p::ops {
 // them, with its tag (and from its source, or from any rank). A message at the head of a mailbox
 // that no pending receive wants, while some receive from that rank waits for another tag, is
 // copied into this rank's memory (`unexpected_`) so that the later messages can pass it; a
-// receive looks there first. A matched message whose byte size or dtype differs from the
-// receive's tensor fails that receive with both ranks named, and stays queued for a receive that
-// fits. Ops time out after the group's timeout, naming both ranks and what was missing; a send
-// or receive that times out midway through a message leaves that pair's channel unusable (its
-// later ops fail at once, saying why), since the chunks left can no longer be told apart.
+// receive looks there first. So is one in a mailbox whose slots are full while a send of this
+// rank waits (for its own receiver to take chunks), receive or not: two ranks that each send
+// more than the slots hold before they receive would otherwise wait for each other until the
+// timeout (Gloo's sockets buffer such sends; NCCL and MPI deadlock). A sender that merely runs
+// ahead pays that second copy only while the receiver itself is blocked in a send. A matched
+// message whose byte size or dtype differs from the receive's tensor fails that receive with both
+// ranks named, and stays queued for a receive that fits. Ops time out after the group's timeout,
+// naming both ranks and what was missing; a send or receive that times out midway through a message
+// leaves that pair's channel unusable (its later ops fail at once, saying why), since the chunks
+// left can no longer be told apart.
 //
 // Progress: every call (post, Work.wait, Work.is_completed) drives all pending ops of the group
 // as far as they go without blocking, so a message to a rank that is already waiting moves with
@@ -383,10 +388,14 @@ void Mailboxes::progress_locked(std::vector<SignalWait>& waits, std::vector<P2PO
     return;
   }
   match_unexpected(ended);
+  bool blocked = false;  // a send of this rank waits for its receiver to take chunks
   for (int r = 0; r < world_size_; ++r) {
     if (r == rank_) continue;
     progress_sends(*peers_[r], r, waits, ended);
-    progress_receives(*peers_[r], r, waits, ended);
+    blocked = blocked || !peers_[r]->sends.empty();
+  }
+  for (int r = 0; r < world_size_; ++r) {
+    if (r != rank_) progress_receives(*peers_[r], r, waits, ended, blocked);
   }
   expire(Clock::now(), ended);
 }
@@ -430,11 +439,12 @@ void Mailboxes::progress_sends(Peer& p, int dst, std::vector<SignalWait>& waits,
 }
 
 void Mailboxes::progress_receives(Peer& p, int src, std::vector<SignalWait>& waits,
-                                  std::vector<P2POpPtr>& ended) {
+                                  std::vector<P2POpPtr>& ended, bool drain) {
   const auto wants = [&](const P2POpPtr& op) {
     return !op->matched_ && (op->peer() == src || op->peer() == -1);
   };
-  if (!p.into_op && !p.into_unexpected && std::none_of(receives_.begin(), receives_.end(), wants)) {
+  if (!p.into_op && !p.into_unexpected && !drain &&
+      std::none_of(receives_.begin(), receives_.end(), wants)) {
     return;
   }
   if (!p.broken_in.empty()) {
@@ -459,8 +469,9 @@ void Mailboxes::progress_receives(Peer& p, int src, std::vector<SignalWait>& wai
   const int64_t slot_bytes = p.inbox_slot_bytes;
   while (true) {
     const uint32_t* posted = word_at(reg, kPostedOffset);
-    if (load(posted) == p.taken) {
-      if (p.into_op || p.into_unexpected ||
+    const uint32_t in_flight = (load(posted) - p.taken) & kSequence;
+    if (in_flight == 0) {
+      if (p.into_op || p.into_unexpected || drain ||
           std::any_of(receives_.begin(), receives_.end(), wants)) {
         waits.push_back({posted, (p.taken + 1) & kSequence, src});
       }
@@ -482,8 +493,10 @@ void Mailboxes::progress_receives(Peer& p, int src, std::vector<SignalWait>& wai
         op->matched_ = true;
         op->peer_.store(src, std::memory_order_release);
         p.into_op = op;
-      } else if (std::any_of(receives_.begin(), receives_.end(), wants)) {
-        // NOTE [Mailboxes]: a receive from this rank waits for another tag; let this one pass.
+      } else if (std::any_of(receives_.begin(), receives_.end(), wants) ||
+                 (drain && in_flight >= static_cast<uint32_t>(kSlots))) {
+        // NOTE [Mailboxes]: a receive from this rank waits for another tag, or this rank's own
+        // send waits while the sender's slots towards it are full: let this one pass.
         auto u = std::make_unique<Unexpected>();
         u->src = src;
         u->tag = h.tag;

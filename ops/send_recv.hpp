@@ -102,8 +102,10 @@ class Mailboxes {
   void progress_locked(std::vector<SignalWait>& waits, std::vector<P2POpPtr>& ended);
   void progress_sends(Peer& p, int dst, std::vector<SignalWait>& waits,
                       std::vector<P2POpPtr>& ended);
+  // `drain`: a send of this rank is blocked, so full mailboxes towards it are emptied into
+  // unexpected_ (NOTE [Mailboxes]).
   void progress_receives(Peer& p, int src, std::vector<SignalWait>& waits,
-                         std::vector<P2POpPtr>& ended);
+                         std::vector<P2POpPtr>& ended, bool drain);
   bool match_unexpected(std::vector<P2POpPtr>& ended);
   void expire(Clock::time_point now, std::vector<P2POpPtr>& ended);
   void finish(const P2POpPtr& op, std::exception_ptr error, std::vector<P2POpPtr>& ended);

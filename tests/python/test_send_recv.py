@@ -1,8 +1,9 @@
 """send/recv, isend/irecv, recv from any rank and batch_isend_irecv through the workspace's
 mailboxes (NOTE [Mailboxes] in ops/send_recv.cpp) on 2, 3 and 4 ranks: every dtype, sizes from
 empty to many chunks (4 KiB slots), non-contiguous tensors, tags taken out of order (large
-messages passing each other), both directions at once, a sender that runs ahead, progress while
-the sender does something else, two groups side by side. Each received tensor is compared with
+messages passing each other), both directions at once, a sender that runs ahead, every rank
+sending before it receives, progress while the sender does something else, two groups side by
+side. Each received tensor is compared with
 what the sender sent, computed locally by plain torch; the counters say the mailboxes ran
 (`send.direct`, `recv.direct`, nothing wrapped). Unmatched and mismatched pairs raise naming both
 ranks, and nothing is lost; a shutdown fails a pending receive. torch.distributed.pipelining's
@@ -163,6 +164,17 @@ def check_exchanges(ctx):
         ctx_barrier(ctx)
     else:
         ctx_barrier(ctx)
+
+    # Every rank sends before it receives, blocking, more than the slots hold (a cycle of
+    # senders): each blocked sender empties the full mailbox towards it (NOTE [Mailboxes]).
+    n, k = 3 * SLOT // 4, 5
+    for i in range(k):
+        dist.send(_message(rank, right, n, torch.float32, seed=20 + i), right, group=small, tag=20)
+    outs = [torch.zeros(n) for _ in range(k)]
+    for i in range(k):
+        dist.recv(outs[i], left, group=small, tag=20)
+    chk.case("senders first", all(torch.equal(outs[i], _message(left, rank, n, torch.float32,
+                                                                 seed=20 + i)) for i in range(k)), "")
 
     # Two groups side by side: the same peer and tag on both, taken in the other group order.
     x, y = torch.zeros(2), torch.zeros(2)
