@@ -39,7 +39,7 @@
 #include "ops/collectives.hpp"
 #include "ops/failure_record.hpp"
 #include "ops/pipeline_common.hpp"
-#include "ops/send_recv.hpp"
+#include "p2p_workspace/host/mailboxes.hpp"
 #include "p2p_workspace/symmetric_heap.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
 
@@ -328,15 +328,21 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // Why a send or receive of `tensors` goes to the wrapped backend (nullptr: the mailboxes take
   // it). Depends only on what both ranks of a pair agree on, so that both take the same path.
   const char* mailbox_rejects(const std::vector<at::Tensor>& tensors) const;
-  // The group's mailboxes (NOTE [Mailboxes] in ops/send_recv.cpp), made on the first use.
-  std::shared_ptr<ops::Mailboxes> mailboxes();
+  // send (`type` SEND), recv (RECV) or recvAnysource (RECVANYSOURCE, `peer` -1) of `tensors`:
+  // through the mailboxes, or `wrapped` on the routed backend, counted either way.
+  c10::intrusive_ptr<c10d::Work> p2p(
+      std::vector<at::Tensor>& tensors, c10d::OpType type, int peer, int tag,
+      c10::function_ref<c10::intrusive_ptr<c10d::Work>(c10d::Backend&)> wrapped);
+  // The group's mailboxes (NOTE [Mailboxes] in p2p_workspace/host/mailboxes.cpp), made on the first
+  // use.
+  std::shared_ptr<host::Mailboxes> mailboxes();
   // A shutdown's flush of the mailboxes (NOTE [Shutdown flushes]): waits at most `limit` until
   // the receivers took every message this rank sent; warns naming those that did not.
   void flush_mailboxes(std::chrono::milliseconds limit);
   // Fails the mailboxes' pending and later ops with `why` (abort, shutdown).
   void fail_mailboxes(const std::string& why);
   std::mutex mailboxes_mutex_;
-  std::shared_ptr<ops::Mailboxes> mailboxes_;
+  std::shared_ptr<host::Mailboxes> mailboxes_;
 
   // The Work of a hierarchical collective (done on return), tracked while coalescing.
   c10::intrusive_ptr<c10d::Work> hierarchical_done(c10d::OpType type,

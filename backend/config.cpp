@@ -506,7 +506,7 @@ Config resolve_config(const Options& o, int world_size, const config::EnvLookup&
   c.symmetric_heap_size =
       pick(o.symmetric_heap_size, env_int(env, kSymmetricHeapSizeEnv, 1, kMaxBytes),
            Config::kDefaultSymmetricHeapSize);
-  // The send/recv mailboxes (NOTE [Mailboxes] in ops/send_recv.cpp).
+  // The send/recv mailboxes (NOTE [Mailboxes] in p2p_workspace/host/mailboxes.cpp).
   c.mailbox_slot_bytes =
       pick(o.mailbox_slot_bytes, env_int(env, kMailboxSlotBytesEnv, 4096, kMaxMailboxSlotBytes),
            Config::kDefaultMailboxSlotBytes);

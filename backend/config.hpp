@@ -103,8 +103,9 @@ struct Options : c10d::Backend::Options {
   // Bytes of each rank's symmetric heap (cuda_p2p.empty; NOTE [Symmetric heap] in
   // p2p_workspace/symmetric_heap.cpp): unset defers to CUDA_P2P_SYMMETRIC_HEAP_SIZE, else 1 GiB.
   std::optional<int64_t> symmetric_heap_size;
-  // Bytes of each slot of the send/recv mailboxes (NOTE [Mailboxes] in ops/send_recv.cpp), a
-  // multiple of 4096: unset defers to CUDA_P2P_MAILBOX_SLOT_BYTES, else 1 MiB.
+  // Bytes of each slot of the send/recv mailboxes (NOTE [Mailboxes] in
+  // p2p_workspace/host/mailboxes.cpp), a multiple of 4096: unset defers to
+  // CUDA_P2P_MAILBOX_SLOT_BYTES, else 1 MiB.
   std::optional<int64_t> mailbox_slot_bytes;
   // The inline one-shot all-reduce on a host workspace (NOTE [Inline one-shot] in
   // ops/all_reduce.cpp): unset defers to CUDA_P2P_INLINE_ALL_REDUCE, else on.

@@ -1,6 +1,7 @@
 // ProcessGroupCudaP2P's send, recv and recvAnysource: through the group's mailboxes
-// (ops/send_recv.cpp, NOTE [Mailboxes]) on a host workspace, else on the wrapped backend, counted
-// (docs/collectives.md, "Send and receive"). batch_isend_irecv is these under coalescing.
+// (p2p_workspace/host/mailboxes.cpp, NOTE [Mailboxes]) on a host workspace, else on the wrapped
+// backend, counted (docs/collectives.md, "Send and receive"). batch_isend_irecv is these under
+// coalescing.
 #include <c10/util/Exception.h>
 
 #include <utility>
@@ -20,8 +21,8 @@ namespace {
 // its message from.
 class MailboxWork : public Work {
  public:
-  MailboxWork(int rank, c10d::OpType type, std::shared_ptr<ops::Mailboxes> mailboxes,
-              ops::P2POpPtr op)
+  MailboxWork(int rank, c10d::OpType type, std::shared_ptr<host::Mailboxes> mailboxes,
+              host::P2POpPtr op)
       : Work(rank, type), mailboxes_(std::move(mailboxes)), op_(std::move(op)) {}
 
   bool isCompleted() override { return mailboxes_->poll(*op_); }
@@ -58,8 +59,8 @@ class MailboxWork : public Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return op_->future(); }
 
  private:
-  std::shared_ptr<ops::Mailboxes> mailboxes_;
-  ops::P2POpPtr op_;
+  std::shared_ptr<host::Mailboxes> mailboxes_;
+  host::P2POpPtr op_;
 };
 
 void check_peer(int peer, int W, int me, const char* what, const char* role) {
@@ -76,17 +77,17 @@ const char* ProcessGroupCudaP2P::mailbox_rejects(const std::vector<at::Tensor>& 
   return nullptr;
 }
 
-std::shared_ptr<ops::Mailboxes> ProcessGroupCudaP2P::mailboxes() {
+std::shared_ptr<host::Mailboxes> ProcessGroupCudaP2P::mailboxes() {
   std::lock_guard<std::mutex> lock(mailboxes_mutex_);
   if (!mailboxes_) {
-    mailboxes_ = std::make_shared<ops::Mailboxes>(
+    mailboxes_ = std::make_shared<host::Mailboxes>(
         store_, getRank(), getSize(), workspace_->device_ptr(), config_.mailbox_slot_bytes);
   }
   return mailboxes_;
 }
 
 void ProcessGroupCudaP2P::flush_mailboxes(std::chrono::milliseconds limit) {
-  std::shared_ptr<ops::Mailboxes> mb;
+  std::shared_ptr<host::Mailboxes> mb;
   {
     std::lock_guard<std::mutex> lock(mailboxes_mutex_);
     mb = mailboxes_;
@@ -101,7 +102,7 @@ void ProcessGroupCudaP2P::flush_mailboxes(std::chrono::milliseconds limit) {
 }
 
 void ProcessGroupCudaP2P::fail_mailboxes(const std::string& why) {
-  std::shared_ptr<ops::Mailboxes> mb;
+  std::shared_ptr<host::Mailboxes> mb;
   {
     std::lock_guard<std::mutex> lock(mailboxes_mutex_);
     mb = mailboxes_;
@@ -109,45 +110,43 @@ void ProcessGroupCudaP2P::fail_mailboxes(const std::string& why) {
   if (mb) mb->fail("cuda_p2p send/recv: " + why);
 }
 
-WorkPtr ProcessGroupCudaP2P::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
-  check_peer(dst_rank, getSize(), getRank(), "send", "the destination");
+WorkPtr ProcessGroupCudaP2P::p2p(std::vector<at::Tensor>& tensors, c10d::OpType type, int peer,
+                                 int tag, c10::function_ref<WorkPtr(c10d::Backend&)> wrapped) {
+  struct Names {
+    const char* op;
+    const char* wrapped;
+    const char* direct;
+  };
+  const Names n = type == c10d::OpType::SEND ? Names{"send", "send.wrapped", "send.direct"}
+                  : type == c10d::OpType::RECV
+                      ? Names{"recv", "recv.wrapped", "recv.direct"}
+                      : Names{"recv_anysource", "recv_anysource.wrapped", "recv_anysource.direct"};
   if (const char* why = mailbox_rejects(tensors)) {
-    count_fallback("send.wrapped", why);
-    return delegate(tensors, "send",
-                    [&](c10d::Backend& b) { return b.send(tensors, dst_rank, tag); });
+    count_fallback(n.wrapped, why);
+    return delegate(tensors, n.op, wrapped);
   }
   auto mb = mailboxes();
-  auto op = mb->send(tensors[0], dst_rank, tag, options_->timeout);
-  bump_counter("send.direct");
-  return track(c10::make_intrusive<MailboxWork>(getRank(), c10d::OpType::SEND, std::move(mb),
-                                                std::move(op)));
+  auto posted = type == c10d::OpType::SEND ? mb->send(tensors[0], peer, tag, options_->timeout)
+                                           : mb->recv(tensors[0], peer, tag, options_->timeout);
+  bump_counter(n.direct);
+  return track(c10::make_intrusive<MailboxWork>(getRank(), type, std::move(mb), std::move(posted)));
+}
+
+WorkPtr ProcessGroupCudaP2P::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+  check_peer(dst_rank, getSize(), getRank(), "send", "the destination");
+  return p2p(tensors, c10d::OpType::SEND, dst_rank, tag,
+             [&](c10d::Backend& b) { return b.send(tensors, dst_rank, tag); });
 }
 
 WorkPtr ProcessGroupCudaP2P::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
   check_peer(src_rank, getSize(), getRank(), "recv", "the source");
-  if (const char* why = mailbox_rejects(tensors)) {
-    count_fallback("recv.wrapped", why);
-    return delegate(tensors, "recv",
-                    [&](c10d::Backend& b) { return b.recv(tensors, src_rank, tag); });
-  }
-  auto mb = mailboxes();
-  auto op = mb->recv(tensors[0], src_rank, tag, options_->timeout);
-  bump_counter("recv.direct");
-  return track(c10::make_intrusive<MailboxWork>(getRank(), c10d::OpType::RECV, std::move(mb),
-                                                std::move(op)));
+  return p2p(tensors, c10d::OpType::RECV, src_rank, tag,
+             [&](c10d::Backend& b) { return b.recv(tensors, src_rank, tag); });
 }
 
 WorkPtr ProcessGroupCudaP2P::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  if (const char* why = mailbox_rejects(tensors)) {
-    count_fallback("recv_anysource.wrapped", why);
-    return delegate(tensors, "recv_anysource",
-                    [&](c10d::Backend& b) { return b.recvAnysource(tensors, tag); });
-  }
-  auto mb = mailboxes();
-  auto op = mb->recv(tensors[0], -1, tag, options_->timeout);
-  bump_counter("recv_anysource.direct");
-  return track(c10::make_intrusive<MailboxWork>(getRank(), c10d::OpType::RECVANYSOURCE,
-                                                std::move(mb), std::move(op)));
+  return p2p(tensors, c10d::OpType::RECVANYSOURCE, -1, tag,
+             [&](c10d::Backend& b) { return b.recvAnysource(tensors, tag); });
 }
 
 }  // namespace cuda_p2p

@@ -1,6 +1,6 @@
-// The send/recv mailboxes (ops/send_recv.cpp, NOTE [Mailboxes]) on the host device, over the
-// job's TCPStore (no Python): several threads of each rank sending and receiving chunked messages
-// in any tag order, receives from any rank, and the errors. Run under TSan too
+// The send/recv mailboxes (p2p_workspace/host/mailboxes.cpp, NOTE [Mailboxes]) on the host device,
+// over the job's TCPStore (no Python): several threads of each rank sending and receiving chunked
+// messages in any tag order, receives from any rank, and the errors. Run under TSan too
 // (scripts/sanitizers.sh).
 #include <ATen/ATen.h>
 
@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "ops/send_recv.hpp"
+#include "p2p_workspace/host/mailboxes.hpp"
 #include "tests/cpp/harness.hpp"
 
 namespace cuda_p2p::test {
@@ -18,9 +18,9 @@ using std::chrono::milliseconds;
 constexpr int64_t kSlot = 4096;
 constexpr milliseconds kLong{60000};
 
-std::unique_ptr<ops::Mailboxes> make_mailboxes() {
-  return std::make_unique<ops::Mailboxes>(test_store(), world().rank, world().size,
-                                          test_host_device(world().size), kSlot);
+std::unique_ptr<host::Mailboxes> make_mailboxes() {
+  return std::make_unique<host::Mailboxes>(test_store(), world().rank, world().size,
+                                           test_host_device(world().size), kSlot);
 }
 
 // Message i of rank `src`: 0 to ~5 slots of floats, distinct per rank and index, exact.
@@ -37,7 +37,7 @@ TEST(Mailboxes, ThreadsExchangeChunkedMessagesInAnyTagOrder) {
   constexpr int kMessages = 32, kTags = 4;
   // One thread sends message i with tag i % kTags, all posted before any is waited for.
   std::thread sender([&] {
-    std::vector<ops::P2POpPtr> ops;
+    std::vector<host::P2POpPtr> ops;
     for (int i = 0; i < kMessages; ++i) {
       ops.push_back(mb->send(payload(w.rank, i), right, i % kTags, kLong));
     }
@@ -47,7 +47,7 @@ TEST(Mailboxes, ThreadsExchangeChunkedMessagesInAnyTagOrder) {
   // order. Most messages pass each other (NOTE [Mailboxes]: the unexpected ones).
   std::vector<at::Tensor> got(kMessages);
   const auto receive = [&](std::vector<int> tags) {
-    std::vector<std::pair<int, ops::P2POpPtr>> ops;
+    std::vector<std::pair<int, host::P2POpPtr>> ops;
     for (int tag : tags) {
       for (int i = tag; i < kMessages; i += kTags) {
         got[i] = at::full({numel_of(i)}, -1.0f);

@@ -1,7 +1,9 @@
 // Point-to-point messages between the ranks of one host: send, recv (from one rank or any) and
-// their async forms, through mailboxes in shared memory (ops/send_recv.cpp, NOTE [Mailboxes]).
-// What ProcessGroupCudaP2P's send/recv/recvAnysource run on a host workspace
-// (backend/workspace_send_recv.cpp; docs/collectives.md, "Send and receive").
+// their async forms, through mailboxes in shared memory (mailboxes.cpp, NOTE [Mailboxes]). What
+// ProcessGroupCudaP2P's send/recv/recvAnysource run on a host workspace
+// (backend/workspace_send_recv.cpp; docs/collectives.md, "Send and receive"). Host-only: it
+// polls and sleeps on the shared words itself (futex_wait.hpp) instead of going through the
+// device interface's streams, so it lives beside the host device, not in ops/ (docs/design.md).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -22,7 +24,7 @@
 
 #include "p2p_workspace/device.hpp"
 
-namespace cuda_p2p::ops {
+namespace cuda_p2p::host {
 
 // One send or receive. Made by Mailboxes::send / recv; its fields other than the ones below are
 // the engine's, guarded by its lock.
@@ -56,9 +58,9 @@ class P2POp {
 };
 using P2POpPtr = std::shared_ptr<P2POp>;
 
-// The mailboxes of one group on a host workspace (NOTE [Mailboxes] in ops/send_recv.cpp). Not a
-// collective: ops of different pairs of ranks run independently of each other and of the
-// group's collectives. Thread-safe.
+// The mailboxes of one group on a host workspace (NOTE [Mailboxes] in
+// p2p_workspace/host/mailboxes.cpp). Not a collective: ops of different pairs of ranks run
+// independently of each other and of the group's collectives. Thread-safe.
 class Mailboxes {
  public:
   // Each slot holds one chunk of a message; a rank's outbox holds kSlots per peer.
@@ -113,7 +115,9 @@ class Mailboxes {
   static void complete(std::vector<P2POpPtr>& ended);
   void ensure_outbox();
   bool map_source(int src);
+  // This rank's region for `dst` in its own outbox; its region in a sender's mapped outbox.
   uint8_t* region(uint8_t* outbox, int dst) const;
+  uint8_t* inbox_region(const Peer& p) const;
   static std::string size_of(const P2POp& op);
   static std::string describe(const P2POp& op);
   std::exception_ptr mismatch(const P2POp& op, int src, int64_t tag, int64_t bytes,
@@ -152,4 +156,4 @@ class Mailboxes {
   std::thread thread_;
 };
 
-}  // namespace cuda_p2p::ops
+}  // namespace cuda_p2p::host

@@ -1,4 +1,4 @@
-#include "ops/send_recv.hpp"
+#include "p2p_workspace/host/mailboxes.hpp"
 
 #include <c10/util/Exception.h>
 
@@ -8,7 +8,7 @@
 
 #include "p2p_workspace/host/futex_wait.hpp"
 
-namespace cuda_p2p::ops {
+namespace cuda_p2p::host {
 
 // NOTE [Mailboxes]
 // send/recv do not fit the collectives' protocol: a group's collectives run in one order on
@@ -59,7 +59,8 @@ namespace cuda_p2p::ops {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr uint32_t kSequence = 0x7fffffffu;  // host signal words are 31-bit (NOTE [Sleeper bit])
+constexpr uint32_t kSequenceMask =
+    0x7fffffffu;  // host signal words are 31-bit (NOTE [Sleeper bit])
 constexpr int64_t kPostedOffset = 0;
 constexpr int64_t kAckedOffset = 64;
 constexpr int64_t kHeadersOffset = 128;
@@ -69,7 +70,7 @@ constexpr auto kLookupInterval = std::chrono::milliseconds(1);
 // How long the progress thread leaves pending ops to the callers after one of them drove them.
 constexpr auto kGrace = std::chrono::milliseconds(1);
 static_assert((Mailboxes::kSlots & (Mailboxes::kSlots - 1)) == 0 &&
-                  (kSequence + 1) % Mailboxes::kSlots == 0,
+                  (kSequenceMask + 1) % Mailboxes::kSlots == 0,
               "slot indices must survive the counters' wrap-around");
 static_assert(kHeadersOffset + Mailboxes::kSlots * kHeaderBytes <= kDataOffset);
 
@@ -89,7 +90,7 @@ uint32_t* word_at(uint8_t* region, int64_t offset) {
 
 uint32_t load(const uint32_t* word) {
   return std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(word)).load(std::memory_order_acquire) &
-         kSequence;
+         kSequenceMask;
 }
 
 ChunkHeader* header_at(uint8_t* region, uint32_t chunk) {
@@ -182,6 +183,12 @@ uint8_t* Mailboxes::region(uint8_t* outbox, int dst) const {
   return outbox + static_cast<int64_t>(dst) * region_bytes_;
 }
 
+uint8_t* Mailboxes::inbox_region(const Peer& p) const {
+  // The sender's layout, as it published it: its slots may differ from this rank's.
+  return static_cast<uint8_t*>(p.inbox->data()) +
+         static_cast<int64_t>(rank_) * p.inbox_region_bytes;
+}
+
 std::string Mailboxes::size_of(const P2POp& op) {
   return bytes_of(static_cast<int64_t>(op.data_.nbytes()),
                   static_cast<int32_t>(op.data_.scalar_type()));
@@ -226,7 +233,12 @@ P2POpPtr Mailboxes::recv(const at::Tensor& t, int src, int tag, std::chrono::mil
 
 P2POpPtr Mailboxes::post(P2POpPtr op) {
   op->future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
-  op->deadline_ = Clock::now() + op->timeout_;
+  // Saturated: a group's timeout may be as large as a timedelta holds.
+  const auto now = Clock::now();
+  op->deadline_ = op->timeout_ >= std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      Clock::time_point::max() - now)
+                      ? Clock::time_point::max()
+                      : now + op->timeout_;
   std::vector<P2POpPtr> ended;
   std::vector<SignalWait> waits;
   bool pending = false;
@@ -250,7 +262,7 @@ P2POpPtr Mailboxes::post(P2POpPtr op) {
 
 void Mailboxes::ensure_outbox() {
   if (outbox_) return;
-  const int64_t bytes = region_bytes_ * world_size_;
+  const int64_t bytes = region_bytes_ * world_size_;  // this rank's layout, published below
   auto block = device_->allocate(static_cast<size_t>(bytes));
   auto exporter = device_->export_block(block, world_size_ - 1);
   // The record: slot bytes, region bytes, then the exporter's handle.
@@ -277,6 +289,10 @@ bool Mailboxes::map_source(int src) {
               "'s mailbox record is malformed (", record.size(), " bytes)");
   std::memcpy(&p.inbox_slot_bytes, record.data(), sizeof(int64_t));
   std::memcpy(&p.inbox_region_bytes, record.data() + sizeof(int64_t), sizeof(int64_t));
+  TORCH_CHECK(
+      p.inbox_slot_bytes > 0 && p.inbox_region_bytes == kDataOffset + kSlots * p.inbox_slot_bytes,
+      "cuda_p2p recv: rank ", src, "'s mailbox record is malformed (slots of ", p.inbox_slot_bytes,
+      " bytes in regions of ", p.inbox_region_bytes, ")");
   const std::vector<uint8_t> handle(record.begin() + 2 * sizeof(int64_t), record.end());
   p.inbox = device_->import_block(handle, static_cast<size_t>(p.inbox_region_bytes * world_size_),
                                   std::chrono::seconds(30));
@@ -416,8 +432,8 @@ void Mailboxes::progress_sends(Peer& p, int dst, std::vector<SignalWait>& waits,
     const auto* src = static_cast<const uint8_t*>(op->data_.data_ptr());
     while (op->chunks_done_ < chunks) {
       const uint32_t* acked = word_at(reg, kAckedOffset);
-      if (((p.posted - load(acked)) & kSequence) >= static_cast<uint32_t>(kSlots)) {
-        waits.push_back({acked, (p.posted - kSlots + 1) & kSequence, dst});
+      if (((p.posted - load(acked)) & kSequenceMask) >= static_cast<uint32_t>(kSlots)) {
+        waits.push_back({acked, (p.posted - kSlots + 1) & kSequenceMask, dst});
         return;  // the receiver has not taken the earlier chunks yet
       }
       const int64_t offset = op->chunks_done_ * slot_bytes_;
@@ -429,7 +445,7 @@ void Mailboxes::progress_sends(Peer& p, int dst, std::vector<SignalWait>& waits,
         std::memcpy(reg + kDataOffset + (p.posted % kSlots) * slot_bytes_, src + offset,
                     static_cast<size_t>(bytes));
       }
-      p.posted = (p.posted + 1) & kSequence;
+      p.posted = (p.posted + 1) & kSequenceMask;
       host::futex_store_and_wake(word_at(reg, kPostedOffset), p.posted);  // NOTE [Mailboxes]
       ++op->chunks_done_;
     }
@@ -465,15 +481,15 @@ void Mailboxes::progress_receives(Peer& p, int src, std::vector<SignalWait>& wai
                   std::to_string(src) + "'s mailbox: " + e.what();
     return;
   }
-  uint8_t* reg = region(static_cast<uint8_t*>(p.inbox->data()), rank_);
+  uint8_t* reg = inbox_region(p);
   const int64_t slot_bytes = p.inbox_slot_bytes;
   while (true) {
     const uint32_t* posted = word_at(reg, kPostedOffset);
-    const uint32_t in_flight = (load(posted) - p.taken) & kSequence;
+    const uint32_t in_flight = (load(posted) - p.taken) & kSequenceMask;
     if (in_flight == 0) {
       if (p.into_op || p.into_unexpected || drain ||
           std::any_of(receives_.begin(), receives_.end(), wants)) {
-        waits.push_back({posted, (p.taken + 1) & kSequence, src});
+        waits.push_back({posted, (p.taken + 1) & kSequenceMask, src});
       }
       return;
     }
@@ -514,7 +530,7 @@ void Mailboxes::progress_receives(Peer& p, int src, std::vector<SignalWait>& wai
       std::memcpy(dst + h.offset, reg + kDataOffset + (p.taken % kSlots) * slot_bytes,
                   static_cast<size_t>(h.bytes));
     }
-    p.taken = (p.taken + 1) & kSequence;
+    p.taken = (p.taken + 1) & kSequenceMask;
     host::futex_store_and_wake(word_at(reg, kAckedOffset), p.taken);  // NOTE [Mailboxes]
     if (h.offset + h.bytes < h.total) {
       if (p.into_op) ++p.into_op->chunks_done_;
@@ -577,7 +593,7 @@ std::string Mailboxes::waiting_from(int src) const {
   }
   const Peer& p = *peers_[src];
   if (p.inbox && !p.into_op && !p.into_unexpected) {
-    uint8_t* reg = region(static_cast<uint8_t*>(p.inbox->data()), rank_);
+    uint8_t* reg = inbox_region(p);
     if (load(word_at(reg, kPostedOffset)) != p.taken) {
       const ChunkHeader h = *header_at(reg, p.taken);
       out << (n++ ? "; " : "") << "tag " << h.tag << ", " << bytes_of(h.total, h.dtype);
@@ -723,4 +739,4 @@ void Mailboxes::run_thread() {
   }
 }
 
-}  // namespace cuda_p2p::ops
+}  // namespace cuda_p2p::host
