@@ -78,6 +78,7 @@ def group_facts(backend, group=None) -> dict:
         "hierarchy": None,
         "wrapped": [],
         "fused_min_flops_cpu": cfg["fused_min_flops"],
+        "mailbox_slot_bytes": cfg["mailbox_slot_bytes"],
         "knobs": [dict(k) for k in backend._knob_values()],
         "counters": dict(backend.get_counters()),
     }
@@ -120,6 +121,14 @@ def _paths(f: dict) -> list[tuple[str, str]]:
         out.append(("collectives", f"wrapped backend: {f['collectives_reason']}"))
     out.append(("copy-free reads",
                 "on" if f["cross_memory"] else f"off: {f['cross_memory_reason']}"))
+    # docs/collectives.md, "Send and receive": the mailboxes serve CPU tensors on a host workspace.
+    if f["collectives"] and on_host:
+        slot = f["mailbox_slot_bytes"]
+        size = f"{slot // _MIB} MiB" if slot % _MIB == 0 else f"{slot // 1024} KiB"
+        out.append(("send/recv", f"mailboxes for CPU tensors (two {size} slots per pair of "
+                    "ranks)" + ("; CUDA tensors go to NCCL" if has_nccl else "")))
+    else:
+        out.append(("send/recv", "wrapped backend"))
     fused = [k for k in f["knobs"] if k["option"] == "fused_min_flops"][0]
     out.append(("fused ops", "on the workspace: the fused pipeline from "
                 f"{f['fused_min_flops_cpu']} GEMM flops per rank on CPU tensors (fused_min_flops, "

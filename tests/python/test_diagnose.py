@@ -48,6 +48,8 @@ def test_world_size_2_text():
     assert text.count("workspace:       up on cpu, 32 MiB buffer per rank") == 2, text
     assert "collectives:     on the workspace for CPU tensors" in text, text
     assert "copy-free reads: off: " in text, text
+    assert text.count("send/recv:       mailboxes for CPU tensors (two 1 MiB slots per pair of "
+                      "ranks)") == 2, text
     lines = text.splitlines()
     chunk = [ln for ln in lines if ln.strip().startswith("chunk_bytes ")]
     assert len(chunk) == 1 and "512K -> 524288  (environment) [CUDA_P2P_CHUNK_BYTES]" in chunk[0], \
@@ -94,6 +96,7 @@ def test_report_of_a_group_without_workspace(world2):
         assert "workspace:       off: disabled by CUDA_P2P_DISABLE_WORKSPACE=1" in text, text
         assert "collectives:     wrapped backend: the workspace is unavailable" in text, text
         assert "fused ops:       decomposed over the wrapped backend" in text, text
+        assert "send/recv:       wrapped backend" in text, text
 
 
 def _knob_sources(ctx):
