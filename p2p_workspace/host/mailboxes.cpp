@@ -347,8 +347,9 @@ std::string Mailboxes::untaken() const {
   std::string ranks;
   for (int d = 0; d < world_size_; ++d) {
     const Peer& p = *peers_[d];
+    // A channel a timed-out send left unusable will never be emptied: its error said so.
     const bool taken =
-        outbox_ == nullptr ||
+        outbox_ == nullptr || !p.broken_out.empty() ||
         load(word_at(region(static_cast<uint8_t*>(outbox_->data()), d), kAckedOffset)) == p.posted;
     if (!p.sends.empty() || !taken) ranks += (ranks.empty() ? "" : ", ") + std::to_string(d);
   }
@@ -371,7 +372,8 @@ std::string Mailboxes::flush(std::chrono::milliseconds limit) {
         for (int d = 0; d < world_size_; ++d) {
           const uint32_t* acked =
               word_at(region(static_cast<uint8_t*>(outbox_->data()), d), kAckedOffset);
-          if (d != rank_ && peers_[d]->sends.empty() && load(acked) != peers_[d]->posted) {
+          if (d != rank_ && peers_[d]->sends.empty() && peers_[d]->broken_out.empty() &&
+              load(acked) != peers_[d]->posted) {
             waits.push_back({acked, peers_[d]->posted, d});
           }
         }
