@@ -10,6 +10,7 @@
 #   bash scripts/bench.sh --hosts 2 --world-sizes 4   # hierarchical (2 simulated hosts) vs flat Gloo
 #   bash scripts/bench.sh --zero-copy             # + zero-copy (symmetric heap) vs staged
 #   bash scripts/bench.sh --fsdp                  # FSDP2 step: Gloo vs staged vs symmetric buffers
+#   bash scripts/bench.sh --pipeline              # GPipe / 1F1B step: Gloo vs cuda_p2p send/recv
 #   bash scripts/bench.sh --hosts 2 --link 10gbit # 2 hosts in network namespaces, a shaped link
 #   bash scripts/bench.sh --compare               # the comparisons below, one after the other
 #   bash scripts/bench.sh --help
@@ -29,6 +30,10 @@
 # --fsdp runs bench/bench_fsdp.py (its arguments follow): an FSDP2 step of a few Linear layers on
 # 2 and 4 ranks, on Gloo, on cuda_p2p with staged buffers and with buffers in the symmetric heap
 # (bench/results/fsdp.{json,png}).
+#
+# --pipeline runs bench/bench_pipeline.py (its arguments follow): a torch.distributed.pipelining
+# training step (GPipe and 1F1B, a stage per rank) on 2 and 4 ranks, its send/recv on Gloo and on
+# cuda_p2p's mailboxes (bench/results/pipeline.{json,png}).
 #
 # --link RATE (with --hosts 2; RATE as tc writes it: 10gbit, 25gbit, 100gbit) puts each simulated
 # host's ranks in a network namespace of its own, joined by a veth pair whose two ends are shaped
@@ -73,6 +78,10 @@ bash scripts/setup.sh   # installs and builds what is missing; seconds when ever
 if [ "${1:-}" = "--fsdp" ]; then
   shift
   exec .venv/bin/python bench/bench_fsdp.py "$@"
+fi
+if [ "${1:-}" = "--pipeline" ]; then
+  shift
+  exec .venv/bin/python bench/bench_pipeline.py "$@"
 fi
 if [ -n "$link" ]; then
   tag="cp2p$$"
