@@ -322,10 +322,16 @@ void Mailboxes::complete(std::vector<P2POpPtr>& ended) {
       }
     }
     op->done_.store(true, std::memory_order_release);
-    if (op->error_) {
-      op->future_->setError(op->error_);
-    } else {
-      op->future_->markCompleted(c10::IValue(std::vector<at::Tensor>{op->user_}));
+    // The future runs its callbacks here, on whichever thread ended the op (the progress thread
+    // too): one that throws must not take that thread, or the other ops, with it.
+    try {
+      if (op->error_) {
+        op->future_->setError(op->error_);
+      } else {
+        op->future_->markCompleted(c10::IValue(std::vector<at::Tensor>{op->user_}));
+      }
+    } catch (const std::exception& e) {
+      TORCH_WARN("cuda_p2p send/recv: a callback of a Work's future raised: ", e.what());
     }
   }
   ended.clear();
