@@ -269,6 +269,21 @@ def check_errors(ctx):
              f"after {ms} ms: no rank sent a message with tag 99")
     ctx_barrier(ctx)
 
+    # A bounded Work.wait raises while the op is pending, and the op stays pending: the message
+    # sent after it still lands.
+    if rank == 1:
+        pending = dist.irecv(torch.zeros(2), 0, group=g, tag=42)
+        err = raises(lambda: pending.wait(timedelta(milliseconds=100)))
+        case("bounded wait", err, "Work.wait(100 ms) of a RECV timed out with the op still "
+             "pending (it stays pending)")
+    ctx_barrier(ctx)
+    if rank == 0:
+        dist.send(torch.tensor([4.0, 2.0]), 1, group=g, tag=42)
+    elif rank == 1:
+        chk.case("still pending, then done", pending.wait() and
+                 pending.result()[0].tolist() == [4.0, 2.0], f"{pending.result()}")
+    ctx_barrier(ctx)
+
     # Bad peers, on the backend itself (torch checks the ranks of dist.send first).
     err = raises(lambda: g.send([torch.zeros(1)], rank, 0).wait())
     case("send to itself", err, f"cuda_p2p send: the destination must be another rank in [0, {W}), "
