@@ -114,3 +114,24 @@ class CorePlacementProbe:
                 "max_ns": max(ns, default=None), "varied": self.varied(), "samples": len(ns),
                 "error": self.error,
                 "timeline": [[round(t, 3), round(v, 1)] for t, v in self.samples]}
+
+
+def finish_report(report: dict, args, plot, failed: list, script: str) -> None:
+    """The end of a step benchmark (bench_fsdp.py, bench_pipeline.py): the load average at the
+    end, the JSON (--json), the plot (--plot, unless empty); then exits non-zero naming every
+    check that failed."""
+    import json
+    import sys
+    from pathlib import Path
+
+    report["loadavg_at_end"] = os.getloadavg()
+    print(f"load average (1 min) at start {report['loadavg_at_start'][0]:.1f}, "
+          f"at end {report['loadavg_at_end'][0]:.1f} on {os.cpu_count()} CPUs")
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(report, indent=2))
+    print(f"wrote {args.json}")
+    if args.plot:
+        plot(report, args.plot)
+        print(f"wrote {args.plot}")
+    if failed:
+        sys.exit(f"{script}: " + "; ".join(failed))

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import statistics
 import sys
@@ -33,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from _common import host_workspace, spawn_ranks
+from _common import finish_report, host_workspace, spawn_ranks
 
 VARIANTS = ("gloo", "cuda_p2p")
 SCHEDULES = ("gpipe", "1f1b")
@@ -200,17 +199,7 @@ def main():
             report["results"][str(W)][schedule] = dict(rows, speedup=speedup,
                                                        warmup_counters=c,
                                                        equal_parameters=r["equal_parameters"])
-    report["loadavg_at_end"] = os.getloadavg()
-    print(f"load average (1 min) at start {report['loadavg_at_start'][0]:.1f}, "
-          f"at end {report['loadavg_at_end'][0]:.1f} on {os.cpu_count()} CPUs")
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(report, indent=2))
-    print(f"wrote {args.json}")
-    if args.plot:
-        plot(report, args.plot)
-        print(f"wrote {args.plot}")
-    if failed:
-        sys.exit("bench_pipeline: " + "; ".join(failed))
+    finish_report(report, args, plot, failed, "bench_pipeline")
 
 
 if __name__ == "__main__":

@@ -42,6 +42,18 @@ def _message(src, dst, n, dtype, seed=0):
     return v.to(dtype)
 
 
+def _ring(g, rank, W, n, seed, tag=0):
+    """isend _message(rank -> right) and irecv from the left, both waited for; whether the
+    received tensor is the left rank's message."""
+    right, left = (rank + 1) % W, (rank - 1) % W
+    out = torch.zeros(n)
+    for w in (dist.irecv(out, left, group=g, tag=tag),
+              dist.isend(_message(rank, right, n, torch.float32, seed=seed), right, group=g,
+                         tag=tag)):
+        w.wait()
+    return torch.equal(out, _message(left, rank, n, torch.float32, seed=seed))
+
+
 def check_exchanges(ctx):
     W, rank = ctx.world_size, ctx.rank
     chk = Checker(f"send/recv W={W}")
@@ -417,13 +429,7 @@ def check_mixed_slots(ctx):
     W, rank = ctx.world_size, ctx.rank
     chk = Checker(f"send/recv mixed slots W={W}")
     g = cached_group("sr-mixed", mailbox_slot_bytes=SLOT if rank == 0 else 3 * SLOT)
-    right, left = (rank + 1) % W, (rank - 1) % W
-    n = 7 * SLOT // 4 + 5
-    out = torch.zeros(n)
-    for w in (dist.irecv(out, left, group=g), dist.isend(_message(rank, right, n, torch.float32,
-                                                                   seed=30), right, group=g)):
-        w.wait()
-    chk.case("mixed slots", torch.equal(out, _message(left, rank, n, torch.float32, seed=30)), "")
+    chk.case("mixed slots", _ring(g, rank, W, 7 * SLOT // 4 + 5, seed=30), "")
     cfg = cuda_p2p.get_cuda_p2p_backend(g).get_collective_config()
     chk.case("slot size", cfg["mailbox_slot_bytes"] == (SLOT if rank == 0 else 3 * SLOT), f"{cfg}")
     return chk.result()
@@ -438,17 +444,10 @@ def check_threads(ctx):
     W, rank = ctx.world_size, ctx.rank
     chk = Checker(f"send/recv threads W={W}")
     g = cached_group("sr-small", mailbox_slot_bytes=SLOT)
-    right, left = (rank + 1) % W, (rank - 1) % W
     results = {}
 
     def run(tag):
-        n = 3 * SLOT
-        out = torch.zeros(n)
-        for w in (dist.irecv(out, left, group=g, tag=tag),
-                  dist.isend(_message(rank, right, n, torch.float32, seed=tag), right, group=g,
-                             tag=tag)):
-            w.wait()
-        results[tag] = torch.equal(out, _message(left, rank, n, torch.float32, seed=tag))
+        results[tag] = _ring(g, rank, W, 3 * SLOT, seed=tag, tag=tag)
 
     threads = [threading.Thread(target=run, args=(t,)) for t in (11, 12)]
     for t in threads:
