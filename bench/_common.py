@@ -12,6 +12,24 @@ def host_workspace() -> None:
     os.environ.setdefault("CUDA_P2P_WORKSPACE_DEVICE", "cpu")
 
 
+def init_rank(rank: int, W: int, port: int, timeout: float):
+    """The start of a step benchmark's rank (bench_fsdp.py, bench_pipeline.py): one intra-op
+    thread, the host workspace, the cuda_p2p default group over tcp://127.0.0.1:port; returns two
+    Gloo groups over the same ranks: the baseline's, and one neither variant uses that lines the
+    ranks up before each sample."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    host_workspace()
+    torch.set_num_threads(1)
+    dist.init_process_group("cuda_p2p", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=W, timeout=datetime.timedelta(seconds=timeout))
+    return dist.new_group(backend="gloo"), dist.new_group(backend="gloo")
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now (for the ranks' rendezvous)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -36,15 +36,12 @@ from pathlib import Path
 
 import torch
 
-from _common import finish_report, host_workspace, spawn_ranks
+from _common import finish_report, init_rank, spawn_ranks
 
 VARIANTS = ("gloo", "staged", "symmetric")
 
 
 def _rank_main(rank, W, port, args, queue):
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    host_workspace()
-    torch.set_num_threads(1)
     import torch.distributed as dist
     import torch.nn as nn
     from torch.distributed.device_mesh import DeviceMesh
@@ -53,10 +50,7 @@ def _rank_main(rank, W, port, args, queue):
     import cuda_p2p
 
     try:
-        dist.init_process_group("cuda_p2p", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=W, timeout=datetime.timedelta(seconds=args.timeout))
-        gloo = dist.new_group(backend="gloo")
-        sync = dist.new_group(backend="gloo")
+        gloo, sync = init_rank(rank, W, port, args.timeout)
         D, B = args.dim, args.tokens // W
 
         def build(name):

@@ -557,8 +557,7 @@ void Mailboxes::progress_receives(Peer& p, int src, std::vector<SignalWait>& wai
   }
 }
 
-bool Mailboxes::match_unexpected(std::vector<P2POpPtr>& ended) {
-  bool matched = false;
+void Mailboxes::match_unexpected(std::vector<P2POpPtr>& ended) {
   for (auto it = receives_.begin(); it != receives_.end() && !unexpected_.empty();) {
     const P2POpPtr op = *it;
     // The first message this receive may take, in arrival order; one still arriving blocks the
@@ -586,9 +585,7 @@ bool Mailboxes::match_unexpected(std::vector<P2POpPtr>& ended) {
       unexpected_.erase(u);
     }
     it = receives_.erase(it);
-    matched = true;
   }
-  return matched;
 }
 
 std::string Mailboxes::waiting_from(int src) const {

@@ -30,11 +30,9 @@ namespace cuda_p2p::host {
 // the engine's, guarded by its lock.
 class P2POp {
  public:
-  bool is_send() const { return send_; }
   // The peer: the destination of a send; the source of a receive (-1 for one from any rank until
   // a message matched it).
   int peer() const { return peer_.load(std::memory_order_acquire); }
-  int tag() const { return tag_; }
   // Whether it has ended (successfully or not); error() then says which.
   bool done() const { return done_.load(std::memory_order_acquire); }
   std::exception_ptr error() const { return error_; }
@@ -91,8 +89,6 @@ class Mailboxes {
   // when they have, else which ranks have not.
   std::string flush(std::chrono::milliseconds limit);
 
-  int64_t slot_bytes() const { return slot_bytes_; }
-
  private:
   struct Peer;
   struct Unexpected;
@@ -108,7 +104,8 @@ class Mailboxes {
   // unexpected_ (NOTE [Mailboxes]).
   void progress_receives(Peer& p, int src, std::vector<SignalWait>& waits,
                          std::vector<P2POpPtr>& ended, bool drain);
-  bool match_unexpected(std::vector<P2POpPtr>& ended);
+  // Gives the complete messages of unexpected_ to the pending receives that take them.
+  void match_unexpected(std::vector<P2POpPtr>& ended);
   void expire(Clock::time_point now, std::vector<P2POpPtr>& ended);
   void finish(const P2POpPtr& op, std::exception_ptr error, std::vector<P2POpPtr>& ended);
   // Ends the ops progress_locked returned, outside mu_ (copies back, futures).
