@@ -131,7 +131,9 @@ class CorePlacementProbe:
                 "typical_ns": self.typical_ns(), "min_ns": min(ns, default=None),
                 "max_ns": max(ns, default=None), "varied": self.varied(), "samples": len(ns),
                 "error": self.error,
-                "timeline": [[round(t, 3), round(v, 1)] for t, v in self.samples]}
+                # Times unrounded: window() compares them with each cell's t_monotonic, and a
+                # rounded time can fall just outside the cell that took the sample.
+                "timeline": [[t, round(v, 1)] for t, v in self.samples]}
 
 
 def finish_report(report: dict, args, plot, failed: list, script: str) -> None:
