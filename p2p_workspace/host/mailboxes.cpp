@@ -74,14 +74,6 @@ static_assert((Mailboxes::kSlots & (Mailboxes::kSlots - 1)) == 0 &&
               "slot indices must survive the counters' wrap-around");
 static_assert(kHeadersOffset + Mailboxes::kSlots * kHeaderBytes <= kDataOffset);
 
-struct ChunkHeader {
-  int64_t tag;
-  int64_t total;   // the message's bytes
-  int64_t offset;  // of this chunk in the message
-  int64_t bytes;   // of this chunk
-  int32_t dtype;   // at::ScalarType of the sender's tensor
-  int32_t unused;
-};
 static_assert(sizeof(ChunkHeader) <= kHeaderBytes);
 
 uint32_t* word_at(uint8_t* region, int64_t offset) {
@@ -117,6 +109,22 @@ int64_t chunks_of(int64_t bytes, int64_t slot_bytes) {
 }
 
 }  // namespace
+
+std::string chunk_header_error(const ChunkHeader& h, int64_t slot_bytes, int64_t message_bytes) {
+  const bool fits = h.total >= 0 && h.bytes >= 0 && h.bytes <= slot_bytes && h.offset >= 0 &&
+                    h.offset <= h.total && h.bytes <= h.total - h.offset;
+  const bool placed = message_bytes < 0 ? h.offset == 0 : h.total == message_bytes;
+  if (fits && placed) return "";
+  std::string what = "a chunk header (tag " + std::to_string(h.tag) + ", message of " +
+                     std::to_string(h.total) + " bytes, chunk of " + std::to_string(h.bytes) +
+                     " bytes at offset " + std::to_string(h.offset) + ") that ";
+  if (!fits) {
+    return what + "does not fit its message or a slot of " + std::to_string(slot_bytes) + " bytes";
+  }
+  return message_bytes < 0 ? what + "starts a message at a nonzero offset"
+                           : what + "does not belong to the message of " +
+                                 std::to_string(message_bytes) + " bytes being received";
+}
 
 struct Mailboxes::Unexpected {
   int src;
@@ -472,14 +480,7 @@ void Mailboxes::progress_receives(Peer& p, int src, std::vector<SignalWait>& wai
     return;
   }
   if (!p.broken_in.empty()) {
-    for (auto it = receives_.begin(); it != receives_.end();) {
-      if ((*it)->peer() == src && !(*it)->matched_) {
-        finish(*it, error(p.broken_in), ended);
-        it = receives_.erase(it);
-      } else {
-        ++it;
-      }
-    }
+    fail_receives_from(p, src, ended);
     return;
   }
   try {
@@ -502,6 +503,28 @@ void Mailboxes::progress_receives(Peer& p, int src, std::vector<SignalWait>& wai
       return;
     }
     const ChunkHeader h = *header_at(reg, p.taken);
+    const int64_t receiving = p.into_op           ? static_cast<int64_t>(p.into_op->data_.nbytes())
+                              : p.into_unexpected ? p.into_unexpected->data.numel()
+                                                  : -1;
+    if (std::string bad = chunk_header_error(h, slot_bytes, receiving); !bad.empty()) {
+      // Never copied: the channel is unusable, and what was being received from it fails.
+      p.broken_in = "cuda_p2p recv: the channel from rank " + std::to_string(src) + " to rank " +
+                    std::to_string(rank_) + " is unusable: its mailbox holds " + bad +
+                    " (a protocol error)";
+      if (p.into_op) {
+        receives_.erase(std::find(receives_.begin(), receives_.end(), p.into_op));
+        finish(p.into_op, error(p.broken_in), ended);
+        p.into_op = nullptr;
+      }
+      if (p.into_unexpected) {
+        const Unexpected* u = p.into_unexpected;
+        p.into_unexpected = nullptr;
+        unexpected_.erase(std::find_if(unexpected_.begin(), unexpected_.end(),
+                                       [u](const auto& x) { return x.get() == u; }));
+      }
+      fail_receives_from(p, src, ended);
+      return;
+    }
     if (!p.into_op && !p.into_unexpected) {
       // A new message at the head: the first receive that wants it, in posting order.
       auto it = std::find_if(receives_.begin(), receives_.end(),
@@ -553,6 +576,17 @@ void Mailboxes::progress_receives(Peer& p, int src, std::vector<SignalWait>& wai
       p.into_unexpected->complete = true;
       p.into_unexpected = nullptr;
       match_unexpected(ended);
+    }
+  }
+}
+
+void Mailboxes::fail_receives_from(const Peer& p, int src, std::vector<P2POpPtr>& ended) {
+  for (auto it = receives_.begin(); it != receives_.end();) {
+    if ((*it)->peer() == src && !(*it)->matched_) {
+      finish(*it, error(p.broken_in), ended);
+      it = receives_.erase(it);
+    } else {
+      ++it;
     }
   }
 }

@@ -26,6 +26,23 @@
 
 namespace cuda_p2p::host {
 
+// The header of one chunk in a mailbox slot (NOTE [Mailboxes] in mailboxes.cpp): written by the
+// sender before it posts the chunk, read by the receiver after it saw the post.
+struct ChunkHeader {
+  int64_t tag;
+  int64_t total;   // the message's bytes
+  int64_t offset;  // of this chunk in the message
+  int64_t bytes;   // of this chunk
+  int32_t dtype;   // at::ScalarType of the sender's tensor
+  int32_t unused;
+};
+// Why a receiver must not copy the chunk `h` read from a peer's mailbox whose slots hold
+// `slot_bytes`, or "" when it may: its bytes fit the slot and its offset and bytes lie inside its
+// message; `message_bytes` is the size of the message being received (its first chunk: -1, the
+// offset must then be 0). A header that fails is a protocol error (memory written by other than
+// a peer of this build), never trusted, since the receiver copies to `offset` of its tensor.
+std::string chunk_header_error(const ChunkHeader& h, int64_t slot_bytes, int64_t message_bytes);
+
 // One send or receive. Made by Mailboxes::send / recv; its fields other than the ones below are
 // the engine's, guarded by its lock.
 class P2POp {
@@ -104,6 +121,8 @@ class Mailboxes {
   // unexpected_ (NOTE [Mailboxes]).
   void progress_receives(Peer& p, int src, std::vector<SignalWait>& waits,
                          std::vector<P2POpPtr>& ended, bool drain);
+  // Fails the receives from `src` that no message matched yet with p.broken_in.
+  void fail_receives_from(const Peer& p, int src, std::vector<P2POpPtr>& ended);
   // Gives the complete messages of unexpected_ to the pending receives that take them.
   void match_unexpected(std::vector<P2POpPtr>& ended);
   void expire(Clock::time_point now, std::vector<P2POpPtr>& ended);

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <thread>
 #include <vector>
 
@@ -89,6 +90,46 @@ TEST(Mailboxes, ReceivesFromAnyRankNameTheirSource) {
     mb->wait(*mb->send(at::full({3}, int64_t{w.rank}), 0, 5, kLong));
   }
   store_barrier("done");
+}
+
+// What a receiver checks before it copies a chunk read from a peer's mailbox: its bytes fit a
+// slot and its message, and it continues the message being received.
+TEST(Mailboxes, ChunkHeadersOutsideTheirMessageAreRefused) {
+  const auto header = [](int64_t total, int64_t offset, int64_t bytes) {
+    return host::ChunkHeader{7, total, offset, bytes, static_cast<int32_t>(at::kFloat), 0};
+  };
+  // Accepted: a whole message in one chunk, an empty one, the last chunk of a longer one.
+  EXPECT_EQ(host::chunk_header_error(header(100, 0, 100), kSlot, -1), "");
+  EXPECT_EQ(host::chunk_header_error(header(0, 0, 0), kSlot, -1), "");
+  EXPECT_EQ(host::chunk_header_error(header(3 * kSlot + 5, 3 * kSlot, 5), kSlot, 3 * kSlot + 5),
+            "");
+  const std::vector<std::pair<host::ChunkHeader, int64_t>> refused = {
+      {header(2 * kSlot, 0, kSlot + 1), -1},          // more than a slot
+      {header(100, 60, 41), 100},                     // past the end of its message
+      {header(100, -8, 8), 100},                      // before its start
+      {header(100, 0, -1), -1},                       // negative bytes
+      {header(-1, 0, 0), -1},                         // a negative message
+      {header(INT64_MAX, INT64_MAX - 1, kSlot), -1},  // an offset + bytes that overflows
+      {header(2 * kSlot, kSlot, kSlot), -1},          // a first chunk not at offset 0
+      {header(3 * kSlot, kSlot, kSlot), 2 * kSlot},   // another message's chunk
+  };
+  for (const auto& [h, receiving] : refused) {
+    const std::string e = host::chunk_header_error(h, kSlot, receiving);
+    EXPECT_NE(e.find("a chunk header (tag 7, message of " + std::to_string(h.total) +
+                     " bytes, chunk of " + std::to_string(h.bytes) + " bytes at offset " +
+                     std::to_string(h.offset) + ")"),
+              std::string::npos)
+        << e;
+  }
+  EXPECT_NE(host::chunk_header_error(header(100, 60, 41), kSlot, 100)
+                .find("does not fit its message or a slot of 4096 bytes"),
+            std::string::npos);
+  EXPECT_NE(host::chunk_header_error(header(2 * kSlot, kSlot, kSlot), kSlot, -1)
+                .find("starts a message at a nonzero offset"),
+            std::string::npos);
+  EXPECT_NE(host::chunk_header_error(header(3 * kSlot, kSlot, kSlot), kSlot, 2 * kSlot)
+                .find("does not belong to the message of 8192 bytes being received"),
+            std::string::npos);
 }
 
 TEST(Mailboxes, TimeoutsNameBothRanksAndMismatchesKeepTheMessage) {
