@@ -119,16 +119,18 @@ WorkPtr ProcessGroupCudaP2P::alltoall_base(at::Tensor& output, at::Tensor& input
   args.send_counts = in_rows;
   args.recv_counts = out_rows;
   args.unit_bytes = row_bytes;
-  bool read = false;
+  bool read = false, zero_copy = false;
   run_collective("all_to_all_single", [&](const ops::CollectiveContext& ctx) {
     ops::all_to_all(ctx, args, [&](const std::vector<int64_t>&) {
       return a2a_slices<char*>(static_cast<char*>(out.data_ptr()), out_rows, row_bytes);
     });
     read = ctx.state.last_private_reads;
+    zero_copy = ctx.state.last_zero_copy;
     if (!out.is_same(output)) output.copy_(out);
   });
   bump_counter("all_to_all_single.direct");
   if (read) bump_counter("all_to_all_single.cross_memory");
+  if (zero_copy) bump_counter("all_to_all_single.zero_copy");
   return completed(c10d::OpType::ALLTOALL_BASE, {output}, opts.asyncOp);
 }
 
@@ -174,7 +176,7 @@ WorkPtr ProcessGroupCudaP2P::alltoall(std::vector<at::Tensor>& outputs,
     args.send_counts.push_back(in.numel());
     args.recv_counts.push_back(outputs[q].numel());
   }
-  bool read = false;
+  bool read = false, zero_copy = false;
   run_collective("all_to_all", [&](const ops::CollectiveContext& ctx) {
     ops::all_to_all(ctx, args, [&](const std::vector<int64_t>&) {
       std::vector<char*> ptrs;
@@ -182,12 +184,14 @@ WorkPtr ProcessGroupCudaP2P::alltoall(std::vector<at::Tensor>& outputs,
       return ptrs;
     });
     read = ctx.state.last_private_reads;
+    zero_copy = ctx.state.last_zero_copy;
     for (int q = 0; q < W; ++q) {
       if (!outs[q].is_same(outputs[q])) outputs[q].copy_(outs[q]);
     }
   });
   bump_counter("all_to_all.direct");
   if (read) bump_counter("all_to_all.cross_memory");
+  if (zero_copy) bump_counter("all_to_all.zero_copy");
   return completed(c10d::OpType::ALLTOALL, outputs, opts.asyncOp);
 }
 
@@ -224,7 +228,7 @@ std::pair<at::Tensor, std::vector<int64_t>> ProcessGroupCudaP2P::all_to_all_v(
     args.unit_bytes = row_bytes;
     at::Tensor output;
     std::vector<int64_t> recv;
-    bool read = false;
+    bool read = false, zero_copy = false;
     run_collective(kWhat, [&](const ops::CollectiveContext& ctx) {
       recv = ops::all_to_all(ctx, args, [&](const std::vector<int64_t>& rows) {
         out_sizes[0] = std::accumulate(rows.begin(), rows.end(), int64_t{0});
@@ -232,9 +236,11 @@ std::pair<at::Tensor, std::vector<int64_t>> ProcessGroupCudaP2P::all_to_all_v(
         return a2a_slices<char*>(static_cast<char*>(output.data_ptr()), rows, row_bytes);
       });
       read = ctx.state.last_private_reads;
+      zero_copy = ctx.state.last_zero_copy;
     });
     bump_counter("all_to_all_v.direct");
     if (read) bump_counter("all_to_all_v.cross_memory");
+    if (zero_copy) bump_counter("all_to_all_v.zero_copy");
     return {output, recv};
   }
   // Without the workspace: the split sizes first (one int64 to every rank), then the rows.

@@ -246,7 +246,7 @@ def _die_with_parent(parent_pid: int) -> None:
 # (what a heap costs an op that does not use it).
 ZERO_COPY_COLUMNS = ("zero_copy", "heap_staged")
 ZERO_COPY_COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor",
-                         "broadcast")
+                         "broadcast", "all_to_all_single")
 
 
 def _make_inputs(coll: str, nbytes: int, n: int, rank: int, dtype: torch.dtype, heap=None):
@@ -923,6 +923,9 @@ def add_derived(run: dict, memcpy_gbps: float) -> None:
             # < 1: faster than the staged path of the default group (no heap), same run.
             s["ratio_vs_staged"] = s["median_us"] / e["cuda_p2p"]["median_us"]
             s["ratio_vs_staged_ci95"] = speedup_ci(s["times_us"], e["cuda_p2p"]["times_us"])
+            # > 1: faster than Gloo, same run.
+            s["speedup_vs_gloo"] = e["gloo"]["median_us"] / s["median_us"]
+            s["speedup_vs_gloo_ci95"] = speedup_ci(s["times_us"], e["gloo"]["times_us"])
         peers = e.get("peers", {})
         for s in peers.values():
             s["speedup_vs_gloo"] = e["gloo"]["median_us"] / s["median_us"]
@@ -1061,7 +1064,8 @@ def markdown_report(doc: dict) -> str:
 
 def print_zero_copy_table(run: dict) -> None:
     """--zero-copy: staged (the default group, no heap) vs zero-copy inputs vs ordinary inputs on
-    a group with a heap; ratios of medians against staged, same run (< 1: faster)."""
+    a group with a heap; ratios of medians against staged, same run (< 1: faster); and Gloo's
+    median over zero-copy's (> 1: zero-copy faster than Gloo)."""
     rows = [e for e in run["results"] if e.get("zero_copy")]
     if not rows:
         return
@@ -1069,14 +1073,16 @@ def print_zero_copy_table(run: dict) -> None:
     print(f"\nzero-copy  world_size={run['world_size']}  agreement={agreement}  (ratio = column "
           "/ staged, same run; % memcpy = bus bandwidth / 1-core memcpy)")
     print(f"{'collective':<24}{'size':>8}{'staged us':>11}{'zero-copy us':>14}{'ratio':>7}"
-          f"{'heap,staged us':>16}{'ratio':>7}{'staged %mc':>11}{'zc %mc':>8}  zc path")
+          f"{'heap,staged us':>16}{'ratio':>7}{'staged %mc':>11}{'zc %mc':>8}{'zc vs Gloo':>11}"
+          "  zc path")
     for e in rows:
         zc, hs = e["zero_copy"]["zero_copy"], e["zero_copy"]["heap_staged"]
         st = e["cuda_p2p"]
         print(f"{e['collective']:<24}{fmt_size(e['bytes']):>8}{st['median_us']:>11.1f}"
               f"{zc['median_us']:>14.1f}{zc['ratio_vs_staged']:>7.2f}{hs['median_us']:>16.1f}"
               f"{hs['ratio_vs_staged']:>7.2f}{100 * st['busbw_frac_memcpy']:>10.1f}%"
-              f"{100 * zc['busbw_frac_memcpy']:>7.1f}%  {fmt_paths(zc.get('paths'))}")
+              f"{100 * zc['busbw_frac_memcpy']:>7.1f}%"
+              f"{zc['speedup_vs_gloo']:>10.1f}x  {fmt_paths(zc.get('paths'))}")
 
 
 def print_agreement_table(run: dict) -> None:
@@ -1317,9 +1323,10 @@ def parse_args(argv=None):
                          "alternate every sample, so that half the ops run right after the other "
                          "backend's)")
     ap.add_argument("--zero-copy", action="store_true",
-                    help="also time all-reduce, all-gather and reduce-scatter on a group with a "
-                         "symmetric heap: inputs from cuda_p2p.empty (zero-copy) and ordinary "
-                         "inputs (heap, staged), as ratios to the staged default group")
+                    help="also time all-reduce, all-gather, reduce-scatter, broadcast and "
+                         "all_to_all_single on a group with a symmetric heap: inputs from "
+                         "cuda_p2p.empty (zero-copy) and ordinary inputs (heap, staged), as "
+                         "ratios to the staged default group (and zero-copy against Gloo)")
     ap.add_argument("--zero-copy-agreement", choices=("auto", "exchange", "signature"),
                     default="auto",
                     help="--zero-copy: how those groups' ranks agree that inputs are symmetric "

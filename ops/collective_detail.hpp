@@ -148,6 +148,13 @@ bool all_reduce_zero_copy(const CollectiveContext& ctx, char* in, char* out, int
 // every rank runs the staged broadcast.
 bool broadcast_zero_copy(const CollectiveContext& ctx, char* data, int64_t bytes, int root);
 
+// For ops that decide per sender whether peers read its input in place (the all-to-all: NOTE
+// [All-to-all in place] in ops/all_to_all.cpp): the heap offset of [p, p + n) when the group's
+// heap may be read in place now (a heap, zero-copy not off, not under capture), else -1; and the
+// address of byte `offset` of rank q's heap.
+int64_t readable_heap_offset(const CollectiveContext& ctx, const void* p, int64_t n);
+const char* peer_heap(const CollectiveContext& ctx, int q, int64_t offset);
+
 // Runs ops::reduce on the collective's stream.
 void reduce_on_stream(const CollectiveContext& ctx, at::Tensor dst, std::vector<at::Tensor> srcs,
                       ReduceOp op, int64_t divisor, at::Tensor also = {});

@@ -230,6 +230,17 @@ c10::SmallVector<int, 8> peers_of(const CollectiveContext& ctx) {
 
 }  // namespace
 
+int64_t readable_heap_offset(const CollectiveContext& ctx, const void* p, int64_t n) {
+  return heap_usable(ctx) ? heap_offset(ctx, p, n) : kNotInHeap;
+}
+
+const char* peer_heap(const CollectiveContext& ctx, int q, int64_t offset) {
+  TORCH_CHECK(ctx.state.heap != nullptr,
+              "cuda_p2p: a peer's input is in its symmetric heap, but this rank has no heap (a "
+              "protocol error)");
+  return in_heap(ctx, q, offset);
+}
+
 std::string claim_all_gather(const CollectiveContext& ctx, const char* input, int64_t bytes,
                              c10::ArrayRef<char*> out) {
   if (!may_claim(ctx) || bytes == 0) return "";

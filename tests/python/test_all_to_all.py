@@ -5,7 +5,8 @@ Every result is checked against plain torch computed locally and, where Gloo run
 against a Gloo group over the same ranks; the counters must show which path ran. Mismatched
 split sizes or dtypes across ranks raise the same one-line error on every rank, and the group
 stays usable; bad arguments say what was expected and what was given (ops/all_to_all.cpp, NOTE
-[All-to-all headers])."""
+[All-to-all headers]). Inputs in the symmetric heap are read in place by their receivers (NOTE
+[All-to-all in place]), alone or mixed with staged senders."""
 
 from __future__ import annotations
 
@@ -212,6 +213,100 @@ def check_v(ctx):
     return chk.result()
 
 
+def _heap_copy(t, g):
+    """`t` copied into a tensor of `g`'s symmetric heap (cuda_p2p.empty)."""
+    return cuda_p2p.empty(*t.shape, dtype=t.dtype, group=g).copy_(t)
+
+
+def check_in_place(ctx):
+    """NOTE [All-to-all in place]: a sender whose input is in its symmetric heap stages nothing and
+    its peers read it there; each sender decides for itself, so heap and ordinary inputs mix."""
+    W, rank = ctx.world_size, ctx.rank
+    chk = Checker(f"all_to_all in place W={W}")
+    # A small buffer, so that the staged senders of "rounds" need several phases.
+    groups = {"exchange": cached_group("a2a-heap", buffer_size=SMALL_BUFFER, chunk_bytes=0),
+              "signature": cached_group("a2a-heap-sig", buffer_size=SMALL_BUFFER, chunk_bytes=0,
+                                        zero_copy_agreement="signature"),
+              "copy-free": cached_group("a2a-heap-cma", buffer_size=SMALL_BUFFER,
+                                        chunk_bytes=4096, cross_memory=True,
+                                        cross_memory_min_bytes=0),
+              "off": cached_group("a2a-heap-off", buffer_size=SMALL_BUFFER, chunk_bytes=0,
+                                  zero_copy_agreement="off")}
+    for gname, g in groups.items():
+        b = cuda_p2p.get_cuda_p2p_backend(g)
+        b.reset_counters()
+        calls = zero_copy = 0
+        # Who sends from its heap: everybody, every other rank, nobody.
+        for who in ("all", "even", "none"):
+            heap_rank = who == "all" or (who == "even" and rank % 2 == 0)
+            for dtype in (torch.float32, torch.bfloat16, torch.int64):
+                for layout in ("even", "uneven", "zero_rows", "all_zero", "rounds"):
+                    splits = _splits(layout, W, seed=4)
+                    inp = torch.cat([_block(rank, d, splits[rank][d], (3,), dtype, 4)
+                                     for d in range(W)])
+                    if heap_rank:
+                        inp = _heap_copy(inp, g)
+                    want = torch.cat([_block(s, rank, splits[s][rank], (3,), dtype, 4)
+                                      for s in range(W)])
+                    out = torch.full_like(want, 1)
+                    dist.all_to_all_single(out, inp, [splits[s][rank] for s in range(W)],
+                                           splits[rank], group=g)
+                    calls += 1
+                    # Counted when every rank that sends a peer anything sends from its heap.
+                    senders = [s for s in range(W) if any(splits[s][d] for d in range(W)
+                                                          if d != s)]
+                    zero_copy += gname != "off" and bool(senders) and all(
+                        who == "all" or (who == "even" and s % 2 == 0) for s in senders)
+                    chk.case(f"{gname} {who} {dtype} {layout}", torch.equal(out, want),
+                             f"{out.flatten()[:6]} vs {want.flatten()[:6]}")
+        c = b.get_counters()
+        chk.case(f"{gname} counters", c.get("all_to_all_single.direct") == calls
+                 and c.get("all_to_all_single.zero_copy", 0) == zero_copy and not wrapped(c),
+                 f"expected all_to_all_single.direct={calls}, .zero_copy={zero_copy}, got {c}")
+    g = groups["exchange"]
+    b = cuda_p2p.get_cuda_p2p_backend(g)
+    # The caller overwrites its heap input as soon as the op returns: its peers must have read it.
+    splits = _splits("rounds", W, seed=5)
+    buf = cuda_p2p.empty(sum(splits[rank]), 3, group=g)
+    for it in range(20):
+        buf.copy_(torch.cat([_block(rank, d, splits[rank][d], (3,), torch.float32, it)
+                             for d in range(W)]))
+        want = torch.cat([_block(s, rank, splits[s][rank], (3,), torch.float32, it)
+                          for s in range(W)])
+        out = torch.empty_like(want)
+        dist.all_to_all_single(out, buf, [splits[s][rank] for s in range(W)], splits[rank],
+                               group=g)
+        buf.fill_(-1)
+        chk.case(f"overwritten after return {it}", torch.equal(out, want), f"{out.flatten()[:6]}")
+    # The input is its own output (in the heap): cloned before the op, so staged; still right.
+    splits = _splits("even", W)
+    x = _heap_copy(torch.cat([_block(rank, d, 3, (2,), torch.int64) for d in range(W)]), g)
+    before = b.get_counters().get("all_to_all_single.zero_copy", 0)
+    dist.all_to_all_single(x, x, group=g)
+    want = torch.cat([_block(s, rank, 3, (2,), torch.int64) for s in range(W)])
+    chk.case("in place on itself", torch.equal(x, want)
+             and b.get_counters().get("all_to_all_single.zero_copy", 0) == before, f"{x[:2]}")
+    # The list all_to_all (one heap tensor per destination) and all_to_all_v.
+    b.reset_counters()
+    splits = _splits("uneven", W, seed=6)
+    ins = [_heap_copy(_block(rank, d, splits[rank][d], (2,), torch.float16, 6), g)
+           for d in range(W)]
+    want = [_block(s, rank, splits[s][rank], (2,), torch.float16, 6) for s in range(W)]
+    outs = [torch.empty_like(x) for x in want]
+    dist.all_to_all(outs, ins, group=g)
+    chk.case("list", all(torch.equal(o, x) for o, x in zip(outs, want)), f"{outs[0][:2]}")
+    inp = _heap_copy(torch.cat([_block(rank, d, splits[rank][d], (5,), torch.int32, 7)
+                                for d in range(W)]), g)
+    out, got = cuda_p2p.all_to_all_v(inp, splits[rank], group=g)
+    want = torch.cat([_block(s, rank, splits[s][rank], (5,), torch.int32, 7) for s in range(W)])
+    chk.case("all_to_all_v", torch.equal(out, want) and got == [splits[s][rank] for s in range(W)],
+             f"{got}")
+    c = b.get_counters()
+    chk.case("list and v counters", c.get("all_to_all.zero_copy") == 1
+             and c.get("all_to_all_v.zero_copy") == 1, f"{c}")
+    return chk.result()
+
+
 def _usable(ctx, chk, what):
     splits = _splits("uneven", ctx.world_size, seed=3)
     out, want = _single(None, ctx.rank, ctx.world_size, splits, (2,), torch.float32, seed=3)
@@ -319,6 +414,10 @@ def test_all_to_all_list(any_world):
 
 def test_all_to_all_v(any_world):
     assert_ok(any_world.run(check_v), min_cases=30)
+
+
+def test_all_to_all_in_place(any_world):
+    assert_ok(any_world.run(check_in_place), min_cases=200)
 
 
 def test_all_to_all_mismatches(any_world):
