@@ -835,7 +835,7 @@ def check_zero_copy_collectives(ctx):
     chk.case("agreement", mode == "signature", mode)
     b.reset_counters()
     want = {"all_gather.zero_copy": 0, "reduce_scatter.zero_copy": 0, "all_reduce.zero_copy": 0,
-            "broadcast.zero_copy": 0}
+            "broadcast.zero_copy": 0, "all_to_all_single.zero_copy": 0}
     zc = 1 if W > 1 else 0
 
     def heap(n, dtype, values=None):
@@ -879,6 +879,16 @@ def check_zero_copy_collectives(ctx):
                          torch.equal(bc.cpu(), _input(n + 3, root, n, dtype)), "differs")
                 # one staged round at most (half the buffer) goes zero-copy
                 want["broadcast.zero_copy"] += zc * (n * bc.element_size() <= BUFFER // 2)
+            # The all-to-all reads each sender's slices in its heap (NOTE [All-to-all in place]);
+            # the input is overwritten right after the call, as above.
+            a2a = heap(n * W, dtype, torch.cat([_input(n + 4, rank * W + d, n, dtype)
+                                                for d in range(W)]))
+            a2a_out = torch.empty(n * W, dtype=dtype, device=dev)
+            dist.all_to_all_single(a2a_out, a2a, group=g)
+            a2a.fill_(0)
+            chk.case(f"all_to_all_single {tag}", torch.equal(a2a_out.cpu(), torch.cat(
+                [_input(n + 4, s * W + rank, n, dtype) for s in range(W)])), "differs")
+            want["all_to_all_single.zero_copy"] += zc
     _sync()
     c = _counters(g)
     chk.case("counters", all(c.get(k, 0) == v for k, v in want.items()) and
