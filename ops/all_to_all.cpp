@@ -114,17 +114,24 @@ std::string units(int64_t n, int64_t unit_bytes, const char* unit) {
 }
 
 // The error every rank raises for these headers ("" when they agree): the same on every rank.
-std::string split_disagreement(const Headers& h, OpKind kind, const char* unit) {
+// `heap_bytes`: the size of each rank's symmetric heap (0: none), which in-place slices must lie
+// in (NOTE [All-to-all in place]).
+std::string split_disagreement(const Headers& h, OpKind kind, const char* unit,
+                               int64_t heap_bytes) {
   for (int r = 0; r < h.W; ++r) {
     if (h.magic(r) != kMagic || h.unit(r) < 0) {
       return std::string("cuda_p2p ") + to_string(kind) + ": rank " + std::to_string(r) +
              " wrote no all-to-all header (a protocol error); the op did not run on any rank";
     }
     for (int q = 0; q < h.W && h.in_place(r); ++q) {
-      if (q != r && h.heap(r, q) < 0) {
+      const int64_t off = h.heap(r, q), len = h.sends(r, q) * h.unit(r);
+      if (q != r && (off < 0 || len < 0 || len > heap_bytes || off > heap_bytes - len)) {
         return std::string("cuda_p2p ") + to_string(kind) + ": rank " + std::to_string(r) +
-               " wrote a mix of staged and in-place slices (a protocol error); the op did not "
-               "run on any rank";
+               " wrote a slice for rank " + std::to_string(q) + " at heap offset " +
+               std::to_string(off) + " (" + std::to_string(len) + " bytes) outside a heap of " +
+               std::to_string(heap_bytes) +
+               " bytes (a protocol error); the op did not run on "
+               "any rank";
       }
     }
   }
@@ -248,7 +255,8 @@ std::vector<int64_t> all_to_all(const CollectiveContext& ctx, const AllToAllArgs
   }
   ctx.ws.device().synchronize(ctx.stream);
   const Headers h{W, all.data_ptr<int64_t>()};
-  const std::string error = split_disagreement(h, args.kind, args.unit);
+  const std::string error = split_disagreement(h, args.kind, args.unit,
+                                               ctx.state.heap ? ctx.state.heap->buffer_size() : 0);
   if (!error.empty()) {
     detail::end_phase(ctx, ph);  // every rank ends the one phase it began (NOTE [Op signatures])
     throw SignatureMismatch(error);

@@ -512,15 +512,21 @@ void Mailboxes::progress_receives(Peer& p, int src, std::vector<SignalWait>& wai
                     std::to_string(rank_) + " is unusable: its mailbox holds " + bad +
                     " (a protocol error)";
       if (p.into_op) {
-        receives_.erase(std::find(receives_.begin(), receives_.end(), p.into_op));
+        if (auto it = std::find(receives_.begin(), receives_.end(), p.into_op);
+            it != receives_.end()) {
+          receives_.erase(it);
+        }
         finish(p.into_op, error(p.broken_in), ended);
         p.into_op = nullptr;
       }
       if (p.into_unexpected) {
         const Unexpected* u = p.into_unexpected;
         p.into_unexpected = nullptr;
-        unexpected_.erase(std::find_if(unexpected_.begin(), unexpected_.end(),
-                                       [u](const auto& x) { return x.get() == u; }));
+        if (auto it = std::find_if(unexpected_.begin(), unexpected_.end(),
+                                   [u](const auto& x) { return x.get() == u; });
+            it != unexpected_.end()) {
+          unexpected_.erase(it);
+        }
       }
       fail_receives_from(p, src, ended);
       return;
