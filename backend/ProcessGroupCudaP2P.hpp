@@ -365,7 +365,7 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // A local argument check of a workspace collective: when `checks` throws, this rank takes part
   // in the op's handshake with an invalid signature (ops::reject) before its error propagates,
   // so that its peers raise at once instead of waiting for the timeout.
-  void check_or_reject(const char* what, ops::OpKind kind, const std::function<void()>& checks);
+  void check_or_reject(const char* what, ops::OpKind kind, c10::function_ref<void()> checks);
   // A collective the workspace serves, routed to the wrapped backend on this rank (`why`): on a
   // host workspace, takes part in the op's handshake naming the route (NOTE [Routes agree]).
   void agree_on_route(const char* what, ops::OpKind kind, c10::ArrayRef<at::Tensor> tensors,

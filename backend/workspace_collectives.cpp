@@ -75,7 +75,7 @@ void ProcessGroupCudaP2P::run_collective(
 }
 
 void ProcessGroupCudaP2P::check_or_reject(const char* what, ops::OpKind kind,
-                                          const std::function<void()>& checks) {
+                                          c10::function_ref<void()> checks) {
   ops::check_or_reject(failure_, getSize() > 1, checks, [&](const std::string& reason) {
     run_collective(what,
                    [&](const ops::CollectiveContext& ctx) { ops::reject(ctx, kind, reason); });

@@ -4,8 +4,10 @@
 // exceed a region. The split sizes travel in a header with the first round (NOTE [All-to-all
 // headers]), so a receiver need not know what it receives.
 #include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "ops/collective_detail.hpp"
 #include "ops/collectives.hpp"
@@ -24,13 +26,16 @@ using detail::copy;
 // phase barrier that publishes the staged bytes (and compares the op signatures) publishes it
 // too. Every rank then copies all W headers to host memory (a device copy and a synchronize, so
 // the algorithm is the same on the host and on CUDA; on CUDA it costs a host round trip per op,
-// which is also why the op cannot be captured in a graph) and checks them. Every rank reads the
-// same W headers, so every rank reaches the same verdict: when a rank expects other than what its
-// sender sends, every rank ends the phase and raises the same SignatureMismatch naming both
-// ranks, and the group stays usable (NOTE [Op signatures] in ops/op_signature.cpp). Otherwise the
-// number of rounds follows from the largest sender's bytes, which every rank now knows, so every
-// rank runs as many phases (NOTE [Collective phases]). The header space stays reserved in every
-// round (the same piece size in every round) and is covered by the reuse guard like staged bytes.
+// which is also why the op cannot be captured in a graph; on a stream that runs inline, NOTE
+// [Inline signals] in p2p_workspace/device.hpp, that copy is a memcpy into the caller's stack, as
+// the device copy would be, without a tensor allocated or a task enqueued) and checks them. Every
+// rank reads the same W headers, so every rank reaches the same verdict: when a rank expects other
+// than what its sender sends, every rank ends the phase and raises the same SignatureMismatch
+// naming both ranks, and the group stays usable (NOTE [Op signatures] in ops/op_signature.cpp).
+// Otherwise the number of rounds follows from the largest sender's bytes, which every rank now
+// knows, so every rank runs as many phases (NOTE [Collective phases]). The header space stays
+// reserved in every round (the same piece size in every round) and is covered by the reuse guard
+// like staged bytes.
 //
 // A rank stages only what goes to its peers: the concatenation of its send slices without its
 // own, in rank order (its "stream"), round k staging bytes [k * piece, (k + 1) * piece) of it.
@@ -221,9 +226,18 @@ std::vector<int64_t> all_to_all(const CollectiveContext& ctx, const AllToAllArgs
               " bytes) is too small for the all-to-all header of ", W,
               " ranks; grow it with ensure_min_buffer_size");
 
-  // This rank's header, alive until the synchronize below (the device copies from it).
-  const at::Tensor own = host_words(ctx, header_words(W));
-  int64_t* w = own.data_ptr<int64_t>();
+  // This rank's header, alive until the synchronize below (the device copies from it); on a
+  // stream that runs inline, on the stack (NOTE [All-to-all headers]).
+  const bool inline_stream = ctx.ws.device().runs_inline(ctx.stream);
+  const int64_t hw = header_words(W);
+  c10::SmallVector<int64_t, 64> own_words;
+  at::Tensor own;
+  if (inline_stream) {
+    own_words.resize(hw);
+  } else {
+    own = host_words(ctx, hw);
+  }
+  int64_t* w = inline_stream ? own_words.data() : own.data_ptr<int64_t>();
   w[0] = kMagic;
   w[1] = args.unit_bytes;
   int64_t my_stream = 0;
@@ -249,12 +263,18 @@ std::vector<int64_t> all_to_all(const CollectiveContext& ctx, const AllToAllArgs
   if (!in_place) stage_window(ctx, args, ph.region[me] + hdr, 0, std::min(piece, my_stream));
   detail::phase_barrier(ctx);  // raises SignatureMismatch on every rank on a disagreement
 
-  const at::Tensor all = host_words(ctx, W * header_words(W));
-  for (int r = 0; r < W; ++r) {
-    copy(ctx, all.data_ptr<int64_t>() + r * header_words(W), ph.region[r], hdr_used);
+  // The W headers, copied out of the regions: later phases reuse them (NOTE [Collective phases]).
+  c10::SmallVector<int64_t, 256> all_words;
+  at::Tensor all;
+  if (inline_stream) {
+    all_words.resize(W * hw);
+    for (int r = 0; r < W; ++r) std::memcpy(all_words.data() + r * hw, ph.region[r], hdr_used);
+  } else {
+    all = host_words(ctx, W * hw);
+    for (int r = 0; r < W; ++r) copy(ctx, all.data_ptr<int64_t>() + r * hw, ph.region[r], hdr_used);
+    ctx.ws.device().synchronize(ctx.stream);
   }
-  ctx.ws.device().synchronize(ctx.stream);
-  const Headers h{W, all.data_ptr<int64_t>()};
+  const Headers h{W, inline_stream ? all_words.data() : all.data_ptr<int64_t>()};
   const std::string error = split_disagreement(h, args.kind, args.unit,
                                                ctx.state.heap ? ctx.state.heap->buffer_size() : 0);
   if (!error.empty()) {

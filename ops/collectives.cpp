@@ -265,9 +265,14 @@ Phase begin_phase(const CollectiveContext& ctx) {
     for (int r = 0; r < W; ++r) {
       if (r != me) waits.push_back({ctx.ws.done_slot(me, ctx.channel, r), want, r});
     }
-    ctx.ws.device().wait_signals(ctx.stream, std::move(waits), ctx.ws.timeout(),
-                                 "collective buffer reuse guard (rank " + std::to_string(me) +
-                                     ", phase " + std::to_string(p.index) + ")");
+    // NOTE [Inline signals] in p2p_workspace/device.hpp: on a stream that runs inline the guard,
+    // usually long satisfied, is polled first; only a wait that goes on builds its context.
+    Device& dev = ctx.ws.device();
+    if (!dev.runs_inline(ctx.stream) || !dev.poll_signals_now(waits)) {
+      dev.wait_signals(ctx.stream, std::move(waits), ctx.ws.timeout(),
+                       "collective buffer reuse guard (rank " + std::to_string(me) + ", phase " +
+                           std::to_string(p.index) + ")");
+    }
   }
   return p;
 }

@@ -32,8 +32,8 @@ std::string FailureRecord::first() const {
 }
 
 void check_or_reject(const FailureRecord& failure, bool tell_peers,
-                     const std::function<void()>& checks,
-                     const std::function<void(const std::string&)>& reject) {
+                     c10::function_ref<void()> checks,
+                     c10::function_ref<void(const std::string&)> reject) {
   try {
     checks();
   } catch (const c10::Error& e) {

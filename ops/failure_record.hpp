@@ -2,6 +2,8 @@
 // argument check that tells the peers before it raises.
 #pragma once
 
+#include <c10/util/FunctionRef.h>
+
 #include <atomic>
 #include <exception>
 #include <functional>
@@ -46,8 +48,9 @@ class FailureRecord {
 // signature carrying the reason (NOTE [Op signatures]), so that its peers raise at once naming
 // it instead of waiting for the timeout; then the rank's own error propagates (an error of
 // `reject` itself is dropped: the own one is the one to report).
+// function_refs: a small op's checks run on every call, and a std::function would allocate.
 void check_or_reject(const FailureRecord& failure, bool tell_peers,
-                     const std::function<void()>& checks,
-                     const std::function<void(const std::string&)>& reject);
+                     c10::function_ref<void()> checks,
+                     c10::function_ref<void(const std::string&)> reject);
 
 }  // namespace cuda_p2p::ops

@@ -155,7 +155,7 @@ void agree(Env& env, State& state, const OpSignature& sig) {
 }
 
 void check_or_reject(Group& group, bool on_workspace, OpKind kind,
-                     const std::function<void()>& checks) {
+                     c10::function_ref<void()> checks) {
   ops::check_or_reject(
       group.failure, on_workspace && group.world_size > 1, checks, [&](const std::string& reason) {
         Env env = make_env(group);
