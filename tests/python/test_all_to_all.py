@@ -279,7 +279,6 @@ def check_in_place(ctx):
         buf.fill_(-1)
         chk.case(f"overwritten after return {it}", torch.equal(out, want), f"{out.flatten()[:6]}")
     # The input is its own output (in the heap): cloned before the op, so staged; still right.
-    splits = _splits("even", W)
     x = _heap_copy(torch.cat([_block(rank, d, 3, (2,), torch.int64) for d in range(W)]), g)
     before = b.get_counters().get("all_to_all_single.zero_copy", 0)
     dist.all_to_all_single(x, x, group=g)
