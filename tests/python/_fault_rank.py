@@ -25,6 +25,10 @@ import cuda_p2p
 from cuda_p2p import ops
 
 TIMEOUT_S = 10
+# The store's rendezvous: rank 0 may take longer than TIMEOUT_S to import torch and listen when
+# the machine is loaded (CI runs these jobs beside the other tests), and a client that gives up
+# connecting first fails the job before any fault. Then the store waits TIMEOUT_S, as the group.
+RENDEZVOUS_S = 45
 
 
 def memfds_of_ours() -> tuple[int, int]:
@@ -87,7 +91,9 @@ def main():
     # Nothing below may hang: a rank still alive after this exits non-zero with its stacks.
     faulthandler.dump_traceback_later(60, exit=True)
     timeout = datetime.timedelta(seconds=TIMEOUT_S)
-    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=timeout)
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0,
+                          timeout=datetime.timedelta(seconds=RENDEZVOUS_S))
+    store.set_timeout(timeout)
     if case == "pre_rendezvous" and rank == victim:
         event("ready")
         os.kill(os.getpid(), signal.SIGKILL)
