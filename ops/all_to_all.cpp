@@ -135,8 +135,7 @@ std::string split_disagreement(const Headers& h, OpKind kind, const char* unit,
                " wrote a slice for rank " + std::to_string(q) + " at heap offset " +
                std::to_string(off) + " (" + std::to_string(len) + " bytes) outside a heap of " +
                std::to_string(heap_bytes) +
-               " bytes (a protocol error); the op did not run on "
-               "any rank";
+               " bytes (a protocol error); the op did not run on any rank";
       }
     }
   }
@@ -229,15 +228,19 @@ std::vector<int64_t> all_to_all(const CollectiveContext& ctx, const AllToAllArgs
   // This rank's header, alive until the synchronize below (the device copies from it); on a
   // stream that runs inline, on the stack (NOTE [All-to-all headers]).
   const bool inline_stream = ctx.ws.device().runs_inline(ctx.stream);
+  // n words of host memory: `stack` on such a stream, else `t` (host_words).
+  const auto words_in = [&](c10::SmallVectorImpl<int64_t>& stack, at::Tensor& t, int64_t n) {
+    if (inline_stream) {
+      stack.resize(n);
+      return stack.data();
+    }
+    t = host_words(ctx, n);
+    return t.data_ptr<int64_t>();
+  };
   const int64_t hw = header_words(W);
   c10::SmallVector<int64_t, 64> own_words;
   at::Tensor own;
-  if (inline_stream) {
-    own_words.resize(hw);
-  } else {
-    own = host_words(ctx, hw);
-  }
-  int64_t* w = inline_stream ? own_words.data() : own.data_ptr<int64_t>();
+  int64_t* w = words_in(own_words, own, hw);
   w[0] = kMagic;
   w[1] = args.unit_bytes;
   int64_t my_stream = 0;
@@ -266,15 +269,16 @@ std::vector<int64_t> all_to_all(const CollectiveContext& ctx, const AllToAllArgs
   // The W headers, copied out of the regions: later phases reuse them (NOTE [Collective phases]).
   c10::SmallVector<int64_t, 256> all_words;
   at::Tensor all;
-  if (inline_stream) {
-    all_words.resize(W * hw);
-    for (int r = 0; r < W; ++r) std::memcpy(all_words.data() + r * hw, ph.region[r], hdr_used);
-  } else {
-    all = host_words(ctx, W * hw);
-    for (int r = 0; r < W; ++r) copy(ctx, all.data_ptr<int64_t>() + r * hw, ph.region[r], hdr_used);
-    ctx.ws.device().synchronize(ctx.stream);
+  int64_t* words = words_in(all_words, all, W * hw);
+  for (int r = 0; r < W; ++r) {
+    if (inline_stream) {
+      std::memcpy(words + r * hw, ph.region[r], hdr_used);
+    } else {
+      copy(ctx, words + r * hw, ph.region[r], hdr_used);
+    }
   }
-  const Headers h{W, inline_stream ? all_words.data() : all.data_ptr<int64_t>()};
+  if (!inline_stream) ctx.ws.device().synchronize(ctx.stream);
+  const Headers h{W, words};
   const std::string error = split_disagreement(h, args.kind, args.unit,
                                                ctx.state.heap ? ctx.state.heap->buffer_size() : 0);
   if (!error.empty()) {
