@@ -159,10 +159,13 @@ AllGatherMatmulResult all_gather_matmul_send_recv(c10d::Backend& backend, const 
 // scale_b, out_dtype=...) instead of a.mm(b), with the chunk's own scales: a tensorwise scale (one
 // element) as it is, a rowwise A scale ([rows, 1]) narrowed with A's rows, a rowwise B scale
 // ([1, N]) narrowed with B's columns where the columns are split. Each output row (or column
-// block) is then one _scaled_mm of the same operands as the unfused reference's: equal to it
-// wherever the backend's _scaled_mm gives a row the same value whatever the other rows (the
-// CPU's does; tests/python/test_fp8.py checks it bitwise). The partials of a reduce-scatter are
-// in out_dtype and summed in float32, as the unscaled op sums bfloat16 partials.
+// block) is then a _scaled_mm of the same operands as the unfused reference's, over a chunk's
+// rows instead of all of them. That is not always bitwise the same: a backend's _scaled_mm may
+// sum a row's K products in an order that depends on how many rows the call has (some CPUs'
+// do), so a row may differ by the roundings of two float32 sums of K terms (and one bfloat16
+// ulp after the final rounding). tests/python/test_fp8.py holds random values to that bound and
+// small-integer ones, whose sums are exact, bitwise. The partials of a reduce-scatter are in
+// out_dtype and summed in float32, as the unscaled op sums bfloat16 partials.
 struct ScaledMatmul {
   at::Tensor A_scale;                     // float32: 1 element, or A's leading dims + [1] (rowwise)
   at::Tensor B_scale;                     // float32: 1 element, or [1, N] (rowwise)

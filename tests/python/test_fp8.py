@@ -4,6 +4,8 @@ their errors and Meta kernels; and the async-TP pass on a small fp8 MLP (_fp8_pa
 
 from __future__ import annotations
 
+import torch
+
 import _fp8_checks as f8
 from _fused_checks import run_safely
 from test_fused_ops import assert_all_ok
@@ -12,8 +14,9 @@ AG_PER_WORLD = len(f8.AG_CASES) * 2 * 2 * 3
 RS_PER_WORLD = len(f8.RS_CASES) * 2 * 2 * 4
 
 
-def test_all_gather_scaled_matmul_bitwise(world):
-    # world: 2 and 4 ranks. Small-integer and random values alike: bitwise.
+def test_all_gather_scaled_matmul(world):
+    # world: 2 and 4 ranks. Small-integer values bitwise, random ones within the bound of
+    # _fp8_checks.scaled_mm_bound (a CPU's _scaled_mm may round a row by how many rows it gets).
     for integer in (True, False):
         c = assert_all_ok(world.run(run_safely, f8.check_all_gather_scaled_matmul, integer),
                           AG_PER_WORLD)
@@ -27,6 +30,34 @@ def test_scaled_matmul_reduce_scatter(world):
                           RS_PER_WORLD)
         assert c == {"fused_scaled_matmul_reduce_scatter.pipeline": RS_PER_WORLD // 4,
                      "fused_scaled_matmul_reduce_scatter.ring": 3 * RS_PER_WORLD // 4}, c
+
+
+def test_bound_accepts_other_row_splits_and_rejects_wrong_values():
+    """The bound the non-integer cases are held to (_fp8_checks.scaled_mm_bound): it accepts
+    _scaled_mm of a chunk's rows against all rows at once - equal on some CPUs, a few float32
+    roundings apart on others (this one may be either) - and rejects a scale off by 2^-12 or one
+    row's product taken from another row."""
+    for K in (7, 16, 64):
+        for mode in ("tensorwise", "rowwise"):
+            for od in (torch.float32, torch.bfloat16):
+                A = f8.fp8((12, K), K, False)
+                B = f8.weight(K, 9, K + 1, False)
+                sa = f8.scale(() if mode == "tensorwise" else (12, 1), K + 2, False)
+                sb = f8.scale(() if mode == "tensorwise" else (1, 9), K + 3, False)
+                whole = f8.ref_scaled(A, B, sa, sb, od)
+                bound = f8.scaled_mm_bound(A, B, sa, sb, od)
+                for rows in (1, 2, 3, 5):
+                    split = torch.cat([
+                        f8.ref_scaled(A[i:i + rows], B, sa if sa.numel() == 1 else
+                                      sa[i:i + rows], sb, od) for i in range(0, 12, rows)])
+                    ok, worst = f8.within(split, whole, bound)
+                    assert ok, (K, mode, od, rows, worst)
+                off = f8.ref_scaled(A, B, sa * (1 + 2.0 ** -12), sb, od)
+                if od == torch.float32:  # (bfloat16 rounds a 2^-12 change away, mostly)
+                    assert not f8.within(off, whole, bound)[0], (K, mode, od)
+                swapped = whole.clone()
+                swapped[[0, 1]] = whole[[1, 0]]
+                assert not f8.within(swapped, whole, bound)[0], (K, mode, od)
 
 
 def test_errors_on_every_rank(world):
