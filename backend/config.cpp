@@ -8,56 +8,701 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <type_traits>
 #include <utility>
 
 namespace cuda_p2p {
 
 // NOTE [Configuration rules]
 // Every knob is read here and nowhere else, by the rules in config.hpp, so that a typo is an
-// error naming the knob rather than a silently different algorithm, and so that the docs table
-// (docs/configuration.md, checked against knobs() by tests/python/test_config.py) is complete.
-// The lower layers (ops, p2p_workspace) receive the resolved values as plain fields
+// error naming the knob rather than a silently different algorithm. Each knob is one row of the
+// table in knobs() below, and everything else about it is derived from that row: the docs table
+// (docs/configuration.md, compared with knobs() by tests/python/test_config.py), the resolution,
+// the source reported per knob, the Python Options properties with their validation, and the
+// values get_collective_config reports. So the text of a default is rendered from its value
+// (render_default), never typed beside it, and the Options properties refuse exactly what the
+// resolution refuses, with the same message (both call check()); tests/cpp/test_config.cpp
+// checks both for every knob, and that each rendered default is what a group with nothing set
+// reads back. The lower layers (ops, p2p_workspace) receive the resolved values as plain fields
 // (CollectiveConfig, WorkspaceOptions, HostStreams): they never read the environment.
 
 namespace config {
 
 namespace {
 
-constexpr const char* kDisableWorkspaceEnv = "CUDA_P2P_DISABLE_WORKSPACE";
-constexpr const char* kWorkspaceCollectivesEnv = "CUDA_P2P_WORKSPACE_COLLECTIVES";
-constexpr const char* kCudaWorkspaceCollectivesEnv = "CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES";
-constexpr const char* kHierarchicalEnv = "CUDA_P2P_HIERARCHICAL";
-constexpr const char* kCrossMemoryEnv = "CUDA_P2P_CROSS_MEMORY";
-constexpr const char* kHostStreamsEnv = "CUDA_P2P_HOST_STREAMS";
-constexpr const char* kAllGatherAlgoEnv = "CUDA_P2P_ALL_GATHER_ALGO";
-constexpr const char* kReduceScatterAlgoEnv = "CUDA_P2P_REDUCE_SCATTER_ALGO";
-constexpr const char* kAllReduceAlgoEnv = "CUDA_P2P_ALL_REDUCE_ALGO";
-constexpr const char* kAllReduceRoundsEnv = "CUDA_P2P_ALL_REDUCE_ROUNDS";
-constexpr const char* kRingStepsEnv = "CUDA_P2P_RING_STEPS";
-constexpr const char* kChunkBytesEnv = "CUDA_P2P_CHUNK_BYTES";
-constexpr const char* kParallelMinBytesEnv = "CUDA_P2P_PARALLEL_MIN_BYTES";
-constexpr const char* kInlineAllReduceEnv = "CUDA_P2P_INLINE_ALL_REDUCE";
-constexpr const char* kHostIdEnv = "CUDA_P2P_HOST_ID";
-constexpr const char* kDenyCrossMemoryEnv = "CUDA_P2P_TEST_DENY_CROSS_MEMORY";
-constexpr const char* kSymmetricHeapSizeEnv = "CUDA_P2P_SYMMETRIC_HEAP_SIZE";
-constexpr const char* kMailboxSlotBytesEnv = "CUDA_P2P_MAILBOX_SLOT_BYTES";
-constexpr int64_t kMaxMailboxSlotBytes = int64_t{256} << 20;
-constexpr const char* kFusedMinFlopsEnv = "CUDA_P2P_FUSED_MIN_FLOPS";
-constexpr const char* kWorkspaceDeviceEnv = "CUDA_P2P_WORKSPACE_DEVICE";
-constexpr const char* kZeroCopyAgreementEnv = "CUDA_P2P_ZERO_COPY_AGREEMENT";
-constexpr const char* kLocalRankEnv = "LOCAL_RANK";  // set by torchrun and most launchers
-constexpr const char* kDebugEnv = "CUDA_P2P_DEBUG";
-
+constexpr int64_t kKiB = int64_t{1} << 10;
+constexpr int64_t kMiB = int64_t{1} << 20;
 constexpr int64_t kMaxBytes = int64_t{1} << 46;  // 64 TiB: a sanity bound, not a policy
 constexpr int64_t kMaxRingSteps = int64_t{1} << 20;
 constexpr int64_t kMaxFlops = int64_t{1} << 60;
+constexpr int64_t kMaxLocalRank = 999999999;         // nine digits (choose_cuda_device)
+constexpr const char* kLocalRankEnv = "LOCAL_RANK";  // set by torchrun and most launchers
 
 std::string lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
   return s;
 }
 
+Value word(const char* n) { return std::string(n); }
+
+// The names of a kNames knob, in order.
+std::vector<std::string> split_names(const std::string& names) {
+  std::vector<std::string> out;
+  size_t begin = 0;
+  while (begin <= names.size()) {
+    const size_t end = std::min(names.find('|', begin), names.size());
+    out.push_back(names.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  return out;
+}
+
+// Whether "auto" leaves the knob's choice to the next source (a names knob that lists it first).
+bool auto_is_unset(const Knob& k) {
+  return k.kind == Kind::kNames && k.names.rfind("auto|", 0) == 0;
+}
+
+// `v` with the largest exact binary unit: "32 MiB" (bytes) or "8G" (other numbers, as the
+// variables take them); else the plain number.
+std::string with_unit(int64_t v, bool bytes) {
+  struct Unit {
+    int shift;
+    const char* bytes;
+    const char* suffix;
+  };
+  static constexpr Unit kUnits[] = {
+      {40, " TiB", nullptr}, {30, " GiB", "G"}, {20, " MiB", "M"}, {10, " KiB", "K"}};
+  if (v != 0) {
+    for (const auto& u : kUnits) {
+      const int64_t scale = int64_t{1} << u.shift;
+      if ((bytes || u.suffix != nullptr) && v % scale == 0) {
+        return std::to_string(v / scale) + (bytes ? u.bytes : u.suffix);
+      }
+    }
+  }
+  return std::to_string(v);
+}
+
+// What an Options value reads as: the number as set, True/False, the name.
+std::string option_text(const Value& v) {
+  if (const auto* b = std::get_if<bool>(&v)) return *b ? "True" : "False";
+  if (const auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
+  return std::get<std::string>(v);
+}
+
+// "in [0, 64 TiB]", "a multiple of 4 KiB in [4 KiB, 256 MiB]": the rule of a number knob.
+std::string range_text(const Knob& k) {
+  std::string out = k.step > 1 ? "a multiple of " + render(k.kind, k.step) + " in " : "in ";
+  return out + "[" + render(k.kind, k.min) + ", " + render(k.kind, k.max) + "]";
+}
+
+// The variable's text, unless it is unset, empty, or a names knob's "auto" (unset too).
+std::optional<std::string> env_text(const Knob& k, const EnvLookup& env) {
+  if (k.env.empty()) return std::nullopt;
+  auto text = env(k.env);
+  if (text && auto_is_unset(k) && *text == "auto") return std::nullopt;
+  return text;
+}
+
+// The syntax of a number (NOTE [Configuration rules]), without its range.
+int64_t parse_number(const std::string& text, const std::string& what) {
+  const char* begin = text.c_str();
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(begin, &end, 10);
+  bool ok = errno == 0 && end != begin;
+  int64_t scale = 1;
+  if (ok) {
+    const std::string suffix = lower(end);
+    if (suffix == "k" || suffix == "kib") {
+      scale = kKiB;
+    } else if (suffix == "m" || suffix == "mib") {
+      scale = kMiB;
+    } else if (suffix == "g" || suffix == "gib") {
+      scale = int64_t{1} << 30;
+    } else {
+      ok = suffix.empty();
+    }
+  }
+  ok = ok && (v == 0 || (v > 0 ? v <= std::numeric_limits<int64_t>::max() / scale
+                               : v >= std::numeric_limits<int64_t>::min() / scale));
+  TORCH_CHECK_VALUE(ok, "cuda_p2p: ", what,
+                    " must be an integer, optionally with a suffix K, M or G (1024-based), got '",
+                    text, "'");
+  return static_cast<int64_t>(v) * scale;
+}
+
+// The variable's text as the knob's value, checked.
+Value parse_env(const Knob& k, const std::string& text) {
+  switch (k.kind) {
+    case Kind::kBool: {
+      const bool b = parse_bool(text, k.env);
+      return k.env_inverted ? !b : b;
+    }
+    case Kind::kBytes:
+    case Kind::kInt: {
+      const Value v = parse_number(text, k.env);
+      check(k, v, k.env, text);
+      return v;
+    }
+    case Kind::kNames: {
+      std::string n = k.any_case ? lower(text) : text;
+      // "alias=name,...": another spelling of a name.
+      for (size_t begin = 0; begin < k.aliases.size();) {
+        const size_t end = std::min(k.aliases.find(',', begin), k.aliases.size());
+        const std::string pair = k.aliases.substr(begin, end - begin);
+        const size_t eq = pair.find('=');
+        if (pair.substr(0, eq) == n) n = pair.substr(eq + 1);
+        begin = end + 1;
+      }
+      Value v = std::move(n);
+      check(k, v, k.env, text);
+      return v;
+    }
+    case Kind::kString:
+      return text;
+  }
+  TORCH_INTERNAL_ASSERT(false, "cuda_p2p: knob ", k.env, " of unknown kind");
+}
+
+// The default as it resolves before the group's device is known (std::monostate: left to the
+// backend or the op; config.hpp, Default).
+Value resolve_default(const Knob& k, int world_size) {
+  const auto& d = k.default_rule;
+  switch (d.rule) {
+    case Default::Rule::kValue:
+      return d.value;
+    case Default::Rule::kTwoRanks:
+      return world_size == 2 ? d.value : d.other;
+    case Default::Rule::kByDevice:
+    case Default::Rule::kGpuVisible:
+    case Default::Rule::kWorldSize:
+    case Default::Rule::kComputed:
+      return std::monostate{};
+  }
+  return std::monostate{};
+}
+
+// A knob that lands as it is in one field of the Config (bool or int64_t), `Path` member
+// pointers deep, and reads back from it.
+template <auto... Path>
+void store(Config& c, const Resolved& r) {
+  auto& field = (c.*....*Path);
+  field = std::get<std::remove_reference_t<decltype(field)>>(r.value);
+}
+template <auto... Path>
+Value load(const Config& c, const Context&) {
+  return (c.*....*Path);
+}
+
+// The rows: one per knob (config.hpp, Knob). A row's comment says where the knob's behaviour is
+// explained; its help is the user's text (the docs table, the Python docstrings).
+std::vector<Knob> rows() {
+  using R = Default::Rule;
+  using CC = ops::CollectiveConfig;
+  std::vector<Knob> k;
+  // --- the workspace and what runs on it ---
+  k.push_back({.option = "enable_workspace",
+               .field = &Options::enable_workspace,
+               .env = "CUDA_P2P_DISABLE_WORKSPACE",
+               .kind = Kind::kBool,
+               .default_rule = {.value = true},
+               .env_inverted = true,
+               .land =
+                   [](Config& c, const Resolved& r) {
+                     c.workspace = r.b();
+                     if (!c.workspace) c.workspace_off_reason = "disabled by " + r.setting();
+                   },
+               .read = [](const Config& c, const Context&) -> Value { return c.workspace; },
+               .help = "Set up the P2P workspace."});
+  // NOTE [The workspace's device] in backend/ProcessGroupCudaP2P.cpp; the GPU: NOTE [The
+  // workspace's GPU] below.
+  k.push_back(
+      {.option = "workspace_device",
+       .field = &Options::workspace_device,
+       .env = "CUDA_P2P_WORKSPACE_DEVICE",
+       .kind = Kind::kNames,
+       .names = "auto|cpu|cuda",
+       .default_rule = {.rule = R::kGpuVisible, .value = word("cuda"), .other = word("cpu")},
+       .land =
+           [](Config& c, const Resolved& r) {
+             if (r.unset()) return;  // kAuto: the backend decides
+             c.workspace_device = r.s() == "cpu" ? WorkspaceDevice::kCpu : WorkspaceDevice::kCuda;
+             c.workspace_device_from = r.from();
+           },
+       .read = [](const Config& c, const Context& ctx) -> Value {
+         if (c.workspace_device == WorkspaceDevice::kAuto) return word(ctx.host ? "cpu" : "cuda");
+         return word(c.workspace_device == WorkspaceDevice::kCpu ? "cpu" : "cuda");
+       },
+       .help = "Where the workspace lives: cuda (a GPU, chosen as LOCAL_RANK says; the "
+               "group must wrap NCCL) or cpu (host shared memory). One workspace per "
+               "group: CPU tensors on a CUDA workspace, and CUDA tensors on a CPU one, go "
+               "to the wrapped backend (Gloo, NCCL)."});
+  k.push_back({.option = "buffer_size",
+               .field = &Options::buffer_size,
+               .kind = Kind::kBytes,
+               .min = 1,
+               .max = kMaxBytes,
+               .default_rule = {.value = WorkspaceOptions::kDefaultBufferSize},
+               .land = store<&Config::workspace_options, &WorkspaceOptions::buffer_size>,
+               .read = load<&Config::workspace_options, &WorkspaceOptions::buffer_size>,
+               .help = "Bytes of the symmetric buffer each rank shares with its peers."});
+  // Rounds: ops/pipeline_common.hpp, plan_rounds.
+  k.push_back({.option = "max_buffer_size",
+               .field = &Options::max_buffer_size,
+               .kind = Kind::kBytes,
+               .min = 1,
+               .max = kMaxBytes,
+               .default_rule = {.value = WorkspaceOptions::kDefaultMaxBufferSize},
+               .land = store<&Config::max_buffer_size>,
+               .read = load<&Config::max_buffer_size>,
+               .help = "The largest buffer an op may grow the workspace to on its own; larger "
+                       "payloads are processed in rounds."});
+  k.push_back({.option = "workspace_collectives",
+               .field = &Options::workspace_collectives,
+               .env = "CUDA_P2P_WORKSPACE_COLLECTIVES",
+               .kind = Kind::kBool,
+               .default_rule = {.value = true},
+               .land = store<&Config::collectives>,
+               .read = load<&Config::collectives>,
+               .help = "Run the collectives on the workspace; off, they go to the wrapped backend "
+                       "while the workspace stays up for the fused ops."});
+  // NOTE [CUDA collectives are opt-in] in backend/ProcessGroupCudaP2P.cpp.
+  k.push_back({.option = "cuda_workspace_collectives",
+               .field = &Options::cuda_workspace_collectives,
+               .env = "CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES",
+               .kind = Kind::kBool,
+               .default_rule = {.value = false},
+               .reported = true,
+               .land = store<&Config::cuda_collectives>,
+               .read = load<&Config::cuda_collectives>,
+               .help = "Run the collectives on CUDA tensors on the CUDA workspace; off, they go "
+                       "to NCCL. CPU tensors and the fused ops are not affected."});
+  // backend/hierarchical.hpp.
+  k.push_back({.option = "hierarchical",
+               .field = &Options::hierarchical,
+               .env = "CUDA_P2P_HIERARCHICAL",
+               .kind = Kind::kBool,
+               .default_rule = {.value = true},
+               .land = store<&Config::hierarchical>,
+               .read = load<&Config::hierarchical>,
+               .help = "On a group whose ranks span hosts, run the collectives on CPU tensors "
+                       "hierarchically: intra-host on each host's workspace, inter-host on the "
+                       "wrapped backend."});
+  // NOTE [Cooperative host streams] in p2p_workspace/host/host_stream.cpp.
+  k.push_back(
+      {.option = "host_streams",
+       .field = &Options::host_streams,
+       .env = "CUDA_P2P_HOST_STREAMS",
+       .kind = Kind::kNames,
+       .names = "auto|cooperative|threads",
+       .default_rule = {.value = word("cooperative")},
+       .land = [](Config& c,
+                  const Resolved& r) { c.host_streams = parse_host_streams(r.s(), r.from()); },
+       .read = [](const Config& c, const Context&) -> Value {
+         return word(c.host_streams == HostStreams::kThreads ? "threads" : "cooperative");
+       },
+       .help = "How a host workspace runs the fused pipelines' two streams: cooperative "
+               "(in the waiting thread) or threads (a thread per stream, the GPU's "
+               "concurrency)."});
+  // --- the workspace collectives (docs/collectives.md) ---
+  k.push_back({.option = "all_gather_algo",
+               .field = &Options::all_gather_algo,
+               .env = "CUDA_P2P_ALL_GATHER_ALGO",
+               .kind = Kind::kNames,
+               .names = "auto|direct|ring",
+               .default_rule = {.value = word("auto")},
+               .reported = true,
+               .land =
+                   [](Config& c, const Resolved& r) {
+                     c.collective.all_gather = ops::parse_all_gather_algo(r.s(), r.from());
+                   },
+               .read = [](const Config& c, const Context&) -> Value {
+                 return word(ops::to_string(c.collective.all_gather));
+               },
+               .help = "Workspace all-gather algorithm (auto: by size)."});
+  k.push_back({.option = "reduce_scatter_algo",
+               .field = &Options::reduce_scatter_algo,
+               .env = "CUDA_P2P_REDUCE_SCATTER_ALGO",
+               .kind = Kind::kNames,
+               .names = "auto|direct|ring",
+               .default_rule = {.value = word("auto")},
+               .reported = true,
+               .land =
+                   [](Config& c, const Resolved& r) {
+                     c.collective.reduce_scatter = ops::parse_reduce_scatter_algo(r.s(), r.from());
+                   },
+               .read = [](const Config& c, const Context&) -> Value {
+                 return word(ops::to_string(c.collective.reduce_scatter));
+               },
+               .help = "Workspace reduce-scatter algorithm (auto: by size)."});
+  k.push_back({.option = "all_reduce_algo",
+               .field = &Options::all_reduce_algo,
+               .env = "CUDA_P2P_ALL_REDUCE_ALGO",
+               .kind = Kind::kNames,
+               .names = "auto|one_shot|two_shot",
+               .default_rule = {.value = word("auto")},
+               .reported = true,
+               .land =
+                   [](Config& c, const Resolved& r) {
+                     c.collective.all_reduce = ops::parse_all_reduce_algo(r.s(), r.from());
+                   },
+               .read = [](const Config& c, const Context&) -> Value {
+                 return word(ops::to_string(c.collective.all_reduce));
+               },
+               .help = "Workspace all-reduce algorithm (auto: by size)."});
+  // 0 is the world size (CollectiveConfig::ring_steps); a multiple of it: ops::validate.
+  k.push_back({.option = "ring_steps",
+               .field = &Options::ring_steps,
+               .env = "CUDA_P2P_RING_STEPS",
+               .kind = Kind::kInt,
+               .min = 0,
+               .max = kMaxRingSteps,
+               .default_rule = {.rule = R::kWorldSize},
+               .reported = true,
+               .land =
+                   [](Config& c, const Resolved& r) {
+                     c.collective.ring_steps = r.unset() ? 0 : static_cast<int>(r.i());
+                   },
+               .read = [](const Config& c, const Context& ctx) -> Value {
+                 return int64_t{c.collective.ring_steps == 0 ? ctx.world_size
+                                                             : c.collective.ring_steps};
+               },
+               .help = "Steps of the reduce-scatter ring, a positive multiple of the world size "
+                       "(0: the world size)."});
+  k.push_back({.option = "chunk_bytes",
+               .field = &Options::chunk_bytes,
+               .env = "CUDA_P2P_CHUNK_BYTES",
+               .kind = Kind::kBytes,
+               .min = 0,
+               .max = kMaxBytes,
+               .default_rule = {.value = CC::kDefaultChunkBytes},
+               .reported = true,
+               .land = store<&Config::collective, &CC::chunk_bytes>,
+               .read = load<&Config::collective, &CC::chunk_bytes>,
+               .help = "Bytes a rank stages per round of a workspace collective (0: half the "
+                       "buffer)."});
+  // NOTE [Rounds chosen by rank 0] in ops/all_reduce.cpp.
+  k.push_back(
+      {.option = "all_reduce_rounds",
+       .field = &Options::all_reduce_rounds,
+       .env = "CUDA_P2P_ALL_REDUCE_ROUNDS",
+       .kind = Kind::kNames,
+       .names = "auto|chunked|large",
+       .default_rule = {.value = word("auto")},
+       .reported = true,
+       .land =
+           [](Config& c, const Resolved& r) {
+             c.collective.all_reduce_rounds = ops::parse_all_reduce_rounds(r.s(), r.from());
+           },
+       .read = [](const Config& c, const Context&) -> Value {
+         return word(ops::to_string(c.collective.all_reduce_rounds));
+       },
+       .help = "Rounds of a two-shot all-reduce of more than one chunk_bytes round on a host "
+               "workspace: auto lets rank 0 choose, one op ahead, from the times of its recent "
+               "ops, between chunk_bytes rounds and the largest the buffer holds; large makes it "
+               "choose the latter (from the second op of each size class); chunked keeps "
+               "chunk_bytes. Equal on every rank (auto and large may mix)."});
+  // The thresholds of the choice by size: CollectiveConfig.
+  k.push_back({.option = "all_reduce_one_shot_max_bytes",
+               .field = &Options::all_reduce_one_shot_max_bytes,
+               .kind = Kind::kBytes,
+               .min = 0,
+               .max = kMaxBytes,
+               .default_rule = {.rule = R::kTwoRanks,
+                                .value = CC::kDefaultTwoRankAllReduceOneShotMaxBytes,
+                                .other = CC::kDefaultAllReduceOneShotMaxBytes},
+               .reported = true,
+               .land = store<&Config::collective, &CC::all_reduce_one_shot_max_bytes>,
+               .read = load<&Config::collective, &CC::all_reduce_one_shot_max_bytes>,
+               .help = "Largest all-reduce that auto runs one-shot."});
+  // NOTE [Inline one-shot] in ops/all_reduce.cpp.
+  k.push_back({.option = "inline_all_reduce",
+               .field = &Options::inline_all_reduce,
+               .env = "CUDA_P2P_INLINE_ALL_REDUCE",
+               .kind = Kind::kBool,
+               .default_rule = {.value = true},
+               .reported = true,
+               .land = store<&Config::collective, &CC::inline_all_reduce>,
+               .read = load<&Config::collective, &CC::inline_all_reduce>,
+               .help = "On a host workspace, run a one-shot all-reduce that fits one round on the "
+                       "calling thread without enqueueing (the same protocol; off: the generic "
+                       "path, for comparison)."});
+  k.push_back({.option = "all_gather_ring_max_bytes",
+               .field = &Options::all_gather_ring_max_bytes,
+               .kind = Kind::kBytes,
+               .min = 0,
+               .max = kMaxBytes,
+               .default_rule = {.value = CC::kDefaultAllGatherRingMaxBytes},
+               .reported = true,
+               .land = store<&Config::collective, &CC::all_gather_ring_max_bytes>,
+               .read = load<&Config::collective, &CC::all_gather_ring_max_bytes>,
+               .help = "Largest all-gather output that auto runs as a ring on 3+ ranks."});
+  k.push_back({.option = "reduce_scatter_ring_max_bytes",
+               .field = &Options::reduce_scatter_ring_max_bytes,
+               .kind = Kind::kBytes,
+               .min = 0,
+               .max = kMaxBytes,
+               .default_rule = {.value = CC::kDefaultReduceScatterRingMaxBytes},
+               .reported = true,
+               .land = store<&Config::collective, &CC::reduce_scatter_ring_max_bytes>,
+               .read = load<&Config::collective, &CC::reduce_scatter_ring_max_bytes>,
+               .help = "Largest reduce-scatter input that auto runs as a ring."});
+  // NOTE [Copy-free reads] in ops/collectives.cpp: off unless asked for - on the machines
+  // measured so far staging is faster (docs/collectives.md). The workspace still probes whether
+  // the system allows them.
+  k.push_back({.option = "cross_memory",
+               .field = &Options::cross_memory,
+               .env = "CUDA_P2P_CROSS_MEMORY",
+               .kind = Kind::kBool,
+               .default_rule = {.value = false},
+               .land =
+                   [](Config& c, const Resolved& r) {
+                     c.cross_memory = r.b();
+                     c.workspace_options.private_reads = r.b();
+                     if (r.b()) return;
+                     c.cross_memory_off_reason =
+                         r.source != Source::kDefault
+                             ? r.setting()
+                             : c10::str("off by default; Options.", r.knob->option, " = True or ",
+                                        r.knob->env, "=1 turns it on");
+                   },
+               .read = [](const Config& c, const Context&) -> Value { return c.cross_memory; },
+               .help = "Copy-free reads of peers' tensors on the host (process_vm_readv), where "
+                       "the system allows them."});
+  k.push_back({.option = "cross_memory_min_bytes",
+               .field = &Options::cross_memory_min_bytes,
+               .kind = Kind::kBytes,
+               .min = 0,
+               .max = kMaxBytes,
+               .default_rule = {.value = CC::kDefaultCrossMemoryMinBytes},
+               .reported = true,
+               .land = store<&Config::collective, &CC::cross_memory_min_bytes>,
+               .read = load<&Config::collective, &CC::cross_memory_min_bytes>,
+               .help = "Smallest payload read copy-free when copy-free reads are on."});
+  // NOTE [Intra-op threads] in ops/collectives.cpp.
+  k.push_back({.option = "parallel_min_bytes",
+               .field = &Options::parallel_min_bytes,
+               .env = "CUDA_P2P_PARALLEL_MIN_BYTES",
+               .kind = Kind::kBytes,
+               .min = 0,
+               .max = kMaxBytes,
+               .default_rule = {.value = CC::kDefaultParallelMinBytes},
+               .reported = true,
+               .land = store<&Config::collective, &CC::parallel_min_bytes>,
+               .read = load<&Config::collective, &CC::parallel_min_bytes>,
+               .help = "On the host, copies and reductions of a workspace collective of at least "
+                       "this many bytes are split across the rank's intra-op threads "
+                       "(torch.get_num_threads()) when it has two or more; 0: never. One thread "
+                       "per rank (the default) never splits."});
+  // NOTE [Symmetric heap] in p2p_workspace/symmetric_heap.cpp.
+  k.push_back({.option = "symmetric_heap_size",
+               .field = &Options::symmetric_heap_size,
+               .env = "CUDA_P2P_SYMMETRIC_HEAP_SIZE",
+               .kind = Kind::kBytes,
+               .min = 1,
+               .max = kMaxBytes,
+               .default_rule = {.value = Config::kDefaultSymmetricHeapSize},
+               .land = store<&Config::symmetric_heap_size>,
+               .read = load<&Config::symmetric_heap_size>,
+               .help = "Bytes of each rank's symmetric heap (cuda_p2p.empty, "
+                       "use_symmetric_memory), created on first use; host: a sparse mapping "
+                       "(touched pages cost memory); CUDA: committed device memory, all of it at "
+                       "creation. It does not grow."});
+  // NOTE [Mailboxes] in p2p_workspace/host/mailboxes.cpp: whole pages.
+  k.push_back({.option = "mailbox_slot_bytes",
+               .field = &Options::mailbox_slot_bytes,
+               .env = "CUDA_P2P_MAILBOX_SLOT_BYTES",
+               .kind = Kind::kBytes,
+               .min = 4 * kKiB,
+               .max = 256 * kMiB,
+               .step = 4 * kKiB,
+               .default_rule = {.value = Config::kDefaultMailboxSlotBytes},
+               .reported = true,
+               .land = store<&Config::mailbox_slot_bytes>,
+               .read = load<&Config::mailbox_slot_bytes>,
+               .help = "Bytes of each slot of the send/recv mailboxes on a host workspace (two per "
+                       "pair of ranks, in the sender's memory): a message up to two slots is sent "
+                       "eagerly, a larger one streams through them."});
+  // NOTE [Zero-copy collectives] in ops/zero_copy.cpp; CUDA's default: NOTE [CUDA zero-copy is
+  // opt-in] in ops/common.hpp (ops::resolve_agreement).
+  k.push_back(
+      {.option = "zero_copy_agreement",
+       .field = &Options::zero_copy_agreement,
+       .env = "CUDA_P2P_ZERO_COPY_AGREEMENT",
+       .kind = Kind::kNames,
+       .names = "auto|exchange|signature|off",
+       .default_rule = {.rule = R::kByDevice, .value = word("exchange"), .other = word("off")},
+       .reported = true,
+       .land =
+           [](Config& c, const Resolved& r) {
+             if (r.unset()) return;  // kAuto: by the workspace's device
+             c.collective.zero_copy_agreement = ops::parse_zero_copy_agreement(r.s(), r.from());
+             c.zero_copy_agreement_from = r.from();
+           },
+       .read = [](const Config& c, const Context& ctx) -> Value {
+         return word(
+             ops::to_string(ops::resolve_agreement(c.collective.zero_copy_agreement, ctx.host)));
+       },
+       .help = "How the ranks agree that a collective's inputs are symmetric tensors. exchange "
+               "(host only): each rank publishes its inputs' heap offsets, which may differ; if "
+               "any input is not in its heap, all stage (one barrier more for a group with a "
+               "heap). signature: each rank states its offsets in the op signature, assuming its "
+               "peers allocated alike; a group with a heap pays nothing for ordinary inputs, and "
+               "ranks whose tensors differ raise a signature mismatch. off: symmetric inputs "
+               "stage like any other. CUDA's default stays off until signature has been "
+               "validated on GPUs."});
+  // NOTE [Unfused below a size] in backend/dispatcher_fused_ops.cpp.
+  k.push_back({.option = "fused_min_flops",
+               .field = &Options::fused_min_flops,
+               .env = "CUDA_P2P_FUSED_MIN_FLOPS",
+               .kind = Kind::kInt,
+               .min = 0,
+               .max = kMaxFlops,
+               .default_rule = {.rule = R::kByDevice,
+                                .value = Config::kDefaultHostFusedMinFlops,
+                                .other = int64_t{0}},
+               .reported = true,
+               .land =
+                   [](Config& c, const Resolved& r) {
+                     if (!r.unset()) c.fused_min_flops = r.i();
+                   },
+               .read = [](const Config& c, const Context& ctx) -> Value {
+                 return c.fused_min_flops_for(ctx.host ? c10::DeviceType::CPU
+                                                       : c10::DeviceType::CUDA);
+               },
+               .help = "The fused ops' \"auto\" runs the fused pipeline from this many GEMM flops "
+                       "per rank (2*M*N*K) on; below, the unfused workspace collective and matmul "
+                       "(K, M, G: 1024-based)."});
+  // --- environment variables only ---
+  // NOTE [Debug lines] below.
+  k.push_back({.env = "CUDA_P2P_DEBUG",
+               .kind = Kind::kNames,
+               .names = "off|info",
+               .aliases = "0=off",
+               .any_case = true,
+               .default_rule = {.value = word("off")},
+               .land = [](Config& c, const Resolved& r) { c.debug = r.s() == "info"; },
+               .read = [](const Config& c, const Context&) -> Value {
+                 return word(c.debug ? "info" : "off");
+               },
+               .help = "INFO: one line on stderr per group at its creation (the workspace, its "
+                       "device, the collectives' path, each knob that is not at its default) and "
+                       "one per fallback to the wrapped backend the first time it happens on the "
+                       "group (python -m cuda_p2p reports the same facts)."});
+  k.push_back({.env = "CUDA_P2P_HOST_ID",
+               .kind = Kind::kString,
+               .default_rule = {.rule = R::kComputed, .text = "hostname/boot id"},
+               .land =
+                   [](Config& c, const Resolved& r) {
+                     if (!r.unset()) c.workspace_options.host_id = r.s();
+                   },
+               .read = [](const Config& c, const Context&) -> Value {
+                 if (c.workspace_options.host_id.empty()) return std::monostate{};
+                 return c.workspace_options.host_id;
+               },
+               .help = "This process's host identity; ranks with different identities do not "
+                       "share a workspace (tests simulate several hosts with it)."});
+  k.push_back({.env = "CUDA_P2P_TEST_DENY_CROSS_MEMORY",
+               .kind = Kind::kBool,
+               .default_rule = {.value = false},
+               .land = store<&Config::workspace_options, &WorkspaceOptions::deny_private_reads>,
+               .read = load<&Config::workspace_options, &WorkspaceOptions::deny_private_reads>,
+               .help = "Test hook: this process's copy-free reads fail as under Yama "
+                       "ptrace_scope (EPERM)."});
+  // Read by choose_cuda_device (NOTE [The workspace's GPU]), only for a CUDA workspace.
+  k.push_back({.env = kLocalRankEnv,
+               .kind = Kind::kInt,
+               .min = 0,
+               .max = kMaxLocalRank,
+               .help = "This process's rank on its host (torchrun sets it). A CUDA workspace goes "
+                       "on the device bound by init_process_group(device_id=...), else on the "
+                       "current GPU if torch.cuda.set_device chose one other than cuda:0, else on "
+                       "GPU LOCAL_RANK mod the visible GPUs, else on cuda:0."});
+  return k;
+}
+
+// The docs' type column: the kind, and a number's range.
+std::string type_text(const Knob& k) {
+  switch (k.kind) {
+    case Kind::kBool:
+      return "bool";
+    case Kind::kBytes:
+      return (k.step > 1 ? "bytes, " : "bytes ") + range_text(k);
+    case Kind::kInt:
+      return (k.step > 1 ? "int, " : "int ") + range_text(k);
+    case Kind::kNames:
+      return k.names;
+    case Kind::kString:
+      return "string";
+  }
+  return "?";
+}
+
+// The special rules, said once for every knob that has them.
+std::string rule_text(const Knob& k) {
+  std::string out;
+  if (k.env_inverted) out += c10::str(" The variable is inverted: ", k.env, "=1 turns it off.");
+  if (k.kill_switch()) out += " Either side turns it off.";
+  return out;
+}
+
+// The invariants the generic code relies on (NOTE [Configuration rules]).
+void check_row(const Knob& k) {
+  const std::string name = k.option.empty() ? k.env : k.option;
+  TORCH_INTERNAL_ASSERT(!name.empty() && !k.help.empty(), "cuda_p2p: a knob without name or help");
+  const auto& d = k.default_rule;
+  if (std::holds_alternative<std::string Options::*>(k.field)) {
+    TORCH_INTERNAL_ASSERT(auto_is_unset(k), "cuda_p2p: knob ", name, ": names without auto");
+  }
+  if (std::holds_alternative<bool Options::*>(k.field)) {
+    TORCH_INTERNAL_ASSERT(d.rule == Default::Rule::kValue && std::holds_alternative<bool>(d.value),
+                          "cuda_p2p: knob ", name, ": a plain bool needs a bool default");
+  }
+  if (std::holds_alternative<int64_t Options::*>(k.field)) {
+    TORCH_INTERNAL_ASSERT(
+        d.rule == Default::Rule::kValue && std::holds_alternative<int64_t>(d.value),
+        "cuda_p2p: knob ", name, ": a plain number needs a number default");
+  }
+  if (k.kind == Kind::kBytes || k.kind == Kind::kInt) {
+    TORCH_INTERNAL_ASSERT(k.min <= k.max && k.step >= 1, "cuda_p2p: knob ", name, ": range");
+  }
+  TORCH_INTERNAL_ASSERT(k.land != nullptr || k.option.empty(), "cuda_p2p: knob ", name,
+                        ": an Options field must land in the Config");
+  TORCH_INTERNAL_ASSERT(!k.reported || (k.read != nullptr && !k.option.empty()), "cuda_p2p: knob ",
+                        name, ": reported without a reader");
+}
+
 }  // namespace
+
+bool Knob::kill_switch() const {
+  return std::holds_alternative<bool Options::*>(field) &&
+         std::get_if<bool>(&default_rule.value) != nullptr && std::get<bool>(default_rule.value);
+}
+
+std::string Resolved::from() const {
+  switch (source) {
+    case Source::kOptions:
+      return "Options." + knob->option;
+    case Source::kEnvironment:
+      return knob->env;
+    case Source::kDefault:
+      return "";
+  }
+  return "";
+}
+
+std::string Resolved::setting() const {
+  switch (source) {
+    case Source::kOptions:
+      return c10::str("Options.", knob->option, " = ", text);
+    case Source::kEnvironment:
+      return c10::str(knob->env, "=", text);
+    case Source::kDefault:
+      return "";
+  }
+  return "";
+}
 
 EnvLookup process_environment() {
   return [](const std::string& name) -> std::optional<std::string> {
@@ -71,231 +716,160 @@ bool parse_bool(const std::string& text, const std::string& what) {
   const std::string v = lower(text);
   if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
   if (v == "0" || v == "false" || v == "no" || v == "off") return false;
-  TORCH_CHECK(false, "cuda_p2p: ", what,
-              " must be a boolean (1/0, true/false, yes/no, on/off), got '", text, "'");
+  TORCH_CHECK_VALUE(false, "cuda_p2p: ", what,
+                    " must be a boolean (1/0, true/false, yes/no, on/off), got '", text, "'");
 }
 
 int64_t parse_int(const std::string& text, const std::string& what, int64_t min, int64_t max) {
-  const char* begin = text.c_str();
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(begin, &end, 10);
-  bool ok = errno == 0 && end != begin;
-  int64_t scale = 1;
-  if (ok) {
-    const std::string suffix = lower(end);
-    if (suffix == "k" || suffix == "kib") {
-      scale = int64_t{1} << 10;
-    } else if (suffix == "m" || suffix == "mib") {
-      scale = int64_t{1} << 20;
-    } else if (suffix == "g" || suffix == "gib") {
-      scale = int64_t{1} << 30;
-    } else {
-      ok = suffix.empty();
-    }
-  }
-  ok = ok && (v == 0 || (v > 0 ? v <= std::numeric_limits<int64_t>::max() / scale
-                               : v >= std::numeric_limits<int64_t>::min() / scale));
-  TORCH_CHECK(ok, "cuda_p2p: ", what,
-              " must be an integer, optionally with a suffix K, M or G (1024-based), got '", text,
-              "'");
-  const int64_t value = static_cast<int64_t>(v) * scale;
-  TORCH_CHECK(value >= min && value <= max, "cuda_p2p: ", what, " must be in [", min, ", ", max,
-              "], got ", value, " ('", text, "')");
+  const int64_t value = parse_number(text, what);
+  TORCH_CHECK_VALUE(value >= min && value <= max, "cuda_p2p: ", what, " must be in [", min, ", ",
+                    max, "], got ", value, " ('", text, "')");
   return value;
 }
 
-std::optional<bool> env_bool(const EnvLookup& env, const std::string& name) {
-  auto v = env(name);
-  if (!v) return std::nullopt;
-  return parse_bool(*v, name);
-}
-
-std::optional<int64_t> env_int(const EnvLookup& env, const std::string& name, int64_t min,
-                               int64_t max) {
-  auto v = env(name);
-  if (!v) return std::nullopt;
-  return parse_int(*v, name, min, max);
-}
-
 const std::vector<Knob>& knobs() {
-  static const std::vector<Knob> kKnobs = {
-      {"enable_workspace", kDisableWorkspaceEnv, "bool", "True (variable: unset)",
-       "Set up the P2P workspace. The variable is inverted: CUDA_P2P_DISABLE_WORKSPACE=1 turns "
-       "the workspace off; either side turns it off."},
-      {"workspace_device", kWorkspaceDeviceEnv, "auto|cpu|cuda",
-       "cuda with a visible GPU, else cpu",
-       "Where the workspace lives: cuda (a GPU, chosen as LOCAL_RANK says; the group must wrap "
-       "NCCL) or cpu (host shared memory). One workspace per group: CPU tensors on a CUDA "
-       "workspace, and CUDA tensors on a CPU one, go to the wrapped backend (Gloo, NCCL)."},
-      {"buffer_size", "", "bytes", "32 MiB",
-       "Bytes of the symmetric buffer each rank shares with its peers."},
-      {"max_buffer_size", "", "bytes", "256 MiB",
-       "The largest buffer an op may grow the workspace to on its own; larger payloads are "
-       "processed in rounds."},
-      {"workspace_collectives", kWorkspaceCollectivesEnv, "bool", "True",
-       "Run the collectives on the workspace; off, they go to the wrapped backend while the "
-       "workspace stays up for the fused ops (either side turns them off)."},
-      {"cuda_workspace_collectives", kCudaWorkspaceCollectivesEnv, "bool", "False",
-       "Run the collectives on CUDA tensors on the CUDA workspace; off, they go to NCCL. CPU "
-       "tensors and the fused ops are not affected."},
-      {"hierarchical", kHierarchicalEnv, "bool", "True",
-       "On a group whose ranks span hosts, run the collectives on CPU tensors hierarchically: "
-       "intra-host on each host's workspace, inter-host on the wrapped backend (either side "
-       "turns it off)."},
-      {"host_streams", kHostStreamsEnv, "auto|cooperative|threads", "cooperative",
-       "How a host workspace runs the fused pipelines' two streams."},
-      {"all_gather_algo", kAllGatherAlgoEnv, "auto|direct|ring", "auto",
-       "Workspace all-gather algorithm (auto: by size)."},
-      {"reduce_scatter_algo", kReduceScatterAlgoEnv, "auto|direct|ring", "auto",
-       "Workspace reduce-scatter algorithm (auto: by size)."},
-      {"all_reduce_algo", kAllReduceAlgoEnv, "auto|one_shot|two_shot", "auto",
-       "Workspace all-reduce algorithm (auto: by size)."},
-      {"ring_steps", kRingStepsEnv, "int", "the world size",
-       "Steps of the reduce-scatter ring, a positive multiple of the world size (0: the world "
-       "size)."},
-      {"chunk_bytes", kChunkBytesEnv, "bytes", "1 MiB",
-       "Bytes a rank stages per round of a workspace collective (0: half the buffer)."},
-      {"all_reduce_rounds", kAllReduceRoundsEnv, "auto|chunked|large", "auto",
-       "Rounds of a two-shot all-reduce of more than one chunk_bytes round on a host workspace: "
-       "auto lets rank 0 choose, one op ahead, from the times of its recent ops, between "
-       "chunk_bytes rounds and the largest the buffer holds; large makes it choose the latter "
-       "(from the second op of each size class); chunked keeps chunk_bytes. Equal on every rank "
-       "(auto and large may mix)."},
-      {"all_reduce_one_shot_max_bytes", "", "bytes", "64 KiB on 2 ranks, else 8 KiB",
-       "Largest all-reduce that auto runs one-shot."},
-      {"inline_all_reduce", kInlineAllReduceEnv, "bool", "True",
-       "On a host workspace, run a one-shot all-reduce that fits one round on the calling thread "
-       "without enqueueing (the same protocol; off: the generic path, for comparison)."},
-      {"all_gather_ring_max_bytes", "", "bytes", "256 KiB",
-       "Largest all-gather output that auto runs as a ring on 3+ ranks."},
-      {"reduce_scatter_ring_max_bytes", "", "bytes", "256 KiB",
-       "Largest reduce-scatter input that auto runs as a ring."},
-      {"cross_memory", kCrossMemoryEnv, "bool", "False",
-       "Copy-free reads of peers' tensors on the host (process_vm_readv), where the system allows "
-       "them."},
-      {"cross_memory_min_bytes", "", "bytes", "64 KiB",
-       "Smallest payload read copy-free when copy-free reads are on."},
-      {"parallel_min_bytes", kParallelMinBytesEnv, "bytes", "1 MiB",
-       "On the host, copies and reductions of a workspace collective of at least this many bytes "
-       "are split across the rank's intra-op threads (torch.get_num_threads()) when it has two "
-       "or more; 0: never. One thread per rank (the default) never splits."},
-      {"symmetric_heap_size", kSymmetricHeapSizeEnv, "bytes", "1 GiB",
-       "Bytes of each rank's symmetric heap (cuda_p2p.empty, use_symmetric_memory), created on "
-       "first use; host: a sparse mapping (touched pages cost memory); CUDA: committed device "
-       "memory, all of it at creation. It does not grow."},
-      {"mailbox_slot_bytes", kMailboxSlotBytesEnv, "bytes", "1 MiB",
-       "Bytes of each slot of the send/recv mailboxes on a host workspace (two per pair of "
-       "ranks, in the sender's memory): a message up to two slots is sent eagerly, a larger one "
-       "streams through them. A multiple of 4096, at most 256 MiB."},
-      {"zero_copy_agreement", kZeroCopyAgreementEnv, "auto|exchange|signature|off",
-       "host: exchange; CUDA: off (signature is opt-in until validated on GPUs)",
-       "How the ranks agree that a collective's inputs are symmetric tensors. exchange (host "
-       "only): each rank publishes its inputs' heap offsets, which may differ; if any input is "
-       "not in its heap, all stage (one barrier more for a group with a heap). signature: each "
-       "rank states its offsets in the op signature, assuming its peers allocated alike; a group "
-       "with a heap pays nothing for ordinary inputs, and ranks whose tensors differ raise a "
-       "signature mismatch. off: symmetric inputs stage like any other."},
-      {"fused_min_flops", kFusedMinFlopsEnv, "int", "host: 8G; CUDA: 0",
-       "The fused ops' \"auto\" runs the fused pipeline from this many GEMM flops per rank "
-       "(2*M*N*K) on; below, the unfused workspace collective and matmul (K, M, G: 1024-based)."},
-      {"", kDebugEnv, "off|info", "off",
-       "INFO: one line on stderr per group at its creation (the workspace, its device, the "
-       "collectives' path, each knob that is not at its default) and one per fallback to the "
-       "wrapped backend the first time it happens on the group (python -m cuda_p2p reports the "
-       "same facts)."},
-      {"", kHostIdEnv, "string", "hostname/boot id",
-       "This process's host identity; ranks with different identities do not share a workspace "
-       "(tests simulate several hosts with it)."},
-      {"", kDenyCrossMemoryEnv, "bool", "False",
-       "Test hook: this process's copy-free reads fail as under Yama ptrace_scope (EPERM)."},
-      {"", kLocalRankEnv, "int", "unset",
-       "This process's rank on its host (torchrun sets it). A CUDA workspace goes on the device "
-       "bound by init_process_group(device_id=...), else on the current GPU if "
-       "torch.cuda.set_device chose one other than cuda:0, else on GPU LOCAL_RANK mod the visible "
-       "GPUs, else on cuda:0."},
-  };
+  static const std::vector<Knob> kKnobs = [] {
+    auto table = rows();
+    for (auto& k : table) {
+      check_row(k);
+      k.type = type_text(k);
+      k.default_value = render_default(k);
+      k.help += rule_text(k);
+    }
+    return table;
+  }();
   return kKnobs;
 }
 
-namespace {
-
-std::string bool_text(bool b) { return b ? "True" : "False"; }
-
-// The text of the Options field `field` when it is set (NOTE [Configuration rules]: an optional
-// that holds a value, a name other than "auto", a plain bool or number that differs from its
-// default), else nullopt.
-std::optional<std::string> option_text(const Options& o, const std::string& field) {
-  const Options d;
-  auto opt_int = [](const std::optional<int64_t>& v) -> std::optional<std::string> {
-    if (!v) return std::nullopt;
-    return std::to_string(*v);
-  };
-  auto opt_bool = [](const std::optional<bool>& v) -> std::optional<std::string> {
-    if (!v) return std::nullopt;
-    return bool_text(*v);
-  };
-  auto name = [](const std::string& v) -> std::optional<std::string> {
-    if (v == "auto") return std::nullopt;
-    return v;
-  };
-  auto plain_bool = [](bool v, bool def) -> std::optional<std::string> {
-    if (v == def) return std::nullopt;
-    return bool_text(v);
-  };
-  if (field == "enable_workspace") return plain_bool(o.enable_workspace, d.enable_workspace);
-  if (field == "workspace_device") return name(o.workspace_device);
-  if (field == "buffer_size") return opt_int(o.buffer_size);
-  if (field == "max_buffer_size") {
-    if (o.max_buffer_size == d.max_buffer_size) return std::nullopt;
-    return std::to_string(o.max_buffer_size);
+const Knob* find_knob(const std::string& name) {
+  for (const auto& k : knobs()) {
+    if (k.option == name || (k.option.empty() && k.env == name)) return &k;
   }
-  if (field == "workspace_collectives") {
-    return plain_bool(o.workspace_collectives, d.workspace_collectives);
-  }
-  if (field == "cuda_workspace_collectives") return opt_bool(o.cuda_workspace_collectives);
-  if (field == "hierarchical") return plain_bool(o.hierarchical, d.hierarchical);
-  if (field == "host_streams") return name(o.host_streams);
-  if (field == "all_gather_algo") return name(o.all_gather_algo);
-  if (field == "reduce_scatter_algo") return name(o.reduce_scatter_algo);
-  if (field == "all_reduce_algo") return name(o.all_reduce_algo);
-  if (field == "all_reduce_rounds") return name(o.all_reduce_rounds);
-  if (field == "ring_steps") return opt_int(o.ring_steps);
-  if (field == "chunk_bytes") return opt_int(o.chunk_bytes);
-  if (field == "all_reduce_one_shot_max_bytes") return opt_int(o.all_reduce_one_shot_max_bytes);
-  if (field == "inline_all_reduce") return opt_bool(o.inline_all_reduce);
-  if (field == "all_gather_ring_max_bytes") return opt_int(o.all_gather_ring_max_bytes);
-  if (field == "reduce_scatter_ring_max_bytes") return opt_int(o.reduce_scatter_ring_max_bytes);
-  if (field == "cross_memory") return opt_bool(o.cross_memory);
-  if (field == "cross_memory_min_bytes") return opt_int(o.cross_memory_min_bytes);
-  if (field == "symmetric_heap_size") return opt_int(o.symmetric_heap_size);
-  if (field == "mailbox_slot_bytes") return opt_int(o.mailbox_slot_bytes);
-  if (field == "zero_copy_agreement") return name(o.zero_copy_agreement);
-  if (field == "fused_min_flops") return opt_int(o.fused_min_flops);
-  if (field == "parallel_min_bytes") return opt_int(o.parallel_min_bytes);
-  TORCH_INTERNAL_ASSERT(false, "cuda_p2p: knob_values: no Options field ", field);
+  return nullptr;
 }
 
-}  // namespace
+std::string render(Kind kind, const Value& value) {
+  if (std::holds_alternative<std::monostate>(value)) return "unset";
+  if (const auto* i = std::get_if<int64_t>(&value)) return with_unit(*i, kind == Kind::kBytes);
+  return option_text(value);
+}
+
+std::string render_default(const Knob& k) {
+  const auto& d = k.default_rule;
+  const auto r = [&k](const Value& v) { return render(k.kind, v); };
+  switch (d.rule) {
+    case Default::Rule::kValue:
+      return r(d.value);
+    case Default::Rule::kByDevice:
+      return c10::str("host: ", r(d.value), "; CUDA: ", r(d.other));
+    case Default::Rule::kGpuVisible:
+      return c10::str(r(d.value), " with a visible GPU, else ", r(d.other));
+    case Default::Rule::kTwoRanks:
+      return c10::str(r(d.value), " on 2 ranks, else ", r(d.other));
+    case Default::Rule::kWorldSize:
+      return "the world size";
+    case Default::Rule::kComputed:
+      return d.text;
+  }
+  return "?";
+}
+
+Value default_in(const Knob& k, const Context& ctx) {
+  const auto& d = k.default_rule;
+  switch (d.rule) {
+    case Default::Rule::kValue:
+      return d.value;
+    case Default::Rule::kByDevice:
+      return ctx.host ? d.value : d.other;
+    case Default::Rule::kGpuVisible:
+      return ctx.host ? d.other : d.value;
+    case Default::Rule::kTwoRanks:
+      return ctx.world_size == 2 ? d.value : d.other;
+    case Default::Rule::kWorldSize:
+      return int64_t{ctx.world_size};
+    case Default::Rule::kComputed:
+      return std::monostate{};
+  }
+  return std::monostate{};
+}
+
+void check(const Knob& k, const Value& value, const std::string& what, const std::string& text) {
+  const std::string got = text.empty() ? "" : c10::str(" ('", text, "')");
+  switch (k.kind) {
+    case Kind::kBytes:
+    case Kind::kInt: {
+      const int64_t v = std::get<int64_t>(value);
+      TORCH_CHECK_VALUE(v >= k.min && v <= k.max && v % k.step == 0, "cuda_p2p: ", what,
+                        " must be ", range_text(k), ", got ", v, got);
+      return;
+    }
+    case Kind::kNames: {
+      const std::string& v = std::get<std::string>(value);
+      const auto names = split_names(k.names);
+      TORCH_CHECK_VALUE(std::find(names.begin(), names.end(), v) != names.end(), "cuda_p2p: ", what,
+                        " must be one of ", k.names, k.any_case ? " (any case)" : "", ", got '",
+                        text.empty() ? v : text, "'");
+      return;
+    }
+    case Kind::kBool:
+    case Kind::kString:
+      return;
+  }
+}
+
+std::optional<Value> option_value(const Knob& k, const Options& o) {
+  return std::visit(
+      [&](auto field) -> std::optional<Value> {
+        if constexpr (std::is_same_v<decltype(field), std::monostate>) {
+          return std::nullopt;
+        } else {
+          const auto& v = o.*field;
+          using T = std::remove_cvref_t<decltype(v)>;
+          if constexpr (std::is_same_v<T, std::string>) {
+            if (v == "auto") return std::nullopt;
+            return v;
+          } else if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, int64_t>) {
+            // A plain field counts as set when it differs from its default.
+            if (Value(v) == k.default_rule.value) return std::nullopt;
+            return v;
+          } else {
+            if (!v) return std::nullopt;
+            return *v;
+          }
+        }
+      },
+      k.field);
+}
+
+Resolved resolve(const Knob& k, const Options& o, const EnvLookup& env, int world_size) {
+  Resolved r;
+  r.knob = &k;
+  if (auto v = option_value(k, o)) {
+    check(k, *v, "Options." + k.option);
+    r.value = std::move(*v);
+    r.source = Source::kOptions;
+    r.text = option_text(r.value);
+  } else if (auto text = env_text(k, env)) {
+    r.value = parse_env(k, *text);
+    r.source = Source::kEnvironment;
+    r.text = std::move(*text);
+  } else {
+    r.value = resolve_default(k, world_size);
+    r.text = k.default_value;
+  }
+  return r;
+}
 
 std::vector<KnobValue> knob_values(const Options& o, const EnvLookup& env) {
   std::vector<KnobValue> out;
   for (const auto& k : knobs()) {
-    KnobValue v{&k, k.default_value, "default"};
-    if (!k.option.empty()) {
-      if (auto text = option_text(o, k.option)) {
-        out.push_back({&k, *text, "Options"});
-        continue;
-      }
+    if (auto v = option_value(k, o)) {
+      out.push_back({&k, option_text(*v), "Options"});
+    } else if (auto text = env_text(k, env)) {
+      out.push_back({&k, *text, "environment"});
+    } else {
+      out.push_back({&k, k.default_value, "default"});
     }
-    if (!k.env.empty()) {
-      // A name knob's "auto" leaves the choice to the default, as resolve_config reads it.
-      if (auto text = env(k.env);
-          text && !(k.type.find('|') != std::string::npos && lower(*text) == "auto")) {
-        v = {&k, *text, "environment"};
-      }
-    }
-    out.push_back(std::move(v));
   }
   return out;
 }
@@ -315,14 +889,6 @@ void debug_line(const std::string& line) {
 }
 
 }  // namespace config
-
-WorkspaceDevice parse_workspace_device(const std::string& value, const std::string& what) {
-  if (value == "auto") return WorkspaceDevice::kAuto;
-  if (value == "cpu") return WorkspaceDevice::kCpu;
-  if (value == "cuda") return WorkspaceDevice::kCuda;
-  TORCH_CHECK_VALUE(false, "cuda_p2p: ", what, " must be 'auto', 'cpu' or 'cuda', got '", value,
-                    "'");
-}
 
 // NOTE [The workspace's GPU]
 // init_process_group before torch.cuda.set_device is common, and torch's current device is then
@@ -377,158 +943,15 @@ CudaDeviceChoice choose_cuda_device(std::optional<int64_t> bound_device, int dev
   return {current_device, "the current device (torch.cuda.current_device())"};
 }
 
-namespace {
-
-// The value of an optional Options field, else of the environment variable, else `fallback`.
-template <typename T>
-T pick(const std::optional<T>& option, const std::optional<T>& env, T fallback) {
-  if (option) return *option;
-  if (env) return *env;
-  return fallback;
-}
-
-// The Options value unless it is "auto", else the environment variable's unless that is "auto":
-// {value, the knob it came from}, or nullopt when both leave the choice to the default.
-std::optional<std::pair<std::string, std::string>> chosen(const std::string& option,
-                                                          const std::string& field,
-                                                          const config::EnvLookup& env,
-                                                          const std::string& var) {
-  if (option != "auto") return std::make_pair(option, c10::str("Options.", field));
-  if (auto v = env(var); v && *v != "auto") return std::make_pair(*v, var);
-  return std::nullopt;
-}
-
-}  // namespace
-
 Config resolve_config(const Options& o, int world_size, const config::EnvLookup& env) {
-  using namespace config;
   Config c;
-  // Workspace.
-  TORCH_CHECK(!o.buffer_size || *o.buffer_size > 0,
-              "cuda_p2p: Options.buffer_size must be positive (bytes), got ", *o.buffer_size);
-  TORCH_CHECK(o.max_buffer_size > 0,
-              "cuda_p2p: Options.max_buffer_size must be positive (bytes), got ",
-              o.max_buffer_size);
-  const bool env_disables = env_bool(env, kDisableWorkspaceEnv).value_or(false);
-  if (!o.enable_workspace) {
-    c.workspace = false;
-    c.workspace_off_reason = "disabled by Options.enable_workspace = False";
-  } else if (env_disables) {
-    c.workspace = false;
-    // (c10::str rather than std::string operator+: GCC 12 reports a false -Warray-bounds there.)
-    c.workspace_off_reason = c10::str("disabled by ", kDisableWorkspaceEnv, "=",
-                                      env(kDisableWorkspaceEnv).value_or("1"));
-  }
-  if (auto v = chosen(o.workspace_device, "workspace_device", env, kWorkspaceDeviceEnv)) {
-    c.workspace_device = parse_workspace_device(v->first, v->second);
-    c.workspace_device_from = v->second;
-  }
-  c.workspace_options.buffer_size = o.buffer_size.value_or(WorkspaceOptions::kDefaultBufferSize);
   c.workspace_options.timeout = o.timeout;
-  c.max_buffer_size = o.max_buffer_size;
-  if (auto id = env(kHostIdEnv)) c.workspace_options.host_id = *id;
-  c.workspace_options.deny_private_reads = env_bool(env, kDenyCrossMemoryEnv).value_or(false);
-
-  // Host streams.
-  if (auto v = chosen(o.host_streams, "host_streams", env, kHostStreamsEnv)) {
-    c.host_streams = parse_host_streams(v->first, v->second);
+  for (const auto& k : config::knobs()) {
+    if (k.land != nullptr) k.land(c, config::resolve(k, o, env, world_size));
   }
-  if (c.host_streams == HostStreams::kDefault) c.host_streams = HostStreams::kCooperative;
-
-  // Which collectives run on the workspace (kill switches: either side turns them off).
-  c.collectives = o.workspace_collectives && env_bool(env, kWorkspaceCollectivesEnv).value_or(true);
-  c.hierarchical = o.hierarchical && env_bool(env, kHierarchicalEnv).value_or(true);
-  c.cuda_collectives =
-      pick(o.cuda_workspace_collectives, env_bool(env, kCudaWorkspaceCollectivesEnv), false);
-
-  // Algorithms and their knobs.
-  auto& k = c.collective;
-  if (auto a = chosen(o.all_gather_algo, "all_gather_algo", env, kAllGatherAlgoEnv)) {
-    k.all_gather = ops::parse_all_gather_algo(a->first, a->second);
-  }
-  if (auto a = chosen(o.reduce_scatter_algo, "reduce_scatter_algo", env, kReduceScatterAlgoEnv)) {
-    k.reduce_scatter = ops::parse_reduce_scatter_algo(a->first, a->second);
-  }
-  if (auto a = chosen(o.all_reduce_algo, "all_reduce_algo", env, kAllReduceAlgoEnv)) {
-    k.all_reduce = ops::parse_all_reduce_algo(a->first, a->second);
-  }
-  if (auto a = chosen(o.all_reduce_rounds, "all_reduce_rounds", env, kAllReduceRoundsEnv)) {
-    k.all_reduce_rounds = ops::parse_all_reduce_rounds(a->first, a->second);
-  }
-  TORCH_CHECK(!o.ring_steps || (*o.ring_steps >= 0 && *o.ring_steps <= kMaxRingSteps),
-              "cuda_p2p: Options.ring_steps must be a positive multiple of the world size, got ",
-              *o.ring_steps);
-  k.ring_steps = static_cast<int>(
-      pick(o.ring_steps, env_int(env, kRingStepsEnv, 0, kMaxRingSteps), int64_t{0}));
-  TORCH_CHECK(!o.chunk_bytes || *o.chunk_bytes >= 0,
-              "cuda_p2p: Options.chunk_bytes must be >= 0 (0: half the buffer), got ",
-              *o.chunk_bytes);
-  k.chunk_bytes = pick(o.chunk_bytes, env_int(env, kChunkBytesEnv, 0, kMaxBytes),
-                       ops::CollectiveConfig::kDefaultChunkBytes);
-  k.all_reduce_one_shot_max_bytes = o.all_reduce_one_shot_max_bytes.value_or(
-      world_size == 2 ? ops::CollectiveConfig::kDefaultTwoRankAllReduceOneShotMaxBytes
-                      : ops::CollectiveConfig::kDefaultAllReduceOneShotMaxBytes);
-  k.all_gather_ring_max_bytes = o.all_gather_ring_max_bytes.value_or(k.all_gather_ring_max_bytes);
-  k.reduce_scatter_ring_max_bytes =
-      o.reduce_scatter_ring_max_bytes.value_or(k.reduce_scatter_ring_max_bytes);
-  k.cross_memory_min_bytes = o.cross_memory_min_bytes.value_or(k.cross_memory_min_bytes);
-  TORCH_CHECK(!o.parallel_min_bytes || *o.parallel_min_bytes >= 0,
-              "cuda_p2p: Options.parallel_min_bytes must be >= 0 (0: never split), got ",
-              *o.parallel_min_bytes);
-  k.parallel_min_bytes =
-      pick(o.parallel_min_bytes, env_int(env, kParallelMinBytesEnv, 0, kMaxBytes),
-           ops::CollectiveConfig::kDefaultParallelMinBytes);
-  k.inline_all_reduce = pick(o.inline_all_reduce, env_bool(env, kInlineAllReduceEnv), true);
-  if (auto a = chosen(o.zero_copy_agreement, "zero_copy_agreement", env, kZeroCopyAgreementEnv)) {
-    k.zero_copy_agreement = ops::parse_zero_copy_agreement(a->first, a->second);
-    c.zero_copy_agreement_from = a->second;
-  }
-  ops::validate(k, world_size);
-
-  // Copy-free reads (NOTE [Copy-free reads] in ops/collectives.cpp): off unless asked for - on
-  // the machines measured so far staging is faster (docs/collectives.md). The workspace still
-  // probes whether the system allows them.
-  const auto env_cross = env_bool(env, kCrossMemoryEnv);
-  c.cross_memory = pick(o.cross_memory, env_cross, false);
-  if (!c.cross_memory) {
-    c.cross_memory_off_reason = o.cross_memory ? std::string("Options.cross_memory = False")
-                                : env_cross
-                                    ? c10::str(kCrossMemoryEnv, "=", *env(kCrossMemoryEnv))
-                                    : c10::str("off by default; Options.cross_memory = True or ",
-                                               kCrossMemoryEnv, "=1 turns it on");
-  }
-  c.workspace_options.private_reads = c.cross_memory;
-
-  // The symmetric heap (NOTE [Symmetric heap] in p2p_workspace/symmetric_heap.cpp).
-  TORCH_CHECK(!o.symmetric_heap_size || *o.symmetric_heap_size > 0,
-              "cuda_p2p: Options.symmetric_heap_size must be positive (bytes), got ",
-              *o.symmetric_heap_size);
-  c.symmetric_heap_size =
-      pick(o.symmetric_heap_size, env_int(env, kSymmetricHeapSizeEnv, 1, kMaxBytes),
-           Config::kDefaultSymmetricHeapSize);
-  // The send/recv mailboxes (NOTE [Mailboxes] in p2p_workspace/host/mailboxes.cpp).
-  c.mailbox_slot_bytes =
-      pick(o.mailbox_slot_bytes, env_int(env, kMailboxSlotBytesEnv, 4096, kMaxMailboxSlotBytes),
-           Config::kDefaultMailboxSlotBytes);
-  TORCH_CHECK(c.mailbox_slot_bytes >= 4096 && c.mailbox_slot_bytes <= kMaxMailboxSlotBytes &&
-                  c.mailbox_slot_bytes % 4096 == 0,
-              "cuda_p2p: mailbox_slot_bytes (Options.mailbox_slot_bytes or ", kMailboxSlotBytesEnv,
-              ") must be a multiple of 4096 in [4096, ", kMaxMailboxSlotBytes, "], got ",
-              c.mailbox_slot_bytes);
-  // The fused ops' choice between fused and unfused (NOTE [Unfused below a size]).
-  TORCH_CHECK(!o.fused_min_flops || (*o.fused_min_flops >= 0 && *o.fused_min_flops <= kMaxFlops),
-              "cuda_p2p: Options.fused_min_flops must be in [0, ", kMaxFlops, "] (flops), got ",
-              *o.fused_min_flops);
-  c.fused_min_flops =
-      o.fused_min_flops ? o.fused_min_flops : env_int(env, kFusedMinFlopsEnv, 0, kMaxFlops);
-  // NOTE [Debug lines].
-  if (auto v = env(kDebugEnv)) {
-    const std::string level = lower(*v);
-    TORCH_CHECK(level == "info" || level == "off" || level == "0", "cuda_p2p: ", kDebugEnv,
-                " must be INFO or OFF (any case), got '", *v, "'");
-    c.debug = level == "info";
-  }
-  c.knobs = knob_values(o, env);
+  // What depends on the group: ring steps against the world size.
+  ops::validate(c.collective, world_size);
+  c.knobs = config::knob_values(o, env);
   return c;
 }
 

@@ -1,20 +1,30 @@
-// The one place where cuda_p2p's configuration is read: every knob (an Options field, an
-// environment variable, or both) is listed once in knobs(), parsed by one set of rules, and
-// resolved once per group into a Config (resolve_config) that the lower layers receive as plain
-// values. Nothing else in the project reads the environment.
+// The one place where cuda_p2p's configuration is read. Every knob (an Options field, an
+// environment variable, or both) is one row of one declarative table, config::knobs() in
+// backend/config.cpp: its name, Options field, variable, kind, range or names, default (a value,
+// or a small rule over the group's context, rendered to text by one function), how it lands in a
+// Config, its special rule, and its help. From that row come the docs table
+// (docs/configuration.md, compared by tests/python/test_config.py), the resolution
+// (resolve_config), which Options fields are set and each knob's source (knob_values), the Python
+// Options properties and their validation (python/options.cpp: the same check() as the
+// resolution, so Python refuses exactly what a group refuses, with the same message), and the
+// knob values of get_collective_config. Nothing else in the project reads the environment.
 //
-// Rules (NOTE [Configuration rules]):
+// Rules (NOTE [Configuration rules] in backend/config.cpp):
 //  * precedence: an Options value that is set wins, else the environment variable, else the
-//    default. An Options field that is a plain bool counts as set only when it differs from its
-//    default (enable_workspace, workspace_collectives and hierarchical are kill switches: either
-//    side turns them off);
+//    default. An optional field is set when it holds a value, a name when it is not "auto", a
+//    plain bool or number when it differs from its default; so a plain bool that defaults to
+//    True is a kill switch (enable_workspace, workspace_collectives, hierarchical): either side
+//    turns it off. CUDA_P2P_DISABLE_WORKSPACE is inverted (1 turns the workspace off);
 //  * an empty environment variable is unset;
 //  * booleans: 1/true/yes/on or 0/false/no/off, case-insensitive;
 //  * numbers: a decimal integer, optionally with a binary suffix K, M or G (KiB, MiB, GiB:
-//    1024-based), within the knob's range;
+//    1024-based), within the knob's range (and a multiple of its step, where it has one);
 //  * names (algorithms, modes): one of the listed names, "auto" leaving the choice to the next
 //    source;
-//  * anything else is an error naming the knob, what it expects and what it got.
+//  * anything else is a ValueError naming the knob (the Options field or the variable), what it
+//    expects and what it got, raised where the value is given: by the Options property as it is
+//    set, by the resolution for a variable. What depends on the group (ring steps against the
+//    world size) is checked when the group is created.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +32,7 @@
 #include <optional>
 #include <string>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <variant>
 #include <vector>
 
 #include "ops/collectives.hpp"
@@ -32,89 +43,42 @@ namespace cuda_p2p {
 
 inline constexpr const char* kBackendName = "cuda_p2p";
 
-// ProcessGroupCudaP2P.Options: what a user sets per group (pg_options). Every field is a knob of
-// knobs() below; resolve_config turns them, with the environment, into a Config.
+// ProcessGroupCudaP2P.Options: what a user sets per group (pg_options). Every field but
+// nccl_options is a knob: its row in config::knobs() (backend/config.cpp) says what it does, its
+// default and its environment variable; the initial values here are "unset" (nullopt, "auto") or
+// the row's default (plain bools and numbers: a test checks that a fresh Options sets nothing).
 struct Options : c10d::Backend::Options {
   Options() : c10d::Backend::Options(kBackendName) {}
 
-  // Where the workspace lives (NOTE [The workspace's device] in backend/ProcessGroupCudaP2P.cpp):
-  // "cuda" (a GPU: NOTE [The workspace's GPU] in backend/config.cpp), "cpu" (host shared memory)
-  // or "auto" (CUDA_P2P_WORKSPACE_DEVICE, else "cuda" when the group wraps a CUDA backend, "cpu"
-  // otherwise).
-  std::string workspace_device = "auto";
-  // Bytes of the symmetric buffer each rank maps for its peers (unset: 32 MiB).
+  // The workspace and what runs on it.
+  std::string workspace_device = "auto";  // auto|cpu|cuda
   std::optional<int64_t> buffer_size;
-  // Whether to set up the P2P workspace at all (CUDA_P2P_DISABLE_WORKSPACE also turns it off).
   bool enable_workspace = true;
-  // Whether the collectives run on the workspace when it is available
-  // (CUDA_P2P_WORKSPACE_COLLECTIVES=0 also turns them off): off, they go to the wrapped backend
-  // while the workspace stays up for everything else - for comparison and debugging.
   bool workspace_collectives = true;
-  // Whether the collectives on CUDA tensors run on a CUDA workspace (NOTE [CUDA collectives are
-  // opt-in] in backend/ProcessGroupCudaP2P.cpp): unset defers to
-  // CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES, else off. CPU tensors and the fused ops are not affected.
   std::optional<bool> cuda_workspace_collectives;
-  // Whether a group whose ranks span hosts runs its collectives hierarchically (intra-host on
-  // each host's workspace, inter-host on the wrapped backend: backend/hierarchical.hpp);
-  // CUDA_P2P_HIERARCHICAL=0 also turns it off. Off, such a group sends them whole to the wrapped
-  // backend.
   bool hierarchical = true;
-  // Handed to the wrapped NCCL backend (a ProcessGroupNCCL.Options in Python); may be null.
+  // Handed to the wrapped NCCL backend (a ProcessGroupNCCL.Options in Python); may be null. Not a
+  // knob of cuda_p2p's own.
   c10::intrusive_ptr<c10d::Backend::Options> nccl_options;
-  // The largest buffer (bytes) an op may grow the workspace to on its own; an op that needs more
-  // processes its payload in rounds (ops/pipeline_common.hpp, plan_rounds).
   int64_t max_buffer_size = WorkspaceOptions::kDefaultMaxBufferSize;
-  // How the host device runs the fused pipelines' two streams: "cooperative" (in the waiting
-  // thread), "threads" (a thread per stream) or "auto" (CUDA_P2P_HOST_STREAMS, else
-  // cooperative). NOTE [Cooperative host streams] in p2p_workspace/host/host_stream.cpp.
-  std::string host_streams = "auto";
-  // Workspace collectives (docs/collectives.md): "auto" leaves the choice to the environment
-  // variable, then to the choice by size; a name forces that algorithm.
+  std::string host_streams = "auto";  // auto|cooperative|threads
+  // The workspace collectives (docs/collectives.md).
   std::string all_gather_algo = "auto";      // auto|direct|ring
   std::string reduce_scatter_algo = "auto";  // auto|direct|ring
   std::string all_reduce_algo = "auto";      // auto|one_shot|two_shot
-  // Rounds of a large two-shot all-reduce on a host workspace (NOTE [Rounds chosen by rank 0] in
-  // ops/all_reduce.cpp): "auto" (CUDA_P2P_ALL_REDUCE_ROUNDS, else rank 0 chooses by time),
-  // "chunked" (chunk_bytes rounds) or "large" (rank 0 always chooses the largest rounds).
-  std::string all_reduce_rounds = "auto";
-  // Steps of the reduce-scatter ring, a multiple of the world size (unset: the world size).
+  std::string all_reduce_rounds = "auto";    // auto|chunked|large
   std::optional<int64_t> ring_steps;
-  // Bytes a rank stages per round; 0: half the buffer.
   std::optional<int64_t> chunk_bytes;
-  // Thresholds of the automatic choice, in bytes (unset: the measured defaults).
   std::optional<int64_t> all_reduce_one_shot_max_bytes;
   std::optional<int64_t> all_gather_ring_max_bytes;
   std::optional<int64_t> reduce_scatter_ring_max_bytes;
-  // Copy-free reads of peers' tensors on the host (process_vm_readv; NOTE [Copy-free reads]):
-  // unset defers to CUDA_P2P_CROSS_MEMORY, else off. On, they run only where the system allows
-  // them (probed at rendezvous).
   std::optional<bool> cross_memory;
-  // The smallest payload (bytes, as the thresholds above) read copy-free (unset: the default).
   std::optional<int64_t> cross_memory_min_bytes;
-  // Host copies and reductions from this many bytes on use the rank's intra-op threads (unset:
-  // CUDA_P2P_PARALLEL_MIN_BYTES, else the measured default; 0: never).
   std::optional<int64_t> parallel_min_bytes;
-  // How the ranks agree that a collective's inputs are symmetric tensors (NOTE [Zero-copy
-  // collectives] in ops/zero_copy.cpp): "exchange" (host workspaces only: every rank publishes its
-  // inputs' heap offsets; anything else stages), "signature" (each rank states its offsets in the
-  // op signature; ranks that differ raise a mismatch), "off" (they stage like any input) or
-  // "auto" (CUDA_P2P_ZERO_COPY_AGREEMENT, else exchange on the host and signature on CUDA).
-  std::string zero_copy_agreement = "auto";
-  // Bytes of each rank's symmetric heap (cuda_p2p.empty; NOTE [Symmetric heap] in
-  // p2p_workspace/symmetric_heap.cpp): unset defers to CUDA_P2P_SYMMETRIC_HEAP_SIZE, else 1 GiB.
+  std::string zero_copy_agreement = "auto";  // auto|exchange|signature|off
   std::optional<int64_t> symmetric_heap_size;
-  // Bytes of each slot of the send/recv mailboxes (NOTE [Mailboxes] in
-  // p2p_workspace/host/mailboxes.cpp), a multiple of 4096: unset defers to
-  // CUDA_P2P_MAILBOX_SLOT_BYTES, else 1 MiB.
   std::optional<int64_t> mailbox_slot_bytes;
-  // The inline one-shot all-reduce on a host workspace (NOTE [Inline one-shot] in
-  // ops/all_reduce.cpp): unset defers to CUDA_P2P_INLINE_ALL_REDUCE, else on.
   std::optional<bool> inline_all_reduce;
-  // The fused ops' "auto" runs the fused pipeline only when the op's GEMM does at least this
-  // many flops per rank (2·M·N·K, summed over the Bs); below, the unfused path: our workspace
-  // all-gather then the matmul, or the matmul then our reduce-scatter (NOTE [Unfused below a
-  // size] in backend/dispatcher_fused_ops.cpp). Unset: CUDA_P2P_FUSED_MIN_FLOPS, else the
-  // measured default of the tensors' device (kDefaultHostFusedMinFlops on the host, 0 on CUDA).
   std::optional<int64_t> fused_min_flops;
 
   // Not marked override: older torch releases have no Options::clone().
@@ -126,18 +90,93 @@ struct Options : c10d::Backend::Options {
 // Where a group's workspace lives: Options.workspace_device resolved (kAuto: by the wrapped
 // backends, NOTE [The workspace's device] in backend/ProcessGroupCudaP2P.cpp).
 enum class WorkspaceDevice { kAuto, kCpu, kCuda };
-// "auto", "cpu" or "cuda"; anything else is a ValueError naming `what`.
-WorkspaceDevice parse_workspace_device(const std::string& value, const std::string& what);
+
+struct Config;
 
 namespace config {
-// One configuration knob, for the docs table (docs/configuration.md is checked against it) and
-// for error messages.
+
+// What a knob holds, which fixes how its text is parsed and rendered (NOTE [Configuration rules]).
+enum class Kind : uint8_t { kBool, kBytes, kInt, kNames, kString };
+
+// A knob's value. std::monostate: none yet - a default that depends on what only the backend or
+// an op knows (the workspace's device, the world size), or a variable that is unset.
+using Value = std::variant<std::monostate, bool, int64_t, std::string>;
+
+// The Options field a knob reads (std::monostate: an environment variable only).
+using Field =
+    std::variant<std::monostate, bool Options::*, int64_t Options::*, std::string Options::*,
+                 std::optional<bool> Options::*, std::optional<int64_t> Options::*>;
+
+// A knob's default: a value, or a small rule over the group's context whose text is rendered
+// from its values (render_default).
+struct Default {
+  enum class Rule : uint8_t {
+    kValue,       // `value` (std::monostate: "unset")
+    kByDevice,    // `value` on a host workspace (CPU tensors), `other` on a CUDA one
+    kGpuVisible,  // `value` when the group has a GPU, `other` otherwise
+    kTwoRanks,    // `value` on 2 ranks, `other` on any other world size
+    kWorldSize,   // the world size
+    kComputed,    // computed where it is used, as `text` says (the host identity)
+  };
+  Rule rule = Rule::kValue;
+  Value value = {};
+  Value other = {};
+  const char* text = "";
+};
+
+// Where a knob's value came from.
+enum class Source : uint8_t { kOptions, kEnvironment, kDefault };
+
+struct Knob;
+
+// One knob resolved for a group: its value (std::monostate for a default left to the backend or
+// the op, Default), its source and that source's text.
+struct Resolved {
+  const Knob* knob = nullptr;
+  Value value;
+  Source source = Source::kDefault;
+  std::string text;  // the variable's text, the Options value rendered, or the default rendered
+
+  bool b() const { return std::get<bool>(value); }
+  int64_t i() const { return std::get<int64_t>(value); }
+  const std::string& s() const { return std::get<std::string>(value); }
+  bool unset() const { return std::holds_alternative<std::monostate>(value); }
+  // "Options.<field>", the variable's name, or "" for the default: for messages.
+  std::string from() const;
+  // "Options.<field> = <text>" or "<VAR>=<text>": for messages saying what turned a path off.
+  std::string setting() const;
+};
+
+// What a resolved value is read back in: the world size and whether the workspace (or, without
+// one, the tensors) is on the host.
+struct Context {
+  int world_size = 1;
+  bool host = true;
+};
+
+// One row of the knob table (backend/config.cpp). The rows set the fields up to `help`; knobs()
+// renders `type` and `default_value` from them and appends the special rules to `help`.
 struct Knob {
-  std::string option;  // the ProcessGroupCudaP2P.Options field ("" for environment only)
-  std::string env;     // the environment variable ("" for Options only)
-  std::string type;    // "bool", "bytes", "int", "string", or the names "a|b|c"
-  std::string default_value;
-  std::string help;
+  std::string option = {};  // the Options field ("" for an environment variable only)
+  Field field = {};
+  std::string env = {};  // the environment variable ("" for an Options field only)
+  Kind kind = Kind::kString;
+  int64_t min = 0, max = 0, step = 1;  // numbers: the range, and a step the value is a multiple of
+  std::string names = {};              // kNames: "a|b|c"; "auto" first: leaves the choice
+  std::string aliases = {};            // kNames: "alias=name,..." also accepted from the variable
+  bool any_case = false;               // kNames: the variable's name in any case
+  Default default_rule = {};
+  bool env_inverted = false;  // the variable says the opposite of the field (DISABLE_...)
+  bool reported = false;      // get_collective_config reports its value (read)
+  // Sets the knob's part of a Config (null: read elsewhere, e.g. LOCAL_RANK).
+  void (*land)(Config&, const Resolved&) = nullptr;
+  // The value the knob has in a resolved Config (null: none to read back).
+  Value (*read)(const Config&, const Context&) = nullptr;
+  std::string help = {};
+  // Rendered by knobs():
+  std::string type = {};           // the docs' column: "bool", "bytes in [0, 64 TiB]", "a|b|c"
+  std::string default_value = {};  // render_default
+  bool kill_switch() const;  // a plain bool field that defaults to True: either side turns it off
 };
 
 // Each knob's value for a group with `options`, and where it came from: "Options" (set there),
@@ -151,6 +190,7 @@ struct KnobValue {
 }  // namespace config
 
 // A group's configuration, resolved once (resolve_config) from its Options and the environment.
+// Each knob lands in its fields as its row says; the rest is derived from them.
 struct Config {
   bool workspace = true;             // set up the workspace
   std::string workspace_off_reason;  // why not ("" when it is set up)
@@ -168,17 +208,15 @@ struct Config {
   std::string cross_memory_off_reason;  // the knob that turned them off ("" when on)
   // Bytes of each rank's symmetric heap, created on the group's first cuda_p2p.empty or
   // use_symmetric_memory. Host: a sparse mapping, only the pages tensors touch cost memory.
-  // CUDA: a cudaMalloc'd block, all of it committed at creation; the same 1 GiB default is
-  // NVSHMEM's default symmetric heap per GPU (NVSHMEM_SYMMETRIC_SIZE), 1.25% of an 80 GiB GPU,
-  // and a too-large size fails on every rank with an OutOfMemoryError naming this knob.
+  // CUDA: a cudaMalloc'd block, all of it committed at creation; the default is NVSHMEM's default
+  // symmetric heap per GPU (NVSHMEM_SYMMETRIC_SIZE), and a too-large size fails on every rank
+  // with an OutOfMemoryError naming this knob.
   int64_t symmetric_heap_size = kDefaultSymmetricHeapSize;
   static constexpr int64_t kDefaultSymmetricHeapSize = int64_t{1} << 30;
-  // Options.mailbox_slot_bytes, else CUDA_P2P_MAILBOX_SLOT_BYTES, else 1 MiB: a message up to two
-  // slots is sent eagerly, a larger one streams through them.
+  // A message up to two slots is sent eagerly, a larger one streams through them.
   int64_t mailbox_slot_bytes = kDefaultMailboxSlotBytes;
   static constexpr int64_t kDefaultMailboxSlotBytes = int64_t{1} << 20;
-  // Options.fused_min_flops, else CUDA_P2P_FUSED_MIN_FLOPS; nullopt: fused_min_flops(device)
-  // takes the device's default.
+  // nullopt: fused_min_flops_for(device) takes the device's default.
   std::optional<int64_t> fused_min_flops;
   // CUDA_P2P_DEBUG=INFO: one line on stderr per group at creation (python/cuda_p2p/_diagnose.py)
   // and one per fallback the first time it happens (NOTE [Debug lines] in backend/config.cpp).
@@ -186,9 +224,9 @@ struct Config {
   // Every knob's value and source when the group was created (config::knob_values).
   std::vector<config::KnobValue> knobs;
 
-  // The fused ops' threshold for tensors on `device` (docs/pipelines.md, measured results):
-  // 8 GFLOP (8·2^30) on the host, where the pipelines at best tie the unfused path; 0 on CUDA
-  // (never measured on a GPU: the fused path always runs).
+  // The fused ops' threshold for tensors on `device` (docs/pipelines.md): on the host the
+  // pipelines at best tie the unfused path below it; 0 on CUDA (never measured on a GPU: the
+  // fused path always runs).
   static constexpr int64_t kDefaultHostFusedMinFlops = int64_t{8} << 30;
   int64_t fused_min_flops_for(c10::DeviceType device) const {
     if (fused_min_flops) return *fused_min_flops;
@@ -207,7 +245,30 @@ EnvLookup process_environment();
 bool parse_bool(const std::string& text, const std::string& what);
 int64_t parse_int(const std::string& text, const std::string& what, int64_t min, int64_t max);
 
+// The knob table, rendered (Knob).
 const std::vector<Knob>& knobs();
+// The knob whose Options field or, without one, whose variable is `name`; null if none.
+const Knob* find_knob(const std::string& name);
+
+// `value` as text, by `kind`: True/False, bytes as "32 MiB", numbers with K/M/G where exact.
+std::string render(Kind kind, const Value& value);
+// The knob's default as text ("64 KiB on 2 ranks, else 8 KiB").
+std::string render_default(const Knob& knob);
+// The knob's default where it has a value in `ctx` (what a group with nothing set reads back).
+Value default_in(const Knob& knob, const Context& ctx);
+
+// The one validator: throws a ValueError "cuda_p2p: <what> must be <the rule>, got <value>" when
+// `value` is not one of the knob's values. The Options properties and the resolution both call
+// it (`what`: "Options.<field>"; for a variable its name, `text` what it said).
+void check(const Knob& knob, const Value& value, const std::string& what,
+           const std::string& text = "");
+
+// The Options field's value when it is set (NOTE [Configuration rules]), else nullopt.
+std::optional<Value> option_value(const Knob& knob, const Options& options);
+
+// The knob for a group with `options` and the environment, checked (check), by the precedence
+// of the rules; world_size for the defaults that depend on it.
+Resolved resolve(const Knob& knob, const Options& options, const EnvLookup& env, int world_size);
 
 // Each knob's value for a group with `options`, and where it came from (KnobValue).
 std::vector<KnobValue> knob_values(const Options& options,
@@ -215,11 +276,6 @@ std::vector<KnobValue> knob_values(const Options& options,
 
 // Writes one line to stderr, whole (NOTE [Debug lines]).
 void debug_line(const std::string& line);
-
-// A knob's value from the environment, by the rules above (nullopt: unset).
-std::optional<bool> env_bool(const EnvLookup& env, const std::string& name);
-std::optional<int64_t> env_int(const EnvLookup& env, const std::string& name, int64_t min,
-                               int64_t max);
 
 }  // namespace config
 
@@ -237,7 +293,7 @@ CudaDeviceChoice choose_cuda_device(std::optional<int64_t> bound_device, int dev
                                     const config::EnvLookup& env = config::process_environment());
 
 // Resolves `options` (its timeout included) and the environment into a group's Config for
-// `world_size` ranks; TORCH_CHECKs every value against its knob's rules.
+// `world_size` ranks; raises for any value outside its knob's rules.
 Config resolve_config(const Options& options, int world_size,
                       const config::EnvLookup& env = config::process_environment());
 

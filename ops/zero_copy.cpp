@@ -18,8 +18,9 @@ namespace cuda_p2p::ops::detail {
 // into every peer, so a tensor allocated in it can be read by a peer as it is: the copy into the
 // staging buffer disappears. Peers read each other's inputs, so the ranks must first agree that
 // every input is in its rank's heap, and where. Two ways (Options.zero_copy_agreement /
-// CUDA_P2P_ZERO_COPY_AGREEMENT; "auto": exchange on the host, signature on CUDA; "off" never
-// reads in place, so heap inputs stage like any other):
+// CUDA_P2P_ZERO_COPY_AGREEMENT; "auto": exchange on the host, off on CUDA until signature is
+// validated there, NOTE [CUDA zero-copy is opt-in] in ops/common.hpp; "off" never reads in
+// place, so heap inputs stage like any other):
 //
 // Exchange (host only). The protocol of NOTE [Copy-free reads] in ops/collectives.cpp, with heap
 // offsets instead of addresses and a memcpy instead of a system call:

@@ -17,6 +17,7 @@
 #include "ops/reduction.hpp"
 #include "p2p_workspace/host/core_probe.hpp"
 #include "p2p_workspace/host/host_device.hpp"
+#include "python/options.hpp"
 
 namespace py = pybind11;
 
@@ -25,35 +26,6 @@ namespace {
 using cuda_p2p::ProcessGroupCudaP2P;
 using Options = ProcessGroupCudaP2P::Options;
 using BackendPtr = c10::intrusive_ptr<c10d::Backend>;
-
-// The getter and the setter of an Options string whose values `parse` checks: a bad value raises
-// (naming `what`, e.g. "Options.host_streams") and leaves the option as it was.
-template <std::string Options::* Member>
-std::string get_string(const Options& o) {
-  return o.*Member;
-}
-template <std::string Options::* Member, typename Parse>
-auto parsed_string_setter(Parse parse, const char* what) {
-  return [parse, what](Options& o, const std::string& v) {
-    parse(v, what);
-    o.*Member = v;
-  };
-}
-
-// The getter and the setter of an optional count of Options (bytes, flops) that must not be
-// negative: a negative one raises, naming `what`, and leaves the option as it was.
-template <std::optional<int64_t> Options::* Member>
-std::optional<int64_t> get_count(const Options& o) {
-  return o.*Member;
-}
-template <std::optional<int64_t> Options::* Member>
-auto non_negative_setter(const char* what) {
-  return [what](Options& o, std::optional<int64_t> v) {
-    TORCH_CHECK_VALUE(!v || *v >= 0, "cuda_p2p: ", what, " must be >= 0 or None, got ",
-                      v.value_or(0));
-    o.*Member = v;
-  };
-}
 
 // NOTE [GIL-free destructor]: the last reference to a backend may be dropped from Python (the
 // object of get_cuda_p2p_backend outliving destroy_process_group). Its destructor joins Gloo's
@@ -108,24 +80,9 @@ BackendPtr optional_backend(const py::object& obj, const char* what) {
 }
 
 // The fused GEMM pipelines' part of the module (ops/fused_*.cpp; their dispatcher ops are
-// registered by backend/dispatcher_fused_ops.cpp): Options.max_buffer_size, and the pipelines'
-// diagnostics.
+// registered by backend/dispatcher_fused_ops.cpp): the pipelines' diagnostics.
 template <typename PgClass>
 void bind_fused_pipelines(PgClass& pg) {
-  using Options = ProcessGroupCudaP2P::Options;
-  auto options = py::reinterpret_borrow<
-      py::class_<Options, c10d::Backend::Options, c10::intrusive_ptr<Options>>>(pg.attr("Options"));
-  options.def_property(
-      "max_buffer_size", [](const Options& o) { return o.max_buffer_size; },
-      [](Options& o, int64_t v) {
-        TORCH_CHECK_VALUE(v > 0,
-                          "cuda_p2p: Options.max_buffer_size must be a positive number of "
-                          "bytes, got ",
-                          v);
-        o.max_buffer_size = v;
-      },
-      "The largest buffer (bytes) an op may grow the workspace to on its own (default 256 MiB); "
-      "an op needing more processes its payload in rounds.");
   pg.def(
         "_set_pipeline_tracing",
         [](ProcessGroupCudaP2P& self, bool enable) {
@@ -163,200 +120,7 @@ PYBIND11_MODULE(_C, m) {
       m, "ProcessGroupCudaP2P",
       "The cuda_p2p c10d backend. Get it for a group with cuda_p2p.get_cuda_p2p_backend(group).");
 
-  py::class_<ProcessGroupCudaP2P::Options, c10d::Backend::Options,
-             c10::intrusive_ptr<ProcessGroupCudaP2P::Options>>(
-      pg, "Options",
-      "Options of a cuda_p2p process group; pass as pg_options to init_process_group/new_group.")
-      .def(py::init<>())
-      .def_property(
-          "buffer_size", [](const ProcessGroupCudaP2P::Options& o) { return o.buffer_size; },
-          [](ProcessGroupCudaP2P::Options& o, std::optional<int64_t> v) {
-            TORCH_CHECK_VALUE(!v.has_value() || *v > 0,
-                              "cuda_p2p: Options.buffer_size must be a positive number of bytes "
-                              "or None, got ",
-                              *v);
-            o.buffer_size = v;
-          },
-          "Bytes of the symmetric buffer each rank shares with its peers (None: the default, "
-          "32 MiB).")
-      .def_readwrite("workspace_collectives", &ProcessGroupCudaP2P::Options::workspace_collectives,
-                     "Run the collectives on the workspace when it is available (default True; "
-                     "CUDA_P2P_WORKSPACE_COLLECTIVES=0 also sends them to the wrapped backend, "
-                     "while the workspace stays up for everything else).")
-      .def_property(
-          "cuda_workspace_collectives",
-          [](const Options& o) { return o.cuda_workspace_collectives; },
-          [](Options& o, std::optional<bool> v) { o.cuda_workspace_collectives = v; },
-          "Run the collectives on CUDA tensors on the CUDA workspace: True, False, or None "
-          "(CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES=1 turns them on, else off). Off, the default until "
-          "they have been validated on a GPU, they go to the wrapped NCCL backend. CPU tensors and "
-          "the fused ops are not affected.")
-      .def_property(
-          "workspace_device", &get_string<&Options::workspace_device>,
-          parsed_string_setter<&Options::workspace_device>(cuda_p2p::parse_workspace_device,
-                                                           "Options.workspace_device"),
-          "Where the group's workspace lives: 'cuda' (the GPU bound by init_process_group("
-          "device_id=...), else GPU LOCAL_RANK, else the current one), 'cpu' (host shared "
-          "memory) or 'auto' (CUDA_P2P_WORKSPACE_DEVICE, else 'cuda' when a GPU is visible). "
-          "Tensors on the other device go to the wrapped backend.")
-      .def_readwrite("hierarchical", &ProcessGroupCudaP2P::Options::hierarchical,
-                     "On a group whose ranks span hosts, run the collectives on CPU tensors "
-                     "hierarchically: intra-host on each host's workspace, inter-host on the "
-                     "wrapped backend (default True; CUDA_P2P_HIERARCHICAL=0 also turns it off).")
-      .def_readwrite("enable_workspace", &ProcessGroupCudaP2P::Options::enable_workspace,
-                     "Set up the P2P workspace (default True; CUDA_P2P_DISABLE_WORKSPACE=1 also "
-                     "turns it off).")
-      .def_property(
-          "nccl_options",
-          [](const ProcessGroupCudaP2P::Options& o) -> py::object {
-            if (!o.nccl_options) return py::none();
-            return py::cast(o.nccl_options);
-          },
-          [](ProcessGroupCudaP2P::Options& o, const py::object& v) {
-            if (v.is_none()) {
-              o.nccl_options.reset();
-              return;
-            }
-            try {
-              auto opts = v.cast<c10::intrusive_ptr<c10d::Backend::Options>>();
-              TORCH_CHECK_TYPE(opts->backend == "nccl",
-                               "cuda_p2p: Options.nccl_options must be a ProcessGroupNCCL.Options "
-                               "or None, got options of backend '",
-                               opts->backend, "'");
-              o.nccl_options = std::move(opts);
-            } catch (const py::cast_error&) {
-              throw py::type_error(
-                  "cuda_p2p: Options.nccl_options must be a ProcessGroupNCCL.Options or None, "
-                  "got " +
-                  py::str(py::type::of(v)).cast<std::string>());
-            }
-          },
-          "Options handed to the wrapped NCCL backend (ProcessGroupNCCL.Options), or None.")
-      .def_property(
-          "host_streams", &get_string<&Options::host_streams>,
-          parsed_string_setter<&Options::host_streams>(cuda_p2p::parse_host_streams,
-                                                       "Options.host_streams"),
-          "How a CPU group runs the fused pipelines' two streams: 'auto' (CUDA_P2P_HOST_STREAMS, "
-          "else 'cooperative'), 'cooperative' (in the waiting thread) or 'threads' (a thread per "
-          "stream, the GPU's concurrency).")
-      .def_property(
-          "all_gather_algo", &get_string<&Options::all_gather_algo>,
-          parsed_string_setter<&Options::all_gather_algo>(cuda_p2p::ops::parse_all_gather_algo,
-                                                          "Options.all_gather_algo"),
-          "Workspace all-gather algorithm: 'auto' (by size; CUDA_P2P_ALL_GATHER_ALGO may force "
-          "one), 'direct' or 'ring'.")
-      .def_property(
-          "reduce_scatter_algo", &get_string<&Options::reduce_scatter_algo>,
-          parsed_string_setter<&Options::reduce_scatter_algo>(
-              cuda_p2p::ops::parse_reduce_scatter_algo, "Options.reduce_scatter_algo"),
-          "Workspace reduce-scatter algorithm: 'auto' (CUDA_P2P_REDUCE_SCATTER_ALGO may force "
-          "one), 'direct' or 'ring'.")
-      .def_property(
-          "all_reduce_algo", &get_string<&Options::all_reduce_algo>,
-          parsed_string_setter<&Options::all_reduce_algo>(cuda_p2p::ops::parse_all_reduce_algo,
-                                                          "Options.all_reduce_algo"),
-          "Workspace all-reduce algorithm: 'auto' (CUDA_P2P_ALL_REDUCE_ALGO may force one), "
-          "'one_shot' or 'two_shot'.")
-      .def_property(
-          "all_reduce_rounds", &get_string<&Options::all_reduce_rounds>,
-          parsed_string_setter<&Options::all_reduce_rounds>(cuda_p2p::ops::parse_all_reduce_rounds,
-                                                            "Options.all_reduce_rounds"),
-          "Rounds of a two-shot all-reduce of more than one chunk_bytes round on a host "
-          "workspace: 'auto' (rank 0 chooses by time, one op ahead, between chunk_bytes rounds "
-          "and the largest the buffer holds; "
-          "CUDA_P2P_ALL_REDUCE_ROUNDS may force one), 'chunked' or 'large'.")
-      .def_property(
-          "zero_copy_agreement", &get_string<&Options::zero_copy_agreement>,
-          parsed_string_setter<&Options::zero_copy_agreement>(
-              cuda_p2p::ops::parse_zero_copy_agreement, "Options.zero_copy_agreement"),
-          "How the ranks agree that a collective's inputs are symmetric tensors: 'auto' "
-          "(CUDA_P2P_ZERO_COPY_AGREEMENT, else 'exchange' on the host, 'signature' on CUDA), "
-          "'exchange' (host only), 'signature', or 'off' (never read them in place).")
-      .def_property(
-          "ring_steps", [](const Options& o) { return o.ring_steps; },
-          [](Options& o, std::optional<int64_t> v) {
-            TORCH_CHECK_VALUE(!v || *v > 0,
-                              "cuda_p2p: Options.ring_steps must be a positive "
-                              "multiple of the world size or None, got ",
-                              v.value_or(0));
-            o.ring_steps = v;
-          },
-          "Steps of the reduce-scatter ring, a multiple of the world size (None: "
-          "CUDA_P2P_RING_STEPS, else the world size).")
-      .def_property(
-          "chunk_bytes", &get_count<&Options::chunk_bytes>,
-          non_negative_setter<&Options::chunk_bytes>("Options.chunk_bytes"),
-          "Bytes a rank stages per round of a workspace collective (0: half the buffer; None: "
-          "CUDA_P2P_CHUNK_BYTES, else the default).")
-      .def_property(
-          "all_reduce_one_shot_max_bytes", &get_count<&Options::all_reduce_one_shot_max_bytes>,
-          non_negative_setter<&Options::all_reduce_one_shot_max_bytes>(
-              "Options.all_reduce_one_shot_max_bytes"),
-          "Largest all-reduce (bytes) that 'auto' runs one-shot (None: the measured default).")
-      .def_property(
-          "all_gather_ring_max_bytes", &get_count<&Options::all_gather_ring_max_bytes>,
-          non_negative_setter<&Options::all_gather_ring_max_bytes>(
-              "Options.all_gather_ring_max_bytes"),
-          "Largest all-gather output (bytes) that 'auto' runs as a unidirectional ring on 3+ "
-          "ranks, above: direct (None: the measured default).")
-      .def_property(
-          "reduce_scatter_ring_max_bytes", &get_count<&Options::reduce_scatter_ring_max_bytes>,
-          non_negative_setter<&Options::reduce_scatter_ring_max_bytes>(
-              "Options.reduce_scatter_ring_max_bytes"),
-          "Largest reduce-scatter input (bytes) that 'auto' runs as a ring, above: direct "
-          "(None: the measured default).")
-      .def_property(
-          "cross_memory", [](const Options& o) { return o.cross_memory; },
-          [](Options& o, std::optional<bool> v) { o.cross_memory = v; },
-          "Copy-free reads of peers' tensors on the host (process_vm_readv) where the system "
-          "allows them: True, False, or None (CUDA_P2P_CROSS_MEMORY, else off).")
-      .def_property(
-          "cross_memory_min_bytes", &get_count<&Options::cross_memory_min_bytes>,
-          non_negative_setter<&Options::cross_memory_min_bytes>("Options.cross_memory_min_bytes"),
-          "Smallest payload (bytes) the direct all-gather / reduce-scatter and broadcast read "
-          "copy-free (None: the measured default).")
-      .def_property(
-          "parallel_min_bytes", &get_count<&Options::parallel_min_bytes>,
-          non_negative_setter<&Options::parallel_min_bytes>("Options.parallel_min_bytes"),
-          "On the host, copies and reductions of at least this many bytes use the rank's "
-          "intra-op threads when it has 2+ (0: never; None: CUDA_P2P_PARALLEL_MIN_BYTES, else "
-          "the measured default).")
-      .def_property(
-          "symmetric_heap_size", [](const Options& o) { return o.symmetric_heap_size; },
-          [](Options& o, std::optional<int64_t> v) {
-            TORCH_CHECK_VALUE(!v || *v > 0,
-                              "cuda_p2p: Options.symmetric_heap_size must be a positive number "
-                              "of bytes or None, got ",
-                              *v);
-            o.symmetric_heap_size = v;
-          },
-          "Bytes of each rank's symmetric heap (cuda_p2p.empty, use_symmetric_memory): on the host "
-          "a sparse mapping, on CUDA committed device memory; it does not grow (None: "
-          "CUDA_P2P_SYMMETRIC_HEAP_SIZE, else 1 GiB).")
-      .def_property(
-          "mailbox_slot_bytes", [](const Options& o) { return o.mailbox_slot_bytes; },
-          [](Options& o, std::optional<int64_t> v) {
-            TORCH_CHECK_VALUE(!v || (*v >= 4096 && *v % 4096 == 0),
-                              "cuda_p2p: Options.mailbox_slot_bytes must be a positive multiple "
-                              "of 4096 bytes or None, got ",
-                              *v);
-            o.mailbox_slot_bytes = v;
-          },
-          "Bytes of each slot of the send/recv mailboxes on a host workspace (two per pair of "
-          "ranks): a message up to two slots is sent eagerly, a larger one streams through them "
-          "(None: CUDA_P2P_MAILBOX_SLOT_BYTES, else 1 MiB).")
-      .def_property(
-          "inline_all_reduce", [](const Options& o) { return o.inline_all_reduce; },
-          [](Options& o, std::optional<bool> v) { o.inline_all_reduce = v; },
-          "On a host workspace, a one-shot all-reduce that fits one round runs on the calling "
-          "thread without enqueueing: True, False, or None (CUDA_P2P_INLINE_ALL_REDUCE, else "
-          "on).")
-      .def_property(
-          "fused_min_flops", &get_count<&Options::fused_min_flops>,
-          non_negative_setter<&Options::fused_min_flops>("Options.fused_min_flops"),
-          "The fused ops' 'auto' runs the fused pipeline from this many GEMM flops per rank "
-          "(2*M*N*K) on, below it the unfused workspace collective and matmul (None: "
-          "CUDA_P2P_FUSED_MIN_FLOPS, else the device's measured default).");
+  cuda_p2p::python::bind_options(pg);
 
   pg.def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                      c10::intrusive_ptr<ProcessGroupCudaP2P::Options> options,
@@ -544,31 +308,15 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "get_collective_config",
           [](const ProcessGroupCudaP2P& self) {
-            const auto& c = self.collective_config();
             const auto* ws = self.workspace();
-            py::dict d;
-            d["all_gather_algo"] = cuda_p2p::ops::to_string(c.all_gather);
-            d["reduce_scatter_algo"] = cuda_p2p::ops::to_string(c.reduce_scatter);
-            d["all_reduce_algo"] = cuda_p2p::ops::to_string(c.all_reduce);
-            d["all_reduce_rounds"] = cuda_p2p::ops::to_string(c.all_reduce_rounds);
-            d["ring_steps"] = c.ring_steps == 0 ? self.getSize() : c.ring_steps;
-            d["chunk_bytes"] = c.chunk_bytes;
-            d["all_reduce_one_shot_max_bytes"] = c.all_reduce_one_shot_max_bytes;
-            d["all_gather_ring_max_bytes"] = c.all_gather_ring_max_bytes;
-            d["reduce_scatter_ring_max_bytes"] = c.reduce_scatter_ring_max_bytes;
-            d["cross_memory_min_bytes"] = c.cross_memory_min_bytes;
-            d["parallel_min_bytes"] = c.parallel_min_bytes;
-            d["inline_all_reduce"] = c.inline_all_reduce;
-            // "auto" resolved by the workspace's device (NOTE [Zero-copy collectives]).
-            d["zero_copy_agreement"] = cuda_p2p::ops::to_string(cuda_p2p::ops::resolve_agreement(
-                c.zero_copy_agreement, !ws || ws->device().tensor_device().is_cpu()));
+            // The knobs' values (NOTE [Configuration rules]), read in the workspace's context.
+            py::dict d = cuda_p2p::python::knob_config(
+                self.config(), {self.getSize(), !ws || ws->device().tensor_device().is_cpu()});
+            // What the group runs, which the knobs ask for but the group decides.
             d["cross_memory"] = self.uses_cross_memory();
             d["cross_memory_reason"] = self.cross_memory_reason();
-            d["fused_min_flops"] = self.config().fused_min_flops_for(c10::DeviceType::CPU);
-            d["mailbox_slot_bytes"] = self.config().mailbox_slot_bytes;
             d["workspace_collectives"] = self.uses_workspace_collectives();
             d["workspace_collectives_reason"] = self.workspace_collectives_reason();
-            d["cuda_workspace_collectives"] = self.options()->cuda_workspace_collectives;
             // NOTE [The workspace's device] in backend/ProcessGroupCudaP2P.cpp.
             d["workspace_device"] =
                 ws ? py::object(py::str(ws->device().tensor_device().is_cpu() ? "cpu" : "cuda"))
@@ -742,21 +490,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("_debug_line", &cuda_p2p::config::debug_line, py::arg("line"),
         "Writes one line to stderr in one piece (NOTE [Debug lines] in backend/config.cpp).");
 
-  m.def(
-      "_config_knobs",
-      [] {
-        py::list out;
-        for (const auto& k : cuda_p2p::config::knobs()) {
-          py::dict d;
-          d["option"] = k.option;
-          d["env"] = k.env;
-          d["type"] = k.type;
-          d["default"] = k.default_value;
-          d["help"] = k.help;
-          out.append(d);
-        }
-        return out;
-      },
-      "Every configuration knob (backend/config.cpp): Options field, environment variable, "
-      "type, default and help; docs/configuration.md is checked against it.");
+  cuda_p2p::python::bind_knob_table(m);
 }

@@ -77,7 +77,7 @@ def group_facts(backend, group=None) -> dict:
         "cross_memory_reason": cfg["cross_memory_reason"],
         "hierarchy": None,
         "wrapped": [],
-        "fused_min_flops_cpu": cfg["fused_min_flops"],
+        "fused_min_flops": cfg["fused_min_flops"],  # for the workspace's tensors
         "mailbox_slot_bytes": cfg["mailbox_slot_bytes"],
         "knobs": [dict(k) for k in backend._knob_values()],
         "counters": dict(backend.get_counters()),
@@ -130,9 +130,10 @@ def _paths(f: dict) -> list[tuple[str, str]]:
     else:
         out.append(("send/recv", "wrapped backend"))
     fused = [k for k in f["knobs"] if k["option"] == "fused_min_flops"][0]
+    tensors = "CPU" if on_host else "CUDA"
     out.append(("fused ops", "on the workspace: the fused pipeline from "
-                f"{f['fused_min_flops_cpu']} GEMM flops per rank on CPU tensors (fused_min_flops, "
-                f"{fused['source']}), the unfused collective + matmul below"
+                f"{f['fused_min_flops']} GEMM flops per rank on {tensors} tensors "
+                f"(fused_min_flops, {fused['source']}), the unfused collective + matmul below"
                 if f["workspace"] else "decomposed over the wrapped backend (no workspace)"))
     if f["wrapped"]:
         out.append(("wrapped", ", ".join(f["wrapped"])))

@@ -2,6 +2,7 @@
 // of Options over the environment over the defaults, and the knob table. Single process.
 #include <map>
 #include <set>
+#include <type_traits>
 
 #include "backend/config.hpp"
 #include "tests/cpp/harness.hpp"
@@ -100,9 +101,11 @@ TEST(Config, TheWorkspaceDeviceComesFromTheOptionThenTheEnvironment) {
   EXPECT_EQ(resolve(Options(), {{"CUDA_P2P_WORKSPACE_DEVICE", "auto"}}).workspace_device,
             WorkspaceDevice::kAuto);
   expect_error([] { resolve(Options(), {{"CUDA_P2P_WORKSPACE_DEVICE", "gpu"}}); },
-               "CUDA_P2P_WORKSPACE_DEVICE must be 'auto', 'cpu' or 'cuda', got 'gpu'");
-  expect_error([] { parse_workspace_device("CPU", "Options.workspace_device"); },
-               "Options.workspace_device must be 'auto', 'cpu' or 'cuda', got 'CPU'");
+               "CUDA_P2P_WORKSPACE_DEVICE must be one of auto|cpu|cuda, got 'gpu'");
+  Options upper;
+  upper.workspace_device = "CPU";
+  expect_error([&] { resolve(upper, {}); },
+               "Options.workspace_device must be one of auto|cpu|cuda, got 'CPU'");
 }
 
 TEST(Config, TheZeroCopyAgreementComesFromTheOptionThenTheEnvironment) {
@@ -158,7 +161,7 @@ TEST(Config, BadValuesAreErrorsNamingTheKnob) {
   expect_error([] { resolve(Options(), {{"CUDA_P2P_ALL_REDUCE_ALGO", "fastest"}}); },
                "CUDA_P2P_ALL_REDUCE_ALGO must be one of auto|one_shot|two_shot, got 'fastest'");
   expect_error([] { resolve(Options(), {{"CUDA_P2P_HOST_STREAMS", "sometimes"}}); },
-               "CUDA_P2P_HOST_STREAMS must be 'auto', 'cooperative' or 'threads'");
+               "CUDA_P2P_HOST_STREAMS must be one of auto|cooperative|threads, got 'sometimes'");
   expect_error([] { resolve(Options(), {{"CUDA_P2P_CHUNK_BYTES", "lots"}}); },
                "CUDA_P2P_CHUNK_BYTES must be an integer");
   expect_error([] { resolve(Options(), {{"CUDA_P2P_RING_STEPS", "6"}}, 4); },
@@ -168,13 +171,14 @@ TEST(Config, BadValuesAreErrorsNamingTheKnob) {
   expect_error([&] { resolve(bad, {}); }, "Options.all_gather_algo must be one of");
   Options negative;
   negative.buffer_size = 0;
-  expect_error([&] { resolve(negative, {}); }, "Options.buffer_size must be positive");
+  expect_error([&] { resolve(negative, {}); }, "Options.buffer_size must be in [1, 64 TiB], got 0");
   // The mailboxes' slots: whole pages, from either side.
   expect_error([] { resolve(Options(), {{"CUDA_P2P_MAILBOX_SLOT_BYTES", "5000"}}); },
-               "mailbox_slot_bytes (Options.mailbox_slot_bytes or CUDA_P2P_MAILBOX_SLOT_BYTES) "
-               "must be a multiple of 4096 in [4096, 268435456], got 5000");
+               "CUDA_P2P_MAILBOX_SLOT_BYTES must be a multiple of 4 KiB in [4 KiB, 256 MiB], got "
+               "5000 ('5000')");
   expect_error([] { resolve(Options(), {{"CUDA_P2P_MAILBOX_SLOT_BYTES", "1K"}}); },
-               "CUDA_P2P_MAILBOX_SLOT_BYTES must be in [4096, 268435456], got 1024");
+               "CUDA_P2P_MAILBOX_SLOT_BYTES must be a multiple of 4 KiB in [4 KiB, 256 MiB], got "
+               "1024 ('1K')");
   Options slots;
   slots.mailbox_slot_bytes = 8192;
   EXPECT_EQ(resolve(slots, {{"CUDA_P2P_MAILBOX_SLOT_BYTES", "64K"}}).mailbox_slot_bytes, 8192);
@@ -182,7 +186,8 @@ TEST(Config, BadValuesAreErrorsNamingTheKnob) {
             64 << 10);
   slots.mailbox_slot_bytes = 4097;
   expect_error([&] { resolve(slots, {}); },
-               "must be a multiple of 4096 in [4096, 268435456], got 4097");
+               "Options.mailbox_slot_bytes must be a multiple of 4 KiB in [4 KiB, 256 MiB], got "
+               "4097");
 }
 
 TEST(Config, EveryKnobIsDocumentedOnce) {
@@ -228,13 +233,184 @@ TEST(Config, KnobValuesSayWhereEachValueCameFrom) {
   EXPECT_EQ(by_name["hierarchical"], P("True", "default"));
 }
 
+// NOTE [Configuration rules]: one table, so one validator and one rendering. The tests below go
+// over every knob of the table, so a knob added later is covered as it is added.
+
+using config::Knob;
+using config::Value;
+
+// Values to try on knob `k`: both bools; around its range and step; each name, a wrong one and
+// each in capitals; a string.
+std::vector<Value> probes(const Knob& k) {
+  std::vector<Value> out;
+  switch (k.kind) {
+    case config::Kind::kBool:
+      return {true, false};
+    case config::Kind::kBytes:
+    case config::Kind::kInt:
+      for (int64_t v : {k.min - 1, k.min, k.min + k.step, k.max - k.step, k.max, k.max + 1,
+                        int64_t{-1}, int64_t{0}, int64_t{1}, int64_t{4096}, int64_t{5000}}) {
+        out.push_back(v);
+      }
+      if (k.step > 1) out.push_back(k.min + k.step / 2);
+      return out;
+    case config::Kind::kNames: {
+      std::string names = k.names + "|bogus";
+      for (size_t b = 0, e = 0; b <= names.size(); b = e + 1) {
+        e = std::min(names.find('|', b), names.size());
+        const std::string n = names.substr(b, e - b);
+        std::string upper = n;
+        for (auto& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+        out.push_back(n);
+        out.push_back(upper);
+      }
+      return out;
+    }
+    case config::Kind::kString:
+      return {std::string("h1")};
+  }
+  return out;
+}
+
+// Sets `k`'s Options field to `v`, bypassing the Python property's check.
+void set_field(Options& o, const Knob& k, const Value& v) {
+  std::visit(
+      [&](auto f) {
+        using F = decltype(f);
+        if constexpr (std::is_same_v<F, bool Options::*> ||
+                      std::is_same_v<F, std::optional<bool> Options::*>) {
+          o.*f = std::get<bool>(v);
+        } else if constexpr (std::is_same_v<F, int64_t Options::*> ||
+                             std::is_same_v<F, std::optional<int64_t> Options::*>) {
+          o.*f = std::get<int64_t>(v);
+        } else if constexpr (std::is_same_v<F, std::string Options::*>) {
+          o.*f = std::get<std::string>(v);
+        }
+      },
+      k.field);
+}
+
+// The variable's text for `v` (inverted where the variable is).
+std::string env_text(const Knob& k, const Value& v) {
+  if (const auto* b = std::get_if<bool>(&v)) return *b != k.env_inverted ? "1" : "0";
+  if (const auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
+  return std::get<std::string>(v);
+}
+
+template <typename Fn>
+std::optional<std::string> error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return std::nullopt;
+}
+
+std::string replace(std::string s, const std::string& from, const std::string& to) {
+  if (auto at = s.find(from); at != std::string::npos) s.replace(at, from.size(), to);
+  return s;
+}
+
+std::string show(const Value& v) { return config::render(config::Kind::kInt, v); }
+
+TEST(Config, TheOptionsCheckRefusesWhatTheResolutionRefuses) {
+  const config::Context ctx{1, true};  // one rank: ring steps are a multiple of any count
+  for (const auto& k : config::knobs()) {
+    if (k.option.empty()) continue;
+    for (const auto& v : probes(k)) {
+      SCOPED_TRACE(k.option + " = " + show(v));
+      // What the Python property calls (python/options.cpp), and resolve_config on the field.
+      const auto by_check = error_of([&] { config::check(k, v, "Options." + k.option); });
+      Options o;
+      set_field(o, k, v);
+      Config c;
+      const auto by_resolution =
+          error_of([&] { c = resolve_config(o, ctx.world_size, fake_env({})); });
+      EXPECT_EQ(by_check, by_resolution);
+      // The same value from the variable: refused alike, the message naming the variable.
+      if (!k.env.empty()) {
+        const std::string text = env_text(k, v);
+        const auto by_env =
+            error_of([&] { resolve_config(Options(), ctx.world_size, fake_env({{k.env, text}})); });
+        std::optional<std::string> want;
+        if (by_check) {
+          want = replace(*by_check, "Options." + k.option, k.env);
+          if (k.kind != config::Kind::kNames) *want += " ('" + text + "')";
+        }
+        EXPECT_EQ(by_env, want);
+      }
+      // A value accepted reads back as set ("auto" and ring steps 0 mean the default's rule).
+      if (by_resolution || k.read == nullptr) continue;
+      const bool means_default =
+          v == Value(std::string("auto")) ||
+          (k.default_rule.rule == config::Default::Rule::kWorldSize && v == Value(int64_t{0}));
+      EXPECT_EQ(k.read(c, ctx), means_default ? config::default_in(k, ctx) : v);
+    }
+  }
+}
+
+TEST(Config, EveryDefaultIsWhatAGroupWithNothingSetReadsBack) {
+  for (const int world : {1, 2, 4}) {
+    for (const bool host : {true, false}) {
+      const config::Context ctx{world, host};
+      const Config c = resolve(Options(), {}, world);
+      for (const auto& k : config::knobs()) {
+        if (k.read == nullptr) continue;
+        SCOPED_TRACE((k.option.empty() ? k.env : k.option) + " on " + std::to_string(world) +
+                     (host ? " host" : " CUDA") + " ranks");
+        EXPECT_EQ(k.read(c, ctx), config::default_in(k, ctx));
+      }
+    }
+  }
+}
+
+TEST(Config, AFreshOptionsSetsNoKnob) {
+  const Options fresh;
+  for (const auto& k : config::knobs()) {
+    EXPECT_FALSE(config::option_value(k, fresh).has_value()) << k.option;
+  }
+  for (const auto& v : config::knob_values(fresh, fake_env({}))) {
+    EXPECT_EQ(v.source, "default") << v.knob->option << v.knob->env;
+    EXPECT_EQ(v.value, v.knob->default_value);
+  }
+}
+
+TEST(Config, DefaultsAreRenderedFromTheirValues) {
+  EXPECT_EQ(config::render(config::Kind::kBytes, int64_t{32} << 20), "32 MiB");
+  EXPECT_EQ(config::render(config::Kind::kBytes, int64_t{5000}), "5000");
+  EXPECT_EQ(config::render(config::Kind::kBytes, int64_t{1} << 46), "64 TiB");
+  EXPECT_EQ(config::render(config::Kind::kInt, int64_t{8} << 30), "8G");
+  EXPECT_EQ(config::render(config::Kind::kBool, true), "True");
+  EXPECT_EQ(config::render(config::Kind::kInt, Value()), "unset");
+  auto default_of = [](const std::string& name) {
+    const Knob* k = config::find_knob(name);
+    EXPECT_NE(k, nullptr) << name;
+    return k == nullptr ? std::string() : k->default_value;
+  };
+  EXPECT_EQ(default_of("buffer_size"), "32 MiB");
+  EXPECT_EQ(default_of("all_reduce_one_shot_max_bytes"), "64 KiB on 2 ranks, else 8 KiB");
+  EXPECT_EQ(default_of("zero_copy_agreement"), "host: exchange; CUDA: off");
+  EXPECT_EQ(default_of("fused_min_flops"), "host: 8G; CUDA: 0");
+  EXPECT_EQ(default_of("ring_steps"), "the world size");
+  EXPECT_EQ(default_of("workspace_device"), "cuda with a visible GPU, else cpu");
+  EXPECT_EQ(default_of("LOCAL_RANK"), "unset");
+  // The special rules are said by the table, once.
+  const Knob* ws = config::find_knob("enable_workspace");
+  ASSERT_NE(ws, nullptr);
+  EXPECT_TRUE(ws->kill_switch());
+  EXPECT_NE(ws->help.find("CUDA_P2P_DISABLE_WORKSPACE=1 turns it off"), std::string::npos);
+  EXPECT_NE(ws->help.find("Either side turns it off"), std::string::npos);
+}
+
 TEST(Config, TheDebugLevelIsInfoOrOff) {
   EXPECT_FALSE(resolve(Options(), {}).debug);
   EXPECT_TRUE(resolve(Options(), {{"CUDA_P2P_DEBUG", "INFO"}}).debug);
   EXPECT_TRUE(resolve(Options(), {{"CUDA_P2P_DEBUG", "info"}}).debug);
   EXPECT_FALSE(resolve(Options(), {{"CUDA_P2P_DEBUG", "OFF"}}).debug);
+  EXPECT_FALSE(resolve(Options(), {{"CUDA_P2P_DEBUG", "0"}}).debug);
   expect_error([] { resolve(Options(), {{"CUDA_P2P_DEBUG", "trace"}}); },
-               "CUDA_P2P_DEBUG must be INFO or OFF (any case), got 'trace'");
+               "CUDA_P2P_DEBUG must be one of off|info (any case), got 'trace'");
 }
 
 }  // namespace

@@ -39,8 +39,8 @@ def test_options_host_streams(value):
 # Every Options string whose values are checked: (name, a good value, a bad one, the allowed ones
 # as the error names them).
 CHECKED_STRINGS = [
-    ("workspace_device", "cpu", "gpu", "'auto', 'cpu' or 'cuda'"),
-    ("host_streams", "threads", "fibers", "'auto', 'cooperative' or 'threads'"),
+    ("workspace_device", "cpu", "gpu", "one of auto|cpu|cuda"),
+    ("host_streams", "threads", "fibers", "one of auto|cooperative|threads"),
     ("all_gather_algo", "ring", "rings", "one of auto|direct|ring"),
     ("reduce_scatter_algo", "direct", "tree", "one of auto|direct|ring"),
     ("all_reduce_algo", "one_shot", "three_shot", "one of auto|one_shot|two_shot"),
@@ -67,7 +67,8 @@ def test_options_checked_strings(name, good, bad, allowed):
 
 # Every optional count of Options that may be 0 but not negative.
 NON_NEGATIVE_COUNTS = ["chunk_bytes", "all_reduce_one_shot_max_bytes", "all_gather_ring_max_bytes",
-                       "reduce_scatter_ring_max_bytes", "cross_memory_min_bytes", "fused_min_flops"]
+                       "reduce_scatter_ring_max_bytes", "cross_memory_min_bytes", "fused_min_flops",
+                       "parallel_min_bytes"]
 
 
 @pytest.mark.parametrize("name", NON_NEGATIVE_COUNTS)
@@ -77,7 +78,7 @@ def test_options_non_negative_counts(name):
     for value in (0, 4096, None, 1 << 40):
         setattr(o, name, value)
         assert getattr(o, name) == value
-    with pytest.raises(ValueError, match=re.escape(f"Options.{name} must be >= 0 or None, got -5")):
+    with pytest.raises(ValueError, match=rf"Options\.{name} must be in \[0, [^]]+\], got -5$"):
         setattr(o, name, -5)
     assert getattr(o, name) == 1 << 40
     with pytest.raises(TypeError):
@@ -93,7 +94,7 @@ def test_options_mailbox_slot_bytes():
         assert o.mailbox_slot_bytes == value
     for bad in (0, 100, 4097, -4096):
         with pytest.raises(ValueError, match=re.escape(
-                f"Options.mailbox_slot_bytes must be a positive multiple of 4096 bytes or None, "
+                f"Options.mailbox_slot_bytes must be a multiple of 4 KiB in [4 KiB, 256 MiB], "
                 f"got {bad}")):
             o.mailbox_slot_bytes = bad
     assert o.mailbox_slot_bytes is None
@@ -112,7 +113,8 @@ def test_options_buffer_size_roundtrip(value):
 def test_options_buffer_size_not_positive(value):
     o = Options()
     o.buffer_size = 64
-    with pytest.raises(ValueError, match=r"buffer_size must be a positive.*got " + str(value)):
+    with pytest.raises(ValueError, match=r"Options\.buffer_size must be in \[1, 64 TiB\], got "
+                       + str(value)):
         o.buffer_size = value
     assert o.buffer_size == 64  # unchanged
 
@@ -429,7 +431,7 @@ def routing_defaults(ctx):
     W = ctx.world_size
     b = cuda_p2p.get_cuda_p2p_backend()
     cfg = b.get_collective_config()
-    _expect(cfg["cuda_workspace_collectives"] is None, f"default opt-in: {cfg}")
+    _expect(cfg["cuda_workspace_collectives"] is False, f"default opt-in: {cfg}")
     _expect(cfg["workspace_collectives"] is True and cfg["workspace_collectives_reason"] == "",
             f"CPU collectives on the workspace by default: {cfg}")
     results = {}
@@ -450,7 +452,7 @@ def routing_defaults(ctx):
     try:
         dist.new_group(backend="cuda_p2p")
         raise AssertionError("a bad CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES was accepted")
-    except RuntimeError as e:
+    except ValueError as e:
         msg = str(e)
         _expect("CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES must be a boolean" in msg
                 and "'maybe'" in msg, msg)
@@ -472,7 +474,7 @@ def workspace_device_choice(ctx):
     W = ctx.world_size
     gpu = torch.cuda.is_available()
     _raises(lambda: setattr(Options(), "workspace_device", "gpu"), ValueError,
-            "Options.workspace_device must be 'auto', 'cpu' or 'cuda', got 'gpu'")
+            "Options.workspace_device must be one of auto|cpu|cuda, got 'gpu'")
     cpu = Options()
     cpu.workspace_device = "cpu"
     g = dist.new_group(backend="cuda_p2p", pg_options=cpu)
@@ -489,7 +491,7 @@ def workspace_device_choice(ctx):
         _expect(auto.get_collective_config()["workspace_device"] == want, f"auto: {want}")
     with scoped_environ({"CUDA_P2P_WORKSPACE_DEVICE": "host"}):
         _raises(lambda: dist.new_group(backend="cuda_p2p"), ValueError,
-                "CUDA_P2P_WORKSPACE_DEVICE must be 'auto', 'cpu' or 'cuda', got 'host'")
+                "CUDA_P2P_WORKSPACE_DEVICE must be one of auto|cpu|cuda, got 'host'")
     cuda = Options()
     cuda.workspace_device = "cuda"
     if gpu:

@@ -1,5 +1,6 @@
-"""docs/configuration.md lists exactly the knobs backend/config.cpp reads (one place for
-configuration), and the Python Options expose every Options knob."""
+"""One knob table (backend/config.cpp, NOTE [Configuration rules]): docs/configuration.md shows
+exactly that table, the Python Options have a property per Options knob and no other, and each
+property refuses exactly what a group's resolution refuses, with the same message."""
 
 from __future__ import annotations
 
@@ -18,32 +19,102 @@ import cuda_p2p
 from cuda_p2p import _C
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+BEGIN, END = "<!-- knobs: begin -->\n", "<!-- knobs: end -->"
+Options = cuda_p2p.ProcessGroupCudaP2P.Options
 
 
-def _doc_rows():
-    text = DOC.read_text()
-    table = text.split("<!-- knobs: begin -->")[1].split("<!-- knobs: end -->")[0]
-    rows = []
-    for line in table.strip().splitlines()[2:]:
-        cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line)[1:-1]]
-        option, env, typ, default, help_ = cells
-        rows.append({"option": option.strip("`") if option != "-" else "",
-                     "env": env.strip("`") if env != "-" else "",
-                     "type": typ, "default": default, "help": help_})
-    return rows
+def render_table(knobs) -> str:
+    """docs/configuration.md's table of the knobs, as `python tests/python/test_config.py
+    --write-docs` writes it."""
+    lines = ["| Options field | environment variable | type | default | what it does |",
+             "|---|---|---|---|---|"]
+    for k in knobs:
+        cells = [f"`{k['option']}`" if k["option"] else "-", f"`{k['env']}`" if k["env"] else "-",
+                 k["type"], k["default"], k["help"]]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
-def test_docs_table_matches_the_knobs():
-    assert _doc_rows() == list(_C._config_knobs()), (
-        "docs/configuration.md is out of date with backend/config.cpp: regenerate the table "
-        "from cuda_p2p._C._config_knobs()")
+def _doc_table(text: str) -> str:
+    return text.split(BEGIN)[1].split(END)[0]
 
 
-def test_every_options_knob_is_a_python_property():
-    options = cuda_p2p.ProcessGroupCudaP2P.Options()
-    for knob in _C._config_knobs():
-        if knob["option"]:
-            assert hasattr(options, knob["option"]), knob["option"]
+def test_docs_table_is_the_knob_table():
+    assert _doc_table(DOC.read_text()) == render_table(_C._config_knobs()), (
+        "docs/configuration.md is out of date with backend/config.cpp: run "
+        "`python tests/python/test_config.py --write-docs`")
+
+
+def test_the_options_properties_are_the_options_knobs():
+    knobs = {k["option"] for k in _C._config_knobs() if k["option"]}
+    properties = {name for name, v in vars(Options).items() if isinstance(v, property)}
+    assert properties == knobs | {"nccl_options"}
+
+
+def _probes(knob):
+    """Values around the knob's rules, as the table states them."""
+    if knob["kind"] in ("bytes", "int"):
+        lo, hi, step = knob["min"], knob["max"], knob["step"]
+        return sorted({lo - 1, lo, lo + step, hi, hi + 1, -1, 0, 1, 4096, 5000, lo + step // 2})
+    if knob["kind"] == "names":
+        return knob["names"] + [n.upper() for n in knob["names"]] + ["bogus"]
+    return []
+
+
+def _allowed(knob, value) -> bool:
+    """The knob's rule, read from the table (not from the C++ check)."""
+    if knob["kind"] == "names":
+        return value in knob["names"]
+    return knob["min"] <= value <= knob["max"] and value % knob["step"] == 0
+
+
+def _refusal(fn):
+    try:
+        fn()
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("knob", [k for k in _C._config_knobs() if k["option"]],
+                         ids=lambda k: k["option"])
+def test_a_property_refuses_what_the_resolution_refuses(knob, monkeypatch):
+    """The property refuses a value exactly when the table's rule does, with one message format
+    naming the field; a value it accepts, a group accepts too (resolve_config, through
+    _hierarchy_host); one it refuses, a group refuses from the variable with the same message
+    naming the variable."""
+    name, env = knob["option"], knob["env"]
+    resolve = cuda_p2p.ProcessGroupCudaP2P._hierarchy_host
+    for value in _probes(knob):
+        o = Options()
+        msg = _refusal(lambda: setattr(o, name, value))
+        if _allowed(knob, value):
+            assert msg is None, (value, msg)
+            assert getattr(o, name) == value
+            resolve(o, 1)  # raises if the group refuses it
+            continue
+        if knob["kind"] == "names":
+            shape = rf"must be one of {re.escape('|'.join(knob['names']))}, got '{value}'"
+        else:
+            shape = rf"must be (a multiple of \S+ \S+ )?in \[[^]]+\], got {value}"
+        assert msg is not None and re.fullmatch(rf"cuda_p2p: Options\.{name} {shape}", msg), \
+            (value, msg)
+        assert getattr(o, name) == getattr(Options(), name), "left as it was"
+        if env:
+            monkeypatch.setenv(env, str(value))
+            by_env = _refusal(lambda: resolve(Options(), 1))
+            monkeypatch.delenv(env)
+            want = msg.replace(f"Options.{name}", env)
+            if knob["kind"] != "names":
+                want += f" ('{value}')"
+            assert by_env is not None and by_env.startswith(want), (value, by_env, want)
+
+
+def test_ring_steps_zero_is_the_world_size():
+    o = Options()
+    o.ring_steps = 0  # docs/configuration.md: "0: the world size"
+    assert o.ring_steps == 0
+    cuda_p2p.ProcessGroupCudaP2P._hierarchy_host(o, 4)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,3 +265,9 @@ def test_the_one_gpu_check_exchanges_uuids_through_the_store():
         _check_one_gpu(store, 0, 2, "GPU-same", 2)  # two GPUs: nothing to say
         store.set("cuda_p2p/gpu_uuid/0", "GPU-same")
         _check_one_gpu(PrefixStore("x/", store), 0, 1, "GPU-same", 2)  # one rank
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--write-docs"]:
+    text = DOC.read_text()
+    DOC.write_text(text.replace(_doc_table(text), render_table(_C._config_knobs())))
+    print(f"wrote the knob table of {DOC}")

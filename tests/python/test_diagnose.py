@@ -117,11 +117,19 @@ def _knob_sources(ctx):
     knobs = {k["option"] or k["env"]: (k["value"], k["source"]) for k in b._knob_values()}
     cfg = b.get_collective_config()
     dist.destroy_process_group(g)
-    return knobs, cfg["chunk_bytes"], cfg["ring_steps"]
+    return knobs, cfg
 
 
 def test_knob_sources(world2):
-    for knobs, chunk, steps in world2.run(_knob_sources):
+    from cuda_p2p import _C
+
+    reported = {k["option"] for k in _C._config_knobs() if k["reported"]}
+    for knobs, cfg in world2.run(_knob_sources):
+        chunk, steps = cfg["chunk_bytes"], cfg["ring_steps"]
+        # get_collective_config reports every knob the table marks, resolved for the group.
+        assert reported <= set(cfg), reported - set(cfg)
+        assert cfg["all_reduce_one_shot_max_bytes"] == 64 << 10  # 2 ranks
+        assert cfg["zero_copy_agreement"] == "exchange"  # the host's default
         assert knobs["chunk_bytes"] == ("65536", "Options") and chunk == 1 << 16
         assert knobs["all_reduce_algo"] == ("one_shot", "Options")
         assert knobs["hierarchical"] == ("False", "Options")
