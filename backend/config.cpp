@@ -32,7 +32,9 @@ namespace {
 
 constexpr int64_t kKiB = int64_t{1} << 10;
 constexpr int64_t kMiB = int64_t{1} << 20;
-constexpr int64_t kMaxBytes = int64_t{1} << 46;  // 64 TiB: a sanity bound, not a policy
+// 64 PiB, the largest address space of an x86-64 process (5-level paging): a sanity bound, not
+// a policy (a size above what a rank can map fails when it is allocated, naming the knob).
+constexpr int64_t kMaxBytes = int64_t{1} << 56;
 constexpr int64_t kMaxRingSteps = int64_t{1} << 20;
 constexpr int64_t kMaxFlops = int64_t{1} << 60;
 constexpr int64_t kMaxLocalRank = 999999999;         // nine digits (choose_cuda_device)
@@ -70,8 +72,11 @@ std::string with_unit(int64_t v, bool bytes) {
     const char* bytes;
     const char* suffix;
   };
-  static constexpr Unit kUnits[] = {
-      {40, " TiB", nullptr}, {30, " GiB", "G"}, {20, " MiB", "M"}, {10, " KiB", "K"}};
+  static constexpr Unit kUnits[] = {{50, " PiB", nullptr},
+                                    {40, " TiB", nullptr},
+                                    {30, " GiB", "G"},
+                                    {20, " MiB", "M"},
+                                    {10, " KiB", "K"}};
   if (v != 0) {
     for (const auto& u : kUnits) {
       const int64_t scale = int64_t{1} << u.shift;
@@ -90,7 +95,7 @@ std::string option_text(const Value& v) {
   return std::get<std::string>(v);
 }
 
-// "in [0, 64 TiB]", "a multiple of 4 KiB in [4 KiB, 256 MiB]": the rule of a number knob.
+// "in [0, 64 PiB]", "a multiple of 4 KiB in [4 KiB, 256 MiB]": the rule of a number knob.
 std::string range_text(const Knob& k) {
   std::string out = k.step > 1 ? "a multiple of " + render(k.kind, k.step) + " in " : "in ";
   return out + "[" + render(k.kind, k.min) + ", " + render(k.kind, k.max) + "]";

@@ -174,7 +174,7 @@ struct Knob {
   Value (*read)(const Config&, const Context&) = nullptr;
   std::string help = {};
   // Rendered by knobs():
-  std::string type = {};           // the docs' column: "bool", "bytes in [0, 64 TiB]", "a|b|c"
+  std::string type = {};           // the docs' column: "bool", "bytes in [0, 64 PiB]", "a|b|c"
   std::string default_value = {};  // render_default
   bool kill_switch() const;  // a plain bool field that defaults to True: either side turns it off
 };

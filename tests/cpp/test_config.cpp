@@ -171,7 +171,7 @@ TEST(Config, BadValuesAreErrorsNamingTheKnob) {
   expect_error([&] { resolve(bad, {}); }, "Options.all_gather_algo must be one of");
   Options negative;
   negative.buffer_size = 0;
-  expect_error([&] { resolve(negative, {}); }, "Options.buffer_size must be in [1, 64 TiB], got 0");
+  expect_error([&] { resolve(negative, {}); }, "Options.buffer_size must be in [1, 64 PiB], got 0");
   // The mailboxes' slots: whole pages, from either side.
   expect_error([] { resolve(Options(), {{"CUDA_P2P_MAILBOX_SLOT_BYTES", "5000"}}); },
                "CUDA_P2P_MAILBOX_SLOT_BYTES must be a multiple of 4 KiB in [4 KiB, 256 MiB], got "

@@ -113,7 +113,7 @@ def test_options_buffer_size_roundtrip(value):
 def test_options_buffer_size_not_positive(value):
     o = Options()
     o.buffer_size = 64
-    with pytest.raises(ValueError, match=r"Options\.buffer_size must be in \[1, 64 TiB\], got "
+    with pytest.raises(ValueError, match=r"Options\.buffer_size must be in \[1, 64 PiB\], got "
                        + str(value)):
         o.buffer_size = value
     assert o.buffer_size == 64  # unchanged
