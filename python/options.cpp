@@ -43,10 +43,10 @@ std::string option_doc(const Knob& k) {
   const bool optional = std::holds_alternative<std::optional<bool> Options::*>(k.field) ||
                         std::holds_alternative<std::optional<int64_t> Options::*>(k.field);
   const std::string unset = optional ? "None" : k.kind == config::Kind::kNames ? "'auto'" : "";
-  std::string doc = k.help + " Default: " + k.default_value + ".";
+  std::string doc = k.help + "\n\n" + k.type + "; default: " + k.default_value + ".";
   if (!k.env.empty()) {
-    doc += unset.empty() ? " Environment variable: " + k.env + "."
-                         : " " + unset + ": the environment variable " + k.env + " if set.";
+    doc += unset.empty() ? " Variable: " + k.env + "."
+                         : " " + unset + ": " + k.env + " if set, else the default.";
   }
   return doc;
 }
