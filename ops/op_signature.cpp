@@ -3,6 +3,8 @@
 #include <c10/util/Exception.h>
 
 #include <cstring>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 #ifdef CUDA_P2P_WITH_CUDA
@@ -13,6 +15,11 @@
 #endif
 
 namespace cuda_p2p::ops {
+
+struct SignatureState::HostRecord {
+  std::mutex mu;
+  std::string error;  // the first disagreement not yet raised
+};
 
 // NOTE [Op signatures]
 // Ranks that pass different arguments to one op (sizes, dtypes, reduce ops, roots, fused-op
@@ -290,6 +297,17 @@ std::string compare_signatures(SymmetricWorkspace& ws, Stream& s, int channel,
   const int parity = static_cast<int>(state.count % 2);
   ++state.count;
   const uint32_t* slots = ws.descriptor_slot(me, channel, parity, 0);
+  if (ws.device().tensor_device().is_cpu() && !ws.device().host_synchronous()) {
+    // NOTE [Synchronous host devices]: CUDA's comparison, as a host task in stream order.
+    if (!state.host_record) state.host_record = std::make_shared<SignatureState::HostRecord>();
+    ws.device().host_task(s, [record = state.host_record, slots, W, words, mine] {
+      std::string error = disagreement(slots, W, words, mine);
+      if (error.empty()) return;
+      std::lock_guard<std::mutex> lock(record->mu);
+      if (record->error.empty()) record->error = std::move(error);
+    });
+    return "";
+  }
   if (ws.device().tensor_device().is_cpu()) {
     // The caller's inline stream: the barrier's waits have run (acquiring the peers' stores), and
     // so does this, now. A host caller on a stream of its own (host::set_current_stream) is
@@ -349,7 +367,20 @@ std::string signature_disagreement(const uint32_t* all, int world_size, const De
 }
 
 void check_recorded_signature(SignatureState& state, const char* what) {
+  if (state.host_record) {
+    std::string error;
+    {
+      std::lock_guard<std::mutex> lock(state.host_record->mu);
+      error = std::exchange(state.host_record->error, std::string());
+    }
+    if (!error.empty()) {
+      throw SignatureMismatch(std::string("cuda_p2p ") + what +
+                              ": an earlier op's ranks disagreed (" + error +
+                              "); its results are not valid");
+    }
+  }
 #ifdef CUDA_P2P_WITH_CUDA
+  if (!state.cuda_record) return;
   auto* rec = static_cast<CudaRecord*>(state.cuda_record.get());
   volatile uint32_t* flag = &rec->host->flag;
   if (*flag == 0) return;

@@ -69,16 +69,22 @@ struct SignatureState {
   // CUDA: where the comparison kernel records a disagreement (host-mapped memory), allocated on
   // first use; unused on the host.
   std::shared_ptr<void> cuda_record;
+  // A host device that is not host-synchronous (NOTE [Synchronous host devices] in
+  // p2p_workspace/device.hpp): where the comparison, a host task in stream order, records a
+  // disagreement, as the CUDA kernel does in cuda_record. Made on first use.
+  struct HostRecord;
+  std::shared_ptr<HostRecord> host_record;
 };
 
 // Writes this rank's descriptor of handshake `state.count` into every rank's pad (its own
 // included), in the order of stream `s`. The barrier that follows on `channel` publishes it.
 void publish_signature(SymmetricWorkspace& ws, Stream& s, int channel, const SignatureState& state,
                        const OpSignature& sig);
-// After that barrier: compares every rank's descriptor. On the host the stream must be the
-// caller's (inline) stream: returns the one-line error every rank raises, or "" when they agree.
-// On CUDA the comparison is a kernel in stream order that records a disagreement in
-// state.cuda_record (see check_signature_record); returns "". Advances state.count either way.
+// After that barrier: compares every rank's descriptor. On a host-synchronous device (NOTE
+// [Synchronous host devices]) now, on the caller's thread: returns the one-line error every rank
+// raises, or "" when they agree. Elsewhere (CUDA; the host with CUDA's semantics) the comparison
+// runs in stream order and records a disagreement in state.cuda_record or state.host_record (see
+// check_signature_record); returns "". Advances state.count either way.
 std::string compare_signatures(SymmetricWorkspace& ws, Stream& s, int channel,
                                SignatureState& state, const OpSignature& mine);
 // The whole handshake: publish, barrier on `channel`, compare. Throws SignatureMismatch (or, on
@@ -97,7 +103,7 @@ std::string signature_disagreement(const uint32_t* all, int world_size, const De
 // host, whose comparisons report at once (no record: the test is inline, on every op's path).
 void check_recorded_signature(SignatureState& state, const char* what);
 inline void check_signature_record(SignatureState& state, const char* what) {
-  if (state.cuda_record) check_recorded_signature(state, what);
+  if (state.cuda_record || state.host_record) check_recorded_signature(state, what);
 }
 
 }  // namespace cuda_p2p::ops

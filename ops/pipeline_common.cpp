@@ -109,14 +109,16 @@ Env make_env(Group& group) {
   Env env(ws, dev.current_stream(), acquire_streams(dev, state),
           {kPipelineChannels[0], kPipelineChannels[1]}, group.max_buffer_size);
   if (state.tracing) env.trace = std::make_shared<Trace>();
-  const ZeroCopyAgreement zc = resolve_agreement(group.zero_copy_agreement, env.host());
+  // The exchange is read by the host: NOTE [Synchronous host devices] in p2p_workspace/device.hpp.
+  const bool synchronous = dev.host_synchronous();
+  const ZeroCopyAgreement zc = resolve_agreement(group.zero_copy_agreement, synchronous);
   env.signature_agreement = zc == ZeroCopyAgreement::kSignature;
-  if ((env.host() && zc == ZeroCopyAgreement::kExchange) || env.signature_agreement) {
+  if ((synchronous && zc == ZeroCopyAgreement::kExchange) || env.signature_agreement) {
     env.heap = group.heap;
   }
   // NOTE [Zero-copy all-gather→matmul]: ranks that agree differently run different barriers.
   if (group.heap != nullptr) {
-    env.agreement_text = agreement_text(group.zero_copy_agreement, env.host());
+    env.agreement_text = agreement_text(group.zero_copy_agreement, synchronous);
     if (!env.agreement_text.empty()) env.agreement_text += "; ";
   }
   // Before anything is enqueued: a failed device (NOTE [Device failure]) or a capture it cannot

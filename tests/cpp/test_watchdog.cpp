@@ -165,6 +165,32 @@ TEST(Watchdog, AMissedDeadlineReleasesEveryPendingWaitOldestFirstPerStream) {
   EXPECT_EQ(dog.pending(), 0u);
 }
 
+TEST(Watchdog, AWaitTrackedWhileTheScanReadsTheBlockedWordsIsReleasedToo) {
+  // Issue 48, finding 1a: the scan that finds a missed deadline reads the blocked words
+  // (missing(): on CUDA a copy that may take up to a second), and the host, running ahead of its
+  // streams, tracks more waits meanwhile. Those must be released with the rest.
+  FailureState failure;
+  Watchdog dog(failure, nullptr, 5ms, [](const std::string&) {});
+  struct SlowRead : ScriptedWait {
+    using ScriptedWait::ScriptedWait;
+    std::vector<int> missing() override {
+      auto peers = ScriptedWait::missing();
+      std::this_thread::sleep_for(300ms);
+      return peers;
+    }
+  };
+  auto stuck = std::make_shared<Script>();
+  stuck->started = true;
+  dog.track(std::make_unique<SlowRead>(stuck, &kStreamA), 30ms, "stuck");
+  ASSERT_TRUE(eventually([&] { return stuck->missing_calls.load() > 0; }));
+  auto late = std::make_shared<Script>();
+  dog.track(std::make_unique<ScriptedWait>(late, &kStreamB), 60s, "tracked during the scan");
+  ASSERT_TRUE(eventually([&] { return failure.failed(); }));
+  EXPECT_EQ(stuck->releases.load(), 1);
+  EXPECT_TRUE(eventually([&] { return late->releases.load() == 1; }, 2000ms))
+      << "a wait tracked while the scan read the words was never released";
+}
+
 TEST(Watchdog, OnlyTheOldestWaitOfAStreamCanBeLate) {
   // Two waits on one stream: the second cannot be reached before the first passes, whatever a
   // query of it says (on a GPU its "before" event may complete early only if the stream moved).
