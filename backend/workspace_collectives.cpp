@@ -42,7 +42,7 @@ void ProcessGroupCudaP2P::run_collective(
     const char* what, c10::function_ref<void(const ops::CollectiveContext&)> fn) {
   std::lock_guard<std::mutex> lock(collective_mutex_);
   failure_.check(what);
-  ops::check_signature_record(collective_state_.signature, what);
+  ops::check_signature_record(collective_state_.signature, what, &workspace_->device());
   Device& device = workspace_->device();
   auto stream = device.current_stream();
   // Before anything is enqueued (NOTE [Device failure] in p2p_workspace/watchdog.hpp).

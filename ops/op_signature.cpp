@@ -58,8 +58,11 @@ struct SignatureState::HostRecord {
 // comparison records a disagreement in host-mapped memory, which check_signature_record turns
 // into the same error when the host next looks (the group's next collective or fused op, or a
 // barrier's synchronize). The op itself has then run on mismatched arguments: its results are
-// garbage and, where the ranks' signal counts differ, it may also time out; what is guaranteed
-// on CUDA is an error naming the disagreement, not that the group stays usable.
+// garbage and, where the ranks' signal counts differ, it may also time out. So on CUDA the
+// disagreement fails the group's device with that error: every later call raises it, and the
+// group must be recreated. That the group stays usable is the host's promise only (a device that
+// is host_synchronous(), NOTE [Synchronous host devices]; with CUDA's semantics the host records
+// and fails like CUDA).
 
 namespace {
 
@@ -366,7 +369,17 @@ std::string signature_disagreement(const uint32_t* all, int world_size, const De
   return disagreement(all, world_size, mine, sig);
 }
 
-void check_recorded_signature(SignatureState& state, const char* what) {
+void check_recorded_signature(SignatureState& state, const char* what, Device* device) {
+  // NOTE [Op signatures]: a disagreement found in stream order fails the group - unless it
+  // failed before: then a released stream compared stale descriptors, and the first failure is
+  // the one to name.
+  const auto fail = [&](const std::string& msg) {
+    if (device != nullptr) {
+      device->check_healthy(what);
+      device->abort(msg);
+    }
+    throw SignatureMismatch(msg);
+  };
   if (state.host_record) {
     std::string error;
     {
@@ -374,9 +387,8 @@ void check_recorded_signature(SignatureState& state, const char* what) {
       error = std::exchange(state.host_record->error, std::string());
     }
     if (!error.empty()) {
-      throw SignatureMismatch(std::string("cuda_p2p ") + what +
-                              ": an earlier op's ranks disagreed (" + error +
-                              "); its results are not valid");
+      fail(std::string("cuda_p2p ") + what + ": an earlier op's ranks disagreed (" + error +
+           "); its results are not valid, and the ranks may be out of step");
     }
   }
 #ifdef CUDA_P2P_WITH_CUDA
@@ -394,7 +406,7 @@ void check_recorded_signature(SignatureState& state, const char* what) {
            (x.invalid ? " rejected: " : " passed ") + kind_name(x.kind) + " " + x.text;
   }
   *flag = 0;
-  throw SignatureMismatch(msg + "); its results are not valid" + zero_copy_hint(d));
+  fail(msg + "); its results are not valid, and the ranks may be out of step" + zero_copy_hint(d));
 #else
   (void)state;
   (void)what;

@@ -99,11 +99,17 @@ using DescriptorWords = std::array<uint32_t, SymmetricWorkspace::kDescriptorWord
 DescriptorWords encode_signature(const OpSignature& sig, uint64_t count);
 std::string signature_disagreement(const uint32_t* all, int world_size, const DescriptorWords& mine,
                                    const OpSignature& sig);
-// CUDA: throws the SignatureMismatch a comparison kernel recorded (once), if any. A no-op on the
-// host, whose comparisons report at once (no record: the test is inline, on every op's path).
-void check_recorded_signature(SignatureState& state, const char* what);
-inline void check_signature_record(SignatureState& state, const char* what) {
-  if (state.cuda_record || state.host_record) check_recorded_signature(state, what);
+// Where the comparison runs in stream order (CUDA; the host with CUDA's semantics): throws the
+// SignatureMismatch a comparison recorded, if any, after failing `device` (the group's) with it:
+// the ranks ran that op on their own arguments, and may be out of step (NOTE [Op signatures]). A
+// device that had failed already raises its own failure instead (a released stream compares
+// whatever the pads hold).
+// A no-op on a host-synchronous device, whose comparisons report at once (no record: the test is
+// inline, on every op's path).
+void check_recorded_signature(SignatureState& state, const char* what, Device* device);
+inline void check_signature_record(SignatureState& state, const char* what,
+                                   Device* device = nullptr) {
+  if (state.cuda_record || state.host_record) check_recorded_signature(state, what, device);
 }
 
 }  // namespace cuda_p2p::ops

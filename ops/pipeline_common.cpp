@@ -101,11 +101,11 @@ std::array<std::shared_ptr<Stream>, 2> acquire_streams(Device& device, State& st
 Env make_env(Group& group) {
   group.failure.check("fused op");
   State& state = group.state;
-  check_signature_record(state.signature, "fused op");
   TORCH_INTERNAL_ASSERT(group.workspace != nullptr,
                         "cuda_p2p fused op: the group has no workspace");
   auto& ws = *group.workspace;
   auto& dev = ws.device();
+  check_signature_record(state.signature, "fused op", &dev);
   Env env(ws, dev.current_stream(), acquire_streams(dev, state),
           {kPipelineChannels[0], kPipelineChannels[1]}, group.max_buffer_size);
   if (state.tracing) env.trace = std::make_shared<Trace>();
@@ -210,6 +210,9 @@ void end(Env& env) {
       if (!error) error = std::current_exception();
     }
   }
+  // NOTE [Host ops return complete]: a host device with CUDA's semantics raises its failure
+  // before the released streams have run the rest of the op's closures; they refer to its locals.
+  if (error && env.host() && !dev.host_synchronous()) (void)dev.drain(env.ws.timeout());
   if (error) std::rethrow_exception(error);
 }
 

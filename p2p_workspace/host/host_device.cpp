@@ -70,8 +70,8 @@ HostTask event_wait(HostStream& self, HostStream* other, uint64_t seq) {
 }
 
 // NOTE [Host device with CUDA's semantics] in host_device.hpp: a signal wait as the watchdog sees
-// it - the count of its stream's tasks before the wait task. Its release writes the awaited
-// values as CudaWatchedWait::release does from the auxiliary stream.
+// it - the count of its stream's tasks before the wait task. Its release writes a word as
+// CudaWatchedWait::release does from the auxiliary stream.
 class HostWatchedWait : public WatchedWait {
  public:
   HostWatchedWait(std::shared_ptr<HostStream> stream, uint64_t before,
@@ -87,9 +87,8 @@ class HostWatchedWait : public WatchedWait {
     }
     return peers;
   }
-  void release() override {
-    for (const auto& w : waits_) futex_store_and_wake(const_cast<uint32_t*>(w.addr), w.value);
-  }
+  std::vector<SignalWait> awaited() const override { return waits_; }
+  void release(uint32_t* word, uint32_t value) override { futex_store_and_wake(word, value); }
   const void* stream() const override { return stream_.get(); }
 
  private:
@@ -103,8 +102,15 @@ class HostWatchedWait : public WatchedWait {
 // replay may run after the device is gone.
 struct GraphGiveUps {
   std::atomic<uint32_t> count{0};
+  alignas(4) uint32_t failed = 0;  // the device's failure (FailureState::mirror_to)
   std::mutex mu;
   std::set<int> peers;
+  // NOTE [Counted waits end with the failure] in p2p_workspace/watchdog.hpp.
+  bool ended() const {
+    return count.load(std::memory_order_acquire) != 0 ||
+           std::atomic_ref<uint32_t>(const_cast<uint32_t&>(failed))
+                   .load(std::memory_order_acquire) != 0;
+  }
   void record(const std::vector<SignalWait>& waits) {
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -121,12 +127,12 @@ bool all_arrived(const std::vector<SignalWait>& waits) {
 }
 
 // The blocking form of a CUDA-semantics wait (an executor thread's): polls until every word has
-// arrived, `deadline` passes (returns false) or the device is gone.
+// arrived or `ended()` holds (true), or `deadline` passes (false).
 bool block_until_arrived(const std::vector<SignalWait>& waits,
                          std::optional<std::chrono::steady_clock::time_point> deadline,
-                         const std::atomic<bool>& gone) {
+                         const std::function<bool()>& ended) {
   while (!all_arrived(waits)) {
-    if (gone.load(std::memory_order_acquire)) return true;
+    if (ended()) return true;
     const auto now = std::chrono::steady_clock::now();
     if (deadline && now >= *deadline) return false;
     auto until = now + kMaxSleep;
@@ -186,6 +192,7 @@ class HostDevice : public Device {
         scheduler_(cooperative_ ? std::make_shared<CooperativeScheduler>(oversubscribed_.load())
                                 : nullptr),
         inline_stream_(std::make_shared<HostStream>(HostStream::Mode::kInline, false, nullptr)) {
+    failure_.mirror_to(&give_ups_->failed);  // NOTE [Counted waits end with the failure]
     if (semantics == HostSemantics::kCuda) use_cuda_semantics();
   }
   ~HostDevice() override {
@@ -624,7 +631,8 @@ class HostDevice : public Device {
                      waits));
     } else {
       enqueue(h, HostTask::blocking([waits, gone = gone_] {
-                (void)block_until_arrived(waits, std::nullopt, *gone);
+                (void)block_until_arrived(waits, std::nullopt,
+                                          [&] { return gone->load(std::memory_order_acquire); });
               }));
     }
     watchdog_->track(
@@ -648,6 +656,7 @@ class HostDevice : public Device {
               deadline = std::chrono::steady_clock::now() + timeout;
             }
             if (gone->load(std::memory_order_acquire) || all_arrived(*late)) return true;
+            if (give_ups->ended()) return true;  // NOTE [Counted waits end with the failure]
             if (std::chrono::steady_clock::now() < *deadline) return false;
             give_ups->record(*late);
             return true;
@@ -658,7 +667,11 @@ class HostDevice : public Device {
     }
     enqueue(s, HostTask::blocking([resolve, timeout, give_ups = give_ups_, gone = gone_] {
               const auto waits = resolve();
-              if (!block_until_arrived(waits, std::chrono::steady_clock::now() + timeout, *gone)) {
+              // NOTE [Counted waits end with the failure] in p2p_workspace/watchdog.hpp.
+              const auto ended = [&] {
+                return gone->load(std::memory_order_acquire) || give_ups->ended();
+              };
+              if (!block_until_arrived(waits, std::chrono::steady_clock::now() + timeout, ended)) {
                 give_ups->record(waits);
               }
             }));
@@ -676,10 +689,10 @@ class HostDevice : public Device {
                     "[Replay-safe signals])");
   }
   // CudaDevice::poll_until: until `h` has run `target` tasks; raises the device's failure as soon
-  // as there is one, and gives up at the group's timeout.
+  // as there is one, and gives up at the group's timeout (after the watchdog's notice).
   void await_stream(HostStream& h, uint64_t target, const char* op) {
     const Millis limit(timeout_ms_.load(std::memory_order_relaxed));
-    const auto deadline = std::chrono::steady_clock::now() + limit;
+    const auto deadline = std::chrono::steady_clock::now() + limit + watchdog_->notice();
     auto finished = [&] {
       if (h.done() >= target) return true;
       check_healthy(op);

@@ -5,7 +5,8 @@
 // group]). Each test is a schedule of issue 48's review under which a GPU hangs or runs the wrong
 // order; the host device runs it with the same protocol code. Cooperative streams run only while
 // someone waits for them, which makes each schedule exact: the host gets as far ahead of its
-// streams as the test says. Single-process: every word is this process's own.
+// streams as the test says. Most tests are single-process (every word is this process's own)
+// and run on every rank alike.
 #include <ATen/ATen.h>
 
 #include <atomic>
@@ -15,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "backend/ProcessGroupCudaP2P.hpp"
+#include "ops/collectives.hpp"
 #include "p2p_workspace/host/host_device.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
 #include "tests/cpp/harness.hpp"
@@ -151,6 +154,89 @@ TEST(DeviceFailure, ACaptureLeavesTheEagerOpOrderAlone) {
   opener.join();
   dev->synchronize(*s1);
   EXPECT_EQ(ran, (std::vector<std::string>{"eager op 1", "eager op 2"}));
+  store_barrier("done");
+}
+
+c10::intrusive_ptr<ProcessGroupCudaP2P> make_group(Millis timeout) {
+  auto options = c10::make_intrusive<ProcessGroupCudaP2P::Options>();
+  options->timeout = timeout;
+  const auto& w = world();
+  auto pg = c10::make_intrusive<ProcessGroupCudaP2P>(
+      test_store(), w.rank, w.size, options, c10::make_intrusive<Unreachable>(w.rank, w.size),
+      nullptr);
+  use_cuda_semantics(pg->workspace()->device());
+  return pg;
+}
+
+// Issue 48, finding 4: on CUDA the ranks' op signatures are compared in stream order, after the op
+// has run on the arguments each rank passed - different phases and signals on different ranks
+// where they disagree. The disagreement is raised by the next call, and the group must stay
+// failed after it (NOTE [Op signatures]), not run the calls after that as if in step.
+TEST(DeviceFailure, ACudaSignatureMismatchFailsTheGroup) {
+  const auto& w = world();
+  if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  std::vector<at::Tensor> t{at::ones({64})};  // outlives the group's queued work
+  auto pg = make_group(Millis(10000));
+  Device& dev = pg->workspace()->device();
+  c10d::AllreduceOptions mismatched;
+  mismatched.reduceOp = w.rank == 0 ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
+  pg->allreduce(t, mismatched);
+  dev.synchronize(*dev.current_stream());
+  expect_error([&] { pg->allreduce(t, c10d::AllreduceOptions()); }, "disagreed");
+  expect_error(
+      [&] {
+        pg->allreduce(t, c10d::AllreduceOptions());
+        dev.synchronize(*dev.current_stream());
+      },
+      "disagreed");
+  store_barrier("done");
+}
+
+// Issue 48, finding 2 - EXPECTED TO FAIL until a failure reaches every peer through a word the
+// failing rank writes into their pads from the CPU (issue 48, "What to build", point 2): run with
+// --gtest_also_run_disabled_tests. Rank 1's host stalls past the timeout with three all-reduces
+// to issue; rank 0 fails, its released stream runs its three all-reduces on (op 3 stages over op
+// 1's input and signals as far as op 3), then rank 1 issues its three. Rank 1 must raise, or
+// return the right sums: never a wrong sum without an error.
+TEST(DeviceFailure, DISABLED_AReleasedRankNeverHandsAHealthyPeerWrongData) {
+  const auto& w = world();
+  if (w.size != 2) GTEST_SKIP() << "needs 2 ranks";
+  std::vector<at::Tensor> ins, outs;
+  for (int i = 0; i < 3; ++i) {
+    ins.push_back(at::full({256}, static_cast<float>(10 * (i + 1) + w.rank)));
+    outs.push_back(at::zeros({256}));
+  }
+  auto dev = cuda_like_device();
+  WorkspaceOptions o;
+  o.buffer_size = 1 << 14;
+  o.timeout = 1000ms;
+  SymmetricWorkspace ws(test_store(), w.rank, w.size, dev, o);
+  auto s = dev->current_stream();
+  ops::CollectiveState state;
+  ops::CollectiveConfig config;
+  const ops::CollectiveContext ctx{ws, *s, 1, state, config};
+  auto issue = [&] {
+    for (int i = 0; i < 3; ++i) {
+      ops::all_reduce(ctx, ins[i], outs[i], ops::ReduceOp::kSum, ops::AllReduceAlgo::kOneShot);
+    }
+    dev->synchronize(*s);
+  };
+  if (w.rank == 0) {
+    expect_error(issue, "never arrived");
+    EXPECT_TRUE(dev->drain(5000ms));  // its released stream ran ops 1-3
+    store_barrier("rank 0 ran on");
+  } else {
+    store_barrier("rank 0 ran on");  // the stall
+    try {
+      issue();
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_TRUE(outs[i].equal(at::full({256}, static_cast<float>(20 * (i + 1) + 1))))
+            << "op " << i + 1 << " returned " << outs[i][0].item<float>() << " without an error";
+      }
+    } catch (const c10::Error&) {
+      // Raised: what a peer's failure must do.
+    }
+  }
   store_barrier("done");
 }
 
