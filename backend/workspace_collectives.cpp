@@ -42,7 +42,7 @@ void ProcessGroupCudaP2P::run_collective(
     const char* what, c10::function_ref<void(const ops::CollectiveContext&)> fn) {
   std::lock_guard<std::mutex> lock(collective_mutex_);
   failure_.check(what);
-  ops::check_signature_record(collective_state_.signature, what);
+  ops::check_signature_record(collective_state_.signature, what, &workspace_->device());
   Device& device = workspace_->device();
   auto stream = device.current_stream();
   // Before anything is enqueued (NOTE [Device failure] in p2p_workspace/watchdog.hpp).
@@ -53,7 +53,7 @@ void ProcessGroupCudaP2P::run_collective(
   try {
     fn(ctx);
     // NOTE [Host ops return complete] in ops/pipeline_common.hpp (a captured op has not run).
-    if (!device.runs_inline(*stream) && device.tensor_device().is_cpu() &&
+    if (!device.runs_inline(*stream) && device.host_synchronous() &&
         !workspace_->capturing(*stream)) {
       device.synchronize(*stream);
     }
@@ -96,8 +96,7 @@ void ProcessGroupCudaP2P::check_or_reject(const char* what, ops::OpKind kind,
 void ProcessGroupCudaP2P::agree_on_route(const char* what, ops::OpKind kind,
                                          c10::ArrayRef<at::Tensor> tensors,
                                          const std::string& detail, const char* why) {
-  if (!uses_workspace_collectives() || !workspace_->device().tensor_device().is_cpu() ||
-      getSize() == 1) {
+  if (!uses_workspace_collectives() || !workspace_->device().host_synchronous() || getSize() == 1) {
     return;
   }
   const std::string text = ops::describe_tensors(tensors) + detail + " (wrapped: " + why + ")";
@@ -130,7 +129,7 @@ const char* ProcessGroupCudaP2P::workspace_rejects(c10::ArrayRef<at::Tensor> ten
 //  * torch's allow_inflight_collective_as_graph_input() is on: ProcessGroup registers the Work
 //    of every call for torch.ops._c10d_functional.wait_tensor.
 bool ProcessGroupCudaP2P::returns_no_work(bool async_op) {
-  if (async_op || !workspace_ || !workspace_->device().tensor_device().is_cpu() ||
+  if (async_op || !workspace_ || !workspace_->device().host_synchronous() ||
       c10d::allow_inflight_collective_as_graph_input()) {
     return false;
   }
@@ -145,7 +144,7 @@ WorkPtr ProcessGroupCudaP2P::completed(c10d::OpType type, std::vector<at::Tensor
   // at its end (none on the host, where it has completed).
   std::shared_ptr<Device> device;
   std::shared_ptr<Event> end;
-  if (workspace_ && !workspace_->device().tensor_device().is_cpu()) {
+  if (workspace_ && !workspace_->device().host_synchronous()) {
     device = workspace_->device_ptr();
     // Under capture, the op's captured end (NOTE [Replay-safe signals]).
     end = workspace_->last_op(device->capture_id(*device->current_stream()));

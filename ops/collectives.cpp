@@ -385,7 +385,7 @@ std::string config_suffix(const CollectiveContext& ctx) {
   // collectives]): named when a rank of a group with a heap chose other than its device's default.
   if (ctx.state.heap != nullptr) {
     const std::string zc =
-        agreement_text(ctx.config.zero_copy_agreement, ctx.ws.device().tensor_device().is_cpu());
+        agreement_text(ctx.config.zero_copy_agreement, ctx.ws.device().host_synchronous());
     if (!zc.empty()) s += ", " + zc;
   }
   return s;

@@ -3,6 +3,8 @@
 #include <c10/util/Exception.h>
 
 #include <cstring>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 #ifdef CUDA_P2P_WITH_CUDA
@@ -13,6 +15,11 @@
 #endif
 
 namespace cuda_p2p::ops {
+
+struct SignatureState::HostRecord {
+  std::mutex mu;
+  std::string error;  // the first disagreement not yet raised
+};
 
 // NOTE [Op signatures]
 // Ranks that pass different arguments to one op (sizes, dtypes, reduce ops, roots, fused-op
@@ -51,8 +58,11 @@ namespace cuda_p2p::ops {
 // comparison records a disagreement in host-mapped memory, which check_signature_record turns
 // into the same error when the host next looks (the group's next collective or fused op, or a
 // barrier's synchronize). The op itself has then run on mismatched arguments: its results are
-// garbage and, where the ranks' signal counts differ, it may also time out; what is guaranteed
-// on CUDA is an error naming the disagreement, not that the group stays usable.
+// garbage and, where the ranks' signal counts differ, it may also time out. So on CUDA the
+// disagreement fails the group's device with that error: every later call raises it, and the
+// group must be recreated. That the group stays usable is the host's promise only (a device that
+// is host_synchronous(), NOTE [Synchronous host devices]; with CUDA's semantics the host records
+// and fails like CUDA).
 
 namespace {
 
@@ -290,6 +300,17 @@ std::string compare_signatures(SymmetricWorkspace& ws, Stream& s, int channel,
   const int parity = static_cast<int>(state.count % 2);
   ++state.count;
   const uint32_t* slots = ws.descriptor_slot(me, channel, parity, 0);
+  if (ws.device().tensor_device().is_cpu() && !ws.device().host_synchronous()) {
+    // NOTE [Synchronous host devices]: CUDA's comparison, as a host task in stream order.
+    if (!state.host_record) state.host_record = std::make_shared<SignatureState::HostRecord>();
+    ws.device().host_task(s, [record = state.host_record, slots, W, words, mine] {
+      std::string error = disagreement(slots, W, words, mine);
+      if (error.empty()) return;
+      std::lock_guard<std::mutex> lock(record->mu);
+      if (record->error.empty()) record->error = std::move(error);
+    });
+    return "";
+  }
   if (ws.device().tensor_device().is_cpu()) {
     // The caller's inline stream: the barrier's waits have run (acquiring the peers' stores), and
     // so does this, now. A host caller on a stream of its own (host::set_current_stream) is
@@ -348,8 +369,30 @@ std::string signature_disagreement(const uint32_t* all, int world_size, const De
   return disagreement(all, world_size, mine, sig);
 }
 
-void check_recorded_signature(SignatureState& state, const char* what) {
+void check_recorded_signature(SignatureState& state, const char* what, Device* device) {
+  // NOTE [Op signatures]: a disagreement found in stream order fails the group - unless it
+  // failed before: then a released stream compared stale descriptors, and the first failure is
+  // the one to name.
+  const auto fail = [&](const std::string& msg) {
+    if (device != nullptr) {
+      device->check_healthy(what);
+      device->abort(msg);
+    }
+    throw SignatureMismatch(msg);
+  };
+  if (state.host_record) {
+    std::string error;
+    {
+      std::lock_guard<std::mutex> lock(state.host_record->mu);
+      error = std::exchange(state.host_record->error, std::string());
+    }
+    if (!error.empty()) {
+      fail(std::string("cuda_p2p ") + what + ": an earlier op's ranks disagreed (" + error +
+           "); its results are not valid, and the ranks may be out of step");
+    }
+  }
 #ifdef CUDA_P2P_WITH_CUDA
+  if (!state.cuda_record) return;
   auto* rec = static_cast<CudaRecord*>(state.cuda_record.get());
   volatile uint32_t* flag = &rec->host->flag;
   if (*flag == 0) return;
@@ -363,7 +406,7 @@ void check_recorded_signature(SignatureState& state, const char* what) {
            (x.invalid ? " rejected: " : " passed ") + kind_name(x.kind) + " " + x.text;
   }
   *flag = 0;
-  throw SignatureMismatch(msg + "); its results are not valid" + zero_copy_hint(d));
+  fail(msg + "); its results are not valid, and the ranks may be out of step" + zero_copy_hint(d));
 #else
   (void)state;
   (void)what;

@@ -69,16 +69,22 @@ struct SignatureState {
   // CUDA: where the comparison kernel records a disagreement (host-mapped memory), allocated on
   // first use; unused on the host.
   std::shared_ptr<void> cuda_record;
+  // A host device that is not host-synchronous (NOTE [Synchronous host devices] in
+  // p2p_workspace/device.hpp): where the comparison, a host task in stream order, records a
+  // disagreement, as the CUDA kernel does in cuda_record. Made on first use.
+  struct HostRecord;
+  std::shared_ptr<HostRecord> host_record;
 };
 
 // Writes this rank's descriptor of handshake `state.count` into every rank's pad (its own
 // included), in the order of stream `s`. The barrier that follows on `channel` publishes it.
 void publish_signature(SymmetricWorkspace& ws, Stream& s, int channel, const SignatureState& state,
                        const OpSignature& sig);
-// After that barrier: compares every rank's descriptor. On the host the stream must be the
-// caller's (inline) stream: returns the one-line error every rank raises, or "" when they agree.
-// On CUDA the comparison is a kernel in stream order that records a disagreement in
-// state.cuda_record (see check_signature_record); returns "". Advances state.count either way.
+// After that barrier: compares every rank's descriptor. On a host-synchronous device (NOTE
+// [Synchronous host devices]) now, on the caller's thread: returns the one-line error every rank
+// raises, or "" when they agree. Elsewhere (CUDA; the host with CUDA's semantics) the comparison
+// runs in stream order and records a disagreement in state.cuda_record or state.host_record (see
+// check_signature_record); returns "". Advances state.count either way.
 std::string compare_signatures(SymmetricWorkspace& ws, Stream& s, int channel,
                                SignatureState& state, const OpSignature& mine);
 // The whole handshake: publish, barrier on `channel`, compare. Throws SignatureMismatch (or, on
@@ -93,11 +99,17 @@ using DescriptorWords = std::array<uint32_t, SymmetricWorkspace::kDescriptorWord
 DescriptorWords encode_signature(const OpSignature& sig, uint64_t count);
 std::string signature_disagreement(const uint32_t* all, int world_size, const DescriptorWords& mine,
                                    const OpSignature& sig);
-// CUDA: throws the SignatureMismatch a comparison kernel recorded (once), if any. A no-op on the
-// host, whose comparisons report at once (no record: the test is inline, on every op's path).
-void check_recorded_signature(SignatureState& state, const char* what);
-inline void check_signature_record(SignatureState& state, const char* what) {
-  if (state.cuda_record) check_recorded_signature(state, what);
+// Where the comparison runs in stream order (CUDA; the host with CUDA's semantics): throws the
+// SignatureMismatch a comparison recorded, if any, after failing `device` (the group's) with it:
+// the ranks ran that op on their own arguments, and may be out of step (NOTE [Op signatures]). A
+// device that had failed already raises its own failure instead (a released stream compares
+// whatever the pads hold).
+// A no-op on a host-synchronous device, whose comparisons report at once (no record: the test is
+// inline, on every op's path).
+void check_recorded_signature(SignatureState& state, const char* what, Device* device);
+inline void check_signature_record(SignatureState& state, const char* what,
+                                   Device* device = nullptr) {
+  if (state.cuda_record || state.host_record) check_recorded_signature(state, what, device);
 }
 
 }  // namespace cuda_p2p::ops

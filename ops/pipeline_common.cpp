@@ -101,22 +101,24 @@ std::array<std::shared_ptr<Stream>, 2> acquire_streams(Device& device, State& st
 Env make_env(Group& group) {
   group.failure.check("fused op");
   State& state = group.state;
-  check_signature_record(state.signature, "fused op");
   TORCH_INTERNAL_ASSERT(group.workspace != nullptr,
                         "cuda_p2p fused op: the group has no workspace");
   auto& ws = *group.workspace;
   auto& dev = ws.device();
+  check_signature_record(state.signature, "fused op", &dev);
   Env env(ws, dev.current_stream(), acquire_streams(dev, state),
           {kPipelineChannels[0], kPipelineChannels[1]}, group.max_buffer_size);
   if (state.tracing) env.trace = std::make_shared<Trace>();
-  const ZeroCopyAgreement zc = resolve_agreement(group.zero_copy_agreement, env.host());
+  // The exchange is read by the host: NOTE [Synchronous host devices] in p2p_workspace/device.hpp.
+  const bool synchronous = dev.host_synchronous();
+  const ZeroCopyAgreement zc = resolve_agreement(group.zero_copy_agreement, synchronous);
   env.signature_agreement = zc == ZeroCopyAgreement::kSignature;
-  if ((env.host() && zc == ZeroCopyAgreement::kExchange) || env.signature_agreement) {
+  if ((synchronous && zc == ZeroCopyAgreement::kExchange) || env.signature_agreement) {
     env.heap = group.heap;
   }
   // NOTE [Zero-copy all-gather→matmul]: ranks that agree differently run different barriers.
   if (group.heap != nullptr) {
-    env.agreement_text = agreement_text(group.zero_copy_agreement, env.host());
+    env.agreement_text = agreement_text(group.zero_copy_agreement, synchronous);
     if (!env.agreement_text.empty()) env.agreement_text += "; ";
   }
   // Before anything is enqueued: a failed device (NOTE [Device failure]) or a capture it cannot
@@ -208,6 +210,9 @@ void end(Env& env) {
       if (!error) error = std::current_exception();
     }
   }
+  // NOTE [Host ops return complete]: a host device with CUDA's semantics raises its failure
+  // before the released streams have run the rest of the op's closures; they refer to its locals.
+  if (error && env.host() && !dev.host_synchronous()) (void)dev.drain(env.ws.timeout());
   if (error) std::rethrow_exception(error);
 }
 

@@ -116,8 +116,11 @@ bool host_workspace(const CollectiveContext& ctx) {
   return ctx.ws.device().tensor_device().is_cpu();
 }
 
+// The exchange is read by the host right after its barrier: NOTE [Synchronous host devices].
+bool synchronous_host(const CollectiveContext& ctx) { return ctx.ws.device().host_synchronous(); }
+
 ZeroCopyAgreement agreement(const CollectiveContext& ctx) {
-  return resolve_agreement(ctx.config.zero_copy_agreement, host_workspace(ctx));
+  return resolve_agreement(ctx.config.zero_copy_agreement, synchronous_host(ctx));
 }
 
 bool signature_agreement(const CollectiveContext& ctx) {
@@ -131,7 +134,7 @@ bool heap_usable(const CollectiveContext& ctx) {
   // Not under capture: its agreements carry host-issued values (NOTE [Replay-safe signals]).
   return ctx.state.heap != nullptr && ctx.ws.world_size() > 1 && !ctx.ws.capturing(ctx.stream) &&
          (a == ZeroCopyAgreement::kSignature ||
-          (a == ZeroCopyAgreement::kExchange && host_workspace(ctx)));
+          (a == ZeroCopyAgreement::kExchange && synchronous_host(ctx)));
 }
 
 // [p, p + n) inside this rank's heap: its offset, else kNotInHeap.

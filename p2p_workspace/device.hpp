@@ -228,6 +228,17 @@ class Device {
   // again before the work `s` has enqueued so far has run (c10 recordStream). No-op on the host.
   virtual void record_stream(const at::Tensor& /*t*/, Stream& /*s*/) {}
 
+  // NOTE [Synchronous host devices]
+  // Whether an op on this device has run to its end when it returns, so that the host may decide
+  // from what the op's streams computed: compare the ranks' op signatures there and then (NOTE
+  // [Op signatures] in ops/op_signature.cpp), read an exchange of heap offsets (NOTE [Zero-copy
+  // collectives] in ops/zero_copy.cpp), return no Work for a synchronous call. The host device,
+  // by default. Not CUDA, whose ops return enqueued and whose host learns an op's outcome at a
+  // later check, nor a host device with CUDA's semantics (HostSemantics::kCuda in
+  // host/host_device.hpp): the protocol code asks this, never the device's kind, so that CI runs
+  // the CUDA branches on the host.
+  virtual bool host_synchronous() const { return false; }
+
   // --- inline signalling (NOTE [Inline signals]) ---
   // NOTE [Inline signals]
   // On a stream whose work runs at once on the calling thread (the host's inline stream), a

@@ -667,7 +667,10 @@ SymmetricWorkspace::~SymmetricWorkspace() {
 // (end_op): the group's ops run one after another on the device whatever streams they were
 // issued on. An op on the host's inline stream has completed when it returns: nothing to order.
 // The host device can give a thread another current stream (host::set_current_stream), which is
-// how CI runs this order (tests/cpp/test_op_order.cpp).
+// how CI runs this order (tests/cpp/test_op_order.cpp). A captured op is ordered after the
+// previous op of its own capture only, and never takes the eager ops' place: the eager chain and
+// the capture's are kept apart, so that an eager op after a capture still waits for the eager op
+// before it (NOTE [Replay-safe signals]: a replay is ordered by the stream it is launched on).
 void SymmetricWorkspace::begin_op(Stream& caller) {
   // One load on the host's hot path (a small all-reduce), where no op is ever pending.
   const bool pending = has_last_op_.load(std::memory_order_acquire);
@@ -680,7 +683,11 @@ void SymmetricWorkspace::begin_op(Stream& caller) {
     std::lock_guard<std::mutex> lock(order_mutex_);
     // NOTE [Replay-safe signals]: a capture depends on nothing outside it (a replay is ordered
     // by its stream), and an op outside never waits for a captured end.
-    if (last_op_capture_ == capture) last = last_op_;
+    if (capture == 0) {
+      last = last_op_;
+    } else if (last_capture_ == capture) {
+      last = last_captured_op_;
+    }
     if (capture != 0) {
       capturing_any_.store(true, std::memory_order_release);
       auto m = mapping();
@@ -698,9 +705,8 @@ void SymmetricWorkspace::end_op(Stream& caller) {
   if (capture != 0) {
     auto end = device_->record(caller);
     std::lock_guard<std::mutex> lock(order_mutex_);
-    last_op_ = std::move(end);
-    last_op_capture_ = capture;
-    has_last_op_.store(true, std::memory_order_release);
+    last_captured_op_ = std::move(end);
+    last_capture_ = capture;
     return;
   }
   if (device_->runs_inline(caller)) {
@@ -714,13 +720,13 @@ void SymmetricWorkspace::end_op(Stream& caller) {
   auto end = device_->record(caller);
   std::lock_guard<std::mutex> lock(order_mutex_);
   last_op_ = std::move(end);
-  last_op_capture_ = 0;
   has_last_op_.store(true, std::memory_order_release);
 }
 
 std::shared_ptr<Event> SymmetricWorkspace::last_op(uint64_t capture) const {
   std::lock_guard<std::mutex> lock(order_mutex_);
-  return last_op_capture_ == capture ? last_op_ : nullptr;
+  if (capture == 0) return last_op_;
+  return last_capture_ == capture ? last_captured_op_ : nullptr;
 }
 
 void SymmetricWorkspace::abort(const std::string& why) {

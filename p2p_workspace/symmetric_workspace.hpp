@@ -194,9 +194,13 @@ class SymmetricWorkspace {
 
   std::shared_ptr<Retirement> retirement_;  // NOTE [Block lifetime]
   mutable std::mutex order_mutex_;
-  std::shared_ptr<Event> last_op_;  // NOTE [One order per group]
-  uint64_t last_op_capture_ = 0;    // the capture last_op_ was recorded in (0: none)
+  // NOTE [One order per group]: the end of the last eager op on a stream that does not run inline
+  // (has_last_op_: there is one), and apart from it the end of the last captured op and its
+  // capture's id.
+  std::shared_ptr<Event> last_op_;
   std::atomic<bool> has_last_op_{false};
+  std::shared_ptr<Event> last_captured_op_;
+  uint64_t last_capture_ = 0;
   // NOTE [Replay-safe signals]: set by the first captured op; the mappings captures used.
   std::atomic<bool> capturing_any_{false};
   std::vector<std::shared_ptr<Mapping>> captured_;

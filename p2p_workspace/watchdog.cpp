@@ -14,6 +14,7 @@ bool FailureState::fail(const std::string& why, bool work_done) {
   reason_ = why;
   work_done_.store(work_done, std::memory_order_release);
   failed_.store(true, std::memory_order_release);
+  if (mirror_) std::atomic_ref<uint32_t>(*mirror_).store(1, std::memory_order_release);
   return true;
 }
 
@@ -49,24 +50,27 @@ Watchdog::Watchdog(FailureState& failure, std::function<void()> thread_init, Mil
 Watchdog::~Watchdog() { stop(); }
 
 void Watchdog::track(std::unique_ptr<WatchedWait> wait, Millis timeout, std::string context) {
+  bool failed = false;
   {
     std::lock_guard<std::mutex> lock(in_mu_);
-    if (!stop_ && !failure_.failed()) {
-      incoming_.push_back(Entry{std::move(wait), timeout, std::move(context), std::nullopt});
-      if (!thread_.joinable()) {
-        thread_ = std::thread([this] { loop(); });
-      } else if (incoming_.size() + queued_ == 1) {
-        cv_.notify_all();  // the thread sleeps until there is something to watch
-      }
-      return;
+    if (stop_) return;  // the device's streams have drained: nothing to watch or release
+    incoming_.push_back(Entry{std::move(wait), timeout, std::move(context), std::nullopt});
+    // Read after the push: a failure recorded before it is seen here, and one recorded after it
+    // collects the wait (adopt() takes in_mu_) before it releases.
+    failed = failure_.failed();
+    if (!thread_.joinable()) {
+      thread_ = std::thread([this] { loop(); });
+    } else if (incoming_.size() + queued_ == 1) {
+      cv_.notify_all();  // the thread sleeps until there is something to watch
     }
   }
+  if (!failed) return;
   // Enqueued on its stream after the failure was recorded: NOTE [Releasing blocked waits]. Its
   // op's Work must raise, also after a shutdown that drained (NOTE [Shutdown flushes]).
-  if (failure_.failed()) {
-    failure_.taint();
-    wait->release();
-  }
+  failure_.taint();
+  std::lock_guard<std::mutex> scan(scan_mu_);
+  adopt();
+  release_pending();
 }
 
 size_t Watchdog::pending() const {
@@ -81,17 +85,18 @@ void Watchdog::poll_now() {
     if (stop_) return;
   }
   adopt();
-  poll();
+  if (failure_.failed()) {
+    release_pending();
+  } else {
+    poll();
+  }
 }
 
 void Watchdog::fail(const std::string& why, bool work_done) {
   failure_.fail(why, work_done);
-  {
-    std::lock_guard<std::mutex> scan(scan_mu_);
-    adopt();
-    if (release_all() > 0) failure_.taint();  // NOTE [Shutdown flushes]
-  }
-  stop();
+  std::lock_guard<std::mutex> scan(scan_mu_);
+  adopt();  // after the failure was recorded: NOTE [Releasing blocked waits]
+  if (release_pending() > 0) failure_.taint();  // NOTE [Shutdown flushes]
 }
 
 void Watchdog::stop() {
@@ -129,18 +134,32 @@ void Watchdog::adopt() {
   }
 }
 
-size_t Watchdog::release_all() {
-  size_t unfinished = 0;
-  for (auto& [stream, fifo] : fifos_) {
-    for (auto& e : fifo) {
-      if (!e.wait->finished()) ++unfinished;
-      e.wait->release();
+size_t Watchdog::release_pending() {
+  // NOTE [Releasing blocked waits]: the highest value awaited per word, over every pending wait
+  // and every earlier release.
+  for (const auto& [stream, fifo] : fifos_) {
+    for (const auto& e : fifo) {
+      for (const auto& w : e.wait->awaited()) {
+        auto [it, added] = released_.try_emplace(w.addr, w.value);
+        if (!added && !signal_reached(it->second, w.value)) it->second = w.value;
+      }
     }
   }
-  fifos_.clear();
+  size_t released = 0, retired = 0;
+  for (auto& [stream, fifo] : fifos_) {
+    for (auto& e : fifo) {
+      if (e.wait->finished()) continue;
+      ++released;
+      for (const auto& w : e.wait->awaited()) {
+        e.wait->release(const_cast<uint32_t*>(w.addr), released_.at(w.addr));
+      }
+    }
+    retired += std::erase_if(fifo, [](Entry& e) { return e.wait->finished(); });
+  }
+  std::erase_if(fifos_, [](const auto& f) { return f.second.empty(); });
   std::lock_guard<std::mutex> lock(in_mu_);
-  queued_ = 0;
-  return unfinished;
+  queued_ -= retired;
+  return released;
 }
 
 bool Watchdog::poll() {
@@ -199,9 +218,8 @@ bool Watchdog::poll() {
       } catch (...) {
       }
     }
-    release_all();  // NOTE [Releasing blocked waits]
-    std::lock_guard<std::mutex> lock(in_mu_);
-    stop_ = true;
+    adopt();  // what the host enqueued meanwhile: NOTE [Releasing blocked waits]
+    release_pending();
   }
   return progress;
 }
@@ -225,9 +243,15 @@ void Watchdog::loop() {
     {
       std::lock_guard<std::mutex> scan(scan_mu_);
       adopt();
-      progress = poll();
+      if (failure_.failed()) {
+        // The janitor (NOTE [Releasing blocked waits]): again until the streams passed them.
+        release_pending();
+        nap = max_poll_;
+      } else {
+        progress = poll();
+      }
     }
-    nap = progress ? Millis(1) : std::min(nap * 2, max_poll_);
+    if (!failure_.failed()) nap = progress ? Millis(1) : std::min(nap * 2, max_poll_);
     std::unique_lock<std::mutex> lock(in_mu_);
     if (stop_) break;
     cv_.wait_for(lock, nap);

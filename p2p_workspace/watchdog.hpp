@@ -9,6 +9,7 @@
 #include <deque>
 #include <functional>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -48,13 +49,33 @@ namespace cuda_p2p {
 // alone, every later kernel, NCCL op, .item(), torch.cuda.synchronize() and the frees of
 // destroy_process_group would hang behind it. Every wait polls a word of the waiter's own pad
 // (NOTE [Signal pad layout]), so whoever fails the device (a missed deadline or abort()) also
-// releases every wait not yet retired: WatchedWait::release() writes the awaited value into that
-// word from a stream that is not blocked (CUDA: the device's own auxiliary stream). The streams
-// then run on - on stale data, which no cuda_p2p call returns, since the failure is sticky -
-// drain, and the process can raise, tear the group down (NOTE [Teardown drains]) and create a
-// new one on the same GPU. A wait enqueued after the failure was recorded (a thread that passed
-// the failure check just before) is released as it is tracked. Releases of one stream run in the
-// order the waits were tracked, so a signal word never moves backwards.
+// releases every wait its stream has not passed: WatchedWait::release() writes a value into each
+// word the wait polls from a stream that is not blocked (CUDA: the device's own auxiliary
+// stream). The streams then run on - on stale data, which no cuda_p2p call returns, since the
+// failure is sticky - drain, and the process can raise, tear the group down (NOTE [Teardown
+// drains]) and create a new one on the same GPU. What the release guarantees, and how:
+//  - every wait tracked before the streams drained is released, whenever it was tracked: the
+//    failure is recorded before the waits are collected, and a wait tracked after it (a thread
+//    that passed the failure check just before, or a scan that found the deadline while the host
+//    went on enqueueing) releases everything pending itself;
+//  - a word is written the highest value any pending wait polls it for, never less than it was
+//    released with before (Watchdog::released_), so that waits of one word on different streams
+//    (a group's ops on two caller streams: B waits for 1, A for 2, B for 3) all pass, whatever
+//    order the streams reach them in;
+//  - after the failure the watchdog stays on as a janitor: until every released wait has
+//    passed, it writes their words again every max_poll, since a peer that is slow, not dead,
+//    may still write a word back to an older value before the stream reaches the wait.
+// Sequence numbers on one word are close together, so "highest" is signal_reached's order.
+// NOTE [Counted waits end with the failure]
+// A counted wait (a replayed graph's: NOTE [Replay-safe signals]) runs where no watchdog can
+// follow it - the graph's events are not ours - and gives up by itself at its deadline, flagging
+// the peers it missed. Alone, each wait of a replay would wait its whole timeout for a rank that
+// never replays (k waits, k timeouts: hours for a decode graph), and abort() could not shorten
+// it. So each polls, besides its own word, two words of host memory the device keeps: the count
+// of give-ups, and a copy of the device's failure (FailureState::mirror_to, written by the CPU,
+// through no stream that could be blocked); it ends at once when either is set. The first
+// give-up thereby ends every later wait of the replay, and the host turns it into the device's
+// failure at its next check.
 class FailureState {
  public:
   // Records `why` unless a failure was recorded already; returns whether this call recorded it.
@@ -64,6 +85,9 @@ class FailureState {
   bool fail(const std::string& why, bool work_done = false);
   // Some op's wait was released after all (or enqueued after the failure): its Work must raise.
   void taint() { work_done_.store(false, std::memory_order_release); }
+  // Also stores 1 into `word` (host memory device-side waits poll: NOTE [Counted waits end with
+  // the failure]) when the failure is recorded. Set once, before the device's first wait.
+  void mirror_to(uint32_t* word) { mirror_ = word; }
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   std::string reason() const;
   // Raises "cuda_p2p <op>: <reason>" once failed (the test inline: on every op's path).
@@ -80,6 +104,7 @@ class FailureState {
   [[noreturn]] void raise(const char* op) const;
   std::atomic<bool> failed_{false};
   std::atomic<bool> work_done_{false};
+  uint32_t* mirror_ = nullptr;
   mutable std::mutex mu_;
   std::string reason_;
 };
@@ -97,10 +122,12 @@ class WatchedWait {
   virtual std::vector<int> given_up() = 0;
   // The peers whose signals have not arrived yet (asked once the deadline has passed).
   virtual std::vector<int> missing() = 0;
-  // Makes the stream pass the wait: writes the awaited values into the waiter's own pad from a
-  // stream that is not blocked (NOTE [Releasing blocked waits]). Called once, after the device
-  // failed, never concurrently with the other calls; must not throw.
-  virtual void release() = 0;
+  // The words the wait polls and the values it waits for (NOTE [Releasing blocked waits]).
+  virtual std::vector<SignalWait> awaited() const = 0;
+  // Writes `value` into `word`, one of awaited()'s, from a stream that is not blocked, so that
+  // the stream passes the wait (NOTE [Releasing blocked waits]). Called after the device failed,
+  // possibly again for the same word, never concurrently with the other calls; must not throw.
+  virtual void release(uint32_t* word, uint32_t value) = 0;
   // Identifies the stream the wait is on: the waits of one stream are reached, and finish, in the
   // order they were tracked, so only the oldest unfinished one can be at its deadline.
   virtual const void* stream() const = 0;
@@ -111,12 +138,15 @@ std::string describe_ranks(const std::vector<int>& ranks);
 
 class Watchdog {
  public:
+  // The default bound on how late a missed deadline is noticed (max_poll).
+  static constexpr Millis kDefaultMaxPoll{100};
   // `thread_init` runs first in the watchdog's thread (CUDA: select the device, relax the
   // thread's graph-capture mode). `max_poll` bounds how late a missed deadline is noticed.
   // `report` is told the failure once, when the watchdog records it (default: a warning on
   // stderr): a process blocked outside cuda_p2p (torch.cuda.synchronize(), .item()) behind the
   // stuck stream would otherwise hang without a word, since only cuda_p2p's own calls raise it.
-  Watchdog(FailureState& failure, std::function<void()> thread_init, Millis max_poll = Millis(100),
+  Watchdog(FailureState& failure, std::function<void()> thread_init,
+           Millis max_poll = kDefaultMaxPoll,
            std::function<void(const std::string&)> report = nullptr);
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
@@ -127,15 +157,19 @@ class Watchdog {
   // and the missing ranks, and every pending wait is released. Once the device failed, `wait` is
   // released at once instead (NOTE [Releasing blocked waits]).
   void track(std::unique_ptr<WatchedWait> wait, Millis timeout, std::string context);
-  // Waits not yet retired.
+  // Waits not yet retired (after the failure: released waits whose streams have not passed them).
   size_t pending() const;
+  // How long after a wait's deadline the watchdog may notice it (two scans): a host-side wait for
+  // a stream gives the device's own deadlines that much longer, so that they, naming the ranks,
+  // come first.
+  Millis notice() const { return 2 * max_poll_; }
   // One pass now, in the calling thread: after a stream was seen idle, so that a wait kernel's
   // give-up on that stream becomes the device's failure before the caller returns.
   void poll_now();
-  // Fails the device with `why` (unless it failed already), releases every pending wait and
-  // stops watching (abort()). Thread-safe. `work_done` (a shutdown that drained): the ops
-  // enqueued so far have run, so their Works stay successful, unless a wait was still pending
-  // after all (FailureState::taint).
+  // Fails the device with `why` (unless it failed already) and releases every pending wait (NOTE
+  // [Releasing blocked waits]); the watchdog goes on releasing them until they have passed.
+  // Thread-safe. `work_done` (a shutdown that drained): the ops enqueued so far have run, so their
+  // Works stay successful, unless a wait was still pending after all (FailureState::taint).
   void fail(const std::string& why, bool work_done = false);
   // Stops the thread and drops every pending wait without releasing it (the destructor, once
   // the device's streams are drained).
@@ -154,9 +188,10 @@ class Watchdog {
   // One pass over the FIFOs' heads; returns whether any wait retired or started. Called with
   // scan_mu_ held (never in_mu_: it queries the device).
   bool poll();
-  // Releases every pending wait, oldest first per stream, and forgets them; returns how many of
-  // them the stream had not passed yet. scan_mu_ held.
-  size_t release_all();
+  // NOTE [Releasing blocked waits]: releases every pending wait the stream has not passed, oldest
+  // first per stream, each word at the highest value awaited, and retires those passed; returns
+  // how many it released. scan_mu_ held.
+  size_t release_pending();
 
   FailureState& failure_;
   std::function<void()> thread_init_;
@@ -166,6 +201,8 @@ class Watchdog {
   // push: the scans, which query the device, never hold it.
   mutable std::mutex scan_mu_;
   std::list<std::pair<const void*, std::deque<Entry>>> fifos_;  // one per stream, in use order
+  // NOTE [Releasing blocked waits]: the value each word was last released with. scan_mu_.
+  std::map<const uint32_t*, uint32_t> released_;
   mutable std::mutex in_mu_;
   std::condition_variable cv_;
   std::vector<Entry> incoming_;

@@ -321,9 +321,8 @@ class CudaWatchedWait : public WatchedWait {
   }
   // NOTE [Releasing blocked waits]: each word is the waiter's own pad, written here from the
   // auxiliary stream; the blocked stream (or wait kernel) sees the awaited value and passes.
-  void release() override {
-    for (const auto& w : waits_) aux_.write(const_cast<uint32_t*>(w.addr), w.value);
-  }
+  std::vector<SignalWait> awaited() const override { return waits_; }
+  void release(uint32_t* word, uint32_t value) override { aux_.write(word, value); }
   const void* stream() const override { return stream_; }
 
   cudaEvent_t before = nullptr;
@@ -439,6 +438,8 @@ class CudaDevice : public Device {
     void* give_up_dev = nullptr;
     CUDA_P2P_CUDA_CHECK(cudaHostGetDevicePointer(&give_up_dev, give_up, 0));
     graph_give_up_dev_ = static_cast<cuda::GraphGiveUp*>(give_up_dev);
+    // NOTE [Counted waits end with the failure] in p2p_workspace/watchdog.hpp.
+    failure_.mirror_to(&graph_give_up_->failed);
     watchdog_ = std::make_unique<Watchdog>(failure_, [dev = index_] {
       (void)cudaSetDevice(dev);
       // Its event queries must not invalidate a graph another thread is capturing in the global
@@ -845,11 +846,13 @@ class CudaDevice : public Device {
   // Polls `query` (cudaStreamQuery / cudaEventQuery) with back-off until it succeeds; raises
   // the device's failure as soon as there is one, and, once done, the give-up of a wait kernel
   // that ran on the way (so that its stale data is never returned silently).
-  // NOTE [Group streams]: it gives up at the group's timeout, naming what it waited for.
+  // NOTE [Group streams]: it gives up at the group's timeout, naming what it waited for - after
+  // the watchdog's notice, so that a wait's own missed deadline, which names the ranks, comes
+  // first.
   template <typename Query>
   void poll_until(Query query, const char* op) {
     const Millis limit(timeout_ms_.load());
-    const auto deadline = std::chrono::steady_clock::now() + limit;
+    const auto deadline = std::chrono::steady_clock::now() + limit + watchdog_->notice();
     auto nap = std::chrono::microseconds(1);
     while (true) {
       const cudaError_t q = query();

@@ -58,6 +58,11 @@ __global__ void wait_counted_kernel(CountedKernelWaits waits, uint64_t timeout_n
   for (int i = 0; i < waits.count; ++i) {
     unsigned sleep_ns = 32;
     while (static_cast<int32_t>(load_acquire_sys(waits.addr[i]) - value[i]) < 0) {
+      // NOTE [Counted waits end with the failure] (p2p_workspace/watchdog.hpp).
+      if (*static_cast<volatile uint32_t*>(&give_up->gave_up) != 0 ||
+          *static_cast<volatile uint32_t*>(&give_up->failed) != 0) {
+        return;
+      }
       if (global_timer_ns() - start > timeout_ns) {
         for (int j = i; j < waits.count; ++j) {
           if (static_cast<int32_t>(load_acquire_sys(waits.addr[j]) - value[j]) < 0) {

@@ -57,10 +57,13 @@ struct CountedKernelWaits {
 // What a counted wait reports when it gives up under a graph (host-mapped pinned memory of the
 // device, allocated before any capture): the peers still missing, one bit per rank, and a count
 // of give-ups. The host turns it into the device's failure at its next check (NOTE [Device
-// failure]). Never reset: the device stays failed.
+// failure]). Never reset: the device stays failed. `failed` is the device's failure, written by
+// the host (FailureState::mirror_to); a counted wait ends at once when it or gave_up is set (NOTE
+// [Counted waits end with the failure] in p2p_workspace/watchdog.hpp).
 struct GraphGiveUp {
   uint32_t peer_bits[4];  // ranks 0..127
   uint32_t gave_up;
+  uint32_t failed;
 };
 
 // *counter += delta.
@@ -70,7 +73,8 @@ cudaError_t launch_write_counted(uint32_t* addr, const uint32_t* counter, uint32
                                  cudaStream_t stream);
 // Spins until every *addr[i] >= *counter[i] + offset[i] (sequence-number order) or `timeout_ns`
 // passes; then flags the missing peers in *give_up (a device pointer to host-mapped memory) and
-// returns, so that the stream goes on (its data stale; the host raises).
+// returns, so that the stream goes on (its data stale; the host raises). Returns at once, flagging
+// nothing, once give_up->gave_up or give_up->failed is set.
 cudaError_t launch_wait_counted(const CountedKernelWaits& waits, uint64_t timeout_ns,
                                 GraphGiveUp* give_up, cudaStream_t stream);
 

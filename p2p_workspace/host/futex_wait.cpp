@@ -113,6 +113,8 @@ bool poll_all(const std::vector<SignalWait>& waits, bool oversubscribed) {
   }
 }
 
+bool arrived(const SignalWait& w) { return reached(load_acquire(w.addr), w.value); }
+
 bool poll_briefly(c10::ArrayRef<SignalWait> waits, bool oversubscribed) {
   const auto arrived = [&] {
     for (const auto& w : waits) {

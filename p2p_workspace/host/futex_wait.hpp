@@ -53,6 +53,10 @@ void futex_sleep_any(const std::vector<SignalWait>& waits,
 // wakes the waiters (of any process) that may sleep on the word.
 void futex_store_and_wake(uint32_t* word, uint32_t value);
 
+// Whether `w`'s word has reached its value (an acquire load: the writer's earlier stores are
+// visible once it has).
+bool arrived(const SignalWait& w);
+
 // True when every wait is satisfied; after `deadline`, throws an error naming every peer still
 // missing (not only the first). Throws at once when the device failed (NOTE [Device failure]).
 bool check_waits(const std::vector<SignalWait>& waits,

@@ -10,11 +10,16 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <stdexcept>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "p2p_workspace/host/cross_memory.hpp"
 #include "p2p_workspace/host/futex_wait.hpp"
@@ -64,6 +69,81 @@ HostTask event_wait(HostStream& self, HostStream* other, uint64_t seq) {
   });
 }
 
+// NOTE [Host device with CUDA's semantics] in host_device.hpp: a signal wait as the watchdog sees
+// it - the count of its stream's tasks before the wait task. Its release writes a word as
+// CudaWatchedWait::release does from the auxiliary stream.
+class HostWatchedWait : public WatchedWait {
+ public:
+  HostWatchedWait(std::shared_ptr<HostStream> stream, uint64_t before,
+                  std::vector<SignalWait> waits)
+      : stream_(std::move(stream)), before_(before), waits_(std::move(waits)) {}
+  bool started() override { return stream_->done() >= before_; }
+  bool finished() override { return stream_->done() > before_; }
+  std::vector<int> given_up() override { return {}; }
+  std::vector<int> missing() override {
+    std::vector<int> peers;
+    for (const auto& w : waits_) {
+      if (!arrived(w)) peers.push_back(w.peer);
+    }
+    return peers;
+  }
+  std::vector<SignalWait> awaited() const override { return waits_; }
+  void release(uint32_t* word, uint32_t value) override { futex_store_and_wake(word, value); }
+  const void* stream() const override { return stream_.get(); }
+
+ private:
+  std::shared_ptr<HostStream> stream_;
+  uint64_t before_;
+  std::vector<SignalWait> waits_;
+};
+
+// The give-ups of counted waits (a replayed graph's wait kernels, NOTE [Replay-safe signals]) on
+// a device with CUDA's semantics: CudaDevice's GraphGiveUp. Shared with the tasks, which a
+// replay may run after the device is gone.
+struct GraphGiveUps {
+  std::atomic<uint32_t> count{0};
+  alignas(4) uint32_t failed = 0;  // the device's failure (FailureState::mirror_to)
+  std::mutex mu;
+  std::set<int> peers;
+  // NOTE [Counted waits end with the failure] in p2p_workspace/watchdog.hpp.
+  bool ended() const {
+    return count.load(std::memory_order_acquire) != 0 ||
+           std::atomic_ref<uint32_t>(const_cast<uint32_t&>(failed))
+                   .load(std::memory_order_acquire) != 0;
+  }
+  void record(const std::vector<SignalWait>& waits) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (const auto& w : waits) {
+        if (!arrived(w)) peers.insert(w.peer);
+      }
+    }
+    count.fetch_add(1, std::memory_order_release);
+  }
+};
+
+bool all_arrived(const std::vector<SignalWait>& waits) {
+  return std::all_of(waits.begin(), waits.end(), [](const SignalWait& w) { return arrived(w); });
+}
+
+// The blocking form of a CUDA-semantics wait (an executor thread's): polls until every word has
+// arrived or `ended()` holds (true), or `deadline` passes (false).
+bool block_until_arrived(const std::vector<SignalWait>& waits,
+                         std::optional<std::chrono::steady_clock::time_point> deadline,
+                         const std::function<bool()>& ended) {
+  while (!all_arrived(waits)) {
+    if (ended()) return true;
+    const auto now = std::chrono::steady_clock::now();
+    if (deadline && now >= *deadline) return false;
+    auto until = now + kMaxSleep;
+    if (deadline) until = std::min(until, *deadline);
+    for (const auto& w : waits) {
+      if (!futex_sleep_until(w.addr, w.value, until)) break;
+    }
+  }
+  return true;
+}
+
 // NOTE [Host capture]
 // The host device's stand-in for CUDA graph capture, so that CI runs what a replayed graph runs
 // (NOTE [Replay-safe signals] in p2p_workspace/symmetric_workspace.cpp). Between begin_capture
@@ -105,13 +185,28 @@ class HostDevice : public Device {
  public:
   // Until rendezvous says how many CPUs the ranks share (set_ranks_cpus), this process's own
   // affinity stands for all of them.
-  HostDevice(int processes, HostStreams mode)
+  HostDevice(int processes, HostStreams mode, HostSemantics semantics)
       : processes_(processes),
         oversubscribed_(processes > usable_cpus()),
         cooperative_(resolve_mode(mode) == HostStreams::kCooperative),
         scheduler_(cooperative_ ? std::make_shared<CooperativeScheduler>(oversubscribed_.load())
                                 : nullptr),
-        inline_stream_(std::make_shared<HostStream>(HostStream::Mode::kInline, false, nullptr)) {}
+        inline_stream_(std::make_shared<HostStream>(HostStream::Mode::kInline, false, nullptr)) {
+    failure_.mirror_to(&give_ups_->failed);  // NOTE [Counted waits end with the failure]
+    if (semantics == HostSemantics::kCuda) use_cuda_semantics();
+  }
+  ~HostDevice() override {
+    gone_->store(true, std::memory_order_release);  // CUDA-semantics waits still queued exit
+    watchdog_.reset();
+  }
+
+  // NOTE [Host device with CUDA's semantics] in host_device.hpp.
+  void use_cuda_semantics() {
+    if (cuda_.load(std::memory_order_acquire)) return;
+    watchdog_ = std::make_unique<Watchdog>(failure_, nullptr);
+    cuda_.store(true, std::memory_order_release);
+  }
+  bool host_synchronous() const override { return !cuda(); }
 
   std::string name() const override { return "cpu"; }
   at::Device tensor_device() const override { return at::Device(at::kCPU); }
@@ -133,27 +228,26 @@ class HostDevice : public Device {
 
   // One inline stream per device object: it carries no state but its counters. A thread that
   // chose another (set_current_stream) gets that one.
+  // With CUDA's semantics a thread without a stream of its choice gets a stream of its own, made
+  // on first use, as a CUDA thread gets its default stream.
   std::shared_ptr<Stream> current_stream() override {
-    if (!any_callers_.load(std::memory_order_acquire)) return inline_stream_;
+    if (!cuda() && !any_callers_.load(std::memory_order_acquire)) return inline_stream_;
     std::lock_guard<std::mutex> lock(streams_mu_);
     const auto self = std::this_thread::get_id();
     for (const auto& [thread, stream] : callers_) {
       if (thread == self) return stream;
     }
-    return inline_stream_;
+    if (!cuda()) return inline_stream_;
+    for (const auto& [thread, stream] : defaults_) {
+      if (thread == self) return stream;
+    }
+    auto s = make_stream_locked(false);
+    defaults_.emplace_back(self, s);
+    return s;
   }
   std::shared_ptr<Stream> new_stream(bool high_priority) override {
-    std::shared_ptr<HostStream> s;
-    if (!cooperative_) {
-      s = std::make_shared<HostStream>(HostStream::Mode::kThread, high_priority, nullptr);
-    } else {
-      s = std::make_shared<HostStream>(HostStream::Mode::kCooperative, high_priority, scheduler_);
-      scheduler_->add(s);
-    }
     std::lock_guard<std::mutex> lock(streams_mu_);
-    std::erase_if(streams_, [](const auto& w) { return w.expired(); });
-    streams_.push_back(s);
-    return s;
+    return make_stream_locked(high_priority);
   }
 
   void set_current_stream(std::shared_ptr<Stream> stream) {
@@ -191,7 +285,11 @@ class HostDevice : public Device {
   }
   void wait_counted(Stream& s, std::vector<CountedWait> counted, Millis timeout,
                     std::string context) override {
-    failure_.check(context.c_str());
+    if (cuda()) {
+      check_healthy(context.c_str());
+    } else {
+      failure_.check(context.c_str());
+    }
     if (counted.empty()) return;
     auto& h = as_host(s);
     // The values are read when the stream reaches the wait, then it is an ordinary wait.
@@ -203,6 +301,10 @@ class HostDevice : public Device {
       }
       return waits;
     };
+    if (cuda()) {
+      enqueue_cuda_counted_wait(s, std::move(resolve), timeout);
+      return;
+    }
     if (h.mode() == HostStream::Mode::kCooperative) {
       // `late` is shared by the copies a replay enqueues of a captured task: they run one after
       // another on the stream, and only the one at its head fills or reads it.
@@ -242,6 +344,11 @@ class HostDevice : public Device {
     failure_.check(context.c_str());
     auto& h = as_host(s);
     check_not_captured(h, "wait_signals (a sequence number; NOTE [Replay-safe signals])");
+    if (cuda()) {
+      if (waits.empty()) return;
+      enqueue_cuda_wait(h, std::move(waits), timeout, std::move(context));
+      return;
+    }
     if (h.mode() == HostStream::Mode::kCooperative) {
       // Tried by the scheduler until it holds; the timeout counts from the first try.
       std::optional<std::chrono::steady_clock::time_point> deadline;
@@ -319,20 +426,39 @@ class HostDevice : public Device {
   void synchronize(Stream& s) override {
     auto& h = as_host(s);
     check_not_captured(h, "synchronize");
+    if (cuda()) await_stream(h, h.enqueued(), "synchronize");
     h.wait_done(h.enqueued(), /*rethrow=*/true);
   }
 
   void synchronize(const Event& e) override {
     const auto* ev = dynamic_cast<const HostEvent*>(&e);
     TORCH_CHECK(ev, "cuda_p2p: a host device was given an event of another device");
+    if (cuda()) await_stream(*ev->stream, ev->seq, "synchronize");
     ev->stream->wait_done(ev->seq, /*rethrow=*/false);
     if (auto err = ev->stream->error()) std::rethrow_exception(err);
     failure_.check("synchronize");
   }
 
+  // With CUDA's semantics nothing runs unless someone waits: a query runs at most one task of the
+  // cooperative streams first, so that polling it makes progress.
+  bool query(const Event& e) override {
+    if (!cuda()) return true;
+    const auto* ev = dynamic_cast<const HostEvent*>(&e);
+    TORCH_CHECK(ev, "cuda_p2p: a host device was given an event of another device");
+    if (ev->stream->mode() == HostStream::Mode::kCooperative && ev->stream->done() < ev->seq) {
+      bool once = false;
+      scheduler_->drive([&] { return std::exchange(once, true); });
+    }
+    return ev->stream->done() >= ev->seq;
+  }
+
   // An op on the inline stream drains its streams before it returns (pipeline::end), so nothing
   // is in flight; one on a stream of set_current_stream may be, as on a GPU.
   void quiesce() override {
+    if (cuda()) {
+      for (auto& s : live_streams()) await_stream(*s, s->enqueued(), "quiesce");
+      return;
+    }
     if (!any_callers_.load(std::memory_order_acquire)) return;
     for (auto& s : live_streams()) {
       if (s->mode() == HostStream::Mode::kCooperative) {
@@ -410,16 +536,35 @@ class HostDevice : public Device {
   }
 
   // NOTE [Device failure]: every wait loop of this device checks failure_ on each pass (at most
-  // kMaxSleep apart) and raises.
-  void abort(const std::string& why) override { failure_.fail(why); }
+  // kMaxSleep apart) and raises. With CUDA's semantics the watchdog releases the waits instead.
+  void abort(const std::string& why) override {
+    if (cuda()) {
+      watchdog_->fail(why);
+    } else {
+      failure_.fail(why);
+    }
+  }
   // NOTE [Shutdown flushes] in backend/ProcessGroupCudaP2P.cpp.
   bool retire(const std::string& why, Millis limit) override {
     const bool drained = drain(limit);
-    failure_.fail(why, drained);
+    if (cuda()) {
+      watchdog_->fail(why, drained);
+    } else {
+      failure_.fail(why, drained);
+    }
     return drained;
   }
-  void check_healthy(const char* op) override { failure_.check(op); }
-  void check_work(const char* op) override { failure_.check_work(op); }
+  void check_healthy(const char* op) override {
+    if (cuda()) check_graph_give_up();
+    failure_.check(op);
+  }
+  void check_work(const char* op) override {
+    if (cuda()) check_graph_give_up();
+    failure_.check_work(op);
+  }
+  void set_timeout(Millis timeout) override {
+    timeout_ms_.store(timeout.count(), std::memory_order_relaxed);
+  }
   void set_ranks_cpus(int cpus) override {
     ranks_cpus_.store(cpus, std::memory_order_relaxed);
     const bool over = processes_ > std::max(1, cpus);
@@ -439,12 +584,136 @@ class HostDevice : public Device {
   const std::shared_ptr<CooperativeScheduler> scheduler_;
   std::shared_ptr<HostStream> inline_stream_;
   FailureState failure_;  // NOTE [Device failure]
+  // NOTE [Host device with CUDA's semantics] in host_device.hpp: set once, before any op.
+  std::atomic<bool> cuda_{false};
+  std::unique_ptr<Watchdog> watchdog_;  // with CUDA's semantics; destroyed before failure_
+  std::shared_ptr<GraphGiveUps> give_ups_ = std::make_shared<GraphGiveUps>();
+  // Set by the destructor: the CUDA-semantics waits still queued on streams that outlive the
+  // device pass (the streams would otherwise never drain: nobody releases them any more).
+  std::shared_ptr<std::atomic<bool>> gone_ = std::make_shared<std::atomic<bool>>(false);
+  std::atomic<int64_t> timeout_ms_{30 * 60 * 1000};  // set_timeout: the group's
   // The streams new_stream made (kept alive by their users), and the threads' chosen current
   // streams (set_current_stream); any_callers_ spares current_stream() the lock while none is.
   std::mutex streams_mu_;
   std::vector<std::weak_ptr<HostStream>> streams_;
   std::vector<std::pair<std::thread::id, std::shared_ptr<Stream>>> callers_;
   std::atomic<bool> any_callers_{false};
+  // With CUDA's semantics: each thread's own current stream (current_stream()).
+  std::vector<std::pair<std::thread::id, std::shared_ptr<Stream>>> defaults_;
+
+  bool cuda() const { return cuda_.load(std::memory_order_acquire); }
+
+  std::shared_ptr<HostStream> make_stream_locked(bool high_priority) {
+    std::shared_ptr<HostStream> s;
+    if (!cooperative_) {
+      s = std::make_shared<HostStream>(HostStream::Mode::kThread, high_priority, nullptr);
+    } else {
+      s = std::make_shared<HostStream>(HostStream::Mode::kCooperative, high_priority, scheduler_);
+      scheduler_->add(s);
+    }
+    std::erase_if(streams_, [](const auto& w) { return w.expired(); });
+    streams_.push_back(s);
+    return s;
+  }
+
+  // --- NOTE [Host device with CUDA's semantics] in host_device.hpp ---
+  // cuStreamWaitValue32: no deadline and no failure check of its own; the watchdog tracks it.
+  void enqueue_cuda_wait(HostStream& h, std::vector<SignalWait> waits, Millis timeout,
+                         std::string context) {
+    TORCH_CHECK(h.mode() != HostStream::Mode::kInline,
+                "cuda_p2p: a host device with CUDA's semantics waits on its inline stream");
+    const uint64_t before = h.enqueued();
+    if (h.mode() == HostStream::Mode::kCooperative) {
+      enqueue(h, HostTask::when(
+                     [waits, gone = gone_] {
+                       return gone->load(std::memory_order_acquire) || all_arrived(waits);
+                     },
+                     waits));
+    } else {
+      enqueue(h, HostTask::blocking([waits, gone = gone_] {
+                (void)block_until_arrived(waits, std::nullopt,
+                                          [&] { return gone->load(std::memory_order_acquire); });
+              }));
+    }
+    watchdog_->track(
+        std::make_unique<HostWatchedWait>(h.shared_from_this(), before, std::move(waits)), timeout,
+        std::move(context));
+  }
+  // A replayed graph's wait kernel: gives up at its own deadline, from when the stream reaches it,
+  // flags the peers it missed and lets the stream run on.
+  void enqueue_cuda_counted_wait(Stream& s, std::function<std::vector<SignalWait>()> resolve,
+                                 Millis timeout) {
+    auto& h = as_host(s);
+    TORCH_CHECK(h.mode() != HostStream::Mode::kInline,
+                "cuda_p2p: a host device with CUDA's semantics waits on its inline stream");
+    if (h.mode() == HostStream::Mode::kCooperative) {
+      auto late = std::make_shared<std::vector<SignalWait>>();  // as in wait_counted
+      HostTask t = HostTask::when(
+          [resolve, late, timeout, give_ups = give_ups_, gone = gone_,
+           deadline = std::optional<std::chrono::steady_clock::time_point>()]() mutable {
+            if (!deadline) {
+              *late = resolve();
+              deadline = std::chrono::steady_clock::now() + timeout;
+            }
+            if (gone->load(std::memory_order_acquire) || all_arrived(*late)) return true;
+            if (give_ups->ended()) return true;  // NOTE [Counted waits end with the failure]
+            if (std::chrono::steady_clock::now() < *deadline) return false;
+            give_ups->record(*late);
+            return true;
+          });
+      t.late_waits = late;
+      enqueue(s, std::move(t));
+      return;
+    }
+    enqueue(s, HostTask::blocking([resolve, timeout, give_ups = give_ups_, gone = gone_] {
+              const auto waits = resolve();
+              // NOTE [Counted waits end with the failure] in p2p_workspace/watchdog.hpp.
+              const auto ended = [&] {
+                return gone->load(std::memory_order_acquire) || give_ups->ended();
+              };
+              if (!block_until_arrived(waits, std::chrono::steady_clock::now() + timeout, ended)) {
+                give_ups->record(waits);
+              }
+            }));
+  }
+  // CudaDevice::check_graph_give_up: a counted wait that gave up fails the device for good.
+  void check_graph_give_up() {
+    if (give_ups_->count.load(std::memory_order_acquire) == 0) return;
+    std::vector<int> peers;
+    {
+      std::lock_guard<std::mutex> lock(give_ups_->mu);
+      peers.assign(give_ups_->peers.begin(), give_ups_->peers.end());
+    }
+    watchdog_->fail("a wait of a replayed graph timed out: " + describe_ranks(peers) +
+                    " never arrived (the graph's work went on with stale data; NOTE "
+                    "[Replay-safe signals])");
+  }
+  // CudaDevice::poll_until: until `h` has run `target` tasks; raises the device's failure as soon
+  // as there is one, and gives up at the group's timeout (after the watchdog's notice).
+  void await_stream(HostStream& h, uint64_t target, const char* op) {
+    const Millis limit(timeout_ms_.load(std::memory_order_relaxed));
+    const auto deadline = std::chrono::steady_clock::now() + limit + watchdog_->notice();
+    auto finished = [&] {
+      if (h.done() >= target) return true;
+      check_healthy(op);
+      TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "cuda_p2p ", op, " on ", name(),
+                  ": the stream did not finish within the group's timeout of ", limit.count(),
+                  " ms (work queued on it before this group's op - a long task, or a wait of "
+                  "another group - still holds it)");
+      return false;
+    };
+    if (h.mode() == HostStream::Mode::kCooperative) {
+      scheduler_->drive(finished);
+    } else {
+      auto nap = std::chrono::microseconds(1);
+      while (!finished()) {
+        std::this_thread::sleep_for(nap);
+        nap = std::min<std::chrono::microseconds>(nap * 2, std::chrono::microseconds(1000));
+      }
+    }
+    watchdog_->poll_now();
+    check_healthy(op);
+  }
 
   // NOTE [Host capture]
   struct Capture {
@@ -508,8 +777,15 @@ HostStreams parse_host_streams(const std::string& value, const std::string& what
                     value, "'");
 }
 
-std::shared_ptr<Device> make_host_device(int processes, HostStreams streams) {
-  return std::make_shared<host::HostDevice>(processes, streams);
+std::shared_ptr<Device> make_host_device(int processes, HostStreams streams,
+                                         HostSemantics semantics) {
+  return std::make_shared<host::HostDevice>(processes, streams, semantics);
+}
+
+void use_cuda_semantics(Device& device) {
+  auto* host = dynamic_cast<host::HostDevice*>(&device);
+  TORCH_CHECK(host, "cuda_p2p: use_cuda_semantics needs a host device, got ", device.name());
+  host->use_cuda_semantics();
 }
 
 void set_current_stream(Device& device, std::shared_ptr<Stream> stream) {

@@ -18,11 +18,41 @@ enum class HostStreams { kDefault, kCooperative, kThreads };
 // "auto" (kDefault), "cooperative" or "threads"; anything else is an error naming `what`.
 HostStreams parse_host_streams(const std::string& value, const std::string& what);
 
+// NOTE [Host device with CUDA's semantics]
+// The host device's ops complete before they return and its waits raise into their streams, so
+// the protocol code's CUDA branches and CUDA's failure behaviour would never run in CI. With
+// HostSemantics::kCuda (tests only; tests/cpp/harness.hpp) the host device behaves as the CUDA
+// device does, on host memory and host streams:
+//  - the caller's current stream is a host stream of its thread's own (made on first use),
+//    never the inline one: an op returns with its work queued (cooperative streams run it only
+//    when someone waits: the host runs ahead as far as it can), and host_synchronous() is false,
+//    so the ops take their CUDA branches (an op signature is compared in stream order and a
+//    disagreement recorded for the next op, NOTE [Op signatures]);
+//  - a signal wait is cuStreamWaitValue32: it polls its words with no deadline and never looks
+//    at the device's failure; a Watchdog (p2p_workspace/watchdog.hpp) tracks it, fails the
+//    device at its deadline and releases it by writing the awaited values into the words (NOTE
+//    [Releasing blocked waits]); a released wait raises nothing into its stream, which runs on;
+//  - a counted wait is the wait kernel of a replayed graph: it gives up at its own deadline,
+//    counted from when the stream reaches it, flags the peers it missed, and its stream runs on;
+//    check_healthy and synchronize turn the flag into the device's failure;
+//  - synchronize, quiesce and Work.wait poll with the group's timeout (set_timeout) and raise the
+//    device's failure as soon as there is one, as CudaDevice::poll_until does.
+// Host tasks, copies, launches and events are the host's: a closure still runs on the host, in
+// stream order, so ops whose closures refer to their locals (the fused pipelines: NOTE [Host ops
+// return complete] in ops/pipeline_common.hpp) still wait for their own streams.
+enum class HostSemantics { kSynchronous, kCuda };
+
 // `processes`: how many ranks of this host share its CPUs through this device's signals (0:
 // unknown); waits poll with PAUSE only while they fit the CPUs (NOTE [Host waits on shared
 // cores] in host/futex_wait.cpp).
 std::shared_ptr<Device> make_host_device(int processes = 0,
-                                         HostStreams streams = HostStreams::kDefault);
+                                         HostStreams streams = HostStreams::kDefault,
+                                         HostSemantics semantics = HostSemantics::kSynchronous);
+
+// Gives `device` (a host device on which no op has run yet, e.g. the one a group made at its
+// creation) CUDA's semantics: NOTE [Host device with CUDA's semantics]. For tests that reach the
+// device through the backend.
+void use_cuda_semantics(Device& device);
 
 // Makes `stream` (a stream `device`, a host device, created with new_stream) the calling thread's
 // current stream on `device`, as torch.cuda.set_stream does on a GPU; null restores the inline

@@ -158,9 +158,23 @@ int gpu_count() {
 #endif
 }
 
+bool cuda_semantics() {
+  const char* v = std::getenv("CUDA_P2P_TEST_SEMANTICS");
+  const std::string value = v ? v : "";
+  if (value.empty() || value == "synchronous") return false;
+  if (value == "cuda") return true;
+  throw std::runtime_error(
+      "harness: CUDA_P2P_TEST_SEMANTICS must be 'synchronous' or 'cuda', got '" + value + "'");
+}
+
 std::shared_ptr<Device> test_host_device(int processes) {
   Options options;  // host_streams "auto": the environment decides, as for a group
-  return make_host_device(processes, resolve_config(options, 1).host_streams);
+  return make_host_device(processes, resolve_config(options, 1).host_streams,
+                          cuda_semantics() ? HostSemantics::kCuda : HostSemantics::kSynchronous);
+}
+
+void apply_test_semantics(Device& device) {
+  if (cuda_semantics()) use_cuda_semantics(device);
 }
 
 }  // namespace cuda_p2p::test

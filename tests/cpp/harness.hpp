@@ -32,9 +32,19 @@ void store_barrier(const std::string& tag);
 // GPUs this process can use (0 without CUDA support or a driver): GPU tests skip on 0.
 int gpu_count();
 
+// Whether this run gives the host devices CUDA's semantics (NOTE [Host device with CUDA's
+// semantics] in p2p_workspace/host/host_device.hpp): CUDA_P2P_TEST_SEMANTICS=cuda, which ctest
+// sets for a second instantiation of the suites that drive the protocols
+// (tests/cpp/CMakeLists.txt). A test whose expectations differ there (an op returns before its work
+// has run; a disagreement or a failure is raised by a later call) asks this.
+bool cuda_semantics();
+
 // A host device for `processes` ranks whose streams run as CUDA_P2P_HOST_STREAMS says (ctest runs
-// some binaries once more with "threads"), resolved by the backend's own configuration rules.
+// some binaries once more with "threads"), resolved by the backend's own configuration rules, with
+// CUDA's semantics when cuda_semantics().
 std::shared_ptr<Device> test_host_device(int processes = 0);
+// Gives a device a group made (before its first op) CUDA's semantics when cuda_semantics().
+void apply_test_semantics(Device& device);
 
 // Float32 integers in [lo, hi] drawn from `seed`: every rank draws a peer's input alike, and their
 // sums are exact in float32 whatever the order.

@@ -32,9 +32,18 @@ c10::intrusive_ptr<ProcessGroupCudaP2P> make_group(int64_t buffer_size, Millis t
   options->buffer_size = buffer_size;
   options->timeout = timeout;
   const auto& w = world();
-  return c10::make_intrusive<ProcessGroupCudaP2P>(test_store(), w.rank, w.size, options,
-                                                  c10::make_intrusive<Unreachable>(w.rank, w.size),
-                                                  nullptr);
+  auto pg = c10::make_intrusive<ProcessGroupCudaP2P>(
+      test_store(), w.rank, w.size, options, c10::make_intrusive<Unreachable>(w.rank, w.size),
+      nullptr);
+  if (pg->workspace() != nullptr) apply_test_semantics(pg->workspace()->device());
+  return pg;
+}
+
+// Waits until the calling thread's current stream of `pg`'s device has run what was enqueued on it
+// (with CUDA's semantics an op returns with its work queued: cuda_semantics()).
+void settle(ProcessGroupCudaP2P& pg) {
+  Device& dev = pg.workspace()->device();
+  dev.synchronize(*dev.current_stream());
 }
 
 // One op issued on a caller stream, and what it must produce once that stream has run.
@@ -127,6 +136,7 @@ TEST(OpOrder, OpsIssuedOnTwoCallerStreamsAlternatelyRunInIssueOrder) {
   }
   // An op on the inline stream after them waits for them too.
   auto last = issue(*pg, kOps, keep);
+  settle(*pg);
   EXPECT_TRUE(at::equal(last.got, last.want)) << last.what;
 }
 
@@ -136,7 +146,9 @@ TEST(OpOrder, TeardownWithWorkStillQueuedDrainsBeforeReleasingTheBlocks) {
   // destroyed. Without the drain the mappings are unmapped under the pull (a crash), and a peer
   // may free its block first.
   const int W = world().size, me = world().rank;
-  auto dev = make_host_device(W, HostStreams::kThreads);
+  auto dev =
+      make_host_device(W, HostStreams::kThreads,
+                       cuda_semantics() ? HostSemantics::kCuda : HostSemantics::kSynchronous);
   auto stream = dev->new_stream(false);
   auto got = at::zeros({W, 64}, at::kInt);
   {
@@ -163,16 +175,25 @@ TEST(OpOrder, AFailureInOneGroupLeavesAnotherGroupWorking) {
   // group B, on its own device object and streams, keeps running checked ops.
   const int W = world().size;
   if (W < 2) GTEST_SKIP() << "needs 2 ranks";
+  // Outlives group A, whose released stream may still run the failed op at its teardown.
+  std::vector<at::Tensor> t{at::ones({16})};
   auto a = make_group(1 << 14, std::chrono::milliseconds(1500));
   auto b = make_group(1 << 14, std::chrono::seconds(60));
   std::vector<at::Tensor> keep;
   if (world().rank != W - 1) {
-    std::vector<at::Tensor> t{at::ones({16})};
-    expect_error([&] { a->allreduce(t, c10d::AllreduceOptions()); }, "never arrived");
+    // With CUDA's semantics the op returns enqueued; its failure reaches the host at its next
+    // check, here the stream's synchronize; the next op raises it at once.
+    expect_error(
+        [&] {
+          a->allreduce(t, c10d::AllreduceOptions());
+          settle(*a);
+        },
+        "never arrived");
     expect_error([&] { a->allreduce(t, c10d::AllreduceOptions()); }, "never arrived");
   }
   for (int i = 0; i < 8; ++i) {
     auto op = issue(*b, i, keep);
+    settle(*b);
     EXPECT_TRUE(at::equal(op.got, op.want)) << op.what;
   }
   store_barrier("after-failure");

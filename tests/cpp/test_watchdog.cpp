@@ -13,8 +13,12 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// A wait whose progress the test scripts.
+// A wait whose progress the test scripts. It polls one word of its own (unless it is given
+// another) for `value`.
 struct Script {
+  alignas(4) uint32_t own_word = 0;
+  uint32_t* word = &own_word;
+  uint32_t value = 1;
   std::atomic<bool> started{false};
   std::atomic<bool> finished{false};
   std::vector<int> given_up;  // set before `finished`
@@ -40,11 +44,15 @@ class ScriptedWait : public WatchedWait {
     ++s_->missing_calls;
     return s_->missing;
   }
-  void release() override {
+  std::vector<SignalWait> awaited() const override { return {{s_->word, s_->value, 1}}; }
+  // The stream passes once its word has reached the value.
+  void release(uint32_t* word, uint32_t value) override {
+    EXPECT_EQ(word, s_->word);
+    std::atomic_ref<uint32_t>(*word).store(value);
     s_->release_order = release_clock++;
     ++s_->releases;
     s_->started = true;
-    s_->finished = true;
+    if (signal_reached(value, s_->value)) s_->finished = true;
   }
   const void* stream() const override { return stream_; }
 
@@ -162,6 +170,60 @@ TEST(Watchdog, AMissedDeadlineReleasesEveryPendingWaitOldestFirstPerStream) {
       }
     }
   }
+  EXPECT_EQ(dog.pending(), 0u);
+}
+
+TEST(Watchdog, AWaitTrackedWhileTheScanReadsTheBlockedWordsIsReleasedToo) {
+  // Issue 48, finding 1a: the scan that finds a missed deadline reads the blocked words
+  // (missing(): on CUDA a copy that may take up to a second), and the host, running ahead of its
+  // streams, tracks more waits meanwhile. Those must be released with the rest.
+  FailureState failure;
+  Watchdog dog(failure, nullptr, 5ms, [](const std::string&) {});
+  struct SlowRead : ScriptedWait {
+    using ScriptedWait::ScriptedWait;
+    std::vector<int> missing() override {
+      auto peers = ScriptedWait::missing();
+      std::this_thread::sleep_for(300ms);
+      return peers;
+    }
+  };
+  auto stuck = std::make_shared<Script>();
+  stuck->started = true;
+  dog.track(std::make_unique<SlowRead>(stuck, &kStreamA), 30ms, "stuck");
+  ASSERT_TRUE(eventually([&] { return stuck->missing_calls.load() > 0; }));
+  auto late = std::make_shared<Script>();
+  dog.track(std::make_unique<ScriptedWait>(late, &kStreamB), 60s, "tracked during the scan");
+  ASSERT_TRUE(eventually([&] { return failure.failed(); }));
+  EXPECT_EQ(stuck->releases.load(), 1);
+  EXPECT_TRUE(eventually([&] { return late->releases.load() == 1; }, 2000ms))
+      << "a wait tracked while the scan read the words was never released";
+}
+
+TEST(Watchdog, EveryWordIsReleasedAtTheHighestValueAnyPendingWaitAwaits) {
+  // NOTE [Releasing blocked waits]: one group's ops on two caller streams, all polling one word:
+  // B waits for 1, A for 2, B for 3. Released stream by stream, the word would end at 2.
+  FailureState failure;
+  Watchdog dog(failure, nullptr, 10ms, [](const std::string&) {});
+  alignas(4) uint32_t word = 0;
+  std::vector<std::shared_ptr<Script>> scripts;
+  const std::vector<std::pair<const void*, uint32_t>> order = {
+      {&kStreamB, 1}, {&kStreamA, 2}, {&kStreamB, 3}};
+  for (const auto& [stream, value] : order) {
+    scripts.push_back(std::make_shared<Script>());
+    scripts.back()->word = &word;
+    scripts.back()->value = value;
+    dog.track(std::make_unique<ScriptedWait>(scripts.back(), stream), 60s, "op");
+  }
+  dog.fail("aborted by the test");
+  EXPECT_EQ(word, 3u);
+  for (const auto& s : scripts) EXPECT_TRUE(s->finished.load());
+  // A wait tracked later for an older value leaves the word where it is.
+  auto late = std::make_shared<Script>();
+  late->word = &word;
+  late->value = 2;
+  dog.track(std::make_unique<ScriptedWait>(late, &kStreamA), 60s, "late");
+  EXPECT_EQ(word, 3u);
+  EXPECT_TRUE(late->finished.load());
   EXPECT_EQ(dog.pending(), 0u);
 }
 

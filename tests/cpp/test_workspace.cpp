@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -25,6 +26,14 @@ std::unique_ptr<SymmetricWorkspace> make_workspace(int64_t buffer_size = 1 << 16
   o.timeout = timeout;
   return std::make_unique<SymmetricWorkspace>(test_store(), world().rank, world().size,
                                               test_host_device(), o);
+}
+
+// A barrier the caller has passed when this returns: with CUDA's semantics (cuda_semantics()) a
+// barrier is only enqueued on the caller's stream, so the host then waits for it.
+void barrier_now(SymmetricWorkspace& ws, Stream& s, int channel,
+                 std::optional<Millis> timeout = {}) {
+  ws.barrier(s, channel, timeout);
+  ws.device().synchronize(s);
 }
 
 std::set<std::string> dev_shm_entries() {
@@ -52,7 +61,7 @@ TEST(Workspace, EveryRankReadsEveryPeersBuffer) {
   auto mine = ws->get_buffer(w.rank, {1000}, at::kInt);
   mine.copy_(at::arange(1000, at::kInt) + 1000 * w.rank);
   auto s = ws->device().current_stream();
-  ws->barrier(*s, 0);
+  barrier_now(*ws, *s, 0);
   for (int r = 0; r < w.size; ++r) {
     auto peer = ws->get_buffer(r, {1000}, at::kInt);
     EXPECT_TRUE(peer.equal(at::arange(1000, at::kInt) + 1000 * r)) << "rank " << r;
@@ -61,7 +70,7 @@ TEST(Workspace, EveryRankReadsEveryPeersBuffer) {
     EXPECT_EQ(tail.storage_offset(), 990);
     EXPECT_EQ(tail[9].item<int>(), 999 + 1000 * r);
   }
-  ws->barrier(*s, 0);  // nobody overwrites while others still read
+  barrier_now(*ws, *s, 0);  // nobody overwrites while others still read
 }
 
 TEST(Workspace, PutWaitHandshakesOnSeveralChannels) {
@@ -77,6 +86,7 @@ TEST(Workspace, PutWaitHandshakesOnSeveralChannels) {
       mine[ch].fill_(round * 100 + ch);
       ws->put_signal(*s, right, ch);  // "my slot ch holds round's value"
       ws->wait_signal(*s, left, ch);
+      ws->device().synchronize(*s);
       EXPECT_EQ(ws->get_buffer(left, {ws->num_channels()}, at::kLong)[ch].item<int64_t>(),
                 round * 100 + ch);
       ws->put_signal(*s, left, ch);    // "I have read it"
@@ -126,7 +136,7 @@ TEST(Workspace, StreamsCopyFromPeersAndJoinThroughEvents) {
   auto& dev = ws->device();
   auto main = dev.current_stream();
   ws->get_buffer(w.rank, {64}, at::kFloat).fill_(static_cast<float>(w.rank));
-  ws->barrier(*main, 0);
+  barrier_now(*ws, *main, 0);
   auto s1 = dev.new_stream(false), s2 = dev.new_stream(true);
   auto gathered = at::zeros({w.size, 64});
   for (int r = 0; r < w.size; ++r) {
@@ -140,7 +150,7 @@ TEST(Workspace, StreamsCopyFromPeersAndJoinThroughEvents) {
   dev.synchronize(*s2);
   EXPECT_TRUE(sum.equal(at::arange(w.size, at::kFloat) * 64)) << sum;
   dev.wait_event(*main, *dev.record(*s1));  // joins the caller's stream too
-  ws->barrier(*main, 0);
+  barrier_now(*ws, *main, 0);
 }
 
 TEST(Workspace, ARankThatNeverArrivesIsNamed) {
@@ -152,17 +162,34 @@ TEST(Workspace, ARankThatNeverArrivesIsNamed) {
   const int absent = w.size - 1;
   if (w.rank != absent) {
     const auto start = std::chrono::steady_clock::now();
-    expect_error([&] { ws->barrier(*s, 0, Millis(300)); },
+    expect_error([&] { barrier_now(*ws, *s, 0, Millis(300)); },
                  "rank " + std::to_string(absent) + " never arrived");
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
   }
   store_barrier("after-timeout");
+  if (cuda_semantics()) {
+    // On CUDA a missed deadline fails the device for good (NOTE [Device failure]): the ranks
+    // that waited raise it at their next op, and the late rank's barrier finds their signals.
+    if (w.rank == absent) {
+      barrier_now(*ws, *s, 0);
+    } else {
+      expect_error([&] { barrier_now(*ws, *s, 0); }, "never arrived");
+    }
+    // Waiting for several ranks names all of them, on a new group.
+    auto fresh = make_workspace();
+    if (w.size >= 3 && w.rank == 0) {
+      expect_error([&] { barrier_now(*fresh, *fresh->device().current_stream(), 3, Millis(200)); },
+                   "ranks 1, 2");
+    }
+    store_barrier("named");
+    return;
+  }
   // The late rank's barrier completes the one the others gave up on; the group is in step again.
-  if (w.rank == absent) ws->barrier(*s, 0);
-  ws->barrier(*s, 0, Millis(30000));
+  if (w.rank == absent) barrier_now(*ws, *s, 0);
+  barrier_now(*ws, *s, 0, Millis(30000));
   // Waiting for several ranks names all of them.
   if (w.size >= 3 && w.rank == 0) {
-    expect_error([&] { ws->barrier(*s, 3, Millis(200)); }, "ranks 1, 2");
+    expect_error([&] { barrier_now(*ws, *s, 3, Millis(200)); }, "ranks 1, 2");
   }
 }
 
@@ -180,7 +207,7 @@ TEST(Workspace, SimulatedTwoHostsTurnTheWorkspaceOff) {
   EXPECT_EQ(ws->buffer_size(), 0);
   expect_error([&] { ws->get_buffer(0, {1}, at::kFloat); }, "unavailable");
   auto s = ws->device().current_stream();
-  expect_error([&] { ws->barrier(*s, 0); }, "span hosts");
+  expect_error([&] { barrier_now(*ws, *s, 0); }, "span hosts");
 }
 
 TEST(Workspace, SegmentsArePrivateAndLeaveNothingBehind) {
@@ -199,7 +226,7 @@ TEST(Workspace, SegmentsArePrivateAndLeaveNothingBehind) {
     struct stat st{};
     ASSERT_EQ(fstat(dynamic_cast<host::HostBlock&>(*block).fd(), &st), 0);
     EXPECT_EQ(st.st_mode & 0777, 0600u);
-    ws->barrier(*ws->device().current_stream(), 0);
+    barrier_now(*ws, *ws->device().current_stream(), 0);
   }
   EXPECT_EQ(count_memfd_mappings(), before_maps);
   store_barrier("released");
@@ -218,11 +245,11 @@ TEST(Workspace, GrowsCollectivelyAndOldTensorsStayValid) {
   auto big = ws->get_buffer(w.rank, {want / 4}, at::kFloat);
   big.fill_(static_cast<float>(w.rank));
   auto s = ws->device().current_stream();
-  ws->barrier(*s, 0);
+  barrier_now(*ws, *s, 0);
   for (int r = 0; r < w.size; ++r) {
     EXPECT_EQ(ws->get_buffer(r, {want / 4}, at::kFloat)[want / 4 - 1].item<float>(), r);
   }
-  ws->barrier(*s, 0);
+  barrier_now(*ws, *s, 0);
   // Asking for less changes nothing.
   ws->ensure_min_buffer_size(16);
   EXPECT_EQ(ws->buffer_size(), want);
@@ -235,14 +262,14 @@ TEST(Workspace, TwoWorkspacesInOneProcessAreSeparate) {
   EXPECT_NE(a->buffer(w.rank), b->buffer(w.rank));
   a->get_buffer(w.rank, {1}, at::kInt).fill_(1);
   b->get_buffer(w.rank, {1}, at::kInt).fill_(2);
-  a->barrier(*a->device().current_stream(), 0);
-  b->barrier(*b->device().current_stream(), 0);
+  barrier_now(*a, *a->device().current_stream(), 0);
+  barrier_now(*b, *b->device().current_stream(), 0);
   for (int r = 0; r < w.size; ++r) {
     EXPECT_EQ(a->get_buffer(r, {1}, at::kInt).item<int>(), 1);
     EXPECT_EQ(b->get_buffer(r, {1}, at::kInt).item<int>(), 2);
   }
-  a->barrier(*a->device().current_stream(), 0);
-  b->barrier(*b->device().current_stream(), 0);
+  barrier_now(*a, *a->device().current_stream(), 0);
+  barrier_now(*b, *b->device().current_stream(), 0);
 }
 
 TEST(Workspace, BadArgumentsSayWhatFits) {
@@ -269,7 +296,7 @@ TEST(Workspace, BadArgumentsSayWhatFits) {
   bad.buffer_size = 0;
   expect_error([&] { SymmetricWorkspace(test_store(), w.rank, w.size, test_host_device(), bad); },
                "buffer_size must be positive");
-  ws->barrier(*s, 0);
+  barrier_now(*ws, *s, 0);
 }
 
 // NOTE [Private-read probe]: every rank reads every peer's private memory, through both forms of
@@ -287,19 +314,21 @@ TEST(Workspace, ReadsPeersPrivateMemory) {
   auto header = ws->get_buffer(w.rank, {1}, at::kLong);
   header.fill_(static_cast<int64_t>(reinterpret_cast<uintptr_t>(mine.data())));
   auto s = ws->device().current_stream();
-  ws->barrier(*s, 0);
+  barrier_now(*ws, *s, 0);
   for (int r = 0; r < w.size; ++r) {
     const auto* word = static_cast<const uint64_t*>(ws->buffer(r));
     std::vector<int32_t> got(100);
     ws->read_peer_private(*s, got.data(), r, word, 4 * 1000, got.size() * 4);
+    ws->device().synchronize(*s);
     for (size_t i = 0; i < got.size(); ++i) {
       ASSERT_EQ(got[i], static_cast<int32_t>((1000 + i) * 7 + 1000 * r)) << "rank " << r;
     }
     std::vector<int32_t> all(mine.size());
     ws->read_peer_private(*s, all.data(), r, reinterpret_cast<const void*>(*word), all.size() * 4);
+    ws->device().synchronize(*s);
     EXPECT_EQ(all.back(), static_cast<int32_t>((mine.size() - 1) * 7 + 1000 * r));
   }
-  ws->barrier(*s, 0);  // mine outlives every peer's reads
+  barrier_now(*ws, *s, 0);  // mine outlives every peer's reads
 }
 
 TEST(Workspace, PrivateReadsTurnedOffOrDeniedOnOneRankAreOffEverywhere) {
@@ -354,7 +383,7 @@ TEST(Workspace, AbortFromAnotherThreadUnblocksAPendingWait) {
       const auto start = std::chrono::steady_clock::now();
       expect_error(
           [&] {
-            ws->barrier(*s, 0);
+            barrier_now(*ws, *s, 0);
             dev.synchronize(*s);
           },
           "aborted by the test");
@@ -378,7 +407,7 @@ TEST(Workspace, OldBlocksAreFreedOnlyOnceEveryPeerClosedThem) {
   auto ws = make_workspace(4096);
   ASSERT_TRUE(ws->available());
   ws->get_buffer(w.rank, {4}, at::kInt).fill_(100 + w.rank);
-  ws->barrier(*ws->device().current_stream(), 0);
+  barrier_now(*ws, *ws->device().current_stream(), 0);
   at::Tensor held;
   if (w.rank == holder) held = ws->get_buffer(0, {4}, at::kInt);  // rank 0's generation-1 block
   ws->grow_to(8192);  // generation 2: every rank retires its generation-1 block
@@ -393,7 +422,7 @@ TEST(Workspace, OldBlocksAreFreedOnlyOnceEveryPeerClosedThem) {
   store_barrier("released");
   ws->grow_to(32768);  // generation 4: generations 1 and 2 are closed everywhere and freed
   EXPECT_EQ(ws->retired_blocks(), 1u);  // generation 3, freed by the next rendezvous or at exit
-  ws->barrier(*ws->device().current_stream(), 0);
+  barrier_now(*ws, *ws->device().current_stream(), 0);
 }
 
 // A workspace destroyed while a peer still maps its block waits a bounded time, then leaks the
