@@ -92,6 +92,31 @@ def test_switches_and_environment_variable():
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
 
 
+def test_pass_uuid_changes_with_every_source_file(tmp_path):
+    """The FX-cache key's source hash covers every file of the pass and the autograd formulas: a
+    change to any one of them (in a copy of the installed package) changes it."""
+    import pathlib
+    import shutil
+
+    from cuda_p2p._async_tp import install
+
+    installed = pathlib.Path(install.__file__).parent
+    copy = tmp_path / "cuda_p2p" / "_async_tp"
+    shutil.copytree(installed, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(installed.parent / "_autograd.py", copy.parent / "_autograd.py")
+    base = install._source_hash(str(copy))
+    assert base == install._source_hash()
+    files = sorted(copy.glob("*.py")) + [copy.parent / "_autograd.py"]
+    assert {"__init__.py", "match.py", "fuse.py", "report.py", "install.py",
+            "_autograd.py"} <= {f.name for f in files}, files
+    for f in files:
+        text = f.read_text()
+        f.write_text(text + "\n# changed\n")
+        assert install._source_hash(str(copy)) != base, f"{f.name} is not part of the hash"
+        f.write_text(text)
+    assert install._source_hash(str(copy)) == base
+
+
 def test_several_passes_become_one_chain_where_inductor_takes_no_list(monkeypatch):
     """NOTE [One post-grad pass on older torch]: the path torch 2.11 takes, run here on any torch
     by making the pass believe lists are not taken."""

@@ -22,12 +22,12 @@ from .report import GraphReport, log
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
-def _source_hash() -> str:
+def _source_hash(package_dir: str = _PACKAGE_DIR) -> str:
     """Every source that decides the rewrite: this package's files, and the fused ops' autograd
     formulas (the backward graphs the pass sees)."""
-    names = sorted(f for f in os.listdir(_PACKAGE_DIR) if f.endswith(".py"))
-    paths = [os.path.join(_PACKAGE_DIR, f) for f in names]
-    paths.append(os.path.join(os.path.dirname(_PACKAGE_DIR), "_autograd.py"))
+    names = sorted(f for f in os.listdir(package_dir) if f.endswith(".py"))
+    paths = [os.path.join(package_dir, f) for f in names]
+    paths.append(os.path.join(os.path.dirname(package_dir), "_autograd.py"))
     h = hashlib.sha256()
     for path in paths:
         h.update(os.path.basename(path).encode() + b"\0")

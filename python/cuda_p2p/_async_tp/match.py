@@ -160,11 +160,13 @@ def match_gather(ag: torch.fx.Node) -> tuple[Optional[Gather], str]:
 class Consumer:
     """``res @ B`` found among res's users: mm, addmm, or view -> mm / addmm [-> view]."""
 
-    out: Optional[torch.fx.Node]  # what the fused output replaces (None: mm's users read mm)
+    # What the fused output replaces: the matmul, or the view of its product back to N-D (None:
+    # no such view; the 2-D product's users then read a view of the output).
+    out: Optional[torch.fx.Node]
     B: Any
     bias: Any = None
     pre: Optional[torch.fx.Node] = None  # the view of res as a matrix, if any
-    mm: Optional[torch.fx.Node] = None
+    mm: Optional[torch.fx.Node] = None  # the mm / addmm / _scaled_mm
     scaled: Optional[tuple] = None  # (scale_a, scale_b, out_dtype) of a _scaled_mm
 
 
