@@ -42,7 +42,8 @@ Output: a table on stdout, JSON (--json) and a PNG plot (--plot).
     .venv/bin/python bench/bench_collectives.py                  # 2 and 4 ranks, short size list
     .venv/bin/python bench/bench_collectives.py --world-sizes 4
     .venv/bin/python bench/bench_collectives.py --full           # 8 B .. 64 MiB, powers of 2
-    .venv/bin/python bench/bench_collectives.py --env CUDA_P2P_SOME_KNOB=1 --pg-option buffer_size=1048576
+    .venv/bin/python bench/bench_collectives.py --env CUDA_P2P_SOME_KNOB=1 \
+        --pg-option buffer_size=1048576
     .venv/bin/python bench/bench_collectives.py --full --algos --world-sizes 2 4   # thresholds
     .venv/bin/python bench/bench_collectives.py --hosts 2 --world-sizes 4   # hierarchical vs flat
     .venv/bin/python bench/bench_collectives.py --hosts 2 --world-sizes 4 --collectives all_reduce \
@@ -69,9 +70,9 @@ import time
 import warnings
 from pathlib import Path
 
-from _common import CorePlacementProbe, free_port, host_workspace
-
 import torch
+
+from _common import CorePlacementProbe, free_port, host_workspace
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -103,9 +104,10 @@ COUNTER = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
 # (batch_isend_irecv, waited for), as a pipeline's stages hand activations on.
 COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast",
                "all_to_all_single", "reduce", "send_recv")
-# NCCL-tests bus bandwidth factors (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md);
-# the message size is the all-reduce/broadcast buffer, the all-gather output, the reduce-scatter input,
-# the all-to-all's input (= its output: numel / n elements to every rank).
+# NCCL-tests bus bandwidth factors
+# (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md); the message size is the
+# all-reduce/broadcast buffer, the all-gather output, the reduce-scatter input, the all-to-all's
+# input (= its output: numel / n elements to every rank).
 BUSBW_FACTOR = {
     "all_reduce": lambda n: 2.0 * (n - 1) / n,
     "all_gather_into_tensor": lambda n: (n - 1) / n,
@@ -601,6 +603,7 @@ def rank_main(rank: int, cfg: dict) -> None:
     step("import cuda_p2p")
     os.environ.update(cfg["env"])  # also inherited at spawn; set again before the import
     import torch.distributed as dist
+
     import cuda_p2p
 
     n = cfg["world_size"]
@@ -995,7 +998,8 @@ def print_table(run: dict, memcpy: dict, dtype: str) -> None:
     st = run.get("backend_state", {})
     if "is_p2p_available" in st:
         ws = (f"available, {fmt_size(st.get('get_buffer_size', 0))} buffer per rank"
-              if st["is_p2p_available"] else f"unavailable ({st.get('p2p_unavailable_reason', '')})")
+              if st["is_p2p_available"]
+              else f"unavailable ({st.get('p2p_unavailable_reason', '')})")
         print(f"cuda_p2p workspace: {ws}")
     if st.get("hierarchy"):
         print(f"cuda_p2p hierarchical over hosts {st['hierarchy']['hosts']} (each host's workspace "
@@ -1017,7 +1021,8 @@ def print_table(run: dict, memcpy: dict, dtype: str) -> None:
         else:
             cells[1] = fmt_size(e["bytes"])
             cells += [fmt_gbps(p["busbw_GBps"]), fmt_gbps(g["busbw_GBps"]),
-                      f"{100 * p['busbw_frac_memcpy']:.1f}%", f"{100 * g['busbw_frac_memcpy']:.1f}%",
+                      f"{100 * p['busbw_frac_memcpy']:.1f}%",
+                      f"{100 * g['busbw_frac_memcpy']:.1f}%",
                       "-" if e.get("check") is None else ("ok" if e["check"]["ok"] else "FAIL")]
         cells.append("  " + " ".join(filter(None, (fmt_paths(e.get("paths")), fmt_cores(e)))))
         print(line(cells))
@@ -1193,7 +1198,8 @@ def print_algo_tables(run: dict) -> None:
             lat = {a: e["algos"][a]["median_us"] for a in names}
             best = min(lat, key=lat.get)
             print(f"{fmt_size(e['bytes']):>10}{e['gloo']['median_us']:>11.1f}"
-                  f"{e['cuda_p2p']['median_us']:>11.1f}" + "".join(f"{lat[a]:>13.1f}" for a in names)
+                  f"{e['cuda_p2p']['median_us']:>11.1f}"
+                  + "".join(f"{lat[a]:>13.1f}" for a in names)
                   + f"{best:>13}{fmt_gbps(e['algos'][best]['busbw_GBps']):>12}")
     th = run.get("thresholds")
     if th:
@@ -1208,7 +1214,8 @@ def plot(runs: list[dict], memcpy: dict, path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, LogLocator
 
-    colls = [c for c in COLLECTIVES if any(e["collective"] == c for r in runs for e in r["results"])]
+    colls = [c for c in COLLECTIVES
+             if any(e["collective"] == c for r in runs for e in r["results"])]
     fig, axes = plt.subplots(3, len(colls), figsize=(4.2 * len(colls), 10.5), squeeze=False,
                              sharex="col")
     colors = {"cuda_p2p": "tab:red", "gloo": "tab:blue"}
@@ -1303,8 +1310,8 @@ def parse_args(argv=None):
     ap.add_argument("--iters", type=int, default=0,
                     help="timed iterations per backend (0: adaptive, see --budget)")
     ap.add_argument("--budget", type=float, default=None,
-                    help="adaptive iterations: seconds per (collective, size) for all columns, Gloo "
-                         "taking one column's share (default 1.5, 2.0 with --full)")
+                    help="adaptive iterations: seconds per (collective, size) for all columns, "
+                         "Gloo taking one column's share (default 1.5, 2.0 with --full)")
     ap.add_argument("--min-iters", type=int, default=5)
     ap.add_argument("--max-iters", type=int, default=500)
     ap.add_argument("--sync", choices=("shm", "gloo"), default="shm",
@@ -1351,9 +1358,9 @@ def parse_args(argv=None):
                     help="attribute of cuda_p2p.ProcessGroupCudaP2P.Options (repeatable; VALUE is "
                          "a Python literal), e.g. buffer_size=1048576")
     ap.add_argument("--timeout", type=float, default=120.0,
-                    help="per-rank: seconds a step (init, warmup, check; the timed iterations get twice "
-                         "their expected duration on top) may take before the rank dumps its "
-                         "stack and exits; also the process groups' timeout")
+                    help="per-rank: seconds a step (init, warmup, check; the timed iterations get "
+                         "twice their expected duration on top) may take before the rank dumps "
+                         "its stack and exits; also the process groups' timeout")
     ap.add_argument("--total-timeout", type=float, default=None,
                     help="launcher: seconds one world size may take before every rank is killed "
                          "(default 600, 3600 with --full)")
@@ -1405,7 +1412,8 @@ def parse_args(argv=None):
     args.plot = args.plot or HERE / "results" / f"{stem}.png"
     if args.sizes is None:
         if args.full:
-            args.sizes = [1 << k for k in range(int(math.log2(FULL_MIN)), int(math.log2(FULL_MAX)) + 1)]
+            args.sizes = [1 << k for k in range(int(math.log2(FULL_MIN)),
+                                                int(math.log2(FULL_MAX)) + 1)]
         else:
             args.sizes = list(SHORT_SIZES)
     elif args.full:

@@ -24,7 +24,7 @@ Output: a table on stdout, JSON, a Markdown table and a PNG of the ratios (bench
 default). Medians are the primary figure; minima (the least disturbed iteration) are reported too,
 since this machine's 2 cores are shared with other jobs.
 
-    .venv/bin/python bench/bench_fused.py                # W=4, default shapes (after scripts/setup.sh)
+    .venv/bin/python bench/bench_fused.py     # W=4, default shapes (after scripts/setup.sh)
     ... bench/bench_fused.py --world-sizes 2 4 --dtypes float32 bfloat16 --iters 15
     ... bench/bench_fused.py --quick                                      # one small shape
 """
@@ -220,10 +220,12 @@ def _small_n_rank(rank, W, port, M, K, ns, dname, iters, out_path):
     g = torch.Generator().manual_seed(99 + rank)
     out = []
     for N in ns:
-        A_shard, B = torch.randn(M // W, K, generator=g).to(dtype), torch.randn(K, N, generator=g).to(dtype)
+        A_shard = torch.randn(M // W, K, generator=g).to(dtype)
+        B = torch.randn(K, N, generator=g).to(dtype)
         A_zc = cuda_p2p.empty(M // W, K, dtype=dtype, group=zc).copy_(A_shard)
         gathered = torch.empty(M, K, dtype=dtype)
-        A_rs, B_rs = torch.randn(M, K, generator=g).to(dtype), torch.randn(K, N, generator=g).to(dtype)
+        A_rs = torch.randn(M, K, generator=g).to(dtype)
+        B_rs = torch.randn(K, N, generator=g).to(dtype)
         scattered = torch.empty(M // W, N, dtype=dtype)
 
         def ag_unfused():

@@ -19,8 +19,9 @@ runs it in bf16. ``--model fp8-mlp``: the sequence-parallel MLP in fp8 (the Floa
 tests/python/_fp8_pass_checks.py: float8 casts with ``--fp8-scaling`` tensorwise or rowwise
 scales, fp8 all-gathers, ``torch._scaled_mm`` with bfloat16 outputs, forward and backward), which
 the CPU runs; the pass fuses it into ``fused_all_gather_scaled_matmul`` /
-``fused_scaled_matmul_reduce_scatter``. For the compiled+fused variant the pass's report gives the fused fraction: the
-all-gathers and reduce-scatters of the compiled graphs that the pass fused, over all of them.
+``fused_scaled_matmul_reduce_scatter``. For the compiled+fused variant the pass's report gives
+the fused fraction: the all-gathers and reduce-scatters of the compiled graphs that the pass
+fused, over all of them.
 
 Variants run interleaved (each iteration runs each once, in rotating order, after a Gloo barrier)
 so that load changes hit all alike; an iteration's time is the slowest rank's; a variant's time is

@@ -106,7 +106,8 @@ def run_world(world: int, args) -> dict:
         while len(got) < world:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(f"world size {world}: ranks did not report within {args.timeout} s")
+                raise TimeoutError(
+                    f"world size {world}: ranks did not report within {args.timeout} s")
             try:
                 rank, res = q.get(timeout=min(remaining, 1.0))
                 got[rank] = res
@@ -138,7 +139,8 @@ def run_world(world: int, args) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
     parser.add_argument(
         "--sizes", type=int, nargs="+", default=[64 << 10, 1 << 20, 16 << 20],
@@ -146,7 +148,8 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--barrier-iters", type=int, default=2000)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per world size")
-    parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "workspace.json")
+    parser.add_argument("--json", type=Path,
+                        default=Path(__file__).parent / "results" / "workspace.json")
     args = parser.parse_args(argv)
 
     all_results = [run_world(w, args) for w in args.world_sizes]

@@ -121,7 +121,8 @@ def _rank_main(rank, W, port, args, queue):
     b.get_p2p_buffer(rank, [nbytes // 4], torch.float32).fill_(rank)
     torch.cuda.synchronize()
     b.intra_node_barrier()
-    med, best = _time(lambda: dst.copy_(peer), it, wu, cpu)
+    # (pyflakes takes the `del peer` below for a use before the call: noqa.)
+    med, best = _time(lambda: dst.copy_(peer), it, wu, cpu)  # noqa: F821
     rows[f"peer pull {args.pull_mib} MiB (GB/s)"] = (nbytes / med / 1e6, nbytes / best / 1e6)
     b.intra_node_barrier()
     # A view of a peer's buffer keeps its mapping (and, after growth, an old block) alive; let it

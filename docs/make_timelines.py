@@ -5,7 +5,7 @@ Runs W CPU ranks on the cuda_p2p backend with pipeline tracing on
 (``backend._set_pipeline_tracing(True)``), runs each fused pipeline a few times, and draws the
 last run's spans: one lane per (rank, stream), the caller's thread below them.
 
-    .venv/bin/python docs/make_timelines.py            # W=4, into docs/img/ (after scripts/setup.sh)
+    .venv/bin/python docs/make_timelines.py    # W=4, into docs/img/ (after scripts/setup.sh)
     .venv/bin/python docs/make_timelines.py --world-size 2 --out /tmp
 """
 
@@ -17,7 +17,6 @@ import os
 import socket
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# Runs every test: the C++ GoogleTest binaries (ctest: each binary as 1, 2 and 4 ranks, under
-# mpirun or tests/cpp/launch.py), the Python tests (pytest, multi-process against a Gloo
-# reference), then the C++ tests under ASan+UBSan and TSan (scripts/sanitizers.sh). Installs
-# what they need first. Exits non-zero when anything fails - including when the C++ suite
-# cannot run at all (CUDA_P2P_ALLOW_SKIP_CPP=1 accepts that, loudly). CUDA_P2P_SANITIZERS=0
-# leaves the sanitizer builds out (CI runs them). The sanitizer builds and
-# tests/python/test_faults.py run beside the rest (below; docs/testing.md, "What runs beside what").
+# Runs every test: the Python linter (ruff, pyproject.toml's [tool.ruff]), the C++ GoogleTest
+# binaries (ctest: each binary as 1, 2 and 4 ranks, under mpirun or tests/cpp/launch.py), the
+# Python tests (pytest, multi-process against a Gloo reference), then the C++ tests under
+# ASan+UBSan and TSan (scripts/sanitizers.sh). Installs what they need first. Exits non-zero
+# when anything fails - including when the C++ suite cannot run at all
+# (CUDA_P2P_ALLOW_SKIP_CPP=1 accepts that, loudly). CUDA_P2P_SANITIZERS=0 leaves the sanitizer
+# builds out (CI runs them). The sanitizer builds and tests/python/test_faults.py run beside the
+# rest (below; docs/testing.md, "What runs beside what").
 #
 # `bash scripts/test.sh --quick [pytest args]`: a contributor's loop (docs/testing.md, "The quick
-# loop"): the incremental build, each C++ binary once (2 ranks), and the Python tests not marked
-# slow (tests/python/conftest.py), without the sanitizers. Not CI: the full run is.
+# loop"): the incremental build, the linter, each C++ binary once (2 ranks), and the Python tests
+# not marked slow (tests/python/conftest.py), without the sanitizers. Not CI: the full run is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=0
@@ -39,8 +40,22 @@ PYEOF
 )
 status=0
 skipped=()
+# Every Python file of the project (third_party/ is excluded in pyproject.toml). A lint error fails
+# the run; the tests still run, so that one run shows both.
+lint_failed=0
+lint() {
+  echo "== Python lint (ruff check; docs/testing.md, \"Lint\")"
+  if ! "$VPY" -m ruff check python tests bench examples scripts docs; then
+    lint_failed=1
+    status=1
+  fi
+}
+lint_verdict() {
+  if ((lint_failed)); then echo "!!! lint FAILED: ruff check found the errors listed above"; fi
+}
 if ((quick)); then
   t0=$SECONDS
+  lint
   ctest_bin=$(dirname "$VPY")/ctest
   [ -x "$ctest_bin" ] || ctest_bin=ctest
   if [ -n "$build_dir" ]; then
@@ -57,6 +72,7 @@ if ((quick)); then
   echo "== Python tests not marked slow (pytest -m 'not slow')"
   "$VPY" -m pytest -q -p no:cacheprovider --durations=10 -m "not slow" tests/python "$@" ||
     status=1
+  lint_verdict
   echo "== quick run: $((SECONDS - t0)) s after setup ($( ((status == 0)) && echo passed ||
     echo FAILED)); the full run is bash scripts/test.sh"
   exit $status
@@ -86,6 +102,8 @@ stop_background() {
   if [ -n "$faults" ]; then kill "$faults" 2>/dev/null || true; fi
 }
 trap stop_background EXIT
+lint
+stage_done "lint"
 if [ -n "$build_dir" ]; then
   echo "== C++ tests (ctest in $build_dir)"
   ctest_bin=$(dirname "$VPY")/ctest
@@ -127,6 +145,7 @@ else
 fi
 
 echo "== stages: ${times[*]/%/;} total $SECONDS s"
+lint_verdict
 if ((${#skipped[@]})); then
   echo
   echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"

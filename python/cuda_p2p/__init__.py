@@ -7,12 +7,16 @@
 import torch
 import torch.distributed  # noqa: F401  (registers torch's c10d classes before our extension)
 
-from . import _C
-from .ops import (
-    fused_all_gather_matmul,
-    fused_all_gather_scaled_matmul,
-    fused_matmul_reduce_scatter,
-    fused_scaled_matmul_reduce_scatter,
+from . import (
+    _C,
+    _autograd,  # noqa: F401  (registers the fused ops' backward formulas)
+)
+from ._async_tp import (
+    async_tp,
+    async_tp_report,
+    disable_async_tp,
+    enable_async_tp,
+    is_async_tp_enabled,
 )
 from ._backend import (
     BACKEND_NAME,
@@ -22,8 +26,12 @@ from ._backend import (
 )
 from ._collectives import all_gather_v, all_reduce_, all_to_all_v
 from ._symmetric import empty, get_mem_pool, is_symmetric, use_symmetric_memory
-from . import _autograd  # noqa: F401  (registers the fused ops' backward formulas)
-from ._async_tp import async_tp, async_tp_report, disable_async_tp, enable_async_tp, is_async_tp_enabled
+from .ops import (
+    fused_all_gather_matmul,
+    fused_all_gather_scaled_matmul,
+    fused_matmul_reduce_scatter,
+    fused_scaled_matmul_reduce_scatter,
+)
 
 __all__ = [
     "BACKEND_NAME",

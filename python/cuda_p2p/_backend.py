@@ -272,7 +272,8 @@ def _resolve(group) -> dist.ProcessGroup:
         )
     if not isinstance(group, dist.ProcessGroup):
         raise TypeError(
-            f"cuda_p2p: expected a torch.distributed.ProcessGroup or None, got {type(group).__name__}"
+            "cuda_p2p: expected a torch.distributed.ProcessGroup or None, got "
+            f"{type(group).__name__}"
         )
     return group
 

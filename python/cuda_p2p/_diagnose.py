@@ -26,7 +26,7 @@ _MIB = 1 << 20
 
 def environment() -> dict:
     """Versions, build and devices: what needs no process group."""
-    from . import __version__, _C
+    from . import _C, __version__
 
     if not dist.is_nccl_available():
         nccl = "torch has no NCCL"

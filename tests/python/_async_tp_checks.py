@@ -1,4 +1,4 @@
-"""Rank-side checks of the async-TP compile pass (python/cuda_p2p/_async_tp.py).
+"""Rank-side checks of the async-TP compile pass (python/cuda_p2p/_async_tp/).
 
 torch.compile on CPU costs tens of seconds per graph on our machines, so each check compiles one
 function holding many patterns at once and checks all of them: values and gradients against the
@@ -35,7 +35,7 @@ def _rand(shape, seed, scale=1.0):
     return (torch.randn(shape, generator=g) * scale).requires_grad_()
 
 
-class _Stats(logging.Handler):
+class _LogLines(logging.Handler):
     """Collects the pass's log lines."""
 
     def __init__(self):
@@ -46,10 +46,11 @@ class _Stats(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-_GROUP_NAME = None  # the default group's name, a constant for dynamo (set by check_patterns)
+# The default group's name, a constant for dynamo (set by check_every_pattern_compiled_vs_eager).
+_GROUP_NAME = None
 
 
-def _patterns(x0, x3, h, h3, wq, wk, wv, w3, bias, w2, w23, wz, group):
+def _every_fusable_pattern(x0, x3, h, h3, wq, wk, wv, w3, bias, w2, w23, wz, group):
     """Every pattern the pass fuses, in one function (autograd versions of the collectives),
     and a direct call of a fused op (its gradients under torch.compile)."""
     # gather dim 0, three consumers (Q, K, V; V an addmm with a bias), and another user of the
@@ -73,7 +74,7 @@ def _patterns(x0, x3, h, h3, wq, wk, wv, w3, bias, w2, w23, wz, group):
     return q, k, v * side, c, r, r3, z
 
 
-def _inputs(ctx):
+def _pattern_inputs(ctx):
     W, rank = ctx.world_size, ctx.rank
     return dict(
         x0=_rand((3, 8), 10 + rank), x3=_rand((2, 3, 8), 20 + rank),
@@ -84,7 +85,9 @@ def _inputs(ctx):
     )
 
 
-def _run(fn, inputs, group, grad=True):
+def _forward_backward(fn, inputs, group, grad=True):
+    """fn's outputs on fresh copies of ``inputs``, and (``grad``) each input's gradient of the
+    outputs' weighted sum (output i weighted i + 1, so that swapped outputs show)."""
     ins = {k: v.detach().clone().requires_grad_(grad) for k, v in inputs.items()}
     outs = fn(**ins, group=group)
     if grad:
@@ -92,7 +95,8 @@ def _run(fn, inputs, group, grad=True):
     return outs, {k: v.grad for k, v in ins.items()}
 
 
-def _compare(failures, what, got, want):
+def _expect_close(failures, what, got, want):
+    """Appends to ``failures`` the first line of assert_close's complaint, if any."""
     try:
         torch.testing.assert_close(got, want, **TOL)
     except AssertionError as e:
@@ -108,39 +112,40 @@ def _no_compile_caches():
     return inductor_config.patch(force_disable_caches=True)
 
 
-def _compiled_patterns(dynamic):
+def _compiled_every_fusable_pattern(dynamic):
     # One compiled function per dynamic setting, shared by the checks run on this worker.
     if dynamic not in _compiled:
-        _compiled[dynamic] = torch.compile(_patterns, dynamic=dynamic, fullgraph=True)
+        _compiled[dynamic] = torch.compile(_every_fusable_pattern, dynamic=dynamic, fullgraph=True)
     return _compiled[dynamic]
 
 
-def check_patterns(ctx, dynamic=False, grad=True):
+def check_every_pattern_compiled_vs_eager(ctx, dynamic=False, grad=True):
     """Every pattern, forward and backward, compiled with the pass vs eager; counters."""
     group = dist.group.WORLD
     failures, n = [], 0
-    handler = _Stats()
+    handler = _LogLines()
     logger = logging.getLogger("cuda_p2p.async_tp")
     logger.addHandler(handler)
     old_level = logger.level
     logger.setLevel(logging.DEBUG)
-    inputs = _inputs(ctx)
+    inputs = _pattern_inputs(ctx)
     global _GROUP_NAME
     _GROUP_NAME = group.group_name
     try:
-        want, want_grads = _run(_patterns, inputs, group, grad)
+        want, want_grads = _forward_backward(_every_fusable_pattern, inputs, group, grad)
         before = _counters(group)
         # No cache: the pass must run for its log to be checked (a hit skips it, rightly).
         with cuda_p2p.async_tp() as p, _no_compile_caches():
-            got, got_grads = _run(_compiled_patterns(dynamic), inputs, group, grad)
+            got, got_grads = _forward_backward(_compiled_every_fusable_pattern(dynamic), inputs,
+                                               group, grad)
             reports = [str(r) for r in cuda_p2p.async_tp_report()]
         counters = _delta(before, _counters(group))
         for i, (g, w) in enumerate(zip(got, want)):
-            _compare(failures, f"output {i}", g, w)
+            _expect_close(failures, f"output {i}", g, w)
             n += 1
         if grad:
             for k in inputs:
-                _compare(failures, f"grad {k}", got_grads[k], want_grads[k])
+                _expect_close(failures, f"grad {k}", got_grads[k], want_grads[k])
                 n += 1
     finally:
         _GROUP_NAME = None
@@ -153,34 +158,36 @@ def check_patterns(ctx, dynamic=False, grad=True):
 def check_pass_off_and_gloo(ctx):
     """The pass off: nothing fused. A Gloo group with the pass on: nothing fused either."""
     failures, n = [], 0
-    inputs = _inputs(ctx)
+    inputs = _pattern_inputs(ctx)
     cuda_p2p.disable_async_tp()
     torch._dynamo.reset()
     group = dist.group.WORLD
     before = _counters(group)
-    want, _ = _run(_patterns, inputs, group, grad=False)
-    got, _ = _run(torch.compile(_patterns, fullgraph=True), inputs, group, grad=False)
+    want, _ = _forward_backward(_every_fusable_pattern, inputs, group, grad=False)
+    compiled = torch.compile(_every_fusable_pattern, fullgraph=True)
+    got, _ = _forward_backward(compiled, inputs, group, grad=False)
     off = _delta(before, _counters(group))
     for i, (g, w) in enumerate(zip(got, want)):
-        _compare(failures, f"pass off: output {i}", g, w)
+        _expect_close(failures, f"pass off: output {i}", g, w)
         n += 1
     if any(k.startswith("fused_") for k in off):
         failures.append(f"the pass is off, yet fused ops ran: {off}")
     # Gloo: the pass is on, but the group is not ours.
-    handler = _Stats()
+    handler = _LogLines()
     logger = logging.getLogger("cuda_p2p.async_tp")
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG)
     try:
         torch._dynamo.reset()
         with cuda_p2p.async_tp(), _no_compile_caches():
-            got, _ = _run(torch.compile(_patterns, fullgraph=True), inputs, ctx.gloo, grad=False)
+            compiled = torch.compile(_every_fusable_pattern, fullgraph=True)
+            got, _ = _forward_backward(compiled, inputs, ctx.gloo, grad=False)
     finally:
         logger.removeHandler(handler)
         logger.setLevel(logging.NOTSET)
-    want, _ = _run(_patterns, inputs, ctx.gloo, grad=False)
+    want, _ = _forward_backward(_every_fusable_pattern, inputs, ctx.gloo, grad=False)
     for i, (g, w) in enumerate(zip(got, want)):
-        _compare(failures, f"gloo: output {i}", g, w)
+        _expect_close(failures, f"gloo: output {i}", g, w)
         n += 1
     if not any("not on a cuda_p2p group" in line for line in handler.lines):
         failures.append(f"gloo: the log does not say why nothing was fused: {handler.lines}")
@@ -269,10 +276,11 @@ def check_dtensor_mlp(ctx, steps=3):
     torch._dynamo.reset()
     for what, losses, params in (("eager cuda_p2p", eager_losses, eager_params),
                                  ("eager gloo", gloo_losses, gloo_params)):
-        _compare(failures, f"losses: compiled+fused vs {what}", torch.tensor(comp_losses),
+        _expect_close(failures, f"losses: compiled+fused vs {what}", torch.tensor(comp_losses),
                  torch.tensor(losses))
         for k in params:
-            _compare(failures, f"param {k}: compiled+fused vs {what}", comp_params[k], params[k])
+            _expect_close(failures, f"param {k}: compiled+fused vs {what}", comp_params[k],
+                          params[k])
         n += 1
     for step, (fwd, bwd) in enumerate(phases):
         for phase, c in (("forward", fwd), ("backward", bwd)):
@@ -287,7 +295,8 @@ def check_dtensor_mlp(ctx, steps=3):
 # ---- the pass among other passes, the FX cache, dynamic shapes, inference ------------------------
 
 
-def _small(x, h, w1, w2, group):
+def _gather_mm_relu_mm_scatter(x, h, w1, w2, group):
+    """The smallest column- then row-parallel pair: one all-gather and one reduce-scatter."""
     a = _all_gather(x, 0, group)
     r = _reduce_scatter(torch.relu(a @ w1) @ w2, "sum", 0, group)
     return (r.wait() if hasattr(r, "wait") else r,)
@@ -345,12 +354,13 @@ def check_user_pass_cache_dynamic(ctx):
                     h = None
                     w1 = _rand((8, 6), 7).detach()
                     w2 = _rand((6, 2 * W), 8).detach()
-                    want = _small(x, h, w1, w2, group)[0]
+                    want = _gather_mm_relu_mm_scatter(x, h, w1, w2, group)[0]
                     before = _counters(group)
-                    got = torch.compile(_small, dynamic=True, fullgraph=True)(x, h, w1, w2,
-                                                                              group)[0]
+                    compiled = torch.compile(_gather_mm_relu_mm_scatter, dynamic=True,
+                                             fullgraph=True)
+                    got = compiled(x, h, w1, w2, group)[0]
                     c = _delta(before, _counters(group))
-                    _compare(failures, f"{attempt} rows={rows}", got, want)
+                    _expect_close(failures, f"{attempt} rows={rows}", got, want)
                     if set(c) != {"fused_all_gather_matmul.pull_ahead",
                                   "fused_matmul_reduce_scatter.ring"}:
                         failures.append(f"{attempt} rows={rows}: counters {c}")
@@ -395,9 +405,9 @@ def check_symm_mem_nodes(ctx):
     rs = g.call_function(torch.ops.symm_mem.fused_matmul_reduce_scatter.default,
                          (a2, w2, "sum", 0, name))
     g.output((outs, rs))
-    stats = rewrite(g)
-    if stats["symm_mem"] != 2:
-        failures.append(f"expected 2 symm_mem nodes rewritten, got {stats}")
+    report = rewrite(g)
+    if report.symm_mem != 2:
+        failures.append(f"expected 2 symm_mem nodes rewritten, got {report!r}")
     gm = torch.fx.GraphModule(torch.nn.Module(), g)
     W = ctx.world_size
     X, Wt = _rand((3, 4), ctx.rank).detach(), _rand((4, 5), 9).detach()
@@ -405,10 +415,10 @@ def check_symm_mem_nodes(ctx):
     (o,), r = gm(X, Wt, A2, W2)
     full = torch.empty(3 * W, 4)
     dist.all_gather_into_tensor(full, X, group=ctx.gloo)
-    _compare(failures, "symm_mem all-gather matmul", o, full @ Wt)
+    _expect_close(failures, "symm_mem all-gather matmul", o, full @ Wt)
     ref = A2 @ W2
     dist.all_reduce(ref, group=ctx.gloo)
-    _compare(failures, "symm_mem matmul reduce-scatter", r, ref.chunk(W)[ctx.rank])
+    _expect_close(failures, "symm_mem matmul reduce-scatter", r, ref.chunk(W)[ctx.rank])
     n += 2
     return {"cases": n, "failures": failures, "counters": {}}
 
@@ -430,7 +440,7 @@ def collective_calls(counters: dict) -> dict:
     return calls
 
 
-def _block_step(ctx, group, plan, compiled, checkpointed, bias, x, target):
+def _block_forward_backward(ctx, group, plan, compiled, checkpointed, bias, x, target):
     import _async_tp_block as blk
 
     model = blk.make_tp_model(group, plan, checkpointed=checkpointed, bias=bias)
@@ -462,24 +472,24 @@ def check_transformer_block(ctx, plan="dtensor", bias=False, checkpointed=("0.fe
     x = x_full.chunk(W, 1)[ctx.rank].contiguous()
     target = t_full.chunk(W, 1)[ctx.rank].contiguous()
     torch._dynamo.reset()
-    want, want_grads, e_fwd, e_bwd = _block_step(ctx, group, plan, False, checkpointed, bias, x,
-                                                 target)
+    want, want_grads, e_fwd, e_bwd = _block_forward_backward(ctx, group, plan, False,
+                                                             checkpointed, bias, x, target)
     with cuda_p2p.async_tp() as p, _no_compile_caches():
-        got, got_grads, c_fwd, c_bwd = _block_step(ctx, group, plan, True, checkpointed, bias, x,
-                                                   target)
+        got, got_grads, c_fwd, c_bwd = _block_forward_backward(ctx, group, plan, True,
+                                                               checkpointed, bias, x, target)
         reports = cuda_p2p.async_tp_report()
     torch._dynamo.reset()
     # The one-process model on the whole sequence: the reference for eager itself.
     ref_model = blk.make_model(checkpointed=checkpointed, bias=bias)
     ref = ref_model(x_full)
     ((ref - t_full) ** 2).sum().backward()
-    _compare(failures, "eager vs one process", want, ref.detach().chunk(W, 1)[ctx.rank])
-    _compare(failures, "compiled+fused vs eager", got, want)
+    _expect_close(failures, "eager vs one process", want, ref.detach().chunk(W, 1)[ctx.rank])
+    _expect_close(failures, "compiled+fused vs eager", got, want)
     n += 2
     for k, v in want_grads.items():
-        _compare(failures, f"grad {k}: compiled+fused vs eager", got_grads[k], v)
+        _expect_close(failures, f"grad {k}: compiled+fused vs eager", got_grads[k], v)
         ref_grad = dict(ref_model.named_parameters())[k].grad
-        _compare(failures, f"grad {k}: eager vs one process", v, ref_grad)
+        _expect_close(failures, f"grad {k}: eager vs one process", v, ref_grad)
         n += 2
     if len(want_grads) != len(list(ref_model.parameters())):
         failures.append(f"gradients of {sorted(want_grads)} only")
@@ -503,7 +513,7 @@ def check_transformer_block(ctx, plan="dtensor", bias=False, checkpointed=("0.fe
 # ---- the forms, on FX graphs (no inductor) -----------------------------------------------------
 
 
-def _fx_forms(x1, wq, wk, A3, A3b, B, Bb, A2, B2, *, W, name):
+def _forms_as_traced(x1, wq, wk, A3, A3b, B, Bb, A2, B2, *, W, name):
     """The forms the pass must recognise, written as DTensor / funcol / inductor emit them."""
     c10d = torch.ops._c10d_functional
     # funcol's view form of a gather along dim 1 (the dim before it has size 1), two linear
@@ -525,7 +535,7 @@ def _fx_forms(x1, wq, wk, A3, A3b, B, Bb, A2, B2, *, W, name):
     return q, k, saved, s, c
 
 
-def check_fx_forms(ctx):
+def check_forms_on_traced_graphs(ctx):
     """Each form rewritten on a traced graph (make_fx, no inductor), and the rewritten graph
     computes what the original does; the report's reasons for what is left."""
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -544,22 +554,22 @@ def check_fx_forms(ctx):
             r(2 * W, 6), r(6, 3))
 
     def f(*a):
-        return _fx_forms(*a, W=W, name=name)
+        return _forms_as_traced(*a, W=W, name=name)
 
     want = f(*args)
     gm = make_fx(f)(*args)
-    stats = rewrite(gm.graph)
+    graph_report = rewrite(gm.graph)
     gm.recompile()
-    report = str(GraphReport(0, stats))
+    report = str(graph_report)
     targets = [nd.target for nd in gm.graph.nodes]
     c10d = torch.ops._c10d_functional
     if targets.count(c10d.all_gather_into_tensor.default) != 0:
         failures.append(f"an all-gather is left in the graph:\n{gm.graph}")
     if targets.count(c10d.reduce_scatter_tensor.default) != 1:
         failures.append(f"expected the cast reduce-scatter only to be left:\n{gm.graph}")
-    if stats["all_gather_matmul"] != 1 or stats["matmul_reduce_scatter"] != 1 or \
-            len(stats["left_items"]) != 1:
-        failures.append(f"stats {stats}")
+    if not isinstance(graph_report, GraphReport) or graph_report.all_gather_matmul != 1 or \
+            graph_report.matmul_reduce_scatter != 1 or len(graph_report.left) != 1:
+        failures.append(f"report {graph_report!r}")
     if "gather_dim=1, 2 matmul(s), return_A" not in report or \
             "2 matmul(s), permuted [1, 0, 2]" not in report or \
             "LEFT: its input is produced by _to_copy" not in report:
@@ -567,6 +577,6 @@ def check_fx_forms(ctx):
     n += 3
     got = gm(*args)
     for i, (a, b) in enumerate(zip(got, want)):
-        _compare(failures, f"output {i}", a, b)
+        _expect_close(failures, f"output {i}", a, b)
         n += 1
     return {"cases": n, "failures": failures, "counters": {}, "report": report}

@@ -268,7 +268,8 @@ def cm_agit_run(g, c, a):
 
 def cm_agit_expected(g, c):
     return [
-        torch.cat([make_input(c["seed"], r, c["n"] + 2 * k, c["dtype"], k=k) for r in range(g.size)])
+        torch.cat([make_input(c["seed"], r, c["n"] + 2 * k, c["dtype"], k=k)
+                   for r in range(g.size)])
         for k in range(3)
     ]
 
@@ -344,7 +345,8 @@ def cm_rst_expected(g, c):
     for k in range(3):
         n = c["n"] + 2 * k
         ins = [
-            make_input(c["seed"], r, g.size * n, c["dtype"], c["op"], k=k)[g.rank * n : (g.rank + 1) * n]
+            make_input(c["seed"], r, g.size * n, c["dtype"], c["op"], k=k)[
+                g.rank * n : (g.rank + 1) * n]
             for r in range(g.size)
         ]
         res.append(reduce_math(c["op"], ins, c["dtype"]))
@@ -412,7 +414,8 @@ COLLECTIVES = {
     "scatter": Collective(scatter_run, scatter_expected),
     "reduce_scatter": Collective(rs_run, rs_expected, reduces=True),
     "reduce_scatter_tensor": Collective(rst_run, rst_expected, reduces=True),
-    "coalescing_manager_reduce_scatter_tensor": Collective(cm_rst_run, cm_rst_expected, reduces=True),
+    "coalescing_manager_reduce_scatter_tensor": Collective(cm_rst_run, cm_rst_expected,
+                                                           reduces=True),
     "all_to_all": Collective(a2a_run, a2a_expected),  # Gloo needs equal sizes here
     "all_to_all_single": Collective(a2as_run, a2as_expected, variants=({}, {"uneven": True})),
 }
@@ -508,7 +511,8 @@ def compare_futures(label, got, ref, tol, failures):
             failures.append(m)
 
 
-def check_collective(ctx, name, dtype_name, ranks=None, sizes=SIZES, ops=None, asyncs=(False, True)):
+def check_collective(ctx, name, dtype_name, ranks=None, sizes=SIZES, ops=None,
+                     asyncs=(False, True)):
     """Runs every case of collective `name` on cuda_p2p and on Gloo; compares with both and
     with plain math. `ranks`: a subgroup (every rank calls; non-members check no-op behaviour)."""
     dtype = DTYPES[dtype_name]
@@ -541,7 +545,8 @@ def check_collective(ctx, name, dtype_name, ranks=None, sizes=SIZES, ops=None, a
                 compare_outputs(label, got, want_ref, want, tolerance(dtype, c["op"]), failures)
                 compare_futures(label, got_fut, ref_fut, tolerance(dtype, c["op"]), failures)
             except Exception as e:  # noqa: BLE001  (one bad case must not hide the others)
-                failures.append(f"{label}: raised {type(e).__name__}: {e}\n{traceback.format_exc()}")
+                failures.append(
+                    f"{label}: raised {type(e).__name__}: {e}\n{traceback.format_exc()}")
                 break
     return {"cases": count, "failures": failures}
 
@@ -748,7 +753,8 @@ def check_recv_anysource(ctx, ranks=None, use_irecv=False):
                 got[src] = t.tolist()
             results[which] = got
         else:
-            dist.send(torch.full((3,), 10 * ctx.rank + 1, dtype=torch.int64), dst=g.ranks[0], group=g.pg)
+            dist.send(torch.full((3,), 10 * ctx.rank + 1, dtype=torch.int64), dst=g.ranks[0],
+                      group=g.pg)
     if pair[0].rank == 0:
         want = {r: [10 * r + 1] * 3 for r in pair[0].ranks[1:]}
         for which, got in results.items():
@@ -834,7 +840,8 @@ def check_objects(ctx, ranks=None):
             failures.append(f"gather_object {label}: {gathered}")
         recv = [None]
         dist.scatter_object_list(
-            recv, [obj(100 + r) for r in range(g.size)] if g.rank == 0 else None, group_src=0, group=g.pg
+            recv, [obj(100 + r) for r in range(g.size)] if g.rank == 0 else None, group_src=0,
+            group=g.pg
         )
         if recv != [obj(100 + g.rank)]:
             failures.append(f"scatter_object_list {label}: {recv}")

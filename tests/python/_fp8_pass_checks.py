@@ -29,7 +29,7 @@ from _fused_checks import _counters, _delta
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
 
-def cast(x, mode, dtype=E4M3, amax=None):
+def to_float8(x, mode, dtype=E4M3, amax=None):
     """(x in float8, the inverse scale): rowwise scales [rows, 1], or one tensorwise scale."""
     fmax = torch.finfo(dtype).max
     x = x.float()
@@ -39,10 +39,10 @@ def cast(x, mode, dtype=E4M3, amax=None):
     return (x * scale).clamp(-fmax, fmax).to(dtype), scale.reciprocal()
 
 
-def weight_cast(w, mode):
+def float8_weight_operand(w, mode):
     """B = w_fp8.t() ([K, N], column-major, as _scaled_mm wants it on CUDA and in inductor's
     lowering) for a weight w [N, K], and its scale ([1, N])."""
-    wq, s = cast(w.contiguous(), mode)
+    wq, s = to_float8(w.contiguous(), mode)
     return wq.t(), (s.t() if mode == "rowwise" else s)
 
 
@@ -55,10 +55,10 @@ class Fp8ColwiseLinear(torch.autograd.Function):
     def forward(ctx, x_shard, w, mode, group):
         W = dist.get_world_size(group)
         amax = _tensorwise_amax(x_shard, group) if mode == "tensorwise" else None
-        xq, sx = cast(x_shard, mode, amax=amax)
+        xq, sx = to_float8(x_shard, mode, amax=amax)
         xq_full = funcol.all_gather_tensor(xq, 0, group)
         sx_full = funcol.all_gather_tensor(sx, 0, group) if mode == "rowwise" else sx
-        B, sw = weight_cast(w, mode)
+        B, sw = float8_weight_operand(w, mode)
         h = torch._scaled_mm(xq_full, B, sx_full, sw, out_dtype=torch.bfloat16)
         ctx.save_for_backward(xq_full, sx_full, w)
         ctx.mode, ctx.group, ctx.W = mode, group, W
@@ -67,8 +67,8 @@ class Fp8ColwiseLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_h):
         xq_full, sx_full, w = ctx.saved_tensors
-        gq, sg = cast(grad_h, "rowwise", E5M2)
-        B, sw = weight_cast(w.t(), "rowwise")  # [H/W, D] for grad_h [S, H/W]
+        gq, sg = to_float8(grad_h, "rowwise", E5M2)
+        B, sw = float8_weight_operand(w.t(), "rowwise")  # [H/W, D] for grad_h [S, H/W]
         partial = torch._scaled_mm(gq, B, sg, sw, out_dtype=torch.bfloat16)
         grad_x = funcol.reduce_scatter_tensor(partial, "sum", 0, ctx.group)
         grad_w = grad_h.float().t() @ (xq_full.float() * sx_full)
@@ -78,8 +78,8 @@ class Fp8ColwiseLinear(torch.autograd.Function):
 class Fp8RowwiseLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, w, mode, group):
-        hq, sh = cast(h, mode)
-        B, sw = weight_cast(w, mode)
+        hq, sh = to_float8(h, mode)
+        B, sw = float8_weight_operand(w, mode)
         partial = torch._scaled_mm(hq, B, sh, sw, out_dtype=torch.bfloat16)
         y = funcol.reduce_scatter_tensor(partial, "sum", 0, group)
         ctx.save_for_backward(hq, sh, w)
@@ -91,10 +91,10 @@ class Fp8RowwiseLinear(torch.autograd.Function):
         hq, sh, w = ctx.saved_tensors
         mode, group = ctx.mode, ctx.group
         amax = _tensorwise_amax(grad_y, group) if mode == "tensorwise" else None
-        gq, sg = cast(grad_y, mode, E5M2, amax=amax)
+        gq, sg = to_float8(grad_y, mode, E5M2, amax=amax)
         gq_full = funcol.all_gather_tensor(gq, 0, group)
         sg_full = funcol.all_gather_tensor(sg, 0, group) if mode == "rowwise" else sg
-        B, sw = weight_cast(w.t(), "rowwise" if mode == "rowwise" else "tensorwise")
+        B, sw = float8_weight_operand(w.t(), "rowwise" if mode == "rowwise" else "tensorwise")
         grad_h = torch._scaled_mm(gq_full, B, sg_full, sw, out_dtype=torch.bfloat16)
         grad_w = (gq_full.float() * sg_full).t() @ (hq.float() * sh)
         return grad_h, grad_w, None, None
@@ -113,7 +113,9 @@ class Fp8Mlp(torch.nn.Module):
         return Fp8RowwiseLinear.apply(torch.relu(h), self.w2, self.mode, self.group)
 
 
-def _step(model, x, compiled):
+def _fp8_mlp_forward_backward(model, x, compiled):
+    """One step of ``model`` (compiled or eager) on ``x``: the output, the gradients of x and the
+    weights, and the collective calls of the forward and of the backward."""
     x = x.clone().requires_grad_(True)
     fn = torch.compile(model, fullgraph=True) if compiled else model
     group = model.group
@@ -143,10 +145,11 @@ def check_fp8_mlp(ctx, mode):
     w2 = w2_full.chunk(W, 1)[rank].contiguous()
     failures, n = [], 0
     torch._dynamo.reset()
-    want, want_grads, e_fwd, e_bwd = _step(Fp8Mlp(w1.clone(), w2.clone(), mode, group), x, False)
+    want, want_grads, e_fwd, e_bwd = _fp8_mlp_forward_backward(
+        Fp8Mlp(w1.clone(), w2.clone(), mode, group), x, False)
     with cuda_p2p.async_tp(), _no_compile_caches():
-        got, got_grads, c_fwd, c_bwd = _step(Fp8Mlp(w1.clone(), w2.clone(), mode, group), x,
-                                             True)
+        got, got_grads, c_fwd, c_bwd = _fp8_mlp_forward_backward(
+            Fp8Mlp(w1.clone(), w2.clone(), mode, group), x, True)
         reports = cuda_p2p.async_tp_report()
     torch._dynamo.reset()
     # bfloat16 outputs: the fused reduce-scatter sums its bfloat16 partials in float32 and rounds

@@ -53,7 +53,8 @@ def group_for(ctx, path: str):
         elif path == "threads":
             opts.host_streams = "threads"  # NOTE [Cooperative host streams]
         if path == "two_hosts":
-            os.environ["CUDA_P2P_HOST_ID"] = "host-a" if ctx.rank < ctx.world_size // 2 else "host-b"
+            host = "host-a" if ctx.rank < ctx.world_size // 2 else "host-b"
+            os.environ["CUDA_P2P_HOST_ID"] = host
         try:
             _groups[path] = dist.new_group(backend="cuda_p2p", pg_options=opts)
         finally:

@@ -73,9 +73,9 @@ def any_world(request) -> World:
 
 # `bash scripts/test.sh --quick` (docs/testing.md, "The quick loop") runs `pytest -m "not slow"`:
 # these files' tests are marked slow here, as are SLOW_TESTS, the tests on 3 or more ranks and
-# those marked @pytest.mark.slow themselves. A file is here when it takes over ~20 s on our 2 cores (subprocess
-# launches, torch.compile, 6 ranks, timeouts waited for on purpose) or is a soak; the full run
-# (CI) runs everything.
+# those marked @pytest.mark.slow themselves. A file is here when it takes over ~20 s on our 2
+# cores (subprocess launches, torch.compile, 6 ranks, timeouts waited for on purpose) or is a
+# soak; the full run (CI) runs everything.
 SLOW_FILES = frozenset({
     "test_soak.py", "test_faults.py", "test_async_tp.py", "test_autograd.py", "test_bench.py",
     "test_scripts.py", "test_launch.py", "test_lifecycle.py", "test_security.py",

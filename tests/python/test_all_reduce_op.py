@@ -10,7 +10,6 @@ show which path ran.
 from __future__ import annotations
 
 import pytest
-
 import torch
 import torch.distributed as dist
 
@@ -263,8 +262,9 @@ def check_defaults(ctx):
 
 def check_compile(ctx):
     """torch.compile(fullgraph=True) traces both ops (Meta kernel + functionalization)."""
-    import cuda_p2p
     from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import cuda_p2p
 
     name = dist.group.WORLD.group_name
     me, W = ctx.rank, ctx.world_size

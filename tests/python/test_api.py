@@ -57,7 +57,8 @@ def test_options_checked_strings(name, good, bad, allowed):
     assert getattr(o, name) == good
     # A bad value is a ValueError naming the option, what it accepts and what it got, and leaves
     # the option as it was.
-    with pytest.raises(ValueError, match=re.escape(f"Options.{name} must be {allowed}, got '{bad}'")):
+    expected = re.escape(f"Options.{name} must be {allowed}, got '{bad}'")
+    with pytest.raises(ValueError, match=expected):
         setattr(o, name, bad)
     assert getattr(o, name) == good
     with pytest.raises(TypeError):
@@ -229,7 +230,8 @@ def downcast(ctx):
     else:
         raise AssertionError("get_cuda_p2p_backend(gloo group) did not raise TypeError")
     _expect(dist.get_backend() == "cuda_p2p", f"dist.get_backend() = {dist.get_backend()}")
-    _expect((b.rank(), b.size(), b.name()) == (rank, W, "cuda_p2p"), f"{b.rank(), b.size(), b.name()}")
+    _expect((b.rank(), b.size(), b.name()) == (rank, W, "cuda_p2p"),
+            f"{b.rank(), b.size(), b.name()}")
     gloo = b.wrapped_backend("cpu")
     _expect(isinstance(gloo, dist.ProcessGroupGloo), f"wrapped cpu backend {type(gloo)}")
     _expect((gloo.rank(), gloo.size()) == (rank, W), "wrapped Gloo has another rank/size")
@@ -259,7 +261,8 @@ def downcast(ctx):
         _expect(g._get_backend(torch.device("cpu")) is sb, "subgroup down-cast differs")
         _expect(cuda_p2p.is_cuda_p2p_group(g), "subgroup is not cuda_p2p")
         _expect((sb.rank(), sb.size()) == (ranks.index(rank), len(ranks)), "subgroup rank/size")
-        _expect(list(sb.options.global_ranks_in_group) == ranks, f"{sb.options.global_ranks_in_group}")
+        _expect(list(sb.options.global_ranks_in_group) == ranks,
+                f"{sb.options.global_ranks_in_group}")
     return True
 
 

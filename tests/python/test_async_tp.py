@@ -1,4 +1,4 @@
-"""The async-TP compile pass (python/cuda_p2p/_async_tp.py) on 2 ranks, and the compiled DTensor
+"""The async-TP compile pass (python/cuda_p2p/_async_tp/) on 2 ranks, and the compiled DTensor
 tensor-parallel MLP on 2 and 4 ranks.
 
 Compiling on CPU is slow here (tens of seconds per graph), so each test compiles one function that
@@ -14,7 +14,7 @@ from test_fused_ops import assert_all_ok
 
 
 def test_every_pattern_forward_and_backward(world2):
-    res = world2.run(atc.run_safely, atc.check_patterns, timeout=600)
+    res = world2.run(atc.run_safely, atc.check_every_pattern_compiled_vs_eager, timeout=600)
     assert_all_ok(res, 7 + 12)
     log = "\n".join(res[0]["log"])
     # Forward: 2 all-gathers (dim 0 with Q/K/V and return_A, dim 1 reshape-mm-reshape) and 2
@@ -54,7 +54,7 @@ def test_symm_mem_nodes_become_ours(world2):
     assert_all_ok(world2.run(atc.run_safely, atc.check_symm_mem_nodes), 2)
 
 
-_SWITCHES = r"""
+_SWITCHES_SCRIPT = r"""
 import cuda_p2p
 from torch._inductor import config
 def installed():  # a list on torch 2.14, one chain of them on 2.11
@@ -67,7 +67,8 @@ mine = lambda graph: None
 config.post_grad_custom_post_pass = mine
 with cuda_p2p.async_tp() as p:
     assert installed() == [mine, p]
-    assert callable(config.post_grad_custom_post_pass) or isinstance(config.post_grad_custom_post_pass, list)
+    cur = config.post_grad_custom_post_pass
+    assert callable(cur) or isinstance(cur, list)
     u1 = p.uuid()
 assert config.post_grad_custom_post_pass is mine
 p2 = cuda_p2p.enable_async_tp(matmul_reduce_scatter=False)
@@ -86,9 +87,34 @@ def test_switches_and_environment_variable():
     import sys
 
     env = dict(os.environ, CUDA_P2P_ASYNC_TP="1")
-    r = subprocess.run([sys.executable, "-c", _SWITCHES], env=env, capture_output=True,
+    r = subprocess.run([sys.executable, "-c", _SWITCHES_SCRIPT], env=env, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
+def test_pass_uuid_changes_with_every_source_file(tmp_path):
+    """The FX-cache key's source hash covers every file of the pass and the autograd formulas: a
+    change to any one of them (in a copy of the installed package) changes it."""
+    import pathlib
+    import shutil
+
+    from cuda_p2p._async_tp import install
+
+    installed = pathlib.Path(install.__file__).parent
+    copy = tmp_path / "cuda_p2p" / "_async_tp"
+    shutil.copytree(installed, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(installed.parent / "_autograd.py", copy.parent / "_autograd.py")
+    base = install._source_hash(str(copy))
+    assert base == install._source_hash()
+    files = sorted(copy.glob("*.py")) + [copy.parent / "_autograd.py"]
+    assert {"__init__.py", "match.py", "fuse.py", "report.py", "install.py",
+            "_autograd.py"} <= {f.name for f in files}, files
+    for f in files:
+        text = f.read_text()
+        f.write_text(text + "\n# changed\n")
+        assert install._source_hash(str(copy)) != base, f"{f.name} is not part of the hash"
+        f.write_text(text)
+    assert install._source_hash(str(copy)) == base
 
 
 def test_several_passes_become_one_chain_where_inductor_takes_no_list(monkeypatch):
@@ -110,7 +136,7 @@ def test_several_passes_become_one_chain_where_inductor_takes_no_list(monkeypatc
         def uuid(self):
             return "user-pass-v1"
 
-    monkeypatch.setattr(_async_tp, "_takes_lists", lambda: False)
+    monkeypatch.setattr(_async_tp.install, "_takes_lists", lambda: False)
     monkeypatch.setattr(config, "post_grad_custom_post_pass", None)
     user = UserPass()
     config.post_grad_custom_post_pass = user
@@ -139,11 +165,6 @@ def test_several_passes_become_one_chain_where_inductor_takes_no_list(monkeypatc
     assert config.post_grad_custom_post_pass == seen.append
 
 
-def _block_result(res):
-    assert_all_ok(res, 10)
-    return res[0]
-
-
 # The DTensor plan with biases (the bias adds between the matmuls and the collectives), the
 # functional-collective plan without; 2 ranks (the pass matches the same graphs on 4, which
 # test_dtensor_tp_mlp_trains_on_the_fused_ops and the fp8 MLP cover; a compile of this model on 4
@@ -157,12 +178,13 @@ def test_transformer_block_fuses_everything_w2(world2, plan, bias):
     gradients equal to eager and to the one-process model; the report says so."""
     res = world2.run(atc.run_safely, atc.check_transformer_block, plan=plan, bias=bias,
                      timeout=900)
-    r = _block_result(res)
+    assert_all_ok(res, 10)
+    r = res[0]
     assert "LEFT" not in r["report"] and "fused" in r["report"], r["report"]
 
 
 def test_forms_on_traced_graphs(world):
     """funcol's view-form gather, a gather's other readers, DTensor's permute/clone scatter of a
     sum of matmuls, and a cast left with its reason: traced with make_fx, rewritten, run."""
-    res = world.run(atc.run_safely, atc.check_fx_forms)
+    res = world.run(atc.run_safely, atc.check_forms_on_traced_graphs)
     assert_all_ok(res, 8)

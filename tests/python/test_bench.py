@@ -309,7 +309,8 @@ def _bench_module(monkeypatch):
 
     monkeypatch.syspath_prepend(str(BENCH))  # for its _common
 
-    spec = importlib.util.spec_from_file_location("_bench_collectives", BENCH / "bench_collectives.py")
+    spec = importlib.util.spec_from_file_location("_bench_collectives",
+                                                  BENCH / "bench_collectives.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

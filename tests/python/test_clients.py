@@ -115,7 +115,8 @@ def tp_mlp(ctx):
 
     y = ref(x)
     (y * y).sum().backward()
-    res = {"out": (out.full_tensor() if isinstance(out, DTensor) else out).detach(), "ref_out": y.detach()}
+    res = {"out": (out.full_tensor() if isinstance(out, DTensor) else out).detach(),
+           "ref_out": y.detach()}
     res["grads"] = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
     res["ref_grads"] = {n: p.grad for n, p in ref.named_parameters()}
     res["local_grad_shape"] = tuple(model[0].weight.grad.to_local().shape)

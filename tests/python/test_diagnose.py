@@ -60,11 +60,11 @@ def test_world_size_2_text():
 
 def _facts_without_workspace(ctx):
     """A group made under CUDA_P2P_DISABLE_WORKSPACE=1: what the report says of it."""
-    import cuda_p2p
     import torch.distributed as dist
-    from cuda_p2p import _diagnose
 
+    import cuda_p2p
     from _harness import scoped_environ
+    from cuda_p2p import _diagnose
 
     with scoped_environ({"CUDA_P2P_DISABLE_WORKSPACE": "1",
                          "CUDA_P2P_ALL_REDUCE_ALGO": "two_shot"}):
@@ -101,9 +101,9 @@ def test_report_of_a_group_without_workspace(world2):
 
 def _knob_sources(ctx):
     """Options beat the environment; the environment beats the default (one group each)."""
-    import cuda_p2p
     import torch.distributed as dist
 
+    import cuda_p2p
     from _harness import scoped_environ
 
     o = cuda_p2p.ProcessGroupCudaP2P.Options()

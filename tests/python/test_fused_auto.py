@@ -119,11 +119,10 @@ def test_knob_parsing_and_validation(monkeypatch):
 
 
 def _config_with_env(ctx, value):
-    from _harness import scoped_environ
-
     import torch.distributed as dist
 
     import cuda_p2p
+    from _harness import scoped_environ
 
     with scoped_environ({"CUDA_P2P_FUSED_MIN_FLOPS": value}):
         try:

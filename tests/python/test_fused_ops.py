@@ -112,7 +112,7 @@ def test_buffer_too_small(world3, path):
         assert "fused_matmul_reduce_scatter.rounds" not in c2, c2
 
 
-# --- errors, Meta kernels, torch.compile -----------------------------------------------------------
+# --- errors, Meta kernels, torch.compile ----------------------------------------------------------
 
 
 def test_errors_say_what_was_expected(any_world):

@@ -621,7 +621,7 @@ def check_timeout(ctx, absent):
     group's device). Each op on a group of its own and on a stream of its own: on CUDA the op only
     enqueues its waits, which stay blocked until the failure releases them (NOTE [Releasing
     blocked waits] in p2p_workspace/watchdog.hpp); afterwards torch.cuda.synchronize() returns."""
-    W, rank, dev = ctx.world_size, ctx.rank, _device()
+    rank, dev = ctx.rank, _device()
     t = timedelta(seconds=TIMEOUT_S)
     g_barrier = _group(("timeout", "barrier"), buffer_size=BUFFER, timeout=t)
     g_ar = _group(("timeout", "all_reduce"), buffer_size=BUFFER, chunk_bytes=0, timeout=t)

@@ -71,7 +71,8 @@ def threads_case(ctx, dtype_names, n, min_bytes):
     W, rank = ctx.world_size, ctx.rank
     dtypes = [getattr(torch, d) for d in dtype_names]
     key = ("threads", min_bytes)
-    g = cached_group(key, parallel_min_bytes=min_bytes) if min_bytes is not None else dist.group.WORLD
+    g = (cached_group(key, parallel_min_bytes=min_bytes) if min_bytes is not None
+         else dist.group.WORLD)
     b = cuda_p2p.get_cuda_p2p_backend(g)
     effective = b.get_collective_config()["parallel_min_bytes"]
     failures = []

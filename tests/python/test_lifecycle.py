@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import sys
 
-import pytest
-
 from _harness import run_script
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -133,7 +133,8 @@ def check_collective_mismatches(ctx, placement=None):
     # Broadcast: roots and sizes.
     _mismatch(ctx, chk, "broadcast roots",
               lambda: dist.broadcast(torch.ones(100), src=rank % 2, group=g),
-              ["rank 0 passed 100 x float32 from root 0", "rank 1 passed 100 x float32 from root 1"],
+              ["rank 0 passed 100 x float32 from root 0",
+               "rank 1 passed 100 x float32 from root 1"],
               g)
     nb = 100 if rank == 0 else 3 * MiB
     _mismatch(ctx, chk, "broadcast sizes", lambda: dist.broadcast(torch.ones(nb), src=0, group=g),
@@ -262,7 +263,8 @@ def check_edge_inputs(ctx):
         dist.reduce_scatter_tensor(ref, ref_in, group=ctx.gloo)
         out = x[rank * n:(rank + 1) * n]
         dist.reduce_scatter_tensor(out, x)
-        chk.case(f"aliased reduce_scatter_tensor {n}", torch.equal(out, ref), f"{out[:4]} {ref[:4]}")
+        chk.case(f"aliased reduce_scatter_tensor {n}", torch.equal(out, ref),
+                 f"{out[:4]} {ref[:4]}")
     # all_reduce whose output is the input (always) and all_gather whose input is its slot.
     for n in (3, 40_000):
         out = torch.zeros(n * W)
@@ -336,7 +338,8 @@ def check_fused_mismatches(ctx):
         ("rows", dict(rows=4 if first else 6), ["[4, 8]", "[6, 8]"]),
         ("K", dict(k=8 if first else 4), ["[4, 8]", "[4, 4]"]),
         ("N", dict(ns=[6] if first else [5]), ["[8, 6]", "[8, 5]"]),
-        ("gather_dim", dict(gather_dim=1 if first else 0, rows=4), ["gather_dim 1", "gather_dim 0"]),
+        ("gather_dim", dict(gather_dim=1 if first else 0, rows=4),
+         ["gather_dim 1", "gather_dim 0"]),
         ("dtype", dict(dtype=torch.float32 if first else torch.float64), ["float32", "float64"]),
         ("number of Bs", dict(ns=[6] if first else [6, 6]), ["1 B", "2 Bs"]),
     )

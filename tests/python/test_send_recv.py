@@ -1,9 +1,9 @@
 """send/recv, isend/irecv, recv from any rank and batch_isend_irecv through the workspace's
-mailboxes (NOTE [Mailboxes] in p2p_workspace/host/mailboxes.cpp) on 2, 3 and 4 ranks: every dtype, sizes from
-empty to many chunks (4 KiB slots), non-contiguous tensors, tags taken out of order (large
-messages passing each other), both directions at once, a sender that runs ahead, every rank
-sending before it receives, progress while the sender does something else, two groups side by
-side. Each received tensor is compared with
+mailboxes (NOTE [Mailboxes] in p2p_workspace/host/mailboxes.cpp) on 2, 3 and 4 ranks: every
+dtype, sizes from empty to many chunks (4 KiB slots), non-contiguous tensors, tags taken out of
+order (large messages passing each other), both directions at once, a sender that runs ahead,
+every rank sending before it receives, progress while the sender does something else, two
+groups side by side. Each received tensor is compared with
 what the sender sent, computed locally by plain torch; the counters say the mailboxes ran
 (`send.direct`, `recv.direct`, nothing wrapped). Unmatched and mismatched pairs raise naming both
 ranks, and nothing is lost; a shutdown fails a pending receive. torch.distributed.pipelining's
@@ -185,14 +185,16 @@ def check_exchanges(ctx):
     outs = [torch.zeros(n) for _ in range(k)]
     for i in range(k):
         dist.recv(outs[i], left, group=small, tag=20)
-    chk.case("senders first", all(torch.equal(outs[i], _message(left, rank, n, torch.float32,
-                                                                 seed=20 + i)) for i in range(k)), "")
+    chk.case("senders first", all(
+        torch.equal(outs[i], _message(left, rank, n, torch.float32, seed=20 + i))
+        for i in range(k)), "")
 
     # Two groups side by side: the same peer and tag on both, taken in the other group order.
     x, y = torch.zeros(2), torch.zeros(2)
     ws = [dist.isend(torch.tensor([1.0, rank]), right, group=small, tag=9),
           dist.isend(torch.tensor([2.0, rank]), right, group=dist.group.WORLD, tag=9),
-          dist.irecv(y, left, group=dist.group.WORLD, tag=9), dist.irecv(x, left, group=small, tag=9)]
+          dist.irecv(y, left, group=dist.group.WORLD, tag=9),
+          dist.irecv(x, left, group=small, tag=9)]
     for w in ws:
         w.wait()
     chk.case("two groups", x.tolist() == [1.0, left] and y.tolist() == [2.0, left], f"{x} {y}")

@@ -66,7 +66,8 @@ def _bad_arguments(ctx):
     w = ctx.world_size
     size = backend.get_buffer_size()
     cases = [
-        (lambda: backend.get_p2p_buffer(w, [1], torch.float32), f"rank must be in [0, {w}), got {w}"),
+        (lambda: backend.get_p2p_buffer(w, [1], torch.float32),
+         f"rank must be in [0, {w}), got {w}"),
         (lambda: backend.get_p2p_buffer(-1, [1], torch.float32), "got -1"),
         (
             lambda: backend.get_p2p_buffer(0, [size // 4 + 1], torch.float32),
@@ -76,7 +77,8 @@ def _bad_arguments(ctx):
             lambda: backend.get_p2p_buffer(0, [8], torch.float32, storage_offset=size // 4 - 4),
             "at most 4 elements",
         ),
-        (lambda: backend.get_p2p_buffer(0, [1], torch.float32, storage_offset=-1), "storage_offset"),
+        (lambda: backend.get_p2p_buffer(0, [1], torch.float32, storage_offset=-1),
+         "storage_offset"),
         (lambda: backend.get_p2p_buffer(0, [-3], torch.float32), "sizes must be >= 0"),
         (lambda: backend.get_p2p_buffer(0, [1], torch.quint8), "quantized"),
         (lambda: backend.intra_node_barrier(ranks=[w]), f"ranks must be in [0, {w}), got {w}"),
@@ -84,7 +86,8 @@ def _bad_arguments(ctx):
     ]
     if w > 1:
         other = (ctx.rank + 1) % w
-        cases.append((lambda: backend.intra_node_barrier(ranks=[other]), "must include the calling rank"))
+        cases.append((lambda: backend.intra_node_barrier(ranks=[other]),
+                      "must include the calling rank"))
     for fn, needle in cases:
         with pytest.raises(RuntimeError, match=None) as info:
             fn()

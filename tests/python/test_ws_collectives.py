@@ -268,7 +268,8 @@ def check_reduce_scatter(ctx, algo, steps_per_rank, read=False):
                         op, [_input(seed, r, n * W, dtype, op)[rank * n : (rank + 1) * n]
                              for r in range(W)])
                     label = f"{name} {op} n={n}"
-                    chk.case(label, torch.equal(out, want), f"differs from local math: {out[:4]} vs {want[:4]}")
+                    chk.case(label, torch.equal(out, want),
+                             f"differs from local math: {out[:4]} vs {want[:4]}")
                     chk.case(label, torch.equal(x, x_copy), "changed its input")
                     chk.case(label, _margins_ok(whole), "margins overwritten")
                     ref = torch.empty(n, dtype=dtype)
@@ -320,7 +321,8 @@ def check_all_reduce(ctx, algo):
                     dist.all_reduce(t, op=getattr(R, op), group=g)
                     want = _reduce_math(op, [_input(seed, r, n, dtype, op) for r in range(W)])
                     label = f"{name} {op} n={n}"
-                    chk.case(label, torch.equal(t, want), f"differs from local math: {t[:4]} vs {want[:4]}")
+                    chk.case(label, torch.equal(t, want),
+                             f"differs from local math: {t[:4]} vs {want[:4]}")
                     chk.case(label, _margins_ok(whole), "margins overwritten")
                     ref = _input(seed, rank, n, dtype, op)
                     if _gloo(lambda: dist.all_reduce(ref, op=getattr(R, op), group=ctx.gloo)):
@@ -343,10 +345,11 @@ def check_all_reduce(ctx, algo):
             gathered = [torch.empty_like(t) for _ in range(W)]
             dist.all_gather(gathered, t, group=ctx.gloo)
             label = f"random {dtype} {op}"
-            chk.case(label, all(torch.equal(x.view(torch.int16 if x.element_size() == 2 else torch.int32),
-                                            t.view(torch.int16 if t.element_size() == 2 else torch.int32))
-                                for x in gathered), "results differ between ranks")
-            tol = dict(rtol=2e-2, atol=0.15) if dtype != torch.float32 else dict(rtol=1e-5, atol=1e-4)
+            bits = torch.int16 if t.element_size() == 2 else torch.int32
+            chk.case(label, all(torch.equal(x.view(bits), t.view(bits)) for x in gathered),
+                     "results differ between ranks")
+            tol = (dict(rtol=2e-2, atol=0.15) if dtype != torch.float32
+                   else dict(rtol=1e-5, atol=1e-4))
             chk.case(label, torch.allclose(t.float(), ref.float(), **tol), "far from gloo")
             count += 1
             chk.cases += 1
@@ -512,7 +515,8 @@ def check_api_and_fallbacks(ctx):
     chk.case("async reduce_scatter_tensor", w.wait() and torch.equal(w.get_future().wait()[0], rs)
              and torch.equal(rs, torch.full((2,), float(W))), f"{rs}")
     # then() callbacks (what DDP comm hooks do).
-    fut = dist.all_reduce(torch.ones(4), async_op=True).get_future().then(lambda f: f.value()[0] * 2)
+    fut = dist.all_reduce(torch.ones(4), async_op=True).get_future().then(
+        lambda f: f.value()[0] * 2)
     chk.case("future.then", torch.equal(fut.wait(), torch.full((4,), 2.0 * W)), "")
     # Non-contiguous tensors go through the workspace via contiguous copies.
     base = torch.zeros(4, 3)
@@ -524,7 +528,8 @@ def check_api_and_fallbacks(ctx):
     gathered = torch.zeros(3, 2 * W).t()  # non-contiguous output
     dist.all_gather_into_tensor(gathered, torch.full((2, 3), float(rank)))
     chk.case("non-contiguous all_gather output",
-             torch.equal(gathered, torch.arange(W).repeat_interleave(2)[:, None].float().expand(2 * W, 3)),
+             torch.equal(gathered,
+                         torch.arange(W).repeat_interleave(2)[:, None].float().expand(2 * W, 3)),
              f"{gathered}")
     dist.barrier()
     counters = b.get_counters()
@@ -546,9 +551,11 @@ def check_api_and_fallbacks(ctx):
              and b.get_counters().get("all_reduce.one_shot") == 1, f"{b.get_counters()}")
     # Errors of the same type as Gloo's, on every rank, and the group still works afterwards.
     for what, call in (
-        ("AVG on int64", lambda grp: dist.all_reduce(torch.ones(3, dtype=torch.int64), op=R.AVG, group=grp)),
+        ("AVG on int64",
+         lambda grp: dist.all_reduce(torch.ones(3, dtype=torch.int64), op=R.AVG, group=grp)),
         ("BAND on float", lambda grp: dist.all_reduce(torch.ones(3), op=R.BAND, group=grp)),
-        ("PREMUL_SUM", lambda grp: dist.all_reduce(torch.ones(3), op=dist._make_nccl_premul_sum(2.0), group=grp)),
+        ("PREMUL_SUM", lambda grp: dist.all_reduce(
+            torch.ones(3), op=dist._make_nccl_premul_sum(2.0), group=grp)),
         ("all_gather_into_tensor wrong size",
          lambda grp: dist.all_gather_into_tensor(torch.empty(3 * W + 1), torch.ones(3), group=grp)),
     ):
@@ -589,7 +596,8 @@ def check_api_and_fallbacks(ctx):
                  and c == {"all_reduce.wrapped": 1, "all_gather.wrapped": 1,
                            "reduce_scatter.wrapped": 1, "broadcast.wrapped": 1,
                            "barrier.wrapped": 1}, f"{c}")
-        chk.case(f"workspace off by {key}: values", torch.equal(t, torch.full((6,), W * (W - 1) / 2))
+        chk.case(f"workspace off by {key}: values",
+                 torch.equal(t, torch.full((6,), W * (W - 1) / 2))
                  and torch.equal(rs, torch.full((2,), float(W))), "")
         chk.cases += 1
     chk.cases += 10
@@ -614,7 +622,8 @@ def _calls(pg, W, rank, async_op):
     out["broadcast"] = (pg.broadcast([t], _opts("BroadcastOptions", async_op, rootRank=W - 1)), t)
     o = torch.empty(3 * W)
     out["_allgather_base"] = (
-        pg._allgather_base(o, torch.full((3,), float(rank)), _opts("AllgatherOptions", async_op)), o)
+        pg._allgather_base(o, torch.full((3,), float(rank)), _opts("AllgatherOptions", async_op)),
+        o)
     lst = [torch.empty(2) for _ in range(W)]
     out["allgather"] = (pg.allgather([lst], [torch.full((2,), rank + 0.5)],
                                      _opts("AllgatherOptions", async_op)), lst)
@@ -662,7 +671,9 @@ def check_sync_calls_return_no_work(ctx):
              and not any(k.endswith(".wrapped") for k in counters), f"{counters}")
     # torch's inflight-collective registry keeps the Work of every call for wait_tensor.
     from torch.distributed._functional_collectives import (
-        allow_inflight_collective_as_graph_input_ctx, all_reduce as funcol_all_reduce)
+        all_reduce as funcol_all_reduce,
+        allow_inflight_collective_as_graph_input_ctx,
+    )
     t = torch.full((4,), float(rank))
     with allow_inflight_collective_as_graph_input_ctx():
         w = g.allreduce([t], _opts("AllreduceOptions", False))
@@ -700,8 +711,8 @@ def check_env_forcing(ctx):
     chk.case("config", cfg["all_gather_algo"] == "ring" and cfg["reduce_scatter_algo"] == "ring"
              and cfg["all_reduce_algo"] == "two_shot" and cfg["ring_steps"] == 2 * W
              and cfg["chunk_bytes"] == 4096, f"{cfg}")
-    chk.case("option wins", cuda_p2p.get_cuda_p2p_backend(g2).get_collective_config()["all_reduce_algo"]
-             == "one_shot", "")
+    chk.case("option wins", cuda_p2p.get_cuda_p2p_backend(g2).get_collective_config()[
+        "all_reduce_algo"] == "one_shot", "")
     t = torch.arange(20000, dtype=torch.float32)
     dist.all_reduce(t, group=g)
     out = torch.empty(100 * W)
@@ -746,7 +757,8 @@ def check_ddp_matches_gloo(ctx):
     results = []
     for grp in (dist.group.WORLD, ctx.gloo):
         torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                                    torch.nn.Linear(32, 4))
         ddp = DDP(model, process_group=grp, bucket_cap_mb=0.001)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
         gen = torch.Generator().manual_seed(ctx.rank)
@@ -824,7 +836,8 @@ def test_timeout_names_the_missing_rank(world3):
     results = world3.run(check_timeout_names_the_missing_rank)
     for r, res in enumerate(results[:-1]):
         assert res["error"] and "rank 2 never arrived" in res["error"], (r, res)
-        assert res["after"] and "an earlier workspace op of this group failed" in res["after"], (r, res)
+        assert res["after"] and "an earlier workspace op of this group failed" in res["after"], \
+            (r, res)
 
 
 def test_ddp_on_cuda_p2p_matches_gloo(world2):
