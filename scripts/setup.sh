@@ -11,7 +11,8 @@
 #                    python given ($PYTHON, else python3) is itself a virtual environment with
 #                    torch (the GPU machines), it is used as it is: a venv made from a venv would
 #                    not see its packages. build/.python records the interpreter chosen.
-#   Python packages  cmake, ninja, scikit-build-core, pytest, ruff, numpy, matplotlib (only if
+#   Python packages  cmake, ninja, scikit-build-core, pytest, ruff (pinned: its rules change between
+#                    releases), numpy, matplotlib (only if
 #                    missing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -70,7 +71,7 @@ fi
 need=$("$VPY" -I - <<'PYEOF'
 import importlib.util, shutil
 mods = {"cmake": "cmake", "ninja": "ninja", "scikit_build_core": "scikit-build-core",
-        "pytest": "pytest", "ruff": "ruff", "numpy": "numpy", "matplotlib": "matplotlib"}
+        "pytest": "pytest", "ruff": "ruff==0.17.6", "numpy": "numpy", "matplotlib": "matplotlib"}
 print(" ".join(pkg for mod, pkg in mods.items() if importlib.util.find_spec(mod) is None))
 PYEOF
 )
