@@ -12,8 +12,7 @@
 #                    torch (the GPU machines), it is used as it is: a venv made from a venv would
 #                    not see its packages. build/.python records the interpreter chosen.
 #   Python packages  cmake, ninja, scikit-build-core, pytest, ruff (pinned: its rules change between
-#                    releases), numpy, matplotlib (only if
-#                    missing)
+#                    releases), numpy, matplotlib (only if missing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
