@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <utility>
 
+#include "backend/CompletedWork.hpp"
 #include "ops/channels.hpp"
 #include "p2p_workspace/cuda/cuda_device.hpp"
 #include "p2p_workspace/host/host_device.hpp"
@@ -49,6 +50,15 @@ ProcessGroupCudaP2P::ProcessGroupCudaP2P(c10::intrusive_ptr<c10d::Store> store, 
                 size);
   }
   config_ = resolve_config(*options_, size);
+  counters_.emplace(
+      config_.debug, rank, size, options_->group_name,
+      Counters::Explain{.collectives_off = [this] { return workspace_collectives_reason(); },
+                        .workspace_device =
+                            [this] {
+                              return is_p2p_available() ? workspace_->device().tensor_device().str()
+                                                        : std::string("none");
+                            }});
+  collective_state_.parallel_splits = counters_->intra_op_splits();
 
   // NOTE [CUDA collectives are opt-in]
   // A user who switches backend="nccl" to backend="cuda_p2p" must lose nothing: until the
@@ -182,40 +192,6 @@ void ProcessGroupCudaP2P::intra_node_barrier(const std::vector<int64_t>& ranks,
   workspace_->end_op(*stream);
 }
 
-void ProcessGroupCudaP2P::bump_counter(std::string_view name, int64_t by) {
-  if (config_.debug) debug_fallback(name, nullptr);  // NOTE [Debug lines] in backend/config.cpp
-  std::lock_guard<std::mutex> lock(counters_mutex_);
-  // Found without making a string: a hot path's counter costs a lookup, not an allocation.
-  auto it = counters_.find(name);
-  if (it == counters_.end()) it = counters_.emplace(std::string(name), 0).first;
-  it->second += by;
-}
-
-std::map<std::string, int64_t> ProcessGroupCudaP2P::counters() const {
-  std::map<std::string, int64_t> all;
-  {
-    std::lock_guard<std::mutex> lock(counters_mutex_);
-    all.insert(counters_.begin(), counters_.end());
-  }
-  static_assert(std::size(kHotCounterNames) == static_cast<size_t>(HotCounter::kCount));
-  for (size_t i = 0; i < hot_counters_.size(); ++i) {
-    const int64_t n = hot_counters_[i].load(std::memory_order_relaxed);
-    if (n != 0) all[kHotCounterNames[i]] += n;
-  }
-  // NOTE [Intra-op threads] in ops/collectives.cpp
-  if (const int64_t n = collective_state_.parallel_splits->load(std::memory_order_relaxed)) {
-    all["intra_op.split"] += n;
-  }
-  return all;
-}
-
-void ProcessGroupCudaP2P::reset_counters() {
-  std::lock_guard<std::mutex> lock(counters_mutex_);
-  counters_.clear();
-  for (auto& n : hot_counters_) n.store(0, std::memory_order_relaxed);
-  collective_state_.parallel_splits->store(0, std::memory_order_relaxed);
-}
-
 void ProcessGroupCudaP2P::ensure_min_buffer_size(int64_t nbytes) {
   TORCH_CHECK(nbytes >= 0, "cuda_p2p ensure_min_buffer_size: nbytes must be >= 0, got ", nbytes);
   if (workspace_) workspace_->ensure_min_buffer_size(nbytes);
@@ -228,17 +204,35 @@ ops::pipeline::State& ProcessGroupCudaP2P::pipeline_state() {
 }
 
 ops::pipeline::Group ProcessGroupCudaP2P::pipeline_group(c10::DeviceType device_type) {
-  ops::pipeline::Group group{workspace_.get(),
-                             wrapped_backend(device_type).get(),
-                             pipeline_state(),
-                             failure_,
-                             config_.max_buffer_size,
-                             getSize(),
-                             [this](const std::string& name) { bump_counter(name); }};
+  ops::pipeline::Group group{workspace_.get(),        wrapped_backend(device_type).get(),
+                             pipeline_state(),        failure_,
+                             config_.max_buffer_size, getSize()};
   group.zero_copy_agreement = config_.collective.zero_copy_agreement;
   std::lock_guard<std::mutex> lock(heap_mutex_);
   group.heap = heap_.get();
   return group;
+}
+
+void ProcessGroupCudaP2P::set_hierarchy(const std::vector<int64_t>& host_of,
+                                        c10::intrusive_ptr<c10d::Backend> intra,
+                                        c10::intrusive_ptr<c10d::Backend> inter) {
+  TORCH_CHECK(!hierarchy_, "cuda_p2p set_hierarchy: the group already has a hierarchy");
+  TORCH_CHECK(static_cast<int>(host_of.size()) == getSize(), "cuda_p2p set_hierarchy: expected ",
+              getSize(), " hosts (one per rank), got ", host_of.size());
+  TORCH_CHECK(!is_p2p_available(),
+              "cuda_p2p set_hierarchy: the group has a workspace, so its ranks are on one host");
+  hierarchy_ = std::make_unique<Hierarchy>(getRank(), HostLayout(host_of), std::move(intra),
+                                           std::move(inter), cuda_backend_ != nullptr);
+}
+
+bool ProcessGroupCudaP2P::ran_hierarchically(Counters::Op op, const HierarchyOutcome& outcome) {
+  counters_->hierarchical(op, outcome);
+  return outcome.ran;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupCudaP2P::hierarchical_done(
+    c10d::OpType type, std::vector<at::Tensor> outputs) {
+  return track(c10::make_intrusive<CompletedWork>(getRank(), type, std::move(outputs)));
 }
 
 void ProcessGroupCudaP2P::setSequenceNumberForGroup() {

@@ -35,7 +35,9 @@
 #include <vector>
 
 #include "backend/config.hpp"
+#include "backend/counters.hpp"
 #include "backend/hierarchical.hpp"
+#include "backend/reduce_ops.hpp"
 #include "ops/collectives.hpp"
 #include "ops/failure_record.hpp"
 #include "ops/pipeline_common.hpp"
@@ -170,20 +172,12 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // the workspace cannot serve it, the wrapped backend's all-reduce, waited for.
   void all_reduce_in_place(at::Tensor& tensor, ops::ReduceOp op);
 
-  // The workspace reduce op for a c10d one, or nullopt (PREMUL_SUM and unknown ops), and back.
-  static std::optional<ops::ReduceOp> to_reduce_op(const c10d::ReduceOp& op);
-  static c10d::ReduceOp to_c10d_reduce_op(ops::ReduceOp op);
-
   // Counters of which path ran ("all_reduce.one_shot", "all_reduce.wrapped", ...), so tests and
-  // users can see that the fast path ran and that no fallback was silent.
-  void bump_counter(std::string_view name, int64_t by = 1);
-  // bump_counter for a call that went to the wrapped backend (`name`: "<op>.wrapped"), with the
-  // short reason the caller found (workspace_rejects(), "several tensors", ...): under
-  // CUDA_P2P_DEBUG=INFO the first such call of each counter writes one line saying why (NOTE
-  // [Debug lines] in backend/config.cpp).
-  void count_fallback(std::string_view name, const char* why);
-  std::map<std::string, int64_t> counters() const;
-  void reset_counters();
+  // users can see that the fast path ran and that no fallback was silent (backend/counters.hpp).
+  std::map<std::string, int64_t> counters() const { return counters_->snapshot(); }
+  void reset_counters() { counters_->reset(); }
+  // The counters module itself, for the dispatcher ops that count their own paths.
+  Counters& path_counters() { return *counters_; }
 
   // --- across hosts (backend/hierarchical.hpp) -------------------------------------------------
   // Called once, at construction, by the Python layer on a group whose ranks span hosts: from
@@ -292,10 +286,12 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // unavailable, a tensor not strided or not on the workspace's device. Depends only on what
   // every rank agrees on, so all ranks take the same path.
   const char* workspace_rejects(c10::ArrayRef<at::Tensor> tensors) const;
-  // Runs fn(ctx) for one workspace collective (NOTE [Collectives of a group run one at a time]).
-  // A function_ref, not a std::function: nothing to construct, copy or destroy on the small
-  // all-reduce's path (NOTE [Inline one-shot] in ops/all_reduce.cpp).
-  void run_collective(const char* what, c10::function_ref<void(const ops::CollectiveContext&)> fn);
+  // Runs fn(ctx) for one workspace collective (NOTE [Collectives of a group run one at a time])
+  // and returns what it did, marked `graph` when enqueued under capture. A function_ref, not a
+  // std::function: nothing to construct, copy or destroy on the small all-reduce's path (NOTE
+  // [Inline one-shot] in ops/all_reduce.cpp).
+  ops::Outcome run_collective(const char* what,
+                              c10::function_ref<ops::Outcome(const ops::CollectiveContext&)> fn);
   // A completed Work over `outputs`, tracked while coalescing; none for the synchronous call
   // (`async_op` false: the options' asyncOp) that returns_no_work() allows.
   c10::intrusive_ptr<c10d::Work> completed(c10d::OpType type, std::vector<at::Tensor> outputs,
@@ -307,15 +303,16 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // having done nothing, where the workspace does not serve it (device, reduce op, dtype).
   bool all_reduce_on_workspace(at::Tensor& t, ops::ReduceOp op);
   // The all-gather / reduce-scatter on the workspace, once the tensors were checked.
-  void all_gather_on_workspace(const at::Tensor& input, const std::vector<at::Tensor>& outputs);
-  void reduce_scatter_on_workspace(const std::vector<at::Tensor>& inputs, const at::Tensor& output,
-                                   ops::ReduceOp op);
+  ops::Outcome all_gather_on_workspace(const at::Tensor& input,
+                                       const std::vector<at::Tensor>& outputs);
+  ops::Outcome reduce_scatter_on_workspace(const std::vector<at::Tensor>& inputs,
+                                           const at::Tensor& output, ops::ReduceOp op);
   // The same for one flat output (input) holding the W chunks: all_gather_into_tensor and
   // reduce_scatter_tensor, single or coalesced. `what` names the call in argument errors.
-  void all_gather_into_tensor_on_workspace(at::Tensor& output, const at::Tensor& input,
-                                           const std::string& what);
-  void reduce_scatter_tensor_on_workspace(const at::Tensor& output, const at::Tensor& input,
-                                          ops::ReduceOp op, const std::string& what);
+  ops::Outcome all_gather_into_tensor_on_workspace(at::Tensor& output, const at::Tensor& input,
+                                                   const std::string& what);
+  ops::Outcome reduce_scatter_tensor_on_workspace(const at::Tensor& output, const at::Tensor& input,
+                                                  ops::ReduceOp op, const std::string& what);
   // Runs `call` on the backend routed for `tensors` (CPU works are tracked for coalescing).
   template <typename Tensors, typename Call>
   c10::intrusive_ptr<c10d::Work> delegate(const Tensors& tensors, const char* op, Call&& call) {
@@ -344,6 +341,8 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   std::mutex mailboxes_mutex_;
   std::shared_ptr<host::Mailboxes> mailboxes_;
 
+  // The hierarchical step: counts what the hierarchy did; true when it ran the op.
+  bool ran_hierarchically(Counters::Op op, const HierarchyOutcome& outcome);
   // The Work of a hierarchical collective (done on return), tracked while coalescing.
   c10::intrusive_ptr<c10d::Work> hierarchical_done(c10d::OpType type,
                                                    std::vector<at::Tensor> outputs);
@@ -372,26 +371,9 @@ class ProcessGroupCudaP2P : public c10d::Backend {
                       const std::string& detail, const char* why);
 
   // What workspace_rejects() says when the collectives do not run on the workspace at all.
-  static constexpr const char* kWorkspaceOff = "workspace unavailable or its collectives off";
-  // The debug line of a fallback counter's first call (NOTE [Debug lines]), once per counter;
-  // `why` may be null (the counter's name says it: "<op>.flat.<why>", "<op>.unfused").
-  void debug_fallback(std::string_view name, const char* why);
-  std::mutex debug_mutex_;
-  std::set<std::string, std::less<>> debug_reported_;
-
-  mutable std::mutex counters_mutex_;
-  std::map<std::string, int64_t, std::less<>> counters_;  // looked up without a string
-  // The counters of the all-reduce's hot path (an 8 B all-reduce takes a few µs, NOTE [Inline
-  // one-shot] in ops/all_reduce.cpp): one relaxed atomic add each instead of a lookup under
-  // counters_mutex_. counters() adds them to the map's entries of the same names.
-  enum class HotCounter : uint8_t { kOneShot, kTwoShot, kInline, kZeroCopy, kLargeRounds, kCount };
-  static constexpr const char* kHotCounterNames[] = {"all_reduce.one_shot", "all_reduce.two_shot",
-                                                     "all_reduce.inline", "all_reduce.zero_copy",
-                                                     "all_reduce.large_rounds"};
-  std::array<std::atomic<int64_t>, static_cast<size_t>(HotCounter::kCount)> hot_counters_{};
-  void bump_hot(HotCounter c) {
-    hot_counters_[static_cast<size_t>(c)].fetch_add(1, std::memory_order_relaxed);
-  }
+  static constexpr const char* kWorkspaceOff = reason::kWorkspaceOff;
+  // Made once the configuration is resolved (its debug flag).
+  std::optional<Counters> counters_;
 
   // The symmetric heap, created by ensure_symmetric_heap under heap_mutex_; its allocator is
   // shared with the deleters of the tensors in it, which also keep its mapping alive.

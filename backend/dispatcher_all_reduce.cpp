@@ -30,7 +30,9 @@ void ProcessGroupCudaP2P::all_reduce_in_place(at::Tensor& tensor, ops::ReduceOp 
   };
   if (hierarchy_) {
     std::vector<at::Tensor> tensors{tensor};
-    if (hierarchy_->all_reduce(tensors, options())) return;
+    if (ran_hierarchically(Counters::Op::kAllReduce, hierarchy_->all_reduce(tensors, options()))) {
+      return;
+    }
   }
   if (all_reduce_on_workspace(tensor, op)) return;
   const c10d::AllreduceOptions opts = options();
@@ -38,7 +40,7 @@ void ProcessGroupCudaP2P::all_reduce_in_place(at::Tensor& tensor, ops::ReduceOp 
   if (!why) why = "dtype";
   // NOTE [Routes agree] in backend/workspace_collectives.cpp.
   agree_on_route("all_reduce", ops::OpKind::kAllReduce, {tensor}, " " + ops::lower_name(op), why);
-  count_fallback("all_reduce.wrapped", why);
+  counters_->fallback(Counters::Op::kAllReduce, why);
   // The wrapped backends expect contiguous tensors, as they do from dist.all_reduce.
   std::vector<at::Tensor> tensors{tensor.is_contiguous() ? tensor : tensor.contiguous()};
   route(tensors, "all_reduce_").allreduce(tensors, opts)->wait();

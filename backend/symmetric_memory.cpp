@@ -207,13 +207,13 @@ at::Tensor ProcessGroupCudaP2P::allocateTensor(long size, at::TensorOptions opti
               "heap's tensors in place, NOTE [Process-group allocation for FSDP2])");
   try {
     auto t = symmetric_empty({size}, dtype, device);
-    bump_counter("allocate_tensor.heap");
+    counters_->record(Counters::Op::kAllocateTensor, "heap");
     return t;
   } catch (const c10::OutOfMemoryError&) {
     // The heap is full or too small for it, or could not be created (on every rank alike: NOTE
     // [Allocation failures at rendezvous]); an ordinary tensor, as the NOTE above says.
   }
-  bump_counter("allocate_tensor.fallback");
+  counters_->record(Counters::Op::kAllocateTensor, "fallback");
   return at::empty({size}, options.device(symmetric_device()));
 }
 

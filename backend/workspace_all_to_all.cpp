@@ -15,6 +15,7 @@ namespace cuda_p2p {
 
 using c10d::Work;
 using WorkPtr = c10::intrusive_ptr<Work>;
+using Op = Counters::Op;
 
 namespace {
 
@@ -93,7 +94,7 @@ WorkPtr ProcessGroupCudaP2P::alltoall_base(at::Tensor& output, at::Tensor& input
   if (!why && input.scalar_type() != output.scalar_type()) why = "shapes";  // wrapped reports it
   if (why) {
     agree_on_route("all_to_all_single", ops::OpKind::kAllToAllSingle, {input}, "", why);
-    count_fallback("all_to_all_single.wrapped", why);
+    counters_->fallback(Op::kAllToAllSingle, why);
     return delegate(input, "all_to_all_single", [&](c10d::Backend& b) {
       return b.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
     });
@@ -119,18 +120,16 @@ WorkPtr ProcessGroupCudaP2P::alltoall_base(at::Tensor& output, at::Tensor& input
   args.send_counts = in_rows;
   args.recv_counts = out_rows;
   args.unit_bytes = row_bytes;
-  bool read = false, zero_copy = false;
-  run_collective("all_to_all_single", [&](const ops::CollectiveContext& ctx) {
-    ops::all_to_all(ctx, args, [&](const std::vector<int64_t>&) {
-      return a2a_slices<char*>(static_cast<char*>(out.data_ptr()), out_rows, row_bytes);
-    });
-    read = ctx.state.last_private_reads;
-    zero_copy = ctx.state.last_zero_copy;
-    if (!out.is_same(output)) output.copy_(out);
-  });
-  bump_counter("all_to_all_single.direct");
-  if (read) bump_counter("all_to_all_single.cross_memory");
-  if (zero_copy) bump_counter("all_to_all_single.zero_copy");
+  counters_->record(Op::kAllToAllSingle,
+                    run_collective("all_to_all_single", [&](const ops::CollectiveContext& ctx) {
+                      const ops::Outcome o =
+                          ops::all_to_all(ctx, args, [&](const std::vector<int64_t>&) {
+                            return a2a_slices<char*>(static_cast<char*>(out.data_ptr()), out_rows,
+                                                     row_bytes);
+                          }).outcome;
+                      if (!out.is_same(output)) output.copy_(out);
+                      return o;
+                    }));
   return completed(c10d::OpType::ALLTOALL_BASE, {output}, opts.asyncOp);
 }
 
@@ -151,7 +150,7 @@ WorkPtr ProcessGroupCudaP2P::alltoall(std::vector<at::Tensor>& outputs,
   }
   if (why) {
     agree_on_route("all_to_all", ops::OpKind::kAllToAll, inputs, "", why);
-    count_fallback("all_to_all.wrapped", why);
+    counters_->fallback(Op::kAllToAll, why);
     return delegate(inputs, "all_to_all",
                     [&](c10d::Backend& b) { return b.alltoall(outputs, inputs, opts); });
   }
@@ -176,22 +175,19 @@ WorkPtr ProcessGroupCudaP2P::alltoall(std::vector<at::Tensor>& outputs,
     args.send_counts.push_back(in.numel());
     args.recv_counts.push_back(outputs[q].numel());
   }
-  bool read = false, zero_copy = false;
-  run_collective("all_to_all", [&](const ops::CollectiveContext& ctx) {
-    ops::all_to_all(ctx, args, [&](const std::vector<int64_t>&) {
-      std::vector<char*> ptrs;
-      for (auto& o : outs) ptrs.push_back(static_cast<char*>(o.data_ptr()));
-      return ptrs;
-    });
-    read = ctx.state.last_private_reads;
-    zero_copy = ctx.state.last_zero_copy;
-    for (int q = 0; q < W; ++q) {
-      if (!outs[q].is_same(outputs[q])) outputs[q].copy_(outs[q]);
-    }
-  });
-  bump_counter("all_to_all.direct");
-  if (read) bump_counter("all_to_all.cross_memory");
-  if (zero_copy) bump_counter("all_to_all.zero_copy");
+  counters_->record(
+      Op::kAllToAll, run_collective("all_to_all", [&](const ops::CollectiveContext& ctx) {
+        const ops::Outcome outcome = ops::all_to_all(ctx, args, [&](const std::vector<int64_t>&) {
+                                       std::vector<char*> ptrs;
+                                       for (auto& o : outs)
+                                         ptrs.push_back(static_cast<char*>(o.data_ptr()));
+                                       return ptrs;
+                                     }).outcome;
+        for (int q = 0; q < W; ++q) {
+          if (!outs[q].is_same(outputs[q])) outputs[q].copy_(outs[q]);
+        }
+        return outcome;
+      }));
   return completed(c10d::OpType::ALLTOALL, outputs, opts.asyncOp);
 }
 
@@ -228,19 +224,17 @@ std::pair<at::Tensor, std::vector<int64_t>> ProcessGroupCudaP2P::all_to_all_v(
     args.unit_bytes = row_bytes;
     at::Tensor output;
     std::vector<int64_t> recv;
-    bool read = false, zero_copy = false;
-    run_collective(kWhat, [&](const ops::CollectiveContext& ctx) {
-      recv = ops::all_to_all(ctx, args, [&](const std::vector<int64_t>& rows) {
-        out_sizes[0] = std::accumulate(rows.begin(), rows.end(), int64_t{0});
-        output = at::empty(out_sizes, input.options().memory_format(at::MemoryFormat::Contiguous));
-        return a2a_slices<char*>(static_cast<char*>(output.data_ptr()), rows, row_bytes);
-      });
-      read = ctx.state.last_private_reads;
-      zero_copy = ctx.state.last_zero_copy;
-    });
-    bump_counter("all_to_all_v.direct");
-    if (read) bump_counter("all_to_all_v.cross_memory");
-    if (zero_copy) bump_counter("all_to_all_v.zero_copy");
+    counters_->record(
+        Op::kAllToAllV, run_collective(kWhat, [&](const ops::CollectiveContext& ctx) {
+          auto done = ops::all_to_all(ctx, args, [&](const std::vector<int64_t>& rows) {
+            out_sizes[0] = std::accumulate(rows.begin(), rows.end(), int64_t{0});
+            output =
+                at::empty(out_sizes, input.options().memory_format(at::MemoryFormat::Contiguous));
+            return a2a_slices<char*>(static_cast<char*>(output.data_ptr()), rows, row_bytes);
+          });
+          recv = std::move(done.recv);
+          return done.outcome;
+        }));
     return {output, recv};
   }
   // Without the workspace: the split sizes first (one int64 to every rank), then the rows.
@@ -259,7 +253,7 @@ std::pair<at::Tensor, std::vector<int64_t>> ProcessGroupCudaP2P::all_to_all_v(
   // Copies: Gloo's alltoall_base takes its split vectors over.
   std::vector<int64_t> in_splits = input_splits, out_splits = recv;
   b.alltoall_base(output, in, out_splits, in_splits, c10d::AllToAllOptions())->wait();
-  count_fallback("all_to_all_v.wrapped", why);
+  counters_->fallback(Op::kAllToAllV, why);
   return {output, recv};
 }
 

@@ -17,16 +17,7 @@ namespace cuda_p2p {
 
 using c10d::Work;
 using WorkPtr = c10::intrusive_ptr<Work>;
-
-namespace {
-
-// The reduce op as op signatures name it ("sum", ...; "premul_sum", which the workspace lacks).
-std::string reduce_op_text(const c10d::ReduceOp& op) {
-  const auto mapped = ProcessGroupCudaP2P::to_reduce_op(op);
-  return mapped ? ops::lower_name(*mapped) : std::string("premul_sum");
-}
-
-}  // namespace
+using Op = Counters::Op;
 
 // NOTE [Collectives of a group run one at a time]
 // A group's workspace collectives share its buffer halves, its phase counter and the signal
@@ -38,8 +29,8 @@ std::string reduce_op_text(const c10d::ReduceOp& op) {
 // p2p_workspace/symmetric_workspace.cpp), so that ops issued on different streams (FSDP's
 // all-gather and reduce-scatter streams) still execute one after another, in issue order, as the
 // signal counts and the shared buffer assume.
-void ProcessGroupCudaP2P::run_collective(
-    const char* what, c10::function_ref<void(const ops::CollectiveContext&)> fn) {
+ops::Outcome ProcessGroupCudaP2P::run_collective(
+    const char* what, c10::function_ref<ops::Outcome(const ops::CollectiveContext&)> fn) {
   std::lock_guard<std::mutex> lock(collective_mutex_);
   failure_.check(what);
   ops::check_signature_record(collective_state_.signature, what);
@@ -50,8 +41,9 @@ void ProcessGroupCudaP2P::run_collective(
   workspace_->begin_op(*stream);
   const ops::CollectiveContext ctx{*workspace_, *stream, ops::kCollectiveChannel, collective_state_,
                                    config_.collective};
+  ops::Outcome outcome;
   try {
-    fn(ctx);
+    outcome = fn(ctx);
     // NOTE [Host ops return complete] in ops/pipeline_common.hpp (a captured op has not run).
     if (!device.runs_inline(*stream) && device.tensor_device().is_cpu() &&
         !workspace_->capturing(*stream)) {
@@ -69,16 +61,19 @@ void ProcessGroupCudaP2P::run_collective(
   }
   TORCH_INTERNAL_ASSERT(!collective_state_.pending, "cuda_p2p ", what,
                         ": the op's signature was never compared");
-  // NOTE [Replay-safe signals]: an op enqueued under capture counts once here, when captured.
-  if (workspace_->capturing(*stream)) bump_counter(std::string(what) + ".graph");
+  // NOTE [Replay-safe signals]: an op enqueued under capture runs on each replay.
+  outcome.graph = workspace_->capturing(*stream);
   workspace_->end_op(*stream);
+  return outcome;
 }
 
 void ProcessGroupCudaP2P::check_or_reject(const char* what, ops::OpKind kind,
                                           c10::function_ref<void()> checks) {
   ops::check_or_reject(failure_, getSize() > 1, checks, [&](const std::string& reason) {
-    run_collective(what,
-                   [&](const ops::CollectiveContext& ctx) { ops::reject(ctx, kind, reason); });
+    run_collective(what, [&](const ops::CollectiveContext& ctx) {
+      ops::reject(ctx, kind, reason);
+      return ops::Outcome{};
+    });
   });
 }
 
@@ -101,7 +96,10 @@ void ProcessGroupCudaP2P::agree_on_route(const char* what, ops::OpKind kind,
     return;
   }
   const std::string text = ops::describe_tensors(tensors) + detail + " (wrapped: " + why + ")";
-  run_collective(what, [&](const ops::CollectiveContext& ctx) { ops::announce(ctx, kind, text); });
+  run_collective(what, [&](const ops::CollectiveContext& ctx) {
+    ops::announce(ctx, kind, text);
+    return ops::Outcome{};
+  });
 }
 
 const char* ProcessGroupCudaP2P::workspace_rejects(c10::ArrayRef<at::Tensor> tensors) const {
@@ -152,51 +150,6 @@ WorkPtr ProcessGroupCudaP2P::completed(c10d::OpType type, std::vector<at::Tensor
   }
   return track(c10::make_intrusive<CompletedWork>(getRank(), type, std::move(outputs),
                                                   std::move(device), std::move(end)));
-}
-
-c10d::ReduceOp ProcessGroupCudaP2P::to_c10d_reduce_op(ops::ReduceOp op) {
-  switch (op) {
-    case ops::ReduceOp::kSum:
-      return c10d::ReduceOp::SUM;
-    case ops::ReduceOp::kAvg:
-      return c10d::ReduceOp::AVG;
-    case ops::ReduceOp::kProduct:
-      return c10d::ReduceOp::PRODUCT;
-    case ops::ReduceOp::kMin:
-      return c10d::ReduceOp::MIN;
-    case ops::ReduceOp::kMax:
-      return c10d::ReduceOp::MAX;
-    case ops::ReduceOp::kBand:
-      return c10d::ReduceOp::BAND;
-    case ops::ReduceOp::kBor:
-      return c10d::ReduceOp::BOR;
-    case ops::ReduceOp::kBxor:
-      return c10d::ReduceOp::BXOR;
-  }
-  TORCH_CHECK(false, "cuda_p2p: unknown reduce op ", static_cast<int>(op));
-}
-
-std::optional<ops::ReduceOp> ProcessGroupCudaP2P::to_reduce_op(const c10d::ReduceOp& op) {
-  switch (op.op_) {
-    case c10d::ReduceOp::SUM:
-      return ops::ReduceOp::kSum;
-    case c10d::ReduceOp::AVG:
-      return ops::ReduceOp::kAvg;
-    case c10d::ReduceOp::PRODUCT:
-      return ops::ReduceOp::kProduct;
-    case c10d::ReduceOp::MIN:
-      return ops::ReduceOp::kMin;
-    case c10d::ReduceOp::MAX:
-      return ops::ReduceOp::kMax;
-    case c10d::ReduceOp::BAND:
-      return ops::ReduceOp::kBand;
-    case c10d::ReduceOp::BOR:
-      return ops::ReduceOp::kBor;
-    case c10d::ReduceOp::BXOR:
-      return ops::ReduceOp::kBxor;
-    default:
-      return std::nullopt;  // PREMUL_SUM: the wrapped backend decides
-  }
 }
 
 at::Tensor ProcessGroupCudaP2P::all_gather_v(const at::Tensor& input,
@@ -250,13 +203,10 @@ at::Tensor ProcessGroupCudaP2P::all_gather_v(const at::Tensor& input,
       outs.push_back(output.narrow(0, row, sizes[q]));
       row += sizes[q];
     }
-    bool zero_copy = false;
-    run_collective("all_gather_v", [&](const ops::CollectiveContext& ctx) {
-      ops::all_gather_v(ctx, in, bytes, outs);
-      zero_copy = ctx.state.last_zero_copy;
-    });
-    bump_counter("all_gather_v.direct");
-    if (zero_copy) bump_counter("all_gather_v.zero_copy");
+    counters_->record(Op::kAllGatherV,
+                      run_collective("all_gather_v", [&](const ops::CollectiveContext& ctx) {
+                        return ops::all_gather_v(ctx, in, bytes, outs);
+                      }));
     return output;
   }
   // Without the workspace: pad every rank's rows to the largest count, gather, drop the padding.
@@ -274,13 +224,13 @@ at::Tensor ProcessGroupCudaP2P::all_gather_v(const at::Tensor& input,
     output.narrow(0, row, sizes[q]).copy_(gathered.narrow(0, q * largest, sizes[q]));
     row += sizes[q];
   }
-  count_fallback("all_gather_v.wrapped", workspace_rejects({input}));
+  counters_->fallback(Op::kAllGatherV, workspace_rejects({input}));
   return output;
 }
 
 WorkPtr ProcessGroupCudaP2P::broadcast(std::vector<at::Tensor>& tensors,
                                        const c10d::BroadcastOptions& opts) {
-  if (hierarchy_ && hierarchy_->broadcast(tensors, opts)) {
+  if (hierarchy_ && ran_hierarchically(Op::kBroadcast, hierarchy_->broadcast(tensors, opts))) {
     return hierarchical_done(c10d::OpType::BROADCAST, tensors);
   }
   const char* why = workspace_rejects(tensors);
@@ -288,7 +238,7 @@ WorkPtr ProcessGroupCudaP2P::broadcast(std::vector<at::Tensor>& tensors,
   if (why) {
     agree_on_route("broadcast", ops::OpKind::kBroadcast, tensors,
                    " from root " + std::to_string(opts.rootRank), why);
-    count_fallback("broadcast.wrapped", why);
+    counters_->fallback(Op::kBroadcast, why);
     return delegate(tensors, "broadcast",
                     [&](c10d::Backend& b) { return b.broadcast(tensors, opts); });
   }
@@ -299,22 +249,18 @@ WorkPtr ProcessGroupCudaP2P::broadcast(std::vector<at::Tensor>& tensors,
   });
   at::Tensor& t = tensors[0];
   at::Tensor work = t.is_contiguous() ? t : t.contiguous();
-  bool read = false, zero_copy = false;
-  run_collective("broadcast", [&](const ops::CollectiveContext& ctx) {
-    ops::broadcast(ctx, work, static_cast<int>(opts.rootRank));
-    read = ctx.state.last_private_reads;
-    zero_copy = ctx.state.last_zero_copy;
-    if (!work.is_same(t)) t.copy_(work);
-  });
-  bump_counter("broadcast.direct");
-  if (read) bump_counter("broadcast.cross_memory");
-  if (zero_copy) bump_counter("broadcast.zero_copy");
+  counters_->record(
+      Op::kBroadcast, run_collective("broadcast", [&](const ops::CollectiveContext& ctx) {
+        const ops::Outcome o = ops::broadcast(ctx, work, static_cast<int>(opts.rootRank));
+        if (!work.is_same(t)) t.copy_(work);
+        return o;
+      }));
   return completed(c10d::OpType::BROADCAST, tensors, opts.asyncOp);
 }
 
 WorkPtr ProcessGroupCudaP2P::allreduce(std::vector<at::Tensor>& tensors,
                                        const c10d::AllreduceOptions& opts) {
-  if (hierarchy_ && hierarchy_->all_reduce(tensors, opts)) {
+  if (hierarchy_ && ran_hierarchically(Op::kAllReduce, hierarchy_->all_reduce(tensors, opts))) {
     return hierarchical_done(c10d::OpType::ALLREDUCE, tensors);
   }
   const auto op = to_reduce_op(opts.reduceOp);
@@ -327,7 +273,7 @@ WorkPtr ProcessGroupCudaP2P::allreduce(std::vector<at::Tensor>& tensors,
   if (!why && !ops::is_reducible_dtype(tensors[0].scalar_type())) why = "dtype";
   agree_on_route("all_reduce", ops::OpKind::kAllReduce, tensors,
                  " " + reduce_op_text(opts.reduceOp), why);
-  count_fallback("all_reduce.wrapped", why);
+  counters_->fallback(Op::kAllReduce, why);
   return delegate(tensors, "allreduce",
                   [&](c10d::Backend& b) { return b.allreduce(tensors, opts); });
 }
@@ -344,22 +290,14 @@ bool ProcessGroupCudaP2P::all_reduce_on_workspace(at::Tensor& t, ops::ReduceOp o
     at::Tensor& t;
     at::Tensor work;
     ops::ReduceOp op;
-    ops::AllReduceAlgo algo = ops::AllReduceAlgo::kAuto;
-    bool inline_run = false;
-    bool zero_copy = false;
-    bool large_rounds = false;
   } call{t, t.is_contiguous() ? t : t.contiguous(), op};
-  run_collective("all_reduce", [&call](const ops::CollectiveContext& ctx) {
-    call.algo = ops::all_reduce(ctx, call.work, call.work, call.op, ops::AllReduceAlgo::kAuto);
-    call.inline_run = ctx.state.last_inline;
-    call.zero_copy = ctx.state.last_zero_copy;
-    call.large_rounds = ctx.state.last_large_rounds;
-    if (!call.work.is_same(call.t)) call.t.copy_(call.work);
-  });
-  bump_hot(call.algo == ops::AllReduceAlgo::kOneShot ? HotCounter::kOneShot : HotCounter::kTwoShot);
-  if (call.inline_run) bump_hot(HotCounter::kInline);
-  if (call.zero_copy) bump_hot(HotCounter::kZeroCopy);
-  if (call.large_rounds) bump_hot(HotCounter::kLargeRounds);
+  counters_->record(
+      Op::kAllReduce, run_collective("all_reduce", [&call](const ops::CollectiveContext& ctx) {
+        const ops::Outcome o =
+            ops::all_reduce(ctx, call.work, call.work, call.op, ops::AllReduceAlgo::kAuto);
+        if (!call.work.is_same(call.t)) call.t.copy_(call.work);
+        return o;
+      }));
   return true;
 }
 
@@ -387,55 +325,51 @@ void check_whole_of_parts(const at::Tensor& whole, const char* whole_name, const
 
 }  // namespace
 
-void ProcessGroupCudaP2P::all_gather_on_workspace(const at::Tensor& input,
-                                                  const std::vector<at::Tensor>& outputs) {
+ops::Outcome ProcessGroupCudaP2P::all_gather_on_workspace(const at::Tensor& input,
+                                                          const std::vector<at::Tensor>& outputs) {
   // Outputs are computed contiguously and copied back where the caller's are not.
   std::vector<at::Tensor> outs;
   for (const auto& o : outputs) outs.push_back(contiguous_output(o));
   const at::Tensor in = input.is_contiguous() ? input : input.contiguous();
-  ops::AllGatherAlgo algo = ops::AllGatherAlgo::kAuto;
-  bool read = false, zero_copy = false;
-  run_collective("all_gather", [&](const ops::CollectiveContext& ctx) {
-    algo = ops::all_gather(ctx, in, outs, ops::AllGatherAlgo::kAuto);
-    read = ctx.state.last_private_reads;
-    zero_copy = ctx.state.last_zero_copy;
+  return run_collective("all_gather", [&](const ops::CollectiveContext& ctx) {
+    const ops::Outcome o = ops::all_gather(ctx, in, outs, ops::AllGatherAlgo::kAuto);
     for (size_t i = 0; i < outs.size(); ++i) {
       if (!outs[i].is_same(outputs[i])) outputs[i].copy_(outs[i]);
     }
+    return o;
   });
-  bump_counter(std::string("all_gather.") + ops::to_string(algo));
-  if (read) bump_counter("all_gather.cross_memory");
-  if (zero_copy) bump_counter("all_gather.zero_copy");
 }
 
-void ProcessGroupCudaP2P::all_gather_into_tensor_on_workspace(at::Tensor& output,
-                                                              const at::Tensor& input,
-                                                              const std::string& what) {
+ops::Outcome ProcessGroupCudaP2P::all_gather_into_tensor_on_workspace(at::Tensor& output,
+                                                                      const at::Tensor& input,
+                                                                      const std::string& what) {
   check_or_reject("all_gather_into_tensor", ops::OpKind::kAllGather,
                   [&] { check_whole_of_parts(output, "output", input, "input", getSize(), what); });
   at::Tensor out = contiguous_output(output);
   std::vector<at::Tensor> chunks;
   for (int q = 0; q < getSize(); ++q) chunks.push_back(flat_chunk(out, q, input.numel()));
-  all_gather_on_workspace(input, chunks);
+  const ops::Outcome o = all_gather_on_workspace(input, chunks);
   if (!out.is_same(output)) output.copy_(out);
+  return o;
 }
 
-void ProcessGroupCudaP2P::reduce_scatter_tensor_on_workspace(const at::Tensor& output,
-                                                             const at::Tensor& input,
-                                                             ops::ReduceOp op,
-                                                             const std::string& what) {
+ops::Outcome ProcessGroupCudaP2P::reduce_scatter_tensor_on_workspace(const at::Tensor& output,
+                                                                     const at::Tensor& input,
+                                                                     ops::ReduceOp op,
+                                                                     const std::string& what) {
   check_or_reject("reduce_scatter_tensor", ops::OpKind::kReduceScatter,
                   [&] { check_whole_of_parts(input, "input", output, "output", getSize(), what); });
   const at::Tensor in = input.is_contiguous() ? input : input.contiguous();
   std::vector<at::Tensor> chunks;
   for (int q = 0; q < getSize(); ++q) chunks.push_back(flat_chunk(in, q, output.numel()));
-  reduce_scatter_on_workspace(chunks, output, op);
+  return reduce_scatter_on_workspace(chunks, output, op);
 }
 
 WorkPtr ProcessGroupCudaP2P::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                        std::vector<at::Tensor>& inputs,
                                        const c10d::AllgatherOptions& opts) {
-  if (hierarchy_ && hierarchy_->all_gather(outputs, inputs, opts)) {
+  if (hierarchy_ &&
+      ran_hierarchically(Op::kAllGather, hierarchy_->all_gather(outputs, inputs, opts))) {
     return hierarchical_done(c10d::OpType::ALLGATHER, outputs[0]);
   }
   const char* why = workspace_rejects(inputs);
@@ -453,27 +387,29 @@ WorkPtr ProcessGroupCudaP2P::allgather(std::vector<std::vector<at::Tensor>>& out
   }
   if (why) {
     agree_on_route("all_gather", ops::OpKind::kAllGather, inputs, "", why);
-    count_fallback("all_gather.wrapped", why);
+    counters_->fallback(Op::kAllGather, why);
     return delegate(inputs, "allgather",
                     [&](c10d::Backend& b) { return b.allgather(outputs, inputs, opts); });
   }
-  all_gather_on_workspace(inputs[0], outputs[0]);
+  counters_->record(Op::kAllGather, all_gather_on_workspace(inputs[0], outputs[0]));
   return completed(c10d::OpType::ALLGATHER, outputs[0], opts.asyncOp);
 }
 
 WorkPtr ProcessGroupCudaP2P::_allgather_base(at::Tensor& output, at::Tensor& input,
                                              const c10d::AllgatherOptions& opts) {
-  if (hierarchy_ && hierarchy_->all_gather_into_tensor(output, input, opts)) {
+  if (hierarchy_ &&
+      ran_hierarchically(Op::kAllGather, hierarchy_->all_gather_into_tensor(output, input, opts))) {
     return hierarchical_done(c10d::OpType::_ALLGATHER_BASE, {output});
   }
   const char* why = workspace_rejects({input, output});
   if (why) {
     agree_on_route("all_gather_into_tensor", ops::OpKind::kAllGather, {input}, "", why);
-    count_fallback("all_gather.wrapped", why);
+    counters_->fallback(Op::kAllGather, why);
     return delegate(input, "all_gather_into_tensor",
                     [&](c10d::Backend& b) { return b._allgather_base(output, input, opts); });
   }
-  all_gather_into_tensor_on_workspace(output, input, "all_gather_into_tensor");
+  counters_->record(Op::kAllGather,
+                    all_gather_into_tensor_on_workspace(output, input, "all_gather_into_tensor"));
   // Decided before the views below are made (NOTE [No Work for a synchronous call]).
   if (returns_no_work(opts.asyncOp)) return {};
   // The future holds what the wrapped backend's would: Gloo's the W chunks, NCCL's the output.
@@ -488,7 +424,8 @@ WorkPtr ProcessGroupCudaP2P::_allgather_base(at::Tensor& output, at::Tensor& inp
 WorkPtr ProcessGroupCudaP2P::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                              std::vector<at::Tensor>& inputs,
                                                              const c10d::AllgatherOptions& opts) {
-  if (hierarchy_ && hierarchy_->all_gather_into_tensor_coalesced(outputs, inputs, opts)) {
+  if (hierarchy_ && ran_hierarchically(Op::kAllGather, hierarchy_->all_gather_into_tensor_coalesced(
+                                                           outputs, inputs, opts))) {
     return hierarchical_done(c10d::OpType::COALESCED, outputs);
   }
   const char* why = workspace_rejects(inputs);
@@ -496,44 +433,41 @@ WorkPtr ProcessGroupCudaP2P::allgather_into_tensor_coalesced(std::vector<at::Ten
   if (!why && outputs.size() != inputs.size()) why = "shapes";
   if (why) {
     agree_on_route("all_gather_into_tensor", ops::OpKind::kAllGather, inputs, "", why);
-    count_fallback("all_gather.wrapped", why);
+    counters_->fallback(Op::kAllGather, why);
     return delegate(inputs, "allgather_into_tensor_coalesced", [&](c10d::Backend& b) {
       return b.allgather_into_tensor_coalesced(outputs, inputs, opts);
     });
   }
   // One workspace all-gather per pair, in order.
   for (size_t i = 0; i < inputs.size(); ++i) {
-    all_gather_into_tensor_on_workspace(
-        outputs[i], inputs[i],
-        "all_gather_into_tensor (coalesced, tensor " + std::to_string(i) + ")");
+    counters_->record(Op::kAllGather,
+                      all_gather_into_tensor_on_workspace(
+                          outputs[i], inputs[i],
+                          "all_gather_into_tensor (coalesced, tensor " + std::to_string(i) + ")"));
   }
   return completed(c10d::OpType::COALESCED, outputs, opts.asyncOp);
 }
 
-void ProcessGroupCudaP2P::reduce_scatter_on_workspace(const std::vector<at::Tensor>& inputs,
-                                                      const at::Tensor& output, ops::ReduceOp op) {
+ops::Outcome ProcessGroupCudaP2P::reduce_scatter_on_workspace(const std::vector<at::Tensor>& inputs,
+                                                              const at::Tensor& output,
+                                                              ops::ReduceOp op) {
   check_or_reject("reduce_scatter", ops::OpKind::kReduceScatter,
                   [&] { ops::check_reduce_op(op, output.scalar_type(), "reduce_scatter"); });
   std::vector<at::Tensor> ins;
   for (const auto& t : inputs) ins.push_back(t.is_contiguous() ? t : t.contiguous());
   at::Tensor out = contiguous_output(output);
-  ops::ReduceScatterAlgo algo = ops::ReduceScatterAlgo::kAuto;
-  bool read = false, zero_copy = false;
-  run_collective("reduce_scatter", [&](const ops::CollectiveContext& ctx) {
-    algo = ops::reduce_scatter(ctx, ins, out, op, ops::ReduceScatterAlgo::kAuto);
-    read = ctx.state.last_private_reads;
-    zero_copy = ctx.state.last_zero_copy;
+  return run_collective("reduce_scatter", [&](const ops::CollectiveContext& ctx) {
+    const ops::Outcome o = ops::reduce_scatter(ctx, ins, out, op, ops::ReduceScatterAlgo::kAuto);
     if (!out.is_same(output)) output.copy_(out);
+    return o;
   });
-  bump_counter(std::string("reduce_scatter.") + ops::to_string(algo));
-  if (read) bump_counter("reduce_scatter.cross_memory");
-  if (zero_copy) bump_counter("reduce_scatter.zero_copy");
 }
 
 WorkPtr ProcessGroupCudaP2P::reduce_scatter(std::vector<at::Tensor>& outputs,
                                             std::vector<std::vector<at::Tensor>>& inputs,
                                             const c10d::ReduceScatterOptions& opts) {
-  if (hierarchy_ && hierarchy_->reduce_scatter(outputs, inputs, opts)) {
+  if (hierarchy_ &&
+      ran_hierarchically(Op::kReduceScatter, hierarchy_->reduce_scatter(outputs, inputs, opts))) {
     return hierarchical_done(c10d::OpType::REDUCE_SCATTER, outputs);
   }
   const char* why = workspace_rejects(outputs);
@@ -555,17 +489,18 @@ WorkPtr ProcessGroupCudaP2P::reduce_scatter(std::vector<at::Tensor>& outputs,
   if (why) {
     agree_on_route("reduce_scatter", ops::OpKind::kReduceScatter, outputs,
                    " " + reduce_op_text(opts.reduceOp), why);
-    count_fallback("reduce_scatter.wrapped", why);
+    counters_->fallback(Op::kReduceScatter, why);
     return delegate(outputs, "reduce_scatter",
                     [&](c10d::Backend& b) { return b.reduce_scatter(outputs, inputs, opts); });
   }
-  reduce_scatter_on_workspace(inputs[0], outputs[0], *op);
+  counters_->record(Op::kReduceScatter, reduce_scatter_on_workspace(inputs[0], outputs[0], *op));
   return completed(c10d::OpType::REDUCE_SCATTER, outputs, opts.asyncOp);
 }
 
 WorkPtr ProcessGroupCudaP2P::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                   const c10d::ReduceScatterOptions& opts) {
-  if (hierarchy_ && hierarchy_->reduce_scatter_tensor(output, input, opts)) {
+  if (hierarchy_ && ran_hierarchically(Op::kReduceScatter,
+                                       hierarchy_->reduce_scatter_tensor(output, input, opts))) {
     return hierarchical_done(c10d::OpType::_REDUCE_SCATTER_BASE, {output});
   }
   const char* why = workspace_rejects({input, output});
@@ -575,18 +510,21 @@ WorkPtr ProcessGroupCudaP2P::_reduce_scatter_base(at::Tensor& output, at::Tensor
   if (why) {
     agree_on_route("reduce_scatter_tensor", ops::OpKind::kReduceScatter, {output},
                    " " + reduce_op_text(opts.reduceOp), why);
-    count_fallback("reduce_scatter.wrapped", why);
+    counters_->fallback(Op::kReduceScatter, why);
     return delegate(input, "reduce_scatter_tensor",
                     [&](c10d::Backend& b) { return b._reduce_scatter_base(output, input, opts); });
   }
-  reduce_scatter_tensor_on_workspace(output, input, *op, "reduce_scatter_tensor");
+  counters_->record(Op::kReduceScatter, reduce_scatter_tensor_on_workspace(
+                                            output, input, *op, "reduce_scatter_tensor"));
   return completed(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, opts.asyncOp);
 }
 
 WorkPtr ProcessGroupCudaP2P::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
-  if (hierarchy_ && hierarchy_->reduce_scatter_tensor_coalesced(outputs, inputs, opts)) {
+  if (hierarchy_ &&
+      ran_hierarchically(Op::kReduceScatter,
+                         hierarchy_->reduce_scatter_tensor_coalesced(outputs, inputs, opts))) {
     return hierarchical_done(c10d::OpType::COALESCED, outputs);
   }
   const char* why = workspace_rejects(inputs);
@@ -600,28 +538,29 @@ WorkPtr ProcessGroupCudaP2P::reduce_scatter_tensor_coalesced(
   if (why) {
     agree_on_route("reduce_scatter_tensor", ops::OpKind::kReduceScatter, outputs,
                    " " + reduce_op_text(opts.reduceOp), why);
-    count_fallback("reduce_scatter.wrapped", why);
+    counters_->fallback(Op::kReduceScatter, why);
     return delegate(inputs, "reduce_scatter_tensor_coalesced", [&](c10d::Backend& b) {
       return b.reduce_scatter_tensor_coalesced(outputs, inputs, opts);
     });
   }
   for (size_t i = 0; i < inputs.size(); ++i) {
-    reduce_scatter_tensor_on_workspace(
-        outputs[i], inputs[i], *op,
-        "reduce_scatter_tensor (coalesced, tensor " + std::to_string(i) + ")");
+    counters_->record(Op::kReduceScatter,
+                      reduce_scatter_tensor_on_workspace(
+                          outputs[i], inputs[i], *op,
+                          "reduce_scatter_tensor (coalesced, tensor " + std::to_string(i) + ")"));
   }
   return completed(c10d::OpType::COALESCED, outputs, opts.asyncOp);
 }
 
 WorkPtr ProcessGroupCudaP2P::barrier(const c10d::BarrierOptions& opts) {
-  if (hierarchy_ && hierarchy_->barrier(opts)) {
+  if (hierarchy_ && ran_hierarchically(Op::kBarrier, hierarchy_->barrier(opts))) {
     return hierarchical_done(c10d::OpType::BARRIER, {});
   }
   // A barrier for a CUDA device stays with NCCL unless the workspace itself is on CUDA.
   const bool device_ok = !opts.device.has_value() || !opts.device->is_cuda() ||
                          (is_p2p_available() && !workspace_->device().tensor_device().is_cpu());
   if (!uses_workspace_collectives() || !device_ok) {
-    count_fallback("barrier.wrapped", !uses_workspace_collectives() ? kWorkspaceOff : "device");
+    counters_->fallback(Op::kBarrier, !uses_workspace_collectives() ? kWorkspaceOff : "device");
     c10d::BarrierOptions wrapped = opts;
     c10d::Backend& b = route_barrier(wrapped);  // NOTE [Barriers order the GPU]
     auto work = b.barrier(wrapped);
@@ -629,12 +568,12 @@ WorkPtr ProcessGroupCudaP2P::barrier(const c10d::BarrierOptions& opts) {
   }
   std::optional<Millis> timeout;
   if (opts.timeout > Millis(0)) timeout = opts.timeout;
-  run_collective("barrier", [&](const ops::CollectiveContext& ctx) {
-    ops::barrier(ctx, timeout);
-    // A barrier blocks the caller, also when the workspace is on a GPU.
-    workspace_->device().synchronize(ctx.stream);
-  });
-  bump_counter("barrier.workspace");
+  counters_->record(Op::kBarrier, run_collective("barrier", [&](const ops::CollectiveContext& ctx) {
+                      const ops::Outcome o = ops::barrier(ctx, timeout);
+                      // A barrier blocks the caller, also when the workspace is on a GPU.
+                      workspace_->device().synchronize(ctx.stream);
+                      return o;
+                    }));
   return completed(c10d::OpType::BARRIER, {}, opts.asyncOp);
 }
 

@@ -14,6 +14,7 @@ namespace cuda_p2p {
 
 using c10d::Work;
 using WorkPtr = c10::intrusive_ptr<Work>;
+using Op = Counters::Op;
 
 namespace {
 
@@ -61,7 +62,7 @@ WorkPtr ProcessGroupCudaP2P::gather(std::vector<std::vector<at::Tensor>>& output
   }
   if (why) {
     agree_on_route("gather", ops::OpKind::kGather, inputs, " to root " + std::to_string(root), why);
-    count_fallback("gather.wrapped", why);
+    counters_->fallback(Op::kGather, why);
     return delegate(inputs, "gather",
                     [&](c10d::Backend& b) { return b.gather(outputs, inputs, opts); });
   }
@@ -75,13 +76,13 @@ WorkPtr ProcessGroupCudaP2P::gather(std::vector<std::vector<at::Tensor>>& output
   if (root == me) {
     for (const auto& o : outputs[0]) outs.push_back(gs_output(o));
   }
-  run_collective("gather", [&](const ops::CollectiveContext& ctx) {
-    ops::gather(ctx, in, outs, static_cast<int>(root));
-    for (size_t q = 0; q < outs.size(); ++q) {
-      if (!outs[q].is_same(outputs[0][q])) outputs[0][q].copy_(outs[q]);
-    }
-  });
-  bump_counter("gather.direct");
+  counters_->record(Op::kGather, run_collective("gather", [&](const ops::CollectiveContext& ctx) {
+                      const ops::Outcome o = ops::gather(ctx, in, outs, static_cast<int>(root));
+                      for (size_t q = 0; q < outs.size(); ++q) {
+                        if (!outs[q].is_same(outputs[0][q])) outputs[0][q].copy_(outs[q]);
+                      }
+                      return o;
+                    }));
   return completed(c10d::OpType::GATHER, root == me ? outputs[0] : std::vector<at::Tensor>{},
                    opts.asyncOp);
 }
@@ -106,7 +107,7 @@ WorkPtr ProcessGroupCudaP2P::scatter(std::vector<at::Tensor>& outputs,
   if (why) {
     agree_on_route("scatter", ops::OpKind::kScatter, outputs, " from root " + std::to_string(root),
                    why);
-    count_fallback("scatter.wrapped", why);
+    counters_->fallback(Op::kScatter, why);
     return delegate(outputs, "scatter",
                     [&](c10d::Backend& b) { return b.scatter(outputs, inputs, opts); });
   }
@@ -121,11 +122,11 @@ WorkPtr ProcessGroupCudaP2P::scatter(std::vector<at::Tensor>& outputs,
   }
   at::Tensor& output = outputs[0];
   at::Tensor out = gs_output(output);
-  run_collective("scatter", [&](const ops::CollectiveContext& ctx) {
-    ops::scatter(ctx, ins, out, static_cast<int>(root));
-    if (!out.is_same(output)) output.copy_(out);
-  });
-  bump_counter("scatter.direct");
+  counters_->record(Op::kScatter, run_collective("scatter", [&](const ops::CollectiveContext& ctx) {
+                      const ops::Outcome o = ops::scatter(ctx, ins, out, static_cast<int>(root));
+                      if (!out.is_same(output)) output.copy_(out);
+                      return o;
+                    }));
   return completed(c10d::OpType::SCATTER, outputs, opts.asyncOp);
 }
 
@@ -148,7 +149,7 @@ WorkPtr ProcessGroupCudaP2P::reduce(std::vector<at::Tensor>& tensors,
                    " " + (op ? ops::lower_name(*op) : std::string("premul_sum")) + " to root " +
                        std::to_string(root),
                    why);
-    count_fallback("reduce.wrapped", why);
+    counters_->fallback(Op::kReduce, why);
     return delegate(tensors, "reduce", [&](c10d::Backend& b) { return b.reduce(tensors, opts); });
   }
   at::Tensor& t = tensors[0];
@@ -160,11 +161,11 @@ WorkPtr ProcessGroupCudaP2P::reduce(std::vector<at::Tensor>& tensors,
   gs_refuse_capture(*workspace_, "reduce");
   // Only the root's copy goes back into a non-contiguous tensor: the others' stay as they were.
   at::Tensor work = t.is_contiguous() ? t : t.contiguous();
-  run_collective("reduce", [&](const ops::CollectiveContext& ctx) {
-    ops::reduce(ctx, work, static_cast<int>(root), *op);
-    if (root == me && !work.is_same(t)) t.copy_(work);
-  });
-  bump_counter("reduce.direct");
+  counters_->record(Op::kReduce, run_collective("reduce", [&](const ops::CollectiveContext& ctx) {
+                      const ops::Outcome o = ops::reduce(ctx, work, static_cast<int>(root), *op);
+                      if (root == me && !work.is_same(t)) t.copy_(work);
+                      return o;
+                    }));
   return completed(c10d::OpType::REDUCE, tensors, opts.asyncOp);
 }
 

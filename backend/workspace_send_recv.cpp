@@ -112,23 +112,18 @@ void ProcessGroupCudaP2P::fail_mailboxes(const std::string& why) {
 
 WorkPtr ProcessGroupCudaP2P::p2p(std::vector<at::Tensor>& tensors, c10d::OpType type, int peer,
                                  int tag, c10::function_ref<WorkPtr(c10d::Backend&)> wrapped) {
-  struct Names {
-    const char* op;
-    const char* wrapped;
-    const char* direct;
-  };
-  const Names n = type == c10d::OpType::SEND ? Names{"send", "send.wrapped", "send.direct"}
-                  : type == c10d::OpType::RECV
-                      ? Names{"recv", "recv.wrapped", "recv.direct"}
-                      : Names{"recv_anysource", "recv_anysource.wrapped", "recv_anysource.direct"};
+  const bool send = type == c10d::OpType::SEND, recv = type == c10d::OpType::RECV;
+  const Counters::Op op = send   ? Counters::Op::kSend
+                          : recv ? Counters::Op::kRecv
+                                 : Counters::Op::kRecvAnysource;
   if (const char* why = mailbox_rejects(tensors)) {
-    count_fallback(n.wrapped, why);
-    return delegate(tensors, n.op, wrapped);
+    counters_->fallback(op, why);
+    return delegate(tensors, send ? "send" : recv ? "recv" : "recv_anysource", wrapped);
   }
   auto mb = mailboxes();
   auto posted = type == c10d::OpType::SEND ? mb->send(tensors[0], peer, tag, options_->timeout)
                                            : mb->recv(tensors[0], peer, tag, options_->timeout);
-  bump_counter(n.direct);
+  counters_->record(op, "direct");
   return track(c10::make_intrusive<MailboxWork>(getRank(), type, std::move(mb), std::move(posted)));
 }
 

@@ -71,49 +71,6 @@ c10d::Backend& ProcessGroupCudaP2P::route_barrier(c10d::BarrierOptions& opts) co
   return *cuda_backend_;
 }
 
-namespace {
-// The reason of the ops the workspace never runs (their counters exist so that every call says
-// which path ran: docs/collectives.md, "Counters").
-constexpr const char* kNoWorkspaceOp = "no workspace version of this op";
-}  // namespace
-
-void ProcessGroupCudaP2P::count_fallback(std::string_view name, const char* why) {
-  if (config_.debug) debug_fallback(name, why);
-  bump_counter(name);
-}
-
-// NOTE [Debug lines] in backend/config.cpp: one line per fallback counter, its first time.
-void ProcessGroupCudaP2P::debug_fallback(std::string_view name, const char* why) {
-  const bool fallback = name.ends_with(".wrapped") || name.ends_with(".unfused") ||
-                        name.find(".flat.") != std::string_view::npos;
-  if (!fallback) return;
-  {
-    std::lock_guard<std::mutex> lock(debug_mutex_);
-    if (!debug_reported_.emplace(name).second) return;
-  }
-  std::string reason;
-  if (why == nullptr) {
-    reason = name.ends_with(".unfused")   ? "the GEMM is below fused_min_flops"
-             : name.ends_with(".wrapped") ? "see the group's line"
-                                          : "the counter's name says why";
-  } else if (std::string_view(why) == kWorkspaceOff) {
-    reason = workspace_collectives_reason();
-  } else if (std::string_view(why) == "device") {
-    const std::string device =
-        is_p2p_available() ? workspace_->device().tensor_device().str() : "none";
-    reason = c10::str("a tensor is not a strided tensor on the workspace's device (", device, ")");
-  } else if (std::string_view(why) == "dtype") {
-    reason = "a dtype the workspace does not reduce (bool, complex, ...)";
-  } else if (std::string_view(why) == "reduce op") {
-    reason = "a reduce op the workspace does not run (PREMUL_SUM)";
-  } else {
-    reason = why;
-  }
-  config::debug_line(c10::str("cuda_p2p INFO rank ", getRank(), "/", getSize(), " group ",
-                              options_->group_name, ": ", name, ": ", reason,
-                              " (logged once per counter; get_counters() counts every call)"));
-}
-
 WorkPtr ProcessGroupCudaP2P::track(WorkPtr work) {
   std::lock_guard<std::mutex> lock(coalescing_mutex_);
   if (coalescing_ && work) coalesced_works_.push_back(work);
@@ -122,14 +79,14 @@ WorkPtr ProcessGroupCudaP2P::track(WorkPtr work) {
 
 WorkPtr ProcessGroupCudaP2P::allreduce_sparse(std::vector<at::Tensor>& tensors,
                                               const c10d::AllreduceOptions& opts) {
-  count_fallback("all_reduce_sparse.wrapped", kNoWorkspaceOp);
+  counters_->fallback(Counters::Op::kAllReduceSparse, reason::kNoWorkspaceOp);
   return delegate(tensors, "allreduce_sparse",
                   [&](c10d::Backend& b) { return b.allreduce_sparse(tensors, opts); });
 }
 
 WorkPtr ProcessGroupCudaP2P::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                  const c10d::AllreduceCoalescedOptions& opts) {
-  count_fallback("all_reduce.wrapped", "several tensors");
+  counters_->fallback(Counters::Op::kAllReduce, reason::kSeveralTensors);
   return delegate(tensors, "allreduce_coalesced",
                   [&](c10d::Backend& b) { return b.allreduce_coalesced(tensors, opts); });
 }
@@ -137,14 +94,14 @@ WorkPtr ProcessGroupCudaP2P::allreduce_coalesced(std::vector<at::Tensor>& tensor
 WorkPtr ProcessGroupCudaP2P::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                  std::vector<at::Tensor>& inputs,
                                                  const c10d::AllgatherOptions& opts) {
-  count_fallback("all_gather.wrapped", "several tensors");
+  counters_->fallback(Counters::Op::kAllGather, reason::kSeveralTensors);
   return delegate(inputs, "allgather_coalesced",
                   [&](c10d::Backend& b) { return b.allgather_coalesced(outputs, inputs, opts); });
 }
 
 void ProcessGroupCudaP2P::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
   // Only Gloo implements it; it reports which ranks failed to arrive.
-  count_fallback("monitored_barrier.wrapped", kNoWorkspaceOp);
+  counters_->fallback(Counters::Op::kMonitoredBarrier, reason::kNoWorkspaceOp);
   cpu_backend_->monitoredBarrier(opts, wait_all_ranks);
 }
 
