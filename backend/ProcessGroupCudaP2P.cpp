@@ -1,15 +1,20 @@
-// ProcessGroupCudaP2P's lifecycle: construction (configuration, the workspace's rendezvous),
-// the workspace's API (buffers, barrier, growth), counters, the fused ops' per-group state, and
-// timeout / abort / shutdown. Routing to the wrapped backends is in backend/wrapped_routing.cpp,
-// the workspace collectives' entry in backend/workspace_collectives.cpp.
+// ProcessGroupCudaP2P, the router: its construction (configuration, the workspace's rendezvous,
+// the engines), the entry sequence every c10d override hands its call to, the overrides, the
+// workspace's API, and timeout / abort / shutdown.
 #include "backend/ProcessGroupCudaP2P.hpp"
 
 #include <c10/util/Exception.h>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <type_traits>
 #include <utility>
 
+#include "backend/CompletedWork.hpp"
+#include "backend/reduce_ops.hpp"
 #include "ops/channels.hpp"
+#include "ops/common.hpp"
+#include "ops/reduction.hpp"
 #include "p2p_workspace/cuda/cuda_device.hpp"
 #include "p2p_workspace/host/host_device.hpp"
 
@@ -24,8 +29,86 @@
 
 namespace cuda_p2p {
 
-using c10d::Work;
-using WorkPtr = c10::intrusive_ptr<Work>;
+using Op = Counters::Op;
+using c10d::OpType;
+using ops::OpKind;
+
+namespace {
+
+c10::intrusive_ptr<c10d::Store> checked_store(c10::intrusive_ptr<c10d::Store> store, int rank,
+                                              int size) {
+  TORCH_CHECK(store, "cuda_p2p: a c10d Store is required, got None");
+  TORCH_CHECK(size >= 1, "cuda_p2p: world size must be >= 1, got ", size);
+  TORCH_CHECK(rank >= 0 && rank < size, "cuda_p2p: rank must be in [0, ", size, "), got ", rank);
+  return store;
+}
+
+// NOTE [CUDA collectives are opt-in]
+// A user who switches backend="nccl" to backend="cuda_p2p" must lose nothing: until the
+// workspace collectives have been validated across GPUs (so far they have run, and matched
+// their references, only with ranks sharing one GPU: docs/testing.md) and measured against
+// NCCL, ordinary collectives on CUDA tensors go to the wrapped NCCL backend unless the user
+// opts in (Options.cuda_workspace_collectives, else CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES=1:
+// Config::cuda_collectives). The counters say which path ran ("all_reduce.wrapped" vs
+// "all_reduce.one_shot", ...). A host workspace (CPU tensors) is not affected; the fused ops
+// use the workspace on either device.
+
+// NOTE [The workspace's device]
+// A group has one workspace, on one device: tensors on the other device go to the wrapped
+// backend (counted ".wrapped"). By default ("auto") it lives on a GPU when the group drives one
+// (it wraps a CUDA backend: Python creates NCCL when a GPU is visible; which GPU: NOTE [The
+// workspace's GPU] in backend/config.cpp), else in host shared memory.
+// Options.workspace_device / CUDA_P2P_WORKSPACE_DEVICE choose: "cpu" keeps
+// a host workspace on a GPU machine, for CPU tensor-parallel inference there (and for the CPU
+// test suite run on a GPU machine: tests/python/conftest.py); "cuda" insists on the GPU and
+// fails here, naming the knob, where there is none. Every rank constructs the backend, so the
+// rendezvous is collective.
+std::unique_ptr<SymmetricWorkspace> make_workspace(const c10::intrusive_ptr<c10d::Store>& store,
+                                                   int rank, int size, const Config& config,
+                                                   bool wraps_cuda,
+                                                   std::optional<int64_t> bound_cuda_device) {
+  if (!config.workspace) return nullptr;
+  std::shared_ptr<Device> device;
+  const auto where = config.workspace_device;
+#ifdef CUDA_P2P_WITH_CUDA
+  if (where != WorkspaceDevice::kCpu && wraps_cuda) {
+    // NOTE [The workspace's GPU] in backend/config.cpp.
+    device = make_cuda_device(choose_cuda_device(bound_cuda_device, c10::cuda::device_count(),
+                                                 c10::cuda::current_device())
+                                  .index);
+    // The ops' own kernels too (the device loaded its signal kernels): NOTE [Kernels loaded up
+    // front] in p2p_workspace/cuda/signal_kernels.cuh. Into the workspace GPU's context.
+    const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device->device_index()));
+    cudaError_t err = cuda::load_signature_kernels();
+    if (err == cudaSuccess) err = cuda::load_sleep_kernel();
+    TORCH_CHECK(err == cudaSuccess,
+                "cuda_p2p: loading the ops' CUDA kernels failed: ", cudaGetErrorString(err));
+  }
+  constexpr bool kBuiltWithCuda = true;
+#else
+  constexpr bool kBuiltWithCuda = false;
+  (void)wraps_cuda;
+  (void)bound_cuda_device;
+#endif
+  TORCH_CHECK(device || where != WorkspaceDevice::kCuda, "cuda_p2p: ", config.workspace_device_from,
+              " asks for a workspace on the GPU ('cuda'), but ",
+              kBuiltWithCuda ? "this group wraps no CUDA backend (no GPU visible to torch, or "
+                               "NCCL unavailable)"
+                             : "cuda_p2p was built without CUDA",
+              "; use 'cpu' or 'auto'");
+  if (!device) device = make_host_device(size, config.host_streams);
+  // NOTE [Zero-copy collectives] in ops/zero_copy.cpp: the exchange is read by the host.
+  TORCH_CHECK(device->tensor_device().is_cpu() ||
+                  config.collective.zero_copy_agreement != ops::ZeroCopyAgreement::kExchange,
+              "cuda_p2p: ", config.zero_copy_agreement_from,
+              " asks for 'exchange', which needs a host workspace, but this group's workspace "
+              "is on the GPU; use 'signature' or 'auto'");
+  return std::make_unique<SymmetricWorkspace>(
+      c10::make_intrusive<c10d::PrefixStore>("cuda_p2p/", store), rank, size, std::move(device),
+      config.workspace_options);
+}
+
+}  // namespace
 
 ProcessGroupCudaP2P::ProcessGroupCudaP2P(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
                                          c10::intrusive_ptr<Options> options,
@@ -33,112 +116,697 @@ ProcessGroupCudaP2P::ProcessGroupCudaP2P(c10::intrusive_ptr<c10d::Store> store, 
                                          c10::intrusive_ptr<c10d::Backend> cuda_backend,
                                          std::optional<int64_t> bound_cuda_device)
     : c10d::Backend(rank, size),
-      store_(std::move(store)),
+      store_(checked_store(std::move(store), rank, size)),
       options_(options ? std::move(options) : c10::make_intrusive<Options>()),
-      cpu_backend_(std::move(cpu_backend)),
-      cuda_backend_(std::move(cuda_backend)) {
-  TORCH_CHECK(store_, "cuda_p2p: a c10d Store is required, got None");
-  TORCH_CHECK(size >= 1, "cuda_p2p: world size must be >= 1, got ", size);
-  TORCH_CHECK(rank >= 0 && rank < size, "cuda_p2p: rank must be in [0, ", size, "), got ", rank);
-  TORCH_CHECK(cpu_backend_, "cuda_p2p: a wrapped backend for CPU tensors (Gloo) is required");
-  for (const auto* wrapped : {cpu_backend_.get(), cuda_backend_.get()}) {
-    if (wrapped == nullptr) continue;
-    TORCH_CHECK(wrapped->getRank() == rank && wrapped->getSize() == size,
-                "cuda_p2p: wrapped backend ", wrapped->getBackendName(), " has rank ",
-                wrapped->getRank(), " of ", wrapped->getSize(), ", expected rank ", rank, " of ",
-                size);
-  }
-  config_ = resolve_config(*options_, size);
-
-  // NOTE [CUDA collectives are opt-in]
-  // A user who switches backend="nccl" to backend="cuda_p2p" must lose nothing: until the
-  // workspace collectives have been validated across GPUs (so far they have run, and matched
-  // their references, only with ranks sharing one GPU: docs/testing.md) and measured against
-  // NCCL, ordinary collectives on CUDA tensors go to the wrapped NCCL backend unless the user
-  // opts in (Options.cuda_workspace_collectives, else CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES=1:
-  // Config::cuda_collectives). The counters say which path ran ("all_reduce.wrapped" vs
-  // "all_reduce.one_shot", ...). A host workspace (CPU tensors) is not affected; the fused ops
-  // use the workspace on either device.
-
-  // NOTE [The workspace's device]
-  // A group has one workspace, on one device: tensors on the other device go to the wrapped
-  // backend (counted ".wrapped"). By default ("auto") it lives on a GPU when the group drives one
-  // (it wraps a CUDA backend: Python creates NCCL when a GPU is visible; which GPU: NOTE [The
-  // workspace's GPU] in backend/config.cpp), else in host shared memory.
-  // Options.workspace_device / CUDA_P2P_WORKSPACE_DEVICE choose: "cpu" keeps
-  // a host workspace on a GPU machine, for CPU tensor-parallel inference there (and for the CPU
-  // test suite run on a GPU machine: tests/python/conftest.py); "cuda" insists on the GPU and
-  // fails here, naming the knob, where there is none. Every rank constructs the backend, so the
-  // rendezvous is collective.
-  if (config_.workspace) {
-    std::shared_ptr<Device> device;
-    const auto where = config_.workspace_device;
-#ifdef CUDA_P2P_WITH_CUDA
-    if (where != WorkspaceDevice::kCpu && cuda_backend_) {
-      // NOTE [The workspace's GPU] in backend/config.cpp.
-      device = make_cuda_device(choose_cuda_device(bound_cuda_device, c10::cuda::device_count(),
-                                                   c10::cuda::current_device())
-                                    .index);
-      // The ops' own kernels too (the device loaded its signal kernels): NOTE [Kernels loaded up
-      // front] in p2p_workspace/cuda/signal_kernels.cuh. Into the workspace GPU's context.
-      const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device->device_index()));
-      cudaError_t err = cuda::load_signature_kernels();
-      if (err == cudaSuccess) err = cuda::load_sleep_kernel();
-      TORCH_CHECK(err == cudaSuccess,
-                  "cuda_p2p: loading the ops' CUDA kernels failed: ", cudaGetErrorString(err));
-    }
-    constexpr bool kBuiltWithCuda = true;
-#else
-    constexpr bool kBuiltWithCuda = false;
-    (void)bound_cuda_device;
-#endif
-    TORCH_CHECK(device || where != WorkspaceDevice::kCuda,
-                "cuda_p2p: ", config_.workspace_device_from,
-                " asks for a workspace on the GPU ('cuda'), but ",
-                kBuiltWithCuda ? "this group wraps no CUDA backend (no GPU visible to torch, or "
-                                 "NCCL unavailable)"
-                               : "cuda_p2p was built without CUDA",
-                "; use 'cpu' or 'auto'");
-    if (!device) device = make_host_device(size, config_.host_streams);
-    // NOTE [Zero-copy collectives] in ops/zero_copy.cpp: the exchange is read by the host.
-    TORCH_CHECK(device->tensor_device().is_cpu() ||
-                    config_.collective.zero_copy_agreement != ops::ZeroCopyAgreement::kExchange,
-                "cuda_p2p: ", config_.zero_copy_agreement_from,
-                " asks for 'exchange', which needs a host workspace, but this group's workspace "
-                "is on the GPU; use 'signature' or 'auto'");
-    workspace_ = std::make_unique<SymmetricWorkspace>(
-        c10::make_intrusive<c10d::PrefixStore>("cuda_p2p/", store_), rank, size, std::move(device),
-        config_.workspace_options);
-  }
-}
+      wrapped_(std::move(cpu_backend), std::move(cuda_backend), rank, size),
+      config_(resolve_config(*options_, size)),
+      workspace_(make_workspace(store_, rank, size, config_, wrapped_.cuda() != nullptr,
+                                bound_cuda_device)),
+      group_{store_, rank, size, workspace_.get(), config_},
+      counters_(config_.debug, rank, size, options_->group_name,
+                {.collectives_off = [this] { return collectives_.off_reason(); },
+                 .workspace_device =
+                     [this] {
+                       return is_p2p_available() ? workspace_->device().tensor_device().str()
+                                                 : std::string("none");
+                     }}),
+      collectives_(group_, failure_, counters_.intra_op_splits()),
+      heap_(group_, collectives_),
+      send_recv_(group_, collectives_) {}
 
 ProcessGroupCudaP2P::~ProcessGroupCudaP2P() {
   lifetime_token_.reset();  // NOTE [Group lookup cache]: no cache entry finds this backend now
 }
-std::string ProcessGroupCudaP2P::p2p_unavailable_reason() const {
-  if (!workspace_) return config_.workspace_off_reason;
-  return workspace_->unavailable_reason();
+
+// --- the entry sequence -------------------------------------------------------------------------
+
+namespace detail {
+
+// What the entry sequence needs to know of a c10d call besides its tensors.
+struct Entry {
+  Counters::Op op;           // its counters
+  const char* name;          // in the workspace's handshakes and errors
+  ops::OpKind kind;          // its signature's kind
+  c10d::OpType type;         // its Work's
+  const char* wrapped_name;  // in the wrapped route's errors (c10d's name)
+};
+
+// One call: the tensors the route's handshake describes, those that choose the wrapped backend,
+// the reason it goes there (null: the workspace runs it), and its options' asyncOp.
+struct Call {
+  c10::ArrayRef<at::Tensor> described;
+  c10::ArrayRef<at::Tensor> routed;
+  const char* why;
+  bool async_op;
+};
+
+}  // namespace detail
+
+namespace {
+
+using detail::Entry;
+
+constexpr Entry kAllReduce{Op::kAllReduce, "all_reduce", OpKind::kAllReduce, OpType::ALLREDUCE,
+                           "allreduce"};
+constexpr Entry kBroadcast{Op::kBroadcast, "broadcast", OpKind::kBroadcast, OpType::BROADCAST,
+                           "broadcast"};
+constexpr Entry kAllGather{Op::kAllGather, "all_gather", OpKind::kAllGather, OpType::ALLGATHER,
+                           "allgather"};
+constexpr Entry kAllGatherIntoTensor{Op::kAllGather, "all_gather_into_tensor", OpKind::kAllGather,
+                                     OpType::_ALLGATHER_BASE, "all_gather_into_tensor"};
+constexpr Entry kAllGatherIntoTensorCoalesced{Op::kAllGather, "all_gather_into_tensor",
+                                              OpKind::kAllGather, OpType::COALESCED,
+                                              "allgather_into_tensor_coalesced"};
+constexpr Entry kReduceScatter{Op::kReduceScatter, "reduce_scatter", OpKind::kReduceScatter,
+                               OpType::REDUCE_SCATTER, "reduce_scatter"};
+constexpr Entry kReduceScatterTensor{Op::kReduceScatter, "reduce_scatter_tensor",
+                                     OpKind::kReduceScatter, OpType::_REDUCE_SCATTER_BASE,
+                                     "reduce_scatter_tensor"};
+constexpr Entry kReduceScatterTensorCoalesced{Op::kReduceScatter, "reduce_scatter_tensor",
+                                              OpKind::kReduceScatter, OpType::COALESCED,
+                                              "reduce_scatter_tensor_coalesced"};
+constexpr Entry kAllToAllSingle{Op::kAllToAllSingle, "all_to_all_single", OpKind::kAllToAllSingle,
+                                OpType::ALLTOALL_BASE, "all_to_all_single"};
+constexpr Entry kAllToAll{Op::kAllToAll, "all_to_all", OpKind::kAllToAll, OpType::ALLTOALL,
+                          "all_to_all"};
+constexpr Entry kGather{Op::kGather, "gather", OpKind::kGather, OpType::GATHER, "gather"};
+constexpr Entry kScatter{Op::kScatter, "scatter", OpKind::kScatter, OpType::SCATTER, "scatter"};
+constexpr Entry kReduce{Op::kReduce, "reduce", OpKind::kReduce, OpType::REDUCE, "reduce"};
+
+// The route's text of a call whose signature names its tensors only.
+std::string no_detail() { return {}; }
+
+// Whether `list` (the root's W tensors) matches `one` (numel, dtype): else the wrapped backend
+// runs the call and reports what it finds.
+bool matches_every_rank(const std::vector<at::Tensor>& list, const at::Tensor& one, int W) {
+  if (static_cast<int>(list.size()) != W) return false;
+  for (const auto& t : list) {
+    if (!t.defined() || t.numel() != one.numel() || t.scalar_type() != one.scalar_type()) {
+      return false;
+    }
+  }
+  return true;
 }
 
-bool ProcessGroupCudaP2P::workspace_on_host() const {
-  return workspace_ && workspace_->device().tensor_device().is_cpu();
+// Why a rooted call cannot take the workspace (nullptr when it can): gather's `mine` are its
+// inputs and `at_root` its outputs, scatter's the other way round; the root passes one list of
+// W tensors like `mine`, the others none.
+const char* rooted_rejects(const WorkspaceCollectives& collectives,
+                           const std::vector<at::Tensor>& mine,
+                           const std::vector<std::vector<at::Tensor>>& at_root, bool is_root,
+                           int W) {
+  const char* why = collectives.rejects(mine);
+  if (!why && mine.size() != 1) why = reason::kSeveralTensors;
+  if (!why && is_root) {
+    const bool ok = at_root.size() == 1 && matches_every_rank(at_root[0], mine[0], W);
+    why = ok ? collectives.rejects(at_root[0]) : reason::kShapes;
+  }
+  if (!why && !is_root && !(at_root.empty() || (at_root.size() == 1 && at_root[0].empty()))) {
+    why = reason::kShapes;
+  }
+  return why;
 }
 
-std::string ProcessGroupCudaP2P::workspace_collectives_reason() const {
-  if (!is_p2p_available()) return "the workspace is unavailable: " + p2p_unavailable_reason();
-  if (!config_.collectives) {
-    return "turned off (Options.workspace_collectives = False or "
-           "CUDA_P2P_WORKSPACE_COLLECTIVES=0)";
-  }
-  if (!workspace_on_host() && !config_.cuda_collectives) {
-    return "collectives on CUDA tensors go to NCCL by default; opt in with "
-           "Options.cuda_workspace_collectives = True or CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES=1";
-  }
-  return "";
+// Chunk i of W equal chunks of a contiguous tensor's elements.
+at::Tensor flat_chunk(const at::Tensor& t, int64_t i, int64_t count) {
+  return t.view({-1}).narrow(0, i * count, count);
 }
+
+}  // namespace
+
+// NOTE [The entry sequence]
+// Every c10d call the workspace may serve takes the same steps, written once here (serve,
+// on_workspace) and in each override only as a description of the call:
+//  1. a group spanning hosts runs it hierarchically when it can (Hierarchy), counted;
+//  2. the reason the workspace cannot take it, from what every rank agrees on (its tensors'
+//     device and layout, their number, the dtype, the reduce op, the shapes), checked in a fixed
+//     order per op, so that ranks routing alike name the same reason (NOTE [Routes agree]);
+//  3. with a reason: the route's handshake (WorkspaceCollectives::agree_on_route), the fallback
+//     counted ("<op>.wrapped", its debug line) and the wrapped backend's Work, handed back as it
+//     is (a CPU one tracked while coalescing);
+//  4. without: the workspace body - its own argument checks told to the peers, the op run under
+//     the collective lock - whose Outcome is counted (Counters::record), and a completed Work
+//     over the call's outputs, or none for a synchronous call (NOTE [No Work for a synchronous
+//     call]).
+// The steps are templates over the call's lambdas: the small all-reduce's path constructs no
+// std::function and allocates nothing for them (NOTE [Inline one-shot] in ops/all_reduce.cpp).
+// The barrier (no route handshake: NOTE [Barriers order the GPU]), send/recv (the mailboxes)
+// and cuda_p2p's own all_gather_v / all_to_all_v (checks that run on either route) spell their
+// variants out beside them.
+template <typename Detail, typename Body>
+bool ProcessGroupCudaP2P::on_workspace(const detail::Entry& entry, const detail::Call& call,
+                                       Detail&& detail, Body&& body) {
+  if (call.why) {
+    collectives_.agree_on_route(entry.name, entry.kind, call.described, detail, call.why);
+    counters_.fallback(entry.op, call.why);
+    return false;
+  }
+  // A body that runs several ops (the coalesced calls) counts each as it runs.
+  if constexpr (std::is_void_v<decltype(body())>) {
+    body();
+  } else {
+    counters_.record(entry.op, body());
+  }
+  return true;
+}
+
+template <typename Detail, typename Body, typename Wrapped, typename Outputs>
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::serve(const detail::Entry& entry,
+                                                        const detail::Call& call, Detail&& detail,
+                                                        Body&& body, Wrapped&& wrapped,
+                                                        Outputs&& outputs) {
+  if (!on_workspace(entry, call, detail, body)) {
+    return wrapped_.delegate(call.routed, entry.wrapped_name, wrapped);
+  }
+  return completed(entry.type, outputs, call.async_op);
+}
+
+template <typename Wrapped>
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::wrapped_only(Counters::Op op, const char* why,
+                                                               c10::ArrayRef<at::Tensor> tensors,
+                                                               const char* name,
+                                                               Wrapped&& wrapped) {
+  counters_.fallback(op, why);
+  return wrapped_.delegate(tensors, name, wrapped);
+}
+
+bool ProcessGroupCudaP2P::ran_hierarchically(Counters::Op op, const HierarchyOutcome& outcome) {
+  counters_.hierarchical(op, outcome);
+  return outcome.ran;
+}
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::hierarchical_done(
+    c10d::OpType type, std::vector<at::Tensor> outputs) {
+  return wrapped_.track(c10::make_intrusive<CompletedWork>(getRank(), type, std::move(outputs)));
+}
+
+// NOTE [No Work for a synchronous call]
+// torch.distributed's Python API sets the options' asyncOp from async_op, and for a synchronous
+// call it waits on the Work only when there is one (`elif work is not None: work.wait()`: every
+// collective in torch 2.14.1; PyTorch's PR 150398, before torch 2.8, spared NCCL's synchronous
+// calls that wait, so every torch we build against has it). On the host a workspace collective
+// has completed when it returns, so the Work of a synchronous call is a cost with no use: its
+// allocation, its conversion to a Python object and the wait() call (which releases and takes
+// the GIL) - 0.7-0.8 us of a 4.6-4.8 us dist.all_reduce of 8 bytes on 2 ranks
+// (docs/collectives.md, "No Work for a synchronous call"). So such a call returns none, unless
+//  * asyncOp is true: an async call, and every C++ caller that leaves the options' default
+//    (DDP's reducer, the functional collectives) gets its Work;
+//  * the workspace is on CUDA, where wait() orders the caller's stream after the op and raises
+//    the device's failure (NOTE [Device failure] in p2p_workspace/watchdog.hpp);
+//  * the group is coalescing: endCoalescing's Work is made of the tracked ones;
+//  * torch's allow_inflight_collective_as_graph_input() is on: ProcessGroup registers the Work
+//    of every call for torch.ops._c10d_functional.wait_tensor.
+bool ProcessGroupCudaP2P::returns_no_work(bool async_op) const {
+  if (async_op || !workspace_ || !workspace_->device().host_synchronous() ||
+      c10d::allow_inflight_collective_as_graph_input()) {
+    return false;
+  }
+  return !wrapped_.coalescing();
+}
+
+template <typename Outputs>
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::completed(c10d::OpType type, Outputs&& outputs,
+                                                            bool async_op) {
+  if (returns_no_work(async_op)) return {};  // NOTE [No Work for a synchronous call]
+  return completed_work(type, outputs());
+}
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::completed_work(c10d::OpType type,
+                                                                 std::vector<at::Tensor> outputs) {
+  // On a GPU the op is enqueued, not done: its Work waits for the event the collective recorded
+  // at its end (none on the host, where it has completed).
+  std::shared_ptr<Device> device;
+  std::shared_ptr<Event> end;
+  if (workspace_ && !workspace_->device().host_synchronous()) {
+    device = workspace_->device_ptr();
+    // Under capture, the op's captured end (NOTE [Replay-safe signals]).
+    end = workspace_->last_op(device->capture_id(*device->current_stream()));
+  }
+  return wrapped_.track(c10::make_intrusive<CompletedWork>(getRank(), type, std::move(outputs),
+                                                           std::move(device), std::move(end)));
+}
+
+// --- c10d::Backend ------------------------------------------------------------------------------
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::allreduce(std::vector<at::Tensor>& tensors,
+                                                            const c10d::AllreduceOptions& opts) {
+  if (hierarchy_ && ran_hierarchically(Op::kAllReduce, hierarchy_->all_reduce(tensors, opts))) {
+    return hierarchical_done(OpType::ALLREDUCE, tensors);
+  }
+  const auto op = to_reduce_op(opts.reduceOp);
+  const char* why = tensors.size() != 1 ? reason::kSeveralTensors
+                    : !op               ? reason::kReduceOp
+                                        : collectives_.all_reduce_rejects(tensors[0]);
+  return serve(
+      kAllReduce, {tensors, tensors, why, opts.asyncOp},
+      [&] { return " " + reduce_op_text(opts.reduceOp); },
+      [&] { return collectives_.all_reduce(tensors[0], *op); },
+      [&](c10d::Backend& b) { return b.allreduce(tensors, opts); }, [&] { return tensors; });
+}
+
+// The all-reduce of torch.ops.cuda_p2p.all_reduce_: dist.all_reduce's paths, in its order, with
+// no Work. The c10d options only where they are used: not on the small all-reduce's path.
+void ProcessGroupCudaP2P::all_reduce_in_place(at::Tensor& tensor, ops::ReduceOp op) {
+  TORCH_CHECK(tensor.layout() == at::kStrided,
+              "cuda_p2p all_reduce_: expected a strided (dense) tensor, got layout ",
+              tensor.layout());
+  const auto options = [op] {
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = to_c10d_reduce_op(op);
+    return opts;
+  };
+  // A group spanning hosts copies a non-contiguous tensor back itself.
+  if (hierarchy_) {
+    std::vector<at::Tensor> tensors{tensor};
+    if (ran_hierarchically(Op::kAllReduce, hierarchy_->all_reduce(tensors, options()))) return;
+  }
+  const char* why = collectives_.all_reduce_rejects(tensor);
+  if (on_workspace(
+          kAllReduce, {tensor, tensor, why, false}, [&] { return " " + ops::lower_name(op); },
+          [&] { return collectives_.all_reduce(tensor, op); })) {
+    return;
+  }
+  // The wrapped backends expect contiguous tensors, as they do from dist.all_reduce.
+  std::vector<at::Tensor> tensors{tensor.is_contiguous() ? tensor : tensor.contiguous()};
+  wrapped_.route(tensors, "all_reduce_").allreduce(tensors, options())->wait();
+  if (!tensors[0].is_same(tensor)) tensor.copy_(tensors[0]);
+}
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::broadcast(std::vector<at::Tensor>& tensors,
+                                                            const c10d::BroadcastOptions& opts) {
+  if (hierarchy_ && ran_hierarchically(Op::kBroadcast, hierarchy_->broadcast(tensors, opts))) {
+    return hierarchical_done(OpType::BROADCAST, tensors);
+  }
+  const char* why = collectives_.rejects(tensors);
+  if (!why && (tensors.size() != 1 || opts.rootTensor != 0)) why = reason::kSeveralTensors;
+  return serve(
+      kBroadcast, {tensors, tensors, why, opts.asyncOp},
+      [&] { return " from root " + std::to_string(opts.rootRank); },
+      [&] { return collectives_.broadcast(tensors[0], opts.rootRank); },
+      [&](c10d::Backend& b) { return b.broadcast(tensors, opts); }, [&] { return tensors; });
+}
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  if (hierarchy_ &&
+      ran_hierarchically(Op::kAllGather, hierarchy_->all_gather(outputs, inputs, opts))) {
+    return hierarchical_done(OpType::ALLGATHER, outputs[0]);
+  }
+  const char* why = collectives_.rejects(inputs);
+  if (!why && (inputs.size() != 1 || outputs.size() != 1 ||
+               outputs[0].size() != static_cast<size_t>(getSize()))) {
+    why = reason::kSeveralTensors;
+  }
+  if (!why) why = collectives_.rejects(outputs[0]);
+  for (size_t q = 0; !why && q < outputs[0].size(); ++q) {
+    const at::Tensor& o = outputs[0][q];
+    if (o.numel() != inputs[0].numel() || o.scalar_type() != inputs[0].scalar_type()) {
+      why = reason::kShapes;
+    }
+  }
+  return serve(
+      kAllGather, {inputs, inputs, why, opts.asyncOp}, no_detail,
+      [&] { return collectives_.all_gather(inputs[0], outputs[0]); },
+      [&](c10d::Backend& b) { return b.allgather(outputs, inputs, opts); },
+      [&] { return outputs[0]; });
+}
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::_allgather_base(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
+  if (hierarchy_ &&
+      ran_hierarchically(Op::kAllGather, hierarchy_->all_gather_into_tensor(output, input, opts))) {
+    return hierarchical_done(OpType::_ALLGATHER_BASE, {output});
+  }
+  const char* why = collectives_.rejects({input, output});
+  return serve(
+      kAllGatherIntoTensor, {input, input, why, opts.asyncOp}, no_detail,
+      [&] { return collectives_.all_gather_into_tensor(output, input, "all_gather_into_tensor"); },
+      [&](c10d::Backend& b) { return b._allgather_base(output, input, opts); },
+      [&] {
+        // What the wrapped backend's future would hold: Gloo's the W chunks, NCCL's the output.
+        if (!output.is_cpu() || !output.is_contiguous()) return std::vector<at::Tensor>{output};
+        std::vector<at::Tensor> views;
+        for (int q = 0; q < getSize(); ++q) views.push_back(flat_chunk(output, q, input.numel()));
+        return views;
+      });
+}
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  if (hierarchy_ && ran_hierarchically(Op::kAllGather, hierarchy_->all_gather_into_tensor_coalesced(
+                                                           outputs, inputs, opts))) {
+    return hierarchical_done(OpType::COALESCED, outputs);
+  }
+  const char* why = collectives_.rejects(inputs);
+  if (!why) why = collectives_.rejects(outputs);
+  if (!why && outputs.size() != inputs.size()) why = reason::kShapes;
+  return serve(
+      kAllGatherIntoTensorCoalesced, {inputs, inputs, why, opts.asyncOp}, no_detail,
+      [&] {  // one workspace all-gather per pair, in order
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          counters_.record(Op::kAllGather, collectives_.all_gather_into_tensor(
+                                               outputs[i], inputs[i],
+                                               "all_gather_into_tensor (coalesced, tensor " +
+                                                   std::to_string(i) + ")"));
+        }
+      },
+      [&](c10d::Backend& b) { return b.allgather_into_tensor_coalesced(outputs, inputs, opts); },
+      [&] { return outputs; });
+}
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  if (hierarchy_ &&
+      ran_hierarchically(Op::kReduceScatter, hierarchy_->reduce_scatter(outputs, inputs, opts))) {
+    return hierarchical_done(OpType::REDUCE_SCATTER, outputs);
+  }
+  const auto op = to_reduce_op(opts.reduceOp);
+  const char* why = collectives_.rejects(outputs);
+  if (!why && (outputs.size() != 1 || inputs.size() != 1 ||
+               inputs[0].size() != static_cast<size_t>(getSize()))) {
+    why = reason::kSeveralTensors;
+  }
+  if (!why) why = collectives_.rejects(inputs[0]);
+  if (!why && !op) why = reason::kReduceOp;
+  if (!why && !ops::is_reducible_dtype(outputs[0].scalar_type())) why = reason::kDtype;
+  for (size_t q = 0; !why && q < inputs[0].size(); ++q) {
+    const at::Tensor& t = inputs[0][q];
+    if (t.numel() != outputs[0].numel() || t.scalar_type() != outputs[0].scalar_type()) {
+      why = reason::kShapes;
+    }
+  }
+  return serve(
+      kReduceScatter, {outputs, outputs, why, opts.asyncOp},
+      [&] { return " " + reduce_op_text(opts.reduceOp); },
+      [&] { return collectives_.reduce_scatter(inputs[0], outputs[0], *op); },
+      [&](c10d::Backend& b) { return b.reduce_scatter(outputs, inputs, opts); },
+      [&] { return outputs; });
+}
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  if (hierarchy_ && ran_hierarchically(Op::kReduceScatter,
+                                       hierarchy_->reduce_scatter_tensor(output, input, opts))) {
+    return hierarchical_done(OpType::_REDUCE_SCATTER_BASE, {output});
+  }
+  const auto op = to_reduce_op(opts.reduceOp);
+  const char* why = collectives_.rejects({input, output});
+  if (!why && !op) why = reason::kReduceOp;
+  if (!why && !ops::is_reducible_dtype(output.scalar_type())) why = reason::kDtype;
+  return serve(
+      kReduceScatterTensor, {output, input, why, opts.asyncOp},
+      [&] { return " " + reduce_op_text(opts.reduceOp); },
+      [&] {
+        return collectives_.reduce_scatter_tensor(output, input, *op, "reduce_scatter_tensor");
+      },
+      [&](c10d::Backend& b) { return b._reduce_scatter_base(output, input, opts); },
+      [&] { return std::vector<at::Tensor>{output}; });
+}
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  if (hierarchy_ &&
+      ran_hierarchically(Op::kReduceScatter,
+                         hierarchy_->reduce_scatter_tensor_coalesced(outputs, inputs, opts))) {
+    return hierarchical_done(OpType::COALESCED, outputs);
+  }
+  const auto op = to_reduce_op(opts.reduceOp);
+  const char* why = collectives_.rejects(inputs);
+  if (!why) why = collectives_.rejects(outputs);
+  if (!why && outputs.size() != inputs.size()) why = reason::kShapes;
+  if (!why && !op) why = reason::kReduceOp;
+  for (size_t i = 0; !why && i < outputs.size(); ++i) {
+    if (!ops::is_reducible_dtype(outputs[i].scalar_type())) why = reason::kDtype;
+  }
+  return serve(
+      kReduceScatterTensorCoalesced, {outputs, inputs, why, opts.asyncOp},
+      [&] { return " " + reduce_op_text(opts.reduceOp); },
+      [&] {  // one workspace reduce-scatter per pair, in order
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          counters_.record(Op::kReduceScatter, collectives_.reduce_scatter_tensor(
+                                                   outputs[i], inputs[i], *op,
+                                                   "reduce_scatter_tensor (coalesced, tensor " +
+                                                       std::to_string(i) + ")"));
+        }
+      },
+      [&](c10d::Backend& b) { return b.reduce_scatter_tensor_coalesced(outputs, inputs, opts); },
+      [&] { return outputs; });
+}
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::alltoall_base(
+    at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_split_sizes,
+    std::vector<int64_t>& input_split_sizes, const c10d::AllToAllOptions& opts) {
+  const char* why = collectives_.rejects({input, output});
+  if (!why && input.scalar_type() != output.scalar_type()) why = reason::kShapes;
+  return serve(
+      kAllToAllSingle, {input, input, why, opts.asyncOp}, no_detail,
+      [&] {
+        return collectives_.all_to_all_single(output, input, output_split_sizes, input_split_sizes);
+      },
+      [&](c10d::Backend& b) {
+        return b.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
+      },
+      [&] { return std::vector<at::Tensor>{output}; });
+}
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::alltoall(std::vector<at::Tensor>& outputs,
+                                                           std::vector<at::Tensor>& inputs,
+                                                           const c10d::AllToAllOptions& opts) {
+  const int W = getSize();
+  const char* why = collectives_.rejects(inputs);
+  if (!why) why = collectives_.rejects(outputs);
+  if (!why && (static_cast<int>(inputs.size()) != W || static_cast<int>(outputs.size()) != W)) {
+    why = reason::kShapes;
+  }
+  for (int q = 0; !why && q < W; ++q) {
+    if (inputs[q].scalar_type() != inputs[0].scalar_type() ||
+        outputs[q].scalar_type() != inputs[0].scalar_type()) {
+      why = reason::kShapes;
+    }
+  }
+  return serve(
+      kAllToAll, {inputs, inputs, why, opts.asyncOp}, no_detail,
+      [&] { return collectives_.all_to_all(outputs, inputs); },
+      [&](c10d::Backend& b) { return b.alltoall(outputs, inputs, opts); }, [&] { return outputs; });
+}
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::gather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::GatherOptions& opts) {
+  const int64_t root = opts.rootRank;
+  const bool is_root = root == getRank();
+  const char* why = rooted_rejects(collectives_, inputs, outputs, is_root, getSize());
+  std::vector<at::Tensor> none;
+  std::vector<at::Tensor>& at_root = !why && is_root ? outputs[0] : none;
+  return serve(
+      kGather, {inputs, inputs, why, opts.asyncOp},
+      [&] { return " to root " + std::to_string(root); },
+      [&] { return collectives_.gather(at_root, inputs[0], root); },
+      [&](c10d::Backend& b) { return b.gather(outputs, inputs, opts); }, [&] { return at_root; });
+}
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ScatterOptions& opts) {
+  const int64_t root = opts.rootRank;
+  const bool is_root = root == getRank();
+  const char* why = rooted_rejects(collectives_, outputs, inputs, is_root, getSize());
+  const std::vector<at::Tensor> none;
+  const std::vector<at::Tensor>& at_root = !why && is_root ? inputs[0] : none;
+  return serve(
+      kScatter, {outputs, outputs, why, opts.asyncOp},
+      [&] { return " from root " + std::to_string(root); },
+      [&] { return collectives_.scatter(outputs[0], at_root, root); },
+      [&](c10d::Backend& b) { return b.scatter(outputs, inputs, opts); }, [&] { return outputs; });
+}
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::reduce(std::vector<at::Tensor>& tensors,
+                                                         const c10d::ReduceOptions& opts) {
+  const auto op = to_reduce_op(opts.reduceOp);
+  const char* why = tensors.size() != 1 || opts.rootTensor != 0 ? reason::kSeveralTensors
+                    : !op ? reason::kReduceOp
+                          : collectives_.all_reduce_rejects(tensors[0]);
+  return serve(
+      kReduce, {tensors, tensors, why, opts.asyncOp},
+      [&] {
+        return " " + reduce_op_text(opts.reduceOp) + " to root " + std::to_string(opts.rootRank);
+      },
+      [&] { return collectives_.reduce(tensors[0], opts.rootRank, *op); },
+      [&](c10d::Backend& b) { return b.reduce(tensors, opts); }, [&] { return tensors; });
+}
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::barrier(const c10d::BarrierOptions& opts) {
+  if (hierarchy_ && ran_hierarchically(Op::kBarrier, hierarchy_->barrier(opts))) {
+    return hierarchical_done(OpType::BARRIER, {});
+  }
+  // A barrier for a CUDA device stays with NCCL unless the workspace itself is on CUDA. No route
+  // handshake: NCCL's and Gloo's barriers are where a barrier of a rank without the workspace
+  // meets its peers'.
+  const bool device_ok = !opts.device.has_value() || !opts.device->is_cuda() ||
+                         (is_p2p_available() && !collectives_.on_host());
+  const char* why = !collectives_.on() ? reason::kWorkspaceOff
+                    : !device_ok       ? reason::kDevice
+                                       : nullptr;
+  if (why) {
+    counters_.fallback(Op::kBarrier, why);
+    c10d::BarrierOptions routed = opts;
+    // NOTE [Barriers order the GPU] in backend/wrapped_backends.cpp.
+    const bool gpu_workspace = workspace_ && !collectives_.on_host();
+    c10d::Backend& b = wrapped_.route_barrier(
+        routed, config_.workspace_device != WorkspaceDevice::kCpu && !collectives_.on_host(),
+        gpu_workspace ? std::optional(workspace_->device().tensor_device().index()) : std::nullopt);
+    return wrapped_.tracked_if_cpu(b, b.barrier(routed));
+  }
+  std::optional<Millis> timeout;
+  if (opts.timeout > Millis(0)) timeout = opts.timeout;
+  counters_.record(Op::kBarrier, collectives_.barrier(timeout));
+  return completed(OpType::BARRIER, [] { return std::vector<at::Tensor>{}; }, opts.asyncOp);
+}
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::allreduce_sparse(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  return wrapped_only(Op::kAllReduceSparse, reason::kNoWorkspaceOp, tensors, "allreduce_sparse",
+                      [&](c10d::Backend& b) { return b.allreduce_sparse(tensors, opts); });
+}
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  return wrapped_only(Op::kAllReduce, reason::kSeveralTensors, tensors, "allreduce_coalesced",
+                      [&](c10d::Backend& b) { return b.allreduce_coalesced(tensors, opts); });
+}
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  return wrapped_only(
+      Op::kAllGather, reason::kSeveralTensors, inputs, "allgather_coalesced",
+      [&](c10d::Backend& b) { return b.allgather_coalesced(outputs, inputs, opts); });
+}
+
+void ProcessGroupCudaP2P::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
+  // Only Gloo implements it; it reports which ranks failed to arrive.
+  counters_.fallback(Op::kMonitoredBarrier, reason::kNoWorkspaceOp);
+  wrapped_.cpu()->monitoredBarrier(opts, wait_all_ranks);
+}
+
+// --- send / recv (SendRecv) ---------------------------------------------------------------------
+
+namespace {
+
+void check_peer(int peer, int W, int me, const char* what, const char* role) {
+  TORCH_CHECK(peer >= 0 && peer < W && peer != me, "cuda_p2p ", what, ": ", role,
+              " must be another rank in [0, ", W, "), got ", peer, " on rank ", me);
+}
+
+}  // namespace
+
+template <typename Wrapped>
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::send_or_recv(std::vector<at::Tensor>& tensors,
+                                                               c10d::OpType type, int peer, int tag,
+                                                               Wrapped&& wrapped) {
+  const bool send = type == OpType::SEND, recv = type == OpType::RECV;
+  const Op op = send ? Op::kSend : recv ? Op::kRecv : Op::kRecvAnysource;
+  if (const char* why = send_recv_.rejects(tensors)) {
+    counters_.fallback(op, why);
+    return wrapped_.delegate(tensors, send ? "send" : recv ? "recv" : "recv_anysource", wrapped);
+  }
+  auto work = send_recv_.post(type, tensors[0], peer, tag, options_->timeout);
+  counters_.record(op, "direct");
+  return wrapped_.track(std::move(work));
+}
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::send(std::vector<at::Tensor>& tensors,
+                                                       int dst_rank, int tag) {
+  check_peer(dst_rank, getSize(), getRank(), "send", "the destination");
+  return send_or_recv(tensors, OpType::SEND, dst_rank, tag,
+                      [&](c10d::Backend& b) { return b.send(tensors, dst_rank, tag); });
+}
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::recv(std::vector<at::Tensor>& tensors,
+                                                       int src_rank, int tag) {
+  check_peer(src_rank, getSize(), getRank(), "recv", "the source");
+  return send_or_recv(tensors, OpType::RECV, src_rank, tag,
+                      [&](c10d::Backend& b) { return b.recv(tensors, src_rank, tag); });
+}
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::recvAnysource(std::vector<at::Tensor>& tensors,
+                                                                int tag) {
+  return send_or_recv(tensors, OpType::RECVANYSOURCE, -1, tag,
+                      [&](c10d::Backend& b) { return b.recvAnysource(tensors, tag); });
+}
+
+// --- cuda_p2p's own collectives -----------------------------------------------------------------
+
+at::Tensor ProcessGroupCudaP2P::all_gather_v(const at::Tensor& input,
+                                             const std::vector<int64_t>& sizes) {
+  const int W = getSize(), me = getRank();
+  auto checks = [&] {
+    TORCH_CHECK(input.defined() && input.dim() >= 1,
+                "cuda_p2p all_gather_v: expected a tensor with at least one dimension (rows), got ",
+                input.defined() ? std::to_string(input.dim()) + " dimensions" : "None");
+    TORCH_CHECK(static_cast<int>(sizes.size()) == W, "cuda_p2p all_gather_v: expected ", W,
+                " sizes (rows of every rank), got ", sizes.size());
+    for (int q = 0; q < W; ++q) {
+      TORCH_CHECK(sizes[q] >= 0, "cuda_p2p all_gather_v: sizes must be >= 0, got ", sizes[q],
+                  " for rank ", q);
+    }
+    TORCH_CHECK(input.size(0) == sizes[me], "cuda_p2p all_gather_v: rank ", me, " has ",
+                input.size(0), " rows, but sizes[", me, "] is ", sizes[me]);
+  };
+  // No route handshake: the flat path's checks agree instead (across hosts) or raise locally.
+  const char* why = collectives_.rejects(input);
+  if (!why) {
+    collectives_.check_or_reject("all_gather_v", OpKind::kAllGatherV, checks);
+    auto r = collectives_.all_gather_v(input, sizes);
+    counters_.record(Op::kAllGatherV, r.outcome);
+    return r.output;
+  }
+  if (hierarchy_) {
+    // NOTE [Hierarchical agreement]: the flat path's Gloo all-gather takes the largest size.
+    hierarchy_->agree_flat(
+        OpKind::kAllGatherV, {input}, checks,
+        [&] {
+          const int64_t row_bytes =
+              c10::multiply_integers(input.sizes().slice(1)) * input.element_size();
+          std::string text = ops::dtype_name(input.scalar_type()) + ", bytes [";
+          for (int q = 0; q < W; ++q)
+            text += (q ? ", " : "") + std::to_string(sizes[q] * row_bytes);
+          return text + "]";
+        },
+        options_->timeout);
+  } else {
+    checks();
+  }
+  at::Tensor output = wrapped_.all_gather_v(input, sizes, me);
+  counters_.fallback(Op::kAllGatherV, why);
+  return output;
+}
+
+std::pair<at::Tensor, std::vector<int64_t>> ProcessGroupCudaP2P::all_to_all_v(
+    const at::Tensor& input, const std::vector<int64_t>& input_splits) {
+  const char* why = input.defined() ? collectives_.rejects(input) : reason::kDevice;
+  if (!why) {
+    auto r = collectives_.all_to_all_v(input, input_splits);
+    counters_.record(Op::kAllToAllV, r.outcome);
+    return {std::move(r.output), std::move(r.recv)};
+  }
+  if (input.defined()) {
+    collectives_.agree_on_route("all_to_all_v", OpKind::kAllToAllV, input, no_detail, why);
+  }
+  WorkspaceCollectives::check_all_to_all_v(input, input_splits, getSize());
+  auto r = wrapped_.all_to_all_v(input, input_splits);
+  counters_.fallback(Op::kAllToAllV, why);
+  return r;
+}
+
+// --- the workspace ------------------------------------------------------------------------------
 
 bool ProcessGroupCudaP2P::uses_cross_memory() const {
-  return uses_workspace_collectives() && workspace_->private_reads();
+  return collectives_.on() && workspace_->private_reads();
 }
 
 std::string ProcessGroupCudaP2P::cross_memory_reason() const {
@@ -182,78 +850,61 @@ void ProcessGroupCudaP2P::intra_node_barrier(const std::vector<int64_t>& ranks,
   workspace_->end_op(*stream);
 }
 
-void ProcessGroupCudaP2P::bump_counter(std::string_view name, int64_t by) {
-  if (config_.debug) debug_fallback(name, nullptr);  // NOTE [Debug lines] in backend/config.cpp
-  std::lock_guard<std::mutex> lock(counters_mutex_);
-  // Found without making a string: a hot path's counter costs a lookup, not an allocation.
-  auto it = counters_.find(name);
-  if (it == counters_.end()) it = counters_.emplace(std::string(name), 0).first;
-  it->second += by;
-}
-
-std::map<std::string, int64_t> ProcessGroupCudaP2P::counters() const {
-  std::map<std::string, int64_t> all;
-  {
-    std::lock_guard<std::mutex> lock(counters_mutex_);
-    all.insert(counters_.begin(), counters_.end());
-  }
-  static_assert(std::size(kHotCounterNames) == static_cast<size_t>(HotCounter::kCount));
-  for (size_t i = 0; i < hot_counters_.size(); ++i) {
-    const int64_t n = hot_counters_[i].load(std::memory_order_relaxed);
-    if (n != 0) all[kHotCounterNames[i]] += n;
-  }
-  // NOTE [Intra-op threads] in ops/collectives.cpp
-  if (const int64_t n = collective_state_.parallel_splits->load(std::memory_order_relaxed)) {
-    all["intra_op.split"] += n;
-  }
-  return all;
-}
-
-void ProcessGroupCudaP2P::reset_counters() {
-  std::lock_guard<std::mutex> lock(counters_mutex_);
-  counters_.clear();
-  for (auto& n : hot_counters_) n.store(0, std::memory_order_relaxed);
-  collective_state_.parallel_splits->store(0, std::memory_order_relaxed);
-}
-
 void ProcessGroupCudaP2P::ensure_min_buffer_size(int64_t nbytes) {
   TORCH_CHECK(nbytes >= 0, "cuda_p2p ensure_min_buffer_size: nbytes must be >= 0, got ", nbytes);
   if (workspace_) workspace_->ensure_min_buffer_size(nbytes);
 }
 
-ops::pipeline::State& ProcessGroupCudaP2P::pipeline_state() {
-  std::lock_guard<std::mutex> lock(pipeline_state_mutex_);
-  if (!pipeline_state_) pipeline_state_ = std::make_shared<ops::pipeline::State>();
-  return *pipeline_state_;
+// NOTE [Process-group allocation for FSDP2] in backend/symmetric_memory.cpp: never on a group
+// spanning hosts, whose collectives run hierarchically.
+bool ProcessGroupCudaP2P::supportsTensorAlloc(c10::DeviceIndex device_index) {
+  return !hierarchy_ && heap_.allocates_comm_buffers(device_index);
 }
+
+at::Tensor ProcessGroupCudaP2P::allocateTensor(long size, at::TensorOptions options) {
+  const std::optional<at::Device> device = options.device_opt();
+  TORCH_CHECK_VALUE(size >= 0, "cuda_p2p allocate_tensor: expected a size >= 0, got ", size);
+  TORCH_CHECK(supportsTensorAlloc(device ? device->index() : c10::DeviceIndex(-1)),
+              "cuda_p2p allocate_tensor: this group does not allocate tensors on ",
+              device ? device->str() : std::string("the default device"),
+              " (supports_tensor_alloc is false: it allocates only where its collectives read the "
+              "heap's tensors in place, NOTE [Process-group allocation for FSDP2])");
+  auto [tensor, in_heap] = heap_.allocate_comm_buffer(size, options);
+  counters_.record(Op::kAllocateTensor, in_heap ? "heap" : "fallback");
+  return tensor;
+}
+
+// --- the fused pipelines and the hierarchy ------------------------------------------------------
 
 ops::pipeline::Group ProcessGroupCudaP2P::pipeline_group(c10::DeviceType device_type) {
   ops::pipeline::Group group{workspace_.get(),
-                             wrapped_backend(device_type).get(),
-                             pipeline_state(),
+                             wrapped_.for_device(device_type).get(),
+                             pipelines_,
                              failure_,
                              config_.max_buffer_size,
-                             getSize(),
-                             [this](const std::string& name) { bump_counter(name); }};
+                             getSize()};
   group.zero_copy_agreement = config_.collective.zero_copy_agreement;
-  std::lock_guard<std::mutex> lock(heap_mutex_);
-  group.heap = heap_.get();
+  group.heap = heap_.heap();
   return group;
 }
 
-void ProcessGroupCudaP2P::setSequenceNumberForGroup() {
-  cpu_backend_->setSequenceNumberForGroup();
-  if (cuda_backend_) cuda_backend_->setSequenceNumberForGroup();
+void ProcessGroupCudaP2P::set_hierarchy(const std::vector<int64_t>& host_of,
+                                        c10::intrusive_ptr<c10d::Backend> intra,
+                                        c10::intrusive_ptr<c10d::Backend> inter) {
+  TORCH_CHECK(!hierarchy_, "cuda_p2p set_hierarchy: the group already has a hierarchy");
+  TORCH_CHECK(static_cast<int>(host_of.size()) == getSize(), "cuda_p2p set_hierarchy: expected ",
+              getSize(), " hosts (one per rank), got ", host_of.size());
+  TORCH_CHECK(!is_p2p_available(),
+              "cuda_p2p set_hierarchy: the group has a workspace, so its ranks are on one host");
+  hierarchy_ = std::make_unique<Hierarchy>(getRank(), HostLayout(host_of), std::move(intra),
+                                           std::move(inter), wrapped_.cuda() != nullptr);
 }
 
-uint64_t ProcessGroupCudaP2P::getSequenceNumberForGroup() {
-  return cpu_backend_->getSequenceNumberForGroup();
-}
+// --- lifecycle ----------------------------------------------------------------------------------
 
 void ProcessGroupCudaP2P::setTimeout(std::chrono::milliseconds timeout) {
   options_->timeout = timeout;
-  cpu_backend_->setTimeout(timeout);
-  if (cuda_backend_) cuda_backend_->setTimeout(timeout);
+  wrapped_.set_timeout(timeout);
   if (hierarchy_) hierarchy_->set_timeout(timeout);
 }
 
@@ -262,9 +913,8 @@ void ProcessGroupCudaP2P::setTimeout(std::chrono::milliseconds timeout) {
 void ProcessGroupCudaP2P::abort() {
   retired_.store(true, std::memory_order_release);
   if (workspace_) workspace_->abort("the group was aborted (ProcessGroupCudaP2P.abort())");
-  fail_mailboxes("the group was aborted (ProcessGroupCudaP2P.abort())");
-  cpu_backend_->abort();
-  if (cuda_backend_) cuda_backend_->abort();
+  send_recv_.fail("the group was aborted (ProcessGroupCudaP2P.abort())");
+  wrapped_.abort();
   if (hierarchy_) hierarchy_->abort();
 }
 
@@ -294,7 +944,7 @@ void ProcessGroupCudaP2P::abort() {
 // pending fail with "the group was shut down".
 void ProcessGroupCudaP2P::shutdown() {
   retired_.store(true, std::memory_order_release);
-  flush_mailboxes(std::min(options_->timeout, SymmetricWorkspace::kCloseWait));
+  send_recv_.flush(std::min(options_->timeout, SymmetricWorkspace::kCloseWait));
   // The workspace's blocks are then released through the closing handshake (NOTE [Block
   // lifetime]): peers shut down too.
   if (workspace_) {
@@ -308,9 +958,8 @@ void ProcessGroupCudaP2P::shutdown() {
     }
   }
   // A send or receive still pending has no peer to wait for any more (NOTE [Mailboxes]).
-  fail_mailboxes("the group was shut down (ProcessGroupCudaP2P.shutdown())");
-  cpu_backend_->shutdown();
-  if (cuda_backend_) cuda_backend_->shutdown();
+  send_recv_.fail("the group was shut down (ProcessGroupCudaP2P.shutdown())");
+  wrapped_.shutdown();
   if (hierarchy_) hierarchy_->shutdown();
 }
 

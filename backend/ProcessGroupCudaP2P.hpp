@@ -1,57 +1,52 @@
 // ProcessGroupCudaP2P: the c10d backend registered as "cuda_p2p".
 //
-// It wraps one backend per device type (Gloo for CPU tensors, NCCL for CUDA tensors; both created
-// by the Python layer, since torch's wheel ships no Gloo headers). all_reduce, all_gather,
-// all_gather_into_tensor, reduce_scatter(_tensor), broadcast, barrier, all_gather_v, the
-// all-to-alls (all_to_all_single, all_to_all, all_to_all_v), gather, scatter and reduce run on the
-// P2P workspace (ops/collectives.hpp) when it is available and the tensors are on its device;
-// everything else, and every case the workspace does not support, goes to the wrapped backend for
-// the tensors' device. Every path bumps a counter ("all_reduce.one_shot", "all_reduce.wrapped",
-// ...). Works returned by a wrapped backend are handed back unchanged, so completion, errors and
-// futures are exactly the wrapped backend's.
-//
-// Its definitions are split by concern: ProcessGroupCudaP2P.cpp (the lifecycle: construction,
-// the workspace's API, counters, abort/shutdown), workspace_collectives.cpp (the workspace
-// collectives' entry), workspace_all_to_all.cpp and workspace_gather_scatter.cpp (the entries of
-// the all-to-alls and of the rooted gather, scatter and reduce) and wrapped_routing.cpp (routing
-// to the wrapped backends, coalescing).
+// A router over engines, each owning its state and its lock:
+//   WrappedBackends       the wrapped Gloo (CPU tensors) and NCCL (CUDA tensors) backends, the
+//                         routing of a call to one of them, coalescing (wrapped_backends.*)
+//   WorkspaceCollectives  the collectives on the P2P workspace (workspace_collectives.*,
+//                         workspace_all_to_all.cpp, workspace_rooted.cpp)
+//   SymmetricMemory       the symmetric heap and its MemPool allocator (symmetric_memory.*,
+//                         symmetric_allocator.*)
+//   SendRecv              send/recv through the host mailboxes (send_recv.*)
+//   Hierarchy             a group spanning hosts (hierarchical.*)
+//   Counters              which path every call took, the debug lines (counters.*)
+// and the fused pipelines' state (ops::pipeline::State), used by the dispatcher ops
+// (dispatcher_fused_ops.cpp). Each c10d override describes its call and hands it to one entry
+// sequence (NOTE [The entry sequence] in ProcessGroupCudaP2P.cpp): all_reduce, all_gather,
+// all_gather_into_tensor, reduce_scatter(_tensor), broadcast, barrier, the all-to-alls, gather,
+// scatter and reduce run on the workspace when it is available and the tensors are on its
+// device; everything else, and every case the workspace does not support, goes to the wrapped
+// backend for the tensors' device, whose Works are handed back unchanged.
 #pragma once
 
-#include <c10/util/FunctionRef.h>
-
-#include <array>
 #include <atomic>
 #include <cstdint>
-#include <functional>
 #include <map>
-#include <mutex>
+#include <memory>
 #include <optional>
-#include <set>
 #include <string>
-#include <string_view>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <utility>
 #include <vector>
 
 #include "backend/config.hpp"
+#include "backend/counters.hpp"
 #include "backend/hierarchical.hpp"
+#include "backend/send_recv.hpp"
+#include "backend/symmetric_memory.hpp"
+#include "backend/workspace_collectives.hpp"
+#include "backend/wrapped_backends.hpp"
 #include "ops/collectives.hpp"
 #include "ops/failure_record.hpp"
 #include "ops/pipeline_common.hpp"
-#include "p2p_workspace/host/mailboxes.hpp"
-#include "p2p_workspace/symmetric_heap.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
-
-// The allocator type of torch.cuda.MemPool (c10/cuda/CUDACachingAllocator.h, CUDA builds only).
-namespace c10::cuda::CUDACachingAllocator {
-class CUDAAllocator;
-}  // namespace c10::cuda::CUDACachingAllocator
 
 namespace cuda_p2p {
 
 namespace detail {
-class HeapSegments;  // backend/symmetric_allocator.hpp
+struct Entry;  // one row of the router's entry table (ProcessGroupCudaP2P.cpp)
+struct Call;   // one call as the entry sequence takes it
 }  // namespace detail
 
 class ProcessGroupCudaP2P : public c10d::Backend {
@@ -75,12 +70,14 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
 
   // The wrapped backend for a device type, or null; TORCH_CHECKs for an unsupported type.
-  c10::intrusive_ptr<c10d::Backend> wrapped_backend(c10::DeviceType type) const;
+  c10::intrusive_ptr<c10d::Backend> wrapped_backend(c10::DeviceType type) const {
+    return wrapped_.for_device(type);
+  }
 
   // --- the P2P workspace (docs/design.md §4); its signal channels are in ops/channels.hpp -----
   bool is_p2p_available() const { return workspace_ && workspace_->available(); }
   // Why the workspace is unavailable ("" when it is available).
-  std::string p2p_unavailable_reason() const;
+  std::string p2p_unavailable_reason() const { return workspace_unavailable_reason(group_); }
   // Bytes of each rank's buffer; 0 when the workspace is unavailable.
   int64_t get_buffer_size() const;
   // A tensor aliasing `rank`'s buffer: a CPU tensor over shared memory, or a CUDA tensor over the
@@ -96,41 +93,35 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // The workspace, or null when it was disabled.
   SymmetricWorkspace* workspace() const { return workspace_.get(); }
 
-  // --- the symmetric heap (backend/symmetric_memory.cpp, backend/symmetric_allocator.cpp;
-  // docs/collectives.md, "Zero-copy symmetric tensors") ---
-  // The device of the group's heap: its workspace's (the host, or the GPU the group was created
-  // on). Raises when the workspace is unavailable.
-  at::Device symmetric_device() const;
-  // Collective, once: creates the group's heap (Config::symmetric_heap_size bytes per rank on
-  // symmetric_device(), mapped into every peer). Later calls return at once. Raises when the
-  // workspace is unavailable, and on every rank when a rank cannot allocate its heap (an
-  // OutOfMemoryError when it ran out of memory); a later call tries again.
-  void ensure_symmetric_heap();
-  // Collective (ranks allocate in the same order to get the same offsets): a tensor of `sizes`
-  // and `dtype` in this rank's heap, whose block is freed when its storage dies. `device`, when
-  // given, must be symmetric_device() (a CUDA device without index: any index is taken as it).
+  // --- the symmetric heap (SymmetricMemory, backend/symmetric_memory.hpp; docs/zero_copy.md) --
+  at::Device symmetric_device() const { return heap_.device(); }
+  void ensure_symmetric_heap() { heap_.ensure(); }
   at::Tensor symmetric_empty(at::IntArrayRef sizes, at::ScalarType dtype,
-                             std::optional<at::Device> device = std::nullopt);
-  // The offset of `t`'s data (all its storage bytes from its data pointer on) in this rank's
-  // heap, or -1 when it is not in it (another device, or no heap).
-  int64_t symmetric_offset(const at::Tensor& t) const;
+                             std::optional<at::Device> device = std::nullopt) {
+    return heap_.empty(sizes, dtype, device);
+  }
+  int64_t symmetric_offset(const at::Tensor& t) const { return heap_.offset(t); }
   // `t` (a tensor in this rank's heap) as rank `rank` holds it: a tensor of t's sizes, strides
   // and dtype aliasing `rank`'s heap at t's offset, on this rank's mapping of it. Meaningful when
   // the ranks allocated alike (equal offsets); it keeps the heap's mapping alive.
-  at::Tensor symmetric_peer_tensor(const at::Tensor& t, int64_t rank) const;
+  at::Tensor symmetric_peer_tensor(const at::Tensor& t, int64_t rank) const {
+    return heap_.peer_tensor(t, rank);
+  }
   // {created, capacity, used_bytes, live_blocks, deferred_blocks, largest_free, segments,
   // segment_bytes} of the heap (zeros before it): blocks count cuda_p2p.empty tensors and MemPool
   // segments alike (deferred: freed on a CUDA heap, NOTE [Heap frees in stream order]), segments
   // those of the MemPool allocator (NOTE [Heap under a MemPool]).
-  std::map<std::string, int64_t> symmetric_heap_info() const;
+  std::map<std::string, int64_t> symmetric_heap_info() const { return heap_.info(); }
   // CUDA: the allocator of a torch.cuda.MemPool whose segments are carved from this rank's heap
   // (NOTE [Heap under a MemPool] in backend/symmetric_allocator.cpp); collective the first time
   // (creates the heap), then the same allocator on every call. NotImplementedError on a host
   // heap (torch has no allocator hook for CPU tensors) and in a build without CUDA.
-  std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> symmetric_allocator();
+  std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> symmetric_allocator() {
+    return heap_.allocator();
+  }
   // The segments that allocator takes from the heap, on either device (collective the first
   // time): for the host tests, which exercise the functions the allocator calls.
-  std::shared_ptr<detail::HeapSegments> heap_segments();
+  std::shared_ptr<detail::HeapSegments> heap_segments() { return heap_.segments(); }
   bool supportsTensorAlloc(c10::DeviceIndex device_index) override;
   at::Tensor allocateTensor(long size, at::TensorOptions options = {}) override;
 
@@ -139,13 +130,9 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // The workspace collectives' effective settings (Options, then environment, then defaults).
   const ops::CollectiveConfig& collective_config() const { return config_.collective; }
   // Whether the collectives run on the workspace (available, not turned off, and on a CUDA
-  // workspace opted in: NOTE [CUDA collectives are opt-in]).
-  bool uses_workspace_collectives() const {
-    return config_.collectives && is_p2p_available() &&
-           (workspace_on_host() || config_.cuda_collectives);
-  }
-  // Why the collectives do not run on the workspace ("" when they do).
-  std::string workspace_collectives_reason() const;
+  // workspace opted in: NOTE [CUDA collectives are opt-in]), and why not ("" when they do).
+  bool uses_workspace_collectives() const { return collectives_.on(); }
+  std::string workspace_collectives_reason() const { return collectives_.off_reason(); }
   // Whether the collectives may read peers' tensors copy-free (probed and agreed at rendezvous),
   // and why not ("" when they may).
   bool uses_cross_memory() const;
@@ -170,20 +157,12 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // the workspace cannot serve it, the wrapped backend's all-reduce, waited for.
   void all_reduce_in_place(at::Tensor& tensor, ops::ReduceOp op);
 
-  // The workspace reduce op for a c10d one, or nullopt (PREMUL_SUM and unknown ops), and back.
-  static std::optional<ops::ReduceOp> to_reduce_op(const c10d::ReduceOp& op);
-  static c10d::ReduceOp to_c10d_reduce_op(ops::ReduceOp op);
-
   // Counters of which path ran ("all_reduce.one_shot", "all_reduce.wrapped", ...), so tests and
   // users can see that the fast path ran and that no fallback was silent.
-  void bump_counter(std::string_view name, int64_t by = 1);
-  // bump_counter for a call that went to the wrapped backend (`name`: "<op>.wrapped"), with the
-  // short reason the caller found (workspace_rejects(), "several tensors", ...): under
-  // CUDA_P2P_DEBUG=INFO the first such call of each counter writes one line saying why (NOTE
-  // [Debug lines] in backend/config.cpp).
-  void count_fallback(std::string_view name, const char* why);
-  std::map<std::string, int64_t> counters() const;
-  void reset_counters();
+  std::map<std::string, int64_t> counters() const { return counters_.snapshot(); }
+  void reset_counters() { counters_.reset(); }
+  // The counters module itself, for the dispatcher ops that count their own paths.
+  Counters& path_counters() { return counters_; }
 
   // --- across hosts (backend/hierarchical.hpp) -------------------------------------------------
   // Called once, at construction, by the Python layer on a group whose ranks span hosts: from
@@ -199,8 +178,8 @@ class ProcessGroupCudaP2P : public c10d::Backend {
 
   // --- fused GEMM pipelines (ops/fused_*.cpp) -------------------------------------------------
   // The group's state of the pipelines (their host streams, the lock that serialises them on
-  // this group, traces), created on first use.
-  ops::pipeline::State& pipeline_state();
+  // this group, traces).
+  ops::pipeline::State& pipeline_state() { return pipelines_; }
   // What a fused op on tensors of `device_type` is given of this group (ops/pipeline_common.hpp).
   ops::pipeline::Group pipeline_group(c10::DeviceType device_type);
 
@@ -208,7 +187,7 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // failure of a collective or fused op midway ("" when none).
   std::string failure() const { return failure_.first(); }
 
-  // --- delegated collectives ----------------------------------------------------------------
+  // --- c10d::Backend --------------------------------------------------------------------------
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
@@ -259,14 +238,14 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
 
-  // Coalescing: NCCL groups its own operations; for the CPU backend (which has no coalescing of
-  // its own) every operation runs at once and endCoalescing() returns one Work over all of them.
   bool supportsCoalescing() const override { return true; }
-  void startCoalescing() override;
-  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+  void startCoalescing() override { wrapped_.start_coalescing(); }
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override {
+    return wrapped_.end_coalescing(getRank());
+  }
 
-  void setSequenceNumberForGroup() override;
-  uint64_t getSequenceNumberForGroup() override;
+  void setSequenceNumberForGroup() override { wrapped_.set_sequence_number(); }
+  uint64_t getSequenceNumberForGroup() override { return wrapped_.sequence_number(); }
   void setTimeout(std::chrono::milliseconds timeout) override;
   void abort() override;
   void shutdown() override;
@@ -278,141 +257,55 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   const std::shared_ptr<const bool>& lifetime_token() const { return lifetime_token_; }
 
  private:
-  // The wrapped backend for these tensors: all on one device type, with a backend for it.
-  c10d::Backend& route(const std::vector<at::Tensor>& tensors, const char* op) const;
-  c10d::Backend& route(const at::Tensor& tensor, const char* op) const;
-  // The wrapped backend of a barrier the workspace does not run (NOTE [Barriers order the GPU]
-  // in backend/wrapped_routing.cpp); names the group's GPU in `opts.device_ids` for a CUDA one.
-  c10d::Backend& route_barrier(c10d::BarrierOptions& opts) const;
-  // Records a CPU-side or workspace Work while coalescing; returns it unchanged.
-  c10::intrusive_ptr<c10d::Work> track(c10::intrusive_ptr<c10d::Work> work);
+  using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 
-  // --- workspace collectives ---
-  // Why these tensors cannot take the workspace path (nullptr when they can): workspace
-  // unavailable, a tensor not strided or not on the workspace's device. Depends only on what
-  // every rank agrees on, so all ranks take the same path.
-  const char* workspace_rejects(c10::ArrayRef<at::Tensor> tensors) const;
-  // Runs fn(ctx) for one workspace collective (NOTE [Collectives of a group run one at a time]).
-  // A function_ref, not a std::function: nothing to construct, copy or destroy on the small
-  // all-reduce's path (NOTE [Inline one-shot] in ops/all_reduce.cpp).
-  void run_collective(const char* what, c10::function_ref<void(const ops::CollectiveContext&)> fn);
-  // A completed Work over `outputs`, tracked while coalescing; none for the synchronous call
-  // (`async_op` false: the options' asyncOp) that returns_no_work() allows.
-  c10::intrusive_ptr<c10d::Work> completed(c10d::OpType type, std::vector<at::Tensor> outputs,
-                                           bool async_op = true);
-  // Whether a workspace collective called with `async_op` returns no Work
-  // (NOTE [No Work for a synchronous call] in backend/workspace_collectives.cpp).
-  bool returns_no_work(bool async_op);
-  // The workspace all-reduce of `t` in place (allreduce() and all_reduce_in_place()); false,
-  // having done nothing, where the workspace does not serve it (device, reduce op, dtype).
-  bool all_reduce_on_workspace(at::Tensor& t, ops::ReduceOp op);
-  // The all-gather / reduce-scatter on the workspace, once the tensors were checked.
-  void all_gather_on_workspace(const at::Tensor& input, const std::vector<at::Tensor>& outputs);
-  void reduce_scatter_on_workspace(const std::vector<at::Tensor>& inputs, const at::Tensor& output,
-                                   ops::ReduceOp op);
-  // The same for one flat output (input) holding the W chunks: all_gather_into_tensor and
-  // reduce_scatter_tensor, single or coalesced. `what` names the call in argument errors.
-  void all_gather_into_tensor_on_workspace(at::Tensor& output, const at::Tensor& input,
-                                           const std::string& what);
-  void reduce_scatter_tensor_on_workspace(const at::Tensor& output, const at::Tensor& input,
-                                          ops::ReduceOp op, const std::string& what);
-  // Runs `call` on the backend routed for `tensors` (CPU works are tracked for coalescing).
-  template <typename Tensors, typename Call>
-  c10::intrusive_ptr<c10d::Work> delegate(const Tensors& tensors, const char* op, Call&& call) {
-    c10d::Backend& b = route(tensors, op);
-    auto work = call(b);
-    return &b == cpu_backend_.get() ? track(std::move(work)) : work;
-  }
-
-  // --- send/recv (backend/workspace_send_recv.cpp) ---
-  // Why a send or receive of `tensors` goes to the wrapped backend (nullptr: the mailboxes take
-  // it). Depends only on what both ranks of a pair agree on, so that both take the same path.
-  const char* mailbox_rejects(const std::vector<at::Tensor>& tensors) const;
-  // send (`type` SEND), recv (RECV) or recvAnysource (RECVANYSOURCE, `peer` -1) of `tensors`:
-  // through the mailboxes, or `wrapped` on the routed backend, counted either way.
-  c10::intrusive_ptr<c10d::Work> p2p(
-      std::vector<at::Tensor>& tensors, c10d::OpType type, int peer, int tag,
-      c10::function_ref<c10::intrusive_ptr<c10d::Work>(c10d::Backend&)> wrapped);
-  // The group's mailboxes (NOTE [Mailboxes] in p2p_workspace/host/mailboxes.cpp), made on the first
-  // use.
-  std::shared_ptr<host::Mailboxes> mailboxes();
-  // A shutdown's flush of the mailboxes (NOTE [Shutdown flushes]): waits at most `limit` until
-  // the receivers took every message this rank sent; warns naming those that did not.
-  void flush_mailboxes(std::chrono::milliseconds limit);
-  // Fails the mailboxes' pending and later ops with `why` (abort, shutdown).
-  void fail_mailboxes(const std::string& why);
-  std::mutex mailboxes_mutex_;
-  std::shared_ptr<host::Mailboxes> mailboxes_;
-
+  // NOTE [The entry sequence], in ProcessGroupCudaP2P.cpp with its table. on_workspace: the
+  // route's handshake and the fallback's counter when the call has a reason to go to the wrapped
+  // backend (false), else the workspace body, counted (true). serve: that, then the wrapped
+  // backend's Work or the workspace's.
+  template <typename Detail, typename Body>
+  bool on_workspace(const detail::Entry& entry, const detail::Call& call, Detail&& detail,
+                    Body&& body);
+  template <typename Detail, typename Body, typename Wrapped, typename Outputs>
+  WorkPtr serve(const detail::Entry& entry, const detail::Call& call, Detail&& detail, Body&& body,
+                Wrapped&& wrapped, Outputs&& outputs);
+  // A call the workspace never runs: counted "<op>.wrapped", run on the wrapped backend.
+  template <typename Wrapped>
+  WorkPtr wrapped_only(Counters::Op op, const char* why, c10::ArrayRef<at::Tensor> tensors,
+                       const char* name, Wrapped&& wrapped);
+  // The hierarchical step: counts what the hierarchy did; true when it ran the op.
+  bool ran_hierarchically(Counters::Op op, const HierarchyOutcome& outcome);
   // The Work of a hierarchical collective (done on return), tracked while coalescing.
-  c10::intrusive_ptr<c10d::Work> hierarchical_done(c10d::OpType type,
-                                                   std::vector<at::Tensor> outputs);
-  std::unique_ptr<Hierarchy> hierarchy_;
+  WorkPtr hierarchical_done(c10d::OpType type, std::vector<at::Tensor> outputs);
+  // The Work of a workspace collective, tracked while coalescing, over the tensors `outputs()`
+  // returns; none for the synchronous call that returns_no_work() allows.
+  template <typename Outputs>
+  WorkPtr completed(c10d::OpType type, Outputs&& outputs, bool async_op);
+  WorkPtr completed_work(c10d::OpType type, std::vector<at::Tensor> outputs);
+  // Whether a workspace collective called with `async_op` returns no Work
+  // (NOTE [No Work for a synchronous call] in ProcessGroupCudaP2P.cpp).
+  bool returns_no_work(bool async_op) const;
+  // send, recv and recvAnysource (`peer` -1): through the mailboxes, or `wrapped`, counted.
+  template <typename Wrapped>
+  WorkPtr send_or_recv(std::vector<at::Tensor>& tensors, c10d::OpType type, int peer, int tag,
+                       Wrapped&& wrapped);
 
+  // Declared in the order they are made: each engine is given what it needs of those above.
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<Options> options_;
-  c10::intrusive_ptr<c10d::Backend> cpu_backend_;
-  c10::intrusive_ptr<c10d::Backend> cuda_backend_;
-  std::unique_ptr<SymmetricWorkspace> workspace_;
+  WrappedBackends wrapped_;
   Config config_;
-  bool workspace_on_host() const;
-  // Guards collective_state_ and the collective channel's signal counts (host callers on several
-  // threads); see NOTE [Collectives of a group run one at a time].
-  std::mutex collective_mutex_;
-  ops::CollectiveState collective_state_;
-  // NOTE [Failed groups]
-  ops::FailureRecord failure_;
-  // A local argument check of a workspace collective: when `checks` throws, this rank takes part
-  // in the op's handshake with an invalid signature (ops::reject) before its error propagates,
-  // so that its peers raise at once instead of waiting for the timeout.
-  void check_or_reject(const char* what, ops::OpKind kind, c10::function_ref<void()> checks);
-  // A collective the workspace serves, routed to the wrapped backend on this rank (`why`): on a
-  // host workspace, takes part in the op's handshake naming the route (NOTE [Routes agree]).
-  void agree_on_route(const char* what, ops::OpKind kind, c10::ArrayRef<at::Tensor> tensors,
-                      const std::string& detail, const char* why);
-
-  // What workspace_rejects() says when the collectives do not run on the workspace at all.
-  static constexpr const char* kWorkspaceOff = "workspace unavailable or its collectives off";
-  // The debug line of a fallback counter's first call (NOTE [Debug lines]), once per counter;
-  // `why` may be null (the counter's name says it: "<op>.flat.<why>", "<op>.unfused").
-  void debug_fallback(std::string_view name, const char* why);
-  std::mutex debug_mutex_;
-  std::set<std::string, std::less<>> debug_reported_;
-
-  mutable std::mutex counters_mutex_;
-  std::map<std::string, int64_t, std::less<>> counters_;  // looked up without a string
-  // The counters of the all-reduce's hot path (an 8 B all-reduce takes a few µs, NOTE [Inline
-  // one-shot] in ops/all_reduce.cpp): one relaxed atomic add each instead of a lookup under
-  // counters_mutex_. counters() adds them to the map's entries of the same names.
-  enum class HotCounter : uint8_t { kOneShot, kTwoShot, kInline, kZeroCopy, kLargeRounds, kCount };
-  static constexpr const char* kHotCounterNames[] = {"all_reduce.one_shot", "all_reduce.two_shot",
-                                                     "all_reduce.inline", "all_reduce.zero_copy",
-                                                     "all_reduce.large_rounds"};
-  std::array<std::atomic<int64_t>, static_cast<size_t>(HotCounter::kCount)> hot_counters_{};
-  void bump_hot(HotCounter c) {
-    hot_counters_[static_cast<size_t>(c)].fetch_add(1, std::memory_order_relaxed);
-  }
-
-  // The symmetric heap, created by ensure_symmetric_heap under heap_mutex_; its allocator is
-  // shared with the deleters of the tensors in it, which also keep its mapping alive.
-  mutable std::mutex heap_mutex_;
-  std::unique_ptr<SymmetricWorkspace> heap_;
-  std::shared_ptr<HeapAllocator> heap_allocator_;
-  // What the MemPool allocator's functions own (NOTE [Heap under a MemPool]); the allocator
-  // itself is created on the first symmetric_allocator().
-  std::shared_ptr<detail::HeapSegments> heap_segments_;
-  std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> symmetric_allocator_;
-  int heap_attempts_ = 0;  // NOTE [Heap creation attempts] in backend/symmetric_memory.cpp
-
-  std::mutex pipeline_state_mutex_;
-  std::shared_ptr<ops::pipeline::State> pipeline_state_;  // see pipeline_state()
-
-  std::atomic<bool> retired_{false};  // see retired()
+  std::unique_ptr<SymmetricWorkspace> workspace_;  // null when disabled
+  EngineContext group_;                            // what the engines know of the group
+  ops::FailureRecord failure_;                     // NOTE [Failed groups]
+  Counters counters_;
+  WorkspaceCollectives collectives_;
+  SymmetricMemory heap_;
+  SendRecv send_recv_;
+  ops::pipeline::State pipelines_;
+  std::unique_ptr<Hierarchy> hierarchy_;  // set once, by set_hierarchy
+  std::atomic<bool> retired_{false};      // see retired()
   std::shared_ptr<const bool> lifetime_token_ = std::make_shared<const bool>(true);
-
-  std::mutex coalescing_mutex_;
-  bool coalescing_ = false;
-  std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_works_;
 };
 
 }  // namespace cuda_p2p

@@ -885,7 +885,7 @@ std::vector<KnobValue> knob_values(const Options& o, const EnvLookup& env) {
 // unbuffered), so the lines of the ranks of a job sharing a terminal interleave by lines, not
 // by characters. The group's line is written by the Python layer when it has created the group
 // (python/cuda_p2p/_backend.py: it knows the hierarchy, attached after construction); the
-// fallback lines by ProcessGroupCudaP2P::count_fallback, once per counter and group.
+// fallback lines by the group's Counters (backend/counters.cpp), once per counter and group.
 void debug_line(const std::string& line) {
   std::string whole = line;
   if (whole.empty() || whole.back() != '\n') whole.push_back('\n');

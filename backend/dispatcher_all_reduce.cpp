@@ -10,40 +10,9 @@
 
 #include "backend/ProcessGroupCudaP2P.hpp"
 #include "backend/dispatcher_group.hpp"
-#include "backend/hierarchical.hpp"
 #include "ops/common.hpp"
 
 namespace cuda_p2p {
-
-void ProcessGroupCudaP2P::all_reduce_in_place(at::Tensor& tensor, ops::ReduceOp op) {
-  TORCH_CHECK(tensor.layout() == at::kStrided,
-              "cuda_p2p all_reduce_: expected a strided (dense) tensor, got layout ",
-              tensor.layout());
-  // The paths of dist.all_reduce, in its order (ProcessGroupCudaP2P::allreduce): a group spanning
-  // hosts runs hierarchically (it copies a non-contiguous tensor back itself), else the
-  // workspace, else the wrapped backend. The c10d options only where they are used: not on the
-  // small all-reduce's path (NOTE [Inline one-shot] in ops/all_reduce.cpp).
-  const auto options = [op] {
-    c10d::AllreduceOptions opts;
-    opts.reduceOp = to_c10d_reduce_op(op);
-    return opts;
-  };
-  if (hierarchy_) {
-    std::vector<at::Tensor> tensors{tensor};
-    if (hierarchy_->all_reduce(tensors, options())) return;
-  }
-  if (all_reduce_on_workspace(tensor, op)) return;
-  const c10d::AllreduceOptions opts = options();
-  const char* why = workspace_rejects({tensor});
-  if (!why) why = "dtype";
-  // NOTE [Routes agree] in backend/workspace_collectives.cpp.
-  agree_on_route("all_reduce", ops::OpKind::kAllReduce, {tensor}, " " + ops::lower_name(op), why);
-  count_fallback("all_reduce.wrapped", why);
-  // The wrapped backends expect contiguous tensors, as they do from dist.all_reduce.
-  std::vector<at::Tensor> tensors{tensor.is_contiguous() ? tensor : tensor.contiguous()};
-  route(tensors, "all_reduce_").allreduce(tensors, opts)->wait();
-  if (!tensors[0].is_same(tensor)) tensor.copy_(tensors[0]);
-}
 
 namespace {
 

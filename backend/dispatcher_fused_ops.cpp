@@ -14,12 +14,10 @@
 namespace cuda_p2p {
 namespace {
 
+using Op = Counters::Op;
+
 constexpr const char* kAllGatherMatmul = "fused_all_gather_matmul";
 constexpr const char* kMatmulReduceScatter = "fused_matmul_reduce_scatter";
-// Whole literals: GCC 12 at -O1 (the TSan build) takes std::string(k) + ".unfused" for an
-// out-of-bounds copy (-Warray-bounds, a false positive).
-constexpr const char* kAllGatherMatmulUnfused = "fused_all_gather_matmul.unfused";
-constexpr const char* kMatmulReduceScatterUnfused = "fused_matmul_reduce_scatter.unfused";
 
 // NOTE [Unfused below a size]
 // A fused op pays a fixed cost the unfused pair does not (its handshake and barriers, two
@@ -103,7 +101,7 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> all_gather_matmul
   std::vector<at::Tensor> outputs;
   outputs.reserve(Bs.size());
   for (const auto& B : Bs) outputs.push_back(at::matmul(A, B).movedim(0, back));
-  pg.bump_counter(kAllGatherMatmulUnfused);
+  pg.path_counters().unfused(Op::kFusedAllGatherMatmul);
   return {return_A ? std::optional<at::Tensor>(A.movedim(0, back)) : std::nullopt, outputs};
 }
 
@@ -140,7 +138,7 @@ at::Tensor matmul_reduce_scatter_unfused_run(ProcessGroupCudaP2P& pg, const at::
   c10d::ReduceScatterOptions opts;
   opts.reduceOp = reduce_op == "avg" ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
   pg._reduce_scatter_base(scattered, product, opts)->wait();
-  pg.bump_counter(kMatmulReduceScatterUnfused);
+  pg.path_counters().unfused(Op::kFusedMatmulReduceScatter);
   if (dim == 0) return scattered;
   auto out_sizes = A.sizes().vec();
   out_sizes.back() = B.size(1);
@@ -170,6 +168,7 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_
   std::lock_guard<std::mutex> lock(state.mutex);
   auto group = pg.pipeline_group(A_shard.device().type());
   auto r = ops::fused_all_gather_matmul(group, A_shard, Bs, gather_dim, return_A, algorithm);
+  pg.path_counters().record(Op::kFusedAllGatherMatmul, r.outcome);
   return {r.A, r.outputs};
 }
 
@@ -193,8 +192,10 @@ at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
   auto& state = pg.pipeline_state();
   std::lock_guard<std::mutex> lock(state.mutex);
   auto group = pg.pipeline_group(A.device().type());
-  return ops::fused_matmul_reduce_scatter(group, A, B, reduce_op, scatter_dim, algorithm,
-                                          ring_steps);
+  auto r =
+      ops::fused_matmul_reduce_scatter(group, A, B, reduce_op, scatter_dim, algorithm, ring_steps);
+  pg.path_counters().record(Op::kFusedMatmulReduceScatter, r.outcome);
+  return r.output;
 }
 
 std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_matmul_meta(
@@ -231,6 +232,7 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_
   auto group = pg.pipeline_group(A_shard.device().type());
   auto r = ops::fused_all_gather_scaled_matmul(group, A_shard, Bs, A_scale, B_scales, gather_dim,
                                                out_dtypes, return_A, algorithm);
+  pg.path_counters().record(Op::kFusedAllGatherScaledMatmul, r.outcome);
   return {r.A, r.outputs};
 }
 
@@ -246,8 +248,10 @@ at::Tensor fused_scaled_matmul_reduce_scatter(const at::Tensor& A, const at::Ten
   auto& state = pg.pipeline_state();
   std::lock_guard<std::mutex> lock(state.mutex);
   auto group = pg.pipeline_group(A.device().type());
-  return ops::fused_scaled_matmul_reduce_scatter(group, A, B, A_scale, B_scale, reduce_op,
-                                                 scatter_dim, out_dtype, algorithm, ring_steps);
+  auto r = ops::fused_scaled_matmul_reduce_scatter(group, A, B, A_scale, B_scale, reduce_op,
+                                                   scatter_dim, out_dtype, algorithm, ring_steps);
+  pg.path_counters().record(Op::kFusedScaledMatmulReduceScatter, r.outcome);
+  return r.output;
 }
 
 std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_scaled_matmul_meta(

@@ -9,8 +9,7 @@
 #include <optional>
 #include <utility>
 
-#include "backend/CompletedWork.hpp"
-#include "backend/ProcessGroupCudaP2P.hpp"
+#include "backend/reduce_ops.hpp"
 #include "ops/collectives.hpp"
 #include "ops/common.hpp"
 #include "ops/reduction.hpp"
@@ -58,8 +57,7 @@ int HostLayout::min_host_size() const {
 }
 
 Hierarchy::Hierarchy(int rank, HostLayout layout, c10::intrusive_ptr<c10d::Backend> intra,
-                     c10::intrusive_ptr<c10d::Backend> inter,
-                     std::function<void(const std::string&)> count, bool nccl)
+                     c10::intrusive_ptr<c10d::Backend> inter, bool nccl)
     : rank_(rank),
       layout_(std::move(layout)),
       host_(layout_.host.at(rank)),
@@ -67,7 +65,6 @@ Hierarchy::Hierarchy(int rank, HostLayout layout, c10::intrusive_ptr<c10d::Backe
       even_(layout_.even()),
       intra_(std::move(intra)),
       inter_(std::move(inter)),
-      count_(std::move(count)),
       nccl_(nccl) {
   const int H = layout_.num_hosts();
   const int L = static_cast<int>(layout_.hosts[host_].size());
@@ -112,17 +109,12 @@ const char* Hierarchy::rejects(c10::ArrayRef<at::Tensor> tensors) {
 
 const char* Hierarchy::rejects_reduction(const c10d::ReduceOp& op, at::ScalarType dtype,
                                          const char* what) {
-  const auto mapped = ProcessGroupCudaP2P::to_reduce_op(op);
+  const auto mapped = to_reduce_op(op);
   if (!mapped) return "reduce_op";
   // Gloo, the inter-host backend, reduces no int16; the flat path reports it.
   if (!ops::is_reducible_dtype(dtype) || dtype == at::kShort) return "dtype";
   ops::check_reduce_op(*mapped, dtype, what);
   return nullptr;
-}
-
-bool Hierarchy::decline(const char* op, const char* why) {
-  count_(std::string(op) + ".flat." + why);
-  return false;
 }
 
 // --- agreement ----------------------------------------------------------------------------------
@@ -175,11 +167,6 @@ bool Hierarchy::decline(const char* op, const char* why) {
 namespace {
 
 std::string describe(c10::ArrayRef<at::Tensor> tensors) { return ops::describe_tensors(tensors); }
-
-std::string op_name(const c10d::ReduceOp& op) {
-  const auto mapped = ProcessGroupCudaP2P::to_reduce_op(op);
-  return mapped ? ops::lower_name(*mapped) : std::string("premul_sum");
-}
 
 // What a rank's own argument checks raised: its message (the invalid signature's text) and the
 // error itself, thrown again once the group has agreed.
@@ -329,8 +316,8 @@ bool Hierarchy::agree(const ops::OpSignature& mine, std::chrono::milliseconds ti
   return true;
 }
 
-bool Hierarchy::barrier(const c10d::BarrierOptions& opts) {
-  if (nccl_ && opts.device.has_value() && opts.device->is_cuda()) return false;
+HierarchyOutcome Hierarchy::barrier(const c10d::BarrierOptions& opts) {
+  if (nccl_ && opts.device.has_value() && opts.device->is_cuda()) return {};
   std::lock_guard<std::mutex> lock(mutex_);
   const bool was = agreement_;
   agreement_ = true;  // the exchange is the barrier: never skipped
@@ -341,8 +328,7 @@ bool Hierarchy::barrier(const c10d::BarrierOptions& opts) {
     throw;
   }
   agreement_ = was;
-  count_("barrier.hierarchical");
-  return true;
+  return {.ran = true, .path = "hierarchical", .runs = 1};  // the same exchange on any hosts
 }
 
 void Hierarchy::agree_flat(ops::OpKind kind, c10::ArrayRef<at::Tensor> tensors,
@@ -361,8 +347,9 @@ void Hierarchy::agree_flat(ops::OpKind kind, c10::ArrayRef<at::Tensor> tensors,
 
 // --- entry points -------------------------------------------------------------------------------
 
-bool Hierarchy::all_reduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
-  if (on_nccl(tensors)) return decline("all_reduce", "device");
+HierarchyOutcome Hierarchy::all_reduce(std::vector<at::Tensor>& tensors,
+                                       const c10d::AllreduceOptions& opts) {
+  if (on_nccl(tensors)) return decline("device");
   const char* why = tensors.size() != 1 ? "several_tensors" : rejects(tensors);
   Checked checked;
   if (!why) {
@@ -374,18 +361,18 @@ bool Hierarchy::all_reduce(std::vector<at::Tensor>& tensors, const c10d::Allredu
   at::Tensor work = carry ? tensors[0].contiguous() : at::Tensor();
   std::lock_guard<std::mutex> lock(mutex_);
   const bool done =
-      agree(signature(ops::OpKind::kAllReduce, describe(tensors) + " " + op_name(opts.reduceOp),
-                      why, checked.error),
+      agree(signature(ops::OpKind::kAllReduce,
+                      describe(tensors) + " " + reduce_op_text(opts.reduceOp), why, checked.error),
             opts.timeout, carry ? work.view(-1) : at::Tensor(), opts.reduceOp);
   checked.rethrow();
-  if (why) return decline("all_reduce", why);
+  if (why) return decline(why);
   at::Tensor& t = tensors[0];
   if (!work.defined()) work = t.contiguous();
   if (!done) all_reduce_flat(work.view(-1), opts.reduceOp, opts.timeout);
   if (!work.is_same(t)) t.copy_(work);
-  count_(std::string("all_reduce.") + path());
-  if (done) count_("all_reduce.in_agreement");
-  return true;
+  HierarchyOutcome outcome = ran();
+  outcome.in_agreement = done;
+  return outcome;
 }
 
 const char* Hierarchy::all_gather_rejects(const at::Tensor& output, const at::Tensor& input) const {
@@ -403,26 +390,25 @@ void Hierarchy::run_all_gather_into_tensor(const at::Tensor& output, const at::T
   at::Tensor out = contiguous_output(output);
   all_gather_flat(input.contiguous().view(-1), out.view(-1), timeout);
   if (!out.is_same(output)) output.copy_(out);
-  count_(std::string("all_gather.") + path());
 }
 
-bool Hierarchy::all_gather_into_tensor(at::Tensor& output, at::Tensor& input,
-                                       const c10d::AllgatherOptions& opts) {
-  if (on_nccl({input, output})) return decline("all_gather", "device");
+HierarchyOutcome Hierarchy::all_gather_into_tensor(at::Tensor& output, at::Tensor& input,
+                                                   const c10d::AllgatherOptions& opts) {
+  if (on_nccl({input, output})) return decline("device");
   const char* why = nullptr;
   const Checked checked = run_checks([&] { why = all_gather_rejects(output, input); });
   std::lock_guard<std::mutex> lock(mutex_);
   agree(signature(ops::OpKind::kAllGather, describe(input), why, checked.error), opts.timeout);
   checked.rethrow();
-  if (why) return decline("all_gather", why);
+  if (why) return decline(why);
   run_all_gather_into_tensor(output, input, opts.timeout);
-  return true;
+  return ran();
 }
 
-bool Hierarchy::all_gather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
-                                                 std::vector<at::Tensor>& inputs,
-                                                 const c10d::AllgatherOptions& opts) {
-  if (on_nccl(inputs)) return decline("all_gather", "device");
+HierarchyOutcome Hierarchy::all_gather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                             std::vector<at::Tensor>& inputs,
+                                                             const c10d::AllgatherOptions& opts) {
+  if (on_nccl(inputs)) return decline("device");
   const char* why = nullptr;
   const Checked checked = run_checks([&] {
     TORCH_CHECK(outputs.size() == inputs.size() && !inputs.empty(),
@@ -437,16 +423,17 @@ bool Hierarchy::all_gather_into_tensor_coalesced(std::vector<at::Tensor>& output
   agree(signature(ops::OpKind::kAllGather, "coalesced " + describe(inputs), why, checked.error),
         opts.timeout);
   checked.rethrow();
-  if (why) return decline("all_gather", why);
+  if (why) return decline(why);
   for (size_t i = 0; i < inputs.size(); ++i) {
     run_all_gather_into_tensor(outputs[i], inputs[i], opts.timeout);
   }
-  return true;
+  return ran(static_cast<int>(inputs.size()));
 }
 
-bool Hierarchy::all_gather(std::vector<std::vector<at::Tensor>>& outputs,
-                           std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
-  if (on_nccl(inputs)) return decline("all_gather", "device");
+HierarchyOutcome Hierarchy::all_gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                       std::vector<at::Tensor>& inputs,
+                                       const c10d::AllgatherOptions& opts) {
+  if (on_nccl(inputs)) return decline("device");
   const size_t W = layout_.host.size();
   const char* why = nullptr;
   if (inputs.size() != 1 || outputs.size() != 1 || outputs[0].size() != W) {
@@ -468,7 +455,7 @@ bool Hierarchy::all_gather(std::vector<std::vector<at::Tensor>>& outputs,
   std::lock_guard<std::mutex> lock(mutex_);
   agree(signature(ops::OpKind::kAllGather, describe(inputs), why, checked.error), opts.timeout);
   checked.rethrow();
-  if (why) return decline("all_gather", why);
+  if (why) return decline(why);
   const at::Tensor& input = inputs[0];
   const int64_t n = input.numel();
   at::Tensor out = at::empty({n * static_cast<int64_t>(W)}, input.options());
@@ -476,8 +463,7 @@ bool Hierarchy::all_gather(std::vector<std::vector<at::Tensor>>& outputs,
   for (size_t r = 0; r < W; ++r) {
     outputs[0][r].copy_(out.narrow(0, static_cast<int64_t>(r) * n, n).view(outputs[0][r].sizes()));
   }
-  count_(std::string("all_gather.") + path());
-  return true;
+  return ran();
 }
 
 const char* Hierarchy::reduce_scatter_rejects(const at::Tensor& output, const at::Tensor& input,
@@ -497,29 +483,28 @@ void Hierarchy::run_reduce_scatter_tensor(const at::Tensor& output, const at::Te
   at::Tensor out = contiguous_output(output);
   reduce_scatter_flat(input.contiguous().view(-1), out.view(-1), op, timeout);
   if (!out.is_same(output)) output.copy_(out);
-  count_(std::string("reduce_scatter.") + path());
 }
 
-bool Hierarchy::reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
-                                      const c10d::ReduceScatterOptions& opts) {
-  if (on_nccl({input, output})) return decline("reduce_scatter", "device");
+HierarchyOutcome Hierarchy::reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
+                                                  const c10d::ReduceScatterOptions& opts) {
+  if (on_nccl({input, output})) return decline("device");
   const char* why = nullptr;
   const Checked checked =
       run_checks([&] { why = reduce_scatter_rejects(output, input, opts.reduceOp); });
   std::lock_guard<std::mutex> lock(mutex_);
-  agree(signature(ops::OpKind::kReduceScatter, describe(output) + " " + op_name(opts.reduceOp), why,
-                  checked.error),
+  agree(signature(ops::OpKind::kReduceScatter,
+                  describe(output) + " " + reduce_op_text(opts.reduceOp), why, checked.error),
         opts.timeout);
   checked.rethrow();
-  if (why) return decline("reduce_scatter", why);
+  if (why) return decline(why);
   run_reduce_scatter_tensor(output, input, opts.reduceOp, opts.timeout);
-  return true;
+  return ran();
 }
 
-bool Hierarchy::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
-                                                std::vector<at::Tensor>& inputs,
-                                                const c10d::ReduceScatterOptions& opts) {
-  if (on_nccl(inputs)) return decline("reduce_scatter", "device");
+HierarchyOutcome Hierarchy::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  if (on_nccl(inputs)) return decline("device");
   const char* why = nullptr;
   const Checked checked = run_checks([&] {
     TORCH_CHECK(outputs.size() == inputs.size() && !inputs.empty(),
@@ -532,21 +517,21 @@ bool Hierarchy::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs
   });
   std::lock_guard<std::mutex> lock(mutex_);
   agree(signature(ops::OpKind::kReduceScatter,
-                  "coalesced " + describe(outputs) + " " + op_name(opts.reduceOp), why,
+                  "coalesced " + describe(outputs) + " " + reduce_op_text(opts.reduceOp), why,
                   checked.error),
         opts.timeout);
   checked.rethrow();
-  if (why) return decline("reduce_scatter", why);
+  if (why) return decline(why);
   for (size_t i = 0; i < inputs.size(); ++i) {
     run_reduce_scatter_tensor(outputs[i], inputs[i], opts.reduceOp, opts.timeout);
   }
-  return true;
+  return ran(static_cast<int>(inputs.size()));
 }
 
-bool Hierarchy::reduce_scatter(std::vector<at::Tensor>& outputs,
-                               std::vector<std::vector<at::Tensor>>& inputs,
-                               const c10d::ReduceScatterOptions& opts) {
-  if (on_nccl(outputs)) return decline("reduce_scatter", "device");
+HierarchyOutcome Hierarchy::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                           std::vector<std::vector<at::Tensor>>& inputs,
+                                           const c10d::ReduceScatterOptions& opts) {
+  if (on_nccl(outputs)) return decline("device");
   const size_t W = layout_.host.size();
   const char* why = nullptr;
   if (outputs.size() != 1 || inputs.size() != 1 || inputs[0].size() != W) {
@@ -567,11 +552,11 @@ bool Hierarchy::reduce_scatter(std::vector<at::Tensor>& outputs,
     });
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  agree(signature(ops::OpKind::kReduceScatter, describe(outputs) + " " + op_name(opts.reduceOp),
-                  why, checked.error),
+  agree(signature(ops::OpKind::kReduceScatter,
+                  describe(outputs) + " " + reduce_op_text(opts.reduceOp), why, checked.error),
         opts.timeout);
   checked.rethrow();
-  if (why) return decline("reduce_scatter", why);
+  if (why) return decline(why);
   at::Tensor& output = outputs[0];
   const int64_t n = output.numel();
   at::Tensor in = at::empty({n * static_cast<int64_t>(W)}, output.options());
@@ -581,12 +566,12 @@ bool Hierarchy::reduce_scatter(std::vector<at::Tensor>& outputs,
   at::Tensor out = contiguous_output(output);
   reduce_scatter_flat(in, out.view(-1), opts.reduceOp, opts.timeout);
   if (!out.is_same(output)) output.copy_(out);
-  count_(std::string("reduce_scatter.") + path());
-  return true;
+  return ran();
 }
 
-bool Hierarchy::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
-  if (on_nccl(tensors)) return decline("broadcast", "device");
+HierarchyOutcome Hierarchy::broadcast(std::vector<at::Tensor>& tensors,
+                                      const c10d::BroadcastOptions& opts) {
+  if (on_nccl(tensors)) return decline("device");
   const int W = static_cast<int>(layout_.host.size());
   const char* why =
       tensors.size() != 1 || opts.rootTensor != 0 ? "several_tensors" : rejects(tensors);
@@ -600,7 +585,7 @@ bool Hierarchy::broadcast(std::vector<at::Tensor>& tensors, const c10d::Broadcas
                   checked.error),
         opts.timeout);
   checked.rethrow();
-  if (why) return decline("broadcast", why);
+  if (why) return decline(why);
   at::Tensor& t = tensors[0];
   at::Tensor work = t.contiguous();
   const int root = static_cast<int>(opts.rootRank);
@@ -608,8 +593,7 @@ bool Hierarchy::broadcast(std::vector<at::Tensor>& tensors, const c10d::Broadcas
   if (!work.is_same(t)) t.copy_(work);
   // The root's local index exists on every host: the same scheme as on even hosts.
   const bool direct = layout_.local[root] < layout_.min_host_size();
-  count_(direct ? "broadcast.hierarchical" : "broadcast.hierarchical_leaders");
-  return true;
+  return {.ran = true, .path = direct ? "hierarchical" : "hierarchical_leaders", .runs = 1};
 }
 
 // --- algorithms ---------------------------------------------------------------------------------
@@ -853,26 +837,6 @@ void Hierarchy::abort() {
 void Hierarchy::shutdown() {
   intra_->shutdown();
   if (inter_) inter_->shutdown();
-}
-
-// --- the group's side ---------------------------------------------------------------------------
-
-void ProcessGroupCudaP2P::set_hierarchy(const std::vector<int64_t>& host_of,
-                                        c10::intrusive_ptr<c10d::Backend> intra,
-                                        c10::intrusive_ptr<c10d::Backend> inter) {
-  TORCH_CHECK(!hierarchy_, "cuda_p2p set_hierarchy: the group already has a hierarchy");
-  TORCH_CHECK(static_cast<int>(host_of.size()) == getSize(), "cuda_p2p set_hierarchy: expected ",
-              getSize(), " hosts (one per rank), got ", host_of.size());
-  TORCH_CHECK(!is_p2p_available(),
-              "cuda_p2p set_hierarchy: the group has a workspace, so its ranks are on one host");
-  hierarchy_ = std::make_unique<Hierarchy>(
-      getRank(), HostLayout(host_of), std::move(intra), std::move(inter),
-      [this](const std::string& name) { bump_counter(name); }, cuda_backend_ != nullptr);
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupCudaP2P::hierarchical_done(
-    c10d::OpType type, std::vector<at::Tensor> outputs) {
-  return track(c10::make_intrusive<CompletedWork>(getRank(), type, std::move(outputs)));
 }
 
 }  // namespace cuda_p2p

@@ -52,52 +52,67 @@ struct HostLayout {
   std::vector<std::vector<int>> hosts;  // by host: its ranks, ascending
 };
 
+// What a hierarchical entry did, for the group's counters (backend/counters.hpp).
+struct HierarchyOutcome {
+  // Ran hierarchically, done on return; else nothing was moved and the caller runs the op flat.
+  bool ran = false;
+  // When it ran: "hierarchical" (the payload split among local indices) or
+  // "hierarchical_leaders" (each host's first rank carries it), once per op run (`runs`: the
+  // coalesced forms run one per pair).
+  const char* path = nullptr;
+  int runs = 0;
+  // An all-reduce that rode in the agreement (NOTE [Hierarchical agreement]).
+  bool in_agreement = false;
+  // When it did not run: why the call goes flat ("device", "dtype", "several_tensors", ...), or
+  // null when it declined without a word (a CUDA barrier on a group with NCCL).
+  const char* flat = nullptr;
+};
+
 class Hierarchy {
  public:
   // `intra`: a cuda_p2p backend over this host's ranks (rank = local index). `inter`: a backend
   // over the ranks with this rank's local index on every host (rank = host number), present when
-  // that local index exists on every host (local index < min_host_size()), else null. `count`
-  // bumps one of the group's counters. `nccl`: the group wraps NCCL, which keeps its CUDA
-  // tensors' collectives without an agreement (NOTE [Hierarchical agreement]).
+  // that local index exists on every host (local index < min_host_size()), else null. `nccl`: the
+  // group wraps NCCL, which keeps its CUDA tensors' collectives without an agreement (NOTE
+  // [Hierarchical agreement]).
   Hierarchy(int rank, HostLayout layout, c10::intrusive_ptr<c10d::Backend> intra,
-            c10::intrusive_ptr<c10d::Backend> inter, std::function<void(const std::string&)> count,
-            bool nccl = false);
+            c10::intrusive_ptr<c10d::Backend> inter, bool nccl = false);
 
   const HostLayout& layout() const { return layout_; }
   const c10::intrusive_ptr<c10d::Backend>& intra() const { return intra_; }
   const c10::intrusive_ptr<c10d::Backend>& inter() const { return inter_; }
 
-  // Each runs the collective hierarchically and returns true (counted "<op>.hierarchical", or
-  // "<op>.hierarchical_leaders" on uneven hosts), or returns false without having communicated
-  // (counted "<op>.flat.<why>") when these arguments cannot take the hierarchical path: the
-  // caller then runs the op flat on the wrapped backend. Every rank decides alike from what its
-  // arguments agree on (devices, dtypes, counts, reduce op), after the group agreed on them
-  // (an all-reduce that rode in the agreement also counts "all_reduce.in_agreement")
-  // (NOTE [Hierarchical agreement]): a mismatch throws ops::SignatureMismatch on every rank, and a
-  // rank whose own arguments are invalid throws its own error. Blocking: done on return.
-  bool all_reduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts);
-  bool all_gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-                  const c10d::AllgatherOptions& opts);
-  bool all_gather_into_tensor(at::Tensor& output, at::Tensor& input,
-                              const c10d::AllgatherOptions& opts);
-  bool reduce_scatter(std::vector<at::Tensor>& outputs,
-                      std::vector<std::vector<at::Tensor>>& inputs,
-                      const c10d::ReduceScatterOptions& opts);
-  bool reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
-                             const c10d::ReduceScatterOptions& opts);
-  bool broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts);
-  // The coalesced forms (_coalescing_manager, FSDP): every pair in order, each counted, or none
-  // when one pair cannot take the hierarchical path.
-  bool all_gather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
-                                        std::vector<at::Tensor>& inputs,
-                                        const c10d::AllgatherOptions& opts);
-  bool reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
-                                       std::vector<at::Tensor>& inputs,
-                                       const c10d::ReduceScatterOptions& opts);
+  // Each runs the collective hierarchically (`ran`, with the path it took: "hierarchical", or
+  // "hierarchical_leaders" on uneven hosts), or returns without having communicated, with the
+  // reason (`flat`), when these arguments cannot take the hierarchical path: the caller then runs
+  // the op flat on the wrapped backend. Every rank decides alike from what its arguments agree
+  // on (devices, dtypes, counts, reduce op), after the group agreed on them (an all-reduce may
+  // ride in the agreement: `in_agreement`) (NOTE [Hierarchical agreement]): a mismatch throws
+  // ops::SignatureMismatch on every rank, and a rank whose own arguments are invalid throws its
+  // own error. Blocking: done on return.
+  HierarchyOutcome all_reduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts);
+  HierarchyOutcome all_gather(std::vector<std::vector<at::Tensor>>& outputs,
+                              std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts);
+  HierarchyOutcome all_gather_into_tensor(at::Tensor& output, at::Tensor& input,
+                                          const c10d::AllgatherOptions& opts);
+  HierarchyOutcome reduce_scatter(std::vector<at::Tensor>& outputs,
+                                  std::vector<std::vector<at::Tensor>>& inputs,
+                                  const c10d::ReduceScatterOptions& opts);
+  HierarchyOutcome reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
+                                         const c10d::ReduceScatterOptions& opts);
+  HierarchyOutcome broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts);
+  // The coalesced forms (_coalescing_manager, FSDP): every pair in order (`runs`: one per pair),
+  // or none when one pair cannot take the hierarchical path.
+  HierarchyOutcome all_gather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                    std::vector<at::Tensor>& inputs,
+                                                    const c10d::AllgatherOptions& opts);
+  HierarchyOutcome reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                   std::vector<at::Tensor>& inputs,
+                                                   const c10d::ReduceScatterOptions& opts);
 
-  // A barrier of the whole group: the agreement alone (counted "barrier.hierarchical"); false,
-  // without communicating, for a CUDA device's barrier on a group with NCCL.
-  bool barrier(const c10d::BarrierOptions& opts);
+  // A barrier of the whole group: the agreement alone (path "hierarchical"); not run, without
+  // communicating and without a reason, for a CUDA device's barrier on a group with NCCL.
+  HierarchyOutcome barrier(const c10d::BarrierOptions& opts);
   // For a call that runs flat on the wrapped backend (all_gather_v): runs `checks` (a TORCH_CHECK
   // failure makes the signature invalid), agrees on `text` across the group, then rethrows the
   // checks' error if any. `tensors`: what the call passes (CUDA ones on a group with NCCL skip it).
@@ -130,7 +145,10 @@ class Hierarchy {
                                   std::chrono::milliseconds timeout);
   void run_reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
                                  const c10d::ReduceOp& op, std::chrono::milliseconds timeout);
-  bool decline(const char* op, const char* why);
+  // Not run, going flat for `why`.
+  static HierarchyOutcome decline(const char* why) { return {.flat = why}; }
+  // Ran on the path of this group's hosts, `runs` times.
+  HierarchyOutcome ran(int runs = 1) const { return {.ran = true, .path = path(), .runs = runs}; }
   // Whether this call skips the agreement: every tensor on CUDA and the group wraps NCCL.
   bool on_nccl(c10::ArrayRef<at::Tensor> tensors) const;
   // The agreement (NOTE [Hierarchical agreement]); the caller holds mutex_. `mine` is this rank's
@@ -184,7 +202,6 @@ class Hierarchy {
   const bool even_;
   c10::intrusive_ptr<c10d::Backend> intra_;
   c10::intrusive_ptr<c10d::Backend> inter_;
-  std::function<void(const std::string&)> count_;
   const bool nccl_;
   bool agreement_ = true;
   // The agreement's buffers (under mutex_), each descriptors and an inline payload area of

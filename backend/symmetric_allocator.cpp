@@ -1,6 +1,6 @@
 // The group's allocator for a torch.cuda.MemPool over its symmetric heap: the segments it takes
 // from the heap (HeapSegments, any device) and, on CUDA, the pluggable allocator around them
-// (ProcessGroupCudaP2P::symmetric_allocator). docs/collectives.md, "Zero-copy symmetric tensors".
+// (SymmetricMemory::allocator). docs/collectives.md, "Zero-copy symmetric tensors".
 #include "backend/symmetric_allocator.hpp"
 
 #include <c10/util/Exception.h>
@@ -9,8 +9,6 @@
 #include <cstdint>
 #include <limits>
 #include <utility>
-
-#include "backend/ProcessGroupCudaP2P.hpp"
 
 #ifdef CUDA_P2P_WITH_CUDA
 #include <cuda_runtime.h>
@@ -156,27 +154,4 @@ std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> make_pool_alloca
 }
 
 }  // namespace detail
-
-std::shared_ptr<detail::HeapSegments> ProcessGroupCudaP2P::heap_segments() {
-  ensure_symmetric_heap();
-  std::lock_guard<std::mutex> lock(heap_mutex_);
-  return heap_segments_;
-}
-
-std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator>
-ProcessGroupCudaP2P::symmetric_allocator() {
-  const at::Device device = symmetric_device();
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      device.is_cuda(), "cuda_p2p symmetric_allocator: this group's symmetric heap is on ", device,
-      ": torch has no allocator hook for CPU tensors; allocate CPU symmetric tensors with "
-      "cuda_p2p.empty or under cuda_p2p.use_symmetric_memory (docs/collectives.md, "
-      "\"Zero-copy symmetric tensors\")");
-  auto segments = heap_segments();  // collective the first time: creates the heap
-  std::lock_guard<std::mutex> lock(heap_mutex_);
-  if (!symmetric_allocator_) {
-    symmetric_allocator_ = detail::make_pool_allocator(segments, device.index());
-  }
-  return symmetric_allocator_;
-}
-
 }  // namespace cuda_p2p

@@ -1,6 +1,5 @@
-// ProcessGroupCudaP2P's symmetric heap: user tensors that live in memory every peer maps, so that
-// the collectives read them where they lie (NOTE [Symmetric heap] in
-// p2p_workspace/symmetric_heap.cpp, NOTE [Zero-copy collectives] in ops/zero_copy.cpp).
+#include "backend/symmetric_memory.hpp"
+
 #include <c10/util/Exception.h>
 #include <c10/util/safe_numerics.h>
 
@@ -10,17 +9,21 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <utility>
 
-#include "backend/ProcessGroupCudaP2P.hpp"
 #include "backend/symmetric_allocator.hpp"
+#include "backend/workspace_collectives.hpp"
+#include "ops/common.hpp"
 
 namespace cuda_p2p {
 
-at::Device ProcessGroupCudaP2P::symmetric_device() const {
-  TORCH_CHECK(is_p2p_available(),
+SymmetricMemory::SymmetricMemory(const EngineContext& group, WorkspaceCollectives& collectives)
+    : group_(group), collectives_(collectives) {}
+
+at::Device SymmetricMemory::device() const {
+  TORCH_CHECK(group_.workspace && group_.workspace->available(),
               "cuda_p2p symmetric memory: expected a group with an available P2P workspace, but "
               "it is unavailable: ",
-              p2p_unavailable_reason());
-  return workspace_->device().tensor_device();
+              workspace_unavailable_reason(group_));
+  return group_.workspace->device().tensor_device();
 }
 
 // NOTE [Heap creation attempts]
@@ -28,32 +31,32 @@ at::Device ProcessGroupCudaP2P::symmetric_device() const {
 // fails on every rank at once, so every rank counts the same attempts, and each attempt
 // rendezvous under a prefix of its own: a later one (after memory was freed) never reads a record
 // the failed one left in the store.
-void ProcessGroupCudaP2P::ensure_symmetric_heap() {
-  std::lock_guard<std::mutex> lock(heap_mutex_);
+void SymmetricMemory::ensure() {
+  std::lock_guard<std::mutex> lock(mutex_);
   if (heap_) return;
-  const at::Device device = symmetric_device();
-  WorkspaceOptions o = config_.workspace_options;
-  o.buffer_size = config_.symmetric_heap_size;
+  const at::Device device = this->device();
+  WorkspaceOptions o = group_.config.workspace_options;
+  o.buffer_size = group_.config.symmetric_heap_size;
   o.num_channels = 1;  // its pad is never signalled: the collectives synchronise on the workspace
   o.private_reads = false;
-  const std::string prefix = heap_attempts_ == 0
+  const std::string prefix = attempts_ == 0
                                  ? std::string("cuda_p2p/heap/")
-                                 : "cuda_p2p/heap/attempt" + std::to_string(heap_attempts_) + "/";
-  ++heap_attempts_;
+                                 : "cuda_p2p/heap/attempt" + std::to_string(attempts_) + "/";
+  ++attempts_;
   // Collective: every rank creates it at the same point of its op sequence (the first
-  // cuda_p2p.empty, use_symmetric_memory or MemPool allocator), so collective_state_.heap
-  // changes in step. On CUDA the heap is committed device memory (a cudaMalloc'd block), on the
+  // cuda_p2p.empty, use_symmetric_memory or MemPool allocator), so the collectives' heap changes
+  // in step. On CUDA the heap is committed device memory (a cudaMalloc'd block), on the
   // host a sparse memfd mapping.
   std::unique_ptr<SymmetricWorkspace> heap;
   const auto context = [&] {
     return "cuda_p2p symmetric memory: could not create the group's symmetric heap of " +
-           std::to_string(config_.symmetric_heap_size) + " bytes per rank on " + device.str() +
-           (device.is_cuda() ? " (committed device memory)" : "") + ": ";
+           std::to_string(group_.config.symmetric_heap_size) + " bytes per rank on " +
+           device.str() + (device.is_cuda() ? " (committed device memory)" : "") + ": ";
   };
   try {
-    heap =
-        std::make_unique<SymmetricWorkspace>(c10::make_intrusive<c10d::PrefixStore>(prefix, store_),
-                                             getRank(), getSize(), workspace_->device_ptr(), o);
+    heap = std::make_unique<SymmetricWorkspace>(
+        c10::make_intrusive<c10d::PrefixStore>(prefix, group_.store), group_.rank, group_.size,
+        group_.workspace->device_ptr(), o);
   } catch (const c10::OutOfMemoryError& e) {
     TORCH_CHECK_WITH(OutOfMemoryError, false, context(), e.what_without_backtrace(),
                      "; lower Options.symmetric_heap_size or CUDA_P2P_SYMMETRIC_HEAP_SIZE, or "
@@ -64,18 +67,15 @@ void ProcessGroupCudaP2P::ensure_symmetric_heap() {
   }
   TORCH_CHECK(heap->available(), "cuda_p2p symmetric memory: the heap could not be mapped: ",
               heap->unavailable_reason());
-  heap_allocator_ = std::make_shared<HeapAllocator>(heap->buffer_size());
-  heap_segments_ = std::make_shared<detail::HeapSegments>(
-      heap_allocator_, heap->get_buffer(getRank(), {heap->buffer_size()}, at::kByte));
-  {
-    std::lock_guard<std::mutex> collective_lock(collective_mutex_);
-    collective_state_.heap = heap.get();
-  }
+  allocator_ = std::make_shared<HeapAllocator>(heap->buffer_size());
+  segments_ = std::make_shared<detail::HeapSegments>(
+      allocator_, heap->get_buffer(group_.rank, {heap->buffer_size()}, at::kByte));
+  collectives_.set_heap(heap.get());
   heap_ = std::move(heap);
 }
 
-at::Tensor ProcessGroupCudaP2P::symmetric_empty(at::IntArrayRef sizes, at::ScalarType dtype,
-                                                std::optional<at::Device> device) {
+at::Tensor SymmetricMemory::empty(at::IntArrayRef sizes, at::ScalarType dtype,
+                                  std::optional<at::Device> device) {
   TORCH_CHECK(!c10::isQIntType(dtype) && dtype != at::kComplexHalf,
               "cuda_p2p empty: expected a plain (non-quantized) dtype, got ", dtype);
   uint64_t numel = 1;
@@ -87,14 +87,14 @@ at::Tensor ProcessGroupCudaP2P::symmetric_empty(at::IntArrayRef sizes, at::Scala
   uint64_t nbytes = 0;
   TORCH_CHECK(!c10::mul_overflows(numel, static_cast<uint64_t>(c10::elementSize(dtype)), &nbytes),
               "cuda_p2p empty: the byte size of ", sizes, " x ", dtype, " overflows");
-  const at::Device expected = symmetric_device();
+  const at::Device expected = this->device();
   TORCH_CHECK_VALUE(!device || (device->type() == expected.type() &&
                                 (!device->has_index() || device->index() == expected.index())),
                     "cuda_p2p empty: expected device ", expected,
                     " (this group's symmetric heap lives on its workspace's device), got ",
                     *device);
-  ensure_symmetric_heap();
-  const auto& alloc = heap_allocator_;
+  ensure();
+  const auto& alloc = allocator_;
   const auto bytes = static_cast<int64_t>(std::min<uint64_t>(nbytes, INT64_MAX));
   const auto offset = alloc->allocate(bytes);
   // An OutOfMemoryError (a RuntimeError in Python): allocateTensor takes it for a full heap.
@@ -105,7 +105,7 @@ at::Tensor ProcessGroupCudaP2P::symmetric_empty(at::IntArrayRef sizes, at::Scala
                    " live blocks); the heap does not grow: raise Options.symmetric_heap_size or "
                    "CUDA_P2P_SYMMETRIC_HEAP_SIZE, or free symmetric tensors");
   // A byte view of the whole heap keeps its mapping alive as long as the tensor's storage.
-  at::Tensor heap = heap_->get_buffer(getRank(), {heap_->buffer_size()}, at::kByte);
+  at::Tensor heap = heap_->get_buffer(group_.rank, {heap_->buffer_size()}, at::kByte);
   void* data = static_cast<char*>(heap.data_ptr()) + *offset;
   // NOTE [Heap frees in stream order] in p2p_workspace/symmetric_heap.cpp: on a GPU the range is
   // reclaimed only after the work queued before the free (the freeing thread's stream, then the
@@ -137,8 +137,8 @@ at::Tensor ProcessGroupCudaP2P::symmetric_empty(at::IntArrayRef sizes, at::Scala
       .make_tensor();
 }
 
-int64_t ProcessGroupCudaP2P::symmetric_offset(const at::Tensor& t) const {
-  std::lock_guard<std::mutex> lock(heap_mutex_);
+int64_t SymmetricMemory::offset(const at::Tensor& t) const {
+  std::lock_guard<std::mutex> lock(mutex_);
   if (!heap_ || !t.defined() || !t.has_storage() || t.device() != heap_->device().tensor_device()) {
     return -1;
   }
@@ -148,11 +148,11 @@ int64_t ProcessGroupCudaP2P::symmetric_offset(const at::Tensor& t) const {
   return heap_->own_offset(t.data_ptr(), n);
 }
 
-at::Tensor ProcessGroupCudaP2P::symmetric_peer_tensor(const at::Tensor& t, int64_t rank) const {
-  TORCH_CHECK_VALUE(rank >= 0 && rank < getSize(),
-                    "cuda_p2p symmetric_peer_tensor: rank must be in [0, ", getSize(), "), got ",
+at::Tensor SymmetricMemory::peer_tensor(const at::Tensor& t, int64_t rank) const {
+  TORCH_CHECK_VALUE(rank >= 0 && rank < group_.size,
+                    "cuda_p2p symmetric_peer_tensor: rank must be in [0, ", group_.size, "), got ",
                     rank);
-  const int64_t offset = symmetric_offset(t);
+  const int64_t offset = this->offset(t);
   TORCH_CHECK_VALUE(offset >= 0,
                     "cuda_p2p symmetric_peer_tensor: expected a tensor in this group's symmetric "
                     "heap (cuda_p2p.empty, use_symmetric_memory), got one that is not in it");
@@ -186,53 +186,68 @@ at::Tensor ProcessGroupCudaP2P::symmetric_peer_tensor(const at::Tensor& t, int64
 // tensor (counted allocate_tensor.fallback) instead of failing the training step: its
 // collective then stages on every rank - the exchange sees an input outside its heap; under the
 // signature agreement every rank's allocator, fed the same calls, failed alike, and none claims.
-bool ProcessGroupCudaP2P::supportsTensorAlloc(c10::DeviceIndex device_index) {
-  if (!uses_workspace_collectives() || hierarchy_) return false;
-  const bool host = workspace_on_host();
-  if (ops::resolve_agreement(config_.collective.zero_copy_agreement, host) ==
+bool SymmetricMemory::allocates_comm_buffers(c10::DeviceIndex device_index) const {
+  if (!collectives_.on()) return false;
+  const bool host = collectives_.on_host();
+  if (ops::resolve_agreement(group_.config.collective.zero_copy_agreement, host) ==
       ops::ZeroCopyAgreement::kOff) {
     return false;
   }
-  return device_index == (host ? c10::DeviceIndex(-1) : symmetric_device().index());
+  return device_index == (host ? c10::DeviceIndex(-1) : device().index());
 }
 
-at::Tensor ProcessGroupCudaP2P::allocateTensor(long size, at::TensorOptions options) {
+std::pair<at::Tensor, bool> SymmetricMemory::allocate_comm_buffer(int64_t size,
+                                                                  at::TensorOptions options) {
   const at::ScalarType dtype = c10::typeMetaToScalarType(options.dtype());
-  const std::optional<at::Device> device = options.device_opt();
-  TORCH_CHECK_VALUE(size >= 0, "cuda_p2p allocate_tensor: expected a size >= 0, got ", size);
-  TORCH_CHECK(supportsTensorAlloc(device ? device->index() : c10::DeviceIndex(-1)),
-              "cuda_p2p allocate_tensor: this group does not allocate tensors on ",
-              device ? device->str() : std::string("the default device"),
-              " (supports_tensor_alloc is false: it allocates only where its collectives read the "
-              "heap's tensors in place, NOTE [Process-group allocation for FSDP2])");
   try {
-    auto t = symmetric_empty({size}, dtype, device);
-    bump_counter("allocate_tensor.heap");
-    return t;
+    return {empty({size}, dtype, options.device_opt()), true};
   } catch (const c10::OutOfMemoryError&) {
     // The heap is full or too small for it, or could not be created (on every rank alike: NOTE
     // [Allocation failures at rendezvous]); an ordinary tensor, as the NOTE above says.
   }
-  bump_counter("allocate_tensor.fallback");
-  return at::empty({size}, options.device(symmetric_device()));
+  return {at::empty({size}, options.device(device())), false};
 }
 
-std::map<std::string, int64_t> ProcessGroupCudaP2P::symmetric_heap_info() const {
-  std::lock_guard<std::mutex> lock(heap_mutex_);
+std::map<std::string, int64_t> SymmetricMemory::info() const {
+  std::lock_guard<std::mutex> lock(mutex_);
   if (!heap_) {
     return {{"created", 0},         {"capacity", 0},     {"used_bytes", 0}, {"live_blocks", 0},
             {"deferred_blocks", 0}, {"largest_free", 0}, {"segments", 0},   {"segment_bytes", 0}};
   }
   return {{"created", 1},
-          {"capacity", heap_allocator_->capacity()},
-          {"used_bytes", heap_allocator_->used_bytes()},
+          {"capacity", allocator_->capacity()},
+          {"used_bytes", allocator_->used_bytes()},
           // A block freed in stream order (NOTE [Heap frees in stream order]) has no tensor any
           // more: it counts as deferred, not live, until an allocation reclaims it.
-          {"live_blocks", heap_allocator_->live_blocks() - heap_allocator_->deferred_blocks()},
-          {"deferred_blocks", heap_allocator_->deferred_blocks()},
-          {"largest_free", heap_allocator_->largest_free()},
-          {"segments", heap_segments_->segments()},
-          {"segment_bytes", heap_segments_->bytes()}};
+          {"live_blocks", allocator_->live_blocks() - allocator_->deferred_blocks()},
+          {"deferred_blocks", allocator_->deferred_blocks()},
+          {"largest_free", allocator_->largest_free()},
+          {"segments", segments_->segments()},
+          {"segment_bytes", segments_->bytes()}};
+}
+
+std::shared_ptr<detail::HeapSegments> SymmetricMemory::segments() {
+  ensure();
+  std::lock_guard<std::mutex> lock(mutex_);
+  return segments_;
+}
+
+std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> SymmetricMemory::allocator() {
+  const at::Device device = this->device();
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      device.is_cuda(), "cuda_p2p symmetric_allocator: this group's symmetric heap is on ", device,
+      ": torch has no allocator hook for CPU tensors; allocate CPU symmetric tensors with "
+      "cuda_p2p.empty or under cuda_p2p.use_symmetric_memory (docs/collectives.md, "
+      "\"Zero-copy symmetric tensors\")");
+  auto segments = this->segments();  // collective the first time: creates the heap
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!pool_allocator_) pool_allocator_ = detail::make_pool_allocator(segments, device.index());
+  return pool_allocator_;
+}
+
+SymmetricWorkspace* SymmetricMemory::heap() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return heap_.get();
 }
 
 }  // namespace cuda_p2p

@@ -1,20 +1,15 @@
-// ProcessGroupCudaP2P's all-to-alls: all_to_all_single (alltoall_base), the list all_to_all
-// (alltoall) and cuda_p2p.all_to_all_v, on the workspace (ops/all_to_all.cpp) when it serves the
-// tensors, else on the wrapped backend, counted (docs/collectives.md, "All-to-all").
+// WorkspaceCollectives' all-to-alls (ops/all_to_all.cpp): all_to_all_single (alltoall_base), the
+// list all_to_all (alltoall) and cuda_p2p.all_to_all_v (docs/collectives.md, "All-to-all").
 #include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
 
 #include <numeric>
 #include <utility>
 
-#include "backend/CompletedWork.hpp"
-#include "backend/ProcessGroupCudaP2P.hpp"
+#include "backend/workspace_collectives.hpp"
 #include "ops/common.hpp"
 
 namespace cuda_p2p {
-
-using c10d::Work;
-using WorkPtr = c10::intrusive_ptr<Work>;
 
 namespace {
 
@@ -69,14 +64,8 @@ at::Tensor a2a_output(const at::Tensor& t) {
   return t.is_contiguous() ? t : at::empty(t.sizes(), t.options());
 }
 
-// The all-to-alls read their split sizes back on the host, which a graph cannot replay: refused
-// before the op's handshake, so the group stays usable (inside the op the error would mark the
-// group failed: NOTE [Failed groups]).
-void a2a_refuse_capture(SymmetricWorkspace& ws, const char* what) {
-  TORCH_CHECK(ws.device().capture_id(*ws.device().current_stream()) == 0, "cuda_p2p ", what,
-              ": cannot be captured in a graph (its split sizes are read back on the host); call "
-              "it outside the capture");
-}
+// Why the all-to-alls cannot be captured in a graph: a graph cannot replay what the host reads.
+constexpr const char* kSplitsReadBack = " (its split sizes are read back on the host)";
 
 std::string a2a_rows_text(const at::Tensor& t) {
   return "rows of " + std::to_string(a2a_row_elems(t)) + " x " + ops::dtype_name(t.scalar_type());
@@ -84,21 +73,11 @@ std::string a2a_rows_text(const at::Tensor& t) {
 
 }  // namespace
 
-WorkPtr ProcessGroupCudaP2P::alltoall_base(at::Tensor& output, at::Tensor& input,
-                                           std::vector<int64_t>& output_split_sizes,
-                                           std::vector<int64_t>& input_split_sizes,
-                                           const c10d::AllToAllOptions& opts) {
-  const int W = getSize();
-  const char* why = workspace_rejects({input, output});
-  if (!why && input.scalar_type() != output.scalar_type()) why = "shapes";  // wrapped reports it
-  if (why) {
-    agree_on_route("all_to_all_single", ops::OpKind::kAllToAllSingle, {input}, "", why);
-    count_fallback("all_to_all_single.wrapped", why);
-    return delegate(input, "all_to_all_single", [&](c10d::Backend& b) {
-      return b.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
-    });
-  }
-  a2a_refuse_capture(*workspace_, "all_to_all_single");
+ops::Outcome WorkspaceCollectives::all_to_all_single(
+    at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_split_sizes,
+    const std::vector<int64_t>& input_split_sizes) {
+  const int W = size_;
+  refuse_capture("all_to_all_single", kSplitsReadBack);
   std::vector<int64_t> in_rows, out_rows;
   check_or_reject("all_to_all_single", ops::OpKind::kAllToAllSingle, [&] {
     in_rows = a2a_split_rows(input, input_split_sizes, W, "input", "all_to_all_single");
@@ -119,43 +98,20 @@ WorkPtr ProcessGroupCudaP2P::alltoall_base(at::Tensor& output, at::Tensor& input
   args.send_counts = in_rows;
   args.recv_counts = out_rows;
   args.unit_bytes = row_bytes;
-  bool read = false, zero_copy = false;
-  run_collective("all_to_all_single", [&](const ops::CollectiveContext& ctx) {
-    ops::all_to_all(ctx, args, [&](const std::vector<int64_t>&) {
-      return a2a_slices<char*>(static_cast<char*>(out.data_ptr()), out_rows, row_bytes);
-    });
-    read = ctx.state.last_private_reads;
-    zero_copy = ctx.state.last_zero_copy;
+  return run("all_to_all_single", [&](const ops::CollectiveContext& ctx) {
+    const ops::Outcome o =
+        ops::all_to_all(ctx, args, [&](const std::vector<int64_t>&) {
+          return a2a_slices<char*>(static_cast<char*>(out.data_ptr()), out_rows, row_bytes);
+        }).outcome;
     if (!out.is_same(output)) output.copy_(out);
+    return o;
   });
-  bump_counter("all_to_all_single.direct");
-  if (read) bump_counter("all_to_all_single.cross_memory");
-  if (zero_copy) bump_counter("all_to_all_single.zero_copy");
-  return completed(c10d::OpType::ALLTOALL_BASE, {output}, opts.asyncOp);
 }
 
-WorkPtr ProcessGroupCudaP2P::alltoall(std::vector<at::Tensor>& outputs,
-                                      std::vector<at::Tensor>& inputs,
-                                      const c10d::AllToAllOptions& opts) {
-  const int W = getSize();
-  const char* why = workspace_rejects(inputs);
-  if (!why) why = workspace_rejects(outputs);
-  if (!why && (static_cast<int>(inputs.size()) != W || static_cast<int>(outputs.size()) != W)) {
-    why = "shapes";  // the wrapped backend reports it
-  }
-  for (int q = 0; !why && q < W; ++q) {
-    if (inputs[q].scalar_type() != inputs[0].scalar_type() ||
-        outputs[q].scalar_type() != inputs[0].scalar_type()) {
-      why = "shapes";
-    }
-  }
-  if (why) {
-    agree_on_route("all_to_all", ops::OpKind::kAllToAll, inputs, "", why);
-    count_fallback("all_to_all.wrapped", why);
-    return delegate(inputs, "all_to_all",
-                    [&](c10d::Backend& b) { return b.alltoall(outputs, inputs, opts); });
-  }
-  a2a_refuse_capture(*workspace_, "all_to_all");
+ops::Outcome WorkspaceCollectives::all_to_all(std::vector<at::Tensor>& outputs,
+                                              const std::vector<at::Tensor>& inputs) {
+  const int W = size_;
+  refuse_capture("all_to_all", kSplitsReadBack);
   std::vector<at::Tensor> ins, outs;
   ops::AllToAllArgs args;
   args.kind = ops::OpKind::kAllToAll;
@@ -176,91 +132,55 @@ WorkPtr ProcessGroupCudaP2P::alltoall(std::vector<at::Tensor>& outputs,
     args.send_counts.push_back(in.numel());
     args.recv_counts.push_back(outputs[q].numel());
   }
-  bool read = false, zero_copy = false;
-  run_collective("all_to_all", [&](const ops::CollectiveContext& ctx) {
-    ops::all_to_all(ctx, args, [&](const std::vector<int64_t>&) {
-      std::vector<char*> ptrs;
-      for (auto& o : outs) ptrs.push_back(static_cast<char*>(o.data_ptr()));
-      return ptrs;
-    });
-    read = ctx.state.last_private_reads;
-    zero_copy = ctx.state.last_zero_copy;
+  return run("all_to_all", [&](const ops::CollectiveContext& ctx) {
+    const ops::Outcome o = ops::all_to_all(ctx, args, [&](const std::vector<int64_t>&) {
+                             std::vector<char*> ptrs;
+                             for (auto& out : outs)
+                               ptrs.push_back(static_cast<char*>(out.data_ptr()));
+                             return ptrs;
+                           }).outcome;
     for (int q = 0; q < W; ++q) {
       if (!outs[q].is_same(outputs[q])) outputs[q].copy_(outs[q]);
     }
+    return o;
   });
-  bump_counter("all_to_all.direct");
-  if (read) bump_counter("all_to_all.cross_memory");
-  if (zero_copy) bump_counter("all_to_all.zero_copy");
-  return completed(c10d::OpType::ALLTOALL, outputs, opts.asyncOp);
 }
 
-std::pair<at::Tensor, std::vector<int64_t>> ProcessGroupCudaP2P::all_to_all_v(
+void WorkspaceCollectives::check_all_to_all_v(const at::Tensor& input,
+                                              const std::vector<int64_t>& input_splits, int W) {
+  TORCH_CHECK(input.defined(), "cuda_p2p all_to_all_v: expected a tensor, got None");
+  TORCH_CHECK(!input_splits.empty(), "cuda_p2p all_to_all_v: expected ", W,
+              " input split sizes (one per rank), got none");
+  a2a_split_rows(input, input_splits, W, "input", "all_to_all_v");
+}
+
+WorkspaceCollectives::Rows WorkspaceCollectives::all_to_all_v(
     const at::Tensor& input, const std::vector<int64_t>& input_splits) {
-  const int W = getSize();
   constexpr const char* kWhat = "all_to_all_v";
-  auto checks = [&] {
-    TORCH_CHECK(input.defined(), "cuda_p2p all_to_all_v: expected a tensor, got None");
-    TORCH_CHECK(!input_splits.empty(), "cuda_p2p all_to_all_v: expected ", W,
-                " input split sizes (one per rank), got none");
-    a2a_split_rows(input, input_splits, W, "input", kWhat);
-  };
-  const char* why = input.defined() ? workspace_rejects({input}) : "device";
-  if (!why) {
-    a2a_refuse_capture(*workspace_, kWhat);
-    check_or_reject(kWhat, ops::OpKind::kAllToAllV, checks);
-  } else {
-    if (input.defined()) {
-      agree_on_route(kWhat, ops::OpKind::kAllToAllV, {input}, "", why);
-    }
-    checks();
-  }
+  refuse_capture(kWhat, kSplitsReadBack);
+  check_or_reject(kWhat, ops::OpKind::kAllToAllV,
+                  [&] { check_all_to_all_v(input, input_splits, size_); });
   std::vector<int64_t> out_sizes = input.sizes().vec();
   const int64_t row_bytes = a2a_row_elems(input) * static_cast<int64_t>(input.element_size());
-  if (!why) {
-    const at::Tensor in = input.is_contiguous() ? input : input.contiguous();
-    ops::AllToAllArgs args;
-    args.kind = ops::OpKind::kAllToAllV;
-    args.text = a2a_rows_text(input);
-    args.send = a2a_slices<const char*>(static_cast<const char*>(in.const_data_ptr()), input_splits,
-                                        row_bytes);
-    args.send_counts = input_splits;
-    args.unit_bytes = row_bytes;
-    at::Tensor output;
-    std::vector<int64_t> recv;
-    bool read = false, zero_copy = false;
-    run_collective(kWhat, [&](const ops::CollectiveContext& ctx) {
-      recv = ops::all_to_all(ctx, args, [&](const std::vector<int64_t>& rows) {
-        out_sizes[0] = std::accumulate(rows.begin(), rows.end(), int64_t{0});
-        output = at::empty(out_sizes, input.options().memory_format(at::MemoryFormat::Contiguous));
-        return a2a_slices<char*>(static_cast<char*>(output.data_ptr()), rows, row_bytes);
-      });
-      read = ctx.state.last_private_reads;
-      zero_copy = ctx.state.last_zero_copy;
+  const at::Tensor in = input.is_contiguous() ? input : input.contiguous();
+  ops::AllToAllArgs args;
+  args.kind = ops::OpKind::kAllToAllV;
+  args.text = a2a_rows_text(input);
+  args.send = a2a_slices<const char*>(static_cast<const char*>(in.const_data_ptr()), input_splits,
+                                      row_bytes);
+  args.send_counts = input_splits;
+  args.unit_bytes = row_bytes;
+  Rows r;
+  r.outcome = run(kWhat, [&](const ops::CollectiveContext& ctx) {
+    auto done = ops::all_to_all(ctx, args, [&](const std::vector<int64_t>& rows) {
+      out_sizes[0] = std::accumulate(rows.begin(), rows.end(), int64_t{0});
+      r.output = at::empty(out_sizes, input.options().memory_format(at::MemoryFormat::Contiguous));
+      return a2a_slices<char*>(static_cast<char*>(r.output.data_ptr()), rows, row_bytes);
     });
-    bump_counter("all_to_all_v.direct");
-    if (read) bump_counter("all_to_all_v.cross_memory");
-    if (zero_copy) bump_counter("all_to_all_v.zero_copy");
-    return {output, recv};
-  }
-  // Without the workspace: the split sizes first (one int64 to every rank), then the rows.
-  c10d::Backend& b = route(input, kWhat);
-  at::Tensor send_sizes =
-      at::tensor(input_splits, at::TensorOptions().dtype(at::kLong)).to(input.device());
-  at::Tensor recv_sizes = at::empty_like(send_sizes);
-  std::vector<int64_t> no_splits;
-  b.alltoall_base(recv_sizes, send_sizes, no_splits, no_splits, c10d::AllToAllOptions())->wait();
-  const at::Tensor sizes_cpu = recv_sizes.cpu();
-  std::vector<int64_t> recv(sizes_cpu.data_ptr<int64_t>(), sizes_cpu.data_ptr<int64_t>() + W);
-  out_sizes[0] = std::accumulate(recv.begin(), recv.end(), int64_t{0});
-  at::Tensor output =
-      at::empty(out_sizes, input.options().memory_format(at::MemoryFormat::Contiguous));
-  at::Tensor in = input.is_contiguous() ? input : input.contiguous();
-  // Copies: Gloo's alltoall_base takes its split vectors over.
-  std::vector<int64_t> in_splits = input_splits, out_splits = recv;
-  b.alltoall_base(output, in, out_splits, in_splits, c10d::AllToAllOptions())->wait();
-  count_fallback("all_to_all_v.wrapped", why);
-  return {output, recv};
+    r.recv = std::move(done.recv);
+    return done.outcome;
+  });
+  return r;
 }
 
 }  // namespace cuda_p2p

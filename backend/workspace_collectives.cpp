@@ -1,84 +1,115 @@
-// ProcessGroupCudaP2P's entry into the workspace collectives (ops/collectives.hpp): which calls
-// the workspace serves, the argument checks that tell the peers, one collective at a time, the
-// completed Works, and the fallbacks to the wrapped backend with their counters.
+// WorkspaceCollectives: the engine (which calls the workspace serves, the argument checks that
+// tell the peers, the route's handshake, one collective at a time) and the bodies of the
+// all-reduce, all-gather, reduce-scatter, broadcast, barrier and all-gather-v.
+#include "backend/workspace_collectives.hpp"
+
 #include <c10/util/Exception.h>
 
-#include <optional>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <numeric>
 #include <utility>
 
-#include "backend/CompletedWork.hpp"
-#include "backend/ProcessGroupCudaP2P.hpp"
+#include "backend/counters.hpp"
 #include "ops/channels.hpp"
 #include "ops/common.hpp"
 #include "ops/reduction.hpp"
 
 namespace cuda_p2p {
 
-using c10d::Work;
-using WorkPtr = c10::intrusive_ptr<Work>;
-
-namespace {
-
-// The reduce op as op signatures name it ("sum", ...; "premul_sum", which the workspace lacks).
-std::string reduce_op_text(const c10d::ReduceOp& op) {
-  const auto mapped = ProcessGroupCudaP2P::to_reduce_op(op);
-  return mapped ? ops::lower_name(*mapped) : std::string("premul_sum");
+WorkspaceCollectives::WorkspaceCollectives(const EngineContext& group, ops::FailureRecord& failure,
+                                           std::shared_ptr<std::atomic<int64_t>> splits)
+    : group_(group),
+      ws_(group.workspace),
+      config_(group.config),
+      failure_(failure),
+      rank_(group.rank),
+      size_(group.size) {
+  state_.parallel_splits = std::move(splits);
 }
 
-}  // namespace
+std::string WorkspaceCollectives::off_reason() const {
+  if (!ws_ || !ws_->available()) {
+    return "the workspace is unavailable: " + workspace_unavailable_reason(group_);
+  }
+  if (!config_.collectives) {
+    return "turned off (Options.workspace_collectives = False or "
+           "CUDA_P2P_WORKSPACE_COLLECTIVES=0)";
+  }
+  if (!on_host() && !config_.cuda_collectives) {
+    return "collectives on CUDA tensors go to NCCL by default; opt in with "
+           "Options.cuda_workspace_collectives = True or CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES=1";
+  }
+  return "";
+}
+
+const char* WorkspaceCollectives::rejects(c10::ArrayRef<at::Tensor> tensors) const {
+  if (!on()) return reason::kWorkspaceOff;
+  const at::Device device = ws_->device().tensor_device();
+  for (const auto& t : tensors) {
+    if (!t.defined() || t.layout() != at::kStrided || t.device() != device) return reason::kDevice;
+  }
+  return nullptr;
+}
+
+const char* WorkspaceCollectives::all_reduce_rejects(const at::Tensor& t) const {
+  if (const char* why = rejects({t})) return why;
+  return ops::is_reducible_dtype(t.scalar_type()) ? nullptr : reason::kDtype;
+}
 
 // NOTE [Collectives of a group run one at a time]
 // A group's workspace collectives share its buffer halves, its phase counter and the signal
 // counts of the collective channel, so they must run in one order on every rank and never
 // overlap. On the host they run synchronously on the calling thread (the device's inline stream),
-// under collective_mutex_, so threads that share a group cannot interleave them. On CUDA they are
-// enqueued on the caller's current stream; each one first waits for the end of the group's
+// under the engine's mutex, so threads that share a group cannot interleave them. On CUDA they
+// are enqueued on the caller's current stream; each one first waits for the end of the group's
 // previous workspace op, a collective or a fused op (NOTE [One order per group] in
 // p2p_workspace/symmetric_workspace.cpp), so that ops issued on different streams (FSDP's
 // all-gather and reduce-scatter streams) still execute one after another, in issue order, as the
 // signal counts and the shared buffer assume.
-void ProcessGroupCudaP2P::run_collective(
-    const char* what, c10::function_ref<void(const ops::CollectiveContext&)> fn) {
-  std::lock_guard<std::mutex> lock(collective_mutex_);
+ops::Outcome WorkspaceCollectives::run(
+    const char* what, c10::function_ref<ops::Outcome(const ops::CollectiveContext&)> fn) {
+  std::lock_guard<std::mutex> lock(mutex_);
   failure_.check(what);
-  ops::check_signature_record(collective_state_.signature, what, &workspace_->device());
-  Device& device = workspace_->device();
+  ops::check_signature_record(state_.signature, what, &ws_->device());
+  Device& device = ws_->device();
   auto stream = device.current_stream();
   // Before anything is enqueued (NOTE [Device failure] in p2p_workspace/watchdog.hpp).
   device.check_healthy(what);
-  workspace_->begin_op(*stream);
-  const ops::CollectiveContext ctx{*workspace_, *stream, ops::kCollectiveChannel, collective_state_,
+  ws_->begin_op(*stream);
+  const ops::CollectiveContext ctx{*ws_, *stream, ops::kCollectiveChannel, state_,
                                    config_.collective};
+  ops::Outcome outcome;
   try {
-    fn(ctx);
+    outcome = fn(ctx);
     // NOTE [Host ops return complete] in ops/pipeline_common.hpp (a captured op has not run).
     if (!device.runs_inline(*stream) && device.host_synchronous() &&
-        !workspace_->capturing(*stream)) {
+        !ws_->capturing(*stream)) {
       device.synchronize(*stream);
     }
   } catch (const ops::SignatureMismatch&) {
     // The op ran nowhere and the phases were settled: the group stays usable.
-    workspace_->end_op(*stream);
+    ws_->end_op(*stream);
     throw;
   } catch (const std::exception& e) {
-    collective_state_.pending.reset();
+    state_.pending.reset();
     failure_.mark(what, e);
-    workspace_->end_op(*stream);
+    ws_->end_op(*stream);
     throw;
   }
-  TORCH_INTERNAL_ASSERT(!collective_state_.pending, "cuda_p2p ", what,
+  TORCH_INTERNAL_ASSERT(!state_.pending, "cuda_p2p ", what,
                         ": the op's signature was never compared");
-  // NOTE [Replay-safe signals]: an op enqueued under capture counts once here, when captured.
-  if (workspace_->capturing(*stream)) bump_counter(std::string(what) + ".graph");
-  workspace_->end_op(*stream);
+  // NOTE [Replay-safe signals]: an op enqueued under capture runs on each replay.
+  outcome.graph = ws_->capturing(*stream);
+  ws_->end_op(*stream);
+  return outcome;
 }
 
-void ProcessGroupCudaP2P::check_or_reject(const char* what, ops::OpKind kind,
-                                          c10::function_ref<void()> checks) {
-  ops::check_or_reject(failure_, getSize() > 1, checks, [&](const std::string& reason) {
-    run_collective(what,
-                   [&](const ops::CollectiveContext& ctx) { ops::reject(ctx, kind, reason); });
+void WorkspaceCollectives::check_or_reject(const char* what, ops::OpKind kind,
+                                           c10::function_ref<void()> checks) {
+  ops::check_or_reject(failure_, size_ > 1, checks, [&](const std::string& reason) {
+    run(what, [&](const ops::CollectiveContext& ctx) {
+      ops::reject(ctx, kind, reason);
+      return ops::Outcome{};
+    });
   });
 }
 
@@ -93,280 +124,38 @@ void ProcessGroupCudaP2P::check_or_reject(const char* what, ops::OpKind kind,
 // usable. Its cost is a handshake barrier on the workspace before a wrapped call. Not on a CUDA
 // workspace, whose comparison is asynchronous (a disagreement would surface one op later, after
 // the wrapped call had waited for its timeout), nor without a workspace.
-void ProcessGroupCudaP2P::agree_on_route(const char* what, ops::OpKind kind,
-                                         c10::ArrayRef<at::Tensor> tensors,
-                                         const std::string& detail, const char* why) {
-  if (!uses_workspace_collectives() || !workspace_->device().host_synchronous() || getSize() == 1) {
-    return;
-  }
-  const std::string text = ops::describe_tensors(tensors) + detail + " (wrapped: " + why + ")";
-  run_collective(what, [&](const ops::CollectiveContext& ctx) { ops::announce(ctx, kind, text); });
-}
-
-const char* ProcessGroupCudaP2P::workspace_rejects(c10::ArrayRef<at::Tensor> tensors) const {
-  if (!uses_workspace_collectives()) return kWorkspaceOff;
-  const at::Device device = workspace_->device().tensor_device();
-  for (const auto& t : tensors) {
-    if (!t.defined() || t.layout() != at::kStrided || t.device() != device) return "device";
-  }
-  return nullptr;
-}
-
-// NOTE [No Work for a synchronous call]
-// torch.distributed's Python API sets the options' asyncOp from async_op, and for a synchronous
-// call it waits on the Work only when there is one (`elif work is not None: work.wait()`: every
-// collective in torch 2.14.1; PyTorch's PR 150398, before torch 2.8, spared NCCL's synchronous
-// calls that wait, so every torch we build against has it). On the host a workspace collective
-// has completed when it returns, so the Work of a synchronous call is a cost with no use: its
-// allocation, its conversion to a Python object and the wait() call (which releases and takes
-// the GIL) - 0.7-0.8 us of a 4.6-4.8 us dist.all_reduce of 8 bytes on 2 ranks
-// (docs/collectives.md, "No Work for a synchronous call"). So such a call returns none, unless
-//  * asyncOp is true: an async call, and every C++ caller that leaves the options' default
-//    (DDP's reducer, the functional collectives) gets its Work;
-//  * the workspace is on CUDA, where wait() orders the caller's stream after the op and raises
-//    the device's failure (NOTE [Device failure] in p2p_workspace/watchdog.hpp);
-//  * the group is coalescing: endCoalescing's Work is made of the tracked ones;
-//  * torch's allow_inflight_collective_as_graph_input() is on: ProcessGroup registers the Work
-//    of every call for torch.ops._c10d_functional.wait_tensor.
-bool ProcessGroupCudaP2P::returns_no_work(bool async_op) {
-  if (async_op || !workspace_ || !workspace_->device().host_synchronous() ||
-      c10d::allow_inflight_collective_as_graph_input()) {
-    return false;
-  }
-  std::lock_guard<std::mutex> lock(coalescing_mutex_);
-  return !coalescing_;
-}
-
-WorkPtr ProcessGroupCudaP2P::completed(c10d::OpType type, std::vector<at::Tensor> outputs,
-                                       bool async_op) {
-  if (returns_no_work(async_op)) return {};  // NOTE [No Work for a synchronous call]
-  // On a GPU the op is enqueued, not done: its Work waits for the event run_collective recorded
-  // at its end (none on the host, where it has completed).
-  std::shared_ptr<Device> device;
-  std::shared_ptr<Event> end;
-  if (workspace_ && !workspace_->device().host_synchronous()) {
-    device = workspace_->device_ptr();
-    // Under capture, the op's captured end (NOTE [Replay-safe signals]).
-    end = workspace_->last_op(device->capture_id(*device->current_stream()));
-  }
-  return track(c10::make_intrusive<CompletedWork>(getRank(), type, std::move(outputs),
-                                                  std::move(device), std::move(end)));
-}
-
-c10d::ReduceOp ProcessGroupCudaP2P::to_c10d_reduce_op(ops::ReduceOp op) {
-  switch (op) {
-    case ops::ReduceOp::kSum:
-      return c10d::ReduceOp::SUM;
-    case ops::ReduceOp::kAvg:
-      return c10d::ReduceOp::AVG;
-    case ops::ReduceOp::kProduct:
-      return c10d::ReduceOp::PRODUCT;
-    case ops::ReduceOp::kMin:
-      return c10d::ReduceOp::MIN;
-    case ops::ReduceOp::kMax:
-      return c10d::ReduceOp::MAX;
-    case ops::ReduceOp::kBand:
-      return c10d::ReduceOp::BAND;
-    case ops::ReduceOp::kBor:
-      return c10d::ReduceOp::BOR;
-    case ops::ReduceOp::kBxor:
-      return c10d::ReduceOp::BXOR;
-  }
-  TORCH_CHECK(false, "cuda_p2p: unknown reduce op ", static_cast<int>(op));
-}
-
-std::optional<ops::ReduceOp> ProcessGroupCudaP2P::to_reduce_op(const c10d::ReduceOp& op) {
-  switch (op.op_) {
-    case c10d::ReduceOp::SUM:
-      return ops::ReduceOp::kSum;
-    case c10d::ReduceOp::AVG:
-      return ops::ReduceOp::kAvg;
-    case c10d::ReduceOp::PRODUCT:
-      return ops::ReduceOp::kProduct;
-    case c10d::ReduceOp::MIN:
-      return ops::ReduceOp::kMin;
-    case c10d::ReduceOp::MAX:
-      return ops::ReduceOp::kMax;
-    case c10d::ReduceOp::BAND:
-      return ops::ReduceOp::kBand;
-    case c10d::ReduceOp::BOR:
-      return ops::ReduceOp::kBor;
-    case c10d::ReduceOp::BXOR:
-      return ops::ReduceOp::kBxor;
-    default:
-      return std::nullopt;  // PREMUL_SUM: the wrapped backend decides
-  }
-}
-
-at::Tensor ProcessGroupCudaP2P::all_gather_v(const at::Tensor& input,
-                                             const std::vector<int64_t>& sizes) {
-  const int W = getSize(), me = getRank();
-  auto checks = [&] {
-    TORCH_CHECK(input.defined() && input.dim() >= 1,
-                "cuda_p2p all_gather_v: expected a tensor with at least one dimension (rows), got ",
-                input.defined() ? std::to_string(input.dim()) + " dimensions" : "None");
-    TORCH_CHECK(static_cast<int>(sizes.size()) == W, "cuda_p2p all_gather_v: expected ", W,
-                " sizes (rows of every rank), got ", sizes.size());
-    for (int q = 0; q < W; ++q) {
-      TORCH_CHECK(sizes[q] >= 0, "cuda_p2p all_gather_v: sizes must be >= 0, got ", sizes[q],
-                  " for rank ", q);
-    }
-    TORCH_CHECK(input.size(0) == sizes[me], "cuda_p2p all_gather_v: rank ", me, " has ",
-                input.size(0), " rows, but sizes[", me, "] is ", sizes[me]);
-  };
-  if (input.defined() && !workspace_rejects({input})) {
-    check_or_reject("all_gather_v", ops::OpKind::kAllGatherV, checks);
-  } else if (hierarchy_) {
-    // NOTE [Hierarchical agreement]: the flat path's Gloo all-gather takes the largest size.
-    hierarchy_->agree_flat(
-        ops::OpKind::kAllGatherV, {input}, checks,
-        [&] {
-          const int64_t row_bytes =
-              c10::multiply_integers(input.sizes().slice(1)) * input.element_size();
-          std::string text = ops::dtype_name(input.scalar_type()) + ", bytes [";
-          for (int q = 0; q < W; ++q)
-            text += (q ? ", " : "") + std::to_string(sizes[q] * row_bytes);
-          return text + "]";
-        },
-        options_->timeout);
-  } else {
-    checks();
-  }
-  std::vector<int64_t> out_sizes = input.sizes().vec();
-  const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
-  out_sizes[0] = total;
-  at::Tensor output =
-      at::empty(out_sizes, input.options().memory_format(at::MemoryFormat::Contiguous));
-  const int64_t row_elems = input.size(0) > 0 ? input.numel() / input.size(0)
-                                              : c10::multiply_integers(input.sizes().slice(1));
-  if (!workspace_rejects({input})) {
-    const at::Tensor in = input.is_contiguous() ? input : input.contiguous();
-    std::vector<int64_t> bytes;
-    std::vector<at::Tensor> outs;
-    int64_t row = 0;
-    for (int q = 0; q < W; ++q) {
-      bytes.push_back(sizes[q] * row_elems * static_cast<int64_t>(input.element_size()));
-      outs.push_back(output.narrow(0, row, sizes[q]));
-      row += sizes[q];
-    }
-    bool zero_copy = false;
-    run_collective("all_gather_v", [&](const ops::CollectiveContext& ctx) {
-      ops::all_gather_v(ctx, in, bytes, outs);
-      zero_copy = ctx.state.last_zero_copy;
-    });
-    bump_counter("all_gather_v.direct");
-    if (zero_copy) bump_counter("all_gather_v.zero_copy");
-    return output;
-  }
-  // Without the workspace: pad every rank's rows to the largest count, gather, drop the padding.
-  const int64_t largest = *std::max_element(sizes.begin(), sizes.end());
-  std::vector<int64_t> padded_sizes = input.sizes().vec();
-  padded_sizes[0] = largest;
-  at::Tensor padded = at::zeros(padded_sizes, input.options());
-  padded.narrow(0, 0, sizes[me]).copy_(input);
-  std::vector<int64_t> gathered_sizes = padded_sizes;
-  gathered_sizes[0] = largest * W;
-  at::Tensor gathered = at::empty(gathered_sizes, input.options());
-  route(input, "all_gather_v")._allgather_base(gathered, padded, c10d::AllgatherOptions())->wait();
-  int64_t row = 0;
-  for (int q = 0; q < W; ++q) {
-    output.narrow(0, row, sizes[q]).copy_(gathered.narrow(0, q * largest, sizes[q]));
-    row += sizes[q];
-  }
-  count_fallback("all_gather_v.wrapped", workspace_rejects({input}));
-  return output;
-}
-
-WorkPtr ProcessGroupCudaP2P::broadcast(std::vector<at::Tensor>& tensors,
-                                       const c10d::BroadcastOptions& opts) {
-  if (hierarchy_ && hierarchy_->broadcast(tensors, opts)) {
-    return hierarchical_done(c10d::OpType::BROADCAST, tensors);
-  }
-  const char* why = workspace_rejects(tensors);
-  if (!why && (tensors.size() != 1 || opts.rootTensor != 0)) why = "several tensors";
-  if (why) {
-    agree_on_route("broadcast", ops::OpKind::kBroadcast, tensors,
-                   " from root " + std::to_string(opts.rootRank), why);
-    count_fallback("broadcast.wrapped", why);
-    return delegate(tensors, "broadcast",
-                    [&](c10d::Backend& b) { return b.broadcast(tensors, opts); });
-  }
-  check_or_reject("broadcast", ops::OpKind::kBroadcast, [&] {
-    TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(),
-                "cuda_p2p broadcast: root must be a rank in [0, ", getSize(), "), got ",
-                opts.rootRank);
+void WorkspaceCollectives::agree_on_route(const char* what, ops::OpKind kind,
+                                          c10::ArrayRef<at::Tensor> tensors,
+                                          c10::function_ref<std::string()> detail,
+                                          const char* why) {
+  if (!on() || !synchronous() || size_ == 1) return;
+  const std::string text = ops::describe_tensors(tensors) + detail() + " (wrapped: " + why + ")";
+  run(what, [&](const ops::CollectiveContext& ctx) {
+    ops::announce(ctx, kind, text);
+    return ops::Outcome{};
   });
-  at::Tensor& t = tensors[0];
-  at::Tensor work = t.is_contiguous() ? t : t.contiguous();
-  bool read = false, zero_copy = false;
-  run_collective("broadcast", [&](const ops::CollectiveContext& ctx) {
-    ops::broadcast(ctx, work, static_cast<int>(opts.rootRank));
-    read = ctx.state.last_private_reads;
-    zero_copy = ctx.state.last_zero_copy;
-    if (!work.is_same(t)) t.copy_(work);
-  });
-  bump_counter("broadcast.direct");
-  if (read) bump_counter("broadcast.cross_memory");
-  if (zero_copy) bump_counter("broadcast.zero_copy");
-  return completed(c10d::OpType::BROADCAST, tensors, opts.asyncOp);
 }
 
-WorkPtr ProcessGroupCudaP2P::allreduce(std::vector<at::Tensor>& tensors,
-                                       const c10d::AllreduceOptions& opts) {
-  if (hierarchy_ && hierarchy_->all_reduce(tensors, opts)) {
-    return hierarchical_done(c10d::OpType::ALLREDUCE, tensors);
-  }
-  const auto op = to_reduce_op(opts.reduceOp);
-  if (tensors.size() == 1 && op && all_reduce_on_workspace(tensors[0], *op)) {
-    return completed(c10d::OpType::ALLREDUCE, tensors, opts.asyncOp);
-  }
-  // Why, for the route's handshake and the debug line (NOTE [Routes agree], NOTE [Debug lines]).
-  const char* why = tensors.size() != 1 ? "several tensors" : !op ? "reduce op" : nullptr;
-  if (!why) why = workspace_rejects(tensors);
-  if (!why && !ops::is_reducible_dtype(tensors[0].scalar_type())) why = "dtype";
-  agree_on_route("all_reduce", ops::OpKind::kAllReduce, tensors,
-                 " " + reduce_op_text(opts.reduceOp), why);
-  count_fallback("all_reduce.wrapped", why);
-  return delegate(tensors, "allreduce",
-                  [&](c10d::Backend& b) { return b.allreduce(tensors, opts); });
+void WorkspaceCollectives::set_heap(SymmetricWorkspace* heap) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  state_.heap = heap;
 }
 
-bool ProcessGroupCudaP2P::all_reduce_on_workspace(at::Tensor& t, ops::ReduceOp op) {
-  if (workspace_rejects({t}) || !ops::is_reducible_dtype(t.scalar_type())) return false;
-  // Checked first without the closures check_or_reject takes: this is the small all-reduce's
-  // path (NOTE [Inline one-shot] in ops/all_reduce.cpp), and they allocate.
-  if (!ops::reduce_op_applies(op, t.scalar_type())) {
-    check_or_reject("all_reduce", ops::OpKind::kAllReduce,
-                    [&] { ops::check_reduce_op(op, t.scalar_type(), "all_reduce"); });
-  }
-  struct {
-    at::Tensor& t;
-    at::Tensor work;
-    ops::ReduceOp op;
-    ops::AllReduceAlgo algo = ops::AllReduceAlgo::kAuto;
-    bool inline_run = false;
-    bool zero_copy = false;
-    bool large_rounds = false;
-  } call{t, t.is_contiguous() ? t : t.contiguous(), op};
-  run_collective("all_reduce", [&call](const ops::CollectiveContext& ctx) {
-    call.algo = ops::all_reduce(ctx, call.work, call.work, call.op, ops::AllReduceAlgo::kAuto);
-    call.inline_run = ctx.state.last_inline;
-    call.zero_copy = ctx.state.last_zero_copy;
-    call.large_rounds = ctx.state.last_large_rounds;
-    if (!call.work.is_same(call.t)) call.t.copy_(call.work);
-  });
-  bump_hot(call.algo == ops::AllReduceAlgo::kOneShot ? HotCounter::kOneShot : HotCounter::kTwoShot);
-  if (call.inline_run) bump_hot(HotCounter::kInline);
-  if (call.zero_copy) bump_hot(HotCounter::kZeroCopy);
-  if (call.large_rounds) bump_hot(HotCounter::kLargeRounds);
-  return true;
+void WorkspaceCollectives::refuse_capture(const char* what, const char* why) const {
+  TORCH_CHECK(ws_->device().capture_id(*ws_->device().current_stream()) == 0, "cuda_p2p ", what,
+              ": cannot be captured in a graph", why, "; call it outside the capture");
 }
+
+// --- bodies -------------------------------------------------------------------------------------
 
 namespace {
+
 // A contiguous tensor to compute into for `t`, and whether it must be copied back.
 at::Tensor contiguous_output(const at::Tensor& t) {
   return t.is_contiguous() ? t : at::empty(t.sizes(), t.options());
 }
+
+at::Tensor contiguous(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
 
 // Chunk i of W equal chunks of a contiguous tensor's elements.
 at::Tensor flat_chunk(const at::Tensor& t, int64_t i, int64_t count) {
@@ -386,255 +175,122 @@ void check_whole_of_parts(const at::Tensor& whole, const char* whole_name, const
 
 }  // namespace
 
-void ProcessGroupCudaP2P::all_gather_on_workspace(const at::Tensor& input,
-                                                  const std::vector<at::Tensor>& outputs) {
+ops::Outcome WorkspaceCollectives::all_reduce(at::Tensor& t, ops::ReduceOp op) {
+  // Checked first without the closures check_or_reject takes: this is the small all-reduce's
+  // path (NOTE [Inline one-shot] in ops/all_reduce.cpp), and they allocate.
+  if (!ops::reduce_op_applies(op, t.scalar_type())) {
+    check_or_reject("all_reduce", ops::OpKind::kAllReduce,
+                    [&] { ops::check_reduce_op(op, t.scalar_type(), "all_reduce"); });
+  }
+  struct {
+    at::Tensor& t;
+    at::Tensor work;
+    ops::ReduceOp op;
+  } call{t, contiguous(t), op};
+  return run("all_reduce", [&call](const ops::CollectiveContext& ctx) {
+    const ops::Outcome o =
+        ops::all_reduce(ctx, call.work, call.work, call.op, ops::AllReduceAlgo::kAuto);
+    if (!call.work.is_same(call.t)) call.t.copy_(call.work);
+    return o;
+  });
+}
+
+ops::Outcome WorkspaceCollectives::all_gather(const at::Tensor& input,
+                                              const std::vector<at::Tensor>& outputs) {
   // Outputs are computed contiguously and copied back where the caller's are not.
   std::vector<at::Tensor> outs;
   for (const auto& o : outputs) outs.push_back(contiguous_output(o));
-  const at::Tensor in = input.is_contiguous() ? input : input.contiguous();
-  ops::AllGatherAlgo algo = ops::AllGatherAlgo::kAuto;
-  bool read = false, zero_copy = false;
-  run_collective("all_gather", [&](const ops::CollectiveContext& ctx) {
-    algo = ops::all_gather(ctx, in, outs, ops::AllGatherAlgo::kAuto);
-    read = ctx.state.last_private_reads;
-    zero_copy = ctx.state.last_zero_copy;
+  const at::Tensor in = contiguous(input);
+  return run("all_gather", [&](const ops::CollectiveContext& ctx) {
+    const ops::Outcome o = ops::all_gather(ctx, in, outs, ops::AllGatherAlgo::kAuto);
     for (size_t i = 0; i < outs.size(); ++i) {
       if (!outs[i].is_same(outputs[i])) outputs[i].copy_(outs[i]);
     }
+    return o;
   });
-  bump_counter(std::string("all_gather.") + ops::to_string(algo));
-  if (read) bump_counter("all_gather.cross_memory");
-  if (zero_copy) bump_counter("all_gather.zero_copy");
 }
 
-void ProcessGroupCudaP2P::all_gather_into_tensor_on_workspace(at::Tensor& output,
-                                                              const at::Tensor& input,
-                                                              const std::string& what) {
+ops::Outcome WorkspaceCollectives::all_gather_into_tensor(at::Tensor& output,
+                                                          const at::Tensor& input,
+                                                          const std::string& what) {
   check_or_reject("all_gather_into_tensor", ops::OpKind::kAllGather,
-                  [&] { check_whole_of_parts(output, "output", input, "input", getSize(), what); });
+                  [&] { check_whole_of_parts(output, "output", input, "input", size_, what); });
   at::Tensor out = contiguous_output(output);
   std::vector<at::Tensor> chunks;
-  for (int q = 0; q < getSize(); ++q) chunks.push_back(flat_chunk(out, q, input.numel()));
-  all_gather_on_workspace(input, chunks);
+  for (int q = 0; q < size_; ++q) chunks.push_back(flat_chunk(out, q, input.numel()));
+  const ops::Outcome o = all_gather(input, chunks);
   if (!out.is_same(output)) output.copy_(out);
+  return o;
 }
 
-void ProcessGroupCudaP2P::reduce_scatter_tensor_on_workspace(const at::Tensor& output,
-                                                             const at::Tensor& input,
-                                                             ops::ReduceOp op,
-                                                             const std::string& what) {
-  check_or_reject("reduce_scatter_tensor", ops::OpKind::kReduceScatter,
-                  [&] { check_whole_of_parts(input, "input", output, "output", getSize(), what); });
-  const at::Tensor in = input.is_contiguous() ? input : input.contiguous();
-  std::vector<at::Tensor> chunks;
-  for (int q = 0; q < getSize(); ++q) chunks.push_back(flat_chunk(in, q, output.numel()));
-  reduce_scatter_on_workspace(chunks, output, op);
-}
-
-WorkPtr ProcessGroupCudaP2P::allgather(std::vector<std::vector<at::Tensor>>& outputs,
-                                       std::vector<at::Tensor>& inputs,
-                                       const c10d::AllgatherOptions& opts) {
-  if (hierarchy_ && hierarchy_->all_gather(outputs, inputs, opts)) {
-    return hierarchical_done(c10d::OpType::ALLGATHER, outputs[0]);
-  }
-  const char* why = workspace_rejects(inputs);
-  if (!why && (inputs.size() != 1 || outputs.size() != 1 ||
-               outputs[0].size() != static_cast<size_t>(getSize()))) {
-    why = "several tensors";
-  }
-  if (!why) why = workspace_rejects(outputs[0]);
-  if (!why) {
-    for (const auto& o : outputs[0]) {
-      if (o.numel() != inputs[0].numel() || o.scalar_type() != inputs[0].scalar_type()) {
-        why = "shapes";  // the wrapped backend reports the mismatch
-      }
-    }
-  }
-  if (why) {
-    agree_on_route("all_gather", ops::OpKind::kAllGather, inputs, "", why);
-    count_fallback("all_gather.wrapped", why);
-    return delegate(inputs, "allgather",
-                    [&](c10d::Backend& b) { return b.allgather(outputs, inputs, opts); });
-  }
-  all_gather_on_workspace(inputs[0], outputs[0]);
-  return completed(c10d::OpType::ALLGATHER, outputs[0], opts.asyncOp);
-}
-
-WorkPtr ProcessGroupCudaP2P::_allgather_base(at::Tensor& output, at::Tensor& input,
-                                             const c10d::AllgatherOptions& opts) {
-  if (hierarchy_ && hierarchy_->all_gather_into_tensor(output, input, opts)) {
-    return hierarchical_done(c10d::OpType::_ALLGATHER_BASE, {output});
-  }
-  const char* why = workspace_rejects({input, output});
-  if (why) {
-    agree_on_route("all_gather_into_tensor", ops::OpKind::kAllGather, {input}, "", why);
-    count_fallback("all_gather.wrapped", why);
-    return delegate(input, "all_gather_into_tensor",
-                    [&](c10d::Backend& b) { return b._allgather_base(output, input, opts); });
-  }
-  all_gather_into_tensor_on_workspace(output, input, "all_gather_into_tensor");
-  // Decided before the views below are made (NOTE [No Work for a synchronous call]).
-  if (returns_no_work(opts.asyncOp)) return {};
-  // The future holds what the wrapped backend's would: Gloo's the W chunks, NCCL's the output.
-  if (output.is_cpu() && output.is_contiguous()) {
-    std::vector<at::Tensor> views;
-    for (int q = 0; q < getSize(); ++q) views.push_back(flat_chunk(output, q, input.numel()));
-    return completed(c10d::OpType::_ALLGATHER_BASE, std::move(views));
-  }
-  return completed(c10d::OpType::_ALLGATHER_BASE, {output});
-}
-
-WorkPtr ProcessGroupCudaP2P::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
-                                                             std::vector<at::Tensor>& inputs,
-                                                             const c10d::AllgatherOptions& opts) {
-  if (hierarchy_ && hierarchy_->all_gather_into_tensor_coalesced(outputs, inputs, opts)) {
-    return hierarchical_done(c10d::OpType::COALESCED, outputs);
-  }
-  const char* why = workspace_rejects(inputs);
-  if (!why) why = workspace_rejects(outputs);
-  if (!why && outputs.size() != inputs.size()) why = "shapes";
-  if (why) {
-    agree_on_route("all_gather_into_tensor", ops::OpKind::kAllGather, inputs, "", why);
-    count_fallback("all_gather.wrapped", why);
-    return delegate(inputs, "allgather_into_tensor_coalesced", [&](c10d::Backend& b) {
-      return b.allgather_into_tensor_coalesced(outputs, inputs, opts);
-    });
-  }
-  // One workspace all-gather per pair, in order.
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    all_gather_into_tensor_on_workspace(
-        outputs[i], inputs[i],
-        "all_gather_into_tensor (coalesced, tensor " + std::to_string(i) + ")");
-  }
-  return completed(c10d::OpType::COALESCED, outputs, opts.asyncOp);
-}
-
-void ProcessGroupCudaP2P::reduce_scatter_on_workspace(const std::vector<at::Tensor>& inputs,
-                                                      const at::Tensor& output, ops::ReduceOp op) {
+ops::Outcome WorkspaceCollectives::reduce_scatter(const std::vector<at::Tensor>& inputs,
+                                                  const at::Tensor& output, ops::ReduceOp op) {
   check_or_reject("reduce_scatter", ops::OpKind::kReduceScatter,
                   [&] { ops::check_reduce_op(op, output.scalar_type(), "reduce_scatter"); });
   std::vector<at::Tensor> ins;
-  for (const auto& t : inputs) ins.push_back(t.is_contiguous() ? t : t.contiguous());
+  for (const auto& t : inputs) ins.push_back(contiguous(t));
   at::Tensor out = contiguous_output(output);
-  ops::ReduceScatterAlgo algo = ops::ReduceScatterAlgo::kAuto;
-  bool read = false, zero_copy = false;
-  run_collective("reduce_scatter", [&](const ops::CollectiveContext& ctx) {
-    algo = ops::reduce_scatter(ctx, ins, out, op, ops::ReduceScatterAlgo::kAuto);
-    read = ctx.state.last_private_reads;
-    zero_copy = ctx.state.last_zero_copy;
+  return run("reduce_scatter", [&](const ops::CollectiveContext& ctx) {
+    const ops::Outcome o = ops::reduce_scatter(ctx, ins, out, op, ops::ReduceScatterAlgo::kAuto);
     if (!out.is_same(output)) output.copy_(out);
+    return o;
   });
-  bump_counter(std::string("reduce_scatter.") + ops::to_string(algo));
-  if (read) bump_counter("reduce_scatter.cross_memory");
-  if (zero_copy) bump_counter("reduce_scatter.zero_copy");
 }
 
-WorkPtr ProcessGroupCudaP2P::reduce_scatter(std::vector<at::Tensor>& outputs,
-                                            std::vector<std::vector<at::Tensor>>& inputs,
-                                            const c10d::ReduceScatterOptions& opts) {
-  if (hierarchy_ && hierarchy_->reduce_scatter(outputs, inputs, opts)) {
-    return hierarchical_done(c10d::OpType::REDUCE_SCATTER, outputs);
-  }
-  const char* why = workspace_rejects(outputs);
-  const auto op = to_reduce_op(opts.reduceOp);
-  if (!why && (outputs.size() != 1 || inputs.size() != 1 ||
-               inputs[0].size() != static_cast<size_t>(getSize()))) {
-    why = "several tensors";
-  }
-  if (!why) why = workspace_rejects(inputs[0]);
-  if (!why && !op) why = "reduce op";
-  if (!why && !ops::is_reducible_dtype(outputs[0].scalar_type())) why = "dtype";
-  if (!why) {
-    for (const auto& t : inputs[0]) {
-      if (t.numel() != outputs[0].numel() || t.scalar_type() != outputs[0].scalar_type()) {
-        why = "shapes";
-      }
-    }
-  }
-  if (why) {
-    agree_on_route("reduce_scatter", ops::OpKind::kReduceScatter, outputs,
-                   " " + reduce_op_text(opts.reduceOp), why);
-    count_fallback("reduce_scatter.wrapped", why);
-    return delegate(outputs, "reduce_scatter",
-                    [&](c10d::Backend& b) { return b.reduce_scatter(outputs, inputs, opts); });
-  }
-  reduce_scatter_on_workspace(inputs[0], outputs[0], *op);
-  return completed(c10d::OpType::REDUCE_SCATTER, outputs, opts.asyncOp);
+ops::Outcome WorkspaceCollectives::reduce_scatter_tensor(const at::Tensor& output,
+                                                         const at::Tensor& input, ops::ReduceOp op,
+                                                         const std::string& what) {
+  check_or_reject("reduce_scatter_tensor", ops::OpKind::kReduceScatter,
+                  [&] { check_whole_of_parts(input, "input", output, "output", size_, what); });
+  const at::Tensor in = contiguous(input);
+  std::vector<at::Tensor> chunks;
+  for (int q = 0; q < size_; ++q) chunks.push_back(flat_chunk(in, q, output.numel()));
+  return reduce_scatter(chunks, output, op);
 }
 
-WorkPtr ProcessGroupCudaP2P::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
-                                                  const c10d::ReduceScatterOptions& opts) {
-  if (hierarchy_ && hierarchy_->reduce_scatter_tensor(output, input, opts)) {
-    return hierarchical_done(c10d::OpType::_REDUCE_SCATTER_BASE, {output});
-  }
-  const char* why = workspace_rejects({input, output});
-  const auto op = to_reduce_op(opts.reduceOp);
-  if (!why && !op) why = "reduce op";
-  if (!why && !ops::is_reducible_dtype(output.scalar_type())) why = "dtype";
-  if (why) {
-    agree_on_route("reduce_scatter_tensor", ops::OpKind::kReduceScatter, {output},
-                   " " + reduce_op_text(opts.reduceOp), why);
-    count_fallback("reduce_scatter.wrapped", why);
-    return delegate(input, "reduce_scatter_tensor",
-                    [&](c10d::Backend& b) { return b._reduce_scatter_base(output, input, opts); });
-  }
-  reduce_scatter_tensor_on_workspace(output, input, *op, "reduce_scatter_tensor");
-  return completed(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, opts.asyncOp);
+ops::Outcome WorkspaceCollectives::broadcast(at::Tensor& t, int64_t root) {
+  check_or_reject("broadcast", ops::OpKind::kBroadcast, [&] {
+    TORCH_CHECK(root >= 0 && root < size_, "cuda_p2p broadcast: root must be a rank in [0, ", size_,
+                "), got ", root);
+  });
+  at::Tensor work = contiguous(t);
+  return run("broadcast", [&](const ops::CollectiveContext& ctx) {
+    const ops::Outcome o = ops::broadcast(ctx, work, static_cast<int>(root));
+    if (!work.is_same(t)) t.copy_(work);
+    return o;
+  });
 }
 
-WorkPtr ProcessGroupCudaP2P::reduce_scatter_tensor_coalesced(
-    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-    const c10d::ReduceScatterOptions& opts) {
-  if (hierarchy_ && hierarchy_->reduce_scatter_tensor_coalesced(outputs, inputs, opts)) {
-    return hierarchical_done(c10d::OpType::COALESCED, outputs);
-  }
-  const char* why = workspace_rejects(inputs);
-  if (!why) why = workspace_rejects(outputs);
-  const auto op = to_reduce_op(opts.reduceOp);
-  if (!why && outputs.size() != inputs.size()) why = "shapes";
-  if (!why && !op) why = "reduce op";
-  for (size_t i = 0; !why && i < outputs.size(); ++i) {
-    if (!ops::is_reducible_dtype(outputs[i].scalar_type())) why = "dtype";
-  }
-  if (why) {
-    agree_on_route("reduce_scatter_tensor", ops::OpKind::kReduceScatter, outputs,
-                   " " + reduce_op_text(opts.reduceOp), why);
-    count_fallback("reduce_scatter.wrapped", why);
-    return delegate(inputs, "reduce_scatter_tensor_coalesced", [&](c10d::Backend& b) {
-      return b.reduce_scatter_tensor_coalesced(outputs, inputs, opts);
-    });
-  }
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    reduce_scatter_tensor_on_workspace(
-        outputs[i], inputs[i], *op,
-        "reduce_scatter_tensor (coalesced, tensor " + std::to_string(i) + ")");
-  }
-  return completed(c10d::OpType::COALESCED, outputs, opts.asyncOp);
-}
-
-WorkPtr ProcessGroupCudaP2P::barrier(const c10d::BarrierOptions& opts) {
-  if (hierarchy_ && hierarchy_->barrier(opts)) {
-    return hierarchical_done(c10d::OpType::BARRIER, {});
-  }
-  // A barrier for a CUDA device stays with NCCL unless the workspace itself is on CUDA.
-  const bool device_ok = !opts.device.has_value() || !opts.device->is_cuda() ||
-                         (is_p2p_available() && !workspace_->device().tensor_device().is_cpu());
-  if (!uses_workspace_collectives() || !device_ok) {
-    count_fallback("barrier.wrapped", !uses_workspace_collectives() ? kWorkspaceOff : "device");
-    c10d::BarrierOptions wrapped = opts;
-    c10d::Backend& b = route_barrier(wrapped);  // NOTE [Barriers order the GPU]
-    auto work = b.barrier(wrapped);
-    return &b == cpu_backend_.get() ? track(std::move(work)) : work;
-  }
-  std::optional<Millis> timeout;
-  if (opts.timeout > Millis(0)) timeout = opts.timeout;
-  run_collective("barrier", [&](const ops::CollectiveContext& ctx) {
-    ops::barrier(ctx, timeout);
+ops::Outcome WorkspaceCollectives::barrier(std::optional<Millis> timeout) {
+  return run("barrier", [&](const ops::CollectiveContext& ctx) {
+    const ops::Outcome o = ops::barrier(ctx, timeout);
     // A barrier blocks the caller, also when the workspace is on a GPU.
-    workspace_->device().synchronize(ctx.stream);
+    ws_->device().synchronize(ctx.stream);
+    return o;
   });
-  bump_counter("barrier.workspace");
-  return completed(c10d::OpType::BARRIER, {}, opts.asyncOp);
+}
+
+WorkspaceCollectives::Rows WorkspaceCollectives::all_gather_v(const at::Tensor& input,
+                                                              const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> out_sizes = input.sizes().vec();
+  out_sizes[0] = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+  Rows r;
+  r.output = at::empty(out_sizes, input.options().memory_format(at::MemoryFormat::Contiguous));
+  const int64_t row_elems = input.size(0) > 0 ? input.numel() / input.size(0)
+                                              : c10::multiply_integers(input.sizes().slice(1));
+  const at::Tensor in = contiguous(input);
+  std::vector<int64_t> bytes;
+  std::vector<at::Tensor> outs;
+  int64_t row = 0;
+  for (int q = 0; q < size_; ++q) {
+    bytes.push_back(sizes[q] * row_elems * static_cast<int64_t>(input.element_size()));
+    outs.push_back(r.output.narrow(0, row, sizes[q]));
+    row += sizes[q];
+  }
+  r.outcome = run("all_gather_v", [&](const ops::CollectiveContext& ctx) {
+    return ops::all_gather_v(ctx, in, bytes, outs);
+  });
+  return r;
 }
 
 }  // namespace cuda_p2p

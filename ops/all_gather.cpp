@@ -76,8 +76,8 @@ void direct_read(const CollectiveContext& ctx, const Gather& g) {
 
 }  // namespace
 
-AllGatherAlgo all_gather(const CollectiveContext& ctx, const at::Tensor& input,
-                         const std::vector<at::Tensor>& outputs, AllGatherAlgo algo) {
+Outcome all_gather(const CollectiveContext& ctx, const at::Tensor& input,
+                   const std::vector<at::Tensor>& outputs, AllGatherAlgo algo) {
   const int W = ctx.ws.world_size();
   TORCH_CHECK(static_cast<int>(outputs.size()) == W, "cuda_p2p all_gather: expected ", W,
               " outputs (one per rank), got ", outputs.size());
@@ -89,14 +89,13 @@ AllGatherAlgo all_gather(const CollectiveContext& ctx, const at::Tensor& input,
     g.out.push_back(detail::bytes_of(o));
   }
   const detail::CaptureBracket bracket(ctx);
-  ctx.state.last_private_reads = false;
-  ctx.state.last_zero_copy = false;
   if (algo == AllGatherAlgo::kAuto) {
     algo = select_all_gather(ctx.config, g.bytes * W, W, detail::private_reads(ctx));
   }
+  Outcome outcome{.algorithm = to_string(algo)};
   if (W == 1) {
     copy(ctx, g.out[0], g.input, g.bytes);
-    return algo;
+    return outcome;
   }
   const bool read = algo == AllGatherAlgo::kDirect &&
                     uses_private_reads(ctx.config, g.bytes * W, detail::private_reads(ctx));
@@ -111,16 +110,18 @@ AllGatherAlgo all_gather(const CollectiveContext& ctx, const at::Tensor& input,
                                                    detail::config_suffix(ctx) + claim + ")"));
   if (g.bytes == 0) {
     detail::handshake(ctx);
-    return algo;
+    return outcome;
   }
   // Inputs in the peers' symmetric heaps: no staging (NOTE [Zero-copy collectives]).
   const c10::SmallVector<int64_t, 8> equal(W, g.bytes);
-  if (detail::all_gather_zero_copy(ctx, g.input, equal, g.out)) return AllGatherAlgo::kDirect;
+  if (detail::all_gather_zero_copy(ctx, g.input, equal, g.out)) {
+    return {.algorithm = to_string(AllGatherAlgo::kDirect), .zero_copy = true};
+  }
   switch (algo) {
     case AllGatherAlgo::kDirect: {
-      if (uses_private_reads(ctx.config, g.bytes * W, detail::private_reads(ctx))) {
+      if (read) {
         direct_read(ctx, g);
-        ctx.state.last_private_reads = true;
+        outcome.cross_memory = true;
         break;
       }
       detail::gather_direct(ctx, g.input, equal, g.out);
@@ -132,7 +133,7 @@ AllGatherAlgo all_gather(const CollectiveContext& ctx, const at::Tensor& input,
     case AllGatherAlgo::kAuto:
       break;
   }
-  return algo;
+  return outcome;
 }
 
 }  // namespace cuda_p2p::ops

@@ -40,10 +40,10 @@ void gather_direct(const CollectiveContext& ctx, const char* input, c10::ArrayRe
 
 }  // namespace detail
 
-void all_gather_v(const CollectiveContext& ctx, const at::Tensor& input,
-                  const std::vector<int64_t>& bytes, const std::vector<at::Tensor>& outputs) {
+Outcome all_gather_v(const CollectiveContext& ctx, const at::Tensor& input,
+                     const std::vector<int64_t>& bytes, const std::vector<at::Tensor>& outputs) {
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
-  ctx.state.last_zero_copy = false;
+  Outcome outcome{.algorithm = "direct"};
   TORCH_CHECK(static_cast<int>(bytes.size()) == W && static_cast<int>(outputs.size()) == W,
               "cuda_p2p all_gather_v: expected ", W, " sizes and outputs (one per rank), got ",
               bytes.size(), " and ", outputs.size());
@@ -68,11 +68,12 @@ void all_gather_v(const CollectiveContext& ctx, const at::Tensor& input,
                                                     sizes + "]" + detail::config_suffix(ctx)));
   if (*std::max_element(bytes.begin(), bytes.end()) == 0) {
     detail::handshake(ctx);
-    return;
+    return outcome;
   }
   // Inputs in the peers' symmetric heaps: no staging (NOTE [Zero-copy collectives]).
-  if (detail::all_gather_zero_copy(ctx, detail::bytes_of(input), bytes, out)) return;
-  detail::gather_direct(ctx, detail::bytes_of(input), bytes, out);
+  outcome.zero_copy = detail::all_gather_zero_copy(ctx, detail::bytes_of(input), bytes, out);
+  if (!outcome.zero_copy) detail::gather_direct(ctx, detail::bytes_of(input), bytes, out);
+  return outcome;
 }
 
 }  // namespace cuda_p2p::ops

@@ -115,7 +115,8 @@ constexpr uint64_t kRoundsWordTag = 0x52;  // 'R': a word written by rank 0's ch
 // barriers belong to one phase, whose reuse guard (NOTE [Collective phases]) covered the bytes
 // of the reduced chunks too.
 // `rounds`: when rank 0 chooses them (rounds_by_rank0), the agreed rounds, as the signature said.
-void two_shot(const CollectiveContext& ctx, const Args& a, ReduceOp op,
+// Returns whether it ran large rounds.
+bool two_shot(const CollectiveContext& ctx, const Args& a, ReduceOp op,
               std::optional<RoundSize> rounds) {
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
   const int64_t bytes = a.numel * a.esize;
@@ -172,12 +173,12 @@ void two_shot(const CollectiveContext& ctx, const Args& a, ReduceOp op,
     detail::end_phase(ctx, ph);
     off += len;
   }
-  ctx.state.last_large_rounds = large;
   if (rounds && me == 0 && ctx.config.all_reduce_rounds == AllReduceRounds::kAuto) {
     ctx.state.round_policy.record(
         bytes, *rounds,
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
+  return large;
 }
 
 // What the ranks compare (NOTE [Op signatures]), for both implementations of every algorithm;
@@ -384,8 +385,8 @@ bool try_inline_one_shot(const CollectiveContext& ctx, const Args& a, ReduceOp o
 
 }  // namespace
 
-AllReduceAlgo all_reduce(const CollectiveContext& ctx, const at::Tensor& input,
-                         const at::Tensor& output, ReduceOp op, AllReduceAlgo algo) {
+Outcome all_reduce(const CollectiveContext& ctx, const at::Tensor& input, const at::Tensor& output,
+                   ReduceOp op, AllReduceAlgo algo) {
   const int W = ctx.ws.world_size();
   TORCH_CHECK(input.is_contiguous() && output.is_contiguous() && input.numel() == output.numel() &&
                   input.scalar_type() == output.scalar_type(),
@@ -397,10 +398,9 @@ AllReduceAlgo all_reduce(const CollectiveContext& ctx, const at::Tensor& input,
          static_cast<int64_t>(input.element_size())};
   const detail::CaptureBracket bracket(ctx);
   if (algo == AllReduceAlgo::kAuto) algo = select_all_reduce(ctx.config, a.numel * a.esize, W);
-  ctx.state.last_zero_copy = false;     // only the zero-copy path below sets it
-  ctx.state.last_large_rounds = false;  // nor the two-shot's large rounds
-  ctx.state.last_inline = algo == AllReduceAlgo::kOneShot && try_inline_one_shot(ctx, a, op);
-  if (ctx.state.last_inline) return algo;
+  Outcome outcome{.algorithm = to_string(algo)};
+  outcome.ran_inline = algo == AllReduceAlgo::kOneShot && try_inline_one_shot(ctx, a, op);
+  if (outcome.ran_inline) return outcome;
   // Compared at the first phase barrier of either algorithm (NOTE [Op signatures]), with the
   // two-shot's zero-copy claim when the group agrees by signature (NOTE [Zero-copy collectives]).
   std::optional<RoundSize> rounds;
@@ -414,23 +414,24 @@ AllReduceAlgo all_reduce(const CollectiveContext& ctx, const at::Tensor& input,
   detail::expect_signature(ctx, std::move(sig));
   if (a.numel == 0) {
     detail::handshake(ctx);
-    return algo;
+    return outcome;
   }
   if (W == 1) {
     detail::reduce_on_stream(ctx, output, {input}, op, 1);
-    return algo;
+    return outcome;
   }
   // An input in the peers' symmetric heaps is not staged (NOTE [Zero-copy collectives]).
   if (algo == AllReduceAlgo::kTwoShot &&
       detail::all_reduce_zero_copy(ctx, a.in, a.out, a.numel, a.dtype, op)) {
-    return algo;
+    outcome.zero_copy = true;
+    return outcome;
   }
   if (algo == AllReduceAlgo::kTwoShot) {
-    two_shot(ctx, a, op, rounds);
+    outcome.large_rounds = two_shot(ctx, a, op, rounds);
   } else {
     one_shot(ctx, a, op);
   }
-  return algo;
+  return outcome;
 }
 
 }  // namespace cuda_p2p::ops

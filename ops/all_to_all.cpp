@@ -186,8 +186,8 @@ void stage_window(const CollectiveContext& ctx, const AllToAllArgs& args, char* 
 
 }  // namespace
 
-std::vector<int64_t> all_to_all(const CollectiveContext& ctx, const AllToAllArgs& args,
-                                AllToAllOutputs outputs) {
+AllToAllResult all_to_all(const CollectiveContext& ctx, const AllToAllArgs& args,
+                          AllToAllOutputs outputs) {
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
   const char* what = to_string(args.kind);
   TORCH_CHECK(static_cast<int>(args.send.size()) == W &&
@@ -203,15 +203,15 @@ std::vector<int64_t> all_to_all(const CollectiveContext& ctx, const AllToAllArgs
   }
   TORCH_CHECK(!ctx.ws.capturing(ctx.stream), "cuda_p2p ", what,
               ": cannot be captured in a graph (its split sizes are read back on the host)");
-  detail::staged_only(ctx);  // its copy-free reads set last_private_reads again
+  detail::staged_only(ctx);  // in place by sender, decided in the headers, not claimed
   if (W == 1) {
     TORCH_CHECK(args.recv_counts.empty() || args.recv_counts[0] == args.send_counts[0], "cuda_p2p ",
                 what, ": rank 0 sends ", units(args.send_counts[0], args.unit_bytes, args.unit),
                 " to itself, but expects ", units(args.recv_counts[0], args.unit_bytes, args.unit));
-    const std::vector<int64_t> recv{args.send_counts[0]};
+    std::vector<int64_t> recv{args.send_counts[0]};
     const std::vector<char*> out = outputs(recv);
     copy(ctx, out[0], args.send[0], recv[0] * args.unit_bytes);
-    return recv;
+    return {std::move(recv), {.algorithm = "direct"}};
   }
   // Compared at the first phase barrier (NOTE [Op signatures]); the split sizes, which the ranks
   // do not pass alike, travel in the header (NOTE [All-to-all headers]).
@@ -330,10 +330,8 @@ std::vector<int64_t> all_to_all(const CollectiveContext& ctx, const AllToAllArgs
       }
     }
     detail::end_phase(ctx, ph);
-    detail::wait_readers(ctx, ph, peers);
-    ctx.state.last_private_reads = true;
-    ctx.state.last_zero_copy = zero_copy;  // its readers, if in place, waited for above
-    return recv;
+    detail::wait_readers(ctx, ph, peers);  // its readers, if in place, too
+    return {std::move(recv), {.algorithm = "direct", .zero_copy = zero_copy, .cross_memory = true}};
   }
   for (int64_t k = 0; k < rounds; ++k) {
     const int64_t a = k * piece, b = a + piece;
@@ -357,8 +355,7 @@ std::vector<int64_t> all_to_all(const CollectiveContext& ctx, const AllToAllArgs
   // NOTE [All-to-all in place]: its readers are done with this rank's input once they ended the
   // last phase.
   if (in_place) detail::wait_readers(ctx, ph, peers);
-  ctx.state.last_zero_copy = zero_copy;
-  return recv;
+  return {std::move(recv), {.algorithm = "direct", .zero_copy = zero_copy}};
 }
 
 }  // namespace cuda_p2p::ops

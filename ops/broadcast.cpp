@@ -10,15 +10,14 @@
 
 namespace cuda_p2p::ops {
 
-void broadcast(const CollectiveContext& ctx, const at::Tensor& tensor, int root) {
+Outcome broadcast(const CollectiveContext& ctx, const at::Tensor& tensor, int root) {
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
   TORCH_CHECK(root >= 0 && root < W, "cuda_p2p broadcast: root must be in [0, ", W, "), got ",
               root);
   TORCH_CHECK(tensor.is_contiguous(), "cuda_p2p broadcast: expected a contiguous tensor");
   const int64_t bytes = static_cast<int64_t>(tensor.nbytes());
-  ctx.state.last_private_reads = false;
-  ctx.state.last_zero_copy = false;
-  if (W == 1) return;
+  Outcome outcome{.algorithm = "direct"};
+  if (W == 1) return outcome;
   const detail::CaptureBracket bracket(ctx);
   const bool read = uses_private_reads(ctx.config, bytes, detail::private_reads(ctx));
   // NOTE [Zero-copy collectives], step 1': in the signature, when the group agrees that way (a
@@ -38,7 +37,7 @@ void broadcast(const CollectiveContext& ctx, const at::Tensor& tensor, int root)
                                                    (read ? " (copy-free" : " (staged") +
                                                    detail::config_suffix(ctx) + claim + ")"));
   detail::handshake(ctx);
-  if (bytes == 0) return;
+  if (bytes == 0) return outcome;
   char* data = detail::bytes_of(tensor);
   if (read) {
     // The others read the root's tensor itself (NOTE [Copy-free reads]); only the root waits
@@ -57,11 +56,14 @@ void broadcast(const CollectiveContext& ctx, const at::Tensor& tensor, int root)
       detail::read_private(ctx, data, ph, root, 0, 0, bytes);
       detail::end_phase(ctx, ph);
     }
-    ctx.state.last_private_reads = true;
-    return;
+    outcome.cross_memory = true;
+    return outcome;
   }
   // A root tensor in its symmetric heap: read where it lies (NOTE [Zero-copy collectives]).
-  if (detail::broadcast_zero_copy(ctx, data, bytes, root)) return;
+  if (detail::broadcast_zero_copy(ctx, data, bytes, root)) {
+    outcome.zero_copy = true;
+    return outcome;
+  }
   const int64_t piece = detail::round_bytes(ctx, 1);
   for (int64_t off = 0; off < bytes; off += piece) {
     const int64_t len = std::min(piece, bytes - off);
@@ -75,6 +77,7 @@ void broadcast(const CollectiveContext& ctx, const at::Tensor& tensor, int root)
       detail::end_phase(ctx, ph);
     }
   }
+  return outcome;
 }
 
 }  // namespace cuda_p2p::ops

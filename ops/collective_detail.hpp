@@ -58,8 +58,7 @@ class CaptureBracket {
 // Whether the op may read peers' private memory: the workspace offers it, and the stream is not
 // being captured (NOTE [Replay-safe signals]).
 bool private_reads(const CollectiveContext& ctx);
-// For an op that reads no peer's private memory and no tensor in place (it may set
-// last_private_reads again later): clears the last op's path flags and any zero-copy claim
+// For an op that reads no tensor in place: drops any zero-copy claim an earlier op left
 // (NOTE [Zero-copy collectives]).
 void staged_only(const CollectiveContext& ctx);
 // The tensors of a rooted op (gather: `mine` is the input and `at_root` the outputs, named
@@ -135,7 +134,7 @@ std::string claim_broadcast(const CollectiveContext& ctx, const char* data, int6
 // Zero-copy collectives (NOTE [Zero-copy collectives] in ops/zero_copy.cpp): each returns false,
 // having run nothing or one empty phase (the same on every rank), when the ranks' inputs are not
 // all in their heaps (exchange) or this rank made no claim (signature); the caller then runs its
-// staged algorithm. They set ctx.state.last_zero_copy.
+// staged algorithm. True when they ran.
 // all_gather_zero_copy gathers bytes[q] from rank q (all equal for all_gather, any for
 // all_gather_v; a rank with 0 bytes may pass any input).
 bool all_gather_zero_copy(const CollectiveContext& ctx, const char* input,

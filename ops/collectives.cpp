@@ -168,11 +168,12 @@ AllReduceAlgo select_all_reduce(const CollectiveConfig& config, int64_t bytes, i
   return AllReduceAlgo::kTwoShot;
 }
 
-void barrier(const CollectiveContext& ctx, std::optional<Millis> timeout) {
-  if (ctx.ws.world_size() == 1) return;
+Outcome barrier(const CollectiveContext& ctx, std::optional<Millis> timeout) {
+  const Outcome outcome{.algorithm = "workspace"};
+  if (ctx.ws.world_size() == 1) return outcome;
   if (ctx.ws.capturing(ctx.stream)) {  // NOTE [Replay-safe signals]: no signature
     ctx.ws.barrier(ctx.stream, ctx.channel, timeout);
-    return;
+    return outcome;
   }
   const OpSignature sig = OpSignature::of(OpKind::kBarrier, "");
   publish_signature(ctx.ws, ctx.stream, ctx.channel, ctx.state.signature, sig);
@@ -184,6 +185,7 @@ void barrier(const CollectiveContext& ctx, std::optional<Millis> timeout) {
     detail::end_phase(ctx, detail::begin_phase(ctx));
     throw SignatureMismatch(error);
   }
+  return outcome;
 }
 
 void reject(const CollectiveContext& ctx, OpKind kind, const std::string& reason) {
@@ -336,11 +338,7 @@ void expect_signature(const CollectiveContext& ctx, OpSignature sig) {
   ctx.state.pending = std::move(sig);
 }
 
-void staged_only(const CollectiveContext& ctx) {
-  ctx.state.last_private_reads = false;
-  ctx.state.last_zero_copy = false;
-  ctx.state.zero_copy_claim.reset();
-}
+void staged_only(const CollectiveContext& ctx) { ctx.state.zero_copy_claim.reset(); }
 
 int64_t check_rooted(const CollectiveContext& ctx, const char* op, int root, const at::Tensor& mine,
                      const char* mine_name, const std::vector<at::Tensor>& at_root,

@@ -32,6 +32,7 @@
 
 #include "ops/common.hpp"
 #include "ops/op_signature.hpp"
+#include "ops/outcome.hpp"
 #include "ops/round_policy.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
 
@@ -148,14 +149,10 @@ class CollectiveState {
   // on demand). Host memory used in host stream order only: copy-free reads exist on the host
   // device alone, so there is no GPU stream to record it on.
   at::Tensor read_scratch;
-  // Whether the last collective read peers' tensors directly (for the backend's counters).
-  bool last_private_reads = false;
   // The group's symmetric heap once cuda_p2p.empty created it (NOTE [Zero-copy collectives] in
   // ops/zero_copy.cpp), else null; owned by the backend. Set at the same point of the op
   // sequence on every rank (its creation is collective), so every rank sees the same value.
   SymmetricWorkspace* heap = nullptr;
-  // Whether the last collective read its peers' inputs from their heaps (for the counters).
-  bool last_zero_copy = false;
   // Signature agreement (NOTE [Zero-copy collectives] in ops/zero_copy.cpp): the heap offsets this
   // rank claims for every rank's inputs in the running collective (rank q's input i at
   // [q * n + i]), set with its signature and taken by its zero-copy path; unset otherwise.
@@ -165,15 +162,13 @@ class CollectiveState {
   SignatureState signature;
   std::optional<OpSignature> pending;
   // The inline one-shot all-reduce's cached addresses and signature (NOTE [Inline one-shot] in
-  // ops/all_reduce.cpp), made on its first use, and whether the last all-reduce ran it.
+  // ops/all_reduce.cpp), made on its first use.
   std::shared_ptr<InlineOneShot> inline_one_shot;
-  bool last_inline = false;
-  // Rank 0's choice of rounds for large two-shot all-reduces (NOTE [Rounds chosen by rank 0]),
-  // and whether the last all-reduce ran large rounds (for the counters).
+  // Rank 0's choice of rounds for large two-shot all-reduces (NOTE [Rounds chosen by rank 0]).
   RoundPolicy round_policy;
-  bool last_large_rounds = false;
   // Host copies and reductions split across the intra-op threads (NOTE [Intra-op threads] in
-  // ops/collectives.cpp), counted by the closures that ran them (the counter "intra_op.split").
+  // ops/collectives.cpp), counted by the closures that ran them; the backend shares it with its
+  // counters ("intra_op.split"), since the closures may run after the op returned.
   std::shared_ptr<std::atomic<int64_t>> parallel_splits = std::make_shared<std::atomic<int64_t>>(0);
 };
 
@@ -188,17 +183,18 @@ struct CollectiveContext {
 
 // --- entry points -------------------------------------------------------------------------------
 // Tensors are contiguous and on the workspace's device; outputs never overlap inputs except
-// where stated. Each returns the algorithm that ran (never kAuto).
+// where stated. Each returns what it did (NOTE [Outcomes] in ops/outcome.hpp): the algorithm that
+// ran (never "auto"), and whether it read its peers' inputs in place or by cross-memory reads.
 
 // outputs[q] (W tensors) receives rank q's `input`; every output has input's bytes. An output
 // may be the input itself (in-place all_gather_into_tensor): it is then left alone.
-AllGatherAlgo all_gather(const CollectiveContext& ctx, const at::Tensor& input,
-                         const std::vector<at::Tensor>& outputs, AllGatherAlgo algo);
+Outcome all_gather(const CollectiveContext& ctx, const at::Tensor& input,
+                   const std::vector<at::Tensor>& outputs, AllGatherAlgo algo);
 
 // Rank q contributes bytes[q] bytes (the same vector on every rank; input holds bytes[rank]) to
 // outputs[q]. Direct algorithm, in rounds of the largest contribution.
-void all_gather_v(const CollectiveContext& ctx, const at::Tensor& input,
-                  const std::vector<int64_t>& bytes, const std::vector<at::Tensor>& outputs);
+Outcome all_gather_v(const CollectiveContext& ctx, const at::Tensor& input,
+                     const std::vector<int64_t>& bytes, const std::vector<at::Tensor>& outputs);
 
 // One rank's part of an all-to-all (ops/all_to_all.cpp, NOTE [All-to-all headers]). Sizes count
 // units (rows, or elements for the list all_to_all) of `unit_bytes` bytes each.
@@ -223,38 +219,42 @@ using AllToAllOutputs = c10::function_ref<std::vector<char*>(const std::vector<i
 // (rank r sends n units to q, q expects m != n from r) raise SignatureMismatch on every rank,
 // naming both, before anything is read. Returns the units received from each rank. Not
 // capturable in a graph: the split sizes are read back on the host.
-std::vector<int64_t> all_to_all(const CollectiveContext& ctx, const AllToAllArgs& args,
-                                AllToAllOutputs outputs);
+struct AllToAllResult {
+  std::vector<int64_t> recv;  // units received from each rank
+  Outcome outcome;
+};
+AllToAllResult all_to_all(const CollectiveContext& ctx, const AllToAllArgs& args,
+                          AllToAllOutputs outputs);
 
 // output = op over ranks of inputs[rank] (W chunks, each with output's size and dtype).
-ReduceScatterAlgo reduce_scatter(const CollectiveContext& ctx,
-                                 const std::vector<at::Tensor>& inputs, const at::Tensor& output,
-                                 ReduceOp op, ReduceScatterAlgo algo);
+Outcome reduce_scatter(const CollectiveContext& ctx, const std::vector<at::Tensor>& inputs,
+                       const at::Tensor& output, ReduceOp op, ReduceScatterAlgo algo);
 
 // output = op over ranks of input; output may be input (in place). Every rank gets identical bits.
-AllReduceAlgo all_reduce(const CollectiveContext& ctx, const at::Tensor& input,
-                         const at::Tensor& output, ReduceOp op, AllReduceAlgo algo);
+// Also says whether it ran inline (NOTE [Inline one-shot]) or in rank 0's large rounds.
+Outcome all_reduce(const CollectiveContext& ctx, const at::Tensor& input, const at::Tensor& output,
+                   ReduceOp op, AllReduceAlgo algo);
 
 // tensor = root's tensor.
-void broadcast(const CollectiveContext& ctx, const at::Tensor& tensor, int root);
+Outcome broadcast(const CollectiveContext& ctx, const at::Tensor& tensor, int root);
 
 // outputs[q] (W tensors, on `root` only; ignored elsewhere) receives rank q's `input` (the same
 // bytes on every rank). Rank root's own input is copied, not staged.
-void gather(const CollectiveContext& ctx, const at::Tensor& input,
-            const std::vector<at::Tensor>& outputs, int root);
+Outcome gather(const CollectiveContext& ctx, const at::Tensor& input,
+               const std::vector<at::Tensor>& outputs, int root);
 
 // `output` receives root's inputs[rank] (W tensors, on `root` only; every one with output's bytes).
-void scatter(const CollectiveContext& ctx, const std::vector<at::Tensor>& inputs,
-             const at::Tensor& output, int root);
+Outcome scatter(const CollectiveContext& ctx, const std::vector<at::Tensor>& inputs,
+                const at::Tensor& output, int root);
 
 // tensor = op over ranks of tensor, on `root` only (in place; the same bits as the one-shot
 // all-reduce: NOTE [Reduce at the root] in ops/reduce.cpp); the others' tensors are left as they
 // were. `op` applies to the dtype (check_reduce_op).
-void reduce(const CollectiveContext& ctx, const at::Tensor& tensor, int root, ReduceOp op);
+Outcome reduce(const CollectiveContext& ctx, const at::Tensor& tensor, int root, ReduceOp op);
 
 // Returns (host) or lets the stream continue (CUDA) once every rank has arrived. Its handshake
 // tells a barrier from another collective called on another rank (NOTE [Op signatures]).
-void barrier(const CollectiveContext& ctx, std::optional<Millis> timeout = {});
+Outcome barrier(const CollectiveContext& ctx, std::optional<Millis> timeout = {});
 
 // For a rank whose own argument check failed in a collective its peers are running: takes part
 // in the op's handshake with an invalid signature carrying `reason`, so that every peer raises at

@@ -139,7 +139,7 @@ using Consumer = GatherConsumer;
 
 void gather_and_consume(pipeline::Env& env, const at::Tensor& shard, const at::Tensor& stack,
                         const GatherConsumer& consume, bool fill_own_slot, bool pull_ahead,
-                        pipeline::Stats& stats, bool zero_copy) {
+                        Outcome& outcome, bool zero_copy) {
   auto& dev = env.device();
   auto& ws = env.ws;
   const int W = env.world_size(), rank = env.rank();
@@ -147,9 +147,9 @@ void gather_and_consume(pipeline::Env& env, const at::Tensor& shard, const at::T
   const int64_t row_bytes = shard.size(1) * static_cast<int64_t>(shard.element_size());
   // NOTE [Zero-copy all-gather→matmul]: one round, read in the heaps, when every shard is there.
   const auto heap = zero_copy ? heap_shards(env, shard) : std::nullopt;
-  const int64_t rounds = heap ? 1 : pipeline::plan_rounds(env, rows, row_bytes, kOp, stats);
-  stats.rounds = rounds;
-  stats.zero_copy = heap.has_value();
+  if (heap) outcome.rounds = 1;
+  const int64_t rounds = heap ? 1 : pipeline::plan_rounds(env, rows, row_bytes, kOp, outcome);
+  outcome.zero_copy = heap.has_value();
   const Consumer* consumer = &consume;
   // Where rank src's rows of a round are pulled from.
   const auto source = [&](int src, int64_t row0) -> const void* {
@@ -468,7 +468,7 @@ AllGatherAlgorithm parse_all_gather_algorithm(const std::string& algorithm,
 
 AllGatherMatmulResult all_gather_matmul_pipeline(pipeline::Env& env, const at::Tensor& A_shard,
                                                  at::TensorList Bs, int64_t gather_dim,
-                                                 bool return_A, pipeline::Stats& stats,
+                                                 bool return_A, Outcome& outcome,
                                                  AllGatherAlgorithm algorithm) {
   const int64_t W = env.world_size();
   gather_dim = check_all_gather_matmul_args(A_shard, Bs, gather_dim, W);
@@ -479,7 +479,7 @@ AllGatherMatmulResult all_gather_matmul_pipeline(pipeline::Env& env, const at::T
       [&p](int src, int64_t row0, const at::Tensor& rows, int stream) {
         p.consume(src, row0, rows, stream);
       },
-      return_A, algorithm == AllGatherAlgorithm::kPullAhead, stats);
+      return_A, algorithm == AllGatherAlgorithm::kPullAhead, outcome);
   AllGatherMatmulResult r;
   env.on_caller("finish", [&] { r = p.finish(W); });
   return r;
@@ -513,27 +513,21 @@ AllGatherMatmulResult fused_all_gather_matmul(pipeline::Group& group, const at::
   AllGatherMatmulResult r;
   if (on_workspace) {
     pipeline::Env env = pipeline::make_env(group);
-    pipeline::Stats stats;
+    const char* name = algo == AllGatherAlgorithm::kPullAhead ? "pull_ahead" : "pipeline";
     const std::string sig =
-        claim_shard(env, A_shard, dim) +
-        signature_text(A_shard, Bs, dim, return_A,
-                       algo == AllGatherAlgorithm::kPullAhead ? "pull_ahead" : "pipeline");
+        claim_shard(env, A_shard, dim) + signature_text(A_shard, Bs, dim, return_A, name);
+    Outcome outcome{.algorithm = name, .graph = env.captured};  // NOTE [Replay-safe signals]
     r = pipeline::run_or_mark_failed(group.failure, kOp, [&] {
       pipeline::agree(env, state, OpSignature::of(OpKind::kAllGatherMatmul, sig));
-      return all_gather_matmul_pipeline(env, A_shard, Bs, gather_dim, return_A, stats, algo);
+      return all_gather_matmul_pipeline(env, A_shard, Bs, gather_dim, return_A, outcome, algo);
     });
-    group.count(algo == AllGatherAlgorithm::kPullAhead ? "fused_all_gather_matmul.pull_ahead"
-                                                       : "fused_all_gather_matmul.pipeline");
+    r.outcome = outcome;
     if (env.trace) state.last_trace = env.trace->events();
-    if (stats.rounds > 1) group.count("fused_all_gather_matmul.rounds");
-    if (stats.zero_copy) group.count("fused_all_gather_matmul.zero_copy");
-    if (stats.grew) group.count("fused_all_gather_matmul.grow");
-    if (env.captured) group.count("fused_all_gather_matmul.graph");  // NOTE [Replay-safe signals]
   } else {
     TORCH_CHECK(group.wrapped, "cuda_p2p ", kOp, ": the workspace cannot serve ", A_shard.device(),
                 " tensors and the group has no wrapped backend for them");
     r = all_gather_matmul_send_recv(*group.wrapped, A_shard, Bs, gather_dim, return_A);
-    group.count("fused_all_gather_matmul.send_recv");
+    r.outcome = {.algorithm = "send_recv"};
   }
   return r;
 }

@@ -266,34 +266,31 @@ AllGatherMatmulResult fused_all_gather_scaled_matmul(pipeline::Group& group,
   const bool fill = return_A;
   if (on_workspace) {
     pipeline::Env env = pipeline::make_env(group);
-    pipeline::Stats stats;
+    const char* name = algo == AllGatherAlgorithm::kPullAhead ? "pull_ahead" : "pipeline";
     const std::string sig =
-        scaled_ag_signature(A_shard, Bs, A_scale, B_scales, dim, out_dtypes, return_A,
-                            algo == AllGatherAlgorithm::kPullAhead ? "pull_ahead" : "pipeline");
+        scaled_ag_signature(A_shard, Bs, A_scale, B_scales, dim, out_dtypes, return_A, name);
+    Outcome outcome{.algorithm = name, .graph = env.captured};  // NOTE [Replay-safe signals]
     AllGatherMatmulResult r = pipeline::run_or_mark_failed(group.failure, kScaledAgOp, [&] {
       pipeline::agree(env, state, OpSignature::of(OpKind::kAllGatherMatmul, sig));
       // NOTE [Zero-copy all-gather→matmul] needs the signature's claim, which this op does not
       // make: zero-copy only where the exchange decides (a tensorwise shard in the heap).
       gather_and_consume(env, p.shard, p.stack, consume, fill,
-                         algo == AllGatherAlgorithm::kPullAhead, stats,
+                         algo == AllGatherAlgorithm::kPullAhead, outcome,
                          !p.rowwise && !env.signature_agreement);
       AllGatherMatmulResult out;
       env.on_caller("finish", [&] { out = p.finish(); });
       return out;
     });
-    group.count(algo == AllGatherAlgorithm::kPullAhead ? "fused_all_gather_scaled_matmul.pull_ahead"
-                                                       : "fused_all_gather_scaled_matmul.pipeline");
+    r.outcome = outcome;
     if (env.trace) state.last_trace = env.trace->events();
-    if (stats.rounds > 1) group.count("fused_all_gather_scaled_matmul.rounds");
-    if (stats.zero_copy) group.count("fused_all_gather_scaled_matmul.zero_copy");
-    if (stats.grew) group.count("fused_all_gather_scaled_matmul.grow");
     return r;
   }
   TORCH_CHECK(group.wrapped, "cuda_p2p ", kScaledAgOp, ": the workspace cannot serve ",
               A_shard.device(), " tensors and the group has no wrapped backend for them");
   gather_and_consume_send_recv(*group.wrapped, p.shard, p.stack, consume);
-  group.count("fused_all_gather_scaled_matmul.send_recv");
-  return p.finish();
+  AllGatherMatmulResult r = p.finish();
+  r.outcome = {.algorithm = "send_recv"};
+  return r;
 }
 
 AllGatherMatmulResult fused_all_gather_scaled_matmul_meta(

@@ -177,15 +177,14 @@ void reduce_stack(const ScatterProblem& p, const at::Tensor& stack) {
 
 // NOTE [Matmul→reduce-scatter schedule]
 void produce_and_exchange(pipeline::Env& env, const ScatterProblem& p, const at::Tensor& stack,
-                          pipeline::Stats& stats) {
+                          Outcome& outcome) {
   auto& dev = env.device();
   auto& ws = env.ws;
   const int W = env.world_size(), rank = env.rank();
   const auto dtype = stack.scalar_type();
   const int64_t elem = static_cast<int64_t>(stack.element_size());
   // Two halves of one round each.
-  const int64_t rounds = pipeline::plan_rounds(env, p.rows, 2 * p.cols * elem, kOpName, stats);
-  stats.rounds = rounds;
+  const int64_t rounds = pipeline::plan_rounds(env, p.rows, 2 * p.cols * elem, kOpName, outcome);
   if (rounds == 0) return;
   const int64_t half_elems = split_range(p.rows, rounds, 0).second * p.cols;
 
@@ -251,7 +250,7 @@ std::vector<RingStep> ring_schedule(int64_t W, int64_t rank, int64_t row_begin, 
 }
 
 void ring_over_workspace(pipeline::Env& env, const ScatterProblem& p, const at::Tensor& products,
-                         int64_t q, pipeline::Stats& stats) {
+                         int64_t q, Outcome& outcome) {
   auto& dev = env.device();
   auto& ws = env.ws;
   const int W = env.world_size(), rank = env.rank();
@@ -262,8 +261,7 @@ void ring_over_workspace(pipeline::Env& env, const ScatterProblem& p, const at::
   // One slot holds one sub-part; two slots per round.
   const int64_t sub_rows = (p.rows + q - 1) / q;
   const int64_t rounds =
-      pipeline::plan_rounds(env, sub_rows, 2 * p.cols * acc_elem, kOpName, stats);
-  stats.rounds = rounds;
+      pipeline::plan_rounds(env, sub_rows, 2 * p.cols * acc_elem, kOpName, outcome);
   if (rounds == 0) return;
   const int64_t slot_elems = split_range(sub_rows, rounds, 0).second * p.cols;
 
@@ -437,13 +435,13 @@ int64_t check_ring_steps(int64_t ring_steps, int64_t world_size) {
 
 at::Tensor matmul_reduce_scatter_pipeline(pipeline::Env& env, const at::Tensor& A,
                                           const at::Tensor& B, ReduceOp reduce_op,
-                                          int64_t scatter_dim, pipeline::Stats& stats,
+                                          int64_t scatter_dim, Outcome& outcome,
                                           const ScaledMatmul* scaled) {
   const int64_t W = env.world_size();
   scatter_dim = check_args(A, B, scatter_dim, W, scaled);
   ScatterProblem p = make_scatter_problem(A, B, reduce_op, scatter_dim, W, scaled);
   at::Tensor stack = at::empty({W, p.rows, p.cols}, p.out.options());
-  produce_and_exchange(env, p, stack, stats);
+  produce_and_exchange(env, p, stack, outcome);
   env.on_caller("reduce", [&] {
     reduce_stack(p, stack);
     p.finish();
@@ -453,13 +451,13 @@ at::Tensor matmul_reduce_scatter_pipeline(pipeline::Env& env, const at::Tensor& 
 
 at::Tensor matmul_reduce_scatter_ring(pipeline::Env& env, const at::Tensor& A, const at::Tensor& B,
                                       ReduceOp reduce_op, int64_t scatter_dim, int64_t steps,
-                                      pipeline::Stats& stats, const ScaledMatmul* scaled) {
+                                      Outcome& outcome, const ScaledMatmul* scaled) {
   const int64_t W = env.world_size();
   scatter_dim = check_args(A, B, scatter_dim, W, scaled);
   steps = check_ring_steps(steps, W);
   ScatterProblem p = make_scatter_problem(A, B, reduce_op, scatter_dim, W, scaled);
   at::Tensor products = at::empty({W, p.rows, p.cols}, p.out.options());
-  ring_over_workspace(env, p, products, steps / W, stats);
+  ring_over_workspace(env, p, products, steps / W, outcome);
   p.finish();
   return p.out;
 }
@@ -478,10 +476,9 @@ at::Tensor matmul_reduce_scatter_send_recv(c10d::Backend& backend, const at::Ten
   return p.out;
 }
 
-at::Tensor fused_matmul_reduce_scatter(pipeline::Group& group, const at::Tensor& A,
-                                       const at::Tensor& B, const std::string& reduce_op,
-                                       int64_t scatter_dim, const std::string& algorithm,
-                                       int64_t ring_steps) {
+MatmulReduceScatterResult fused_matmul_reduce_scatter(
+    pipeline::Group& group, const at::Tensor& A, const at::Tensor& B, const std::string& reduce_op,
+    int64_t scatter_dim, const std::string& algorithm, int64_t ring_steps) {
   const int64_t W = group.world_size;
   pipeline::State& state = group.state;
   const bool on_workspace = pipeline::workspace_serves(group.workspace, A.device());
@@ -508,27 +505,22 @@ at::Tensor fused_matmul_reduce_scatter(pipeline::Group& group, const at::Tensor&
       algorithm == "ring" || (algorithm == "auto" && (ring_steps != 0 || A.device().is_cpu()));
   if (on_workspace) {
     pipeline::Env env = pipeline::make_env(group);
-    pipeline::Stats stats;
     const std::string sig = signature_text(
         A, B, op, dim, ring ? "ring (" + std::to_string(steps) + " steps)" : "pipeline");
-    at::Tensor out;
-    out = pipeline::run_or_mark_failed(group.failure, kOpName, [&] {
+    MatmulReduceScatterResult r{.outcome = {.algorithm = ring ? "ring" : "pipeline",
+                                            .graph = env.captured}};  // NOTE [Replay-safe signals]
+    r.output = pipeline::run_or_mark_failed(group.failure, kOpName, [&] {
       pipeline::agree(env, state, OpSignature::of(OpKind::kMatmulReduceScatter, sig));
-      return ring ? matmul_reduce_scatter_ring(env, A, B, op, scatter_dim, steps, stats)
-                  : matmul_reduce_scatter_pipeline(env, A, B, op, scatter_dim, stats);
+      return ring ? matmul_reduce_scatter_ring(env, A, B, op, scatter_dim, steps, r.outcome)
+                  : matmul_reduce_scatter_pipeline(env, A, B, op, scatter_dim, r.outcome);
     });
-    group.count(ring ? "fused_matmul_reduce_scatter.ring" : "fused_matmul_reduce_scatter.pipeline");
     if (env.trace) state.last_trace = env.trace->events();
-    if (stats.rounds > 1) group.count("fused_matmul_reduce_scatter.rounds");
-    if (stats.grew) group.count("fused_matmul_reduce_scatter.grow");
-    if (env.captured) group.count("fused_matmul_reduce_scatter.graph");
-    return out;
+    return r;
   }
   TORCH_CHECK(group.wrapped, "cuda_p2p ", kOpName, ": the workspace cannot serve ", A.device(),
               " tensors and the group has no wrapped backend for them");
-  at::Tensor out = matmul_reduce_scatter_send_recv(*group.wrapped, A, B, op, scatter_dim, steps);
-  group.count("fused_matmul_reduce_scatter.send_recv");
-  return out;
+  return {matmul_reduce_scatter_send_recv(*group.wrapped, A, B, op, scatter_dim, steps),
+          {.algorithm = "send_recv"}};
 }
 
 void agree_matmul_reduce_scatter_unfused(pipeline::Group& group, const at::Tensor& A,

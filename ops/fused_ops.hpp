@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "ops/common.hpp"
+#include "ops/outcome.hpp"
 #include "ops/pipeline_common.hpp"
 
 namespace cuda_p2p::ops {
@@ -31,6 +32,13 @@ namespace cuda_p2p::ops {
 struct AllGatherMatmulResult {
   std::optional<at::Tensor> A;
   std::vector<at::Tensor> outputs;
+  // What the entry point ran (NOTE [Outcomes] in ops/outcome.hpp); a path function leaves it
+  // empty and fills the Outcome it is given.
+  Outcome outcome{};
+};
+struct MatmulReduceScatterResult {
+  at::Tensor output{};
+  Outcome outcome{};
 };
 
 // all_gather(A_shard, gather_dim) @ B for each B in Bs, over `group`. Returns the gathered A
@@ -38,6 +46,8 @@ struct AllGatherMatmulResult {
 // along gather_dim (rank r's shard at index r), then torch.matmul. `algorithm`: "pipeline" (NOTE
 // [All-gather→matmul schedule]), "pull_ahead" (NOTE [Pull-ahead all-gather→matmul]) or "auto"
 // (the pipeline on CUDA tensors, pull-ahead on CPU tensors). The caller holds group.state.mutex.
+// Both entry points also return what ran: "pipeline", "pull_ahead", "ring" or "send_recv", the
+// rounds, whether it grew the workspace or read the shards in the heaps, under capture or not.
 AllGatherMatmulResult fused_all_gather_matmul(pipeline::Group& group, const at::Tensor& A_shard,
                                               at::TensorList Bs, int64_t gather_dim, bool return_A,
                                               const std::string& algorithm);
@@ -47,10 +57,9 @@ AllGatherMatmulResult fused_all_gather_matmul(pipeline::Group& group, const at::
 // "avg". `algorithm`: "pipeline", "ring", or "auto" (the pipeline on CUDA tensors, the ring on
 // CPU tensors or when ring_steps is given); `ring_steps` (S, a multiple of the group size; 0
 // means the group size) for the ring. The caller holds group.state.mutex.
-at::Tensor fused_matmul_reduce_scatter(pipeline::Group& group, const at::Tensor& A,
-                                       const at::Tensor& B, const std::string& reduce_op,
-                                       int64_t scatter_dim, const std::string& algorithm,
-                                       int64_t ring_steps);
+MatmulReduceScatterResult fused_matmul_reduce_scatter(
+    pipeline::Group& group, const at::Tensor& A, const at::Tensor& B, const std::string& reduce_op,
+    int64_t scatter_dim, const std::string& algorithm, int64_t ring_steps);
 
 // The handshake of a call that "auto" runs as the unfused pair instead (NOTE [Unfused below a
 // size] in backend/dispatcher_fused_ops.cpp): the fused op's, with the same arguments (checked by
@@ -86,12 +95,10 @@ AllGatherMatmulResult fused_all_gather_scaled_matmul(pipeline::Group& group,
                                                      at::TensorList B_scales, int64_t gather_dim,
                                                      c10::ArrayRef<at::ScalarType> out_dtypes,
                                                      bool return_A, const std::string& algorithm);
-at::Tensor fused_scaled_matmul_reduce_scatter(pipeline::Group& group, const at::Tensor& A,
-                                              const at::Tensor& B, const at::Tensor& A_scale,
-                                              const at::Tensor& B_scale,
-                                              const std::string& reduce_op, int64_t scatter_dim,
-                                              at::ScalarType out_dtype,
-                                              const std::string& algorithm, int64_t ring_steps);
+MatmulReduceScatterResult fused_scaled_matmul_reduce_scatter(
+    pipeline::Group& group, const at::Tensor& A, const at::Tensor& B, const at::Tensor& A_scale,
+    const at::Tensor& B_scale, const std::string& reduce_op, int64_t scatter_dim,
+    at::ScalarType out_dtype, const std::string& algorithm, int64_t ring_steps);
 AllGatherMatmulResult fused_all_gather_scaled_matmul_meta(
     const at::Tensor& A_shard, at::TensorList Bs, const at::Tensor& A_scale,
     at::TensorList B_scales, int64_t gather_dim, c10::ArrayRef<at::ScalarType> out_dtypes,
@@ -134,9 +141,10 @@ using GatherConsumer =
 // arrive. `fill_own_slot`: copy the own shard into its slot too (the stack is returned).
 // `zero_copy`: read the peers' shards in their heaps where every rank's shard is there (NOTE
 // [Zero-copy all-gather→matmul]); false for a shard the op built itself (never in the heap).
+// Sets the rounds, the growth and the zero-copy of `outcome`, as the path functions below do.
 void gather_and_consume(pipeline::Env& env, const at::Tensor& shard, const at::Tensor& stack,
                         const GatherConsumer& consume, bool fill_own_slot, bool pull_ahead,
-                        pipeline::Stats& stats, bool zero_copy = true);
+                        Outcome& outcome, bool zero_copy = true);
 // The same over the wrapped backend's send/recv (a ring).
 void gather_and_consume_send_recv(c10d::Backend& backend, const at::Tensor& shard,
                                   const at::Tensor& stack, const GatherConsumer& consume);
@@ -145,8 +153,7 @@ void gather_and_consume_send_recv(c10d::Backend& backend, const at::Tensor& shar
 // pull-ahead variant (NOTE [Pull-ahead all-gather→matmul]).
 AllGatherMatmulResult all_gather_matmul_pipeline(
     pipeline::Env& env, const at::Tensor& A_shard, at::TensorList Bs, int64_t gather_dim,
-    bool return_A, pipeline::Stats& stats,
-    AllGatherAlgorithm algorithm = AllGatherAlgorithm::kPipeline);
+    bool return_A, Outcome& outcome, AllGatherAlgorithm algorithm = AllGatherAlgorithm::kPipeline);
 // The same product over `backend`'s send/recv: a ring all-gather whose shards are consumed as
 // they arrive.
 AllGatherMatmulResult all_gather_matmul_send_recv(c10d::Backend& backend, const at::Tensor& A_shard,
@@ -205,12 +212,12 @@ int64_t check_scaled_matmul_reduce_scatter_args(const at::Tensor& A, const at::T
 // With `scaled`, the products are scaled matmuls (NOTE [Scaled matmuls in the pipelines]).
 at::Tensor matmul_reduce_scatter_pipeline(pipeline::Env& env, const at::Tensor& A,
                                           const at::Tensor& B, ReduceOp reduce_op,
-                                          int64_t scatter_dim, pipeline::Stats& stats,
+                                          int64_t scatter_dim, Outcome& outcome,
                                           const ScaledMatmul* scaled = nullptr);
 // The ring reduce-scatter in `steps` steps over the workspace (NOTE [Ring reduce-scatter]).
 at::Tensor matmul_reduce_scatter_ring(pipeline::Env& env, const at::Tensor& A, const at::Tensor& B,
                                       ReduceOp reduce_op, int64_t scatter_dim, int64_t steps,
-                                      pipeline::Stats& stats, const ScaledMatmul* scaled = nullptr);
+                                      Outcome& outcome, const ScaledMatmul* scaled = nullptr);
 // The same ring over `backend`'s send/recv.
 at::Tensor matmul_reduce_scatter_send_recv(c10d::Backend& backend, const at::Tensor& A,
                                            const at::Tensor& B, ReduceOp reduce_op,

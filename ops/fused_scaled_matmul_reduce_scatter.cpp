@@ -68,12 +68,10 @@ int64_t check_scaled_matmul_reduce_scatter_args(const at::Tensor& A, const at::T
   return scatter_dim;
 }
 
-at::Tensor fused_scaled_matmul_reduce_scatter(pipeline::Group& group, const at::Tensor& A,
-                                              const at::Tensor& B, const at::Tensor& A_scale,
-                                              const at::Tensor& B_scale,
-                                              const std::string& reduce_op, int64_t scatter_dim,
-                                              at::ScalarType out_dtype,
-                                              const std::string& algorithm, int64_t ring_steps) {
+MatmulReduceScatterResult fused_scaled_matmul_reduce_scatter(
+    pipeline::Group& group, const at::Tensor& A, const at::Tensor& B, const at::Tensor& A_scale,
+    const at::Tensor& B_scale, const std::string& reduce_op, int64_t scatter_dim,
+    at::ScalarType out_dtype, const std::string& algorithm, int64_t ring_steps) {
   const int64_t W = group.world_size;
   pipeline::State& state = group.state;
   const bool on_workspace = pipeline::workspace_serves(group.workspace, A.device());
@@ -97,28 +95,24 @@ at::Tensor fused_scaled_matmul_reduce_scatter(pipeline::Group& group, const at::
       algorithm == "ring" || (algorithm == "auto" && (ring_steps != 0 || A.device().is_cpu()));
   if (on_workspace) {
     pipeline::Env env = pipeline::make_env(group);
-    pipeline::Stats stats;
     const std::string sig =
         scaled_rs_signature(A, B, A_scale, B_scale, op, dim, out_dtype,
                             ring ? "ring (" + std::to_string(steps) + " steps)" : "pipeline");
-    at::Tensor out = pipeline::run_or_mark_failed(group.failure, kScaledRsOp, [&] {
+    MatmulReduceScatterResult r{.outcome = {.algorithm = ring ? "ring" : "pipeline",
+                                            .graph = env.captured}};  // NOTE [Replay-safe signals]
+    r.output = pipeline::run_or_mark_failed(group.failure, kScaledRsOp, [&] {
       pipeline::agree(env, state, OpSignature::of(OpKind::kMatmulReduceScatter, sig));
-      return ring ? matmul_reduce_scatter_ring(env, A, B, op, scatter_dim, steps, stats, &scaled)
-                  : matmul_reduce_scatter_pipeline(env, A, B, op, scatter_dim, stats, &scaled);
+      return ring
+                 ? matmul_reduce_scatter_ring(env, A, B, op, scatter_dim, steps, r.outcome, &scaled)
+                 : matmul_reduce_scatter_pipeline(env, A, B, op, scatter_dim, r.outcome, &scaled);
     });
-    group.count(ring ? "fused_scaled_matmul_reduce_scatter.ring"
-                     : "fused_scaled_matmul_reduce_scatter.pipeline");
     if (env.trace) state.last_trace = env.trace->events();
-    if (stats.rounds > 1) group.count("fused_scaled_matmul_reduce_scatter.rounds");
-    if (stats.grew) group.count("fused_scaled_matmul_reduce_scatter.grow");
-    return out;
+    return r;
   }
   TORCH_CHECK(group.wrapped, "cuda_p2p ", kScaledRsOp, ": the workspace cannot serve ", A.device(),
               " tensors and the group has no wrapped backend for them");
-  at::Tensor out =
-      matmul_reduce_scatter_send_recv(*group.wrapped, A, B, op, scatter_dim, steps, &scaled);
-  group.count("fused_scaled_matmul_reduce_scatter.send_recv");
-  return out;
+  return {matmul_reduce_scatter_send_recv(*group.wrapped, A, B, op, scatter_dim, steps, &scaled),
+          {.algorithm = "send_recv"}};
 }
 
 at::Tensor fused_scaled_matmul_reduce_scatter_meta(

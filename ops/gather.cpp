@@ -9,15 +9,16 @@
 
 namespace cuda_p2p::ops {
 
-void gather(const CollectiveContext& ctx, const at::Tensor& input,
-            const std::vector<at::Tensor>& outputs, int root) {
+Outcome gather(const CollectiveContext& ctx, const at::Tensor& input,
+               const std::vector<at::Tensor>& outputs, int root) {
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
   const int64_t bytes =
       detail::check_rooted(ctx, "gather", root, input, "input", outputs, "output");
   detail::staged_only(ctx);
+  const Outcome outcome{.algorithm = "direct"};
   const char* in = detail::bytes_of(input);
   if (me == root) detail::copy(ctx, detail::bytes_of(outputs[me]), in, bytes);
-  if (W == 1) return;
+  if (W == 1) return outcome;
   const detail::CaptureBracket bracket(ctx);
   // The root reads what the others publish with their done words, so the signature needs a
   // handshake of its own before it reads anything (NOTE [Op signatures]).
@@ -41,6 +42,7 @@ void gather(const CollectiveContext& ctx, const at::Tensor& input,
       detail::end_phase(ctx, ph);
     }
   }
+  return outcome;
 }
 
 }  // namespace cuda_p2p::ops

@@ -240,10 +240,13 @@ void delay_stream(Env& env, int i) {
 #endif
 }
 
-int64_t plan_rounds(Env& env, int64_t rows, int64_t bytes_per_row, const char* op, Stats& stats) {
+int64_t plan_rounds(Env& env, int64_t rows, int64_t bytes_per_row, const char* op,
+                    Outcome& outcome) {
   TORCH_CHECK(rows >= 0 && bytes_per_row >= 0, "cuda_p2p ", op, ": bad payload of ", rows,
               " rows of ", bytes_per_row, " bytes");
+  outcome.rounds = 0;
   if (rows == 0) return 0;
+  outcome.rounds = 1;
   if (bytes_per_row == 0) return 1;  // nothing to exchange, but the consumers still run
   const int64_t need = rows * bytes_per_row;
   if (need > env.ws.buffer_size()) {
@@ -255,7 +258,7 @@ int64_t plan_rounds(Env& env, int64_t rows, int64_t bytes_per_row, const char* o
                 target, ") on the group, or run the op once eagerly, before capturing");
     if (target > env.ws.buffer_size()) {
       env.ws.grow_to(target);
-      stats.grew = true;
+      outcome.grew = true;
     }
   }
   const int64_t rows_per_round = env.ws.buffer_size() / bytes_per_row;
@@ -263,7 +266,8 @@ int64_t plan_rounds(Env& env, int64_t rows, int64_t bytes_per_row, const char* o
               " bytes of workspace, but the buffer holds ", env.ws.buffer_size(),
               " bytes and may grow to max_buffer_size = ", env.max_buffer_size,
               " bytes; raise ProcessGroupCudaP2P.Options.max_buffer_size");
-  return (rows + rows_per_round - 1) / rows_per_round;
+  outcome.rounds = (rows + rows_per_round - 1) / rows_per_round;
+  return outcome.rounds;
 }
 
 bool workspace_serves(const SymmetricWorkspace* ws, const at::Device& device) {

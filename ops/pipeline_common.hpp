@@ -24,6 +24,7 @@
 #include "ops/common.hpp"
 #include "ops/failure_record.hpp"
 #include "ops/op_signature.hpp"
+#include "ops/outcome.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
 
 namespace cuda_p2p::ops {
@@ -104,20 +105,11 @@ struct Group {
   // Largest buffer an op may grow the workspace to (bytes).
   int64_t max_buffer_size;
   int world_size;
-  // Bumps one of the group's counters ("fused_all_gather_matmul.pipeline", ...).
-  std::function<void(const std::string&)> count;
   // The group's symmetric heap once cuda_p2p.empty created it, else null, and how the ranks
   // agree on reading it (the collectives' setting): NOTE [Zero-copy all-gather→matmul] in
   // ops/fused_all_gather_matmul.cpp.
   SymmetricWorkspace* heap = nullptr;
   ZeroCopyAgreement zero_copy_agreement = ZeroCopyAgreement::kAuto;
-};
-
-// Which path a fused op took, for the backend's counters.
-struct Stats {
-  int64_t rounds = 0;      // rounds run through the workspace (> 1: the buffer was too small)
-  bool grew = false;       // the workspace was grown for this op
-  bool zero_copy = false;  // the shards were read in the peers' symmetric heaps
 };
 
 // One pipelined op's view of the world: the workspace, the caller's stream and the pipeline's
@@ -272,8 +264,10 @@ void delay_stream(Env& env, int i);
 // How many rounds a payload of `rows` rows of `bytes_per_row` bytes needs in the workspace.
 // If it does not fit, the workspace grows (collectively: every rank asks for the same size,
 // since the shapes are the same on every rank) up to env.max_buffer_size; what still does not
-// fit is processed in rounds of as many rows as fit.
-int64_t plan_rounds(Env& env, int64_t rows, int64_t bytes_per_row, const char* op, Stats& stats);
+// fit is processed in rounds of as many rows as fit. Sets outcome.rounds, and outcome.grew when
+// it grew the workspace.
+int64_t plan_rounds(Env& env, int64_t rows, int64_t bytes_per_row, const char* op,
+                    Outcome& outcome);
 
 // Whether a workspace on `ws`'s device can drive tensors on `device`.
 bool workspace_serves(const SymmetricWorkspace* ws, const at::Device& device);

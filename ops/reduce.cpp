@@ -27,7 +27,7 @@ namespace cuda_p2p::ops {
 //   workspace (torch leaves them unspecified; Gloo's may hold partial results).
 // * Ordering with the group's other workspace ops (FSDP's streams, a fused op) is NOTE [One order
 //   per group] in p2p_workspace/symmetric_workspace.cpp, as for every collective.
-void reduce(const CollectiveContext& ctx, const at::Tensor& tensor, int root, ReduceOp op) {
+Outcome reduce(const CollectiveContext& ctx, const at::Tensor& tensor, int root, ReduceOp op) {
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
   TORCH_CHECK(root >= 0 && root < W, "cuda_p2p reduce: root must be in [0, ", W, "), got ", root);
   TORCH_CHECK(tensor.is_contiguous(), "cuda_p2p reduce: expected a contiguous tensor");
@@ -35,7 +35,8 @@ void reduce(const CollectiveContext& ctx, const at::Tensor& tensor, int root, Re
   const int64_t numel = tensor.numel();
   const int64_t esize = static_cast<int64_t>(tensor.element_size());
   detail::staged_only(ctx);
-  if (W == 1) return;  // the reduction of one tensor is itself (AVG: divided by 1)
+  const Outcome outcome{.algorithm = "direct"};
+  if (W == 1) return outcome;  // the reduction of one tensor is itself (AVG: divided by 1)
   const detail::CaptureBracket bracket(ctx);
   // The root reads what the others publish with their done words, so the signature needs a
   // handshake of its own before it reads anything (NOTE [Op signatures]).
@@ -67,6 +68,7 @@ void reduce(const CollectiveContext& ctx, const at::Tensor& tensor, int root, Re
     detail::reduce_on_stream(ctx, detail::view(ctx, mine, len, dtype), std::move(srcs), op, W);
     detail::end_phase(ctx, ph);
   }
+  return outcome;
 }
 
 }  // namespace cuda_p2p::ops

@@ -149,9 +149,8 @@ void ring(const CollectiveContext& ctx, const Scatter& a, ReduceOp op, int steps
 
 }  // namespace
 
-ReduceScatterAlgo reduce_scatter(const CollectiveContext& ctx,
-                                 const std::vector<at::Tensor>& inputs, const at::Tensor& output,
-                                 ReduceOp op, ReduceScatterAlgo algo) {
+Outcome reduce_scatter(const CollectiveContext& ctx, const std::vector<at::Tensor>& inputs,
+                       const at::Tensor& output, ReduceOp op, ReduceScatterAlgo algo) {
   const int W = ctx.ws.world_size();
   TORCH_CHECK(static_cast<int>(inputs.size()) == W, "cuda_p2p reduce_scatter: expected ", W,
               " input chunks (one per rank), got ", inputs.size());
@@ -168,11 +167,10 @@ ReduceScatterAlgo reduce_scatter(const CollectiveContext& ctx,
     a.in.push_back(bytes_of(t));
   }
   const detail::CaptureBracket bracket(ctx);
-  ctx.state.last_private_reads = false;
-  ctx.state.last_zero_copy = false;
   if (algo == ReduceScatterAlgo::kAuto) {
     algo = select_reduce_scatter(ctx.config, a.numel * a.esize * W, W, detail::private_reads(ctx));
   }
+  Outcome outcome{.algorithm = to_string(algo)};
   const int steps = ctx.config.ring_steps > 0 ? ctx.config.ring_steps : W;
   const bool ring_algo = algo == ReduceScatterAlgo::kRing;
   TORCH_CHECK(!ring_algo || steps % W == 0,
@@ -193,25 +191,25 @@ ReduceScatterAlgo reduce_scatter(const CollectiveContext& ctx,
                    (read ? ", copy-free" : "") + detail::config_suffix(ctx) + claim + ")"));
   if (a.numel == 0) {
     detail::handshake(ctx);
-    return algo;
+    return outcome;
   }
   if (W == 1) {
     detail::reduce_on_stream(ctx, output, {inputs[0]}, op, 1);
-    return algo;
+    return outcome;
   }
   // Inputs in the peers' symmetric heaps: no staging (NOTE [Zero-copy collectives]).
   if (detail::reduce_scatter_zero_copy(ctx, a.in, a.out, a.numel, a.dtype, op)) {
-    return ReduceScatterAlgo::kDirect;
+    return {.algorithm = to_string(ReduceScatterAlgo::kDirect), .zero_copy = true};
   }
   if (ring_algo) {
     ring(ctx, a, op, steps);
   } else if (read) {
     direct_read(ctx, a, op);
-    ctx.state.last_private_reads = true;
+    outcome.cross_memory = true;
   } else {
     direct(ctx, a, op);
   }
-  return algo;
+  return outcome;
 }
 
 }  // namespace cuda_p2p::ops

@@ -9,15 +9,16 @@
 
 namespace cuda_p2p::ops {
 
-void scatter(const CollectiveContext& ctx, const std::vector<at::Tensor>& inputs,
-             const at::Tensor& output, int root) {
+Outcome scatter(const CollectiveContext& ctx, const std::vector<at::Tensor>& inputs,
+                const at::Tensor& output, int root) {
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
   const int64_t bytes =
       detail::check_rooted(ctx, "scatter", root, output, "output", inputs, "input");
   detail::staged_only(ctx);
+  const Outcome outcome{.algorithm = "direct"};
   char* out = detail::bytes_of(output);
   if (me == root) detail::copy(ctx, out, detail::bytes_of(inputs[me]), bytes);
-  if (W == 1) return;
+  if (W == 1) return outcome;
   const detail::CaptureBracket bracket(ctx);
   // Nobody but the root publishes anything: a handshake of its own (NOTE [Op signatures]).
   detail::expect_signature(
@@ -43,6 +44,7 @@ void scatter(const CollectiveContext& ctx, const std::vector<at::Tensor>& inputs
       detail::end_phase(ctx, ph);
     }
   }
+  return outcome;
 }
 
 }  // namespace cuda_p2p::ops

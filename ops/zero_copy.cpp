@@ -306,7 +306,6 @@ std::string claim_broadcast(const CollectiveContext& ctx, const char* data, int6
 
 bool all_gather_zero_copy(const CollectiveContext& ctx, const char* input,
                           c10::ArrayRef<int64_t> bytes, c10::ArrayRef<char*> out) {
-  ctx.state.last_zero_copy = false;
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
   if (!heap_usable(ctx) || *std::max_element(bytes.begin(), bytes.end()) == 0) return false;
   // A rank with nothing to contribute (all_gather_v) has no input to place: offset 0, never read.
@@ -322,13 +321,11 @@ bool all_gather_zero_copy(const CollectiveContext& ctx, const char* input,
   end_phase(ctx, a->ph);
   if (bytes[me] > 0) copy(ctx, out[me], input, bytes[me]);
   wait_readers(ctx, a->ph, peers_of(ctx));
-  ctx.state.last_zero_copy = true;
   return true;
 }
 
 bool reduce_scatter_zero_copy(const CollectiveContext& ctx, c10::ArrayRef<char*> in, char* out,
                               int64_t numel, at::ScalarType dtype, ReduceOp op) {
-  ctx.state.last_zero_copy = false;
   if (!heap_usable(ctx) || numel == 0) return false;
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
   const auto esize = static_cast<int64_t>(c10::elementSize(dtype));
@@ -351,13 +348,11 @@ bool reduce_scatter_zero_copy(const CollectiveContext& ctx, c10::ArrayRef<char*>
   }
   end_phase(ctx, a->ph);
   wait_readers(ctx, a->ph, peers_of(ctx));
-  ctx.state.last_zero_copy = true;
   return true;
 }
 
 bool all_reduce_zero_copy(const CollectiveContext& ctx, char* in, char* out, int64_t numel,
                           at::ScalarType dtype, ReduceOp op) {
-  ctx.state.last_zero_copy = false;
   if (!heap_usable(ctx) || numel == 0) return false;
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
   const auto esize = static_cast<int64_t>(c10::elementSize(dtype));
@@ -390,12 +385,10 @@ bool all_reduce_zero_copy(const CollectiveContext& ctx, char* in, char* out, int
     }
     end_phase(ctx, ph);
   }
-  ctx.state.last_zero_copy = true;
   return true;
 }
 
 bool broadcast_zero_copy(const CollectiveContext& ctx, char* data, int64_t bytes, int root) {
-  ctx.state.last_zero_copy = false;
   if (!heap_usable(ctx) || bytes == 0 || bytes > round_bytes(ctx, 1)) return false;
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
   c10::SmallVector<int, 8> readers;
@@ -411,7 +404,6 @@ bool broadcast_zero_copy(const CollectiveContext& ctx, char* data, int64_t bytes
     if (me != root) copy(ctx, data, in_heap(ctx, root, (*claimed)[root]), bytes);
     end_phase(ctx, ph);
     if (me == root) wait_readers(ctx, ph, readers);
-    ctx.state.last_zero_copy = true;
     return true;
   }
   const Phase ph = begin_phase(ctx);
@@ -432,7 +424,6 @@ bool broadcast_zero_copy(const CollectiveContext& ctx, char* data, int64_t bytes
     end_phase(ctx, ph);
     if (offset == kNotInHeap) return false;
   }
-  ctx.state.last_zero_copy = true;
   return true;
 }
 

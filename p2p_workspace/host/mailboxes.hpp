@@ -1,7 +1,7 @@
 // Point-to-point messages between the ranks of one host: send, recv (from one rank or any) and
 // their async forms, through mailboxes in shared memory (mailboxes.cpp, NOTE [Mailboxes]). What
 // ProcessGroupCudaP2P's send/recv/recvAnysource run on a host workspace
-// (backend/workspace_send_recv.cpp; docs/collectives.md, "Send and receive"). Host-only: it
+// (backend/send_recv.cpp; docs/collectives.md, "Send and receive"). Host-only: it
 // polls and sleeps on the shared words itself (futex_wait.hpp) instead of going through the
 // device interface's streams, so it lives beside the host device, not in ops/ (docs/design.md).
 #pragma once

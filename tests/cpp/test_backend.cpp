@@ -259,7 +259,7 @@ TEST(Backend, WorkspaceDeviceCpuKeepsAHostWorkspaceBesideACudaBackend) {
   }
 }
 
-// NOTE [Barriers order the GPU] in backend/wrapped_routing.cpp: a group that drives a GPU sends
+// NOTE [Barriers order the GPU] in backend/wrapped_backends.cpp: a group that drives a GPU sends
 // every barrier the workspace does not run to its CUDA backend, whatever device torch passed
 // ("cpu" from dist.barrier() without device_id); a group that keeps a host workspace beside its
 // CUDA backend keeps its CPU barriers on the host.

@@ -328,7 +328,7 @@ TEST(Collectives, AllGatherEveryAlgorithmDtypeAndSize) {
         Guarded out(n * w.size, dtype);
         std::vector<at::Tensor> outs;
         for (int q = 0; q < w.size; ++q) outs.push_back(out.inner.narrow(0, q * n, n));
-        EXPECT_EQ(ops::all_gather(f.ctx(), input, outs, algo), algo);
+        EXPECT_STREQ(ops::all_gather(f.ctx(), input, outs, algo).algorithm, ops::to_string(algo));
         std::vector<at::Tensor> want;
         for (int q = 0; q < w.size; ++q) want.push_back(make_input(5, q, n, dtype, ReduceOp::kSum));
         EXPECT_TRUE(out.inner.equal(at::cat(want)));
@@ -436,7 +436,7 @@ TEST(Collectives, AllToAllAnySplitsKnownOrNot) {
           total += layouts[l](q, w.rank);
         }
         Guarded out(total * row, at::kInt);
-        const auto recv = ops::all_to_all(f.ctx(), args, [&](const std::vector<int64_t>& rows) {
+        const auto got = ops::all_to_all(f.ctx(), args, [&](const std::vector<int64_t>& rows) {
           std::vector<char*> ptrs;
           int64_t at_row = 0;
           for (int64_t r : rows) {
@@ -450,7 +450,7 @@ TEST(Collectives, AllToAllAnySplitsKnownOrNot) {
                                  " chunk " + std::to_string(chunk);
         EXPECT_TRUE(out.inner.view({total, row}).equal(at::cat(want))) << what;
         EXPECT_TRUE(out.margins_intact()) << what;
-        for (int q = 0; q < w.size; ++q) EXPECT_EQ(recv[q], layouts[l](q, w.rank)) << what;
+        for (int q = 0; q < w.size; ++q) EXPECT_EQ(got.recv[q], layouts[l](q, w.rank)) << what;
       }
     }
   }
@@ -562,7 +562,8 @@ TEST(Collectives, ReduceScatterEveryAlgorithmDtypeOpAndSize) {
           std::vector<at::Tensor> chunks;
           for (int q = 0; q < w.size; ++q) chunks.push_back(input.narrow(0, q * n, n));
           Guarded out(n, dtype);
-          EXPECT_EQ(ops::reduce_scatter(f.ctx(), chunks, out.inner, op, v.algo), v.algo);
+          EXPECT_STREQ(ops::reduce_scatter(f.ctx(), chunks, out.inner, op, v.algo).algorithm,
+                       ops::to_string(v.algo));
           std::vector<at::Tensor> mine;
           for (int q = 0; q < w.size; ++q) {
             mine.push_back(make_input(n + 31 * static_cast<int>(op), q, n * w.size, dtype, op)
@@ -596,7 +597,8 @@ TEST(Collectives, AllReduceEveryAlgorithmDtypeOpAndSize) {
           const int64_t seed = n + 17 * static_cast<int>(op);
           Guarded out(n, dtype);
           const auto in = make_input(seed, w.rank, n, dtype, op);
-          EXPECT_EQ(ops::all_reduce(f.ctx(), in, out.inner, op, algo), algo);
+          EXPECT_STREQ(ops::all_reduce(f.ctx(), in, out.inner, op, algo).algorithm,
+                       ops::to_string(algo));
           std::vector<at::Tensor> all;
           for (int q = 0; q < w.size; ++q) all.push_back(make_input(seed, q, n, dtype, op));
           if (n > 0) {
@@ -743,12 +745,11 @@ TEST(Collectives, CopyFreeReadsMatchTheStagedPaths) {
         got.push_back(at::full({n}, kGuard, at::TensorOptions().dtype(dtype)));
         want.push_back(at::full({n}, kGuard, at::TensorOptions().dtype(dtype)));
       }
-      ops::all_gather(read.ctx(), input, got, AllGatherAlgo::kDirect);
-      EXPECT_EQ(read.state.last_private_reads, n > 0 && w.size > 1);
+      EXPECT_EQ(ops::all_gather(read.ctx(), input, got, AllGatherAlgo::kDirect).cross_memory,
+                n > 0 && w.size > 1);
       input.fill_(-1);
       input.copy_(make_input(n, w.rank, n, dtype, ReduceOp::kSum));
-      ops::all_gather(staged.ctx(), input, want, AllGatherAlgo::kDirect);
-      EXPECT_FALSE(staged.state.last_private_reads);
+      EXPECT_FALSE(ops::all_gather(staged.ctx(), input, want, AllGatherAlgo::kDirect).cross_memory);
       for (int q = 0; q < w.size; ++q) EXPECT_TRUE(got[q].equal(want[q])) << "shard " << q;
       // Reduce-scatter, every op.
       for (auto op : ops_for(dtype)) {
@@ -960,7 +961,8 @@ TEST(Collectives, AllReduceRoundsChosenByRankZero) {
             all.push_back(make_input(n + 3 + rep, q, n, dtype, ReduceOp::kSum));
           }
           Guarded out(n, dtype);
-          ops::all_reduce(f.ctx(), all[w.rank], out.inner, ReduceOp::kSum, AllReduceAlgo::kTwoShot);
+          const ops::Outcome outcome = ops::all_reduce(f.ctx(), all[w.rank], out.inner,
+                                                       ReduceOp::kSum, AllReduceAlgo::kTwoShot);
           EXPECT_TRUE(out.inner.equal(reference_reduce(all, ReduceOp::kSum)));
           EXPECT_TRUE(out.margins_intact());
           // Only on a stream that runs inline: never with CUDA's semantics.
@@ -973,9 +975,9 @@ TEST(Collectives, AllReduceRoundsChosenByRankZero) {
           const int size_class = 63 - std::countl_zero(static_cast<uint64_t>(n * esize));
           const bool second = chosen && !seen.insert(size_class).second;
           if (c.rank0 != AllReduceRounds::kAuto) {
-            EXPECT_EQ(f.state.last_large_rounds, second && c.large);
+            EXPECT_EQ(outcome.large_rounds, second && c.large);
           }
-          const auto large = at::full({1}, static_cast<int>(f.state.last_large_rounds), at::kInt);
+          const auto large = at::full({1}, static_cast<int>(outcome.large_rounds), at::kInt);
           EXPECT_TRUE(identical_on_every_rank(
               large, "rounds/" + std::string(ops::to_string(c.rank0)) + "/" +
                          ops::to_string(c.others) + "/" + c10::toString(dtype) + "/" +

@@ -128,10 +128,10 @@ TEST(FusedAllGatherMatmul, EveryGatherDimAndDtypeMatchesTheUnfusedReference) {
         const int64_t k = gd == nd - 1 ? c.shard.back() * W : c.shard.back();
         auto B1 = input({k, 7}, dtype, 7), B2 = input({k, 2}, dtype, 8);
         auto env = p.env();
-        pipeline::Stats stats;
+        Outcome outcome;
         auto A_shard = input(c.shard, dtype, seed + world().rank);
-        auto got = all_gather_matmul_pipeline(env, A_shard, {B1, B2}, c.gather_dim, return_A, stats,
-                                              algorithm);
+        auto got = all_gather_matmul_pipeline(env, A_shard, {B1, B2}, c.gather_dim, return_A,
+                                              outcome, algorithm);
         const auto what =
             describe(c.shard, c.gather_dim, dtype) + (variant % 2 ? " pull_ahead" : " pipeline");
         auto [A_ref, out1] = reference_all_gather_matmul(c.shard, B1, gd, dtype, seed);
@@ -141,7 +141,7 @@ TEST(FusedAllGatherMatmul, EveryGatherDimAndDtypeMatchesTheUnfusedReference) {
         ASSERT_EQ(got.outputs.size(), 2u);
         expect_same(got.outputs[0], out1, what + " (B1)");
         expect_same(got.outputs[1], out2, what + " (B2)");
-        EXPECT_EQ(stats.rounds, 1) << what;
+        EXPECT_EQ(outcome.rounds, 1) << what;
       }
     }
   }
@@ -155,22 +155,22 @@ TEST(FusedAllGatherMatmul, ABufferTooSmallGrowsOrIsUsedInRounds) {
     Pipelines p(/*buffer_size=*/4096);
     p.max_buffer_size = may_grow ? 1 << 20 : 4096;
     auto env = p.env();
-    pipeline::Stats stats;
+    Outcome outcome;
     auto A_shard = input({37, 64}, at::kFloat, 50 + world().rank);
     auto B = input({64, 9}, at::kFloat, 3);
     auto got = all_gather_matmul_pipeline(
-        env, A_shard, {B}, 0, true, stats,
+        env, A_shard, {B}, 0, true, outcome,
         variant % 2 ? AllGatherAlgorithm::kPullAhead : AllGatherAlgorithm::kPipeline);
     auto [A_ref, out_ref] = reference_all_gather_matmul({37, 64}, B, 0, at::kFloat, 50);
     expect_same(*got.A, A_ref, "rounds");
     expect_same(got.outputs[0], out_ref, "rounds");
     if (may_grow) {
-      EXPECT_TRUE(stats.grew);
-      EXPECT_EQ(stats.rounds, 1);
+      EXPECT_TRUE(outcome.grew);
+      EXPECT_EQ(outcome.rounds, 1);
       EXPECT_GE(p.ws->buffer_size(), 37 * 64 * 4);
     } else {
-      EXPECT_FALSE(stats.grew);
-      EXPECT_EQ(stats.rounds, 3);  // 16 rows fit in 4096 bytes
+      EXPECT_FALSE(outcome.grew);
+      EXPECT_EQ(outcome.rounds, 3);  // 16 rows fit in 4096 bytes
       EXPECT_EQ(p.ws->buffer_size(), 4096);
     }
     (void)W;
@@ -217,10 +217,10 @@ TEST(FusedMatmulReduceScatter, EveryScatterDimDtypeOpAndAlgorithmMatchesTheUnfus
           auto B = input({c.a.back(), rs_n(c, W)}, dtype, 9);
           auto A = input(a_sizes, dtype, seed + world().rank);
           auto env = p.env();
-          pipeline::Stats stats;
+          Outcome outcome;
           auto got = steps == 0
-                         ? matmul_reduce_scatter_pipeline(env, A, B, op, c.scatter_dim, stats)
-                         : matmul_reduce_scatter_ring(env, A, B, op, c.scatter_dim, steps, stats);
+                         ? matmul_reduce_scatter_pipeline(env, A, B, op, c.scatter_dim, outcome)
+                         : matmul_reduce_scatter_ring(env, A, B, op, c.scatter_dim, steps, outcome);
           const int64_t nd = static_cast<int64_t>(a_sizes.size());
           const int64_t sd = c.scatter_dim < 0 ? c.scatter_dim + nd : c.scatter_dim;
           auto want = reference_matmul_reduce_scatter(a_sizes, B, sd, op, dtype, seed);
@@ -241,17 +241,17 @@ TEST(FusedMatmulReduceScatter, ABufferTooSmallGrowsOrIsUsedInRounds) {
       Pipelines p(/*buffer_size=*/4096);
       p.max_buffer_size = may_grow ? 1 << 20 : 4096;
       auto env = p.env();
-      pipeline::Stats stats;
+      Outcome outcome;
       // Parts of 21 rows x 32 floats: 2 x 2688 bytes for the double buffer or the ring's slots.
       auto A = input({21 * W, 16}, at::kFloat, 60 + world().rank);
       auto B = input({16, 32}, at::kFloat, 4);
-      auto got = ring ? matmul_reduce_scatter_ring(env, A, B, ReduceOp::kSum, 0, W, stats)
-                      : matmul_reduce_scatter_pipeline(env, A, B, ReduceOp::kSum, 0, stats);
+      auto got = ring ? matmul_reduce_scatter_ring(env, A, B, ReduceOp::kSum, 0, W, outcome)
+                      : matmul_reduce_scatter_pipeline(env, A, B, ReduceOp::kSum, 0, outcome);
       auto want =
           reference_matmul_reduce_scatter({21 * W, 16}, B, 0, ReduceOp::kSum, at::kFloat, 60);
       expect_same(got, want, ring ? "ring rounds" : "pipeline rounds");
-      EXPECT_EQ(stats.grew, may_grow);
-      EXPECT_EQ(stats.rounds, may_grow ? 1 : 2);
+      EXPECT_EQ(outcome.grew, may_grow);
+      EXPECT_EQ(outcome.rounds, may_grow ? 1 : 2);
     }
   }
 }
@@ -263,13 +263,13 @@ TEST(FusedPipelines, BackToBackOpsReuseTheBufferSafely) {
   const int W = world().size;
   for (int i = 0; i < 30; ++i) {
     auto env = p.env();
-    pipeline::Stats stats;
+    Outcome outcome;
     const int seed = 5000 + 10 * i;
     if (i % 3 == 0) {
       auto A_shard = input({9, 8}, at::kFloat, seed + world().rank);
       auto B = input({8, 5}, at::kFloat, 1);
       auto got = all_gather_matmul_pipeline(
-          env, A_shard, {B}, 0, true, stats,
+          env, A_shard, {B}, 0, true, outcome,
           i % 2 ? AllGatherAlgorithm::kPullAhead : AllGatherAlgorithm::kPipeline);
       auto [A_ref, out_ref] = reference_all_gather_matmul({9, 8}, B, 0, at::kFloat, seed);
       expect_same(*got.A, A_ref, "iteration " + std::to_string(i));
@@ -278,8 +278,8 @@ TEST(FusedPipelines, BackToBackOpsReuseTheBufferSafely) {
       auto A = input({4 * W, 8}, at::kFloat, seed + world().rank);
       auto B = input({8, 6}, at::kFloat, 2);
       auto got = i % 3 == 1
-                     ? matmul_reduce_scatter_pipeline(env, A, B, ReduceOp::kSum, 0, stats)
-                     : matmul_reduce_scatter_ring(env, A, B, ReduceOp::kSum, 0, 2 * W, stats);
+                     ? matmul_reduce_scatter_pipeline(env, A, B, ReduceOp::kSum, 0, outcome)
+                     : matmul_reduce_scatter_ring(env, A, B, ReduceOp::kSum, 0, 2 * W, outcome);
       expect_same(
           got, reference_matmul_reduce_scatter({4 * W, 8}, B, 0, ReduceOp::kSum, at::kFloat, seed),
           "iteration " + std::to_string(i));
@@ -308,19 +308,19 @@ TEST(FusedPipelines, APipelineWritesItsBufferOnlyAfterEveryReaderOfItIsDone) {
       }
     }
     auto env = p.env();
-    pipeline::Stats stats;
+    Outcome outcome;
     const int seed = 7000 + 10 * which;
     auto B = input({16, 4}, at::kFloat, 3);
     if (which == 0 || which == 3) {
       auto got = all_gather_matmul_pipeline(
-          env, input({16, 16}, at::kFloat, seed + world().rank), {B}, 0, true, stats,
+          env, input({16, 16}, at::kFloat, seed + world().rank), {B}, 0, true, outcome,
           which == 0 ? AllGatherAlgorithm::kPipeline : AllGatherAlgorithm::kPullAhead);
       expect_same(got.outputs[0],
                   reference_all_gather_matmul({16, 16}, B, 0, at::kFloat, seed).second, "ag");
     } else {
       auto A = input({16 * W, 16}, at::kFloat, seed + world().rank);
-      auto got = which == 1 ? matmul_reduce_scatter_pipeline(env, A, B, ReduceOp::kSum, 0, stats)
-                            : matmul_reduce_scatter_ring(env, A, B, ReduceOp::kSum, 0, W, stats);
+      auto got = which == 1 ? matmul_reduce_scatter_pipeline(env, A, B, ReduceOp::kSum, 0, outcome)
+                            : matmul_reduce_scatter_ring(env, A, B, ReduceOp::kSum, 0, W, outcome);
       expect_same(
           got,
           reference_matmul_reduce_scatter({16 * W, 16}, B, 0, ReduceOp::kSum, at::kFloat, seed),
@@ -333,19 +333,19 @@ TEST(FusedPipelines, BadArgumentsSayWhatWasExpected) {
   Pipelines p;
   const int W = world().size;
   auto env = p.env();
-  pipeline::Stats stats;
+  Outcome outcome;
   auto A = input({3, 4}, at::kFloat, 1);
   expect_error(
-      [&] { all_gather_matmul_pipeline(env, A, {input({5, 2}, at::kFloat, 1)}, 0, true, stats); },
+      [&] { all_gather_matmul_pipeline(env, A, {input({5, 2}, at::kFloat, 1)}, 0, true, outcome); },
       "Bs[0] has 5 rows, but the gathered A has 4 columns");
-  expect_error([&] { all_gather_matmul_pipeline(env, A, {}, 0, true, stats); }, "at least one B");
+  expect_error([&] { all_gather_matmul_pipeline(env, A, {}, 0, true, outcome); }, "at least one B");
   expect_error(
-      [&] { all_gather_matmul_pipeline(env, A, {input({4, 2}, at::kFloat, 1)}, 2, true, stats); },
+      [&] { all_gather_matmul_pipeline(env, A, {input({4, 2}, at::kFloat, 1)}, 2, true, outcome); },
       "gather_dim must be in [-2, 2)");
   expect_error(
       [&] {
         all_gather_matmul_pipeline(env, A.to(at::kInt), {input({4, 2}, at::kInt, 1)}, 0, true,
-                                   stats);
+                                   outcome);
       },
       "floating-point");
   if (W > 1) {
@@ -353,21 +353,23 @@ TEST(FusedPipelines, BadArgumentsSayWhatWasExpected) {
     expect_error(
         [&] {
           matmul_reduce_scatter_pipeline(env, odd, input({4, 2}, at::kFloat, 1), ReduceOp::kSum, 0,
-                                         stats);
+                                         outcome);
         },
         "must be divisible by the group size " + std::to_string(W));
     expect_error(
         [&] {
           matmul_reduce_scatter_ring(env, input({W, 4}, at::kFloat, 1),
-                                     input({4, 2}, at::kFloat, 1), ReduceOp::kSum, 0, W + 1, stats);
+                                     input({4, 2}, at::kFloat, 1), ReduceOp::kSum, 0, W + 1,
+                                     outcome);
         },
         "ring_steps must be a positive multiple of the group size");
   }
   expect_error([&] { parse_reduce_op("max", {ReduceOp::kSum, ReduceOp::kAvg}, "op"); },
                "reduce_op must be one of \"sum\", \"avg\", got \"max\"");
   // Nothing above touched the workspace: a real op still runs in step on every rank.
-  auto got = matmul_reduce_scatter_pipeline(env, input({W, 4}, at::kFloat, 2 + world().rank),
-                                            input({4, 2}, at::kFloat, 1), ReduceOp::kSum, 0, stats);
+  auto got =
+      matmul_reduce_scatter_pipeline(env, input({W, 4}, at::kFloat, 2 + world().rank),
+                                     input({4, 2}, at::kFloat, 1), ReduceOp::kSum, 0, outcome);
   expect_same(got,
               reference_matmul_reduce_scatter({W, 4}, input({4, 2}, at::kFloat, 1), 0,
                                               ReduceOp::kSum, at::kFloat, 2),
@@ -384,9 +386,9 @@ TEST(FusedPipelines, ARankThatNeverJoinsIsNamedAndTheStreamsRecover) {
   auto B = input({4, 3}, at::kFloat, 2);
   if (world().rank != absent) {
     auto env = p.env();
-    pipeline::Stats stats;
+    Outcome outcome;
     const auto start = std::chrono::steady_clock::now();
-    expect_error([&] { matmul_reduce_scatter_pipeline(env, A, B, ReduceOp::kSum, 0, stats); },
+    expect_error([&] { matmul_reduce_scatter_pipeline(env, A, B, ReduceOp::kSum, 0, outcome); },
                  "never arrived");
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
     if (cuda_semantics()) {
@@ -428,14 +430,14 @@ TEST(CudaFusedPipelines, BothPipelinesAndTheRingMatchTheReferenceOnTheGpu) {
       pipeline::Env env(ws, ws.device().current_stream(),
                         pipeline::acquire_streams(ws.device(), state), {kChannels[0], kChannels[1]},
                         WorkspaceOptions::kDefaultMaxBufferSize);
-      pipeline::Stats stats;
+      Outcome outcome;
       const int64_t nd = static_cast<int64_t>(c.shard.size());
       const int64_t gd = c.gather_dim < 0 ? c.gather_dim + nd : c.gather_dim;
       const int64_t k = gd == nd - 1 ? c.shard.back() * W : c.shard.back();
       auto B = input({k, 7}, dtype, 7);
       auto got =
           all_gather_matmul_pipeline(env, input(c.shard, dtype, seed + world().rank).to(cuda),
-                                     {B.to(cuda)}, c.gather_dim, true, stats);
+                                     {B.to(cuda)}, c.gather_dim, true, outcome);
       auto [A_ref, out_ref] = reference_all_gather_matmul(c.shard, B, gd, dtype, seed);
       const auto what = describe(c.shard, c.gather_dim, dtype) + " on cuda";
       EXPECT_EQ(got.A->strides(), A_ref.strides()) << what;
@@ -449,14 +451,14 @@ TEST(CudaFusedPipelines, BothPipelinesAndTheRingMatchTheReferenceOnTheGpu) {
         pipeline::Env env(ws, ws.device().current_stream(),
                           pipeline::acquire_streams(ws.device(), state),
                           {kChannels[0], kChannels[1]}, WorkspaceOptions::kDefaultMaxBufferSize);
-        pipeline::Stats stats;
+        Outcome outcome;
         const auto a_sizes = rs_a_sizes(c, W);
         auto B = input({c.a.back(), rs_n(c, W)}, dtype, 9);
         auto A = input(a_sizes, dtype, seed + world().rank).to(cuda);
         auto got = steps == 0 ? matmul_reduce_scatter_pipeline(env, A, B.to(cuda), ReduceOp::kSum,
-                                                               c.scatter_dim, stats)
+                                                               c.scatter_dim, outcome)
                               : matmul_reduce_scatter_ring(env, A, B.to(cuda), ReduceOp::kSum,
-                                                           c.scatter_dim, steps, stats);
+                                                           c.scatter_dim, steps, outcome);
         const int64_t nd = static_cast<int64_t>(a_sizes.size());
         const int64_t sd = c.scatter_dim < 0 ? c.scatter_dim + nd : c.scatter_dim;
         expect_same(

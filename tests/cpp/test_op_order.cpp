@@ -87,7 +87,7 @@ Issued issue(ProcessGroupCudaP2P& pg, int i, std::vector<at::Tensor>& keep) {
         auto p = at::matmul(input({rows * W, 6}, seed + q), B);
         sum = q == 0 ? p : sum + p;
       }
-      return {"fused_matmul_reduce_scatter #" + std::to_string(i), got,
+      return {"fused_matmul_reduce_scatter #" + std::to_string(i), got.output,
               sum.chunk(W, 0)[me].contiguous()};
     }
     case 2: {
