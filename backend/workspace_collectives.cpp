@@ -81,8 +81,7 @@ ops::Outcome WorkspaceCollectives::run(
   try {
     outcome = fn(ctx);
     // NOTE [Host ops return complete] in ops/pipeline_common.hpp (a captured op has not run).
-    if (!device.runs_inline(*stream) && device.host_synchronous() &&
-        !ws_->capturing(*stream)) {
+    if (!device.runs_inline(*stream) && device.host_synchronous() && !ws_->capturing(*stream)) {
       device.synchronize(*stream);
     }
   } catch (const ops::SignatureMismatch&) {
