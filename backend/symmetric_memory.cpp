@@ -125,9 +125,14 @@ at::Tensor ProcessGroupCudaP2P::symmetric_empty(at::IntArrayRef sizes, at::Scala
         if (!queued) {
           alloc->free(o);
         } else {
+          // Over once the freeing stream passed the free and the group's streams drained; a
+          // failed device's synchronize raises, yet its released streams drain.
           alloc->free_after(o, [gpu, queued, timeout] {
-            gpu->synchronize(*queued);
-            (void)gpu->drain(timeout);
+            try {
+              gpu->synchronize(*queued);
+            } catch (...) {  // NOLINT(bugprone-empty-catch): the drain below says whether it ran
+            }
+            return gpu->query(*queued) && gpu->drain(timeout);
           });
         }
         heap.reset();
