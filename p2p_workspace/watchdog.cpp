@@ -272,6 +272,16 @@ size_t Watchdog::release_pending() {
   return released;
 }
 
+void Watchdog::check_memory_now() {
+  std::lock_guard<std::mutex> scan(scan_mu_);
+  {
+    std::lock_guard<std::mutex> lock(in_mu_);
+    if (stop_) return;
+  }
+  adopt();
+  (void)check_memory();
+}
+
 void Watchdog::arm() {
   if (armed_.load(std::memory_order_acquire)) return;
   std::lock_guard<std::mutex> lock(in_mu_);

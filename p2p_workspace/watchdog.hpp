@@ -263,6 +263,10 @@ class Watchdog {
   // [Counted waits end with the failure]): `probe` returns why the device failed, or "". Asked
   // on every scan, never concurrently with itself. Set once, before the first track() or arm().
   void set_probe(std::function<std::string()> probe) { probe_ = std::move(probe); }
+  // A failure found in memory (a peer's failure word, the probe's) now, in the calling thread:
+  // recorded, said once and released as a scan would (check_healthy, when a cheap look found
+  // one).
+  void check_memory_now();
   // From now on the watchdog scans every max_poll even while no wait is tracked (a replayed
   // graph's waits are not: NOTE [Counted waits end with the failure]), until the device fails.
   // Cheap when already armed: every counted wait calls it.

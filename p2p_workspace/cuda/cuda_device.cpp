@@ -966,8 +966,12 @@ class CudaDevice : public Device {
   // for good, naming the peers it gave up on, and releases the eager waits like any failure; so
   // does a peer's failure word (NOTE [Failure words]).
   void check_graph_give_up() {
-    if (const std::string why = graph_give_up(); !why.empty()) watchdog_->fail(why);
-    if (failure_.adopt_peer_failure()) watchdog_->fail(failure_.reason());
+    if (failure_.failed()) return;
+    const auto* g = graph_give_up_;
+    if (failure_.peer_failure() >= 0 ||
+        (g != nullptr && *static_cast<const volatile uint32_t*>(&g->gave_up) != 0)) {
+      watchdog_->check_memory_now();
+    }
   }
   // The give-up of a counted wait as the device's failure ("" while there is none).
   std::string graph_give_up() const {

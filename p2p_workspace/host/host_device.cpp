@@ -755,8 +755,10 @@ class HostDevice : public Device {
   // CudaDevice::check_graph_give_up: a counted wait that gave up fails the device for good, and
   // a peer's failure word fails it now (NOTE [Failure words]), both releasing the waits.
   void check_graph_give_up() {
-    if (const std::string why = graph_give_up(); !why.empty()) watchdog_->fail(why);
-    if (failure_.adopt_peer_failure()) watchdog_->fail(failure_.reason());
+    if (failure_.failed()) return;
+    if (failure_.peer_failure() >= 0 || give_ups_->count.load(std::memory_order_acquire) != 0) {
+      watchdog_->check_memory_now();
+    }
   }
   // CudaDevice::poll_until: until `h` has run `target` tasks; raises the device's failure as soon
   // as there is one, and gives up at the group's timeout (after the watchdog's notice).

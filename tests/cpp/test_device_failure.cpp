@@ -356,5 +356,26 @@ TEST(DeviceFailure, APeersAbortEndsABlockedHostWaitAtOnce) {
   store_barrier("done");
 }
 
+// Issue 48, finding 8: c10d's setTimeout reaches the workspace's waits (the backend's line that
+// calls SymmetricWorkspace::set_timeout is its own).
+TEST(DeviceFailure, SetTimeoutReachesTheWorkspacesWaits) {
+  const auto& w = world();
+  if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  auto dev = make_host_device(w.size);
+  WorkspaceOptions o;
+  o.buffer_size = 1 << 12;
+  o.timeout = 60s;
+  SymmetricWorkspace ws(test_store(), w.rank, w.size, dev, o);
+  ws.set_timeout(300ms);
+  EXPECT_EQ(ws.timeout(), 300ms);
+  expect_error([&] { ws.set_timeout(0ms); }, "workspace timeout must be positive, got 0 ms");
+  if (w.rank != w.size - 1) {
+    const auto start = std::chrono::steady_clock::now();
+    expect_error([&] { ws.barrier(*dev->current_stream(), 0); }, "timed out after 300 ms");
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+  }
+  store_barrier("done");
+}
+
 }  // namespace
 }  // namespace cuda_p2p::test
