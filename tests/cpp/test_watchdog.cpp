@@ -162,6 +162,8 @@ TEST(Watchdog, AMissedDeadlineReleasesEveryPendingWaitOldestFirstPerStream) {
   EXPECT_NE(failure.reason().find("a0 timed out after 80 ms"), std::string::npos)
       << failure.reason();
   EXPECT_NE(failure.reason().find("released"), std::string::npos) << failure.reason();
+  // Recorded (and published) first, released next: wait for the releases.
+  EXPECT_TRUE(eventually([&] { return dog.pending() == 0; }));
   for (const auto& v : {a, b}) {
     for (size_t i = 0; i < v.size(); ++i) {
       EXPECT_EQ(v[i]->releases.load(), 1) << i;
@@ -194,7 +196,8 @@ TEST(Watchdog, AWaitTrackedWhileTheScanReadsTheBlockedWordsIsReleasedToo) {
   auto late = std::make_shared<Script>();
   dog.track(std::make_unique<ScriptedWait>(late, &kStreamB), 60s, "tracked during the scan");
   ASSERT_TRUE(eventually([&] { return failure.failed(); }));
-  EXPECT_EQ(stuck->releases.load(), 1);
+  // The failure is recorded (and published) before anything is released: wait for the release.
+  EXPECT_TRUE(eventually([&] { return stuck->releases.load() == 1; }, 2000ms));
   EXPECT_TRUE(eventually([&] { return late->releases.load() == 1; }, 2000ms))
       << "a wait tracked while the scan read the words was never released";
 }
