@@ -53,8 +53,10 @@ uint32_t read_counter(const uint32_t* counter) {
 }
 
 // The task that makes `self` wait until `other` has run `seq` tasks (wait_event, and a replay's
-// recorded waits).
-HostTask event_wait(HostStream& self, HostStream* other, uint64_t seq) {
+// recorded waits). It holds `other`: as a CUDA event outlives its stream, a wait may still be
+// queued when the stream it waits for has been dropped by its owner (a fused op's stream, with
+// the ops returning queued: NOTE [Host device with CUDA's semantics]).
+HostTask event_wait(HostStream& self, std::shared_ptr<HostStream> other, uint64_t seq) {
   if (self.mode() == HostStream::Mode::kCooperative) {
     return HostTask::when([other, seq] {
       if (other->done() < seq) return false;
@@ -196,7 +198,9 @@ class HostGraphImpl : public HostGraph {
     std::map<HostStream*, uint64_t> base;
     for (const auto& s : keep_) base[s.get()] = s->enqueued();
     for (const auto& e : entries_) {
-      e.stream->enqueue(e.is_wait ? event_wait(*e.stream, e.other, base[e.other] + e.seq) : e.task);
+      e.stream->enqueue(e.is_wait ? event_wait(*e.stream, e.other->shared_from_this(),
+                                               base[e.other] + e.seq)
+                                  : e.task);
     }
   }
   size_t tasks() const override { return entries_.size(); }
@@ -446,7 +450,7 @@ class HostDevice : public Device {
                   "cuda_p2p: a stream being captured waits for an event recorded outside the ",
                   "capture (a replay could not depend on it; NOTE [Host capture])");
     }
-    self.enqueue(event_wait(self, ev->stream.get(), ev->seq));
+    self.enqueue(event_wait(self, ev->stream, ev->seq));
   }
 
   void synchronize(Stream& s) override {
