@@ -485,20 +485,26 @@ TEST(Watchdog, TheWatchdogFailsOnAPeersWordAndReleasesOnlyAfterPublishing) {
   EXPECT_NE(reports.get()[0].find("rank 1's device failed first"), std::string::npos);
 }
 
-struct PublishCheck : public WatchedWait {
-  Words* w;
+// What a PublishCheck saw, shared with the test: the watchdog destroys the wait once it finished.
+struct PublishSeen {
   std::atomic<bool> released{false}, published_first{false};
+};
+
+struct PublishCheck : public WatchedWait {
+  PublishCheck(Words* words, std::shared_ptr<PublishSeen> seen) : w(words), seen(std::move(seen)) {}
+  Words* w;
+  std::shared_ptr<PublishSeen> seen;
   alignas(4) uint32_t word = 0;
   bool started() override { return true; }
-  bool finished() override { return released.load(); }
+  bool finished() override { return seen->released.load(); }
   std::vector<int> given_up() override { return {}; }
   std::vector<int> missing() override { return {2}; }
   std::vector<SignalWait> awaited() const override {
     return {{const_cast<uint32_t*>(&word), 1, 2}};
   }
   void release(uint32_t*, uint32_t) override {
-    published_first = w->load(0) != 0 && w->load(2) != 0;
-    released = true;
+    seen->published_first = w->load(0) != 0 && w->load(2) != 0;
+    seen->released = true;
   }
   const void* stream() const override { return this; }
 };
@@ -509,13 +515,11 @@ TEST(Watchdog, NothingIsReleasedBeforeThePeersAreTold) {
     Words w;
     w.give(failure);
     Watchdog dog(failure, nullptr, 10ms, [](const std::string&) {});
-    auto wait = std::make_unique<PublishCheck>();
-    wait->w = &w;
-    auto* check = wait.get();
-    dog.track(std::move(wait), timeout ? 30ms : 3600s, "barrier");
+    auto seen = std::make_shared<PublishSeen>();
+    dog.track(std::make_unique<PublishCheck>(&w, seen), timeout ? 30ms : 3600s, "barrier");
     if (!timeout) dog.fail("aborted by the test");
-    ASSERT_TRUE(eventually([&] { return check->released.load(); })) << timeout;
-    EXPECT_TRUE(check->published_first.load()) << (timeout ? "missed deadline" : "abort");
+    ASSERT_TRUE(eventually([&] { return seen->released.load(); })) << timeout;
+    EXPECT_TRUE(seen->published_first.load()) << (timeout ? "missed deadline" : "abort");
     dog.stop();
   }
 }
