@@ -124,8 +124,12 @@ void FailureState::publish() {
     std::atomic_ref<uint32_t>(*word).compare_exchange_strong(expected, value,
                                                              std::memory_order_seq_cst);
   }
-  // The stores before anything this thread enqueues next (the releases' stream writes).
+  // The stores before anything this thread enqueues next (the releases' stream writes). TSan
+  // refuses fences (GCC's -Wtsan); the seq_cst exchanges above order the host's own releases
+  // there, which are atomic stores too.
+#ifndef __SANITIZE_THREAD__
   std::atomic_thread_fence(std::memory_order_seq_cst);
+#endif
 }
 
 std::string FailureState::reason() const {
@@ -206,7 +210,7 @@ void Watchdog::fail(const std::string& why, bool work_done) {
   failure_.fail(why, work_done);
   std::lock_guard<std::mutex> scan(scan_mu_);
   adopt();  // after the failure was recorded: NOTE [Releasing blocked waits]
-  if (release_pending() > 0) failure_.taint();  // NOTE [Shutdown flushes]
+  release_pending();
 }
 
 void Watchdog::stop() {
@@ -259,7 +263,13 @@ size_t Watchdog::release_pending() {
   for (auto& [stream, fifo] : fifos_) {
     for (auto& e : fifo) {
       if (e.wait->finished()) continue;
-      if (released++ == 0) failure_.publish();  // NOTE [Failure words]: before any release
+      if (released++ == 0) {
+        failure_.publish();  // NOTE [Failure words]: before any release
+        // A wait cut short: its op's Work raises, also after a shutdown that drained (NOTE
+        // [Shutdown flushes]), whichever thread releases it - fail()'s caller or the watchdog's
+        // own, which may see the failure first.
+        failure_.taint();
+      }
       for (const auto& w : e.wait->awaited()) {
         e.wait->release(const_cast<uint32_t*>(w.addr), released_.at(w.addr));
       }
