@@ -97,7 +97,7 @@ std::unique_ptr<SymmetricWorkspace> make_workspace(const c10::intrusive_ptr<c10d
                                "NCCL unavailable)"
                              : "cuda_p2p was built without CUDA",
               "; use 'cpu' or 'auto'");
-  if (!device) device = make_host_device(size, config.host_streams);
+  if (!device) device = make_host_device(size, config.host_streams, config.host_semantics);
   // NOTE [Zero-copy collectives] in ops/zero_copy.cpp: the exchange is read by the host.
   TORCH_CHECK(device->tensor_device().is_cpu() ||
                   config.collective.zero_copy_agreement != ops::ZeroCopyAgreement::kExchange,

@@ -61,7 +61,8 @@ struct Options : c10d::Backend::Options {
   // knob of cuda_p2p's own.
   c10::intrusive_ptr<c10d::Backend::Options> nccl_options;
   int64_t max_buffer_size = WorkspaceOptions::kDefaultMaxBufferSize;
-  std::string host_streams = "auto";  // auto|cooperative|threads
+  std::string host_streams = "auto";    // auto|cooperative|threads
+  std::string host_semantics = "auto";  // auto|synchronous|cuda
   // The workspace collectives (docs/collectives.md).
   std::string all_gather_algo = "auto";      // auto|direct|ring
   std::string reduce_scatter_algo = "auto";  // auto|direct|ring
@@ -200,6 +201,7 @@ struct Config {
   WorkspaceOptions workspace_options;    // buffer size, timeout, host id, copy-free reads
   int64_t max_buffer_size = 0;
   HostStreams host_streams = HostStreams::kCooperative;
+  HostSemantics host_semantics = HostSemantics::kSynchronous;
   bool collectives = true;        // the collectives run on the workspace
   bool cuda_collectives = false;  // ... also on a CUDA workspace
   bool hierarchical = true;       // ... and hierarchically on a group spanning hosts
