@@ -307,9 +307,9 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::hierarchical_done(
 // collective in torch 2.14.1; PyTorch's PR 150398, before torch 2.8, spared NCCL's synchronous
 // calls that wait, so every torch we build against has it). On the host a workspace collective
 // has completed when it returns, so the Work of a synchronous call is a cost with no use: its
-// allocation, its conversion to a Python object and the wait() call (which releases and takes
-// the GIL) - 0.7-0.8 us of a 4.6-4.8 us dist.all_reduce of 8 bytes on 2 ranks
-// (docs/collectives.md, "No Work for a synchronous call"). So such a call returns none, unless
+// allocation, its conversion to a Python object and the wait() call (which releases and takes the
+// GIL; what it cost: docs/measurements/no-work-for-a-synchronous-call-2026-11-25.md). So such a
+// call returns none, unless
 //  * asyncOp is true: an async call, and every C++ caller that leaves the options' default
 //    (DDP's reducer, the functional collectives) gets its Work;
 //  * the workspace is on CUDA, where wait() orders the caller's stream after the op and raises

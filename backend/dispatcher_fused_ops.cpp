@@ -36,8 +36,7 @@ constexpr const char* kMatmulReduceScatter = "fused_matmul_reduce_scatter";
 // differently raise, every one of them, an error naming what each passed and chose, and the
 // group stays usable. Only calls whose arguments pass the local checks take the unfused path; a
 // bad call goes to the fused op, whose handshake tells every rank, those on the unfused path
-// included. The handshake is one barrier (tens of microseconds on the host), against GEMMs of
-// milliseconds at the host's threshold.
+// included. The handshake is one barrier, small against a GEMM of fused_min_flops.
 
 // Flops of the GEMMs a rank runs: 2 * (rows of the gathered / local A) * K * N, summed over Bs.
 double gemm_flops(int64_t a_numel, int64_t a_cols, int64_t k, int64_t n) {
