@@ -44,14 +44,13 @@ c10::intrusive_ptr<c10d::Store> checked_store(c10::intrusive_ptr<c10d::Store> st
 }
 
 // NOTE [CUDA collectives are opt-in]
-// A user who switches backend="nccl" to backend="cuda_p2p" must lose nothing: until the
-// workspace collectives have been validated across GPUs (so far they have run, and matched
-// their references, only with ranks sharing one GPU: docs/testing.md) and measured against
-// NCCL, ordinary collectives on CUDA tensors go to the wrapped NCCL backend unless the user
-// opts in (Options.cuda_workspace_collectives, else CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES=1:
-// Config::cuda_collectives). The counters say which path ran ("all_reduce.wrapped" vs
-// "all_reduce.one_shot", ...). A host workspace (CPU tensors) is not affected; the fused ops
-// use the workspace on either device.
+// A user who switches backend="nccl" to backend="cuda_p2p" must lose nothing: until the workspace
+// collectives have been validated across GPUs and measured against NCCL (docs/testing.md, "What has
+// run on a GPU", says where they have run), ordinary collectives on CUDA tensors go to the wrapped
+// NCCL backend unless the user opts in (Options.cuda_workspace_collectives, else
+// CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES=1: Config::cuda_collectives). The counters say which path ran
+// ("all_reduce.wrapped" vs "all_reduce.one_shot", ...). A host workspace (CPU tensors) is not
+// affected; the fused ops use the workspace on either device.
 
 // NOTE [The workspace's device]
 // A group has one workspace, on one device: tensors on the other device go to the wrapped

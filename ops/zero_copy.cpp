@@ -102,8 +102,9 @@ namespace cuda_p2p::ops::detail {
 // The reductions use the staged path's kernel in rank order, so each element gets the bits the
 // staged direct reduce-scatter and two-shot all-reduce compute, and every rank the same bits.
 //
-// The CUDA side of this (signature agreement over CUDA IPC heaps) is written and compiled; the
-// host runs the very same code with zero_copy_agreement="signature", which the CPU suite tests.
+// The host runs the CUDA side's code (signature agreement over CUDA IPC heaps) too, with
+// zero_copy_agreement="signature", which the CPU suite tests (docs/zero_copy.md says where the
+// CUDA side has run).
 
 namespace {
 
