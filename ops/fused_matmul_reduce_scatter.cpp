@@ -497,10 +497,10 @@ MatmulReduceScatterResult fused_matmul_reduce_scatter(
                 " with algorithm=\"pipeline\"");
   });
   // "auto": the ring when ring steps were asked for, or on the host, where its GEMMs run back to
-  // back on one stream and never wait behind a barrier - what matters when the cores that run
-  // the GEMMs also do the copies and are shared with the peers (docs/pipelines.md, measured
-  // results); else the pipeline, whose two streams' GEMMs fill a GPU and whose pulls use the
-  // copy engine.
+  // back on one stream and never wait behind a barrier - what matters when the cores that run the
+  // GEMMs also do the copies and are shared with the peers
+  // (docs/measurements/fused-measured-results.md); else the pipeline, whose two streams' GEMMs fill
+  // a GPU and whose pulls use the copy engine.
   const bool ring =
       algorithm == "ring" || (algorithm == "auto" && (ring_steps != 0 || A.device().is_cpu()));
   if (on_workspace) {
