@@ -1,8 +1,7 @@
 // CUDA implementation of the device interface (compiled when nvcc is found; runs only on a GPU).
 // CI never runs it (no GPU there): everything device-independent (the watchdog, the failure
-// state, the workspace protocols) lives in shared code that the host tests exercise. It has run
-// on one GPU shared by 1-4 ranks, from the C++ tests and from Python, never across GPUs
-// (docs/testing.md, "What has run on a GPU").
+// state, the workspace protocols) lives in shared code that the host tests exercise. Where it
+// has run: docs/testing.md, "What has run on a GPU".
 //
 // NOTE [CUDA signal ordering]
 // write_signal is cuStreamWriteValue32 with the default flags, which puts a memory fence before
