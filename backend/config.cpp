@@ -472,9 +472,8 @@ std::vector<Knob> rows() {
                .land = store<&Config::collective, &CC::reduce_scatter_ring_max_bytes>,
                .read = load<&Config::collective, &CC::reduce_scatter_ring_max_bytes>,
                .help = "Largest reduce-scatter input that auto runs as a ring."});
-  // NOTE [Copy-free reads] in ops/collectives.cpp: off unless asked for - on the machines
-  // measured so far staging is faster (docs/collectives.md). The workspace still probes whether
-  // the system allows them.
+  // NOTE [Copy-free reads] in ops/collectives.cpp: off unless asked for (why: docs/collectives.md,
+  // "Copy-free reads"). The workspace still probes whether the system allows them.
   k.push_back({.option = "cross_memory",
                .field = &Options::cross_memory,
                .env = "CUDA_P2P_CROSS_MEMORY",

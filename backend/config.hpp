@@ -226,9 +226,8 @@ struct Config {
   // Every knob's value and source when the group was created (config::knob_values).
   std::vector<config::KnobValue> knobs;
 
-  // The fused ops' threshold for tensors on `device` (docs/pipelines.md): on the host the
-  // pipelines at best tie the unfused path below it; 0 on CUDA (never measured on a GPU: the
-  // fused path always runs).
+  // The fused ops' threshold for tensors on `device` (docs/pipelines.md, "Small ops"): the host's
+  // default below which the unfused pair runs; 0 on CUDA, where the fused path always runs.
   static constexpr int64_t kDefaultHostFusedMinFlops = int64_t{8} << 30;
   int64_t fused_min_flops_for(c10::DeviceType device) const {
     if (fused_min_flops) return *fused_min_flops;
