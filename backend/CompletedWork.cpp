@@ -32,7 +32,7 @@ CompletedWork::CompletedWork(int rank, c10d::OpType type, std::vector<at::Tensor
       end_(std::move(end)) {
   // On a GPU markCompleted records an event on the current stream, the op's: not later, when the
   // caller may have moved to another stream.
-  if (device_) make_future();
+  if (device_ && !device_->tensor_device().is_cpu()) make_future();
   finish();
 }
 
@@ -44,7 +44,21 @@ void CompletedWork::make_future() {
 
 c10::intrusive_ptr<c10::ivalue::Future> CompletedWork::getFuture() {
   std::lock_guard<std::mutex> lock(future_mutex_);
-  if (!future_) make_future();
+  if (future_) return future_;
+  if (device_ && end_) {
+    // CPU outputs of an op still queued (a host device with CUDA's semantics): the future's
+    // callbacks and waiters read them on the host, so it completes once the op has run - or holds
+    // its failure.
+    try {
+      synchronize();
+    } catch (const std::exception&) {
+      future_ = c10::make_intrusive<c10::ivalue::Future>(
+          c10::ListType::create(c10::TensorType::get()), devices_of(outputs_));
+      future_->setError(std::current_exception());
+      return future_;
+    }
+  }
+  make_future();
   return future_;
 }
 

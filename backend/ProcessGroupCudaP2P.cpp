@@ -339,11 +339,30 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::completed_work(c10d::OpType ty
   std::shared_ptr<Event> end;
   if (workspace_ && !workspace_->device().host_synchronous()) {
     device = workspace_->device_ptr();
-    // Under capture, the op's captured end (NOTE [Replay-safe signals]).
-    end = workspace_->last_op(device->capture_id(*device->current_stream()));
+    auto stream = device->current_stream();
+    // Under capture, the op's captured end (NOTE [Replay-safe signals]); else the end of the call
+    // on the caller's stream, past the op's copies back into the caller's tensors (NOTE [Tensors
+    // in stream order] in backend/workspace_collectives.cpp).
+    const uint64_t capture = device->capture_id(*stream);
+    end = capture ? workspace_->last_op(capture) : device->record(*stream);
   }
   return wrapped_.track(c10::make_intrusive<CompletedWork>(getRank(), type, std::move(outputs),
                                                            std::move(device), std::move(end)));
+}
+
+// NOTE [CPU outputs without a Work]
+// cuda_p2p's own calls that return their outputs without a Work (all_gather_v, all_to_all_v,
+// all_reduce_) hand CPU tensors to the calling thread, which reads them itself, not through work
+// on its current stream: so on a host device with CUDA's semantics, whose ops return queued, the
+// op has run when such a call returns. (On CUDA the caller's next kernels follow the op on its
+// stream; on a synchronous host device it has run already; under capture nothing runs.)
+void ProcessGroupCudaP2P::settle_cpu_outputs() {
+  if (!workspace_) return;
+  Device& device = workspace_->device();
+  if (device.host_synchronous() || !device.tensor_device().is_cpu()) return;
+  auto stream = device.current_stream();
+  if (workspace_->capturing(*stream)) return;
+  device.synchronize(*stream);
 }
 
 // --- c10d::Backend ------------------------------------------------------------------------------
@@ -384,6 +403,7 @@ void ProcessGroupCudaP2P::all_reduce_in_place(at::Tensor& tensor, ops::ReduceOp 
   if (on_workspace(
           kAllReduce, {tensor, tensor, why, false}, [&] { return " " + ops::lower_name(op); },
           [&] { return collectives_.all_reduce(tensor, op); })) {
+    settle_cpu_outputs();
     return;
   }
   // The wrapped backends expect contiguous tensors, as they do from dist.all_reduce.
@@ -763,6 +783,7 @@ at::Tensor ProcessGroupCudaP2P::all_gather_v(const at::Tensor& input,
     collectives_.check_or_reject("all_gather_v", OpKind::kAllGatherV, checks);
     auto r = collectives_.all_gather_v(input, sizes);
     counters_.record(Op::kAllGatherV, r.outcome);
+    settle_cpu_outputs();
     return r.output;
   }
   if (hierarchy_) {
@@ -792,6 +813,7 @@ std::pair<at::Tensor, std::vector<int64_t>> ProcessGroupCudaP2P::all_to_all_v(
   if (!why) {
     auto r = collectives_.all_to_all_v(input, input_splits);
     counters_.record(Op::kAllToAllV, r.outcome);
+    settle_cpu_outputs();
     return {std::move(r.output), std::move(r.recv)};
   }
   if (input.defined()) {

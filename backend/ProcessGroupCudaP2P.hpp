@@ -285,6 +285,9 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // Whether a workspace collective called with `async_op` returns no Work
   // (NOTE [No Work for a synchronous call] in ProcessGroupCudaP2P.cpp).
   bool returns_no_work(bool async_op) const;
+  // NOTE [CPU outputs without a Work]: a host device with CUDA's semantics runs the caller's
+  // stream before a call without a Work hands it CPU outputs.
+  void settle_cpu_outputs();
   // send, recv and recvAnysource (`peer` -1): through the mailboxes, or `wrapped`, counted.
   template <typename Wrapped>
   WorkPtr send_or_recv(std::vector<at::Tensor>& tensors, c10d::OpType type, int peer, int tag,

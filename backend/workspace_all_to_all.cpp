@@ -103,7 +103,8 @@ ops::Outcome WorkspaceCollectives::all_to_all_single(
         ops::all_to_all(ctx, args, [&](const std::vector<int64_t>&) {
           return a2a_slices<char*>(static_cast<char*>(out.data_ptr()), out_rows, row_bytes);
         }).outcome;
-    if (!out.is_same(output)) output.copy_(out);
+    hold({in, input});
+    copy_back(output, out);
     return o;
   });
 }
@@ -140,7 +141,8 @@ ops::Outcome WorkspaceCollectives::all_to_all(std::vector<at::Tensor>& outputs,
                              return ptrs;
                            }).outcome;
     for (int q = 0; q < W; ++q) {
-      if (!outs[q].is_same(outputs[q])) outputs[q].copy_(outs[q]);
+      hold({ins[q], inputs[q]});
+      copy_back(outputs[q], outs[q]);
     }
     return o;
   });
@@ -178,6 +180,7 @@ WorkspaceCollectives::Rows WorkspaceCollectives::all_to_all_v(
       return a2a_slices<char*>(static_cast<char*>(r.output.data_ptr()), rows, row_bytes);
     });
     r.recv = std::move(done.recv);
+    hold({in, input});
     return done.outcome;
   });
   return r;

@@ -145,6 +145,28 @@ void WorkspaceCollectives::refuse_capture(const char* what, const char* why) con
               ": cannot be captured in a graph", why, "; call it outside the capture");
 }
 
+// NOTE [Tensors in stream order]
+// On CUDA, and on a host device with CUDA's semantics, an op is still queued when the call
+// returns, and its tensors must live until its stream has run it, whatever the caller drops:
+//  - on CUDA the caching allocator gives that: a block freed is reused only by work enqueued
+//    after it on the stream (the op's, the caller's current one);
+//  - on the host a closure the op leaves on its stream holds them (hold, copy_back);
+//  - a synchronous host device has run the op when it returns.
+// Where the caller's tensors are not contiguous (or overlap), a body computes into contiguous
+// temporaries, and the copy back into the caller's tensor is launched on the op's stream after it
+// (on CUDA an ATen copy on the current stream, called at once: in stream order).
+void WorkspaceCollectives::copy_back(const at::Tensor& dst, const at::Tensor& src) const {
+  if (dst.is_same(src)) return hold({dst});
+  Device& device = ws_->device();
+  device.launch(*device.current_stream(), [dst, src] { dst.copy_(src); });
+}
+
+void WorkspaceCollectives::hold(std::vector<at::Tensor> tensors) const {
+  Device& device = ws_->device();
+  if (device.host_synchronous() || !device.tensor_device().is_cpu()) return;
+  device.launch(*device.current_stream(), [held = std::move(tensors)] {});
+}
+
 // --- bodies -------------------------------------------------------------------------------------
 
 namespace {
@@ -186,10 +208,10 @@ ops::Outcome WorkspaceCollectives::all_reduce(at::Tensor& t, ops::ReduceOp op) {
     at::Tensor work;
     ops::ReduceOp op;
   } call{t, contiguous(t), op};
-  return run("all_reduce", [&call](const ops::CollectiveContext& ctx) {
+  return run("all_reduce", [this, &call](const ops::CollectiveContext& ctx) {
     const ops::Outcome o =
         ops::all_reduce(ctx, call.work, call.work, call.op, ops::AllReduceAlgo::kAuto);
-    if (!call.work.is_same(call.t)) call.t.copy_(call.work);
+    copy_back(call.t, call.work);
     return o;
   });
 }
@@ -202,9 +224,8 @@ ops::Outcome WorkspaceCollectives::all_gather(const at::Tensor& input,
   const at::Tensor in = contiguous(input);
   return run("all_gather", [&](const ops::CollectiveContext& ctx) {
     const ops::Outcome o = ops::all_gather(ctx, in, outs, ops::AllGatherAlgo::kAuto);
-    for (size_t i = 0; i < outs.size(); ++i) {
-      if (!outs[i].is_same(outputs[i])) outputs[i].copy_(outs[i]);
-    }
+    hold({in, input});
+    for (size_t i = 0; i < outs.size(); ++i) copy_back(outputs[i], outs[i]);
     return o;
   });
 }
@@ -218,7 +239,7 @@ ops::Outcome WorkspaceCollectives::all_gather_into_tensor(at::Tensor& output,
   std::vector<at::Tensor> chunks;
   for (int q = 0; q < size_; ++q) chunks.push_back(flat_chunk(out, q, input.numel()));
   const ops::Outcome o = all_gather(input, chunks);
-  if (!out.is_same(output)) output.copy_(out);
+  copy_back(output, out);
   return o;
 }
 
@@ -231,7 +252,8 @@ ops::Outcome WorkspaceCollectives::reduce_scatter(const std::vector<at::Tensor>&
   at::Tensor out = contiguous_output(output);
   return run("reduce_scatter", [&](const ops::CollectiveContext& ctx) {
     const ops::Outcome o = ops::reduce_scatter(ctx, ins, out, op, ops::ReduceScatterAlgo::kAuto);
-    if (!out.is_same(output)) output.copy_(out);
+    for (size_t i = 0; i < ins.size(); ++i) hold({ins[i], inputs[i]});
+    copy_back(output, out);
     return o;
   });
 }
@@ -244,7 +266,9 @@ ops::Outcome WorkspaceCollectives::reduce_scatter_tensor(const at::Tensor& outpu
   const at::Tensor in = contiguous(input);
   std::vector<at::Tensor> chunks;
   for (int q = 0; q < size_; ++q) chunks.push_back(flat_chunk(in, q, output.numel()));
-  return reduce_scatter(chunks, output, op);
+  const ops::Outcome o = reduce_scatter(chunks, output, op);
+  hold({in, input});
+  return o;
 }
 
 ops::Outcome WorkspaceCollectives::broadcast(at::Tensor& t, int64_t root) {
@@ -255,7 +279,7 @@ ops::Outcome WorkspaceCollectives::broadcast(at::Tensor& t, int64_t root) {
   at::Tensor work = contiguous(t);
   return run("broadcast", [&](const ops::CollectiveContext& ctx) {
     const ops::Outcome o = ops::broadcast(ctx, work, static_cast<int>(root));
-    if (!work.is_same(t)) t.copy_(work);
+    copy_back(t, work);
     return o;
   });
 }
@@ -287,7 +311,9 @@ WorkspaceCollectives::Rows WorkspaceCollectives::all_gather_v(const at::Tensor& 
     row += sizes[q];
   }
   r.outcome = run("all_gather_v", [&](const ops::CollectiveContext& ctx) {
-    return ops::all_gather_v(ctx, in, bytes, outs);
+    const ops::Outcome o = ops::all_gather_v(ctx, in, bytes, outs);
+    hold({in, input});
+    return o;
   });
   return r;
 }

@@ -120,6 +120,10 @@ class WorkspaceCollectives {
   // before its handshake, so the group stays usable (inside the op the error would mark the group
   // failed: NOTE [Failed groups]).
   void refuse_capture(const char* what, const char* why) const;
+  // NOTE [Tensors in stream order] in backend/workspace_collectives.cpp: `dst` receives `src`
+  // after the op on the current stream; the op's `tensors` live until its stream has run it.
+  void copy_back(const at::Tensor& dst, const at::Tensor& src) const;
+  void hold(std::vector<at::Tensor> tensors) const;
 
   const EngineContext group_;
   SymmetricWorkspace* const ws_;  // group_.workspace

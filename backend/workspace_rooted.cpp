@@ -35,9 +35,8 @@ ops::Outcome WorkspaceCollectives::gather(std::vector<at::Tensor>& outputs, cons
   for (const auto& o : outputs) outs.push_back(rooted_output(o));
   return run("gather", [&](const ops::CollectiveContext& ctx) {
     const ops::Outcome o = ops::gather(ctx, in, outs, static_cast<int>(root));
-    for (size_t q = 0; q < outs.size(); ++q) {
-      if (!outs[q].is_same(outputs[q])) outputs[q].copy_(outs[q]);
-    }
+    hold({in, input});
+    for (size_t q = 0; q < outs.size(); ++q) copy_back(outputs[q], outs[q]);
     return o;
   });
 }
@@ -51,7 +50,8 @@ ops::Outcome WorkspaceCollectives::scatter(at::Tensor& output,
   at::Tensor out = rooted_output(output);
   return run("scatter", [&](const ops::CollectiveContext& ctx) {
     const ops::Outcome o = ops::scatter(ctx, ins, out, static_cast<int>(root));
-    if (!out.is_same(output)) output.copy_(out);
+    for (size_t q = 0; q < ins.size(); ++q) hold({ins[q], inputs[q]});
+    copy_back(output, out);
     return o;
   });
 }
@@ -68,7 +68,11 @@ ops::Outcome WorkspaceCollectives::reduce(at::Tensor& t, int64_t root, ops::Redu
   at::Tensor work = t.is_contiguous() ? t : t.contiguous();
   return run("reduce", [&](const ops::CollectiveContext& ctx) {
     const ops::Outcome o = ops::reduce(ctx, work, static_cast<int>(root), op);
-    if (root == rank_ && !work.is_same(t)) t.copy_(work);
+    if (root == rank_) {
+      copy_back(t, work);
+    } else {
+      hold({work, t});
+    }
     return o;
   });
 }

@@ -121,14 +121,30 @@ else
   # tests/python/test_faults.py runs beside the rest, in a pytest of its own: its jobs spend most
   # of their ~160 s waiting for a 10 s process-group timeout to name a dead rank, so the other
   # tests lose little CPU to it. Its output follows the main run's.
+  # It runs twice: as the host runs, then with CUDA's semantics (below).
   faults_log=build/pytest_faults.log
-  "$VPY" -m pytest -q -p no:cacheprovider tests/python/test_faults.py >"$faults_log" 2>&1 &
+  (
+    "$VPY" -m pytest -q -p no:cacheprovider tests/python/test_faults.py &&
+      echo "== tests/python/test_faults.py with CUDA_P2P_HOST_SEMANTICS=cuda" &&
+      CUDA_P2P_HOST_SEMANTICS=cuda "$VPY" -m pytest -q -p no:cacheprovider \
+        tests/python/test_faults.py
+  ) >"$faults_log" 2>&1 &
   faults=$!
   "$VPY" -m pytest -q --durations=15 tests/python --ignore tests/python/test_faults.py ||
     status=1
   stage_done "Python tests"
+  # The suites of the collectives and the fused ops again on a host workspace that behaves as the
+  # CUDA one (NOTE [Host device with CUDA's semantics] in p2p_workspace/host/host_device.hpp): ops
+  # return queued, released waits let their streams run on, a mismatch fails the group. (Not the
+  # suites of the host's own paths: the inline all-reduce, counted "all_reduce.inline", is the
+  # synchronous host's.)
+  echo "== Python tests with CUDA's semantics (CUDA_P2P_HOST_SEMANTICS=cuda)"
+  CUDA_P2P_HOST_SEMANTICS=cuda "$VPY" -m pytest -q -p no:cacheprovider --durations=5 \
+    tests/python/test_ws_collectives.py tests/python/test_collectives.py \
+    tests/python/test_fused_ops.py || status=1
+  stage_done "Python tests with CUDA's semantics"
   wait "$faults" || status=1
-  stage_done "test_faults.py (beside; after the Python tests)"
+  stage_done "test_faults.py twice (beside; after the Python tests)"
   echo "== Python tests: tests/python/test_faults.py (run beside the above)"
   cat "$faults_log"
 fi

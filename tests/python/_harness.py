@@ -29,6 +29,10 @@ import traceback
 from typing import Any, Callable
 
 # Seconds a single `run` (every rank) may take before the pool is declared hung.
+# CUDA_P2P_HOST_SEMANTICS=cuda: the host workspace behaves as the CUDA one (NOTE [Host device with
+# CUDA's semantics] in p2p_workspace/host/host_device.hpp): ops return queued, synchronous calls
+# return a Work. The suites that CI runs in this mode too read it here.
+HOST_CUDA_SEMANTICS = os.environ.get("CUDA_P2P_HOST_SEMANTICS", "") == "cuda"
 RUN_TIMEOUT_S = float(os.environ.get("CUDA_P2P_TEST_TIMEOUT", "120"))
 # Seconds the ranks get to start, import torch and rendezvous.
 START_TIMEOUT_S = float(os.environ.get("CUDA_P2P_TEST_START_TIMEOUT", "120"))

@@ -22,6 +22,7 @@ import torch.distributed as dist
 import cuda_p2p
 from _checks import assert_ok, gloo_ok
 from _groups import cached_group
+from _harness import HOST_CUDA_SEMANTICS
 from _reference import ops_for, reduce_over_ranks
 
 R = dist.ReduceOp
@@ -600,8 +601,10 @@ def check_sync_calls_return_no_work(ctx):
         for name, (w, out) in got.items():
             chk.cases += 1
             if async_op:
-                chk.case(f"{name} async: a completed Work", w is not None and w.is_completed()
-                         and w.wait(), f"{w!r}")
+                chk.case(f"{name} async: a completed Work", w is not None and w.wait()
+                         and w.is_completed(), f"{w!r}")
+            elif HOST_CUDA_SEMANTICS:  # queued, as on a GPU: the caller waits
+                chk.case(f"{name} sync: a Work", w is not None and w.wait(), f"{w!r}")
             else:
                 chk.case(f"{name} sync: no Work", w is None, f"{w!r}")
             want = ref[name][1]
@@ -692,6 +695,46 @@ def check_timeout_names_the_missing_rank(ctx):
     return out
 
 
+def check_work_wait_timeout(ctx):
+    """Work.wait(timeout) as NCCL's: on a workspace whose ops return queued (here the host's with
+    CUDA's semantics), a wait with a timeout blocks until the op has run and raises once the timeout
+    has passed, long before the group's; a wait after the op has run returns True."""
+    import time
+
+    opts = cuda_p2p.ProcessGroupCudaP2P.Options()
+    opts.host_semantics = "cuda"
+    g = dist.new_group(backend="cuda_p2p", pg_options=opts, timeout=timedelta(seconds=20))
+    out = {}
+    t = torch.full((4,), float(ctx.rank))
+    if ctx.rank == 0:
+        w = dist.all_reduce(t, group=g, async_op=True)
+        start = time.monotonic()
+        try:
+            w.wait(timeout=timedelta(milliseconds=300))
+            out["error"] = None
+        except RuntimeError as e:
+            out["error"] = str(e)
+        out["elapsed"] = time.monotonic() - start
+    dist.barrier(group=ctx.gloo)  # rank 1 joins the op only now
+    if ctx.rank != 0:
+        w = dist.all_reduce(t, group=g, async_op=True)
+    out["late"] = w.wait(timeout=timedelta(seconds=10))
+    out["value"] = t.tolist()
+    dist.destroy_process_group(g)
+    return out
+
+
+def test_work_wait_honours_its_timeout(world2):
+    results = world2.run(check_work_wait_timeout)
+    first = results[0]
+    assert first["error"] and "Work.wait(timeout=300 ms)" in first["error"], first
+    assert "has not run by then" in first["error"], first
+    assert first["elapsed"] < 5, first
+    for res in results:
+        assert res["late"] is True, res
+        assert res["value"] == [1.0] * 4, res
+
+
 def check_ddp_matches_gloo(ctx):
     """DistributedDataParallel on a cuda_p2p group (all-reduce through futures and comm hooks)
     trains exactly like on Gloo."""
@@ -773,8 +816,10 @@ def test_timeout_names_the_missing_rank(world3):
     results = world3.run(check_timeout_names_the_missing_rank)
     for r, res in enumerate(results[:-1]):
         assert res["error"] and "rank 2 never arrived" in res["error"], (r, res)
-        assert res["after"] and "an earlier workspace op of this group failed" in res["after"], \
-            (r, res)
+        # With CUDA's semantics the timeout fails the group's device (NOTE [Device failure]).
+        after = ("this group's device is unusable" if HOST_CUDA_SEMANTICS
+                 else "an earlier workspace op of this group failed")
+        assert res["after"] and after in res["after"], (r, res)
 
 
 def test_ddp_on_cuda_p2p_matches_gloo(world2):
