@@ -931,6 +931,7 @@ void ProcessGroupCudaP2P::setTimeout(std::chrono::milliseconds timeout) {
   // the next op on.
   if (workspace_) workspace_->set_timeout(timeout);
   heap_.set_timeout(timeout);
+  send_recv_.set_timeout(timeout);
   if (hierarchy_) hierarchy_->set_timeout(timeout);
 }
 

@@ -79,11 +79,15 @@ const char* SendRecv::rejects(c10::ArrayRef<at::Tensor> tensors) const {
 std::shared_ptr<host::Mailboxes> SendRecv::mailboxes() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!mailboxes_) {
-    mailboxes_ = std::make_shared<host::Mailboxes>(group_.store, group_.rank, group_.size,
-                                                   group_.workspace->device_ptr(),
-                                                   group_.config.mailbox_slot_bytes);
+    mailboxes_ = std::make_shared<host::Mailboxes>(
+        group_.store, group_.rank, group_.size, group_.workspace->device_ptr(),
+        group_.config.mailbox_slot_bytes, group_.workspace->timeout());
   }
   return mailboxes_;
+}
+
+void SendRecv::set_timeout(std::chrono::milliseconds timeout) {
+  if (auto m = made()) m->set_timeout(timeout);
 }
 
 std::shared_ptr<host::Mailboxes> SendRecv::made() const {

@@ -39,6 +39,8 @@ class SendRecv {
   void flush(std::chrono::milliseconds limit);
   // Fails the pending and later messages with `why` (abort, shutdown).
   void fail(const std::string& why);
+  // The group's new timeout, for the mailboxes' mappings (made or to be made).
+  void set_timeout(std::chrono::milliseconds timeout);
 
  private:
   std::shared_ptr<host::Mailboxes> mailboxes();   // made on the first use

@@ -152,14 +152,86 @@ struct Mailboxes::Peer {
   std::string broken_in;  // why the channel from it is unusable
 };
 
+// NOTE [Mailbox records]
+// A rank's mailbox record reaches its peers through the c10d store, which anyone on the machine
+// may write (NOTE [Workspace records] in p2p_workspace/symmetric_workspace.cpp). So it is parsed
+// strictly: a version line, the slot size (a multiple of 4096 bytes, at most kMaxSlotBytes), the
+// region size the slot size implies, and a hex handle of bounded length, each on its own line; a
+// bad record breaks the channel from that rank with an error naming it, and nothing is mapped.
+constexpr const char* kMailboxRecordVersion = "cuda_p2p-mailbox-v1";
+constexpr int64_t kMaxSlotBytes = int64_t{1} << 32;
+constexpr size_t kMaxMailboxHandleBytes = 1024;
+
+std::string serialize(const MailboxRecord& r) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string hex;
+  for (uint8_t b : r.handle) {
+    hex += kDigits[b >> 4];
+    hex += kDigits[b & 15];
+  }
+  return std::string(kMailboxRecordVersion) + "\n" + std::to_string(r.slot_bytes) + "\n" +
+         std::to_string(r.region_bytes) + "\n" + hex + "\n";
+}
+
+MailboxRecord parse_mailbox_record(const std::string& s, int src) {
+  auto fail = [&](const std::string& what) {
+    std::string shown = s.substr(0, 120);
+    for (auto& c : shown) {
+      if (c < 0x20 || c > 0x7e) c = '?';
+    }
+    TORCH_CHECK(false, "cuda_p2p recv: rank ", src, "'s mailbox record in the store is invalid (",
+                what, "); was it written by another job or process? Record: '", shown,
+                s.size() > 120 ? "...'" : "'");
+  };
+  if (s.size() > 64 + 2 * kMaxMailboxHandleBytes) fail("too long");
+  std::vector<std::string> lines;
+  for (size_t begin = 0; begin < s.size();) {
+    const size_t nl = s.find('\n', begin);
+    if (nl == std::string::npos) fail("not newline-terminated");
+    lines.push_back(s.substr(begin, nl - begin));
+    begin = nl + 1;
+  }
+  if (lines.size() != 4 || lines[0] != kMailboxRecordVersion) {
+    fail(std::string("expected 4 lines, the first '") + kMailboxRecordVersion + "'");
+  }
+  auto number = [&](const std::string& v, const char* field) {
+    if (v.empty() || v.size() > 18 || v.find_first_not_of("0123456789") != std::string::npos) {
+      fail(std::string(field) + " is not a positive integer");
+    }
+    return static_cast<int64_t>(std::stoll(v));
+  };
+  MailboxRecord r;
+  r.slot_bytes = number(lines[1], "the slot size");
+  r.region_bytes = number(lines[2], "the region size");
+  if (r.slot_bytes < 4096 || r.slot_bytes % 4096 != 0 || r.slot_bytes > kMaxSlotBytes) {
+    fail("slots of " + lines[1] + " bytes: expected a multiple of 4096 up to " +
+         std::to_string(kMaxSlotBytes));
+  }
+  if (r.region_bytes != kDataOffset + Mailboxes::kSlots * r.slot_bytes) {
+    fail("regions of " + lines[2] + " bytes for slots of " + lines[1]);
+  }
+  const std::string& hex = lines[3];
+  if (hex.empty() || hex.size() % 2 != 0 || hex.size() > 2 * kMaxMailboxHandleBytes ||
+      hex.find_first_not_of("0123456789abcdef") != std::string::npos) {
+    fail("the handle is not 1 to " + std::to_string(kMaxMailboxHandleBytes) + " hex bytes");
+  }
+  auto digit = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
+  for (size_t i = 0; i < hex.size(); i += 2) {
+    r.handle.push_back(static_cast<uint8_t>(digit(hex[i]) * 16 + digit(hex[i + 1])));
+  }
+  return r;
+}
+
 Mailboxes::Mailboxes(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
-                     std::shared_ptr<Device> device, int64_t slot_bytes)
+                     std::shared_ptr<Device> device, int64_t slot_bytes,
+                     std::chrono::milliseconds timeout)
     : store_(std::move(store)),
       rank_(rank),
       world_size_(world_size),
       device_(std::move(device)),
       slot_bytes_(slot_bytes),
-      region_bytes_(kDataOffset + kSlots * slot_bytes) {
+      region_bytes_(kDataOffset + kSlots * slot_bytes),
+      timeout_ms_(timeout.count()) {
   TORCH_CHECK(device_ && device_->tensor_device().is_cpu(),
               "cuda_p2p: send/recv mailboxes need a host workspace");
   TORCH_CHECK(slot_bytes_ >= 4096 && slot_bytes_ % 4096 == 0,
@@ -273,13 +345,9 @@ void Mailboxes::ensure_outbox() {
   const int64_t bytes = region_bytes_ * world_size_;  // this rank's layout, published below
   auto block = device_->allocate(static_cast<size_t>(bytes));
   auto exporter = device_->export_block(block, world_size_ - 1);
-  // The record: slot bytes, region bytes, then the exporter's handle.
-  std::vector<uint8_t> record(2 * sizeof(int64_t));
-  std::memcpy(record.data(), &slot_bytes_, sizeof(int64_t));
-  std::memcpy(record.data() + sizeof(int64_t), &region_bytes_, sizeof(int64_t));
-  const auto handle = exporter->handle();
-  record.insert(record.end(), handle.begin(), handle.end());
-  store_->set("cuda_p2p/mailbox/" + std::to_string(rank_), record);
+  // NOTE [Mailbox records]
+  store_->set("cuda_p2p/mailbox/" + std::to_string(rank_),
+              serialize(MailboxRecord{slot_bytes_, region_bytes_, exporter->handle()}));
   outbox_ = std::move(block);
   exporter_ = std::move(exporter);
 }
@@ -292,18 +360,14 @@ bool Mailboxes::map_source(int src) {
   p.next_lookup = now + kLookupInterval;
   const std::string key = "cuda_p2p/mailbox/" + std::to_string(src);
   if (!store_->check({key})) return false;
-  const auto record = store_->get(key);
-  TORCH_CHECK(record.size() > 2 * sizeof(int64_t), "cuda_p2p recv: rank ", src,
-              "'s mailbox record is malformed (", record.size(), " bytes)");
-  std::memcpy(&p.inbox_slot_bytes, record.data(), sizeof(int64_t));
-  std::memcpy(&p.inbox_region_bytes, record.data() + sizeof(int64_t), sizeof(int64_t));
-  TORCH_CHECK(
-      p.inbox_slot_bytes > 0 && p.inbox_region_bytes == kDataOffset + kSlots * p.inbox_slot_bytes,
-      "cuda_p2p recv: rank ", src, "'s mailbox record is malformed (slots of ", p.inbox_slot_bytes,
-      " bytes in regions of ", p.inbox_region_bytes, ")");
-  const std::vector<uint8_t> handle(record.begin() + 2 * sizeof(int64_t), record.end());
-  p.inbox = device_->import_block(handle, static_cast<size_t>(p.inbox_region_bytes * world_size_),
-                                  std::chrono::seconds(30));
+  const auto bytes = store_->get(key);
+  const MailboxRecord record =
+      parse_mailbox_record(std::string(bytes.begin(), bytes.end()), src);  // NOTE [Mailbox records]
+  p.inbox =
+      device_->import_block(record.handle, static_cast<size_t>(record.region_bytes * world_size_),
+                            std::chrono::milliseconds(timeout_ms_.load(std::memory_order_relaxed)));
+  p.inbox_slot_bytes = record.slot_bytes;
+  p.inbox_region_bytes = record.region_bytes;
   return true;
 }
 

@@ -43,6 +43,17 @@ struct ChunkHeader {
 // a peer of this build), never trusted, since the receiver copies to `offset` of its tensor.
 std::string chunk_header_error(const ChunkHeader& h, int64_t slot_bytes, int64_t message_bytes);
 
+// What a rank publishes in the store for its mailbox (NOTE [Mailbox records] in mailboxes.cpp):
+// its slot size, the bytes of one peer's region and its outbox's handle.
+struct MailboxRecord {
+  int64_t slot_bytes = 0;
+  int64_t region_bytes = 0;
+  std::vector<uint8_t> handle;
+};
+std::string serialize(const MailboxRecord& r);
+// Parses rank `src`'s record strictly; a malformed one is an error naming `src`.
+MailboxRecord parse_mailbox_record(const std::string& record, int src);
+
 // One send or receive. Made by Mailboxes::send / recv; its fields other than the ones below are
 // the engine's, guarded by its lock.
 class P2POp {
@@ -81,9 +92,10 @@ class Mailboxes {
   // Each slot holds one chunk of a message; a rank's outbox holds kSlots per peer.
   static constexpr int kSlots = 2;
 
-  // `device` must be a host device; `store` the group's (keys under "cuda_p2p/mailbox/").
+  // `device` must be a host device; `store` the group's (keys under "cuda_p2p/mailbox/");
+  // `timeout` the group's, for mapping a peer's mailbox (set_timeout changes it).
   Mailboxes(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
-            std::shared_ptr<Device> device, int64_t slot_bytes);
+            std::shared_ptr<Device> device, int64_t slot_bytes, std::chrono::milliseconds timeout);
   ~Mailboxes();
   Mailboxes(const Mailboxes&) = delete;
   Mailboxes& operator=(const Mailboxes&) = delete;
@@ -105,6 +117,10 @@ class Mailboxes {
   // shutdown's flush: NOTE [Shutdown flushes] in backend/ProcessGroupCudaP2P.cpp). Returns ""
   // when they have, else which ranks have not.
   std::string flush(std::chrono::milliseconds limit);
+  // The group's new timeout (c10d setTimeout), for the mappings made from now on.
+  void set_timeout(std::chrono::milliseconds timeout) {
+    timeout_ms_.store(timeout.count(), std::memory_order_relaxed);
+  }
 
  private:
   struct Peer;
@@ -156,6 +172,7 @@ class Mailboxes {
   std::shared_ptr<Device> device_;
   const int64_t slot_bytes_;
   const int64_t region_bytes_;
+  std::atomic<int64_t> timeout_ms_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

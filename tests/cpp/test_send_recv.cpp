@@ -21,7 +21,7 @@ constexpr milliseconds kLong{60000};
 
 std::unique_ptr<host::Mailboxes> make_mailboxes() {
   return std::make_unique<host::Mailboxes>(test_store(), world().rank, world().size,
-                                           test_host_device(world().size), kSlot);
+                                           test_host_device(world().size), kSlot, kLong);
 }
 
 // Message i of rank `src`: 0 to ~5 slots of floats, distinct per rank and index, exact.
@@ -130,6 +130,41 @@ TEST(Mailboxes, ChunkHeadersOutsideTheirMessageAreRefused) {
   EXPECT_NE(host::chunk_header_error(header(3 * kSlot, kSlot, kSlot), kSlot, 2 * kSlot)
                 .find("does not belong to the message of 8192 bytes being received"),
             std::string::npos);
+}
+
+// NOTE [Mailbox records]: what a rank publishes parses back; anything else is refused naming the
+// rank, before anything is mapped.
+TEST(Mailboxes, RecordsAreParsedStrictly) {
+  const host::MailboxRecord good{kSlot, 4096 + host::Mailboxes::kSlots * kSlot, {0x00, 0xab, 0x7f}};
+  const std::string text = host::serialize(good);
+  const host::MailboxRecord back = host::parse_mailbox_record(text, 3);
+  EXPECT_EQ(back.slot_bytes, good.slot_bytes);
+  EXPECT_EQ(back.region_bytes, good.region_bytes);
+  EXPECT_EQ(back.handle, good.handle);
+  const std::string region = std::to_string(good.region_bytes);
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"", "expected 4 lines"},
+      {"cuda_p2p-mailbox-v0\n4096\n" + region + "\n00ab\n", "expected 4 lines"},
+      {"cuda_p2p-mailbox-v1\n4096\n" + region + "\n00ab", "not newline-terminated"},
+      {"cuda_p2p-mailbox-v1\n-4096\n" + region + "\n00ab\n", "not a positive integer"},
+      {"cuda_p2p-mailbox-v1\n4097\n" + region + "\n00ab\n", "expected a multiple of 4096"},
+      {"cuda_p2p-mailbox-v1\n4096\n4096\n00ab\n", "regions of 4096 bytes for slots of 4096"},
+      {"cuda_p2p-mailbox-v1\n999999999999999999\n1\n00ab\n", "expected a multiple of 4096"},
+      {"cuda_p2p-mailbox-v1\n4096\n" + region + "\n0g\n", "hex bytes"},
+      {"cuda_p2p-mailbox-v1\n4096\n" + region + "\n\n", "hex bytes"},
+      {"cuda_p2p-mailbox-v1\n4096\n" + region + "\n" + std::string(4096, 'a') + "\n", "too long"},
+  };
+  for (const auto& [record, why] : refused) {
+    try {
+      host::parse_mailbox_record(record, 3);
+      ADD_FAILURE() << "accepted: " << record;
+    } catch (const c10::Error& e) {
+      const std::string msg = e.what_without_backtrace();
+      EXPECT_NE(msg.find("rank 3's mailbox record in the store is invalid"), std::string::npos)
+          << msg;
+      EXPECT_NE(msg.find(why), std::string::npos) << msg;
+    }
+  }
 }
 
 TEST(Mailboxes, TimeoutsNameBothRanksAndMismatchesKeepTheMessage) {
