@@ -28,15 +28,25 @@ using Op = Counters::Op;
 // a full heap) still takes part in the exchange with a failed record: every rank then raises,
 // naming it, and none registers - nobody waits for a rank that left, and no put can reach a
 // region that was never published. tensor_deregister is collective the same way: each rank
-// first waits for its own puts to have run (Device::quiesce: on a GPU they are queued), then the
-// exchange tells it that every peer has done so, and only then is its region dropped; a heap copy
-// is freed. A registration after it publishes anew. The signal counters belong to the window, not
-// to the registration: they count on across tensor_deregister and tensor_register.
+// first waits for its own puts to have run (Device::quiesce: on a GPU they are queued, on the
+// streams its window calls used), then the exchange tells it that every peer has done so, and
+// only then is its region dropped; a heap copy is freed. A registration after it publishes anew.
+// The signal counters belong to the window, not to the registration: they count on across
+// tensor_deregister and tensor_register.
 // Making the window is collective too (the counters' offsets are exchanged); dropping it is not:
 // a window must be dropped only once no peer will put into it or signal it any more (after a
 // tensor_deregister, or a barrier), since its heap memory is then reused.
 
 namespace {
+
+// Blocks until the work the caller's current stream holds has run: the zeroing or the copy a
+// rank does before it publishes where they are. Not on the host's inline stream, whose work ran
+// when it was enqueued and which every thread shares: its synchronize would also wait for a
+// window wait blocked in another thread.
+void settle_current_stream(Device& device) {
+  auto stream = device.current_stream();
+  if (!device.runs_inline(*stream)) device.synchronize(*stream);
+}
 
 std::string ranks_text(const std::vector<int>& ranks) {
   std::string out = ranks.size() > 1 ? "ranks " : "rank ";
@@ -56,7 +66,8 @@ WorkspaceWindow::WorkspaceWindow(WindowGroup group) : g_(std::move(group)) {
     signals_ = g_.heap.empty({W}, at::kInt);
     signals_.zero_();
     offset = g_.heap.offset(signals_);
-    heap->device().quiesce();  // zeroed before a peer can learn where (NOTE [Window signals])
+    // Zeroed before a peer learns where (NOTE [Window signals]).
+    settle_current_stream(heap->device());
   } catch (const std::exception&) {
     error = std::current_exception();
     signals_ = at::Tensor();
@@ -123,7 +134,7 @@ void WorkspaceWindow::tensor_register(const at::Tensor& tensor, bool /*owning*/)
     }
     mine = ops::WindowRegion{g_.heap.offset(held), static_cast<int64_t>(held.nbytes()),
                              held.scalar_type(), held.sizes().vec()};
-    heap->device().quiesce();  // the copy has run before a peer may put into it
+    settle_current_stream(heap->device());  // the copy has run before a peer may put into it
   } catch (const std::exception&) {
     error = std::current_exception();
     mine.reset();

@@ -349,6 +349,15 @@ def check_group_without_workspace_and_shut_down(ctx):
     chk.case("new_window without workspace", err is not None and
              "cuda_p2p new_window: expected a group with an available P2P workspace" in err,
              f"{err!r}")
+    # Not while coalescing: the records' exchange would be deferred. Raised on every rank.
+    world = dist.group.WORLD
+    world._start_coalescing(torch.device("cpu"))
+    try:
+        err = raises(lambda: dist._new_window(torch.zeros(2), group=world))
+    finally:
+        world._end_coalescing(torch.device("cpu"))
+    chk.case("new_window while coalescing", err is not None and (
+        "cuda_p2p window new_window: called while the group is coalescing") in err, f"{err!r}")
     # A window outlives its group's destroy_process_group, and raises from then on.
     h = dist.new_group(backend="cuda_p2p", timeout=timedelta(seconds=20))
     win = dist._new_window(torch.zeros(4), group=h)
@@ -368,4 +377,4 @@ def check_group_without_workspace_and_shut_down(ctx):
 
 
 def test_group_without_workspace_and_shut_down(world2):
-    assert_ok(world2.run(check_group_without_workspace_and_shut_down), min_cases=4)
+    assert_ok(world2.run(check_group_without_workspace_and_shut_down), min_cases=5)
