@@ -24,11 +24,15 @@ namespace cuda_p2p::ops {
 // stream (CUDA: cuStreamWriteValue32's fence; host: the stream's order, a release store), so a
 // peer that has waited for it sees every put this rank enqueued before it on that stream.
 // The counts must advance in the order the words are written, or a word could go back: signals
-// are enqueued one at a time under the window's lock, and the backend enqueues every window call
-// in the group's one order (NOTE [One order per group]), so that on a GPU they also execute in
-// that order whichever stream issued them. A wait's count advances only once the wait is
-// enqueued (on a synchronous host device: has returned), so a wait that timed out there consumed
-// nothing and the window stays usable; on CUDA a missed deadline fails the group's device.
+// are enqueued one at a time under the window's lock, and where calls return queued (CUDA) each
+// signal's stream first waits for the end of the previous signal to the same peer (an event), so
+// that they also execute in that order whichever streams issued them. Only signals to one peer
+// are chained, and window calls do not join the group's one order of workspace ops (NOTE [One
+// order per group]): a wait queued on one stream must not hold back a put or a signal issued
+// later on another, which its peer may be waiting for. A wait's count advances only once the
+// wait is enqueued (on a synchronous host device: has returned), so a wait that timed out there
+// consumed nothing and the window stays usable; on CUDA a missed deadline fails the group's
+// device.
 // The counters are zeroed by their owner before it publishes where they are, and nobody signals
 // before it has every rank's record, so no signal is ever lost to the zeroing.
 
@@ -163,6 +167,7 @@ WindowProtocol::WindowProtocol(SymmetricWorkspace& heap, std::vector<int64_t> si
     : heap_(heap),
       signal_offsets_(std::move(signal_offsets)),
       sent_(heap.world_size(), 0),
+      last_signal_(heap.world_size()),
       wait_mutex_(std::make_unique<std::mutex[]>(heap.world_size())),
       expected_(heap.world_size(), 0) {
   TORCH_CHECK(static_cast<int>(signal_offsets_.size()) == heap.world_size(),
@@ -238,7 +243,8 @@ void WindowProtocol::put(Stream& s, const at::Tensor& src, int dst, int64_t offs
   TORCH_CHECK_VALUE(offset <= capacity && n <= capacity - offset, "cuda_p2p window put: rank ", dst,
                     "'s window holds ", capacity, " elements of ", dtype_name(r.dtype),
                     ", but the put writes ", n, " elements at element offset ", offset,
-                    " (up to element ", offset + n, "; on rank ", rank(), "): nothing was written");
+                    " (up to element ", static_cast<uint64_t>(offset) + static_cast<uint64_t>(n),
+                    "; on rank ", rank(), "): nothing was written");
   if (n == 0) return;
   void* to = static_cast<char*>(heap_.buffer(dst)) + r.offset + offset * item;
   heap_.device().copy(s, to, src.data_ptr(), static_cast<size_t>(n * item));
@@ -247,11 +253,15 @@ void WindowProtocol::put(Stream& s, const at::Tensor& src, int dst, int64_t offs
 
 void WindowProtocol::signal(Stream& s, int peer) {
   check_rank(peer, "signal", "peer_rank");
+  Device& device = heap_.device();
   std::lock_guard<std::mutex> lock(mutex_);
+  const bool queued = !device.host_synchronous();  // NOTE [Window signals]: in issue order
+  if (queued && last_signal_[peer]) device.wait_event(s, *last_signal_[peer]);
   const uint32_t value = sent_[peer] + 1;
-  heap_.device().write_signal(s, counter(peer, rank()), value);
+  device.write_signal(s, counter(peer, rank()), value);
   sent_[peer] = value;
-  finish_window_call(heap_.device(), s);
+  if (queued) last_signal_[peer] = device.record(s);
+  finish_window_call(device, s);
 }
 
 void WindowProtocol::wait(Stream& s, int peer, Millis timeout) {

@@ -102,9 +102,11 @@ class WindowProtocol {
 
   SymmetricWorkspace& heap_;
   const std::vector<int64_t> signal_offsets_;
-  mutable std::mutex mutex_;  // regions_, sent_ and the order of puts and signals
+  mutable std::mutex mutex_;  // regions_, sent_, last_signal_ and the order of puts and signals
   std::vector<WindowRegion> regions_;
   std::vector<uint32_t> sent_;
+  // Where calls return queued: the end of the last signal to each peer (NOTE [Window signals]).
+  std::vector<std::shared_ptr<Event>> last_signal_;
   // expected_[p] under wait_mutex_[p]: a host wait blocks while it holds its peer's lock only.
   std::unique_ptr<std::mutex[]> wait_mutex_;
   std::vector<uint32_t> expected_;

@@ -6,6 +6,7 @@
 // Every result is compared with what the sender wrote, computed here by plain torch.
 #include <ATen/ATen.h>
 
+#include <future>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -259,6 +260,59 @@ TEST(Window, ThreadsPutSignalAndWaitAtOnce) {
   producer.join();
   backwards.join();
   EXPECT_EQ(wrong, 0);
+  store_barrier("done");
+}
+
+// Two threads signal one peer at once, each from its own stream where the device gives each
+// thread one (CUDA's semantics): the peer's word must never go back, or its last waits would
+// never be satisfied (NOTE [Window signals]: signals execute in the order they were counted).
+TEST(Window, SignalsFromTwoThreadsToOnePeerStayCounted) {
+  const auto& w = world();
+  constexpr int kEach = 300;
+  Fixture f(1);
+  const int right = (w.rank + 1) % w.size, left = (w.rank + w.size - 1) % w.size;
+  auto signal = [&] {
+    auto s = f.heap->device().current_stream();
+    for (int i = 0; i < kEach; ++i) f.window->signal(*s, right);
+    f.sync(*s);
+  };
+  std::thread a(signal), b(signal);
+  for (int i = 0; i < 2 * kEach; ++i) f.window->wait(*f.stream, left, std::chrono::seconds(30));
+  f.sync();
+  a.join();
+  b.join();
+  store_barrier("done");
+}
+
+// The same, made deterministic: thread A's signal is counted first but its stream writes it only
+// after a pause, while thread B's, counted second, could be written at once from B's stream.
+// Written in that order, the peer's word would end at 1 and its second wait, made once both
+// writes ran, would time out; the window orders B's write after A's.
+TEST(Window, ASignalCountedFirstIsWrittenFirst) {
+  const auto& w = world();
+  Fixture f(1);
+  const int right = (w.rank + 1) % w.size, left = (w.rank + w.size - 1) % w.size;
+  auto& device = f.heap->device();
+  std::promise<void> counted;
+  std::thread a([&] {
+    auto s = device.current_stream();
+    device.host_task(*s, [] { std::this_thread::sleep_for(std::chrono::milliseconds(200)); });
+    f.window->signal(*s, right);
+    counted.set_value();
+    f.sync(*s);
+  });
+  std::thread b([&] {
+    counted.get_future().wait();
+    auto s = device.current_stream();
+    f.window->signal(*s, right);
+    f.sync(*s);
+  });
+  a.join();
+  b.join();
+  store_barrier("written");
+  f.window->wait(*f.stream, left, std::chrono::seconds(5));
+  f.window->wait(*f.stream, left, std::chrono::seconds(5));
+  f.sync();
   store_barrier("done");
 }
 
