@@ -79,7 +79,8 @@ std::unique_ptr<SymmetricWorkspace> make_workspace(const c10::intrusive_ptr<c10d
     // NOTE [The workspace's GPU] in backend/config.cpp.
     device = make_cuda_device(choose_cuda_device(bound_cuda_device, c10::cuda::device_count(),
                                                  c10::cuda::current_device())
-                                  .index);
+                                  .index,
+                              cuda_hardware_queues());
     // The ops' own kernels too (the device loaded its signal kernels): NOTE [Kernels loaded up
     // front] in p2p_workspace/cuda/signal_kernels.cuh. Into the workspace GPU's context.
     const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device->device_index()));
@@ -933,6 +934,10 @@ void ProcessGroupCudaP2P::set_hierarchy(const std::vector<int64_t>& host_of,
 void ProcessGroupCudaP2P::setTimeout(std::chrono::milliseconds timeout) {
   options_->timeout = timeout;
   wrapped_.set_timeout(timeout);
+  // The workspace's and the heap's waits, store exchanges and the device's host-side waits, from
+  // the next op on.
+  if (workspace_) workspace_->set_timeout(timeout);
+  heap_.set_timeout(timeout);
   if (hierarchy_) hierarchy_->set_timeout(timeout);
 }
 

@@ -67,6 +67,10 @@ class ForwardingDevice : public Device {
   bool retire(const std::string& why, Millis limit) override { return inner_->retire(why, limit); }
   void check_healthy(const char* op) override { inner_->check_healthy(op); }
   void check_work(const char* op) override { inner_->check_work(op); }
+  bool has_failure_words() const override { return inner_->has_failure_words(); }
+  void set_failure_words(FailureWords words) override {
+    inner_->set_failure_words(std::move(words));
+  }
 
  protected:
   std::shared_ptr<Device> inner_;
