@@ -316,6 +316,37 @@ TEST(Window, ASignalCountedFirstIsWrittenFirst) {
   store_barrier("done");
 }
 
+// A peer whose device fails tells the others through their failure words (NOTE [Failure words]
+// in p2p_workspace/watchdog.hpp): a window wait for it, blocked with a long timeout, ends soon
+// with that failure, naming the peer and why, like every workspace wait.
+TEST(Window, APeersFailureEndsAWaitNamingIt) {
+  const auto& w = world();
+  if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  Fixture f(1);
+  store_barrier("made");
+  if (w.rank == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the others are waiting
+    f.heap->device().abort("test: rank 0 gave up");
+  } else {
+    const auto start = std::chrono::steady_clock::now();
+    std::string error;
+    try {
+      f.window->wait(*f.stream, 0, std::chrono::seconds(60));
+      f.sync();
+    } catch (const c10::Error& e) {
+      error = e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+    EXPECT_NE(error.find("rank 0's device failed first"), std::string::npos) << error;
+    EXPECT_NE(error.find("test: rank 0 gave up"), std::string::npos) << error;
+    // The next wait, for any peer, raises it at once.
+    expect_error(
+        [&] { f.window->wait(*f.stream, (w.rank + 1) % w.size, std::chrono::seconds(60)); },
+        "rank 0's device failed first");
+  }
+  store_barrier("done");
+}
+
 TEST(Window, ArgumentErrorsWriteNothing) {
   const auto& w = world();
   constexpr int64_t kNumel = 10;

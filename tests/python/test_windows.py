@@ -4,9 +4,10 @@
 dtypes, signals before their waits and after, many puts then one signal, ``map_remote_tensor``
 reads and writes, deregistering and registering again, the Works, the counters, every argument
 error (raised on every rank for the collective calls, with nothing written), a timeout naming the
-peer after which the window stays usable, and a shut-down group. Every received tensor is
-compared with what its sender put, computed locally by plain torch. Windows need torch's c10d
-windows (torch 2.14): on an older torch the build leaves them out and these tests skip."""
+peer after which the window stays usable, a peer's failure ending the waits for it, and a
+shut-down group. Every received tensor is compared with what its sender put, computed locally by
+plain torch. Windows need torch's c10d windows (torch 2.14): on an older torch the build leaves
+them out and these tests skip."""
 
 from __future__ import annotations
 
@@ -337,6 +338,39 @@ def check_argument_errors(ctx):
 
 def test_argument_errors(any_world):
     assert_ok(any_world.run(check_argument_errors), min_cases=12)
+
+
+def check_a_failed_peer(ctx):
+    """A rank whose group is aborted tells its peers through their failure words (NOTE [Failure
+    words] in p2p_workspace/watchdog.hpp): their window waits for it, blocked with the group's
+    long timeout, end soon with its failure, naming it and why, and later window calls raise."""
+    W, rank = ctx.world_size, ctx.rank
+    chk = Checker(f"window failed peer W={W}")
+    h = dist.new_group(backend="cuda_p2p", timeout=timedelta(seconds=60))
+    win = dist._new_window(torch.zeros(4), group=h)
+    _barrier()
+    if rank == 0:
+        time.sleep(0.3)  # the others are waiting
+        cuda_p2p.get_cuda_p2p_backend(h).abort()
+        err = raises(lambda: win.signal(1, False))
+        chk.case("own calls raise", err is not None and "aborted" in err, f"{err!r}")
+    else:
+        t0 = time.monotonic()
+        err = raises(lambda: win.wait_signal(0, False))
+        chk.case("wait ends soon", time.monotonic() - t0 < 10.0, f"{time.monotonic() - t0:.1f} s")
+        chk.case("names the failed rank and why", err is not None and
+                 "rank 0's device failed first" in err and "aborted" in err, f"{err!r}")
+        err = raises(lambda: win.put(torch.ones(1), 0, 0, False))
+        chk.case("later calls raise", err is not None and "rank 0's device failed first" in err,
+                 f"{err!r}")
+    _barrier()
+    win = None
+    dist.destroy_process_group(h)
+    return chk.result()
+
+
+def test_a_failed_peer(any_world):
+    assert_ok(any_world.run(check_a_failed_peer))
 
 
 def check_group_without_workspace_and_shut_down(ctx):
