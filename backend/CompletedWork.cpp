@@ -3,6 +3,10 @@
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
 namespace cuda_p2p {
 
 namespace {
@@ -60,11 +64,36 @@ bool CompletedWork::failed() const {
   }
 }
 
-bool CompletedWork::wait(std::chrono::milliseconds /*timeout*/) {
+bool CompletedWork::wait(std::chrono::milliseconds timeout) {
   if (!device_) return true;  // the host: complete on return
   device_->check_work("Work.wait");
-  if (end_) device_->wait_event(*device_->current_stream(), *end_);
+  if (!end_) return true;
+  // As NCCL's Work: with a timeout the host blocks until the op has run and raises past it.
+  if (timeout != ::kNoTimeout) wait_for_end(timeout);
+  if (device_->tensor_device().is_cpu()) {
+    // CPU outputs are read by the calling thread itself, not by work on its current stream: the
+    // op must have run when wait() returns (a host device with CUDA's semantics).
+    synchronize();
+  } else {
+    device_->wait_event(*device_->current_stream(), *end_);
+  }
   return true;
+}
+
+void CompletedWork::wait_for_end(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto pause = std::chrono::microseconds(1);
+  // Each query of a host device with CUDA's semantics also runs a step of its streams.
+  while (!device_->query(*end_)) {
+    device_->check_work("Work.wait");
+    TORCH_CHECK(std::chrono::steady_clock::now() < deadline,
+                "cuda_p2p: Work.wait(timeout=", timeout.count(), " ms) on rank ", rank_, ": the ",
+                c10d::opTypeToString(opType_),
+                " has not run by then (it is still queued behind its stream's earlier work or "
+                "a peer is late; the group's own timeout fails the group)");
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  }
 }
 
 void CompletedWork::synchronize() {

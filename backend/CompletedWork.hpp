@@ -1,11 +1,13 @@
-// The Work of a collective that ran on the workspace. On the host it has completed when the call
-// returns, and its wait() is free. On CUDA it is enqueued on the caller's stream; like NCCL's
+// The Work of a collective that ran on the workspace. On a synchronous host device it has
+// completed when the call returns, and its wait() is free. On CUDA (and on a host device with
+// CUDA's semantics) it is enqueued on the caller's stream; like NCCL's
 // Work, isCompleted() says whether the event recorded at the op's end has run, wait() makes the
-// caller's current stream wait for that event and synchronize() blocks the host until it has
-// run; wait and synchronize raise the device's failure (a wait that missed its deadline, an
-// abort: NOTE [Device failure] in p2p_workspace/watchdog.hpp). Its future is completed and holds
-// the outputs; for CUDA outputs the future records an event on the current stream, so that
-// callbacks and waiters on other streams are ordered after the collective.
+// caller's current stream wait for that event (with a timeout, or for CPU outputs, which the
+// calling thread reads itself, it blocks the host until the event has run) and synchronize()
+// blocks the host until it has run; wait and synchronize raise the device's failure (a wait that
+// missed its deadline, an abort: NOTE [Device failure] in p2p_workspace/watchdog.hpp). Its future
+// is completed and holds the outputs; for CUDA outputs the future records an event on the current
+// stream, so that callbacks and waiters on other streams are ordered after the collective.
 #pragma once
 
 #include <memory>
@@ -37,6 +39,9 @@ class CompletedWork : public c10d::Work {
 
  private:
   void make_future();
+  // Blocks the host until the op's end event has run; raises the device's failure, or an error
+  // once `timeout` has passed.
+  void wait_for_end(std::chrono::milliseconds timeout);
   // Whether the device has failed (an abort, a missed deadline): the op will never complete.
   bool failed() const;
 

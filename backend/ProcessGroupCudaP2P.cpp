@@ -48,14 +48,13 @@ c10::intrusive_ptr<c10d::Store> checked_store(c10::intrusive_ptr<c10d::Store> st
 }
 
 // NOTE [CUDA collectives are opt-in]
-// A user who switches backend="nccl" to backend="cuda_p2p" must lose nothing: until the
-// workspace collectives have been validated across GPUs (so far they have run, and matched
-// their references, only with ranks sharing one GPU: docs/testing.md) and measured against
-// NCCL, ordinary collectives on CUDA tensors go to the wrapped NCCL backend unless the user
-// opts in (Options.cuda_workspace_collectives, else CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES=1:
-// Config::cuda_collectives). The counters say which path ran ("all_reduce.wrapped" vs
-// "all_reduce.one_shot", ...). A host workspace (CPU tensors) is not affected; the fused ops
-// use the workspace on either device.
+// A user who switches backend="nccl" to backend="cuda_p2p" must lose nothing: until the workspace
+// collectives have been validated across GPUs and measured against NCCL (docs/testing.md, "What has
+// run on a GPU", says where they have run), ordinary collectives on CUDA tensors go to the wrapped
+// NCCL backend unless the user opts in (Options.cuda_workspace_collectives, else
+// CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES=1: Config::cuda_collectives). The counters say which path ran
+// ("all_reduce.wrapped" vs "all_reduce.one_shot", ...). A host workspace (CPU tensors) is not
+// affected; the fused ops use the workspace on either device.
 
 // NOTE [The workspace's device]
 // A group has one workspace, on one device: tensors on the other device go to the wrapped
@@ -101,7 +100,7 @@ std::unique_ptr<SymmetricWorkspace> make_workspace(const c10::intrusive_ptr<c10d
                                "NCCL unavailable)"
                              : "cuda_p2p was built without CUDA",
               "; use 'cpu' or 'auto'");
-  if (!device) device = make_host_device(size, config.host_streams);
+  if (!device) device = make_host_device(size, config.host_streams, config.host_semantics);
   // NOTE [Zero-copy collectives] in ops/zero_copy.cpp: the exchange is read by the host.
   TORCH_CHECK(device->tensor_device().is_cpu() ||
                   config.collective.zero_copy_agreement != ops::ZeroCopyAgreement::kExchange,
@@ -311,9 +310,9 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::hierarchical_done(
 // collective in torch 2.14.1; PyTorch's PR 150398, before torch 2.8, spared NCCL's synchronous
 // calls that wait, so every torch we build against has it). On the host a workspace collective
 // has completed when it returns, so the Work of a synchronous call is a cost with no use: its
-// allocation, its conversion to a Python object and the wait() call (which releases and takes
-// the GIL) - 0.7-0.8 us of a 4.6-4.8 us dist.all_reduce of 8 bytes on 2 ranks
-// (docs/collectives.md, "No Work for a synchronous call"). So such a call returns none, unless
+// allocation, its conversion to a Python object and the wait() call (which releases and takes the
+// GIL; what it cost: docs/measurements/no-work-for-a-synchronous-call-2026-11-25.md). So such a
+// call returns none, unless
 //  * asyncOp is true: an async call, and every C++ caller that leaves the options' default
 //    (DDP's reducer, the functional collectives) gets its Work;
 //  * the workspace is on CUDA, where wait() orders the caller's stream after the op and raises

@@ -313,6 +313,22 @@ std::vector<Knob> rows() {
        .help = "How a host workspace runs the fused pipelines' two streams: cooperative "
                "(in the waiting thread) or threads (a thread per stream, the GPU's "
                "concurrency)."});
+  // NOTE [Host device with CUDA's semantics] in p2p_workspace/host/host_device.hpp.
+  k.push_back(
+      {.option = "host_semantics",
+       .field = &Options::host_semantics,
+       .env = "CUDA_P2P_HOST_SEMANTICS",
+       .kind = Kind::kNames,
+       .names = "auto|synchronous|cuda",
+       .default_rule = {.value = word("synchronous")},
+       .land = [](Config& c,
+                  const Resolved& r) { c.host_semantics = parse_host_semantics(r.s(), r.from()); },
+       .read = [](const Config& c, const Context&) -> Value {
+         return word(c.host_semantics == HostSemantics::kCuda ? "cuda" : "synchronous");
+       },
+       .help = "How a host workspace's ops behave: synchronous (complete when they return) or "
+               "cuda (queued on the caller's stream as on a GPU, waits released rather than "
+               "raised: tests the GPU's protocol on the CPU)."});
   // --- the workspace collectives (docs/collectives.md) ---
   k.push_back({.option = "all_gather_algo",
                .field = &Options::all_gather_algo,
@@ -456,9 +472,8 @@ std::vector<Knob> rows() {
                .land = store<&Config::collective, &CC::reduce_scatter_ring_max_bytes>,
                .read = load<&Config::collective, &CC::reduce_scatter_ring_max_bytes>,
                .help = "Largest reduce-scatter input that auto runs as a ring."});
-  // NOTE [Copy-free reads] in ops/collectives.cpp: off unless asked for - on the machines
-  // measured so far staging is faster (docs/collectives.md). The workspace still probes whether
-  // the system allows them.
+  // NOTE [Copy-free reads] in ops/collectives.cpp: off unless asked for (why: docs/collectives.md,
+  // "Copy-free reads"). The workspace still probes whether the system allows them.
   k.push_back({.option = "cross_memory",
                .field = &Options::cross_memory,
                .env = "CUDA_P2P_CROSS_MEMORY",

@@ -61,7 +61,8 @@ struct Options : c10d::Backend::Options {
   // knob of cuda_p2p's own.
   c10::intrusive_ptr<c10d::Backend::Options> nccl_options;
   int64_t max_buffer_size = WorkspaceOptions::kDefaultMaxBufferSize;
-  std::string host_streams = "auto";  // auto|cooperative|threads
+  std::string host_streams = "auto";    // auto|cooperative|threads
+  std::string host_semantics = "auto";  // auto|synchronous|cuda
   // The workspace collectives (docs/collectives.md).
   std::string all_gather_algo = "auto";      // auto|direct|ring
   std::string reduce_scatter_algo = "auto";  // auto|direct|ring
@@ -200,6 +201,7 @@ struct Config {
   WorkspaceOptions workspace_options;    // buffer size, timeout, host id, copy-free reads
   int64_t max_buffer_size = 0;
   HostStreams host_streams = HostStreams::kCooperative;
+  HostSemantics host_semantics = HostSemantics::kSynchronous;
   bool collectives = true;        // the collectives run on the workspace
   bool cuda_collectives = false;  // ... also on a CUDA workspace
   bool hierarchical = true;       // ... and hierarchically on a group spanning hosts
@@ -224,9 +226,8 @@ struct Config {
   // Every knob's value and source when the group was created (config::knob_values).
   std::vector<config::KnobValue> knobs;
 
-  // The fused ops' threshold for tensors on `device` (docs/pipelines.md): on the host the
-  // pipelines at best tie the unfused path below it; 0 on CUDA (never measured on a GPU: the
-  // fused path always runs).
+  // The fused ops' threshold for tensors on `device` (docs/pipelines.md, "Small ops"): the host's
+  // default below which the unfused pair runs; 0 on CUDA, where the fused path always runs.
   static constexpr int64_t kDefaultHostFusedMinFlops = int64_t{8} << 30;
   int64_t fused_min_flops_for(c10::DeviceType device) const {
     if (fused_min_flops) return *fused_min_flops;

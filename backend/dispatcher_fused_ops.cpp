@@ -23,8 +23,8 @@ constexpr const char* kMatmulReduceScatter = "fused_matmul_reduce_scatter";
 // A fused op pays a fixed cost the unfused pair does not (its handshake and barriers, two
 // streams, the GEMM split per peer); where its GEMM is short, that is more than fusion hides -
 // on the host always, since a CPU has no copy engine and fusion hides only waiting
-// (docs/pipelines.md, measured results). So "auto" runs, below Config::fused_min_flops GEMM flops
-// per rank, what a user would write without the fused ops: our all_gather_into_tensor then
+// (docs/measurements/fused-measured-results.md). So "auto" runs, below Config::fused_min_flops GEMM
+// flops per rank, what a user would write without the fused ops: our all_gather_into_tensor then
 // torch.matmul, or torch.matmul then our reduce_scatter_tensor, with the outputs laid out exactly
 // as the fused path lays them out (the reference's own view ops, which the fused path's layout
 // reproduces), counted "<op>.unfused". The choice is made from the shapes, the group's size and
@@ -36,8 +36,7 @@ constexpr const char* kMatmulReduceScatter = "fused_matmul_reduce_scatter";
 // differently raise, every one of them, an error naming what each passed and chose, and the
 // group stays usable. Only calls whose arguments pass the local checks take the unfused path; a
 // bad call goes to the fused op, whose handshake tells every rank, those on the unfused path
-// included. The handshake is one barrier (tens of microseconds on the host), against GEMMs of
-// milliseconds at the host's threshold.
+// included. The handshake is one barrier, small against a GEMM of fused_min_flops.
 
 // Flops of the GEMMs a rank runs: 2 * (rows of the gathered / local A) * K * N, summed over Bs.
 double gemm_flops(int64_t a_numel, int64_t a_cols, int64_t k, int64_t n) {
@@ -57,7 +56,7 @@ bool all_gather_matmul_unfused(ProcessGroupCudaP2P& pg, const at::Tensor& A_shar
                                int64_t& dim) {
   if (algorithm != "auto") return false;
   // Only where the unfused pair's collective runs on the workspace too: else it would run on the
-  // wrapped backend, slower than the fused op (docs/pipelines.md: Gloo + matmul).
+  // wrapped backend, slower than the fused op (docs/measurements/fused-measured-results.md).
   if (!pg.uses_workspace_collectives()) return false;
   auto group = pg.pipeline_group(A_shard.device().type());
   if (!ops::pipeline::workspace_serves(group.workspace, A_shard.device())) return false;
@@ -113,7 +112,7 @@ bool matmul_reduce_scatter_unfused(ProcessGroupCudaP2P& pg, const at::Tensor& A,
   if (algorithm != "auto" || ring_steps != 0) return false;  // ring steps ask for the ring
   if (reduce_op != "sum" && reduce_op != "avg") return false;
   // Only where the unfused pair's collective runs on the workspace too: else it would run on the
-  // wrapped backend, slower than the fused op (docs/pipelines.md: Gloo + matmul).
+  // wrapped backend, slower than the fused op (docs/measurements/fused-measured-results.md).
   if (!pg.uses_workspace_collectives()) return false;
   auto group = pg.pipeline_group(A.device().type());
   if (!ops::pipeline::workspace_serves(group.workspace, A.device())) return false;

@@ -34,12 +34,12 @@ c10::intrusive_ptr<c10d::ProcessGroup> resolve_group(const std::string& group_na
 // NOTE [The default group's name]
 // The dispatcher ops take group_name="" for the default group, so that `op(t)` - the call of a
 // model whose tensor parallelism spans the world - passes no strings: each string argument costs
-// about 0.1 us in the dispatcher's Python binding, a twentieth of an 8 B all-reduce
-// (docs/collectives.md, "The dispatcher op"). torch keeps its default group in Python
-// (distributed_c10d's _world), out of reach of a C++ kernel, so the backend's creator records
-// the name of a cuda_p2p group created while no default group exists - torch's default group
-// being created - here. A process-wide record, as torch's default group is process-wide; groups
-// side by side are unaffected (they are named).
+// the dispatcher's Python binding a conversion on every call (docs/collectives.md, "The
+// dispatcher op"; the figures: docs/measurements/collectives-reference-figures.md). torch keeps its
+// default group in Python (distributed_c10d's _world), out of reach of a C++ kernel, so the
+// backend's creator records the name of a cuda_p2p group created while no default group exists -
+// torch's default group being created - here. A process-wide record, as torch's default group is
+// process-wide; groups side by side are unaffected (they are named).
 // A stale record (the default group destroyed, a non-cuda_p2p default group created after it) is
 // harmless: its name resolves to no group, or to a group the checks below reject with an error
 // that says "" meant the default group.
@@ -80,12 +80,12 @@ c10::intrusive_ptr<ProcessGroupCudaP2P> resolve_uncached(std::string_view name,
 
 // NOTE [Group lookup cache]
 // A dispatcher op names its group by a string. torch's registry resolves it under a process-wide
-// lock, then getBackend and a dynamic_cast follow: about 0.3 us, a tenth of an 8 B all-reduce
-// (docs/collectives.md, "The dispatcher op"). So each thread keeps the last few (name, device
-// type) pairs it resolved. An entry holds the backend's raw pointer and a weak reference to its
-// lifetime token (ProcessGroupCudaP2P::lifetime_token(), dropped first thing in its destructor):
-// not a weak reference to the backend itself, since c10's weak_intrusive_ptr defers the
-// destructor - and with it the unmapping of the workspace - until the last weak reference goes.
+// lock, then getBackend and a dynamic_cast follow, on every call of an op whose whole cost is
+// latency (docs/collectives.md, "The dispatcher op"). So each thread keeps the last few (name,
+// device type) pairs it resolved. An entry holds the backend's raw pointer and a weak reference to
+// its lifetime token (ProcessGroupCudaP2P::lifetime_token(), dropped first thing in its
+// destructor): not a weak reference to the backend itself, since c10's weak_intrusive_ptr defers
+// the destructor - and with it the unmapping of the workspace - until the last weak reference goes.
 // An entry is used only while the token lives and the backend is neither shut down nor aborted
 // (ProcessGroupCudaP2P::retired()): torch's destroy_process_group shuts a group's backends down
 // before it unregisters its name, so a name that has come to mean another group (names are

@@ -30,9 +30,7 @@ inline char* slot(const detail::Phase& ph, int rank, int64_t j, int64_t piece) {
 // region, signals its right neighbour (unless nobody pulls from it any more), and copies the slot
 // to the output. Signals per ordered pair match exactly: the rank after me waits at steps 1.. for
 // what I signal at steps 0... Each step depends only on earlier steps of its left neighbour, so
-// there is no cycle. (Bidirectional variants - half of each piece, or whole pieces, travelling
-// each way - were never faster than this ring or than direct on any measured machine and were
-// removed: docs/collectives.md, "Choosing an algorithm".)
+// there is no cycle. (No bidirectional ring: docs/measurements/pruned-algorithms.md says why.)
 void ring(const CollectiveContext& ctx, const Gather& g) {
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
   const int left = mod(me - 1, W), right = mod(me + 1, W);

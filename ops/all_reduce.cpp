@@ -67,16 +67,15 @@ int64_t two_shot_round(const CollectiveContext& ctx, const Args& a, int64_t cap_
 
 // NOTE [Rounds chosen by rank 0]
 // Rounds of chunk_bytes (1 MiB) keep what one rank wrote in its caches until the peer reads it,
-// which is fastest while the ranks' cores share a last-level cache. On a virtual machine whose
-// host moves the vCPUs for seconds at a time into a placement where they do not (NOTE [Core
-// placement] in p2p_workspace/host/core_probe.cpp), and on any machine whose ranks sit in
-// different core complexes, a 2-rank 16 MiB all-reduce took 9.9 ms in 1 MiB rounds against 2.9 ms
-// in one 16 MiB round, and 4 MiB 2.3 ms against 1.6 ms, while in the ordinary placement they are
-// 1.5 against 3.4 ms and 0.22 against 0.43 ms (docs/collectives.md, "The windows are the cores'
-// placement"). Neither size wins everywhere, and the guest cannot see the placement except by
-// timing, so on a host workspace a two-shot of more than one chunked round, when the buffer holds
-// rounds at least twice as large, runs in the rounds rank 0 chose from the times of its recent
-// ops (RoundPolicy, ops/round_policy.cpp), one op ahead:
+// which is fastest while the ranks' cores share a last-level cache. On a virtual machine whose host
+// moves the vCPUs for seconds at a time into a placement where they do not (NOTE [Core placement]
+// in p2p_workspace/host/core_probe.cpp), and on any machine whose ranks sit in different core
+// complexes, one large round is several times faster than chunked rounds there, and slower in the
+// ordinary placement (docs/measurements/windows-cores-placement-2026-11-26.md). Neither size wins
+// everywhere, and the guest cannot see the placement except by timing, so on a host workspace a
+// two-shot of more than one chunked round, when the buffer holds rounds at least twice as large,
+// runs in the rounds rank 0 chose from the times of its recent ops (RoundPolicy,
+// ops/round_policy.cpp), one op ahead:
 //  * every rank keeps, per size class, the rounds the next op of that class runs in (chunked
 //    until rank 0 has chosen: RoundPolicy::agreed); the op runs all of its rounds in them;
 //  * in the first round, before its first barrier, rank 0 writes into the first word of its own
@@ -199,12 +198,12 @@ OpSignature signature(const CollectiveContext& ctx, const Args& a, ReduceOp op, 
 // The inline one-shot: the small-message path of the host.
 
 // NOTE [Inline one-shot]
-// A small all-reduce is all latency. On 2 ranks at 8 bytes the generic one-shot above spent
-// most of its ~8 us of CPU per op on what it enqueues rather than on what it does: closures and
-// their tasks, W + 1 tensor views, the wait contexts' strings, the signature's text and vector
-// of slots, the workspace's mapping lock a dozen times (docs/collectives.md, "Against
-// DeepSpeed"). On a stream that runs inline (the host's: NOTE [Inline signals] in
-// p2p_workspace/device.hpp) one_shot runs this instead, when the tensor fits one round:
+// A small all-reduce is all latency. The generic one-shot above spends most of a small op's CPU
+// time on what it enqueues rather than on what it does: closures and their tasks, W + 1 tensor
+// views, the wait contexts' strings, the signature's text and vector of slots, the workspace's
+// mapping lock a dozen times (docs/measurements/against-deepspeed-issue15.md). On a stream that
+// runs inline (the host's: NOTE [Inline signals] in p2p_workspace/device.hpp) one_shot runs this
+// instead, when the tensor fits one round:
 //
 //  * the same protocol, word for word: the reuse guard on the peers' done words (phase p - 2
 //    ended), staging into this rank's region of half p % 2, this rank's descriptor written into

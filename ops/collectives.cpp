@@ -444,9 +444,9 @@ void wait_readers(const CollectiveContext& ctx, const Phase& ph, c10::ArrayRef<i
 // worker: ATen's pool serves any thread; inside a parallel region it runs serially). Pieces are
 // element ranges and each element is reduced alone, sources in the same order, so the bits are
 // those of one thread. With one thread per rank (the default: ranks sharing cores) nothing
-// changes: not a closure more, not a branch of the kernel. The threshold was measured with
-// bench/bench_collectives.py --threads (docs/collectives.md, "Intra-op threads"): below it the
-// pool's wake-up costs more than the second core gains. CUDA copies are the copy engine's.
+// changes: not a closure more, not a branch of the kernel. Below the threshold the pool's wake-up
+// costs more than the second core gains (bench/bench_collectives.py --threads; docs/collectives.md,
+// "Intra-op threads"). CUDA copies are the copy engine's.
 void copy(const CollectiveContext& ctx, void* dst, const void* src, int64_t n) {
   if (n <= 0 || dst == src) return;
   const int64_t grain = ctx.ws.device().tensor_device().is_cpu()

@@ -39,7 +39,8 @@
 namespace cuda_p2p::ops {
 
 // --- algorithms ---------------------------------------------------------------------------------
-// kAuto picks by size (thresholds in CollectiveConfig; docs/collectives.md has the measurements).
+// kAuto picks by size (thresholds in CollectiveConfig; the runs:
+// docs/measurements/collectives-thresholds.md).
 enum class AllGatherAlgo : uint8_t { kAuto, kDirect, kRing };
 enum class ReduceScatterAlgo : uint8_t { kAuto, kDirect, kRing };
 enum class AllReduceAlgo : uint8_t { kAuto, kOneShot, kTwoShot };
@@ -77,8 +78,9 @@ struct CollectiveConfig {
   AllReduceRounds all_reduce_rounds = AllReduceRounds::kAuto;
 
   // Thresholds of the automatic choice (bytes of the full payload: the all-reduce tensor, the
-  // all-gather output, the reduce-scatter input), measured by bench/bench_collectives.py --algos
-  // on our 2-core hosts with 2 and 4 ranks; docs/collectives.md has the tables.
+  // all-gather output, the reduce-scatter input), chosen with bench/bench_collectives.py --full
+  // --algos (docs/collectives.md, "Choosing an algorithm"; the runs:
+  // docs/measurements/collectives-thresholds.md).
   //   all-reduce:     one-shot up to all_reduce_one_shot_max_bytes, two-shot above.
   //   all-gather:     the ring up to all_gather_ring_max_bytes (3+ ranks: waiting for one
   //                   neighbour instead of every rank matters when ranks share cores), else direct.

@@ -37,9 +37,9 @@ constexpr const char* kOp = "fused_all_gather_matmul";
 // op. All of stream 0's signals are on its channel; stream 1 sends none.
 //
 // The barriers come before the local GEMM, on the stream that runs it, although that GEMM needs
-// nothing from the peers: putting them on stream 1, to hide their wait behind it, measured slower
-// on the host - the barrier then waits for a thread to be woken while every core runs a GEMM,
-// where ahead of the GEMM the ranks meet while their threads are running anyway.
+// nothing from the peers: on stream 1, to hide their wait behind it, a barrier would wait for a
+// thread to be woken while every core runs a GEMM, where ahead of the GEMM the ranks meet while
+// their threads are running anyway (docs/measurements/pipelines-reference-figures.md).
 
 // NOTE [Pull-ahead all-gather→matmul]
 // algorithm="pull_ahead" (the host's default): the same barriers and copies, but after the

@@ -167,8 +167,8 @@ ScatterProblem make_scatter_problem(const at::Tensor& A, const at::Tensor& B, Re
 
 void reduce_stack(const ScatterProblem& p, const at::Tensor& stack) {
   if (p.rows == 0 || p.cols == 0) return;
-  // One pass per partial into a float32 sum: several times faster on the CPU than at::sum over
-  // dim 0 with a float32 dtype, and the same additions.
+  // One pass per partial into a float32 sum: the same additions as at::sum over dim 0 in float32,
+  // which is slower on the CPU (docs/measurements/source-comment-figures.md).
   at::Tensor sum = stack[0].to(accumulate_type(stack.scalar_type()));
   if (sum.is_same(stack[0]) || sum.data_ptr() == stack[0].data_ptr()) sum = stack[0].clone();
   for (int64_t i = 1; i < stack.size(0); ++i) sum.add_(stack[i]);
@@ -497,10 +497,10 @@ MatmulReduceScatterResult fused_matmul_reduce_scatter(
                 " with algorithm=\"pipeline\"");
   });
   // "auto": the ring when ring steps were asked for, or on the host, where its GEMMs run back to
-  // back on one stream and never wait behind a barrier - what matters when the cores that run
-  // the GEMMs also do the copies and are shared with the peers (docs/pipelines.md, measured
-  // results); else the pipeline, whose two streams' GEMMs fill a GPU and whose pulls use the
-  // copy engine.
+  // back on one stream and never wait behind a barrier - what matters when the cores that run the
+  // GEMMs also do the copies and are shared with the peers
+  // (docs/measurements/fused-measured-results.md); else the pipeline, whose two streams' GEMMs fill
+  // a GPU and whose pulls use the copy engine.
   const bool ring =
       algorithm == "ring" || (algorithm == "auto" && (ring_steps != 0 || A.device().is_cpu()));
   if (on_workspace) {

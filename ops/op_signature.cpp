@@ -53,7 +53,7 @@ struct SignatureState::HostRecord {
 //    its own error; its peers raise at once, naming it, instead of waiting for a timeout.
 //
 // Host: the comparison runs on the caller's thread right after the barrier, and a mismatch is
-// raised before anything else is enqueued. CUDA (written, never run: CI has no GPU): publication
+// raised before anything else is enqueued. CUDA (where it has run: docs/testing.md): publication
 // and comparison are two one-block kernels in stream order (ops/cuda/signature_kernel.cu); the
 // comparison records a disagreement in host-mapped memory, which check_signature_record turns
 // into the same error when the host next looks (the group's next collective or fused op, or a

@@ -28,8 +28,9 @@ class RoundPolicy {
   void agree(int64_t bytes, RoundSize next);
 
   // Chunked rounds count as slowed down when their last two ops took over this factor of their
-  // best time (per byte); the slow placement of docs/collectives.md ("The windows are the cores'
-  // placement") is 5-10x, the spread of ordinary ops about 1.5x with an outlier now and then.
+  // best time (per byte); it lies between the spread of ordinary ops and the slowdown of the slow
+  // placement (NOTE [Core placement] in p2p_workspace/host/core_probe.cpp;
+  // docs/measurements/windows-cores-placement-2026-11-26.md).
   static constexpr double kSlowedDown = 2.5;
   // Ops of a size class between two tries of the round size not in use. Large rounds are first
   // tried after kFirstTryAfter chunked ops; once they lost, again after kRetryLost ops, or after

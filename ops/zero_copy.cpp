@@ -96,15 +96,15 @@ namespace cuda_p2p::ops::detail {
 // compared the claims followed every rank's entry, so the readers copy from the root's heap at
 // once and the root waits for them. Only a tensor that fits one round of the staged broadcast
 // goes zero-copy: beyond that the staged rounds overlap the root's copy-in with the readers'
-// copy-out, every core working, while zero-copy leaves the root idle - measured 1.1-1.3x slower
-// than staged at 4-16 MiB on 2 ranks, 0.6-0.9x at 64 KiB-1 MiB (docs/collectives.md, "Zero-copy
-// symmetric tensors").
+// copy-out, every core working, while zero-copy leaves the root idle (docs/zero_copy.md,
+// "Broadcast"; the runs: docs/measurements/zero-copy-broadcast-2026-11-24.md).
 //
 // The reductions use the staged path's kernel in rank order, so each element gets the bits the
 // staged direct reduce-scatter and two-shot all-reduce compute, and every rank the same bits.
 //
-// The CUDA side of this (signature agreement over CUDA IPC heaps) is written and compiled; the
-// host runs the very same code with zero_copy_agreement="signature", which the CPU suite tests.
+// The host runs the CUDA side's code (signature agreement over CUDA IPC heaps) too, with
+// zero_copy_agreement="signature", which the CPU suite tests (docs/zero_copy.md says where the
+// CUDA side has run).
 
 namespace {
 
@@ -163,9 +163,9 @@ std::string claim(const CollectiveContext& ctx, std::vector<int64_t> offsets, st
 
 // The largest all-reduce round (elements) whose reduced part of a rank fits behind the header of
 // its region, as the staged two-shot's rounds (config.chunk_bytes); 0 when none fits, or when
-// zero-copy does not pay: on a host workspace with 2 ranks it was slower than the staged
-// two-shot in every run (1.15-1.30x at 1 MiB, 0.98-1.07x at 16 MiB; docs/collectives.md,
-// "Zero-copy symmetric tensors"), so that all-reduce stages; on 3+ ranks it wins.
+// zero-copy does not pay: on a host workspace with 2 ranks, where it saves only the staged
+// two-shot's in-cache copy-in (docs/zero_copy.md, "The bound"), that all-reduce stages; on 3+
+// ranks it reads in place (the runs: docs/measurements/zero-copy-collectives-2026-11-23.md).
 int64_t all_reduce_round(const CollectiveContext& ctx, int64_t esize) {
   const int W = ctx.ws.world_size();
   if (W == 2 && host_workspace(ctx)) return 0;

@@ -261,12 +261,13 @@ class Device {
   // NOTE [Inline signals]
   // On a stream whose work runs at once on the calling thread (the host's inline stream), a
   // latency-bound algorithm may do each step itself instead of enqueueing a task per step (a
-  // closure, a context string, a lock each): that was most of a small all-reduce's CPU time
-  // (docs/collectives.md, "Against DeepSpeed"). It then writes signals with write_signal_now,
-  // copies with memcpy, and polls with poll_signals_now; a wait that poll_signals_now did not
-  // see satisfied goes on through wait_signals, with its timeout, back-off, sleep and failure
-  // checks. The order is the one enqueueing would give, since the stream runs everything in
-  // program order anyway. Devices whose streams never run inline (CUDA) keep the defaults.
+  // closure, a context string, a lock each), which would be most of a small all-reduce's CPU
+  // time (docs/measurements/against-deepspeed-issue15.md). It then writes signals with
+  // write_signal_now, copies with memcpy, and polls with poll_signals_now; a wait that
+  // poll_signals_now did not see satisfied goes on through wait_signals, with its timeout,
+  // back-off, sleep and failure checks. The order is the one enqueueing would give, since the
+  // stream runs everything in program order anyway. Devices whose streams never run inline (CUDA)
+  // keep the defaults.
   //
   // Whether work enqueued on `s` runs at once, on the calling thread.
   virtual bool runs_inline(const Stream& /*s*/) const { return false; }

@@ -1,7 +1,7 @@
-// The CUDA side of the op-signature handshake (NOTE [Op signatures] in ops/op_signature.cpp):
-// one kernel writes this rank's descriptor into the peers' pads, one compares the descriptors in
-// the own pad after the barrier and records a disagreement in host-mapped memory. Plain CUDA: no
-// torch headers. Never run: CI has no GPU.
+// The CUDA side of the op-signature handshake (NOTE [Op signatures] in ops/op_signature.cpp): one
+// kernel writes this rank's descriptor into the peers' pads, one compares the descriptors in the
+// own pad after the barrier and records a disagreement in host-mapped memory. Plain CUDA: no torch
+// headers.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,8 +1,7 @@
 // CUDA implementation of the device interface (compiled when nvcc is found; runs only on a GPU).
 // CI never runs it (no GPU there): everything device-independent (the watchdog, the failure
-// state, the workspace protocols) lives in shared code that the host tests exercise. It has run
-// on one GPU shared by 1-4 ranks, from the C++ tests and from Python, never across GPUs
-// (docs/testing.md, "What has run on a GPU").
+// state, the workspace protocols) lives in shared code that the host tests exercise. Where it
+// has run: docs/testing.md, "What has run on a GPU".
 //
 // NOTE [CUDA signal ordering]
 // write_signal is cuStreamWriteValue32 with the default flags, which puts a memory fence before
@@ -19,7 +18,7 @@
 // the peer observes the signal. So the kernel ends with a system-wide fence, and where the device
 // supports it (CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES) every wait carries
 // CU_STREAM_WAIT_VALUE_FLUSH, which makes remote writes that reached the device before the wait
-// was satisfied visible to the work after it. Not yet run across GPUs (docs/testing.md).
+// was satisfied visible to the work after it (docs/testing.md says where this has run).
 //
 // NOTE [Group streams]
 // The pipeline streams are the group's own (new_stream creates them; they are not c10's pool
@@ -330,10 +329,9 @@ class CudaWatchedWait : public WatchedWait {
   // The waiting stream is blocked, so the words are read through the device's reader stream,
   // into pinned memory taken when the wait was enqueued (a copy into pageable memory, or an
   // allocation now, may wait for the whole device), and for at most kReadLimit: the watchdog
-  // thread must never block here, since the release of every wait comes after this read. On
-  // the first GPU run of the release test (2026-11-27) the watchdog never reported a missed
-  // deadline while the test's main thread sat in cudaDeviceSynchronize() behind the wait; the
-  // read then copied into pageable memory and synchronized the reader stream without a limit.
+  // thread must never block here, since the release of every wait comes after this read:
+  // otherwise a caller blocked in cudaDeviceSynchronize() behind the wait would block the
+  // watchdog's read too, and the missed deadline would never be reported.
   // A word that could not be read in time names its peer as missing.
   static constexpr Millis kReadLimit{1000};
   std::vector<int> missing() override {

@@ -14,16 +14,14 @@
 
 // NOTE [Core placement]
 // A virtual machine's vCPUs run on whatever cores the host gives them, and the host moves them for
-// seconds at a time. On this project's CI machines (2 vCPUs of an AMD EPYC, one L3 as far as the
-// guest can tell) this probe measures a round trip of about 70 ns most of the time, about 30 ns
-// while both vCPUs run on one physical core, and about 300 ns while they sit in different core
-// complexes (no shared L3); there a 1 MiB hand-over between them also takes 2-3x longer. Every
+// seconds at a time. While two vCPUs sit in different core complexes (no shared L3) this probe's
+// round trip is several times its usual value, and so is a hand-over of data between them. Every
 // cross-rank transfer of the host path moves lines the other rank just wrote, so in that
-// placement a 2-rank 16 MiB all-reduce runs 4-6x slower while a local copy does not change
-// (docs/collectives.md, "The windows are the cores' placement"). Nothing inside the guest can
-// choose the placement; the bench samples it through a run and marks every cell with what it
-// was while the cell ran (bench/README.md); the two-shot all-reduce adapts its rounds to it by
-// timing (NOTE [Rounds chosen by rank 0] in ops/all_reduce.cpp).
+// placement the host collectives slow down by as much while a local copy does not (the figures
+// on this project's CI machines: docs/measurements/windows-cores-placement-2026-11-26.md). Nothing
+// inside the guest can choose the placement; the bench samples it through a run and marks every
+// cell with what it was while the cell ran (bench/README.md); the two-shot all-reduce adapts its
+// rounds to it by timing (NOTE [Rounds chosen by rank 0] in ops/all_reduce.cpp).
 
 namespace cuda_p2p::host {
 namespace {

@@ -27,17 +27,17 @@ namespace cuda_p2p::host {
 // never depends on a wake arriving (waiters re-check at least every kMaxSleep).
 
 // NOTE [Sleeper bit]
-// A FUTEX_WAKE on a shared word is a system call that looks the page up (get_user_pages) even
-// when nobody sleeps, and most waits end while polling (NOTE [Host waits on shared cores]): two
-// such calls per rank were a measurable part of a small all-reduce. So a host signal word holds
-// a 31-bit sequence number and, in its top bit, "a waiter may be asleep on me": a waiter sets the
-// bit with a compare-and-swap on the exact value it saw before it sleeps, and sleeps only while
-// the word holds that value with the bit; a writer exchanges the word for the new number (bit
-// clear) and wakes only when the old word had the bit. Both are read-modify-writes of one word,
-// so one of them comes first in its modification order: either the writer sees the bit, or the
-// waiter's swap fails and it sees the new number - no wake is lost. Sequence numbers compare in
-// 31-bit wrap-around order (reached()); each word has one writer and is waited on by its owner
-// only, and only this device writes host pads.
+// A FUTEX_WAKE on a shared word is a system call that looks the page up (get_user_pages) even when
+// nobody sleeps, and most waits end while polling (NOTE [Host waits on shared cores]): a small
+// all-reduce would pay two such calls per rank. So a host signal word holds a 31-bit sequence
+// number and, in its top bit, "a waiter may be asleep on me": a waiter sets the bit with a
+// compare-and-swap on the exact value it saw before it sleeps, and sleeps only while the word holds
+// that value with the bit; a writer exchanges the word for the new number (bit clear) and wakes
+// only when the old word had the bit. Both are read-modify-writes of one word, so one of them comes
+// first in its modification order: either the writer sees the bit, or the waiter's swap fails and
+// it sees the new number - no wake is lost. Sequence numbers compare in 31-bit wrap-around order
+// (reached()); each word has one writer and is waited on by its owner only, and only this device
+// writes host pads.
 
 namespace {
 
@@ -82,12 +82,12 @@ std::optional<uint32_t> mark_sleeper(const uint32_t* word, uint32_t value) {
 // of the ranks] in p2p_workspace/symmetric_workspace.cpp), it polls with sched_yield - which hands
 // the core to any runnable task, a peer queued on this CPU or another process, and returns at once
 // when there is none - until kYieldTime has passed since the wait began; only then does it sleep on
-// the futex. A sleeper runs again only when the scheduler gets to it, tens of microseconds on a
-// loaded 2-vCPU machine, and a small all-reduce is two waits per rank; a yielding poller gives its
-// core away as readily but is back as soon as nothing else wants it (docs/collectives.md, "Against
-// DeepSpeed", has the measurements; DeepSpeed's waits spin without ever yielding, which starves
-// 4 ranks on 2 cores). Every word of one wait is polled in the same loop, so a barrier's polling
-// budget is shared by all its peers.
+// the futex. A sleeper runs again only when the scheduler gets to it, often longer than the whole
+// collective on a loaded machine, and a small all-reduce is two waits per rank; a yielding poller
+// gives its core away as readily but is back as soon as nothing else wants it
+// (docs/measurements/against-deepspeed-issue15.md has the measurements; DeepSpeed's waits spin
+// without ever yielding, which starves 4 ranks on 2 cores). Every word of one wait is polled in the
+// same loop, so a barrier's polling budget is shared by all its peers.
 bool poll_more(std::chrono::steady_clock::duration waited, bool oversubscribed) {
   if (waited >= kYieldTime) return false;
   if (!oversubscribed && waited < kSpinTime) {

@@ -198,9 +198,9 @@ class HostGraphImpl : public HostGraph {
     std::map<HostStream*, uint64_t> base;
     for (const auto& s : keep_) base[s.get()] = s->enqueued();
     for (const auto& e : entries_) {
-      e.stream->enqueue(e.is_wait ? event_wait(*e.stream, e.other->shared_from_this(),
-                                               base[e.other] + e.seq)
-                                  : e.task);
+      e.stream->enqueue(
+          e.is_wait ? event_wait(*e.stream, e.other->shared_from_this(), base[e.other] + e.seq)
+                    : e.task);
     }
   }
   size_t tasks() const override { return entries_.size(); }
@@ -850,6 +850,13 @@ HostStreams parse_host_streams(const std::string& value, const std::string& what
   if (value == "cooperative") return HostStreams::kCooperative;
   if (value == "threads") return HostStreams::kThreads;
   TORCH_CHECK_VALUE(false, "cuda_p2p: ", what, " must be 'auto', 'cooperative' or 'threads', got '",
+                    value, "'");
+}
+
+HostSemantics parse_host_semantics(const std::string& value, const std::string& what) {
+  if (value == "auto" || value == "synchronous") return HostSemantics::kSynchronous;
+  if (value == "cuda") return HostSemantics::kCuda;
+  TORCH_CHECK_VALUE(false, "cuda_p2p: ", what, " must be 'auto', 'synchronous' or 'cuda', got '",
                     value, "'");
 }
 

@@ -21,8 +21,9 @@ HostStreams parse_host_streams(const std::string& value, const std::string& what
 // NOTE [Host device with CUDA's semantics]
 // The host device's ops complete before they return and its waits raise into their streams, so
 // the protocol code's CUDA branches and CUDA's failure behaviour would never run in CI. With
-// HostSemantics::kCuda (tests only; tests/cpp/harness.hpp) the host device behaves as the CUDA
-// device does, on host memory and host streams:
+// HostSemantics::kCuda (Options.host_semantics / CUDA_P2P_HOST_SEMANTICS=cuda;
+// tests/cpp/harness.hpp) the host device behaves as the CUDA device does, on host memory and host
+// streams:
 //  - the caller's current stream is a host stream of its thread's own (made on first use),
 //    never the inline one: an op returns with its work queued (cooperative streams run it only
 //    when someone waits: the host runs ahead as far as it can), and host_synchronous() is false,
@@ -41,6 +42,8 @@ HostStreams parse_host_streams(const std::string& value, const std::string& what
 // stream order, so ops whose closures refer to their locals (the fused pipelines: NOTE [Host ops
 // return complete] in ops/pipeline_common.hpp) still wait for their own streams.
 enum class HostSemantics { kSynchronous, kCuda };
+// "auto" (synchronous), "synchronous" or "cuda"; anything else is an error naming `what`.
+HostSemantics parse_host_semantics(const std::string& value, const std::string& what);
 
 // `processes`: how many ranks of this host share its CPUs through this device's signals (0:
 // unknown); waits poll with PAUSE only while they fit the CPUs (NOTE [Host waits on shared

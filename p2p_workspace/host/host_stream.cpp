@@ -11,13 +11,13 @@
 namespace cuda_p2p::host {
 
 // NOTE [Cooperative host streams]
-// A GPU runs a stream's work on its own engines; a CPU has only the cores the ranks already
-// occupy. Executor threads (HostStreams::kThreads) give the host the GPU's concurrency, but every
-// hand-off to a thread that sleeps on a busy machine waits for the OS scheduler (0.3-1 ms per
-// pipeline step measured with 2 ranks on 2 cores, more than a small GEMM). So by default a host
-// device's streams are cooperative: enqueueing only queues a task, and the thread that waits for
-// a stream (synchronize, or an event joined into the caller's inline stream) runs the tasks of
-// all the device's cooperative streams itself:
+// A GPU runs a stream's work on its own engines; a CPU has only the cores the ranks already occupy.
+// Executor threads (HostStreams::kThreads) give the host the GPU's concurrency, but every hand-off
+// to a thread that sleeps on a busy machine waits for the OS scheduler, longer than a small GEMM
+// (docs/measurements/pipelines-reference-figures.md). So by default a host device's streams are
+// cooperative: enqueueing only queues a task, and the thread that waits for a stream (synchronize,
+// or an event joined into the caller's inline stream) runs the tasks of all the device's
+// cooperative streams itself:
 //  - it always runs the first task that may start, scanning the high-priority streams first
 //    and starting over after every task, so communication goes ahead of computation as on a GPU
 //    with a high-priority communication stream;

@@ -44,17 +44,17 @@ namespace cuda_p2p::host {
 // leaves that pair's channel unusable (its later ops fail at once, saying why), since the chunks
 // left can no longer be told apart.
 //
-// Progress: every call (post, Work.wait, Work.is_completed) drives all pending ops of the group
-// as far as they go without blocking, so a message to a rank that is already waiting moves with
-// no thread hand-off. A rank whose pending ops cannot finish at once (the receiver has not taken
-// the earlier chunks yet, a receive's message has not come) gets one progress thread, which moves
-// them while nobody waits - as a GPU stream or Gloo's transport would - and sleeps on the mailbox
-// words (futex). It stays out of the callers' way: on its condition variable while nothing is
-// pending or a caller is waiting (and driving) itself, and for kGrace after a caller drove, since
-// the caller that posted is usually about to wait. Woken on every post, it cost 2 ranks a context
-// switch per message: 8 B send/recv ping-pong 47 us per round trip with it, 18 us without. Waits
-// back off like every host wait (NOTE [Host waits on shared cores] in
-// p2p_workspace/host/futex_wait.cpp).
+// Progress: every call (post, Work.wait, Work.is_completed) drives all pending ops of the group as
+// far as they go without blocking, so a message to a rank that is already waiting moves with no
+// thread hand-off. A rank whose pending ops cannot finish at once (the receiver has not taken the
+// earlier chunks yet, a receive's message has not come) gets one progress thread, which moves them
+// while nobody waits - as a GPU stream or Gloo's transport would - and sleeps on the mailbox words
+// (futex). It stays out of the callers' way: on its condition variable while nothing is pending or
+// a caller is waiting (and driving) itself, and for kGrace after a caller drove, since the caller
+// that posted is usually about to wait. Woken on every post, it would cost a context switch per
+// message, more than a small message's whole round trip
+// (docs/measurements/send-recv-2026-11-28.md). Waits back off like every host wait (NOTE [Host
+// waits on shared cores] in p2p_workspace/host/futex_wait.cpp).
 
 namespace {
 
