@@ -4,8 +4,9 @@
 dtypes, signals before their waits and after, many puts then one signal, ``map_remote_tensor``
 reads and writes, deregistering and registering again, the Works, the counters, every argument
 error (raised on every rank for the collective calls, with nothing written), a timeout naming the
-peer after which the window stays usable, a peer's failure ending the waits for it, and a
-shut-down group. Every received tensor is compared with what its sender put, computed locally by
+peer after which the window stays usable, a peer's failure ending the waits for it, a host
+workspace with CUDA's semantics (calls queued, two threads signalling one peer), and a shut-down
+group. Every received tensor is compared with what its sender put, computed locally by
 plain torch. Windows need torch's c10d windows (torch 2.14): on an older torch the build leaves
 them out and these tests skip."""
 
@@ -338,6 +339,68 @@ def check_argument_errors(ctx):
 
 def test_argument_errors(any_world):
     assert_ok(any_world.run(check_argument_errors), min_cases=12)
+
+
+def check_host_cuda_semantics(ctx):
+    """On a host workspace with CUDA's semantics (Options.host_semantics = "cuda": a call returns
+    queued on its thread's own stream, as on a GPU): ring puts whose Works are waited for, the
+    waits' Works synchronized before the host reads, and two threads signalling one peer from
+    their own streams - every signal counted, so the peer's waits all return (NOTE [Window
+    signals]: the signals to one peer execute in the order they were counted)."""
+    import threading
+
+    W, rank = ctx.world_size, ctx.rank
+    chk = Checker(f"window host cuda semantics W={W}")
+    o = cuda_p2p.ProcessGroupCudaP2P.Options()
+    o.host_semantics = "cuda"
+    h = dist.new_group(backend="cuda_p2p", pg_options=o, timeout=timedelta(seconds=30))
+    cuda_p2p.get_cuda_p2p_backend(h).reset_counters()
+    right, left = (rank + 1) % W, (rank - 1) % W
+    n = 64
+    win = dist._new_window(torch.zeros(2 * n), group=h)
+    for i in range(2):
+        win.put(_message(rank, right, n, torch.float32, seed=i), right, i * n, True).wait()
+    win.signal(right, True)
+    win.wait_signal(left, True).wait()
+    want = torch.cat([_message(left, rank, n, torch.float32, seed=i) for i in range(2)])
+    chk.case("ring", torch.equal(win.map_remote_tensor(rank), want), "")
+    _barrier()
+    each = 50
+
+    thread_errors = []
+
+    # Work.wait(), not synchronize(): torch's binding of synchronize holds the GIL while it
+    # blocks, so the other thread could not issue the signals the peers wait for.
+    def signal():
+        try:
+            for _ in range(each - 1):
+                win.signal(right, False)
+            win.signal(right, False).wait()
+        except Exception as e:  # noqa: BLE001 - reported below
+            thread_errors.append(repr(e))
+
+    threads = [threading.Thread(target=signal) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for _ in range(2 * each - 1):
+        win.wait_signal(left, False)
+    err = raises(lambda: win.wait_signal(left, False).wait())
+    for t in threads:
+        t.join()
+    chk.case("signalling threads", not thread_errors, f"{thread_errors}")
+    chk.case("two threads' signals all counted", err is None, f"{err!r}")
+    _barrier()
+    c = _window_counters(h)
+    chk.case("counters", c.get("window.signal") == 1 + 2 * each and
+             c.get("window.wait_signal") == 1 + 2 * each and c.get("window.put") == 2, f"{c}")
+    _barrier()
+    win = None
+    dist.destroy_process_group(h)
+    return chk.result()
+
+
+def test_host_cuda_semantics(any_world):
+    assert_ok(any_world.run(check_host_cuda_semantics), min_cases=3)
 
 
 def check_a_failed_peer(ctx):
