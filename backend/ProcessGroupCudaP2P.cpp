@@ -18,6 +18,10 @@
 #include "p2p_workspace/cuda/cuda_device.hpp"
 #include "p2p_workspace/host/host_device.hpp"
 
+#ifdef CUDA_P2P_WITH_WINDOWS
+#include "backend/windows.hpp"
+#endif
+
 #ifdef CUDA_P2P_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -895,6 +899,30 @@ at::Tensor ProcessGroupCudaP2P::allocateTensor(long size, at::TensorOptions opti
   counters_.record(Op::kAllocateTensor, in_heap ? "heap" : "fallback");
   return tensor;
 }
+
+// --- one-sided windows (WorkspaceWindow) --------------------------------------------------------
+
+#ifdef CUDA_P2P_WITH_WINDOWS
+bool ProcessGroupCudaP2P::supportsWindow() const { return is_p2p_available() && !hierarchy_; }
+
+c10::intrusive_ptr<c10d::Window> ProcessGroupCudaP2P::new_window(
+    const std::optional<at::Tensor>& tensor) {
+  TORCH_CHECK(is_p2p_available(),
+              "cuda_p2p new_window: expected a group with an available P2P workspace (its "
+              "symmetric heap holds the windows), but it is unavailable: ",
+              p2p_unavailable_reason());
+  auto window = c10::make_intrusive<WorkspaceWindow>(
+      WindowGroup{.owner = c10::intrusive_ptr<c10d::Backend>::reclaim_copy(this),
+                  .group = group_,
+                  .heap = heap_,
+                  .counters = counters_,
+                  .exchange = wrapped_.cpu(),
+                  .timeout = [this] { return Millis(options_->timeout); },
+                  .coalescing = [this] { return wrapped_.coalescing(); }});
+  if (tensor) window->tensor_register(*tensor);
+  return window;
+}
+#endif
 
 // --- the fused pipelines and the hierarchy ------------------------------------------------------
 

@@ -256,6 +256,16 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // lookup cache holds a weak reference to instead of the backend (NOTE [Group lookup cache]).
   const std::shared_ptr<const bool>& lifetime_token() const { return lifetime_token_; }
 
+#ifdef CUDA_P2P_WITH_WINDOWS
+  // --- one-sided windows (backend/windows.hpp, docs/windows.md) -------------------------------
+  // A group whose workspace is available holds its windows in its symmetric heap.
+  bool supportsWindow() const override;
+  // Collective: a window on this group's symmetric heap (WorkspaceWindow); `tensor`, when given,
+  // is registered (tensor_register, NOTE [Window registration] in backend/windows.cpp).
+  c10::intrusive_ptr<c10d::Window> new_window(
+      const std::optional<at::Tensor>& tensor = std::nullopt) override;
+#endif
+
  private:
   using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 

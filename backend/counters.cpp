@@ -62,6 +62,7 @@ constexpr OpNames kOps[] = {
     {Counters::Op::kFusedScaledMatmulReduceScatter, "fused_scaled_matmul_reduce_scatter",
      kRounds | kGrew},
     {Counters::Op::kAllocateTensor, "allocate_tensor", 0},
+    {Counters::Op::kWindow, "window", 0},
 };
 static_assert(std::size(kOps) == static_cast<size_t>(Counters::Op::kCount));
 

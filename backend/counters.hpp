@@ -64,6 +64,7 @@ class Counters {
     kFusedAllGatherScaledMatmul,
     kFusedScaledMatmulReduceScatter,
     kAllocateTensor,
+    kWindow,  // the one-sided windows' calls (backend/windows.cpp)
     kCount
   };
 

@@ -482,10 +482,16 @@ PYBIND11_MODULE(_C, m) {
         d["cuda_archs"] = "";
 #endif
         d["host_reduction"] = cuda_p2p::ops::host_reduction_isa();
+#ifdef CUDA_P2P_WITH_WINDOWS
+        d["windows"] = true;
+#else
+        d["windows"] = false;
+#endif
         return d;
       },
       "How this extension was built: {'cuda': CUDA sources compiled in, 'cuda_archs': their "
-      "architectures, 'host_reduction': the host reduction kernel's build used on this CPU}.");
+      "architectures, 'host_reduction': the host reduction kernel's build used on this CPU, "
+      "'windows': one-sided windows compiled in (torch's c10d has them: docs/windows.md)}.");
 
   m.def("_debug_line", &cuda_p2p::config::debug_line, py::arg("line"),
         "Writes one line to stderr in one piece (NOTE [Debug lines] in backend/config.cpp).");

@@ -35,6 +35,10 @@
 # training step (GPipe and 1F1B, a stage per rank) on 2 and 4 ranks, its send/recv on Gloo and on
 # cuda_p2p's mailboxes (bench/results/pipeline.{json,png}).
 #
+# --windows runs bench/bench_windows.py (its arguments follow): a ping-pong between pairs of ranks
+# through one-sided windows (put + signal, wait_signal) and through send/recv on the same group,
+# 8 B to 16 MiB, as a ratio (bench/results/windows.json; docs/windows.md).
+#
 # --link RATE (with --hosts 2; RATE as tc writes it: 10gbit, 25gbit, 100gbit) puts each simulated
 # host's ranks in a network namespace of its own, joined by a veth pair whose two ends are shaped
 # to RATE with tc's tbf (netem is not in every kernel), so that bytes between hosts cost what such
@@ -82,6 +86,10 @@ fi
 if [ "${1:-}" = "--pipeline" ]; then
   shift
   exec .venv/bin/python bench/bench_pipeline.py "$@"
+fi
+if [ "${1:-}" = "--windows" ]; then
+  shift
+  exec .venv/bin/python bench/bench_windows.py "$@"
 fi
 if [ -n "$link" ]; then
   tag="cp2p$$"

@@ -6,8 +6,10 @@
 #         but the test_cuda_* ones (built without CUDA they only skip), GoogleTest built from
 #         third_party/googletest (so CI also proves that copy builds).
 #   tsan  build/tsan: -fsanitize=thread; the host executor tests (test_host_streams, and
-#         1 rank; test_workspace with a thread per host stream, 2 ranks), the watchdog (1 rank)
-#         and the op order with callers on streams of their own (test_op_order, 2 ranks).
+#         1 rank; test_workspace with a thread per host stream, 2 ranks), the watchdog (1 rank),
+#         the op order with callers on streams of their own (test_op_order, 2 ranks), the
+#         mailboxes and the one-sided windows' threads (test_send_recv, test_window, 2 ranks; the
+#         windows also with CUDA's semantics, where threads signal from streams of their own).
 #         tests/cpp/tsan.supp silences what TSan cannot see inside the uninstrumented libtorch.
 #
 #   bash scripts/sanitizers.sh [--build-only] [asan] [tsan]
@@ -86,11 +88,11 @@ for kind in "${kinds[@]}"; do
       echo "== TSan: build/tsan"
       extra=()
       configure_and_build build/tsan thread test_host_streams test_workspace test_watchdog \
-        test_op_order test_send_recv || { status=1; continue; }
+        test_op_order test_send_recv test_window || { status=1; continue; }
       ((build_only)) && continue
       TSAN_OPTIONS="suppressions=$ROOT/tests/cpp/tsan.supp:halt_on_error=1:second_deadlock_stack=1:history_size=4" \
         "$CTEST" --test-dir build/tsan --output-on-failure --timeout 300 \
-        -R '^(test_host_streams_np1|test_workspace_threads_np2|test_watchdog_np1|test_op_order_np2|test_send_recv_np2)$' ||
+        -R '^(test_host_streams_np1|test_workspace_threads_np2|test_watchdog_np1|test_op_order_np2|test_send_recv_np2|test_window_np2|test_window_cuda_semantics_np2)$' ||
         status=1
       ;;
     *)

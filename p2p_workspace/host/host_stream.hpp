@@ -67,7 +67,7 @@ class HostStream : public Stream, public std::enable_shared_from_this<HostStream
   bool high_priority() const { return high_priority_; }
   void enqueue(HostTask task);
   // Tasks enqueued so far; an event records this number.
-  uint64_t enqueued() const { return enqueued_; }
+  uint64_t enqueued() const { return enqueued_.load(std::memory_order_acquire); }
   // Tasks finished (or skipped after an error) so far.
   uint64_t done() const;
   // Blocks until `seq` tasks have finished (or been skipped after an error); rethrows the
@@ -87,7 +87,9 @@ class HostStream : public Stream, public std::enable_shared_from_this<HostStream
   const Mode mode_;
   const bool high_priority_;
   const std::shared_ptr<CooperativeScheduler> scheduler_;  // cooperative mode only
-  uint64_t enqueued_ = 0;                                  // only touched by the enqueuing thread
+  // Atomic: the inline stream is every calling thread's, and several may enqueue at once (one
+  // window's puts and waits from two threads); the other streams have one enqueuing thread.
+  std::atomic<uint64_t> enqueued_{0};
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<HostTask> queue_;

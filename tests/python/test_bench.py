@@ -54,6 +54,11 @@ TINY = {
          "1", "--warmup", "1", "--json", "{out}/p.json", "--plot", "{out}/p.png"],
         "{out}/p.json",
     ),
+    "bench_windows.py": (
+        ["--world-sizes", "2", "--sizes", "8", "4K", "--iters", "5", "--samples", "2",
+         "--warmup", "1", "--json", "{out}/win.json"],
+        "{out}/win.json",
+    ),
     "bench_workspace.py": (
         ["--world-sizes", "2", "--sizes", "4096", "--barrier-iters", "20", "--json",
          "{out}/w.json"],

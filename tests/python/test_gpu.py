@@ -33,7 +33,7 @@ import cuda_p2p
 from _checks import Checker, wrapped
 from _harness import scoped_environ
 from _reference import FLOAT_OPS, reduce_over_ranks
-from cuda_p2p import ProcessGroupCudaP2P
+from cuda_p2p import _C, ProcessGroupCudaP2P
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(),
@@ -1029,6 +1029,81 @@ def check_symmetric_heap_limits(ctx):
     return chk.result()
 
 
+def check_windows(ctx):
+    """One-sided windows (docs/windows.md) on the group's workspace device: a ring of puts into
+    a registered copy, an all-to-all into a heap tensor registered in place, many puts then one
+    signal, Work.wait() ordering the caller's stream, map_remote_tensor reads of every peer, a
+    put that does not fit (nothing written), deregistration. Skipped where torch has no windows."""
+    W, rank, dev = ctx.world_size, ctx.rank, _device()
+    chk = Checker(f"windows W={W} on {dev.type}")
+    if not _C._build_info().get("windows", False):
+        chk.case("skipped: no windows in this torch", True)
+        return chk.result()
+    g = _group(("windows",), buffer_size=BUFFER, symmetric_heap_size=HEAP)
+    cuda_p2p.get_cuda_p2p_backend(g).reset_counters()
+    right, left = (rank + 1) % W, (rank - 1) % W
+    chk.case("supports_window", g.supports_window, "")
+
+    def msg(src, dst, n, seed=0):
+        return (torch.arange(n, dtype=torch.float32) + src * 1000 + dst * 100 + seed * 10000)
+
+    n = 300
+    win = dist._new_window(torch.zeros(W * n, device=dev), group=g)  # a copy in the heap
+    src = msg(rank, right, n).to(dev)
+    work = win.put(src, right, n, True)
+    work.wait()  # the caller's stream is ordered after the put
+    win.signal(right, True)
+    win.wait_signal(left, True).wait()
+    got = win.map_remote_tensor(rank)
+    chk.case("remote tensor device", got.device == dev, f"{got.device}")
+    want = torch.zeros(W * n)
+    want[n:2 * n] = msg(left, rank, n)
+    chk.case("ring", torch.equal(got.cpu(), want), "differs")
+    _sync()
+    dist.barrier(group=ctx.gloo)
+    # Many puts then one signal: the peer's one wait sees every one of them.
+    srcs = [msg(rank, right, 10, seed=i).to(dev) for i in range(8)]
+    for i, s in enumerate(srcs):
+        win.put(s, right, i * 10, False)
+    win.signal(right, False)
+    win.wait_signal(left, False)
+    want = torch.cat([msg(left, rank, 10, seed=i) for i in range(8)])
+    chk.case("many puts, one signal", torch.equal(got[:80].cpu(), want), "differs")
+    err = None
+    try:
+        win.put(torch.ones(W * n + 1, device=dev), right, 0, False)
+    except (RuntimeError, ValueError) as e:
+        err = str(e)
+    chk.case("too large", err is not None and "nothing was written" in err, f"{err!r}")
+    _sync()
+    dist.barrier(group=ctx.gloo)
+    win.tensor_deregister()
+    # In place: a heap tensor; every rank puts its slot into every rank.
+    t = cuda_p2p.empty(W, 16, device=dev, group=g)
+    t.zero_()
+    win.tensor_register(t)
+    for q in range(W):
+        win.put(msg(rank, q, 16, seed=3).to(dev), q, rank * 16, False)
+        win.signal(q, False)
+    for q in range(W):
+        win.wait_signal(q, False)
+    _sync()
+    want = torch.stack([msg(q, rank, 16, seed=3) for q in range(W)])
+    chk.case("all-to-all in place", torch.equal(t.cpu(), want), "differs")
+    dist.barrier(group=ctx.gloo)
+    for q in range(W):
+        want_q = torch.stack([msg(p, q, 16, seed=3) for p in range(W)])
+        chk.case(f"map_remote_tensor({q})", torch.equal(win.map_remote_tensor(q).cpu(), want_q),
+                 "differs")
+    _sync()
+    dist.barrier(group=ctx.gloo)
+    win.tensor_deregister()
+    c = _counters(g)
+    chk.case("counters", c.get("window.put", 0) == 1 + 8 + W and
+             c.get("window.register_in_place") == 1, f"{c}")
+    return chk.result()
+
+
 # ---------------------------------------------------------------------------------------------
 # parent side
 
@@ -1112,6 +1187,10 @@ def test_zero_copy_mismatch(gpu_world):
 
 def test_symmetric_heap_limits(gpu_world):
     _ok(gpu_world.run(check_symmetric_heap_limits))
+
+
+def test_windows(gpu_world):
+    _ok(gpu_world.run(check_windows))
 
 
 def test_get_p2p_buffer(gpu_world):
