@@ -315,7 +315,8 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::hierarchical_done(
 // call returns none, unless
 //  * asyncOp is true: an async call, and every C++ caller that leaves the options' default
 //    (DDP's reducer, the functional collectives) gets its Work;
-//  * the workspace is on CUDA, where wait() orders the caller's stream after the op and raises
+//  * the workspace is on CUDA (or a host one with CUDA's semantics), where wait() orders the
+//    caller's stream after the op (or the caller, for CPU outputs) and raises
 //    the device's failure (NOTE [Device failure] in p2p_workspace/watchdog.hpp);
 //  * the group is coalescing: endCoalescing's Work is made of the tracked ones;
 //  * torch's allow_inflight_collective_as_graph_input() is on: ProcessGroup registers the Work
