@@ -75,7 +75,8 @@ std::unique_ptr<SymmetricWorkspace> make_workspace(const c10::intrusive_ptr<c10d
     // NOTE [The workspace's GPU] in backend/config.cpp.
     device = make_cuda_device(choose_cuda_device(bound_cuda_device, c10::cuda::device_count(),
                                                  c10::cuda::current_device())
-                                  .index);
+                                  .index,
+                              cuda_hardware_queues());
     // The ops' own kernels too (the device loaded its signal kernels): NOTE [Kernels loaded up
     // front] in p2p_workspace/cuda/signal_kernels.cuh. Into the workspace GPU's context.
     const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device->device_index()));
@@ -1044,6 +1045,10 @@ void ProcessGroupCudaP2P::set_hierarchy(const std::vector<int64_t>& host_of,
 void ProcessGroupCudaP2P::setTimeout(std::chrono::milliseconds timeout) {
   options_->timeout = timeout;
   wrapped_.set_timeout(timeout);
+  // The workspace's and the heap's waits, store exchanges and the device's host-side waits, from
+  // the next op on.
+  if (workspace_) workspace_->set_timeout(timeout);
+  heap_.set_timeout(timeout);
   if (hierarchy_) hierarchy_->set_timeout(timeout);
 }
 
@@ -1071,6 +1076,18 @@ void ProcessGroupCudaP2P::unregisterAbortHook(int64_t hook_id) { abort_hooks_.re
 ErrorKind ProcessGroupCudaP2P::error_kind() {
   const ErrorKind mine = classify_failure(failure_.first(), getRank());
   if (mine != ErrorKind::kSuccess) return mine;
+  // NOTE [Failure words] in p2p_workspace/watchdog.hpp: a peer's failure reaches this rank's
+  // device before any op of this rank fails on it. Only a peer's counts here: this rank's own
+  // abort() is no error, and its own failures are the ops' (above).
+  if (workspace_) {
+    try {
+      workspace_->device().check_healthy("getError");
+    } catch (const c10::Error& e) {
+      if (classify_failure(e.what_without_backtrace(), getRank()) == ErrorKind::kRemoteError) {
+        return ErrorKind::kRemoteError;
+      }
+    }
+  }
 #ifdef CUDA_P2P_C10D_HAS_ERROR_TYPE
   if (const auto& cuda = wrapped_.cuda()) {
     if (const auto e = cuda->getError(); e != c10d::ErrorType::SUCCESS) {

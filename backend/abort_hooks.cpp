@@ -17,16 +17,22 @@ namespace cuda_p2p {
 //  - TIMEOUT: a wait missed its deadline. Every wait of the workspace, the rendezvous, the
 //    mailboxes and the CUDA watchdog says "timed out after <n> ms" and names the ranks that never
 //    arrived. A peer killed or stopped is seen so: nothing tells a rank that a peer died.
-//  - REMOTE_ERROR: a peer failed and told this rank so. The rendezvous of a growth reads every
-//    rank's record and raises on all of them when some "could not allocate" their block (NOTE
-//    [Allocation failures at rendezvous] in p2p_workspace/symmetric_workspace.cpp), naming each
-//    "rank <r>: <reason>": remote on the ranks it does not name.
+//  - REMOTE_ERROR: a peer failed and told this rank so. A peer's failure that reached this rank
+//    through its failure word says "<rank>'s device failed first, and its failure reached rank
+//    <r>" (NOTE [Failure words] in p2p_workspace/watchdog.hpp), whatever the peer's own reason
+//    was, a timeout included. The rendezvous of a growth reads every rank's record and raises on
+//    all of them when some "could not allocate" their block (NOTE [Allocation failures at
+//    rendezvous] in p2p_workspace/symmetric_workspace.cpp), naming each "rank <r>: <reason>":
+//    remote on the ranks it does not name.
 //  - COMM_ERROR: any other failure of a workspace op (this rank's own allocation or mapping, a
 //    failed read of a peer's memory, an error of the device).
 // SUCCESS while the group has recorded none. A failure the phrases above misclassify is still a
 // failure: only TIMEOUT and REMOTE_ERROR need their phrase.
 ErrorKind classify_failure(const std::string& failure, int rank) {
   if (failure.empty()) return ErrorKind::kSuccess;
+  if (failure.find("'s device failed first, and its failure reached rank ") != std::string::npos) {
+    return ErrorKind::kRemoteError;
+  }
   if (failure.find(" timed out after ") != std::string::npos) return ErrorKind::kTimeout;
   const size_t allocation = failure.find(" could not allocate ");
   if (allocation != std::string::npos) {

@@ -173,6 +173,9 @@ void ProcessGroupCudaP2P::forget_peers(const std::vector<int>& ranks) {
 //  - this group's workspace and heap stop waiting for the dead ranks' "closed" keys (NOTE
 //    [Block lifetime] in p2p_workspace/symmetric_workspace.cpp), so their destruction - torch's
 //    destroy_process_group right after - frees this rank's blocks once the survivors closed them;
+//    and their device drops the dead ranks' failure areas (NOTE [Failure words] in
+//    p2p_workspace/watchdog.hpp): this rank's failure, SHRINK_ABORT's included, is told to the
+//    survivors only, and a dead rank's area is unmapped here, not when the group goes;
 //  - the child's workspace is a new one, under a store prefix of its own, among the survivors;
 //    its wrapped Gloo is a new one too (Gloo cannot shrink); NCCL shrinks.
 // SHRINK_ABORT first aborts what is in flight on this group (the abort hooks run, the waits of

@@ -39,6 +39,9 @@ constexpr int64_t kMaxRingSteps = int64_t{1} << 20;
 constexpr int64_t kMaxFlops = int64_t{1} << 60;
 constexpr int64_t kMaxLocalRank = 999999999;         // nine digits (choose_cuda_device)
 constexpr const char* kLocalRankEnv = "LOCAL_RANK";  // set by torchrun and most launchers
+// CUDA's own: the hardware queues the process's streams share (NOTE [Hardware queues] in
+// p2p_workspace/cuda/cuda_device.cpp).
+constexpr const char* kCudaMaxConnectionsEnv = "CUDA_DEVICE_MAX_CONNECTIONS";
 
 std::string lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
@@ -624,6 +627,15 @@ std::vector<Knob> rows() {
                        "on the device bound by init_process_group(device_id=...), else on the "
                        "current GPU if torch.cuda.set_device chose one other than cuda:0, else on "
                        "GPU LOCAL_RANK mod the visible GPUs, else on cuda:0."});
+  // Read by cuda_hardware_queues (NOTE [Hardware queues]), only for a CUDA workspace.
+  k.push_back({.env = kCudaMaxConnectionsEnv,
+               .kind = Kind::kInt,
+               .min = 1,
+               .max = 32,
+               .help = "CUDA's own variable: how many hardware queues the process's CUDA streams "
+                       "share (the driver's default: 8). Below 4 a CUDA workspace waits with its "
+                       "wait kernel instead of stream memory operations, since a released wait "
+                       "could queue behind itself."});
   return k;
 }
 
@@ -946,6 +958,17 @@ CudaDeviceChoice choose_cuda_device(std::optional<int64_t> bound_device, int dev
                      device_count == 1 ? "" : "s", ")")};
   }
   return {current_device, "the current device (torch.cuda.current_device())"};
+}
+
+int cuda_hardware_queues(const config::EnvLookup& env) {
+  const auto text = env(config::kCudaMaxConnectionsEnv);
+  // CUDA's to validate: anything but a small number counts as unset here.
+  if (!text || text->empty() || text->size() > 4 ||
+      !std::all_of(text->begin(), text->end(),
+                   [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; })) {
+    return 0;
+  }
+  return std::stoi(*text);
 }
 
 Config resolve_config(const Options& o, int world_size, const config::EnvLookup& env) {

@@ -292,6 +292,10 @@ CudaDeviceChoice choose_cuda_device(std::optional<int64_t> bound_device, int dev
                                     int current_device,
                                     const config::EnvLookup& env = config::process_environment());
 
+// CUDA_DEVICE_MAX_CONNECTIONS as the process set it (0: unset or not a number), for
+// make_cuda_device (NOTE [Hardware queues] in p2p_workspace/cuda/cuda_device.cpp).
+int cuda_hardware_queues(const config::EnvLookup& env = config::process_environment());
+
 // Resolves `options` (its timeout included) and the environment into a group's Config for
 // `world_size` ranks; raises for any value outside its knob's rules.
 Config resolve_config(const Options& options, int world_size,

@@ -6,8 +6,10 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <limits>
+#include <thread>
 #include <utility>
 
 #ifdef CUDA_P2P_WITH_CUDA
@@ -53,15 +55,19 @@ namespace cuda_p2p {
 //    used bytes (symmetric_heap_info) include every segment it ever took, used or cached.
 //  * The free function may thus run long after the group is gone, from torch's allocator with its
 //    lock held, at interpreter exit too. It never throws (raw_delete runs in destructors). It
-//    waits for the device first (cudaDeviceSynchronize, errors ignored: the synchronisation that
-//    the cudaFree it replaces implies), since the range can be handed out again at once, to
-//    another stream. The HeapSegments both functions capture hold the heap's allocator and a view
-//    of its mapping for as long as the allocator object lives (the pool's shared_ptr, the group's,
-//    a user's): no segment is ever freed under a live tensor, none is returned to an unmapped
-//    heap, and the heap's block is freed only after the group, its cuda_p2p.empty tensors and the
-//    last pool over it with its segments are gone (then NOTE [Block lifetime] waits for the peers
-//    to unmap it; where the allocator is the heap's last holder, that wait - up to 10 s for a
-//    peer that keeps its mapping - runs inside torch's allocator, under its lock).
+//    first waits for the segment's stream (an event, with a deadline: torch returns a block used
+//    on other streams to the pool only once their events completed, so that stream is the one
+//    that may still use it), since the range can be handed out again at once, to another stream;
+//    not for the device, whose other streams may be blocked at a wait (NOTE [Group streams] in
+//    p2p_workspace/cuda/cuda_device.cpp). A segment whose stream did not finish in time is not
+//    returned to the heap, as a failed drain's mappings are kept. The HeapSegments both functions
+//    capture hold the heap's allocator and a view of its mapping for as long as the allocator
+//    object lives (the pool's shared_ptr, the group's, a user's): no segment is ever freed under a
+//    live tensor, none is returned to an unmapped heap, and the heap's block is freed only after
+//    the group, its cuda_p2p.empty tensors and the last pool over it with its segments are gone
+//    (then NOTE [Block lifetime] waits for the peers to unmap it; where the allocator is the heap's
+//    last holder, that wait - up to 10 s for a peer that keeps its mapping - runs inside torch's
+//    allocator, under its lock).
 //
 // Offsets are deterministic like the rest of the heap (NOTE [Symmetric heap]) as long as the
 // caching allocator decides alike on every rank: the same allocations and frees in the same order
@@ -70,6 +76,13 @@ namespace cuda_p2p {
 // (symmetric_offset says where each tensor is).
 
 namespace detail {
+
+#ifdef CUDA_P2P_WITH_CUDA
+namespace {
+// NOTE [Heap under a MemPool]: how long a released segment's stream may take to finish.
+constexpr std::chrono::seconds kSegmentWait{60};
+}  // namespace
+#endif
 
 HeapSegments::HeapSegments(std::shared_ptr<HeapAllocator> allocator, at::Tensor heap)
     : allocator_(std::move(allocator)),
@@ -131,15 +144,29 @@ std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> make_pool_alloca
                 " current (cuda_p2p.get_mem_pool does)");
     return segments->allocate(bytes);
   };
-  auto free = [segments](void* ptr, size_t, int dev, cudaStream_t) noexcept {
+  auto free = [segments](void* ptr, size_t, int dev, cudaStream_t stream) noexcept {
     try {
       int previous = -1;
       if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
       if (previous != dev) (void)cudaSetDevice(dev);
-      (void)cudaDeviceSynchronize();
+      bool over = false;
+      cudaEvent_t event = nullptr;
+      if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) == cudaSuccess &&
+          cudaEventRecord(event, stream) == cudaSuccess) {
+        const auto deadline = std::chrono::steady_clock::now() + kSegmentWait;
+        auto nap = std::chrono::microseconds(1);
+        while (true) {
+          const cudaError_t q = cudaEventQuery(event);
+          over = q == cudaSuccess;
+          if (q != cudaErrorNotReady || std::chrono::steady_clock::now() >= deadline) break;
+          std::this_thread::sleep_for(nap);
+          nap = std::min<std::chrono::microseconds>(nap * 2, std::chrono::microseconds(1000));
+        }
+      }
+      if (event != nullptr) (void)cudaEventDestroy(event);
       if (previous >= 0 && previous != dev) (void)cudaSetDevice(previous);
       (void)cudaGetLastError();
-      segments->free(ptr);
+      if (over) segments->free(ptr);
     } catch (...) {
       // Not a segment of this heap (never, from torch): nothing of the heap to give back.
     }

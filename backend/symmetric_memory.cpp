@@ -36,6 +36,7 @@ void SymmetricMemory::ensure() {
   if (heap_) return;
   const at::Device device = this->device();
   WorkspaceOptions o = group_.config.workspace_options;
+  o.timeout = group_.workspace->timeout();  // the group's, as setTimeout last set it
   o.buffer_size = group_.config.symmetric_heap_size;
   o.num_channels = 1;  // its pad is never signalled: the collectives synchronise on the workspace
   o.private_reads = false;
@@ -125,9 +126,14 @@ at::Tensor SymmetricMemory::empty(at::IntArrayRef sizes, at::ScalarType dtype,
         if (!queued) {
           alloc->free(o);
         } else {
+          // Over once the freeing stream passed the free and the group's streams drained; a
+          // failed device's synchronize raises, yet its released streams drain.
           alloc->free_after(o, [gpu, queued, timeout] {
-            gpu->synchronize(*queued);
-            (void)gpu->drain(timeout);
+            try {
+              gpu->synchronize(*queued);
+            } catch (...) {  // NOLINT(bugprone-empty-catch): the drain below says whether it ran
+            }
+            return gpu->query(*queued) && gpu->drain(timeout);
           });
         }
         heap.reset();
@@ -248,6 +254,11 @@ std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> SymmetricMemory:
 SymmetricWorkspace* SymmetricMemory::heap() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return heap_.get();
+}
+
+void SymmetricMemory::set_timeout(Millis timeout) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (heap_) heap_->set_timeout(timeout);
 }
 
 }  // namespace cuda_p2p

@@ -66,6 +66,8 @@ class SymmetricMemory {
   std::shared_ptr<detail::HeapSegments> segments();
   // The heap once created, else null.
   SymmetricWorkspace* heap() const;
+  // c10d's setTimeout: the heap's waits and store exchanges from now on.
+  void set_timeout(Millis timeout);
 
   // FSDP2's comm buffers (NOTE [Process-group allocation for FSDP2]): whether this group's
   // collectives would read heap tensors on the device of `device_index` in place, and a buffer

@@ -202,12 +202,11 @@ std::string disagreement(const uint32_t* all, int W, const Words& mine, const Op
     TORCH_CHECK(err_ == cudaSuccess, "cuda_p2p: ", #expr, ": ", cudaGetErrorString(err_)); \
   } while (0)
 
+// Its pinned memory is never freed (NOTE [Pinned pools] in p2p_workspace/cuda/cuda_device.cpp):
+// a released stream's comparison kernel may still write it, and a free may wait for the device.
 struct CudaRecord {
   cuda::SignatureRecord* host = nullptr;
   cuda::SignatureRecord* device = nullptr;
-  ~CudaRecord() {
-    if (host) cudaFreeHost(host);
-  }
 };
 
 cuda::SignatureWords to_cuda(const Words& w) {

@@ -39,6 +39,7 @@ class Block {
  public:
   virtual ~Block() = default;
   void* data() const { return data_; }
+  size_t size() const { return size_; }
 
  protected:
   void* data_ = nullptr;
@@ -89,6 +90,20 @@ class PrivateMemoryReader {
   // Copies `n` bytes at `src` in process `pid` to `dst` in this process, now, in the calling
   // thread. Throws, naming the system's error, when the system refuses or `src` is not mapped.
   virtual void read(void* dst, int64_t pid, const void* src, size_t n) = 0;
+};
+
+// Where a rank's failure reaches its peers, and theirs reaches it (NOTE [Failure words] in
+// p2p_workspace/watchdog.hpp): word 0 of each rank's failure area, host memory every peer maps.
+struct FailureWords {
+  int rank = -1;
+  uint32_t* own = nullptr;       // this rank's word, in its own area
+  std::vector<uint32_t*> peers;  // this rank's word in each peer's area, by rank (null: itself)
+  // The areas' mappings (this rank's first): the device keeps them while it may use the words.
+  std::vector<std::shared_ptr<Block>> areas;
+  // Where peer `peer`'s area is in `areas`: after this rank's, the peers in rank order.
+  static size_t area_index(int rank, int peer) {
+    return static_cast<size_t>(peer < rank ? peer + 1 : peer);
+  }
 };
 
 class Device {
@@ -206,6 +221,17 @@ class Device {
   // check_healthy for the Work of an op enqueued earlier (Work.wait(), is_success()): no error
   // after a retire() that drained, since that op ran to its end normally.
   virtual void check_work(const char* op) { check_healthy(op); }
+  // NOTE [Failure words]: whether the device has its words (a group's symmetric heap, a second
+  // workspace on the group's device and ranks, finds them set and makes no area of its own),
+  // and the words, handed over once, before the device's first op (a later call is ignored).
+  // Every wait, watchdog and check of the device then treats a set word as the device's failure,
+  // and the device's own failure is written into the peers' words before any wait is released.
+  virtual bool has_failure_words() const { return false; }
+  virtual void set_failure_words(FailureWords /*words*/) {}
+  // The peers in `ranks` are gone for good (a shrink excluded them: NOTE [Shrinking past dead
+  // ranks] in backend/child_groups.cpp): this device's failure is written to their words no more,
+  // and its mappings of their failure areas are dropped. Idempotent; thread-safe.
+  virtual void forget_failure_peers(const std::vector<int>& /*ranks*/) {}
   // --- capture (NOTE [Replay-safe signals] in p2p_workspace/symmetric_workspace.cpp) ---
   // Nonzero while `s` is being captured into a graph (CUDA: a CUDA graph; host: a host capture,
   // host/host_device.hpp): an id the same for every stream of one capture, different for the

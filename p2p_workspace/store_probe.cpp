@@ -24,11 +24,10 @@ namespace cuda_p2p {
 // server's process exits its sockets close, and this process's connections to it (the store's
 // client) read end-of-file. The probe peeks at them (MSG_PEEK | MSG_DONTWAIT: nothing is
 // consumed, nothing sent), so the server never hears of it - a probe that connected to the server
-// instead would cost the server a connection to accept, and a libuv TCPStore was seen to stall its
-// other clients for seconds on each. A server found gone is gone for good: no more store calls,
-// the blocks handled as the handshake says when the peers cannot be learned. A server that exits
-// between the probe and the call is the one window left. Other stores (a FileStore, a HashStore)
-// have no server to lose.
+// instead would cost the server a connection to accept, which a busy server's other clients wait
+// behind. A server found gone is gone for good: no more store calls, the blocks handled as the
+// handshake says when the peers cannot be learned. A server that exits between the probe and the
+// call is the one window left. Other stores (a FileStore, a HashStore) have no server to lose.
 namespace {
 
 int peer_port(const sockaddr_storage& a) {

@@ -62,24 +62,27 @@ std::optional<int64_t> HeapAllocator::allocate(int64_t nbytes) {
   return std::nullopt;
 }
 
-void HeapAllocator::free_after(int64_t offset, std::function<void()> wait) {
+void HeapAllocator::free_after(int64_t offset, std::function<bool()> wait) {
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(used_.count(offset), "cuda_p2p HeapAllocator: no live block at offset ", offset);
   deferred_.emplace_back(offset, std::move(wait));
 }
 
 void HeapAllocator::complete_deferred() {
-  std::vector<std::pair<int64_t, std::function<void()>>> due;
+  std::vector<std::pair<int64_t, std::function<bool()>>> due;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     due.swap(deferred_);
   }
   for (auto& [offset, wait] : due) {
+    bool over = false;
     try {
-      if (wait) wait();
-    } catch (...) {  // NOLINT(bugprone-empty-catch): a failed device's work is over or abandoned
+      over = !wait || wait();
+    } catch (...) {  // NOLINT(bugprone-empty-catch): whether the work is over is unknown
     }
-    free(offset);
+    // A range whose work may still be queued stays allocated for good, as the mappings of a
+    // failed drain stay mapped (NOTE [Teardown drains]): never handed out under a queued write.
+    if (over) free(offset);
   }
 }
 

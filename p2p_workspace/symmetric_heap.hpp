@@ -25,11 +25,12 @@ class HeapAllocator {
   std::optional<int64_t> allocate(int64_t nbytes);
   // Returns the block at `offset` (as allocate returned it); it merges with free neighbours.
   void free(int64_t offset);
-  // Returns the block at `offset` only once `wait` has returned (NOTE [Heap frees in stream
+  // Returns the block at `offset` only once `wait` has returned true (NOTE [Heap frees in stream
   // order] in the .cpp): until then it stays allocated. Deferred frees are completed, all of
   // them and in the order they were made, by the first allocate that finds no free range
-  // otherwise, and by complete_deferred(). `wait` may block; an exception out of it is ignored.
-  void free_after(int64_t offset, std::function<void()> wait);
+  // otherwise, and by complete_deferred(). `wait` may block; when it returns false or throws (the
+  // work it waits for may still be queued: a failed drain) the block is never returned.
+  void free_after(int64_t offset, std::function<bool()> wait);
   void complete_deferred();
   // Blocks freed with free_after and not returned yet.
   int64_t deferred_blocks() const;
@@ -49,7 +50,7 @@ class HeapAllocator {
   mutable std::mutex mutex_;
   std::map<int64_t, int64_t> free_;  // offset -> bytes, never adjacent (merged)
   std::map<int64_t, int64_t> used_;  // offset -> bytes
-  std::vector<std::pair<int64_t, std::function<void()>>> deferred_;  // (offset, wait), in order
+  std::vector<std::pair<int64_t, std::function<bool()>>> deferred_;  // (offset, wait), in order
 };
 
 }  // namespace cuda_p2p

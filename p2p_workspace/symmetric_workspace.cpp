@@ -18,7 +18,9 @@
 #include <thread>
 
 #include "p2p_workspace/host/cross_memory.hpp"  // the deny_private_reads test hook
+#include "p2p_workspace/host/shared_block.hpp"  // the failure areas: NOTE [Failure words]
 #include "p2p_workspace/store_probe.hpp"
+#include "p2p_workspace/watchdog.hpp"  // FailureState::area_bytes
 
 namespace cuda_p2p {
 
@@ -161,8 +163,8 @@ int union_cpus(const std::vector<std::vector<uint8_t>>& masks) {
 // handle) and a bad one is an error naming the rank, never a half-parsed PeerInfo. Whom a handle
 // leads to is checked by the device when it maps the block (NOTE [Authenticated block exchange]
 // in p2p_workspace/host/shared_block.cpp).
-constexpr const char* kRecordVersion = "cuda_p2p-peer-v4";
-constexpr size_t kRecordLines = 11;
+constexpr const char* kRecordVersion = "cuda_p2p-peer-v5";
+constexpr size_t kRecordLines = 12;
 constexpr size_t kMaxCpuMaskBytes = 256;  // 2048 CPUs
 constexpr size_t kMaxRecordBytes = 4096;
 constexpr size_t kMaxHandleBytes = 1024;
@@ -179,6 +181,9 @@ struct PeerInfo {
   uint64_t probe_token = 0;
   std::string uuid;           // Device::device_uuid(): NOTE [Peer devices]
   std::vector<uint8_t> cpus;  // the CPUs it may run on, a bit each: NOTE [CPUs of the ranks]
+  // The handle of its failure area (NOTE [Failure words] in p2p_workspace/watchdog.hpp); empty
+  // ("-") where it publishes none: after the first generation, or with one rank.
+  std::vector<uint8_t> failure_area;
 
   std::string serialize() const {
     std::ostringstream os;
@@ -192,7 +197,8 @@ struct PeerInfo {
        << probe_addr << '\n'
        << probe_token << '\n'
        << uuid << '\n'
-       << hex(cpus) << '\n';
+       << hex(cpus) << '\n'
+       << (failure_area.empty() ? std::string("-") : hex(failure_area)) << '\n';
     return os.str();
   }
 
@@ -281,6 +287,15 @@ struct PeerInfo {
            " bytes in lower-case hex");
     }
     p.cpus = unhex(c);
+    const std::string& f = lines[11];
+    if (f != "-") {
+      if (f.empty() || f.size() % 2 != 0 || f.size() > 2 * kMaxHandleBytes ||
+          f.find_first_not_of("0123456789abcdef") != std::string::npos) {
+        fail("the failure area's handle must be '-' or 1-" + std::to_string(kMaxHandleBytes) +
+             " bytes in lower-case hex");
+      }
+      p.failure_area = unhex(f);
+    }
     return p;
   }
 };
@@ -636,14 +651,19 @@ SymmetricWorkspace::SymmetricWorkspace(c10::intrusive_ptr<c10d::Store> store, in
   TORCH_CHECK(options_.timeout.count() > 0, "cuda_p2p: workspace timeout must be positive, got ",
               options_.timeout.count(), " ms");
   device_->set_timeout(options_.timeout);
+  timeout_ms_.store(options_.timeout.count(), std::memory_order_relaxed);
   reader_ = device_->private_memory_reader();
   if (reader_ && options_.deny_private_reads) reader_ = make_cross_memory_reader(/*deny=*/true);
   retirement_ = std::make_shared<Retirement>(store_, rank_, world_size_,
-                                             std::min<Millis>(options_.timeout, kCloseWait),
+                                             std::min<Millis>(timeout(), kCloseWait),
                                              device_->blocks_outlive_owner());
   std::random_device rd;
   probe_token_ = (static_cast<uint64_t>(rd()) << 32) | rd();
   claim_rank_slot(*store_, rank_);  // NOTE [One job per store]
+  // Sized once: a growth zeroes them in place, so that a thread reading them meanwhile reads a
+  // count, never freed memory.
+  sent_.assign(static_cast<size_t>(options_.num_channels) * world_size_, 0);
+  expected_.assign(sent_.size(), 0);
   rendezvous(options_.buffer_size);
 }
 
@@ -658,7 +678,7 @@ SymmetricWorkspace::SymmetricWorkspace(c10::intrusive_ptr<c10d::Store> store, in
 // with a warning, rather than unmapped under a queued copy.
 SymmetricWorkspace::~SymmetricWorkspace() {
   retirement_->tear_down();  // NOTE [Quiet teardown] in store_probe.cpp
-  const Millis wait = std::min<Millis>(options_.timeout, kCloseWait);
+  const Millis wait = std::min<Millis>(timeout(), kCloseWait);
   if (!device_->drain(wait)) {
     try {
       TORCH_WARN("cuda_p2p: rank ", rank_, " destroys its workspace while work it queued on ",
@@ -684,7 +704,7 @@ SymmetricWorkspace::~SymmetricWorkspace() {
     std::lock_guard<std::mutex> lock(mapping_mutex_);
     mapping_.reset();
   }
-  retirement_->reap(aborted_ ? Millis(0) : std::min<Millis>(options_.timeout, kCloseWait),
+  retirement_->reap(aborted_ ? Millis(0) : std::min<Millis>(timeout(), kCloseWait),
                     /*final=*/true);
 }
 
@@ -762,6 +782,13 @@ std::shared_ptr<Event> SymmetricWorkspace::last_op(uint64_t capture) const {
   return last_capture_ == capture ? last_captured_op_ : nullptr;
 }
 
+void SymmetricWorkspace::set_timeout(Millis timeout) {
+  TORCH_CHECK(timeout.count() > 0, "cuda_p2p: workspace timeout must be positive, got ",
+              timeout.count(), " ms");
+  timeout_ms_.store(timeout.count(), std::memory_order_relaxed);
+  device_->set_timeout(timeout);
+}
+
 void SymmetricWorkspace::abort(const std::string& why) {
   aborted_ = true;
   device_->abort(why);
@@ -773,6 +800,8 @@ void SymmetricWorkspace::forget_peers(const std::vector<int>& ranks) {
     TORCH_CHECK(r != rank_, "cuda_p2p: forget_peers: rank ", r, " cannot forget itself");
   }
   for (int r : ranks) retirement_->forget(r);
+  // NOTE [Failure words] in watchdog.hpp: a failure is told to them no more, and their areas go.
+  device_->forget_failure_peers(ranks);
 }
 
 size_t SymmetricWorkspace::retired_blocks() const { return retirement_->retired(); }
@@ -804,10 +833,19 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
   std::shared_ptr<Block> local;
   std::unique_ptr<BlockExporter> exporter;
   std::string record;
+  // NOTE [Failure words] in p2p_workspace/watchdog.hpp: host shared memory on every device,
+  // made at the first generation unless the device has words already (the group's heap).
+  std::shared_ptr<Block> area;
+  std::unique_ptr<BlockExporter> area_exporter;
   try {
     local = device_->allocate(block_bytes);
     exporter = device_->export_block(local, world_size_ - 1);
     me.handle = exporter->handle();
+    if (gen == 1 && world_size_ > 1 && !device_->has_failure_words()) {
+      area = host::allocate_shared_block(FailureState::area_bytes(world_size_));
+      area_exporter = host::export_shared_block(area, world_size_ - 1);
+      me.failure_area = area_exporter->handle();
+    }
   } catch (const c10::OutOfMemoryError& e) {
     record = failure_record(/*out_of_memory=*/true, e.what_without_backtrace());
   } catch (const c10::Error& e) {
@@ -823,8 +861,7 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
 
   std::vector<PeerInfo> peers;
   {
-    const auto records =
-        exchange(*store_, prefix + "info/", rank_, world_size_, record, options_.timeout);
+    const auto records = exchange(*store_, prefix + "info/", rank_, world_size_, record, timeout());
     std::ostringstream failed;
     int failures = 0;
     bool out_of_memory = false;
@@ -891,7 +928,7 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
   for (int r = 0; r < world_size_ && error.empty(); ++r) {
     if (r == rank_) continue;
     try {
-      mapping->blocks[r] = device_->import_block(peers[r].handle, block_bytes, options_.timeout);
+      mapping->blocks[r] = device_->import_block(peers[r].handle, block_bytes, timeout());
     } catch (const c10::Error& e) {
       error = "rank " + std::to_string(rank_) + " mapping rank " + std::to_string(r) +
               "'s block: " + e.what_without_backtrace();
@@ -900,16 +937,36 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
               "'s block: " + e.what();
     }
   }
+  std::vector<std::shared_ptr<Block>> areas(world_size_);
+  for (int r = 0; r < world_size_ && error.empty() && area; ++r) {
+    if (r == rank_) continue;
+    if (peers[r].failure_area.empty()) {
+      error = "rank " + std::to_string(rank_) + " mapping rank " + std::to_string(r) +
+              "'s failure area: it published none (NOTE [Failure words])";
+      break;
+    }
+    try {
+      areas[r] = host::import_shared_block(peers[r].failure_area,
+                                           FailureState::area_bytes(world_size_), timeout());
+    } catch (const c10::Error& e) {
+      error = "rank " + std::to_string(rank_) + " mapping rank " + std::to_string(r) +
+              "'s failure area: " + e.what_without_backtrace();
+    } catch (const std::exception& e) {
+      error = "rank " + std::to_string(rank_) + " mapping rank " + std::to_string(r) +
+              "'s failure area: " + e.what();
+    }
+  }
   // Agree on success: a workspace mapped on some ranks only would make the ranks take different
   // paths and hang. The exporter stays up until every peer has mapped. Each status is
   // "<length of the mapping error>:<mapping error><private-read verdict>" (NOTE [Private-read
   // probe]; no verdict without a reader).
   const std::string verdict =
       reader_ ? probe_verdict(*reader_, options_.private_reads, rank_, peers) : "";
-  const auto statuses =
-      exchange(*store_, prefix + "mapped/", rank_, world_size_,
-               std::to_string(error.size()) + ":" + error + verdict, options_.timeout);
+  const auto statuses = exchange(*store_, prefix + "mapped/", rank_, world_size_,
+                                 std::to_string(error.size()) + ":" + error + verdict, timeout());
   exporter.reset();
+  area_exporter.reset();
+  if (auto* own_area = dynamic_cast<host::HostBlock*>(area.get())) own_area->close_fd();
   std::vector<std::string> verdicts;
   for (const auto& s : statuses) {
     const size_t colon = s.find(':');
@@ -957,8 +1014,21 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
     mapping_ = std::move(mapping);
     mapping_version_.fetch_add(1, std::memory_order_release);
   }
-  sent_.assign(static_cast<size_t>(options_.num_channels) * world_size_, 0);
-  expected_.assign(sent_.size(), 0);
+  for (size_t i = 0; i < sent_.size(); ++i) {  // NOTE [Workspace growth]: fresh counts
+    std::atomic_ref<uint32_t>(sent_[i]).store(0, std::memory_order_relaxed);
+    std::atomic_ref<uint32_t>(expected_[i]).store(0, std::memory_order_relaxed);
+  }
+  if (area) {  // NOTE [Failure words]
+    FailureWords words;
+    words.rank = rank_;
+    words.own = static_cast<uint32_t*>(area->data());
+    words.areas.push_back(area);
+    for (int r = 0; r < world_size_; ++r) {
+      words.peers.push_back(r == rank_ ? nullptr : static_cast<uint32_t*>(areas[r]->data()));
+      if (r != rank_) words.areas.push_back(areas[r]);
+    }
+    device_->set_failure_words(std::move(words));
+  }
   available_ = true;
   reason_.clear();
 }
@@ -1127,7 +1197,7 @@ void SymmetricWorkspace::graph_phase_begin(Stream& s, int channel, const std::st
     if (r != rank_) waits.push_back(CountedWait{graph_done_slot(rank_, channel, r), phases, 0, r});
   }
   if (!waits.empty()) {
-    device_->wait_counted(s, std::move(waits), options_.timeout,
+    device_->wait_counted(s, std::move(waits), timeout(),
                           context + " (graph buffer reuse guard, rank " + std::to_string(rank_) +
                               ", channel " + std::to_string(channel) + ")");
   }
@@ -1153,7 +1223,7 @@ void SymmetricWorkspace::graph_wait_phase_ended(Stream& s, int channel, c10::Arr
     if (r != rank_) waits.push_back(CountedWait{graph_done_slot(rank_, channel, r), phases, 0, r});
   }
   if (waits.empty()) return;
-  device_->wait_counted(s, std::move(waits), options_.timeout,
+  device_->wait_counted(s, std::move(waits), timeout(),
                         context + " (rank " + std::to_string(rank_) + ", graph)");
 }
 
@@ -1187,7 +1257,7 @@ void SymmetricWorkspace::wait_signal(Stream& s, int peer, int channel,
   check_rank(peer, "wait_signal");
   check_channel(channel);
   if (capturing(s)) {  // NOTE [Replay-safe signals]
-    device_->wait_counted(s, {expect_counted(s, peer, channel)}, timeout.value_or(options_.timeout),
+    device_->wait_counted(s, {expect_counted(s, peer, channel)}, timeout.value_or(this->timeout()),
                           "wait_signal from rank " + std::to_string(peer) + " on channel " +
                               std::to_string(channel) + " (rank " + std::to_string(rank_) +
                               ", graph)");
@@ -1195,7 +1265,7 @@ void SymmetricWorkspace::wait_signal(Stream& s, int peer, int channel,
   }
   const uint32_t value = ++expected_[channel * world_size_ + peer];
   device_->wait_signals(s, {SignalWait{signal_slot(rank_, channel, peer), value, peer}},
-                        timeout.value_or(options_.timeout),
+                        timeout.value_or(this->timeout()),
                         "wait_signal from rank " + std::to_string(peer) + " on channel " +
                             std::to_string(channel) + " (rank " + std::to_string(rank_) + ")");
 }
@@ -1228,7 +1298,7 @@ void SymmetricWorkspace::barrier(Stream& s, int channel, std::optional<Millis> t
       if (r != rank_) counted.push_back(expect_counted(s, r, channel));
     }
     if (counted.empty()) return;
-    device_->wait_counted(s, std::move(counted), timeout.value_or(options_.timeout),
+    device_->wait_counted(s, std::move(counted), timeout.value_or(this->timeout()),
                           "barrier on channel " + std::to_string(channel) + " (rank " +
                               std::to_string(rank_) + ", graph)");
     return;
@@ -1243,7 +1313,7 @@ void SymmetricWorkspace::barrier(Stream& s, int channel, std::optional<Millis> t
   }
   if (waits.empty()) return;
   device_->wait_signals(
-      s, std::move(waits), timeout.value_or(options_.timeout),
+      s, std::move(waits), timeout.value_or(this->timeout()),
       "barrier on channel " + std::to_string(channel) + " (rank " + std::to_string(rank_) + ")");
 }
 
@@ -1257,7 +1327,7 @@ void SymmetricWorkspace::ensure_min_buffer_size(int64_t nbytes) {
   const std::string prefix = "cuda_p2p/workspace/grow/" + std::to_string(++exchange_count_) + "/";
   int64_t wanted = 0;
   const auto sizes =
-      exchange(*store_, prefix, rank_, world_size_, std::to_string(nbytes), options_.timeout);
+      exchange(*store_, prefix, rank_, world_size_, std::to_string(nbytes), timeout());
   for (int r = 0; r < world_size_; ++r) {
     const std::string& s = sizes[r];
     // NOTE [Workspace records]: at most 2^50 bytes, like a record's block size.

@@ -60,7 +60,10 @@ class SymmetricWorkspace {
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
   int num_channels() const { return options_.num_channels; }
-  Millis timeout() const { return options_.timeout; }
+  // How long a signal wait or a store exchange may take; set_timeout changes it (c10d's
+  // setTimeout), for the ops enqueued from then on, and the device's host-side waits.
+  Millis timeout() const { return Millis(timeout_ms_.load(std::memory_order_relaxed)); }
+  void set_timeout(Millis timeout);
   Device& device() const { return *device_; }
   const std::shared_ptr<Device>& device_ptr() const { return device_; }
   int64_t buffer_size() const;
@@ -156,7 +159,9 @@ class SymmetricWorkspace {
   // then waits for no peer (NOTE [Block lifetime] in the .cpp). Thread-safe.
   void abort(const std::string& why);
   // The ranks in `ranks` are gone for good (dead, and excluded from the group's successor): the
-  // closing handshake no longer waits for them (NOTE [Block lifetime]). Thread-safe.
+  // closing handshake no longer waits for them (NOTE [Block lifetime]), and the device writes
+  // their failure words no more and unmaps their failure areas (Device::forget_failure_peers).
+  // Thread-safe.
   void forget_peers(const std::vector<int>& ranks);
   // This rank's blocks of earlier generations still mapped by a peer (NOTE [Block lifetime]).
   size_t retired_blocks() const;
@@ -215,6 +220,7 @@ class SymmetricWorkspace {
   // stream (one thread) at a time, so entries need no lock.
   std::vector<uint32_t> sent_;
   std::vector<uint32_t> expected_;
+  std::atomic<int64_t> timeout_ms_{0};  // timeout()
 };
 
 }  // namespace cuda_p2p

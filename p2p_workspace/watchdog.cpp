@@ -3,19 +3,142 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstring>
 #include <iterator>
 #include <sstream>
 
 namespace cuda_p2p {
 
-bool FailureState::fail(const std::string& why, bool work_done) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (failed_.load(std::memory_order_relaxed)) return false;
-  reason_ = why;
-  work_done_.store(work_done, std::memory_order_release);
-  failed_.store(true, std::memory_order_release);
-  if (mirror_) std::atomic_ref<uint32_t>(*mirror_).store(1, std::memory_order_release);
+namespace {
+
+// NOTE [Failure words]: the reason slot `src` writes in the area that starts at `word`.
+char* reason_slot(const uint32_t* word, int src) {
+  return const_cast<char*>(reinterpret_cast<const char*>(word)) + FailureState::kReasonOffset +
+         FailureState::kReasonBytes * static_cast<size_t>(src);
+}
+
+// The text after the slot's ready word: printable, NUL-terminated, cut to fit.
+void write_reason(char* slot, const std::string& why) {
+  constexpr size_t kText = FailureState::kReasonBytes - sizeof(uint32_t) - 1;
+  std::string text = why.substr(0, kText);
+  for (auto& c : text) {
+    if (c < 0x20 || c > 0x7e) c = ' ';
+  }
+  std::memcpy(slot + sizeof(uint32_t), text.c_str(), text.size() + 1);
+  std::atomic_ref<uint32_t>(*reinterpret_cast<uint32_t*>(slot)).store(1, std::memory_order_release);
+}
+
+std::string read_reason(const char* slot) {
+  if (std::atomic_ref<uint32_t>(*reinterpret_cast<uint32_t*>(const_cast<char*>(slot)))
+          .load(std::memory_order_acquire) != 1) {
+    return "";
+  }
+  const char* text = slot + sizeof(uint32_t);
+  return std::string(text, strnlen(text, FailureState::kReasonBytes - sizeof(uint32_t)));
+}
+
+}  // namespace
+
+bool FailureState::fail(const std::string& why, bool work_done, int origin) {
+  return fail_telling(why, why, work_done, origin);
+}
+
+bool FailureState::fail_telling(const std::string& why, const std::string& told, bool work_done,
+                                int origin) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_.load(std::memory_order_relaxed)) return false;
+    reason_ = why;
+    told_ = told;
+    origin_ = origin;
+    work_done_.store(work_done, std::memory_order_release);
+    failed_.store(true, std::memory_order_release);
+    if (mirror_) std::atomic_ref<uint32_t>(*mirror_).store(1, std::memory_order_release);
+  }
+  if (!work_done) publish();  // NOTE [Failure words]: before this caller releases anything
   return true;
+}
+
+void FailureState::set_words(int rank, const uint32_t* own, std::vector<uint32_t*> peers) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (has_words_.load(std::memory_order_relaxed)) return;
+    rank_ = rank;
+    own_word_ = own;
+    peer_words_ = std::move(peers);
+    has_words_.store(true, std::memory_order_release);
+  }
+  // A failure recorded before the words existed (an abort while the rendezvous ran).
+  if (failed() && !work_done_.load(std::memory_order_acquire)) publish();
+}
+
+void FailureState::forget_peers(const std::vector<int>& ranks) {
+  // publish() writes the words under publish_mu_, and takes mu_ inside it: the same order here.
+  std::lock_guard<std::mutex> publishing(publish_mu_);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int r : ranks) {
+    if (r >= 0 && static_cast<size_t>(r) < peer_words_.size()) peer_words_[r] = nullptr;
+  }
+}
+
+int FailureState::peer_failure() const {
+  if (!has_words()) return -1;
+  const uint32_t v =
+      std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(own_word_)).load(std::memory_order_acquire);
+  if (v == 0) return -1;
+  // Only the group's ranks write it; anything else still means a failure, of "some rank".
+  return v - 1 < peer_words_.size() ? static_cast<int>(v - 1)
+                                    : static_cast<int>(peer_words_.size());
+}
+
+bool FailureState::adopt_peer_failure() {
+  if (failed()) return false;
+  const int origin = peer_failure();
+  if (origin < 0) return false;
+  const int world_size = static_cast<int>(peer_words_.size());
+  const bool known = origin < world_size;
+  const std::string who = known ? "rank " + std::to_string(origin) : "a rank of this group";
+  // The origin's own reason, else that of the peer that told this rank (it wrote its slot before
+  // the word), which is the origin's as it read it.
+  std::string why = known ? read_reason(reason_slot(own_word_, origin)) : "";
+  for (int r = 0; r < world_size && why.empty(); ++r) why = read_reason(reason_slot(own_word_, r));
+  return fail_telling(
+      who + "'s device failed first, and its failure reached rank " + std::to_string(rank_) +
+          " through this rank's failure word (NOTE [Failure words]): " +
+          (why.empty() ? std::string("(its reason did not reach this rank)") : why) +
+          "; the ops this group ran since may have taken its stale data, so none "
+          "of them is valid",
+      why, /*work_done=*/false, known ? origin : -1);
+}
+
+void FailureState::publish() {
+  if (!failed() || !has_words()) return;
+  // Under a lock, not a flag: a second caller returns only once the words are written, since it
+  // may release waits next.
+  std::lock_guard<std::mutex> lock(publish_mu_);
+  if (published_) return;
+  published_ = true;
+  int origin = 0;
+  std::string told;
+  {
+    std::lock_guard<std::mutex> state(mu_);
+    origin = origin_ >= 0 ? origin_ : rank_;
+    told = told_;
+  }
+  const uint32_t value = static_cast<uint32_t>(origin) + 1;
+  for (uint32_t* word : peer_words_) {
+    if (word == nullptr) continue;
+    write_reason(reason_slot(word, rank_), told);  // before the word, which releases it
+    uint32_t expected = 0;                         // the first origin to reach a peer stays
+    std::atomic_ref<uint32_t>(*word).compare_exchange_strong(expected, value,
+                                                             std::memory_order_seq_cst);
+  }
+  // The stores before anything this thread enqueues next (the releases' stream writes). TSan
+  // refuses fences (GCC's -Wtsan); the seq_cst exchanges above order the host's own releases
+  // there, which are atomic stores too.
+#ifndef __SANITIZE_THREAD__
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+#endif
 }
 
 std::string FailureState::reason() const {
@@ -96,7 +219,7 @@ void Watchdog::fail(const std::string& why, bool work_done) {
   failure_.fail(why, work_done);
   std::lock_guard<std::mutex> scan(scan_mu_);
   adopt();  // after the failure was recorded: NOTE [Releasing blocked waits]
-  if (release_pending() > 0) failure_.taint();  // NOTE [Shutdown flushes]
+  release_pending();
 }
 
 void Watchdog::stop() {
@@ -149,7 +272,13 @@ size_t Watchdog::release_pending() {
   for (auto& [stream, fifo] : fifos_) {
     for (auto& e : fifo) {
       if (e.wait->finished()) continue;
-      ++released;
+      if (released++ == 0) {
+        failure_.publish();  // NOTE [Failure words]: before any release
+        // A wait cut short: its op's Work raises, also after a shutdown that drained (NOTE
+        // [Shutdown flushes]), whichever thread releases it - fail()'s caller or the watchdog's
+        // own, which may see the failure first.
+        failure_.taint();
+      }
       for (const auto& w : e.wait->awaited()) {
         e.wait->release(const_cast<uint32_t*>(w.addr), released_.at(w.addr));
       }
@@ -162,7 +291,54 @@ size_t Watchdog::release_pending() {
   return released;
 }
 
+void Watchdog::check_memory_now() {
+  std::lock_guard<std::mutex> scan(scan_mu_);
+  {
+    std::lock_guard<std::mutex> lock(in_mu_);
+    if (stop_) return;
+  }
+  adopt();
+  (void)check_memory();
+}
+
+void Watchdog::arm() {
+  if (armed_.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(in_mu_);
+  if (stop_) return;
+  armed_.store(true, std::memory_order_release);
+  if (!thread_.joinable()) {
+    thread_ = std::thread([this] { loop(); });
+  } else {
+    cv_.notify_all();
+  }
+}
+
+void Watchdog::report(const std::string& why, bool blocked) {
+  try {  // poll_now() may run in a Python thread whose warnings are errors
+    report_("cuda_p2p watchdog: this group's device failed: " + why + ". " +
+            (blocked ? "The waits were released; cuda_p2p's calls on this group raise this error."
+                     : "The stream went on with stale data; cuda_p2p's calls on this group "
+                       "raise this error."));
+  } catch (...) {
+  }
+}
+
+bool Watchdog::check_memory() {
+  bool recorded = failure_.adopt_peer_failure();
+  if (!recorded && !failure_.failed() && probe_) {
+    const std::string why = probe_();
+    if (!why.empty()) recorded = failure_.fail(why);
+  }
+  if (!failure_.failed()) return false;
+  if (recorded) report(failure_.reason(), /*blocked=*/true);
+  adopt();  // what the host enqueued meanwhile: NOTE [Releasing blocked waits]
+  release_pending();
+  return true;
+}
+
 bool Watchdog::poll() {
+  // NOTE [Failure words]: a peer's failure, or the probe's, before any deadline.
+  if (check_memory()) return true;
   // Only the head of each stream's FIFO can have been reached and not passed: two queries per
   // stream, not per pending wait.
   const auto now = std::chrono::steady_clock::now();
@@ -208,16 +384,7 @@ bool Watchdog::poll() {
     const std::string why = error +
                             "; the group's pending waits were released, so its streams drain on "
                             "stale data: destroy the group (NOTE [Device failure])";
-    if (failure_.fail(why)) {
-      try {  // poll_now() may run in a Python thread whose warnings are errors
-        report_("cuda_p2p watchdog: this group's device failed: " + why + ". " +
-                (blocked ? "The waits were released; cuda_p2p's calls on this group raise this "
-                           "error."
-                         : "The stream went on with stale data; cuda_p2p's calls on this group "
-                           "raise this error."));
-      } catch (...) {
-      }
-    }
+    if (failure_.fail(why)) report(why, blocked);
     adopt();  // what the host enqueued meanwhile: NOTE [Releasing blocked waits]
     release_pending();
   }
@@ -233,8 +400,13 @@ void Watchdog::loop() {
     {
       std::unique_lock<std::mutex> lock(in_mu_);
       if (stop_) break;
-      if (incoming_.empty() && queued_ == 0) {
-        cv_.wait(lock, [&] { return stop_ || !incoming_.empty(); });
+      // Armed (Watchdog::arm): scans go on every max_poll at most, waits or none, until the
+      // device fails.
+      const auto probing = [&] {
+        return armed_.load(std::memory_order_acquire) && !failure_.failed();
+      };
+      if (incoming_.empty() && queued_ == 0 && !probing()) {
+        cv_.wait(lock, [&] { return stop_ || !incoming_.empty() || probing(); });
         nap = Millis(1);
         continue;
       }

@@ -73,40 +73,129 @@ namespace cuda_p2p {
 // never replays (k waits, k timeouts: hours for a decode graph), and abort() could not shorten
 // it. So each polls, besides its own word, two words of host memory the device keeps: the count
 // of give-ups, and a copy of the device's failure (FailureState::mirror_to, written by the CPU,
-// through no stream that could be blocked); it ends at once when either is set. The first
-// give-up thereby ends every later wait of the replay, and the host turns it into the device's
-// failure at its next check.
+// through no stream that could be blocked), and the rank's failure word (NOTE [Failure words]);
+// it ends at once when any is set. The first give-up thereby ends every later wait of the
+// replay, and the watchdog, which polls the give-up count from the first counted wait on
+// (Watchdog::arm), turns it into the device's failure within max_poll and publishes it to the
+// peers, whose counted waits then end too. A loop that only replays graphs calls nothing of
+// cuda_p2p's, so it learns of the failure from CUDA: a counted wait that ends without its
+// signals - at its deadline, or at a peer's failure word - traps (as PyTorch's symmetric memory
+// does on a timed-out barrier), and torch's next synchronize raises. The CUDA context is then
+// unusable and the process must restart: the replay computed on stale data, and a job whose
+// graphs hang on a missing rank is lost anyway. A wait ended by this device's own failure (an
+// abort() from the host, which knows) does not trap. The host device with CUDA's semantics
+// raises the wait's error into its stream instead.
+//
+// NOTE [Failure words]
+// A released stream runs on through what its host queued ahead (NOTE [Releasing blocked
+// waits]): its copies and signals land in the peers' pads and buffers, where a healthy peer's
+// wait would take them for its op's and return a wrong result with no error (issue 48, finding
+// 2). So before a rank releases anything it tells every peer, through a word in the peer's
+// memory that it writes from the CPU: the failure word. Each rank has a failure area, one page
+// of host shared memory (a memfd, host/shared_block.cpp) that every peer maps (SymmetricWorkspace
+// makes and exchanges it at its first rendezvous); word 0 is the rank's failure word: 0 while
+// no peer failed, else 1 + the rank whose failure reached it first. A failing rank writes it
+// into every peer's area (compare-and-swap from 0, so the first origin stays; FailureState::
+// publish) before it releases its own waits (FailureState::fail publishes; Watchdog releases
+// only after publish()), and a rank that learns of a peer's failure records it as its own
+// failure, naming that origin, and publishes it on. Beside the word each peer has a slot for
+// its reason (kReasonBytes from kReasonOffset, the text written before a ready word, both before
+// the failure word), so that every rank's error says why the first one failed, not only who. On a
+// GPU the pads are device memory, which a CPU reaches only through a stream, and a stream may queue
+// behind the very wait being released (a shared hardware queue: CUDA_DEVICE_MAX_CONNECTIONS, MPS);
+// host memory is reached by a plain store, and the owner's GPU reads it through a mapping
+// (cudaHostRegister with cudaHostRegisterMapped, the documented way to make existing host memory -
+// here a shared mapping, as NCCL's shared-memory transport does - readable by kernels). Who reads
+// the word:
+//  - every host wait, on every pass (FailureState::check), and check_healthy / check_work, so
+//    that a Work or synchronize that ran after its stream did raises: the peer published before
+//    its released stream wrote anything, so a rank whose stream consumed a stale signal finds
+//    the word set when it looks after the stream ran;
+//  - the wait kernels, eager and counted, which end at once (the counted ones trap: NOTE
+//    [Counted waits end with the failure]);
+//  - the watchdog on every scan: a stream memory operation waits for one word and cannot watch
+//    a second, so the watchdog fails the device and releases it.
+// A retire() that drained publishes nothing: its ops ran to their end, and its peers' results
+// are theirs. The areas live as long as any rank maps them (memfd), so a rank may write a peer's
+// word after that peer has gone; they are made once per workspace and kept across growth.
 class FailureState {
  public:
+  // NOTE [Failure words]: the layout of a failure area (word 0 at its start).
+  static constexpr size_t kReasonOffset = 64;
+  static constexpr size_t kReasonBytes = 256;  // a ready word, then NUL-terminated text
+  static size_t area_bytes(int world_size) {
+    return (kReasonOffset + kReasonBytes * static_cast<size_t>(world_size) + 4095) / 4096 * 4096;
+  }
+
   // Records `why` unless a failure was recorded already; returns whether this call recorded it.
   // `work_done`: every op enqueued before had run to its end normally (a shutdown that drained,
   // NOTE [Shutdown flushes] in backend/ProcessGroupCudaP2P.cpp), so their Works stay successful
-  // (check_work) while every later op raises.
-  bool fail(const std::string& why, bool work_done = false);
+  // (check_work) while every later op raises; nothing is published then. Otherwise the failure
+  // is published to the peers (NOTE [Failure words]) before this returns. `origin`: the rank
+  // whose failure this is (-1: this rank's own).
+  bool fail(const std::string& why, bool work_done = false, int origin = -1);
   // Some op's wait was released after all (or enqueued after the failure): its Work must raise.
   void taint() { work_done_.store(false, std::memory_order_release); }
   // Also stores 1 into `word` (host memory device-side waits poll: NOTE [Counted waits end with
   // the failure]) when the failure is recorded. Set once, before the device's first wait.
   void mirror_to(uint32_t* word) { mirror_ = word; }
+
+  // NOTE [Failure words]: this rank's word (the start of its own area) and each peer's (by rank;
+  // null for this rank). Set once, before the device's first op; a later call is ignored (a
+  // group's second workspace, its symmetric heap, shares its device and ranks).
+  void set_words(int rank, const uint32_t* own, std::vector<uint32_t*> peers);
+  // The ranks in `ranks` are gone for good (a shrink excluded them: NOTE [Shrinking past dead
+  // ranks] in backend/child_groups.cpp): nothing is written to their words after this returns,
+  // so that their areas may be unmapped. Ranks outside the group, or before set_words, are ignored.
+  void forget_peers(const std::vector<int>& ranks);
+  bool has_words() const { return has_words_.load(std::memory_order_acquire); }
+  // The rank whose failure reached this rank's word (-1: none did).
+  int peer_failure() const;
+  // Records the failure a peer's word brought (fail, naming its origin) unless this device
+  // failed already; returns whether it did.
+  bool adopt_peer_failure();
+  // Writes this device's failure into every peer's word, once (a no-op while healthy): before
+  // any release of a wait (Watchdog::release_pending), whatever the failure.
+  void publish();
+
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   std::string reason() const;
-  // Raises "cuda_p2p <op>: <reason>" once failed (the test inline: on every op's path).
-  void check(const char* op) const {
+  // Raises "cuda_p2p <op>: <reason>" once failed, or once a peer's failure reached this rank's
+  // word, which it records first (the test inline: on every op's and every host wait's path).
+  void check(const char* op) {
+    if (!failed() && has_words() && peer_word_set()) adopt_peer_failure();
     if (failed()) raise(op);
   }
   // For the Work of an op enqueued before the failure: raises unless the failure came after
-  // every such op had run normally.
-  void check_work(const char* op) const {
+  // every such op had run normally (a peer's failure reaching a device that retired after a
+  // drain changes nothing: its ops had ended).
+  void check_work(const char* op) {
+    if (!failed() && has_words() && peer_word_set()) adopt_peer_failure();
     if (failed() && !work_done_.load(std::memory_order_acquire)) raise(op);
   }
 
  private:
   [[noreturn]] void raise(const char* op) const;
+  // fail(), telling the peers `told` instead of `why`.
+  bool fail_telling(const std::string& why, const std::string& told, bool work_done, int origin);
+  bool peer_word_set() const {
+    return std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(own_word_))
+               .load(std::memory_order_acquire) != 0;
+  }
   std::atomic<bool> failed_{false};
   std::atomic<bool> work_done_{false};
   uint32_t* mirror_ = nullptr;
   mutable std::mutex mu_;
   std::string reason_;
+  int origin_ = -1;   // the rank whose failure this is (mu_)
+  std::string told_;  // what publish() tells the peers: the first failure's own reason (mu_)
+  // NOTE [Failure words]: written once by set_words before has_words_ is set.
+  std::atomic<bool> has_words_{false};
+  int rank_ = -1;
+  const uint32_t* own_word_ = nullptr;
+  std::vector<uint32_t*> peer_words_;
+  std::mutex publish_mu_;
+  bool published_ = false;  // publish_mu_
 };
 
 // What the watchdog observes of one wait a stream executes.
@@ -174,6 +263,18 @@ class Watchdog {
   // Stops the thread and drops every pending wait without releasing it (the destructor, once
   // the device's streams are drained).
   void stop();
+  // A failure the device finds in memory of its own (the give-up count of counted waits: NOTE
+  // [Counted waits end with the failure]): `probe` returns why the device failed, or "". Asked
+  // on every scan, never concurrently with itself. Set once, before the first track() or arm().
+  void set_probe(std::function<std::string()> probe) { probe_ = std::move(probe); }
+  // A failure found in memory (a peer's failure word, the probe's) now, in the calling thread:
+  // recorded, said once and released as a scan would (check_healthy, when a cheap look found
+  // one).
+  void check_memory_now();
+  // From now on the watchdog scans every max_poll even while no wait is tracked (a replayed
+  // graph's waits are not: NOTE [Counted waits end with the failure]), until the device fails.
+  // Cheap when already armed: every counted wait calls it.
+  void arm();
 
  private:
   struct Entry {
@@ -190,13 +291,19 @@ class Watchdog {
   bool poll();
   // NOTE [Releasing blocked waits]: releases every pending wait the stream has not passed, oldest
   // first per stream, each word at the highest value awaited, and retires those passed; returns
-  // how many it released. scan_mu_ held.
+  // how many it released. Publishes the failure first (NOTE [Failure words]). scan_mu_ held.
   size_t release_pending();
+  // A failure found without a wait at its deadline: a peer's failure word or the probe's (NOTE
+  // [Failure words]). Records it, says it once, releases. scan_mu_ held; returns whether it did.
+  bool check_memory();
+  void report(const std::string& why, bool blocked);
 
   FailureState& failure_;
   std::function<void()> thread_init_;
   const Millis max_poll_;
   std::function<void(const std::string&)> report_;
+  std::function<std::string()> probe_;
+  std::atomic<bool> armed_{false};
   // Lock order: scan_mu_ before in_mu_. track() (every wait_signals) takes only in_mu_, for a
   // push: the scans, which query the device, never hold it.
   mutable std::mutex scan_mu_;

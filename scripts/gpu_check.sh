@@ -22,12 +22,20 @@
 #    never arrives (gpu_fault.py), teardown under load (gpu_teardown.py), and compute-sanitizer
 #    (memcheck, racecheck, synccheck) over the C++ CUDA tests and, under memcheck, the smoke
 #    script's 1-rank runs, when the toolkit has it (the summary says so when not);
+#    then issue 48's failure steps (step "failure"): the fault and teardown steps again with one
+#    hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1), the C++ release test after 0-8 extra
+#    streams (default queues and one), finding 2's stall schedule checking rank 1's result, a
+#    rank that stops replaying a CUDA graph (time to fail, whose trap ends that process's
+#    context, and an abort from a thread); and, where nvidia-cuda-mps-control exists, the stress
+#    and fault steps once more under an MPS daemon the script starts in a private directory and
+#    stops (the GPU's own settings are left as they are);
 # 6. prints a small timing table of ranks sharing one GPU (bench/gpu_timing.py);
 # 7. runs the CPU suite (tests/python but test_gpu.py) under the machine's torch.
 # At the end, one table of every step: its verdict, seconds and log.
 #
 # A rerun on a warm machine (the build is kept) may run fewer steps: CUDA_P2P_GPU_CHECK_STEPS
-# (default smoke,examples,ctest,pytest,graph,stress,fault,teardown,sanitizer,timing,cpu_suite),
+# (default smoke,examples,ctest,pytest,graph,stress,fault,teardown,failure,mps,sanitizer,timing,
+# cpu_suite),
 # CUDA_P2P_GPU_CHECK_CTEST_ARGS, CUDA_P2P_GPU_CHECK_PYTEST_ARGS (for both pytest steps),
 # CUDA_P2P_GPU_CHECK_SANITIZER_TOOLS (default "memcheck racecheck synccheck").
 #
@@ -56,7 +64,7 @@ START=$(date +%s)
 BUDGET=${CUDA_P2P_GPU_CHECK_BUDGET:-570}
 # Which steps after the build (a rerun on a warm machine, whose build is kept, may want fewer),
 # and extra arguments for ctest (e.g. "-R test_backend") and pytest (e.g. "-k all_reduce").
-STEPS=${CUDA_P2P_GPU_CHECK_STEPS:-smoke,examples,ctest,pytest,graph,stress,fault,teardown,sanitizer,timing,cpu_suite}
+STEPS=${CUDA_P2P_GPU_CHECK_STEPS:-smoke,examples,ctest,pytest,graph,stress,fault,teardown,failure,mps,sanitizer,timing,cpu_suite}
 wants() { [[ ",$STEPS," == *",$1,"* ]]; }
 OUT=${1:-gpu_check_out}
 mkdir -p "$OUT"
@@ -310,6 +318,69 @@ PYEOF
   if wants teardown; then
     step teardown 80 "$PY" tests/python/gpu_teardown.py --world-size 2 --op-timeout 5 \
       --margin 10 --timeout 25
+  fi
+  # Issue 48: a failure reaches every peer (NOTE [Failure words] in p2p_workspace/watchdog.hpp),
+  # also where the release could queue behind the wait it releases (NOTE [Hardware queues] in
+  # p2p_workspace/cuda/cuda_device.cpp). The C++ tests run as 2 ranks started by launch.py; a
+  # skip fails them (CUDA_P2P_TEST_FAIL_ON_SKIP).
+  if wants failure; then
+    # 2 ranks of a C++ test binary (launch.py), a skip counting as a failure.
+    cpp2=(env CUDA_P2P_TEST_FAIL_ON_SKIP=1 "$PY" tests/cpp/launch.py -n 2 --timeout 55 --)
+    step fault_1queue 45 env CUDA_DEVICE_MAX_CONNECTIONS=1 "$PY" tests/python/gpu_fault.py \
+      --world-size 2 --op-timeout 5 --margin 15 --timeout 40
+    step release_streams 120 bash -c '
+      "$@" --gtest_filter="*WhicheverQueue*" &&
+        CUDA_DEVICE_MAX_CONNECTIONS=1 "$@" --gtest_filter="*WhicheverQueue*"
+    ' _ "${cpp2[@]}" "$BUILD/tests/cpp/test_cuda_workspace"
+    # Finding 2: rank 1 must raise naming rank 0, never return op 3's data without an error.
+    step stall 45 "${cpp2[@]}" "$BUILD/tests/cpp/test_cuda_collectives" \
+      --gtest_filter="*AReleasedRankNever*"
+    # The trap ends its process's CUDA context: that test runs alone, the abort in a second
+    # launch. Each prints its time to fail, which goes into the summary.
+    step replay_stop 90 bash -c '
+      "$@" --gtest_also_run_disabled_tests --gtest_filter="*StopsReplaying*"
+      a=$?
+      "$@" --gtest_filter="*AnAbortFromAThread*"
+      b=$?
+      exit $((a || b))
+    ' _ "${cpp2[@]}" "$BUILD/tests/cpp/test_cuda_workspace"
+    grep -h "rank 0: the replay" "$OUT/replay_stop.log" 2>/dev/null | cut -c1-200 |
+      sed 's/^/  /' | tee -a "$OUT/summary.txt"
+    step teardown_1queue 60 env CUDA_DEVICE_MAX_CONNECTIONS=1 "$PY" tests/python/gpu_teardown.py \
+      --world-size 2 --op-timeout 5 --margin 10 --timeout 25 --scenarios queued
+  fi
+  # MPS: ranks sharing the GPU run at once, as on separate GPUs. The daemon lives in a private
+  # directory under OUT (its pipe and log), so that it serves only this script's processes, and is
+  # stopped at the end, also when a step fails; nothing of the GPU's settings is changed (no
+  # compute mode): a GPU in the default mode takes MPS clients beside other processes.
+  if wants mps; then
+    MPS_CONTROL=$(command -v nvidia-cuda-mps-control || true)
+    if [ -z "$MPS_CONTROL" ]; then
+      say "$(printf '%-22s %-8s %s' mps "NOT RUN" "nvidia-cuda-mps-control not found")"
+      row mps "NOT RUN" 0 "nvidia-cuda-mps-control not found"
+    else
+      MPS_DIR=$OUT/mps
+      mkdir -p "$MPS_DIR/pipe" "$MPS_DIR/log"
+      mps_stop() {
+        CUDA_MPS_PIPE_DIRECTORY=$MPS_DIR/pipe timeout 20 "$MPS_CONTROL" <<<quit >/dev/null 2>&1
+      }
+      if CUDA_MPS_PIPE_DIRECTORY=$MPS_DIR/pipe CUDA_MPS_LOG_DIRECTORY=$MPS_DIR/log \
+        timeout 20 "$MPS_CONTROL" -d; then
+        trap mps_stop EXIT
+        say "mps:     daemon started (pipe $MPS_DIR/pipe)"
+        step stress_mps 90 env CUDA_MPS_PIPE_DIRECTORY="$MPS_DIR/pipe" \
+          CUDA_MPS_LOG_DIRECTORY="$MPS_DIR/log" "$PY" tests/python/gpu_stress.py \
+          --world-sizes 2 4 --ops 500 --timeout 40
+        step fault_mps 45 env CUDA_MPS_PIPE_DIRECTORY="$MPS_DIR/pipe" \
+          CUDA_MPS_LOG_DIRECTORY="$MPS_DIR/log" "$PY" tests/python/gpu_fault.py \
+          --world-size 2 --op-timeout 5 --margin 15 --timeout 40
+        mps_stop
+        trap - EXIT
+      else
+        say "$(printf '%-22s %-8s %s' mps "NOT RUN" "the MPS daemon did not start (log: $MPS_DIR/log)")"
+        row mps "NOT RUN" 0 "the MPS daemon did not start (log in mps/log)"
+      fi
+    fi
   fi
   # compute-sanitizer over the C++ CUDA test binaries (2 ranks, each under its own sanitizer,
   # started by launch.py) and, under memcheck, the smoke script's 1-rank runs in one process.

@@ -28,7 +28,25 @@
 // two per group. The device waits only for streams it owns or handed to one of its ops since it
 // last drained (quiesce, drain), never for every stream of the GPU, and every such wait has the
 // group's deadline (set_timeout): a wait of group A that blocks a stream is an error in group B,
-// not a hang.
+// not a hang. Nor does anything device-wide run where a wait may be blocked: no cudaFree,
+// cudaFreeHost, cudaHostAlloc, emptyCache or cudaDeviceSynchronize on the paths of ops, waits,
+// releases or teardown (NOTE [Pinned pools]; a cudaMalloc that runs out of memory says how much
+// torch's cache holds instead of emptying it).
+//
+// NOTE [Hardware queues]
+// The release of a blocked stream memory wait is a write from the device's auxiliary stream
+// (NOTE [Releasing blocked waits] in p2p_workspace/watchdog.hpp), which helps only if the aux
+// stream does not queue behind the wait. CUDA maps streams onto CUDA_DEVICE_MAX_CONNECTIONS
+// hardware queues (8 unless the process sets it; Megatron sets 1), and work of two streams on one
+// queue runs in the order it was submitted: with one queue the release waits behind the very wait
+// it releases, for good. A cuStreamWaitValue32 watches one word and has no deadline, so nothing
+// else ends it either. The wait kernel polls its own deadline and the failure words (NOTE
+// [Failure words]) and needs no release, so below kMinHardwareQueues (the caller's stream, the
+// two pipeline streams and the aux stream each on a queue of its own) the device waits with the
+// kernel, and says so once. Above it a collision of the aux stream with a blocked stream is still
+// possible (streams share queues round-robin); the failure words and the kernels' deadlines are
+// what keeps that case from hanging for good where the kernel runs, and scripts/gpu_check.sh runs
+// the fault step with one queue.
 #include "p2p_workspace/cuda/cuda_device.hpp"
 
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -45,10 +63,13 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
+#include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "p2p_workspace/cuda/signal_kernels.cuh"
 #include "p2p_workspace/watchdog.hpp"
@@ -183,16 +204,45 @@ CudaStreamImpl& as_cuda(Stream& s) {
   return *c;
 }
 
+// NOTE [Pinned pools]
+// Page-locked host memory is allocated and freed by calls that may synchronize with the whole
+// device: the CUDA programming guide lists a page-locked host allocation among the operations
+// after which no command of another stream starts before the earlier ones finished, and frees are
+// no better documented. Issued while a stream is blocked at a wait, such a call would hold up the
+// release that unblocks it, or the teardown after a failed drain - or free memory a kernel still
+// writes. So the device takes all the pinned memory its waits use when it is created (kRecords
+// give-up records, the graph give-up record) and never frees it: at teardown it is leaked, as the
+// mappings of a failed drain are (a few tens of KiB per group). A host that runs so far ahead of
+// the GPU that every record is in use waits for the watchdog to retire the oldest waits, with the
+// group's deadline.
+//
 // Events and give-up records recycled across waits: a wait costs no cudaEventCreate or pinned
 // allocation once the pools are warm. Owned by the device; outlive its watchdog.
 class WaitResources {
  public:
+  // One per wait_signals call (its probe), plus one per kMaxKernelWaits waits on the kernel path.
+  static constexpr int kRecords = 1024;
+  using Record = std::pair<cuda::KernelGiveUp*, cuda::KernelGiveUp*>;  // host, device address
   explicit WaitResources(int device) : device_(device) {}
   ~WaitResources() {
     QuietDeviceSwitch guard(device_);
     for (auto e : events_) (void)cudaEventDestroy(e);
-    for (auto* chunk : chunks_) (void)cudaFreeHost(chunk);
     (void)cudaGetLastError();
+    // The records' memory stays allocated: NOTE [Pinned pools].
+  }
+
+  // Once, when the device is created (its device selected).
+  void reserve() {
+    void* chunk = nullptr;
+    CUDA_P2P_CUDA_CHECK(
+        cudaHostAlloc(&chunk, kRecords * sizeof(cuda::KernelGiveUp), cudaHostAllocMapped));
+    void* dev = nullptr;
+    CUDA_P2P_CUDA_CHECK(cudaHostGetDevicePointer(&dev, chunk, 0));
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int i = 0; i < kRecords; ++i) {
+      free_.emplace_back(static_cast<cuda::KernelGiveUp*>(chunk) + i,
+                         static_cast<cuda::KernelGiveUp*>(dev) + i);
+    }
   }
 
   cudaEvent_t event() {
@@ -213,28 +263,17 @@ class WaitResources {
     events_.push_back(e);
   }
 
-  // A zeroed record in host-mapped pinned memory, with its device address.
-  std::pair<cuda::KernelGiveUp*, cuda::KernelGiveUp*> give_up() {
+  // A zeroed record in host-mapped pinned memory, with its device address; none when all are
+  // in use (NOTE [Pinned pools]).
+  std::optional<Record> give_up() {
     std::lock_guard<std::mutex> lock(mu_);
-    if (free_.empty()) {
-      constexpr int kPerChunk = 256;
-      void* chunk = nullptr;
-      CUDA_P2P_CUDA_CHECK(
-          cudaHostAlloc(&chunk, kPerChunk * sizeof(cuda::KernelGiveUp), cudaHostAllocMapped));
-      chunks_.push_back(chunk);
-      void* dev = nullptr;
-      CUDA_P2P_CUDA_CHECK(cudaHostGetDevicePointer(&dev, chunk, 0));
-      for (int i = 0; i < kPerChunk; ++i) {
-        free_.emplace_back(static_cast<cuda::KernelGiveUp*>(chunk) + i,
-                           static_cast<cuda::KernelGiveUp*>(dev) + i);
-      }
-    }
+    if (free_.empty()) return std::nullopt;
     auto r = free_.back();
     free_.pop_back();
     std::memset(r.first, 0, sizeof(cuda::KernelGiveUp));
     return r;
   }
-  void put(std::pair<cuda::KernelGiveUp*, cuda::KernelGiveUp*> r) {
+  void put(Record r) {
     std::lock_guard<std::mutex> lock(mu_);
     free_.push_back(r);
   }
@@ -243,8 +282,7 @@ class WaitResources {
   const int device_;
   std::mutex mu_;
   std::vector<cudaEvent_t> events_;
-  std::vector<void*> chunks_;
-  std::vector<std::pair<cuda::KernelGiveUp*, cuda::KernelGiveUp*>> free_;
+  std::vector<Record> free_;
 };
 
 // One wait_signals call as the watchdog sees it: an event before the waits (the stream reached
@@ -395,7 +433,7 @@ struct HostFunction {
 
 class CudaDevice : public Device {
  public:
-  explicit CudaDevice(int index) : index_(index), resources_(index) {
+  CudaDevice(int index, int hardware_queues) : index_(index), resources_(index) {
     c10::cuda::CUDAGuard guard(index_);
     cudaDriverEntryPointQueryResult q1{}, q2{};
     void* write = nullptr;
@@ -409,6 +447,14 @@ class CudaDevice : public Device {
       wait_value_ = reinterpret_cast<WaitValueFn>(wait);
     }
     (void)cudaGetLastError();
+    if (wait_value_ && hardware_queues > 0 && hardware_queues < kMinHardwareQueues) {
+      wait_value_ = nullptr;  // NOTE [Hardware queues]
+      TORCH_WARN("cuda_p2p: CUDA_DEVICE_MAX_CONNECTIONS=", hardware_queues, " gives ", name(),
+                 "'s streams fewer than ", kMinHardwareQueues,
+                 " hardware queues, so a released stream memory wait could queue behind itself: "
+                 "this group waits with its wait kernel instead (one SM-resident thread per wait; "
+                 "NOTE [Hardware queues] in p2p_workspace/cuda/cuda_device.cpp)");
+    }
     cudaDeviceProp prop{};
     CUDA_P2P_CUDA_CHECK(cudaGetDeviceProperties(&prop, index_));
     uuid_ = format_uuid(prop.uuid);
@@ -425,6 +471,7 @@ class CudaDevice : public Device {
     }
     // NOTE [Kernels loaded up front] in p2p_workspace/cuda/signal_kernels.cuh.
     CUDA_P2P_CUDA_CHECK(cuda::load_kernels());
+    resources_.reserve();  // NOTE [Pinned pools]
     // A stream of the device's own for allocation and the watchdog's reads: stream
     // order on it replaces cudaDeviceSynchronize, which would also wait for unrelated work.
     CUDA_P2P_CUDA_CHECK(cudaStreamCreateWithFlags(&aux_, cudaStreamNonBlocking));
@@ -448,6 +495,8 @@ class CudaDevice : public Device {
       (void)cudaThreadExchangeStreamCaptureMode(&mode);
       (void)cudaGetLastError();
     });
+    // NOTE [Counted waits end with the failure]: the watchdog reports a replay's give-up.
+    watchdog_->set_probe([this] { return graph_give_up(); });
   }
   ~CudaDevice() override {
     // NOTE [Teardown drains]: the workspace drained the group's work before it released its
@@ -457,7 +506,10 @@ class CudaDevice : public Device {
     QuietDeviceSwitch guard(index_);
     for (auto stream : own_streams_) (void)cudaStreamDestroy(stream);
     (void)cudaStreamDestroy(aux_);
-    if (graph_give_up_) (void)cudaFreeHost(graph_give_up_);
+    // graph_give_up_ stays allocated (NOTE [Pinned pools]): a graph's kernels may still write it.
+    // The failure area stays mapped and registered (NOTE [Failure words]): a kernel may still read
+    // it, and an unmapped range still registered would refuse the next registration there.
+    if (!areas_.empty()) (void)new std::shared_ptr<Block>(areas_.front());
     (void)cudaGetLastError();
   }
 
@@ -500,22 +552,28 @@ class CudaDevice : public Device {
     c10::cuda::CUDAGuard guard(index_);
     void* ptr = nullptr;
     // A plain cudaMalloc block (not the caching allocator): IPC handles cover whole allocations.
-    cudaError_t err = cudaMalloc(&ptr, bytes);
-    if (err == cudaErrorMemoryAllocation) {
-      // What torch's caching allocator holds but does not use is given back first, as torch
-      // itself does before it reports an out-of-memory.
-      (void)cudaGetLastError();
-      c10::cuda::CUDACachingAllocator::emptyCache();
-      err = cudaMalloc(&ptr, bytes);
-    }
+    const cudaError_t err = cudaMalloc(&ptr, bytes);
     if (err == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();
       size_t free = 0, total = 0;
       if (cudaMemGetInfo(&free, &total) != cudaSuccess) (void)cudaGetLastError();
+      // Torch's cache is not emptied here (NOTE [Group streams]: emptyCache frees, and a free may
+      // wait for every stream of the GPU, a blocked one included); the error says what it holds.
+      int64_t cached = -1;
+      try {
+        const auto stats =
+            c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index_));
+        cached = stats.reserved_bytes[0].current - stats.allocated_bytes[0].current;
+      } catch (...) {  // NOLINT(bugprone-empty-catch): no allocator on this device yet
+      }
       // An OutOfMemoryError on every rank (NOTE [Allocation failures at rendezvous]).
       TORCH_CHECK_WITH(OutOfMemoryError, false, "cuda_p2p: cannot allocate a block of ", bytes,
                        " bytes on ", name(), ": ", free, " of its ", total,
-                       " bytes are free (cudaMalloc: out of memory)");
+                       " bytes are free (cudaMalloc: out of memory)",
+                       cached > 0 ? "; torch's caching allocator holds " + std::to_string(cached) +
+                                        " bytes it does not use: torch.cuda.empty_cache() before "
+                                        "creating or growing the group returns them"
+                                  : std::string());
     }
     CUDA_P2P_CUDA_CHECK(err);
     auto block = std::make_shared<CudaBlock>(ptr, bytes, /*imported=*/false, index_);
@@ -572,9 +630,10 @@ class CudaDevice : public Device {
 
   void copy(Stream& s, void* dst, const void* src, size_t n) override {
     c10::cuda::CUDAGuard guard(index_);
-    // Device-to-device through the copy engine: no SM is used.
+    // Through the copy engine: no SM is used. Default: either side may be host-mapped memory
+    // (pinned words), which DeviceToDevice would misdescribe.
     CUDA_P2P_CUDA_CHECK(
-        cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, as_cuda(s).stream.stream()));
+        cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, as_cuda(s).stream.stream()));
   }
 
   void write_signal(Stream& s, uint32_t* addr, uint32_t value) override {
@@ -614,8 +673,9 @@ class CudaDevice : public Device {
         cuda::launch_write_counted(addr, counter, offset, as_cuda(s).stream.stream()));
   }
   // The wait kernel gives up by itself at `timeout` (the GPU's clock): no watchdog can follow a
-  // replay's waits, whose events are the graph's. It flags the peers in graph_give_up_, which
-  // check_healthy and every host poll turn into the device's failure.
+  // replay's waits, whose events are the graph's. It flags the peers in graph_give_up_ and traps,
+  // which check_healthy, every host poll and the watchdog turn into the device's failure (NOTE
+  // [Counted waits end with the failure]).
   void wait_counted(Stream& s, std::vector<CountedWait> waits, Millis timeout,
                     std::string context) override {
     check_healthy(context.c_str());
@@ -630,9 +690,11 @@ class CudaDevice : public Device {
         kw.peer[kw.count] = waits[j].peer;
         ++kw.count;
       }
-      CUDA_P2P_CUDA_CHECK(cuda::launch_wait_counted(
-          kw, static_cast<uint64_t>(timeout.count()) * 1000000ull, graph_give_up_dev_, stream));
+      CUDA_P2P_CUDA_CHECK(
+          cuda::launch_wait_counted(kw, static_cast<uint64_t>(timeout.count()) * 1000000ull,
+                                    graph_give_up_dev_, ends(), stream));
     }
+    watchdog_->arm();  // NOTE [Counted waits end with the failure]
   }
 
   // NOTE [Device failure] (p2p_workspace/watchdog.hpp): the waits are bracketed by two events
@@ -649,7 +711,7 @@ class CudaDevice : public Device {
     auto watched =
         std::make_unique<CudaWatchedWait>(resources_, waits, aux_, aux_mu_, stream, aux_writer_);
     watched->before = resources_.event();
-    watched->probe = resources_.give_up();
+    watched->probe = take_record(context);
     watched->probe_event = resources_.event();
     CUDA_P2P_CUDA_CHECK(cudaEventRecord(watched->before, stream));
     if (wait_value_) {
@@ -667,10 +729,10 @@ class CudaDevice : public Device {
           kw.value[kw.count] = waits[j].value;
           ++kw.count;
         }
-        watched->give_ups.push_back(resources_.give_up());
+        watched->give_ups.push_back(take_record(context));
         CUDA_P2P_CUDA_CHECK(
             cuda::launch_wait_signals(kw, static_cast<uint64_t>(timeout.count()) * 1000000ull,
-                                      watched->give_ups.back().second, stream));
+                                      watched->give_ups.back().second, ends(), stream));
       }
     }
     watched->after = resources_.event();
@@ -808,6 +870,46 @@ class CudaDevice : public Device {
     failure_.check_work(op);
   }
 
+  // NOTE [Failure words]: this rank's area is registered (cudaHostRegisterMapped), so that its
+  // wait kernels poll the word through a device address; the peers' are written by the CPU only.
+  bool has_failure_words() const override { return failure_.has_words(); }
+  void set_failure_words(FailureWords words) override {
+    if (failure_.has_words() || words.areas.empty()) return;
+    c10::cuda::CUDAGuard guard(index_);
+    const auto& own = words.areas.front();
+    void* dev = nullptr;
+    if (cudaHostRegister(own->data(), own->size(),
+                         cudaHostRegisterMapped | cudaHostRegisterPortable) == cudaSuccess &&
+        cudaHostGetDevicePointer(&dev, words.own, 0) == cudaSuccess) {
+      failure_rank_.store(words.rank, std::memory_order_release);
+      failure_word_dev_.store(static_cast<const uint32_t*>(dev), std::memory_order_release);
+    } else {
+      // The kernels then end at their deadlines; the host side (checks, watchdog) still reads it.
+      (void)cudaGetLastError();
+      TORCH_WARN("cuda_p2p: ", name(), " cannot map this rank's failure area into the GPU ",
+                 "(cudaHostRegister failed): its wait kernels end at their deadlines, not at a ",
+                 "peer's failure (NOTE [Failure words])");
+    }
+    {
+      std::lock_guard<std::mutex> lock(areas_mu_);
+      areas_ = words.areas;
+      areas_rank_ = words.rank;
+    }
+    failure_.set_words(words.rank, words.own, std::move(words.peers));
+  }
+  // The peers' areas are written by the CPU only (never registered): unmapped at once.
+  void forget_failure_peers(const std::vector<int>& ranks) override {
+    failure_.forget_peers(ranks);  // first: no word of theirs is written once it returns
+    std::vector<std::shared_ptr<Block>> gone;  // unmapped after the lock is released
+    std::lock_guard<std::mutex> lock(areas_mu_);
+    for (int r : ranks) {
+      const size_t i = FailureWords::area_index(areas_rank_, r);
+      if (r != areas_rank_ && i < areas_.size() && areas_[i]) {
+        gone.push_back(std::move(areas_[i]));
+      }
+    }
+  }
+
   void record_stream(const at::Tensor& t, Stream& s) override {
     if (!t.defined() || !t.is_cuda() || !t.has_storage()) return;
     // Skips memory the caching allocator does not own (workspace views, IPC mappings).
@@ -877,19 +979,54 @@ class CudaDevice : public Device {
   }
 
   // A counted wait of a replayed graph that gave up (NOTE [Replay-safe signals]) fails the device
-  // for good, naming the peers it gave up on, and releases the eager waits like any failure.
+  // for good, naming the peers it gave up on, and releases the eager waits like any failure; so
+  // does a peer's failure word (NOTE [Failure words]).
   void check_graph_give_up() {
+    if (failure_.failed()) return;
     const auto* g = graph_give_up_;
-    if (g == nullptr || *static_cast<const volatile uint32_t*>(&g->gave_up) == 0) return;
+    if (failure_.peer_failure() >= 0 ||
+        (g != nullptr && *static_cast<const volatile uint32_t*>(&g->gave_up) != 0)) {
+      watchdog_->check_memory_now();
+    }
+  }
+  // The give-up of a counted wait as the device's failure ("" while there is none).
+  std::string graph_give_up() const {
+    const auto* g = graph_give_up_;
+    if (g == nullptr || *static_cast<const volatile uint32_t*>(&g->gave_up) == 0) return "";
     std::vector<int> peers;
     for (int r = 0; r < 128; ++r) {
       if (*static_cast<const volatile uint32_t*>(&g->peer_bits[r / 32]) & (1u << (r % 32))) {
         peers.push_back(r);
       }
     }
-    watchdog_->fail("a wait of a replayed CUDA graph timed out: " + describe_ranks(peers) +
-                    " never arrived (the graph's kernels went on with stale data; NOTE "
-                    "[Replay-safe signals])");
+    return "a wait of a replayed CUDA graph timed out: " + describe_ranks(peers) +
+           " never arrived (the wait kernel trapped: the graph's kernels went on with stale data "
+           "and the CUDA context is lost; NOTE [Counted waits end with the failure])";
+  }
+  // What a wait kernel polls besides its words (NOTE [Failure words]).
+  cuda::WaitEnds ends() const {
+    return cuda::WaitEnds{failure_word_dev_.load(std::memory_order_acquire),
+                          graph_give_up_dev_ ? &graph_give_up_dev_->failed : nullptr,
+                          failure_rank_.load(std::memory_order_acquire)};
+  }
+  // NOTE [Pinned pools]: a give-up record, once there is a free one.
+  WaitResources::Record take_record(const std::string& context) {
+    if (auto r = resources_.give_up()) return *r;
+    const Millis limit(timeout_ms_.load());
+    const auto deadline = std::chrono::steady_clock::now() + limit + watchdog_->notice();
+    auto nap = std::chrono::microseconds(10);
+    while (true) {
+      watchdog_->poll_now();  // retires the waits the streams passed, returning their records
+      if (auto r = resources_.give_up()) return *r;
+      check_healthy(context.c_str());
+      TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "cuda_p2p ", context, " on ", name(),
+                  ": all ", WaitResources::kRecords,
+                  " records of this group's pending waits are in use (the host ran that many "
+                  "waits ahead of the GPU) and none was returned within the group's timeout of ",
+                  limit.count(), " ms (NOTE [Pinned pools])");
+      std::this_thread::sleep_for(nap);
+      nap = std::min<std::chrono::microseconds>(nap * 2, std::chrono::microseconds(1000));
+    }
   }
 
   const int index_;
@@ -911,13 +1048,20 @@ class CudaDevice : public Device {
   cuda::GraphGiveUp* graph_give_up_ = nullptr;      // host-mapped: NOTE [Replay-safe signals]
   cuda::GraphGiveUp* graph_give_up_dev_ = nullptr;  // its device address
   WaitResources resources_;                         // outlives watchdog_
-  std::unique_ptr<Watchdog> watchdog_;              // NOTE [Device failure]
+  // NOTE [Failure words]: the areas' mappings (this rank's first), and this rank's word as its
+  // kernels read it (null: not mapped into the GPU).
+  std::vector<std::shared_ptr<Block>> areas_;  // areas_mu_ once set
+  int areas_rank_ = -1;                        // areas_mu_: the rank the areas are laid out for
+  std::mutex areas_mu_;
+  std::atomic<const uint32_t*> failure_word_dev_{nullptr};
+  std::atomic<int> failure_rank_{-1};
+  std::unique_ptr<Watchdog> watchdog_;  // NOTE [Device failure]
 };
 
 }  // namespace
 
-std::shared_ptr<Device> make_cuda_device(int device_index) {
-  return std::make_shared<CudaDevice>(device_index);
+std::shared_ptr<Device> make_cuda_device(int device_index, int hardware_queues) {
+  return std::make_shared<CudaDevice>(device_index, hardware_queues);
 }
 
 }  // namespace cuda_p2p

@@ -20,19 +20,35 @@ __device__ __forceinline__ bool reached(const KernelWaits& waits, int i) {
   return static_cast<int32_t>(load_acquire_sys(waits.addr[i]) - waits.value[i]) >= 0;
 }
 
+__device__ __forceinline__ uint32_t load_volatile(const uint32_t* addr) {
+  return *static_cast<const volatile uint32_t*>(addr);
+}
+
+// NOTE [Failure words] (p2p_workspace/watchdog.hpp): a peer's failure has reached this rank.
+__device__ __forceinline__ bool peer_failed(const WaitEnds& ends) {
+  if (ends.peer_failed == nullptr) return false;
+  const uint32_t v = load_volatile(ends.peer_failed);
+  return v != 0 && v != static_cast<uint32_t>(ends.rank) + 1;
+}
+
 // NOTE [Device failure] (p2p_workspace/watchdog.hpp): giving up must never look like success,
-// so the kernel flags every wait still missing; the host raises for this op.
-__global__ void wait_signals_kernel(KernelWaits waits, uint64_t timeout_ns, KernelGiveUp* give_up) {
+// so the kernel flags every wait still missing; the host raises for this op. A failure - the
+// device's own or a peer's (NOTE [Failure words]) - ends it the same way at once, flagged
+// kEnded: the watchdog fails the device from the word itself, naming the rank that failed.
+__global__ void wait_signals_kernel(KernelWaits waits, uint64_t timeout_ns, KernelGiveUp* give_up,
+                                    WaitEnds ends) {
   const uint64_t start = global_timer_ns();
   for (int i = 0; i < waits.count; ++i) {
     unsigned sleep_ns = 32;
     while (!reached(waits, i)) {
-      if (global_timer_ns() - start > timeout_ns) {
+      const bool ended =
+          peer_failed(ends) || (ends.failed != nullptr && load_volatile(ends.failed) != 0);
+      if (ended || global_timer_ns() - start > timeout_ns) {
         for (int j = i; j < waits.count; ++j) {
           if (!reached(waits, j)) *static_cast<volatile uint32_t*>(&give_up->missing[j]) = 1;
         }
         __threadfence_system();
-        *static_cast<volatile uint32_t*>(&give_up->gave_up) = 1;
+        *static_cast<volatile uint32_t*>(&give_up->gave_up) = ended ? kEnded : kGaveUp;
         __threadfence_system();
         return;
       }
@@ -50,20 +66,21 @@ __global__ void write_counted_kernel(uint32_t* addr, const uint32_t* counter, ui
   asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(addr), "r"(value) : "memory");
 }
 
+// NOTE [Counted waits end with the failure] (p2p_workspace/watchdog.hpp).
 __global__ void wait_counted_kernel(CountedKernelWaits waits, uint64_t timeout_ns,
-                                    GraphGiveUp* give_up) {
+                                    GraphGiveUp* give_up, WaitEnds ends) {
   const uint64_t start = global_timer_ns();
   uint32_t value[kMaxKernelWaits];
   for (int i = 0; i < waits.count; ++i) value[i] = *waits.counter[i] + waits.offset[i];
   for (int i = 0; i < waits.count; ++i) {
     unsigned sleep_ns = 32;
     while (static_cast<int32_t>(load_acquire_sys(waits.addr[i]) - value[i]) < 0) {
-      // NOTE [Counted waits end with the failure] (p2p_workspace/watchdog.hpp).
-      if (*static_cast<volatile uint32_t*>(&give_up->gave_up) != 0 ||
-          *static_cast<volatile uint32_t*>(&give_up->failed) != 0) {
-        return;
+      const bool peer = peer_failed(ends);
+      if (!peer &&
+          (load_volatile(&give_up->gave_up) != 0 || load_volatile(&give_up->failed) != 0)) {
+        return;  // an earlier give-up of this device, or its own failure: its host knows
       }
-      if (global_timer_ns() - start > timeout_ns) {
+      if (peer || global_timer_ns() - start > timeout_ns) {
         for (int j = i; j < waits.count; ++j) {
           if (static_cast<int32_t>(load_acquire_sys(waits.addr[j]) - value[j]) < 0) {
             const int p = waits.peer[j];
@@ -71,9 +88,11 @@ __global__ void wait_counted_kernel(CountedKernelWaits waits, uint64_t timeout_n
           }
         }
         __threadfence_system();
-        atomicAdd_system(&give_up->gave_up, 1u);
+        if (!peer) atomicAdd_system(&give_up->gave_up, 1u);
         __threadfence_system();
-        return;
+        // A replay-only loop calls nothing of cuda_p2p's: the trap makes torch's next
+        // synchronize raise, after the host-mapped record above says why.
+        __trap();
       }
       __nanosleep(sleep_ns);
       if (sleep_ns < 8192) sleep_ns *= 2;
@@ -95,8 +114,8 @@ cudaError_t launch_write_counted(uint32_t* addr, const uint32_t* counter, uint32
 }
 
 cudaError_t launch_wait_counted(const CountedKernelWaits& waits, uint64_t timeout_ns,
-                                GraphGiveUp* give_up, cudaStream_t stream) {
-  wait_counted_kernel<<<1, 1, 0, stream>>>(waits, timeout_ns, give_up);
+                                GraphGiveUp* give_up, WaitEnds ends, cudaStream_t stream) {
+  wait_counted_kernel<<<1, 1, 0, stream>>>(waits, timeout_ns, give_up, ends);
   return cudaGetLastError();
 }
 
@@ -106,8 +125,8 @@ cudaError_t launch_write_signal(uint32_t* addr, uint32_t value, cudaStream_t str
 }
 
 cudaError_t launch_wait_signals(const KernelWaits& waits, uint64_t timeout_ns,
-                                KernelGiveUp* give_up, cudaStream_t stream) {
-  wait_signals_kernel<<<1, 1, 0, stream>>>(waits, timeout_ns, give_up);
+                                KernelGiveUp* give_up, WaitEnds ends, cudaStream_t stream) {
+  wait_signals_kernel<<<1, 1, 0, stream>>>(waits, timeout_ns, give_up, ends);
   return cudaGetLastError();
 }
 

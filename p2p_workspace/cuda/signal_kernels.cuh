@@ -17,10 +17,22 @@ struct KernelWaits {
 };
 
 // What a wait kernel reports when it gives up (host-mapped pinned memory, zeroed before the
-// launch): gave_up != 0, and missing[i] != 0 for every wait i not reached at the deadline.
+// launch): gave_up != 0 (kGaveUp at its deadline, kEnded at a failure), and missing[i] != 0 for
+// every wait i not reached then.
 struct KernelGiveUp {
   uint32_t missing[kMaxKernelWaits];
   uint32_t gave_up;
+};
+constexpr uint32_t kGaveUp = 1;
+constexpr uint32_t kEnded = 2;
+
+// What else a wait kernel polls, so that it ends at once on a failure, with no release needed
+// from a stream that could queue behind it (NOTE [Failure words], NOTE [Counted waits end with
+// the failure] in p2p_workspace/watchdog.hpp). Device addresses of host-mapped memory, or null.
+struct WaitEnds {
+  const uint32_t* peer_failed;  // this rank's failure word: 1 + the rank that failed first
+  const uint32_t* failed;       // the device's own failure (GraphGiveUp::failed)
+  int rank;                     // this rank: its own failure coming back is not a peer's
 };
 
 // Writes `value` to `addr` after a system-wide fence (prior writes of the stream become visible
@@ -39,9 +51,10 @@ cudaError_t load_kernels();
 
 // Spins (with __nanosleep back-off) until every wait is reached or `timeout_ns` passes; on
 // timeout it fills *give_up (a device pointer to host-mapped memory) and returns, and the
-// device's watchdog turns that into an error the host raises (NOTE [Device failure]).
+// device's watchdog turns that into an error the host raises (NOTE [Device failure]). Ends the
+// same way (kEnded) as soon as `ends` says the device or a peer failed.
 cudaError_t launch_wait_signals(const KernelWaits& waits, uint64_t timeout_ns,
-                                KernelGiveUp* give_up, cudaStream_t stream);
+                                KernelGiveUp* give_up, WaitEnds ends, cudaStream_t stream);
 
 // NOTE [Replay-safe signals] (p2p_workspace/symmetric_workspace.cpp): the counted operations,
 // whose values are read from counters in device memory when the kernel runs, so that a CUDA
@@ -73,9 +86,11 @@ cudaError_t launch_write_counted(uint32_t* addr, const uint32_t* counter, uint32
                                  cudaStream_t stream);
 // Spins until every *addr[i] >= *counter[i] + offset[i] (sequence-number order) or `timeout_ns`
 // passes; then flags the missing peers in *give_up (a device pointer to host-mapped memory) and
-// returns, so that the stream goes on (its data stale; the host raises). Returns at once, flagging
-// nothing, once give_up->gave_up or give_up->failed is set.
+// traps (NOTE [Counted waits end with the failure]): torch's next synchronize raises. Traps the
+// same way once a peer's failure reaches this rank's word (`ends.peer_failed`); returns at once,
+// flagging nothing, once give_up->gave_up or give_up->failed is set (a give-up of this device,
+// or its own failure, which its host knows).
 cudaError_t launch_wait_counted(const CountedKernelWaits& waits, uint64_t timeout_ns,
-                                GraphGiveUp* give_up, cudaStream_t stream);
+                                GraphGiveUp* give_up, WaitEnds ends, cudaStream_t stream);
 
 }  // namespace cuda_p2p::cuda

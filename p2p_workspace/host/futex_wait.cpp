@@ -185,7 +185,7 @@ void futex_sleep_any(const std::vector<SignalWait>& waits,
 
 bool check_waits(const std::vector<SignalWait>& waits,
                  std::chrono::steady_clock::time_point deadline, Millis timeout,
-                 const std::string& context, const FailureState& failure) {
+                 const std::string& context, FailureState& failure) {
   failure.check(context.c_str());
   const auto arrived = [](const SignalWait& w) { return reached(load_acquire(w.addr), w.value); };
   if (std::all_of(waits.begin(), waits.end(), arrived)) return true;
@@ -204,7 +204,7 @@ bool check_waits(const std::vector<SignalWait>& waits,
 // The blocking wait of an executor thread (or of the inline stream of a threaded device). Sleeps
 // at most kMaxSleep at a time, so that an abort is seen within that.
 void block_on_waits(const std::vector<SignalWait>& waits, Millis timeout,
-                    const std::string& context, bool oversubscribed, const FailureState& failure) {
+                    const std::string& context, bool oversubscribed, FailureState& failure) {
   failure.check(context.c_str());
   if (poll_all(waits, oversubscribed)) return;
   const auto deadline = std::chrono::steady_clock::now() + timeout;

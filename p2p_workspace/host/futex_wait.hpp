@@ -61,10 +61,10 @@ bool arrived(const SignalWait& w);
 // missing (not only the first). Throws at once when the device failed (NOTE [Device failure]).
 bool check_waits(const std::vector<SignalWait>& waits,
                  std::chrono::steady_clock::time_point deadline, Millis timeout,
-                 const std::string& context, const FailureState& failure);
+                 const std::string& context, FailureState& failure);
 // The blocking wait of an executor thread (or of the inline stream of a threaded device). Sleeps
 // at most kMaxSleep at a time, so that an abort is seen within that.
 void block_on_waits(const std::vector<SignalWait>& waits, Millis timeout,
-                    const std::string& context, bool oversubscribed, const FailureState& failure);
+                    const std::string& context, bool oversubscribed, FailureState& failure);
 
 }  // namespace cuda_p2p::host

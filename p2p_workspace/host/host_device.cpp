@@ -53,8 +53,10 @@ uint32_t read_counter(const uint32_t* counter) {
 }
 
 // The task that makes `self` wait until `other` has run `seq` tasks (wait_event, and a replay's
-// recorded waits).
-HostTask event_wait(HostStream& self, HostStream* other, uint64_t seq) {
+// recorded waits). It holds `other`: as a CUDA event outlives its stream, a wait may still be
+// queued when the stream it waits for has been dropped by its owner (a fused op's stream, with
+// the ops returning queued: NOTE [Host device with CUDA's semantics]).
+HostTask event_wait(HostStream& self, std::shared_ptr<HostStream> other, uint64_t seq) {
   if (self.mode() == HostStream::Mode::kCooperative) {
     return HostTask::when([other, seq] {
       if (other->done() < seq) return false;
@@ -103,13 +105,31 @@ class HostWatchedWait : public WatchedWait {
 struct GraphGiveUps {
   std::atomic<uint32_t> count{0};
   alignas(4) uint32_t failed = 0;  // the device's failure (FailureState::mirror_to)
+  // NOTE [Failure words]: this rank's word, and the rank (set_failure_words); `area`, the word's
+  // mapping, is kept for the tasks.
+  std::shared_ptr<Block> area;
+  std::atomic<const uint32_t*> peer_word{nullptr};
+  std::atomic<int> rank{-1};
   std::mutex mu;
   std::set<int> peers;
-  // NOTE [Counted waits end with the failure] in p2p_workspace/watchdog.hpp.
-  bool ended() const {
-    return count.load(std::memory_order_acquire) != 0 ||
-           std::atomic_ref<uint32_t>(const_cast<uint32_t&>(failed))
-                   .load(std::memory_order_acquire) != 0;
+  // NOTE [Counted waits end with the failure] in p2p_workspace/watchdog.hpp: why a counted wait
+  // ends before its signals arrived. A peer's failure comes first: the device fails from it too.
+  enum class End { kNo, kPeerFailed, kGivenUp, kFailed };
+  End ended() const {
+    if (const uint32_t* word = peer_word.load(std::memory_order_acquire)) {
+      const uint32_t v =
+          std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(word)).load(std::memory_order_acquire);
+      // A word naming this rank is its own failure coming back from a peer that adopted it.
+      if (v != 0 && static_cast<int>(v - 1) != rank.load(std::memory_order_relaxed)) {
+        return End::kPeerFailed;
+      }
+    }
+    if (count.load(std::memory_order_acquire) != 0) return End::kGivenUp;
+    if (std::atomic_ref<uint32_t>(const_cast<uint32_t&>(failed)).load(std::memory_order_acquire) !=
+        0) {
+      return End::kFailed;
+    }
+    return End::kNo;
   }
   void record(const std::vector<SignalWait>& waits) {
     {
@@ -121,6 +141,13 @@ struct GraphGiveUps {
     count.fetch_add(1, std::memory_order_release);
   }
 };
+
+// What the wait kernel's trap is on a host stream (NOTE [Counted waits end with the failure]):
+// the error of the stream, which skips the rest of its queue.
+[[noreturn]] void trap(const std::string& context, const std::string& why) {
+  TORCH_CHECK(false, "cuda_p2p ", context, ": ", why,
+              "; the counted wait trapped (NOTE [Counted waits end with the failure])");
+}
 
 bool all_arrived(const std::vector<SignalWait>& waits) {
   return std::all_of(waits.begin(), waits.end(), [](const SignalWait& w) { return arrived(w); });
@@ -171,7 +198,9 @@ class HostGraphImpl : public HostGraph {
     std::map<HostStream*, uint64_t> base;
     for (const auto& s : keep_) base[s.get()] = s->enqueued();
     for (const auto& e : entries_) {
-      e.stream->enqueue(e.is_wait ? event_wait(*e.stream, e.other, base[e.other] + e.seq) : e.task);
+      e.stream->enqueue(
+          e.is_wait ? event_wait(*e.stream, e.other->shared_from_this(), base[e.other] + e.seq)
+                    : e.task);
     }
   }
   size_t tasks() const override { return entries_.size(); }
@@ -204,6 +233,7 @@ class HostDevice : public Device {
   void use_cuda_semantics() {
     if (cuda_.load(std::memory_order_acquire)) return;
     watchdog_ = std::make_unique<Watchdog>(failure_, nullptr);
+    watchdog_->set_probe([this] { return graph_give_up(); });
     cuda_.store(true, std::memory_order_release);
   }
   bool host_synchronous() const override { return !cuda(); }
@@ -302,7 +332,7 @@ class HostDevice : public Device {
       return waits;
     };
     if (cuda()) {
-      enqueue_cuda_counted_wait(s, std::move(resolve), timeout);
+      enqueue_cuda_counted_wait(s, std::move(resolve), timeout, std::move(context));
       return;
     }
     if (h.mode() == HostStream::Mode::kCooperative) {
@@ -420,7 +450,7 @@ class HostDevice : public Device {
                   "cuda_p2p: a stream being captured waits for an event recorded outside the ",
                   "capture (a replay could not depend on it; NOTE [Host capture])");
     }
-    self.enqueue(event_wait(self, ev->stream.get(), ev->seq));
+    self.enqueue(event_wait(self, ev->stream, ev->seq));
   }
 
   void synchronize(Stream& s) override {
@@ -562,6 +592,29 @@ class HostDevice : public Device {
     if (cuda()) check_graph_give_up();
     failure_.check_work(op);
   }
+  // NOTE [Failure words] in p2p_workspace/watchdog.hpp.
+  bool has_failure_words() const override { return failure_.has_words(); }
+  void set_failure_words(FailureWords words) override {
+    if (failure_.has_words()) return;
+    {
+      std::lock_guard<std::mutex> lock(streams_mu_);
+      areas_ = std::move(words.areas);
+    }
+    give_ups_->area = areas_.empty() ? nullptr : areas_.front();
+    give_ups_->rank.store(words.rank, std::memory_order_relaxed);
+    give_ups_->peer_word.store(words.own, std::memory_order_release);
+    failure_.set_words(words.rank, words.own, std::move(words.peers));
+  }
+  void forget_failure_peers(const std::vector<int>& ranks) override {
+    failure_.forget_peers(ranks);  // first: no word of theirs is written once it returns
+    std::vector<std::shared_ptr<Block>> gone;  // unmapped after the lock is released
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    const int rank = give_ups_->rank.load(std::memory_order_relaxed);
+    for (int r : ranks) {
+      const size_t i = FailureWords::area_index(rank, r);
+      if (r != rank && i < areas_.size() && areas_[i]) gone.push_back(std::move(areas_[i]));
+    }
+  }
   void set_timeout(Millis timeout) override {
     timeout_ms_.store(timeout.count(), std::memory_order_relaxed);
   }
@@ -583,6 +636,8 @@ class HostDevice : public Device {
   const bool cooperative_;  // NOTE [Cooperative host streams] in host/host_stream.cpp
   const std::shared_ptr<CooperativeScheduler> scheduler_;
   std::shared_ptr<HostStream> inline_stream_;
+  // NOTE [Failure words]: the failure areas' mappings, this rank's and its peers'.
+  std::vector<std::shared_ptr<Block>> areas_;
   FailureState failure_;  // NOTE [Device failure]
   // NOTE [Host device with CUDA's semantics] in host_device.hpp: set once, before any op.
   std::atomic<bool> cuda_{false};
@@ -640,53 +695,84 @@ class HostDevice : public Device {
         std::move(context));
   }
   // A replayed graph's wait kernel: gives up at its own deadline, from when the stream reaches it,
-  // flags the peers it missed and lets the stream run on.
+  // flags the peers it missed and traps; ends at once at the device's or a peer's failure (NOTE
+  // [Counted waits end with the failure]).
   void enqueue_cuda_counted_wait(Stream& s, std::function<std::vector<SignalWait>()> resolve,
-                                 Millis timeout) {
+                                 Millis timeout, std::string context) {
     auto& h = as_host(s);
     TORCH_CHECK(h.mode() != HostStream::Mode::kInline,
                 "cuda_p2p: a host device with CUDA's semantics waits on its inline stream");
+    watchdog_->arm();  // NOTE [Counted waits end with the failure]
+    // True when the wait is over; traps where the kernel would.
+    auto over = [context](const GraphGiveUps& give_ups) {
+      switch (give_ups.ended()) {
+        case GraphGiveUps::End::kNo:
+          return false;
+        case GraphGiveUps::End::kPeerFailed:
+          trap(context, "a peer's failure reached this rank's failure word (NOTE [Failure words])");
+        default:
+          return true;
+      }
+    };
+    auto gave_up = [timeout, context](GraphGiveUps& give_ups,
+                                      const std::vector<SignalWait>& waits) {
+      give_ups.record(waits);
+      std::vector<int> missing;
+      for (const auto& w : waits) {
+        if (!arrived(w)) missing.push_back(w.peer);
+      }
+      trap(context, "timed out after " + std::to_string(timeout.count()) +
+                        " ms: " + describe_ranks(missing) + " never arrived");
+    };
     if (h.mode() == HostStream::Mode::kCooperative) {
       auto late = std::make_shared<std::vector<SignalWait>>();  // as in wait_counted
       HostTask t = HostTask::when(
-          [resolve, late, timeout, give_ups = give_ups_, gone = gone_,
+          [resolve, late, timeout, over, gave_up, give_ups = give_ups_, gone = gone_,
            deadline = std::optional<std::chrono::steady_clock::time_point>()]() mutable {
             if (!deadline) {
               *late = resolve();
               deadline = std::chrono::steady_clock::now() + timeout;
             }
             if (gone->load(std::memory_order_acquire) || all_arrived(*late)) return true;
-            if (give_ups->ended()) return true;  // NOTE [Counted waits end with the failure]
+            if (over(*give_ups)) return true;
             if (std::chrono::steady_clock::now() < *deadline) return false;
-            give_ups->record(*late);
+            gave_up(*give_ups, *late);
             return true;
           });
       t.late_waits = late;
       enqueue(s, std::move(t));
       return;
     }
-    enqueue(s, HostTask::blocking([resolve, timeout, give_ups = give_ups_, gone = gone_] {
+    enqueue(s, HostTask::blocking([resolve, timeout, over, gave_up, give_ups = give_ups_,
+                                   gone = gone_] {
               const auto waits = resolve();
-              // NOTE [Counted waits end with the failure] in p2p_workspace/watchdog.hpp.
               const auto ended = [&] {
-                return gone->load(std::memory_order_acquire) || give_ups->ended();
+                return gone->load(std::memory_order_acquire) || over(*give_ups);
               };
               if (!block_until_arrived(waits, std::chrono::steady_clock::now() + timeout, ended)) {
-                give_ups->record(waits);
+                gave_up(*give_ups, waits);
               }
             }));
   }
-  // CudaDevice::check_graph_give_up: a counted wait that gave up fails the device for good.
-  void check_graph_give_up() {
-    if (give_ups_->count.load(std::memory_order_acquire) == 0) return;
+  // The give-ups of counted waits as the device's failure ("" while there is none).
+  std::string graph_give_up() {
+    if (give_ups_->count.load(std::memory_order_acquire) == 0) return "";
     std::vector<int> peers;
     {
       std::lock_guard<std::mutex> lock(give_ups_->mu);
       peers.assign(give_ups_->peers.begin(), give_ups_->peers.end());
     }
-    watchdog_->fail("a wait of a replayed graph timed out: " + describe_ranks(peers) +
-                    " never arrived (the graph's work went on with stale data; NOTE "
-                    "[Replay-safe signals])");
+    return "a wait of a replayed graph timed out: " + describe_ranks(peers) +
+           " never arrived (the graph's work went on with stale data; NOTE [Replay-safe "
+           "signals])";
+  }
+  // CudaDevice::check_graph_give_up: a counted wait that gave up fails the device for good, and
+  // a peer's failure word fails it now (NOTE [Failure words]), both releasing the waits.
+  void check_graph_give_up() {
+    if (failure_.failed()) return;
+    if (failure_.peer_failure() >= 0 || give_ups_->count.load(std::memory_order_acquire) != 0) {
+      watchdog_->check_memory_now();
+    }
   }
   // CudaDevice::poll_until: until `h` has run `target` tasks; raises the device's failure as soon
   // as there is one, and gives up at the group's timeout (after the watchdog's notice).

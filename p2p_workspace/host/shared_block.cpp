@@ -34,6 +34,7 @@
 #include <cstring>
 #include <random>
 #include <thread>
+#include <utility>
 
 namespace cuda_p2p::host {
 
@@ -191,7 +192,11 @@ HostBlock::HostBlock(int fd, size_t bytes, bool own_fd) : fd_(own_fd ? fd : -1) 
 
 HostBlock::~HostBlock() {
   ::munmap(data_, size_);
-  if (fd_ >= 0) ::close(fd_);
+  close_fd();
+}
+
+void HostBlock::close_fd() {
+  if (fd_ >= 0) ::close(std::exchange(fd_, -1));
 }
 
 std::shared_ptr<Block> allocate_shared_block(size_t bytes) {

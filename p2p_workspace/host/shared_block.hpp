@@ -17,6 +17,8 @@ class HostBlock : public Block {
   ~HostBlock() override;
   // The memfd, kept open on the owning rank (for export); -1 on importers.
   int fd() const { return fd_; }
+  // Closes the memfd once no exporter needs it any more; the mapping stays.
+  void close_fd();
 
  private:
   int fd_;

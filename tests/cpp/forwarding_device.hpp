@@ -67,6 +67,13 @@ class ForwardingDevice : public Device {
   bool retire(const std::string& why, Millis limit) override { return inner_->retire(why, limit); }
   void check_healthy(const char* op) override { inner_->check_healthy(op); }
   void check_work(const char* op) override { inner_->check_work(op); }
+  bool has_failure_words() const override { return inner_->has_failure_words(); }
+  void set_failure_words(FailureWords words) override {
+    inner_->set_failure_words(std::move(words));
+  }
+  void forget_failure_peers(const std::vector<int>& ranks) override {
+    inner_->forget_failure_peers(ranks);
+  }
 
  protected:
   std::shared_ptr<Device> inner_;

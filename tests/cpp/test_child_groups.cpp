@@ -6,6 +6,8 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <fstream>
+#include <string>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
@@ -76,6 +78,16 @@ void expect_works(ProcessGroupCudaP2P& g, const std::vector<int>& ranks) {
   for (int r : ranks) want.insert(want.end(), 2, static_cast<float>(r));
   EXPECT_TRUE(out.equal(at::tensor(want))) << out;
   EXPECT_EQ(g.counters().count("all_reduce.wrapped"), 0u);
+}
+
+// This process's mappings of cuda_p2p's memfds: workspace blocks and failure areas.
+int memfd_mappings() {
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) {
+    n += line.find("memfd:cuda_p2p") != std::string::npos;
+  }
+  return n;
 }
 
 #ifdef CUDA_P2P_C10D_HAS_SPLIT
@@ -164,8 +176,12 @@ TEST(ChildGroups, ShrinkPastASilentRankWaitsForItNowhere) {
   if (w.size < 2) GTEST_SKIP() << "a shrink needs a rank to exclude";
   auto parent = make_group(test_store());
   EXPECT_TRUE(parent->supportsShrinking());
+  std::vector<int> all;
+  for (int r = 0; r < w.size; ++r) all.push_back(r);
+  expect_works(*parent, all);  // its workspace is mapped, failure areas included
   const int silent = w.size - 1;
   if (w.rank != silent) {
+    const int before = memfd_mappings();
     expect_error([&] { parent->shrink({w.rank}, 0, nullptr); }, "only the ranks that stay");
     expect_error([&] { parent->shrink({silent, silent}, 0, nullptr); }, "excluded twice");
     expect_error([&] { parent->shrink({w.size}, 0, nullptr); }, "must be in [0, ");
@@ -178,6 +194,10 @@ TEST(ChildGroups, ShrinkPastASilentRankWaitsForItNowhere) {
     for (int r = 0; r < silent; ++r) survivors.push_back(r);
     EXPECT_EQ(child->getSize(), silent);
     expect_works(*child, survivors);
+    // NOTE [Failure words]: the parent dropped its mapping of the silent rank's failure area;
+    // the child maps its blocks and, with peers, every survivor's area.
+    const int child_mappings = silent > 1 ? 2 * silent : 1;
+    EXPECT_EQ(memfd_mappings(), before - 1 + child_mappings);
     // The silent rank still maps this rank's blocks; the parent's teardown does not wait for it.
     const auto t0 = std::chrono::steady_clock::now();
     parent->shutdown();
@@ -221,13 +241,33 @@ TEST(AbortHooks, RunOnceInIdOrderOnAbort) {
 #ifdef CUDA_P2P_C10D_HAS_ERROR_TYPE
   EXPECT_EQ(g->getError(), c10d::ErrorType::SUCCESS);
 #endif
+  store_barrier("hooks-healthy");  // before any rank aborts: an abort reaches the peers' words
   g->abort();
   g->abort();
   EXPECT_EQ(ran, (std::vector<int>{2, 9}));
 #ifdef CUDA_P2P_C10D_HAS_ERROR_TYPE
-  EXPECT_EQ(g->getError(), c10d::ErrorType::SUCCESS);
+  // The own abort is no error; a peer's abort that reached this rank first is a remote one
+  // (NOTE [Error kinds]).
+  const auto kind = g->getError();
+  EXPECT_TRUE(kind == c10d::ErrorType::SUCCESS || kind == c10d::ErrorType::REMOTE_ERROR);
 #endif
 }
+
+#ifdef CUDA_P2P_C10D_HAS_ERROR_TYPE
+TEST(AbortHooks, APeersAbortIsARemoteError) {
+  const auto& w = world();
+  if (w.size < 2) GTEST_SKIP() << "needs a peer";
+  auto g = make_group(test_store());
+  std::vector<int> all;
+  for (int r = 0; r < w.size; ++r) all.push_back(r);
+  expect_works(*g, all);  // the workspace and its failure words are set up
+  store_barrier("peer-abort-ready");
+  if (w.rank == 0) g->abort();
+  store_barrier("peer-aborted");
+  EXPECT_EQ(g->getError(), w.rank == 0 ? c10d::ErrorType::SUCCESS : c10d::ErrorType::REMOTE_ERROR);
+  store_barrier("peer-abort-done");
+}
+#endif
 #endif
 
 TEST(ErrorKinds, AreReadFromTheFailure) {
@@ -241,6 +281,15 @@ TEST(ErrorKinds, AreReadFromTheFailure) {
       "their block of 8392704 bytes (rank 2: cuda_p2p: ftruncate to 8392704 bytes failed)";
   EXPECT_EQ(classify_failure(growth, 0), ErrorKind::kRemoteError);
   EXPECT_EQ(classify_failure(growth, 2), ErrorKind::kCommError);
+  // NOTE [Failure words]: a peer's failure, a timeout of its own, told through the word.
+  EXPECT_EQ(classify_failure("all_reduce: cuda_p2p all_reduce: this group's device is unusable "
+                             "(NOTE [Device failure]): rank 0's device failed first, and its "
+                             "failure reached rank 1 through this rank's failure word (NOTE "
+                             "[Failure words]): barrier timed out after 5 ms: rank 2 never "
+                             "arrived; the ops this group ran since may have taken its stale "
+                             "data, so none of them is valid",
+                             1),
+            ErrorKind::kRemoteError);
   EXPECT_EQ(classify_failure("all_gather: cuda_p2p: reading rank 1's memory failed", 0),
             ErrorKind::kCommError);
 }

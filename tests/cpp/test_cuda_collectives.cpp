@@ -123,6 +123,58 @@ TEST(CudaCollectives, AtenReductionOnTheGpuEqualsTheHostKernel) {
     }
   }
 }
+
+// Issue 48, finding 2, on the GPU (tests/cpp/test_device_failure.cpp runs it on the host device
+// with CUDA's semantics): rank 1's host stalls past the timeout with three all-reduces to issue;
+// rank 0 fails, its released stream runs its three on (op 3 stages over op 1's input and signals
+// as far as op 3), then rank 1 issues its three. Rank 1 must raise, naming rank 0 (NOTE [Failure
+// words]) - never return a wrong sum without an error.
+TEST(CudaCollectives, AReleasedRankNeverHandsAHealthyPeerWrongData) {
+  if (gpu_count() == 0) GTEST_SKIP() << "no GPU";
+  const auto& w = world();
+  if (w.size != 2) GTEST_SKIP() << "needs 2 ranks";
+  const int dev = w.rank % gpu_count();
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(dev));
+  const auto opts = at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, dev);
+  std::vector<at::Tensor> ins, outs;
+  for (int i = 0; i < 3; ++i) {
+    ins.push_back(at::full({256}, static_cast<float>(10 * (i + 1) + w.rank), opts));
+    outs.push_back(at::zeros({256}, opts));
+  }
+  WorkspaceOptions o;
+  o.buffer_size = 1 << 16;
+  o.timeout = std::chrono::milliseconds(1000);
+  SymmetricWorkspace ws(test_store(), w.rank, w.size, make_cuda_device(dev), o);
+  auto s = ws.device().current_stream();
+  ops::CollectiveState state;
+  ops::CollectiveConfig config;
+  const ops::CollectiveContext ctx{ws, *s, 1, state, config};
+  auto issue = [&] {
+    for (int i = 0; i < 3; ++i) {
+      ops::all_reduce(ctx, ins[i], outs[i], ReduceOp::kSum, AllReduceAlgo::kOneShot);
+    }
+    ws.device().synchronize(*s);
+  };
+  if (w.rank == 0) {
+    expect_error(issue, "rank 1 never arrived");
+    EXPECT_TRUE(ws.device().drain(std::chrono::milliseconds(10000)))
+        << "rank 0's released stream did not drain";
+    store_barrier("rank 0 ran on");
+  } else {
+    store_barrier("rank 0 ran on");  // the stall
+    try {
+      issue();
+      for (int i = 0; i < 3; ++i) {
+        ADD_FAILURE() << "op " << i + 1 << " returned " << outs[i][0].item<float>()
+                      << " (right: " << 20 * (i + 1) + 1 << ") without an error";
+      }
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 0"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(ws.device().drain(std::chrono::milliseconds(10000)));
+  }
+  store_barrier("done");
+}
 #else
 TEST(CudaCollectives, NotBuilt) { GTEST_SKIP() << "built without CUDA"; }
 #endif

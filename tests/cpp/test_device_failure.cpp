@@ -20,6 +20,7 @@
 #include "ops/collectives.hpp"
 #include "p2p_workspace/host/host_device.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
+#include "p2p_workspace/watchdog.hpp"
 #include "tests/cpp/harness.hpp"
 
 namespace cuda_p2p::test {
@@ -181,7 +182,13 @@ TEST(DeviceFailure, ACudaSignatureMismatchFailsTheGroup) {
   c10d::AllreduceOptions mismatched;
   mismatched.reduceOp = w.rank == 0 ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
   pg->allreduce(t, mismatched);
-  dev.synchronize(*dev.current_stream());
+  try {
+    dev.synchronize(*dev.current_stream());
+  } catch (const c10::Error& e) {
+    // A peer that found the disagreement first failed the group: its failure word (NOTE
+    // [Failure words]) says why.
+    EXPECT_NE(std::string(e.what()).find("disagreed"), std::string::npos) << e.what();
+  }
   expect_error([&] { pg->allreduce(t, c10d::AllreduceOptions()); }, "disagreed");
   expect_error(
       [&] {
@@ -192,13 +199,75 @@ TEST(DeviceFailure, ACudaSignatureMismatchFailsTheGroup) {
   store_barrier("done");
 }
 
-// Issue 48, finding 2 - EXPECTED TO FAIL until a failure reaches every peer through a word the
-// failing rank writes into their pads from the CPU (issue 48, "What to build", point 2): run with
-// --gtest_also_run_disabled_tests. Rank 1's host stalls past the timeout with three all-reduces
-// to issue; rank 0 fails, its released stream runs its three all-reduces on (op 3 stages over op
-// 1's input and signals as far as op 3), then rank 1 issues its three. Rank 1 must raise, or
-// return the right sums: never a wrong sum without an error.
-TEST(DeviceFailure, DISABLED_AReleasedRankNeverHandsAHealthyPeerWrongData) {
+// NOTE [Failure words]: rank 0's area and rank 1's, as one process plays rank 0; word[r] is the
+// start of rank r's.
+struct TwoWords {
+  std::vector<uint32_t> area[2] = {
+      std::vector<uint32_t>(FailureState::area_bytes(2) / sizeof(uint32_t)),
+      std::vector<uint32_t>(FailureState::area_bytes(2) / sizeof(uint32_t))};
+  uint32_t* word[2] = {area[0].data(), area[1].data()};
+  void give(Device& dev) {
+    FailureWords w;
+    w.rank = 0;
+    w.own = word[0];
+    w.peers = {nullptr, word[1]};
+    dev.set_failure_words(std::move(w));
+  }
+};
+
+// Issue 48, finding 3 with finding 2's word: a peer's failure ends a replay's counted waits at
+// once - they trap, as the wait kernel does - instead of after a timeout each.
+TEST(DeviceFailure, APeersFailureWordEndsAReplaysCountedWaitsAtOnce) {
+  auto dev = cuda_like_device();
+  TwoWords words;
+  words.give(*dev);
+  auto s = dev->new_stream(false);
+  alignas(4) uint32_t word = 0, counter = 0;
+  begin_capture(*dev, s);
+  for (int i = 0; i < 4; ++i) {
+    dev->wait_counted(*s, {{&word, &counter, 1, 1}}, 60s, "captured wait " + std::to_string(i));
+  }
+  auto graph = end_capture(*dev);
+  graph->replay();
+  std::thread peer([&] {
+    std::this_thread::sleep_for(200ms);
+    peer_writes(*words.word[0], 1 + 1);  // rank 1 failed
+  });
+  const auto start = std::chrono::steady_clock::now();
+  expect_error([&] { dev->synchronize(*s); }, "rank 1's device failed first");
+  peer.join();
+  EXPECT_TRUE(dev->drain(3s)) << "the replay's waits ignored the peer's failure";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+  EXPECT_EQ(read(*words.word[1]), 2u) << "the failure was not published on";
+}
+
+// A stream memory wait watches one word: the watchdog reads the failure word for it, fails the
+// device and releases the wait.
+TEST(DeviceFailure, APeersFailureWordReleasesAnEagerWait) {
+  auto dev = cuda_like_device();
+  TwoWords words;
+  words.give(*dev);
+  auto s = dev->new_stream(false);
+  alignas(4) uint32_t word = 0;
+  dev->wait_signals(*s, {{&word, 1, 1}}, 3600s, "barrier");
+  std::thread peer([&] {
+    std::this_thread::sleep_for(200ms);
+    peer_writes(*words.word[0], 1 + 1);
+  });
+  const auto start = std::chrono::steady_clock::now();
+  expect_error([&] { dev->synchronize(*s); }, "rank 1's device failed first");
+  peer.join();
+  EXPECT_TRUE(dev->drain(3s)) << "the wait was not released";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+  expect_error([&] { dev->check_healthy("next op"); }, "rank 1's device failed first");
+}
+
+// Issue 48, finding 2. Rank 1's host stalls past the timeout with three all-reduces to issue;
+// rank 0 fails, its released stream runs its three all-reduces on (op 3 stages over op 1's input
+// and signals as far as op 3), then rank 1 issues its three. Without the failure word rank 1's
+// op 1 found its barrier satisfied and returned op 3's data with no error. Rank 1 must raise,
+// naming rank 0, well within the group's timeout.
+void released_rank_schedule(bool queued_ahead) {
   const auto& w = world();
   if (w.size != 2) GTEST_SKIP() << "needs 2 ranks";
   std::vector<at::Tensor> ins, outs;
@@ -215,27 +284,95 @@ TEST(DeviceFailure, DISABLED_AReleasedRankNeverHandsAHealthyPeerWrongData) {
   ops::CollectiveState state;
   ops::CollectiveConfig config;
   const ops::CollectiveContext ctx{ws, *s, 1, state, config};
-  auto issue = [&] {
+  auto enqueue = [&] {
     for (int i = 0; i < 3; ++i) {
       ops::all_reduce(ctx, ins[i], outs[i], ops::ReduceOp::kSum, ops::AllReduceAlgo::kOneShot);
     }
-    dev->synchronize(*s);
   };
   if (w.rank == 0) {
-    expect_error(issue, "never arrived");
+    if (queued_ahead) store_barrier("rank 1 queued");
+    expect_error(
+        [&] {
+          enqueue();
+          dev->synchronize(*s);
+        },
+        "rank 1 never arrived");
     EXPECT_TRUE(dev->drain(5000ms));  // its released stream ran ops 1-3
     store_barrier("rank 0 ran on");
   } else {
-    store_barrier("rank 0 ran on");  // the stall
-    try {
-      issue();
-      for (int i = 0; i < 3; ++i) {
-        EXPECT_TRUE(outs[i].equal(at::full({256}, static_cast<float>(20 * (i + 1) + 1))))
-            << "op " << i + 1 << " returned " << outs[i][0].item<float>() << " without an error";
-      }
-    } catch (const c10::Error&) {
-      // Raised: what a peer's failure must do.
+    // The stall. With `queued_ahead` rank 1's host enqueued its ops first, but its stream has
+    // not run them (a cooperative stream runs when someone waits): the GPU behind its host.
+    if (queued_ahead) {
+      enqueue();
+      store_barrier("rank 1 queued");
     }
+    store_barrier("rank 0 ran on");
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      if (!queued_ahead) enqueue();
+      dev->synchronize(*s);
+      for (int i = 0; i < 3; ++i) {
+        ADD_FAILURE() << "op " << i + 1 << " returned " << outs[i][0].item<float>()
+                      << " (right: " << 20 * (i + 1) + 1 << ") without an error";
+      }
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 0"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, o.timeout);
+    EXPECT_TRUE(dev->drain(5000ms));
+  }
+  store_barrier("done");
+}
+
+TEST(DeviceFailure, AReleasedRankNeverHandsAHealthyPeerWrongData) {
+  released_rank_schedule(/*queued_ahead=*/false);
+}
+
+// The same, with rank 1's ops already queued when rank 0 failed: its synchronize, after its
+// stream ran, finds the word rank 0 wrote before it released anything.
+TEST(DeviceFailure, AHealthyPeerWhoseOpsWereQueuedAheadRaisesToo) {
+  released_rank_schedule(/*queued_ahead=*/true);
+}
+
+// On the synchronous host device too, a peer's failure ends a blocked wait at once, naming the
+// rank that failed, instead of at the wait's own timeout naming it as missing.
+TEST(DeviceFailure, APeersAbortEndsABlockedHostWaitAtOnce) {
+  const auto& w = world();
+  if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  auto dev = make_host_device(w.size);
+  WorkspaceOptions o;
+  o.buffer_size = 1 << 12;
+  o.timeout = 60s;
+  SymmetricWorkspace ws(test_store(), w.rank, w.size, dev, o);
+  store_barrier("mapped");
+  if (w.rank == 0) {
+    std::this_thread::sleep_for(300ms);  // the others are in the barrier
+    ws.abort("aborted by the test");
+  } else {
+    const auto start = std::chrono::steady_clock::now();
+    expect_error([&] { ws.barrier(*dev->current_stream(), 0); }, "rank 0's device failed first");
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+  }
+  store_barrier("done");
+}
+
+// Issue 48, finding 8: c10d's setTimeout reaches the workspace's waits (the backend's line that
+// calls SymmetricWorkspace::set_timeout is its own).
+TEST(DeviceFailure, SetTimeoutReachesTheWorkspacesWaits) {
+  const auto& w = world();
+  if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  auto dev = make_host_device(w.size);
+  WorkspaceOptions o;
+  o.buffer_size = 1 << 12;
+  o.timeout = 60s;
+  SymmetricWorkspace ws(test_store(), w.rank, w.size, dev, o);
+  ws.set_timeout(300ms);
+  EXPECT_EQ(ws.timeout(), 300ms);
+  expect_error([&] { ws.set_timeout(0ms); }, "workspace timeout must be positive, got 0 ms");
+  if (w.rank != w.size - 1) {
+    const auto start = std::chrono::steady_clock::now();
+    expect_error([&] { ws.barrier(*dev->current_stream(), 0); }, "timed out after 300 ms");
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
   }
   store_barrier("done");
 }

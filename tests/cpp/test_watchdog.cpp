@@ -162,6 +162,8 @@ TEST(Watchdog, AMissedDeadlineReleasesEveryPendingWaitOldestFirstPerStream) {
   EXPECT_NE(failure.reason().find("a0 timed out after 80 ms"), std::string::npos)
       << failure.reason();
   EXPECT_NE(failure.reason().find("released"), std::string::npos) << failure.reason();
+  // Recorded (and published) first, released next: wait for the releases.
+  EXPECT_TRUE(eventually([&] { return dog.pending() == 0; }));
   for (const auto& v : {a, b}) {
     for (size_t i = 0; i < v.size(); ++i) {
       EXPECT_EQ(v[i]->releases.load(), 1) << i;
@@ -194,7 +196,8 @@ TEST(Watchdog, AWaitTrackedWhileTheScanReadsTheBlockedWordsIsReleasedToo) {
   auto late = std::make_shared<Script>();
   dog.track(std::make_unique<ScriptedWait>(late, &kStreamB), 60s, "tracked during the scan");
   ASSERT_TRUE(eventually([&] { return failure.failed(); }));
-  EXPECT_EQ(stuck->releases.load(), 1);
+  // The failure is recorded (and published) before anything is released: wait for the release.
+  EXPECT_TRUE(eventually([&] { return stuck->releases.load() == 1; }, 2000ms));
   EXPECT_TRUE(eventually([&] { return late->releases.load() == 1; }, 2000ms))
       << "a wait tracked while the scan read the words was never released";
 }
@@ -393,6 +396,164 @@ TEST(Watchdog, ThreadStartsOnFirstUseAndRunsItsInit) {
   }
   EXPECT_EQ(inits.load(), 1);
   EXPECT_FALSE(failure.failed());
+}
+
+// NOTE [Failure words]: three ranks' words as one process sees them - word[r] is rank r's - with
+// this FailureState as rank 1's.
+struct Words {
+  std::vector<uint32_t> area[3] = {
+      std::vector<uint32_t>(FailureState::area_bytes(3) / sizeof(uint32_t)),
+      std::vector<uint32_t>(FailureState::area_bytes(3) / sizeof(uint32_t)),
+      std::vector<uint32_t>(FailureState::area_bytes(3) / sizeof(uint32_t))};
+  uint32_t* word[3] = {area[0].data(), area[1].data(), area[2].data()};
+  uint32_t load(int r) const { return std::atomic_ref<uint32_t>(*word[r]).load(); }
+  void store(int r, uint32_t v) { std::atomic_ref<uint32_t>(*word[r]).store(v); }
+  void give(FailureState& f, int rank = 1) {
+    std::vector<uint32_t*> peers;
+    for (int r = 0; r < 3; ++r) peers.push_back(r == rank ? nullptr : word[r]);
+    f.set_words(rank, word[rank], peers);
+  }
+};
+
+TEST(Watchdog, AFailureIsPublishedToEveryPeerAndTheFirstOriginStays) {
+  FailureState failure;
+  Words w;
+  w.give(failure);
+  w.store(2, 1);  // rank 0's failure reached rank 2 first
+  EXPECT_TRUE(failure.fail("rank 1's own failure"));
+  EXPECT_EQ(w.load(0), 2u);  // 1 + rank 1
+  EXPECT_EQ(w.load(2), 1u);  // rank 0's stays
+  EXPECT_EQ(w.load(1), 0u);  // nobody wrote rank 1's own
+}
+
+TEST(Watchdog, AForgottenPeerIsToldNothing) {
+  FailureState failure;
+  Words w;
+  w.give(failure);
+  failure.forget_peers({2, 7, -1});  // a rank the group never had is ignored
+  EXPECT_TRUE(failure.fail("rank 1's own failure"));
+  EXPECT_EQ(w.load(0), 2u);
+  EXPECT_EQ(w.load(2), 0u) << "a failure was written into a forgotten peer's area";
+}
+
+TEST(Watchdog, EveryRankSaysWhyTheFirstOneFailed) {
+  Words w;
+  FailureState rank[3];
+  for (int r = 0; r < 3; ++r) w.give(rank[r], r);
+  EXPECT_TRUE(rank[0].fail("barrier timed out after 5 ms: rank 2 never arrived"));
+  // Rank 2 learns from rank 1, which learnt from rank 0: the origin and its reason stay.
+  std::atomic_ref<uint32_t>(*w.word[2]).store(0);
+  expect_error([&] { rank[1].check("op"); },
+               "rank 0's device failed first, and its failure reached rank 1 through this rank's "
+               "failure word (NOTE [Failure words]): barrier timed out after 5 ms: rank 2 never "
+               "arrived; the ops");
+  expect_error([&] { rank[2].check("op"); }, "rank 0's device failed first");
+  expect_error([&] { rank[2].check("op"); }, "rank 2 never arrived");
+}
+
+TEST(Watchdog, ARetireThatDrainedPublishesNothingUnlessAWaitIsReleased) {
+  FailureState failure;
+  Words w;
+  w.give(failure);
+  EXPECT_TRUE(failure.fail("shut down", /*work_done=*/true));
+  EXPECT_EQ(w.load(0) + w.load(2), 0u) << "a clean shutdown made the peers' results raise";
+  failure.publish();  // what a release does first
+  EXPECT_EQ(w.load(0), 2u);
+}
+
+TEST(Watchdog, APeersFailureWordFailsTheDeviceNamingTheRankThatFailedFirst) {
+  FailureState failure;
+  Words w;
+  w.give(failure);
+  EXPECT_NO_THROW(failure.check("op"));
+  w.store(1, 1 + 2);  // rank 2 failed
+  expect_error([&] { failure.check("op"); }, "rank 2's device failed first");
+  EXPECT_TRUE(failure.failed());
+  EXPECT_EQ(failure.peer_failure(), 2);
+  EXPECT_EQ(w.load(0), 3u) << "the failure is published on, naming its origin";
+  expect_error([&] { failure.check_work("Work.wait"); }, "rank 2's device failed first");
+}
+
+// The release of a memop wait (which cannot watch the word) comes from the watchdog's scan, and
+// the failing rank's words are written before any of its waits is released.
+TEST(Watchdog, TheWatchdogFailsOnAPeersWordAndReleasesOnlyAfterPublishing) {
+  FailureState failure;
+  Words w;
+  w.give(failure, /*rank=*/0);
+  Reports reports;
+  Watchdog dog(failure, nullptr, 20ms, reports.sink());
+  auto s = std::make_shared<Script>();
+  s->started = true;  // blocked, with an hour to go
+  dog.track(std::make_unique<ScriptedWait>(s), 3600s, "all_reduce");
+  std::this_thread::sleep_for(50ms);
+  EXPECT_FALSE(failure.failed());
+  w.store(0, 1 + 1);  // rank 1 failed
+  EXPECT_TRUE(eventually([&] { return s->finished.load(); })) << "the wait was not released";
+  expect_error([&] { failure.check("next op"); }, "rank 1's device failed first");
+  EXPECT_EQ(w.load(2), 2u);
+  ASSERT_EQ(reports.get().size(), 1u);
+  EXPECT_NE(reports.get()[0].find("rank 1's device failed first"), std::string::npos);
+}
+
+// What a PublishCheck saw, shared with the test: the watchdog destroys the wait once it finished.
+struct PublishSeen {
+  std::atomic<bool> released{false}, published_first{false};
+};
+
+struct PublishCheck : public WatchedWait {
+  PublishCheck(Words* words, std::shared_ptr<PublishSeen> seen) : w(words), seen(std::move(seen)) {}
+  Words* w;
+  std::shared_ptr<PublishSeen> seen;
+  alignas(4) uint32_t word = 0;
+  bool started() override { return true; }
+  bool finished() override { return seen->released.load(); }
+  std::vector<int> given_up() override { return {}; }
+  std::vector<int> missing() override { return {2}; }
+  std::vector<SignalWait> awaited() const override {
+    return {{const_cast<uint32_t*>(&word), 1, 2}};
+  }
+  void release(uint32_t*, uint32_t) override {
+    seen->published_first = w->load(0) != 0 && w->load(2) != 0;
+    seen->released = true;
+  }
+  const void* stream() const override { return this; }
+};
+
+TEST(Watchdog, NothingIsReleasedBeforeThePeersAreTold) {
+  for (const bool timeout : {true, false}) {
+    FailureState failure;
+    Words w;
+    w.give(failure);
+    Watchdog dog(failure, nullptr, 10ms, [](const std::string&) {});
+    auto seen = std::make_shared<PublishSeen>();
+    dog.track(std::make_unique<PublishCheck>(&w, seen), timeout ? 30ms : 3600s, "barrier");
+    if (!timeout) dog.fail("aborted by the test");
+    ASSERT_TRUE(eventually([&] { return seen->released.load(); })) << timeout;
+    EXPECT_TRUE(seen->published_first.load()) << (timeout ? "missed deadline" : "abort");
+    dog.stop();
+  }
+}
+
+// NOTE [Counted waits end with the failure]: a replay's give-up is in memory the watchdog polls
+// once armed, with no eager wait tracked.
+TEST(Watchdog, AnArmedWatchdogReportsTheProbesFailureWithNoWaitTracked) {
+  FailureState failure;
+  Words w;
+  w.give(failure);
+  Reports reports;
+  std::atomic<bool> gave_up{false};
+  Watchdog dog(failure, nullptr, 20ms, reports.sink());
+  dog.set_probe([&]() -> std::string {
+    return gave_up ? "a wait of a replayed graph timed out: rank 2 never arrived" : "";
+  });
+  dog.arm();
+  std::this_thread::sleep_for(60ms);
+  EXPECT_FALSE(failure.failed());
+  gave_up = true;
+  EXPECT_TRUE(eventually([&] { return failure.failed(); }, 2000ms));
+  expect_error([&] { failure.check("op"); }, "rank 2 never arrived");
+  EXPECT_EQ(w.load(0), 2u) << "the give-up was not published to the peers";
+  EXPECT_TRUE(eventually([&] { return reports.get().size() == 1; }));
 }
 
 }  // namespace

@@ -169,9 +169,12 @@ TEST(Workspace, ARankThatNeverArrivesIsNamed) {
   store_barrier("after-timeout");
   if (cuda_semantics()) {
     // On CUDA a missed deadline fails the device for good (NOTE [Device failure]): the ranks
-    // that waited raise it at their next op, and the late rank's barrier finds their signals.
+    // that waited raise it at their next op, and the late rank's barrier, which their released
+    // streams' signals would satisfy, raises their failure instead (NOTE [Failure words]).
     if (w.rank == absent) {
-      barrier_now(*ws, *s, 0);
+      expect_error([&] { barrier_now(*ws, *s, 0); },
+                   "rank " + std::to_string(absent) + " never arrived");
+      expect_error([&] { barrier_now(*ws, *s, 0); }, "device failed first");
     } else {
       expect_error([&] { barrier_now(*ws, *s, 0); }, "never arrived");
     }
@@ -217,8 +220,9 @@ TEST(Workspace, SegmentsArePrivateAndLeaveNothingBehind) {
   {
     auto ws = make_workspace();
     ASSERT_TRUE(ws->available());
-    // Every block (own and peers') is mapped here...
-    EXPECT_EQ(count_memfd_mappings(), before_maps + w.size);
+    // Every block (own and peers') is mapped here, and with peers every rank's failure area
+    // (NOTE [Failure words])...
+    EXPECT_EQ(count_memfd_mappings(), before_maps + w.size + (w.size > 1 ? w.size : 0));
     // ...and nothing of it is a name in /dev/shm.
     EXPECT_EQ(dev_shm_entries(), before_shm);
     // The own block is a memfd readable by its owner only.

@@ -34,12 +34,12 @@ WorkspaceOptions short_timeout() {
 // A well-formed record for rank 1 of a job on this host, with `line` (1-based, after the version)
 // replaced when given.
 std::string record(int replace_line = -1, const std::string& with = "") {
-  std::vector<std::string> lines = {"cuda_p2p-peer-v4", host_identity(), "12345", "cpu", "-1",
+  std::vector<std::string> lines = {"cuda_p2p-peer-v5", host_identity(), "12345", "cpu", "-1",
                                     "8192",  // 4096-byte buffer + one page of pad
                                     // "cuda_p2p-0123456789abcdef0123456789abcdef@12345"
                                     "637564615f7032702d303132333435363738396162636465663031323334"
                                     "3536373839616263646566403132333435",
-                                    "140000000000", "42", "host", "03"};
+                                    "140000000000", "42", "host", "03", "-"};
   if (replace_line >= 0) lines[replace_line] = with;
   std::string s;
   for (const auto& l : lines) s += l + "\n";
@@ -57,8 +57,8 @@ TEST(WorkspaceRecords, MalformedRecordsAreRefusedNamingTheRank) {
   const std::string invalid = "rank 1's workspace record in the store is invalid";
   expect_refused("", invalid + " (expected version");
   expect_refused("hello", invalid + " (not newline-terminated");
-  expect_refused(record(0, "cuda_p2p-peer-v1"), "expected version 'cuda_p2p-peer-v4'");
-  expect_refused(record() + "extra\n", "expected 11 lines, got 12");
+  expect_refused(record(0, "cuda_p2p-peer-v1"), "expected version 'cuda_p2p-peer-v5'");
+  expect_refused(record() + "extra\n", "expected 12 lines, got 13");
   expect_refused(record(1, ""), "host id must be 1-512 printable characters");
   expect_refused(record(1, std::string(600, 'h')), "host id must be 1-512");
   expect_refused(record(1, "host\x1b[2Jx"), "host id must be 1-512 printable");
@@ -80,6 +80,9 @@ TEST(WorkspaceRecords, MalformedRecordsAreRefusedNamingTheRank) {
   expect_refused(record(10, "0g"), "CPU mask must be");
   expect_refused(record(10, "abc"), "CPU mask must be");
   expect_refused(record(10, std::string(1024, 'f')), "CPU mask must be");
+  expect_refused(record(11, ""), "failure area's handle must be '-' or 1-1024 bytes");
+  expect_refused(record(11, "abc"), "failure area's handle must be");
+  expect_refused(record(11, "0G"), "failure area's handle must be");
   // Well-formed, but the block size differs: the existing cross-rank check names both ranks.
   expect_refused(record(5, "16384"), "rank 1 has a 16384-byte block");
 }

@@ -1,5 +1,6 @@
 """Rank-side checks of the collectives: each case runs on the cuda_p2p group and on a Gloo group
-over the same ranks, and is compared with both that reference and the same math in plain torch.
+over the same ranks, and cuda_p2p's result is compared with the expected values (plain torch,
+_reference.py: the oracle) and with Gloo's (the drop-in check: values, errors, Works, futures).
 
 Inputs are a pure function of (case, rank), so every rank can rebuild every peer's input and
 compute the expected result locally. A check returns ``{"cases": n, "failures": [...]}``; every
@@ -9,7 +10,6 @@ failure names the collective, dtype, size, op, root, async mode and group.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 import traceback
 
@@ -17,19 +17,14 @@ import torch
 import torch.distributed as dist
 
 import cuda_p2p
+from _reference import BITWISE_OPS, ops_for, reduce_over_ranks
 
 R = dist.ReduceOp
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.int64}
 SIZES = (0, 1, 7, 1023)
-FLOAT_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX")
-INT_OPS = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
-# Combinations Gloo rejects (checked by test_reference_rejections): cuda_p2p must reject them too.
-FLOAT_REJECTED_OPS = ("BAND", "BOR", "BXOR")
+# Combinations Gloo rejects (checked by test_rejected_reduce_ops): cuda_p2p must reject them too.
+FLOAT_REJECTED_OPS = BITWISE_OPS
 INT_REJECTED_OPS = ("AVG",)
-
-
-def ops_for(dtype) -> tuple[str, ...]:
-    return INT_OPS if not dtype.is_floating_point else FLOAT_OPS
 
 
 def rejected_ops_for(dtype) -> tuple[str, ...]:
@@ -37,11 +32,12 @@ def rejected_ops_for(dtype) -> tuple[str, ...]:
 
 
 # ---------------------------------------------------------------------------------------------
-# inputs and plain-torch math
+# inputs (the expected values: _reference.reduce_over_ranks)
 
 
 def make_input(seed: int, rank: int, n: int, dtype, op: str | None = None, k: int = 0):
-    """Deterministic input of rank `rank` for case `seed` (k: which of several tensors)."""
+    """Deterministic input of rank `rank` for case `seed` (k: which of several tensors): random
+    values, whose sums round differently in different orders (compared within `tolerance`)."""
     g = torch.Generator().manual_seed((seed * 1_000_003 + rank * 7_919 + k * 104_729 + n) % 2**62)
     if not dtype.is_floating_point:
         if op in ("BAND", "BOR", "BXOR"):
@@ -55,29 +51,6 @@ def make_input(seed: int, rank: int, n: int, dtype, op: str | None = None, k: in
     else:
         x = torch.randn(n, generator=g) * 4
     return x.to(dtype)
-
-
-def reduce_math(op: str, tensors: list, dtype):
-    if dtype.is_floating_point:
-        stack = torch.stack([t.float() for t in tensors])
-    else:
-        stack = torch.stack(tensors)
-    if op == "SUM":
-        out = stack.sum(0)
-    elif op == "AVG":
-        out = stack.sum(0) / len(tensors)
-    elif op == "PRODUCT":
-        out = stack.prod(0)
-    elif op == "MIN":
-        out = stack.amin(0)
-    elif op == "MAX":
-        out = stack.amax(0)
-    elif op in ("BAND", "BOR", "BXOR"):
-        f = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}[op]
-        out = functools.reduce(f, tensors)
-    else:
-        raise ValueError(op)
-    return out.to(dtype)
 
 
 def tolerance(dtype, op):
@@ -94,7 +67,9 @@ def tolerance(dtype, op):
 
 
 @dataclasses.dataclass
-class G:
+class GroupRank:
+    """A group a check runs a collective on, and this rank's place in it."""
+
     pg: object  # a ProcessGroup (or None: the default group)
     rank: int  # rank in the group
     size: int
@@ -117,8 +92,8 @@ def group_pair(ctx, ranks=None):
         return None
     grank = ranks.index(ctx.rank)
     return (
-        G(p2p, grank, len(ranks), list(ranks)),
-        G(ref, grank, len(ranks), list(ranks), backend="gloo"),
+        GroupRank(p2p, grank, len(ranks), list(ranks)),
+        GroupRank(ref, grank, len(ranks), list(ranks), backend="gloo"),
     )
 
 
@@ -126,7 +101,7 @@ def group_pair(ctx, ranks=None):
 # running an op, sync or async
 
 
-def finish(handle, async_op: bool):
+def wait_async_result(handle, async_op: bool):
     """Waits on what an async collective returned; returns the future's value or a marker."""
     if not async_op:
         if handle is not None:
@@ -152,52 +127,53 @@ def finish(handle, async_op: bool):
     return ("future", value, completed)
 
 
-# Each collective: run(g, case, async_op) -> (outputs, finish-marker), expected(g, case) -> outputs.
+# Each collective: <name>_run(g, case, async_op) -> (outputs, what wait_async_result returned),
+# <name>_expected(g, case) -> outputs.
 # `outputs` is a list of tensors (None entries are not compared).
 
 
-def _root(g, case):
+def _case_root(g, case):
     return case["n"] % g.size
 
 
-def bc_run(g, c, a):
+def broadcast_run(g, c, a):
     t = make_input(c["seed"], g.rank, c["n"], c["dtype"])
-    h = dist.broadcast(t, group_src=_root(g, c), group=g.pg, async_op=a)
-    return [t], finish(h, a)
+    h = dist.broadcast(t, group_src=_case_root(g, c), group=g.pg, async_op=a)
+    return [t], wait_async_result(h, a)
 
 
-def bc_expected(g, c):
-    return [make_input(c["seed"], _root(g, c), c["n"], c["dtype"])]
+def broadcast_expected(g, c):
+    return [make_input(c["seed"], _case_root(g, c), c["n"], c["dtype"])]
 
 
-def ar_run(g, c, a):
+def all_reduce_run(g, c, a):
     t = make_input(c["seed"], g.rank, c["n"], c["dtype"], c["op"])
     h = dist.all_reduce(t, op=getattr(R, c["op"]), group=g.pg, async_op=a)
-    return [t], finish(h, a)
+    return [t], wait_async_result(h, a)
 
 
-def ar_expected(g, c):
+def all_reduce_expected(g, c):
     ins = [make_input(c["seed"], r, c["n"], c["dtype"], c["op"]) for r in range(g.size)]
-    return [reduce_math(c["op"], ins, c["dtype"])]
+    return [reduce_over_ranks(c["op"], ins)]
 
 
-def _coal_inputs(g, c, rank=None):
+def _coalesced_inputs(g, c, rank=None):
     rank = g.rank if rank is None else rank
     return [make_input(c["seed"], rank, c["n"] + 2 * k, c["dtype"], c["op"], k=k) for k in range(3)]
 
 
-def _coal_expected(g, c):
-    per_rank = [_coal_inputs(g, c, r) for r in range(g.size)]
-    return [reduce_math(c["op"], [p[k] for p in per_rank], c["dtype"]) for k in range(3)]
+def coalesced_all_reduce_expected(g, c):
+    per_rank = [_coalesced_inputs(g, c, r) for r in range(g.size)]
+    return [reduce_over_ranks(c["op"], [p[k] for p in per_rank]) for k in range(3)]
 
 
-def arc_run(g, c, a):
-    ts = _coal_inputs(g, c)
+def all_reduce_coalesced_run(g, c, a):
+    ts = _coalesced_inputs(g, c)
     h = dist.all_reduce_coalesced(ts, op=getattr(R, c["op"]), group=g.pg, async_op=a)
-    return ts, finish(h, a)
+    return ts, wait_async_result(h, a)
 
 
-def _cm_wait(cm, a):
+def _wait_coalescing_manager(cm, a):
     if not a:
         return None
     for w in cm.works:
@@ -206,67 +182,67 @@ def _cm_wait(cm, a):
     return ("coalesced", None)
 
 
-def cm_ar_run(g, c, a):
-    ts = _coal_inputs(g, c)
+def coalescing_manager_all_reduce_run(g, c, a):
+    ts = _coalesced_inputs(g, c)
     # device=: the old style (startCoalescing/endCoalescing on the backend), which Gloo lacks;
     # the reference then runs the fast path.
     device = torch.device("cpu") if c.get("device") and g.backend != "gloo" else None
     with dist._coalescing_manager(group=g.pg, device=device, async_ops=a) as cm:
         for t in ts:
             dist.all_reduce(t, op=getattr(R, c["op"]), group=g.pg)
-    return ts, _cm_wait(cm, a)
+    return ts, _wait_coalescing_manager(cm, a)
 
 
 def reduce_run(g, c, a):
     t = make_input(c["seed"], g.rank, c["n"], c["dtype"], c["op"])
-    root = _root(g, c)
+    root = _case_root(g, c)
     h = dist.reduce(t, group_dst=root, op=getattr(R, c["op"]), group=g.pg, async_op=a)
     # Only the root's tensor is defined after a reduce (Gloo's others hold partial results,
     # cuda_p2p's are left as they were): neither it nor the future's value is compared elsewhere.
-    fut = finish(h, a)
+    fut = wait_async_result(h, a)
     if g.rank != root and fut is not None and fut[0] == "future":
         fut = (fut[0], [None] * len(fut[1]), fut[2])
     return [t if g.rank == root else None], fut
 
 
 def reduce_expected(g, c):
-    if g.rank != _root(g, c):
+    if g.rank != _case_root(g, c):
         return [None]
-    return ar_expected(g, c)
+    return all_reduce_expected(g, c)
 
 
-def ag_run(g, c, a):
+def all_gather_run(g, c, a):
     t = make_input(c["seed"], g.rank, c["n"], c["dtype"])
     outs = [torch.full((c["n"],), 99, dtype=c["dtype"]) for _ in range(g.size)]
     h = dist.all_gather(outs, t, group=g.pg, async_op=a)
-    return outs, finish(h, a)
+    return outs, wait_async_result(h, a)
 
 
-def ag_expected(g, c):
+def all_gather_expected(g, c):
     return [make_input(c["seed"], r, c["n"], c["dtype"]) for r in range(g.size)]
 
 
-def agit_run(g, c, a):
+def all_gather_into_tensor_run(g, c, a):
     t = make_input(c["seed"], g.rank, c["n"], c["dtype"])
     out = torch.full((g.size * c["n"],), 99, dtype=c["dtype"])
     h = dist.all_gather_into_tensor(out, t, group=g.pg, async_op=a)
-    return [out], finish(h, a)
+    return [out], wait_async_result(h, a)
 
 
-def agit_expected(g, c):
-    return [torch.cat(ag_expected(g, c))]
+def all_gather_into_tensor_expected(g, c):
+    return [torch.cat(all_gather_expected(g, c))]
 
 
-def cm_agit_run(g, c, a):
+def coalescing_manager_all_gather_run(g, c, a):
     ins = [make_input(c["seed"], g.rank, c["n"] + 2 * k, c["dtype"], k=k) for k in range(3)]
     outs = [torch.full((g.size * t.numel(),), 99, dtype=c["dtype"]) for t in ins]
     with dist._coalescing_manager(group=g.pg, async_ops=a) as cm:
         for o, t in zip(outs, ins):
             dist.all_gather_into_tensor(o, t, group=g.pg)
-    return outs, _cm_wait(cm, a)
+    return outs, _wait_coalescing_manager(cm, a)
 
 
-def cm_agit_expected(g, c):
+def coalescing_manager_all_gather_expected(g, c):
     return [
         torch.cat([make_input(c["seed"], r, c["n"] + 2 * k, c["dtype"], k=k)
                    for r in range(g.size)])
@@ -276,59 +252,59 @@ def cm_agit_expected(g, c):
 
 def gather_run(g, c, a):
     t = make_input(c["seed"], g.rank, c["n"], c["dtype"])
-    root = _root(g, c)
+    root = _case_root(g, c)
     outs = [torch.full((c["n"],), 99, dtype=c["dtype"]) for _ in range(g.size)]
     h = dist.gather(t, outs if g.rank == root else None, group_dst=root, group=g.pg, async_op=a)
-    return (outs if g.rank == root else [None] * g.size), finish(h, a)
+    return (outs if g.rank == root else [None] * g.size), wait_async_result(h, a)
 
 
 def gather_expected(g, c):
-    if g.rank != _root(g, c):
+    if g.rank != _case_root(g, c):
         return [None] * g.size
-    return ag_expected(g, c)
+    return all_gather_expected(g, c)
 
 
 def scatter_run(g, c, a):
-    root = _root(g, c)
+    root = _case_root(g, c)
     ins = [make_input(c["seed"], root, c["n"], c["dtype"], k=j) for j in range(g.size)]
     out = torch.full((c["n"],), 99, dtype=c["dtype"])
     h = dist.scatter(out, ins if g.rank == root else None, group_src=root, group=g.pg, async_op=a)
-    return [out], finish(h, a)
+    return [out], wait_async_result(h, a)
 
 
 def scatter_expected(g, c):
-    return [make_input(c["seed"], _root(g, c), c["n"], c["dtype"], k=g.rank)]
+    return [make_input(c["seed"], _case_root(g, c), c["n"], c["dtype"], k=g.rank)]
 
 
-def rs_run(g, c, a):
+def reduce_scatter_run(g, c, a):
     ins = [make_input(c["seed"], g.rank, c["n"], c["dtype"], c["op"], k=j) for j in range(g.size)]
     out = torch.full((c["n"],), 99, dtype=c["dtype"])
     h = dist.reduce_scatter(out, ins, op=getattr(R, c["op"]), group=g.pg, async_op=a)
-    return [out], finish(h, a)
+    return [out], wait_async_result(h, a)
 
 
-def rs_expected(g, c):
+def reduce_scatter_expected(g, c):
     ins = [make_input(c["seed"], r, c["n"], c["dtype"], c["op"], k=g.rank) for r in range(g.size)]
-    return [reduce_math(c["op"], ins, c["dtype"])]
+    return [reduce_over_ranks(c["op"], ins)]
 
 
-def rst_run(g, c, a):
+def reduce_scatter_tensor_run(g, c, a):
     t = make_input(c["seed"], g.rank, g.size * c["n"], c["dtype"], c["op"])
     out = torch.full((c["n"],), 99, dtype=c["dtype"])
     h = dist.reduce_scatter_tensor(out, t, op=getattr(R, c["op"]), group=g.pg, async_op=a)
-    return [out], finish(h, a)
+    return [out], wait_async_result(h, a)
 
 
-def rst_expected(g, c):
+def reduce_scatter_tensor_expected(g, c):
     n = c["n"]
     ins = [
         make_input(c["seed"], r, g.size * n, c["dtype"], c["op"])[g.rank * n : (g.rank + 1) * n]
         for r in range(g.size)
     ]
-    return [reduce_math(c["op"], ins, c["dtype"])]
+    return [reduce_over_ranks(c["op"], ins)]
 
 
-def cm_rst_run(g, c, a):
+def coalescing_manager_reduce_scatter_run(g, c, a):
     ins = [
         make_input(c["seed"], g.rank, g.size * (c["n"] + 2 * k), c["dtype"], c["op"], k=k)
         for k in range(3)
@@ -337,10 +313,10 @@ def cm_rst_run(g, c, a):
     with dist._coalescing_manager(group=g.pg, async_ops=a) as cm:
         for o, t in zip(outs, ins):
             dist.reduce_scatter_tensor(o, t, op=getattr(R, c["op"]), group=g.pg)
-    return outs, _cm_wait(cm, a)
+    return outs, _wait_coalescing_manager(cm, a)
 
 
-def cm_rst_expected(g, c):
+def coalescing_manager_reduce_scatter_expected(g, c):
     res = []
     for k in range(3):
         n = c["n"] + 2 * k
@@ -349,7 +325,7 @@ def cm_rst_expected(g, c):
                 g.rank * n : (g.rank + 1) * n]
             for r in range(g.size)
         ]
-        res.append(reduce_math(c["op"], ins, c["dtype"]))
+        res.append(reduce_over_ranks(c["op"], ins))
     return res
 
 
@@ -360,23 +336,23 @@ def _split(c, src, dst):
     return c["n"] + (src + 2 * dst) % 3
 
 
-def _a2a_chunk(c, src, dst):
+def _all_to_all_chunk(c, src, dst):
     return make_input(c["seed"], src, _split(c, src, dst), c["dtype"], k=dst)
 
 
-def a2a_run(g, c, a):
-    ins = [_a2a_chunk(c, g.rank, j) for j in range(g.size)]
+def all_to_all_run(g, c, a):
+    ins = [_all_to_all_chunk(c, g.rank, j) for j in range(g.size)]
     outs = [torch.full((_split(c, j, g.rank),), 99, dtype=c["dtype"]) for j in range(g.size)]
     h = dist.all_to_all(outs, ins, group=g.pg, async_op=a)
-    return outs, finish(h, a)
+    return outs, wait_async_result(h, a)
 
 
-def a2a_expected(g, c):
-    return [_a2a_chunk(c, j, g.rank) for j in range(g.size)]
+def all_to_all_expected(g, c):
+    return [_all_to_all_chunk(c, j, g.rank) for j in range(g.size)]
 
 
-def a2as_run(g, c, a):
-    inp = torch.cat([_a2a_chunk(c, g.rank, j) for j in range(g.size)])
+def all_to_all_single_run(g, c, a):
+    inp = torch.cat([_all_to_all_chunk(c, g.rank, j) for j in range(g.size)])
     out = torch.full((sum(_split(c, j, g.rank) for j in range(g.size)),), 99, dtype=c["dtype"])
     if c.get("uneven"):
         in_splits = [_split(c, g.rank, j) for j in range(g.size)]
@@ -384,11 +360,11 @@ def a2as_run(g, c, a):
     else:
         in_splits = out_splits = None
     h = dist.all_to_all_single(out, inp, out_splits, in_splits, group=g.pg, async_op=a)
-    return [out], finish(h, a)
+    return [out], wait_async_result(h, a)
 
 
-def a2as_expected(g, c):
-    return [torch.cat(a2a_expected(g, c))]
+def all_to_all_single_expected(g, c):
+    return [torch.cat(all_to_all_expected(g, c))]
 
 
 @dataclasses.dataclass
@@ -400,24 +376,30 @@ class Collective:
 
 
 COLLECTIVES = {
-    "broadcast": Collective(bc_run, bc_expected),
-    "all_reduce": Collective(ar_run, ar_expected, reduces=True),
-    "all_reduce_coalesced": Collective(arc_run, _coal_expected, reduces=True),
+    "broadcast": Collective(broadcast_run, broadcast_expected),
+    "all_reduce": Collective(all_reduce_run, all_reduce_expected, reduces=True),
+    "all_reduce_coalesced": Collective(
+        all_reduce_coalesced_run, coalesced_all_reduce_expected, reduces=True),
     "coalescing_manager_all_reduce": Collective(
-        cm_ar_run, _coal_expected, reduces=True, variants=({}, {"device": True})
-    ),
+        coalescing_manager_all_reduce_run, coalesced_all_reduce_expected, reduces=True,
+        variants=({}, {"device": True})),
     "reduce": Collective(reduce_run, reduce_expected, reduces=True),
-    "all_gather": Collective(ag_run, ag_expected),
-    "all_gather_into_tensor": Collective(agit_run, agit_expected),
-    "coalescing_manager_all_gather_into_tensor": Collective(cm_agit_run, cm_agit_expected),
+    "all_gather": Collective(all_gather_run, all_gather_expected),
+    "all_gather_into_tensor": Collective(
+        all_gather_into_tensor_run, all_gather_into_tensor_expected),
+    "coalescing_manager_all_gather_into_tensor": Collective(
+        coalescing_manager_all_gather_run, coalescing_manager_all_gather_expected),
     "gather": Collective(gather_run, gather_expected),
     "scatter": Collective(scatter_run, scatter_expected),
-    "reduce_scatter": Collective(rs_run, rs_expected, reduces=True),
-    "reduce_scatter_tensor": Collective(rst_run, rst_expected, reduces=True),
-    "coalescing_manager_reduce_scatter_tensor": Collective(cm_rst_run, cm_rst_expected,
-                                                           reduces=True),
-    "all_to_all": Collective(a2a_run, a2a_expected),  # Gloo needs equal sizes here
-    "all_to_all_single": Collective(a2as_run, a2as_expected, variants=({}, {"uneven": True})),
+    "reduce_scatter": Collective(reduce_scatter_run, reduce_scatter_expected, reduces=True),
+    "reduce_scatter_tensor": Collective(
+        reduce_scatter_tensor_run, reduce_scatter_tensor_expected, reduces=True),
+    "coalescing_manager_reduce_scatter_tensor": Collective(
+        coalescing_manager_reduce_scatter_run, coalescing_manager_reduce_scatter_expected,
+        reduces=True),
+    "all_to_all": Collective(all_to_all_run, all_to_all_expected),  # Gloo needs equal sizes here
+    "all_to_all_single": Collective(
+        all_to_all_single_run, all_to_all_single_expected, variants=({}, {"uneven": True})),
 }
 
 
@@ -439,7 +421,8 @@ def cases(name: str, dtype, sizes=SIZES, ops=None):
 def _describe(name, c, a, g) -> str:
     extra = {k: v for k, v in c.items() if k not in ("n", "dtype", "op", "seed")}
     op = f" op={c['op']}" if c["op"] else ""
-    root = f" root={_root(g, c)}" if name in ("broadcast", "reduce", "gather", "scatter") else ""
+    rooted = name in ("broadcast", "reduce", "gather", "scatter")
+    root = f" root={_case_root(g, c)}" if rooted else ""
     return (
         f"{name} dtype={str(c['dtype']).replace('torch.', '')} n={c['n']}{op}{root}"
         f"{' ' + str(extra) if extra else ''} async={a} {g.label()}"
@@ -620,7 +603,7 @@ def _p2p_case_input(c, src, k=0):
     return make_input(c["seed"], src, c["n"], c["dtype"], k=k)
 
 
-def _ring_sendrecv(g, c, mode):
+def _send_right_receive_left(g, c, mode):
     """Every rank sends to its right neighbour and receives from its left one."""
     right, left = (g.rank + 1) % g.size, (g.rank - 1) % g.size
     out = torch.full((c["n"],), 99, dtype=c["dtype"])
@@ -654,7 +637,7 @@ def _ring_sendrecv(g, c, mode):
     return [out]
 
 
-def _tags(g, c):
+def _send_two_tags_receive_reversed(g, c):
     """Two messages to the right neighbour with tags 1 and 2, received in the other order."""
     right, left = (g.rank + 1) % g.size, (g.rank - 1) % g.size
     a = _p2p_case_input(c, g.rank, k=1)
@@ -672,7 +655,7 @@ def _tags(g, c):
     return [out_a, out_b]
 
 
-def _bidirectional_batch(g, c):
+def _batch_both_neighbours(g, c):
     """batch_isend_irecv to and from both neighbours (4 ops per rank)."""
     right, left = (g.rank + 1) % g.size, (g.rank - 1) % g.size
     to_r = _p2p_case_input(c, g.rank, k=3)
@@ -693,15 +676,15 @@ def _bidirectional_batch(g, c):
 P2P_MODES = ("blocking", "isend_irecv", "batch", "tags", "batch_bidirectional")
 
 
-def _p2p_run(g, c, mode):
+def _run_p2p_mode(g, c, mode):
     if mode == "tags":
-        return _tags(g, c)
+        return _send_two_tags_receive_reversed(g, c)
     if mode == "batch_bidirectional":
-        return _bidirectional_batch(g, c)
-    return _ring_sendrecv(g, c, mode)
+        return _batch_both_neighbours(g, c)
+    return _send_right_receive_left(g, c, mode)
 
 
-def _p2p_expected(g, c, mode):
+def _p2p_mode_expected(g, c, mode):
     right, left = (g.rank + 1) % g.size, (g.rank - 1) % g.size
     if mode == "tags":
         return [_p2p_case_input(c, left, k=1), _p2p_case_input(c, left, k=2)]
@@ -722,9 +705,9 @@ def check_p2p(ctx, mode, dtype_name, ranks=None, sizes=SIZES):
         label = f"{mode} dtype={dtype_name} n={n} {p2p.label()}"
         count += 1
         try:
-            got = _p2p_run(p2p, c, mode)
-            want_ref = _p2p_run(ref, c, mode)
-            compare_outputs(label, got, want_ref, _p2p_expected(p2p, c, mode), None, failures)
+            got = _run_p2p_mode(p2p, c, mode)
+            want_ref = _run_p2p_mode(ref, c, mode)
+            compare_outputs(label, got, want_ref, _p2p_mode_expected(p2p, c, mode), None, failures)
         except Exception as e:  # noqa: BLE001
             failures.append(f"{label}: raised {type(e).__name__}: {e}\n{traceback.format_exc()}")
             break

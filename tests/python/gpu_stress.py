@@ -41,6 +41,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _gpu_readiness as R  # noqa: E402
+from _reference import reduce_over_ranks  # noqa: E402
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "fused_ag", "fused_rs",
          "other")
@@ -79,15 +80,6 @@ def _values(i: int, r: int, shape, dtype, salt: int = 0) -> torch.Tensor:
     n = math.prod(shape)
     x = (torch.arange(n, dtype=torch.int64) * (2 * r + 3) + 7 * i + 13 * salt) % 5 - 2
     return x.to(dtype).reshape(shape)
-
-
-def _reduce(op: str, xs: list[torch.Tensor]) -> torch.Tensor:
-    acc = xs[0].double()
-    for x in xs[1:]:
-        x = x.double()
-        acc = acc + x if op == "SUM" else torch.maximum(acc, x) if op == "MAX" else \
-            torch.minimum(acc, x)
-    return acc
 
 
 class _Run:
@@ -131,7 +123,7 @@ class _Run:
                 red = getattr(dist.ReduceOp, op["op"])
                 grp = self.other if kind == "other" else g
                 work = dist.all_reduce(x, op=red, group=grp, async_op=op["async"])
-                want = _reduce(op["op"], [_values(i, r, (n,), dt) for r in range(W)]).to(dt)
+                want = reduce_over_ranks(op["op"], [_values(i, r, (n,), dt) for r in range(W)])
                 got = x
             elif kind == "all_gather":
                 x = _values(i, rank, (n,), dt).to(dev)
@@ -142,8 +134,8 @@ class _Run:
                 x = _values(i, rank, (n * W,), dt).to(dev)
                 got = torch.empty(n, dtype=dt, device=dev)
                 work = dist.reduce_scatter_tensor(got, x, group=g, async_op=op["async"])
-                full = _reduce("SUM", [_values(i, r, (n * W,), dt) for r in range(W)])
-                want = full[rank * n:(rank + 1) * n].to(dt)
+                full = reduce_over_ranks("SUM", [_values(i, r, (n * W,), dt) for r in range(W)])
+                want = full[rank * n:(rank + 1) * n]
             elif kind == "broadcast":
                 src = i % W
                 got = _values(i, rank, (n,), dt).to(dev)

@@ -1,9 +1,9 @@
 """Abort hooks and getError() (issue 50, point 4) on 2, 3 and 4 ranks: hooks run once, in id
 order, before the group aborts - on abort() and when a workspace op fails midway, before the op's
 error reaches the caller - and get_error() names the failure: TIMEOUT after a rank that never
-arrived, REMOTE_ERROR on the ranks a peer's failure was reported to, COMM_ERROR on the rank that
-failed itself, SUCCESS otherwise (NOTE [Abort hooks], NOTE [Error kinds] in
-backend/abort_hooks.cpp)."""
+arrived, REMOTE_ERROR on the ranks a peer's failure or abort was reported to (their failure
+words, or the rendezvous of a growth), COMM_ERROR on the rank that failed itself, SUCCESS
+otherwise (NOTE [Abort hooks], NOTE [Error kinds] in backend/abort_hooks.cpp)."""
 
 from __future__ import annotations
 
@@ -49,11 +49,16 @@ def check_hooks_run_once_on_abort(ctx):
     dist.all_reduce(t, group=g)
     chk.case("no hook before the abort", ran == [], f"{ran}")
     chk.case("healthy", backend.get_error() == ErrorType.SUCCESS, f"{backend.get_error()}")
+    # Every rank is out of the all_reduce (whose last phase waits for the peers) before any
+    # aborts: an abort reaches the peers' failure words (NOTE [Failure words]).
+    dist.barrier(group=ctx.gloo)
     backend.abort()  # hook 4's error is a warning (on stderr: torch's binding of abort)
     chk.case("hooks in id order, past the failing one", ran == [3, 7], f"{ran}")
     backend.abort()
     chk.case("once", ran == [3, 7], f"{ran}")
-    chk.case("an abort is no error", backend.get_error() == ErrorType.SUCCESS,
+    # The own abort is no error; a peer's abort that reached this rank first is a remote one.
+    chk.case("an abort is no error",
+             backend.get_error() in (ErrorType.SUCCESS, ErrorType.REMOTE_ERROR),
              f"{backend.get_error()}")
     dist.destroy_process_group(g)
     return chk.result()
@@ -80,6 +85,33 @@ def check_timeout(ctx):
     else:
         chk.case("no hook on a healthy rank", seen == [], f"{seen}")
         chk.case("SUCCESS", backend.get_error() == ErrorType.SUCCESS, f"{backend.get_error()}")
+    dist.barrier(group=ctx.gloo)
+    dist.destroy_process_group(g)
+    return chk.result()
+
+
+def check_a_peers_abort_is_remote(ctx):
+    """Rank 0 aborts its group: the abort reaches the others through their failure words (NOTE
+    [Failure words] in p2p_workspace/watchdog.hpp), a REMOTE_ERROR there before any op of theirs
+    ran into it; on rank 0 an abort is no error."""
+    chk = Checker(f"peer's abort W={ctx.world_size}")
+    g = _fresh_group(timeout_s=5)
+    backend = cuda_p2p.get_cuda_p2p_backend(g)
+    dist.all_reduce(torch.ones(4), group=g)
+    dist.barrier(group=ctx.gloo)
+    if ctx.rank == 0:
+        backend.abort()
+    dist.barrier(group=ctx.gloo)
+    want = ErrorType.SUCCESS if ctx.rank == 0 else ErrorType.REMOTE_ERROR
+    chk.case("kind", backend.get_error() == want, f"{backend.get_error()} (want {want})")
+    if ctx.rank != 0:
+        try:
+            dist.all_reduce(torch.ones(4), group=g)
+            chk.case("raised after the peer's abort", False, "the all_reduce returned")
+        except RuntimeError as e:
+            chk.case("names the rank", "rank 0's device failed first" in str(e), str(e))
+        chk.case("still remote", backend.get_error() == ErrorType.REMOTE_ERROR,
+                 f"{backend.get_error()}")
     dist.barrier(group=ctx.gloo)
     dist.destroy_process_group(g)
     return chk.result()
@@ -125,6 +157,10 @@ def test_hooks_run_once_before_abort(any_world):
 
 def test_timeout_runs_hooks_and_is_named(any_world):
     assert_ok(any_world.run(check_timeout))
+
+
+def test_a_peers_abort_is_remote(any_world):
+    assert_ok(any_world.run(check_a_peers_abort_is_remote))
 
 
 def test_a_peer_failure_is_remote_and_the_own_is_comm(any_world):

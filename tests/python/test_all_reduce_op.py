@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 import _collective_checks as cc
 from _collective_checks import assert_all_ok
+from _reference import ops_for, reduce_over_ranks
 
 # 1 and 7: odd sizes; 2049 x 4 B > 8 KiB: two-shot; 300_001 x 4 B > 1 MiB: several rounds.
 SIZES = (0, 1, 7, 1023, 2049, 300_001)
@@ -49,7 +50,7 @@ def check_values(ctx, dtype_name, sizes=SIZES):
     backend = cuda_p2p.get_cuda_p2p_backend(p2p)
     name = p2p.group_name
     failures, count = [], 0
-    ops = cc.ops_for(dtype)
+    ops = ops_for(dtype)
     if dtype.is_floating_point and dtype != torch.float32:
         ops = ("SUM", "AVG", "MAX")  # the others are covered in float32
     for seed, n in enumerate(sizes):
@@ -59,7 +60,7 @@ def check_values(ctx, dtype_name, sizes=SIZES):
             label = f"{dtype_name} n={n} {op} W={W}"
             count += 1
             x = _input(seed, me, n, dtype, op)
-            expected = cc.reduce_math(op, [_input(seed, r, n, dtype, op) for r in range(W)], dtype)
+            expected = reduce_over_ranks(op, [_input(seed, r, n, dtype, op) for r in range(W)])
             ref = x.clone()
             dist.all_reduce(ref, op=getattr(dist.ReduceOp, op), group=gloo)
             via_dist = x.clone()
@@ -87,6 +88,8 @@ def check_values(ctx, dtype_name, sizes=SIZES):
                     failures.append(f"{label} {what}: differs from dist.all_reduce on cuda_p2p")
                 elif tol is None and not torch.equal(got, ref):
                     failures.append(f"{label} {what}: differs from gloo")
+                elif tol is None and not torch.equal(got, expected):
+                    failures.append(f"{label} {what}: differs from plain torch")
                 elif tol is not None and not torch.allclose(
                     got.float(), expected.float(), rtol=tol[0], atol=tol[1]
                 ):

@@ -182,6 +182,9 @@ def check_shrink(ctx, flags, placement):
     host_of = (lambda r: r // 2) if placement == "2 hosts" else (lambda r: 0)
     g = _hosts_group(ctx, host_of)
     dist.all_reduce(torch.ones(4), group=g)
+    # Every rank is out of the all_reduce (whose last phase waits for the peers) before a survivor
+    # shrinks: SHRINK_ABORT's abort reaches the other ranks' failure words (NOTE [Failure words]).
+    dist.barrier(group=ctx.gloo)
     victim = W - 1
     if rank != victim:
         b = cuda_p2p.get_cuda_p2p_backend(g)

@@ -32,6 +32,7 @@ import conftest
 import cuda_p2p
 from _checks import Checker, wrapped
 from _harness import scoped_environ
+from _reference import FLOAT_OPS, reduce_over_ranks
 from cuda_p2p import ProcessGroupCudaP2P
 
 pytestmark = pytest.mark.skipif(
@@ -44,7 +45,6 @@ OPT_IN_ENV = "CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES"
 DEVICE_ENV = "CUDA_P2P_WORKSPACE_DEVICE"
 BUFFER = 1 << 16  # 64 KiB: "one round" and "several rounds" stay small
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-FLOAT_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX")
 ALL_GATHER_ALGOS = ("direct", "ring")
 REDUCE_SCATTER_ALGOS = (("direct", 1), ("ring", 1), ("ring", 2))
 ALL_REDUCE_ALGOS = ("one_shot", "two_shot")
@@ -158,21 +158,6 @@ def _input(seed, rank, n, dtype, op=None):
     return v.to(dtype)
 
 
-def _reduce_math(op, xs):
-    dtype = xs[0].dtype
-    if op == "MIN":
-        return torch.stack(xs).amin(0)
-    if op == "MAX":
-        return torch.stack(xs).amax(0)
-    out = xs[0].double()
-    for x in xs[1:]:
-        out = out * x.double() if op == "PRODUCT" else out + x.double()
-    if op == "AVG":
-        acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-        return (out.to(acc) / len(xs)).to(dtype)
-    return out.to(dtype)
-
-
 def _close(got, want, op):
     got = got.cpu()
     if op == "AVG":  # one rounding in the accumulate type, possibly another order
@@ -230,7 +215,7 @@ def check_reduce_scatter(ctx, algo, steps):
             for n in SIZES:
                 seed = n + 11
                 x = _input(seed, rank, n * W, dtype, op)
-                full = _reduce_math(op, [_input(seed, r, n * W, dtype, op) for r in range(W)])
+                full = reduce_over_ranks(op, [_input(seed, r, n * W, dtype, op) for r in range(W)])
                 out = torch.full((n,), 77, dtype=dtype, device=dev)
                 dist.reduce_scatter_tensor(out, x.to(dev), op=getattr(dist.ReduceOp, op), group=g)
                 chk.case(f"{name} {op} n={n}", _close(out, full[rank * n : (rank + 1) * n], op),
@@ -252,7 +237,7 @@ def check_all_reduce(ctx, algo):
                 seed = n + 5
                 x = _input(seed, rank, n, dtype, op).to(dev)
                 dist.all_reduce(x, op=getattr(dist.ReduceOp, op), group=g)
-                want = _reduce_math(op, [_input(seed, r, n, dtype, op) for r in range(W)])
+                want = reduce_over_ranks(op, [_input(seed, r, n, dtype, op) for r in range(W)])
                 chk.case(f"{name} {op} n={n}", _close(x, want, op), "differs from local math")
                 count += 1
                 if op == "SUM" and n == 7:
@@ -409,7 +394,8 @@ def check_reduce(ctx):
                     dist.reduce(x, dst=root, op=getattr(dist.ReduceOp, op), group=g)
                     calls += 1
                     if rank == root:
-                        want = _reduce_math(op, [_input(seed, r, n, dtype, op) for r in range(W)])
+                        want = reduce_over_ranks(
+                            op, [_input(seed, r, n, dtype, op) for r in range(W)])
                         chk.case(f"{name} {op} n={n} root={root}", _close(x, want, op),
                                  "differs from local math")
                     else:
@@ -427,7 +413,8 @@ def check_reduce(ctx):
     work = dist.reduce(x, dst=root, group=g, async_op=True)
     work.wait()
     calls += 1
-    want = _reduce_math("SUM", [_input(3, r, 12, torch.float32).view(3, 4) for r in range(W)]) \
+    want = reduce_over_ranks(
+        "SUM", [_input(3, r, 12, torch.float32).view(3, 4) for r in range(W)]) \
         if rank == root else mine
     chk.case("non-contiguous async", torch.equal(x.cpu(), want.t()), "differs")
     _sync()
@@ -587,7 +574,7 @@ def check_async_side_stream(ctx):
             work.wait()
             y = x * 2
         torch.cuda.current_stream().wait_stream(side)
-        want = _reduce_math("SUM", [_input(n, r, n, torch.float32) for r in range(W)])
+        want = reduce_over_ranks("SUM", [_input(n, r, n, torch.float32) for r in range(W)])
         chk.case(f"n={n}", torch.equal(y.cpu(), want * 2), "differs (wait not stream-ordered?)")
         work2 = dist.all_gather_into_tensor(torch.empty(n * W, device=dev), x, group=g,
                                             async_op=True)
@@ -796,10 +783,10 @@ def check_symmetric_tensors(ctx):
     dist.broadcast(bc, src=0, group=g)
     torch.cuda.synchronize()
     chk.case("all_reduce", torch.equal(
-        ar.cpu(), _reduce_math("SUM", [_input(3, r, n, torch.float32) for r in range(W)])), "")
+        ar.cpu(), reduce_over_ranks("SUM", [_input(3, r, n, torch.float32) for r in range(W)])), "")
     chk.case("all_gather", torch.equal(
         ag_out.cpu(), torch.cat([_input(5, r, n, torch.float32) for r in range(W)])), "")
-    full = _reduce_math("SUM", [_input(4, r, n * W, torch.float32) for r in range(W)])
+    full = reduce_over_ranks("SUM", [_input(4, r, n * W, torch.float32) for r in range(W)])
     chk.case("reduce_scatter", torch.equal(rs_out.cpu(), full[rank * n:(rank + 1) * n]), "")
     chk.case("broadcast", torch.equal(bc.cpu(), _input(5, 0, n, torch.float32)), "")
     c = _counters(g)
@@ -861,13 +848,13 @@ def check_zero_copy_collectives(ctx):
             rin = heap(n * W, dtype, _input(n + 1, rank, n * W, dtype))
             rout = torch.empty(n, dtype=dtype, device=dev)
             dist.reduce_scatter_tensor(rout, rin, group=g)
-            full = _reduce_math("SUM", [_input(n + 1, r, n * W, dtype) for r in range(W)])
+            full = reduce_over_ranks("SUM", [_input(n + 1, r, n * W, dtype) for r in range(W)])
             chk.case(f"reduce_scatter {tag}", _close(rout, full[rank * n:(rank + 1) * n], "SUM"),
                      "differs")
             want["reduce_scatter.zero_copy"] += zc
             t = heap(n, dtype, _input(n + 2, rank, n, dtype))
             dist.all_reduce(t, group=g)
-            chk.case(f"all_reduce {tag}", _close(t, _reduce_math(
+            chk.case(f"all_reduce {tag}", _close(t, reduce_over_ranks(
                 "SUM", [_input(n + 2, r, n, dtype) for r in range(W)]), "SUM"), "differs")
             # (a host workspace with 2 ranks stages it: measured slower, NOTE [Zero-copy
             # collectives])

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 import cuda_p2p
+from _reference import reduce_over_ranks
 
 # What the workspace and Gloo (the inter-host backend, and the reference) both reduce: Gloo
 # reduces no int16 (test_fallbacks_are_counted), though it is moved hierarchically.
@@ -79,14 +80,10 @@ def _ops_for(dtype):
     return [R.SUM, R.MAX, R.MIN, R.PRODUCT, R.BAND, R.BOR, R.BXOR]
 
 
-def _reference_all_reduce(ctx, x, op):
-    ref = x.clone()
-    if op == dist.ReduceOp.AVG:  # Gloo's own AVG is not what is being checked: sum, then divide
-        ref = ref.to(torch.float64)
-        dist.all_reduce(ref, group=ctx.gloo)
-        return (ref / ctx.world_size).to(x.dtype)
-    dist.all_reduce(ref, op=op, group=ctx.gloo)
-    return ref
+def _reference_all_reduce(ctx, rank_input, op):
+    """The all-reduce of `rank_input(r)` over every rank r: the plain-torch reference
+    (_reference.py), computed here."""
+    return reduce_over_ranks(op.name, [rank_input(r) for r in range(ctx.world_size)])
 
 
 def _tol(dtype, op):
@@ -146,20 +143,22 @@ def _all_reduce(ctx, placement, dtypes):
             for op in _ops_for(dtype):
                 inline += _in_agreement(n, dtype)
                 if op == dist.ReduceOp.PRODUCT:
-                    x = _product_values(ctx.rank, n, dtype)
+                    def rank_input(r, n=n, dtype=dtype):
+                        return _product_values(r, n, dtype)
                 else:
-                    x = _values(ctx.rank, n, dtype)
-                got = x.clone()
+                    def rank_input(r, n=n, dtype=dtype):
+                        return _values(r, n, dtype)
+                got = rank_input(ctx.rank).clone()
                 dist.all_reduce(got, op=op, group=group)
-                torch.testing.assert_close(got, _reference_all_reduce(ctx, x, op),
+                torch.testing.assert_close(got, _reference_all_reduce(ctx, rank_input, op),
                                            **_tol(dtype, op), msg=f"{dtype} n={n} {op}")
                 runs += 1
     # A non-contiguous tensor (a transposed view) is reduced in place.
     base = _values(ctx.rank, 15, torch.float32).reshape(3, 5)
     got = base.clone().t()
     dist.all_reduce(got, group=group)
-    ref = base.clone()
-    dist.all_reduce(ref, group=ctx.gloo)
+    ref = _reference_all_reduce(
+        ctx, lambda r: _values(r, 15, torch.float32).reshape(3, 5), dist.ReduceOp.SUM)
     torch.testing.assert_close(got, ref.t(), rtol=0, atol=0)
     runs += 1
     inline += 1
@@ -168,11 +167,11 @@ def _all_reduce(ctx, placement, dtypes):
     try:
         for dtype in dtypes[:2]:
             for n in SIZES:
-                x = _values(ctx.rank, n, dtype)
-                got = x.clone()
+                got = _values(ctx.rank, n, dtype)
                 dist.all_reduce(got, group=group)
-                torch.testing.assert_close(got, _reference_all_reduce(ctx, x, dist.ReduceOp.SUM),
-                                           rtol=0, atol=0, msg=f"steps {dtype} n={n}")
+                want = _reference_all_reduce(ctx, lambda r: _values(r, n, dtype),
+                                             dist.ReduceOp.SUM)
+                torch.testing.assert_close(got, want, rtol=0, atol=0, msg=f"steps {dtype} n={n}")
                 runs += 1
     finally:
         backend._set_hierarchical_agreement(True)
@@ -193,26 +192,26 @@ def _all_reduce_op(ctx, placement):
     for dtype in (torch.float32, torch.bfloat16, torch.int32):
         for n in SIZES:
             for name, op in (("sum", dist.ReduceOp.SUM), ("max", dist.ReduceOp.MAX)):
-                x = _values(ctx.rank, n, dtype)
-                got = x.clone()
+                got = _values(ctx.rank, n, dtype)
                 out = torch.ops.cuda_p2p.all_reduce_(got, name, group.group_name)
                 assert out is got
-                torch.testing.assert_close(got, _reference_all_reduce(ctx, x, op), rtol=0,
-                                           atol=0, msg=f"{dtype} n={n} {name}")
+                want = _reference_all_reduce(ctx, lambda r: _values(r, n, dtype), op)
+                torch.testing.assert_close(got, want, rtol=0, atol=0, msg=f"{dtype} n={n} {name}")
                 runs += 1
     # avg through the Python wrapper; a non-contiguous (transposed) view, reduced in place.
     base = _values(ctx.rank, 15, torch.float32).reshape(3, 5)
     got = base.clone().t()
     cuda_p2p.all_reduce_(got, "avg", group)
-    torch.testing.assert_close(got, _reference_all_reduce(ctx, base, dist.ReduceOp.AVG).t(),
-                               **_tol(torch.float32, dist.ReduceOp.AVG))
+    want = _reference_all_reduce(
+        ctx, lambda r: _values(r, 15, torch.float32).reshape(3, 5), dist.ReduceOp.AVG)
+    torch.testing.assert_close(got, want.t(), **_tol(torch.float32, dist.ReduceOp.AVG))
     runs += 1
     # The functional form returns a new tensor and leaves its input alone.
     x = _values(ctx.rank, 7, torch.float32)
     y = torch.ops.cuda_p2p.all_reduce(x, "sum", group.group_name)
     torch.testing.assert_close(x, _values(ctx.rank, 7, torch.float32), rtol=0, atol=0)
-    torch.testing.assert_close(y, _reference_all_reduce(ctx, x, dist.ReduceOp.SUM), rtol=0,
-                               atol=0)
+    want = _reference_all_reduce(ctx, lambda r: _values(r, 7, torch.float32), dist.ReduceOp.SUM)
+    torch.testing.assert_close(y, want, rtol=0, atol=0)
     runs += 1
     return runs, _delta(before, backend.get_counters())
 
@@ -242,10 +241,13 @@ def _gather_scatter(ctx, placement, dtypes):
                 continue
             for op in _ops_for(dtype):
                 if op == dist.ReduceOp.PRODUCT:
-                    big = _product_values(ctx.rank, n * w, dtype)
+                    def rank_input(r, n=n, dtype=dtype):
+                        return _product_values(r, n * w, dtype)
                 else:
-                    big = _values(ctx.rank, n * w, dtype, salt=5)
-                full = _reference_all_reduce(ctx, big, op)
+                    def rank_input(r, n=n, dtype=dtype):
+                        return _values(r, n * w, dtype, salt=5)
+                big = rank_input(ctx.rank)
+                full = _reference_all_reduce(ctx, rank_input, op)
                 want = full[ctx.rank * n:(ctx.rank + 1) * n]
                 got = torch.empty(n, dtype=dtype)
                 dist.reduce_scatter_tensor(got, big, op=op, group=group)
@@ -279,8 +281,10 @@ def _coalesced(ctx, placement):
         with dist._coalescing_manager(group=group):
             for o, t in zip(rs, bigs):
                 dist.reduce_scatter_tensor(o, t, group=group)
-        for o, t, n in zip(rs, bigs, SIZES):
-            want = _reference_all_reduce(ctx, t, dist.ReduceOp.SUM)[ctx.rank * n:(ctx.rank + 1) * n]
+        for k, (o, n) in enumerate(zip(rs, SIZES)):
+            full = _reference_all_reduce(
+                ctx, lambda r: _values(r, n * w, dtype, salt=k), dist.ReduceOp.SUM)
+            want = full[ctx.rank * n:(ctx.rank + 1) * n]
             torch.testing.assert_close(o, want, rtol=0, atol=0)
         runs += len(SIZES)
     return runs, _delta(before, backend.get_counters())

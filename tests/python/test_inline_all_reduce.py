@@ -18,6 +18,7 @@ import torch.distributed as dist
 import _collective_checks as cc
 import cuda_p2p
 from _groups import cached_group
+from _reference import ops_for, reduce_over_ranks
 
 R = dist.ReduceOp
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
@@ -28,7 +29,7 @@ CHUNK = 4096  # the groups' chunk_bytes: one-shot above it takes several rounds 
 
 
 
-def _mixed(ctx, algo="auto"):
+def _group_inline_on_even_ranks(ctx, algo="auto"):
     """Even ranks inline, odd ranks generic (and every rank inline when W == 1)."""
     return cached_group(("mixed", algo), inline_all_reduce=ctx.rank % 2 == 0, chunk_bytes=CHUNK,
                   all_reduce_algo=algo)
@@ -46,10 +47,6 @@ def _input(seed, rank, n, dtype, op):
     return x.to(dtype)
 
 
-def _ops(dtype):
-    return cc.ops_for(dtype)
-
-
 def _close(got, want, dtype, op):
     """Exact for integers, MIN and MAX; else within the rounding of a different order (Gloo
     accumulates float16 / bfloat16 in their own precision, we in float32)."""
@@ -61,20 +58,20 @@ def _close(got, want, dtype, op):
     return torch.allclose(got.double(), want.double(), rtol=tol[0], atol=tol[1])
 
 
-def _check(failures, label, got, ref, expected, dtype, op):
+def _compare_with_gloo_and_reference(failures, label, got, ref, expected, dtype, op):
     if ref is not None and not _close(got, ref, dtype, op):
         failures.append(f"{label}: differs from Gloo: {got[:4].tolist()} vs {ref[:4].tolist()}")
     if not _close(got, expected, dtype, op):
         failures.append(f"{label}: differs from plain torch")
 
 
-def _one(ctx, g, seed, n, dtype, op, failures, how="dist", make=None):
+def _all_reduce_and_check(ctx, g, seed, n, dtype, op, failures, how="dist", make=None):
     """All-reduces rank inputs of case `seed` on `g` (dist.all_reduce or the dispatcher op) and on
     Gloo, and checks both against plain torch. `make(x)` returns the tensor to reduce in place
     (a view, a non-contiguous tensor) and a function giving its values."""
     W, me = ctx.world_size, ctx.rank
     x = _input(seed, me, n, dtype, op)
-    expected = cc.reduce_math(op, [_input(seed, r, n, dtype, op) for r in range(W)], dtype)
+    expected = reduce_over_ranks(op, [_input(seed, r, n, dtype, op) for r in range(W)])
     ref = x.clone()
     if dtype not in NO_GLOO:
         dist.all_reduce(ref, op=getattr(R, op), group=ctx.gloo)
@@ -85,14 +82,15 @@ def _one(ctx, g, seed, n, dtype, op, failures, how="dist", make=None):
         dist.all_reduce(t, op=getattr(R, op), group=g)
     else:
         torch.ops.cuda_p2p.all_reduce_(t, op.lower(), g.group_name)
-    _check(failures, f"{how} {dtype} n={n} {op} W={W}", read(), ref, expected, dtype, op)
+    _compare_with_gloo_and_reference(failures, f"{how} {dtype} n={n} {op} W={W}", read(), ref,
+                                     expected, dtype, op)
 
 
 def check_dtypes_and_sizes(ctx):
     """Every dtype and op, sizes at and around the round (CHUNK) and the one-shot threshold, on a
     group where some ranks run inline and the others the generic path, back to back."""
     W = ctx.world_size
-    g = _mixed(ctx)
+    g = _group_inline_on_even_ranks(ctx)
     backend = cuda_p2p.get_cuda_p2p_backend(g)
     failures, cases = [], 0
     backend.reset_counters()
@@ -103,11 +101,11 @@ def check_dtypes_and_sizes(ctx):
         sizes = sorted({1, 3, 7, 1001, CHUNK // es - 1, CHUNK // es, CHUNK // es + 1,
                         one_shot_max // es, one_shot_max // es + 1})
         for j, n in enumerate(sizes):
-            for k, op in enumerate(_ops(dtype)):
+            for k, op in enumerate(ops_for(dtype)):
                 if n > 2000 and k % 3:  # large sizes: the paths, not every op
                     continue
                 how = "dist" if (i + j + k) % 2 else "op"
-                _one(ctx, g, 1000 * i + 10 * j + k, n, dtype, op, failures, how)
+                _all_reduce_and_check(ctx, g, 1000 * i + 10 * j + k, n, dtype, op, failures, how)
                 cases += 1
                 if n * es <= CHUNK and W > 1:
                     inline_expected += 1
@@ -125,15 +123,15 @@ def check_interleaved(ctx):
     """Inline and generic all-reduces alternating with other collectives, a growth of the
     workspace and a second group, every result checked."""
     W, me = ctx.world_size, ctx.rank
-    g = _mixed(ctx)
+    g = _group_inline_on_even_ranks(ctx)
     other = cached_group("plain")  # a second group, inline on every rank
     failures, cases = [], 0
     sizes = (2, CHUNK // 4 + 3, 5, (8 << 10) // 4 + 1, 1, 300_001, 8, CHUNK // 4)
     for rep in range(3):
         for j, n in enumerate(sizes):
             grp = g if (rep + j) % 3 else other
-            _one(ctx, grp, 77 + 10 * rep + j, n, torch.float32, "SUM", failures,
-                 "op" if j % 2 else "dist")
+            _all_reduce_and_check(ctx, grp, 77 + 10 * rep + j, n, torch.float32, "SUM", failures,
+                                  "op" if j % 2 else "dist")
             cases += 1
             # Other collectives between the all-reduces, on the same group.
             out = torch.empty(3 * W)
@@ -155,7 +153,7 @@ def check_interleaved(ctx):
 def check_views(ctx):
     """In place on views: an offset slice of a larger tensor (contiguous, not at its storage's
     start), a strided slice (non-contiguous), a transposed matrix, each inline-sized."""
-    g = _mixed(ctx)
+    g = _group_inline_on_even_ranks(ctx)
     failures, cases = [], 0
 
     def offset_view(x):
@@ -183,7 +181,8 @@ def check_views(ctx):
                                       ("transposed", transposed))):
         for j, dtype in enumerate((torch.float32, torch.bfloat16, torch.int32)):
             for how in ("dist", "op"):
-                _one(ctx, g, 500 + 10 * i + j, 3 * 37, dtype, "SUM", failures, how, make)
+                _all_reduce_and_check(ctx, g, 500 + 10 * i + j, 3 * 37, dtype, "SUM", failures,
+                                      how, make)
                 cases += 1
     return {"cases": cases, "failures": failures}
 
@@ -202,7 +201,7 @@ def check_mismatches(ctx):
     rank = ctx.rank
     failures, cases = [], 0
     for algo in ("auto", "one_shot"):
-        g = _mixed(ctx, algo)
+        g = _group_inline_on_even_ranks(ctx, algo)
         cases_here = [
             # inline on rank 0 against two-shot / several one-shot rounds on rank 1
             ("size", lambda: dist.all_reduce(torch.ones(4 if rank == 0 else 300_000), group=g),
@@ -228,9 +227,9 @@ def check_mismatches(ctx):
                 failures.append(f"{algo} {what}: {err!r} (want {needles})")
             # Still usable: inline-sized and larger all-reduces give Gloo's result.
             for n in (5, 3000, 300_001):
-                _one(ctx, g, 900 + n, n, torch.float32, "SUM", failures, "dist")
+                _all_reduce_and_check(ctx, g, 900 + n, n, torch.float32, "SUM", failures, "dist")
     # A rank whose own argument check fails: its inline peers raise at once, naming it.
-    g = _mixed(ctx)
+    g = _group_inline_on_even_ranks(ctx)
     err = _raises(lambda: dist.all_reduce(
         torch.ones(3, dtype=torch.int64 if rank == 0 else torch.float32), op=R.AVG, group=g))
     cases += 1
@@ -239,7 +238,7 @@ def check_mismatches(ctx):
             failures.append(f"rank 0's own error: {err!r}")
     elif not err or "rank 0 rejected its arguments" not in err:
         failures.append(f"peer of a rejecting rank: {err!r}")
-    _one(ctx, g, 999, 7, torch.float32, "SUM", failures, "op")
+    _all_reduce_and_check(ctx, g, 999, 7, torch.float32, "SUM", failures, "op")
     return {"cases": cases, "failures": failures}
 
 

@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 import cuda_p2p
 from _groups import cached_group
+from _reference import reduce_over_ranks
 from cuda_p2p import _C
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
@@ -27,7 +28,7 @@ def _values(rank, n, dtype, seed=0):
     return (v.abs() if dtype == torch.uint8 else v).to(dtype)
 
 
-def _collectives(group, rank, W, dtype, n, gloo=False):
+def _run_every_collective(group, rank, W, dtype, n, gloo=False):
     """Every reducing and copying collective once on `group`; the outputs by name (on Gloo, which
     has no AVG, "all_reduce_avg" holds the SUM)."""
     out = {}
@@ -54,14 +55,13 @@ def _collectives(group, rank, W, dtype, n, gloo=False):
 
 
 def _local_reference(rank, W, dtype, n):
-    """The same outputs by plain torch in this process (Gloo has no int16)."""
-    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    """The same outputs from the plain-torch reference (_reference.py; Gloo has no int16)."""
     every = lambda seed, k: [_values(q, k, dtype, seed) for q in range(W)]  # noqa: E731
-    out = {"all_reduce_sum": torch.stack(every(0, n * W)).sum(0).to(dtype)}
+    out = {"all_reduce_sum": reduce_over_ranks("SUM", every(0, n * W))}
     if dtype.is_floating_point:
-        out["all_reduce_avg"] = (torch.stack(every(3, n * W)).to(acc).sum(0) / W).to(dtype)
-    out["all_reduce_max"] = torch.stack(every(5, n * W)).amax(0)
-    out["reduce_scatter"] = torch.stack(every(7, n * W)).sum(0).to(dtype)[rank * n:(rank + 1) * n]
+        out["all_reduce_avg"] = reduce_over_ranks("AVG", every(3, n * W))
+    out["all_reduce_max"] = reduce_over_ranks("MAX", every(5, n * W))
+    out["reduce_scatter"] = reduce_over_ranks("SUM", every(7, n * W))[rank * n:(rank + 1) * n]
     out["all_gather"] = torch.cat(every(9, n))
     out["broadcast"] = _values(W - 1, n * W, dtype, seed=11)
     return out
@@ -82,13 +82,13 @@ def threads_case(ctx, dtype_names, n, min_bytes):
         split = _C._parallel_grain(n * 8, 8, effective)
         if not 0 < split < n:
             failures.append(f"{n} x 8 B not split on 2 threads from {effective} B: grain {split}")
-        results = {d: _collectives(g, rank, W, d, n) for d in dtypes}
+        results = {d: _run_every_collective(g, rank, W, d, n) for d in dtypes}
     finally:
         torch.set_num_threads(1)
     c1 = dict(b.get_counters())
     if _C._parallel_grain(n * 8, 8, effective) != 0:
         failures.append("split with one thread")
-    one = {d: _collectives(g, rank, W, d, n) for d in dtypes}
+    one = {d: _run_every_collective(g, rank, W, d, n) for d in dtypes}
     c2 = dict(b.get_counters())
     split2 = c1.get("intra_op.split", 0) - c0.get("intra_op.split", 0)
     split1 = c2.get("intra_op.split", 0) - c1.get("intra_op.split", 0)
@@ -96,8 +96,8 @@ def threads_case(ctx, dtype_names, n, min_bytes):
     # thread alone, and small dtypes' pieces may stay under the threshold.)
     if split2 == 0 or split1 != 0:
         failures.append(f"intra_op.split counted {split2} on 2 threads, {split1} on 1")
-    ref = {d: _collectives(ctx.gloo, rank, W, d, n, gloo=True) if d != torch.int16 else None
-           for d in dtypes}
+    ref = {d: _run_every_collective(ctx.gloo, rank, W, d, n, gloo=True)
+           if d != torch.int16 else None for d in dtypes}
     local = {d: _local_reference(rank, W, d, n) for d in dtypes}
     for d in dtypes:
         for name, got in results[d].items():

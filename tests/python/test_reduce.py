@@ -1,15 +1,14 @@
 """reduce on the workspace on 2, 3 and 4 ranks: every root, every dtype the workspace reduces,
 every reduce op, sizes from empty to several rounds (a 64 KiB buffer, and 4 KiB chunks),
-non-contiguous tensors, async Works; each result against plain torch computed locally and against
-a Gloo group over the same ranks (exact small integers, so that every op compares bitwise; AVG,
-which Gloo lacks, within a tolerance); only the root's tensor changes. The counters say which path
-ran (`reduce.direct`, `reduce.wrapped` with the workspace off or a dtype it does not reduce).
-Ranks that disagree (sizes, dtypes, roots, ops) raise the same one-line error on every rank and
-the group stays usable; a bad root says what was expected and what was given."""
+non-contiguous tensors, async Works; each result against the plain-torch reference
+(_reference.py) and against a Gloo group over the same ranks (exact small integers, so that every
+op compares bitwise; AVG, which Gloo lacks, against plain torch only); only the root's tensor
+changes. The counters say which path ran (`reduce.direct`, `reduce.wrapped` with the workspace
+off or a dtype it does not reduce). Ranks that disagree (sizes, dtypes, roots, ops) raise the
+same one-line error on every rank and the group stays usable; a bad root says what was expected
+and what was given."""
 
 from __future__ import annotations
-
-import functools
 
 import torch
 import torch.distributed as dist
@@ -17,13 +16,12 @@ import torch.distributed as dist
 import cuda_p2p
 from _checks import Checker, assert_ok, expect_nothing_wrapped, raises
 from _groups import cached_group
+from _reference import ops_for, reduce_over_ranks
 
 R = dist.ReduceOp
 SMALL_BUFFER = 1 << 16
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
           torch.int16, torch.int32, torch.int64)
-FLOAT_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX")
-INT_OPS = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
 # 0, 1, odd, a few KiB; and several 32 KiB rounds on the small groups (float32: 8192 elements per
 # round; 4 KiB chunks: 1024).
 SIZES = (0, 1, 7, 1000)
@@ -44,21 +42,8 @@ def _value(rank, n, dtype, op, seed=0):
 
 
 def _expected(W, n, dtype, op, seed):
-    ins = [_value(q, n, dtype, op, seed) for q in range(W)]
-    if op in ("BAND", "BOR", "BXOR"):
-        f = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}[op]
-        return functools.reduce(f, ins)
-    stack = torch.stack([t.double() for t in ins])
-    out = {"SUM": lambda: stack.sum(0), "AVG": lambda: stack.sum(0) / W,
-           "PRODUCT": lambda: stack.prod(0), "MIN": lambda: stack.amin(0),
-           "MAX": lambda: stack.amax(0)}[op]()
-    return out.to(dtype)
-
-
-def _same(got, want, op):
-    if op == "AVG":  # sum / W rounded once; torch's float64 reference rounds differently
-        return torch.allclose(got.double(), want.double(), rtol=1e-2, atol=1e-2)
-    return torch.equal(got, want)
+    """The root's result of case (n, dtype, op, seed): _reference.reduce_over_ranks."""
+    return reduce_over_ranks(op, [_value(q, n, dtype, op, seed) for q in range(W)])
 
 
 def _gloo_reduce(t, root, op, group):
@@ -92,7 +77,9 @@ def check_reduce(ctx):
         what = f"{gname} {dtype} {op} n={n} root={root}"
         if rank == root:
             want = _expected(W, n, dtype, op, seed)
-            chk.case(what, _same(t, want, op), f"{t[:6]} != {want[:6]}")
+            # Exact for every op, AVG included: the sums are exact, and the reference divides
+            # them once in the accumulation type, as the reduction does.
+            chk.case(what, torch.equal(t, want), f"{t[:6]} != {want[:6]}")
         else:
             chk.case(f"{what}: left as it was", torch.equal(t, mine), f"{t[:6]} != {mine[:6]}")
         if gloo and op != "AVG":
@@ -104,7 +91,7 @@ def check_reduce(ctx):
 
     case = 0
     for dtype in DTYPES:
-        for op in FLOAT_OPS if dtype.is_floating_point else INT_OPS:
+        for op in ops_for(dtype):
             for n in SIZES:
                 # Every root for one size, a rotating root for the others.
                 first = (case + n) % W

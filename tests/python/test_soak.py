@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 import cuda_p2p
+from _reference import reduce_over_ranks
 from cuda_p2p import ops
 
 SOAK_OPS = int(os.environ.get("CUDA_P2P_SOAK_OPS", "10000"))
@@ -97,13 +98,6 @@ def _input(seed: int, rank: int, n: int, dtype) -> torch.Tensor:
     return torch.randint(-8, 9, (n,), generator=g, dtype=torch.int64).to(dtype)
 
 
-def _reduce(op: str, ts: list) -> torch.Tensor:
-    stacked = torch.stack([t.to(torch.float64) for t in ts])
-    if op == "SUM":
-        return stacked.sum(0)
-    return stacked.amax(0) if op == "MAX" else stacked.amin(0)
-
-
 def one_op(g, rank: int, world: int, rng: random.Random, seed: int, check: bool) -> str | None:
     """Runs one random op on group g; returns a failure description or None."""
     kind = rng.choice(KINDS)
@@ -121,8 +115,8 @@ def one_op(g, rank: int, world: int, rng: random.Random, seed: int, check: bool)
         t = inp(rank)
         dist.all_reduce(t, REDUCE_OPS[op], group=g)
         if check:
-            exp = _reduce(op, [inp(r) for r in range(world)])
-            if not torch.equal(t.to(torch.float64), exp):
+            exp = reduce_over_ranks(op, [inp(r) for r in range(world)])
+            if not torch.equal(t, exp):
                 return f"{what} {op}"
     elif kind == "all_gather":
         t = inp(rank)
@@ -135,8 +129,9 @@ def one_op(g, rank: int, world: int, rng: random.Random, seed: int, check: bool)
         out = torch.empty(n, dtype=dtype)
         dist.reduce_scatter_tensor(out, full, group=g)
         if check:
-            exp = _reduce("SUM", [inp(r, n * world) for r in range(world)])[rank * n:(rank + 1) * n]
-            if not torch.equal(out.to(torch.float64), exp):
+            exp = reduce_over_ranks("SUM", [inp(r, n * world)[rank * n:(rank + 1) * n]
+                                            for r in range(world)])
+            if not torch.equal(out, exp):
                 return what
     elif kind == "broadcast":
         root = rng.randrange(world)

@@ -3,10 +3,10 @@
 Every algorithm is forced in turn (a group per algorithm, through Options or the environment),
 with a 64 KiB buffer so that "exactly one buffer region" and "several regions" stay small, and
 run for every dtype x reduce op x size (0, 1, odd, exactly one round, several rounds). Each case
-is checked against a Gloo group over the same ranks and against plain-torch math computed
-locally; outputs are slices of larger tensors whose margins must stay untouched, all-reduce
-results must be bit-identical on every rank, and the backend's counters must show that the
-forced algorithm ran (and that nothing fell back silently).
+is checked against the plain-torch reference (_reference.py) and, for the dtypes Gloo runs,
+against a Gloo group over the same ranks; outputs are slices of larger tensors whose margins
+must stay untouched, all-reduce results must be bit-identical on every rank, and the backend's
+counters must show that the forced algorithm ran (and that nothing fell back silently).
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ import torch
 import torch.distributed as dist
 
 import cuda_p2p
-from _harness import scoped_environ
+from _checks import assert_ok, gloo_ok
+from _groups import cached_group
+from _reference import ops_for, reduce_over_ranks
 
 R = dist.ReduceOp
 BUFFER = 1 << 16
@@ -38,9 +40,6 @@ DTYPES = {
     "int32": torch.int32,
     "int64": torch.int64,
 }
-FLOAT_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX")
-INT_OPS = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
-
 ALL_GATHER_ALGOS = ("direct", "ring")
 # (algorithm, ring steps per rank)
 REDUCE_SCATTER_ALGOS = (("direct", 1), ("ring", 1), ("ring", 2))
@@ -50,31 +49,13 @@ ALL_REDUCE_ALGOS = ("one_shot", "two_shot")
 # ---------------------------------------------------------------------------------------------
 # rank side: groups, inputs, references
 
-_groups: dict = {}
-
-
-def _options(**kw):
-    o = cuda_p2p.ProcessGroupCudaP2P.Options()
-    for k, v in kw.items():
-        setattr(o, k, v)
-    return o
-
-
-def _group(key, env=None, **options):
-    """A cuda_p2p group over all ranks with these Options (cached; collective on first use)."""
-    if key not in _groups:
-        with scoped_environ(env or {}):
-            _groups[key] = dist.new_group(backend="cuda_p2p", pg_options=_options(**options))
-    return _groups[key]
-
-
-def _forced(ctx, read=False, **algos):
+def _group_forcing(ctx, read=False, **algos):
     """A group forcing `algos`. read=False: the staged paths (copy-free reads off); read=True:
     copy-free reads at every size (they must be available on this machine)."""
     steps = algos.pop("ring_steps_per_rank", 1)
     key = tuple(sorted(algos.items())) + (("steps", steps), ("read", read))
-    return _group(key, buffer_size=BUFFER, chunk_bytes=0, ring_steps=steps * ctx.world_size,
-                  cross_memory=read, cross_memory_min_bytes=0, **algos)
+    return cached_group(key, buffer_size=BUFFER, chunk_bytes=0, ring_steps=steps * ctx.world_size,
+                        cross_memory=read, cross_memory_min_bytes=0, **algos)
 
 
 # Copy-free reads: a reduce-scatter chunk of several 64 KiB pieces (ops/reduce_scatter.cpp).
@@ -97,10 +78,6 @@ def _counters_read_ok(chk, group, key, count, read):
              f"expected {key}={count}, got {b.get_counters()}")
 
 
-def _ops_for(dtype):
-    return FLOAT_OPS if dtype.is_floating_point else INT_OPS
-
-
 def _input(seed, rank, n, dtype, op=None):
     """Small integers: exact in every dtype and every summation order (PRODUCT: -2..2)."""
     i = torch.arange(n, dtype=torch.int64)
@@ -113,30 +90,6 @@ def _input(seed, rank, n, dtype, op=None):
     return v.to(dtype)
 
 
-def _reduce_math(op, xs):
-    """op over xs as the collectives define it: exact for these inputs, AVG divided once in the
-    accumulate type (float32 for float16/bfloat16)."""
-    dtype = xs[0].dtype
-    if op == "MIN":
-        return torch.stack(xs).amin(0)
-    if op == "MAX":
-        return torch.stack(xs).amax(0)
-    if op in ("BAND", "BOR", "BXOR"):
-        f = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}[op]
-        out = xs[0]
-        for x in xs[1:]:
-            out = f(out, x)
-        return out
-    wide = torch.float64 if dtype.is_floating_point else torch.int64
-    out = xs[0].to(wide)
-    for x in xs[1:]:
-        out = out * x.to(wide) if op == "PRODUCT" else out + x.to(wide)
-    if op == "AVG":
-        acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-        return (out.to(acc) / len(xs)).to(dtype)
-    return out.to(dtype)
-
-
 def _guarded(n, dtype):
     """(whole, inner): inner is n elements in the middle of `whole`, whose margins hold GUARD."""
     whole = torch.full((n + 2 * MARGIN,), GUARD, dtype=dtype)
@@ -146,17 +99,6 @@ def _guarded(n, dtype):
 def _margins_ok(whole):
     g = torch.full((MARGIN,), GUARD, dtype=whole.dtype)
     return torch.equal(whole[:MARGIN], g) and torch.equal(whole[-MARGIN:], g)
-
-
-def _gloo(fn):
-    """Runs the Gloo reference; None where Gloo does not support the dtype (int16)."""
-    try:
-        fn()
-        return True
-    except RuntimeError as e:
-        if "Invalid scalar type" in str(e):
-            return None
-        raise
 
 
 def _phase(buf=BUFFER):
@@ -200,7 +142,7 @@ def _counters_ok(chk, group, want_key, want_count):
 
 def check_all_gather(ctx, algo, read=False):
     W, rank = ctx.world_size, ctx.rank
-    g = _forced(ctx, read, all_gather_algo=algo)
+    g = _group_forcing(ctx, read, all_gather_algo=algo)
     b = cuda_p2p.get_cuda_p2p_backend(g)
     b.reset_counters()
     chk = Checker(f"all_gather[{algo}{', read' if read else ''}] W={W}")
@@ -215,10 +157,10 @@ def check_all_gather(ctx, algo, read=False):
                 whole, out = _guarded(n * W, dtype)
                 dist.all_gather_into_tensor(out, x, group=g)
                 ref = torch.empty(n * W, dtype=dtype)
-                gloo_ok = _gloo(lambda: dist.all_gather_into_tensor(ref, x, group=ctx.gloo))
+                gloo_ran = gloo_ok(lambda: dist.all_gather_into_tensor(ref, x, group=ctx.gloo))
                 want = torch.cat([_input(seed, r, n, dtype) for r in range(W)])
                 chk.case(f"{name} n={n}", torch.equal(out, want), "differs from local math")
-                if gloo_ok:
+                if gloo_ran:
                     chk.case(f"{name} n={n}", torch.equal(out, ref), "differs from gloo")
                 chk.case(f"{name} n={n}", _margins_ok(whole), "margins overwritten")
                 # The list form, into separate tensors.
@@ -248,7 +190,7 @@ def check_all_gather(ctx, algo, read=False):
 
 def check_reduce_scatter(ctx, algo, steps_per_rank, read=False):
     W, rank = ctx.world_size, ctx.rank
-    g = _forced(ctx, read, reduce_scatter_algo=algo, ring_steps_per_rank=steps_per_rank)
+    g = _group_forcing(ctx, read, reduce_scatter_algo=algo, ring_steps_per_rank=steps_per_rank)
     cuda_p2p.get_cuda_p2p_backend(g).reset_counters()
     chk = Checker(f"reduce_scatter[{algo}, S={steps_per_rank * W}{', read' if read else ''}] "
                   f"W={W}")
@@ -256,15 +198,15 @@ def check_reduce_scatter(ctx, algo, steps_per_rank, read=False):
     for name, dtype in DTYPES.items():
         acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
         unit = torch.empty((), dtype=acc if algo == "ring" else dtype).element_size()
-        for op in _ops_for(dtype):
+        for op in ops_for(dtype):
             for n in _read_sizes(_sizes(_round_bytes(unit, W) // unit), read):
                 try:
-                    seed = n + 31 * _ops_for(dtype).index(op)
+                    seed = n + 31 * ops_for(dtype).index(op)
                     x = _input(seed, rank, n * W, dtype, op)
                     x_copy = x.clone()
                     whole, out = _guarded(n, dtype)
                     dist.reduce_scatter_tensor(out, x, op=getattr(R, op), group=g)
-                    want = _reduce_math(
+                    want = reduce_over_ranks(
                         op, [_input(seed, r, n * W, dtype, op)[rank * n : (rank + 1) * n]
                              for r in range(W)])
                     label = f"{name} {op} n={n}"
@@ -273,7 +215,7 @@ def check_reduce_scatter(ctx, algo, steps_per_rank, read=False):
                     chk.case(label, torch.equal(x, x_copy), "changed its input")
                     chk.case(label, _margins_ok(whole), "margins overwritten")
                     ref = torch.empty(n, dtype=dtype)
-                    if _gloo(lambda: dist.reduce_scatter_tensor(ref, x, op=getattr(R, op),
+                    if gloo_ok(lambda: dist.reduce_scatter_tensor(ref, x, op=getattr(R, op),
                                                                 group=ctx.gloo)):
                         chk.case(label, torch.equal(out, ref), "differs from gloo")
                     count += 1
@@ -288,13 +230,13 @@ def check_reduce_scatter(ctx, algo, steps_per_rank, read=False):
         chunks = [_input(5 + j, rank, n, dtype) for j in range(W)]
         out = torch.empty(n, dtype=dtype)
         dist.reduce_scatter(out, chunks, group=g)
-        want = _reduce_math("SUM", [_input(5 + rank, r, n, dtype) for r in range(W)])
+        want = reduce_over_ranks("SUM", [_input(5 + rank, r, n, dtype) for r in range(W)])
         chk.case(f"list form {dtype}", torch.equal(out, want), f"{out} vs {want}")
         count += 1
         chk.cases += 1
     _counters_ok(chk, g, f"reduce_scatter.{algo}", count)
     # n = 0 returns before choosing a path.
-    zero = sum(len(_ops_for(d)) for d in DTYPES.values())
+    zero = sum(len(ops_for(d)) for d in DTYPES.values())
     _counters_read_ok(chk, g, "reduce_scatter.cross_memory", count - zero,
                       read and algo == "direct")
     return chk.result()
@@ -302,7 +244,7 @@ def check_reduce_scatter(ctx, algo, steps_per_rank, read=False):
 
 def check_all_reduce(ctx, algo):
     W, rank = ctx.world_size, ctx.rank
-    g = _forced(ctx, all_reduce_algo=algo)
+    g = _group_forcing(ctx, all_reduce_algo=algo)
     cuda_p2p.get_cuda_p2p_backend(g).reset_counters()
     chk = Checker(f"all_reduce[{algo}] W={W}")
     count = 0
@@ -312,20 +254,20 @@ def check_all_reduce(ctx, algo):
             round_elems = _round_bytes(esize) // esize
         else:
             round_elems = (_phase() - 128) // esize * W // (W + 1)
-        for op in _ops_for(dtype):
+        for op in ops_for(dtype):
             for n in _sizes(round_elems):
                 try:
-                    seed = n + 17 * _ops_for(dtype).index(op)
+                    seed = n + 17 * ops_for(dtype).index(op)
                     whole, t = _guarded(n, dtype)
                     t.copy_(_input(seed, rank, n, dtype, op))
                     dist.all_reduce(t, op=getattr(R, op), group=g)
-                    want = _reduce_math(op, [_input(seed, r, n, dtype, op) for r in range(W)])
+                    want = reduce_over_ranks(op, [_input(seed, r, n, dtype, op) for r in range(W)])
                     label = f"{name} {op} n={n}"
                     chk.case(label, torch.equal(t, want),
                              f"differs from local math: {t[:4]} vs {want[:4]}")
                     chk.case(label, _margins_ok(whole), "margins overwritten")
                     ref = _input(seed, rank, n, dtype, op)
-                    if _gloo(lambda: dist.all_reduce(ref, op=getattr(R, op), group=ctx.gloo)):
+                    if gloo_ok(lambda: dist.all_reduce(ref, op=getattr(R, op), group=ctx.gloo)):
                         chk.case(label, torch.equal(t, ref), "differs from gloo")
                     count += 1
                     chk.cases += 1
@@ -359,7 +301,7 @@ def check_all_reduce(ctx, algo):
 
 def check_broadcast(ctx, read=False):
     W, rank = ctx.world_size, ctx.rank
-    g = _forced(ctx, read)
+    g = _group_forcing(ctx, read)
     cuda_p2p.get_cuda_p2p_backend(g).reset_counters()
     chk = Checker(f"broadcast{'[read]' if read else ''} W={W}")
     count = zero = 0
@@ -394,16 +336,16 @@ def check_copy_free_fallback(ctx):
     chk = Checker(f"copy-free fallback W={W}")
     deny = {"CUDA_P2P_TEST_DENY_CROSS_MEMORY": "1"} if rank == W - 1 else {}
     groups = {
-        "auto": (_group("read-auto", buffer_size=BUFFER, cross_memory=True), None),
-        "env-on": (_group("read-env-on", env={"CUDA_P2P_CROSS_MEMORY": "1"}, buffer_size=BUFFER),
-                   None),
-        "default": (_group("read-default", buffer_size=BUFFER), "off by default"),
-        "denied": (_group("read-denied", env=deny, buffer_size=BUFFER, cross_memory=True,
+        "auto": (cached_group("read-auto", buffer_size=BUFFER, cross_memory=True), None),
+        "env-on": (cached_group("read-env-on", env={"CUDA_P2P_CROSS_MEMORY": "1"},
+                                buffer_size=BUFFER), None),
+        "default": (cached_group("read-default", buffer_size=BUFFER), "off by default"),
+        "denied": (cached_group("read-denied", env=deny, buffer_size=BUFFER, cross_memory=True,
                            cross_memory_min_bytes=0),
                    f"rank {W - 1} cannot read rank"),
-        "env": (_group("read-env", env={"CUDA_P2P_CROSS_MEMORY": "0"}, buffer_size=BUFFER,
+        "env": (cached_group("read-env", env={"CUDA_P2P_CROSS_MEMORY": "0"}, buffer_size=BUFFER,
                        cross_memory_min_bytes=0), "CUDA_P2P_CROSS_MEMORY=0"),
-        "option": (_group("read-option", buffer_size=BUFFER, cross_memory=False,
+        "option": (cached_group("read-option", buffer_size=BUFFER, cross_memory=False,
                           cross_memory_min_bytes=0), "Options.cross_memory = False"),
     }
     for key, (g, reason) in groups.items():
@@ -424,8 +366,9 @@ def check_copy_free_fallback(ctx):
             chk.case(f"{key} all_gather n={n}", torch.equal(out, want), "differs")
             rs = torch.empty(n)
             dist.reduce_scatter_tensor(rs, x, group=g)
-            want = _reduce_math("SUM", [_input(n, r, n * W, torch.float32)[rank * n:(rank + 1) * n]
-                                        for r in range(W)])
+            want = reduce_over_ranks(
+                "SUM", [_input(n, r, n * W, torch.float32)[rank * n:(rank + 1) * n]
+                        for r in range(W)])
             chk.case(f"{key} reduce_scatter n={n}", torch.equal(rs, want), "differs")
             t = x.clone()
             dist.broadcast(t, src=W - 1, group=g)
@@ -448,8 +391,8 @@ def check_copy_free_fallback(ctx):
 def check_all_gather_v(ctx):
     W, rank = ctx.world_size, ctx.rank
     chk = Checker(f"all_gather_v W={W}")
-    on = _forced(ctx)
-    off = _group("off", enable_workspace=False)
+    on = _group_forcing(ctx)
+    off = cached_group("off", enable_workspace=False)
     row = 2 * 3 * 4  # bytes per row of float32 [.., 2, 3]
     region_rows = _phase() // row
     layouts = [
@@ -575,11 +518,11 @@ def check_api_and_fallbacks(ctx):
     # The off switches: Options.enable_workspace=False, CUDA_P2P_DISABLE_WORKSPACE=1 (no
     # workspace at all), Options.workspace_collectives=False, CUDA_P2P_WORKSPACE_COLLECTIVES=0
     # (the workspace stays up, the collectives go to Gloo).
-    for key, grp in (("option", _group("off", enable_workspace=False)),
-                     ("env", _group("env-off", env={"CUDA_P2P_DISABLE_WORKSPACE": "1"})),
-                     ("collectives option", _group("coll-off", workspace_collectives=False)),
+    for key, grp in (("option", cached_group("off", enable_workspace=False)),
+                     ("env", cached_group("env-off", env={"CUDA_P2P_DISABLE_WORKSPACE": "1"})),
+                     ("collectives option", cached_group("coll-off", workspace_collectives=False)),
                      ("collectives env",
-                      _group("coll-env-off", env={"CUDA_P2P_WORKSPACE_COLLECTIVES": "0"}))):
+                      cached_group("coll-env-off", env={"CUDA_P2P_WORKSPACE_COLLECTIVES": "0"}))):
         bb = cuda_p2p.get_cuda_p2p_backend(grp)
         bb.reset_counters()
         t = torch.full((6,), float(rank))
@@ -612,7 +555,7 @@ def _opts(name, async_op, **fields):
     return o
 
 
-def _calls(pg, W, rank, async_op):
+def _call_each_collective(pg, W, rank, async_op):
     """Each workspace collective called on ProcessGroup `pg` as torch.distributed's Python API
     calls it, with the options' asyncOp set: {name: (what it returned, its output)}."""
     out = {}
@@ -649,11 +592,11 @@ def check_sync_calls_return_no_work(ctx):
     g = dist.group.WORLD
     b = cuda_p2p.get_cuda_p2p_backend(g)
     b.reset_counters()
-    ref = _calls(ctx.gloo, W, rank, False)
+    ref = _call_each_collective(ctx.gloo, W, rank, False)
     for w, _ in ref.values():
         w.wait()
     for async_op in (False, True):
-        got = _calls(g, W, rank, async_op)
+        got = _call_each_collective(g, W, rank, async_op)
         for name, (w, out) in got.items():
             chk.cases += 1
             if async_op:
@@ -705,8 +648,8 @@ def check_env_forcing(ctx):
     env = {"CUDA_P2P_ALL_GATHER_ALGO": "ring", "CUDA_P2P_REDUCE_SCATTER_ALGO": "ring",
            "CUDA_P2P_ALL_REDUCE_ALGO": "two_shot", "CUDA_P2P_RING_STEPS": str(2 * W),
            "CUDA_P2P_CHUNK_BYTES": "4096"}
-    g = _group("env-forced", env=env)
-    g2 = _group("env-and-option", env=env, all_reduce_algo="one_shot")
+    g = cached_group("env-forced", env=env)
+    g2 = cached_group("env-and-option", env=env, all_reduce_algo="one_shot")
     cfg = cuda_p2p.get_cuda_p2p_backend(g).get_collective_config()
     chk.case("config", cfg["all_gather_algo"] == "ring" and cfg["reduce_scatter_algo"] == "ring"
              and cfg["all_reduce_algo"] == "two_shot" and cfg["ring_steps"] == 2 * W
@@ -774,62 +717,56 @@ def check_ddp_matches_gloo(ctx):
 # tests
 
 
-def _assert_ok(results, min_cases=1):
-    failures = [f"[rank {r}] {f}" for r, res in enumerate(results) for f in res["failures"]]
-    assert not failures, f"{len(failures)} failing case(s):\n" + "\n".join(failures[:30])
-    assert min(res["cases"] for res in results) >= min_cases
-
-
 @pytest.mark.parametrize("algo", ALL_GATHER_ALGOS)
 def test_all_gather(any_world, algo):
-    _assert_ok(any_world.run(check_all_gather, algo), min_cases=len(DTYPES) * 8)
+    assert_ok(any_world.run(check_all_gather, algo), min_cases=len(DTYPES) * 8)
 
 
 @pytest.mark.parametrize("algo,steps", REDUCE_SCATTER_ALGOS, ids=["direct", "ring", "ring_2W"])
 def test_reduce_scatter(any_world, algo, steps):
-    _assert_ok(any_world.run(check_reduce_scatter, algo, steps), min_cases=200)
+    assert_ok(any_world.run(check_reduce_scatter, algo, steps), min_cases=200)
 
 
 @pytest.mark.parametrize("algo", ALL_REDUCE_ALGOS)
 def test_all_reduce(any_world, algo):
-    _assert_ok(any_world.run(check_all_reduce, algo), min_cases=200)
+    assert_ok(any_world.run(check_all_reduce, algo), min_cases=200)
 
 
 def test_broadcast(any_world):
-    _assert_ok(any_world.run(check_broadcast), min_cases=40)
+    assert_ok(any_world.run(check_broadcast), min_cases=40)
 
 
 # Copy-free reads (NOTE [Copy-free reads]) forced at every size: every dtype, odd sizes.
 def test_all_gather_copy_free(any_world):
-    _assert_ok(any_world.run(check_all_gather, "direct", True), min_cases=len(DTYPES) * 8)
+    assert_ok(any_world.run(check_all_gather, "direct", True), min_cases=len(DTYPES) * 8)
 
 
 def test_reduce_scatter_copy_free(any_world):
-    _assert_ok(any_world.run(check_reduce_scatter, "direct", 1, True), min_cases=200)
+    assert_ok(any_world.run(check_reduce_scatter, "direct", 1, True), min_cases=200)
 
 
 def test_broadcast_copy_free(any_world):
-    _assert_ok(any_world.run(check_broadcast, True), min_cases=40)
+    assert_ok(any_world.run(check_broadcast, True), min_cases=40)
 
 
 def test_copy_free_reads_fallback_and_knobs(any_world):
-    _assert_ok(any_world.run(check_copy_free_fallback))
+    assert_ok(any_world.run(check_copy_free_fallback))
 
 
 def test_all_gather_v(any_world):
-    _assert_ok(any_world.run(check_all_gather_v), min_cases=9)
+    assert_ok(any_world.run(check_all_gather_v), min_cases=9)
 
 
 def test_api_async_fallbacks_and_off_switches(any_world):
-    _assert_ok(any_world.run(check_api_and_fallbacks))
+    assert_ok(any_world.run(check_api_and_fallbacks))
 
 
 def test_synchronous_calls_return_no_work(any_world):
-    _assert_ok(any_world.run(check_sync_calls_return_no_work), min_cases=18)
+    assert_ok(any_world.run(check_sync_calls_return_no_work), min_cases=18)
 
 
 def test_environment_forces_the_algorithm(any_world):
-    _assert_ok(any_world.run(check_env_forcing))
+    assert_ok(any_world.run(check_env_forcing))
 
 
 def test_timeout_names_the_missing_rank(world3):

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 import cuda_p2p
 from _groups import cached_group
+from _reference import reduce_over_ranks
 from cuda_p2p import _C
 
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64,
@@ -83,14 +84,6 @@ def _values(rank, n, dtype, seed=0):
 def _fill(t, rank, seed=0):
     t.copy_(_values(rank, t.numel(), t.dtype, seed).view(t.shape))
     return t
-
-
-def _sum(xs):
-    wide = torch.float64 if xs[0].is_floating_point() else torch.int64
-    out = xs[0].to(wide)
-    for x in xs[1:]:
-        out = out + x.to(wide)
-    return out.to(xs[0].dtype)
 
 
 class Checker:
@@ -163,7 +156,7 @@ def _collectives_case(ctx, agreement):
             rout = torch.full((n,), 99, dtype=dtype)
             before = _counters(g)
             dist.reduce_scatter_tensor(rout, rin, group=g)
-            full = _sum([_values(q, W * n, dtype, seed=1) for q in range(W)])
+            full = reduce_over_ranks("SUM", [_values(q, W * n, dtype, seed=1) for q in range(W)])
             chk.case(f"reduce_scatter_tensor {tag}", torch.equal(rout, full[me * n:(me + 1) * n]),
                      f"{rout[:8]} vs {full[me * n:me * n + 8]}")
             _expect_zero_copy(chk, g, "reduce_scatter.zero_copy", before, f"rs counter {tag}")
@@ -183,8 +176,8 @@ def _collectives_case(ctx, agreement):
             t = _fill(cuda_p2p.empty(m, dtype=dtype, group=g), me, seed=2)
             before = _counters(g)
             dist.all_reduce(t, group=g)
-            chk.case(f"all_reduce {tag}", torch.equal(t, _sum([_values(q, m, dtype, seed=2)
-                                                               for q in range(W)])))
+            want = reduce_over_ranks("SUM", [_values(q, m, dtype, seed=2) for q in range(W)])
+            chk.case(f"all_reduce {tag}", torch.equal(t, want))
             big = m * t.element_size() > one_shot_max
             _expect_zero_copy(chk, g, "all_reduce.zero_copy", before, f"ar counter {tag}",
                               big and W > 2)
@@ -250,7 +243,7 @@ def _fallback_case(ctx):
         big = _fill(torch.empty(W * n) if me == odd_one else cuda_p2p.empty(W * n, group=g), me, 4)
         r = torch.empty(n)
         dist.reduce_scatter_tensor(r, big, group=g)
-        full = _sum([_values(q, W * n, torch.float32, 4) for q in range(W)])
+        full = reduce_over_ranks("SUM", [_values(q, W * n, torch.float32, 4) for q in range(W)])
         chk.case(f"rank {odd_one} staged: rs", torch.equal(r, full[me * n:(me + 1) * n]))
         _expect_zero_copy(chk, g, "reduce_scatter.zero_copy", before, f"rs odd {odd_one}", False)
         dist.all_reduce(big, group=g)
@@ -345,7 +338,7 @@ def _signature_case(ctx):
         if W == 2:  # never claimed on 2 host ranks (it stages): no disagreement
             dist.all_reduce(t, group=g)
             chk.case(f"ar odd {odd_one} (2 ranks)", torch.equal(
-                t, _sum([_values(q, m, torch.float32) for q in range(W)])))
+                t, reduce_over_ranks("SUM", [_values(q, m, torch.float32) for q in range(W)])))
         else:
             # (pyflakes takes the `del t` below for a use before the call: noqa.)
             _raises_everywhere(chk, f"ar odd {odd_one}",
@@ -363,7 +356,7 @@ def _signature_case(ctx):
     big = _fill(torch.empty(W * n), me, 4)
     r = torch.empty(n)
     dist.reduce_scatter_tensor(r, big, group=g)
-    full = _sum([_values(q, W * n, torch.float32, 4) for q in range(W)])
+    full = reduce_over_ranks("SUM", [_values(q, W * n, torch.float32, 4) for q in range(W)])
     chk.case("plain tensors: rs", torch.equal(r, full[me * n:(me + 1) * n]))
     after = _counters(g)
     chk.case("plain tensors: no zero-copy", all(after.get(k, 0) == before.get(k, 0) for k in (
@@ -415,11 +408,11 @@ def _off_case(ctx):
         chk.case(f"ag {odd_one}", torch.equal(out, ref))
         r = torch.empty(n)
         dist.reduce_scatter_tensor(r, big, group=g)
-        full = _sum([_values(q, W * n, torch.float32, 4) for q in range(W)])
+        full = reduce_over_ranks("SUM", [_values(q, W * n, torch.float32, 4) for q in range(W)])
         chk.case(f"rs {odd_one}", torch.equal(r, full[me * n:(me + 1) * n]))
         dist.all_reduce(t, group=g)
-        chk.case(f"ar {odd_one}", torch.equal(t, _sum([_values(q, m, torch.float32, 2)
-                                                        for q in range(W)])))
+        want = reduce_over_ranks("SUM", [_values(q, m, torch.float32, 2) for q in range(W)])
+        chk.case(f"ar {odd_one}", torch.equal(t, want))
         dist.broadcast(b, src=W - 1, group=g)
         chk.case(f"bc {odd_one}", torch.equal(b, _values(W - 1, n, torch.float32, 6)))
         A = _fill(cuda_p2p.empty(4, 6, group=g), me, 5)
@@ -732,7 +725,8 @@ def _context_case(ctx):
         chk.case(f"{name} not symmetric", not cuda_p2p.is_symmetric(x, g))
     chk.case("strided like keeps strides", strided.stride() == plain.T.stride())
     chk.case("all_reduce of a context tensor",
-             torch.equal(t, _sum([_values(q, W * 40000, torch.float32) for q in range(W)])))
+             torch.equal(t, reduce_over_ranks(
+                 "SUM", [_values(q, W * 40000, torch.float32) for q in range(W)])))
     _expect_zero_copy(chk, g, "all_reduce.zero_copy", before, "context all_reduce")
     # The dispatcher op runs the same workspace all-reduce.
     t.copy_(_values(me, W * 40000, torch.float32))
