@@ -282,9 +282,14 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::serve(const detail::Entry& ent
                                                         const detail::Call& call, Detail&& detail,
                                                         Body&& body, Wrapped&& wrapped,
                                                         Outputs&& outputs) {
-  if (!on_workspace(entry, call, detail, body)) {
-    return wrapped_.delegate(call.routed, entry.wrapped_name, wrapped);
+  bool ran = false;
+  try {
+    ran = on_workspace(entry, call, detail, body);
+  } catch (...) {
+    hooks_on_device_failure();  // NOTE [Abort hooks]
+    throw;
   }
+  if (!ran) return wrapped_.delegate(call.routed, entry.wrapped_name, wrapped);
   return completed(entry.type, outputs, call.async_op);
 }
 
@@ -1070,6 +1075,19 @@ void ProcessGroupCudaP2P::registerAbortHook(int64_t hook_id, c10d::AbortHook hoo
 
 void ProcessGroupCudaP2P::unregisterAbortHook(int64_t hook_id) { abort_hooks_.remove(hook_id); }
 #endif
+
+// NOTE [Abort hooks] in backend/abort_hooks.cpp: a workspace op refused by a failed device - a
+// peer's failure that reached this rank's failure word before an op of this rank failed on it
+// midway - runs the hooks too. A local argument error leaves the device healthy: no hooks.
+void ProcessGroupCudaP2P::hooks_on_device_failure() noexcept {
+  if (!workspace_) return;
+  try {
+    workspace_->device().check_healthy("abort hooks");
+  } catch (const c10::Error& e) {
+    abort_hooks_.run(e.what_without_backtrace());
+  } catch (...) {
+  }
+}
 
 // NOTE [Error kinds] in backend/abort_hooks.cpp. The wrapped Gloo reports none (its getError is
 // always SUCCESS); NCCL reports its communicator's.

@@ -372,6 +372,8 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // The ranks in `ranks` are gone (a shrink excluded them): the workspace, the heap and the
   // hierarchy's intra-host group wait for them no more (NOTE [Shrinking past dead ranks]).
   void forget_peers(const std::vector<int>& ranks);
+  // After a workspace op raised: runs the abort hooks when the workspace's device has failed.
+  void hooks_on_device_failure() noexcept;
 
   // The hierarchical step: counts what the hierarchy did; true when it ran the op.
   bool ran_hierarchically(Counters::Op op, const HierarchyOutcome& outcome);

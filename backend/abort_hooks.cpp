@@ -50,7 +50,9 @@ ErrorKind classify_failure(const std::string& failure, int rank) {
 // hooks run before either, in the thread that found it, once per group:
 //  - a workspace op fails midway (a timeout, a peer's failure, a local error): the group then
 //    refuses every later workspace op (NOTE [Failed groups]); the hooks run when that failure is
-//    recorded, before the op's error propagates;
+//    recorded, before the op's error propagates. A peer's failure that reached this rank's
+//    failure word (NOTE [Failure words] in p2p_workspace/watchdog.hpp) makes the next op raise
+//    before it starts: the hooks run then, before that error propagates;
 //  - abort() (torch's abort_process_group, a shrink with SHRINK_ABORT): the hooks run first, then
 //    the workspace, mailboxes and wrapped backends are aborted.
 // The hooks are copied out of the lock before they run, so that a hook may take the GIL (a

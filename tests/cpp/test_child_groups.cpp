@@ -262,9 +262,18 @@ TEST(AbortHooks, APeersAbortIsARemoteError) {
   for (int r = 0; r < w.size; ++r) all.push_back(r);
   expect_works(*g, all);  // the workspace and its failure words are set up
   store_barrier("peer-abort-ready");
+  int ran = 0;
+  g->registerAbortHook(1, [&] { ++ran; });
   if (w.rank == 0) g->abort();
   store_barrier("peer-aborted");
   EXPECT_EQ(g->getError(), w.rank == 0 ? c10d::ErrorType::SUCCESS : c10d::ErrorType::REMOTE_ERROR);
+  if (w.rank != 0) {
+    EXPECT_EQ(ran, 0);  // getError() aborts nothing
+    std::vector<at::Tensor> t{at::ones({3})};
+    expect_error([&] { g->allreduce(t, c10d::AllreduceOptions()); },
+                 "rank 0's device failed first");
+  }
+  EXPECT_EQ(ran, 1);  // on rank 0 by its abort, on the others before their op's error
   store_barrier("peer-abort-done");
 }
 #endif

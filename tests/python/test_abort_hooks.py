@@ -97,6 +97,8 @@ def check_a_peers_abort_is_remote(ctx):
     chk = Checker(f"peer's abort W={ctx.world_size}")
     g = _fresh_group(timeout_s=5)
     backend = cuda_p2p.get_cuda_p2p_backend(g)
+    seen = []
+    backend.register_abort_hook(1, lambda: seen.append(backend.get_error()))
     dist.all_reduce(torch.ones(4), group=g)
     dist.barrier(group=ctx.gloo)
     if ctx.rank == 0:
@@ -112,6 +114,9 @@ def check_a_peers_abort_is_remote(ctx):
             chk.case("names the rank", "rank 0's device failed first" in str(e), str(e))
         chk.case("still remote", backend.get_error() == ErrorType.REMOTE_ERROR,
                  f"{backend.get_error()}")
+        chk.case("the hooks ran before the error", seen == [ErrorType.REMOTE_ERROR], f"{seen}")
+    else:
+        chk.case("the hooks ran on the abort", seen == [ErrorType.SUCCESS], f"{seen}")
     dist.barrier(group=ctx.gloo)
     dist.destroy_process_group(g)
     return chk.result()
