@@ -136,7 +136,11 @@ ProcessGroupCudaP2P::ProcessGroupCudaP2P(c10::intrusive_ptr<c10d::Store> store, 
                      }}),
       collectives_(group_, failure_, counters_.intra_op_splits()),
       heap_(group_, collectives_),
-      send_recv_(group_, collectives_) {}
+      send_recv_(group_, collectives_),
+      bound_cuda_device_(bound_cuda_device) {
+  // NOTE [Abort hooks] in backend/abort_hooks.cpp: before the first failure's error propagates.
+  failure_.on_first_failure([this](const std::string& failure) { abort_hooks_.run(failure); });
+}
 
 ProcessGroupCudaP2P::~ProcessGroupCudaP2P() {
   lifetime_token_.reset();  // NOTE [Group lookup cache]: no cache entry finds this backend now
@@ -194,6 +198,8 @@ constexpr Entry kAllToAllSingle{Op::kAllToAllSingle, "all_to_all_single", OpKind
 constexpr Entry kAllToAll{Op::kAllToAll, "all_to_all", OpKind::kAllToAll, OpType::ALLTOALL,
                           "all_to_all"};
 constexpr Entry kGather{Op::kGather, "gather", OpKind::kGather, OpType::GATHER, "gather"};
+constexpr Entry kGatherSingle{Op::kGather, "gather", OpKind::kGather, OpType::GATHER,
+                              "gather_single"};
 constexpr Entry kScatter{Op::kScatter, "scatter", OpKind::kScatter, OpType::SCATTER, "scatter"};
 constexpr Entry kReduce{Op::kReduce, "reduce", OpKind::kReduce, OpType::REDUCE, "reduce"};
 
@@ -279,9 +285,14 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::serve(const detail::Entry& ent
                                                         const detail::Call& call, Detail&& detail,
                                                         Body&& body, Wrapped&& wrapped,
                                                         Outputs&& outputs) {
-  if (!on_workspace(entry, call, detail, body)) {
-    return wrapped_.delegate(call.routed, entry.wrapped_name, wrapped);
+  bool ran = false;
+  try {
+    ran = on_workspace(entry, call, detail, body);
+  } catch (...) {
+    hooks_on_device_failure();  // NOTE [Abort hooks]
+    throw;
   }
+  if (!ran) return wrapped_.delegate(call.routed, entry.wrapped_name, wrapped);
   return completed(entry.type, outputs, call.async_op);
 }
 
@@ -457,7 +468,7 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::allgather(
       [&] { return outputs[0]; });
 }
 
-ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::_allgather_base(
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::all_gather_into_tensor_entry(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
   if (hierarchy_ &&
       ran_hierarchically(Op::kAllGather, hierarchy_->all_gather_into_tensor(output, input, opts))) {
@@ -477,7 +488,7 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::_allgather_base(
       });
 }
 
-ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::allgather_into_tensor_coalesced(
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::all_gather_into_tensor_coalesced_entry(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   if (hierarchy_ && ran_hierarchically(Op::kAllGather, hierarchy_->all_gather_into_tensor_coalesced(
@@ -531,7 +542,7 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::reduce_scatter(
       [&] { return outputs; });
 }
 
-ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::_reduce_scatter_base(
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::reduce_scatter_tensor_entry(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   if (hierarchy_ && ran_hierarchically(Op::kReduceScatter,
                                        hierarchy_->reduce_scatter_tensor(output, input, opts))) {
@@ -551,7 +562,7 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::_reduce_scatter_base(
       [&] { return std::vector<at::Tensor>{output}; });
 }
 
-ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::reduce_scatter_tensor_coalesced(
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::reduce_scatter_tensor_coalesced_entry(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   if (hierarchy_ &&
@@ -582,7 +593,7 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::reduce_scatter_tensor_coalesce
       [&] { return outputs; });
 }
 
-ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::alltoall_base(
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::all_to_all_single_entry(
     at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_split_sizes,
     std::vector<int64_t>& input_split_sizes, const c10d::AllToAllOptions& opts) {
   const char* why = collectives_.rejects({input, output});
@@ -648,6 +659,139 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::scatter(
       [&] { return collectives_.scatter(outputs[0], at_root, root); },
       [&](c10d::Backend& b) { return b.scatter(outputs, inputs, opts); }, [&] { return outputs; });
 }
+
+// gather_single: the gather above, into W chunks of one tensor on the root. The root's output
+// must be contiguous with W times the input's elements, as NCCL's gather_single requires; the
+// other ranks pass an empty placeholder. Gloo has no gather_single, so its route is Gloo's gather
+// into those chunks.
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::gather_into_tensor_entry(
+    at::Tensor& output, at::Tensor& input, const c10d::GatherOptions& opts) {
+  const int W = getSize();
+  const int64_t root = opts.rootRank;
+  const bool is_root = root == getRank();
+  std::vector<at::Tensor> inputs{input};
+  auto checks = [&] {
+    if (!is_root) return;
+    TORCH_CHECK(
+        input.defined() && output.defined() && output.is_contiguous() &&
+            output.numel() == W * input.numel() && output.scalar_type() == input.scalar_type(),
+        "cuda_p2p gather_single: expected the root's output to be a contiguous tensor of ", W,
+        " x the input's elements and its dtype, got ",
+        output.defined() ? std::to_string(output.numel()) + " elements of " +
+                               c10::toString(output.scalar_type()) +
+                               (output.is_contiguous() ? "" : ", not contiguous")
+                         : std::string("None"),
+        " for an input of ",
+        input.defined()
+            ? std::to_string(input.numel()) + " elements of " + c10::toString(input.scalar_type())
+            : std::string("None"));
+  };
+  // The root's output is checked before any route is taken: on the workspace's route it tells the
+  // peers (NOTE [Op signatures]), which would otherwise wait for it until the timeout.
+  if (!collectives_.rejects(inputs)) {
+    collectives_.check_or_reject("gather_single", OpKind::kGather, checks);
+  } else {
+    checks();
+  }
+  std::vector<std::vector<at::Tensor>> outputs;
+  if (is_root) {
+    outputs.emplace_back();
+    for (int q = 0; q < W; ++q) {
+      outputs[0].push_back(flat_chunk(output, q, input.numel()).view(input.sizes()));
+    }
+  }
+  const char* why = rooted_rejects(collectives_, inputs, outputs, is_root, W);
+  std::vector<at::Tensor> none;
+  std::vector<at::Tensor>& at_root = !why && is_root ? outputs[0] : none;
+  return serve(
+      kGatherSingle, {inputs, inputs, why, opts.asyncOp},
+      [&] { return " to root " + std::to_string(root); },
+      [&] { return collectives_.gather(at_root, inputs[0], root); },
+      [&](c10d::Backend& b) { return b.gather(outputs, inputs, opts); },
+      [&] { return is_root ? std::vector<at::Tensor>{output} : std::vector<at::Tensor>{}; });
+}
+
+// NOTE [Canonical entries]
+// torch 2.14 renamed the single-tensor collectives after torchcomms (all_gather_single for
+// _allgather_base, reduce_scatter_single, all_to_all_single, gather_single and the coalesced
+// forms), keeping the old names as forwarders that may go: c10d's Backend forwards each name to
+// the other when a backend overrides one. A backend built against 2.14 overrides the canonical
+// names, and a backend built against torch 2.11 has only the old ones, so both names are
+// overridden here wherever the headers declare them (CUDA_P2P_C10D_HAS_*, detected in
+// CMakeLists.txt) and both call one body (*_entry): one path, the same counters
+// ("all_gather.direct" whatever the name), no forwarding through c10d's thread-local guard.
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::_allgather_base(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
+  return all_gather_into_tensor_entry(output, input, opts);
+}
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  return all_gather_into_tensor_coalesced_entry(outputs, inputs, opts);
+}
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  return reduce_scatter_tensor_entry(output, input, opts);
+}
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  return reduce_scatter_tensor_coalesced_entry(outputs, inputs, opts);
+}
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::alltoall_base(
+    at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_split_sizes,
+    std::vector<int64_t>& input_split_sizes, const c10d::AllToAllOptions& opts) {
+  return all_to_all_single_entry(output, input, output_split_sizes, input_split_sizes, opts);
+}
+
+#ifdef CUDA_P2P_C10D_HAS_SINGLE_ENTRIES
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::all_gather_single(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
+  return all_gather_into_tensor_entry(output, input, opts);
+}
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::all_gather_single_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  return all_gather_into_tensor_coalesced_entry(outputs, inputs, opts);
+}
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::reduce_scatter_single(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  return reduce_scatter_tensor_entry(output, input, opts);
+}
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::reduce_scatter_single_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  return reduce_scatter_tensor_coalesced_entry(outputs, inputs, opts);
+}
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::all_to_all_single(
+    at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_split_sizes,
+    std::vector<int64_t>& input_split_sizes, const c10d::AllToAllOptions& opts) {
+  return all_to_all_single_entry(output, input, output_split_sizes, input_split_sizes, opts);
+}
+#endif
+
+#ifdef CUDA_P2P_C10D_HAS_GATHER_SINGLE
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::gather_single(at::Tensor& output,
+                                                                at::Tensor& input,
+                                                                const c10d::GatherOptions& opts) {
+  return gather_into_tensor_entry(output, input, opts);
+}
+#endif
+
+#ifdef CUDA_P2P_C10D_HAS_GATHER_INTO_TENSOR
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::gather_into_tensor(
+    at::Tensor& output, at::Tensor& input, const c10d::GatherOptions& opts) {
+  return gather_into_tensor_entry(output, input, opts);
+}
+#endif
 
 ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::reduce(std::vector<at::Tensor>& tensors,
                                                          const c10d::ReduceOptions& opts) {
@@ -967,11 +1111,65 @@ void ProcessGroupCudaP2P::setTimeout(std::chrono::milliseconds timeout) {
 // NOTE [Device failure] in p2p_workspace/watchdog.hpp: the workspace's device is failed first,
 // so that a thread blocked in a workspace collective or barrier returns with an error.
 void ProcessGroupCudaP2P::abort() {
+  abort_hooks_.run("the group was aborted (ProcessGroupCudaP2P.abort())");  // NOTE [Abort hooks]
   retired_.store(true, std::memory_order_release);
   if (workspace_) workspace_->abort("the group was aborted (ProcessGroupCudaP2P.abort())");
   send_recv_.fail("the group was aborted (ProcessGroupCudaP2P.abort())");
   wrapped_.abort();
   if (hierarchy_) hierarchy_->abort();
+}
+
+#ifdef CUDA_P2P_C10D_HAS_ABORT_HOOKS
+void ProcessGroupCudaP2P::registerAbortHook(int64_t hook_id, c10d::AbortHook hook) {
+  abort_hooks_.add(hook_id, std::move(hook));
+}
+
+void ProcessGroupCudaP2P::unregisterAbortHook(int64_t hook_id) { abort_hooks_.remove(hook_id); }
+#endif
+
+// NOTE [Abort hooks] in backend/abort_hooks.cpp: a workspace op refused by a failed device - a
+// peer's failure that reached this rank's failure word before an op of this rank failed on it
+// midway - runs the hooks too. A local argument error leaves the device healthy: no hooks.
+void ProcessGroupCudaP2P::hooks_on_device_failure() noexcept {
+  if (!workspace_) return;
+  try {
+    workspace_->device().check_healthy("abort hooks");
+  } catch (const c10::Error& e) {
+    abort_hooks_.run(e.what_without_backtrace());
+  } catch (...) {
+  }
+}
+
+// NOTE [Error kinds] in backend/abort_hooks.cpp. The wrapped Gloo reports none (its getError is
+// always SUCCESS); NCCL reports its communicator's.
+ErrorKind ProcessGroupCudaP2P::error_kind() {
+  const ErrorKind mine = classify_failure(failure_.first(), getRank());
+  if (mine != ErrorKind::kSuccess) return mine;
+  // NOTE [Failure words] in p2p_workspace/watchdog.hpp: a peer's failure reaches this rank's
+  // device before any op of this rank fails on it. Only a peer's counts here: this rank's own
+  // abort() is no error, and its own failures are the ops' (above).
+  if (workspace_) {
+    try {
+      workspace_->device().check_healthy("getError");
+    } catch (const c10::Error& e) {
+      if (classify_failure(e.what_without_backtrace(), getRank()) == ErrorKind::kRemoteError) {
+        return ErrorKind::kRemoteError;
+      }
+    }
+  }
+#ifdef CUDA_P2P_C10D_HAS_ERROR_TYPE
+  if (const auto& cuda = wrapped_.cuda()) {
+    if (const auto e = cuda->getError(); e != c10d::ErrorType::SUCCESS) {
+      return static_cast<ErrorKind>(e);
+    }
+  }
+#endif
+  if (hierarchy_) {
+    if (auto* intra = dynamic_cast<ProcessGroupCudaP2P*>(hierarchy_->intra().get())) {
+      return intra->error_kind();
+    }
+  }
+  return ErrorKind::kSuccess;
 }
 
 // NOTE [Shutdown flushes]

@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/abort_hooks.hpp"
 #include "backend/config.hpp"
 #include "backend/counters.hpp"
 #include "backend/hierarchical.hpp"
@@ -238,6 +239,34 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
 
+  // torch 2.14's canonical single-tensor entries (NOTE [Canonical entries] in
+  // ProcessGroupCudaP2P.cpp): the same ops as their older names above, counted alike.
+#ifdef CUDA_P2P_C10D_HAS_SINGLE_ENTRIES
+  c10::intrusive_ptr<c10d::Work> all_gather_single(at::Tensor& output, at::Tensor& input,
+                                                   const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> all_gather_single_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_single(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_single_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> all_to_all_single(at::Tensor& output, at::Tensor& input,
+                                                   std::vector<int64_t>& output_split_sizes,
+                                                   std::vector<int64_t>& input_split_sizes,
+                                                   const c10d::AllToAllOptions& opts) override;
+#endif
+  // gather into one tensor on the root: W chunks of the output, rank order.
+#ifdef CUDA_P2P_C10D_HAS_GATHER_SINGLE
+  c10::intrusive_ptr<c10d::Work> gather_single(at::Tensor& output, at::Tensor& input,
+                                               const c10d::GatherOptions& opts) override;
+#endif
+#ifdef CUDA_P2P_C10D_HAS_GATHER_INTO_TENSOR
+  c10::intrusive_ptr<c10d::Work> gather_into_tensor(at::Tensor& output, at::Tensor& input,
+                                                    const c10d::GatherOptions& opts) override;
+#endif
+
   bool supportsCoalescing() const override { return true; }
   void startCoalescing() override { wrapped_.start_coalescing(); }
   c10::intrusive_ptr<c10d::Work> endCoalescing() override {
@@ -249,6 +278,44 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   void setTimeout(std::chrono::milliseconds timeout) override;
   void abort() override;
   void shutdown() override;
+  // --- fault tolerance (backend/abort_hooks.*, backend/child_groups.cpp) ----------------------
+  // NOTE [Abort hooks] and NOTE [Error kinds] in backend/abort_hooks.cpp.
+#ifdef CUDA_P2P_C10D_HAS_ABORT_HOOKS
+  void registerAbortHook(int64_t hook_id, c10d::AbortHook hook) override;
+  void unregisterAbortHook(int64_t hook_id) override;
+#endif
+#ifdef CUDA_P2P_C10D_HAS_ERROR_TYPE
+  c10d::ErrorType getError() override { return static_cast<c10d::ErrorType>(error_kind()); }
+#endif
+  // getError()'s answer on any torch: the kind of the group's first failure, else the wrapped
+  // NCCL's, else its hierarchy's intra-host group's, else kSuccess.
+  ErrorKind error_kind();
+  // NOTE [Child groups] in backend/child_groups.cpp: a group made from this one - over the
+  // survivors of a dead rank (shrink), a subset of its ranks (split) or ranks of several groups
+  // (merge) - is a cuda_p2p group with a workspace of its own.
+#ifdef CUDA_P2P_C10D_HAS_SHRINK
+  bool supportsShrinking() const override { return true; }
+  c10::intrusive_ptr<c10d::Backend> shrink(
+      const std::vector<int64_t>& ranks_to_exclude, int shrink_flags = 0,
+      const c10::intrusive_ptr<c10d::Backend::Options>& opts_override = nullptr) override;
+#endif
+#ifdef CUDA_P2P_C10D_HAS_SPLIT
+  bool supportsSplitting() const override { return true; }
+  c10::intrusive_ptr<c10d::Backend> split(
+      const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+      const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
+#endif
+  // torch names a group after making it (ProcessGroup::setGroupName): the name goes into the
+  // options too, and to the record of the default group's name for a shrunk default group.
+#ifdef CUDA_P2P_C10D_HAS_GROUP_UID
+  void setGroupUid(const std::string& pg_uid) override;
+#endif
+#ifdef CUDA_P2P_C10D_HAS_MERGE
+  c10::intrusive_ptr<c10d::Backend> merge(const c10::intrusive_ptr<c10d::Store>& store,
+                                          const c10::intrusive_ptr<c10d::Backend::Options>& opts,
+                                          const int& rank, const int& size) override;
+#endif
+
   // Whether the group was shut down or aborted (its dispatcher ops then resolve it anew: NOTE
   // [Group lookup cache] in backend/dispatcher_group.cpp).
   bool retired() const { return retired_.load(std::memory_order_acquire); }
@@ -283,6 +350,41 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   template <typename Wrapped>
   WorkPtr wrapped_only(Counters::Op op, const char* why, c10::ArrayRef<at::Tensor> tensors,
                        const char* name, Wrapped&& wrapped);
+  // The bodies of the ops c10d reaches by two names (NOTE [Canonical entries]).
+  WorkPtr all_gather_into_tensor_entry(at::Tensor& output, at::Tensor& input,
+                                       const c10d::AllgatherOptions& opts);
+  WorkPtr all_gather_into_tensor_coalesced_entry(std::vector<at::Tensor>& outputs,
+                                                 std::vector<at::Tensor>& inputs,
+                                                 const c10d::AllgatherOptions& opts);
+  WorkPtr reduce_scatter_tensor_entry(at::Tensor& output, at::Tensor& input,
+                                      const c10d::ReduceScatterOptions& opts);
+  WorkPtr reduce_scatter_tensor_coalesced_entry(std::vector<at::Tensor>& outputs,
+                                                std::vector<at::Tensor>& inputs,
+                                                const c10d::ReduceScatterOptions& opts);
+  WorkPtr all_to_all_single_entry(at::Tensor& output, at::Tensor& input,
+                                  std::vector<int64_t>& output_split_sizes,
+                                  std::vector<int64_t>& input_split_sizes,
+                                  const c10d::AllToAllOptions& opts);
+  WorkPtr gather_into_tensor_entry(at::Tensor& output, at::Tensor& input,
+                                   const c10d::GatherOptions& opts);
+  // NOTE [Child groups] in backend/child_groups.cpp: the group of `ranks` (this group's ranks, in
+  // their new order; this rank among them) over `store`, with `options` and the wrapped backends
+  // made for it, and a hierarchy when this group has one.
+  c10::intrusive_ptr<ProcessGroupCudaP2P> make_child(const c10::intrusive_ptr<c10d::Store>& store,
+                                                     const std::vector<int>& ranks,
+                                                     c10::intrusive_ptr<Options> options,
+                                                     c10::intrusive_ptr<c10d::Backend> cpu,
+                                                     c10::intrusive_ptr<c10d::Backend> cuda);
+  // The options of a child: `given` (torch's copy of ours, or the caller's; a cuda_p2p
+  // Options), else a copy of this group's.
+  c10::intrusive_ptr<Options> child_options(const c10::intrusive_ptr<c10d::Backend::Options>& given,
+                                            const char* what) const;
+  // The ranks in `ranks` are gone (a shrink excluded them): the workspace, the heap and the
+  // hierarchy's intra-host group wait for them no more (NOTE [Shrinking past dead ranks]).
+  void forget_peers(const std::vector<int>& ranks);
+  // After a workspace op raised: runs the abort hooks when the workspace's device has failed.
+  void hooks_on_device_failure() noexcept;
+
   // The hierarchical step: counts what the hierarchy did; true when it ran the op.
   bool ran_hierarchically(Counters::Op op, const HierarchyOutcome& outcome);
   // The Work of a hierarchical collective (done on return), tracked while coalescing.
@@ -317,7 +419,13 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   SendRecv send_recv_;
   ops::pipeline::State pipelines_;
   std::unique_ptr<Hierarchy> hierarchy_;  // set once, by set_hierarchy
-  std::atomic<bool> retired_{false};      // see retired()
+  AbortHooks abort_hooks_;                // NOTE [Abort hooks]
+  // The GPU of init_process_group(device_id=...), for the workspace of a child group.
+  std::optional<int64_t> bound_cuda_device_;
+  std::atomic<int> shrinks_{0};  // this group's shrinks so far: each one's store prefix
+  // A shrink of the default group: its name, once torch sets it, is the default group's.
+  bool succeeds_default_group_ = false;
+  std::atomic<bool> retired_{false};  // see retired()
   std::shared_ptr<const bool> lifetime_token_ = std::make_shared<const bool>(true);
 };
 

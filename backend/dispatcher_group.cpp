@@ -110,6 +110,11 @@ void set_default_group_name(const std::string& group_name) {
   default_group_name = group_name;
 }
 
+bool is_default_group_name(const std::string& group_name) {
+  std::lock_guard<std::mutex> lock(default_group_mutex);
+  return !group_name.empty() && group_name == default_group_name;
+}
+
 int64_t resolve_group_size(const std::string& group_name, const char* op) {
   // "" as resolve_backend takes it, so that a Meta kernel sizes the group its CPU/CUDA kernel runs.
   const std::string name = group_name.empty() ? recorded_default_group_name(op) : group_name;

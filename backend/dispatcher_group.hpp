@@ -20,6 +20,8 @@ c10::intrusive_ptr<ProcessGroupCudaP2P> resolve_backend(std::string_view group_n
 // Records `group_name` as the name of torch's default group, a cuda_p2p group being created
 // (python/cuda_p2p/_backend.py calls it; NOTE [The default group's name]).
 void set_default_group_name(const std::string& group_name);
+// Whether `group_name` (not "") is the one recorded as the default group's.
+bool is_default_group_name(const std::string& group_name);
 
 // The size of the group named `group_name` (any backend; "" as for resolve_backend).
 int64_t resolve_group_size(const std::string& group_name, const char* op);

@@ -11,9 +11,13 @@ void FailureRecord::mark(const char* what, const std::exception& e) {
     if (c == '\n') c = ' ';
   }
   while (!text.empty() && text.back() == ' ') text.pop_back();
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (failure_.empty()) failure_ = std::string(what) + ": " + text;
-  failed_.store(true, std::memory_order_release);
+  std::string first;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (failure_.empty()) first = failure_ = std::string(what) + ": " + text;
+    failed_.store(true, std::memory_order_release);
+  }
+  if (!first.empty() && on_first_) on_first_(first);
 }
 
 void FailureRecord::raise(const char* what) const {

@@ -33,6 +33,10 @@ class FailureRecord {
   }
   // The first failure ("" when none).
   std::string first() const;
+  // `fn` is called with the first failure's line by the mark() that records it, before that
+  // returns (the group's abort hooks: NOTE [Abort hooks] in backend/abort_hooks.cpp). Set before
+  // the group's first op; `fn` must not throw.
+  void on_first_failure(std::function<void(const std::string&)> fn) { on_first_ = std::move(fn); }
 
  private:
   void raise(const char* what) const;
@@ -40,6 +44,7 @@ class FailureRecord {
   std::atomic<bool> failed_{false};
   mutable std::mutex mutex_;
   std::string failure_;
+  std::function<void(const std::string&)> on_first_;
 };
 
 // Runs an op's local argument checks (everything that needs no peer). If they raise while

@@ -100,6 +100,10 @@ struct FailureWords {
   std::vector<uint32_t*> peers;  // this rank's word in each peer's area, by rank (null: itself)
   // The areas' mappings (this rank's first): the device keeps them while it may use the words.
   std::vector<std::shared_ptr<Block>> areas;
+  // Where peer `peer`'s area is in `areas`: after this rank's, the peers in rank order.
+  static size_t area_index(int rank, int peer) {
+    return static_cast<size_t>(peer < rank ? peer + 1 : peer);
+  }
 };
 
 class Device {
@@ -224,6 +228,10 @@ class Device {
   // and the device's own failure is written into the peers' words before any wait is released.
   virtual bool has_failure_words() const { return false; }
   virtual void set_failure_words(FailureWords /*words*/) {}
+  // The peers in `ranks` are gone for good (a shrink excluded them: NOTE [Shrinking past dead
+  // ranks] in backend/child_groups.cpp): this device's failure is written to their words no more,
+  // and its mappings of their failure areas are dropped. Idempotent; thread-safe.
+  virtual void forget_failure_peers(const std::vector<int>& /*ranks*/) {}
   // --- capture (NOTE [Replay-safe signals] in p2p_workspace/symmetric_workspace.cpp) ---
   // Nonzero while `s` is being captured into a graph (CUDA: a CUDA graph; host: a host capture,
   // host/host_device.hpp): an id the same for every stream of one capture, different for the

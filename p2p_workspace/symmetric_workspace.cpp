@@ -19,7 +19,8 @@
 
 #include "p2p_workspace/host/cross_memory.hpp"  // the deny_private_reads test hook
 #include "p2p_workspace/host/shared_block.hpp"  // the failure areas: NOTE [Failure words]
-#include "p2p_workspace/watchdog.hpp"           // FailureState::area_bytes
+#include "p2p_workspace/store_probe.hpp"
+#include "p2p_workspace/watchdog.hpp"  // FailureState::area_bytes
 
 namespace cuda_p2p {
 
@@ -462,7 +463,9 @@ std::string host_identity(const std::string& host_id) {
 // a peer. After abort() nothing is waited for: what is not closed yet is leaked. Where the device
 // says blocks outlive their owner's reference (Device::blocks_outlive_owner: the host, whose
 // memfd lives while any process maps it) such a block is freed instead: nothing is left behind
-// after a peer died, and the memory goes with the last mapping.
+// after a peer died, and the memory goes with the last mapping. Peers known to be gone for good
+// (forget_peers: a shrink excluded them, NOTE [Shrinking past dead ranks] in
+// backend/child_groups.cpp) are not waited for at all.
 class SymmetricWorkspace::Retirement {
  public:
   Retirement(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size, Millis close_wait,
@@ -471,16 +474,34 @@ class SymmetricWorkspace::Retirement {
         rank_(rank),
         world_size_(world_size),
         close_wait_(close_wait),
-        free_unclosed_(free_unclosed) {}
+        free_unclosed_(free_unclosed),
+        gone_(std::make_unique<std::atomic<bool>[]>(world_size)) {}
+
+  // `rank` is gone for good (a shrink excluded it): its "closed" keys are not waited for.
+  void forget(int rank) noexcept { gone_[rank].store(true, std::memory_order_release); }
+
+  // The workspace is being destroyed: from now on the store is probed before each call (NOTE
+  // [Quiet teardown] in store_probe.cpp).
+  void tear_down() noexcept {
+    std::lock_guard<std::mutex> lock(mu_);
+    tearing_down_ = true;
+  }
 
   // A mapping of `generation` was released: publish it, and retire `own`.
   void closed(int generation, std::shared_ptr<Block> own) noexcept {
-    bool published = true;
-    try {
-      store_->set(key(generation, rank_), to_bytes("1"));
-    } catch (...) {
-      // The store is gone (process teardown): peers cannot learn it; they leak their blocks.
-      published = false;
+    bool published = false;
+    bool usable = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      usable = store_usable();
+    }
+    if (usable) {
+      try {
+        store_->set(key(generation, rank_), to_bytes("1"));
+        published = true;
+      } catch (...) {
+        // The store is gone (process teardown): peers cannot learn it; they leak their blocks.
+      }
     }
     bool final = false;
     {
@@ -554,14 +575,23 @@ class SymmetricWorkspace::Retirement {
   std::string key(int generation, int rank) const {
     return "cuda_p2p/workspace/" + std::to_string(generation) + "/closed/" + std::to_string(rank);
   }
+  // Whether the store may be called: not known to be gone, and at teardown its server has not
+  // closed this process's connections (NOTE [Quiet teardown]). Called under mu_.
+  bool store_usable() noexcept {
+    if (store_gone_) return false;
+    if ((tearing_down_ || final_) && store_server_gone(*store_)) store_gone_ = true;
+    return !store_gone_;
+  }
+
   // The peers that have not closed `generation` yet; {-1} when the store cannot be read.
   // Called under mu_.
   std::vector<int> still_open(int generation) {
-    if (store_gone_) return {-1};
+    if (!store_usable()) return {-1};
     std::vector<int> open;
     try {
       for (int r = 0; r < world_size_; ++r) {
-        if (r != rank_ && !store_->check({key(generation, r)})) open.push_back(r);
+        if (r == rank_ || gone_[r].load(std::memory_order_acquire)) continue;
+        if (!store_->check({key(generation, r)})) open.push_back(r);
       }
     } catch (...) {
       store_gone_ = final_;  // at teardown, for good; a live workspace asks again next time
@@ -578,7 +608,9 @@ class SymmetricWorkspace::Retirement {
   mutable std::mutex mu_;
   std::vector<std::pair<int, std::shared_ptr<Block>>> retired_;  // (generation, own block)
   bool final_ = false;                                           // the workspace is destroyed
-  bool store_gone_ = false;  // a store call failed: the store's host has exited
+  bool tearing_down_ = false;  // the workspace's destructor has begun
+  bool store_gone_ = false;    // a store call failed: the store's host has exited
+  const std::unique_ptr<std::atomic<bool>[]> gone_;  // by rank: see forget()
 };
 
 struct SymmetricWorkspace::Mapping {
@@ -645,6 +677,7 @@ SymmetricWorkspace::SymmetricWorkspace(c10::intrusive_ptr<c10d::Store> store, in
 // drain within the close wait (a stream held by someone else's work) keeps its mapping: leaked,
 // with a warning, rather than unmapped under a queued copy.
 SymmetricWorkspace::~SymmetricWorkspace() {
+  retirement_->tear_down();  // NOTE [Quiet teardown] in store_probe.cpp
   const Millis wait = std::min<Millis>(timeout(), kCloseWait);
   if (!device_->drain(wait)) {
     try {
@@ -759,6 +792,16 @@ void SymmetricWorkspace::set_timeout(Millis timeout) {
 void SymmetricWorkspace::abort(const std::string& why) {
   aborted_ = true;
   device_->abort(why);
+}
+
+void SymmetricWorkspace::forget_peers(const std::vector<int>& ranks) {
+  for (int r : ranks) {
+    check_rank(r, "forget_peers");
+    TORCH_CHECK(r != rank_, "cuda_p2p: forget_peers: rank ", r, " cannot forget itself");
+  }
+  for (int r : ranks) retirement_->forget(r);
+  // NOTE [Failure words] in watchdog.hpp: a failure is told to them no more, and their areas go.
+  device_->forget_failure_peers(ranks);
 }
 
 size_t SymmetricWorkspace::retired_blocks() const { return retirement_->retired(); }

@@ -158,6 +158,11 @@ class SymmetricWorkspace {
   // Fails the device for good (Device::abort): pending and later waits raise; the destructor
   // then waits for no peer (NOTE [Block lifetime] in the .cpp). Thread-safe.
   void abort(const std::string& why);
+  // The ranks in `ranks` are gone for good (dead, and excluded from the group's successor): the
+  // closing handshake no longer waits for them (NOTE [Block lifetime]), and the device writes
+  // their failure words no more and unmaps their failure areas (Device::forget_failure_peers).
+  // Thread-safe.
+  void forget_peers(const std::vector<int>& ranks);
   // This rank's blocks of earlier generations still mapped by a peer (NOTE [Block lifetime]).
   size_t retired_blocks() const;
   // How long the destructor waits for peers to close this rank's blocks (capped by `timeout`).

@@ -72,6 +72,15 @@ void FailureState::set_words(int rank, const uint32_t* own, std::vector<uint32_t
   if (failed() && !work_done_.load(std::memory_order_acquire)) publish();
 }
 
+void FailureState::forget_peers(const std::vector<int>& ranks) {
+  // publish() writes the words under publish_mu_, and takes mu_ inside it: the same order here.
+  std::lock_guard<std::mutex> publishing(publish_mu_);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int r : ranks) {
+    if (r >= 0 && static_cast<size_t>(r) < peer_words_.size()) peer_words_[r] = nullptr;
+  }
+}
+
 int FailureState::peer_failure() const {
   if (!has_words()) return -1;
   const uint32_t v =

@@ -144,6 +144,10 @@ class FailureState {
   // null for this rank). Set once, before the device's first op; a later call is ignored (a
   // group's second workspace, its symmetric heap, shares its device and ranks).
   void set_words(int rank, const uint32_t* own, std::vector<uint32_t*> peers);
+  // The ranks in `ranks` are gone for good (a shrink excluded them: NOTE [Shrinking past dead
+  // ranks] in backend/child_groups.cpp): nothing is written to their words after this returns,
+  // so that their areas may be unmapped. Ranks outside the group, or before set_words, are ignored.
+  void forget_peers(const std::vector<int>& ranks);
   bool has_words() const { return has_words_.load(std::memory_order_acquire); }
   // The rank whose failure reached this rank's word (-1: none did).
   int peer_failure() const;

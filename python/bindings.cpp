@@ -148,6 +148,13 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("device"),
           "The wrapped backend for 'cpu' (Gloo) or 'cuda' (NCCL), or None where there is none.")
+      .def(
+          "perform_nocolor_split", [](ProcessGroupCudaP2P&, const at::Device&) {},
+          py::arg("device"),
+          "For torch's new_group on a rank outside the new group, when the default group has a "
+          "bound GPU and splits (NOTE [Child groups] in backend/child_groups.cpp): NCCL's "
+          "ncclCommSplit needs every rank of the parent, but a cuda_p2p group made by new_group "
+          "creates its wrapped NCCL anew among its members, so there is nothing to take part in.")
       .def("is_p2p_available", &ProcessGroupCudaP2P::is_p2p_available,
            "Whether the symmetric P2P workspace is set up (all ranks on one host, not disabled).")
       .def("p2p_unavailable_reason", &ProcessGroupCudaP2P::p2p_unavailable_reason,

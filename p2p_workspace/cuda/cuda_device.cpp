@@ -888,8 +888,24 @@ class CudaDevice : public Device {
                  "(cudaHostRegister failed): its wait kernels end at their deadlines, not at a ",
                  "peer's failure (NOTE [Failure words])");
     }
-    areas_ = words.areas;
+    {
+      std::lock_guard<std::mutex> lock(areas_mu_);
+      areas_ = words.areas;
+      areas_rank_ = words.rank;
+    }
     failure_.set_words(words.rank, words.own, std::move(words.peers));
+  }
+  // The peers' areas are written by the CPU only (never registered): unmapped at once.
+  void forget_failure_peers(const std::vector<int>& ranks) override {
+    failure_.forget_peers(ranks);  // first: no word of theirs is written once it returns
+    std::vector<std::shared_ptr<Block>> gone;  // unmapped after the lock is released
+    std::lock_guard<std::mutex> lock(areas_mu_);
+    for (int r : ranks) {
+      const size_t i = FailureWords::area_index(areas_rank_, r);
+      if (r != areas_rank_ && i < areas_.size() && areas_[i]) {
+        gone.push_back(std::move(areas_[i]));
+      }
+    }
   }
 
   void record_stream(const at::Tensor& t, Stream& s) override {
@@ -1032,7 +1048,9 @@ class CudaDevice : public Device {
   WaitResources resources_;                         // outlives watchdog_
   // NOTE [Failure words]: the areas' mappings (this rank's first), and this rank's word as its
   // kernels read it (null: not mapped into the GPU).
-  std::vector<std::shared_ptr<Block>> areas_;
+  std::vector<std::shared_ptr<Block>> areas_;  // areas_mu_ once set
+  int areas_rank_ = -1;                        // areas_mu_: the rank the areas are laid out for
+  std::mutex areas_mu_;
   std::atomic<const uint32_t*> failure_word_dev_{nullptr};
   std::atomic<int> failure_rank_{-1};
   std::unique_ptr<Watchdog> watchdog_;  // NOTE [Device failure]

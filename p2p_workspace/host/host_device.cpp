@@ -605,6 +605,16 @@ class HostDevice : public Device {
     give_ups_->peer_word.store(words.own, std::memory_order_release);
     failure_.set_words(words.rank, words.own, std::move(words.peers));
   }
+  void forget_failure_peers(const std::vector<int>& ranks) override {
+    failure_.forget_peers(ranks);  // first: no word of theirs is written once it returns
+    std::vector<std::shared_ptr<Block>> gone;  // unmapped after the lock is released
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    const int rank = give_ups_->rank.load(std::memory_order_relaxed);
+    for (int r : ranks) {
+      const size_t i = FailureWords::area_index(rank, r);
+      if (r != rank && i < areas_.size() && areas_[i]) gone.push_back(std::move(areas_[i]));
+    }
+  }
   void set_timeout(Millis timeout) override {
     timeout_ms_.store(timeout.count(), std::memory_order_relaxed);
   }

@@ -71,6 +71,9 @@ class ForwardingDevice : public Device {
   void set_failure_words(FailureWords words) override {
     inner_->set_failure_words(std::move(words));
   }
+  void forget_failure_peers(const std::vector<int>& ranks) override {
+    inner_->forget_failure_peers(ranks);
+  }
 
  protected:
   std::shared_ptr<Device> inner_;

@@ -426,6 +426,16 @@ TEST(Watchdog, AFailureIsPublishedToEveryPeerAndTheFirstOriginStays) {
   EXPECT_EQ(w.load(1), 0u);  // nobody wrote rank 1's own
 }
 
+TEST(Watchdog, AForgottenPeerIsToldNothing) {
+  FailureState failure;
+  Words w;
+  w.give(failure);
+  failure.forget_peers({2, 7, -1});  // a rank the group never had is ignored
+  EXPECT_TRUE(failure.fail("rank 1's own failure"));
+  EXPECT_EQ(w.load(0), 2u);
+  EXPECT_EQ(w.load(2), 0u) << "a failure was written into a forgotten peer's area";
+}
+
 TEST(Watchdog, EveryRankSaysWhyTheFirstOneFailed) {
   Words w;
   FailureState rank[3];

@@ -51,8 +51,10 @@ def _dev_shm() -> set[str]:
     return {n for n in os.listdir("/dev/shm") if not n.startswith("sem.mp-")}
 
 
-def run_fault(case: str, world: int, victim: int, signal_from_test: int | None) -> dict:
-    """Runs one job with one fault; returns what happened (asserting nothing itself)."""
+def run_fault(case: str, world: int, victim: int, signal_from_test: int | None,
+              script: str = "_fault_rank.py") -> dict:
+    """Runs one job with one fault; returns what happened (asserting nothing itself). `script`
+    is one rank: _fault_rank.py (CASE names its operation) or _shrink_rank.py (CASE unused)."""
     token = uuid.uuid4().hex
     env = dict(os.environ, CUDA_P2P_TEST_TOKEN=token, OMP_NUM_THREADS="1")
     shm_before = _dev_shm()
@@ -63,9 +65,9 @@ def run_fault(case: str, world: int, victim: int, signal_from_test: int | None) 
         for r in range(world):
             log = open(os.path.join(out_dir, f"rank{r}.log"), "w")
             logs.append(log)
+            args = [str(r), str(world), str(_PORT)] + ([case] if script == "_fault_rank.py" else [])
             procs.append(subprocess.Popen(
-                [sys.executable, os.path.join(HERE, "_fault_rank.py"), str(r), str(world),
-                 str(_PORT), case, str(victim), out_dir],
+                [sys.executable, os.path.join(HERE, script), *args, str(victim), out_dir],
                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
         # Wait until every rank is in its loop (or, for a self-inflicted fault, the victim is
         # about to kill itself).
@@ -111,6 +113,9 @@ def run_fault(case: str, world: int, victim: int, signal_from_test: int | None) 
             clean = _first(ev, "clean")
             if clean:
                 result["clean"][r] = (clean["memfd_maps"], clean["memfd_fds"])
+            for kind in ("shrunk", "done"):
+                if _first(ev, kind):
+                    result.setdefault(kind, {})[r] = _first(ev, kind)
         # Residue is what stays: a name other processes on the machine create and remove
         # meanwhile (scripts/test.sh runs this file beside the rest of the suite; torch shares
         # tensors between processes through briefly named /dev/shm files) is gone a moment later.
@@ -120,6 +125,7 @@ def run_fault(case: str, world: int, victim: int, signal_from_test: int | None) 
             new &= _dev_shm()
         result["shm_new"] = sorted(new)
         result["logs"] = _logs(out_dir, world)
+        result["noisy"] = _noisy(out_dir, world)
         print(f"\nFAULT {case}: " + json.dumps(
             {k: v for k, v in result.items() if k != "logs"}, default=str)[:4000])
         return result
@@ -147,6 +153,22 @@ def _logs(out_dir: str, world: int) -> str:
                 text += f"--- rank {r} ---\n{f.read()[-3000:]}\n"
         text += f"events: {_events(out_dir, r)}\n"
     return text
+
+
+def _noisy(out_dir: str, world: int) -> dict[int, str]:
+    """The ranks whose whole log (not the tail _logs keeps: a C++ stack trace is longer than
+    that, its first line far above the last frames) has a store error or a C++ trace, each with
+    the first such line."""
+    noisy = {}
+    for r in range(world):
+        path = os.path.join(out_dir, f"rank{r}.log")
+        if os.path.exists(path):
+            with open(path, errors="replace") as f:
+                for line in f:
+                    if _NOISE.search(line):
+                        noisy[r] = line.strip()[:300]
+                        break
+    return noisy
 
 
 def check_fault(res: dict, victim_exits_by_itself: bool = False) -> None:
@@ -189,3 +211,104 @@ def test_stopped_rank_past_the_timeout_is_named_and_everyone_exits():
     # The stopped rank is resumed after the survivors gave up: it must fail and exit as well.
     res = run_fault("sigstop", 2, 1, signal.SIGSTOP)
     check_fault(res, victim_exits_by_itself=True)
+
+
+# C++ stack traces and store errors a survivor must not print while it shrinks the group and
+# tears everything down (NOTE [Quiet teardown] in p2p_workspace/store_probe.cpp).
+_NOISE = re.compile(r"recvValue failed|sendBytes failed|recvVector failed|Exception raised from")
+
+
+def _reference(world: int, victim: int, resume: int):
+    """The weights a job of `world` ranks reaches after `resume` steps, then
+    _shrink_rank.POST_STEPS steps without `victim`: plain torch, one process."""
+    import torch
+
+    from _shrink_rank import LR, POST_STEPS, gradient
+
+    w = torch.zeros(8, dtype=torch.float64)
+    survivors = [r for r in range(world) if r != victim]
+    for s in range(resume + POST_STEPS):
+        ranks = range(world) if s < resume else survivors
+        w = w - LR * sum(gradient(w, r, s) for r in ranks) / len(ranks)
+    return w
+
+
+@pytest.mark.parametrize("world,victim", [(3, 1), pytest.param(4, 2, marks=pytest.mark.slow)])
+def test_survivors_shrink_past_a_killed_rank_and_finish_training(world, victim):
+    """NOTE [Shrinking past dead ranks] in backend/child_groups.cpp: a rank SIGKILLed in a
+    data-parallel training loop; the survivors raise naming it, dist.shrink_group([victim]),
+    finish training on the shrunk group's workspace with the weights of a W-1 rank reference,
+    tear down quietly, and leave nothing in /dev/shm."""
+    import torch
+
+    res = run_fault("shrink", world, victim, signal.SIGKILL, script="_shrink_rank.py")
+    check_fault(res)
+    logs = res["logs"]
+    survivors = [r for r in range(world) if r != victim]
+    resumes = {res["done"][r]["resume"] for r in survivors} if "done" in res else set()
+    assert len(resumes) == 1 and all(r in res.get("done", {}) for r in survivors), (
+        f"the survivors did not all finish, or resumed from different steps: {resumes}\n{logs}")
+    want = _reference(world, victim, resumes.pop())
+    for r in survivors:
+        shrunk, done = res["shrunk"][r], res["done"][r]
+        assert shrunk["size"] == world - 1 and shrunk["available"], (shrunk, logs)
+        got = torch.tensor(done["w"], dtype=torch.float64)
+        assert torch.allclose(got, want, rtol=1e-9, atol=1e-12), (r, got, want)
+        c = done["counters"]
+        ran = c.get("all_reduce.one_shot", 0) + c.get("all_reduce.two_shot", 0)
+        assert ran >= 50 and not any(k.endswith(".wrapped") for k in c), (r, c)
+    noisy = {r: line for r, line in res["noisy"].items() if r in survivors}
+    assert not noisy, f"survivors printed a store error or C++ trace: {noisy}\n{logs}"
+
+
+def test_teardown_after_the_store_host_exited_is_quiet_and_bounded():
+    """NOTE [Quiet teardown] in p2p_workspace/store_probe.cpp: on a group spanning two simulated
+    hosts, rank 0 (the TCPStore's host) destroys its group and exits first; the other host's
+    ranks then tear their intra-host workspace down against a dead store - at once, and without
+    the store client's "recvValue failed" and C++ stack trace."""
+    world = 4
+    out_dir = tempfile.mkdtemp(prefix="cuda_p2p_teardown_")
+    token = uuid.uuid4().hex
+    env = dict(os.environ, CUDA_P2P_TEST_TOKEN=token, OMP_NUM_THREADS="1")
+    shm_before = _dev_shm()
+    procs, logs = [], []
+    try:
+        for r in range(world):
+            log = open(os.path.join(out_dir, f"rank{r}.log"), "w")
+            logs.append(log)
+            procs.append(subprocess.Popen(
+                [sys.executable, os.path.join(HERE, "_teardown_rank.py"), str(r), str(world),
+                 str(_PORT), out_dir],
+                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+        for p in procs:
+            try:
+                p.wait(timeout=START_S + 30)
+            except subprocess.TimeoutExpired:
+                pass
+        text = _logs(out_dir, world)
+        assert [p.poll() for p in procs] == [0] * world, text
+        for r in range(world):
+            checked = _first(_events(out_dir, r), "checked")
+            assert checked and checked["counters"].get("all_reduce.hierarchical") == 1, text
+            destroyed = _first(_events(out_dir, r), "destroyed")
+            assert destroyed and destroyed["seconds"] < 5.0, (r, destroyed, text)
+        noisy = _noisy(out_dir, world)
+        assert not noisy, f"ranks printed a store error or C++ trace: {noisy}\n{text}"
+        new = _dev_shm() - shm_before
+        if new:
+            time.sleep(1.0)
+            new &= _dev_shm()
+        assert not new, f"/dev/shm residue: {sorted(new)}"
+    finally:
+        for pid in _pids_with_token(token):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        for log in logs:
+            log.close()
+        shutil.rmtree(out_dir, ignore_errors=True)
