@@ -206,7 +206,9 @@ def check_shrink(ctx, flags, placement):
         del b, g
         t1 = time.monotonic()
         gc.collect()
-        chk.case("quick", elapsed + time.monotonic() - t1 < 5.0,
+        # Well below the group's 60 s timeout (PG_TIMEOUT_S), which a wait for the silent rank would
+        # take; loose enough for a loaded 2-core machine.
+        chk.case("quick", elapsed + time.monotonic() - t1 < 20.0,
                  f"shrink {elapsed:.1f} s, parent's teardown {time.monotonic() - t1:.1f} s")
         dist.all_reduce(torch.ones(4), group=small)  # registered with torch: dist.* works
         dist.destroy_process_group(small)
@@ -221,7 +223,7 @@ def check_shrink(ctx, flags, placement):
         dist.destroy_process_group(g)
         del g
         gc.collect()
-        chk.case("the victim's teardown", time.monotonic() - t0 < 5.0,
+        chk.case("the victim's teardown", time.monotonic() - t0 < 20.0,
                  f"{time.monotonic() - t0:.1f} s")
     return chk.result()
 
