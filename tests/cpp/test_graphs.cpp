@@ -637,6 +637,44 @@ TEST(GraphKernels, CopyEngineOpsBesideKernelOpsInAnyOrder) {
   store_barrier("done");
 }
 
+// NOTE [Captured scratch]: what a graph addresses - the graph region of its kernel ops, the
+// buffer and signal pad of its copy-engine ops - stays mapped when the workspace grows and eager
+// ops move to the new buffer: replays after the growth still give the reference's bits.
+TEST(GraphKernels, WhatAGraphAddressesOutlivesAGrowth) {
+  const int W = world().size;
+  Ws f(4096, Millis(60000));
+  CapturedOp small(Kind::kOneShot, at::kFloat, ReduceOp::kSum, 500);    // a kernel
+  CapturedOp big(Kind::kTwoShot, at::kBFloat16, ReduceOp::kSum, 9001);  // the copy engine
+  auto g = f.capture([&] {
+    small.enqueue(f);
+    big.enqueue(f);
+  });
+  auto replay = [&](int round) {
+    const at::Tensor a = small.fill(round), b = big.fill(round);
+    g->replay();
+    f.dev().synchronize(*f.s);
+    EXPECT_TRUE(small.out.equal(a)) << small.what << ", round " << round;
+    EXPECT_TRUE(big.out.equal(b)) << big.what << ", round " << round;
+  };
+  replay(1);
+  const uint64_t version = f.ws->mapping_version();
+  f.ws->ensure_min_buffer_size(int64_t{4} << 20);
+  EXPECT_NE(f.ws->mapping_version(), version) << "the workspace did not grow";
+  for (int round = 2; round <= 4; ++round) {
+    // An eager op on the new buffer, larger than the old one, then the graph on the old one.
+    auto large = value(round, world().rank, 600001, at::kFloat, ReduceOp::kSum);
+    std::vector<at::Tensor> all;
+    for (int q = 0; q < W; ++q) all.push_back(value(round, q, 600001, at::kFloat, ReduceOp::kSum));
+    f.op([&](const ops::CollectiveContext& ctx) {
+      (void)ops::all_reduce(ctx, large, large, ReduceOp::kSum, ops::AllReduceAlgo::kOneShot);
+    });
+    f.dev().synchronize(*f.s);
+    EXPECT_TRUE(large.equal(reference(all, ReduceOp::kSum))) << "eager, round " << round;
+    replay(round);
+  }
+  store_barrier("done");
+}
+
 // NOTE [Graph flags]: a rank that replays a graph once more than its peers raises, naming them,
 // and fails its device; its peers learn it through their failure words when they go on, and no
 // rank's output takes data of an unmatched replay.
