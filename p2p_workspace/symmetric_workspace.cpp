@@ -69,14 +69,25 @@ namespace cuda_p2p {
 // eager counts are never advanced by a replay, nor the graph counts by an eager op.
 //
 // What a captured op gives up to be replayable, and what takes its place:
-//  - buffer reuse: a captured collective begins with a barrier (every peer has ended its earlier
-//    ops, eager or replayed, so none reads this rank's buffer any more) and ends waiting until
-//    every peer has ended its phases (none will read it again): the eager ops before and after
-//    a replay need no guard of their own. Between its own phases, graph done words guard the
-//    reuse (every peer ended the previous phase), so a captured op uses one half of the buffer;
+//  - buffer reuse: a captured collective that keeps the copy engine begins with its open, a flag
+//    barrier (NOTE [Graph flags] in graph_flags.hpp: every peer has ended its earlier ops, eager
+//    or replayed, so none reads this rank's buffer any more), and ends with its close, a flag
+//    barrier after every peer has ended its phases (none will read it again): the eager ops
+//    before and after a replay need no guard of their own. Between its own phases, graph done
+//    words guard the reuse (every peer ended the previous phase), so a captured op uses one half
+//    of the buffer. A small collective runs as one kernel on the graph region instead (NOTE
+//    [Captured collectives in one kernel] in ops/captured_collectives.cpp), which touches neither
+//    the buffer nor the counts;
+//  - drift: with 2 to kMaxGraphRanks ranks, the open clears this rank's graph counts, so they
+//    count from zero in every op whatever an earlier replay left, and every full barrier is a
+//    flag barrier whose words return to zero: a rank that replays once more or less than its
+//    peers raises naming them (NOTE [Graph flags]) instead of desynchronizing the counts for
+//    good. With more ranks the counts and barriers are as above, and drift goes undetected;
 //  - op signatures, zero-copy and copy-free reads: not checked or used under capture (their
 //    words carry host-issued values); a captured op is the op it was when captured, on the
-//    tensors captured. Run the op eagerly once first to have its arguments checked across ranks;
+//    tensors captured. Run the op eagerly once first to have its arguments checked across ranks
+//    (under capture a hash of the signature tags the op's flags: ranks at different ops raise,
+//    but a peer's rejected arguments are not seen);
 //  - growth: nothing is allocated or exchanged under capture. An op that would grow the
 //    workspace raises, naming the size to ensure first (ensure_min_buffer_size); the mapping a
 //    capture used is kept for as long as the workspace lives, so that a later growth never
