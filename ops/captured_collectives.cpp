@@ -22,13 +22,13 @@
 namespace cuda_p2p::ops {
 
 // NOTE [Captured collectives in one kernel]
-// A CUDA graph of the old design paid a node per signal: a one-shot all-reduce on 8 GPUs was
-// ~85 dependent one-thread kernels, ~150-250 us per captured all-reduce, where a decode step
-// runs ~160 of them (issue 49). Under capture, an all-reduce (one-shot or two-shot, as the
-// configuration picks), an all-gather or a reduce-scatter of 2 to kMaxGraphRanks ranks whose
-// staged bytes fit the graph region (WorkspaceOptions::graph_region_bytes, 2 MiB per rank by
-// default; Layout::region_bytes) therefore runs as one kernel: one graph node on CUDA (launched
-// by the op's GraphKernelBody::cuda), one task of the stream on the host
+// Every dependent node of a graph costs its launch at every replay, and on the copy-engine path
+// every signal under capture is a node of its own (NOTE [Replay-safe signals]), so that a small
+// collective's cost would be its nodes, not its bytes. Under capture, an all-reduce (one-shot or
+// two-shot, as the configuration picks), an all-gather or a reduce-scatter of 2 to kMaxGraphRanks
+// ranks whose staged bytes fit the graph region (WorkspaceOptions::graph_region_bytes, 2 MiB per
+// rank by default; Layout::region_bytes) therefore runs as one kernel: one graph node on CUDA
+// (launched by the op's GraphKernelBody::cuda), one task of the stream on the host
 // (SymmetricWorkspace::graph_kernel, Device::graph_kernel). In it:
 //   barrier 0 - the op's open (NOTE [Graph flags]): every peer has ended its earlier ops, since a
 //               kernel starts only after its stream's earlier work, so no peer still reads this
