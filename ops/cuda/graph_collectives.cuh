@@ -1,8 +1,8 @@
 // The CUDA kernels of the captured collectives run as one kernel each (NOTE [Captured collectives
 // in one kernel] in ops/captured_collectives.cpp): the flag barriers of
 // p2p_workspace/cuda/graph_barrier.cuh and the data between them, cut as ops/graph_layout.hpp
-// says. A translation of the host's body of the same ops (ops/captured_collectives.cpp), which CI
-// runs; this one has not run (no GPU in CI). Plain CUDA: no torch headers.
+// says. A translation of the host's body of the same ops (ops/captured_collectives.cpp): a change
+// to one is a change to both (where each has run: docs/testing.md). Plain CUDA: no torch headers.
 #pragma once
 
 #include <cuda_runtime.h>

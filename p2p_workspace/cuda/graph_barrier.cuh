@@ -1,7 +1,8 @@
 // The flag barrier on the GPU (NOTE [Graph flags] in p2p_workspace/graph_flags.hpp): the device
 // function every kernel op calls between its data steps, and the whole of a kernel of barriers
-// only. A translation, step for step, of the host's GraphRun (p2p_workspace/host/host_device.cpp),
-// which CI runs; this one has not run (no GPU in CI). Plain CUDA, device code only.
+// only. A translation, step for step, of the host's GraphRun (p2p_workspace/host/host_device.cpp):
+// a change to one is a change to both (where each has run: docs/testing.md). Plain CUDA, device
+// code only.
 #pragma once
 
 #include <cstdint>
