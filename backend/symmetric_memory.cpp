@@ -40,6 +40,7 @@ void SymmetricMemory::ensure() {
   o.buffer_size = group_.config.symmetric_heap_size;
   o.num_channels = 1;  // its pad is never signalled: the collectives synchronise on the workspace
   o.private_reads = false;
+  o.graph_region_bytes = 0;  // no collective runs on the heap (NOTE [Graph flags])
   const std::string prefix = attempts_ == 0
                                  ? std::string("cuda_p2p/heap/")
                                  : "cuda_p2p/heap/attempt" + std::to_string(attempts_) + "/";

@@ -101,11 +101,15 @@ Outcome all_gather(const CollectiveContext& ctx, const at::Tensor& input,
   const std::string claim = detail::claim_all_gather(ctx, g.input, g.bytes, g.out);
   // Compared at the first phase barrier of the direct algorithms, at a handshake of their own
   // before the rings (NOTE [Op signatures]).
-  detail::expect_signature(
-      ctx, OpSignature::of(OpKind::kAllGather, std::to_string(input.numel()) + " x " +
-                                                   dtype_name(input.scalar_type()) + " (" +
-                                                   to_string(algo) + (read ? ", copy-free" : "") +
-                                                   detail::config_suffix(ctx) + claim + ")"));
+  OpSignature sig = OpSignature::of(
+      OpKind::kAllGather, std::to_string(input.numel()) + " x " + dtype_name(input.scalar_type()) +
+                              " (" + to_string(algo) + (read ? ", copy-free" : "") +
+                              detail::config_suffix(ctx) + claim + ")");
+  // NOTE [Captured collectives in one kernel]
+  if (detail::all_gather_kernel(ctx, g.input, g.bytes, g.out, sig)) {
+    return {.algorithm = to_string(AllGatherAlgo::kDirect)};
+  }
+  detail::expect_signature(ctx, std::move(sig));
   if (g.bytes == 0) {
     detail::handshake(ctx);
     return outcome;

@@ -410,6 +410,10 @@ Outcome all_reduce(const CollectiveContext& ctx, const at::Tensor& input, const 
   if (algo == AllReduceAlgo::kTwoShot) {
     sig.text += detail::claim_all_reduce(ctx, a.in, a.numel, a.esize);
   }
+  // NOTE [Captured collectives in one kernel]
+  if (detail::all_reduce_kernel(ctx, a.in, a.out, a.numel, a.dtype, op, algo, sig)) {
+    return outcome;
+  }
   detail::expect_signature(ctx, std::move(sig));
   if (a.numel == 0) {
     detail::handshake(ctx);

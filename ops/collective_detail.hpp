@@ -39,10 +39,12 @@ struct Phase {
   bool graph = false;
 };
 // NOTE [Replay-safe signals] (p2p_workspace/symmetric_workspace.cpp): a collective enqueued
-// under capture begins and ends with a barrier of its channel, so that no peer still reads this
-// rank's buffer from an earlier op when it begins, nor from this one when the next op (eager,
-// another graph, the next replay) begins. Nothing outside a capture; the closing barrier is not
-// enqueued when the op raises.
+// under capture that keeps the copy engine begins and ends with a barrier of its channel, so
+// that no peer still reads this rank's buffer from an earlier op when it begins, nor from this
+// one when the next op (eager, another graph, the next replay) begins. The opening one is the
+// op's open (NOTE [Graph flags]), enqueued by expect_signature, where the op's tag is known; the
+// bracket closes what was opened when it goes (nothing after an op run as one kernel). Nothing
+// outside a capture; the closing barrier is not enqueued when the op raises.
 class CaptureBracket {
  public:
   explicit CaptureBracket(const CollectiveContext& ctx);
@@ -84,7 +86,8 @@ void wait_phase_ended(const CollectiveContext& ctx, const Phase& ph, c10::ArrayR
 void phase_barrier(const CollectiveContext& ctx);
 
 // Sets the signature the collective compares across ranks, at its first phase barrier or at
-// handshake(); nothing with a single rank.
+// handshake(); nothing with a single rank. Under capture it opens the op instead (its
+// CaptureBracket closes it): the flags carry the signature's hash (NOTE [Graph flags]).
 void expect_signature(const CollectiveContext& ctx, OpSignature sig);
 // Compares the expected signature now, with a barrier of its own, unless it has been compared
 // already: the first step of every algorithm whose first communication is not a phase barrier
@@ -153,6 +156,19 @@ bool broadcast_zero_copy(const CollectiveContext& ctx, char* data, int64_t bytes
 // address of byte `offset` of rank q's heap.
 int64_t readable_heap_offset(const CollectiveContext& ctx, const void* p, int64_t n);
 const char* peer_heap(const CollectiveContext& ctx, int q, int64_t offset);
+
+// Under capture, runs the op as one kernel (NOTE [Captured collectives in one kernel] in
+// ops/captured_collectives.cpp) and returns true; false, having enqueued nothing, where it does
+// not fit (not captured, too many ranks, more than the graph region holds): the copy-engine path
+// then runs. `sig` is the op's signature, whose hash tags its flags (NOTE [Graph flags]).
+bool all_reduce_kernel(const CollectiveContext& ctx, const char* in, char* out, int64_t numel,
+                       at::ScalarType dtype, ReduceOp op, AllReduceAlgo algo,
+                       const OpSignature& sig);
+bool all_gather_kernel(const CollectiveContext& ctx, const char* in, int64_t bytes,
+                       c10::ArrayRef<char*> out, const OpSignature& sig);
+bool reduce_scatter_kernel(const CollectiveContext& ctx, c10::ArrayRef<char*> in, char* out,
+                           int64_t numel, at::ScalarType dtype, ReduceOp op,
+                           const OpSignature& sig);
 
 // Runs ops::reduce on the collective's stream.
 void reduce_on_stream(const CollectiveContext& ctx, at::Tensor dst, std::vector<at::Tensor> srcs,

@@ -221,14 +221,13 @@ int64_t round_bytes(const CollectiveContext& ctx, int64_t unit, int64_t slots) {
 CaptureBracket::CaptureBracket(const CollectiveContext& ctx)
     : ctx_(ctx),
       active_(ctx.ws.world_size() > 1 && ctx.ws.capturing(ctx.stream)),
-      exceptions_(std::uncaught_exceptions()) {
-  if (active_) ctx.ws.barrier(ctx.stream, ctx.channel);
-}
+      exceptions_(std::uncaught_exceptions()) {}
 
 CaptureBracket::~CaptureBracket() {
   if (!active_ || std::uncaught_exceptions() > exceptions_) return;
   try {
-    ctx_.ws.barrier(ctx_.stream, ctx_.channel);
+    // Nothing after an op run as one kernel, which opened nothing.
+    ctx_.ws.graph_close(ctx_.stream, ctx_.channel, "collective");
   } catch (...) {
     // Enqueueing failed (a failed device): the group's next call raises that failure.
   }
@@ -335,6 +334,15 @@ void phase_barrier(const CollectiveContext& ctx) {
 
 void expect_signature(const CollectiveContext& ctx, OpSignature sig) {
   if (ctx.ws.world_size() == 1) return;
+  if (ctx.ws.capturing(ctx.stream)) {
+    // NOTE [Replay-safe signals]: nothing to compare; the op's open (NOTE [Graph flags]) checks
+    // its tag, the signature's hash, at every flag barrier instead.
+    ctx.state.pending.reset();
+    ctx.ws.graph_open(
+        ctx.stream, ctx.channel, graph_tag(sig),
+        std::string(to_string(sig.kind)) + " on channel " + std::to_string(ctx.channel));
+    return;
+  }
   ctx.state.pending = std::move(sig);
 }
 
@@ -478,20 +486,34 @@ at::Tensor view(const CollectiveContext& ctx, void* ptr, int64_t numel, at::Scal
 void reduce_on_stream(const CollectiveContext& ctx, at::Tensor dst, std::vector<at::Tensor> srcs,
                       ReduceOp op, int64_t divisor, at::Tensor also) {
   if (dst.numel() == 0) return;
-  at::Tensor* scratch = &ctx.state.scratch;
+  // One source in place: nothing to do (a rank alone; AVG over one rank divides by one).
+  if (srcs.size() == 1 && !also.defined() && srcs[0].data_ptr() == dst.data_ptr() &&
+      srcs[0].scalar_type() == dst.scalar_type() && (op != ReduceOp::kAvg || divisor == 1)) {
+    return;
+  }
+  // NOTE [Captured scratch]
+  // A captured op must address only memory that lives as long as its graph: a replay runs the
+  // kernels with the addresses they were captured with. The group's scratch is not such memory
+  // (a later, larger eager op frees and reallocates it), so under capture a reduction that needs
+  // an accumulator in memory (the ATen fallback; the CUDA kernel and the host kernel keep theirs
+  // in registers) takes a fresh one, allocated during the capture: from the graph's own pool on
+  // CUDA, owned by the graph; on the host at each replay.
+  const bool captured = ctx.ws.capturing(ctx.stream);
+  at::Tensor* scratch = captured ? nullptr : &ctx.state.scratch;
   ctx.ws.device().launch(
       ctx.stream,
       [dst = std::move(dst), srcs = std::move(srcs), op, divisor, scratch, also = std::move(also),
        min = ctx.config.parallel_min_bytes, splits = ctx.state.parallel_splits] {
+        at::Tensor fresh;
         // NOTE [Intra-op threads]
-        if (reduce(dst, srcs, op, divisor, *scratch, also, min)) {
+        if (reduce(dst, srcs, op, divisor, scratch ? *scratch : fresh, also, min)) {
           splits->fetch_add(1, std::memory_order_relaxed);
         }
       });
   // The scratch outlives this op and the next one may run on another stream: the caching
   // allocator must not hand it out again before this stream's use (NOTE [Pipeline
   // temporaries] in ops/pipeline_common.hpp). On CUDA the closure ran already; no-op on the host.
-  ctx.ws.device().record_stream(ctx.state.scratch, ctx.stream);
+  if (!captured) ctx.ws.device().record_stream(ctx.state.scratch, ctx.stream);
 }
 
 }  // namespace detail

@@ -220,6 +220,12 @@ cuda::SignatureWords to_cuda(const Words& w) {
 
 const char* to_string(OpKind kind) { return kind_name(kind); }
 
+uint32_t graph_tag(const OpSignature& sig, const char* path) {
+  const std::string text = std::string(kind_name(sig.kind)) + (sig.invalid ? " rejected: " : ": ") +
+                           sig.text + " " + path;
+  return cuda_p2p::graph_tag(text.data(), text.size());
+}
+
 std::string dtype_name(at::ScalarType dtype) {
   switch (dtype) {
     case at::kFloat:

@@ -54,6 +54,12 @@ struct OpSignature {
   }
 };
 
+// The tag of a captured op's flags (NOTE [Graph flags] in p2p_workspace/graph_flags.hpp): a hash
+// of its signature, so that under capture, where no descriptor is compared, a rank that meets
+// another op at a flag barrier raises (on the device) instead of pairing the two. `path` tells
+// the ways an op can run apart ("kernel").
+uint32_t graph_tag(const OpSignature& sig, const char* path = "");
+
 // The exception every rank raises when the ranks disagree (or a peer rejected its arguments):
 // the op did not run, and the group stays usable. Its what() is one line.
 class SignatureMismatch : public c10::Error {

@@ -140,9 +140,14 @@ Env make_env(Group& group) {
 void agree(Env& env, State& state, const OpSignature& sig) {
   if (env.world_size() == 1) return;
   if (env.captured) {
-    // NOTE [Replay-safe signals]: no signature to compare; the barrier opens the buffer (every
-    // peer has ended its earlier ops) as the handshake does.
-    env.on_caller("barrier", [&] { env.ws.barrier(*env.caller, env.channels[0]); });
+    // NOTE [Replay-safe signals]: no signature to compare; the op's open (NOTE [Graph flags])
+    // opens the buffer (every peer has ended its earlier ops) as the handshake does, and checks
+    // the signature's hash, its tag, at every flag barrier of the op.
+    env.on_caller("barrier", [&] {
+      env.ws.graph_open(
+          *env.caller, env.channels[0], graph_tag(sig),
+          std::string(to_string(sig.kind)) + " on channel " + std::to_string(env.channels[0]));
+    });
     env.opened = true;
     return;
   }
@@ -184,7 +189,9 @@ void end(Env& env) {
   if (!inline_caller) {
     for (int i = 0; i < 2; ++i) dev.wait_event(*env.caller, *dev.record(env.stream(i)));
     // NOTE [Replay-safe signals]: every peer done with this rank's buffer before the next op.
-    if (env.captured && env.world_size() > 1) env.ws.barrier(*env.caller, env.channels[0]);
+    if (env.captured && env.world_size() > 1) {
+      env.ws.graph_close(*env.caller, env.channels[0], "fused op");
+    }
     env.ws.end_op(*env.caller);  // NOTE [One order per group]
     // NOTE [Host ops return complete]: on the host the streams' closures refer to the op's
     // locals, so the host waits for them below also when its caller's stream is its own.

@@ -183,12 +183,17 @@ Outcome reduce_scatter(const CollectiveContext& ctx, const std::vector<at::Tenso
   const std::string claim = detail::claim_reduce_scatter(ctx, a.in, a.numel * a.esize);
   // Compared at the first phase barrier of the direct algorithms, at a handshake of its own
   // before the ring (NOTE [Op signatures]).
-  detail::expect_signature(
-      ctx, OpSignature::of(
-               OpKind::kReduceScatter,
-               std::to_string(a.numel) + " x " + dtype_name(a.dtype) + " " + lower_name(op) + " (" +
-                   to_string(algo) + (ring_algo ? ", " + std::to_string(steps) + " steps" : "") +
-                   (read ? ", copy-free" : "") + detail::config_suffix(ctx) + claim + ")"));
+  OpSignature sig = OpSignature::of(
+      OpKind::kReduceScatter,
+      std::to_string(a.numel) + " x " + dtype_name(a.dtype) + " " + lower_name(op) + " (" +
+          to_string(algo) + (ring_algo ? ", " + std::to_string(steps) + " steps" : "") +
+          (read ? ", copy-free" : "") + detail::config_suffix(ctx) + claim + ")");
+  // NOTE [Captured collectives in one kernel]: one kernel reduces directly, whatever the algorithm.
+  if (W > 1 && detail::reduce_scatter_kernel(ctx, a.in, a.out, a.numel, a.dtype, op, sig)) {
+    outcome.algorithm = to_string(ReduceScatterAlgo::kDirect);
+    return outcome;
+  }
+  detail::expect_signature(ctx, std::move(sig));
   if (a.numel == 0) {
     detail::handshake(ctx);
     return outcome;

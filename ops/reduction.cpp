@@ -6,6 +6,13 @@
 
 #include "ops/reduction_kernel.hpp"
 
+#ifdef CUDA_P2P_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+
+#include "ops/cuda/reduce_kernel.cuh"
+#endif
+
 namespace cuda_p2p::ops {
 
 bool is_reducible_dtype(at::ScalarType dtype) {
@@ -110,6 +117,32 @@ at::Tensor scratch_view(at::Tensor& scratch, const at::Tensor& like, at::ScalarT
 
 namespace detail {
 
+graph::Dtype kernel_dtype(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat:
+      return graph::Dtype::kFloat;
+    case at::kDouble:
+      return graph::Dtype::kDouble;
+    case at::kHalf:
+      return graph::Dtype::kHalf;
+    case at::kBFloat16:
+      return graph::Dtype::kBFloat16;
+    case at::kChar:
+      return graph::Dtype::kInt8;
+    case at::kByte:
+      return graph::Dtype::kUInt8;
+    case at::kShort:
+      return graph::Dtype::kInt16;
+    case at::kInt:
+      return graph::Dtype::kInt32;
+    case at::kLong:
+      return graph::Dtype::kInt64;
+    default:
+      TORCH_CHECK(false, "cuda_p2p: the workspace does not reduce ", dtype,
+                  " (expected a float, integer, float16 or bfloat16 dtype)");
+  }
+}
+
 // The result's dtype: the narrowest dtype among dst and the sources (float partials of a ring are
 // wider than the bfloat16 / float16 result they accumulate).
 at::ScalarType result_dtype(const at::Tensor& dst, c10::ArrayRef<at::Tensor> srcs) {
@@ -174,6 +207,51 @@ bool run_host_reduction(detail::HostReduction& r, int64_t numel, at::ScalarType 
 
 }  // namespace
 
+#ifdef CUDA_P2P_WITH_CUDA
+namespace {
+
+// reduce() on CUDA tensors in one kernel (ops/cuda/reduce_kernel.cu) on the current stream: the
+// sources in one pass instead of a chain of binary ATen ops through an accumulator in memory.
+// False, having done nothing, for what the kernel does not take (more sources than it holds,
+// tensors that are not contiguous with dst's numel).
+bool reduce_on_cuda(const at::Tensor& dst, c10::ArrayRef<at::Tensor> srcs, ReduceOp op,
+                    int64_t divisor, const at::Tensor& also) {
+  if (srcs.size() > static_cast<size_t>(cuda::kMaxReduceSources) || !dst.is_contiguous()) {
+    return false;
+  }
+  const at::ScalarType dtype = detail::result_dtype(dst, srcs);
+  const at::ScalarType acc = accumulate_type(dtype);
+  if (!is_reducible_dtype(dtype) || (dst.scalar_type() != dtype && dst.scalar_type() != acc)) {
+    return false;
+  }
+  cuda::ReduceArgs a;
+  a.dst = dst.data_ptr();
+  a.dst_acc = dst.scalar_type() != dtype;
+  if (also.defined()) {
+    if (a.dst_acc) return false;
+    a.also = also.data_ptr();
+  }
+  for (const auto& s : srcs) {
+    if (s.numel() != dst.numel() || !s.is_contiguous() || !s.is_cuda() ||
+        (s.scalar_type() != dtype && s.scalar_type() != acc)) {
+      return false;
+    }
+    if (s.scalar_type() != dtype) a.src_acc |= uint64_t{1} << a.count;
+    a.src[a.count++] = s.data_ptr();
+  }
+  a.numel = dst.numel();
+  a.dtype = detail::kernel_dtype(dtype);
+  a.op = op;
+  a.divisor = divisor > 0 ? divisor : 1;
+  const cudaError_t err = cuda::launch_reduce(a, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess,
+              "cuda_p2p reduce: launching the reduction kernel failed: ", cudaGetErrorString(err));
+  return true;
+}
+
+}  // namespace
+#endif
+
 void reduce_host(void* dst, const void* const* srcs, int n, int64_t numel, at::ScalarType dtype,
                  ReduceOp op, int64_t divisor) {
   constexpr int kMaxSources = 64;
@@ -214,6 +292,9 @@ bool reduce(const at::Tensor& dst, c10::ArrayRef<at::Tensor> srcs, ReduceOp op, 
                 "[", dst.numel(), "]), got ", also.scalar_type(), "[", also.numel(), "]");
   }
   if (!dst.is_cpu()) {
+#ifdef CUDA_P2P_WITH_CUDA
+    if (dst.is_cuda() && reduce_on_cuda(dst, srcs, op, divisor, also)) return false;
+#endif
     detail::reduce_with_aten(dst, srcs, op, divisor, scratch);
     if (also.defined()) also.copy_(dst);
     return false;

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include "ops/collectives.hpp"
+#include "ops/graph_layout.hpp"
 
 namespace cuda_p2p::ops {
 
@@ -52,7 +53,10 @@ void reduce_host(void* dst, const void* const* srcs, int n, int64_t numel, at::S
                  ReduceOp op, int64_t divisor);
 
 namespace detail {
-// The ATen path of reduce (what CUDA runs); tests compare the host kernel with it.
+// The element type of the CUDA kernels (ops/graph_layout.hpp) for a reducible dtype.
+graph::Dtype kernel_dtype(at::ScalarType dtype);
+// The ATen path of reduce (CUDA's fallback beyond its kernel's sources); tests compare the host
+// kernel with it.
 void reduce_with_aten(const at::Tensor& dst, c10::ArrayRef<at::Tensor> srcs, ReduceOp op,
                       int64_t divisor, at::Tensor& scratch);
 }  // namespace detail

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "p2p_workspace/graph_flags.hpp"
+
 namespace cuda_p2p {
 
 using Millis = std::chrono::milliseconds;
@@ -70,6 +72,16 @@ struct CountedWait {
   const uint32_t* counter;
   uint32_t offset;
   int peer;
+};
+
+// The data a kernel op moves between its flag barriers (Device::graph_kernel, NOTE [Graph flags]
+// in p2p_workspace/graph_flags.hpp), given for each kind of device: `host(step, block)` runs on the
+// host device after barrier `step` has passed, for each block; `cuda(launch)` launches the whole
+// kernel, barriers included, on the current CUDA stream (ops/cuda/). Empty: a kernel of barriers
+// only, which the device runs itself.
+struct GraphKernelBody {
+  std::function<void(int step, int block)> host;
+  std::function<void(const GraphLaunch& launch)> cuda;
 };
 
 // True when `word` has reached `value` in sequence-number order (wrap-around safe, the same rule
@@ -250,6 +262,14 @@ class Device {
   // is raised by the group's next call.
   virtual void wait_counted(Stream& s, std::vector<CountedWait> waits, Millis timeout,
                             std::string context) = 0;
+  // NOTE [Graph flags] in p2p_workspace/graph_flags.hpp: runs `launch`'s flag barriers on `s` with
+  // `body` between them, as one unit of the stream (CUDA: one kernel; host: one task). Each wait
+  // gives up after `timeout`, naming `context` and the peers missing, and a foreign tag is an
+  // error naming its rank; either fails the device (CUDA: the kernel traps, as a counted wait
+  // does; the host raises into the stream), so that no rank pairs two different ops. A peer's
+  // failure word or this device's failure ends it as it ends a counted wait.
+  virtual void graph_kernel(Stream& s, const GraphLaunch& launch, GraphKernelBody body,
+                            Millis timeout, std::string context) = 0;
   // Tells the caching allocator that `t` is used on `s`, so that its memory is not handed out
   // again before the work `s` has enqueued so far has run (c10 recordStream). No-op on the host.
   virtual void record_stream(const at::Tensor& /*t*/, Stream& /*s*/) {}

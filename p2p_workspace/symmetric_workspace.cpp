@@ -45,12 +45,15 @@ namespace cuda_p2p {
 //   graph signals  [C][W]                      counts (NOTE [Replay-safe signals])
 //   graph done     [C][W]                      graph phases ended (NOTE [Replay-safe signals])
 //   graph counters [C][2W + 1]                 this rank's own: sent, expected, phases
+//   graph flags    [C][kMaxGraphBlocks][kGraphSlots][W]   flags (NOTE [Graph flags])
 //
 // indexed [channel][...][src] in the pad of the target. Every area but the graph counters is
-// written only by `src` (into its peers' pads: a remote store) and read only by the pad's owner,
-// so that no wait ever polls another rank's memory: on a GPU a stream wait on a peer's memory
-// would poll across the interconnect. The graph counters are read and written by the owner's own
-// streams only. The pad is rounded up to whole pages; a new generation (growth) starts zeroed.
+// written only by `src` (into its peers' pads: a remote store) and read only by the pad's owner
+// (a graph flag is also cleared by it), so that no wait ever polls another rank's memory: on a
+// GPU a stream wait on a peer's memory would poll across the interconnect. The graph counters
+// are read and written by the owner's own streams only. The pad is rounded up to whole pages; a
+// new generation (growth) starts zeroed. After the pad comes the graph region, the staging area
+// of captured collectives run as one kernel (NOTE [Graph flags]), which nothing else uses.
 
 // NOTE [Replay-safe signals]
 // A captured op (a CUDA graph, or the host's capture: NOTE [Host capture] in
@@ -67,14 +70,25 @@ namespace cuda_p2p {
 // eager counts are never advanced by a replay, nor the graph counts by an eager op.
 //
 // What a captured op gives up to be replayable, and what takes its place:
-//  - buffer reuse: a captured collective begins with a barrier (every peer has ended its earlier
-//    ops, eager or replayed, so none reads this rank's buffer any more) and ends waiting until
-//    every peer has ended its phases (none will read it again): the eager ops before and after
-//    a replay need no guard of their own. Between its own phases, graph done words guard the
-//    reuse (every peer ended the previous phase), so a captured op uses one half of the buffer;
+//  - buffer reuse: a captured collective that keeps the copy engine begins with its open, a flag
+//    barrier (NOTE [Graph flags] in graph_flags.hpp: every peer has ended its earlier ops, eager
+//    or replayed, so none reads this rank's buffer any more), and ends with its close, a flag
+//    barrier after every peer has ended its phases (none will read it again): the eager ops
+//    before and after a replay need no guard of their own. Between its own phases, graph done
+//    words guard the reuse (every peer ended the previous phase), so a captured op uses one half
+//    of the buffer. A small collective runs as one kernel on the graph region instead (NOTE
+//    [Captured collectives in one kernel] in ops/captured_collectives.cpp), which touches neither
+//    the buffer nor the counts;
+//  - drift: with 2 to kMaxGraphRanks ranks, the open clears this rank's graph counts, so they
+//    count from zero in every op whatever an earlier replay left, and every full barrier is a
+//    flag barrier whose words return to zero: a rank that replays once more or less than its
+//    peers raises naming them (NOTE [Graph flags]) instead of desynchronizing the counts for
+//    good. With more ranks the counts and barriers are as above, and drift goes undetected;
 //  - op signatures, zero-copy and copy-free reads: not checked or used under capture (their
 //    words carry host-issued values); a captured op is the op it was when captured, on the
-//    tensors captured. Run the op eagerly once first to have its arguments checked across ranks;
+//    tensors captured. Run the op eagerly once first to have its arguments checked across ranks
+//    (under capture a hash of the signature tags the op's flags: ranks at different ops raise,
+//    but a peer's rejected arguments are not seen);
 //  - growth: nothing is allocated or exchanged under capture. An op that would grow the
 //    workspace raises, naming the size to ensure first (ensure_min_buffer_size); the mapping a
 //    capture used is kept for as long as the workspace lives, so that a later growth never
@@ -93,7 +107,8 @@ constexpr size_t kPageSize = 4096;
 size_t pad_words(int channels, int world_size) {
   const size_t cw = static_cast<size_t>(channels) * world_size;
   return 2 * cw + cw * 2 * SymmetricWorkspace::kDescriptorWords + 2 * cw +
-         static_cast<size_t>(channels) * (2 * world_size + 1);
+         static_cast<size_t>(channels) * (2 * world_size + 1) +
+         static_cast<size_t>(channels) * graph_flag_words(world_size);
 }
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
@@ -620,6 +635,8 @@ struct SymmetricWorkspace::Mapping {
   std::vector<std::shared_ptr<Block>> blocks;  // peers' blocks by rank (null for this rank)
   std::vector<void*> buffers;
   std::vector<uint32_t*> pads;
+  std::vector<char*> regions;  // NOTE [Graph flags]: the graph regions, by rank
+  int64_t region_bytes = 0;
   std::shared_ptr<Retirement> retirement;
 
   Mapping() = default;
@@ -650,6 +667,10 @@ SymmetricWorkspace::SymmetricWorkspace(c10::intrusive_ptr<c10d::Store> store, in
               "cuda_p2p: workspace num_channels must be in [1, 64], got ", options_.num_channels);
   TORCH_CHECK(options_.timeout.count() > 0, "cuda_p2p: workspace timeout must be positive, got ",
               options_.timeout.count(), " ms");
+  TORCH_CHECK(options_.graph_region_bytes >= 0,
+              "cuda_p2p: workspace graph_region_bytes must be >= 0, got ",
+              options_.graph_region_bytes);
+  graph_barriers_.assign(static_cast<size_t>(options_.num_channels), 0);
   device_->set_timeout(options_.timeout);
   timeout_ms_.store(options_.timeout.count(), std::memory_order_relaxed);
   reader_ = device_->private_memory_reader();
@@ -821,7 +842,9 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
   const size_t buffer_bytes = round_up(static_cast<size_t>(buffer_size), kPageSize);
   const size_t pad_bytes =
       round_up(sizeof(uint32_t) * pad_words(options_.num_channels, world_size_), kPageSize);
-  const size_t block_bytes = buffer_bytes + pad_bytes;
+  const size_t region_bytes =
+      round_up(static_cast<size_t>(std::max<int64_t>(options_.graph_region_bytes, 0)), kPageSize);
+  const size_t block_bytes = buffer_bytes + pad_bytes + region_bytes;
 
   PeerInfo me;
   me.host = host_identity(options_.host_id);
@@ -908,6 +931,7 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
   auto mapping = std::make_shared<Mapping>();
   mapping->generation = gen;
   mapping->buffer_size = static_cast<int64_t>(buffer_bytes);
+  mapping->region_bytes = static_cast<int64_t>(region_bytes);
   mapping->own = local;
   mapping->retirement = retirement_;
   mapping->blocks.resize(world_size_);
@@ -989,6 +1013,7 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
     auto* base = static_cast<char*>(r == rank_ ? mapping->own->data() : mapping->blocks[r]->data());
     mapping->buffers.push_back(base);
     mapping->pads.push_back(reinterpret_cast<uint32_t*>(base + buffer_bytes));
+    mapping->regions.push_back(base + buffer_bytes + pad_bytes);
   }
 
   // NOTE [Private-read probe]
@@ -1289,18 +1314,24 @@ void SymmetricWorkspace::barrier(Stream& s, int channel, std::optional<Millis> t
     TORCH_CHECK(unique.count(rank_), "cuda_p2p barrier: the ranks ", members,
                 " must include the calling rank ", rank_);
   }
-  if (capturing(s)) {  // NOTE [Replay-safe signals]
-    std::vector<CountedWait> counted;
-    for (int r : members) {
-      if (r != rank_) put_counted(s, r, channel);
+  if (capturing(s)) {
+    const Millis limit = timeout.value_or(this->timeout());
+    // NOTE [Graph flags]: a barrier of every rank is a flag barrier, the open op's next one, or an
+    // op of its own (two barriers, as every op has at least two).
+    if (graph_flags() && static_cast<int>(members.size()) == world_size_) {
+      const std::string context = "barrier on channel " + std::to_string(channel) + " (rank " +
+                                  std::to_string(rank_) + ", graph)";
+      uint32_t tag = 0;
+      const int slot = next_graph_slot(channel, tag);
+      if (slot >= 0) {
+        device_->graph_kernel(s, graph_launch(channel, tag, {slot}, 1), {}, limit, context);
+        return;
+      }
+      static constexpr char kBarrier[] = "barrier";
+      graph_kernel(s, channel, graph_tag(kBarrier, sizeof(kBarrier) - 1), 2, 1, {}, context);
+      return;
     }
-    for (int r : members) {
-      if (r != rank_) counted.push_back(expect_counted(s, r, channel));
-    }
-    if (counted.empty()) return;
-    device_->wait_counted(s, std::move(counted), timeout.value_or(this->timeout()),
-                          "barrier on channel " + std::to_string(channel) + " (rank " +
-                              std::to_string(rank_) + ", graph)");
+    counted_barrier(s, channel, members, limit);  // NOTE [Replay-safe signals]
     return;
   }
   std::vector<SignalWait> waits;
@@ -1315,6 +1346,134 @@ void SymmetricWorkspace::barrier(Stream& s, int channel, std::optional<Millis> t
   device_->wait_signals(
       s, std::move(waits), timeout.value_or(this->timeout()),
       "barrier on channel " + std::to_string(channel) + " (rank " + std::to_string(rank_) + ")");
+}
+
+void SymmetricWorkspace::counted_barrier(Stream& s, int channel, const std::vector<int>& members,
+                                         Millis timeout) {
+  std::vector<CountedWait> counted;
+  for (int r : members) {
+    if (r != rank_) put_counted(s, r, channel);
+  }
+  for (int r : members) {
+    if (r != rank_) counted.push_back(expect_counted(s, r, channel));
+  }
+  if (counted.empty()) return;
+  device_->wait_counted(s, std::move(counted), timeout,
+                        "barrier on channel " + std::to_string(channel) + " (rank " +
+                            std::to_string(rank_) + ", graph)");
+}
+
+char* SymmetricWorkspace::graph_region(int rank) const {
+  check_available("graph_region");
+  check_rank(rank, "graph_region");
+  return mapping()->regions[rank];
+}
+
+int64_t SymmetricWorkspace::graph_region_bytes() const {
+  auto m = mapping();
+  return m ? m->region_bytes : 0;
+}
+
+uint32_t* SymmetricWorkspace::graph_flag(int target, int channel, int block, int slot,
+                                         int src) const {
+  check_available("graph_flag");
+  check_rank(target, "graph_flag");
+  check_rank(src, "graph_flag");
+  check_channel(channel);
+  TORCH_CHECK(block >= 0 && block < kMaxGraphBlocks && slot >= 0 && slot < kGraphSlots,
+              "cuda_p2p graph_flag: block must be in [0, ", kMaxGraphBlocks, ") and slot in [0, ",
+              kGraphSlots, "), got ", block, " and ", slot);
+  const size_t cw = static_cast<size_t>(options_.num_channels) * world_size_;
+  const size_t flags = 2 * cw + static_cast<size_t>(options_.num_channels) * (2 * world_size_ + 1);
+  return graph_area(target, flags + static_cast<size_t>(channel) * graph_flag_words(world_size_) +
+                                graph_flag_index(world_size_, block, slot, src));
+}
+
+GraphLaunch SymmetricWorkspace::graph_launch(int channel, uint32_t tag,
+                                             std::initializer_list<int> slots, int blocks) const {
+  TORCH_INTERNAL_ASSERT(graph_flags() && blocks >= 1 && blocks <= kMaxGraphBlocks &&
+                        slots.size() <= static_cast<size_t>(kMaxGraphBarriers));
+  GraphLaunch g;
+  g.tag = tag;
+  g.rank = rank_;
+  g.world_size = world_size_;
+  g.blocks = blocks;
+  for (int slot : slots) g.slot[g.barriers++] = static_cast<uint8_t>(slot);
+  g.own = graph_flag(rank_, channel, 0, 0, 0);
+  for (int r = 0; r < world_size_; ++r) g.peer[r] = graph_flag(r, channel, 0, 0, 0);
+  return g;
+}
+
+int SymmetricWorkspace::next_graph_slot(int channel, uint32_t& tag) {
+  check_channel(channel);
+  std::lock_guard<std::mutex> lock(graph_mu_);
+  if (!graph_open_) return -1;
+  tag = graph_tag_;
+  return 1 + graph_barriers_[channel]++ % 2;  // NOTE [Graph flags]: slots 1 and 2 alternate
+}
+
+void SymmetricWorkspace::graph_kernel(Stream& s, int channel, uint32_t tag, int barriers,
+                                      int blocks, GraphKernelBody body,
+                                      const std::string& context) {
+  TORCH_CHECK(graph_flags() && barriers >= 2 && barriers <= kMaxGraphBarriers,
+              "cuda_p2p graph_kernel: needs 2 to ", kMaxGraphRanks, " ranks and 2 to ",
+              kMaxGraphBarriers, " barriers, got ", world_size_, " and ", barriers);
+  GraphLaunch g = graph_launch(channel, tag, {}, blocks);
+  // NOTE [Graph flags]: the open on slot 0, then 1 and 2 alternating.
+  for (int i = 0; i < barriers; ++i) {
+    g.slot[g.barriers++] = static_cast<uint8_t>(i == 0 ? 0 : 1 + (i - 1) % 2);
+  }
+  {
+    std::lock_guard<std::mutex> lock(graph_mu_);
+    graph_open_ = false;  // an op of its own: its first barrier is an open
+  }
+  device_->graph_kernel(s, g, std::move(body), timeout(), context);
+}
+
+void SymmetricWorkspace::graph_open(Stream& s, int channel, uint32_t tag,
+                                    const std::string& context) {
+  check_channel(channel);
+  {
+    std::lock_guard<std::mutex> lock(graph_mu_);
+    graph_open_ = true;
+    graph_tag_ = tag;
+    std::fill(graph_barriers_.begin(), graph_barriers_.end(), 0);
+  }
+  if (!graph_flags()) {
+    std::vector<int> all(world_size_);
+    std::iota(all.begin(), all.end(), 0);
+    counted_barrier(s, channel, all, timeout());
+    return;
+  }
+  GraphLaunch g = graph_launch(channel, tag, {0}, 1);
+  // This rank's graph signals, done words and counters: contiguous (NOTE [Signal pad layout]).
+  const size_t cw = static_cast<size_t>(options_.num_channels) * world_size_;
+  g.reset = graph_area(rank_, 0);
+  g.reset_words = static_cast<uint32_t>(2 * cw + static_cast<size_t>(options_.num_channels) *
+                                                     (2 * world_size_ + 1));
+  device_->graph_kernel(s, g, {}, timeout(),
+                        context + " (open, rank " + std::to_string(rank_) + ", graph)");
+}
+
+void SymmetricWorkspace::graph_close(Stream& s, int channel, const std::string& context) {
+  check_channel(channel);
+  uint32_t tag = 0;
+  int slot = -1;
+  {
+    std::lock_guard<std::mutex> lock(graph_mu_);
+    if (!graph_open_) return;
+    graph_open_ = false;
+    tag = graph_tag_;
+    slot = 1 + graph_barriers_[channel]++ % 2;
+  }
+  const std::string what = context + " (close, rank " + std::to_string(rank_) + ", graph)";
+  if (!graph_flags()) {
+    std::vector<int> all(world_size_);
+    std::iota(all.begin(), all.end(), 0);
+    counted_barrier(s, channel, all, timeout());
+    return;
+  }
+  device_->graph_kernel(s, graph_launch(channel, tag, {slot}, 1), {}, timeout(), what);
 }
 
 std::pair<uint32_t, uint32_t> SymmetricWorkspace::next_barrier_signal(int channel, int peer) {

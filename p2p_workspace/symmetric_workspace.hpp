@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -24,6 +25,9 @@ struct WorkspaceOptions {
   // (Options.max_buffer_size).
   static constexpr int64_t kDefaultMaxBufferSize = int64_t{256} << 20;
   static constexpr int kDefaultChannels = 4;
+  // 2 MiB: what a captured collective run as one kernel may stage per rank (NOTE [Graph flags]
+  // in p2p_workspace/graph_flags.hpp; docs/workspace.md, "Graph capture").
+  static constexpr int64_t kDefaultGraphRegionBytes = 2 << 20;
 
   int64_t buffer_size = kDefaultBufferSize;
   // Signal channels; one per stream that issues signals, so that barriers issued from two
@@ -39,6 +43,9 @@ struct WorkspaceOptions {
   std::string host_id;
   // Test hook: every read of peers' private memory fails as under Yama ptrace_scope (EPERM).
   bool deny_private_reads = false;
+  // The graph region of each block, after its pad: where captured collectives run as one kernel
+  // stage their data (NOTE [Graph flags]); 0: none (they keep the copy engine).
+  int64_t graph_region_bytes = kDefaultGraphRegionBytes;
 };
 
 // This process's host identity: `host_id` when not empty, else hostname + boot id.
@@ -155,6 +162,26 @@ class SymmetricWorkspace {
   void graph_wait_phase_ended(Stream& s, int channel, c10::ArrayRef<int> ranks,
                               const std::string& context);
 
+  // --- graph flags (NOTE [Graph flags] in p2p_workspace/graph_flags.hpp) ---
+  // Whether captured ops use flags: 2 to kMaxGraphRanks ranks (more: counted signals only).
+  bool graph_flags() const { return world_size_ >= 2 && world_size_ <= kMaxGraphRanks; }
+  // `rank`'s graph region (after its pad): what kernel ops stage, and nothing else uses.
+  char* graph_region(int rank) const;
+  int64_t graph_region_bytes() const;
+  // The flag `src` sets in `target`'s pad for barriers on `slot` of `block` on `channel`.
+  uint32_t* graph_flag(int target, int channel, int block, int slot, int src) const;
+  // A kernel op on `channel` (Device::graph_kernel): `barriers` flag barriers, on slots 0, 1,
+  // 2, ..., of `blocks` blocks, tagged `tag`, with `body` between them.
+  void graph_kernel(Stream& s, int channel, uint32_t tag, int barriers, int blocks,
+                    GraphKernelBody body, const std::string& context);
+  // The open of an op that keeps the copy engine under capture: clears this rank's graph counts,
+  // then a flag barrier on slot 0 of `channel`, tagged `tag`. Until graph_close, the op's full
+  // barriers (barrier()) on every channel are flag barriers on the alternating slots. Without
+  // flags: a counted barrier (NOTE [Replay-safe signals]).
+  void graph_open(Stream& s, int channel, uint32_t tag, const std::string& context);
+  // The close of the open op: a barrier on `channel`'s next slot. Nothing when no op is open.
+  void graph_close(Stream& s, int channel, const std::string& context);
+
   // Fails the device for good (Device::abort): pending and later waits raise; the destructor
   // then waits for no peer (NOTE [Block lifetime] in the .cpp). Thread-safe.
   void abort(const std::string& why);
@@ -182,6 +209,12 @@ class SymmetricWorkspace {
   uint32_t* graph_counter(int channel, int kind, int peer) const;
   void put_counted(Stream& s, int peer, int channel);
   CountedWait expect_counted(Stream& s, int peer, int channel);
+  void counted_barrier(Stream& s, int channel, const std::vector<int>& members, Millis timeout);
+  // NOTE [Graph flags]: a run of flag barriers on `slots` of `blocks` blocks of `channel`.
+  GraphLaunch graph_launch(int channel, uint32_t tag, std::initializer_list<int> slots,
+                           int blocks) const;
+  // The slot of the open op's next full barrier on `channel`, or -1 when no op is open.
+  int next_graph_slot(int channel, uint32_t& tag);
 
   c10::intrusive_ptr<c10d::Store> store_;
   const int rank_;
@@ -212,6 +245,12 @@ class SymmetricWorkspace {
   // NOTE [Replay-safe signals]: set by the first captured op; the mappings captures used.
   std::atomic<bool> capturing_any_{false};
   std::vector<std::shared_ptr<Mapping>> captured_;
+  // NOTE [Graph flags]: the copy-engine op being captured between graph_open and graph_close, its
+  // tag, and per channel its full barriers so far (which slot the next one takes).
+  std::mutex graph_mu_;
+  bool graph_open_ = false;
+  uint32_t graph_tag_ = 0;
+  std::vector<int> graph_barriers_;
   std::atomic<bool> aborted_{false};
   mutable std::mutex mapping_mutex_;
   std::shared_ptr<Mapping> mapping_;

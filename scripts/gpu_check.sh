@@ -15,7 +15,8 @@
 #    tests/cpp/launch.py (no mpirun), and tests/python/test_gpu.py (stopping after 5 failures);
 #    a skipped or timed-out test counts as a failure; then tests/python/gpu_graph.py (CUDA graphs
 #    of the collectives and fused ops, replayed with new inputs, and a captured small all-reduce
-#    timed against the eager one);
+#    timed against the eager one) and tests/python/gpu_graph_kernel.py (graph nodes per captured
+#    op, a captured 8 KiB all-reduce against eager, symm_mem's one-shot and 85 dependent kernels);
 # 5. the multi-GPU-readiness steps, ranks sharing the one GPU: a stream stress
 #    (tests/python/gpu_stress.py: fused ops and opt-in collectives on caller and side streams,
 #    two groups, interleaved with NCCL or wrapped ops, checked against plain torch), a rank that
@@ -34,8 +35,8 @@
 # At the end, one table of every step: its verdict, seconds and log.
 #
 # A rerun on a warm machine (the build is kept) may run fewer steps: CUDA_P2P_GPU_CHECK_STEPS
-# (default smoke,examples,ctest,pytest,graph,stress,fault,teardown,failure,mps,sanitizer,timing,
-# cpu_suite),
+# (default smoke,examples,ctest,pytest,graph,graph_kernel,stress,fault,teardown,failure,mps,
+# sanitizer,timing,cpu_suite),
 # CUDA_P2P_GPU_CHECK_CTEST_ARGS, CUDA_P2P_GPU_CHECK_PYTEST_ARGS (for both pytest steps),
 # CUDA_P2P_GPU_CHECK_SANITIZER_TOOLS (default "memcheck racecheck synccheck").
 #
@@ -64,7 +65,7 @@ START=$(date +%s)
 BUDGET=${CUDA_P2P_GPU_CHECK_BUDGET:-570}
 # Which steps after the build (a rerun on a warm machine, whose build is kept, may want fewer),
 # and extra arguments for ctest (e.g. "-R test_backend") and pytest (e.g. "-k all_reduce").
-STEPS=${CUDA_P2P_GPU_CHECK_STEPS:-smoke,examples,ctest,pytest,graph,stress,fault,teardown,failure,mps,sanitizer,timing,cpu_suite}
+STEPS=${CUDA_P2P_GPU_CHECK_STEPS:-smoke,examples,ctest,pytest,graph,graph_kernel,stress,fault,teardown,failure,mps,sanitizer,timing,cpu_suite}
 wants() { [[ ",$STEPS," == *",$1,"* ]]; }
 OUT=${1:-gpu_check_out}
 mkdir -p "$OUT"
@@ -302,6 +303,13 @@ PYEOF
   # the same op eager.
   if wants graph; then
     step graph 150 "$PY" tests/python/gpu_graph.py --world-sizes 1 2 4 --timeout 60
+  fi
+  # Captured collectives as one kernel (NOTE [Captured collectives in one kernel]): the graph
+  # nodes of each captured op (cuGraphGetNodes; a small op at W > 1 must be at most 2), then a
+  # captured 8 KiB all-reduce timed against eager, torch's symm_mem one-shot and a graph of 85
+  # dependent kernels (the old design's floor); figures at W > 1 are time-sliced.
+  if wants graph_kernel; then
+    step graph_kernel 100 "$PY" tests/python/gpu_graph_kernel.py --world-sizes 1 2 4 --timeout 45
   fi
 
   # --- 5. multi-GPU readiness, ranks sharing the one GPU ---------------------------------------

@@ -695,6 +695,27 @@ class CudaDevice : public Device {
     watchdog_->arm();  // NOTE [Counted waits end with the failure]
   }
 
+  // NOTE [Graph flags] in p2p_workspace/graph_flags.hpp: one kernel, the op's own (ops/cuda/) or
+  // one of barriers only. Its waits give up and end as a counted wait's do: no watchdog follows
+  // them (a replay's events are the graph's), the give-up record and the failure words end them.
+  void graph_kernel(Stream& s, const GraphLaunch& launch, GraphKernelBody body, Millis timeout,
+                    std::string context) override {
+    check_healthy(context.c_str());
+    GraphLaunch g = launch;
+    g.timeout_ns = static_cast<uint64_t>(timeout.count()) * 1000000ull;
+    g.give_up = graph_give_up_dev_;
+    const cuda::WaitEnds e = ends();
+    g.peer_failed = e.peer_failed;
+    g.failed = e.failed;
+    c10::cuda::CUDAStreamGuard guard(as_cuda(s).stream);
+    if (body.cuda) {
+      body.cuda(g);
+    } else {
+      CUDA_P2P_CUDA_CHECK(cuda::launch_graph_barriers(g, as_cuda(s).stream.stream()));
+    }
+    watchdog_->arm();  // NOTE [Counted waits end with the failure]
+  }
+
   // NOTE [Device failure] (p2p_workspace/watchdog.hpp): the waits are bracketed by two events
   // and handed to the watchdog, which enforces `timeout` from the moment the stream reaches them.
   void wait_signals(Stream& s, std::vector<SignalWait> waits, Millis timeout,
@@ -991,12 +1012,29 @@ class CudaDevice : public Device {
   std::string graph_give_up() const {
     const auto* g = graph_give_up_;
     if (g == nullptr || *static_cast<const volatile uint32_t*>(&g->gave_up) == 0) return "";
-    std::vector<int> peers;
-    for (int r = 0; r < 128; ++r) {
-      if (*static_cast<const volatile uint32_t*>(&g->peer_bits[r / 32]) & (1u << (r % 32))) {
-        peers.push_back(r);
+    auto ranks = [](const uint32_t* bits) {
+      std::vector<int> peers;
+      for (int r = 0; r < 128; ++r) {
+        if (*static_cast<const volatile uint32_t*>(&bits[r / 32]) & (1u << (r % 32))) {
+          peers.push_back(r);
+        }
       }
+      return peers;
+    };
+    // NOTE [Graph flags]: a foreign tag says more than the timeouts it caused elsewhere.
+    const std::vector<int> foreign = ranks(g->foreign_bits);
+    if (!foreign.empty()) {
+      char tags[64];
+      std::snprintf(tags, sizeof(tags), "(its tag 0x%08x, this rank's 0x%08x)",
+                    *static_cast<const volatile uint32_t*>(&g->foreign_tag),
+                    *static_cast<const volatile uint32_t*>(&g->own_tag));
+      return "a flag barrier of a replayed CUDA graph met another op: " + describe_ranks(foreign) +
+             (foreign.size() > 1 ? " were" : " was") + " at another captured op " + tags +
+             ": the ranks replayed different graphs, or one replayed a graph more or fewer times "
+             "than its peers (the kernel trapped and the CUDA context is lost; NOTE [Graph "
+             "flags])";
     }
+    const std::vector<int> peers = ranks(g->peer_bits);
     return "a wait of a replayed CUDA graph timed out: " + describe_ranks(peers) +
            " never arrived (the wait kernel trapped: the graph's kernels went on with stale data "
            "and the CUDA context is lost; NOTE [Counted waits end with the failure])";

@@ -1,4 +1,5 @@
 #include "p2p_workspace/cuda/global_timer.cuh"
+#include "p2p_workspace/cuda/graph_barrier.cuh"
 #include "p2p_workspace/cuda/signal_kernels.cuh"
 
 namespace cuda_p2p::cuda {
@@ -100,7 +101,22 @@ __global__ void wait_counted_kernel(CountedKernelWaits waits, uint64_t timeout_n
   }
 }
 
+// NOTE [Graph flags] (p2p_workspace/graph_flags.hpp): an open, a close, or a barrier alone.
+__global__ void graph_barriers_kernel(GraphLaunch g) {
+  for (int i = 0; i < g.barriers; ++i) {
+    if (!graph_barrier(g, i)) return;
+  }
+}
+
+// One warp: a thread per peer (kMaxGraphRanks of them at most).
+static_assert(kMaxGraphRanks <= 32, "graph_barriers_kernel runs one warp per block");
+
 }  // namespace
+
+cudaError_t launch_graph_barriers(const GraphLaunch& launch, cudaStream_t stream) {
+  graph_barriers_kernel<<<launch.blocks, 32, 0, stream>>>(launch);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_advance_counter(uint32_t* counter, uint32_t delta, cudaStream_t stream) {
   advance_counter_kernel<<<1, 1, 0, stream>>>(counter, delta);
@@ -136,7 +152,8 @@ cudaError_t load_kernels() {
                            reinterpret_cast<const void*>(&wait_signals_kernel),
                            reinterpret_cast<const void*>(&advance_counter_kernel),
                            reinterpret_cast<const void*>(&write_counted_kernel),
-                           reinterpret_cast<const void*>(&wait_counted_kernel)};
+                           reinterpret_cast<const void*>(&wait_counted_kernel),
+                           reinterpret_cast<const void*>(&graph_barriers_kernel)};
   for (const void* k : kernels) {
     cudaFuncAttributes attributes;
     const cudaError_t err = cudaFuncGetAttributes(&attributes, k);

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "p2p_workspace/graph_flags.hpp"
+
 namespace cuda_p2p::cuda {
 
 constexpr int kMaxKernelWaits = 16;
@@ -77,6 +79,11 @@ struct GraphGiveUp {
   uint32_t peer_bits[4];  // ranks 0..127
   uint32_t gave_up;
   uint32_t failed;
+  // NOTE [Graph flags] in p2p_workspace/graph_flags.hpp: the peers whose flag held another op's
+  // tag, the first such tag and this rank's (gave_up counts these give-ups too).
+  uint32_t foreign_bits[4];
+  uint32_t foreign_tag;
+  uint32_t own_tag;
 };
 
 // *counter += delta.
@@ -92,5 +99,9 @@ cudaError_t launch_write_counted(uint32_t* addr, const uint32_t* counter, uint32
 // or its own failure, which its host knows).
 cudaError_t launch_wait_counted(const CountedKernelWaits& waits, uint64_t timeout_ns,
                                 GraphGiveUp* give_up, WaitEnds ends, cudaStream_t stream);
+
+// NOTE [Graph flags]: a kernel of `launch.barriers` flag barriers and nothing else, on
+// `launch.blocks` blocks (p2p_workspace/cuda/graph_barrier.cuh).
+cudaError_t launch_graph_barriers(const GraphLaunch& launch, cudaStream_t stream);
 
 }  // namespace cuda_p2p::cuda

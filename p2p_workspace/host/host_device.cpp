@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -140,6 +141,20 @@ struct GraphGiveUps {
     }
     count.fetch_add(1, std::memory_order_release);
   }
+  // NOTE [Graph flags]: a flag barrier found `seen` from `peer` where it expected `tag`.
+  std::set<int> foreign;
+  uint32_t seen_tag = 0, own_tag = 0;
+  void record_foreign(int peer, uint32_t seen, uint32_t tag) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (foreign.empty()) {
+        seen_tag = seen;
+        own_tag = tag;
+      }
+      foreign.insert(peer);
+    }
+    count.fetch_add(1, std::memory_order_release);
+  }
 };
 
 // What the wait kernel's trap is on a host stream (NOTE [Counted waits end with the failure]):
@@ -170,6 +185,110 @@ bool block_until_arrived(const std::vector<SignalWait>& waits,
   }
   return true;
 }
+
+// NOTE [Graph flags] in p2p_workspace/graph_flags.hpp: "0x2a5f..." for the errors.
+std::string tag_text(uint32_t tag) {
+  char out[16];
+  std::snprintf(out, sizeof(out), "0x%08x", tag);
+  return out;
+}
+
+std::string foreign_tag(int peer, uint32_t seen, uint32_t tag) {
+  return "rank " + std::to_string(peer) + " is at another captured op (its tag " + tag_text(seen) +
+         ", this rank's " + tag_text(tag) +
+         "): the ranks replayed different graphs, or one replayed a graph more or fewer times "
+         "than its peers (NOTE [Graph flags])";
+}
+
+// How a run of flag barriers ends early, by the device's semantics (Device::graph_kernel).
+struct GraphEnds {
+  // Asked on every pass that waits: true ends the run quietly (CUDA's semantics: this device's
+  // own failure, which its host knows); throws to end it with an error.
+  std::function<bool()> check;
+  // The wait for `waits` passed its deadline, or found a foreign tag: fail and throw.
+  std::function<void(const std::vector<SignalWait>& waits)> timed_out;
+  std::function<void(int peer, uint32_t seen)> foreign;
+};
+
+// NOTE [Graph flags]: one run of Device::graph_kernel on the host, as the kernel runs it: per
+// barrier, store the tag into every peer's slot of every block, wait until every own slot is
+// set, check the tags, clear them, then run the body's step on every block. advance() goes as far
+// as the flags allow; it is copied with the task that holds it, so that every replay of a
+// captured run starts afresh.
+class GraphRun {
+ public:
+  GraphRun(const GraphLaunch& g, std::shared_ptr<const std::function<void(int, int)>> body,
+           Millis timeout)
+      : g_(g), body_(std::move(body)), timeout_(timeout) {}
+
+  // True when the run is over (every barrier passed and the body ran, or it ended quietly).
+  bool advance(const GraphEnds& ends) {
+    while (step_ < g_.barriers) {
+      if (!stored_) store();
+      if (!all_arrived(waits_)) {
+        if (ends.check()) return true;
+        const auto now = std::chrono::steady_clock::now();
+        if (!deadline_) {
+          deadline_ = now + timeout_;
+        } else if (now >= *deadline_) {
+          ends.timed_out(waits_);
+          return true;  // not reached: timed_out throws
+        }
+        return false;
+      }
+      for (const auto& w : waits_) {
+        const uint32_t seen = std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(w.addr))
+                                  .load(std::memory_order_acquire) &
+                              kGraphTagMask;
+        if (seen != g_.tag) {
+          ends.foreign(w.peer, seen);
+          return true;  // not reached
+        }
+      }
+      for (const auto& w : waits_) {
+        std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(w.addr))
+            .store(0, std::memory_order_relaxed);
+      }
+      if (body_ && *body_) {
+        for (int b = 0; b < g_.blocks; ++b) (*body_)(step_, b);
+      }
+      ++step_;
+      stored_ = false;
+    }
+    return true;
+  }
+  // What the current barrier waits for.
+  const std::vector<SignalWait>& waits() const { return waits_; }
+
+ private:
+  void store() {
+    if (step_ == 0) {  // an open: this rank's graph counts start from zero (NOTE [Graph flags])
+      for (uint32_t i = 0; i < g_.reset_words; ++i) {
+        std::atomic_ref<uint32_t>(g_.reset[i]).store(0, std::memory_order_relaxed);
+      }
+    }
+    waits_.clear();
+    for (int b = 0; b < g_.blocks; ++b) {
+      for (int q = 0; q < g_.world_size; ++q) {
+        if (q == g_.rank) continue;
+        // The release of this store (an exchange) publishes what this rank did before, the clears
+        // of its earlier slots included.
+        futex_store_and_wake(g_.theirs(b, step_, q), g_.tag);
+        waits_.push_back(SignalWait{g_.mine(b, step_, q), 1, q});  // set: a tag is >= 1
+      }
+    }
+    stored_ = true;
+    deadline_.reset();
+  }
+
+  GraphLaunch g_;
+  std::shared_ptr<const std::function<void(int, int)>> body_;
+  Millis timeout_;
+  int step_ = 0;
+  bool stored_ = false;
+  std::optional<std::chrono::steady_clock::time_point> deadline_;
+  std::vector<SignalWait> waits_;
+};
 
 // NOTE [Host capture]
 // The host device's stand-in for CUDA graph capture, so that CI runs what a replayed graph runs
@@ -367,6 +486,54 @@ class HostDevice : public Device {
                                    this] {
               block_on_waits(resolve(), timeout, context, oversubscribed, failure_);
             }));
+  }
+
+  // NOTE [Graph flags] in p2p_workspace/graph_flags.hpp: the whole run is one task of `s`.
+  void graph_kernel(Stream& s, const GraphLaunch& launch, GraphKernelBody body, Millis timeout,
+                    std::string context) override {
+    if (cuda()) {
+      check_healthy(context.c_str());
+    } else {
+      failure_.check(context.c_str());
+    }
+    auto& h = as_host(s);
+    GraphRun run(launch,
+                 body.host
+                     ? std::make_shared<const std::function<void(int, int)>>(std::move(body.host))
+                     : nullptr,
+                 timeout);
+    const GraphEnds ends = cuda() ? cuda_graph_ends(launch.tag, timeout, std::move(context))
+                                  : graph_ends(launch.tag, timeout, std::move(context));
+    if (h.mode() == HostStream::Mode::kCooperative) {
+      // `late` is shared by the copies a replay enqueues: they run one after another on the
+      // stream, and only the one at its head fills or reads it (as in wait_counted).
+      auto late = std::make_shared<std::vector<SignalWait>>();
+      HostTask t = HostTask::when([run, ends, late]() mutable {
+        if (run.advance(ends)) return true;
+        *late = run.waits();
+        return false;
+      });
+      t.late_waits = late;
+      enqueue(s, std::move(t));
+      return;
+    }
+    if (h.mode() == HostStream::Mode::kInline && cooperative_) {
+      enqueue(s, HostTask::blocking([this, run, ends]() mutable {
+                scheduler_->drive([&] { return run.advance(ends); });
+              }));
+      return;
+    }
+    enqueue(s, HostTask::blocking(
+                   [run, ends,
+                    oversubscribed = oversubscribed_.load(std::memory_order_relaxed)]() mutable {
+                     while (!run.advance(ends)) {
+                       if (poll_briefly(run.waits(), oversubscribed)) continue;
+                       const auto until = std::chrono::steady_clock::now() + kMaxSleep;
+                       for (const auto& w : run.waits()) {
+                         if (!futex_sleep_until(w.addr, w.value, until)) break;
+                       }
+                     }
+                   }));
   }
 
   void wait_signals(Stream& s, std::vector<SignalWait> waits, Millis timeout,
@@ -754,14 +921,78 @@ class HostDevice : public Device {
               }
             }));
   }
+  // NOTE [Graph flags]: the synchronous host's flag waits raise into their stream, as its other
+  // waits do, and fail the device first: the peers learn it from their failure words, and no op
+  // after an abandoned one could pair with a stale flag of it.
+  GraphEnds graph_ends(uint32_t tag, Millis timeout, std::string context) {
+    auto why = std::make_shared<const std::string>(std::move(context));
+    GraphEnds e;
+    e.check = [this, why] {
+      failure_.check(why->c_str());
+      return false;
+    };
+    e.timed_out = [this, why, timeout](const std::vector<SignalWait>& waits) {
+      std::vector<int> missing;
+      for (const auto& w : waits) {
+        if (!arrived(w)) missing.push_back(w.peer);
+      }
+      const std::string what = *why + " timed out after " + std::to_string(timeout.count()) +
+                               " ms: " + describe_ranks(missing) + " never arrived";
+      failure_.fail(what);
+      TORCH_CHECK(false, "cuda_p2p ", what);
+    };
+    e.foreign = [this, why, tag](int peer, uint32_t seen) {
+      const std::string what = *why + ": " + foreign_tag(peer, seen, tag);
+      failure_.fail(what);
+      TORCH_CHECK(false, "cuda_p2p ", what);
+    };
+    return e;
+  }
+  // CUDA's semantics: the kernel's waits (NOTE [Counted waits end with the failure]).
+  GraphEnds cuda_graph_ends(uint32_t tag, Millis timeout, std::string context) {
+    watchdog_->arm();
+    auto why = std::make_shared<const std::string>(std::move(context));
+    GraphEnds e;
+    e.check = [why, give_ups = give_ups_, gone = gone_] {
+      if (gone->load(std::memory_order_acquire)) return true;
+      switch (give_ups->ended()) {
+        case GraphGiveUps::End::kNo:
+          return false;
+        case GraphGiveUps::End::kPeerFailed:
+          trap(*why, "a peer's failure reached this rank's failure word (NOTE [Failure words])");
+        default:
+          return true;
+      }
+    };
+    e.timed_out = [why, timeout, give_ups = give_ups_](const std::vector<SignalWait>& waits) {
+      give_ups->record(waits);
+      std::vector<int> missing;
+      for (const auto& w : waits) {
+        if (!arrived(w)) missing.push_back(w.peer);
+      }
+      trap(*why, "timed out after " + std::to_string(timeout.count()) +
+                     " ms: " + describe_ranks(missing) + " never arrived");
+    };
+    e.foreign = [why, tag, give_ups = give_ups_](int peer, uint32_t seen) {
+      give_ups->record_foreign(peer, seen, tag);
+      trap(*why, foreign_tag(peer, seen, tag));
+    };
+    return e;
+  }
   // The give-ups of counted waits as the device's failure ("" while there is none).
   std::string graph_give_up() {
     if (give_ups_->count.load(std::memory_order_acquire) == 0) return "";
     std::vector<int> peers;
+    std::string foreign;
     {
       std::lock_guard<std::mutex> lock(give_ups_->mu);
       peers.assign(give_ups_->peers.begin(), give_ups_->peers.end());
+      if (!give_ups_->foreign.empty()) {
+        foreign = "a flag barrier of a replayed graph met another op: " +
+                  foreign_tag(*give_ups_->foreign.begin(), give_ups_->seen_tag, give_ups_->own_tag);
+      }
     }
+    if (!foreign.empty()) return foreign;
     return "a wait of a replayed graph timed out: " + describe_ranks(peers) +
            " never arrived (the graph's work went on with stale data; NOTE [Replay-safe "
            "signals])";

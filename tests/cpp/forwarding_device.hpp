@@ -52,6 +52,10 @@ class ForwardingDevice : public Device {
   void wait_counted(Stream& s, std::vector<CountedWait> w, Millis t, std::string c) override {
     inner_->wait_counted(s, std::move(w), t, std::move(c));
   }
+  void graph_kernel(Stream& s, const GraphLaunch& g, GraphKernelBody b, Millis t,
+                    std::string c) override {
+    inner_->graph_kernel(s, g, std::move(b), t, std::move(c));
+  }
   void launch(Stream& s, std::function<void()> fn) override { inner_->launch(s, std::move(fn)); }
   void host_task(Stream& s, std::function<void()> fn) override {
     inner_->host_task(s, std::move(fn));

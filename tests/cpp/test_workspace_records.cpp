@@ -28,18 +28,20 @@ WorkspaceOptions short_timeout() {
   WorkspaceOptions o;
   o.buffer_size = 4096;
   o.timeout = std::chrono::seconds(2);
+  o.graph_region_bytes = 0;  // the blocks the records below describe: buffer and pad only
   return o;
 }
 
 // A well-formed record for rank 1 of a job on this host, with `line` (1-based, after the version)
 // replaced when given.
 std::string record(int replace_line = -1, const std::string& with = "") {
-  std::vector<std::string> lines = {"cuda_p2p-peer-v5", host_identity(), "12345", "cpu", "-1",
-                                    "8192",  // 4096-byte buffer + one page of pad
-                                    // "cuda_p2p-0123456789abcdef0123456789abcdef@12345"
-                                    "637564615f7032702d303132333435363738396162636465663031323334"
-                                    "3536373839616263646566403132333435",
-                                    "140000000000", "42", "host", "03", "-"};
+  std::vector<std::string> lines = {
+      "cuda_p2p-peer-v5", host_identity(), "12345", "cpu", "-1",
+      "12288",  // 4096-byte buffer + two pages of pad (2 ranks, with graph flags)
+      // "cuda_p2p-0123456789abcdef0123456789abcdef@12345"
+      "637564615f7032702d303132333435363738396162636465663031323334"
+      "3536373839616263646566403132333435",
+      "140000000000", "42", "host", "03", "-"};
   if (replace_line >= 0) lines[replace_line] = with;
   std::string s;
   for (const auto& l : lines) s += l + "\n";
@@ -92,7 +94,7 @@ TEST(WorkspaceRecords, MalformedRecordsAreRefusedNamingTheRank) {
 // one is refused like a malformed info record.
 TEST(WorkspaceRecords, AFailedRankIsNamedAndAMalformedFailureRefused) {
   const std::string head = "cuda_p2p-peer-failed-v1\n";
-  const std::string failed = "1 of 2 ranks could not allocate their block of 8192 bytes (rank 1: ";
+  const std::string failed = "1 of 2 ranks could not allocate their block of 12288 bytes (rank 1: ";
   expect_refused(head + "error\nno memfd for you\n", failed + "no memfd for you)");
   auto store = c10::make_intrusive<c10d::HashStore>();
   store->set("cuda_p2p/workspace/1/info/1", bytes(head + "oom\ncudaMalloc: out of memory\n"));
