@@ -150,7 +150,8 @@ void WorkspaceCollectives::refuse_capture(const char* what, const char* why) con
 // returns, and its tensors must live until its stream has run it, whatever the caller drops:
 //  - on CUDA the caching allocator gives that: a block freed is reused only by work enqueued
 //    after it on the stream (the op's, the caller's current one);
-//  - on the host a closure the op leaves on its stream holds them (hold, copy_back);
+//  - on the host a closure the op leaves on its stream holds them (hold, copy_back), except
+//    under capture, where a graph's tensors are the caller's to keep, as on CUDA;
 //  - a synchronous host device has run the op when it returns.
 // Where the caller's tensors are not contiguous (or overlap), a body computes into contiguous
 // temporaries, and the copy back into the caller's tensor is launched on the op's stream after it
@@ -164,7 +165,10 @@ void WorkspaceCollectives::copy_back(const at::Tensor& dst, const at::Tensor& sr
 void WorkspaceCollectives::hold(std::vector<at::Tensor> tensors) const {
   Device& device = ws_->device();
   if (device.host_synchronous() || !device.tensor_device().is_cpu()) return;
-  device.launch(*device.current_stream(), [held = std::move(tensors)] {});
+  auto stream = device.current_stream();
+  // A captured op's tensors live as long as its graph, as on CUDA: the caller keeps them.
+  if (ws_->capturing(*stream)) return;
+  device.launch(*stream, [held = std::move(tensors)] {});
 }
 
 // --- bodies -------------------------------------------------------------------------------------
