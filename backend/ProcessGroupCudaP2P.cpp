@@ -142,8 +142,14 @@ ProcessGroupCudaP2P::ProcessGroupCudaP2P(c10::intrusive_ptr<c10d::Store> store, 
       heap_(group_, collectives_),
       send_recv_(group_, collectives_),
       bound_cuda_device_(bound_cuda_device) {
-  // NOTE [Abort hooks] in backend/abort_hooks.cpp: before the first failure's error propagates.
-  failure_.on_first_failure([this](const std::string& failure) { abort_hooks_.run(failure); });
+  // NOTE [Failed groups] in ops/failure_record.hpp: the first failure of a workspace op fails the
+  // workspace's device, which tells the peers (NOTE [Failure words]); then the abort hooks run
+  // (NOTE [Abort hooks] in backend/abort_hooks.cpp), before the error propagates.
+  failure_.on_first_failure([this](const std::string& failure) {
+    if (workspace_)
+      workspace_->device().abort("rank " + std::to_string(getRank()) + ": " + failure);
+    abort_hooks_.run(failure);
+  });
 }
 
 ProcessGroupCudaP2P::~ProcessGroupCudaP2P() {

@@ -18,9 +18,12 @@ namespace cuda_p2p::ops {
 // that did not fail go on - soon on the others. So one failure, of a collective or of a fused
 // op, marks the whole group failed: every later workspace op of the group (collective or fused)
 // refuses at once with one line naming the first failure and saying to recreate the group,
-// instead of costing a timeout each or reading stale data. A disagreement of the ranks'
-// signatures is not a failure (NOTE [Op signatures] in ops/op_signature.cpp): the op did not
-// run anywhere and the group stays usable.
+// instead of costing a timeout each or reading stale data. Its peers are told too: the backend
+// fails the workspace's device with it (on_first_failure), which writes it into their failure
+// words (NOTE [Failure words] in p2p_workspace/watchdog.hpp), so that a peer that arrives late
+// at the op this rank gave up on raises naming this rank instead of taking the signals and data
+// this rank left behind. A disagreement of the ranks' signatures is not a failure (NOTE [Op
+// signatures] in ops/op_signature.cpp): the op did not run anywhere and the group stays usable.
 class FailureRecord {
  public:
   // Records `e` (its message without the C++ backtrace, on one line) as the group's failure, if

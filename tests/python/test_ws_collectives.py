@@ -695,6 +695,39 @@ def check_timeout_names_the_missing_rank(ctx):
     return out
 
 
+def check_a_late_rank_learns_of_the_failure(ctx):
+    """Rank 0's all_reduce times out before rank 1 calls it; rank 1's call, later, must raise
+    naming rank 0 rather than complete on the signals and data rank 0 left behind (NOTE [Failed
+    groups]: the failure reaches the peers' failure words)."""
+    g = dist.new_group(backend="cuda_p2p", timeout=timedelta(seconds=1))
+    dist.all_reduce(torch.ones(4), group=g)
+    dist.barrier(group=ctx.gloo)
+    out = {"error": None, "value": None}
+    if ctx.rank == 0:
+        try:
+            dist.all_reduce(torch.ones(4), group=g)
+        except RuntimeError as e:
+            out["error"] = str(e)
+    dist.barrier(group=ctx.gloo)
+    if ctx.rank != 0:
+        t = torch.ones(4)
+        try:
+            dist.all_reduce(t, group=g)
+            out["value"] = t.tolist()
+        except RuntimeError as e:
+            out["error"] = str(e)
+    dist.barrier(group=ctx.gloo)
+    dist.destroy_process_group(g)
+    return out
+
+
+def test_a_late_rank_learns_of_the_failure(world2):
+    first, late = world2.run(check_a_late_rank_learns_of_the_failure)
+    assert first["error"] and "rank 1 never arrived" in first["error"], first
+    assert late["value"] is None, late
+    assert late["error"] and "rank 0" in late["error"] and "failed first" in late["error"], late
+
+
 def check_work_wait_timeout(ctx):
     """Work.wait(timeout) as NCCL's: on a workspace whose ops return queued (here the host's with
     CUDA's semantics), a wait with a timeout blocks until the op has run and raises once the timeout
