@@ -51,6 +51,23 @@ def _dev_shm() -> set[str]:
     return {n for n in os.listdir("/dev/shm") if not n.startswith("sem.mp-")}
 
 
+def _clean_up(token, procs, logs, out_dir):
+    """Kills whatever a case left running (its ranks and their children), closes the logs and
+    removes the case's folder (the logs are in its result, and printed)."""
+    for pid in _pids_with_token(token):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+    for log in logs:
+        log.close()
+    shutil.rmtree(out_dir, ignore_errors=True)
+
+
 def run_fault(case: str, world: int, victim: int, signal_from_test: int | None,
               script: str = "_fault_rank.py") -> dict:
     """Runs one job with one fault; returns what happened (asserting nothing itself). `script`
@@ -130,18 +147,7 @@ def run_fault(case: str, world: int, victim: int, signal_from_test: int | None,
             {k: v for k, v in result.items() if k != "logs"}, default=str)[:4000])
         return result
     finally:
-        for pid in _pids_with_token(token):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-        for log in logs:
-            log.close()
-        shutil.rmtree(out_dir, ignore_errors=True)  # the logs are in `result` (and printed)
+        _clean_up(token, procs, logs, out_dir)  # the logs are in `result` (and printed)
 
 
 def _logs(out_dir: str, world: int) -> str:
@@ -300,15 +306,4 @@ def test_teardown_after_the_store_host_exited_is_quiet_and_bounded():
             new &= _dev_shm()
         assert not new, f"/dev/shm residue: {sorted(new)}"
     finally:
-        for pid in _pids_with_token(token):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-        for log in logs:
-            log.close()
-        shutil.rmtree(out_dir, ignore_errors=True)
+        _clean_up(token, procs, logs, out_dir)
