@@ -28,8 +28,9 @@ and the store and Gloo bind to that namespace's end of a veth pair shaped to RAT
 hosts cost what they would on such a link; bytes within a host stay in its namespace.
 
 --agreement-cost (with --hosts) also times a second hierarchical group whose group-wide
-agreement on each call is off (a bench-only knob, backend._set_hierarchical_agreement(False):
-NOTE [Hierarchical agreement] in backend/hierarchical.cpp), interleaved with the measured group:
+agreement on each call is off (a bench-only knob,
+cuda_p2p._C._testing.set_hierarchical_agreement(backend, False): NOTE [Hierarchical agreement] in
+backend/hierarchical.cpp), interleaved with the measured group:
 the ratio of the two medians is what the agreement costs, both measured in the same run.
 
 --algos also times the cuda_p2p workspace with each algorithm forced in turn (a group per
@@ -698,7 +699,9 @@ def rank_main(rank: int, cfg: dict) -> None:
             na_backend = cuda_p2p.get_cuda_p2p_backend(na_group)
             if na_backend.hierarchy() is None:
                 raise RuntimeError("--agreement-cost: the second group is not hierarchical")
-            na_backend._set_hierarchical_agreement(False)
+            from cuda_p2p import _C
+
+            _C._testing.set_hierarchical_agreement(na_backend, False)
             no_agreement = {"no_agreement": na_group}
 
         zc_groups = {}

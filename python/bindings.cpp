@@ -18,6 +18,7 @@
 #include "p2p_workspace/host/core_probe.hpp"
 #include "p2p_workspace/host/host_device.hpp"
 #include "python/options.hpp"
+#include "python/testing.hpp"
 
 namespace py = pybind11;
 
@@ -217,27 +218,6 @@ PYBIND11_MODULE(_C, m) {
           "whose segments are carved from this rank's symmetric heap (CUDA groups; use "
           "cuda_p2p.get_mem_pool).")
       .def(
-          "_heap_segments",
-          [](ProcessGroupCudaP2P& self) {
-            py::gil_scoped_release release;
-            return self.heap_segments();
-          },
-          "Test hook: the heap segments the MemPool allocator takes and returns (any device).")
-#ifdef CUDA_P2P_WITH_CUDA
-      .def(
-          "_heap_pool_allocator",
-          [](ProcessGroupCudaP2P& self) {
-            std::shared_ptr<cuda_p2p::detail::HeapSegments> segments;
-            {
-              py::gil_scoped_release release;
-              segments = self.heap_segments();
-            }
-            return py::cast(cuda_p2p::detail::make_pool_allocator(segments, -1));
-          },
-          "Test hook: a MemPool allocator over this group's heap on either device (never called "
-          "on the host: it lets the host tests check its type and that it keeps the heap mapped).")
-#endif
-      .def(
           "ensure_symmetric_heap",
           [](ProcessGroupCudaP2P& self) {
             py::gil_scoped_release release;
@@ -364,11 +344,6 @@ PYBIND11_MODULE(_C, m) {
           "For the Python layer, at group construction: the host of every rank, the cuda_p2p "
           "backend over this host's ranks and the backend over this rank's local-index peers on "
           "the other hosts (backend/hierarchical.hpp).")
-      .def("_set_hierarchical_agreement", &ProcessGroupCudaP2P::set_hierarchical_agreement,
-           py::arg("on"),
-           "Bench knob (bench/bench_collectives.py --agreement-cost), not for users: off skips "
-           "the agreement of a hierarchical group's collectives (NOTE [Hierarchical agreement]), "
-           "to measure its cost; mismatched arguments then crash or hang the group.")
       .def(
           "hierarchy",
           [](const ProcessGroupCudaP2P& self) -> py::object {
@@ -394,40 +369,6 @@ PYBIND11_MODULE(_C, m) {
 
   bind_fused_pipelines(pg);
 
-  // What the MemPool allocator's functions call, for the host tests (tests/python/
-  // test_zero_copy.py): addresses as integers.
-  py::class_<cuda_p2p::detail::HeapSegments, std::shared_ptr<cuda_p2p::detail::HeapSegments>>(
-      m, "_HeapSegments")
-      .def(
-          "allocate",
-          [](cuda_p2p::detail::HeapSegments& self, size_t bytes) {
-            return reinterpret_cast<uintptr_t>(self.allocate(bytes));
-          },
-          py::arg("nbytes"))
-      .def(
-          "free",
-          [](cuda_p2p::detail::HeapSegments& self, uintptr_t ptr) {
-            self.free(reinterpret_cast<void*>(ptr));
-          },
-          py::arg("ptr"))
-      .def("segments", &cuda_p2p::detail::HeapSegments::segments)
-      .def("bytes", &cuda_p2p::detail::HeapSegments::bytes);
-
-  // The symmetric heap's allocator alone, for its unit tests (tests/python/test_zero_copy.py).
-  py::class_<cuda_p2p::HeapAllocator>(m, "_HeapAllocator")
-      .def(py::init<int64_t, int64_t>(), py::arg("capacity"),
-           py::arg("alignment") = cuda_p2p::HeapAllocator::kDefaultAlignment)
-      .def("allocate", &cuda_p2p::HeapAllocator::allocate, py::arg("nbytes"))
-      .def("free", &cuda_p2p::HeapAllocator::free, py::arg("offset"))
-      .def("used_bytes", &cuda_p2p::HeapAllocator::used_bytes)
-      .def("live_blocks", &cuda_p2p::HeapAllocator::live_blocks)
-      .def("largest_free", &cuda_p2p::HeapAllocator::largest_free)
-      .def("free_ranges", &cuda_p2p::HeapAllocator::free_ranges);
-
-  m.def("_parallel_grain", &cuda_p2p::ops::parallel_grain, py::arg("bytes"), py::arg("esize"),
-        py::arg("min_bytes"),
-        "Test hook: the elements per piece a host copy / reduction of `bytes` is split into on "
-        "this process's intra-op threads from `min_bytes` on, or 0 (NOTE [Intra-op threads]).");
   m.def("_set_default_group_name", &cuda_p2p::set_default_group_name, py::arg("group_name"),
         "Records the name of torch's default group, a cuda_p2p group being created: the dispatcher "
         "ops' group_name '' (NOTE [The default group's name] in backend/dispatcher_group.cpp).");
@@ -457,22 +398,6 @@ PYBIND11_MODULE(_C, m) {
       "ns (min and median over batches of 16). The bench's placement probe (NOTE [Core "
       "placement] in p2p_workspace/host/core_probe.cpp).");
 
-  m.def(
-      "_choose_cuda_device",
-      [](std::optional<int64_t> bound_device, int device_count, int current_device,
-         const std::map<std::string, std::string>& env) {
-        auto choice = cuda_p2p::choose_cuda_device(
-            bound_device, device_count, current_device,
-            [&env](const std::string& name) -> std::optional<std::string> {
-              auto it = env.find(name);
-              if (it == env.end() || it->second.empty()) return std::nullopt;
-              return it->second;
-            });
-        return py::make_tuple(choice.index, choice.from);
-      },
-      py::arg("bound_device"), py::arg("device_count"), py::arg("current_device"), py::arg("env"),
-      "Test hook: (index, rule) of the GPU a CUDA workspace would take, with `env` as the "
-      "environment (NOTE [The workspace's GPU] in backend/config.cpp).");
   m.def(
       "_build_info",
       [] {
@@ -504,4 +429,5 @@ PYBIND11_MODULE(_C, m) {
         "Writes one line to stderr in one piece (NOTE [Debug lines] in backend/config.cpp).");
 
   cuda_p2p::python::bind_knob_table(m);
+  cuda_p2p::python::bind_testing(m);
 }

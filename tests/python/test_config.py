@@ -122,7 +122,7 @@ def test_ring_steps_zero_is_the_world_size():
 # with fake device counts, LOCAL_RANK and bound devices (no GPU needed).
 
 def _choose(bound=None, count=8, current=0, **env):
-    return _C._choose_cuda_device(bound, count, current, env)
+    return _C._testing.choose_cuda_device(bound, count, current, env)
 
 
 def test_the_bound_device_comes_first():

@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 import cuda_p2p
 from _reference import reduce_over_ranks
+from cuda_p2p import _C
 
 # What the workspace and Gloo (the inter-host backend, and the reference) both reduce: Gloo
 # reduces no int16 (test_fallbacks_are_counted), though it is moved hierarchically.
@@ -163,7 +164,7 @@ def _all_reduce(ctx, placement, dtypes):
     runs += 1
     inline += 1
     # Every size again with its steps (the agreement off: what runs above the inline size).
-    backend._set_hierarchical_agreement(False)
+    _C._testing.set_hierarchical_agreement(backend, False)
     try:
         for dtype in dtypes[:2]:
             for n in SIZES:
@@ -174,7 +175,7 @@ def _all_reduce(ctx, placement, dtypes):
                 torch.testing.assert_close(got, want, rtol=0, atol=0, msg=f"steps {dtype} n={n}")
                 runs += 1
     finally:
-        backend._set_hierarchical_agreement(True)
+        _C._testing.set_hierarchical_agreement(backend, True)
     # The intra-host steps ran on the host's workspace, never on its wrapped Gloo.
     intra_paths = _delta(intra_before, intra.get_counters())
     assert intra.size() == 1 or intra_paths, intra_paths

@@ -79,14 +79,14 @@ def threads_case(ctx, dtype_names, n, min_bytes):
     c0 = dict(b.get_counters())
     torch.set_num_threads(2)
     try:
-        split = _C._parallel_grain(n * 8, 8, effective)
+        split = _C._testing.parallel_grain(n * 8, 8, effective)
         if not 0 < split < n:
             failures.append(f"{n} x 8 B not split on 2 threads from {effective} B: grain {split}")
         results = {d: _run_every_collective(g, rank, W, d, n) for d in dtypes}
     finally:
         torch.set_num_threads(1)
     c1 = dict(b.get_counters())
-    if _C._parallel_grain(n * 8, 8, effective) != 0:
+    if _C._testing.parallel_grain(n * 8, 8, effective) != 0:
         failures.append("split with one thread")
     one = {d: _run_every_collective(g, rank, W, d, n) for d in dtypes}
     c2 = dict(b.get_counters())
@@ -147,11 +147,11 @@ def test_parallel_min_bytes_option_and_its_errors():
     old = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        assert _C._parallel_grain(1 << 20, 4, 1 << 10) == 0
+        assert _C._testing.parallel_grain(1 << 20, 4, 1 << 10) == 0
         torch.set_num_threads(2)
-        assert _C._parallel_grain(1 << 20, 4, 1 << 10) == 1 << 17
-        assert _C._parallel_grain(1000, 4, 1 << 10) == 0
-        assert _C._parallel_grain(1 << 20, 4, 0) == 0
-        assert _C._parallel_grain(4 * 1001, 4, 1024) % 64 == 0
+        assert _C._testing.parallel_grain(1 << 20, 4, 1 << 10) == 1 << 17
+        assert _C._testing.parallel_grain(1000, 4, 1 << 10) == 0
+        assert _C._testing.parallel_grain(1 << 20, 4, 0) == 0
+        assert _C._testing.parallel_grain(4 * 1001, 4, 1024) % 64 == 0
     finally:
         torch.set_num_threads(old)

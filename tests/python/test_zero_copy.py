@@ -31,7 +31,7 @@ LARGE = 3 * (256 << 10) // 4 + 5
 
 
 def test_allocator_first_fit_alignment_and_coalescing():
-    a = _C._HeapAllocator(4096, 256)
+    a = _C._testing.HeapAllocator(4096, 256)
     offs = [a.allocate(n) for n in (1, 300, 0, 256)]
     assert offs == [0, 256, 768, 1024]  # rounded up to 256; 0 bytes still take a unit
     assert a.used_bytes() == 256 + 512 + 256 + 256 and a.live_blocks() == 4
@@ -47,7 +47,7 @@ def test_allocator_first_fit_alignment_and_coalescing():
     with pytest.raises(RuntimeError, match="no live block at offset 12"):
         a.free(12)
     with pytest.raises(RuntimeError, match="power of two"):
-        _C._HeapAllocator(4096, 100)
+        _C._testing.HeapAllocator(4096, 100)
 
 
 def test_allocator_is_deterministic():
@@ -63,7 +63,7 @@ def test_allocator_is_deterministic():
                 live.append(o)
         return out, alloc.free_ranges()
 
-    assert run(_C._HeapAllocator(1 << 20)) == run(_C._HeapAllocator(1 << 20))
+    assert run(_C._testing.HeapAllocator(1 << 20)) == run(_C._testing.HeapAllocator(1 << 20))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -551,7 +551,7 @@ def _segments_case(ctx):
     chk = Checker()
     g = dist.new_group(backend="cuda_p2p", pg_options=_options(symmetric_heap_size=1 << 20))
     b = cuda_p2p.get_cuda_p2p_backend(g)
-    seg = b._heap_segments()  # collective: creates the heap
+    seg = _C._testing.heap_segments(b)  # collective: creates the heap
     p = seg.allocate(300000)
     t = cuda_p2p.empty(10, group=g)
     off = b.symmetric_offset(t)
@@ -578,7 +578,8 @@ def _segments_case(ctx):
         chk.case("second free message", "not a live segment" in str(e), str(e))
     chk.case("reused first fit", seg.allocate(1000) == p)
     # A MemPool allocator over the heap (built with CUDA): torch's type, never called here.
-    alloc = b._heap_pool_allocator() if hasattr(b, "_heap_pool_allocator") else None
+    hook = getattr(_C._testing, "heap_pool_allocator", None)
+    alloc = hook(b) if hook else None
     if alloc is not None:
         chk.case("torch's allocator type", isinstance(alloc, torch._C._cuda_CUDAAllocator),
                  f"{type(alloc)}")
