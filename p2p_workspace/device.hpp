@@ -140,7 +140,7 @@ class Device {
   // before every importer closed it is undefined.
   virtual bool blocks_outlive_owner() const { return false; }
   // How many CPUs the ranks of this host may run on together (the union of their affinities),
-  // told at every rendezvous (NOTE [CPUs of the ranks] in p2p_workspace/symmetric_workspace.cpp).
+  // told at every rendezvous (NOTE [CPUs of the ranks] in p2p_workspace/workspace_records.cpp).
   // The host device polls its waits by it; others ignore it.
   virtual void set_ranks_cpus(int /*cpus*/) {}
   // What set_ranks_cpus was told last (0: not yet, or not a host device), and whether this

@@ -154,7 +154,7 @@ struct Mailboxes::Peer {
 
 // NOTE [Mailbox records]
 // A rank's mailbox record reaches its peers through the c10d store, which anyone on the machine
-// may write (NOTE [Workspace records] in p2p_workspace/symmetric_workspace.cpp). So it is parsed
+// may write (NOTE [Workspace records] in p2p_workspace/workspace_records.cpp). So it is parsed
 // strictly: a version line, the slot size (a multiple of 4096 bytes, at most kMaxSlotBytes), the
 // region size the slot size implies, and a hex handle of bounded length, each on its own line; a
 // bad record breaks the channel from that rank with an error naming it, and nothing is mapped.
