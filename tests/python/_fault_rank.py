@@ -114,7 +114,28 @@ def main():
     event("clean", memfd_maps=maps, memfd_fds=fds)
     event("done")
     out.close()
+    if rank == 0:
+        outlive_the_others(out_dir, world, victim)
     os._exit(0)
+
+
+def outlive_the_others(out_dir, world, victim, limit_s=20.0):
+    """Rank 0 hosts the store: it stays until every other survivor is done, so that a survivor
+    still in its own timeout (a loaded machine starts their clocks apart) names the victim rather
+    than a store that went away."""
+    deadline = time.monotonic() + limit_s
+    others = [r for r in range(1, world) if r != victim]
+    while time.monotonic() < deadline:
+        done = 0
+        for r in others:
+            try:
+                with open(os.path.join(out_dir, f"rank{r}.jsonl")) as f:
+                    done += '"kind": "done"' in f.read()
+            except OSError:
+                pass
+        if done == len(others):
+            return
+        time.sleep(0.05)
 
 
 if __name__ == "__main__":

@@ -68,9 +68,13 @@ def main():
     faulthandler.dump_traceback_later(90, exit=True)  # nothing below may hang
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0,
                           timeout=datetime.timedelta(seconds=RENDEZVOUS_S))
-    store.set_timeout(datetime.timedelta(seconds=TIMEOUT_S))
+    # Four ranks starting on a loaded 2-core machine may take longer than TIMEOUT_S to meet: the
+    # group is made with the rendezvous' patience, then given the short timeout that finds the
+    # killed rank (setTimeout reaches the workspace and the wrapped Gloo).
     dist.init_process_group("cuda_p2p", store=store, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=TIMEOUT_S))
+                            timeout=datetime.timedelta(seconds=RENDEZVOUS_S))
+    store.set_timeout(datetime.timedelta(seconds=TIMEOUT_S))
+    dist.set_timeout(datetime.timedelta(seconds=TIMEOUT_S))
     w = torch.zeros(DIM, dtype=torch.float64)
     history = {0: w.clone()}  # weights after `step` steps, the last few
     step = 0
