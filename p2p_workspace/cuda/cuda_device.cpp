@@ -119,14 +119,22 @@ std::string format_uuid(const cudaUUID_t& uuid) {
   return out;
 }
 
+// NOTE [Blocks of an undrained device]
+// cudaFree and cudaIpcCloseMemHandle synchronise the whole device before they return. After a
+// drain that gave up (NOTE [Teardown drains]: a stream still queued behind a wait, or a kernel
+// still running) they would hang the teardown there, or free memory a queued copy or kernel still
+// writes. So once any drain of its device gave up, a block is leaked instead, as the pinned pools
+// are (NOTE [Pinned pools]): the process has a failed group and should restart anyway.
 class CudaBlock : public Block {
  public:
-  CudaBlock(void* ptr, size_t bytes, bool imported, int device)
-      : imported_(imported), device_(device) {
+  CudaBlock(void* ptr, size_t bytes, bool imported, int device,
+            std::shared_ptr<const std::atomic<bool>> undrained)
+      : imported_(imported), device_(device), undrained_(std::move(undrained)) {
     data_ = ptr;
     size_ = bytes;
   }
   ~CudaBlock() override {
+    if (undrained_ && undrained_->load(std::memory_order_acquire)) return;  // NOTE above
     // Errors are ignored: this may run during process teardown, after the context is gone.
     QuietDeviceSwitch guard(device_);
     if (imported_) {
@@ -140,6 +148,7 @@ class CudaBlock : public Block {
  private:
   bool imported_;
   int device_;
+  std::shared_ptr<const std::atomic<bool>> undrained_;  // the device's: a drain gave up
 };
 
 class IpcExporter : public BlockExporter {
@@ -574,7 +583,7 @@ class CudaDevice : public Device {
                                   : std::string());
     }
     CUDA_P2P_CUDA_CHECK(err);
-    auto block = std::make_shared<CudaBlock>(ptr, bytes, /*imported=*/false, index_);
+    auto block = std::make_shared<CudaBlock>(ptr, bytes, /*imported=*/false, index_, undrained_);
     // Zeroed in the order of the device's own stream, then waited for: the block is published
     // (and read by any stream, here or in a peer) only after this returns.
     std::lock_guard<std::mutex> lock(aux_mu_);
@@ -605,7 +614,7 @@ class CudaDevice : public Device {
                   " (is the peer's GPU reachable from this one, and the peer a process of this "
                   "host and user?)");
     }
-    return std::make_shared<CudaBlock>(ptr, bytes, /*imported=*/true, index_);
+    return std::make_shared<CudaBlock>(ptr, bytes, /*imported=*/true, index_, undrained_);
   }
 
   std::shared_ptr<Stream> current_stream() override {
@@ -866,7 +875,11 @@ class CudaDevice : public Device {
       (void)cudaEventDestroy(e);
       (void)cudaGetLastError();
     }
-    if (drained) forget_callers();
+    if (drained) {
+      forget_callers();
+    } else {
+      undrained_->store(true, std::memory_order_release);  // NOTE [Blocks of an undrained device]
+    }
     return drained;
   }
 
@@ -1081,6 +1094,8 @@ class CudaDevice : public Device {
   std::set<cudaStream_t> callers_;         // handed to ops since the last drain
   FailureState failure_;
   std::shared_ptr<HostTaskErrors> host_errors_ = std::make_shared<HostTaskErrors>();
+  // Set once a drain gave up; its blocks then leak (NOTE [Blocks of an undrained device]).
+  std::shared_ptr<std::atomic<bool>> undrained_ = std::make_shared<std::atomic<bool>>(false);
   cuda::GraphGiveUp* graph_give_up_ = nullptr;      // host-mapped: NOTE [Replay-safe signals]
   cuda::GraphGiveUp* graph_give_up_dev_ = nullptr;  // its device address
   WaitResources resources_;                         // outlives watchdog_
