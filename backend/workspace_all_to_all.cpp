@@ -140,10 +140,8 @@ ops::Outcome WorkspaceCollectives::all_to_all(std::vector<at::Tensor>& outputs,
                                ptrs.push_back(static_cast<char*>(out.data_ptr()));
                              return ptrs;
                            }).outcome;
-    for (int q = 0; q < W; ++q) {
-      hold({ins[q], inputs[q]});
-      copy_back(outputs[q], outs[q]);
-    }
+    hold(joined(ins, inputs));
+    for (int q = 0; q < W; ++q) copy_back(outputs[q], outs[q]);
     return o;
   });
 }

@@ -256,7 +256,7 @@ ops::Outcome WorkspaceCollectives::reduce_scatter(const std::vector<at::Tensor>&
   at::Tensor out = contiguous_output(output);
   return run("reduce_scatter", [&](const ops::CollectiveContext& ctx) {
     const ops::Outcome o = ops::reduce_scatter(ctx, ins, out, op, ops::ReduceScatterAlgo::kAuto);
-    for (size_t i = 0; i < ins.size(); ++i) hold({ins[i], inputs[i]});
+    hold(joined(ins, inputs));
     copy_back(output, out);
     return o;
   });

@@ -124,6 +124,12 @@ class WorkspaceCollectives {
   // after the op on the current stream; the op's `tensors` live until its stream has run it.
   void copy_back(const at::Tensor& dst, const at::Tensor& src) const;
   void hold(std::vector<at::Tensor> tensors) const;
+  // The tensors of both lists, for one `hold` of a list op's inputs and their contiguous copies.
+  static std::vector<at::Tensor> joined(std::vector<at::Tensor> a,
+                                        const std::vector<at::Tensor>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  }
 
   const EngineContext group_;
   SymmetricWorkspace* const ws_;  // group_.workspace

@@ -50,7 +50,7 @@ ops::Outcome WorkspaceCollectives::scatter(at::Tensor& output,
   at::Tensor out = rooted_output(output);
   return run("scatter", [&](const ops::CollectiveContext& ctx) {
     const ops::Outcome o = ops::scatter(ctx, ins, out, static_cast<int>(root));
-    for (size_t q = 0; q < ins.size(); ++q) hold({ins[q], inputs[q]});
+    hold(joined(ins, inputs));
     copy_back(output, out);
     return o;
   });

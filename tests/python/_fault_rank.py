@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 import cuda_p2p
+from _harness import memfds_of_ours
 from cuda_p2p import ops
 
 TIMEOUT_S = 10
@@ -29,18 +30,6 @@ TIMEOUT_S = 10
 # the machine is loaded (CI runs these jobs beside the other tests), and a client that gives up
 # connecting first fails the job before any fault. Then the store waits TIMEOUT_S, as the group.
 RENDEZVOUS_S = 45
-
-
-def memfds_of_ours() -> tuple[int, int]:
-    with open("/proc/self/maps") as f:
-        maps = sum("memfd:cuda_p2p" in line for line in f)
-    fds = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            fds += "memfd:cuda_p2p" in os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            pass
-    return maps, fds
 
 
 def run(rank, world, store, case, victim, event):

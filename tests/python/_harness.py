@@ -384,6 +384,19 @@ class ScriptResult:
         return self.returncode is None
 
 
+def memfds_of_ours() -> tuple[int, int]:
+    """This process's mappings and open descriptors of cuda_p2p memfds (0, 0 once all are gone)."""
+    with open("/proc/self/maps") as f:
+        maps = sum("memfd:cuda_p2p" in line for line in f)
+    fds = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds += "memfd:cuda_p2p" in os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    return maps, fds
+
+
 def run_script(cmd: list, timeout: float, env: dict | None = None) -> ScriptResult:
     """Runs `cmd` with a time limit; whatever happens, no process it started survives."""
     import subprocess

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 import cuda_p2p
+from _harness import memfds_of_ours
 
 TIMEOUT_S = 5
 RENDEZVOUS_S = 45
@@ -43,18 +44,6 @@ def batch(rank: int, step: int):
 def gradient(w, rank: int, step: int):
     x, y = batch(rank, step)
     return 2.0 * x.T @ (x @ w - y) / ROWS
-
-
-def memfds_of_ours():
-    with open("/proc/self/maps") as f:
-        maps = sum("memfd:cuda_p2p" in line for line in f)
-    fds = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            fds += "memfd:cuda_p2p" in os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            pass
-    return maps, fds
 
 
 def main():
