@@ -38,6 +38,15 @@ constexpr const char* kMatmulReduceScatter = "fused_matmul_reduce_scatter";
 // bad call goes to the fused op, whose handshake tells every rank, those on the unfused path
 // included. The handshake is one barrier, small against a GEMM of fused_min_flops.
 
+// Runs `body` with the group's pipeline, under the lock that lets one pipeline op of the group run
+// at a time.
+template <typename Body>
+auto with_pipeline(ProcessGroupCudaP2P& pg, const at::Tensor& t, Body&& body) {
+  std::lock_guard<std::mutex> lock(pg.pipeline_state().mutex);
+  auto group = pg.pipeline_group(t.device().type());
+  return body(group);
+}
+
 // Flops of the GEMMs a rank runs: 2 * (rows of the gathered / local A) * K * N, summed over Bs.
 double gemm_flops(int64_t a_numel, int64_t a_cols, int64_t k, int64_t n) {
   const double rows = a_cols > 0 ? static_cast<double>(a_numel) / static_cast<double>(a_cols) : 0;
@@ -155,19 +164,16 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_
   auto& pg = *backend;
   int64_t dim = gather_dim;
   if (all_gather_matmul_unfused(pg, A_shard, Bs, gather_dim, algorithm, dim)) {
-    {
-      auto& state = pg.pipeline_state();
-      std::lock_guard<std::mutex> lock(state.mutex);
-      auto group = pg.pipeline_group(A_shard.device().type());
+    with_pipeline(pg, A_shard, [&](auto& group) {
       ops::agree_all_gather_matmul_unfused(group, A_shard, Bs, dim, return_A);
-    }
+    });
     return all_gather_matmul_unfused_run(pg, A_shard, Bs, dim, return_A);
   }
-  auto& state = pg.pipeline_state();
-  std::lock_guard<std::mutex> lock(state.mutex);
-  auto group = pg.pipeline_group(A_shard.device().type());
-  auto r = ops::fused_all_gather_matmul(group, A_shard, Bs, gather_dim, return_A, algorithm);
-  pg.path_counters().record(Op::kFusedAllGatherMatmul, r.outcome);
+  auto r = with_pipeline(pg, A_shard, [&](auto& group) {
+    auto done = ops::fused_all_gather_matmul(group, A_shard, Bs, gather_dim, return_A, algorithm);
+    pg.path_counters().record(Op::kFusedAllGatherMatmul, done.outcome);
+    return done;
+  });
   return {r.A, r.outputs};
 }
 
@@ -180,20 +186,17 @@ at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
   auto& pg = *backend;
   int64_t dim = scatter_dim;
   if (matmul_reduce_scatter_unfused(pg, A, B, reduce_op, scatter_dim, algorithm, ring_steps, dim)) {
-    {
-      auto& state = pg.pipeline_state();
-      std::lock_guard<std::mutex> lock(state.mutex);
-      auto group = pg.pipeline_group(A.device().type());
+    with_pipeline(pg, A, [&](auto& group) {
       ops::agree_matmul_reduce_scatter_unfused(group, A, B, reduce_op, dim);
-    }
+    });
     return matmul_reduce_scatter_unfused_run(pg, A, B, reduce_op, dim);
   }
-  auto& state = pg.pipeline_state();
-  std::lock_guard<std::mutex> lock(state.mutex);
-  auto group = pg.pipeline_group(A.device().type());
-  auto r =
-      ops::fused_matmul_reduce_scatter(group, A, B, reduce_op, scatter_dim, algorithm, ring_steps);
-  pg.path_counters().record(Op::kFusedMatmulReduceScatter, r.outcome);
+  auto r = with_pipeline(pg, A, [&](auto& group) {
+    auto done = ops::fused_matmul_reduce_scatter(group, A, B, reduce_op, scatter_dim, algorithm,
+                                                 ring_steps);
+    pg.path_counters().record(Op::kFusedMatmulReduceScatter, done.outcome);
+    return done;
+  });
   return r.output;
 }
 
@@ -226,12 +229,12 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_
   TORCH_CHECK(A_shard.defined(), "cuda_p2p ", kAllGatherScaledMatmul, ": A_shard is undefined");
   const auto backend = resolve_backend(group_name, A_shard.device().type(), kAllGatherScaledMatmul);
   auto& pg = *backend;
-  auto& state = pg.pipeline_state();
-  std::lock_guard<std::mutex> lock(state.mutex);
-  auto group = pg.pipeline_group(A_shard.device().type());
-  auto r = ops::fused_all_gather_scaled_matmul(group, A_shard, Bs, A_scale, B_scales, gather_dim,
-                                               out_dtypes, return_A, algorithm);
-  pg.path_counters().record(Op::kFusedAllGatherScaledMatmul, r.outcome);
+  auto r = with_pipeline(pg, A_shard, [&](auto& group) {
+    auto done = ops::fused_all_gather_scaled_matmul(group, A_shard, Bs, A_scale, B_scales,
+                                                    gather_dim, out_dtypes, return_A, algorithm);
+    pg.path_counters().record(Op::kFusedAllGatherScaledMatmul, done.outcome);
+    return done;
+  });
   return {r.A, r.outputs};
 }
 
@@ -244,12 +247,12 @@ at::Tensor fused_scaled_matmul_reduce_scatter(const at::Tensor& A, const at::Ten
   TORCH_CHECK(A.defined(), "cuda_p2p ", kScaledMatmulReduceScatter, ": A is undefined");
   const auto backend = resolve_backend(group_name, A.device().type(), kScaledMatmulReduceScatter);
   auto& pg = *backend;
-  auto& state = pg.pipeline_state();
-  std::lock_guard<std::mutex> lock(state.mutex);
-  auto group = pg.pipeline_group(A.device().type());
-  auto r = ops::fused_scaled_matmul_reduce_scatter(group, A, B, A_scale, B_scale, reduce_op,
-                                                   scatter_dim, out_dtype, algorithm, ring_steps);
-  pg.path_counters().record(Op::kFusedScaledMatmulReduceScatter, r.outcome);
+  auto r = with_pipeline(pg, A, [&](auto& group) {
+    auto done = ops::fused_scaled_matmul_reduce_scatter(
+        group, A, B, A_scale, B_scale, reduce_op, scatter_dim, out_dtype, algorithm, ring_steps);
+    pg.path_counters().record(Op::kFusedScaledMatmulReduceScatter, done.outcome);
+    return done;
+  });
   return r.output;
 }
 
