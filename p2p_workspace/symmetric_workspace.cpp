@@ -35,25 +35,6 @@ namespace cuda_p2p {
 // signal or done word flags a sleeping waiter and counts compare in 31 bits (NOTE [Sleeper bit]
 // in host/futex_wait.cpp).
 
-// NOTE [Signal pad layout]
-// Each rank's pad (after its buffer) holds, in 32-bit words, with C channels and W ranks:
-//
-//   signals        [C][W]                      sequence numbers (NOTE [Signal sequence numbers])
-//   done words     [C][W]                      phases ended (NOTE [Collective phases])
-//   descriptors    [C][2][W][kDescriptorWords] op signatures (NOTE [Op signatures])
-//   graph signals  [C][W]                      counts (NOTE [Replay-safe signals])
-//   graph done     [C][W]                      graph phases ended (NOTE [Replay-safe signals])
-//   graph counters [C][2W + 1]                 this rank's own: sent, expected, phases
-//   graph flags    [C][kMaxGraphBlocks][kGraphSlots][W]   flags (NOTE [Graph flags])
-//
-// indexed [channel][...][src] in the pad of the target. Every area but the graph counters is
-// written only by `src` (into its peers' pads: a remote store) and read only by the pad's owner
-// (a graph flag is also cleared by it), so that no wait ever polls another rank's memory: on a
-// GPU a stream wait on a peer's memory would poll across the interconnect. The graph counters
-// are read and written by the owner's own streams only. The pad is rounded up to whole pages; a
-// new generation (growth) starts zeroed. After the pad comes the graph region, the staging area
-// of captured collectives run as one kernel (NOTE [Graph flags]), which nothing else uses.
-
 // NOTE [Replay-safe signals]
 // A captured op (a CUDA graph, or the host's capture: NOTE [Host capture] in
 // host/host_device.cpp) runs again at every replay with the values it was enqueued with, so
@@ -102,17 +83,6 @@ namespace cuda_p2p {
 namespace {
 
 using namespace records;  // NOTE [Workspace records] in p2p_workspace/workspace_records.cpp
-
-constexpr size_t kPageSize = 4096;
-
-size_t pad_words(int channels, int world_size) {
-  const size_t cw = static_cast<size_t>(channels) * world_size;
-  return 2 * cw + cw * 2 * SymmetricWorkspace::kDescriptorWords + 2 * cw +
-         static_cast<size_t>(channels) * (2 * world_size + 1) +
-         static_cast<size_t>(channels) * graph_flag_words(world_size);
-}
-
-size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 // NOTE [Private-read probe]
 // read_peer_private reads a peer process's private memory with the device's reader (on the host,
@@ -358,7 +328,8 @@ SymmetricWorkspace::SymmetricWorkspace(c10::intrusive_ptr<c10d::Store> store, in
       rank_(rank),
       world_size_(world_size),
       device_(std::move(device)),
-      options_(options) {
+      options_(options),
+      layout_(options_.num_channels, world_size_) {
   TORCH_CHECK(store_, "cuda_p2p: SymmetricWorkspace needs a store");
   TORCH_CHECK(device_, "cuda_p2p: SymmetricWorkspace needs a device");
   TORCH_CHECK(world_size_ >= 1 && rank_ >= 0 && rank_ < world_size_,
@@ -542,12 +513,8 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
   retirement_->reap(Millis(0), /*final=*/false);  // NOTE [Block lifetime]
   const int gen = ++generation_;
   const std::string prefix = "cuda_p2p/workspace/" + std::to_string(gen) + "/";
-  const size_t buffer_bytes = round_up(static_cast<size_t>(buffer_size), kPageSize);
-  const size_t pad_bytes =
-      round_up(sizeof(uint32_t) * pad_words(options_.num_channels, world_size_), kPageSize);
-  const size_t region_bytes =
-      round_up(static_cast<size_t>(std::max<int64_t>(options_.graph_region_bytes, 0)), kPageSize);
-  const size_t block_bytes = buffer_bytes + pad_bytes + region_bytes;
+  const BlockLayout block(buffer_size, layout_, options_.graph_region_bytes);
+  const size_t block_bytes = block.block_bytes();
 
   PeerInfo me;
   me.host = host_identity(options_.host_id);
@@ -633,8 +600,8 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
 
   auto mapping = std::make_shared<Mapping>();
   mapping->generation = gen;
-  mapping->buffer_size = static_cast<int64_t>(buffer_bytes);
-  mapping->region_bytes = static_cast<int64_t>(region_bytes);
+  mapping->buffer_size = static_cast<int64_t>(block.buffer_bytes);
+  mapping->region_bytes = static_cast<int64_t>(block.region_bytes);
   mapping->own = local;
   mapping->retirement = retirement_;
   mapping->blocks.resize(world_size_);
@@ -715,8 +682,8 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
   for (int r = 0; r < world_size_; ++r) {
     auto* base = static_cast<char*>(r == rank_ ? mapping->own->data() : mapping->blocks[r]->data());
     mapping->buffers.push_back(base);
-    mapping->pads.push_back(reinterpret_cast<uint32_t*>(base + buffer_bytes));
-    mapping->regions.push_back(base + buffer_bytes + pad_bytes);
+    mapping->pads.push_back(reinterpret_cast<uint32_t*>(base + block.pad_offset()));
+    mapping->regions.push_back(base + block.region_offset());
   }
 
   // NOTE [Private-read probe]
@@ -832,7 +799,7 @@ uint32_t* SymmetricWorkspace::signal_slot(int target, int channel, int src) cons
   check_rank(target, "signal_slot");
   check_rank(src, "signal_slot");
   check_channel(channel);
-  return mapping()->pads[target] + channel * world_size_ + src;
+  return pad(target) + layout_.signal(channel, src);
 }
 
 uint32_t* SymmetricWorkspace::done_slot(int target, int channel, int src) const {
@@ -840,8 +807,7 @@ uint32_t* SymmetricWorkspace::done_slot(int target, int channel, int src) const 
   check_rank(target, "done_slot");
   check_rank(src, "done_slot");
   check_channel(channel);
-  const int cw = options_.num_channels * world_size_;
-  return mapping()->pads[target] + cw + channel * world_size_ + src;
+  return pad(target) + layout_.done(channel, src);
 }
 
 uint32_t* SymmetricWorkspace::descriptor_slot(int target, int channel, int parity, int src) const {
@@ -851,9 +817,7 @@ uint32_t* SymmetricWorkspace::descriptor_slot(int target, int channel, int parit
   check_channel(channel);
   TORCH_CHECK(parity == 0 || parity == 1, "cuda_p2p descriptor_slot: parity must be 0 or 1, got ",
               parity);
-  const int cw = options_.num_channels * world_size_;
-  return mapping()->pads[target] + 2 * cw +
-         ((channel * 2 + parity) * world_size_ + src) * kDescriptorWords;
+  return pad(target) + layout_.descriptor(channel, parity, src);
 }
 
 at::Tensor SymmetricWorkspace::get_buffer(int rank, at::IntArrayRef sizes, at::ScalarType dtype,
@@ -888,27 +852,7 @@ at::Tensor SymmetricWorkspace::get_buffer(int rank, at::IntArrayRef sizes, at::S
       .make_tensor();
 }
 
-// The areas after the descriptors (NOTE [Signal pad layout]).
-uint32_t* SymmetricWorkspace::graph_area(int target, size_t index) const {
-  const size_t cw = static_cast<size_t>(options_.num_channels) * world_size_;
-  return mapping()->pads[target] + 2 * cw + cw * 2 * kDescriptorWords + index;
-}
-
-uint32_t* SymmetricWorkspace::graph_signal_slot(int target, int channel, int src) const {
-  return graph_area(target, static_cast<size_t>(channel) * world_size_ + src);
-}
-
-uint32_t* SymmetricWorkspace::graph_done_slot(int target, int channel, int src) const {
-  const size_t cw = static_cast<size_t>(options_.num_channels) * world_size_;
-  return graph_area(target, cw + static_cast<size_t>(channel) * world_size_ + src);
-}
-
-// kind 0: sent to `peer`, 1: expected from `peer`, 2: phases (peer ignored).
-uint32_t* SymmetricWorkspace::graph_counter(int channel, int kind, int peer) const {
-  const size_t cw = static_cast<size_t>(options_.num_channels) * world_size_;
-  return graph_area(rank_, 2 * cw + static_cast<size_t>(channel) * (2 * world_size_ + 1) +
-                               (kind == 2 ? 2 * world_size_ : kind * world_size_ + peer));
-}
+uint32_t* SymmetricWorkspace::pad(int target) const { return mapping()->pads[target]; }
 
 // The device is asked only once the group has seen a capture: every op calls begin_op first, which
 // asks it for every op not on an inline stream, and flags the group at its first captured op. An
@@ -919,10 +863,11 @@ bool SymmetricWorkspace::capturing(Stream& s) const {
 
 void SymmetricWorkspace::graph_phase_begin(Stream& s, int channel, const std::string& context) {
   check_channel(channel);
-  uint32_t* phases = graph_counter(channel, 2, 0);
+  uint32_t* phases = pad(rank_) + layout_.graph_phases(channel);
   std::vector<CountedWait> waits;
   for (int r = 0; r < world_size_; ++r) {
-    if (r != rank_) waits.push_back(CountedWait{graph_done_slot(rank_, channel, r), phases, 0, r});
+    if (r != rank_)
+      waits.push_back(CountedWait{pad(rank_) + layout_.graph_done(channel, r), phases, 0, r});
   }
   if (!waits.empty()) {
     device_->wait_counted(s, std::move(waits), timeout(),
@@ -934,21 +879,22 @@ void SymmetricWorkspace::graph_phase_begin(Stream& s, int channel, const std::st
 
 void SymmetricWorkspace::graph_phase_end(Stream& s, int channel) {
   check_channel(channel);
-  const uint32_t* phases = graph_counter(channel, 2, 0);
+  const uint32_t* phases = pad(rank_) + layout_.graph_phases(channel);
   for (int k = 1; k < world_size_; ++k) {
     const int r = (rank_ + k) % world_size_;
-    device_->write_counted(s, graph_done_slot(r, channel, rank_), phases, 0);
+    device_->write_counted(s, pad(r) + layout_.graph_done(channel, rank_), phases, 0);
   }
 }
 
 void SymmetricWorkspace::graph_wait_phase_ended(Stream& s, int channel, c10::ArrayRef<int> ranks,
                                                 const std::string& context) {
   check_channel(channel);
-  const uint32_t* phases = graph_counter(channel, 2, 0);
+  const uint32_t* phases = pad(rank_) + layout_.graph_phases(channel);
   std::vector<CountedWait> waits;
   for (int r : ranks) {
     check_rank(r, "graph_wait_phase_ended");
-    if (r != rank_) waits.push_back(CountedWait{graph_done_slot(rank_, channel, r), phases, 0, r});
+    if (r != rank_)
+      waits.push_back(CountedWait{pad(rank_) + layout_.graph_done(channel, r), phases, 0, r});
   }
   if (waits.empty()) return;
   device_->wait_counted(s, std::move(waits), timeout(),
@@ -956,15 +902,15 @@ void SymmetricWorkspace::graph_wait_phase_ended(Stream& s, int channel, c10::Arr
 }
 
 void SymmetricWorkspace::put_counted(Stream& s, int peer, int channel) {
-  uint32_t* sent = graph_counter(channel, 0, peer);
+  uint32_t* sent = pad(rank_) + layout_.graph_sent(channel, peer);
   device_->advance_counter(s, sent, 1);
-  device_->write_counted(s, graph_signal_slot(peer, channel, rank_), sent, 0);
+  device_->write_counted(s, pad(peer) + layout_.graph_signal(channel, rank_), sent, 0);
 }
 
 CountedWait SymmetricWorkspace::expect_counted(Stream& s, int peer, int channel) {
-  uint32_t* expected = graph_counter(channel, 1, peer);
+  uint32_t* expected = pad(rank_) + layout_.graph_expected(channel, peer);
   device_->advance_counter(s, expected, 1);
-  return CountedWait{graph_signal_slot(rank_, channel, peer), expected, 0, peer};
+  return CountedWait{pad(rank_) + layout_.graph_signal(channel, peer), expected, 0, peer};
 }
 
 void SymmetricWorkspace::put_signal(Stream& s, int peer, int channel) {
@@ -1086,10 +1032,7 @@ uint32_t* SymmetricWorkspace::graph_flag(int target, int channel, int block, int
   TORCH_CHECK(block >= 0 && block < kMaxGraphBlocks && slot >= 0 && slot < kGraphSlots,
               "cuda_p2p graph_flag: block must be in [0, ", kMaxGraphBlocks, ") and slot in [0, ",
               kGraphSlots, "), got ", block, " and ", slot);
-  const size_t cw = static_cast<size_t>(options_.num_channels) * world_size_;
-  const size_t flags = 2 * cw + static_cast<size_t>(options_.num_channels) * (2 * world_size_ + 1);
-  return graph_area(target, flags + static_cast<size_t>(channel) * graph_flag_words(world_size_) +
-                                graph_flag_index(world_size_, block, slot, src));
+  return pad(target) + layout_.graph_flag(channel, block, slot, src);
 }
 
 GraphLaunch SymmetricWorkspace::graph_launch(int channel, uint32_t tag,
@@ -1149,11 +1092,9 @@ void SymmetricWorkspace::graph_open(Stream& s, int channel, uint32_t tag,
     return;
   }
   GraphLaunch g = graph_launch(channel, tag, {0}, 1);
-  // This rank's graph signals, done words and counters: contiguous (NOTE [Signal pad layout]).
-  const size_t cw = static_cast<size_t>(options_.num_channels) * world_size_;
-  g.reset = graph_area(rank_, 0);
-  g.reset_words = static_cast<uint32_t>(2 * cw + static_cast<size_t>(options_.num_channels) *
-                                                     (2 * world_size_ + 1));
+  // This rank's graph signals, done words and counters (NOTE [Signal pad layout]).
+  g.reset = pad(rank_) + layout_.graph_counts();
+  g.reset_words = static_cast<uint32_t>(layout_.graph_counts_words());
   device_->graph_kernel(s, g, {}, timeout(),
                         context + " (open, rank " + std::to_string(rank_) + ", graph)");
 }

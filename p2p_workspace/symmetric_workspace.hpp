@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "p2p_workspace/device.hpp"
+#include "p2p_workspace/pad_layout.hpp"
 
 namespace cuda_p2p {
 
@@ -86,14 +87,14 @@ class SymmetricWorkspace {
   uint64_t mapping_version() const { return mapping_version_.load(std::memory_order_acquire); }
   // Signal slot `src` writes in `target`'s pad on `channel`: pad[target] + channel * W + src.
   uint32_t* signal_slot(int target, int channel, int src) const;
-  // The pad's other areas (NOTE [Signal pad layout] in the .cpp). Like signal slots, each is
-  // written by `src` into `target`'s pad, and read by `target` only, so that every wait polls the
-  // waiter's own memory:
+  // The pad's other areas (NOTE [Signal pad layout] in p2p_workspace/pad_layout.hpp). Like signal
+  // slots, each is written by `src` into `target`'s pad, and read by `target` only, so that every
+  // wait polls the waiter's own memory:
   //  - the done word of `src` on `channel`: the number of collective phases `src` has ended
   //    (NOTE [Collective phases] in ops/collectives.cpp);
   //  - the op descriptor `src` published on `channel` for a handshake of parity `parity`,
   //    kDescriptorWords words (NOTE [Op signatures] in ops/op_signature.cpp).
-  static constexpr int kDescriptorWords = 32;
+  static constexpr int kDescriptorWords = PadLayout::kDescriptorWords;
   uint32_t* done_slot(int target, int channel, int src) const;
   uint32_t* descriptor_slot(int target, int channel, int parity, int src) const;
 
@@ -203,10 +204,8 @@ class SymmetricWorkspace {
   void check_rank(int r, const char* what) const;
   void check_channel(int channel) const;
   void check_available(const char* what) const;
-  uint32_t* graph_area(int target, size_t index) const;
-  uint32_t* graph_signal_slot(int target, int channel, int src) const;
-  uint32_t* graph_done_slot(int target, int channel, int src) const;
-  uint32_t* graph_counter(int channel, int kind, int peer) const;
+  // `target`'s pad as mapped here (NOTE [Signal pad layout]).
+  uint32_t* pad(int target) const;
   void put_counted(Stream& s, int peer, int channel);
   CountedWait expect_counted(Stream& s, int peer, int channel);
   void counted_barrier(Stream& s, int channel, const std::vector<int>& members, Millis timeout);
@@ -221,6 +220,7 @@ class SymmetricWorkspace {
   const int world_size_;
   std::shared_ptr<Device> device_;
   WorkspaceOptions options_;
+  const PadLayout layout_;  // NOTE [Signal pad layout]
 
   bool available_ = false;
   std::string reason_;
