@@ -13,12 +13,11 @@
 #include <random>
 #include <set>
 #include <sstream>
-#include <thread>
 
+#include "p2p_workspace/block_retirement.hpp"
 #include "p2p_workspace/host/cross_memory.hpp"  // the deny_private_reads test hook
 #include "p2p_workspace/host/shared_block.hpp"  // the failure areas: NOTE [Failure words]
-#include "p2p_workspace/store_probe.hpp"
-#include "p2p_workspace/watchdog.hpp"  // FailureState::area_bytes
+#include "p2p_workspace/watchdog.hpp"           // FailureState::area_bytes
 #include "p2p_workspace/workspace_records.hpp"
 
 namespace cuda_p2p {
@@ -135,172 +134,6 @@ std::string host_identity(const std::string& host_id) {
   return std::string(name) + "/" + boot_id;
 }
 
-// NOTE [Block lifetime]
-// A rank's own block may be freed only once no peer maps it any more: CUDA documents freeing an
-// exported allocation before every importer has called cudaIpcCloseMemHandle as undefined (a
-// host memfd stays valid while mapped, but the host runs the same protocol, so CI tests it).
-// So every generation of the workspace ends with a closing handshake over the store. When a
-// rank's mapping of a generation is released (the workspace replaced it on growth, or was
-// destroyed, and no tensor aliases it any more), it closes its imports of the peers' blocks and
-// publishes <generation>/closed/<rank>; its own block of that generation is retired, not freed.
-// A retired block is freed once every peer has published its key: checked without waiting at
-// every rendezvous, and waited for, at most kCloseWait, when the workspace is destroyed (every
-// rank publishes before it waits, so ranks destroying their groups together never wait for each
-// other in a cycle). A block whose peers have not closed by then (a peer that died, hangs, or
-// keeps a get_p2p_buffer tensor alive) is deliberately leaked, with a warning: never freed under
-// a peer. After abort() nothing is waited for: what is not closed yet is leaked. Where the device
-// says blocks outlive their owner's reference (Device::blocks_outlive_owner: the host, whose
-// memfd lives while any process maps it) such a block is freed instead: nothing is left behind
-// after a peer died, and the memory goes with the last mapping. Peers known to be gone for good
-// (forget_peers: a shrink excluded them, NOTE [Shrinking past dead ranks] in
-// backend/child_groups.cpp) are not waited for at all.
-class SymmetricWorkspace::Retirement {
- public:
-  Retirement(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size, Millis close_wait,
-             bool free_unclosed)
-      : store_(std::move(store)),
-        rank_(rank),
-        world_size_(world_size),
-        close_wait_(close_wait),
-        free_unclosed_(free_unclosed),
-        gone_(std::make_unique<std::atomic<bool>[]>(world_size)) {}
-
-  // `rank` is gone for good (a shrink excluded it): its "closed" keys are not waited for.
-  void forget(int rank) noexcept { gone_[rank].store(true, std::memory_order_release); }
-
-  // The workspace is being destroyed: from now on the store is probed before each call (NOTE
-  // [Quiet teardown] in store_probe.cpp).
-  void tear_down() noexcept {
-    std::lock_guard<std::mutex> lock(mu_);
-    tearing_down_ = true;
-  }
-
-  // A mapping of `generation` was released: publish it, and retire `own`.
-  void closed(int generation, std::shared_ptr<Block> own) noexcept {
-    bool published = false;
-    bool usable = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      usable = store_usable();
-    }
-    if (usable) {
-      try {
-        store_->set(key(generation, rank_), to_bytes("1"));
-        published = true;
-      } catch (...) {
-        // The store is gone (process teardown): peers cannot learn it; they leak their blocks.
-      }
-    }
-    bool final = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (own) retired_.emplace_back(generation, std::move(own));
-      final = final_;
-      // At teardown, not asked again: every query of a dead TCPStore logs a stack trace.
-      if (!published && final) store_gone_ = true;
-    }
-    // The workspace is gone (a tensor outlived it): nobody else will reap.
-    if (final) reap(close_wait_, /*final=*/true);
-  }
-
-  // Frees every retired block all peers have closed, waiting up to `wait` for them; with
-  // `final`, leaks (with a warning) what is still mapped by a peer after that.
-  void reap(Millis wait, bool final) noexcept {
-    std::vector<std::pair<int, std::shared_ptr<Block>>> free, leak;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      final_ |= final;
-      const auto deadline = std::chrono::steady_clock::now() + wait;
-      auto nap = std::chrono::milliseconds(1);
-      for (auto& entry : retired_) {
-        while (true) {
-          const std::vector<int> open = still_open(entry.first);
-          if (open.empty()) {
-            free.push_back(std::move(entry));
-            break;
-          }
-          if (std::chrono::steady_clock::now() >= deadline || open.front() < 0) {
-            if (final && free_unclosed_) {
-              free.push_back(std::move(entry));  // safe on this device (NOTE [Block lifetime])
-            } else if (final) {
-              try {  // a warning handler may throw (Python's warnings-as-errors)
-                if (open.front() < 0) {
-                  TORCH_WARN("cuda_p2p: rank ", rank_, " leaks its workspace block of generation ",
-                             entry.first,
-                             ": the store cannot be reached (its host process has "
-                             "exited?), so whether the peers closed their mappings of it cannot "
-                             "be learned (NOTE [Block lifetime])");
-                } else {
-                  TORCH_WARN("cuda_p2p: rank ", rank_, " leaks its workspace block of generation ",
-                             entry.first, ": rank(s) ", c10::Join(", ", open),
-                             " did not close their mapping of it in time (NOTE [Block lifetime])");
-                }
-              } catch (...) {
-              }
-              leak.push_back(std::move(entry));
-            }
-            break;
-          }
-          std::this_thread::sleep_for(nap);
-          nap = std::min(nap * 2, std::chrono::milliseconds(50));
-        }
-      }
-      std::erase_if(retired_, [](const auto& e) { return !e.second; });
-    }
-    for (auto& l : leak) {
-      // Intentionally never freed (NOTE [Block lifetime]).
-      (void)new std::shared_ptr<Block>(std::move(l.second));
-    }
-    free.clear();  // frees the blocks, outside the lock
-  }
-
-  size_t retired() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return retired_.size();
-  }
-
- private:
-  std::string key(int generation, int rank) const {
-    return "cuda_p2p/workspace/" + std::to_string(generation) + "/closed/" + std::to_string(rank);
-  }
-  // Whether the store may be called: not known to be gone, and at teardown its server has not
-  // closed this process's connections (NOTE [Quiet teardown]). Called under mu_.
-  bool store_usable() noexcept {
-    if (store_gone_) return false;
-    if ((tearing_down_ || final_) && store_server_gone(*store_)) store_gone_ = true;
-    return !store_gone_;
-  }
-
-  // The peers that have not closed `generation` yet; {-1} when the store cannot be read.
-  // Called under mu_.
-  std::vector<int> still_open(int generation) {
-    if (!store_usable()) return {-1};
-    std::vector<int> open;
-    try {
-      for (int r = 0; r < world_size_; ++r) {
-        if (r == rank_ || gone_[r].load(std::memory_order_acquire)) continue;
-        if (!store_->check({key(generation, r)})) open.push_back(r);
-      }
-    } catch (...) {
-      store_gone_ = final_;  // at teardown, for good; a live workspace asks again next time
-      return {-1};
-    }
-    return open;
-  }
-
-  const c10::intrusive_ptr<c10d::Store> store_;
-  const int rank_;
-  const int world_size_;
-  const Millis close_wait_;
-  const bool free_unclosed_;  // Device::blocks_outlive_owner
-  mutable std::mutex mu_;
-  std::vector<std::pair<int, std::shared_ptr<Block>>> retired_;  // (generation, own block)
-  bool final_ = false;                                           // the workspace is destroyed
-  bool tearing_down_ = false;  // the workspace's destructor has begun
-  bool store_gone_ = false;    // a store call failed: the store's host has exited
-  const std::unique_ptr<std::atomic<bool>[]> gone_;  // by rank: see forget()
-};
-
 struct SymmetricWorkspace::Mapping {
   int generation = 0;
   int64_t buffer_size = 0;
@@ -310,7 +143,7 @@ struct SymmetricWorkspace::Mapping {
   std::vector<uint32_t*> pads;
   std::vector<char*> regions;  // NOTE [Graph flags]: the graph regions, by rank
   int64_t region_bytes = 0;
-  std::shared_ptr<Retirement> retirement;
+  std::shared_ptr<BlockRetirement> retirement;
 
   Mapping() = default;
   Mapping(const Mapping&) = delete;
@@ -349,9 +182,9 @@ SymmetricWorkspace::SymmetricWorkspace(c10::intrusive_ptr<c10d::Store> store, in
   timeout_ms_.store(options_.timeout.count(), std::memory_order_relaxed);
   reader_ = device_->private_memory_reader();
   if (reader_ && options_.deny_private_reads) reader_ = make_cross_memory_reader(/*deny=*/true);
-  retirement_ = std::make_shared<Retirement>(store_, rank_, world_size_,
-                                             std::min<Millis>(timeout(), kCloseWait),
-                                             device_->blocks_outlive_owner());
+  retirement_ = std::make_shared<BlockRetirement>(store_, rank_, world_size_,
+                                                  std::min<Millis>(timeout(), kCloseWait),
+                                                  device_->blocks_outlive_owner());
   std::random_device rd;
   probe_token_ = (static_cast<uint64_t>(rd()) << 32) | rd();
   claim_rank_slot(*store_, rank_);  // NOTE [One job per store]

@@ -49,6 +49,8 @@ struct WorkspaceOptions {
   int64_t graph_region_bytes = kDefaultGraphRegionBytes;
 };
 
+class BlockRetirement;  // p2p_workspace/block_retirement.hpp
+
 // This process's host identity: `host_id` when not empty, else hostname + boot id.
 std::string host_identity(const std::string& host_id = "");
 
@@ -184,7 +186,7 @@ class SymmetricWorkspace {
   void graph_close(Stream& s, int channel, const std::string& context);
 
   // Fails the device for good (Device::abort): pending and later waits raise; the destructor
-  // then waits for no peer (NOTE [Block lifetime] in the .cpp). Thread-safe.
+  // then waits for no peer (NOTE [Block lifetime] in block_retirement.cpp). Thread-safe.
   void abort(const std::string& why);
   // The ranks in `ranks` are gone for good (dead, and excluded from the group's successor): the
   // closing handshake no longer waits for them (NOTE [Block lifetime]), and the device writes
@@ -198,7 +200,6 @@ class SymmetricWorkspace {
 
  private:
   struct Mapping;
-  class Retirement;
   void rendezvous(int64_t buffer_size);
   std::shared_ptr<Mapping> mapping() const;
   void check_rank(int r, const char* what) const;
@@ -233,7 +234,7 @@ class SymmetricWorkspace {
   int generation_ = 0;
   int exchange_count_ = 0;
 
-  std::shared_ptr<Retirement> retirement_;  // NOTE [Block lifetime]
+  std::shared_ptr<BlockRetirement> retirement_;  // NOTE [Block lifetime]
   mutable std::mutex order_mutex_;
   // NOTE [One order per group]: the end of the last eager op on a stream that does not run inline
   // (has_last_op_: there is one), and apart from it the end of the last captured op and its
