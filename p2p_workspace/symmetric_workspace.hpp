@@ -210,6 +210,7 @@ class SymmetricWorkspace {
   void put_counted(Stream& s, int peer, int channel);
   CountedWait expect_counted(Stream& s, int peer, int channel);
   void counted_barrier(Stream& s, int channel, const std::vector<int>& members, Millis timeout);
+  void graph_barrier(Stream& s, int channel, const std::vector<int>& members, Millis timeout);
   // NOTE [Graph flags]: a run of flag barriers on `slots` of `blocks` blocks of `channel`.
   GraphLaunch graph_launch(int channel, uint32_t tag, std::initializer_list<int> slots,
                            int blocks) const;
