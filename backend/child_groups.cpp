@@ -171,7 +171,7 @@ void ProcessGroupCudaP2P::forget_peers(const std::vector<int>& ranks) {
 // the W - k survivors (NOTE [Child groups]), and torch then destroys this one. The survivors
 // never wait for a dead rank on the way:
 //  - this group's workspace and heap stop waiting for the dead ranks' "closed" keys (NOTE
-//    [Block lifetime] in p2p_workspace/symmetric_workspace.cpp), so their destruction - torch's
+//    [Block lifetime] in p2p_workspace/block_retirement.cpp), so their destruction - torch's
 //    destroy_process_group right after - frees this rank's blocks once the survivors closed them;
 //    and their device drops the dead ranks' failure areas (NOTE [Failure words] in
 //    p2p_workspace/watchdog.hpp): this rank's failure, SHRINK_ABORT's included, is told to the

@@ -35,7 +35,7 @@ namespace cuda_p2p::ops {
 // alone, while a full barrier would make every rank wait for the slowest (with 4 ranks on 2 cores,
 // for ranks that are not even running). A rank's done word is not in its own pad but pushed: on
 // ending a phase it stores the new count into its done slot in every peer's pad (NOTE [Signal pad
-// layout] in p2p_workspace/symmetric_workspace.cpp), so that every wait - the reuse guard, a
+// layout] in p2p_workspace/pad_layout.hpp), so that every wait - the reuse guard, a
 // broadcast waiting for its root, an owner waiting for its readers - polls the waiter's own pad,
 // never a peer's memory (on a GPU, a stream wait on a peer's memory would poll across the
 // interconnect). The phase counter advances identically on every rank because the number of

@@ -14,7 +14,7 @@ namespace cuda_p2p {
 
 // NOTE [Quiet teardown]
 // A group's workspace is destroyed after its group, often at the end of the process, and its
-// closing handshake (NOTE [Block lifetime] in symmetric_workspace.cpp) goes through the group's
+// closing handshake (NOTE [Block lifetime] in block_retirement.cpp) goes through the group's
 // store. The store's server lives in one process of the job (rank 0 of torchrun's or
 // init_process_group's TCPStore), which may well have exited by then: ranks end at different
 // times, and the ranks of a group spanning hosts tear down their intra-host workspaces after

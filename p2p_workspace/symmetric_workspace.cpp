@@ -13,12 +13,11 @@
 #include <random>
 #include <set>
 #include <sstream>
-#include <thread>
 
+#include "p2p_workspace/block_retirement.hpp"
 #include "p2p_workspace/host/cross_memory.hpp"  // the deny_private_reads test hook
 #include "p2p_workspace/host/shared_block.hpp"  // the failure areas: NOTE [Failure words]
-#include "p2p_workspace/store_probe.hpp"
-#include "p2p_workspace/watchdog.hpp"  // FailureState::area_bytes
+#include "p2p_workspace/watchdog.hpp"           // FailureState::area_bytes
 #include "p2p_workspace/workspace_records.hpp"
 
 namespace cuda_p2p {
@@ -34,25 +33,6 @@ namespace cuda_p2p {
 // means - and one channel is never driven by two streams at once. On the host the top bit of a
 // signal or done word flags a sleeping waiter and counts compare in 31 bits (NOTE [Sleeper bit]
 // in host/futex_wait.cpp).
-
-// NOTE [Signal pad layout]
-// Each rank's pad (after its buffer) holds, in 32-bit words, with C channels and W ranks:
-//
-//   signals        [C][W]                      sequence numbers (NOTE [Signal sequence numbers])
-//   done words     [C][W]                      phases ended (NOTE [Collective phases])
-//   descriptors    [C][2][W][kDescriptorWords] op signatures (NOTE [Op signatures])
-//   graph signals  [C][W]                      counts (NOTE [Replay-safe signals])
-//   graph done     [C][W]                      graph phases ended (NOTE [Replay-safe signals])
-//   graph counters [C][2W + 1]                 this rank's own: sent, expected, phases
-//   graph flags    [C][kMaxGraphBlocks][kGraphSlots][W]   flags (NOTE [Graph flags])
-//
-// indexed [channel][...][src] in the pad of the target. Every area but the graph counters is
-// written only by `src` (into its peers' pads: a remote store) and read only by the pad's owner
-// (a graph flag is also cleared by it), so that no wait ever polls another rank's memory: on a
-// GPU a stream wait on a peer's memory would poll across the interconnect. The graph counters
-// are read and written by the owner's own streams only. The pad is rounded up to whole pages; a
-// new generation (growth) starts zeroed. After the pad comes the graph region, the staging area
-// of captured collectives run as one kernel (NOTE [Graph flags]), which nothing else uses.
 
 // NOTE [Replay-safe signals]
 // A captured op (a CUDA graph, or the host's capture: NOTE [Host capture] in
@@ -102,17 +82,6 @@ namespace cuda_p2p {
 namespace {
 
 using namespace records;  // NOTE [Workspace records] in p2p_workspace/workspace_records.cpp
-
-constexpr size_t kPageSize = 4096;
-
-size_t pad_words(int channels, int world_size) {
-  const size_t cw = static_cast<size_t>(channels) * world_size;
-  return 2 * cw + cw * 2 * SymmetricWorkspace::kDescriptorWords + 2 * cw +
-         static_cast<size_t>(channels) * (2 * world_size + 1) +
-         static_cast<size_t>(channels) * graph_flag_words(world_size);
-}
-
-size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 // NOTE [Private-read probe]
 // read_peer_private reads a peer process's private memory with the device's reader (on the host,
@@ -165,172 +134,6 @@ std::string host_identity(const std::string& host_id) {
   return std::string(name) + "/" + boot_id;
 }
 
-// NOTE [Block lifetime]
-// A rank's own block may be freed only once no peer maps it any more: CUDA documents freeing an
-// exported allocation before every importer has called cudaIpcCloseMemHandle as undefined (a
-// host memfd stays valid while mapped, but the host runs the same protocol, so CI tests it).
-// So every generation of the workspace ends with a closing handshake over the store. When a
-// rank's mapping of a generation is released (the workspace replaced it on growth, or was
-// destroyed, and no tensor aliases it any more), it closes its imports of the peers' blocks and
-// publishes <generation>/closed/<rank>; its own block of that generation is retired, not freed.
-// A retired block is freed once every peer has published its key: checked without waiting at
-// every rendezvous, and waited for, at most kCloseWait, when the workspace is destroyed (every
-// rank publishes before it waits, so ranks destroying their groups together never wait for each
-// other in a cycle). A block whose peers have not closed by then (a peer that died, hangs, or
-// keeps a get_p2p_buffer tensor alive) is deliberately leaked, with a warning: never freed under
-// a peer. After abort() nothing is waited for: what is not closed yet is leaked. Where the device
-// says blocks outlive their owner's reference (Device::blocks_outlive_owner: the host, whose
-// memfd lives while any process maps it) such a block is freed instead: nothing is left behind
-// after a peer died, and the memory goes with the last mapping. Peers known to be gone for good
-// (forget_peers: a shrink excluded them, NOTE [Shrinking past dead ranks] in
-// backend/child_groups.cpp) are not waited for at all.
-class SymmetricWorkspace::Retirement {
- public:
-  Retirement(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size, Millis close_wait,
-             bool free_unclosed)
-      : store_(std::move(store)),
-        rank_(rank),
-        world_size_(world_size),
-        close_wait_(close_wait),
-        free_unclosed_(free_unclosed),
-        gone_(std::make_unique<std::atomic<bool>[]>(world_size)) {}
-
-  // `rank` is gone for good (a shrink excluded it): its "closed" keys are not waited for.
-  void forget(int rank) noexcept { gone_[rank].store(true, std::memory_order_release); }
-
-  // The workspace is being destroyed: from now on the store is probed before each call (NOTE
-  // [Quiet teardown] in store_probe.cpp).
-  void tear_down() noexcept {
-    std::lock_guard<std::mutex> lock(mu_);
-    tearing_down_ = true;
-  }
-
-  // A mapping of `generation` was released: publish it, and retire `own`.
-  void closed(int generation, std::shared_ptr<Block> own) noexcept {
-    bool published = false;
-    bool usable = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      usable = store_usable();
-    }
-    if (usable) {
-      try {
-        store_->set(key(generation, rank_), to_bytes("1"));
-        published = true;
-      } catch (...) {
-        // The store is gone (process teardown): peers cannot learn it; they leak their blocks.
-      }
-    }
-    bool final = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (own) retired_.emplace_back(generation, std::move(own));
-      final = final_;
-      // At teardown, not asked again: every query of a dead TCPStore logs a stack trace.
-      if (!published && final) store_gone_ = true;
-    }
-    // The workspace is gone (a tensor outlived it): nobody else will reap.
-    if (final) reap(close_wait_, /*final=*/true);
-  }
-
-  // Frees every retired block all peers have closed, waiting up to `wait` for them; with
-  // `final`, leaks (with a warning) what is still mapped by a peer after that.
-  void reap(Millis wait, bool final) noexcept {
-    std::vector<std::pair<int, std::shared_ptr<Block>>> free, leak;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      final_ |= final;
-      const auto deadline = std::chrono::steady_clock::now() + wait;
-      auto nap = std::chrono::milliseconds(1);
-      for (auto& entry : retired_) {
-        while (true) {
-          const std::vector<int> open = still_open(entry.first);
-          if (open.empty()) {
-            free.push_back(std::move(entry));
-            break;
-          }
-          if (std::chrono::steady_clock::now() >= deadline || open.front() < 0) {
-            if (final && free_unclosed_) {
-              free.push_back(std::move(entry));  // safe on this device (NOTE [Block lifetime])
-            } else if (final) {
-              try {  // a warning handler may throw (Python's warnings-as-errors)
-                if (open.front() < 0) {
-                  TORCH_WARN("cuda_p2p: rank ", rank_, " leaks its workspace block of generation ",
-                             entry.first,
-                             ": the store cannot be reached (its host process has "
-                             "exited?), so whether the peers closed their mappings of it cannot "
-                             "be learned (NOTE [Block lifetime])");
-                } else {
-                  TORCH_WARN("cuda_p2p: rank ", rank_, " leaks its workspace block of generation ",
-                             entry.first, ": rank(s) ", c10::Join(", ", open),
-                             " did not close their mapping of it in time (NOTE [Block lifetime])");
-                }
-              } catch (...) {
-              }
-              leak.push_back(std::move(entry));
-            }
-            break;
-          }
-          std::this_thread::sleep_for(nap);
-          nap = std::min(nap * 2, std::chrono::milliseconds(50));
-        }
-      }
-      std::erase_if(retired_, [](const auto& e) { return !e.second; });
-    }
-    for (auto& l : leak) {
-      // Intentionally never freed (NOTE [Block lifetime]).
-      (void)new std::shared_ptr<Block>(std::move(l.second));
-    }
-    free.clear();  // frees the blocks, outside the lock
-  }
-
-  size_t retired() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return retired_.size();
-  }
-
- private:
-  std::string key(int generation, int rank) const {
-    return "cuda_p2p/workspace/" + std::to_string(generation) + "/closed/" + std::to_string(rank);
-  }
-  // Whether the store may be called: not known to be gone, and at teardown its server has not
-  // closed this process's connections (NOTE [Quiet teardown]). Called under mu_.
-  bool store_usable() noexcept {
-    if (store_gone_) return false;
-    if ((tearing_down_ || final_) && store_server_gone(*store_)) store_gone_ = true;
-    return !store_gone_;
-  }
-
-  // The peers that have not closed `generation` yet; {-1} when the store cannot be read.
-  // Called under mu_.
-  std::vector<int> still_open(int generation) {
-    if (!store_usable()) return {-1};
-    std::vector<int> open;
-    try {
-      for (int r = 0; r < world_size_; ++r) {
-        if (r == rank_ || gone_[r].load(std::memory_order_acquire)) continue;
-        if (!store_->check({key(generation, r)})) open.push_back(r);
-      }
-    } catch (...) {
-      store_gone_ = final_;  // at teardown, for good; a live workspace asks again next time
-      return {-1};
-    }
-    return open;
-  }
-
-  const c10::intrusive_ptr<c10d::Store> store_;
-  const int rank_;
-  const int world_size_;
-  const Millis close_wait_;
-  const bool free_unclosed_;  // Device::blocks_outlive_owner
-  mutable std::mutex mu_;
-  std::vector<std::pair<int, std::shared_ptr<Block>>> retired_;  // (generation, own block)
-  bool final_ = false;                                           // the workspace is destroyed
-  bool tearing_down_ = false;  // the workspace's destructor has begun
-  bool store_gone_ = false;    // a store call failed: the store's host has exited
-  const std::unique_ptr<std::atomic<bool>[]> gone_;  // by rank: see forget()
-};
-
 struct SymmetricWorkspace::Mapping {
   int generation = 0;
   int64_t buffer_size = 0;
@@ -340,7 +143,7 @@ struct SymmetricWorkspace::Mapping {
   std::vector<uint32_t*> pads;
   std::vector<char*> regions;  // NOTE [Graph flags]: the graph regions, by rank
   int64_t region_bytes = 0;
-  std::shared_ptr<Retirement> retirement;
+  std::shared_ptr<BlockRetirement> retirement;
 
   Mapping() = default;
   Mapping(const Mapping&) = delete;
@@ -358,7 +161,8 @@ SymmetricWorkspace::SymmetricWorkspace(c10::intrusive_ptr<c10d::Store> store, in
       rank_(rank),
       world_size_(world_size),
       device_(std::move(device)),
-      options_(options) {
+      options_(options),
+      layout_(options_.num_channels, world_size_) {
   TORCH_CHECK(store_, "cuda_p2p: SymmetricWorkspace needs a store");
   TORCH_CHECK(device_, "cuda_p2p: SymmetricWorkspace needs a device");
   TORCH_CHECK(world_size_ >= 1 && rank_ >= 0 && rank_ < world_size_,
@@ -378,9 +182,9 @@ SymmetricWorkspace::SymmetricWorkspace(c10::intrusive_ptr<c10d::Store> store, in
   timeout_ms_.store(options_.timeout.count(), std::memory_order_relaxed);
   reader_ = device_->private_memory_reader();
   if (reader_ && options_.deny_private_reads) reader_ = make_cross_memory_reader(/*deny=*/true);
-  retirement_ = std::make_shared<Retirement>(store_, rank_, world_size_,
-                                             std::min<Millis>(timeout(), kCloseWait),
-                                             device_->blocks_outlive_owner());
+  retirement_ = std::make_shared<BlockRetirement>(store_, rank_, world_size_,
+                                                  std::min<Millis>(timeout(), kCloseWait),
+                                                  device_->blocks_outlive_owner());
   std::random_device rd;
   probe_token_ = (static_cast<uint64_t>(rd()) << 32) | rd();
   claim_rank_slot(*store_, rank_);  // NOTE [One job per store]
@@ -542,12 +346,8 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
   retirement_->reap(Millis(0), /*final=*/false);  // NOTE [Block lifetime]
   const int gen = ++generation_;
   const std::string prefix = "cuda_p2p/workspace/" + std::to_string(gen) + "/";
-  const size_t buffer_bytes = round_up(static_cast<size_t>(buffer_size), kPageSize);
-  const size_t pad_bytes =
-      round_up(sizeof(uint32_t) * pad_words(options_.num_channels, world_size_), kPageSize);
-  const size_t region_bytes =
-      round_up(static_cast<size_t>(std::max<int64_t>(options_.graph_region_bytes, 0)), kPageSize);
-  const size_t block_bytes = buffer_bytes + pad_bytes + region_bytes;
+  const BlockLayout block(buffer_size, layout_, options_.graph_region_bytes);
+  const size_t block_bytes = block.block_bytes();
 
   PeerInfo me;
   me.host = host_identity(options_.host_id);
@@ -633,8 +433,8 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
 
   auto mapping = std::make_shared<Mapping>();
   mapping->generation = gen;
-  mapping->buffer_size = static_cast<int64_t>(buffer_bytes);
-  mapping->region_bytes = static_cast<int64_t>(region_bytes);
+  mapping->buffer_size = static_cast<int64_t>(block.buffer_bytes);
+  mapping->region_bytes = static_cast<int64_t>(block.region_bytes);
   mapping->own = local;
   mapping->retirement = retirement_;
   mapping->blocks.resize(world_size_);
@@ -715,8 +515,8 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
   for (int r = 0; r < world_size_; ++r) {
     auto* base = static_cast<char*>(r == rank_ ? mapping->own->data() : mapping->blocks[r]->data());
     mapping->buffers.push_back(base);
-    mapping->pads.push_back(reinterpret_cast<uint32_t*>(base + buffer_bytes));
-    mapping->regions.push_back(base + buffer_bytes + pad_bytes);
+    mapping->pads.push_back(reinterpret_cast<uint32_t*>(base + block.pad_offset()));
+    mapping->regions.push_back(base + block.region_offset());
   }
 
   // NOTE [Private-read probe]
@@ -832,7 +632,7 @@ uint32_t* SymmetricWorkspace::signal_slot(int target, int channel, int src) cons
   check_rank(target, "signal_slot");
   check_rank(src, "signal_slot");
   check_channel(channel);
-  return mapping()->pads[target] + channel * world_size_ + src;
+  return pad(target) + layout_.signal(channel, src);
 }
 
 uint32_t* SymmetricWorkspace::done_slot(int target, int channel, int src) const {
@@ -840,8 +640,7 @@ uint32_t* SymmetricWorkspace::done_slot(int target, int channel, int src) const 
   check_rank(target, "done_slot");
   check_rank(src, "done_slot");
   check_channel(channel);
-  const int cw = options_.num_channels * world_size_;
-  return mapping()->pads[target] + cw + channel * world_size_ + src;
+  return pad(target) + layout_.done(channel, src);
 }
 
 uint32_t* SymmetricWorkspace::descriptor_slot(int target, int channel, int parity, int src) const {
@@ -851,9 +650,7 @@ uint32_t* SymmetricWorkspace::descriptor_slot(int target, int channel, int parit
   check_channel(channel);
   TORCH_CHECK(parity == 0 || parity == 1, "cuda_p2p descriptor_slot: parity must be 0 or 1, got ",
               parity);
-  const int cw = options_.num_channels * world_size_;
-  return mapping()->pads[target] + 2 * cw +
-         ((channel * 2 + parity) * world_size_ + src) * kDescriptorWords;
+  return pad(target) + layout_.descriptor(channel, parity, src);
 }
 
 at::Tensor SymmetricWorkspace::get_buffer(int rank, at::IntArrayRef sizes, at::ScalarType dtype,
@@ -888,84 +685,7 @@ at::Tensor SymmetricWorkspace::get_buffer(int rank, at::IntArrayRef sizes, at::S
       .make_tensor();
 }
 
-// The areas after the descriptors (NOTE [Signal pad layout]).
-uint32_t* SymmetricWorkspace::graph_area(int target, size_t index) const {
-  const size_t cw = static_cast<size_t>(options_.num_channels) * world_size_;
-  return mapping()->pads[target] + 2 * cw + cw * 2 * kDescriptorWords + index;
-}
-
-uint32_t* SymmetricWorkspace::graph_signal_slot(int target, int channel, int src) const {
-  return graph_area(target, static_cast<size_t>(channel) * world_size_ + src);
-}
-
-uint32_t* SymmetricWorkspace::graph_done_slot(int target, int channel, int src) const {
-  const size_t cw = static_cast<size_t>(options_.num_channels) * world_size_;
-  return graph_area(target, cw + static_cast<size_t>(channel) * world_size_ + src);
-}
-
-// kind 0: sent to `peer`, 1: expected from `peer`, 2: phases (peer ignored).
-uint32_t* SymmetricWorkspace::graph_counter(int channel, int kind, int peer) const {
-  const size_t cw = static_cast<size_t>(options_.num_channels) * world_size_;
-  return graph_area(rank_, 2 * cw + static_cast<size_t>(channel) * (2 * world_size_ + 1) +
-                               (kind == 2 ? 2 * world_size_ : kind * world_size_ + peer));
-}
-
-// The device is asked only once the group has seen a capture: every op calls begin_op first, which
-// asks it for every op not on an inline stream, and flags the group at its first captured op. An
-// eager op then costs no query per signal (cudaStreamGetCaptureInfo on CUDA).
-bool SymmetricWorkspace::capturing(Stream& s) const {
-  return capturing_any_.load(std::memory_order_acquire) && device_->capture_id(s) != 0;
-}
-
-void SymmetricWorkspace::graph_phase_begin(Stream& s, int channel, const std::string& context) {
-  check_channel(channel);
-  uint32_t* phases = graph_counter(channel, 2, 0);
-  std::vector<CountedWait> waits;
-  for (int r = 0; r < world_size_; ++r) {
-    if (r != rank_) waits.push_back(CountedWait{graph_done_slot(rank_, channel, r), phases, 0, r});
-  }
-  if (!waits.empty()) {
-    device_->wait_counted(s, std::move(waits), timeout(),
-                          context + " (graph buffer reuse guard, rank " + std::to_string(rank_) +
-                              ", channel " + std::to_string(channel) + ")");
-  }
-  device_->advance_counter(s, phases, 1);
-}
-
-void SymmetricWorkspace::graph_phase_end(Stream& s, int channel) {
-  check_channel(channel);
-  const uint32_t* phases = graph_counter(channel, 2, 0);
-  for (int k = 1; k < world_size_; ++k) {
-    const int r = (rank_ + k) % world_size_;
-    device_->write_counted(s, graph_done_slot(r, channel, rank_), phases, 0);
-  }
-}
-
-void SymmetricWorkspace::graph_wait_phase_ended(Stream& s, int channel, c10::ArrayRef<int> ranks,
-                                                const std::string& context) {
-  check_channel(channel);
-  const uint32_t* phases = graph_counter(channel, 2, 0);
-  std::vector<CountedWait> waits;
-  for (int r : ranks) {
-    check_rank(r, "graph_wait_phase_ended");
-    if (r != rank_) waits.push_back(CountedWait{graph_done_slot(rank_, channel, r), phases, 0, r});
-  }
-  if (waits.empty()) return;
-  device_->wait_counted(s, std::move(waits), timeout(),
-                        context + " (rank " + std::to_string(rank_) + ", graph)");
-}
-
-void SymmetricWorkspace::put_counted(Stream& s, int peer, int channel) {
-  uint32_t* sent = graph_counter(channel, 0, peer);
-  device_->advance_counter(s, sent, 1);
-  device_->write_counted(s, graph_signal_slot(peer, channel, rank_), sent, 0);
-}
-
-CountedWait SymmetricWorkspace::expect_counted(Stream& s, int peer, int channel) {
-  uint32_t* expected = graph_counter(channel, 1, peer);
-  device_->advance_counter(s, expected, 1);
-  return CountedWait{graph_signal_slot(rank_, channel, peer), expected, 0, peer};
-}
+uint32_t* SymmetricWorkspace::pad(int target) const { return mapping()->pads[target]; }
 
 void SymmetricWorkspace::put_signal(Stream& s, int peer, int channel) {
   check_available("put_signal");
@@ -1017,24 +737,8 @@ void SymmetricWorkspace::barrier(Stream& s, int channel, std::optional<Millis> t
     TORCH_CHECK(unique.count(rank_), "cuda_p2p barrier: the ranks ", members,
                 " must include the calling rank ", rank_);
   }
-  if (capturing(s)) {
-    const Millis limit = timeout.value_or(this->timeout());
-    // NOTE [Graph flags]: a barrier of every rank is a flag barrier, the open op's next one, or an
-    // op of its own (two barriers, as every op has at least two).
-    if (graph_flags() && static_cast<int>(members.size()) == world_size_) {
-      const std::string context = "barrier on channel " + std::to_string(channel) + " (rank " +
-                                  std::to_string(rank_) + ", graph)";
-      uint32_t tag = 0;
-      const int slot = next_graph_slot(channel, tag);
-      if (slot >= 0) {
-        device_->graph_kernel(s, graph_launch(channel, tag, {slot}, 1), {}, limit, context);
-        return;
-      }
-      static constexpr char kBarrier[] = "barrier";
-      graph_kernel(s, channel, graph_tag(kBarrier, sizeof(kBarrier) - 1), 2, 1, {}, context);
-      return;
-    }
-    counted_barrier(s, channel, members, limit);  // NOTE [Replay-safe signals]
+  if (capturing(s)) {  // NOTE [Replay-safe signals]
+    graph_barrier(s, channel, members, timeout.value_or(this->timeout()));
     return;
   }
   std::vector<SignalWait> waits;
@@ -1051,21 +755,6 @@ void SymmetricWorkspace::barrier(Stream& s, int channel, std::optional<Millis> t
       "barrier on channel " + std::to_string(channel) + " (rank " + std::to_string(rank_) + ")");
 }
 
-void SymmetricWorkspace::counted_barrier(Stream& s, int channel, const std::vector<int>& members,
-                                         Millis timeout) {
-  std::vector<CountedWait> counted;
-  for (int r : members) {
-    if (r != rank_) put_counted(s, r, channel);
-  }
-  for (int r : members) {
-    if (r != rank_) counted.push_back(expect_counted(s, r, channel));
-  }
-  if (counted.empty()) return;
-  device_->wait_counted(s, std::move(counted), timeout,
-                        "barrier on channel " + std::to_string(channel) + " (rank " +
-                            std::to_string(rank_) + ", graph)");
-}
-
 char* SymmetricWorkspace::graph_region(int rank) const {
   check_available("graph_region");
   check_rank(rank, "graph_region");
@@ -1075,108 +764,6 @@ char* SymmetricWorkspace::graph_region(int rank) const {
 int64_t SymmetricWorkspace::graph_region_bytes() const {
   auto m = mapping();
   return m ? m->region_bytes : 0;
-}
-
-uint32_t* SymmetricWorkspace::graph_flag(int target, int channel, int block, int slot,
-                                         int src) const {
-  check_available("graph_flag");
-  check_rank(target, "graph_flag");
-  check_rank(src, "graph_flag");
-  check_channel(channel);
-  TORCH_CHECK(block >= 0 && block < kMaxGraphBlocks && slot >= 0 && slot < kGraphSlots,
-              "cuda_p2p graph_flag: block must be in [0, ", kMaxGraphBlocks, ") and slot in [0, ",
-              kGraphSlots, "), got ", block, " and ", slot);
-  const size_t cw = static_cast<size_t>(options_.num_channels) * world_size_;
-  const size_t flags = 2 * cw + static_cast<size_t>(options_.num_channels) * (2 * world_size_ + 1);
-  return graph_area(target, flags + static_cast<size_t>(channel) * graph_flag_words(world_size_) +
-                                graph_flag_index(world_size_, block, slot, src));
-}
-
-GraphLaunch SymmetricWorkspace::graph_launch(int channel, uint32_t tag,
-                                             std::initializer_list<int> slots, int blocks) const {
-  TORCH_INTERNAL_ASSERT(graph_flags() && blocks >= 1 && blocks <= kMaxGraphBlocks &&
-                        slots.size() <= static_cast<size_t>(kMaxGraphBarriers));
-  GraphLaunch g;
-  g.tag = tag;
-  g.rank = rank_;
-  g.world_size = world_size_;
-  g.blocks = blocks;
-  for (int slot : slots) g.slot[g.barriers++] = static_cast<uint8_t>(slot);
-  g.own = graph_flag(rank_, channel, 0, 0, 0);
-  for (int r = 0; r < world_size_; ++r) g.peer[r] = graph_flag(r, channel, 0, 0, 0);
-  return g;
-}
-
-int SymmetricWorkspace::next_graph_slot(int channel, uint32_t& tag) {
-  check_channel(channel);
-  std::lock_guard<std::mutex> lock(graph_mu_);
-  if (!graph_open_) return -1;
-  tag = graph_tag_;
-  return 1 + graph_barriers_[channel]++ % 2;  // NOTE [Graph flags]: slots 1 and 2 alternate
-}
-
-void SymmetricWorkspace::graph_kernel(Stream& s, int channel, uint32_t tag, int barriers,
-                                      int blocks, GraphKernelBody body,
-                                      const std::string& context) {
-  TORCH_CHECK(graph_flags() && barriers >= 2 && barriers <= kMaxGraphBarriers,
-              "cuda_p2p graph_kernel: needs 2 to ", kMaxGraphRanks, " ranks and 2 to ",
-              kMaxGraphBarriers, " barriers, got ", world_size_, " and ", barriers);
-  GraphLaunch g = graph_launch(channel, tag, {}, blocks);
-  // NOTE [Graph flags]: the open on slot 0, then 1 and 2 alternating.
-  for (int i = 0; i < barriers; ++i) {
-    g.slot[g.barriers++] = static_cast<uint8_t>(i == 0 ? 0 : 1 + (i - 1) % 2);
-  }
-  {
-    std::lock_guard<std::mutex> lock(graph_mu_);
-    graph_open_ = false;  // an op of its own: its first barrier is an open
-  }
-  device_->graph_kernel(s, g, std::move(body), timeout(), context);
-}
-
-void SymmetricWorkspace::graph_open(Stream& s, int channel, uint32_t tag,
-                                    const std::string& context) {
-  check_channel(channel);
-  {
-    std::lock_guard<std::mutex> lock(graph_mu_);
-    graph_open_ = true;
-    graph_tag_ = tag;
-    std::fill(graph_barriers_.begin(), graph_barriers_.end(), 0);
-  }
-  if (!graph_flags()) {
-    std::vector<int> all(world_size_);
-    std::iota(all.begin(), all.end(), 0);
-    counted_barrier(s, channel, all, timeout());
-    return;
-  }
-  GraphLaunch g = graph_launch(channel, tag, {0}, 1);
-  // This rank's graph signals, done words and counters: contiguous (NOTE [Signal pad layout]).
-  const size_t cw = static_cast<size_t>(options_.num_channels) * world_size_;
-  g.reset = graph_area(rank_, 0);
-  g.reset_words = static_cast<uint32_t>(2 * cw + static_cast<size_t>(options_.num_channels) *
-                                                     (2 * world_size_ + 1));
-  device_->graph_kernel(s, g, {}, timeout(),
-                        context + " (open, rank " + std::to_string(rank_) + ", graph)");
-}
-
-void SymmetricWorkspace::graph_close(Stream& s, int channel, const std::string& context) {
-  check_channel(channel);
-  uint32_t tag = 0;
-  int slot = -1;
-  {
-    std::lock_guard<std::mutex> lock(graph_mu_);
-    if (!graph_open_) return;
-    graph_open_ = false;
-    tag = graph_tag_;
-    slot = 1 + graph_barriers_[channel]++ % 2;
-  }
-  const std::string what = context + " (close, rank " + std::to_string(rank_) + ", graph)";
-  if (!graph_flags()) {
-    std::vector<int> all(world_size_);
-    std::iota(all.begin(), all.end(), 0);
-    counted_barrier(s, channel, all, timeout());
-    return;
-  }
-  device_->graph_kernel(s, graph_launch(channel, tag, {slot}, 1), {}, timeout(), what);
 }
 
 std::pair<uint32_t, uint32_t> SymmetricWorkspace::next_barrier_signal(int channel, int peer) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "p2p_workspace/device.hpp"
+#include "p2p_workspace/pad_layout.hpp"
 
 namespace cuda_p2p {
 
@@ -47,6 +48,8 @@ struct WorkspaceOptions {
   // stage their data (NOTE [Graph flags]); 0: none (they keep the copy engine).
   int64_t graph_region_bytes = kDefaultGraphRegionBytes;
 };
+
+class BlockRetirement;  // p2p_workspace/block_retirement.hpp
 
 // This process's host identity: `host_id` when not empty, else hostname + boot id.
 std::string host_identity(const std::string& host_id = "");
@@ -86,14 +89,14 @@ class SymmetricWorkspace {
   uint64_t mapping_version() const { return mapping_version_.load(std::memory_order_acquire); }
   // Signal slot `src` writes in `target`'s pad on `channel`: pad[target] + channel * W + src.
   uint32_t* signal_slot(int target, int channel, int src) const;
-  // The pad's other areas (NOTE [Signal pad layout] in the .cpp). Like signal slots, each is
-  // written by `src` into `target`'s pad, and read by `target` only, so that every wait polls the
-  // waiter's own memory:
+  // The pad's other areas (NOTE [Signal pad layout] in p2p_workspace/pad_layout.hpp). Like signal
+  // slots, each is written by `src` into `target`'s pad, and read by `target` only, so that every
+  // wait polls the waiter's own memory:
   //  - the done word of `src` on `channel`: the number of collective phases `src` has ended
   //    (NOTE [Collective phases] in ops/collectives.cpp);
   //  - the op descriptor `src` published on `channel` for a handshake of parity `parity`,
   //    kDescriptorWords words (NOTE [Op signatures] in ops/op_signature.cpp).
-  static constexpr int kDescriptorWords = 32;
+  static constexpr int kDescriptorWords = PadLayout::kDescriptorWords;
   uint32_t* done_slot(int target, int channel, int src) const;
   uint32_t* descriptor_slot(int target, int channel, int parity, int src) const;
 
@@ -183,7 +186,7 @@ class SymmetricWorkspace {
   void graph_close(Stream& s, int channel, const std::string& context);
 
   // Fails the device for good (Device::abort): pending and later waits raise; the destructor
-  // then waits for no peer (NOTE [Block lifetime] in the .cpp). Thread-safe.
+  // then waits for no peer (NOTE [Block lifetime] in block_retirement.cpp). Thread-safe.
   void abort(const std::string& why);
   // The ranks in `ranks` are gone for good (dead, and excluded from the group's successor): the
   // closing handshake no longer waits for them (NOTE [Block lifetime]), and the device writes
@@ -197,19 +200,17 @@ class SymmetricWorkspace {
 
  private:
   struct Mapping;
-  class Retirement;
   void rendezvous(int64_t buffer_size);
   std::shared_ptr<Mapping> mapping() const;
   void check_rank(int r, const char* what) const;
   void check_channel(int channel) const;
   void check_available(const char* what) const;
-  uint32_t* graph_area(int target, size_t index) const;
-  uint32_t* graph_signal_slot(int target, int channel, int src) const;
-  uint32_t* graph_done_slot(int target, int channel, int src) const;
-  uint32_t* graph_counter(int channel, int kind, int peer) const;
+  // `target`'s pad as mapped here (NOTE [Signal pad layout]).
+  uint32_t* pad(int target) const;
   void put_counted(Stream& s, int peer, int channel);
   CountedWait expect_counted(Stream& s, int peer, int channel);
   void counted_barrier(Stream& s, int channel, const std::vector<int>& members, Millis timeout);
+  void graph_barrier(Stream& s, int channel, const std::vector<int>& members, Millis timeout);
   // NOTE [Graph flags]: a run of flag barriers on `slots` of `blocks` blocks of `channel`.
   GraphLaunch graph_launch(int channel, uint32_t tag, std::initializer_list<int> slots,
                            int blocks) const;
@@ -221,6 +222,7 @@ class SymmetricWorkspace {
   const int world_size_;
   std::shared_ptr<Device> device_;
   WorkspaceOptions options_;
+  const PadLayout layout_;  // NOTE [Signal pad layout]
 
   bool available_ = false;
   std::string reason_;
@@ -233,7 +235,7 @@ class SymmetricWorkspace {
   int generation_ = 0;
   int exchange_count_ = 0;
 
-  std::shared_ptr<Retirement> retirement_;  // NOTE [Block lifetime]
+  std::shared_ptr<BlockRetirement> retirement_;  // NOTE [Block lifetime]
   mutable std::mutex order_mutex_;
   // NOTE [One order per group]: the end of the last eager op on a stream that does not run inline
   // (has_last_op_: there is one), and apart from it the end of the last captured op and its
