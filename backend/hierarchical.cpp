@@ -3,7 +3,6 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <cstring>
 #include <exception>
 #include <map>
 #include <optional>
@@ -65,7 +64,8 @@ Hierarchy::Hierarchy(int rank, HostLayout layout, c10::intrusive_ptr<c10d::Backe
       even_(layout_.even()),
       intra_(std::move(intra)),
       inter_(std::move(inter)),
-      nccl_(nccl) {
+      nccl_(nccl),
+      agreement_(layout_, rank) {
   const int H = layout_.num_hosts();
   const int L = static_cast<int>(layout_.hosts[host_].size());
   TORCH_CHECK(H >= 2, "cuda_p2p hierarchy: expected ranks on at least 2 hosts, got ", H);
@@ -119,51 +119,6 @@ const char* Hierarchy::rejects_reduction(const c10d::ReduceOp& op, at::ScalarTyp
 
 // --- agreement ----------------------------------------------------------------------------------
 
-// NOTE [Hierarchical agreement]
-// A flat workspace group compares every op's signature before any data moves (NOTE [Op
-// signatures] in ops/op_signature.cpp). The steps of a hierarchical collective cannot do that by
-// themselves: each intra step compares only its host's ranks (and names them by local index), and
-// the inter steps run on Gloo, which does not compare anything - given buffers of different sizes,
-// its transport thread throws and the process aborts. So every hierarchical collective first has
-// the whole group agree on the call, in a fixed-size exchange that cannot itself mismatch:
-//
-//  * Each rank encodes its signature - the op's kind and a text naming every argument the ranks
-//    must agree on ("1000 x float32 sum"), plus its route when the call goes flat on the wrapped
-//    backend ("(flat: dtype)"), or, when its own argument checks failed, the reason (an invalid
-//    signature) - as one op descriptor (ops::encode_signature, SymmetricWorkspace::
-//    kDescriptorWords words).
-//  * Intra: an all-gather of the descriptors on the host's workspace (every host rank gets its
-//    host's). Inter: an all-gather of the host's descriptors (padded to the widest host) among the
-//    ranks of one local index, on even hosts every local index (each then has all W), on uneven
-//    ones the leaders, who hand the W descriptors to their host by an intra broadcast.
-//  * Every rank holds the same W descriptors, by group rank, and compares them as a flat group
-//    does (ops::signature_disagreement): on any difference every rank throws the same
-//    SignatureMismatch naming group ranks, before any step of the op; a rank whose own arguments
-//    were invalid throws its own error and its peers name it. Every exchange was of the same size
-//    on every rank and completed, so the group stays usable.
-//  * The route is part of the signature: ranks that would run a call hierarchically on some ranks
-//    and flat on others (a dtype, a device, a reduce op one rank's call cannot take) disagree
-//    instead of waiting in different collectives. Every hierarchical entry point therefore agrees,
-//    also for calls that then go flat; all_gather_v and barrier too (barrier: the exchange is a
-//    barrier of the whole group).
-//  * Not agreed: calls whose tensors are all on CUDA when the group wraps NCCL (they keep NCCL
-//    without a host round trip per op), so a CUDA call on one rank against a CPU call on another
-//    ends in the CPU side's timeout there.
-//  * Small all-reduces ride in the agreement: every record has an area of kInlineBytes, where an
-//    all-reduce of at most that many bytes (in its accumulation type: float32 for float16 and
-//    bfloat16) puts its tensor. After the intra all-gather each rank reduces its host's L
-//    payloads (host order), sends the host's partial with the host's descriptors, and after the
-//    inter all-gather reduces the H partials (host order; AVG divides by W once) - every rank
-//    the same bits - and writes the result only once all W descriptors agree. Whether a call
-//    rides is a function of its signature, so all ranks that agree decide alike. Such an
-//    all-reduce is two exchanges (three on uneven hosts) instead of the agreement's two plus the
-//    algorithm's three.
-//
-// Cost: one intra all-gather of (128 + kInlineBytes) bytes per rank and one inter all-gather of
-// a host's descriptors and kInlineBytes per host (and on uneven hosts an intra broadcast) before
-// the op's own steps; none for a small all-reduce, which it replaces (docs/collectives.md,
-// "Across hosts").
-
 namespace {
 
 std::string describe(c10::ArrayRef<at::Tensor> tensors) { return ops::describe_tensors(tensors); }
@@ -188,35 +143,6 @@ Checked run_checks(F&& checks) {
   return {};
 }
 
-// The rows of `rows` ([k, n]) reduced with `op` (AVG as a sum), in row order.
-at::Tensor reduce_rows(const at::Tensor& rows, const c10d::ReduceOp& op) {
-  switch (op.op_) {
-    case c10d::ReduceOp::SUM:
-    case c10d::ReduceOp::AVG:
-      return rows.sum(0, false, rows.scalar_type());
-    case c10d::ReduceOp::PRODUCT:
-      return rows.prod(0, false, rows.scalar_type());
-    case c10d::ReduceOp::MIN:
-      return rows.amin(0);
-    case c10d::ReduceOp::MAX:
-      return rows.amax(0);
-    case c10d::ReduceOp::BAND:
-    case c10d::ReduceOp::BOR:
-    case c10d::ReduceOp::BXOR: {
-      at::Tensor r = rows[0].clone();
-      for (int64_t i = 1; i < rows.size(0); ++i) {
-        if (op.op_ == c10d::ReduceOp::BAND) r.bitwise_and_(rows[i]);
-        if (op.op_ == c10d::ReduceOp::BOR) r.bitwise_or_(rows[i]);
-        if (op.op_ == c10d::ReduceOp::BXOR) r.bitwise_xor_(rows[i]);
-      }
-      return r;
-    }
-    default:
-      TORCH_CHECK(false, "cuda_p2p hierarchy: no inline reduction for reduce op ",
-                  static_cast<int>(op.op_));
-  }
-}
-
 std::string rank_list(const std::vector<int>& ranks) {
   std::string s = "[";
   for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
@@ -238,96 +164,30 @@ ops::OpSignature Hierarchy::signature(ops::OpKind kind, std::string text, const 
   return ops::OpSignature::of(kind, std::move(text));
 }
 
-bool Hierarchy::fits_inline(const at::Tensor& t) {
-  return t.numel() > 0 &&
-         t.numel() *
-                 static_cast<int64_t>(c10::elementSize(ops::accumulate_type(t.scalar_type()))) <=
-             kInlineBytes;
-}
-
 bool Hierarchy::agree(const ops::OpSignature& mine, std::chrono::milliseconds timeout,
                       const at::Tensor& payload, const c10d::ReduceOp& op) {
-  if (!agreement_) return false;  // the bench knob
-  const auto words = ops::encode_signature(mine, 0);
-  constexpr int64_t R = static_cast<int64_t>(sizeof(words)), C = kInlineBytes;
-  const int H = layout_.num_hosts();
-  const int64_t L = static_cast<int64_t>(layout_.hosts[host_].size());
-  const int W = static_cast<int>(layout_.host.size());
-  if (!own_.defined()) {
-    for (const auto& h : layout_.hosts) widest_ = std::max<int64_t>(widest_, h.size());
-    const auto bytes = at::TensorOptions().dtype(at::kByte);
-    own_ = at::empty({R + C}, bytes);
-    host_recs_ = at::zeros({widest_ * (R + C)}, bytes);  // the padding stays zero
-    host_out_ = at::zeros({widest_ * R + C}, bytes);
-    gathered_ = at::empty({H * (widest_ * R + C)}, bytes);
-    all_ = at::empty({W * R + C}, bytes);
-  }
-  const int64_t out_rec = widest_ * R + C;  // one host's record across hosts
-  const bool carry = payload.defined();
-  const at::ScalarType acc = carry ? ops::accumulate_type(payload.scalar_type()) : at::kByte;
-  const int64_t acc_bytes =
-      carry ? payload.numel() * static_cast<int64_t>(c10::elementSize(acc)) : 0;
-  auto* own = own_.data_ptr<uint8_t>();
-  std::memcpy(own, words.data(), R);
-  if (carry) std::memcpy(own + R, payload.data_ptr(), payload.nbytes());
-
-  intra_all_gather(host_recs_.narrow(0, 0, L * (R + C)), own_);
-  const auto* recs = host_recs_.data_ptr<uint8_t>();
-  auto* out = host_out_.data_ptr<uint8_t>();
-  bool host_agrees = true;
-  for (int64_t k = 0; k < L; ++k) {
-    std::memcpy(out + k * R, recs + k * (R + C), R);
-    host_agrees = host_agrees && std::memcmp(recs + k * (R + C), words.data(), R) == 0;
-  }
-  if (carry && host_agrees) {  // the host's partial, accumulated (AVG: a sum so far)
-    const at::Tensor rows = host_recs_.view({widest_, R + C})
-                                .narrow(0, 0, L)
-                                .narrow(1, R, static_cast<int64_t>(payload.nbytes()))
-                                .view(payload.scalar_type())
-                                .to(acc);
-    host_out_.narrow(0, widest_ * R, acc_bytes).view(acc).copy_(reduce_rows(rows, op));
-  }
-  auto* all = all_.data_ptr<uint8_t>();
-  if (inter_ && (even_ || local_ == 0)) {
-    inter_all_gather(gathered_, host_out_, timeout);
-    const auto* from = gathered_.data_ptr<uint8_t>();
-    bool agreed = true;
-    for (int h = 0; h < H; ++h) {
-      const auto& ranks = layout_.hosts[h];
-      for (size_t k = 0; k < ranks.size(); ++k) {
-        const uint8_t* desc = from + h * out_rec + static_cast<int64_t>(k) * R;
-        std::memcpy(all + ranks[k] * R, desc, R);
-        agreed = agreed && std::memcmp(desc, words.data(), R) == 0;
-      }
-    }
-    if (carry && agreed) {  // the hosts' partials, in host order on every rank: the same bits
-      at::Tensor result =
-          reduce_rows(gathered_.view({H, out_rec}).narrow(1, widest_ * R, acc_bytes).view(acc), op);
-      if (is_avg(op)) result.div_(W);
-      all_.narrow(0, W * R, acc_bytes).view(acc).copy_(result);
-    }
-  }
-  if (!even_) intra_broadcast(all_, 0);
-  const std::string error =
-      ops::signature_disagreement(reinterpret_cast<const uint32_t*>(all), W, words, mine);
-  if (!error.empty()) throw ops::SignatureMismatch(error);
-  if (!carry) return false;
-  payload.copy_(all_.narrow(0, W * R, acc_bytes).view(acc));
-  return true;
+  if (!agreement_on_) return false;  // the bench knob
+  const AgreementSteps steps{
+      .intra_all_gather = [this](const auto& out, const auto& in) { intra_all_gather(out, in); },
+      .inter_all_gather = [this, timeout](const auto& out,
+                                          const auto& in) { inter_all_gather(out, in, timeout); },
+      .intra_broadcast = [this](const auto& t, int root) { intra_broadcast(t, root); },
+  };
+  return agreement_.agree(mine, steps, payload, op);
 }
 
 HierarchyOutcome Hierarchy::barrier(const c10d::BarrierOptions& opts) {
   if (nccl_ && opts.device.has_value() && opts.device->is_cuda()) return {};
   std::lock_guard<std::mutex> lock(mutex_);
-  const bool was = agreement_;
-  agreement_ = true;  // the exchange is the barrier: never skipped
+  const bool was = agreement_on_;
+  agreement_on_ = true;  // the exchange is the barrier: never skipped
   try {
     agree(ops::OpSignature::of(ops::OpKind::kBarrier, ""), opts.timeout);
   } catch (...) {
-    agreement_ = was;
+    agreement_on_ = was;
     throw;
   }
-  agreement_ = was;
+  agreement_on_ = was;
   return {.ran = true, .path = "hierarchical", .runs = 1};  // the same exchange on any hosts
 }
 
@@ -357,7 +217,7 @@ HierarchyOutcome Hierarchy::all_reduce(std::vector<at::Tensor>& tensors,
         [&] { why = rejects_reduction(opts.reduceOp, tensors[0].scalar_type(), "all_reduce"); });
   }
   // Small enough, the all-reduce rides in the agreement itself (NOTE [Hierarchical agreement]).
-  const bool carry = !why && !checked.thrown && fits_inline(tensors[0]);
+  const bool carry = !why && !checked.thrown && HierarchyAgreement::fits_inline(tensors[0]);
   at::Tensor work = carry ? tensors[0].contiguous() : at::Tensor();
   std::lock_guard<std::mutex> lock(mutex_);
   const bool done =
