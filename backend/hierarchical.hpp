@@ -20,7 +20,7 @@
 //
 // Before any of them moves data, the whole group agrees on the call (NOTE [Hierarchical
 // agreement] in hierarchy_agreement.cpp): a mismatch is the same error on every rank, naming group
-// ranks.
+// ranks. Every entry takes the same steps (NOTE [One hierarchical entry] in hierarchical.cpp).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -137,6 +137,18 @@ class Hierarchy {
   // fail on every path (AVG on integers, bitwise ops on floats).
   static const char* rejects_reduction(const c10d::ReduceOp& op, at::ScalarType dtype,
                                        const char* what);
+  // The entry every collective above takes (NOTE [One hierarchical entry]): `screen` returns why
+  // the call goes flat (nullptr: it can run hierarchically) and may TORCH_CHECK the arguments;
+  // `text` names them in the signature; `run` runs the algorithm and returns what ran. With an
+  // `inline_op` (an all-reduce), `run` takes the tensor that rode in the agreement (undefined when
+  // none did) and whether it did.
+  template <typename Screen, typename Text, typename Run>
+  HierarchyOutcome enter(ops::OpKind kind, c10::ArrayRef<at::Tensor> tensors,
+                         std::chrono::milliseconds timeout, Screen&& screen, Text&& text, Run&& run,
+                         const c10d::ReduceOp* inline_op = nullptr);
+  // TORCH_CHECKs a coalesced call's pairs: as many outputs as inputs, at least one.
+  static void check_pairs(const std::vector<at::Tensor>& outputs,
+                          const std::vector<at::Tensor>& inputs, const char* op);
   // Why one (output, input) pair of all_gather_into_tensor / reduce_scatter_tensor cannot take
   // the hierarchical path (nullptr when it can); TORCH_CHECKs their sizes and dtypes.
   const char* all_gather_rejects(const at::Tensor& output, const at::Tensor& input) const;
