@@ -3,10 +3,10 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <cstring>
 #include <exception>
 #include <map>
 #include <optional>
+#include <type_traits>
 #include <utility>
 
 #include "backend/reduce_ops.hpp"
@@ -65,7 +65,8 @@ Hierarchy::Hierarchy(int rank, HostLayout layout, c10::intrusive_ptr<c10d::Backe
       even_(layout_.even()),
       intra_(std::move(intra)),
       inter_(std::move(inter)),
-      nccl_(nccl) {
+      nccl_(nccl),
+      agreement_(layout_, rank) {
   const int H = layout_.num_hosts();
   const int L = static_cast<int>(layout_.hosts[host_].size());
   TORCH_CHECK(H >= 2, "cuda_p2p hierarchy: expected ranks on at least 2 hosts, got ", H);
@@ -119,51 +120,6 @@ const char* Hierarchy::rejects_reduction(const c10d::ReduceOp& op, at::ScalarTyp
 
 // --- agreement ----------------------------------------------------------------------------------
 
-// NOTE [Hierarchical agreement]
-// A flat workspace group compares every op's signature before any data moves (NOTE [Op
-// signatures] in ops/op_signature.cpp). The steps of a hierarchical collective cannot do that by
-// themselves: each intra step compares only its host's ranks (and names them by local index), and
-// the inter steps run on Gloo, which does not compare anything - given buffers of different sizes,
-// its transport thread throws and the process aborts. So every hierarchical collective first has
-// the whole group agree on the call, in a fixed-size exchange that cannot itself mismatch:
-//
-//  * Each rank encodes its signature - the op's kind and a text naming every argument the ranks
-//    must agree on ("1000 x float32 sum"), plus its route when the call goes flat on the wrapped
-//    backend ("(flat: dtype)"), or, when its own argument checks failed, the reason (an invalid
-//    signature) - as one op descriptor (ops::encode_signature, SymmetricWorkspace::
-//    kDescriptorWords words).
-//  * Intra: an all-gather of the descriptors on the host's workspace (every host rank gets its
-//    host's). Inter: an all-gather of the host's descriptors (padded to the widest host) among the
-//    ranks of one local index, on even hosts every local index (each then has all W), on uneven
-//    ones the leaders, who hand the W descriptors to their host by an intra broadcast.
-//  * Every rank holds the same W descriptors, by group rank, and compares them as a flat group
-//    does (ops::signature_disagreement): on any difference every rank throws the same
-//    SignatureMismatch naming group ranks, before any step of the op; a rank whose own arguments
-//    were invalid throws its own error and its peers name it. Every exchange was of the same size
-//    on every rank and completed, so the group stays usable.
-//  * The route is part of the signature: ranks that would run a call hierarchically on some ranks
-//    and flat on others (a dtype, a device, a reduce op one rank's call cannot take) disagree
-//    instead of waiting in different collectives. Every hierarchical entry point therefore agrees,
-//    also for calls that then go flat; all_gather_v and barrier too (barrier: the exchange is a
-//    barrier of the whole group).
-//  * Not agreed: calls whose tensors are all on CUDA when the group wraps NCCL (they keep NCCL
-//    without a host round trip per op), so a CUDA call on one rank against a CPU call on another
-//    ends in the CPU side's timeout there.
-//  * Small all-reduces ride in the agreement: every record has an area of kInlineBytes, where an
-//    all-reduce of at most that many bytes (in its accumulation type: float32 for float16 and
-//    bfloat16) puts its tensor. After the intra all-gather each rank reduces its host's L
-//    payloads (host order), sends the host's partial with the host's descriptors, and after the
-//    inter all-gather reduces the H partials (host order; AVG divides by W once) - every rank
-//    the same bits - and writes the result only once all W descriptors agree. Whether a call
-//    rides is a function of its signature, so all ranks that agree decide alike. Such an
-//    all-reduce is two exchanges (three on uneven hosts) instead of the agreement's two plus the
-//    algorithm's three.
-//
-// Cost: one intra all-gather of (128 + kInlineBytes) bytes per rank and one inter all-gather of
-// a host's descriptors and kInlineBytes per host (and on uneven hosts an intra broadcast) before
-// the op's own steps; none for a small all-reduce, which it replaces (docs/collectives.md,
-// "Across hosts").
-
 namespace {
 
 std::string describe(c10::ArrayRef<at::Tensor> tensors) { return ops::describe_tensors(tensors); }
@@ -188,35 +144,6 @@ Checked run_checks(F&& checks) {
   return {};
 }
 
-// The rows of `rows` ([k, n]) reduced with `op` (AVG as a sum), in row order.
-at::Tensor reduce_rows(const at::Tensor& rows, const c10d::ReduceOp& op) {
-  switch (op.op_) {
-    case c10d::ReduceOp::SUM:
-    case c10d::ReduceOp::AVG:
-      return rows.sum(0, false, rows.scalar_type());
-    case c10d::ReduceOp::PRODUCT:
-      return rows.prod(0, false, rows.scalar_type());
-    case c10d::ReduceOp::MIN:
-      return rows.amin(0);
-    case c10d::ReduceOp::MAX:
-      return rows.amax(0);
-    case c10d::ReduceOp::BAND:
-    case c10d::ReduceOp::BOR:
-    case c10d::ReduceOp::BXOR: {
-      at::Tensor r = rows[0].clone();
-      for (int64_t i = 1; i < rows.size(0); ++i) {
-        if (op.op_ == c10d::ReduceOp::BAND) r.bitwise_and_(rows[i]);
-        if (op.op_ == c10d::ReduceOp::BOR) r.bitwise_or_(rows[i]);
-        if (op.op_ == c10d::ReduceOp::BXOR) r.bitwise_xor_(rows[i]);
-      }
-      return r;
-    }
-    default:
-      TORCH_CHECK(false, "cuda_p2p hierarchy: no inline reduction for reduce op ",
-                  static_cast<int>(op.op_));
-  }
-}
-
 std::string rank_list(const std::vector<int>& ranks) {
   std::string s = "[";
   for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
@@ -238,96 +165,30 @@ ops::OpSignature Hierarchy::signature(ops::OpKind kind, std::string text, const 
   return ops::OpSignature::of(kind, std::move(text));
 }
 
-bool Hierarchy::fits_inline(const at::Tensor& t) {
-  return t.numel() > 0 &&
-         t.numel() *
-                 static_cast<int64_t>(c10::elementSize(ops::accumulate_type(t.scalar_type()))) <=
-             kInlineBytes;
-}
-
 bool Hierarchy::agree(const ops::OpSignature& mine, std::chrono::milliseconds timeout,
                       const at::Tensor& payload, const c10d::ReduceOp& op) {
-  if (!agreement_) return false;  // the bench knob
-  const auto words = ops::encode_signature(mine, 0);
-  constexpr int64_t R = static_cast<int64_t>(sizeof(words)), C = kInlineBytes;
-  const int H = layout_.num_hosts();
-  const int64_t L = static_cast<int64_t>(layout_.hosts[host_].size());
-  const int W = static_cast<int>(layout_.host.size());
-  if (!own_.defined()) {
-    for (const auto& h : layout_.hosts) widest_ = std::max<int64_t>(widest_, h.size());
-    const auto bytes = at::TensorOptions().dtype(at::kByte);
-    own_ = at::empty({R + C}, bytes);
-    host_recs_ = at::zeros({widest_ * (R + C)}, bytes);  // the padding stays zero
-    host_out_ = at::zeros({widest_ * R + C}, bytes);
-    gathered_ = at::empty({H * (widest_ * R + C)}, bytes);
-    all_ = at::empty({W * R + C}, bytes);
-  }
-  const int64_t out_rec = widest_ * R + C;  // one host's record across hosts
-  const bool carry = payload.defined();
-  const at::ScalarType acc = carry ? ops::accumulate_type(payload.scalar_type()) : at::kByte;
-  const int64_t acc_bytes =
-      carry ? payload.numel() * static_cast<int64_t>(c10::elementSize(acc)) : 0;
-  auto* own = own_.data_ptr<uint8_t>();
-  std::memcpy(own, words.data(), R);
-  if (carry) std::memcpy(own + R, payload.data_ptr(), payload.nbytes());
-
-  intra_all_gather(host_recs_.narrow(0, 0, L * (R + C)), own_);
-  const auto* recs = host_recs_.data_ptr<uint8_t>();
-  auto* out = host_out_.data_ptr<uint8_t>();
-  bool host_agrees = true;
-  for (int64_t k = 0; k < L; ++k) {
-    std::memcpy(out + k * R, recs + k * (R + C), R);
-    host_agrees = host_agrees && std::memcmp(recs + k * (R + C), words.data(), R) == 0;
-  }
-  if (carry && host_agrees) {  // the host's partial, accumulated (AVG: a sum so far)
-    const at::Tensor rows = host_recs_.view({widest_, R + C})
-                                .narrow(0, 0, L)
-                                .narrow(1, R, static_cast<int64_t>(payload.nbytes()))
-                                .view(payload.scalar_type())
-                                .to(acc);
-    host_out_.narrow(0, widest_ * R, acc_bytes).view(acc).copy_(reduce_rows(rows, op));
-  }
-  auto* all = all_.data_ptr<uint8_t>();
-  if (inter_ && (even_ || local_ == 0)) {
-    inter_all_gather(gathered_, host_out_, timeout);
-    const auto* from = gathered_.data_ptr<uint8_t>();
-    bool agreed = true;
-    for (int h = 0; h < H; ++h) {
-      const auto& ranks = layout_.hosts[h];
-      for (size_t k = 0; k < ranks.size(); ++k) {
-        const uint8_t* desc = from + h * out_rec + static_cast<int64_t>(k) * R;
-        std::memcpy(all + ranks[k] * R, desc, R);
-        agreed = agreed && std::memcmp(desc, words.data(), R) == 0;
-      }
-    }
-    if (carry && agreed) {  // the hosts' partials, in host order on every rank: the same bits
-      at::Tensor result =
-          reduce_rows(gathered_.view({H, out_rec}).narrow(1, widest_ * R, acc_bytes).view(acc), op);
-      if (is_avg(op)) result.div_(W);
-      all_.narrow(0, W * R, acc_bytes).view(acc).copy_(result);
-    }
-  }
-  if (!even_) intra_broadcast(all_, 0);
-  const std::string error =
-      ops::signature_disagreement(reinterpret_cast<const uint32_t*>(all), W, words, mine);
-  if (!error.empty()) throw ops::SignatureMismatch(error);
-  if (!carry) return false;
-  payload.copy_(all_.narrow(0, W * R, acc_bytes).view(acc));
-  return true;
+  if (!agreement_on_) return false;  // the bench knob
+  const AgreementSteps steps{
+      .intra_all_gather = [this](const auto& out, const auto& in) { intra_all_gather(out, in); },
+      .inter_all_gather = [this, timeout](const auto& out,
+                                          const auto& in) { inter_all_gather(out, in, timeout); },
+      .intra_broadcast = [this](const auto& t, int root) { intra_broadcast(t, root); },
+  };
+  return agreement_.agree(mine, steps, payload, op);
 }
 
 HierarchyOutcome Hierarchy::barrier(const c10d::BarrierOptions& opts) {
   if (nccl_ && opts.device.has_value() && opts.device->is_cuda()) return {};
   std::lock_guard<std::mutex> lock(mutex_);
-  const bool was = agreement_;
-  agreement_ = true;  // the exchange is the barrier: never skipped
+  const bool was = agreement_on_;
+  agreement_on_ = true;  // the exchange is the barrier: never skipped
   try {
     agree(ops::OpSignature::of(ops::OpKind::kBarrier, ""), opts.timeout);
   } catch (...) {
-    agreement_ = was;
+    agreement_on_ = was;
     throw;
   }
-  agreement_ = was;
+  agreement_on_ = was;
   return {.ran = true, .path = "hierarchical", .runs = 1};  // the same exchange on any hosts
 }
 
@@ -347,32 +208,237 @@ void Hierarchy::agree_flat(ops::OpKind kind, c10::ArrayRef<at::Tensor> tensors,
 
 // --- entry points -------------------------------------------------------------------------------
 
-HierarchyOutcome Hierarchy::all_reduce(std::vector<at::Tensor>& tensors,
-                                       const c10d::AllreduceOptions& opts) {
+// NOTE [One hierarchical entry]
+// Every hierarchical collective takes the same steps, in this order, on every rank:
+//  1. CUDA tensors on a group that wraps NCCL decline ("device") without communicating (NOTE
+//     [Hierarchical agreement]: not agreed).
+//  2. `screen` says why the call cannot take the hierarchical path (nullptr: it can); its
+//     TORCH_CHECKs are the rank's own argument checks, caught, making its signature invalid.
+//  3. Under mutex_ the group agrees on the signature: kind, `text` (asked only of a rank whose
+//     checks passed), the route. An all-reduce that fits rides in it (`inline_op`).
+//  4. The checks' error, if any, is raised; a call with a reason declines with it (the caller runs
+//     it flat); else `run` runs the algorithm, still under mutex_, and says what ran.
+// The entries below state only what differs: the kind, the tensors, the screen, the text, the run.
+template <typename Screen, typename Text, typename Run>
+HierarchyOutcome Hierarchy::enter(ops::OpKind kind, c10::ArrayRef<at::Tensor> tensors,
+                                  std::chrono::milliseconds timeout, Screen&& screen, Text&& text,
+                                  Run&& run, const c10d::ReduceOp* inline_op) {
+  constexpr bool kRides = std::is_invocable_v<Run&, at::Tensor&, bool>;
+  TORCH_INTERNAL_ASSERT(kRides == (inline_op != nullptr));
   if (on_nccl(tensors)) return decline("device");
-  const char* why = tensors.size() != 1 ? "several_tensors" : rejects(tensors);
-  Checked checked;
-  if (!why) {
-    checked = run_checks(
-        [&] { why = rejects_reduction(opts.reduceOp, tensors[0].scalar_type(), "all_reduce"); });
+  const char* why = nullptr;
+  const Checked checked = run_checks([&] { why = screen(); });
+  // Small enough, an all-reduce rides in the agreement itself (NOTE [Hierarchical agreement]).
+  at::Tensor carried;
+  if (inline_op && !why && !checked.thrown && HierarchyAgreement::fits_inline(tensors[0])) {
+    carried = tensors[0].contiguous();
   }
-  // Small enough, the all-reduce rides in the agreement itself (NOTE [Hierarchical agreement]).
-  const bool carry = !why && !checked.thrown && fits_inline(tensors[0]);
-  at::Tensor work = carry ? tensors[0].contiguous() : at::Tensor();
   std::lock_guard<std::mutex> lock(mutex_);
-  const bool done =
-      agree(signature(ops::OpKind::kAllReduce,
-                      describe(tensors) + " " + reduce_op_text(opts.reduceOp), why, checked.error),
-            opts.timeout, carry ? work.view(-1) : at::Tensor(), opts.reduceOp);
+  const bool in_agreement =
+      agree(signature(kind, checked.thrown ? std::string() : text(), why, checked.error), timeout,
+            carried.defined() ? carried.view(-1) : at::Tensor(),
+            inline_op ? *inline_op : c10d::ReduceOp());
   checked.rethrow();
   if (why) return decline(why);
-  at::Tensor& t = tensors[0];
-  if (!work.defined()) work = t.contiguous();
-  if (!done) all_reduce_flat(work.view(-1), opts.reduceOp, opts.timeout);
-  if (!work.is_same(t)) t.copy_(work);
-  HierarchyOutcome outcome = ran();
-  outcome.in_agreement = done;
-  return outcome;
+  if constexpr (kRides) {
+    return run(carried, in_agreement);
+  } else {
+    return run();
+  }
+}
+
+HierarchyOutcome Hierarchy::all_reduce(std::vector<at::Tensor>& tensors,
+                                       const c10d::AllreduceOptions& opts) {
+  return enter(
+      ops::OpKind::kAllReduce, tensors, opts.timeout,
+      [&]() -> const char* {
+        if (tensors.size() != 1) return "several_tensors";
+        if (const char* why = rejects(tensors)) return why;
+        return rejects_reduction(opts.reduceOp, tensors[0].scalar_type(), "all_reduce");
+      },
+      [&] { return describe(tensors) + " " + reduce_op_text(opts.reduceOp); },
+      [&](at::Tensor& work, bool in_agreement) {
+        at::Tensor& t = tensors[0];
+        if (!work.defined()) work = t.contiguous();
+        if (!in_agreement) all_reduce_flat(work.view(-1), opts.reduceOp, opts.timeout);
+        if (!work.is_same(t)) t.copy_(work);
+        HierarchyOutcome outcome = ran();
+        outcome.in_agreement = in_agreement;
+        return outcome;
+      },
+      &opts.reduceOp);
+}
+
+HierarchyOutcome Hierarchy::all_gather_into_tensor(at::Tensor& output, at::Tensor& input,
+                                                   const c10d::AllgatherOptions& opts) {
+  return enter(
+      ops::OpKind::kAllGather, {input, output}, opts.timeout,
+      [&] { return all_gather_rejects(output, input); }, [&] { return describe(input); },
+      [&] {
+        run_all_gather_into_tensor(output, input, opts.timeout);
+        return ran();
+      });
+}
+
+HierarchyOutcome Hierarchy::all_gather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                             std::vector<at::Tensor>& inputs,
+                                                             const c10d::AllgatherOptions& opts) {
+  return enter(
+      ops::OpKind::kAllGather, inputs, opts.timeout,
+      [&] {
+        check_pairs(outputs, inputs, "all_gather_into_tensor");
+        const char* why = nullptr;
+        for (size_t i = 0; i < inputs.size() && !why; ++i) {
+          why = all_gather_rejects(outputs[i], inputs[i]);
+        }
+        return why;
+      },
+      [&] { return "coalesced " + describe(inputs); },
+      [&] {
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          run_all_gather_into_tensor(outputs[i], inputs[i], opts.timeout);
+        }
+        return ran(static_cast<int>(inputs.size()));
+      });
+}
+
+HierarchyOutcome Hierarchy::all_gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                       std::vector<at::Tensor>& inputs,
+                                       const c10d::AllgatherOptions& opts) {
+  const size_t W = layout_.host.size();
+  return enter(
+      ops::OpKind::kAllGather, inputs, opts.timeout,
+      [&]() -> const char* {
+        if (inputs.size() != 1 || outputs.size() != 1 || outputs[0].size() != W) {
+          return "several_tensors";
+        }
+        if (const char* why = rejects(inputs)) return why;
+        if (const char* why = rejects(outputs[0])) return why;
+        for (const auto& o : outputs[0]) {
+          TORCH_CHECK(o.numel() == inputs[0].numel() && o.scalar_type() == inputs[0].scalar_type(),
+                      "cuda_p2p all_gather: every output must have the input's ", inputs[0].numel(),
+                      " elements of ", inputs[0].scalar_type(), ", got ", o.numel(), " of ",
+                      o.scalar_type());
+        }
+        return nullptr;
+      },
+      [&] { return describe(inputs); },
+      [&] {
+        const at::Tensor& input = inputs[0];
+        const int64_t n = input.numel();
+        at::Tensor out = at::empty({n * static_cast<int64_t>(W)}, input.options());
+        all_gather_flat(input.contiguous().view(-1), out, opts.timeout);
+        for (size_t r = 0; r < W; ++r) {
+          outputs[0][r].copy_(
+              out.narrow(0, static_cast<int64_t>(r) * n, n).view(outputs[0][r].sizes()));
+        }
+        return ran();
+      });
+}
+
+HierarchyOutcome Hierarchy::reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
+                                                  const c10d::ReduceScatterOptions& opts) {
+  return enter(
+      ops::OpKind::kReduceScatter, {input, output}, opts.timeout,
+      [&] { return reduce_scatter_rejects(output, input, opts.reduceOp); },
+      [&] { return describe(output) + " " + reduce_op_text(opts.reduceOp); },
+      [&] {
+        run_reduce_scatter_tensor(output, input, opts.reduceOp, opts.timeout);
+        return ran();
+      });
+}
+
+HierarchyOutcome Hierarchy::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  return enter(
+      ops::OpKind::kReduceScatter, inputs, opts.timeout,
+      [&] {
+        check_pairs(outputs, inputs, "reduce_scatter_tensor");
+        const char* why = nullptr;
+        for (size_t i = 0; i < inputs.size() && !why; ++i) {
+          why = reduce_scatter_rejects(outputs[i], inputs[i], opts.reduceOp);
+        }
+        return why;
+      },
+      [&] { return "coalesced " + describe(outputs) + " " + reduce_op_text(opts.reduceOp); },
+      [&] {
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          run_reduce_scatter_tensor(outputs[i], inputs[i], opts.reduceOp, opts.timeout);
+        }
+        return ran(static_cast<int>(inputs.size()));
+      });
+}
+
+HierarchyOutcome Hierarchy::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                           std::vector<std::vector<at::Tensor>>& inputs,
+                                           const c10d::ReduceScatterOptions& opts) {
+  const size_t W = layout_.host.size();
+  return enter(
+      ops::OpKind::kReduceScatter, outputs, opts.timeout,
+      [&]() -> const char* {
+        if (outputs.size() != 1 || inputs.size() != 1 || inputs[0].size() != W) {
+          return "several_tensors";
+        }
+        if (const char* why = rejects(outputs)) return why;
+        if (const char* why = rejects(inputs[0])) return why;
+        for (const auto& t : inputs[0]) {
+          TORCH_CHECK(
+              t.numel() == outputs[0].numel() && t.scalar_type() == outputs[0].scalar_type(),
+              "cuda_p2p reduce_scatter: every input must have the output's ", outputs[0].numel(),
+              " elements of ", outputs[0].scalar_type(), ", got ", t.numel(), " of ",
+              t.scalar_type());
+        }
+        return rejects_reduction(opts.reduceOp, outputs[0].scalar_type(), "reduce_scatter");
+      },
+      [&] { return describe(outputs) + " " + reduce_op_text(opts.reduceOp); },
+      [&] {
+        at::Tensor& output = outputs[0];
+        const int64_t n = output.numel();
+        at::Tensor in = at::empty({n * static_cast<int64_t>(W)}, output.options());
+        for (size_t r = 0; r < W; ++r) {
+          in.narrow(0, static_cast<int64_t>(r) * n, n).copy_(inputs[0][r].reshape(-1));
+        }
+        at::Tensor out = contiguous_output(output);
+        reduce_scatter_flat(in, out.view(-1), opts.reduceOp, opts.timeout);
+        if (!out.is_same(output)) output.copy_(out);
+        return ran();
+      });
+}
+
+HierarchyOutcome Hierarchy::broadcast(std::vector<at::Tensor>& tensors,
+                                      const c10d::BroadcastOptions& opts) {
+  const int W = static_cast<int>(layout_.host.size());
+  return enter(
+      ops::OpKind::kBroadcast, tensors, opts.timeout,
+      [&] {
+        const char* why =
+            tensors.size() != 1 || opts.rootTensor != 0 ? "several_tensors" : rejects(tensors);
+        TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < W,
+                    "cuda_p2p broadcast: root must be a rank in [0, ", W, "), got ", opts.rootRank);
+        return why;
+      },
+      [&] { return describe(tensors) + " from root " + std::to_string(opts.rootRank); },
+      [&] {
+        at::Tensor& t = tensors[0];
+        at::Tensor work = t.contiguous();
+        const int root = static_cast<int>(opts.rootRank);
+        broadcast_flat(work.view(-1), root, opts.timeout);
+        if (!work.is_same(t)) t.copy_(work);
+        // The root's local index exists on every host: the same scheme as on even hosts.
+        const bool direct = layout_.local[root] < layout_.min_host_size();
+        return HierarchyOutcome{
+            .ran = true, .path = direct ? "hierarchical" : "hierarchical_leaders", .runs = 1};
+      });
+}
+
+// --- the per-op parts ---------------------------------------------------------------------------
+
+void Hierarchy::check_pairs(const std::vector<at::Tensor>& outputs,
+                            const std::vector<at::Tensor>& inputs, const char* op) {
+  TORCH_CHECK(outputs.size() == inputs.size() && !inputs.empty(), "cuda_p2p ", op,
+              " (coalesced): expected as many outputs as inputs (at least one), got ",
+              outputs.size(), " and ", inputs.size());
 }
 
 const char* Hierarchy::all_gather_rejects(const at::Tensor& output, const at::Tensor& input) const {
@@ -392,80 +458,6 @@ void Hierarchy::run_all_gather_into_tensor(const at::Tensor& output, const at::T
   if (!out.is_same(output)) output.copy_(out);
 }
 
-HierarchyOutcome Hierarchy::all_gather_into_tensor(at::Tensor& output, at::Tensor& input,
-                                                   const c10d::AllgatherOptions& opts) {
-  if (on_nccl({input, output})) return decline("device");
-  const char* why = nullptr;
-  const Checked checked = run_checks([&] { why = all_gather_rejects(output, input); });
-  std::lock_guard<std::mutex> lock(mutex_);
-  agree(signature(ops::OpKind::kAllGather, describe(input), why, checked.error), opts.timeout);
-  checked.rethrow();
-  if (why) return decline(why);
-  run_all_gather_into_tensor(output, input, opts.timeout);
-  return ran();
-}
-
-HierarchyOutcome Hierarchy::all_gather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
-                                                             std::vector<at::Tensor>& inputs,
-                                                             const c10d::AllgatherOptions& opts) {
-  if (on_nccl(inputs)) return decline("device");
-  const char* why = nullptr;
-  const Checked checked = run_checks([&] {
-    TORCH_CHECK(outputs.size() == inputs.size() && !inputs.empty(),
-                "cuda_p2p all_gather_into_tensor (coalesced): expected as many outputs as inputs "
-                "(at least one), got ",
-                outputs.size(), " and ", inputs.size());
-    for (size_t i = 0; i < inputs.size() && !why; ++i) {
-      why = all_gather_rejects(outputs[i], inputs[i]);
-    }
-  });
-  std::lock_guard<std::mutex> lock(mutex_);
-  agree(signature(ops::OpKind::kAllGather, "coalesced " + describe(inputs), why, checked.error),
-        opts.timeout);
-  checked.rethrow();
-  if (why) return decline(why);
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    run_all_gather_into_tensor(outputs[i], inputs[i], opts.timeout);
-  }
-  return ran(static_cast<int>(inputs.size()));
-}
-
-HierarchyOutcome Hierarchy::all_gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                       std::vector<at::Tensor>& inputs,
-                                       const c10d::AllgatherOptions& opts) {
-  if (on_nccl(inputs)) return decline("device");
-  const size_t W = layout_.host.size();
-  const char* why = nullptr;
-  if (inputs.size() != 1 || outputs.size() != 1 || outputs[0].size() != W) {
-    why = "several_tensors";
-  }
-  if (!why) why = rejects(inputs);
-  if (!why) why = rejects(outputs[0]);
-  Checked checked;
-  if (!why) {
-    checked = run_checks([&] {
-      for (const auto& o : outputs[0]) {
-        TORCH_CHECK(o.numel() == inputs[0].numel() && o.scalar_type() == inputs[0].scalar_type(),
-                    "cuda_p2p all_gather: every output must have the input's ", inputs[0].numel(),
-                    " elements of ", inputs[0].scalar_type(), ", got ", o.numel(), " of ",
-                    o.scalar_type());
-      }
-    });
-  }
-  std::lock_guard<std::mutex> lock(mutex_);
-  agree(signature(ops::OpKind::kAllGather, describe(inputs), why, checked.error), opts.timeout);
-  checked.rethrow();
-  if (why) return decline(why);
-  const at::Tensor& input = inputs[0];
-  const int64_t n = input.numel();
-  at::Tensor out = at::empty({n * static_cast<int64_t>(W)}, input.options());
-  all_gather_flat(input.contiguous().view(-1), out, opts.timeout);
-  for (size_t r = 0; r < W; ++r) {
-    outputs[0][r].copy_(out.narrow(0, static_cast<int64_t>(r) * n, n).view(outputs[0][r].sizes()));
-  }
-  return ran();
-}
-
 const char* Hierarchy::reduce_scatter_rejects(const at::Tensor& output, const at::Tensor& input,
                                               const c10d::ReduceOp& op) const {
   if (const char* why = rejects({input, output})) return why;
@@ -483,117 +475,6 @@ void Hierarchy::run_reduce_scatter_tensor(const at::Tensor& output, const at::Te
   at::Tensor out = contiguous_output(output);
   reduce_scatter_flat(input.contiguous().view(-1), out.view(-1), op, timeout);
   if (!out.is_same(output)) output.copy_(out);
-}
-
-HierarchyOutcome Hierarchy::reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
-                                                  const c10d::ReduceScatterOptions& opts) {
-  if (on_nccl({input, output})) return decline("device");
-  const char* why = nullptr;
-  const Checked checked =
-      run_checks([&] { why = reduce_scatter_rejects(output, input, opts.reduceOp); });
-  std::lock_guard<std::mutex> lock(mutex_);
-  agree(signature(ops::OpKind::kReduceScatter,
-                  describe(output) + " " + reduce_op_text(opts.reduceOp), why, checked.error),
-        opts.timeout);
-  checked.rethrow();
-  if (why) return decline(why);
-  run_reduce_scatter_tensor(output, input, opts.reduceOp, opts.timeout);
-  return ran();
-}
-
-HierarchyOutcome Hierarchy::reduce_scatter_tensor_coalesced(
-    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-    const c10d::ReduceScatterOptions& opts) {
-  if (on_nccl(inputs)) return decline("device");
-  const char* why = nullptr;
-  const Checked checked = run_checks([&] {
-    TORCH_CHECK(outputs.size() == inputs.size() && !inputs.empty(),
-                "cuda_p2p reduce_scatter_tensor (coalesced): expected as many outputs as inputs "
-                "(at least one), got ",
-                outputs.size(), " and ", inputs.size());
-    for (size_t i = 0; i < inputs.size() && !why; ++i) {
-      why = reduce_scatter_rejects(outputs[i], inputs[i], opts.reduceOp);
-    }
-  });
-  std::lock_guard<std::mutex> lock(mutex_);
-  agree(signature(ops::OpKind::kReduceScatter,
-                  "coalesced " + describe(outputs) + " " + reduce_op_text(opts.reduceOp), why,
-                  checked.error),
-        opts.timeout);
-  checked.rethrow();
-  if (why) return decline(why);
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    run_reduce_scatter_tensor(outputs[i], inputs[i], opts.reduceOp, opts.timeout);
-  }
-  return ran(static_cast<int>(inputs.size()));
-}
-
-HierarchyOutcome Hierarchy::reduce_scatter(std::vector<at::Tensor>& outputs,
-                                           std::vector<std::vector<at::Tensor>>& inputs,
-                                           const c10d::ReduceScatterOptions& opts) {
-  if (on_nccl(outputs)) return decline("device");
-  const size_t W = layout_.host.size();
-  const char* why = nullptr;
-  if (outputs.size() != 1 || inputs.size() != 1 || inputs[0].size() != W) {
-    why = "several_tensors";
-  }
-  if (!why) why = rejects(outputs);
-  if (!why) why = rejects(inputs[0]);
-  Checked checked;
-  if (!why) {
-    checked = run_checks([&] {
-      for (const auto& t : inputs[0]) {
-        TORCH_CHECK(t.numel() == outputs[0].numel() && t.scalar_type() == outputs[0].scalar_type(),
-                    "cuda_p2p reduce_scatter: every input must have the output's ",
-                    outputs[0].numel(), " elements of ", outputs[0].scalar_type(), ", got ",
-                    t.numel(), " of ", t.scalar_type());
-      }
-      why = rejects_reduction(opts.reduceOp, outputs[0].scalar_type(), "reduce_scatter");
-    });
-  }
-  std::lock_guard<std::mutex> lock(mutex_);
-  agree(signature(ops::OpKind::kReduceScatter,
-                  describe(outputs) + " " + reduce_op_text(opts.reduceOp), why, checked.error),
-        opts.timeout);
-  checked.rethrow();
-  if (why) return decline(why);
-  at::Tensor& output = outputs[0];
-  const int64_t n = output.numel();
-  at::Tensor in = at::empty({n * static_cast<int64_t>(W)}, output.options());
-  for (size_t r = 0; r < W; ++r) {
-    in.narrow(0, static_cast<int64_t>(r) * n, n).copy_(inputs[0][r].reshape(-1));
-  }
-  at::Tensor out = contiguous_output(output);
-  reduce_scatter_flat(in, out.view(-1), opts.reduceOp, opts.timeout);
-  if (!out.is_same(output)) output.copy_(out);
-  return ran();
-}
-
-HierarchyOutcome Hierarchy::broadcast(std::vector<at::Tensor>& tensors,
-                                      const c10d::BroadcastOptions& opts) {
-  if (on_nccl(tensors)) return decline("device");
-  const int W = static_cast<int>(layout_.host.size());
-  const char* why =
-      tensors.size() != 1 || opts.rootTensor != 0 ? "several_tensors" : rejects(tensors);
-  const Checked checked = run_checks([&] {
-    TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < W,
-                "cuda_p2p broadcast: root must be a rank in [0, ", W, "), got ", opts.rootRank);
-  });
-  std::lock_guard<std::mutex> lock(mutex_);
-  agree(signature(ops::OpKind::kBroadcast,
-                  describe(tensors) + " from root " + std::to_string(opts.rootRank), why,
-                  checked.error),
-        opts.timeout);
-  checked.rethrow();
-  if (why) return decline(why);
-  at::Tensor& t = tensors[0];
-  at::Tensor work = t.contiguous();
-  const int root = static_cast<int>(opts.rootRank);
-  broadcast_flat(work.view(-1), root, opts.timeout);
-  if (!work.is_same(t)) t.copy_(work);
-  // The root's local index exists on every host: the same scheme as on even hosts.
-  const bool direct = layout_.local[root] < layout_.min_host_size();
-  return {.ran = true, .path = direct ? "hierarchical" : "hierarchical_leaders", .runs = 1};
 }
 
 // --- algorithms ---------------------------------------------------------------------------------

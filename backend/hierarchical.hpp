@@ -19,7 +19,8 @@
 // NCCL (hierarchical by itself) for CUDA tensors.
 //
 // Before any of them moves data, the whole group agrees on the call (NOTE [Hierarchical
-// agreement] in hierarchical.cpp): a mismatch is the same error on every rank, naming group ranks.
+// agreement] in hierarchy_agreement.cpp): a mismatch is the same error on every rank, naming group
+// ranks. Every entry takes the same steps (NOTE [One hierarchical entry] in hierarchical.cpp).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -31,6 +32,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <vector>
 
+#include "backend/hierarchy_agreement.hpp"
 #include "ops/op_signature.hpp"
 
 namespace cuda_p2p {
@@ -121,7 +123,7 @@ class Hierarchy {
                   std::chrono::milliseconds timeout);
   // Bench knob (bench/bench_collectives.py --agreement-cost): off skips the agreement, to measure
   // what it costs. Mismatched arguments then crash or hang the group.
-  void set_agreement(bool on) { agreement_ = on; }
+  void set_agreement(bool on) { agreement_on_ = on; }
 
   // Forwarded to the intra and inter backends.
   void set_timeout(std::chrono::milliseconds timeout);
@@ -135,6 +137,18 @@ class Hierarchy {
   // fail on every path (AVG on integers, bitwise ops on floats).
   static const char* rejects_reduction(const c10d::ReduceOp& op, at::ScalarType dtype,
                                        const char* what);
+  // The entry every collective above takes (NOTE [One hierarchical entry]): `screen` returns why
+  // the call goes flat (nullptr: it can run hierarchically) and may TORCH_CHECK the arguments;
+  // `text` names them in the signature; `run` runs the algorithm and returns what ran. With an
+  // `inline_op` (an all-reduce), `run` takes the tensor that rode in the agreement (undefined when
+  // none did) and whether it did.
+  template <typename Screen, typename Text, typename Run>
+  HierarchyOutcome enter(ops::OpKind kind, c10::ArrayRef<at::Tensor> tensors,
+                         std::chrono::milliseconds timeout, Screen&& screen, Text&& text, Run&& run,
+                         const c10d::ReduceOp* inline_op = nullptr);
+  // TORCH_CHECKs a coalesced call's pairs: as many outputs as inputs, at least one.
+  static void check_pairs(const std::vector<at::Tensor>& outputs,
+                          const std::vector<at::Tensor>& inputs, const char* op);
   // Why one (output, input) pair of all_gather_into_tensor / reduce_scatter_tensor cannot take
   // the hierarchical path (nullptr when it can); TORCH_CHECKs their sizes and dtypes.
   const char* all_gather_rejects(const at::Tensor& output, const at::Tensor& input) const;
@@ -151,16 +165,10 @@ class Hierarchy {
   HierarchyOutcome ran(int runs = 1) const { return {.ran = true, .path = path(), .runs = runs}; }
   // Whether this call skips the agreement: every tensor on CUDA and the group wraps NCCL.
   bool on_nccl(c10::ArrayRef<at::Tensor> tensors) const;
-  // The agreement (NOTE [Hierarchical agreement]); the caller holds mutex_. `mine` is this rank's
-  // signature; throws ops::SignatureMismatch when the group's signatures differ; returns
-  // normally when they all agree or `mine` is itself invalid (the caller raises its own error).
-  // With a `payload` (a contiguous all-reduce of at most kInlineBytes, accumulated), the exchange
-  // carries it and reduces it with `op` in place: returns true when it did (every rank agreed).
+  // The agreement (HierarchyAgreement::agree) on this hierarchy's steps, unless the bench knob
+  // turned it off (then false); the caller holds mutex_.
   bool agree(const ops::OpSignature& mine, std::chrono::milliseconds timeout,
              const at::Tensor& payload = at::Tensor(), const c10d::ReduceOp& op = c10d::ReduceOp());
-  // Whether an all-reduce of `t` rides in the agreement (NOTE [Hierarchical agreement]).
-  static bool fits_inline(const at::Tensor& t);
-  static constexpr int64_t kInlineBytes = 4096;
   // The signature of a call of `kind` described by `text`: invalid with `error` when the rank's
   // own checks failed, marked with the flat route `why` when it goes to the wrapped backend.
   static ops::OpSignature signature(ops::OpKind kind, std::string text, const char* why,
@@ -203,14 +211,8 @@ class Hierarchy {
   c10::intrusive_ptr<c10d::Backend> intra_;
   c10::intrusive_ptr<c10d::Backend> inter_;
   const bool nccl_;
-  bool agreement_ = true;
-  // The agreement's buffers (under mutex_), each descriptors and an inline payload area of
-  // kInlineBytes: this rank's record (its descriptor, its payload), its host's records (padded
-  // to the widest host), what it sends across hosts (its host's descriptors, the host's partial),
-  // every host's as the inter all-gather delivers them, and the group's descriptors by rank
-  // with the result.
-  at::Tensor own_, host_recs_, host_out_, gathered_, all_;
-  int64_t widest_ = 0;
+  bool agreement_on_ = true;
+  HierarchyAgreement agreement_;  // under mutex_
   // order_[i * H + h] = the rank with local index i on host h (even hosts): the position of each
   // rank's block after an inter all-gather followed by an intra all-gather (NOTE [Block order]).
   at::Tensor order_;

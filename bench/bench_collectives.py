@@ -30,7 +30,7 @@ hosts cost what they would on such a link; bytes within a host stay in its names
 --agreement-cost (with --hosts) also times a second hierarchical group whose group-wide
 agreement on each call is off (a bench-only knob,
 cuda_p2p._C._testing.set_hierarchical_agreement(backend, False): NOTE [Hierarchical agreement] in
-backend/hierarchical.cpp), interleaved with the measured group:
+backend/hierarchy_agreement.cpp), interleaved with the measured group:
 the ratio of the two medians is what the agreement costs, both measured in the same run.
 
 --algos also times the cuda_p2p workspace with each algorithm forced in turn (a group per

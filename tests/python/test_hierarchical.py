@@ -100,7 +100,7 @@ def _delta(before: dict, after: dict) -> dict:
 
 
 # An all-reduce of at most this many bytes, accumulated (float16 / bfloat16 in float32), rides in
-# the group's agreement (NOTE [Hierarchical agreement] in backend/hierarchical.cpp).
+# the group's agreement (NOTE [Hierarchical agreement] in backend/hierarchy_agreement.cpp).
 INLINE_BYTES = 4096
 
 

@@ -10,8 +10,8 @@ fused ops of the group refuse at once with one line naming the failure.
 
 The collective cases also run on groups spanning simulated hosts (CUDA_P2P_HOST_ID: 2x2, 2x3,
 3+1), whose hierarchical collectives agree across the whole group before any step (NOTE
-[Hierarchical agreement] in backend/hierarchical.cpp): there too every rank raises the same line,
-naming group ranks, no rank aborts, and the group works afterwards (issue 41).
+[Hierarchical agreement] in backend/hierarchy_agreement.cpp): there too every rank raises the same
+line, naming group ranks, no rank aborts, and the group works afterwards (issue 41).
 """
 
 from __future__ import annotations
