@@ -20,8 +20,6 @@ namespace {
 
 c10d::ReduceOp sum_op() { return c10d::ReduceOp(c10d::ReduceOp::SUM); }
 
-bool is_avg(const c10d::ReduceOp& op) { return op.op_ == c10d::ReduceOp::AVG; }
-
 // What the inter-host step (and the leaders' intra step) reduces with: an average is a sum
 // there, divided once the sum is complete, since neither step sees every rank.
 c10d::ReduceOp partial_op(const c10d::ReduceOp& op) { return is_avg(op) ? sum_op() : op; }

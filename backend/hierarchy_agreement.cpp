@@ -9,6 +9,7 @@
 #include <string>
 
 #include "backend/hierarchical.hpp"
+#include "backend/reduce_ops.hpp"
 #include "ops/reduction.hpp"
 
 namespace cuda_p2p {
@@ -125,8 +126,6 @@ AgreementRecord AgreementRecord::decode(const uint8_t* src, int64_t size, int ra
 // --- the exchanges ------------------------------------------------------------------------------
 
 namespace {
-
-bool is_avg(const c10d::ReduceOp& op) { return op.op_ == c10d::ReduceOp::AVG; }
 
 // The rows of `rows` ([k, n]) reduced with `op` (AVG as a sum), in row order.
 at::Tensor reduce_rows(const at::Tensor& rows, const c10d::ReduceOp& op) {
