@@ -106,7 +106,7 @@ std::unique_ptr<SymmetricWorkspace> make_workspace(const c10::intrusive_ptr<c10d
               "; use 'cpu' or 'auto'");
   if (!device) device = make_host_device(size, config.host_streams, config.host_semantics);
   // NOTE [Zero-copy collectives] in ops/zero_copy.cpp: the exchange is read by the host.
-  TORCH_CHECK(device->tensor_device().is_cpu() ||
+  TORCH_CHECK(device->host_paths() != nullptr ||
                   config.collective.zero_copy_agreement != ops::ZeroCopyAgreement::kExchange,
               "cuda_p2p: ", config.zero_copy_agreement_from,
               " asks for 'exchange', which needs a host workspace, but this group's workspace "
@@ -385,7 +385,8 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::completed_work(c10d::OpType ty
 void ProcessGroupCudaP2P::settle_cpu_outputs() {
   if (!workspace_) return;
   Device& device = workspace_->device();
-  if (device.host_synchronous() || !device.tensor_device().is_cpu()) return;
+  const HostPaths* host = device.host_paths();
+  if (host == nullptr || host->synchronous()) return;
   auto stream = device.current_stream();
   if (workspace_->capturing(*stream)) return;
   device.synchronize(*stream);

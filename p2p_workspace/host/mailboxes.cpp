@@ -232,7 +232,7 @@ Mailboxes::Mailboxes(c10::intrusive_ptr<c10d::Store> store, int rank, int world_
       slot_bytes_(slot_bytes),
       region_bytes_(kDataOffset + kSlots * slot_bytes),
       timeout_ms_(timeout.count()) {
-  TORCH_CHECK(device_ && device_->tensor_device().is_cpu(),
+  TORCH_CHECK(device_ && device_->host_paths() != nullptr,
               "cuda_p2p: send/recv mailboxes need a host workspace");
   TORCH_CHECK(slot_bytes_ >= 4096 && slot_bytes_ % 4096 == 0,
               "cuda_p2p: the mailbox slot size must be a positive multiple of 4096 bytes, got ",
@@ -763,7 +763,8 @@ void Mailboxes::expire(Clock::time_point now, std::vector<P2POpPtr>& ended) {
 
 void Mailboxes::back_off(const std::vector<SignalWait>& waits, Clock::time_point since) const {
   const auto now = Clock::now();
-  if (host::poll_more(now - since, device_->oversubscribed())) return;
+  const HostPaths* h = device_->host_paths();
+  if (host::poll_more(now - since, h != nullptr && h->oversubscribed())) return;
   if (waits.empty()) {
     std::this_thread::sleep_for(kLookupInterval);  // a sender's outbox not yet published
   } else {
