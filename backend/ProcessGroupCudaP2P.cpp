@@ -1201,12 +1201,12 @@ ErrorKind ProcessGroupCudaP2P::error_kind() {
 // streams (set_current_stream) drain like a GPU's. abort() does not drain: it is the way out of
 // a hang.
 // Messages: a send through the mailboxes ends once its chunks are in this rank's outbox (NOTE
-// [Mailboxes] in p2p_workspace/host/mailboxes.cpp), which dies with the group unless its receiver
-// has mapped it. So before anything else shutdown() waits until the receivers took every message
-// this rank sent, for at most the group's timeout or kCloseWait (10 s), whichever is shorter: a
-// receive that will never be posted must not hold a destroy_process_group for the default 30
-// minutes. A warning names the ranks that did not take theirs. Then the sends and receives still
-// pending fail with "the group was shut down".
+// [Mailboxes] in p2p_workspace/messages/mailboxes.cpp), which dies with the group unless its
+// receiver has mapped it. So before anything else shutdown() waits until the receivers took every
+// message this rank sent, for at most the group's timeout or kCloseWait (10 s), whichever is
+// shorter: a receive that will never be posted must not hold a destroy_process_group for the
+// default 30 minutes. A warning names the ranks that did not take theirs. Then the sends and
+// receives still pending fail with "the group was shut down".
 void ProcessGroupCudaP2P::shutdown() {
   retired_.store(true, std::memory_order_release);
   send_recv_.flush(std::min(options_->timeout, SymmetricWorkspace::kCloseWait));

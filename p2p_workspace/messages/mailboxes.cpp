@@ -1,4 +1,4 @@
-#include "p2p_workspace/host/mailboxes.hpp"
+#include "p2p_workspace/messages/mailboxes.hpp"
 
 #include <c10/util/Exception.h>
 
@@ -6,7 +6,8 @@
 #include <cstring>
 #include <sstream>
 
-#include "p2p_workspace/host/futex_wait.hpp"
+#include "p2p_workspace/host/futex_wait.hpp"  // NOTE [Where the mailboxes live]
+#include "p2p_workspace/workspace_records.hpp"
 
 namespace cuda_p2p::host {
 
@@ -163,14 +164,8 @@ constexpr int64_t kMaxSlotBytes = int64_t{1} << 32;
 constexpr size_t kMaxMailboxHandleBytes = 1024;
 
 std::string serialize(const MailboxRecord& r) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string hex;
-  for (uint8_t b : r.handle) {
-    hex += kDigits[b >> 4];
-    hex += kDigits[b & 15];
-  }
   return std::string(kMailboxRecordVersion) + "\n" + std::to_string(r.slot_bytes) + "\n" +
-         std::to_string(r.region_bytes) + "\n" + hex + "\n";
+         std::to_string(r.region_bytes) + "\n" + records::hex(r.handle) + "\n";
 }
 
 MailboxRecord parse_mailbox_record(const std::string& s, int src) {
@@ -215,10 +210,7 @@ MailboxRecord parse_mailbox_record(const std::string& s, int src) {
       hex.find_first_not_of("0123456789abcdef") != std::string::npos) {
     fail("the handle is not 1 to " + std::to_string(kMaxMailboxHandleBytes) + " hex bytes");
   }
-  auto digit = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
-  for (size_t i = 0; i < hex.size(); i += 2) {
-    r.handle.push_back(static_cast<uint8_t>(digit(hex[i]) * 16 + digit(hex[i + 1])));
-  }
+  r.handle = records::unhex(hex);  // checked above: lower-case hex of even length
   return r;
 }
 
