@@ -113,8 +113,8 @@ class PrivateMemoryReader {
 // `if (auto* h = dev.host_paths())` takes the host's shortcut there and the common protocol
 // everywhere else - and CI, which runs on the host, runs both (a host device with CUDA's
 // semantics answers synchronous() false, NOTE [Synchronous host devices]). Code never asks the
-// device's kind for this; it asks the tensor's device only to choose torch's options (pinned
-// staging, a CPU kernel).
+// device's kind for this; it asks the tensors' device only where torch or c10d needs it (pinned
+// staging, a CPU kernel, a Work's future, which tensors go to the wrapped backend).
 class HostPaths {
  public:
   virtual ~HostPaths() = default;
