@@ -106,7 +106,7 @@ std::unique_ptr<SymmetricWorkspace> make_workspace(const c10::intrusive_ptr<c10d
               "; use 'cpu' or 'auto'");
   if (!device) device = make_host_device(size, config.host_streams, config.host_semantics);
   // NOTE [Zero-copy collectives] in ops/zero_copy.cpp: the exchange is read by the host.
-  TORCH_CHECK(device->tensor_device().is_cpu() ||
+  TORCH_CHECK(device->host_paths() != nullptr ||
                   config.collective.zero_copy_agreement != ops::ZeroCopyAgreement::kExchange,
               "cuda_p2p: ", config.zero_copy_agreement_from,
               " asks for 'exchange', which needs a host workspace, but this group's workspace "
@@ -385,7 +385,8 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::completed_work(c10d::OpType ty
 void ProcessGroupCudaP2P::settle_cpu_outputs() {
   if (!workspace_) return;
   Device& device = workspace_->device();
-  if (device.host_synchronous() || !device.tensor_device().is_cpu()) return;
+  const HostPaths* host = device.host_paths();
+  if (host == nullptr || host->synchronous()) return;
   auto stream = device.current_stream();
   if (workspace_->capturing(*stream)) return;
   device.synchronize(*stream);
@@ -1200,12 +1201,12 @@ ErrorKind ProcessGroupCudaP2P::error_kind() {
 // streams (set_current_stream) drain like a GPU's. abort() does not drain: it is the way out of
 // a hang.
 // Messages: a send through the mailboxes ends once its chunks are in this rank's outbox (NOTE
-// [Mailboxes] in p2p_workspace/host/mailboxes.cpp), which dies with the group unless its receiver
-// has mapped it. So before anything else shutdown() waits until the receivers took every message
-// this rank sent, for at most the group's timeout or kCloseWait (10 s), whichever is shorter: a
-// receive that will never be posted must not hold a destroy_process_group for the default 30
-// minutes. A warning names the ranks that did not take theirs. Then the sends and receives still
-// pending fail with "the group was shut down".
+// [Mailboxes] in p2p_workspace/messages/mailboxes.cpp), which dies with the group unless its
+// receiver has mapped it. So before anything else shutdown() waits until the receivers took every
+// message this rank sent, for at most the group's timeout or kCloseWait (10 s), whichever is
+// shorter: a receive that will never be posted must not hold a destroy_process_group for the
+// default 30 minutes. A warning names the ranks that did not take theirs. Then the sends and
+// receives still pending fail with "the group was shut down".
 void ProcessGroupCudaP2P::shutdown() {
   retired_.store(true, std::memory_order_release);
   send_recv_.flush(std::min(options_->timeout, SymmetricWorkspace::kCloseWait));

@@ -532,7 +532,7 @@ std::vector<Knob> rows() {
                        "use_symmetric_memory), created on first use; host: a sparse mapping "
                        "(touched pages cost memory); CUDA: committed device memory, all of it at "
                        "creation. It does not grow."});
-  // NOTE [Mailboxes] in p2p_workspace/host/mailboxes.cpp: whole pages.
+  // NOTE [Mailboxes] in p2p_workspace/messages/mailboxes.cpp: whole pages.
   k.push_back({.option = "mailbox_slot_bytes",
                .field = &Options::mailbox_slot_bytes,
                .env = "CUDA_P2P_MAILBOX_SLOT_BYTES",

@@ -1,5 +1,5 @@
 // SendRecv: the engine of a group's send, recv and recvAnysource on a host workspace, through
-// per-rank mailboxes beside it (p2p_workspace/host/mailboxes.cpp, NOTE [Mailboxes];
+// per-rank mailboxes beside it (p2p_workspace/messages/mailboxes.cpp, NOTE [Mailboxes];
 // docs/collectives.md, "Send and receive"): messages are not collectives, so they keep out of the
 // collective buffer and its one order per group. It owns the mailboxes (made on first use) and
 // their lock, and the Work of a message.
@@ -15,7 +15,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "backend/engine_context.hpp"
-#include "p2p_workspace/host/mailboxes.hpp"
+#include "p2p_workspace/messages/mailboxes.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
 
 namespace cuda_p2p {

@@ -45,7 +45,7 @@ namespace {
 // window wait blocked in another thread.
 void settle_current_stream(Device& device) {
   auto stream = device.current_stream();
-  if (!device.runs_inline(*stream)) device.synchronize(*stream);
+  if (!inline_paths(device, *stream)) device.synchronize(*stream);
 }
 
 std::string ranks_text(const std::vector<int>& ranks) {

@@ -81,7 +81,7 @@ ops::Outcome WorkspaceCollectives::run(
   try {
     outcome = fn(ctx);
     // NOTE [Host ops return complete] in ops/pipeline_common.hpp (a captured op has not run).
-    if (!device.runs_inline(*stream) && device.host_synchronous() && !ws_->capturing(*stream)) {
+    if (!inline_paths(device, *stream) && device.host_synchronous() && !ws_->capturing(*stream)) {
       device.synchronize(*stream);
     }
   } catch (const ops::SignatureMismatch&) {
@@ -164,7 +164,8 @@ void WorkspaceCollectives::copy_back(const at::Tensor& dst, const at::Tensor& sr
 
 void WorkspaceCollectives::hold(std::vector<at::Tensor> tensors) const {
   Device& device = ws_->device();
-  if (device.host_synchronous() || !device.tensor_device().is_cpu()) return;
+  const HostPaths* host = device.host_paths();
+  if (host == nullptr || host->synchronous()) return;
   auto stream = device.current_stream();
   // A captured op's tensors live as long as its graph, as on CUDA: the caller keeps them.
   if (ws_->capturing(*stream)) return;

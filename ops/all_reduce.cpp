@@ -94,7 +94,7 @@ int64_t two_shot_round(const CollectiveContext& ctx, const Args& a, int64_t cap_
 //    times the whole op (waits for the peers included) and records it.
 bool rounds_by_rank0(const CollectiveContext& ctx, const Args& a) {
   if (ctx.config.all_reduce_rounds == AllReduceRounds::kChunked || ctx.ws.world_size() < 2 ||
-      !ctx.ws.device().runs_inline(ctx.stream)) {
+      inline_paths(ctx.ws.device(), ctx.stream) == nullptr) {
     return false;
   }
   const int64_t chunked = two_shot_round(ctx, a, ctx.config.chunk_bytes);
@@ -279,7 +279,7 @@ void take_addresses(const CollectiveContext& ctx, InlineOneShot& c) {
 // `guard_phase` >= 0, else the barrier.
 void inline_wait(const CollectiveContext& ctx, InlineOneShot& c, int64_t guard_phase) {
   Device& dev = ctx.ws.device();
-  if (dev.poll_signals_now(c.waits)) return;
+  if (dev.host_paths()->poll_signals_now(c.waits)) return;  // try_inline_one_shot checked it
   const std::string rank = std::to_string(ctx.ws.rank());
   dev.wait_signals(
       ctx.stream, std::vector<SignalWait>(c.waits.begin(), c.waits.end()), ctx.ws.timeout(),
@@ -293,7 +293,7 @@ void inline_wait(const CollectiveContext& ctx, InlineOneShot& c, int64_t guard_p
 // steps is one_shot's (NOTE [Inline one-shot]).
 void inline_one_shot(const CollectiveContext& ctx, InlineOneShot& c, const Args& a, ReduceOp op) {
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
-  Device& dev = ctx.ws.device();
+  HostPaths& host = *ctx.ws.device().host_paths();  // try_inline_one_shot checked it
   // begin_phase: a new buffer (growth) restarts the phases.
   if (ctx.state.buffer != c.mine) {
     ctx.state.buffer = c.mine;
@@ -323,7 +323,7 @@ void inline_one_shot(const CollectiveContext& ctx, InlineOneShot& c, const Args&
   for (int s = 1; s < W; ++s) {  // from the next rank on, as end_phase does
     const int r = (me + s) % W;
     const auto [send, expect] = ctx.ws.next_barrier_signal(ctx.channel, r);
-    dev.write_signal_now(c.signal_out[r], send);
+    host.write_signal_now(c.signal_out[r], send);
     c.waits.push_back({c.signal_in[r], expect, r});
   }
   inline_wait(ctx, c, -1);
@@ -341,7 +341,7 @@ void inline_one_shot(const CollectiveContext& ctx, InlineOneShot& c, const Args&
       // settle_and_raise with the phase open: end it, as every peer ends one.
       for (int s = 1; s < W; ++s) {
         const int r = (me + s) % W;
-        dev.write_signal_now(c.done_out[r], static_cast<uint32_t>(phase + 1));
+        host.write_signal_now(c.done_out[r], static_cast<uint32_t>(phase + 1));
       }
       throw SignatureMismatch(error);
     }
@@ -351,7 +351,7 @@ void inline_one_shot(const CollectiveContext& ctx, InlineOneShot& c, const Args&
   reduce_host(a.out, srcs, W, a.numel, a.dtype, op, W);
   for (int s = 1; s < W; ++s) {  // end_phase
     const int r = (me + s) % W;
-    dev.write_signal_now(c.done_out[r], static_cast<uint32_t>(phase + 1));
+    host.write_signal_now(c.done_out[r], static_cast<uint32_t>(phase + 1));
   }
 }
 
@@ -360,7 +360,7 @@ void inline_one_shot(const CollectiveContext& ctx, InlineOneShot& c, const Args&
 bool try_inline_one_shot(const CollectiveContext& ctx, const Args& a, ReduceOp op) {
   const int W = ctx.ws.world_size();
   if (!ctx.config.inline_all_reduce || W < 2 || W > 64 || a.numel == 0 ||
-      !ctx.ws.device().runs_inline(ctx.stream)) {
+      inline_paths(ctx.ws.device(), ctx.stream) == nullptr) {
     return false;
   }
   auto& c = ctx.state.inline_one_shot;

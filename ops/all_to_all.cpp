@@ -227,7 +227,7 @@ AllToAllResult all_to_all(const CollectiveContext& ctx, const AllToAllArgs& args
 
   // This rank's header, alive until the synchronize below (the device copies from it); on a
   // stream that runs inline, on the stack (NOTE [All-to-all headers]).
-  const bool inline_stream = ctx.ws.device().runs_inline(ctx.stream);
+  const bool inline_stream = inline_paths(ctx.ws.device(), ctx.stream) != nullptr;
   // n words of host memory: `stack` on such a stream, else `t` (host_words).
   const auto words_in = [&](c10::SmallVectorImpl<int64_t>& stack, at::Tensor& t, int64_t n) {
     if (inline_stream) {

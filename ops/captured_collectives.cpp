@@ -194,7 +194,7 @@ void run(const CollectiveContext& ctx, KernelOp k, const OpSignature& sig) {
   k.l.blocks = graph::blocks_for(k.l.staged());
   for (int q = 0; q < k.l.world_size; ++q) k.region.push_back(ctx.ws.graph_region(q));
   GraphKernelBody body;
-  if (ctx.ws.device().tensor_device().is_cpu()) {
+  if (ctx.ws.device().host_paths() != nullptr) {  // NOTE [Host fast paths]
     body.host = [k](int step, int b) { host_step(k, step, b); };
   } else {
 #ifdef CUDA_P2P_WITH_CUDA

@@ -269,7 +269,8 @@ Phase begin_phase(const CollectiveContext& ctx) {
     // NOTE [Inline signals] in p2p_workspace/device.hpp: on a stream that runs inline the guard,
     // usually long satisfied, is polled first; only a wait that goes on builds its context.
     Device& dev = ctx.ws.device();
-    if (!dev.runs_inline(ctx.stream) || !dev.poll_signals_now(waits)) {
+    HostPaths* host = inline_paths(dev, ctx.stream);
+    if (host == nullptr || !host->poll_signals_now(waits)) {
       dev.wait_signals(ctx.stream, std::move(waits), ctx.ws.timeout(),
                        "collective buffer reuse guard (rank " + std::to_string(me) + ", phase " +
                            std::to_string(p.index) + ")");
@@ -457,7 +458,7 @@ void wait_readers(const CollectiveContext& ctx, const Phase& ph, c10::ArrayRef<i
 // "Intra-op threads"). CUDA copies are the copy engine's.
 void copy(const CollectiveContext& ctx, void* dst, const void* src, int64_t n) {
   if (n <= 0 || dst == src) return;
-  const int64_t grain = ctx.ws.device().tensor_device().is_cpu()
+  const int64_t grain = ctx.ws.device().host_paths() != nullptr
                             ? parallel_grain(n, 1, ctx.config.parallel_min_bytes)
                             : 0;
   if (grain > 0) {

@@ -7,12 +7,7 @@
 #include <utility>
 #include <vector>
 
-#ifdef CUDA_P2P_WITH_CUDA
-#include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime.h>
-
-#include "ops/cuda/signature_kernel.cuh"
-#endif
+#include "ops/signature_kernels.hpp"
 
 namespace cuda_p2p::ops {
 
@@ -195,27 +190,6 @@ std::string disagreement(const uint32_t* all, int W, const Words& mine, const Op
   return msg + "; the op did not run on any rank" + zero_copy_hint(d);
 }
 
-#ifdef CUDA_P2P_WITH_CUDA
-#define CUDA_P2P_SIG_CHECK(expr)                                                           \
-  do {                                                                                     \
-    const cudaError_t err_ = (expr);                                                       \
-    TORCH_CHECK(err_ == cudaSuccess, "cuda_p2p: ", #expr, ": ", cudaGetErrorString(err_)); \
-  } while (0)
-
-// Its pinned memory is never freed (NOTE [Pinned pools] in p2p_workspace/cuda/cuda_device.cpp):
-// a released stream's comparison kernel may still write it, and a free may wait for the device.
-struct CudaRecord {
-  cuda::SignatureRecord* host = nullptr;
-  cuda::SignatureRecord* device = nullptr;
-};
-
-cuda::SignatureWords to_cuda(const Words& w) {
-  cuda::SignatureWords c;
-  std::memcpy(c.w, w.data(), sizeof(c.w));
-  return c;
-}
-#endif
-
 }  // namespace
 
 const char* to_string(OpKind kind) { return kind_name(kind); }
@@ -272,30 +246,16 @@ void publish_signature(SymmetricWorkspace& ws, Stream& s, int channel, const Sig
   const Words words = encode(sig, state.count);
   const int W = ws.world_size(), me = ws.rank();
   const int parity = static_cast<int>(state.count % 2);
-  if (ws.device().tensor_device().is_cpu()) {
-    std::vector<uint32_t*> slots;
-    slots.reserve(W);
-    for (int r = 0; r < W; ++r) slots.push_back(ws.descriptor_slot(r, channel, parity, me));
-    ws.device().host_task(s, [words, slots = std::move(slots)] {
-      for (uint32_t* slot : slots) std::memcpy(slot, words.data(), sizeof(words));
-    });
+  std::vector<uint32_t*> slots;
+  slots.reserve(W);
+  for (int r = 0; r < W; ++r) slots.push_back(ws.descriptor_slot(r, channel, parity, me));
+  if (ws.device().host_paths() == nullptr) {  // NOTE [Host fast paths]: the pads are the GPU's
+    publish_signature_on_device(ws.device(), s, words, slots);
     return;
   }
-#ifdef CUDA_P2P_WITH_CUDA
-  for (int r0 = 0; r0 < W; r0 += cuda::kSignatureMaxTargets) {
-    cuda::SignatureTargets targets{};
-    for (int r = r0; r < std::min(W, r0 + cuda::kSignatureMaxTargets); ++r) {
-      targets.slot[targets.count++] = ws.descriptor_slot(r, channel, parity, me);
-    }
-    ws.device().launch(s, [c = to_cuda(words), targets] {
-      CUDA_P2P_SIG_CHECK(
-          cuda::launch_publish_signature(c, targets, c10::cuda::getCurrentCUDAStream().stream()));
-    });
-  }
-#else
-  TORCH_CHECK(false, "cuda_p2p: op signatures on a ", ws.device().name(),
-              " device need a build with CUDA");
-#endif
+  ws.device().host_task(s, [words, slots = std::move(slots)] {
+    for (uint32_t* slot : slots) std::memcpy(slot, words.data(), sizeof(words));
+  });
 }
 
 std::string compare_signatures(SymmetricWorkspace& ws, Stream& s, int channel,
@@ -305,10 +265,19 @@ std::string compare_signatures(SymmetricWorkspace& ws, Stream& s, int channel,
   const int parity = static_cast<int>(state.count % 2);
   ++state.count;
   const uint32_t* slots = ws.descriptor_slot(me, channel, parity, 0);
-  if (ws.device().tensor_device().is_cpu() && !ws.device().host_synchronous()) {
+  Device& dev = ws.device();
+  HostPaths* host = dev.host_paths();
+  if (host == nullptr) {  // NOTE [Host fast paths]: a kernel compares the GPU's pads
+    if (state.device_record.host == nullptr) {
+      state.device_record = dev.host_words(signature_record_words(W));
+    }
+    compare_signatures_on_device(dev, s, slots, W, words, state.device_record.device);
+    return "";
+  }
+  if (!host->synchronous()) {
     // NOTE [Synchronous host devices]: CUDA's comparison, as a host task in stream order.
     if (!state.host_record) state.host_record = std::make_shared<SignatureState::HostRecord>();
-    ws.device().host_task(s, [record = state.host_record, slots, W, words, mine] {
+    dev.host_task(s, [record = state.host_record, slots, W, words, mine] {
       std::string error = disagreement(slots, W, words, mine);
       if (error.empty()) return;
       std::lock_guard<std::mutex> lock(record->mu);
@@ -316,46 +285,19 @@ std::string compare_signatures(SymmetricWorkspace& ws, Stream& s, int channel,
     });
     return "";
   }
-  if (ws.device().tensor_device().is_cpu()) {
-    // The caller's inline stream: the barrier's waits have run (acquiring the peers' stores), and
-    // so does this, now. A host caller on a stream of its own (host::set_current_stream) is
-    // waited for: the host decides here whether the op goes on.
-    if (ws.device().runs_inline(s)) {
-      std::string error;
-      ws.device().host_task(s, [&] { error = disagreement(slots, W, words, mine); });
-      return error;
-    }
-    auto error = std::make_shared<std::string>();
-    ws.device().host_task(
-        s, [error, slots, W, words, mine] { *error = disagreement(slots, W, words, mine); });
-    ws.device().synchronize(s);
-    return *error;
+  // The caller's inline stream: the barrier's waits have run (acquiring the peers' stores), and
+  // so does this, now. A host caller on a stream of its own (host::set_current_stream) is
+  // waited for: the host decides here whether the op goes on.
+  if (host->runs_inline(s)) {
+    std::string error;
+    dev.host_task(s, [&] { error = disagreement(slots, W, words, mine); });
+    return error;
   }
-#ifdef CUDA_P2P_WITH_CUDA
-  if (!state.cuda_record) {
-    auto rec = std::make_shared<CudaRecord>();
-    const size_t bytes =
-        sizeof(cuda::SignatureRecord) + sizeof(uint32_t) * static_cast<size_t>(W) * kWords;
-    void* host = nullptr;
-    CUDA_P2P_SIG_CHECK(cudaHostAlloc(&host, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
-    std::memset(host, 0, bytes);
-    rec->host = static_cast<cuda::SignatureRecord*>(host);
-    void* device = nullptr;
-    CUDA_P2P_SIG_CHECK(cudaHostGetDevicePointer(&device, host, 0));
-    rec->device = static_cast<cuda::SignatureRecord*>(device);
-    state.cuda_record = rec;
-  }
-  auto* rec = static_cast<CudaRecord*>(state.cuda_record.get());
-  ws.device().launch(s, [slots, W, c = to_cuda(words), record = rec->device] {
-    CUDA_P2P_SIG_CHECK(cuda::launch_compare_signatures(slots, W, c, record,
-                                                       c10::cuda::getCurrentCUDAStream().stream()));
-  });
-  return "";
-#else
-  (void)slots;
-  TORCH_CHECK(false, "cuda_p2p: op signatures on a ", ws.device().name(),
-              " device need a build with CUDA");
-#endif
+  auto error = std::make_shared<std::string>();
+  dev.host_task(s,
+                [error, slots, W, words, mine] { *error = disagreement(slots, W, words, mine); });
+  dev.synchronize(s);
+  return *error;
 }
 
 std::string handshake(SymmetricWorkspace& ws, Stream& s, int channel, SignatureState& state,
@@ -396,26 +338,21 @@ void check_recorded_signature(SignatureState& state, const char* what, Device* d
            "); its results are not valid, and the ranks may be out of step");
     }
   }
-#ifdef CUDA_P2P_WITH_CUDA
-  if (!state.cuda_record) return;
-  auto* rec = static_cast<CudaRecord*>(state.cuda_record.get());
-  volatile uint32_t* flag = &rec->host->flag;
+  if (state.device_record.host == nullptr) return;
+  volatile uint32_t* flag = &state.device_record.host[0];
   if (*flag == 0) return;
-  const int W = static_cast<int>(rec->host->world_size);
+  const uint32_t* rec = state.device_record.host;
+  const int W = static_cast<int>(rec[1]);
   std::string msg = std::string("cuda_p2p ") + what + ": an earlier op's ranks disagreed (";
   std::vector<Decoded> d;
   for (int r = 0; r < W; ++r) {
-    d.push_back(decode(rec->host->words + r * kWords));
+    d.push_back(decode(rec + kRecordHeader + r * kWords));
     const Decoded& x = d.back();
     msg += (r ? ", rank " : "rank ") + std::to_string(r) +
            (x.invalid ? " rejected: " : " passed ") + kind_name(x.kind) + " " + x.text;
   }
   *flag = 0;
   fail(msg + "); its results are not valid, and the ranks may be out of step" + zero_copy_hint(d));
-#else
-  (void)state;
-  (void)what;
-#endif
 }
 
 }  // namespace cuda_p2p::ops

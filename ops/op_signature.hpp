@@ -72,12 +72,13 @@ class SignatureMismatch : public c10::Error {
 struct SignatureState {
   // Handshakes so far on the channel: picks the descriptor slot pair (NOTE [Op signatures]).
   uint64_t count = 0;
-  // CUDA: where the comparison kernel records a disagreement (host-mapped memory), allocated on
-  // first use; unused on the host.
-  std::shared_ptr<void> cuda_record;
+  // A device without the host's capability (CUDA): where the comparison kernel records a
+  // disagreement (ops/signature_kernels.hpp), words of the device's pool taken on first use
+  // (Device::host_words, never freed: NOTE [Pinned pools]).
+  HostWords device_record;
   // A host device that is not host-synchronous (NOTE [Synchronous host devices] in
   // p2p_workspace/device.hpp): where the comparison, a host task in stream order, records a
-  // disagreement, as the CUDA kernel does in cuda_record. Made on first use.
+  // disagreement, as the CUDA kernel does in device_record. Made on first use.
   struct HostRecord;
   std::shared_ptr<HostRecord> host_record;
 };
@@ -89,7 +90,7 @@ void publish_signature(SymmetricWorkspace& ws, Stream& s, int channel, const Sig
 // After that barrier: compares every rank's descriptor. On a host-synchronous device (NOTE
 // [Synchronous host devices]) now, on the caller's thread: returns the one-line error every rank
 // raises, or "" when they agree. Elsewhere (CUDA; the host with CUDA's semantics) the comparison
-// runs in stream order and records a disagreement in state.cuda_record or state.host_record (see
+// runs in stream order and records a disagreement in state.device_record or state.host_record (see
 // check_signature_record); returns "". Advances state.count either way.
 std::string compare_signatures(SymmetricWorkspace& ws, Stream& s, int channel,
                                SignatureState& state, const OpSignature& mine);
@@ -115,7 +116,9 @@ std::string signature_disagreement(const uint32_t* all, int world_size, const De
 void check_recorded_signature(SignatureState& state, const char* what, Device* device);
 inline void check_signature_record(SignatureState& state, const char* what,
                                    Device* device = nullptr) {
-  if (state.cuda_record || state.host_record) check_recorded_signature(state, what, device);
+  if (state.device_record.host || state.host_record) {
+    check_recorded_signature(state, what, device);
+  }
 }
 
 }  // namespace cuda_p2p::ops

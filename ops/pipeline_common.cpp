@@ -185,7 +185,7 @@ void begin(Env& env) {
 
 void end(Env& env) {
   auto& dev = env.device();
-  const bool inline_caller = dev.runs_inline(*env.caller);
+  const bool inline_caller = inline_paths(dev, *env.caller) != nullptr;
   if (!inline_caller) {
     for (int i = 0; i < 2; ++i) dev.wait_event(*env.caller, *dev.record(env.stream(i)));
     // NOTE [Replay-safe signals]: every peer done with this rank's buffer before the next op.

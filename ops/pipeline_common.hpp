@@ -160,7 +160,8 @@ struct Env {
   int rank() const { return ws.rank(); }
   int world_size() const { return ws.world_size(); }
   Stream& stream(int i) const { return *streams[i]; }
-  bool host() const { return device().tensor_device().is_cpu(); }
+  // Whether the streams are host threads running the closures (NOTE [Host fast paths]).
+  bool host() const { return device().host_paths() != nullptr; }
 
   // Runs `fn` in order on stream i, with the caller's thread-local state; `what` names it in a
   // trace.

@@ -216,7 +216,7 @@ WindowRegion WindowProtocol::region(int rank, const char* what) const {
 // call has run when it returns, also on a stream that does not run inline.
 namespace {
 void finish_window_call(Device& device, Stream& s) {
-  if (device.host_synchronous() && !device.runs_inline(s)) device.synchronize(s);
+  if (device.host_synchronous() && !inline_paths(device, s)) device.synchronize(s);
 }
 }  // namespace
 

@@ -113,7 +113,7 @@ constexpr int64_t kNotInHeap = -1;
 constexpr int64_t kReducePieceBytes = 256 << 10;
 
 bool host_workspace(const CollectiveContext& ctx) {
-  return ctx.ws.device().tensor_device().is_cpu();
+  return ctx.ws.device().host_paths() != nullptr;
 }
 
 // The exchange is read by the host right after its barrier: NOTE [Synchronous host devices].

@@ -3,7 +3,8 @@
 // failure - with one implementation per device kind (host/: shared memory and host streams;
 // cuda/: CUDA IPC and CUDA streams; docs/design.md §2 has the table). An algorithm enqueues work
 // on streams and never looks at which implementation it got, so the schedule CI runs on the host
-// is the schedule a GPU runs. Creating a device is device-specific: host/host_device.hpp,
+// is the schedule a GPU runs; what only the host can do is one declared capability (NOTE [Host
+// fast paths]). Creating a device is device-specific: host/host_device.hpp,
 // cuda/cuda_device.hpp.
 #pragma once
 
@@ -92,7 +93,7 @@ inline bool signal_reached(uint32_t word, uint32_t value) {
 
 // Reads another process's private memory - not the shared blocks, but e.g. a tensor it passed to
 // a collective - straight into this process's, on the host thread that calls it. A device offers
-// one (Device::private_memory_reader) when its streams can read host memory of other processes
+// one (HostPaths::private_memory_reader) when its streams can read host memory of other processes
 // in a host task (the host device: host/cross_memory.hpp). Whether the system allows it varies,
 // so the workspace probes it at rendezvous (SymmetricWorkspace::private_reads()) before any
 // algorithm relies on it.
@@ -102,6 +103,77 @@ class PrivateMemoryReader {
   // Copies `n` bytes at `src` in process `pid` to `dst` in this process, now, in the calling
   // thread. Throws, naming the system's error, when the system refuses or `src` is not mapped.
   virtual void read(void* dst, int64_t pid, const void* src, size_t n) = 0;
+};
+
+// NOTE [Host fast paths]
+// One protocol runs on every device: blocks, streams, copies, signals and waits, launches, host
+// tasks, events and failure, the Device core below. A device whose blocks are host memory and
+// whose streams are host threads (the host device, host/host_device.cpp) also declares what only
+// it can do, in one optional capability, Device::host_paths(): null on CUDA, so code that asks
+// `if (auto* h = dev.host_paths())` takes the host's shortcut there and the common protocol
+// everywhere else - and CI, which runs on the host, runs both (a host device with CUDA's
+// semantics answers synchronous() false, NOTE [Synchronous host devices]). Code never asks the
+// device's kind for this; it asks the tensors' device only where torch or c10d needs it (pinned
+// staging, a CPU kernel, a Work's future, which tensors go to the wrapped backend).
+class HostPaths {
+ public:
+  virtual ~HostPaths() = default;
+
+  // NOTE [Synchronous host devices]
+  // Whether an op on this device has run to its end when it returns, so that the host may decide
+  // from what the op's streams computed: compare the ranks' op signatures there and then (NOTE
+  // [Op signatures] in ops/op_signature.cpp), read an exchange of heap offsets (NOTE [Zero-copy
+  // collectives] in ops/zero_copy.cpp), return no Work for a synchronous call. The host device,
+  // by default; not a host device with CUDA's semantics (HostSemantics::kCuda in
+  // host/host_device.hpp), whose ops return enqueued as CUDA's do: the protocol code asks this
+  // (Device::host_synchronous()), never the device's kind, so that CI runs the CUDA branches.
+  virtual bool synchronous() const = 0;
+
+  // Whether a block stays valid for the peers that map it whatever its owner does with its own
+  // reference (host: a memfd lives while any process maps it), so that a block a peer never
+  // closed may still be freed (NOTE [Block lifetime]). Without this capability (CUDA) freeing an
+  // exported allocation before every importer closed it is undefined.
+  virtual bool blocks_outlive_owner() const = 0;
+
+  // How this device's streams read peers' private memory, or null when they cannot (without the
+  // capability - CUDA - a peer's private device memory is not reachable; algorithms then stage
+  // through the buffers). The reader runs on the host, in stream order through host_task().
+  virtual std::shared_ptr<PrivateMemoryReader> private_memory_reader() = 0;
+
+  // How many CPUs the ranks of this host may run on together (the union of their affinities),
+  // told at every rendezvous (NOTE [CPUs of the ranks] in p2p_workspace/workspace_records.cpp):
+  // the host's waits poll by it. What it was told last (0: not yet), and whether this host's
+  // ranks outnumber those CPUs (then its waits yield from the start).
+  virtual void set_ranks_cpus(int cpus) = 0;
+  virtual int ranks_cpus() const = 0;
+  virtual bool oversubscribed() const = 0;
+
+  // NOTE [Inline signals]
+  // On a stream whose work runs at once on the calling thread (the host's inline stream), a
+  // latency-bound algorithm may do each step itself instead of enqueueing a task per step (a
+  // closure, a context string, a lock each), which would be most of a small all-reduce's CPU
+  // time. It then writes signals with write_signal_now, copies with memcpy, and polls with
+  // poll_signals_now; a wait that poll_signals_now did not see satisfied goes on through
+  // Device::wait_signals, with its timeout, back-off, sleep and failure checks. The order is the
+  // one enqueueing would give, since the stream runs everything in program order anyway.
+  //
+  // Whether work enqueued on `s` runs at once, on the calling thread.
+  virtual bool runs_inline(const Stream& s) const = 0;
+  // Device::write_signal(s, addr, value) for such a stream: done now, by the calling thread.
+  virtual void write_signal_now(uint32_t* addr, uint32_t value) = 0;
+  // Polls the waits now, with the back-off of the device's own waits, for a short while (up to
+  // the spin budget of NOTE [Host waits on shared cores]); true when every wait is satisfied,
+  // with the writers' earlier stores visible. Never sleeps and never throws: the caller goes on
+  // with Device::wait_signals when it returns false.
+  virtual bool poll_signals_now(c10::ArrayRef<SignalWait> waits) = 0;
+};
+
+// Words the host reads and the device's work writes (e.g. the record an op-signature comparison
+// leaves, NOTE [Op signatures] in ops/op_signature.cpp): `host` for the host, `device` for the
+// device's kernels and copies (the same memory; the same address on the host device).
+struct HostWords {
+  uint32_t* host = nullptr;
+  uint32_t* device = nullptr;
 };
 
 // Where a rank's failure reaches its peers, and theirs reaches it (NOTE [Failure words] in
@@ -134,19 +206,6 @@ class Device {
   // peer access. Called for every peer before import_block, so that a wrong setup is reported
   // by name on every rank instead of failing inside the import.
   virtual std::string peer_access_problem(const std::string& /*peer_uuid*/) { return ""; }
-  // Whether a block stays valid for the peers that map it whatever its owner does with its own
-  // reference (host: a memfd lives while any process maps it), so that a block a peer never
-  // closed may still be freed (NOTE [Block lifetime]). CUDA: freeing an exported allocation
-  // before every importer closed it is undefined.
-  virtual bool blocks_outlive_owner() const { return false; }
-  // How many CPUs the ranks of this host may run on together (the union of their affinities),
-  // told at every rendezvous (NOTE [CPUs of the ranks] in p2p_workspace/workspace_records.cpp).
-  // The host device polls its waits by it; others ignore it.
-  virtual void set_ranks_cpus(int /*cpus*/) {}
-  // What set_ranks_cpus was told last (0: not yet, or not a host device), and whether this
-  // host's ranks outnumber those CPUs (then its waits yield from the start).
-  virtual int ranks_cpus() const { return 0; }
-  virtual bool oversubscribed() const { return false; }
 
   // --- blocks ---
   // A new zero-filled block of `bytes`, shareable with peers of the same host.
@@ -157,10 +216,6 @@ class Device {
   // Maps a peer's block from the handle its exporter published.
   virtual std::shared_ptr<Block> import_block(const std::vector<uint8_t>& handle, size_t bytes,
                                               Millis timeout) = 0;
-  // How this device's streams read peers' private memory, or null when they cannot (CUDA: a
-  // peer's private device memory is not reachable; algorithms then stage through the buffers).
-  // The reader runs on the host, in stream order through host_task().
-  virtual std::shared_ptr<PrivateMemoryReader> private_memory_reader() { return nullptr; }
 
   // --- streams ---
   // The caller's stream: the current CUDA stream; on the host, the calling thread itself (work
@@ -274,40 +329,26 @@ class Device {
   // again before the work `s` has enqueued so far has run (c10 recordStream). No-op on the host.
   virtual void record_stream(const at::Tensor& /*t*/, Stream& /*s*/) {}
 
-  // NOTE [Synchronous host devices]
-  // Whether an op on this device has run to its end when it returns, so that the host may decide
-  // from what the op's streams computed: compare the ranks' op signatures there and then (NOTE
-  // [Op signatures] in ops/op_signature.cpp), read an exchange of heap offsets (NOTE [Zero-copy
-  // collectives] in ops/zero_copy.cpp), return no Work for a synchronous call. The host device,
-  // by default. Not CUDA, whose ops return enqueued and whose host learns an op's outcome at a
-  // later check, nor a host device with CUDA's semantics (HostSemantics::kCuda in
-  // host/host_device.hpp): the protocol code asks this, never the device's kind, so that CI runs
-  // the CUDA branches on the host.
-  virtual bool host_synchronous() const { return false; }
-
-  // --- inline signalling (NOTE [Inline signals]) ---
-  // NOTE [Inline signals]
-  // On a stream whose work runs at once on the calling thread (the host's inline stream), a
-  // latency-bound algorithm may do each step itself instead of enqueueing a task per step (a
-  // closure, a context string, a lock each), which would be most of a small all-reduce's CPU
-  // time (docs/measurements/against-deepspeed-issue15.md). It then writes signals with
-  // write_signal_now, copies with memcpy, and polls with poll_signals_now; a wait that
-  // poll_signals_now did not see satisfied goes on through wait_signals, with its timeout,
-  // back-off, sleep and failure checks. The order is the one enqueueing would give, since the
-  // stream runs everything in program order anyway. Devices whose streams never run inline (CUDA)
-  // keep the defaults.
-  //
-  // Whether work enqueued on `s` runs at once, on the calling thread.
-  virtual bool runs_inline(const Stream& /*s*/) const { return false; }
-  // write_signal(s, addr, value) for such a stream: done now, by the calling thread.
-  virtual void write_signal_now(uint32_t* /*addr*/, uint32_t /*value*/) {
-    TORCH_CHECK(false, "cuda_p2p: write_signal_now on a device whose streams do not run inline");
+  // NOTE [Host fast paths]: the host's capability, null when the device has none (CUDA).
+  virtual HostPaths* host_paths() const { return nullptr; }
+  // Whether an op has run to its end when it returns (NOTE [Synchronous host devices]).
+  bool host_synchronous() const {
+    const HostPaths* h = host_paths();
+    return h != nullptr && h->synchronous();
   }
-  // Polls the waits now, with the back-off of the device's own waits, for a short while (host:
-  // up to the spin budget of NOTE [Host waits on shared cores]); true when every wait is
-  // satisfied, with the writers' earlier stores visible. Never sleeps and never throws: the
-  // caller goes on with wait_signals when it returns false.
-  virtual bool poll_signals_now(c10::ArrayRef<SignalWait> /*waits*/) { return false; }
+  // `n` zeroed words the host reads and the device writes, for as long as the device lives.
+  // They come from a pool the device reserves when it is created (CUDA: page-locked and mapped,
+  // NOTE [Pinned pools] in p2p_workspace/cuda/cuda_device.cpp; the host: ordinary memory), so
+  // that asking for them never allocates pinned memory while a wait may be blocked; a request
+  // past the pool raises, naming what is left. Thread-safe.
+  virtual HostWords host_words(size_t n) = 0;
 };
+
+// The host's capability when work enqueued on `s` runs at once on the calling thread (NOTE
+// [Inline signals]), else null.
+inline HostPaths* inline_paths(const Device& device, const Stream& s) {
+  HostPaths* h = device.host_paths();
+  return h != nullptr && h->runs_inline(s) ? h : nullptr;
+}
 
 }  // namespace cuda_p2p

@@ -180,11 +180,12 @@ SymmetricWorkspace::SymmetricWorkspace(c10::intrusive_ptr<c10d::Store> store, in
   graph_barriers_.assign(static_cast<size_t>(options_.num_channels), 0);
   device_->set_timeout(options_.timeout);
   timeout_ms_.store(options_.timeout.count(), std::memory_order_relaxed);
-  reader_ = device_->private_memory_reader();
+  HostPaths* host = device_->host_paths();  // NOTE [Host fast paths]
+  reader_ = host ? host->private_memory_reader() : nullptr;
   if (reader_ && options_.deny_private_reads) reader_ = make_cross_memory_reader(/*deny=*/true);
   retirement_ = std::make_shared<BlockRetirement>(store_, rank_, world_size_,
                                                   std::min<Millis>(timeout(), kCloseWait),
-                                                  device_->blocks_outlive_owner());
+                                                  host != nullptr && host->blocks_outlive_owner());
   std::random_device rd;
   probe_token_ = (static_cast<uint64_t>(rd()) << 32) | rd();
   claim_rank_slot(*store_, rank_);  // NOTE [One job per store]
@@ -255,7 +256,8 @@ SymmetricWorkspace::~SymmetricWorkspace() {
 void SymmetricWorkspace::begin_op(Stream& caller) {
   // One load on the host's hot path (a small all-reduce), where no op is ever pending.
   const bool pending = has_last_op_.load(std::memory_order_acquire);
-  if (!pending && !capturing_any_.load(std::memory_order_acquire) && device_->runs_inline(caller)) {
+  if (!pending && !capturing_any_.load(std::memory_order_acquire) &&
+      inline_paths(*device_, caller)) {
     return;
   }
   const uint64_t capture = device_->capture_id(caller);
@@ -290,7 +292,7 @@ void SymmetricWorkspace::end_op(Stream& caller) {
     last_capture_ = capture;
     return;
   }
-  if (device_->runs_inline(caller)) {
+  if (inline_paths(*device_, caller)) {
     // Complete now, and it began after the previous op had completed (begin_op).
     if (!has_last_op_.load(std::memory_order_acquire)) return;
     std::lock_guard<std::mutex> lock(order_mutex_);
@@ -428,7 +430,7 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
   {  // NOTE [CPUs of the ranks]
     std::vector<std::vector<uint8_t>> masks;
     for (const auto& p : peers) masks.push_back(p.cpus);
-    device_->set_ranks_cpus(union_cpus(masks));
+    if (HostPaths* host = device_->host_paths()) host->set_ranks_cpus(union_cpus(masks));
   }
 
   auto mapping = std::make_shared<Mapping>();

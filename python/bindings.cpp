@@ -308,8 +308,9 @@ PYBIND11_MODULE(_C, m) {
             d["workspace_device"] =
                 ws ? py::object(py::str(ws->device().tensor_device().is_cpu() ? "cpu" : "cuda"))
                    : py::object(py::none());
-            d["ranks_cpus"] = ws ? ws->device().ranks_cpus() : 0;
-            d["oversubscribed"] = ws ? ws->device().oversubscribed() : false;
+            const cuda_p2p::HostPaths* host = ws ? ws->device().host_paths() : nullptr;
+            d["ranks_cpus"] = host ? host->ranks_cpus() : 0;
+            d["oversubscribed"] = host ? host->oversubscribed() : false;
             return d;
           },
           "The workspace collectives' effective settings (Options, then environment variables, "

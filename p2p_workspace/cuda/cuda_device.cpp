@@ -218,9 +218,10 @@ CudaStreamImpl& as_cuda(Stream& s) {
 // after which no command of another stream starts before the earlier ones finished, and frees are
 // no better documented. Issued while a stream is blocked at a wait, such a call would hold up the
 // release that unblocks it, or the teardown after a failed drain - or free memory a kernel still
-// writes. So the device takes all the pinned memory its waits use when it is created (kRecords
-// give-up records, the graph give-up record) and never frees it: at teardown it is leaked, as the
-// mappings of a failed drain are (a few tens of KiB per group). A host that runs so far ahead of
+// writes. So the device takes all the pinned memory its waits and ops use when it is created
+// (kRecords give-up records, the graph give-up record, the kHostWords words host_words() hands
+// out, e.g. for op-signature records) and never frees it: at teardown it is leaked, as the
+// mappings of a failed drain are (a few hundred KiB per device). A host that runs so far ahead of
 // the GPU that every record is in use waits for the watchdog to retire the oldest waits, with the
 // group's deadline.
 //
@@ -492,6 +493,14 @@ class CudaDevice : public Device {
     void* give_up_dev = nullptr;
     CUDA_P2P_CUDA_CHECK(cudaHostGetDevicePointer(&give_up_dev, give_up, 0));
     graph_give_up_dev_ = static_cast<cuda::GraphGiveUp*>(give_up_dev);
+    // NOTE [Pinned pools]: the words host_words() hands out (op-signature records).
+    void* words = nullptr;
+    CUDA_P2P_CUDA_CHECK(cudaHostAlloc(&words, kHostWords * sizeof(uint32_t), cudaHostAllocMapped));
+    std::memset(words, 0, kHostWords * sizeof(uint32_t));
+    void* words_dev = nullptr;
+    CUDA_P2P_CUDA_CHECK(cudaHostGetDevicePointer(&words_dev, words, 0));
+    host_words_ = static_cast<uint32_t*>(words);
+    host_words_dev_ = static_cast<uint32_t*>(words_dev);
     // NOTE [Counted waits end with the failure] in p2p_workspace/watchdog.hpp.
     failure_.mirror_to(&graph_give_up_->failed);
     watchdog_ = std::make_unique<Watchdog>(failure_, [dev = index_] {
@@ -942,6 +951,18 @@ class CudaDevice : public Device {
     }
   }
 
+  // NOTE [Pinned pools]: carved from the words reserved at construction, never freed.
+  HostWords host_words(size_t n) override {
+    std::lock_guard<std::mutex> lock(host_words_mu_);
+    TORCH_CHECK(n <= kHostWords - host_words_used_, "cuda_p2p: ", name(), " was asked for ", n,
+                " host-mapped words, but its pinned pool has ", kHostWords - host_words_used_,
+                " of ", kHostWords,
+                " left (reserved when the device was created: NOTE [Pinned pools])");
+    HostWords w{host_words_ + host_words_used_, host_words_dev_ + host_words_used_};
+    host_words_used_ += n;
+    return w;
+  }
+
   void record_stream(const at::Tensor& t, Stream& s) override {
     if (!t.defined() || !t.is_cuda() || !t.has_storage()) return;
     // Skips memory the caching allocator does not own (workspace views, IPC mappings).
@@ -1099,6 +1120,13 @@ class CudaDevice : public Device {
   cuda::GraphGiveUp* graph_give_up_ = nullptr;      // host-mapped: NOTE [Replay-safe signals]
   cuda::GraphGiveUp* graph_give_up_dev_ = nullptr;  // its device address
   WaitResources resources_;                         // outlives watchdog_
+  // NOTE [Pinned pools]: host_words()'s pool, sized for the op-signature records of the groups
+  // on this device (2 + 32 words per rank each, one per channel state).
+  static constexpr size_t kHostWords = 64 * 1024;
+  std::mutex host_words_mu_;
+  uint32_t* host_words_ = nullptr;      // host-mapped
+  uint32_t* host_words_dev_ = nullptr;  // its device address
+  size_t host_words_used_ = 0;          // host_words_mu_
   // NOTE [Failure words]: the areas' mappings (this rank's first), and this rank's word as its
   // kernels read it (null: not mapped into the GPU).
   std::vector<std::shared_ptr<Block>> areas_;  // areas_mu_ once set

@@ -329,7 +329,7 @@ class HostGraphImpl : public HostGraph {
   std::set<std::shared_ptr<HostStream>> keep_;  // every stream the capture recorded tasks of
 };
 
-class HostDevice : public Device {
+class HostDevice : public Device, public HostPaths {
  public:
   // Until rendezvous says how many CPUs the ranks share (set_ranks_cpus), this process's own
   // affinity stands for all of them.
@@ -355,7 +355,18 @@ class HostDevice : public Device {
     watchdog_->set_probe([this] { return graph_give_up(); });
     cuda_.store(true, std::memory_order_release);
   }
-  bool host_synchronous() const override { return !cuda(); }
+  // NOTE [Host fast paths]. The device is its own capability.
+  HostPaths* host_paths() const override { return const_cast<HostDevice*>(this); }
+  bool synchronous() const override { return !cuda(); }
+  // Ordinary memory serves: the host's work reads and writes any of it. Kept for the device's
+  // life, as the CUDA device keeps its pinned pool.
+  HostWords host_words(size_t n) override {
+    auto words = std::make_unique<uint32_t[]>(n);  // zeroed
+    uint32_t* p = words.get();
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    host_words_.push_back(std::move(words));
+    return {p, p};
+  }
 
   std::string name() const override { return "cpu"; }
   at::Device tensor_device() const override { return at::Device(at::kCPU); }
@@ -795,7 +806,8 @@ class HostDevice : public Device {
   bool oversubscribed() const override { return oversubscribed_.load(std::memory_order_relaxed); }
 
  private:
-  const int processes_;  // the ranks of this host
+  const int processes_;                                  // the ranks of this host
+  std::vector<std::unique_ptr<uint32_t[]>> host_words_;  // host_words(), under streams_mu_
   // More ranks than the CPUs they share: NOTE [Host waits on shared cores] in
   // host/futex_wait.cpp; the CPUs are ranks_cpus_ once rendezvous told them.
   std::atomic<bool> oversubscribed_;

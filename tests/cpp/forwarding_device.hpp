@@ -78,9 +78,30 @@ class ForwardingDevice : public Device {
   void forget_failure_peers(const std::vector<int>& ranks) override {
     inner_->forget_failure_peers(ranks);
   }
+  HostWords host_words(size_t n) override { return inner_->host_words(n); }
+  // The blocks are the inner host device's, but none of its shortcuts is forwarded: the tests'
+  // devices queue their work as CUDA's would (not synchronous, no inline stream).
+  HostPaths* host_paths() const override { return &queued_; }
 
  protected:
   std::shared_ptr<Device> inner_;
+
+ private:
+  // NOTE [Host fast paths]: host memory, no shortcut.
+  struct QueuedHostPaths : HostPaths {
+    bool synchronous() const override { return false; }
+    bool blocks_outlive_owner() const override { return false; }
+    std::shared_ptr<PrivateMemoryReader> private_memory_reader() override { return nullptr; }
+    void set_ranks_cpus(int /*cpus*/) override {}
+    int ranks_cpus() const override { return 0; }
+    bool oversubscribed() const override { return false; }
+    bool runs_inline(const Stream& /*s*/) const override { return false; }
+    void write_signal_now(uint32_t* /*addr*/, uint32_t /*value*/) override {
+      TORCH_CHECK(false, "cuda_p2p test: write_signal_now on a device without an inline stream");
+    }
+    bool poll_signals_now(c10::ArrayRef<SignalWait> /*waits*/) override { return false; }
+  };
+  mutable QueuedHostPaths queued_;
 };
 
 }  // namespace cuda_p2p::test

@@ -1,6 +1,6 @@
-// The send/recv mailboxes (p2p_workspace/host/mailboxes.cpp, NOTE [Mailboxes]) on the host device,
-// over the job's TCPStore (no Python): several threads of each rank sending and receiving chunked
-// messages in any tag order, receives from any rank, and the errors. Run under TSan too
+// The send/recv mailboxes (p2p_workspace/messages/mailboxes.cpp, NOTE [Mailboxes]) on the host
+// device, over the job's TCPStore (no Python): several threads of each rank sending and receiving
+// chunked messages in any tag order, receives from any rank, and the errors. Run under TSan too
 // (scripts/sanitizers.sh).
 #include <ATen/ATen.h>
 
@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "p2p_workspace/host/mailboxes.hpp"
+#include "p2p_workspace/messages/mailboxes.hpp"
 #include "tests/cpp/harness.hpp"
 
 namespace cuda_p2p::test {

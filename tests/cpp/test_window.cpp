@@ -96,7 +96,7 @@ struct Fixture {
   // Not on the host's inline stream, which every thread shares and whose work has run: its
   // synchronize would wait for the other threads' calls too (a blocked wait among them).
   void sync(Stream& s) const {
-    if (!heap->device().runs_inline(s)) heap->device().synchronize(s);
+    if (!inline_paths(heap->device(), s)) heap->device().synchronize(s);
   }
 
   int registrations = 0;

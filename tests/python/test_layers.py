@@ -69,3 +69,30 @@ def test_algorithms_see_only_the_device_interface():
                  for i in INCLUDE.findall(p.read_text()) if device_specific.match(i)]
     assert not offenders, "device-specific includes:\n" + "\n".join(offenders)
     assert len(paths) > 10 and (ROOT / "p2p_workspace/device.hpp") in paths
+
+
+def test_the_mailboxes_have_their_own_folder():
+    # NOTE [Where the mailboxes live] in p2p_workspace/messages/mailboxes.hpp: a message engine in
+    # the bottom layer, reached from the backend only. From a device implementation it includes
+    # the host's wait primitives alone; nothing below the backend (ops/, the workspace's own
+    # files, the devices) includes it; and the host device's folder holds the device only.
+    messages = ROOT / "p2p_workspace/messages"
+    assert (messages / "mailboxes.hpp").exists() and (messages / "mailboxes.cpp").exists()
+    assert not list((ROOT / "p2p_workspace/host").glob("mailboxes.*"))
+    allowed = {"p2p_workspace/host/futex_wait.hpp"}
+    device_specific = re.compile(r"^p2p_workspace/(host|cuda)/")
+    offenders = [f"{p.relative_to(ROOT)} includes {i}" for p in _sources("p2p_workspace/messages")
+                 for i in INCLUDE.findall(p.read_text())
+                 if device_specific.match(i) and i not in allowed]
+
+    def includes_them(path):
+        return any(i.startswith("p2p_workspace/messages/")
+                   for i in INCLUDE.findall(path.read_text()))
+
+    users = [p for layer in ("p2p_workspace", "ops") for p in _sources(layer)
+             if messages not in p.parents and includes_them(p)]
+    offenders += [f"{p.relative_to(ROOT)} includes the mailboxes" for p in users]
+    assert not offenders, "the mailboxes' rule is broken:\n" + "\n".join(offenders)
+    backend_users = [p for p in _sources("backend")
+                     if "p2p_workspace/messages/mailboxes.hpp" in INCLUDE.findall(p.read_text())]
+    assert backend_users, "no backend file includes the mailboxes: is the rule still needed?"

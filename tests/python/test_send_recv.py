@@ -1,5 +1,5 @@
 """send/recv, isend/irecv, recv from any rank and batch_isend_irecv through the workspace's
-mailboxes (NOTE [Mailboxes] in p2p_workspace/host/mailboxes.cpp) on 2, 3 and 4 ranks: every
+mailboxes (NOTE [Mailboxes] in p2p_workspace/messages/mailboxes.cpp) on 2, 3 and 4 ranks: every
 dtype, sizes from empty to many chunks (4 KiB slots), non-contiguous tensors, tags taken out of
 order (large messages passing each other), both directions at once, a sender that runs ahead,
 every rank sending before it receives, progress while the sender does something else, two

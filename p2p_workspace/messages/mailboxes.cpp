@@ -1,4 +1,4 @@
-#include "p2p_workspace/host/mailboxes.hpp"
+#include "p2p_workspace/messages/mailboxes.hpp"
 
 #include <c10/util/Exception.h>
 
@@ -6,7 +6,8 @@
 #include <cstring>
 #include <sstream>
 
-#include "p2p_workspace/host/futex_wait.hpp"
+#include "p2p_workspace/host/futex_wait.hpp"  // NOTE [Where the mailboxes live]
+#include "p2p_workspace/workspace_records.hpp"
 
 namespace cuda_p2p::host {
 
@@ -163,14 +164,8 @@ constexpr int64_t kMaxSlotBytes = int64_t{1} << 32;
 constexpr size_t kMaxMailboxHandleBytes = 1024;
 
 std::string serialize(const MailboxRecord& r) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string hex;
-  for (uint8_t b : r.handle) {
-    hex += kDigits[b >> 4];
-    hex += kDigits[b & 15];
-  }
   return std::string(kMailboxRecordVersion) + "\n" + std::to_string(r.slot_bytes) + "\n" +
-         std::to_string(r.region_bytes) + "\n" + hex + "\n";
+         std::to_string(r.region_bytes) + "\n" + records::hex(r.handle) + "\n";
 }
 
 MailboxRecord parse_mailbox_record(const std::string& s, int src) {
@@ -215,10 +210,7 @@ MailboxRecord parse_mailbox_record(const std::string& s, int src) {
       hex.find_first_not_of("0123456789abcdef") != std::string::npos) {
     fail("the handle is not 1 to " + std::to_string(kMaxMailboxHandleBytes) + " hex bytes");
   }
-  auto digit = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
-  for (size_t i = 0; i < hex.size(); i += 2) {
-    r.handle.push_back(static_cast<uint8_t>(digit(hex[i]) * 16 + digit(hex[i + 1])));
-  }
+  r.handle = records::unhex(hex);  // checked above: lower-case hex of even length
   return r;
 }
 
@@ -232,7 +224,7 @@ Mailboxes::Mailboxes(c10::intrusive_ptr<c10d::Store> store, int rank, int world_
       slot_bytes_(slot_bytes),
       region_bytes_(kDataOffset + kSlots * slot_bytes),
       timeout_ms_(timeout.count()) {
-  TORCH_CHECK(device_ && device_->tensor_device().is_cpu(),
+  TORCH_CHECK(device_ && device_->host_paths() != nullptr,
               "cuda_p2p: send/recv mailboxes need a host workspace");
   TORCH_CHECK(slot_bytes_ >= 4096 && slot_bytes_ % 4096 == 0,
               "cuda_p2p: the mailbox slot size must be a positive multiple of 4096 bytes, got ",
@@ -763,7 +755,8 @@ void Mailboxes::expire(Clock::time_point now, std::vector<P2POpPtr>& ended) {
 
 void Mailboxes::back_off(const std::vector<SignalWait>& waits, Clock::time_point since) const {
   const auto now = Clock::now();
-  if (host::poll_more(now - since, device_->oversubscribed())) return;
+  const HostPaths* h = device_->host_paths();
+  if (host::poll_more(now - since, h != nullptr && h->oversubscribed())) return;
   if (waits.empty()) {
     std::this_thread::sleep_for(kLookupInterval);  // a sender's outbox not yet published
   } else {

@@ -1,9 +1,16 @@
 // Point-to-point messages between the ranks of one host: send, recv (from one rank or any) and
 // their async forms, through mailboxes in shared memory (mailboxes.cpp, NOTE [Mailboxes]). What
 // ProcessGroupCudaP2P's send/recv/recvAnysource run on a host workspace
-// (backend/send_recv.cpp; docs/collectives.md, "Send and receive"). Host-only: it
-// polls and sleeps on the shared words itself (futex_wait.hpp) instead of going through the
-// device interface's streams, so it lives beside the host device, not in ops/ (docs/design.md).
+// (backend/send_recv.cpp; docs/collectives.md, "Send and receive").
+//
+// NOTE [Where the mailboxes live]
+// The mailboxes are a message engine of their own over the c10d store and the workspace's shared
+// blocks, not an algorithm over the device interface's streams: a receive polls and sleeps on the
+// shared words itself, with the host's wait primitives (p2p_workspace/host/futex_wait.hpp), and
+// needs a device with the host's capability (NOTE [Host fast paths]). So they have their own
+// folder in the bottom layer, p2p_workspace/messages/, with a rule tests/python/test_layers.py
+// checks: from a device implementation they include only host/futex_wait.hpp, and only the
+// backend includes them (ops/, the workspace and the devices do not).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -85,7 +92,7 @@ class P2POp {
 using P2POpPtr = std::shared_ptr<P2POp>;
 
 // The mailboxes of one group on a host workspace (NOTE [Mailboxes] in
-// p2p_workspace/host/mailboxes.cpp). Not a collective: ops of different pairs of ranks run
+// p2p_workspace/messages/mailboxes.cpp). Not a collective: ops of different pairs of ranks run
 // independently of each other and of the group's collectives. Thread-safe.
 class Mailboxes {
  public:
