@@ -10,8 +10,8 @@
 #include <type_traits>
 #include <utility>
 
-#include "backend/CompletedWork.hpp"
 #include "backend/reduce_ops.hpp"
+#include "backend/works.hpp"
 #include "ops/channels.hpp"
 #include "ops/common.hpp"
 #include "ops/reduction.hpp"

@@ -3,68 +3,13 @@
 
 #include <c10/util/Exception.h>
 
-#include <thread>
 #include <utility>
 
 #include "backend/counters.hpp"
+#include "backend/works.hpp"
 #include "backend/workspace_collectives.hpp"
 
 namespace cuda_p2p {
-
-using c10d::Work;
-using WorkPtr = c10::intrusive_ptr<Work>;
-
-namespace {
-
-// The Work of a send or receive through the mailboxes. Like Gloo's: wait() blocks until the op
-// has ended (driving the group's pending ops meanwhile) and raises its error; is_completed()
-// drives them once without blocking; source_rank() names the rank a receive from any rank got
-// its message from.
-class MailboxWork : public Work {
- public:
-  MailboxWork(int rank, c10d::OpType type, std::shared_ptr<host::Mailboxes> mailboxes,
-              host::P2POpPtr op)
-      : Work(rank, type), mailboxes_(std::move(mailboxes)), op_(std::move(op)) {}
-
-  bool isCompleted() override { return mailboxes_->poll(*op_); }
-  bool isSuccess() const override { return op_->done() && !op_->error(); }
-  std::exception_ptr exception() const override { return op_->error(); }
-  int sourceRank() const override {
-    TORCH_CHECK(op_->peer() >= 0, "cuda_p2p: source_rank(): the receive has matched no message");
-    return op_->peer();
-  }
-  std::vector<at::Tensor> result() override {
-    return op_->future()->completed() && !op_->future()->hasError()
-               ? op_->future()->value().toTensorVector()
-               : std::vector<at::Tensor>{};
-  }
-  bool wait(std::chrono::milliseconds timeout) override {
-    TORCH_CHECK(timeout == kNoTimeout || timeout.count() >= 0,
-                "cuda_p2p: Work.wait(timeout): the timeout must be >= 0, got ", timeout.count(),
-                " ms");
-    if (timeout != kNoTimeout) {
-      // A bounded wait: poll until the op ends or the bound passes (the op itself keeps the
-      // group's timeout).
-      const auto until = std::chrono::steady_clock::now() + timeout;
-      while (!mailboxes_->poll(*op_)) {
-        TORCH_CHECK(std::chrono::steady_clock::now() < until, "cuda_p2p: Work.wait(",
-                    timeout.count(), " ms) of a ", c10d::opTypeToString(opType_),
-                    " timed out with the op still pending (it stays pending)");
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
-      }
-    }
-    mailboxes_->wait(*op_);
-    return true;
-  }
-  void synchronize() override { mailboxes_->wait(*op_); }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return op_->future(); }
-
- private:
-  std::shared_ptr<host::Mailboxes> mailboxes_;
-  host::P2POpPtr op_;
-};
-
-}  // namespace
 
 SendRecv::SendRecv(const EngineContext& group, const WorkspaceCollectives& collectives)
     : group_(group), collectives_(collectives) {}

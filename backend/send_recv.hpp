@@ -2,7 +2,7 @@
 // per-rank mailboxes beside it (p2p_workspace/messages/mailboxes.cpp, NOTE [Mailboxes];
 // docs/collectives.md, "Send and receive"): messages are not collectives, so they keep out of the
 // collective buffer and its one order per group. It owns the mailboxes (made on first use) and
-// their lock, and the Work of a message.
+// their lock; the Work of a message is MailboxWork (backend/works.hpp).
 #pragma once
 
 #include <ATen/ATen.h>

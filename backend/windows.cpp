@@ -5,7 +5,7 @@
 #include <string>
 #include <utility>
 
-#include "backend/CompletedWork.hpp"
+#include "backend/works.hpp"
 #include "ops/op_signature.hpp"
 
 namespace cuda_p2p {

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "backend/counters.hpp"
+#include "backend/tensor_args.hpp"
 #include "ops/channels.hpp"
 #include "ops/common.hpp"
 #include "ops/reduction.hpp"
@@ -176,11 +177,6 @@ void WorkspaceCollectives::hold(std::vector<at::Tensor> tensors) const {
 
 namespace {
 
-// A contiguous tensor to compute into for `t`, and whether it must be copied back.
-at::Tensor contiguous_output(const at::Tensor& t) {
-  return t.is_contiguous() ? t : at::empty(t.sizes(), t.options());
-}
-
 at::Tensor contiguous(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
 
 // Chunk i of W equal chunks of a contiguous tensor's elements.
@@ -225,7 +221,7 @@ ops::Outcome WorkspaceCollectives::all_gather(const at::Tensor& input,
                                               const std::vector<at::Tensor>& outputs) {
   // Outputs are computed contiguously and copied back where the caller's are not.
   std::vector<at::Tensor> outs;
-  for (const auto& o : outputs) outs.push_back(contiguous_output(o));
+  for (const auto& o : outputs) outs.push_back(detail::contiguous_output(o));
   const at::Tensor in = contiguous(input);
   return run("all_gather", [&](const ops::CollectiveContext& ctx) {
     const ops::Outcome o = ops::all_gather(ctx, in, outs, ops::AllGatherAlgo::kAuto);
@@ -240,7 +236,7 @@ ops::Outcome WorkspaceCollectives::all_gather_into_tensor(at::Tensor& output,
                                                           const std::string& what) {
   check_or_reject("all_gather_into_tensor", ops::OpKind::kAllGather,
                   [&] { check_whole_of_parts(output, "output", input, "input", size_, what); });
-  at::Tensor out = contiguous_output(output);
+  at::Tensor out = detail::contiguous_output(output);
   std::vector<at::Tensor> chunks;
   for (int q = 0; q < size_; ++q) chunks.push_back(flat_chunk(out, q, input.numel()));
   const ops::Outcome o = all_gather(input, chunks);
@@ -254,7 +250,7 @@ ops::Outcome WorkspaceCollectives::reduce_scatter(const std::vector<at::Tensor>&
                   [&] { ops::check_reduce_op(op, output.scalar_type(), "reduce_scatter"); });
   std::vector<at::Tensor> ins;
   for (const auto& t : inputs) ins.push_back(contiguous(t));
-  at::Tensor out = contiguous_output(output);
+  at::Tensor out = detail::contiguous_output(output);
   return run("reduce_scatter", [&](const ops::CollectiveContext& ctx) {
     const ops::Outcome o = ops::reduce_scatter(ctx, ins, out, op, ops::ReduceScatterAlgo::kAuto);
     hold(joined(ins, inputs));
@@ -304,8 +300,7 @@ WorkspaceCollectives::Rows WorkspaceCollectives::all_gather_v(const at::Tensor& 
   out_sizes[0] = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
   Rows r;
   r.output = at::empty(out_sizes, input.options().memory_format(at::MemoryFormat::Contiguous));
-  const int64_t row_elems = input.size(0) > 0 ? input.numel() / input.size(0)
-                                              : c10::multiply_integers(input.sizes().slice(1));
+  const int64_t row_elems = detail::row_elements(input);
   const at::Tensor in = contiguous(input);
   std::vector<int64_t> bytes;
   std::vector<at::Tensor> outs;

@@ -4,6 +4,7 @@
 
 #include <utility>
 
+#include "backend/tensor_args.hpp"
 #include "backend/workspace_collectives.hpp"
 #include "ops/common.hpp"
 #include "ops/reduction.hpp"
@@ -11,10 +12,6 @@
 namespace cuda_p2p {
 
 namespace {
-
-at::Tensor rooted_output(const at::Tensor& t) {
-  return t.is_contiguous() ? t : at::empty(t.sizes(), t.options());
-}
 
 // TORCH_CHECKs a root in [0, W).
 void check_root(const char* what, int64_t root, int W) {
@@ -32,7 +29,7 @@ ops::Outcome WorkspaceCollectives::gather(std::vector<at::Tensor>& outputs, cons
   refuse_capture("gather", "");
   const at::Tensor in = input.is_contiguous() ? input : input.contiguous();
   std::vector<at::Tensor> outs;
-  for (const auto& o : outputs) outs.push_back(rooted_output(o));
+  for (const auto& o : outputs) outs.push_back(detail::contiguous_output(o));
   return run("gather", [&](const ops::CollectiveContext& ctx) {
     const ops::Outcome o = ops::gather(ctx, in, outs, static_cast<int>(root));
     hold({in, input});
@@ -47,7 +44,7 @@ ops::Outcome WorkspaceCollectives::scatter(at::Tensor& output,
   refuse_capture("scatter", "");
   std::vector<at::Tensor> ins;
   for (const auto& t : inputs) ins.push_back(t.is_contiguous() ? t : t.contiguous());
-  at::Tensor out = rooted_output(output);
+  at::Tensor out = detail::contiguous_output(output);
   return run("scatter", [&](const ops::CollectiveContext& ctx) {
     const ops::Outcome o = ops::scatter(ctx, ins, out, static_cast<int>(root));
     hold(joined(ins, inputs));

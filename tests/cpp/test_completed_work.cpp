@@ -9,7 +9,7 @@
 #include <atomic>
 #include <thread>
 
-#include "backend/CompletedWork.hpp"
+#include "backend/works.hpp"
 #include "p2p_workspace/host/host_device.hpp"
 #include "tests/cpp/forwarding_device.hpp"
 #include "tests/cpp/harness.hpp"

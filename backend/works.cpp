@@ -1,4 +1,5 @@
-#include "backend/CompletedWork.hpp"
+// The backend's Work types (backend/works.hpp).
+#include "backend/works.hpp"
 
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
@@ -6,6 +7,8 @@
 #include <algorithm>
 #include <chrono>
 #include <thread>
+
+#include "p2p_workspace/messages/mailboxes.hpp"
 
 namespace cuda_p2p {
 
@@ -124,5 +127,51 @@ void CompletedWork::synchronize() {
   if (end_ && healthy) device_->synchronize(*end_);
   device_->check_work("Work.synchronize");
 }
+
+// --- MailboxWork ---------------------------------------------------------------------------------
+
+MailboxWork::MailboxWork(int rank, c10d::OpType type, std::shared_ptr<host::Mailboxes> mailboxes,
+                         std::shared_ptr<host::P2POp> op)
+    : c10d::Work(rank, type), mailboxes_(std::move(mailboxes)), op_(std::move(op)) {}
+
+bool MailboxWork::isCompleted() { return mailboxes_->poll(*op_); }
+
+bool MailboxWork::isSuccess() const { return op_->done() && !op_->error(); }
+
+std::exception_ptr MailboxWork::exception() const { return op_->error(); }
+
+int MailboxWork::sourceRank() const {
+  TORCH_CHECK(op_->peer() >= 0, "cuda_p2p: source_rank(): the receive has matched no message");
+  return op_->peer();
+}
+
+std::vector<at::Tensor> MailboxWork::result() {
+  return op_->future()->completed() && !op_->future()->hasError()
+             ? op_->future()->value().toTensorVector()
+             : std::vector<at::Tensor>{};
+}
+
+bool MailboxWork::wait(std::chrono::milliseconds timeout) {
+  TORCH_CHECK(timeout == ::kNoTimeout || timeout.count() >= 0,
+              "cuda_p2p: Work.wait(timeout): the timeout must be >= 0, got ", timeout.count(),
+              " ms");
+  if (timeout != ::kNoTimeout) {
+    // A bounded wait: poll until the op ends or the bound passes (the op itself keeps the
+    // group's timeout).
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    while (!mailboxes_->poll(*op_)) {
+      TORCH_CHECK(std::chrono::steady_clock::now() < until, "cuda_p2p: Work.wait(", timeout.count(),
+                  " ms) of a ", c10d::opTypeToString(opType_),
+                  " timed out with the op still pending (it stays pending)");
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+  mailboxes_->wait(*op_);
+  return true;
+}
+
+void MailboxWork::synchronize() { mailboxes_->wait(*op_); }
+
+c10::intrusive_ptr<c10::ivalue::Future> MailboxWork::getFuture() { return op_->future(); }
 
 }  // namespace cuda_p2p

@@ -1,0 +1,47 @@
+// What the workspace collectives' bodies (workspace_collectives.cpp, workspace_all_to_all.cpp,
+// workspace_rooted.cpp) do alike with a call's tensors before they hand them to ops/: rows and
+// their split sizes, an input that does not overlap the outputs, an output to compute into, and
+// the text an op signature compares. One set, so that the ops check and word them alike.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace cuda_p2p::detail {
+
+// Elements of one row (dim 0) of `t`: the product of its other sizes.
+int64_t row_elements(const at::Tensor& t);
+
+// The row counts of `t` by rank: `given`, or equal splits when it is empty (torch's convention).
+// TORCH_CHECKs them; `name` ("input", "output") and `what` (the op) name them in errors.
+std::vector<int64_t> split_rows(const at::Tensor& t, const std::vector<int64_t>& given, int W,
+                                const char* name, const char* what);
+
+// Pointers to consecutive slices of `rows[q]` rows of `row_bytes` bytes each from `base`.
+template <typename Ptr>
+std::vector<Ptr> row_slices(Ptr base, const std::vector<int64_t>& rows, int64_t row_bytes) {
+  std::vector<Ptr> out;
+  int64_t off = 0;
+  for (int64_t r : rows) {
+    out.push_back(base + off * row_bytes);
+    off += r;
+  }
+  return out;
+}
+
+// A contiguous tensor holding `t`'s values that overlaps none of `others` (the outputs it is
+// read alongside): `t` itself where it can be.
+at::Tensor readable_apart(const at::Tensor& t, c10::ArrayRef<at::Tensor> others);
+
+// A contiguous tensor to compute into for the output `t`: `t` itself when it is contiguous, else
+// a new one the caller copies back (WorkspaceCollectives::copy_back).
+at::Tensor contiguous_output(const at::Tensor& t);
+
+// "rows of <elements> x <dtype>": what the ranks' op signatures compare for a call that moves
+// rows of `t`.
+std::string rows_text(const at::Tensor& t);
+
+}  // namespace cuda_p2p::detail
