@@ -322,7 +322,7 @@ bool ProcessGroupCudaP2P::ran_hierarchically(Counters::Op op, const HierarchyOut
 
 ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::hierarchical_done(
     c10d::OpType type, std::vector<at::Tensor> outputs) {
-  return wrapped_.track(c10::make_intrusive<CompletedWork>(getRank(), type, std::move(outputs)));
+  return wrapped_.track(c10::make_intrusive<EventWork>(getRank(), type, std::move(outputs)));
 }
 
 // NOTE [No Work for a synchronous call]
@@ -354,11 +354,11 @@ template <typename Outputs>
 ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::completed(c10d::OpType type, Outputs&& outputs,
                                                             bool async_op) {
   if (returns_no_work(async_op)) return {};  // NOTE [No Work for a synchronous call]
-  return completed_work(type, outputs());
+  return event_work(type, outputs());
 }
 
-ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::completed_work(c10d::OpType type,
-                                                                 std::vector<at::Tensor> outputs) {
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::event_work(c10d::OpType type,
+                                                             std::vector<at::Tensor> outputs) {
   // On a GPU the op is enqueued, not done: its Work waits for the event the collective recorded
   // at its end (none on the host, where it has completed).
   std::shared_ptr<Device> device;
@@ -372,8 +372,8 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::completed_work(c10d::OpType ty
     const uint64_t capture = device->capture_id(*stream);
     end = capture ? workspace_->last_op(capture) : device->record(*stream);
   }
-  return wrapped_.track(c10::make_intrusive<CompletedWork>(getRank(), type, std::move(outputs),
-                                                           std::move(device), std::move(end)));
+  return wrapped_.track(c10::make_intrusive<EventWork>(getRank(), type, std::move(outputs),
+                                                       std::move(device), std::move(end)));
 }
 
 // NOTE [CPU outputs without a Work]
@@ -988,13 +988,13 @@ std::pair<at::Tensor, std::vector<int64_t>> ProcessGroupCudaP2P::all_to_all_v(
 // --- the workspace ------------------------------------------------------------------------------
 
 bool ProcessGroupCudaP2P::uses_cross_memory() const {
-  return collectives_.on() && workspace_->private_reads();
+  return collectives_.on() && workspace_->cross_memory_reads();
 }
 
 std::string ProcessGroupCudaP2P::cross_memory_reason() const {
   if (!is_p2p_available()) return "the workspace is unavailable: " + p2p_unavailable_reason();
-  if (workspace_->private_reads()) return "";
-  const std::string& why = workspace_->private_reads_reason();
+  if (workspace_->cross_memory_reads()) return "";
+  const std::string& why = workspace_->cross_memory_reads_reason();
   if (!config_.cross_memory_off_reason.empty() && why.rfind("turned off", 0) == 0) {
     return why + " (" + config_.cross_memory_off_reason + ")";
   }
@@ -1050,7 +1050,7 @@ at::Tensor ProcessGroupCudaP2P::allocateTensor(long size, at::TensorOptions opti
               "cuda_p2p allocate_tensor: this group does not allocate tensors on ",
               device ? device->str() : std::string("the default device"),
               " (supports_tensor_alloc is false: it allocates only where its collectives read the "
-              "heap's tensors in place, NOTE [Process-group allocation for FSDP2])");
+              "heap's tensors zero-copy, NOTE [Process-group allocation for FSDP2])");
   auto [tensor, in_heap] = heap_.allocate_comm_buffer(size, options);
   counters_.record(Op::kAllocateTensor, in_heap ? "heap" : "fallback");
   return tensor;

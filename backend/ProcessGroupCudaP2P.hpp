@@ -134,8 +134,8 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // workspace opted in: NOTE [CUDA collectives are opt-in]), and why not ("" when they do).
   bool uses_workspace_collectives() const { return collectives_.on(); }
   std::string workspace_collectives_reason() const { return collectives_.off_reason(); }
-  // Whether the collectives may read peers' tensors copy-free (probed and agreed at rendezvous),
-  // and why not ("" when they may).
+  // Whether the collectives may read peers' tensors with cross-memory reads (probed and agreed at
+  // rendezvous), and why not ("" when they may).
   bool uses_cross_memory() const;
   std::string cross_memory_reason() const;
 
@@ -393,7 +393,7 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // returns; none for the synchronous call that returns_no_work() allows.
   template <typename Outputs>
   WorkPtr completed(c10d::OpType type, Outputs&& outputs, bool async_op);
-  WorkPtr completed_work(c10d::OpType type, std::vector<at::Tensor> outputs);
+  WorkPtr event_work(c10d::OpType type, std::vector<at::Tensor> outputs);
   // Whether a workspace collective called with `async_op` returns no Work
   // (NOTE [No Work for a synchronous call] in ProcessGroupCudaP2P.cpp).
   bool returns_no_work(bool async_op) const;

@@ -472,8 +472,9 @@ std::vector<Knob> rows() {
                .land = store<&Config::collective, &CC::reduce_scatter_ring_max_bytes>,
                .read = load<&Config::collective, &CC::reduce_scatter_ring_max_bytes>,
                .help = "Largest reduce-scatter input that auto runs as a ring."});
-  // NOTE [Copy-free reads] in ops/collectives.cpp: off unless asked for (why: docs/collectives.md,
-  // "Copy-free reads"). The workspace still probes whether the system allows them.
+  // NOTE [Cross-memory reads] in ops/collectives.cpp: off unless asked for (why:
+  // docs/collectives.md, "Cross-memory reads"). The workspace still probes whether the system
+  // allows them.
   k.push_back({.option = "cross_memory",
                .field = &Options::cross_memory,
                .env = "CUDA_P2P_CROSS_MEMORY",
@@ -482,7 +483,7 @@ std::vector<Knob> rows() {
                .land =
                    [](Config& c, const Resolved& r) {
                      c.cross_memory = r.b();
-                     c.workspace_options.private_reads = r.b();
+                     c.workspace_options.cross_memory_reads = r.b();
                      if (r.b()) return;
                      c.cross_memory_off_reason =
                          r.source != Source::kDefault
@@ -491,7 +492,7 @@ std::vector<Knob> rows() {
                                         r.knob->env, "=1 turns it on");
                    },
                .read = [](const Config& c, const Context&) -> Value { return c.cross_memory; },
-               .help = "Copy-free reads of peers' tensors on the host (process_vm_readv), where "
+               .help = "Cross-memory reads of peers' tensors on the host (process_vm_readv), where "
                        "the system allows them."});
   k.push_back({.option = "cross_memory_min_bytes",
                .field = &Options::cross_memory_min_bytes,
@@ -502,7 +503,7 @@ std::vector<Knob> rows() {
                .reported = true,
                .land = store<&Config::collective, &CC::cross_memory_min_bytes>,
                .read = load<&Config::collective, &CC::cross_memory_min_bytes>,
-               .help = "Smallest payload read copy-free when copy-free reads are on."});
+               .help = "Smallest payload that cross-memory reads take, when they are on."});
   // NOTE [Intra-op threads] in ops/collectives.cpp.
   k.push_back({.option = "parallel_min_bytes",
                .field = &Options::parallel_min_bytes,
@@ -626,13 +627,14 @@ std::vector<Knob> rows() {
                },
                .help = "This process's host identity; ranks with different identities do not "
                        "share a workspace (tests simulate several hosts with it)."});
-  k.push_back({.env = "CUDA_P2P_TEST_DENY_CROSS_MEMORY",
-               .kind = Kind::kBool,
-               .default_rule = {.value = false},
-               .land = store<&Config::workspace_options, &WorkspaceOptions::deny_private_reads>,
-               .read = load<&Config::workspace_options, &WorkspaceOptions::deny_private_reads>,
-               .help = "Test hook: this process's copy-free reads fail as under Yama "
-                       "ptrace_scope (EPERM)."});
+  k.push_back(
+      {.env = "CUDA_P2P_TEST_DENY_CROSS_MEMORY",
+       .kind = Kind::kBool,
+       .default_rule = {.value = false},
+       .land = store<&Config::workspace_options, &WorkspaceOptions::deny_cross_memory_reads>,
+       .read = load<&Config::workspace_options, &WorkspaceOptions::deny_cross_memory_reads>,
+       .help = "Test hook: this process's cross-memory reads fail as under Yama "
+               "ptrace_scope (EPERM)."});
   // Read by choose_cuda_device (NOTE [The workspace's GPU]), only for a CUDA workspace.
   k.push_back({.env = kLocalRankEnv,
                .kind = Kind::kInt,

@@ -198,7 +198,7 @@ struct Config {
   WorkspaceDevice workspace_device = WorkspaceDevice::kAuto;
   std::string workspace_device_from;     // the knob that chose it ("" for auto)
   std::string zero_copy_agreement_from;  // the knob that set collective.zero_copy_agreement
-  WorkspaceOptions workspace_options;    // buffer size, timeout, host id, copy-free reads
+  WorkspaceOptions workspace_options;    // buffer size, timeout, host id, cross-memory reads
   int64_t max_buffer_size = 0;
   HostStreams host_streams = HostStreams::kCooperative;
   HostSemantics host_semantics = HostSemantics::kSynchronous;
@@ -206,7 +206,7 @@ struct Config {
   bool cuda_collectives = false;  // ... also on a CUDA workspace
   bool hierarchical = true;       // ... and hierarchically on a group spanning hosts
   ops::CollectiveConfig collective;
-  bool cross_memory = false;            // offer copy-free reads
+  bool cross_memory = false;            // offer cross-memory reads
   std::string cross_memory_off_reason;  // the knob that turned them off ("" when on)
   // Bytes of each rank's symmetric heap, created on the group's first cuda_p2p.empty or
   // use_symmetric_memory. Host: a sparse mapping, only the pages tensors touch cost memory.

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "backend/reduce_ops.hpp"
+#include "backend/tensor_args.hpp"
 #include "ops/collectives.hpp"
 #include "ops/common.hpp"
 #include "ops/reduction.hpp"
@@ -23,11 +24,6 @@ c10d::ReduceOp sum_op() { return c10d::ReduceOp(c10d::ReduceOp::SUM); }
 // What the inter-host step (and the leaders' intra step) reduces with: an average is a sum
 // there, divided once the sum is complete, since neither step sees every rank.
 c10d::ReduceOp partial_op(const c10d::ReduceOp& op) { return is_avg(op) ? sum_op() : op; }
-
-// A contiguous tensor to compute into for `t` (t itself when it is contiguous).
-at::Tensor contiguous_output(const at::Tensor& t) {
-  return t.is_contiguous() ? t : at::empty(t.sizes(), t.options());
-}
 
 }  // namespace
 
@@ -258,7 +254,7 @@ HierarchyOutcome Hierarchy::all_reduce(std::vector<at::Tensor>& tensors,
       [&](at::Tensor& work, bool in_agreement) {
         at::Tensor& t = tensors[0];
         if (!work.defined()) work = t.contiguous();
-        if (!in_agreement) all_reduce_flat(work.view(-1), opts.reduceOp, opts.timeout);
+        if (!in_agreement) all_reduce_two_level(work.view(-1), opts.reduceOp, opts.timeout);
         if (!work.is_same(t)) t.copy_(work);
         HierarchyOutcome outcome = ran();
         outcome.in_agreement = in_agreement;
@@ -325,7 +321,7 @@ HierarchyOutcome Hierarchy::all_gather(std::vector<std::vector<at::Tensor>>& out
         const at::Tensor& input = inputs[0];
         const int64_t n = input.numel();
         at::Tensor out = at::empty({n * static_cast<int64_t>(W)}, input.options());
-        all_gather_flat(input.contiguous().view(-1), out, opts.timeout);
+        all_gather_two_level(input.contiguous().view(-1), out, opts.timeout);
         for (size_t r = 0; r < W; ++r) {
           outputs[0][r].copy_(
               out.narrow(0, static_cast<int64_t>(r) * n, n).view(outputs[0][r].sizes()));
@@ -397,8 +393,8 @@ HierarchyOutcome Hierarchy::reduce_scatter(std::vector<at::Tensor>& outputs,
         for (size_t r = 0; r < W; ++r) {
           in.narrow(0, static_cast<int64_t>(r) * n, n).copy_(inputs[0][r].reshape(-1));
         }
-        at::Tensor out = contiguous_output(output);
-        reduce_scatter_flat(in, out.view(-1), opts.reduceOp, opts.timeout);
+        at::Tensor out = detail::contiguous_output(output);
+        reduce_scatter_two_level(in, out.view(-1), opts.reduceOp, opts.timeout);
         if (!out.is_same(output)) output.copy_(out);
         return ran();
       });
@@ -421,7 +417,7 @@ HierarchyOutcome Hierarchy::broadcast(std::vector<at::Tensor>& tensors,
         at::Tensor& t = tensors[0];
         at::Tensor work = t.contiguous();
         const int root = static_cast<int>(opts.rootRank);
-        broadcast_flat(work.view(-1), root, opts.timeout);
+        broadcast_two_level(work.view(-1), root, opts.timeout);
         if (!work.is_same(t)) t.copy_(work);
         // The root's local index exists on every host: the same scheme as on even hosts.
         const bool direct = layout_.local[root] < layout_.min_host_size();
@@ -451,8 +447,8 @@ const char* Hierarchy::all_gather_rejects(const at::Tensor& output, const at::Te
 
 void Hierarchy::run_all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input,
                                            std::chrono::milliseconds timeout) {
-  at::Tensor out = contiguous_output(output);
-  all_gather_flat(input.contiguous().view(-1), out.view(-1), timeout);
+  at::Tensor out = detail::contiguous_output(output);
+  all_gather_two_level(input.contiguous().view(-1), out.view(-1), timeout);
   if (!out.is_same(output)) output.copy_(out);
 }
 
@@ -470,15 +466,15 @@ const char* Hierarchy::reduce_scatter_rejects(const at::Tensor& output, const at
 void Hierarchy::run_reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
                                           const c10d::ReduceOp& op,
                                           std::chrono::milliseconds timeout) {
-  at::Tensor out = contiguous_output(output);
-  reduce_scatter_flat(input.contiguous().view(-1), out.view(-1), op, timeout);
+  at::Tensor out = detail::contiguous_output(output);
+  reduce_scatter_two_level(input.contiguous().view(-1), out.view(-1), op, timeout);
   if (!out.is_same(output)) output.copy_(out);
 }
 
 // --- algorithms ---------------------------------------------------------------------------------
 
-void Hierarchy::all_reduce_flat(const at::Tensor& t, const c10d::ReduceOp& op,
-                                std::chrono::milliseconds timeout) {
+void Hierarchy::all_reduce_two_level(const at::Tensor& t, const c10d::ReduceOp& op,
+                                     std::chrono::milliseconds timeout) {
   const int64_t N = t.numel();
   if (N == 0) return;
   const int H = layout_.num_hosts();
@@ -510,8 +506,8 @@ void Hierarchy::all_reduce_flat(const at::Tensor& t, const c10d::ReduceOp& op,
   if (!full.is_same(t)) t.copy_(full.narrow(0, 0, N));
 }
 
-void Hierarchy::all_gather_flat(const at::Tensor& input, const at::Tensor& output,
-                                std::chrono::milliseconds timeout) {
+void Hierarchy::all_gather_two_level(const at::Tensor& input, const at::Tensor& output,
+                                     std::chrono::milliseconds timeout) {
   const int64_t n = input.numel();
   if (n == 0) return;
   const int H = layout_.num_hosts();
@@ -550,8 +546,9 @@ void Hierarchy::all_gather_flat(const at::Tensor& input, const at::Tensor& outpu
   output.view({W, n}).index_copy_(0, order_, blocks.view({W, n}));  // NOTE [Block order]
 }
 
-void Hierarchy::reduce_scatter_flat(const at::Tensor& input, const at::Tensor& output,
-                                    const c10d::ReduceOp& op, std::chrono::milliseconds timeout) {
+void Hierarchy::reduce_scatter_two_level(const at::Tensor& input, const at::Tensor& output,
+                                         const c10d::ReduceOp& op,
+                                         std::chrono::milliseconds timeout) {
   const int64_t n = output.numel();
   if (n == 0) return;
   const int H = layout_.num_hosts();
@@ -578,7 +575,8 @@ void Hierarchy::reduce_scatter_flat(const at::Tensor& input, const at::Tensor& o
   if (is_avg(op)) output.div_(H);
 }
 
-void Hierarchy::broadcast_flat(const at::Tensor& t, int root, std::chrono::milliseconds timeout) {
+void Hierarchy::broadcast_two_level(const at::Tensor& t, int root,
+                                    std::chrono::milliseconds timeout) {
   if (t.numel() == 0) return;
   const int root_host = layout_.host[root];
   const int root_local = layout_.local[root];

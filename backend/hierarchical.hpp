@@ -181,14 +181,14 @@ class Hierarchy {
   void inter_step(F&& step);
   const char* path() const { return even_ ? "hierarchical" : "hierarchical_leaders"; }
 
-  // The algorithms on contiguous 1-D tensors of one dtype.
-  void all_reduce_flat(const at::Tensor& t, const c10d::ReduceOp& op,
-                       std::chrono::milliseconds timeout);
-  void all_gather_flat(const at::Tensor& input, const at::Tensor& output,
-                       std::chrono::milliseconds timeout);
-  void reduce_scatter_flat(const at::Tensor& input, const at::Tensor& output,
-                           const c10d::ReduceOp& op, std::chrono::milliseconds timeout);
-  void broadcast_flat(const at::Tensor& t, int root, std::chrono::milliseconds timeout);
+  // The two-level algorithms, on contiguous 1-D tensors of one dtype.
+  void all_reduce_two_level(const at::Tensor& t, const c10d::ReduceOp& op,
+                            std::chrono::milliseconds timeout);
+  void all_gather_two_level(const at::Tensor& input, const at::Tensor& output,
+                            std::chrono::milliseconds timeout);
+  void reduce_scatter_two_level(const at::Tensor& input, const at::Tensor& output,
+                                const c10d::ReduceOp& op, std::chrono::milliseconds timeout);
+  void broadcast_two_level(const at::Tensor& t, int root, std::chrono::milliseconds timeout);
 
   // Intra-host steps (on every rank of this host) and inter-host steps (on the ranks with this
   // local index), each blocking.

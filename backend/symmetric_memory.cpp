@@ -39,7 +39,7 @@ void SymmetricMemory::ensure() {
   o.timeout = group_.workspace->timeout();  // the group's, as setTimeout last set it
   o.buffer_size = group_.config.symmetric_heap_size;
   o.num_channels = 1;  // its pad is never signalled: the collectives synchronise on the workspace
-  o.private_reads = false;
+  o.cross_memory_reads = false;
   o.graph_region_bytes = 0;  // no collective runs on the heap (NOTE [Graph flags])
   const std::string prefix = attempts_ == 0
                                  ? std::string("cuda_p2p/heap/")
@@ -183,7 +183,7 @@ at::Tensor SymmetricMemory::peer_tensor(const at::Tensor& t, int64_t rank) const
 // the all-gather output, whose own chunk is the all-gather's input (an in-place all-gather), and
 // the reduce-scatter's input and output. Heap tensors make those collectives zero-copy (NOTE
 // [Zero-copy collectives] in ops/zero_copy.cpp). So the answer is yes only where the heap's
-// tensors would be read in place: the collectives run on the workspace, the zero-copy agreement
+// tensors would be read zero-copy: the collectives run on the workspace, the zero-copy agreement
 // is not "off" (a CUDA group's default: NOTE [CUDA zero-copy is opt-in]) and the device is the
 // heap's; elsewhere FSDP2 takes torch.empty, and a heap tensor that would only stage holds heap
 // memory for nothing. c10d passes the device's index only: a CPU device has none (-1), so a

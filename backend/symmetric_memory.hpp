@@ -70,7 +70,7 @@ class SymmetricMemory {
   void set_timeout(Millis timeout);
 
   // FSDP2's comm buffers (NOTE [Process-group allocation for FSDP2]): whether this group's
-  // collectives would read heap tensors on the device of `device_index` in place, and a buffer
+  // collectives would read heap tensors on the device of `device_index` zero-copy, and a buffer
   // of `size` elements in the heap (true), or an ordinary tensor (false) when the heap cannot
   // hold it.
   bool allocates_comm_buffers(c10::DeviceIndex device_index) const;

@@ -188,10 +188,10 @@ c10::intrusive_ptr<c10d::Work> WorkspaceWindow::run(const char* what, c10d::OpTy
               "(docs/windows.md)");
   fn(*stream);
   if (device->host_synchronous()) {  // it has run (ops/window.cpp)
-    return c10::make_intrusive<CompletedWork>(g_.group.rank, type, std::move(outputs));
+    return c10::make_intrusive<EventWork>(g_.group.rank, type, std::move(outputs));
   }
-  return c10::make_intrusive<CompletedWork>(g_.group.rank, type, std::move(outputs), device,
-                                            device->record(*stream));
+  return c10::make_intrusive<EventWork>(g_.group.rank, type, std::move(outputs), device,
+                                        device->record(*stream));
 }
 
 c10::intrusive_ptr<c10d::Work> WorkspaceWindow::put(const at::Tensor& tensor, int64_t dstRank,

@@ -27,8 +27,8 @@ std::vector<c10::Device> devices_of(const std::vector<at::Tensor>& tensors) {
 
 }  // namespace
 
-CompletedWork::CompletedWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs,
-                             std::shared_ptr<Device> device, std::shared_ptr<Event> end)
+EventWork::EventWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs,
+                     std::shared_ptr<Device> device, std::shared_ptr<Event> end)
     : c10d::Work(rank, type),
       outputs_(std::move(outputs)),
       device_(std::move(device)),
@@ -39,13 +39,13 @@ CompletedWork::CompletedWork(int rank, c10d::OpType type, std::vector<at::Tensor
   finish();
 }
 
-void CompletedWork::make_future() {
+void EventWork::make_future() {
   future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
                                                      devices_of(outputs_));
   future_->markCompleted(c10::IValue(outputs_));
 }
 
-c10::intrusive_ptr<c10::ivalue::Future> CompletedWork::getFuture() {
+c10::intrusive_ptr<c10::ivalue::Future> EventWork::getFuture() {
   std::lock_guard<std::mutex> lock(future_mutex_);
   if (future_) return future_;
   if (device_ && end_) {
@@ -65,14 +65,14 @@ c10::intrusive_ptr<c10::ivalue::Future> CompletedWork::getFuture() {
   return future_;
 }
 
-bool CompletedWork::isCompleted() {
+bool EventWork::isCompleted() {
   if (!device_ || !end_) return true;  // the host: complete on return
   return failed() || device_->query(*end_);
 }
 
-bool CompletedWork::isSuccess() const { return !device_ || !failed(); }
+bool EventWork::isSuccess() const { return !device_ || !failed(); }
 
-bool CompletedWork::failed() const {
+bool EventWork::failed() const {
   try {
     device_->check_work("Work.is_completed");
     return false;
@@ -81,7 +81,7 @@ bool CompletedWork::failed() const {
   }
 }
 
-bool CompletedWork::wait(std::chrono::milliseconds timeout) {
+bool EventWork::wait(std::chrono::milliseconds timeout) {
   if (!device_) return true;  // the host: complete on return
   device_->check_work("Work.wait");
   if (!end_) return true;
@@ -97,7 +97,7 @@ bool CompletedWork::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
-void CompletedWork::wait_for_end(std::chrono::milliseconds timeout) {
+void EventWork::wait_for_end(std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto pause = std::chrono::microseconds(1);
   // Each query of a host device with CUDA's semantics also runs a step of its streams.
@@ -113,7 +113,7 @@ void CompletedWork::wait_for_end(std::chrono::milliseconds timeout) {
   }
 }
 
-void CompletedWork::synchronize() {
+void EventWork::synchronize() {
   if (!device_) return;
   // A device retired after a drain (NOTE [Shutdown flushes] in backend/ProcessGroupCudaP2P.cpp)
   // has run this op to its end, and its synchronize() would raise the retirement: only

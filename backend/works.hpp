@@ -1,4 +1,4 @@
-// The Works the backend hands back, in one place: a workspace collective's (CompletedWork) and a
+// The Works the backend hands back, in one place: a workspace collective's (EventWork) and a
 // send's or receive's through the mailboxes (MailboxWork). The third, CoalescedWork (several
 // Works as one: endCoalescing(), a pipeline's exchange over a wrapped backend's send/recv), is
 // ops/coalesced_work.hpp: the fused pipelines in ops/ make it, and ops may not include backend/.
@@ -28,11 +28,11 @@ class P2POp;
 // missed its deadline, an abort: NOTE [Device failure] in p2p_workspace/watchdog.hpp). Its future
 // is completed and holds the outputs; for CUDA outputs the future records an event on the current
 // stream, so that callbacks and waiters on other streams are ordered after the collective.
-class CompletedWork : public c10d::Work {
+class EventWork : public c10d::Work {
  public:
   // `device` and `end` only for work enqueued on a GPU (null on the host).
-  CompletedWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs,
-                std::shared_ptr<Device> device = nullptr, std::shared_ptr<Event> end = nullptr);
+  EventWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs,
+            std::shared_ptr<Device> device = nullptr, std::shared_ptr<Event> end = nullptr);
 
   // On a GPU: whether the op's end event has run (asked without blocking), or the device failed
   // (then wait() and synchronize() raise the failure, as NCCL's Work does).

@@ -10,7 +10,7 @@ the same MLP of --layers Linear(D, D) + ReLU blocks, every Linear and the root f
                 inputs into the workspace
     symmetric   the same with model.set_allocate_memory_from_process_group_for_comm(True): FSDP2
                 takes its comm buffers from the backend's allocate_tensor, in the group's
-                symmetric heap, and the collectives read them in place (the *.zero_copy counters;
+                symmetric heap, and the collectives read them zero-copy (the *.zero_copy counters;
                 NOTE [Process-group allocation for FSDP2] in backend/symmetric_memory.cpp)
 
 Variants run interleaved (each iteration runs each once, in rotating order, after a barrier on a

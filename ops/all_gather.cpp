@@ -54,7 +54,7 @@ void ring(const CollectiveContext& ctx, const Gather& g) {
 }
 
 // The direct all-gather reading every peer's input straight into the output, in one phase
-// (NOTE [Copy-free reads]). Reading first and ending the phase before copying the own shard lets
+// (NOTE [Cross-memory reads]). Reading first and ending the phase before copying the own shard lets
 // the peers' wait for their readers overlap with that copy.
 void direct_read(const CollectiveContext& ctx, const Gather& g) {
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
@@ -64,7 +64,7 @@ void direct_read(const CollectiveContext& ctx, const Gather& g) {
   c10::SmallVector<int, 8> peers;
   for (int s = 1; s < W; ++s) {
     const int q = (me + s) % W;
-    detail::read_private(ctx, g.out[q], ph, q, 0, 0, g.bytes);
+    detail::read_input_cross_memory(ctx, g.out[q], ph, q, 0, 0, g.bytes);
     peers.push_back(q);
   }
   detail::end_phase(ctx, ph);
@@ -88,22 +88,23 @@ Outcome all_gather(const CollectiveContext& ctx, const at::Tensor& input,
   }
   const detail::CaptureBracket bracket(ctx);
   if (algo == AllGatherAlgo::kAuto) {
-    algo = select_all_gather(ctx.config, g.bytes * W, W, detail::private_reads(ctx));
+    algo = select_all_gather(ctx.config, g.bytes * W, W, detail::cross_memory_reads(ctx));
   }
   Outcome outcome{.algorithm = to_string(algo)};
   if (W == 1) {
     copy(ctx, g.out[0], g.input, g.bytes);
     return outcome;
   }
-  const bool read = algo == AllGatherAlgo::kDirect &&
-                    uses_private_reads(ctx.config, g.bytes * W, detail::private_reads(ctx));
+  const bool read =
+      algo == AllGatherAlgo::kDirect &&
+      uses_cross_memory_reads(ctx.config, g.bytes * W, detail::cross_memory_reads(ctx));
   // NOTE [Zero-copy collectives], step 1': in the signature, when the group agrees that way.
   const std::string claim = detail::claim_all_gather(ctx, g.input, g.bytes, g.out);
   // Compared at the first phase barrier of the direct algorithms, at a handshake of their own
   // before the rings (NOTE [Op signatures]).
   OpSignature sig = OpSignature::of(
       OpKind::kAllGather, std::to_string(input.numel()) + " x " + dtype_name(input.scalar_type()) +
-                              " (" + to_string(algo) + (read ? ", copy-free" : "") +
+                              " (" + to_string(algo) + (read ? ", cross-memory" : "") +
                               detail::config_suffix(ctx) + claim + ")");
   // NOTE [Captured collectives in one kernel]
   if (detail::all_gather_kernel(ctx, g.input, g.bytes, g.out, sig)) {

@@ -41,31 +41,31 @@ using detail::copy;
 // own, in rank order (its "stream"), round k staging bytes [k * piece, (k + 1) * piece) of it.
 // Its own slice is copied straight from its input to its output.
 //
-// Copy-free reads (NOTE [Copy-free reads] in ops/collectives.cpp): the header also holds the
+// Cross-memory reads (NOTE [Cross-memory reads] in ops/collectives.cpp): the header also holds the
 // address of each of the rank's send slices. When the op needs more than one round and the bytes
-// all ranks send to their peers reach cross_memory_min_bytes on a group with private reads (a
+// all ranks send to their peers reach cross_memory_min_bytes on a group with cross-memory reads (a
 // verdict every rank reaches alike from the same W headers), the receivers take round 0 from the
 // staged region as usual and read the rest of each slice from the sender's input where it lies,
 // in the same phase: one copy per byte instead of a staging copy and a pull, and one phase
 // barrier instead of one per round. Each rank then waits for its readers (wait_readers) before it
 // returns, so its input stays as it was until every peer has read it.
 //
-// NOTE [All-to-all in place]
+// NOTE [All-to-all zero-copy]
 // A sender whose input lies in its symmetric heap (cuda_p2p.empty; NOTE [Zero-copy collectives]
 // in ops/zero_copy.cpp) stages nothing: its peers read their slices from its heap mapping. Unlike
 // the other zero-copy collectives the ranks need not agree first, as each sender decides for
 // itself and says so in its header: the heap offset of each of its slices for a peer (0 for an
 // empty one), or -1 in every word when it stages (its input outside its heap, or the heap not
-// readable in place now: zero-copy off, under capture). The header is read on the host by every
+// readable zero-copy now: zero-copy off, under capture). The header is read on the host by every
 // rank anyway (on CUDA after a synchronize), so this works alike on both devices and whatever the
 // zero_copy_agreement, except "off". Then:
 //  * the phase barrier that publishes the header publishes the input too (release/acquire on the
 //    host; stream order on CUDA): its contents are final when the caller passes it, and no peer
 //    reads it before the barrier;
-//  * readers copy an in-place sender's whole slice in the first phase, whatever the rounds; the
-//    rounds follow from the largest stream that is staged (in-place senders stage 0 bytes), so
-//    every rank still runs the same phases, and an op whose senders are all in place runs one;
-//  * an in-place sender waits, after its last phase, until every peer ended that phase
+//  * readers copy a zero-copy sender's whole slice in the first phase, whatever the rounds; the
+//    rounds follow from the largest stream that is staged (zero-copy senders stage 0 bytes), so
+//    every rank still runs the same phases, and an op whose senders are all zero-copy runs one;
+//  * a zero-copy sender waits, after its last phase, until every peer ended that phase
 //    (wait_readers): they read its slices in the first phase, so its caller may then overwrite
 //    the input. Inputs never overlap outputs (the backend clones an input that does), so a rank
 //    writes its output while peers read its input.
@@ -77,7 +77,7 @@ int64_t header_words(int W) { return 2 + 4 * static_cast<int64_t>(W); }
 // The header word holding the address of rank r's slice for rank q (in r's address space).
 int64_t address_word(int W, int q) { return 2 + 2 * static_cast<int64_t>(W) + q; }
 // The header word holding the heap offset of rank r's slice for rank q, or -1 (NOTE [All-to-all
-// in place]).
+// zero-copy]).
 int64_t heap_word(int W, int q) { return 2 + 3 * static_cast<int64_t>(W) + q; }
 constexpr int64_t kStaged = -1;
 int64_t header_bytes(int W) {
@@ -101,8 +101,8 @@ struct Headers {
   int64_t sends(int r, int q) const { return of(r)[2 + q]; }           // units r sends q
   int64_t expects(int q, int r) const { return of(q)[2 + W + r]; }     // units q expects from r
   int64_t heap(int r, int q) const { return of(r)[heap_word(W, q)]; }  // r's slice for q
-  // Whether rank r's peers read its input in place (NOTE [All-to-all in place]).
-  bool in_place(int r) const { return heap(r, (r + 1) % W) != kStaged; }
+  // Whether rank r's peers read its input zero-copy (NOTE [All-to-all zero-copy]).
+  bool zero_copy(int r) const { return heap(r, (r + 1) % W) != kStaged; }
   // Where rank r's slice for q starts in r's stream (bytes), and the stream's length.
   int64_t stream_offset(int r, int q) const {
     int64_t off = 0;
@@ -110,8 +110,8 @@ struct Headers {
     return off;
   }
   int64_t stream_bytes(int r) const { return stream_offset(r, W); }
-  // What rank r staged: its stream, or nothing when it sends in place.
-  int64_t staged_bytes(int r) const { return in_place(r) ? 0 : stream_bytes(r); }
+  // What rank r staged: its stream, or nothing when it sends zero-copy.
+  int64_t staged_bytes(int r) const { return zero_copy(r) ? 0 : stream_bytes(r); }
 };
 
 std::string units(int64_t n, int64_t unit_bytes, const char* unit) {
@@ -119,8 +119,8 @@ std::string units(int64_t n, int64_t unit_bytes, const char* unit) {
 }
 
 // The error every rank raises for these headers ("" when they agree): the same on every rank.
-// `heap_bytes`: the size of each rank's symmetric heap (0: none), which in-place slices must lie
-// in (NOTE [All-to-all in place]).
+// `heap_bytes`: the size of each rank's symmetric heap (0: none), which zero-copy slices must lie
+// in (NOTE [All-to-all zero-copy]).
 std::string split_disagreement(const Headers& h, OpKind kind, const char* unit,
                                int64_t heap_bytes) {
   for (int r = 0; r < h.W; ++r) {
@@ -128,7 +128,7 @@ std::string split_disagreement(const Headers& h, OpKind kind, const char* unit,
       return std::string("cuda_p2p ") + to_string(kind) + ": rank " + std::to_string(r) +
              " wrote no all-to-all header (a protocol error); the op did not run on any rank";
     }
-    for (int q = 0; q < h.W && h.in_place(r); ++q) {
+    for (int q = 0; q < h.W && h.zero_copy(r); ++q) {
       const int64_t off = h.heap(r, q), len = h.sends(r, q) * h.unit(r);
       if (q != r && (off < 0 || len < 0 || len > heap_bytes || off > heap_bytes - len)) {
         return std::string("cuda_p2p ") + to_string(kind) + ": rank " + std::to_string(r) +
@@ -203,7 +203,7 @@ AllToAllResult all_to_all(const CollectiveContext& ctx, const AllToAllArgs& args
   }
   TORCH_CHECK(!ctx.ws.capturing(ctx.stream), "cuda_p2p ", what,
               ": cannot be captured in a graph (its split sizes are read back on the host)");
-  detail::staged_only(ctx);  // in place by sender, decided in the headers, not claimed
+  detail::staged_only(ctx);  // zero-copy by sender, decided in the headers, not claimed
   if (W == 1) {
     TORCH_CHECK(args.recv_counts.empty() || args.recv_counts[0] == args.send_counts[0], "cuda_p2p ",
                 what, ": rank 0 sends ", units(args.send_counts[0], args.unit_bytes, args.unit),
@@ -244,8 +244,8 @@ AllToAllResult all_to_all(const CollectiveContext& ctx, const AllToAllArgs& args
   w[0] = kMagic;
   w[1] = args.unit_bytes;
   int64_t my_stream = 0;
-  // NOTE [All-to-all in place]: in place when every non-empty slice for a peer is in the heap.
-  bool in_place = true;
+  // NOTE [All-to-all zero-copy]: zero-copy when every non-empty slice for a peer is in the heap.
+  bool sends_zero_copy = true;
   for (int q = 0; q < W; ++q) {
     const int64_t len = args.send_counts[q] * args.unit_bytes;
     w[2 + q] = args.send_counts[q];
@@ -253,17 +253,17 @@ AllToAllResult all_to_all(const CollectiveContext& ctx, const AllToAllArgs& args
     w[address_word(W, q)] = static_cast<int64_t>(reinterpret_cast<intptr_t>(args.send[q]));
     w[heap_word(W, q)] =
         q == me || len == 0 ? 0 : detail::readable_heap_offset(ctx, args.send[q], len);
-    in_place = in_place && w[heap_word(W, q)] != kStaged;
+    sends_zero_copy = sends_zero_copy && w[heap_word(W, q)] != kStaged;
     my_stream += q == me ? 0 : len;
   }
-  in_place = in_place && my_stream > 0;
-  if (!in_place) {
+  sends_zero_copy = sends_zero_copy && my_stream > 0;
+  if (!sends_zero_copy) {
     for (int q = 0; q < W; ++q) w[heap_word(W, q)] = kStaged;
   }
 
   detail::Phase ph = detail::begin_phase(ctx);
   copy(ctx, ph.region[me], w, hdr_used);
-  if (!in_place) stage_window(ctx, args, ph.region[me] + hdr, 0, std::min(piece, my_stream));
+  if (!sends_zero_copy) stage_window(ctx, args, ph.region[me] + hdr, 0, std::min(piece, my_stream));
   detail::phase_barrier(ctx);  // raises SignatureMismatch on every rank on a disagreement
 
   // The W headers, copied out of the regions: later phases reuse them (NOTE [Collective phases]).
@@ -287,37 +287,38 @@ AllToAllResult all_to_all(const CollectiveContext& ctx, const AllToAllArgs& args
   }
   std::vector<int64_t> recv(W);
   int64_t largest = 0, crossing = 0;
-  int senders = 0, in_place_senders = 0;  // of bytes to peers
+  int senders = 0, zero_copy_senders = 0;  // of bytes to peers
   for (int r = 0; r < W; ++r) {
     recv[r] = h.sends(r, me);
     largest = std::max(largest, h.staged_bytes(r));
     crossing += h.staged_bytes(r);
     senders += h.stream_bytes(r) > 0;
-    in_place_senders += h.in_place(r);
+    zero_copy_senders += h.zero_copy(r);
   }
   // Counted zero-copy (alike on every rank) when no byte crossed through a staging region.
-  const bool zero_copy = in_place_senders > 0 && in_place_senders == senders;
+  const bool zero_copy = zero_copy_senders > 0 && zero_copy_senders == senders;
   const std::vector<char*> out = outputs(recv);
   TORCH_CHECK(static_cast<int>(out.size()) == W, "cuda_p2p ", what, ": expected ", W,
               " outputs, got ", out.size());
   // The own slice first: the peers may still be staging.
   copy(ctx, out[me], args.send[me], args.send_counts[me] * args.unit_bytes);
   const int64_t rounds = std::max<int64_t>(1, detail::ceil_div(largest, piece));
-  // NOTE [All-to-all in place]: the slices of in-place senders, read from their heaps in the
+  // NOTE [All-to-all zero-copy]: the slices of zero-copy senders, read from their heaps in the
   // first phase.
   c10::SmallVector<int, 8> peers;
   for (int s = 1; s < W; ++s) {
     const int r = (me + s) % W;
     peers.push_back(r);
-    if (h.in_place(r) && recv[r] > 0) {
+    if (h.zero_copy(r) && recv[r] > 0) {
       copy(ctx, out[r], detail::peer_heap(ctx, r, h.heap(r, me)), recv[r] * h.unit(r));
     }
   }
-  // NOTE [All-to-all headers]: copy-free reads past round 0, decided alike on every rank.
-  if (rounds > 1 && uses_private_reads(ctx.config, crossing, detail::private_reads(ctx))) {
+  // NOTE [All-to-all headers]: cross-memory reads past round 0, decided alike on every rank.
+  if (rounds > 1 &&
+      uses_cross_memory_reads(ctx.config, crossing, detail::cross_memory_reads(ctx))) {
     for (int s = 1; s < W; ++s) {
       const int r = (me + s) % W;
-      if (h.in_place(r)) continue;
+      if (h.zero_copy(r)) continue;
       const int64_t off = h.stream_offset(r, me), len = recv[r] * h.unit(r);
       if (off < piece) {
         const int64_t hi = std::min(off + len, piece);
@@ -325,19 +326,20 @@ AllToAllResult all_to_all(const CollectiveContext& ctx, const AllToAllArgs& args
       }
       const int64_t lo = std::max(off, piece);
       if (lo < off + len) {
-        detail::read_private(ctx, out[r] + (lo - off), ph, r, static_cast<int>(address_word(W, me)),
-                             lo - off, off + len - lo);
+        detail::read_input_cross_memory(ctx, out[r] + (lo - off), ph, r,
+                                        static_cast<int>(address_word(W, me)), lo - off,
+                                        off + len - lo);
       }
     }
     detail::end_phase(ctx, ph);
-    detail::wait_readers(ctx, ph, peers);  // its readers, if in place, too
+    detail::wait_readers(ctx, ph, peers);  // its readers, if zero-copy, too
     return {std::move(recv), {.algorithm = "direct", .zero_copy = zero_copy, .cross_memory = true}};
   }
   for (int64_t k = 0; k < rounds; ++k) {
     const int64_t a = k * piece, b = a + piece;
     if (k > 0) {
       ph = detail::begin_phase(ctx);
-      if (!in_place && a < my_stream) {
+      if (!sends_zero_copy && a < my_stream) {
         stage_window(ctx, args, ph.region[me] + hdr, a, std::min(b, my_stream));
       }
       detail::phase_barrier(ctx);
@@ -345,16 +347,16 @@ AllToAllResult all_to_all(const CollectiveContext& ctx, const AllToAllArgs& args
     // Start with the next rank, so that the ranks do not all read rank 0 first.
     for (int s = 1; s < W; ++s) {
       const int r = (me + s) % W;
-      if (h.in_place(r)) continue;
+      if (h.zero_copy(r)) continue;
       const int64_t off = h.stream_offset(r, me), len = recv[r] * h.unit(r);
       const int64_t lo = std::max(off, a), hi = std::min(off + len, b);
       if (lo < hi) copy(ctx, out[r] + (lo - off), ph.region[r] + hdr + (lo - a), hi - lo);
     }
     detail::end_phase(ctx, ph);
   }
-  // NOTE [All-to-all in place]: its readers are done with this rank's input once they ended the
+  // NOTE [All-to-all zero-copy]: its readers are done with this rank's input once they ended the
   // last phase.
-  if (in_place) detail::wait_readers(ctx, ph, peers);
+  if (sends_zero_copy) detail::wait_readers(ctx, ph, peers);
   return {std::move(recv), {.algorithm = "direct", .zero_copy = zero_copy}};
 }
 

@@ -19,9 +19,9 @@ Outcome broadcast(const CollectiveContext& ctx, const at::Tensor& tensor, int ro
   Outcome outcome{.algorithm = "direct"};
   if (W == 1) return outcome;
   const detail::CaptureBracket bracket(ctx);
-  const bool read = uses_private_reads(ctx.config, bytes, detail::private_reads(ctx));
+  const bool read = uses_cross_memory_reads(ctx.config, bytes, detail::cross_memory_reads(ctx));
   // NOTE [Zero-copy collectives], step 1': in the signature, when the group agrees that way (a
-  // copy-free broadcast reads the root's tensor wherever it is, so it never claims).
+  // cross-memory broadcast reads the root's tensor wherever it is, so it never claims).
   std::string claim;
   if (read) {
     ctx.state.zero_copy_claim.reset();
@@ -34,13 +34,13 @@ Outcome broadcast(const CollectiveContext& ctx, const at::Tensor& tensor, int ro
       ctx, OpSignature::of(OpKind::kBroadcast, std::to_string(tensor.numel()) + " x " +
                                                    dtype_name(tensor.scalar_type()) +
                                                    " from root " + std::to_string(root) +
-                                                   (read ? " (copy-free" : " (staged") +
+                                                   (read ? " (cross-memory" : " (staged") +
                                                    detail::config_suffix(ctx) + claim + ")"));
   detail::handshake(ctx);
   if (bytes == 0) return outcome;
   char* data = detail::bytes_of(tensor);
   if (read) {
-    // The others read the root's tensor itself (NOTE [Copy-free reads]); only the root waits
+    // The others read the root's tensor itself (NOTE [Cross-memory reads]); only the root waits
     // for its readers.
     const detail::Phase ph = detail::begin_phase(ctx);
     if (me == root) {
@@ -53,7 +53,7 @@ Outcome broadcast(const CollectiveContext& ctx, const at::Tensor& tensor, int ro
       detail::wait_readers(ctx, ph, readers);
     } else {
       detail::wait_phase_ended(ctx, ph, {root}, "broadcast: waiting for the root");
-      detail::read_private(ctx, data, ph, root, 0, 0, bytes);
+      detail::read_input_cross_memory(ctx, data, ph, root, 0, 0, bytes);
       detail::end_phase(ctx, ph);
     }
     outcome.cross_memory = true;

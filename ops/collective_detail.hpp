@@ -59,8 +59,8 @@ class CaptureBracket {
 };
 // Whether the op may read peers' private memory: the workspace offers it, and the stream is not
 // being captured (NOTE [Replay-safe signals]).
-bool private_reads(const CollectiveContext& ctx);
-// For an op that reads no tensor in place: drops any zero-copy claim an earlier op left
+bool cross_memory_reads(const CollectiveContext& ctx);
+// For an op that reads no tensor zero-copy: drops any zero-copy claim an earlier op left
 // (NOTE [Zero-copy collectives]).
 void staged_only(const CollectiveContext& ctx);
 // The tensors of a rooted op (gather: `mine` is the input and `at_root` the outputs, named
@@ -99,14 +99,14 @@ std::string config_suffix(const CollectiveContext& ctx);
 void signal(const CollectiveContext& ctx, int peer);
 void wait(const CollectiveContext& ctx, int peer);
 
-// Copy-free reads (NOTE [Copy-free reads]). publish_addresses writes this rank's input addresses
-// into the header of its region of `ph`; read_private copies n bytes at offset `offset` of the
-// input whose address `peer` published at index `index` of its header; wait_readers waits until
-// every rank in `readers` has ended phase `ph`.
+// Cross-memory reads (NOTE [Cross-memory reads]). publish_addresses writes this rank's input
+// addresses into the header of its region of `ph`; read_input_cross_memory copies n bytes at offset
+// `offset` of the input whose address `peer` published at index `index` of its header; wait_readers
+// waits until every rank in `readers` has ended phase `ph`.
 void publish_addresses(const CollectiveContext& ctx, const Phase& ph,
                        c10::ArrayRef<const void*> ptrs);
-void read_private(const CollectiveContext& ctx, void* dst, const Phase& ph, int peer, int index,
-                  int64_t offset, int64_t n);
+void read_input_cross_memory(const CollectiveContext& ctx, void* dst, const Phase& ph, int peer,
+                             int index, int64_t offset, int64_t n);
 void wait_readers(const CollectiveContext& ctx, const Phase& ph, c10::ArrayRef<int> readers);
 
 // Copies n bytes on the collective's stream; nothing for n == 0 or dst == src.
@@ -150,9 +150,9 @@ bool all_reduce_zero_copy(const CollectiveContext& ctx, char* in, char* out, int
 // every rank runs the staged broadcast.
 bool broadcast_zero_copy(const CollectiveContext& ctx, char* data, int64_t bytes, int root);
 
-// For ops that decide per sender whether peers read its input in place (the all-to-all: NOTE
-// [All-to-all in place] in ops/all_to_all.cpp): the heap offset of [p, p + n) when the group's
-// heap may be read in place now (a heap, zero-copy not off, not under capture), else -1; and the
+// For ops that decide per sender whether peers read its input zero-copy (the all-to-all: NOTE
+// [All-to-all zero-copy] in ops/all_to_all.cpp): the heap offset of [p, p + n) when the group's
+// heap may be read zero-copy now (a heap, zero-copy not off, not under capture), else -1; and the
 // address of byte `offset` of rank q's heap.
 int64_t readable_heap_offset(const CollectiveContext& ctx, const void* p, int64_t n);
 const char* peer_heap(const CollectiveContext& ctx, int q, int64_t offset);

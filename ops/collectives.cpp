@@ -55,7 +55,7 @@ namespace cuda_p2p::ops {
 // still be read; the collectives' first write in turn follows the end of whatever ran before
 // them in stream order, and the fused pipelines end with a barrier.
 
-// NOTE [Copy-free reads]
+// NOTE [Cross-memory reads]
 // Where the workspace offers reads of peers' private memory (the host's process_vm_readv, probed
 // at rendezvous: NOTE [Private-read probe]), the direct all-gather, the direct reduce-scatter and
 // broadcast read a peer's *input tensor* straight into their output (reduce-scatter: into a small
@@ -135,15 +135,17 @@ void validate(const CollectiveConfig& config, int world_size) {
               "cuda_p2p: algorithm thresholds must be >= 0 bytes");
 }
 
-bool uses_private_reads(const CollectiveConfig& config, int64_t payload_bytes, bool private_reads) {
-  return private_reads && payload_bytes >= config.cross_memory_min_bytes;
+bool uses_cross_memory_reads(const CollectiveConfig& config, int64_t payload_bytes,
+                             bool cross_memory_reads) {
+  return cross_memory_reads && payload_bytes >= config.cross_memory_min_bytes;
 }
 
 AllGatherAlgo select_all_gather(const CollectiveConfig& config, int64_t output_bytes,
-                                int world_size, bool private_reads) {
+                                int world_size, bool cross_memory_reads) {
   if (config.all_gather != AllGatherAlgo::kAuto) return config.all_gather;
   // One copy per byte instead of two or three: nothing beats it from there on.
-  if (uses_private_reads(config, output_bytes, private_reads)) return AllGatherAlgo::kDirect;
+  if (uses_cross_memory_reads(config, output_bytes, cross_memory_reads))
+    return AllGatherAlgo::kDirect;
   if (world_size > 2 && output_bytes <= config.all_gather_ring_max_bytes) {
     return AllGatherAlgo::kRing;
   }
@@ -151,9 +153,10 @@ AllGatherAlgo select_all_gather(const CollectiveConfig& config, int64_t output_b
 }
 
 ReduceScatterAlgo select_reduce_scatter(const CollectiveConfig& config, int64_t input_bytes,
-                                        int world_size, bool private_reads) {
+                                        int world_size, bool cross_memory_reads) {
   if (config.reduce_scatter != ReduceScatterAlgo::kAuto) return config.reduce_scatter;
-  if (uses_private_reads(config, input_bytes, private_reads)) return ReduceScatterAlgo::kDirect;
+  if (uses_cross_memory_reads(config, input_bytes, cross_memory_reads))
+    return ReduceScatterAlgo::kDirect;
   if (world_size > 1 && input_bytes <= config.reduce_scatter_ring_max_bytes) {
     return ReduceScatterAlgo::kRing;
   }
@@ -233,8 +236,8 @@ CaptureBracket::~CaptureBracket() {
   }
 }
 
-bool private_reads(const CollectiveContext& ctx) {
-  return ctx.ws.private_reads() && !ctx.ws.capturing(ctx.stream);
+bool cross_memory_reads(const CollectiveContext& ctx) {
+  return ctx.ws.cross_memory_reads() && !ctx.ws.capturing(ctx.stream);
 }
 
 Phase begin_phase(const CollectiveContext& ctx) {
@@ -406,7 +409,7 @@ void wait(const CollectiveContext& ctx, int peer) {
 
 void publish_addresses(const CollectiveContext& ctx, const Phase& ph,
                        c10::ArrayRef<const void*> ptrs) {
-  // In stream order, like the staging copies it replaces (NOTE [Copy-free reads], step 1).
+  // In stream order, like the staging copies it replaces (NOTE [Cross-memory reads], step 1).
   auto* header = reinterpret_cast<uint64_t*>(ph.region[ctx.ws.rank()]);
   TORCH_CHECK(static_cast<int64_t>(ptrs.size() * sizeof(uint64_t)) <= ph.bytes,
               "cuda_p2p: the workspace buffer is too small for ", ptrs.size(), " addresses");
@@ -418,11 +421,11 @@ void publish_addresses(const CollectiveContext& ctx, const Phase& ph,
   });
 }
 
-void read_private(const CollectiveContext& ctx, void* dst, const Phase& ph, int peer, int index,
-                  int64_t offset, int64_t n) {
+void read_input_cross_memory(const CollectiveContext& ctx, void* dst, const Phase& ph, int peer,
+                             int index, int64_t offset, int64_t n) {
   if (n <= 0) return;
   const auto* word = reinterpret_cast<const uint64_t*>(ph.region[peer]) + index;
-  ctx.ws.read_peer_private(ctx.stream, dst, peer, word, offset, static_cast<size_t>(n));
+  ctx.ws.cross_memory_read(ctx.stream, dst, peer, word, offset, static_cast<size_t>(n));
 }
 
 void wait_phase_ended(const CollectiveContext& ctx, const Phase& ph, c10::ArrayRef<int> ranks,
@@ -442,7 +445,7 @@ void wait_phase_ended(const CollectiveContext& ctx, const Phase& ph, c10::ArrayR
 }
 
 void wait_readers(const CollectiveContext& ctx, const Phase& ph, c10::ArrayRef<int> readers) {
-  wait_phase_ended(ctx, ph, readers, "copy-free read guard: readers of this rank's input");
+  wait_phase_ended(ctx, ph, readers, "cross-memory read guard: readers of this rank's input");
 }
 
 // NOTE [Intra-op threads]

@@ -88,7 +88,7 @@ struct CollectiveConfig {
   int64_t all_reduce_one_shot_max_bytes = kDefaultAllReduceOneShotMaxBytes;
   int64_t all_gather_ring_max_bytes = kDefaultAllGatherRingMaxBytes;
   int64_t reduce_scatter_ring_max_bytes = kDefaultReduceScatterRingMaxBytes;
-  // Copy-free reads (NOTE [Copy-free reads]), when the workspace offers them (host, probed at
+  // Cross-memory reads (NOTE [Cross-memory reads]), when the workspace offers them (host, probed at
   // rendezvous, not turned off): the direct all-gather, the direct reduce-scatter and broadcast
   // read peers' tensors straight from their processes from this payload size on (bytes, as
   // above; broadcast: the tensor), and 'auto' then prefers direct over the rings. Below it they
@@ -123,15 +123,16 @@ struct CollectiveConfig {
 void validate(const CollectiveConfig& config, int world_size);
 
 // The algorithms the automatic choice makes for these sizes (the forced one when set).
-// `private_reads`: whether the workspace offers copy-free reads
-// (SymmetricWorkspace::private_reads).
+// `cross_memory_reads`: whether the workspace offers cross-memory reads
+// (SymmetricWorkspace::cross_memory_reads).
 AllGatherAlgo select_all_gather(const CollectiveConfig& config, int64_t output_bytes,
-                                int world_size, bool private_reads = false);
+                                int world_size, bool cross_memory_reads = false);
 ReduceScatterAlgo select_reduce_scatter(const CollectiveConfig& config, int64_t input_bytes,
-                                        int world_size, bool private_reads = false);
+                                        int world_size, bool cross_memory_reads = false);
 // Whether a direct all-gather / reduce-scatter or a broadcast of `payload_bytes` reads peers'
-// tensors directly (NOTE [Copy-free reads]) instead of staging them.
-bool uses_private_reads(const CollectiveConfig& config, int64_t payload_bytes, bool private_reads);
+// tensors directly (NOTE [Cross-memory reads]) instead of staging them.
+bool uses_cross_memory_reads(const CollectiveConfig& config, int64_t payload_bytes,
+                             bool cross_memory_reads);
 AllReduceAlgo select_all_reduce(const CollectiveConfig& config, int64_t bytes, int world_size);
 
 // Per-group state of the collectives, owned by the backend (never shared by two groups).
@@ -147,8 +148,8 @@ class CollectiveState {
   // (the hot path allocates nothing once warm). On CUDA each use is recorded on its stream
   // (Device::record_stream in detail::reduce_on_stream: NOTE [Pipeline temporaries]).
   at::Tensor scratch;
-  // Where a copy-free reduce-scatter lands the peers' pieces before reducing them (bytes, grown
-  // on demand). Host memory used in host stream order only: copy-free reads exist on the host
+  // Where a cross-memory reduce-scatter lands the peers' pieces before reducing them (bytes, grown
+  // on demand). Host memory used in host stream order only: cross-memory reads exist on the host
   // device alone, so there is no GPU stream to record it on.
   at::Tensor read_scratch;
   // The group's symmetric heap once cuda_p2p.empty created it (NOTE [Zero-copy collectives] in
@@ -186,7 +187,7 @@ struct CollectiveContext {
 // --- entry points -------------------------------------------------------------------------------
 // Tensors are contiguous and on the workspace's device; outputs never overlap inputs except
 // where stated. Each returns what it did (NOTE [Outcomes] in ops/outcome.hpp): the algorithm that
-// ran (never "auto"), and whether it read its peers' inputs in place or by cross-memory reads.
+// ran (never "auto"), and whether it read its peers' inputs zero-copy or by cross-memory reads.
 
 // outputs[q] (W tensors) receives rank q's `input`; every output has input's bytes. An output
 // may be the input itself (in-place all_gather_into_tensor): it is then left alone.

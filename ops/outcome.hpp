@@ -2,7 +2,7 @@
 //
 // NOTE [Outcomes]
 // An op reports facts about the run it made - the algorithm or path that ran, whether it read
-// its peers' inputs in place or through cross-memory reads, ran inline, grew the workspace,
+// its peers' inputs zero-copy or through cross-memory reads, ran inline, grew the workspace,
 // was enqueued under a graph capture - and nothing else: it never names a counter. The backend
 // turns an Outcome into the public counter names in one place (backend/counters.cpp), which
 // also decides which facts of which op have a name ("all_reduce.inline", "fused_*.grow", ...).
@@ -24,7 +24,7 @@ struct Outcome {
   // The peers' inputs were read where they lie in their symmetric heaps (NOTE [Zero-copy
   // collectives] in ops/zero_copy.cpp, NOTE [Zero-copy all-gather→matmul]).
   bool zero_copy = false;
-  // Peers' private memory was read with cross-memory reads (NOTE [Copy-free reads]).
+  // Peers' private memory was read with cross-memory reads (NOTE [Cross-memory reads]).
   bool cross_memory = false;
   // The small all-reduce ran inline on the calling thread (NOTE [Inline one-shot]).
   bool ran_inline = false;

@@ -47,13 +47,13 @@ void direct(const CollectiveContext& ctx, const Scatter& a, ReduceOp op) {
   }
 }
 
-// Bytes of a peer's piece a copy-free reduce-scatter reads before reducing: the W-1 pieces and
+// Bytes of a peer's piece a cross-memory reduce-scatter reads before reducing: the W-1 pieces and
 // the output stay in the core's L2 between the read and the reduction.
 constexpr int64_t kReadPieceBytes = 64 << 10;
 
 // The direct reduce-scatter reading, piece by piece, each peer's contribution to this rank's
 // chunk straight from the peer's input into a local piece, then reducing the pieces with the own
-// input in rank order, as direct() does (NOTE [Copy-free reads]). One phase whatever the size.
+// input in rank order, as direct() does (NOTE [Cross-memory reads]). One phase whatever the size.
 void direct_read(const CollectiveContext& ctx, const Scatter& a, ReduceOp op) {
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
   const int64_t m = std::max<int64_t>(kReadPieceBytes / a.esize, 1);  // elements per piece
@@ -77,7 +77,7 @@ void direct_read(const CollectiveContext& ctx, const Scatter& a, ReduceOp op) {
         continue;
       }
       char* piece = pieces + mod(q - me - 1, W) * slot;
-      detail::read_private(ctx, piece, ph, q, me, off * a.esize, len * a.esize);
+      detail::read_input_cross_memory(ctx, piece, ph, q, me, off * a.esize, len * a.esize);
       srcs.push_back(view(ctx, piece, len, a.dtype));
     }
     detail::reduce_on_stream(ctx, view(ctx, a.out + off * a.esize, len, a.dtype), std::move(srcs),
@@ -168,7 +168,8 @@ Outcome reduce_scatter(const CollectiveContext& ctx, const std::vector<at::Tenso
   }
   const detail::CaptureBracket bracket(ctx);
   if (algo == ReduceScatterAlgo::kAuto) {
-    algo = select_reduce_scatter(ctx.config, a.numel * a.esize * W, W, detail::private_reads(ctx));
+    algo = select_reduce_scatter(ctx.config, a.numel * a.esize * W, W,
+                                 detail::cross_memory_reads(ctx));
   }
   Outcome outcome{.algorithm = to_string(algo)};
   const int steps = ctx.config.ring_steps > 0 ? ctx.config.ring_steps : W;
@@ -177,8 +178,8 @@ Outcome reduce_scatter(const CollectiveContext& ctx, const std::vector<at::Tenso
               "cuda_p2p reduce_scatter: ring_steps must be a multiple of the "
               "world size ",
               W, ", got ", steps);
-  const bool read = !ring_algo && uses_private_reads(ctx.config, a.numel * a.esize * W,
-                                                     detail::private_reads(ctx));
+  const bool read = !ring_algo && uses_cross_memory_reads(ctx.config, a.numel * a.esize * W,
+                                                          detail::cross_memory_reads(ctx));
   // NOTE [Zero-copy collectives], step 1': in the signature, when the group agrees that way.
   const std::string claim = detail::claim_reduce_scatter(ctx, a.in, a.numel * a.esize);
   // Compared at the first phase barrier of the direct algorithms, at a handshake of its own
@@ -187,7 +188,7 @@ Outcome reduce_scatter(const CollectiveContext& ctx, const std::vector<at::Tenso
       OpKind::kReduceScatter,
       std::to_string(a.numel) + " x " + dtype_name(a.dtype) + " " + lower_name(op) + " (" +
           to_string(algo) + (ring_algo ? ", " + std::to_string(steps) + " steps" : "") +
-          (read ? ", copy-free" : "") + detail::config_suffix(ctx) + claim + ")");
+          (read ? ", cross-memory" : "") + detail::config_suffix(ctx) + claim + ")");
   // NOTE [Captured collectives in one kernel]: one kernel reduces directly, whatever the algorithm.
   if (W > 1 && detail::reduce_scatter_kernel(ctx, a.in, a.out, a.numel, a.dtype, op, sig)) {
     outcome.algorithm = to_string(ReduceScatterAlgo::kDirect);

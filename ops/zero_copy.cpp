@@ -22,7 +22,7 @@ namespace cuda_p2p::ops::detail {
 // validated there, NOTE [CUDA zero-copy is opt-in] in ops/common.hpp; "off" never reads in
 // place, so heap inputs stage like any other):
 //
-// Exchange (host only). The protocol of NOTE [Copy-free reads] in ops/collectives.cpp, with heap
+// Exchange (host only). The protocol of NOTE [Cross-memory reads] in ops/collectives.cpp, with heap
 // offsets instead of addresses and a memcpy instead of a system call:
 //
 //   1. Whether to try is decided from what every rank knows alike: the group has a heap (it is
@@ -165,7 +165,7 @@ std::string claim(const CollectiveContext& ctx, std::vector<int64_t> offsets, st
 // its region, as the staged two-shot's rounds (config.chunk_bytes); 0 when none fits, or when
 // zero-copy does not pay: on a host workspace with 2 ranks, where it saves only the staged
 // two-shot's in-cache copy-in (docs/zero_copy.md, "The bound"), that all-reduce stages; on 3+
-// ranks it reads in place (the runs: docs/measurements/zero-copy-collectives-2026-11-23.md).
+// ranks it reads zero-copy (the runs: docs/measurements/zero-copy-collectives-2026-11-23.md).
 int64_t all_reduce_round(const CollectiveContext& ctx, int64_t esize) {
   const int W = ctx.ws.world_size();
   if (W == 2 && host_workspace(ctx)) return 0;

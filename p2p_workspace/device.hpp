@@ -93,13 +93,13 @@ inline bool signal_reached(uint32_t word, uint32_t value) {
 
 // Reads another process's private memory - not the shared blocks, but e.g. a tensor it passed to
 // a collective - straight into this process's, on the host thread that calls it. A device offers
-// one (HostPaths::private_memory_reader) when its streams can read host memory of other processes
+// one (HostPaths::cross_memory_reader) when its streams can read host memory of other processes
 // in a host task (the host device: host/cross_memory.hpp). Whether the system allows it varies,
-// so the workspace probes it at rendezvous (SymmetricWorkspace::private_reads()) before any
+// so the workspace probes it at rendezvous (SymmetricWorkspace::cross_memory_reads()) before any
 // algorithm relies on it.
-class PrivateMemoryReader {
+class CrossMemoryReader {
  public:
-  virtual ~PrivateMemoryReader() = default;
+  virtual ~CrossMemoryReader() = default;
   // Copies `n` bytes at `src` in process `pid` to `dst` in this process, now, in the calling
   // thread. Throws, naming the system's error, when the system refuses or `src` is not mapped.
   virtual void read(void* dst, int64_t pid, const void* src, size_t n) = 0;
@@ -138,7 +138,7 @@ class HostPaths {
   // How this device's streams read peers' private memory, or null when they cannot (without the
   // capability - CUDA - a peer's private device memory is not reachable; algorithms then stage
   // through the buffers). The reader runs on the host, in stream order through host_task().
-  virtual std::shared_ptr<PrivateMemoryReader> private_memory_reader() = 0;
+  virtual std::shared_ptr<CrossMemoryReader> cross_memory_reader() = 0;
 
   // How many CPUs the ranks of this host may run on together (the union of their affinities),
   // told at every rendezvous (NOTE [CPUs of the ranks] in p2p_workspace/workspace_records.cpp):
@@ -238,7 +238,7 @@ class Device {
   virtual void launch(Stream& s, std::function<void()> fn) = 0;
   // Runs `fn` on the host when `s` reaches it, after the work enqueued before it and before the
   // work enqueued after it (reading or writing host memory in stream order, e.g. through a
-  // PrivateMemoryReader). On CUDA it is a host function of the stream (cudaLaunchHostFunc), which
+  // CrossMemoryReader). On CUDA it is a host function of the stream (cudaLaunchHostFunc), which
   // must not call CUDA APIs and stalls the stream while it runs; on the host it is a task of the
   // stream. An exception out of `fn` is raised by a later synchronize (host: of `s`, which skips
   // the rest of its queue; CUDA: the device's next one).

@@ -15,7 +15,7 @@
 #include <sstream>
 
 #include "p2p_workspace/block_retirement.hpp"
-#include "p2p_workspace/host/cross_memory.hpp"  // the deny_private_reads test hook
+#include "p2p_workspace/host/cross_memory.hpp"  // the deny_cross_memory_reads test hook
 #include "p2p_workspace/host/shared_block.hpp"  // the failure areas: NOTE [Failure words]
 #include "p2p_workspace/watchdog.hpp"           // FailureState::area_bytes
 #include "p2p_workspace/workspace_records.hpp"
@@ -63,7 +63,7 @@ namespace cuda_p2p {
 //    flag barrier whose words return to zero: a rank that replays once more or less than its
 //    peers raises naming them (NOTE [Graph flags]) instead of desynchronizing the counts for
 //    good. With more ranks the counts and barriers are as above, and drift goes undetected;
-//  - op signatures, zero-copy and copy-free reads: not checked or used under capture (their
+//  - op signatures, zero-copy and cross-memory reads: not checked or used under capture (their
 //    words carry host-issued values); a captured op is the op it was when captured, on the
 //    tensors captured. Run the op eagerly once first to have its arguments checked across ranks
 //    (under capture a hash of the signature tags the op's flags: ranks at different ops raise,
@@ -84,7 +84,7 @@ namespace {
 using namespace records;  // NOTE [Workspace records] in p2p_workspace/workspace_records.cpp
 
 // NOTE [Private-read probe]
-// read_peer_private reads a peer process's private memory with the device's reader (on the host,
+// cross_memory_read reads a peer process's private memory with the device's reader (on the host,
 // process_vm_readv). The kernel may refuse it (Yama ptrace_scope >= 1 between non-descendants, a
 // container's seccomp profile), and a pid published by a peer means another process when the
 // ranks live in different pid namespaces. So at every rendezvous each rank reads, from every
@@ -93,12 +93,12 @@ using namespace records;  // NOTE [Workspace records] in p2p_workspace/workspace
 // their verdicts and the reads are offered only if every rank succeeded with every peer (a rank
 // that turned them off counts as a failure). The verdicts are identical on every rank, so the
 // algorithms that use the reads take the same path everywhere. The first failure is kept as
-// private_reads_reason(). The verdicts travel with the mapping statuses (one store exchange for
-// both, so the probe costs the rendezvous no extra round trip), and every rank sends one, even
+// cross_memory_reads_reason(). The verdicts travel with the mapping statuses (one store exchange
+// for both, so the probe costs the rendezvous no extra round trip), and every rank sends one, even
 // with the reads turned off, so that ranks configured differently still agree.
 
 // This rank's verdict on reading every peer's probe word ("" when every read succeeded).
-std::string probe_verdict(PrivateMemoryReader& reader, bool enabled, int rank,
+std::string probe_verdict(CrossMemoryReader& reader, bool enabled, int rank,
                           const std::vector<PeerInfo>& peers) {
   if (!enabled) return "turned off on rank " + std::to_string(rank);
   for (int r = 0; r < static_cast<int>(peers.size()); ++r) {
@@ -181,8 +181,9 @@ SymmetricWorkspace::SymmetricWorkspace(c10::intrusive_ptr<c10d::Store> store, in
   device_->set_timeout(options_.timeout);
   timeout_ms_.store(options_.timeout.count(), std::memory_order_relaxed);
   HostPaths* host = device_->host_paths();  // NOTE [Host fast paths]
-  reader_ = host ? host->private_memory_reader() : nullptr;
-  if (reader_ && options_.deny_private_reads) reader_ = make_cross_memory_reader(/*deny=*/true);
+  reader_ = host ? host->cross_memory_reader() : nullptr;
+  if (reader_ && options_.deny_cross_memory_reads)
+    reader_ = make_cross_memory_reader(/*deny=*/true);
   retirement_ = std::make_shared<BlockRetirement>(store_, rank_, world_size_,
                                                   std::min<Millis>(timeout(), kCloseWait),
                                                   host != nullptr && host->blocks_outlive_owner());
@@ -490,7 +491,7 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
   // "<length of the mapping error>:<mapping error><private-read verdict>" (NOTE [Private-read
   // probe]; no verdict without a reader).
   const std::string verdict =
-      reader_ ? probe_verdict(*reader_, options_.private_reads, rank_, peers) : "";
+      reader_ ? probe_verdict(*reader_, options_.cross_memory_reads, rank_, peers) : "";
   const auto statuses = exchange(*store_, prefix + "mapped/", rank_, world_size_,
                                  std::to_string(error.size()) + ":" + error + verdict, timeout());
   exporter.reset();
@@ -522,20 +523,21 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
   }
 
   // NOTE [Private-read probe]
-  private_reads_ = false;
+  cross_memory_reads_ = false;
   pids_.clear();
   if (!reader_) {
-    private_reads_reason_ = "the " + device_->name() + " device cannot read peers' private memory";
+    cross_memory_reads_reason_ =
+        "the " + device_->name() + " device cannot read peers' private memory";
   } else {
-    private_reads_reason_.clear();
+    cross_memory_reads_reason_.clear();
     for (const auto& v : verdicts) {
       if (!v.empty()) {
-        private_reads_reason_ = v;
+        cross_memory_reads_reason_ = v;
         break;
       }
     }
-    private_reads_ = private_reads_reason_.empty();
-    if (private_reads_) {
+    cross_memory_reads_ = cross_memory_reads_reason_.empty();
+    if (cross_memory_reads_) {
       for (const auto& p : peers) pids_.push_back(p.pid);
     }
   }
@@ -563,22 +565,22 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
   reason_.clear();
 }
 
-void SymmetricWorkspace::read_peer_private(Stream& s, void* dst, int peer, const void* src,
+void SymmetricWorkspace::cross_memory_read(Stream& s, void* dst, int peer, const void* src,
                                            size_t n) {
-  TORCH_CHECK(private_reads(), "cuda_p2p read_peer_private: unavailable: ",
-              available_ ? private_reads_reason_ : reason_);
-  check_rank(peer, "read_peer_private");
+  TORCH_CHECK(cross_memory_reads(), "cuda_p2p cross_memory_read: unavailable: ",
+              available_ ? cross_memory_reads_reason_ : reason_);
+  check_rank(peer, "cross_memory_read");
   if (n == 0) return;
   device_->host_task(s, [reader = reader_.get(), dst, pid = pids_[peer], src, n] {
     reader->read(dst, pid, src, n);
   });
 }
 
-void SymmetricWorkspace::read_peer_private(Stream& s, void* dst, int peer,
+void SymmetricWorkspace::cross_memory_read(Stream& s, void* dst, int peer,
                                            const uint64_t* address_word, int64_t offset, size_t n) {
-  TORCH_CHECK(private_reads(), "cuda_p2p read_peer_private: unavailable: ",
-              available_ ? private_reads_reason_ : reason_);
-  check_rank(peer, "read_peer_private");
+  TORCH_CHECK(cross_memory_reads(), "cuda_p2p cross_memory_read: unavailable: ",
+              available_ ? cross_memory_reads_reason_ : reason_);
+  check_rank(peer, "cross_memory_read");
   if (n == 0) return;
   device_->host_task(s, [reader = reader_.get(), dst, pid = pids_[peer], address_word, offset, n] {
     const uint64_t base = std::atomic_ref<uint64_t>(*const_cast<uint64_t*>(address_word))

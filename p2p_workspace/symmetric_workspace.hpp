@@ -36,14 +36,14 @@ struct WorkspaceOptions {
   int num_channels = kDefaultChannels;
   // How long a signal wait or a rendezvous step may take before it fails.
   Millis timeout{std::chrono::minutes(5)};
-  // Whether to offer reads of peers' private memory (read_peer_private) when the device has a
+  // Whether to offer reads of peers' private memory (cross_memory_read) when the device has a
   // reader and the probe at rendezvous succeeds on every rank.
-  bool private_reads = true;
+  bool cross_memory_reads = true;
   // This rank's host identity; empty: hostname + boot id. Ranks with different identities do
   // not share a workspace (tests simulate several hosts with CUDA_P2P_HOST_ID).
   std::string host_id;
   // Test hook: every read of peers' private memory fails as under Yama ptrace_scope (EPERM).
-  bool deny_private_reads = false;
+  bool deny_cross_memory_reads = false;
   // The graph region of each block, after its pad: where captured collectives run as one kernel
   // stage their data (NOTE [Graph flags]); 0: none (they keep the copy engine).
   int64_t graph_region_bytes = kDefaultGraphRegionBytes;
@@ -100,20 +100,20 @@ class SymmetricWorkspace {
   uint32_t* done_slot(int target, int channel, int src) const;
   uint32_t* descriptor_slot(int target, int channel, int parity, int src) const;
 
-  // Whether read_peer_private works: the device has a reader (the host), it is turned on, and
+  // Whether cross_memory_read works: the device has a reader (the host), it is turned on, and
   // every rank could read every peer's probe word at rendezvous. Identical on every rank.
-  bool private_reads() const { return available_ && private_reads_; }
+  bool cross_memory_reads() const { return available_ && cross_memory_reads_; }
   // Why it does not ("" when it does).
-  const std::string& private_reads_reason() const { return private_reads_reason_; }
+  const std::string& cross_memory_reads_reason() const { return cross_memory_reads_reason_; }
   // Copies `n` bytes at `src` in `peer`'s address space (any memory of that process, e.g. the
   // tensor it passed to a collective) to `dst`, in the order of stream `s`. Only when
-  // private_reads(); the caller makes sure `src` stays valid until the read has run (NOTE
-  // [Copy-free reads] in ops/collectives.cpp).
-  void read_peer_private(Stream& s, void* dst, int peer, const void* src, size_t n);
+  // cross_memory_reads(); the caller makes sure `src` stays valid until the read has run (NOTE
+  // [Cross-memory reads] in ops/collectives.cpp).
+  void cross_memory_read(Stream& s, void* dst, int peer, const void* src, size_t n);
   // The same, with the source address published by the peer in shared memory: the read copies
   // from *address_word + offset, loading the word when the read runs in stream order (after the
   // wait that made it visible), not when it is enqueued.
-  void read_peer_private(Stream& s, void* dst, int peer, const uint64_t* address_word,
+  void cross_memory_read(Stream& s, void* dst, int peer, const uint64_t* address_word,
                          int64_t offset, size_t n);
 
   // A tensor aliasing `rank`'s buffer (this rank's included). It keeps the mapping alive, even
@@ -227,9 +227,9 @@ class SymmetricWorkspace {
   bool available_ = false;
   std::string reason_;
   // Reads of peers' private memory (NOTE [Private-read probe] in the .cpp).
-  std::shared_ptr<PrivateMemoryReader> reader_;
-  bool private_reads_ = false;
-  std::string private_reads_reason_;
+  std::shared_ptr<CrossMemoryReader> reader_;
+  bool cross_memory_reads_ = false;
+  std::string cross_memory_reads_reason_;
   std::vector<int64_t> pids_;  // by rank
   uint64_t probe_token_ = 0;   // what peers must read at &probe_token_
   int generation_ = 0;

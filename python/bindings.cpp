@@ -234,7 +234,7 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("device"),
           "Whether allocate_tensor serves `device`: the heap's device, where the collectives read "
-          "heap tensors in place (FSDP2's set_allocate_memory_from_process_group_for_comm).")
+          "heap tensors zero-copy (FSDP2's set_allocate_memory_from_process_group_for_comm).")
       .def(
           "allocate_tensor",
           [](ProcessGroupCudaP2P& self, int64_t size, at::ScalarType dtype,

@@ -60,7 +60,7 @@ if ((quick)); then
   [ -x "$ctest_bin" ] || ctest_bin=ctest
   if [ -n "$build_dir" ]; then
     # Each binary once: as 2 ranks, or as 1 where it is single-process (tests/cpp/CMakeLists.txt).
-    quick_cpp='_np2$|^test_(config|watchdog|completed_work|quiet_teardown|pad_layout|hierarchy_agreement)_np1$'
+    quick_cpp='_np2$|^test_(config|watchdog|event_work|quiet_teardown|pad_layout|hierarchy_agreement)_np1$'
     echo "== C++ tests, each binary once (ctest -R '$quick_cpp' in $build_dir)"
     "$ctest_bin" --test-dir "$build_dir" --output-on-failure --timeout 300 -R "$quick_cpp" \
       -E _threads_ ||

@@ -3,7 +3,7 @@
 // process_vm_readv copies from another process's address space into this one's in a single
 // kernel copy (the peer's pages are pinned, then copied to ours), which is what lets the
 // workspace collectives read a peer's input tensor straight into their output instead of staging
-// it through the shared buffer first (NOTE [Copy-free reads] in ops/collectives.cpp). The kernel
+// it through the shared buffer first (NOTE [Cross-memory reads] in ops/collectives.cpp). The kernel
 // allows it only where ptrace would be allowed (same uid, and Yama's ptrace_scope; a container's
 // seccomp profile may forbid the call): SymmetricWorkspace probes it at rendezvous.
 #include "p2p_workspace/host/cross_memory.hpp"
@@ -21,9 +21,9 @@ namespace cuda_p2p {
 
 namespace {
 
-class CrossMemoryReader : public PrivateMemoryReader {
+class ProcessVmReader : public CrossMemoryReader {
  public:
-  explicit CrossMemoryReader(bool deny) : deny_(deny) {}
+  explicit ProcessVmReader(bool deny) : deny_(deny) {}
 
   void read(void* dst, int64_t pid, const void* src, size_t n) override {
     auto* out = static_cast<char*>(dst);
@@ -57,8 +57,8 @@ class CrossMemoryReader : public PrivateMemoryReader {
 
 }  // namespace
 
-std::shared_ptr<PrivateMemoryReader> make_cross_memory_reader(bool deny) {
-  return std::make_shared<CrossMemoryReader>(deny);
+std::shared_ptr<CrossMemoryReader> make_cross_memory_reader(bool deny) {
+  return std::make_shared<ProcessVmReader>(deny);
 }
 
 }  // namespace cuda_p2p

@@ -12,6 +12,6 @@ namespace cuda_p2p {
 // through the shared buffer. `deny` (a test hook) makes every read fail as the kernel does under
 // Yama ptrace_scope >= 1 (EPERM), so tests can exercise the fallback on machines that allow the
 // call.
-std::shared_ptr<PrivateMemoryReader> make_cross_memory_reader(bool deny = false);
+std::shared_ptr<CrossMemoryReader> make_cross_memory_reader(bool deny = false);
 
 }  // namespace cuda_p2p

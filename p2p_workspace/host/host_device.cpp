@@ -382,7 +382,7 @@ class HostDevice : public Device, public HostPaths {
                                       Millis timeout) override {
     return import_shared_block(handle, bytes, timeout);
   }
-  std::shared_ptr<PrivateMemoryReader> private_memory_reader() override {
+  std::shared_ptr<CrossMemoryReader> cross_memory_reader() override {
     return make_cross_memory_reader();  // host/cross_memory.cpp
   }
 

@@ -119,7 +119,7 @@ def _paths(f: dict) -> list[tuple[str, str]]:
                     "each host's workspace, then the wrapped backend between hosts"))
     else:
         out.append(("collectives", f"wrapped backend: {f['collectives_reason']}"))
-    out.append(("copy-free reads",
+    out.append(("cross-memory",
                 "on" if f["cross_memory"] else f"off: {f['cross_memory_reason']}"))
     # docs/collectives.md, "Send and receive": the mailboxes serve CPU tensors on a host workspace.
     if f["collectives"] and on_host:

@@ -10,7 +10,7 @@ instead of staging them (counters ``all_gather.zero_copy``, ``reduce_scatter.zer
 the host by default they exchange offsets (any offsets; anything else stages), on CUDA each rank
 claims its offsets in the op signature, and ranks whose tensors are not at the same offsets raise
 a signature mismatch. The heap and its ``torch.cuda.MemPool`` have run on one GPU (shared by 1-4
-ranks); the collectives reading them in place on CUDA have not yet (scripts/gpu_check.sh runs
+ranks); the collectives reading them zero-copy on CUDA have not yet (scripts/gpu_check.sh runs
 their tests)."""
 
 from __future__ import annotations

@@ -133,13 +133,13 @@ struct Fixture {
   ops::CollectiveState state;
   ops::CollectiveConfig config;
 
-  // private_reads: off by default, so that the staged paths keep their coverage here.
+  // cross_memory_reads: off by default, so that the staged paths keep their coverage here.
   explicit Fixture(int64_t buffer = kBuffer, Millis timeout = std::chrono::seconds(60),
-                   bool private_reads = false) {
+                   bool cross_memory_reads = false) {
     WorkspaceOptions o;
     o.buffer_size = buffer;
     o.timeout = timeout;
-    o.private_reads = private_reads;
+    o.cross_memory_reads = cross_memory_reads;
     ws = std::make_unique<SymmetricWorkspace>(test_store(), world().rank, world().size,
                                               test_host_device(world().size), o);
     stream = ws->device().current_stream();
@@ -723,21 +723,21 @@ TEST(Collectives, ReduceGivesTheOneShotAllReduceBits) {
   }
 }
 
-// NOTE [Copy-free reads]: direct all-gather, direct reduce-scatter and broadcast reading peers'
+// NOTE [Cross-memory reads]: direct all-gather, direct reduce-scatter and broadcast reading peers'
 // tensors give the staged paths' bits, for every dtype and op, sizes of 0, 1, odd and several
 // 64 KiB reduce-scatter pieces, inputs that stay untouched and reused at once.
 TEST(Collectives, CopyFreeReadsMatchTheStagedPaths) {
   const auto& w = world();
-  Fixture read(kBuffer, std::chrono::seconds(60), /*private_reads=*/true);
+  Fixture read(kBuffer, std::chrono::seconds(60), /*cross_memory_reads=*/true);
   Fixture staged;
-  if (!read.ws->private_reads()) {
-    GTEST_SKIP() << "private reads denied here: " << read.ws->private_reads_reason();
+  if (!read.ws->cross_memory_reads()) {
+    GTEST_SKIP() << "cross-memory reads denied here: " << read.ws->cross_memory_reads_reason();
   }
   read.config.cross_memory_min_bytes = 0;
   const std::vector<int64_t> sizes = {0, 1, 7, 1000, 3 * 16384 + 5};
   for (auto dtype : kAllDtypes) {
     for (int64_t n : sizes) {
-      SCOPED_TRACE(describe("copy-free", "direct", dtype, n));
+      SCOPED_TRACE(describe("cross-memory", "direct", dtype, n));
       // All-gather, its input reused (overwritten) right after the call.
       auto input = make_input(n, w.rank, n, dtype, ReduceOp::kSum);
       std::vector<at::Tensor> got, want;

@@ -80,7 +80,7 @@ TEST(Config, OptionsWinOverTheEnvironmentWhichWinsOverDefaults) {
   EXPECT_EQ(c.host_streams, HostStreams::kThreads);                  // environment
   EXPECT_EQ(c.workspace_options.host_id, "host-a");
   EXPECT_TRUE(c.cross_memory);
-  EXPECT_TRUE(c.workspace_options.private_reads);
+  EXPECT_TRUE(c.workspace_options.cross_memory_reads);
   Options threads;
   threads.host_streams = "cooperative";
   EXPECT_EQ(resolve(threads, {{"CUDA_P2P_HOST_STREAMS", "threads"}}).host_streams,

@@ -350,7 +350,7 @@ struct Ws {
     WorkspaceOptions o;
     o.buffer_size = 1 << 16;
     o.timeout = timeout;
-    o.private_reads = false;
+    o.cross_memory_reads = false;
     o.graph_region_bytes = region;
     ws = std::make_unique<SymmetricWorkspace>(test_store(), world().rank, world().size,
                                               test_host_device(world().size), o);

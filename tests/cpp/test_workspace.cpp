@@ -304,15 +304,15 @@ TEST(Workspace, BadArgumentsSayWhatFits) {
 }
 
 // NOTE [Private-read probe]: every rank reads every peer's private memory, through both forms of
-// read_peer_private, when the system allows it (it does on our machines; elsewhere the probe
+// cross_memory_read, when the system allows it (it does on our machines; elsewhere the probe
 // must say why not).
 TEST(Workspace, ReadsPeersPrivateMemory) {
   const auto& w = world();
   auto ws = make_workspace();
   ASSERT_TRUE(ws->available()) << ws->unavailable_reason();
-  if (!ws->private_reads())
-    GTEST_SKIP() << "private reads denied here: " << ws->private_reads_reason();
-  EXPECT_EQ(ws->private_reads_reason(), "");
+  if (!ws->cross_memory_reads())
+    GTEST_SKIP() << "cross-memory reads denied here: " << ws->cross_memory_reads_reason();
+  EXPECT_EQ(ws->cross_memory_reads_reason(), "");
   std::vector<int32_t> mine(12345);  // private: a plain heap vector
   for (size_t i = 0; i < mine.size(); ++i) mine[i] = static_cast<int32_t>(i * 7 + 1000 * w.rank);
   auto header = ws->get_buffer(w.rank, {1}, at::kLong);
@@ -322,49 +322,50 @@ TEST(Workspace, ReadsPeersPrivateMemory) {
   for (int r = 0; r < w.size; ++r) {
     const auto* word = static_cast<const uint64_t*>(ws->buffer(r));
     std::vector<int32_t> got(100);
-    ws->read_peer_private(*s, got.data(), r, word, 4 * 1000, got.size() * 4);
+    ws->cross_memory_read(*s, got.data(), r, word, 4 * 1000, got.size() * 4);
     ws->device().synchronize(*s);
     for (size_t i = 0; i < got.size(); ++i) {
       ASSERT_EQ(got[i], static_cast<int32_t>((1000 + i) * 7 + 1000 * r)) << "rank " << r;
     }
     std::vector<int32_t> all(mine.size());
-    ws->read_peer_private(*s, all.data(), r, reinterpret_cast<const void*>(*word), all.size() * 4);
+    ws->cross_memory_read(*s, all.data(), r, reinterpret_cast<const void*>(*word), all.size() * 4);
     ws->device().synchronize(*s);
     EXPECT_EQ(all.back(), static_cast<int32_t>((mine.size() - 1) * 7 + 1000 * r));
   }
   barrier_now(*ws, *s, 0);  // mine outlives every peer's reads
 }
 
-TEST(Workspace, PrivateReadsTurnedOffOrDeniedOnOneRankAreOffEverywhere) {
+TEST(Workspace, CrossMemoryReadsTurnedOffOrDeniedOnOneRankAreOffEverywhere) {
   const auto& w = world();
   {
     WorkspaceOptions o;
     o.buffer_size = 1 << 16;
-    o.private_reads = w.rank != w.size - 1;  // off on the last rank only
+    o.cross_memory_reads = w.rank != w.size - 1;  // off on the last rank only
     SymmetricWorkspace ws(test_store(), w.rank, w.size, test_host_device(), o);
     ASSERT_TRUE(ws.available());
-    EXPECT_FALSE(ws.private_reads());
-    EXPECT_NE(ws.private_reads_reason().find("turned off on rank " + std::to_string(w.size - 1)),
-              std::string::npos)
-        << ws.private_reads_reason();
+    EXPECT_FALSE(ws.cross_memory_reads());
+    EXPECT_NE(
+        ws.cross_memory_reads_reason().find("turned off on rank " + std::to_string(w.size - 1)),
+        std::string::npos)
+        << ws.cross_memory_reads_reason();
     int32_t x = 0;
     auto s = ws.device().current_stream();
-    expect_error([&] { ws.read_peer_private(*s, &x, 0, &x, sizeof(x)); }, "unavailable");
+    expect_error([&] { ws.cross_memory_read(*s, &x, 0, &x, sizeof(x)); }, "unavailable");
   }
   if (w.size < 2) return;
   // The test hook: the last rank's reads fail as under Yama (EPERM).
   WorkspaceOptions o;
   o.buffer_size = 1 << 16;
-  o.deny_private_reads = w.rank == w.size - 1;
+  o.deny_cross_memory_reads = w.rank == w.size - 1;
   auto ws =
       std::make_unique<SymmetricWorkspace>(test_store(), w.rank, w.size, test_host_device(), o);
   ASSERT_TRUE(ws->available());
-  EXPECT_FALSE(ws->private_reads());
-  EXPECT_NE(
-      ws->private_reads_reason().find("rank " + std::to_string(w.size - 1) + " cannot read rank"),
-      std::string::npos)
-      << ws->private_reads_reason();
-  EXPECT_NE(ws->private_reads_reason().find("Operation not permitted"), std::string::npos);
+  EXPECT_FALSE(ws->cross_memory_reads());
+  EXPECT_NE(ws->cross_memory_reads_reason().find("rank " + std::to_string(w.size - 1) +
+                                                 " cannot read rank"),
+            std::string::npos)
+      << ws->cross_memory_reads_reason();
+  EXPECT_NE(ws->cross_memory_reads_reason().find("Operation not permitted"), std::string::npos);
 }
 
 // NOTE [Device failure]: abort() from another thread unblocks a rank whose barrier waits for a

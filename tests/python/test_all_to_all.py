@@ -5,8 +5,8 @@ Every result is checked against plain torch computed locally and, where Gloo run
 against a Gloo group over the same ranks; the counters must show which path ran. Mismatched
 split sizes or dtypes across ranks raise the same one-line error on every rank, and the group
 stays usable; bad arguments say what was expected and what was given (ops/all_to_all.cpp, NOTE
-[All-to-all headers]). Inputs in the symmetric heap are read in place by their receivers (NOTE
-[All-to-all in place]), alone or mixed with staged senders."""
+[All-to-all headers]). Inputs in the symmetric heap are read zero-copy by their receivers (NOTE
+[All-to-all zero-copy]), alone or mixed with staged senders."""
 
 from __future__ import annotations
 
@@ -63,8 +63,8 @@ def check_single(ctx):
     W, rank = ctx.world_size, ctx.rank
     chk = Checker(f"all_to_all_single W={W}")
     world = dist.group.WORLD
-    # "small": every round staged (copy-free reads off); "chunked": 4 KiB rounds, read copy-free
-    # past the first (NOTE [All-to-all headers]).
+    # "small": every round staged (cross-memory reads off); "chunked": 4 KiB rounds,
+    # cross-memory reads past the first (NOTE [All-to-all headers]).
     small = cached_group("a2a-small", buffer_size=SMALL_BUFFER, chunk_bytes=0)
     chunked = cached_group("a2a-chunked", buffer_size=SMALL_BUFFER, chunk_bytes=4096,
                            cross_memory=True, cross_memory_min_bytes=0)
@@ -106,7 +106,7 @@ def check_single(ctx):
                  and not wrapped(c), f"expected all_to_all_single.direct={calls[id(g)]}, got {c}")
         read = c.get("all_to_all_single.cross_memory", 0)
         if gname != "world":  # the world's buffer holds every case in one round
-            chk.case(f"{gname} copy-free", (read > 0) == (gname == "chunked"),
+            chk.case(f"{gname} cross-memory", (read > 0) == (gname == "chunked"),
                      f"all_to_all_single.cross_memory={read}")
     # A non-contiguous input and output, and a 1-D tensor with even splits.
     splits = _splits("uneven", W, seed=1)
@@ -218,16 +218,16 @@ def _heap_copy(t, g):
     return cuda_p2p.empty(*t.shape, dtype=t.dtype, group=g).copy_(t)
 
 
-def check_in_place(ctx):
-    """NOTE [All-to-all in place]: a sender whose input is in its symmetric heap stages nothing and
+def check_zero_copy(ctx):
+    """NOTE [All-to-all zero-copy]: a sender whose input is in its symmetric heap stages nothing and
     its peers read it there; each sender decides for itself, so heap and ordinary inputs mix."""
     W, rank = ctx.world_size, ctx.rank
-    chk = Checker(f"all_to_all in place W={W}")
+    chk = Checker(f"all_to_all zero-copy W={W}")
     # A small buffer, so that the staged senders of "rounds" need several phases.
     groups = {"exchange": cached_group("a2a-heap", buffer_size=SMALL_BUFFER, chunk_bytes=0),
               "signature": cached_group("a2a-heap-sig", buffer_size=SMALL_BUFFER, chunk_bytes=0,
                                         zero_copy_agreement="signature"),
-              "copy-free": cached_group("a2a-heap-cma", buffer_size=SMALL_BUFFER,
+              "cross-memory": cached_group("a2a-heap-cma", buffer_size=SMALL_BUFFER,
                                         chunk_bytes=4096, cross_memory=True,
                                         cross_memory_min_bytes=0),
               "off": cached_group("a2a-heap-off", buffer_size=SMALL_BUFFER, chunk_bytes=0,
@@ -415,8 +415,8 @@ def test_all_to_all_v(any_world):
     assert_ok(any_world.run(check_v), min_cases=30)
 
 
-def test_all_to_all_in_place(any_world):
-    assert_ok(any_world.run(check_in_place), min_cases=200)
+def test_all_to_all_zero_copy(any_world):
+    assert_ok(any_world.run(check_zero_copy), min_cases=200)
 
 
 def test_all_to_all_mismatches(any_world):

@@ -47,7 +47,7 @@ def test_world_size_2_text():
         assert f"  rank {r}:" in text, text
     assert text.count("workspace:       up on cpu, 32 MiB buffer per rank") == 2, text
     assert "collectives:     on the workspace for CPU tensors" in text, text
-    assert "copy-free reads: off: " in text, text
+    assert "cross-memory:    off: " in text, text
     assert text.count("send/recv:       mailboxes for CPU tensors (two 1 MiB slots per pair of "
                       "ranks)") == 2, text
     lines = text.splitlines()

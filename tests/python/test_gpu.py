@@ -866,7 +866,7 @@ def check_zero_copy_collectives(ctx):
                          torch.equal(bc.cpu(), _input(n + 3, root, n, dtype)), "differs")
                 # one staged round at most (half the buffer) goes zero-copy
                 want["broadcast.zero_copy"] += zc * (n * bc.element_size() <= BUFFER // 2)
-            # The all-to-all reads each sender's slices in its heap (NOTE [All-to-all in place]);
+            # The all-to-all reads each sender's slices in its heap (NOTE [All-to-all zero-copy]);
             # the input is overwritten right after the call, as above.
             a2a = heap(n * W, dtype, torch.cat([_input(n + 4, rank * W + d, n, dtype)
                                                 for d in range(W)]))
@@ -1089,7 +1089,7 @@ def check_windows(ctx):
         win.wait_signal(q, False)
     _sync()
     want = torch.stack([msg(q, rank, 16, seed=3) for q in range(W)])
-    chk.case("all-to-all in place", torch.equal(t.cpu(), want), "differs")
+    chk.case("all-to-all zero-copy", torch.equal(t.cpu(), want), "differs")
     dist.barrier(group=ctx.gloo)
     for q in range(W):
         want_q = torch.stack([msg(p, q, 16, seed=3) for p in range(W)])

@@ -51,15 +51,15 @@ ALL_REDUCE_ALGOS = ("one_shot", "two_shot")
 # rank side: groups, inputs, references
 
 def _group_forcing(ctx, read=False, **algos):
-    """A group forcing `algos`. read=False: the staged paths (copy-free reads off); read=True:
-    copy-free reads at every size (they must be available on this machine)."""
+    """A group forcing `algos`. read=False: the staged paths (cross-memory reads off); read=True:
+    cross-memory reads at every size (they must be available on this machine)."""
     steps = algos.pop("ring_steps_per_rank", 1)
     key = tuple(sorted(algos.items())) + (("steps", steps), ("read", read))
     return cached_group(key, buffer_size=BUFFER, chunk_bytes=0, ring_steps=steps * ctx.world_size,
                         cross_memory=read, cross_memory_min_bytes=0, **algos)
 
 
-# Copy-free reads: a reduce-scatter chunk of several 64 KiB pieces (ops/reduce_scatter.cpp).
+# Cross-memory reads: a reduce-scatter chunk of several 64 KiB pieces (ops/reduce_scatter.cpp).
 READ_PIECES_ELEMS = 3 * (64 << 10) // 4 + 5
 
 
@@ -68,7 +68,7 @@ def _read_sizes(sizes, read):
 
 
 def _counters_read_ok(chk, group, key, count, read):
-    """With copy-free reads forced, `key` counts every call and the reads are available."""
+    """With cross-memory reads forced, `key` counts every call and the reads are available."""
     b = cuda_p2p.get_cuda_p2p_backend(group)
     if not read:
         chk.case("counters", key not in b.get_counters(), f"{b.get_counters()}")
@@ -329,12 +329,12 @@ def check_broadcast(ctx, read=False):
 
 
 def check_copy_free_fallback(ctx):
-    """Copy-free reads: 'auto' takes them from cross_memory_min_bytes on; a probe that fails on
+    """Cross-memory reads: 'auto' takes them from cross_memory_min_bytes on; a probe that fails on
     one rank only (the test hook makes that rank's reads fail with EPERM), either knob or the
     default (off) leaves them off on every rank, with the reason, and the collectives stage
     (same results)."""
     W, rank = ctx.world_size, ctx.rank
-    chk = Checker(f"copy-free fallback W={W}")
+    chk = Checker(f"cross-memory fallback W={W}")
     deny = {"CUDA_P2P_TEST_DENY_CROSS_MEMORY": "1"} if rank == W - 1 else {}
     groups = {
         "auto": (cached_group("read-auto", buffer_size=BUFFER, cross_memory=True), None),
@@ -812,7 +812,7 @@ def test_broadcast(any_world):
     assert_ok(any_world.run(check_broadcast), min_cases=40)
 
 
-# Copy-free reads (NOTE [Copy-free reads]) forced at every size: every dtype, odd sizes.
+# Cross-memory reads (NOTE [Cross-memory reads]) forced at every size: every dtype, odd sizes.
 def test_all_gather_copy_free(any_world):
     assert_ok(any_world.run(check_all_gather, "direct", True), min_cases=len(DTYPES) * 8)
 

@@ -1,4 +1,4 @@
-// CompletedWork, the Work of a workspace collective: free on the host (the op completed when it
+// EventWork, the Work of a workspace collective: free on the host (the op completed when it
 // returned); where the op was only enqueued (a GPU), wait() orders the caller's current stream
 // after the op's end event and synchronize() blocks until it has run. The enqueued case is driven
 // here with a host device and an event recorded on one of its side streams, the same calls the
@@ -17,10 +17,10 @@
 namespace cuda_p2p::test {
 namespace {
 
-TEST(CompletedWork, OnTheHostItIsCompleteAndWaitIsFree) {
+TEST(EventWork, OnTheHostItIsCompleteAndWaitIsFree) {
   auto out = at::ones({3});
   auto work =
-      c10::make_intrusive<CompletedWork>(0, c10d::OpType::ALLREDUCE, std::vector<at::Tensor>{out});
+      c10::make_intrusive<EventWork>(0, c10d::OpType::ALLREDUCE, std::vector<at::Tensor>{out});
   EXPECT_TRUE(work->isCompleted());
   EXPECT_TRUE(work->wait(std::chrono::milliseconds(0)));
   work->synchronize();
@@ -42,8 +42,8 @@ TEST_P(EnqueuedWork, WaitOrdersTheCallersStreamAfterTheOpsEnd) {
       ran = 1;
     });
     auto end = dev->record(*side);
-    auto work = c10::make_intrusive<CompletedWork>(0, c10d::OpType::ALLREDUCE,
-                                                   std::vector<at::Tensor>{}, dev, end);
+    auto work = c10::make_intrusive<EventWork>(0, c10d::OpType::ALLREDUCE,
+                                               std::vector<at::Tensor>{}, dev, end);
     if (use_synchronize) {
       work->synchronize();
     } else {
@@ -57,8 +57,8 @@ TEST_P(EnqueuedWork, WaitOrdersTheCallersStreamAfterTheOpsEnd) {
 TEST_P(EnqueuedWork, WaitRaisesTheDevicesFailure) {
   auto dev = make_host_device(1, GetParam());
   auto side = dev->new_stream(false);
-  auto work = c10::make_intrusive<CompletedWork>(
-      0, c10d::OpType::ALLREDUCE, std::vector<at::Tensor>{}, dev, dev->record(*side));
+  auto work = c10::make_intrusive<EventWork>(0, c10d::OpType::ALLREDUCE, std::vector<at::Tensor>{},
+                                             dev, dev->record(*side));
   dev->abort("a wait missed its deadline (test)");
   expect_error([&] { work->wait(std::chrono::milliseconds(0)); }, "Work.wait");
   expect_error([&] { work->synchronize(); }, "a wait missed its deadline (test)");
@@ -74,8 +74,8 @@ TEST_P(EnqueuedWork, AShutdownFlushesTheQueuedOpsAndTheirWorksSucceed) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     ran = 1;
   });
-  auto work = c10::make_intrusive<CompletedWork>(
-      0, c10d::OpType::ALLREDUCE, std::vector<at::Tensor>{}, dev, dev->record(*side));
+  auto work = c10::make_intrusive<EventWork>(0, c10d::OpType::ALLREDUCE, std::vector<at::Tensor>{},
+                                             dev, dev->record(*side));
   EXPECT_TRUE(dev->retire("the group was shut down (test)", std::chrono::seconds(30)));
   EXPECT_EQ(ran.load(), 1);  // drained before it returned
   EXPECT_TRUE(work->isCompleted());
@@ -85,7 +85,7 @@ TEST_P(EnqueuedWork, AShutdownFlushesTheQueuedOpsAndTheirWorksSucceed) {
   expect_error([&] { dev->check_healthy("all_reduce"); }, "the group was shut down (test)");
 }
 
-TEST(CompletedWork, AShutdownThatCannotDrainIsAnAbortAndTheWorkRaises) {
+TEST(EventWork, AShutdownThatCannotDrainIsAnAbortAndTheWorkRaises) {
   // A stream that does not finish within the limit: its op never ran to its end.
   auto dev = make_host_device(1, HostStreams::kThreads);
   auto side = dev->new_stream(false);
@@ -93,8 +93,8 @@ TEST(CompletedWork, AShutdownThatCannotDrainIsAnAbortAndTheWorkRaises) {
   dev->host_task(*side, [&] {
     while (!go.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   });
-  auto work = c10::make_intrusive<CompletedWork>(
-      0, c10d::OpType::ALLREDUCE, std::vector<at::Tensor>{}, dev, dev->record(*side));
+  auto work = c10::make_intrusive<EventWork>(0, c10d::OpType::ALLREDUCE, std::vector<at::Tensor>{},
+                                             dev, dev->record(*side));
   EXPECT_FALSE(dev->retire("the group was shut down (test)", std::chrono::milliseconds(50)));
   EXPECT_FALSE(work->isSuccess());
   expect_error([&] { work->wait(std::chrono::milliseconds(0)); }, "the group was shut down");
@@ -116,11 +116,11 @@ class ManualEventsDevice : public ForwardingDevice {
   }
 };
 
-TEST(CompletedWork, EnqueuedWorkIsCompletedOnlyOnceItsEndEventHasRun) {
+TEST(EventWork, EnqueuedWorkIsCompletedOnlyOnceItsEndEventHasRun) {
   auto dev = std::make_shared<ManualEventsDevice>(make_host_device(1, HostStreams::kThreads));
   auto side = dev->new_stream(false);
-  auto work = c10::make_intrusive<CompletedWork>(
-      0, c10d::OpType::ALLREDUCE, std::vector<at::Tensor>{}, dev, dev->record(*side));
+  auto work = c10::make_intrusive<EventWork>(0, c10d::OpType::ALLREDUCE, std::vector<at::Tensor>{},
+                                             dev, dev->record(*side));
   EXPECT_FALSE(work->isCompleted());
   EXPECT_FALSE(work->isCompleted());
   EXPECT_EQ(dev->queries.load(), 2);
@@ -130,11 +130,11 @@ TEST(CompletedWork, EnqueuedWorkIsCompletedOnlyOnceItsEndEventHasRun) {
   EXPECT_TRUE(work->isSuccess());
 }
 
-TEST(CompletedWork, EnqueuedWorkOfAFailedDeviceIsCompletedWithoutSuccess) {
+TEST(EventWork, EnqueuedWorkOfAFailedDeviceIsCompletedWithoutSuccess) {
   auto dev = std::make_shared<ManualEventsDevice>(make_host_device(1, HostStreams::kThreads));
   auto side = dev->new_stream(false);
-  auto work = c10::make_intrusive<CompletedWork>(
-      0, c10d::OpType::ALLREDUCE, std::vector<at::Tensor>{}, dev, dev->record(*side));
+  auto work = c10::make_intrusive<EventWork>(0, c10d::OpType::ALLREDUCE, std::vector<at::Tensor>{},
+                                             dev, dev->record(*side));
   EXPECT_FALSE(work->isCompleted());
   dev->abort("a wait missed its deadline (test)");
   // Its end event never runs; the Work is over, and wait() says why.
@@ -143,7 +143,7 @@ TEST(CompletedWork, EnqueuedWorkOfAFailedDeviceIsCompletedWithoutSuccess) {
   expect_error([&] { work->wait(std::chrono::milliseconds(0)); }, "a wait missed its deadline");
 }
 
-TEST(CompletedWork, TheHostDeviceAnswersQueriesAsTheHost) {
+TEST(EventWork, TheHostDeviceAnswersQueriesAsTheHost) {
   // Device::query's default: an op on the host has run when it returns.
   auto dev = make_host_device(1, HostStreams::kCooperative);
   auto e = dev->record(*dev->current_stream());
