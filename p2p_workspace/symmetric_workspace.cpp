@@ -504,8 +504,8 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
                         s.find_first_not_of("0123456789") == colon;
     const size_t length = digits ? std::stoull(s.substr(0, colon)) : 0;
     TORCH_CHECK(digits && colon + 1 + length <= s.size() && s.size() <= 65536,
-                "cuda_p2p: malformed workspace status in the store (NOTE [Workspace records]): '",
-                s.substr(0, 200), "'");
+                "cuda_p2p: malformed workspace status in the store (NOTE [Workspace records]): ",
+                records::quoted_record(s, 200));
     if (length > 0) {
       available_ = false;
       reason_ = "a peer's block could not be mapped (" + s.substr(colon + 1, length) + ")";
@@ -787,8 +787,8 @@ void SymmetricWorkspace::ensure_min_buffer_size(int64_t nbytes) {
     TORCH_CHECK(!s.empty() && s.size() <= 16 &&
                     s.find_first_not_of("0123456789") == std::string::npos &&
                     std::stoll(s) <= (int64_t{1} << 50),
-                "cuda_p2p ensure_min_buffer_size: rank ", r, "'s size in the store is invalid: '",
-                s.substr(0, 100), "'");
+                "cuda_p2p ensure_min_buffer_size: rank ", r,
+                "'s size in the store is invalid: ", records::quoted_record(s, 100));
     wanted = std::max<int64_t>(wanted, std::stoll(s));
   }
   grow_to(wanted);

@@ -29,6 +29,14 @@ std::vector<uint8_t> unhex(const std::string& s) {
   return out;
 }
 
+std::string quoted_record(const std::string& s, size_t max) {
+  std::string shown = s.substr(0, max);
+  for (auto& c : shown) {
+    if (c < 0x20 || c > 0x7e) c = '?';
+  }
+  return "'" + shown + (s.size() > max ? "...'" : "'");
+}
+
 std::string to_string(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
 std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
@@ -104,13 +112,9 @@ std::string PeerInfo::serialize() const {
 // NOTE [Workspace records]
 PeerInfo PeerInfo::parse(const std::string& s, int rank) {
   auto fail = [&](const std::string& what) {
-    std::string shown = s.substr(0, 200);
-    for (auto& c : shown) {
-      if (c < 0x20 || c > 0x7e) c = '?';
-    }
     TORCH_CHECK(false, "cuda_p2p: rank ", rank, "'s workspace record in the store is invalid (",
-                what, "); was it written by another job or process? Record: '", shown,
-                s.size() > 200 ? "...'" : "'");
+                what,
+                "); was it written by another job or process? Record: ", quoted_record(s, 200));
   };
   if (s.size() > kMaxRecordBytes) fail("longer than " + std::to_string(kMaxRecordBytes) + " bytes");
   std::vector<std::string> lines;

@@ -18,6 +18,9 @@ namespace cuda_p2p::records {
 // Lower-case hex of `bytes`, and back (`s` already checked to be hex of even length).
 std::string hex(const std::vector<uint8_t>& bytes);
 std::vector<uint8_t> unhex(const std::string& s);
+// A record from the store as an error may quote it: its first `max` bytes between quotes,
+// anything unprintable as '?', "..." where it was cut (a record may come from anyone).
+std::string quoted_record(const std::string& s, size_t max);
 std::string to_string(const std::vector<uint8_t>& v);
 std::vector<uint8_t> to_bytes(const std::string& s);
 

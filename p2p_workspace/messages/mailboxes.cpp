@@ -170,13 +170,9 @@ std::string serialize(const MailboxRecord& r) {
 
 MailboxRecord parse_mailbox_record(const std::string& s, int src) {
   auto fail = [&](const std::string& what) {
-    std::string shown = s.substr(0, 120);
-    for (auto& c : shown) {
-      if (c < 0x20 || c > 0x7e) c = '?';
-    }
-    TORCH_CHECK(false, "cuda_p2p recv: rank ", src, "'s mailbox record in the store is invalid (",
-                what, "); was it written by another job or process? Record: '", shown,
-                s.size() > 120 ? "...'" : "'");
+    TORCH_CHECK(
+        false, "cuda_p2p recv: rank ", src, "'s mailbox record in the store is invalid (", what,
+        "); was it written by another job or process? Record: ", records::quoted_record(s, 120));
   };
   if (s.size() > 64 + 2 * kMaxMailboxHandleBytes) fail("too long");
   std::vector<std::string> lines;
