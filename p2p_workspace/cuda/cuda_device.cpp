@@ -1018,6 +1018,13 @@ class CudaDevice : public Device {
       }
       check_graph_give_up();
       failure_.check(op);
+      if (std::chrono::steady_clock::now() >= deadline) {
+        // A wait that passed its own deadline names the ranks it awaited: the watchdog gets a
+        // pass here first, since its thread may not have run (a loaded host) since.
+        watchdog_->poll_now();
+        check_graph_give_up();
+        failure_.check(op);
+      }
       TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "cuda_p2p ", op, " on ", name(),
                   ": the stream did not finish within the group's timeout of ", limit.count(),
                   " ms (work queued on it before this group's op - a long kernel, or a wait of "

@@ -1025,7 +1025,12 @@ class HostDevice : public Device, public HostPaths {
     auto finished = [&] {
       if (h.done() >= target) return true;
       check_healthy(op);
-      TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "cuda_p2p ", op, " on ", name(),
+      if (std::chrono::steady_clock::now() < deadline) return false;
+      // A wait on the stream that passed its own deadline names the ranks it awaited: give the
+      // watchdog a pass here first, since its thread may not have run (a loaded machine) since.
+      watchdog_->poll_now();
+      check_healthy(op);
+      TORCH_CHECK(false, "cuda_p2p ", op, " on ", name(),
                   ": the stream did not finish within the group's timeout of ", limit.count(),
                   " ms (work queued on it before this group's op - a long task, or a wait of "
                   "another group - still holds it)");
