@@ -52,6 +52,27 @@ bool window_record_ok(int64_t status, const char* what, int r) {
   malformed_record(what, r, "status " + std::to_string(status));
 }
 
+// Every rank's record in `words` (`per` words each; `what` names them in errors): `parse(r, w)`
+// for each rank whose record is ok, into `parsed`; returns the ranks whose checks failed, and
+// where any did, keeps nothing parsed (the caller raises, naming them).
+template <typename T, typename Parse>
+std::vector<int> parse_records(c10::ArrayRef<int64_t> words, int world_size, int64_t per,
+                               const char* what, std::vector<T>& parsed, Parse&& parse) {
+  TORCH_CHECK(words.size() == static_cast<size_t>(world_size * per), "cuda_p2p window: expected ",
+              world_size * per, " words of ", what, " records, got ", words.size());
+  std::vector<int> failed;
+  for (int r = 0; r < world_size; ++r) {
+    const int64_t* w = words.data() + static_cast<size_t>(r * per);
+    if (window_record_ok(w[0], what, r)) {
+      parsed.push_back(parse(r, w));
+    } else {
+      failed.push_back(r);
+    }
+  }
+  if (!failed.empty()) parsed.clear();
+  return failed;
+}
+
 }  // namespace
 
 std::vector<int64_t> signal_record(std::optional<int64_t> offset) {
@@ -79,87 +100,72 @@ std::vector<int64_t> region_record(const std::optional<WindowRegion>& region) {
 
 SignalRecords parse_signal_records(c10::ArrayRef<int64_t> words, int world_size,
                                    int64_t heap_bytes) {
-  TORCH_CHECK(words.size() == static_cast<size_t>(world_size) * kSignalRecordWords,
-              "cuda_p2p window: expected ", world_size * kSignalRecordWords,
-              " words of signal records, got ", words.size());
   const int64_t block = int64_t{4} * world_size;
   SignalRecords out;
-  for (int r = 0; r < world_size; ++r) {
-    const int64_t* w = words.data() + static_cast<size_t>(r) * kSignalRecordWords;
-    if (!window_record_ok(w[0], "signal", r)) {
-      out.failed.push_back(r);
-      continue;
-    }
-    const int64_t offset = w[1];
-    if (offset < 0 || offset % 4 != 0 || block > heap_bytes || offset > heap_bytes - block) {
-      malformed_record("signal", r,
-                       "counters at offset " + std::to_string(offset) + " (" +
-                           std::to_string(block) + " bytes) outside a heap of " +
-                           std::to_string(heap_bytes) + " bytes");
-    }
-    out.offsets.push_back(offset);
-  }
-  if (!out.failed.empty()) out.offsets.clear();
+  out.failed = parse_records(
+      words, world_size, kSignalRecordWords, "signal", out.offsets, [&](int r, const int64_t* w) {
+        const int64_t offset = w[1];
+        if (offset < 0 || offset % 4 != 0 || block > heap_bytes || offset > heap_bytes - block) {
+          malformed_record("signal", r,
+                           "counters at offset " + std::to_string(offset) + " (" +
+                               std::to_string(block) + " bytes) outside a heap of " +
+                               std::to_string(heap_bytes) + " bytes");
+        }
+        return offset;
+      });
   return out;
 }
 
 RegionRecords parse_region_records(c10::ArrayRef<int64_t> words, int world_size,
                                    int64_t heap_bytes) {
-  TORCH_CHECK(words.size() == static_cast<size_t>(world_size) * kRegionRecordWords,
-              "cuda_p2p window: expected ", world_size * kRegionRecordWords,
-              " words of region records, got ", words.size());
   RegionRecords out;
-  for (int r = 0; r < world_size; ++r) {
-    const int64_t* w = words.data() + static_cast<size_t>(r) * kRegionRecordWords;
-    if (!window_record_ok(w[0], "region", r)) {
-      out.failed.push_back(r);
-      continue;
-    }
-    WindowRegion region;
-    region.offset = w[1];
-    region.nbytes = w[2];
-    const int64_t dtype = w[3], dims = w[4];
-    if (region.offset < 0 || region.nbytes < 0 || region.offset > heap_bytes ||
-        region.nbytes > heap_bytes - region.offset) {
-      malformed_record("region", r,
-                       std::to_string(region.nbytes) + " bytes at offset " +
-                           std::to_string(region.offset) + " outside a heap of " +
-                           std::to_string(heap_bytes) + " bytes");
-    }
-    if (dtype < 0 || dtype >= static_cast<int64_t>(at::ScalarType::NumOptions) ||
-        dtype == static_cast<int64_t>(at::ScalarType::Undefined) ||
-        c10::isQIntType(static_cast<at::ScalarType>(dtype))) {
-      malformed_record("region", r, "dtype " + std::to_string(dtype));
-    }
-    region.dtype = static_cast<at::ScalarType>(dtype);
-    const auto item = static_cast<int64_t>(c10::elementSize(region.dtype));
-    if (region.offset % item != 0) {
-      malformed_record("region", r,
-                       "offset " + std::to_string(region.offset) + " is not a multiple of the " +
-                           std::to_string(item) + "-byte elements");
-    }
-    if (dims < 0 || dims > kWindowMaxDims) {
-      malformed_record("region", r, std::to_string(dims) + " dimensions");
-    }
-    uint64_t numel = 1;
-    for (int64_t d = 0; d < dims; ++d) {
-      const int64_t s = w[5 + d];
-      if (s < 0 || c10::mul_overflows(numel, static_cast<uint64_t>(s), &numel)) {
-        malformed_record("region", r,
-                         "size " + std::to_string(s) + " of dimension " + std::to_string(d));
-      }
-      region.sizes.push_back(s);
-    }
-    uint64_t bytes = 0;
-    if (c10::mul_overflows(numel, static_cast<uint64_t>(item), &bytes) ||
-        bytes != static_cast<uint64_t>(region.nbytes)) {
-      malformed_record("region", r,
-                       std::to_string(numel) + " elements of " + dtype_name(region.dtype) + " in " +
-                           std::to_string(region.nbytes) + " bytes");
-    }
-    out.regions.push_back(std::move(region));
-  }
-  if (!out.failed.empty()) out.regions.clear();
+  out.failed = parse_records(
+      words, world_size, kRegionRecordWords, "region", out.regions, [&](int r, const int64_t* w) {
+        WindowRegion region;
+        region.offset = w[1];
+        region.nbytes = w[2];
+        const int64_t dtype = w[3], dims = w[4];
+        if (region.offset < 0 || region.nbytes < 0 || region.offset > heap_bytes ||
+            region.nbytes > heap_bytes - region.offset) {
+          malformed_record("region", r,
+                           std::to_string(region.nbytes) + " bytes at offset " +
+                               std::to_string(region.offset) + " outside a heap of " +
+                               std::to_string(heap_bytes) + " bytes");
+        }
+        if (dtype < 0 || dtype >= static_cast<int64_t>(at::ScalarType::NumOptions) ||
+            dtype == static_cast<int64_t>(at::ScalarType::Undefined) ||
+            c10::isQIntType(static_cast<at::ScalarType>(dtype))) {
+          malformed_record("region", r, "dtype " + std::to_string(dtype));
+        }
+        region.dtype = static_cast<at::ScalarType>(dtype);
+        const auto item = static_cast<int64_t>(c10::elementSize(region.dtype));
+        if (region.offset % item != 0) {
+          malformed_record("region", r,
+                           "offset " + std::to_string(region.offset) +
+                               " is not a multiple of the " + std::to_string(item) +
+                               "-byte elements");
+        }
+        if (dims < 0 || dims > kWindowMaxDims) {
+          malformed_record("region", r, std::to_string(dims) + " dimensions");
+        }
+        uint64_t numel = 1;
+        for (int64_t d = 0; d < dims; ++d) {
+          const int64_t s = w[5 + d];
+          if (s < 0 || c10::mul_overflows(numel, static_cast<uint64_t>(s), &numel)) {
+            malformed_record("region", r,
+                             "size " + std::to_string(s) + " of dimension " + std::to_string(d));
+          }
+          region.sizes.push_back(s);
+        }
+        uint64_t bytes = 0;
+        if (c10::mul_overflows(numel, static_cast<uint64_t>(item), &bytes) ||
+            bytes != static_cast<uint64_t>(region.nbytes)) {
+          malformed_record("region", r,
+                           std::to_string(numel) + " elements of " + dtype_name(region.dtype) +
+                               " in " + std::to_string(region.nbytes) + " bytes");
+        }
+        return region;
+      });
   return out;
 }
 
