@@ -169,6 +169,14 @@ def test_in_place_and_shapes(any_world):
     assert_ok(any_world.run(check_in_place_and_shapes), min_cases=5)
 
 
+def _ring_step(win, message, right, left):
+    """Puts `message` at offset 0 of the right neighbour's window, signals it, and waits for the
+    left neighbour's signal."""
+    win.put(message, right, 0, False)
+    win.signal(right, False)
+    win.wait_signal(left, False)
+
+
 def check_signals(ctx):
     """Signals sent before their waits stay counted, a wait consumes one, a wait posted before
     its signal returns when it comes, and many puts then one signal hand over every put."""
@@ -207,9 +215,7 @@ def check_signals(ctx):
     # A wait posted before its signal: the right rank signals late; the wait is the 5th again.
     if rank % 2 == 0:
         time.sleep(0.2)
-    win.put(_message(rank, right, piece, torch.float32, seed=99), right, 0, False)
-    win.signal(right, False)
-    win.wait_signal(left, False)
+    _ring_step(win, _message(rank, right, piece, torch.float32, seed=99), right, left)
     chk.case("wait before signal", torch.equal(
         win.map_remote_tensor(rank)[:piece], _message(left, rank, piece, torch.float32, seed=99)),
         "")
@@ -228,9 +234,7 @@ def check_deregister_and_register_again(ctx):
     g = dist.group.WORLD
     right, left = (rank + 1) % W, (rank - 1) % W
     win = dist._new_window(torch.zeros(6), group=g)
-    win.put(_message(rank, right, 6, torch.float32), right, 0, False)
-    win.signal(right, False)
-    win.wait_signal(left, False)
+    _ring_step(win, _message(rank, right, 6, torch.float32), right, left)
     chk.case("first registration", torch.equal(
         win.map_remote_tensor(rank), _message(left, rank, 6, torch.float32)), "")
     win.tensor_deregister()
@@ -243,9 +247,7 @@ def check_deregister_and_register_again(ctx):
     t = cuda_p2p.empty(4, dtype=torch.int64)
     t.zero_()
     win.tensor_register(t)
-    win.put(_message(rank, right, 4, torch.int64, seed=3), right, 0, False)
-    win.signal(right, False)
-    win.wait_signal(left, False)
+    _ring_step(win, _message(rank, right, 4, torch.int64, seed=3), right, left)
     chk.case("second registration", torch.equal(t, _message(left, rank, 4, torch.int64, seed=3)),
              f"{t}")
     # Errors of the collective calls are raised on every rank and change nothing: a second
@@ -254,9 +256,7 @@ def check_deregister_and_register_again(ctx):
     chk.case("register twice", err is not None and (
         "cuda_p2p window tensor_register: the window already has a registered tensor (call "
         "tensor_deregister first, on every rank)") in err, f"{err!r}")
-    win.put(_message(rank, right, 4, torch.int64, seed=5), right, 0, False)
-    win.signal(right, False)
-    win.wait_signal(left, False)
+    _ring_step(win, _message(rank, right, 4, torch.int64, seed=5), right, left)
     chk.case("still the first", torch.equal(t, _message(left, rank, 4, torch.int64, seed=5)),
              f"{t}")
     win.tensor_deregister()
@@ -274,9 +274,7 @@ def check_deregister_and_register_again(ctx):
              "the window has no registered tensor" in err, f"{err!r}")
     # ... and the window still works.
     win.tensor_register(torch.zeros(3, dtype=torch.float64))
-    win.put(_message(rank, right, 3, torch.float64, seed=4), right, 0, False)
-    win.signal(right, False)
-    win.wait_signal(left, False)
+    _ring_step(win, _message(rank, right, 3, torch.float64, seed=4), right, left)
     chk.case("usable after errors", torch.equal(
         win.map_remote_tensor(rank), _message(left, rank, 3, torch.float64, seed=4)), "")
     _barrier()
