@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 import cuda_p2p
-from _checks import assert_ok, gloo_ok
+from _checks import assert_ok, gloo_ok, raises
 from _groups import cached_group
 from _harness import HOST_CUDA_SEMANTICS
 from _reference import ops_for, reduce_over_ranks
@@ -682,14 +682,8 @@ def check_timeout_names_the_missing_rank(ctx):
     absent = W - 1
     out = {"error": None, "after": None}
     if rank != absent:
-        try:
-            dist.all_reduce(torch.ones(4), group=g)
-        except RuntimeError as e:
-            out["error"] = str(e)
-        try:
-            dist.all_reduce(torch.ones(4), group=g)
-        except RuntimeError as e:
-            out["after"] = str(e)
+        out["error"] = raises(lambda: dist.all_reduce(torch.ones(4), group=g))
+        out["after"] = raises(lambda: dist.all_reduce(torch.ones(4), group=g))
     dist.barrier(group=ctx.gloo)
     dist.destroy_process_group(g)
     return out
@@ -704,18 +698,13 @@ def check_a_late_rank_learns_of_the_failure(ctx):
     dist.barrier(group=ctx.gloo)
     out = {"error": None, "value": None}
     if ctx.rank == 0:
-        try:
-            dist.all_reduce(torch.ones(4), group=g)
-        except RuntimeError as e:
-            out["error"] = str(e)
+        out["error"] = raises(lambda: dist.all_reduce(torch.ones(4), group=g))
     dist.barrier(group=ctx.gloo)
     if ctx.rank != 0:
         t = torch.ones(4)
-        try:
-            dist.all_reduce(t, group=g)
+        out["error"] = raises(lambda: dist.all_reduce(t, group=g))
+        if out["error"] is None:
             out["value"] = t.tolist()
-        except RuntimeError as e:
-            out["error"] = str(e)
     dist.barrier(group=ctx.gloo)
     dist.destroy_process_group(g)
     return out
