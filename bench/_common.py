@@ -67,7 +67,9 @@ class CorePlacementProbe:
     30 ns (two threads of one core), 70 ns (one core complex) or 300 ns (two), and every
     cross-rank transfer of the host path slows down with it. The placement "varied" during a run
     when its slowest sample took more than VARIED_FACTOR times its fastest; every benchmark cell
-    lists the samples taken while it ran."""
+    lists the samples taken while it ran. A probe that finds a CPU busy with something else
+    records no round trip and counts in `busy_samples`: on a loaded machine every probe may be
+    busy, which is a result, not an error."""
 
     VARIED_FACTOR = 1.6
 
@@ -77,6 +79,7 @@ class CorePlacementProbe:
         self.cpus = list(cpus[:2])
         self.period_s, self.probe_s = period_s, probe_s
         self.samples: list[tuple[float, float]] = []  # (time.monotonic(), median round trip ns)
+        self.busy_samples = 0  # probes that found a CPU busy (no round trip recorded)
         self.error: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="core-probe", daemon=True)
@@ -92,9 +95,14 @@ class CorePlacementProbe:
 
         try:
             r = _C._core_round_trip_ns(self.cpus[0], self.cpus[1], self.probe_s)
-        except (RuntimeError, ValueError) as e:  # a CPU never free, or taken away: stop probing
+        except (RuntimeError, ValueError) as e:  # a CPU taken away: stop probing
             self.error = str(e)
             self._stop.set()
+            return
+        if r["busy"]:
+            # A CPU was busy with something else: the round trip would measure the load, not the
+            # placement. Counted, not sampled.
+            self.busy_samples += 1
             return
         self.samples.append((time.monotonic(), r["median_ns"]))
 
@@ -130,6 +138,7 @@ class CorePlacementProbe:
                 "probe_s": self.probe_s, "varied_factor": self.VARIED_FACTOR,
                 "typical_ns": self.typical_ns(), "min_ns": min(ns, default=None),
                 "max_ns": max(ns, default=None), "varied": self.varied(), "samples": len(ns),
+                "busy_samples": self.busy_samples,
                 "error": self.error,
                 # Times unrounded: window() compares them with each cell's t_monotonic, and a
                 # rounded time can fall just outside the cell that took the sample.

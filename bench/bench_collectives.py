@@ -1510,7 +1510,9 @@ def main(argv=None) -> int:
     if probe.enabled:
         print(f"[bench] core placement probe: CPUs {probe.cpus[0]} and {probe.cpus[1]}, "
               + (f"round trip {probe.typical_ns():.0f} ns at start; every {args.core_probe:g} s"
-                 if probe.samples else f"off: {probe.error}"), file=sys.stderr, flush=True)
+                 if probe.samples else f"off: {probe.error}" if probe.error
+                 else "a CPU was busy at start (no round trip recorded)"),
+              file=sys.stderr, flush=True)
     runs = []
     for n, threads in [(n, t) for n in args.world_sizes for t in args.threads]:
         t0 = time.perf_counter()
@@ -1548,6 +1550,8 @@ def main(argv=None) -> int:
               f"{core_probe['typical_ns']:.0f}); "
               + ("it varied: each cell says what it was while it ran ('cores')"
                  if core_probe["varied"] else "it did not vary")
+              + (f"; {probe.busy_samples} probes found a CPU busy" if probe.busy_samples
+                 else "")
               + (f"; stopped: {probe.error}" if probe.error else ""), file=sys.stderr, flush=True)
     wall = time.perf_counter() - t_start
     failed = [(r["world_size"], e["collective"], e["bytes"]) for r in runs for e in r["results"]

@@ -392,12 +392,14 @@ PYBIND11_MODULE(_C, m) {
         d["min_ns"] = r.min_ns;
         d["median_ns"] = r.median_ns;
         d["batches"] = r.batches;
+        d["busy"] = r.busy;
         return d;
       },
       py::arg("cpu_a"), py::arg("cpu_b"), py::arg("seconds") = 0.002,
       "Bounces a cache line between threads pinned to two CPUs for `seconds`: the round trip in "
-      "ns (min and median over batches of 16). The bench's placement probe (NOTE [Core "
-      "placement] in p2p_workspace/host/core_probe.cpp).");
+      "ns (min and median over batches of 16), and busy=True when fewer than 32 batches completed "
+      "within `seconds` + 1 s (a CPU busy with something else). The bench's placement probe "
+      "(NOTE [Core placement] in p2p_workspace/host/core_probe.cpp).");
 
   m.def(
       "_build_info",

@@ -116,11 +116,17 @@ def check_core_probe(data: dict) -> None:
         assert not probe["enabled"], probe
         return
     assert probe["enabled"] and probe["error"] is None, probe
-    assert probe["samples"] >= 2 and len(probe["timeline"]) == probe["samples"], probe
+    # Probes that found a CPU busy (a loaded machine) record no round trip; together with the
+    # recorded ones they are the probes taken: the first, and at least one during the run.
+    assert probe["samples"] + probe["busy_samples"] >= 2, probe
+    assert len(probe["timeline"]) == probe["samples"], probe
     assert all(10 < ns < 1e6 for _, ns in probe["timeline"]), probe["timeline"]
     times = [t for t, _ in probe["timeline"]]
     assert times == sorted(times)
     for e in data["runs"][0]["results"]:
+        if not probe["samples"]:  # every probe found a CPU busy: no cell has samples
+            assert e["cores"] is None, e
+            continue
         t0, t1 = e["t_monotonic"]
         inside = [ns for t, ns in probe["timeline"] if t0 <= t <= t1]
         assert e["cores"]["round_trip_ns"] == inside and e["cores"]["samples"] == len(inside), e
@@ -132,7 +138,13 @@ def test_core_round_trip_probe_and_its_errors():
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) >= 2:
         r = _C._core_round_trip_ns(cpus[0], cpus[1], 0.001)
-        assert r["batches"] >= 32 and 0 < r["min_ns"] <= r["median_ns"] < 1e6, r
+        # A machine busy with something else may keep a CPU from the probe: then it says so, with
+        # the batches that did complete (fewer than 32), instead of raising.
+        assert (r["batches"] < 32) == r["busy"], r
+        if r["batches"]:
+            assert 0 < r["min_ns"] <= r["median_ns"], r
+        if not r["busy"]:
+            assert r["median_ns"] < 1e6, r
     with pytest.raises(ValueError, match="two different CPUs.*got 0 and 0"):
         _C._core_round_trip_ns(0, 0, 0.001)
     with pytest.raises(ValueError, match="two different CPUs.*got -1 and 0"):
