@@ -86,6 +86,7 @@ class Context:
     world_size: int
     gloo: Any  # the Gloo reference group over all ranks
     _groups: dict = dataclasses.field(default_factory=dict)
+    baseline: dict = dataclasses.field(default_factory=dict)  # rank_state() when the pool started
 
     def group(self, ranks, backend: str = "cuda_p2p"):
         """A subgroup (cached per ranks and backend); every rank must call it in the same order."""
@@ -131,7 +132,7 @@ def _worker_main(rank: int, world_size: int, port: int, conn, log_path: str) -> 
             timeout=timedelta(seconds=PG_TIMEOUT_S),
         )
         gloo = dist.new_group(list(range(world_size)), backend="gloo")
-        ctx = Context(rank=rank, world_size=world_size, gloo=gloo)
+        ctx = Context(rank=rank, world_size=world_size, gloo=gloo, baseline=rank_state())
         conn.send_bytes(pickle.dumps(("ready", None)))
     except BaseException:
         conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))
@@ -162,6 +163,38 @@ def _worker_main(rank: int, world_size: int, port: int, conn, log_path: str) -> 
     sys.stderr.flush()
 
 
+def rank_state() -> dict:
+    """What a test may change in a rank of a pool and must put back (tests/python/conftest.py
+    compares it after every test that ran on the pool): the environment that configures
+    torch and cuda_p2p, torch's thread count, default dtype and grad mode, and the default group."""
+    import torch
+    import torch.distributed as dist
+
+    prefixes = ("CUDA_P2P_", "TORCH", "NCCL_", "GLOO_", "OMP_", "MASTER_")
+    return {
+        "environment": {k: v for k, v in os.environ.items() if k.startswith(prefixes)},
+        "torch.get_num_threads()": torch.get_num_threads(),
+        "torch.get_default_dtype()": str(torch.get_default_dtype()),
+        "torch.is_grad_enabled()": torch.is_grad_enabled(),
+        "default group": dist.get_backend() if dist.is_initialized() else None,
+    }
+
+
+def state_leaks(ctx: Context) -> list[str]:
+    """Run on every rank after a test (conftest.py): a barrier on the default group and on the
+    Gloo reference - a group a test left failed or mid-collective shows here - then what differs
+    from the state the pool started with."""
+    import torch.distributed as dist
+
+    now = rank_state()
+    leaks = [f"{k}: {ctx.baseline[k]!r} when the pool started, now {now[k]!r}"
+             for k in ctx.baseline if now[k] != ctx.baseline[k]]
+    if not leaks:
+        dist.barrier()
+        dist.barrier(group=ctx.gloo)
+    return leaks
+
+
 # ---------------------------------------------------------------------------------------------
 # parent side
 
@@ -176,6 +209,7 @@ class World:
         self._logs: list[str] = []
         self._logdir = tempfile.mkdtemp(prefix=f"cuda_p2p_w{size}_")
         self.starts = 0
+        self.calls = 0  # run() calls: conftest.py checks a pool after each test that used it
 
     # -- lifecycle ------------------------------------------------------------------------------
     @property
@@ -264,6 +298,7 @@ class World:
             )
             self.close(graceful=False)
             raise HarnessError(text)
+        self.calls += 1
         payload = pickle.dumps((fn, args, kwargs))
         try:
             for conn in self._conns:

@@ -7,9 +7,18 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
+HERE = os.path.dirname(os.path.abspath(__file__))
+# The shared helpers live here, each subject's tests and helpers in a folder of their own
+# (docs/testing.md, "Layout"). Every folder is on sys.path before any pool starts: a rank process
+# imports a test's module by its name to run one of its functions, and the ranks get the
+# sys.path of the moment they were spawned.
+sys.path.insert(0, HERE)
+for _d in sorted(os.listdir(HERE)):
+    if os.path.isdir(os.path.join(HERE, _d)) and not _d.startswith(("_", ".")):
+        sys.path.insert(1, os.path.join(HERE, _d))
 
-from _harness import World  # noqa: E402
+import _cpu_report  # noqa: E402
+from _harness import World, state_leaks  # noqa: E402
 
 # NOTE [The workspace's device] in backend/ProcessGroupCudaP2P.cpp: this suite tests the host
 # workspace, and on a GPU machine a group's workspace would be on the GPU by default, sending the
@@ -59,6 +68,31 @@ def world6() -> World:
     return w
 
 
+@pytest.fixture(autouse=True)
+def _pools_left_clean():
+    """Ranks are reused across tests (a pool per world size, _harness.py): after a test that ran
+    on a pool, a barrier on its groups and a check that the test put back what it changed in the
+    ranks (_harness.state_leaks). A pool that fails it is restarted, and the test fails: a test
+    must not pass its state on to the next one."""
+    calls = {size: w.calls for size, w in _worlds.items()}
+    yield
+    leaks = []
+    for size, w in list(_worlds.items()):
+        if not w.alive or w.calls == calls.get(size, 0):
+            continue
+        try:
+            found = w.run(state_leaks, timeout=60)
+        except Exception as e:  # noqa: BLE001  (the pool is torn down by run() already)
+            leaks.append(f"the {size}-rank pool failed its barrier after the test: {e}")
+            continue
+        if any(found):
+            w.close(graceful=False)
+            leaks += [f"rank {r} of {size}: {leak}" for r, ls in enumerate(found) for leak in ls]
+    if leaks:
+        pytest.fail("the test left state in the ranks it ran on (the pool is restarted):\n"
+                    + "\n".join(leaks), pytrace=False)
+
+
 @pytest.fixture(params=[2, 4], ids=["w2", "w4"])
 def world(request) -> World:
     """Both world sizes: a test using it runs once on 2 ranks and once on 4."""
@@ -89,8 +123,20 @@ SLOW_TESTS = frozenset({
 })
 
 
+def pytest_addoption(parser):
+    parser.addoption("--long", action="store_true",
+                     help="also run the tests marked long (scripts/test.sh --long; not CI)")
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: left out of `bash scripts/test.sh --quick`")
+    config.addinivalue_line(
+        "markers", "long: a soak, stress or benchmark at full size: only with --long (not CI)")
+    config.addinivalue_line(
+        "markers", "cuda_semantics: behaves differently on a host workspace with CUDA's semantics "
+        "(async errors, mismatches, queued ops, failures): scripts/test.sh runs it once more "
+        "with CUDA_P2P_HOST_SEMANTICS=cuda")
+    _cpu_report.register(config)
 
 
 def _more_than_two_ranks(item) -> bool:
@@ -106,6 +152,12 @@ def pytest_collection_modifyitems(config, items):
         name = f"{item.path.name}::{item.originalname}"
         if item.path.name in SLOW_FILES or name in SLOW_TESTS or _more_than_two_ranks(item):
             item.add_marker(pytest.mark.slow)
+    if not config.getoption("--long"):
+        # Deselected, not skipped: CI's run does not have them, by design.
+        long = [item for item in items if item.get_closest_marker("long")]
+        if long:
+            config.hook.pytest_deselected(items=long)
+            items[:] = [item for item in items if not item.get_closest_marker("long")]
 
 
 def pytest_runtest_logreport(report):
