@@ -17,9 +17,9 @@ namespace cuda_p2p {
 // Every knob is read here and nowhere else, by the rules in config.hpp, so that a typo is an
 // error naming the knob rather than a silently different algorithm. Each knob is one row of the
 // table in knobs() below, and everything else about it is derived from that row: the docs table
-// (docs/configuration.md, compared with knobs() by tests/python/test_config.py), the resolution,
-// the source reported per knob, the Python Options properties with their validation, and the
-// values get_collective_config reports. So the text of a default is rendered from its value
+// (docs/configuration.md, compared with knobs() by tests/python/clients/test_config.py), the
+// resolution, the source reported per knob, the Python Options properties with their validation,
+// and the values get_collective_config reports. So the text of a default is rendered from its value
 // (render_default), never typed beside it, and the Options properties refuse exactly what the
 // resolution refuses, with the same message (both call check()); tests/cpp/test_config.cpp
 // checks both for every knob, and that each rendered default is what a group with nothing set

@@ -3,7 +3,7 @@
 // backend/config.cpp: its name, Options field, variable, kind, range or names, default (a value,
 // or a small rule over the group's context, rendered to text by one function), how it lands in a
 // Config, its special rule, and its help. From that row come the docs table
-// (docs/configuration.md, compared by tests/python/test_config.py), the resolution
+// (docs/configuration.md, compared by tests/python/clients/test_config.py), the resolution
 // (resolve_config), which Options fields are set and each knob's source (knob_values), the Python
 // Options properties and their validation (python/options.cpp: the same check() as the
 // resolution, so Python refuses exactly what a group refuses, with the same message), and the

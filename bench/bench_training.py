@@ -13,10 +13,10 @@ RowwiseParallel, sequence dim sharded) on a mesh over the cuda_p2p group and tim
                        reduce-scatters fused with their matmuls, forward and backward
 
 ``--model block``: a transformer block (RMSNorm, attention with Q/K/V/O, SwiGLU; the feed-forward
-under activation checkpointing; tests/python/_async_tp_block.py) with torch's TP styles on
+under activation checkpointing; tests/python/training/_async_tp_block.py) with torch's TP styles on
 [batch, sequence, D] activations, the sequence sharded between the sub-blocks; ``--dtype bfloat16``
 runs it in bf16. ``--model fp8-mlp``: the sequence-parallel MLP in fp8 (the Float8-style linears of
-tests/python/_fp8_pass_checks.py: float8 casts with ``--fp8-scaling`` tensorwise or rowwise
+tests/python/training/_fp8_pass_checks.py: float8 casts with ``--fp8-scaling`` tensorwise or rowwise
 scales, fp8 all-gathers, ``torch._scaled_mm`` with bfloat16 outputs, forward and backward), which
 the CPU runs; the pass fuses it into ``fused_all_gather_scaled_matmul`` /
 ``fused_scaled_matmul_reduce_scatter``. For the compiled+fused variant the pass's report gives

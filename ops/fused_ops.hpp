@@ -170,8 +170,8 @@ AllGatherMatmulResult all_gather_matmul_send_recv(c10d::Backend& backend, const 
 // rows instead of all of them. That is not always bitwise the same: a backend's _scaled_mm may
 // sum a row's K products in an order that depends on how many rows the call has (some CPUs'
 // do), so a row may differ by the roundings of two float32 sums of K terms (and one bfloat16
-// ulp after the final rounding). tests/python/test_fp8.py holds random values to that bound and
-// small-integer ones, whose sums are exact, bitwise. The partials of a reduce-scatter are in
+// ulp after the final rounding). tests/python/fused/test_fp8.py holds random values to that bound
+// and small-integer ones, whose sums are exact, bitwise. The partials of a reduce-scatter are in
 // out_dtype and summed in float32, as the unscaled op sums bfloat16 partials.
 struct ScaledMatmul {
   at::Tensor A_scale;                     // float32: 1 element, or A's leading dims + [1] (rowwise)

@@ -67,7 +67,8 @@ void bind_testing(py::module_& m) {
       "lets the host tests check its type and that it keeps the heap mapped).");
 #endif
 
-  // The symmetric heap's allocator alone, for its unit tests (tests/python/test_zero_copy.py).
+  // The symmetric heap's allocator alone, for its unit tests
+  // (tests/python/workspace/test_zero_copy.py).
   py::class_<HeapAllocator>(t, "HeapAllocator")
       .def(py::init<int64_t, int64_t>(), py::arg("capacity"),
            py::arg("alignment") = HeapAllocator::kDefaultAlignment)

@@ -8,17 +8,17 @@
 #    for the GPU's architecture (sm_90 on an H100/H200) in build/gpu_check/, with the machine's
 #    python and torch as they are (no venv, no pip, no downloads); the Python package is put
 #    together in build/gpu_check/python/ and used through PYTHONPATH;
-# 3. runs tests/python/gpu_smoke.py: the Python path's first steps on 1 and 2 ranks, one line per
+# 3. runs tests/python/gpu_scripts/gpu_smoke.py: the Python path's first steps on 1 and 2 ranks, one line per
 #    step, so that a crash names its step (faulthandler prints the rank's Python stacks); if it
 #    fails, its 1-rank runs again in one process under cuda-gdb, for the C++ frames;
 # 4. runs every C++ test binary as 1, 2, 3 and 4 ranks sharing the one GPU, started by
-#    tests/cpp/launch.py (no mpirun), and tests/python/test_gpu.py (stopping after 5 failures);
-#    a skipped or timed-out test counts as a failure; then tests/python/gpu_graph.py (CUDA graphs
+#    tests/cpp/launch.py (no mpirun), and tests/python/gpu/test_gpu.py (stopping after 5 failures);
+#    a skipped or timed-out test counts as a failure; then tests/python/gpu_scripts/gpu_graph.py (CUDA graphs
 #    of the collectives and fused ops, replayed with new inputs, and a captured small all-reduce
-#    timed against the eager one) and tests/python/gpu_graph_kernel.py (graph nodes per captured
+#    timed against the eager one) and tests/python/gpu_scripts/gpu_graph_kernel.py (graph nodes per captured
 #    op, a captured 8 KiB all-reduce against eager, symm_mem's one-shot and 85 dependent kernels);
 # 5. the multi-GPU-readiness steps, ranks sharing the one GPU: a stream stress
-#    (tests/python/gpu_stress.py: fused ops and opt-in collectives on caller and side streams,
+#    (tests/python/gpu_scripts/gpu_stress.py: fused ops and opt-in collectives on caller and side streams,
 #    two groups, interleaved with NCCL or wrapped ops, checked against plain torch), a rank that
 #    never arrives (gpu_fault.py), teardown under load (gpu_teardown.py), and compute-sanitizer
 #    (memcheck, racecheck, synccheck) over the C++ CUDA tests and, under memcheck, the smoke
@@ -229,7 +229,7 @@ export CUDA_P2P_TEST_TIMEOUT=${CUDA_P2P_TEST_TIMEOUT:-60}
 
 # --- 3. the Python path, step by step -------------------------------------------------------------
 if ((built == 0)); then
-  if wants smoke && ! step smoke 150 "$PY" tests/python/gpu_smoke.py --timeout 60; then
+  if wants smoke && ! step smoke 150 "$PY" tests/python/gpu_scripts/gpu_smoke.py --timeout 60; then
     # The 1-rank runs again in one process under a debugger: a crash's C++ frames, which
     # faulthandler cannot show (cuda-gdb also debugs programs without GPU code).
     DBG=$(command -v cuda-gdb || command -v gdb || true)
@@ -239,7 +239,7 @@ if ((built == 0)); then
       site=$("$PY" -c 'import site; print(":".join(site.getsitepackages()))')
       TAIL_LINES=0 step backtrace 120 env PYTHONPATH="$PYTHONPATH:$site" "$DBG" -batch \
         -iex "set auto-load safe-path /" -ex "set pagination off" -ex "set confirm off" -ex run \
-        -ex "thread apply all bt 25" --args "$PY" tests/python/gpu_smoke.py --in-process
+        -ex "thread apply all bt 25" --args "$PY" tests/python/gpu_scripts/gpu_smoke.py --in-process
       # Whatever the debugger's own status, its end is the point of this step.
       tail -n 80 "$OUT/backtrace.log" | cut -c1-300 | sed 's/^/    | /' | tee -a "$OUT/summary.txt"
     fi
@@ -266,7 +266,7 @@ if ((built == 0)); then
   fi
   if wants pytest; then
     CUDA_P2P_REPORT_FAILURES_NOW=1 step pytest 240 "$PY" -m pytest -p no:cacheprovider -rfEs -v \
-      --tb=short --maxfail=5 tests/python/test_gpu.py --junitxml="$OUT/pytest.xml" \
+      --tb=short --maxfail=5 tests/python/gpu/test_gpu.py --junitxml="$OUT/pytest.xml" \
       -o junit_family=xunit1 "${pytest_args[@]}" &
     py_pid=$!
     reports+=("$OUT/pytest.xml")
@@ -302,29 +302,29 @@ PYEOF
   # eager ops between replays, 1, 2 and 4 ranks; then a captured small all-reduce timed against
   # the same op eager.
   if wants graph; then
-    step graph 150 "$PY" tests/python/gpu_graph.py --world-sizes 1 2 4 --timeout 60
+    step graph 150 "$PY" tests/python/gpu_scripts/gpu_graph.py --world-sizes 1 2 4 --timeout 60
   fi
   # Captured collectives as one kernel (NOTE [Captured collectives in one kernel]): the graph
   # nodes of each captured op (cuGraphGetNodes; a small op at W > 1 must be at most 2), then a
   # captured 8 KiB all-reduce timed against eager, torch's symm_mem one-shot and a graph of 85
   # dependent kernels (the old design's floor); figures at W > 1 are time-sliced.
   if wants graph_kernel; then
-    step graph_kernel 100 "$PY" tests/python/gpu_graph_kernel.py --world-sizes 1 2 4 --timeout 45
+    step graph_kernel 100 "$PY" tests/python/gpu_scripts/gpu_graph_kernel.py --world-sizes 1 2 4 --timeout 45
   fi
 
   # --- 5. multi-GPU readiness, ranks sharing the one GPU ---------------------------------------
   # Each script prints one line per rank and step, and also runs with --device cpu in CI
-  # (tests/python/test_gpu_readiness.py). The stress's 1-rank run interleaves real NCCL; its
+  # (tests/python/gpu/test_gpu_readiness.py). The stress's 1-rank run interleaves real NCCL; its
   # 2- and 4-rank runs the wrapped backend (NCCL refuses two ranks on one GPU).
   if wants stress; then
-    step stress 120 "$PY" tests/python/gpu_stress.py --world-sizes 1 2 4 --ops 2000 --timeout 40
+    step stress 120 "$PY" tests/python/gpu_scripts/gpu_stress.py --world-sizes 1 2 4 --ops 2000 --timeout 40
   fi
   if wants fault; then
-    step fault 60 "$PY" tests/python/gpu_fault.py --world-size 2 --op-timeout 5 --margin 15 \
+    step fault 60 "$PY" tests/python/gpu_scripts/gpu_fault.py --world-size 2 --op-timeout 5 --margin 15 \
       --timeout 55
   fi
   if wants teardown; then
-    step teardown 80 "$PY" tests/python/gpu_teardown.py --world-size 2 --op-timeout 5 \
+    step teardown 80 "$PY" tests/python/gpu_scripts/gpu_teardown.py --world-size 2 --op-timeout 5 \
       --margin 10 --timeout 25
   fi
   # Issue 48: a failure reaches every peer (NOTE [Failure words] in p2p_workspace/watchdog.hpp),
@@ -334,7 +334,7 @@ PYEOF
   if wants failure; then
     # 2 ranks of a C++ test binary (launch.py), a skip counting as a failure.
     cpp2=(env CUDA_P2P_TEST_FAIL_ON_SKIP=1 "$PY" tests/cpp/launch.py -n 2 --timeout 55 --)
-    step fault_1queue 45 env CUDA_DEVICE_MAX_CONNECTIONS=1 "$PY" tests/python/gpu_fault.py \
+    step fault_1queue 45 env CUDA_DEVICE_MAX_CONNECTIONS=1 "$PY" tests/python/gpu_scripts/gpu_fault.py \
       --world-size 2 --op-timeout 5 --margin 15 --timeout 40
     step release_streams 120 bash -c '
       "$@" --gtest_filter="*WhicheverQueue*" &&
@@ -354,7 +354,7 @@ PYEOF
     ' _ "${cpp2[@]}" "$BUILD/tests/cpp/test_cuda_workspace"
     grep -h "rank 0: the replay" "$OUT/replay_stop.log" 2>/dev/null | cut -c1-200 |
       sed 's/^/  /' | tee -a "$OUT/summary.txt"
-    step teardown_1queue 60 env CUDA_DEVICE_MAX_CONNECTIONS=1 "$PY" tests/python/gpu_teardown.py \
+    step teardown_1queue 60 env CUDA_DEVICE_MAX_CONNECTIONS=1 "$PY" tests/python/gpu_scripts/gpu_teardown.py \
       --world-size 2 --op-timeout 5 --margin 10 --timeout 25 --scenarios queued
   fi
   # MPS: ranks sharing the GPU run at once, as on separate GPUs. The daemon lives in a private
@@ -377,10 +377,10 @@ PYEOF
         trap mps_stop EXIT
         say "mps:     daemon started (pipe $MPS_DIR/pipe)"
         step stress_mps 90 env CUDA_MPS_PIPE_DIRECTORY="$MPS_DIR/pipe" \
-          CUDA_MPS_LOG_DIRECTORY="$MPS_DIR/log" "$PY" tests/python/gpu_stress.py \
+          CUDA_MPS_LOG_DIRECTORY="$MPS_DIR/log" "$PY" tests/python/gpu_scripts/gpu_stress.py \
           --world-sizes 2 4 --ops 500 --timeout 40
         step fault_mps 45 env CUDA_MPS_PIPE_DIRECTORY="$MPS_DIR/pipe" \
-          CUDA_MPS_LOG_DIRECTORY="$MPS_DIR/log" "$PY" tests/python/gpu_fault.py \
+          CUDA_MPS_LOG_DIRECTORY="$MPS_DIR/log" "$PY" tests/python/gpu_scripts/gpu_fault.py \
           --world-size 2 --op-timeout 5 --margin 15 --timeout 40
         mps_stop
         trap - EXIT
@@ -428,7 +428,7 @@ PYEOF
         # sanitizer is slow, and a time-out there must not hide the C++ tests' verdict.
         if [ "$tool" = memcheck ]; then
           step sanitize_smoke 90 "$SANITIZER" --tool memcheck --error-exitcode 9 \
-            --print-limit 20 --target-processes all "$PY" tests/python/gpu_smoke.py --in-process
+            --print-limit 20 --target-processes all "$PY" tests/python/gpu_scripts/gpu_smoke.py --in-process
         fi
       done
     fi
@@ -449,7 +449,7 @@ PYEOF
     xdist=()
     "$PY" -c "import xdist" 2>/dev/null && xdist=(-n 6)
     CUDA_P2P_REPORT_FAILURES_NOW=1 step cpu_suite 240 "$PY" -m pytest -p no:cacheprovider -q \
-      -rfE --tb=short --maxfail=20 "${xdist[@]}" tests/python --ignore=tests/python/test_gpu.py \
+      -rfE --tb=short --maxfail=20 "${xdist[@]}" tests/python --ignore=tests/python/gpu/test_gpu.py \
       "${pytest_args[@]}"
   fi
 fi

@@ -8,9 +8,9 @@
 // blocks, not an algorithm over the device interface's streams: a receive polls and sleeps on the
 // shared words itself, with the host's wait primitives (p2p_workspace/host/futex_wait.hpp), and
 // needs a device with the host's capability (NOTE [Host fast paths]). So they have their own
-// folder in the bottom layer, p2p_workspace/messages/, with a rule tests/python/test_layers.py
-// checks: from a device implementation they include only host/futex_wait.hpp, and only the
-// backend includes them (ops/, the workspace and the devices do not).
+// folder in the bottom layer, p2p_workspace/messages/, with a rule
+// tests/python/project/test_layers.py checks: from a device implementation they include only
+// host/futex_wait.hpp, and only the backend includes them (ops/, the workspace and the devices do not).
 #pragma once
 
 #include <ATen/ATen.h>

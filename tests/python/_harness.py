@@ -28,6 +28,13 @@ import time
 import traceback
 from typing import Any, Callable
 
+# Where things are (docs/testing.md, "Layout"): the shared helpers here, the processes that the
+# tests start as scripts (one rank each) in ranks/, the GPU machine's scripts in gpu_scripts/.
+TESTS = os.path.dirname(os.path.abspath(__file__))
+RANKS = os.path.join(TESTS, "ranks")
+GPU_SCRIPTS = os.path.join(TESTS, "gpu_scripts")
+REPO = os.path.dirname(os.path.dirname(TESTS))
+
 # Seconds a single `run` (every rank) may take before the pool is declared hung.
 # CUDA_P2P_HOST_SEMANTICS=cuda: the host workspace behaves as the CUDA one (NOTE [Host device with
 # CUDA's semantics] in p2p_workspace/host/host_device.hpp): ops return queued, synchronous calls
@@ -113,7 +120,7 @@ def _worker_main(rank: int, world_size: int, port: int, conn, log_path: str) -> 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # The fused-op tests use tiny shapes to test the pipelines themselves; "auto"'s unfused path
     # below Options.fused_min_flops is tested on groups with that option set
-    # (tests/python/test_fused_auto.py).
+    # (tests/python/fused/test_fused_auto.py).
     os.environ.setdefault("CUDA_P2P_FUSED_MIN_FLOPS", "0")
     try:
         from datetime import timedelta

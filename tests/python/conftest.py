@@ -62,7 +62,7 @@ def world4() -> World:
 
 @pytest.fixture(scope="session")
 def world6() -> World:
-    """Six ranks: two simulated hosts of three (tests/python/test_hierarchical.py)."""
+    """Six ranks: two simulated hosts of three (tests/python/collectives/test_hierarchical.py)."""
     w = _world(6)
     w.start()
     return w

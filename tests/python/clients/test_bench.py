@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 BENCH = REPO / "bench"
 
 # script -> arguments of one tiny case ({out} is a fresh directory); what the output must contain.

@@ -3,8 +3,8 @@ scripts/gpu_check.sh): starting W ranks that share the one GPU, the groups they 
 
 Each script also runs with ``--device cpu``: the same schedule with CPU tensors on the host
 workspace. That is how CI keeps them working where there is no GPU
-(tests/python/test_gpu_readiness.py); nothing here has run on a GPU unless a gpu_check.sh summary
-in docs/testing.md says so.
+(tests/python/gpu/test_gpu_readiness.py); nothing here has run on a GPU unless a gpu_check.sh
+summary in docs/testing.md says so.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import torch.multiprocessing as mp
 from _harness import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# The ranks import the scripts beside this file, the test harness and test_gpu (tests/python/gpu).
+_PATHS = [HERE, os.path.dirname(HERE), os.path.join(os.path.dirname(HERE), "gpu")]
 
 
 def say(rank: int, text: str) -> None:
@@ -34,7 +36,7 @@ def _rank_entry(target, rank: int, world_size: int, port: int, args) -> None:
     faulthandler.enable(all_threads=True)
     # torch 2.14 deprecates all_gather_into_tensor / reduce_scatter_tensor by name, once per op.
     warnings.filterwarnings("ignore", category=FutureWarning)
-    sys.path.insert(0, HERE)
+    sys.path[:0] = _PATHS
     code = 0
     try:
         target(rank, world_size, port, args)
@@ -100,7 +102,7 @@ def cuda_p2p_group(cuda: bool, *, opt_in: bool = True, timeout_s: float | None =
     """A cuda_p2p group over every rank with its workspace on the device under test.
 
     On a GPU with W >= 2 its CUDA side is a second Gloo group (backend "cuda_p2p_nonccl" of
-    tests/python/test_gpu.py): NCCL refuses two ranks on one GPU. The workspace is put on the
+    tests/python/gpu/test_gpu.py): NCCL refuses two ranks on one GPU. The workspace is put on the
     device explicitly: tests/python/conftest.py, which test_gpu imports, sets
     CUDA_P2P_WORKSPACE_DEVICE=cpu for the CPU suite.
     """

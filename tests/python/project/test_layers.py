@@ -9,7 +9,7 @@ calls getenv.
 import pathlib
 import re
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 # From the bottom up; a layer may include its own and the lower ones.
 LAYERS = ["p2p_workspace", "ops", "backend", "python"]
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)

@@ -12,8 +12,9 @@ import sys
 import pytest
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from _harness import GPU_SCRIPTS
+
+sys.path.insert(0, GPU_SCRIPTS)
 
 
 # The three scripts' CPU runs, started together on first use (module fixture): most of each run
@@ -31,7 +32,7 @@ _RUNS = {
 @pytest.fixture(scope="module")
 def runs():
     procs = {name: subprocess.Popen(
-        [sys.executable, os.path.join(HERE, argv[0]), "--device", "cpu", *argv[1:]],
+        [sys.executable, os.path.join(GPU_SCRIPTS, argv[0]), "--device", "cpu", *argv[1:]],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for name, argv in _RUNS.items()}
     outputs: dict = {}

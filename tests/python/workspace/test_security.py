@@ -18,9 +18,8 @@ import uuid
 
 import pytest
 
-from _harness import _pids_with_token, free_port
+from _harness import RANKS, _pids_with_token, free_port
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 NOBODY = 65534
 
 
@@ -38,7 +37,7 @@ class Job:
         log = open(os.path.join(self.dir, f"{name}.log"), "w")
         os.chmod(log.name, 0o666)
         env = dict(os.environ, CUDA_P2P_TEST_TOKEN=self.token, OMP_NUM_THREADS="1")
-        cmd = [sys.executable, os.path.join(HERE, "_security_rank.py"), str(rank), str(world),
+        cmd = [sys.executable, os.path.join(RANKS, "_security_rank.py"), str(rank), str(world),
                str(port), out] + ([hold] if hold else [])
         if user is not None:
             env["HOME"] = self.dir

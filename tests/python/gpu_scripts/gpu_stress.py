@@ -19,11 +19,11 @@ after op, a kind, a group, a stream, a size, a dtype, a reduce op, sync or async
 At the end each rank prints its op counts and its groups' counters (which paths ran); a group
 whose workspace ran nothing fails.
 
-    python tests/python/gpu_stress.py [--world-sizes 1 2 4] [--ops 2000] [--seed 0]
+    python tests/python/gpu_scripts/gpu_stress.py [--world-sizes 1 2 4] [--ops 2000] [--seed 0]
         [--max-elems 131072] [--timeout 300] [--device cpu]
 
 --device cpu runs the same schedule with CPU tensors on the host workspace (no streams; "other"
-goes to Gloo): tests/python/test_gpu_readiness.py runs it in CI. Exit status: 0 when every rank
+goes to Gloo): tests/python/gpu/test_gpu_readiness.py runs it in CI. Exit status: 0 when every rank
 of every run passed, 1 otherwise, 2 without a GPU.
 """
 
@@ -39,7 +39,10 @@ from collections import Counter
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for _d in (_TESTS, os.path.join(_TESTS, "gpu"), os.path.join(_TESTS, "gpu_scripts")):
+    if _d not in sys.path:
+        sys.path.insert(0, _d)
 import _gpu_readiness as R  # noqa: E402
 from _reference import reduce_over_ranks  # noqa: E402
 

@@ -10,16 +10,16 @@ Runs, each in fresh processes:
                   (no torch.cuda.set_device first; the CUDA side wraps real NCCL), an all-reduce
                   through NCCL, a Gloo subgroup, teardown.
   workspace W     W ranks on one GPU (default 1 and 2): a cuda_p2p group whose CUDA side is a
-                  second Gloo group ("cuda_p2p_nonccl" of tests/python/test_gpu.py: NCCL refuses
+                  second Gloo group ("cuda_p2p_nonccl" of tests/python/gpu/test_gpu.py: NCCL refuses
                   two ranks on one GPU), its workspace, a barrier, a peer's buffer (before and
                   after the workspace grew), an all-reduce and an all-gather on the workspace
                   (opt-in), both fused ops, counters, teardown.
 Every result is checked against plain torch.
 
-    python tests/python/gpu_smoke.py [--world-sizes 1 2] [--timeout 120] [--device cpu]
+    python tests/python/gpu_scripts/gpu_smoke.py [--world-sizes 1 2] [--timeout 120] [--device cpu]
 
 --device cpu runs the same steps on the host workspace (the default-group run is left out): it
-checks this script itself where there is no GPU (tests/python/test_gpu_smoke.py). --in-process
+checks this script itself where there is no GPU (tests/python/gpu/test_gpu_smoke.py). --in-process
 runs the 1-rank runs in this process, for a debugger (a crash's C++ frames).
 Exit status: 0 when every rank of every run passed, 1 otherwise, 2 without a GPU.
 """
@@ -37,7 +37,11 @@ import traceback
 import torch
 import torch.multiprocessing as mp
 
-from _harness import free_port  # this script's folder: the test harness beside it
+_TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for _d in (_TESTS, os.path.join(_TESTS, "gpu"), os.path.join(_TESTS, "gpu_scripts")):
+    if _d not in sys.path:
+        sys.path.insert(0, _d)
+from _harness import free_port  # noqa: E402  (tests/python: the test harness)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -75,7 +79,7 @@ def _default_group(step, port: int) -> None:
 
 
 def _workspace(step, rank: int, world_size: int, port: int, cuda: bool) -> None:
-    sys.path.insert(0, HERE)
+    sys.path[:0] = [HERE, os.path.join(_TESTS, "gpu"), _TESTS]
     os.environ["CUDA_P2P_CUDA_WORKSPACE_COLLECTIVES"] = "1"
 
     def imports():

@@ -23,9 +23,8 @@ import uuid
 
 import pytest
 
-from _harness import _pids_with_token, free_port
+from _harness import RANKS, _pids_with_token, free_port
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 TIMEOUT_S = 10.0  # the jobs' process-group timeout (_fault_rank.TIMEOUT_S)
 MARGIN_S = 5.0  # what a survivor may take beyond it (2 shared cores, up to 4 ranks)
 START_S = 60.0  # for the ranks to import torch and get ready
@@ -84,7 +83,7 @@ def run_fault(case: str, world: int, victim: int, signal_from_test: int | None,
             logs.append(log)
             args = [str(r), str(world), str(_PORT)] + ([case] if script == "_fault_rank.py" else [])
             procs.append(subprocess.Popen(
-                [sys.executable, os.path.join(HERE, script), *args, str(victim), out_dir],
+                [sys.executable, os.path.join(RANKS, script), *args, str(victim), out_dir],
                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
         # Wait until every rank is in its loop (or, for a self-inflicted fault, the victim is
         # about to kill itself).
@@ -283,7 +282,7 @@ def test_teardown_after_the_store_host_exited_is_quiet_and_bounded():
             log = open(os.path.join(out_dir, f"rank{r}.log"), "w")
             logs.append(log)
             procs.append(subprocess.Popen(
-                [sys.executable, os.path.join(HERE, "_teardown_rank.py"), str(r), str(world),
+                [sys.executable, os.path.join(RANKS, "_teardown_rank.py"), str(r), str(world),
                  str(_PORT), out_dir],
                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
         for p in procs:

@@ -18,13 +18,13 @@ from torch.distributed import PrefixStore
 import cuda_p2p
 from cuda_p2p import _C
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "configuration.md"
 BEGIN, END = "<!-- knobs: begin -->\n", "<!-- knobs: end -->"
 Options = cuda_p2p.ProcessGroupCudaP2P.Options
 
 
 def render_table(knobs) -> str:
-    """docs/configuration.md's table of the knobs, as `python tests/python/test_config.py
+    """docs/configuration.md's table of the knobs, as `python tests/python/clients/test_config.py
     --write-docs` writes it."""
     lines = ["| Options field | environment variable | type | default | what it does |",
              "|---|---|---|---|---|"]
@@ -42,7 +42,7 @@ def _doc_table(text: str) -> str:
 def test_docs_table_is_the_knob_table():
     assert _doc_table(DOC.read_text()) == render_table(_C._config_knobs()), (
         "docs/configuration.md is out of date with backend/config.cpp: run "
-        "`python tests/python/test_config.py --write-docs`")
+        "`python tests/python/clients/test_config.py --write-docs`")
 
 
 def test_the_options_properties_are_the_options_knobs():

@@ -22,8 +22,10 @@ import torch
 import torch.distributed as dist
 
 import cuda_p2p
-from _harness import memfds_of_ours
 from cuda_p2p import ops
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # _harness
+from _harness import memfds_of_ours  # noqa: E402
 
 TIMEOUT_S = 10
 # The store's rendezvous: rank 0 may take longer than TIMEOUT_S to import torch and listen when

@@ -15,10 +15,11 @@ start-up), each on a group of its own:
                destroy_process_group; the others destroy within the timeout plus the margin.
 Every call that may hang runs under a deadline (a call that does not return is reported).
 
-    python tests/python/gpu_teardown.py [--world-size 2] [--scenarios queued staggered early_exit]
-        [--ops 40] [--op-timeout 10] [--margin 15] [--stagger 1.0] [--timeout 180] [--device cpu]
+    python tests/python/gpu_scripts/gpu_teardown.py [--world-size 2]
+        [--scenarios queued staggered early_exit] [--ops 40] [--op-timeout 10] [--margin 15]
+        [--stagger 1.0] [--timeout 180] [--device cpu]
 
---device cpu runs the same scenarios on the host workspace (tests/python/test_gpu_readiness.py
+--device cpu runs the same scenarios on the host workspace (tests/python/gpu/test_gpu_readiness.py
 runs it in CI). Exit status: 0 when every rank of every scenario passed, 1 otherwise, 2 without a
 GPU.
 """
@@ -33,7 +34,10 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for _d in (_TESTS, os.path.join(_TESTS, "gpu"), os.path.join(_TESTS, "gpu_scripts")):
+    if _d not in sys.path:
+        sys.path.insert(0, _d)
 import _gpu_readiness as R  # noqa: E402
 
 SCENARIOS = ("queued", "staggered", "early_exit")
@@ -97,7 +101,7 @@ def _scenario(rank: int, W: int, cuda: bool, scenario: str, args) -> None:
     R.say(rank, f"{scenario}: enqueued {len(results)} ops")
     if scenario == "early_exit":
         # Every rank's ops complete first: a rank leaving while its peers still read its block
-        # is a different fault (gpu_fault.py, tests/python/test_faults.py).
+        # is a different fault (gpu_fault.py, tests/python/faults/test_faults.py).
         for _, _, _, work in results:
             if work is not None:
                 work.wait()

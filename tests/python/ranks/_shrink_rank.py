@@ -24,7 +24,9 @@ import torch
 import torch.distributed as dist
 
 import cuda_p2p
-from _harness import memfds_of_ours
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # _harness
+from _harness import memfds_of_ours  # noqa: E402
 
 TIMEOUT_S = 5
 RENDEZVOUS_S = 45

@@ -8,9 +8,8 @@ import sys
 
 import pytest
 
-from _harness import free_port, run_script
+from _harness import RANKS, free_port, run_script
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 NPROC = 2
 TIMEOUT_S = 120
 
@@ -21,7 +20,7 @@ def test_torchrun(tmp_path, mode):
         sys.executable, "-m", "torch.distributed.run",
         "--nproc-per-node", str(NPROC),
         "--master-port", str(free_port()),
-        os.path.join(HERE, "_torchrun_script.py"), mode, str(tmp_path),
+        os.path.join(RANKS, "_torchrun_script.py"), mode, str(tmp_path),
     ]  # fmt: skip
     res = run_script(cmd, timeout=TIMEOUT_S)
     text = res.output

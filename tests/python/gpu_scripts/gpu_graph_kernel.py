@@ -15,7 +15,7 @@ sharing the one GPU; every rank, on one group (opt-in workspace collectives):
      old design's one-shot all-reduce on 8 GPUs (~85 nodes, issue 49). With W >= 2 the ranks
      share one GPU, so every figure is time-sliced (the ranks' kernels take turns) and says so.
 
-    python tests/python/gpu_graph_kernel.py [--world-sizes 1 2 4] [--timeout 60]
+    python tests/python/gpu_scripts/gpu_graph_kernel.py [--world-sizes 1 2 4] [--timeout 60]
 
 Exit status: 0 when every rank of every run passed, 1 otherwise, 2 without a GPU.
 """
@@ -30,7 +30,10 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for _d in (_TESTS, os.path.join(_TESTS, "gpu"), os.path.join(_TESTS, "gpu_scripts")):
+    if _d not in sys.path:
+        sys.path.insert(0, _d)
 import _gpu_readiness as R  # noqa: E402
 
 _FLOOR_NODES = 85

@@ -1,5 +1,5 @@
-"""tests/python/gpu_smoke.py, the first step of scripts/gpu_check.sh, run on the host workspace:
-the script itself must work before a GPU machine's scarce minutes are spent on it."""
+"""tests/python/gpu_scripts/gpu_smoke.py, the first step of scripts/gpu_check.sh, run on the host
+workspace: the script itself must work before a GPU machine's scarce minutes are spent on it."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import sys
 import pytest
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from _harness import GPU_SCRIPTS
 
 
 def test_gpu_smoke_steps_pass_on_the_host_workspace():
     r = subprocess.run(
-        [sys.executable, os.path.join(HERE, "gpu_smoke.py"), "--device", "cpu",
+        [sys.executable, os.path.join(GPU_SCRIPTS, "gpu_smoke.py"), "--device", "cpu",
          "--world-sizes", "1", "2", "--timeout", "90"],
         capture_output=True, text=True, timeout=200,
     )
@@ -34,7 +34,8 @@ def test_gpu_smoke_steps_pass_on_the_host_workspace():
 
 def test_gpu_smoke_runs_one_rank_in_process_for_a_debugger():
     r = subprocess.run(
-        [sys.executable, os.path.join(HERE, "gpu_smoke.py"), "--device", "cpu", "--in-process"],
+        [sys.executable, os.path.join(GPU_SCRIPTS, "gpu_smoke.py"), "--device", "cpu",
+         "--in-process"],
         capture_output=True, text=True, timeout=120,
     )
     out = r.stdout + r.stderr
@@ -46,7 +47,7 @@ def test_gpu_smoke_runs_one_rank_in_process_for_a_debugger():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="there is a GPU here")
 def test_gpu_smoke_says_so_without_a_gpu():
-    r = subprocess.run([sys.executable, os.path.join(HERE, "gpu_smoke.py")],
+    r = subprocess.run([sys.executable, os.path.join(GPU_SCRIPTS, "gpu_smoke.py")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "no CUDA GPU here" in r.stderr

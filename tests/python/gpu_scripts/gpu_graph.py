@@ -15,7 +15,8 @@ p2p_workspace/symmetric_workspace.cpp). Every rank, on one group (opt-in workspa
   4. times a captured 8 KiB all_reduce_ (a graph of --graph-ops of them) against the same ops
      eager, median of --iters (CUDA events), and prints the ratio.
 
-    python tests/python/gpu_graph.py [--world-sizes 1 2 4] [--replays 20] [--timeout 240]
+    python tests/python/gpu_scripts/gpu_graph.py [--world-sizes 1 2 4] [--replays 20]
+        [--timeout 240]
 
 Exit status: 0 when every rank of every run passed, 1 otherwise, 2 without a GPU.
 """
@@ -29,7 +30,10 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for _d in (_TESTS, os.path.join(_TESTS, "gpu"), os.path.join(_TESTS, "gpu_scripts")):
+    if _d not in sys.path:
+        sys.path.insert(0, _d)
 import _gpu_readiness as R  # noqa: E402
 
 

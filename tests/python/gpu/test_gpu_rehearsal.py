@@ -1,4 +1,4 @@
-"""tests/python/test_gpu.py's device-neutral checks, run with CPU tensors on the host workspace.
+"""tests/python/gpu/test_gpu.py's device-neutral checks, run with CPU tensors on the host workspace.
 
 GPU time is scarce (a lease of minutes, now and then): a fault of a check itself must show in CI,
 not on the GPU. On the second GPU run the fused_matmul_reduce_scatter check seeded each rank's

@@ -94,8 +94,9 @@ _ON_CPU = False
 
 
 def rehearse_on_cpu(ctx, check, *args):
-    """Runs `check` with CPU tensors on the host workspace (tests/python/test_gpu_rehearsal.py, in
-    CI): a fault of the check itself shows there, before a scarce GPU lease is spent on it."""
+    """Runs `check` with CPU tensors on the host workspace (in CI:
+    tests/python/gpu/test_gpu_rehearsal.py): a fault of the check itself shows there, before a
+    scarce GPU lease is spent on it."""
     global _ON_CPU
     _ON_CPU = True
     try:

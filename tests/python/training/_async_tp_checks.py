@@ -423,7 +423,7 @@ def check_symm_mem_nodes(ctx):
     return {"cases": n, "failures": failures, "counters": {}}
 
 
-# ---- a transformer block (tests/python/_async_tp_block.py), trained ------------------------------
+# ---- a transformer block (tests/python/training/_async_tp_block.py), trained ----------------
 
 # Counter suffixes that flag a property of a call, not a call.
 _FLAGS = ("cross_memory", "zero_copy", "rounds", "grow")

@@ -13,12 +13,12 @@ does not return is reported, not hung on):
   4. a new cuda_p2p group on the same GPU, every rank again, passes a checked all_reduce.
 The ranks line up between the steps over the default group (Gloo, never under test).
 
-    python tests/python/gpu_fault.py [--world-size 2] [--op-timeout 5] [--margin 15]
+    python tests/python/gpu_scripts/gpu_fault.py [--world-size 2] [--op-timeout 5] [--margin 15]
         [--timeout 180] [--device cpu]
 
---device cpu runs the same steps on the host workspace (tests/python/test_gpu_readiness.py runs
-it in CI; tests/python/test_faults.py covers killed and stopped ranks there). Exit status: 0 when
-every rank passed, 1 otherwise, 2 without a GPU.
+--device cpu runs the same steps on the host workspace (tests/python/gpu/test_gpu_readiness.py
+runs it in CI; tests/python/faults/test_faults.py covers killed and stopped ranks there). Exit
+status: 0 when every rank passed, 1 otherwise, 2 without a GPU.
 """
 
 from __future__ import annotations
@@ -32,7 +32,10 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for _d in (_TESTS, os.path.join(_TESTS, "gpu"), os.path.join(_TESTS, "gpu_scripts")):
+    if _d not in sys.path:
+        sys.path.insert(0, _d)
 import _gpu_readiness as R  # noqa: E402
 
 
