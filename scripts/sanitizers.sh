@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The C++ tests under sanitizers (docs/testing.md); scripts/test.sh runs this after the main suite.
+# The C++ tests (docs/testing.md, "C++ tests and sanitizers"), built with sanitizers:
 #
 #   asan  build/asan: our code (core library, harness, tests; not libtorch) built with
-#         -fsanitize=address,undefined; every test binary as 1 and 2 ranks (CUDA_P2P_ASAN_RANKS)
-#         but the test_cuda_* ones (built without CUDA they only skip), GoogleTest built from
-#         third_party/googletest (so CI also proves that copy builds).
+#         -fsanitize=address,undefined; every ctest entry (each binary as 1-4 ranks, the
+#         CUDA-semantics and thread-per-stream variants) but the test_cuda_* ones (built without
+#         CUDA they only skip); GoogleTest built from third_party/googletest (so CI also proves
+#         that copy builds). CUDA_P2P_ASAN_TESTS: a ctest -R regex (the quick loop's: each binary
+#         once).
 #   tsan  build/tsan: -fsanitize=thread; the host executor tests (test_host_streams, and
 #         1 rank; test_workspace with a thread per host stream, 2 ranks), the watchdog (1 rank),
 #         the op order with callers on streams of their own (test_op_order, 2 ranks), the
@@ -14,7 +16,7 @@
 #
 #   bash scripts/sanitizers.sh [--build-only] [asan] [tsan]
 #                 (default: both; needs scripts/setup.sh's .venv; --build-only builds, runs nothing:
-#                 scripts/test.sh builds them this way in the background while the main suite runs)
+#                 scripts/test.sh builds them this way in the background while the Python tests run)
 #
 # Every finding aborts the rank (halt_on_error), which fails its ctest entry.
 set -euo pipefail
@@ -76,12 +78,11 @@ for kind in "${kinds[@]}"; do
       targets=($(cd tests/cpp && ls test_*.cpp | sed 's/\.cpp$//' | grep -v '^test_cuda_'))
       configure_and_build build/asan address,undefined "${targets[@]}" || { status=1; continue; }
       ((build_only)) && continue
-      ranks=${CUDA_P2P_ASAN_RANKS:-1|2}
       # Leaks: libtorch's own static allocations are reported at exit and are not ours to fix.
       ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=0:detect_stack_use_after_return=0 \
         UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-        "$CTEST" --test-dir build/asan --output-on-failure --timeout 300 -R "_np(${ranks})\$" \
-        -E '^test_cuda_' ||
+        "$CTEST" --test-dir build/asan --output-on-failure --timeout 300 \
+        -R "${CUDA_P2P_ASAN_TESTS:-.}" -E '^test_cuda_' ||
         status=1
       ;;
     tsan)

@@ -19,7 +19,7 @@ ROOT=$PWD
 log() { printf '[setup] %s\n' "$*"; }
 
 # --- Debian packages ----------------------------------------------------------------------------
-# iproute2: network namespaces and tc for bench.sh --link (tests/python/test_bench.py).
+# iproute2: network namespaces and tc for bench.sh --link (tests/python/clients/test_bench.py).
 apt_pkgs=(libgtest-dev openmpi-bin libopenmpi-dev iproute2)
 missing=()
 for p in "${apt_pkgs[@]}"; do
@@ -82,6 +82,8 @@ fi
 
 # --- build and install cuda_p2p -----------------------------------------------------------------
 # Rebuilt only when a source file changed since the last install (or the install is missing).
+# Without the C++ test binaries (CUDA_P2P_BUILD_TESTS=ON adds them): scripts/test.sh runs them
+# from the sanitizer builds (scripts/sanitizers.sh).
 stamp=build/.installed-sources
 sources_hash=$(git ls-files -z --cached --others --exclude-standard \
     CMakeLists.txt pyproject.toml backend p2p_workspace ops python tests/cpp third_party \
@@ -96,7 +98,7 @@ else
   # a target's sources compiled as one file; CUDA_P2P_UNITY=OFF compiles each file alone): 518 ->
   # 338 s of CPU, 4m36s -> 3m02s on 2 cores (the timings: docs/testing.md).
   "$VPY" -m pip install -q --no-build-isolation --no-deps . \
-    -Ccmake.define.CUDA_P2P_BUILD_TESTS="${CUDA_P2P_BUILD_TESTS:-ON}" \
+    -Ccmake.define.CUDA_P2P_BUILD_TESTS="${CUDA_P2P_BUILD_TESTS:-OFF}" \
     -Ccmake.define.CUDA_P2P_PCH="${CUDA_P2P_PCH:-ON}" \
     -Ccmake.define.CMAKE_UNITY_BUILD="${CUDA_P2P_UNITY:-ON}"
   echo "$sources_hash" >"$stamp"

@@ -1,177 +1,150 @@
 #!/usr/bin/env bash
-# Runs every test: the Python linter (ruff, pyproject.toml's [tool.ruff]), the C++ GoogleTest
-# binaries (ctest: each binary as 1, 2 and 4 ranks, under mpirun or tests/cpp/launch.py), the
-# Python tests (pytest, multi-process against a Gloo reference), then the C++ tests under
-# ASan+UBSan and TSan (scripts/sanitizers.sh). Installs what they need first. Exits non-zero
-# when anything fails - including when the C++ suite cannot run at all
-# (CUDA_P2P_ALLOW_SKIP_CPP=1 accepts that, loudly). CUDA_P2P_SANITIZERS=0 leaves the sanitizer
-# builds out (CI runs them). The sanitizer builds and tests/python/test_faults.py run beside the
-# rest (below; docs/testing.md, "What runs beside what").
+# Runs every test (what CI runs through .ci/run; docs/testing.md): installs what they need
+# (scripts/setup.sh), then the Python linter, the Python tests (pytest, multi-process against a
+# Gloo reference and plain torch), the ones whose behaviour differs on a host workspace with
+# CUDA's semantics, the fault-injection suite (beside the rest), and the C++ GoogleTest binaries
+# under ASan+UBSan (every binary as 1-4 ranks) and TSan (the threaded ones). It ends with one line
+# per stage (wall and CPU seconds against its budget) and fails when anything failed, when the C++
+# suite could not run (CUDA_P2P_ALLOW_SKIP_CPP=1 accepts that, loudly) or when a stage took more
+# than 1.5 times its budget (docs/testing.md, "Budgets").
 #
-# `bash scripts/test.sh --quick [pytest args]`: a contributor's loop (docs/testing.md, "The quick
-# loop"): the incremental build, the linter, each C++ binary once (2 ranks), and the Python tests
-# not marked slow (tests/python/conftest.py), without the sanitizers. Not CI: the full run is.
+#   bash scripts/test.sh                  CI's run
+#   bash scripts/test.sh --under-load     the same with a busy loop per CPU beside it for the whole
+#                                         run (wall budgets doubled): the suite must pass on a
+#                                         machine busy with something else
+#   bash scripts/test.sh --long           CI's run plus the long forms (soaks, the randomized and
+#                                         stress runs at full size, every bench variant); not CI
+#   bash scripts/test.sh --quick [ARGS]   a contributor's loop: the incremental build, the linter,
+#                                         the C++ binaries once (2 ranks) and the Python tests not
+#                                         marked slow (ARGS go to pytest); not CI
+#   bash scripts/test.sh -- ARGS          CI's run with ARGS given to every pytest run
 set -euo pipefail
 cd "$(dirname "$0")/.."
-quick=0
-if [ "${1:-}" = "--quick" ]; then
-  quick=1
+mode=full
+under_load=0
+while (($#)); do
+  case $1 in
+    --quick) mode=quick ;;
+    --long) mode=long ;;
+    --under-load) under_load=1 ;;
+    --) shift; break ;;
+    *) break ;;
+  esac
   shift
-fi
-bash scripts/setup.sh
-# Each stage's wall time, printed at the end (CI's budget: docs/testing.md, "What runs beside
-# what (CI time)").
-times=("setup: $SECONDS s")
-mark=$SECONDS
-stage_done() {
-  times+=("$1: $((SECONDS - mark)) s")
-  mark=$SECONDS
-}
+done
+pytest_args=("$@")
+if ((under_load)); then export STAGE_WALL_FACTOR=2; fi
 
-VPY=$(cat build/.python 2>/dev/null || echo "$PWD/.venv/bin/python")
-# The scikit-build-core build (build/<wheel tag>), not the sanitizer or gpu_check builds.
-build_dir=$("$VPY" - <<'PYEOF'
-import glob, os
-dirs = [d for d in glob.glob("build/*/CTestTestfile.cmake")
-        if os.path.basename(os.path.dirname(d)) not in ("asan", "tsan", "gpu_check")]
-dirs.sort(key=os.path.getmtime)
-print(os.path.dirname(dirs[-1]) if dirs else "")
-PYEOF
-)
+# Budgets (seconds) for CI's run on a 2-core machine of the project's kind: wall, CPU. A stage over
+# 1.5 x either fails the run (docs/testing.md, "Budgets", has the measured figures behind them).
+TOTAL_WALL_BUDGET=1200
+TOTAL_CPU_BUDGET=2400
+# shellcheck source=scripts/stages.sh
+. scripts/stages.sh
+
+# An interrupted or finished run stops what it started beside (which ignores SIGINT).
+trap stop_beside EXIT
+if ((under_load)); then
+  n=$(nproc)
+  echo "== under load: $n busy loops beside the whole run"
+  # shellcheck disable=SC2016
+  beside load /dev/null bash -c 'for ((i = 0; i < $0; i++)); do (while :; do :; done) & done; wait' "$n"
+fi
+
 status=0
-skipped=()
-# Every Python file of the project (third_party/ is excluded in pyproject.toml). A lint error fails
-# the run; the tests still run, so that one run shows both.
+stage setup 420 600 bash scripts/setup.sh || exit 1
+VPY=$(cat build/.python)
+export PYTHONDONTWRITEBYTECODE=1
+
+# The Python linter: every Python file of the project (third_party/ excluded in pyproject.toml). A
+# lint error fails the run; the tests still run, so that one run shows both.
 lint_failed=0
 lint() {
   echo "== Python lint (ruff check; docs/testing.md, \"Lint\")"
-  if ! "$VPY" -m ruff check python tests bench examples scripts docs; then
-    lint_failed=1
-    status=1
-  fi
+  "$VPY" -m ruff check python tests bench examples scripts docs || lint_failed=1
 }
-lint_verdict() {
-  if ((lint_failed)); then echo "!!! lint FAILED: ruff check found the errors listed above"; fi
-}
-if ((quick)); then
-  t0=$SECONDS
-  lint
-  ctest_bin=$(dirname "$VPY")/ctest
-  [ -x "$ctest_bin" ] || ctest_bin=ctest
-  if [ -n "$build_dir" ]; then
-    # Each binary once: as 2 ranks, or as 1 where it is single-process (tests/cpp/CMakeLists.txt).
-    quick_cpp='_np2$|^test_(config|watchdog|event_work|quiet_teardown|pad_layout|hierarchy_agreement)_np1$'
-    echo "== C++ tests, each binary once (ctest -R '$quick_cpp' in $build_dir)"
-    "$ctest_bin" --test-dir "$build_dir" --output-on-failure --timeout 300 -R "$quick_cpp" \
-      -E _threads_ ||
-      status=1
-  else
-    echo "!!! no ctest build: the C++ tests were not run"
+
+# CPU per test file of each pytest run (tests/python/_cpu_report.py), for docs/testing.md's table.
+export CUDA_P2P_CPU_REPORT=$PWD/$STAGE_DIR/pytest-cpu-%p.json
+rm -f "$STAGE_DIR"/pytest-cpu-*.json
+pytest_run() { "$VPY" -m pytest -q -p no:cacheprovider "$@" "${pytest_args[@]}"; }
+
+if [ "$mode" = quick ]; then
+  stage lint 30 30 lint
+  ((lint_failed)) && status=1
+  # Each C++ binary once: as 2 ranks, or as 1 where it is single-process.
+  CUDA_P2P_ASAN_TESTS='_np2$|^test_(config|watchdog|event_work|quiet_teardown|pad_layout|hierarchy_agreement)_np1$' \
+    stage "C++ tests, each once (ASan+UBSan)" 600 600 bash scripts/sanitizers.sh asan ||
     status=1
-  fi
-  echo "== Python tests not marked slow (pytest -m 'not slow')"
-  "$VPY" -m pytest -q -p no:cacheprovider --durations=10 -m "not slow" tests/python "$@" ||
-    status=1
-  lint_verdict
-  echo "== quick run: $((SECONDS - t0)) s after setup ($( ((status == 0)) && echo passed ||
-    echo FAILED)); the full run is bash scripts/test.sh"
+  stage "Python tests not marked slow" 300 400 pytest_run --durations=10 -m "not slow" \
+    tests/python || status=1
+  stage_report || true
+  ((lint_failed)) && echo "!!! lint FAILED: ruff check found the errors listed above"
+  echo "== quick run $( ((status == 0)) && echo passed || echo FAILED); the full run is" \
+    "bash scripts/test.sh"
   exit $status
 fi
-# The sanitizer builds (CPU-bound) go on in the background while the tests below run: the ranks
-# wait on each other, for timeouts and for subprocesses much of the time, and on a 2-core machine
-# pytest alone keeps the CPUs ~73% busy. SCHED_IDLE (chrt --idle) gives the builds mostly CPU time
-# nothing else wants; the tests still slow down some (a polling rank's sched_yield can hand the
-# core to a compiler until the next tick; the timings: docs/testing.md). Its log:
-# build/sanitizers_build.log; scripts/sanitizers.sh below finishes whatever is left of the builds
-# and reports any error.
-sanitizer_build=
-if [ "${CUDA_P2P_SANITIZERS:-1}" = 1 ]; then
-  mkdir -p build
-  idle=()
-  if command -v chrt >/dev/null && chrt --idle 0 true 2>/dev/null; then idle=(chrt --idle 0); fi
-  # A process group of its own (setsid): an interrupted run takes the whole build down with it.
-  setsid "${idle[@]}" bash scripts/sanitizers.sh --build-only >build/sanitizers_build.log 2>&1 &
-  sanitizer_build=$!
-fi
-faults=
-# An interrupted run stops what it started in the background (which ignores SIGINT).
-# (Each kill ends in `|| true`: under set -e a failing last command of the trap would make the
-# script's exit status 1 after a run that passed.)
-stop_background() {
-  if [ -n "$sanitizer_build" ]; then kill -- -"$sanitizer_build" 2>/dev/null || true; fi
-  if [ -n "$faults" ]; then kill "$faults" 2>/dev/null || true; fi
-}
-trap stop_background EXIT
-lint
-stage_done "lint"
-if [ -n "$build_dir" ]; then
-  echo "== C++ tests (ctest in $build_dir)"
-  ctest_bin=$(dirname "$VPY")/ctest
-  [ -x "$ctest_bin" ] || ctest_bin=ctest
-  "$ctest_bin" --test-dir "$build_dir" --output-on-failure --timeout 300 || status=1
-  stage_done "C++ tests"
-else
-  skipped+=("C++ tests: no ctest build (CUDA_P2P_BUILD_TESTS=OFF?)")
-fi
+
+long=()
+if [ "$mode" = long ]; then long=(--long); fi
+
+# Beside the tests (docs/testing.md, "What runs beside what"): the sanitizer builds of the C++
+# tests, on CPU time nothing else wants (SCHED_IDLE), and the fault-injection suite, whose jobs
+# mostly wait for a process-group timeout to name a dead rank: as the host runs, then its cases
+# whose behaviour differs with CUDA's semantics.
+idle=()
+if command -v chrt >/dev/null && chrt --idle 0 true 2>/dev/null; then idle=(chrt --idle 0); fi
+beside "sanitizer builds" build/sanitizers_build.log "${idle[@]}" bash scripts/sanitizers.sh \
+  --build-only
+beside "fault injection, twice" build/pytest_faults.log bash -c '
+  "$0" -m pytest -q -p no:cacheprovider tests/python/faults "$@" &&
+    echo "== the same cases whose behaviour differs, with CUDA_P2P_HOST_SEMANTICS=cuda" &&
+    CUDA_P2P_HOST_SEMANTICS=cuda "$0" -m pytest -q -p no:cacheprovider -m cuda_semantics \
+      tests/python/faults "$@"' "$VPY" "${long[@]}" "${pytest_args[@]}"
+
+stage lint 30 30 lint
 
 echo "== Python tests (pytest)"
-if (($#)); then
-  "$VPY" -m pytest -q --durations=15 tests/python "$@" || status=1
-else
-  # tests/python/test_faults.py runs beside the rest, in a pytest of its own: its jobs spend most
-  # of their ~160 s waiting for a 10 s process-group timeout to name a dead rank, so the other
-  # tests lose little CPU to it. Its output follows the main run's.
-  # It runs twice: as the host runs, then with CUDA's semantics (below).
-  faults_log=build/pytest_faults.log
-  (
-    "$VPY" -m pytest -q -p no:cacheprovider tests/python/test_faults.py &&
-      echo "== tests/python/test_faults.py with CUDA_P2P_HOST_SEMANTICS=cuda" &&
-      CUDA_P2P_HOST_SEMANTICS=cuda "$VPY" -m pytest -q -p no:cacheprovider \
-        tests/python/test_faults.py
-  ) >"$faults_log" 2>&1 &
-  faults=$!
-  "$VPY" -m pytest -q --durations=15 tests/python --ignore tests/python/test_faults.py ||
-    status=1
-  stage_done "Python tests"
-  # The suites of the collectives and the fused ops again on a host workspace that behaves as the
-  # CUDA one (NOTE [Host device with CUDA's semantics] in p2p_workspace/host/host_device.hpp): ops
-  # return queued, released waits let their streams run on, a mismatch fails the group. (Not the
-  # suites of the host's own paths: the inline all-reduce, counted "all_reduce.inline", is the
-  # synchronous host's.)
-  echo "== Python tests with CUDA's semantics (CUDA_P2P_HOST_SEMANTICS=cuda)"
-  CUDA_P2P_HOST_SEMANTICS=cuda "$VPY" -m pytest -q -p no:cacheprovider --durations=5 \
-    tests/python/test_ws_collectives.py tests/python/test_collectives.py \
-    tests/python/test_fused_ops.py || status=1
-  stage_done "Python tests with CUDA's semantics"
-  wait "$faults" || status=1
-  stage_done "test_faults.py twice (beside; after the Python tests)"
-  echo "== Python tests: tests/python/test_faults.py (run beside the above)"
-  cat "$faults_log"
-fi
+stage "Python tests" 660 1100 pytest_run --durations=15 tests/python --ignore tests/python/faults \
+  "${long[@]}" || status=1
 
-if [ "${CUDA_P2P_SANITIZERS:-1}" = 1 ]; then
-  echo "== C++ tests under sanitizers (scripts/sanitizers.sh)"
-  t0=$SECONDS
-  wait "$sanitizer_build" || true  # its errors show again in the run below
-  echo "(the background build ended $((SECONDS - t0)) s after the tests above)"
-  bash scripts/sanitizers.sh || status=1
-  stage_done "sanitizers"
-else
-  echo "== sanitizers left out (CUDA_P2P_SANITIZERS=0)"
-fi
+# The tests marked cuda_semantics (those whose behaviour differs: async errors, mismatches, queued
+# ops, failures) once more on a host workspace that behaves as the CUDA one (NOTE [Host device
+# with CUDA's semantics] in p2p_workspace/host/host_device.hpp): ops return queued, released waits
+# let their streams run on, a mismatch fails the group.
+echo "== Python tests with CUDA's semantics (CUDA_P2P_HOST_SEMANTICS=cuda, -m cuda_semantics)"
+CUDA_P2P_HOST_SEMANTICS=cuda stage "Python tests, CUDA's semantics" 120 200 pytest_run \
+  --durations=5 -m cuda_semantics tests/python --ignore tests/python/faults "${long[@]}" ||
+  status=1
 
-echo "== stages: ${times[*]/%/;} total $SECONDS s"
-lint_verdict
-if ((${#skipped[@]})); then
-  echo
-  echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
-  for s in "${skipped[@]}"; do echo "!!! SKIPPED: $s"; done
-  if [ "${CUDA_P2P_ALLOW_SKIP_CPP:-0}" = 1 ]; then
-    echo "!!! accepted because CUDA_P2P_ALLOW_SKIP_CPP=1"
-  else
-    echo "!!! this is a failure (CUDA_P2P_ALLOW_SKIP_CPP=1 accepts it)"
-    status=1
+join_beside "fault injection, twice" 480 300 || status=1
+echo "== Python tests: tests/python/faults (run beside the above)"
+cat build/pytest_faults.log
+
+# The C++ tests: every binary under ASan+UBSan (1-4 ranks, the CUDA-semantics and thread-per-
+# stream variants), the threaded ones under TSan (scripts/sanitizers.sh). Their builds ran beside
+# the Python tests; what is left of them finishes here.
+join_beside "sanitizer builds" 300 900 || true  # its errors show again below
+if stage "C++ tests (ASan+UBSan)" 300 500 bash scripts/sanitizers.sh asan; then
+  :
+else
+  status=1
+  if [ ! -x build/asan/tests/cpp/test_backend ]; then
+    echo "!!! SKIPPED: the C++ tests could not be built (build/sanitizers_build.log)"
+    if [ "${CUDA_P2P_ALLOW_SKIP_CPP:-0}" = 1 ]; then
+      echo "!!! accepted because CUDA_P2P_ALLOW_SKIP_CPP=1"
+      status=0
+    fi
   fi
-  echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
+fi
+stage "C++ tests (TSan)" 60 100 bash scripts/sanitizers.sh tsan || status=1
+
+stage_report || status=1
+"$VPY" scripts/cpu_table.py "$STAGE_DIR"/pytest-cpu-*.json >"$STAGE_DIR/pytest-cpu.md" ||
+  true
+echo "(CPU per test file: $STAGE_DIR/pytest-cpu.md)"
+if ((lint_failed)); then
+  echo "!!! lint FAILED: ruff check found the errors listed above"
+  status=1
 fi
 exit $status
