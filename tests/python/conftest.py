@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import sys
 
@@ -123,6 +124,58 @@ SLOW_TESTS = frozenset({
 })
 
 
+# Tests whose behaviour differs on a host workspace with CUDA's semantics (ops return queued, a
+# released wait lets its stream run on, a mismatch fails the group): marked cuda_semantics, and
+# scripts/test.sh runs them once more in that mode. fnmatch patterns on "file::test[params]". One
+# world size per algorithm where the protocol does not depend on it (3: odd, rings uneven).
+CUDA_SEMANTICS_TESTS = (
+    "test_ws_collectives.py::test_all_reduce[[]w3-*",       # each algorithm, queued, checked
+    "test_ws_collectives.py::test_all_gather[[]w3-*",
+    "test_ws_collectives.py::test_reduce_scatter[[]w3-*",
+    "test_ws_collectives.py::test_broadcast[[]w3]",
+    "test_ws_collectives.py::test_all_gather_v[[]w3]",
+    "test_ws_collectives.py::test_api_async_fallbacks_and_off_switches[[]w2]",  # Works, futures
+    "test_ws_collectives.py::test_synchronous_calls_return_no_work[[]w2]",  # a Work on CUDA
+    "test_ws_collectives.py::test_timeout_names_the_missing_rank",  # the device fails
+    "test_ws_collectives.py::test_a_late_rank_learns_of_the_failure",  # failure words
+    "test_ws_collectives.py::test_ddp_on_cuda_p2p_matches_gloo",  # DDP on queued Works
+    "test_collectives.py::test_collective[[]w4-*-float32]",  # async Works against Gloo's
+    "test_fused_ops.py::test_all_gather_matmul[[]w3]",  # the pipelines in stream order
+    "test_fused_ops.py::test_matmul_reduce_scatter[[]w3]",
+    "test_fused_ops.py::test_buffer_too_small[[]*]",  # rounds and growth behind queued work
+    "test_fused_ops.py::test_host_streams_as_threads",
+    "test_fused_ops.py::test_absent_rank_is_named_and_the_group_refuses_later_pipelines",
+    "test_faults.py::test_killed_rank_is_named_by_every_survivor[[]allreduce_*]",
+    "test_faults.py::test_killed_rank_is_named_by_every_survivor[[]fused]",
+    "test_faults.py::test_killed_rank_is_named_by_every_survivor[[]grow]",
+    "test_faults.py::test_stopped_rank_past_the_timeout_is_named_and_everyone_exits",
+    "test_faults.py::test_survivors_shrink_past_a_killed_rank_and_finish_training[[]3-1]",
+)
+# The longer forms (marker long): only with --long (scripts/test.sh --long), never in CI. Each is a
+# variant whose behaviour a test CI runs also checks (the reason beside it).
+LONG_TESTS = (
+    # A 4-rank inductor compile of the TP MLP (~70 s of CPU): the 2-rank one checks the same
+    # pattern matching, steps and gradients (and examples/async_tp_training.py compiles it too).
+    "test_async_tp.py::test_dtensor_tp_mlp_trains_on_the_fused_ops[[]w4]",
+    # The transformer block through functional collectives: the DTensor form with biases checks
+    # the same block fused; the funcol forms are matched on traced graphs (test_forms_...).
+    "test_async_tp.py::test_transformer_block_fuses_everything_w2[[]funcol]",
+    # make_fx only, where the group's size does not matter: 2 ranks check it.
+    "test_async_tp.py::test_forms_on_traced_graphs[[]w4]",
+    # bench_collectives.py's zero-copy columns with the signature agreement: auto runs in CI, and
+    # test_zero_copy.py checks both agreements.
+    "test_bench.py::test_bench_collectives_zero_copy[[]signature]",
+    # The dispatcher ops on 3 ranks: the 2- and 4-rank cases and test_ws_collectives.py's 3-rank
+    # all-reduce check the same code (it does not depend on the group's size).
+    "test_all_reduce_op.py::test_values_3_ranks[[]*]",
+)
+
+
+def _matches(item, patterns) -> bool:
+    name = f"{item.path.name}::{item.name}"
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
 def pytest_addoption(parser):
     parser.addoption("--long", action="store_true",
                      help="also run the tests marked long (scripts/test.sh --long; not CI)")
@@ -137,6 +190,9 @@ def pytest_configure(config):
         "(async errors, mismatches, queued ops, failures): scripts/test.sh runs it once more "
         "with CUDA_P2P_HOST_SEMANTICS=cuda")
     _cpu_report.register(config)
+    # The soak's length (workspace/test_soak.py): CI's run checks its behaviour at 2000 ops, the
+    # long run soaks.
+    os.environ.setdefault("CUDA_P2P_SOAK_OPS", "10000" if config.getoption("--long") else "2000")
 
 
 def _more_than_two_ranks(item) -> bool:
@@ -152,6 +208,10 @@ def pytest_collection_modifyitems(config, items):
         name = f"{item.path.name}::{item.originalname}"
         if item.path.name in SLOW_FILES or name in SLOW_TESTS or _more_than_two_ranks(item):
             item.add_marker(pytest.mark.slow)
+        if _matches(item, CUDA_SEMANTICS_TESTS):
+            item.add_marker(pytest.mark.cuda_semantics)
+        if _matches(item, LONG_TESTS):
+            item.add_marker(pytest.mark.long)
     if not config.getoption("--long"):
         # Deselected, not skipped: CI's run does not have them, by design.
         long = [item for item in items if item.get_closest_marker("long")]

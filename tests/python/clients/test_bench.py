@@ -24,9 +24,11 @@ BENCH = REPO / "bench"
 NEEDS_GPU = {"gpu_timing.py"}
 TINY = {
     "bench_training.py": (
-        # Not the plain "compiled" variant: torch.compile without our pass tests torch, not us.
+        # The eager variant only: the script's plumbing, its JSON and table. The compiled+fused
+        # variant is the TP MLP that training/test_async_tp.py and examples/async_tp_training.py
+        # compile and check (an inductor compile per rank costs ~25 s here); --long runs it.
         ["--world-sizes", "2", "--dim", "32", "--tokens", "16", "--iters", "1", "--warmup", "1",
-         "--variants", "compiled+fused", "--out", "{out}"],
+         "--variants", "eager", "--out", "{out}"],
         None,
     ),
     "bench_collectives.py": (
@@ -66,6 +68,10 @@ TINY = {
     ),
 }
 
+# With --long (scripts/test.sh --long), added to a tiny case (a later --variants replaces the
+# earlier one).
+LONG_EXTRA = {"bench_training.py": ["--variants", "compiled+fused"]}
+
 
 def run_bench(script: str, args: list[str], cwd: Path, timeout: float = 300):
     """Runs bench/<script> as a user runs it (the installed or built package, not the sources) and
@@ -92,9 +98,11 @@ def test_every_script_has_a_tiny_case():
 
 
 @pytest.mark.parametrize("script", sorted(TINY))
-def test_bench_script_runs(script, tmp_path):
+def test_bench_script_runs(script, tmp_path, request):
     args, json_out = TINY[script]
     args = [a.format(out=tmp_path) for a in args]
+    if request.config.getoption("--long"):
+        args += LONG_EXTRA.get(script, [])
     # bench_collectives.py may build DeepSpeed's op the first time (check_peer_columns).
     proc = run_bench(script, args, tmp_path, timeout=1500 if script == "bench_collectives.py"
                      else 300)

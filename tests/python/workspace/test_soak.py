@@ -2,7 +2,8 @@
 torch at intervals, with RSS, open descriptors and mappings measured before and after.
 
 CUDA_P2P_SOAK_OPS sets the number of operations (both threads together; default 10000, about a
-minute on 2 cores including the pool's start). Every op's kind, size and dtype come from a
+minute on 2 cores including the pool's start; tests/python/conftest.py sets 2000 for CI's run and
+10000 with --long). Every op's kind, size and dtype come from a
 generator seeded by (thread, index), identical on every rank; one op in CHECK_EVERY is built from
 per-rank deterministic inputs and compared with the result computed locally from every rank's
 input.
