@@ -9,6 +9,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <regex>
 #include <stdexcept>
 #include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -131,6 +132,12 @@ c10::intrusive_ptr<c10d::Store> test_store() {
   std::string name = info ? std::string(info->test_suite_name()) + "." + info->name() : "global";
   name += "#" + std::to_string(uses[name]++);
   return c10::make_intrusive<c10d::PrefixStore>(name, g_world.store);
+}
+
+bool names_rank(const std::string& what, int rank) {
+  const std::string r = std::to_string(rank);
+  return std::regex_search(
+      what, std::regex("\\brank " + r + "\\b|\\branks? [0-9, ]*\\b" + r + "\\b"));
 }
 
 void store_barrier(const std::string& tag) {

@@ -71,4 +71,21 @@ void expect_error(Fn&& fn, const std::string& needle) {
   }
 }
 
+// Whether an error names `rank` among the ranks it lists ("rank 2 never arrived", "ranks 1, 2
+// never arrived"): on a loaded machine a rank that did come may be late too, and named beside the
+// one that never came.
+bool names_rank(const std::string& what, int rank);
+
+// Expects `fn` to throw a c10::Error containing `needle` and naming `rank` (names_rank).
+template <typename Fn>
+void expect_error_naming_rank(Fn&& fn, const std::string& needle, int rank) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected an error containing '" << needle << "' naming rank " << rank;
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    EXPECT_TRUE(names_rank(e.what(), rank)) << "rank " << rank << " not named: " << e.what();
+  }
+}
+
 }  // namespace cuda_p2p::test

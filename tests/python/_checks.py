@@ -1,7 +1,10 @@
 """What the rank-side checks of the workspace collectives' test files share: a case counter that
-collects failures instead of stopping at the first, and the parent-side verdict on its results."""
+collects failures instead of stopping at the first, the parent-side verdict on its results, and
+whether an error names a rank."""
 
 from __future__ import annotations
+
+import re
 
 
 class Checker:
@@ -53,3 +56,11 @@ def assert_ok(results, min_cases=1):
     for r, res in enumerate(results):
         assert not res["failures"], f"rank {r}:\n" + "\n".join(res["failures"][:20])
         assert res["cases"] >= min_cases, (r, res["cases"])
+
+
+def names_rank(text: str | None, rank: int) -> bool:
+    """Whether an error names `rank` among the ranks it lists ("rank 2 never arrived", "ranks 1,
+    2 never arrived"): on a loaded machine a rank that did come may be late too, and named beside
+    the one that never came."""
+    return text is not None and bool(re.search(rf"\brank {rank}\b|\branks? [0-9, ]*\b{rank}\b",
+                                               text))

@@ -24,3 +24,20 @@ def cached_group(key, env=None, **options):
         with scoped_environ(env or {}):
             _groups[k] = dist.new_group(backend="cuda_p2p", pg_options=o)
     return _groups[k]
+
+
+def group_that_times_out(ctx, seconds: float, **new_group_kwargs):
+    """A new cuda_p2p group over all ranks whose ops time out after `seconds`, for a test where
+    a rank never arrives. Created with the harness's long timeout (creating a group exchanges the
+    ranks' workspace records under the group's timeout, and a loaded machine may take longer than
+    a short one for that), then shortened; the ranks leave a Gloo barrier together before the
+    caller's first op, so that only the rank that stays away can be late by the short timeout."""
+    from datetime import timedelta
+
+    from _harness import PG_TIMEOUT_S
+
+    g = dist.new_group(backend="cuda_p2p", timeout=timedelta(seconds=PG_TIMEOUT_S),
+                       **new_group_kwargs)
+    dist.set_timeout(timedelta(seconds=seconds), group=g)
+    dist.barrier(group=ctx.gloo)
+    return g

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 import cuda_p2p
+from _checks import names_rank
 
 DTYPES = [torch.float32, torch.bfloat16, torch.int64]
 
@@ -105,10 +106,11 @@ def _never_arrives(ctx):
     backend = cuda_p2p.get_cuda_p2p_backend()
     absent = ctx.world_size - 1
     message, elapsed = None, None
+    dist.barrier(group=ctx.gloo)  # only the absent rank may be late by the barrier's timeout
     if ctx.rank != absent:
         start = time.monotonic()
         with pytest.raises(RuntimeError) as info:
-            backend.intra_node_barrier(timeout=0.3)
+            backend.intra_node_barrier(timeout=1.0)
         elapsed = time.monotonic() - start
         message = str(info.value)
     dist.barrier(group=ctx.gloo)
@@ -124,9 +126,10 @@ def _set_timeout_then_never_arrives(ctx):
     the group's new one, naming the rank that never arrived."""
     group = dist.new_group(backend="cuda_p2p", timeout=timedelta(minutes=5))
     backend = cuda_p2p.get_cuda_p2p_backend(group)
-    dist.set_timeout(timedelta(milliseconds=400), group=group)
+    dist.set_timeout(timedelta(milliseconds=1500), group=group)
     absent = ctx.world_size - 1
     message, elapsed, info = None, None, None
+    dist.barrier(group=ctx.gloo)  # only the absent rank may be late by the group's timeout
     if ctx.rank != absent:
         start = time.monotonic()
         with pytest.raises(RuntimeError) as info:
@@ -292,17 +295,19 @@ def test_bad_arguments_say_what_fits(world):
 def _assert_the_last_rank_is_named(results, timeout_ms):
     absent = len(results) - 1
     for message, elapsed in results[:absent]:
-        assert f"rank {absent} never arrived" in message, message
+        # A present rank descheduled past the timeout on a loaded machine is named beside it.
+        assert names_rank(message, absent) and "never arrived" in message, message
         assert f"timed out after {timeout_ms} ms" in message, message
-        assert elapsed < 5, elapsed
+        # It gave up at its timeout, not at some later wait (a loaded machine may add seconds).
+        assert timeout_ms / 1000 <= elapsed < timeout_ms / 1000 + 10, elapsed
 
 
 def test_a_rank_that_never_arrives_is_named(world):
-    _assert_the_last_rank_is_named(world.run(_never_arrives), 300)
+    _assert_the_last_rank_is_named(world.run(_never_arrives), 1000)
 
 
 def test_set_timeout_reaches_the_workspace(world):
-    _assert_the_last_rank_is_named(world.run(_set_timeout_then_never_arrives), 400)
+    _assert_the_last_rank_is_named(world.run(_set_timeout_then_never_arrives), 1500)
 
 
 def test_simulated_two_hosts_run_without_workspace(world):
