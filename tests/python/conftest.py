@@ -134,11 +134,11 @@ CUDA_SEMANTICS_TESTS = (
     "test_ws_collectives.py::test_reduce_scatter[[]w3-*",
     "test_ws_collectives.py::test_broadcast[[]w3]",
     "test_ws_collectives.py::test_all_gather_v[[]w3]",
-    "test_ws_collectives.py::test_api_async_fallbacks_and_off_switches[[]w2]",  # Works, futures
-    "test_ws_collectives.py::test_synchronous_calls_return_no_work[[]w2]",  # a Work on CUDA
-    "test_ws_collectives.py::test_timeout_names_the_missing_rank",  # the device fails
-    "test_ws_collectives.py::test_a_late_rank_learns_of_the_failure",  # failure words
-    "test_ws_collectives.py::test_ddp_on_cuda_p2p_matches_gloo",  # DDP on queued Works
+    "test_ws_collectives_api.py::test_api_async_fallbacks_and_off_switches[[]w2]",  # Works, futures
+    "test_ws_collectives_api.py::test_synchronous_calls_return_no_work[[]w2]",  # a Work on CUDA
+    "test_ws_collectives_api.py::test_timeout_names_the_missing_rank",  # the device fails
+    "test_ws_collectives_api.py::test_a_late_rank_learns_of_the_failure",  # failure words
+    "test_ws_collectives_api.py::test_ddp_on_cuda_p2p_matches_gloo",  # DDP on queued Works
     "test_collectives.py::test_collective[[]w4-*-float32]",  # async Works against Gloo's
     "test_fused_ops.py::test_all_gather_matmul[[]w3]",  # the pipelines in stream order
     "test_fused_ops.py::test_matmul_reduce_scatter[[]w3]",
@@ -163,7 +163,7 @@ LONG_TESTS = (
     # make_fx only, where the group's size does not matter: 2 ranks check it.
     "test_async_tp.py::test_forms_on_traced_graphs[[]w4]",
     # bench_collectives.py's zero-copy columns with the signature agreement: auto runs in CI, and
-    # test_zero_copy.py checks both agreements.
+    # test_zero_copy_collectives.py checks both agreements.
     "test_bench.py::test_bench_collectives_zero_copy[[]signature]",
     # The dispatcher ops on 3 ranks: the 2- and 4-rank cases and test_ws_collectives.py's 3-rank
     # all-reduce check the same code (it does not depend on the group's size).

@@ -8,30 +8,31 @@ from __future__ import annotations
 
 import pytest
 
+import _collective_cases as cs
 import _collective_checks as cc
 from _collective_checks import SUBGROUPS, assert_all_ok
 
 DTYPES = list(cc.DTYPES)
-COLLECTIVES = list(cc.COLLECTIVES)
-REDUCING = [n for n, c in cc.COLLECTIVES.items() if c.reduces]
+COLLECTIVES = list(cs.COLLECTIVES)
+REDUCING = [n for n, c in cs.COLLECTIVES.items() if c.reduces]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", COLLECTIVES)
 def test_collective(world, name, dtype):
     sizes = len(cc.SIZES)
-    assert_all_ok(world.run(cc.check_collective, name, dtype), min_cases=2 * sizes)
+    assert_all_ok(world.run(cs.check_collective, name, dtype), min_cases=2 * sizes)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", REDUCING)
 def test_rejected_reduce_ops(world2, name, dtype):
     """AVG on int64 and bitwise ops on floats: Gloo rejects them, so must cuda_p2p."""
-    assert_all_ok(world2.run(cc.check_rejections, name, dtype))
+    assert_all_ok(world2.run(cs.check_rejections, name, dtype))
 
 
 def run_in_subgroups(ctx, layout, name, dtype):
-    return cc.in_subgroup(ctx, layout, cc.check_collective, name, dtype, sizes=(1, 7))
+    return cc.in_subgroup(ctx, layout, cs.check_collective, name, dtype, sizes=(1, 7))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int64"])
