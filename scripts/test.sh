@@ -52,9 +52,8 @@ if ((under_load)); then
 fi
 
 status=0
-stage setup 420 600 bash scripts/setup.sh || exit 1
+stage setup 360 480 bash scripts/setup.sh || exit 1
 VPY=$(cat build/.python)
-export PYTHONDONTWRITEBYTECODE=1
 
 # The Python linter: every Python file of the project (third_party/ excluded in pyproject.toml). A
 # lint error fails the run; the tests still run, so that one run shows both.
@@ -88,14 +87,17 @@ fi
 long=()
 if [ "$mode" = long ]; then long=(--long); fi
 
-# Beside the tests (docs/testing.md, "What runs beside what"): the sanitizer builds of the C++
-# tests, on CPU time nothing else wants (SCHED_IDLE), and the fault-injection suite, whose jobs
-# mostly wait for a process-group timeout to name a dead rank: as the host runs, then its cases
-# whose behaviour differs with CUDA's semantics.
-idle=()
-if command -v chrt >/dev/null && chrt --idle 0 true 2>/dev/null; then idle=(chrt --idle 0); fi
-beside "sanitizer builds" build/sanitizers_build.log "${idle[@]}" bash scripts/sanitizers.sh \
-  --build-only
+# Beside the Python tests (docs/testing.md, "What runs beside what"): the C++ tests - their
+# sanitizer builds on CPU time nothing else wants (SCHED_IDLE), then every binary under ASan+UBSan
+# (1-4 ranks, the CUDA-semantics and thread-per-stream variants) and the threaded ones under TSan
+# (scripts/sanitizers.sh) - and the fault-injection suite, whose jobs mostly wait for a
+# process-group timeout to name a dead rank: as the host runs, then its cases whose behaviour
+# differs with CUDA's semantics.
+idle=
+if command -v chrt >/dev/null && chrt --idle 0 true 2>/dev/null; then idle="chrt --idle 0"; fi
+beside "C++ tests (ASan+UBSan, TSan)" build/cpp_tests.log bash -c "
+  $idle bash scripts/sanitizers.sh --build-only && echo '== the builds are done' &&
+    bash scripts/sanitizers.sh"
 beside "fault injection, twice" build/pytest_faults.log bash -c '
   "$0" -m pytest -q -p no:cacheprovider tests/python/faults "$@" &&
     echo "== the same cases whose behaviour differs, with CUDA_P2P_HOST_SEMANTICS=cuda" &&
@@ -105,7 +107,7 @@ beside "fault injection, twice" build/pytest_faults.log bash -c '
 stage lint 30 30 lint
 
 echo "== Python tests (pytest)"
-stage "Python tests" 660 1100 pytest_run --durations=15 tests/python --ignore tests/python/faults \
+stage "Python tests" 720 900 pytest_run --durations=15 tests/python --ignore tests/python/faults \
   "${long[@]}" || status=1
 
 # The tests marked cuda_semantics (those whose behaviour differs: async errors, mismatches, queued
@@ -113,31 +115,28 @@ stage "Python tests" 660 1100 pytest_run --durations=15 tests/python --ignore te
 # with CUDA's semantics] in p2p_workspace/host/host_device.hpp): ops return queued, released waits
 # let their streams run on, a mismatch fails the group.
 echo "== Python tests with CUDA's semantics (CUDA_P2P_HOST_SEMANTICS=cuda, -m cuda_semantics)"
-CUDA_P2P_HOST_SEMANTICS=cuda stage "Python tests, CUDA's semantics" 120 200 pytest_run \
+CUDA_P2P_HOST_SEMANTICS=cuda stage "Python tests, CUDA's semantics" 120 120 pytest_run \
   --durations=5 -m cuda_semantics tests/python --ignore tests/python/faults "${long[@]}" ||
   status=1
 
-join_beside "fault injection, twice" 480 300 || status=1
+join_beside "fault injection, twice" 480 150 || status=1
 echo "== Python tests: tests/python/faults (run beside the above)"
 cat build/pytest_faults.log
 
-# The C++ tests: every binary under ASan+UBSan (1-4 ranks, the CUDA-semantics and thread-per-
-# stream variants), the threaded ones under TSan (scripts/sanitizers.sh). Their builds ran beside
-# the Python tests; what is left of them finishes here.
-join_beside "sanitizer builds" 300 900 || true  # its errors show again below
-if stage "C++ tests (ASan+UBSan)" 300 500 bash scripts/sanitizers.sh asan; then
-  :
-else
+cpp_status=0
+join_beside "C++ tests (ASan+UBSan, TSan)" 900 1000 || cpp_status=1
+echo "== C++ tests (run beside the above; scripts/sanitizers.sh)"
+cat build/cpp_tests.log
+if ((cpp_status)); then
   status=1
   if [ ! -x build/asan/tests/cpp/test_backend ]; then
-    echo "!!! SKIPPED: the C++ tests could not be built (build/sanitizers_build.log)"
+    echo "!!! SKIPPED: the C++ tests could not be built (build/cpp_tests.log)"
     if [ "${CUDA_P2P_ALLOW_SKIP_CPP:-0}" = 1 ]; then
       echo "!!! accepted because CUDA_P2P_ALLOW_SKIP_CPP=1"
       status=0
     fi
   fi
 fi
-stage "C++ tests (TSan)" 60 100 bash scripts/sanitizers.sh tsan || status=1
 
 stage_report || status=1
 "$VPY" scripts/cpu_table.py "$STAGE_DIR"/pytest-cpu-*.json >"$STAGE_DIR/pytest-cpu.md" ||

@@ -178,8 +178,11 @@ def rank_state() -> dict:
     import torch.distributed as dist
 
     prefixes = ("CUDA_P2P_", "TORCH", "NCCL_", "GLOO_", "OMP_", "MASTER_")
+    # Set by torch itself (inductor, the first time it looks for its cache), not by a test.
+    torchs_own = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"}
     return {
-        "environment": {k: v for k, v in os.environ.items() if k.startswith(prefixes)},
+        "environment": {k: v for k, v in os.environ.items()
+                        if k.startswith(prefixes) and k not in torchs_own},
         "torch.get_num_threads()": torch.get_num_threads(),
         "torch.get_default_dtype()": str(torch.get_default_dtype()),
         "torch.is_grad_enabled()": torch.is_grad_enabled(),

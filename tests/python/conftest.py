@@ -232,6 +232,11 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    # Each start costs every rank a torch import (~3 s of CPU here): a test that makes a rank
+    # raise, or leaves state behind, restarts its pool.
+    if _worlds:
+        print("\ncuda_p2p tests: pool starts " + ", ".join(
+            f"{size} ranks {w.starts}" for size, w in sorted(_worlds.items())))
     pids = [pid for w in _worlds.values() for pid in w.pids()]
     for w in _worlds.values():
         w.close()

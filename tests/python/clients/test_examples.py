@@ -10,10 +10,9 @@ import sys
 
 import pytest
 
-from _harness import free_port, run_script
+from _harness import REPO, free_port, run_script
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-EXAMPLES = os.path.join(ROOT, "examples")
+EXAMPLES = os.path.join(REPO, "examples")
 TIMEOUT_S = 240
 
 
