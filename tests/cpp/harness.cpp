@@ -9,7 +9,6 @@
 #include <iostream>
 #include <map>
 #include <memory>
-#include <regex>
 #include <stdexcept>
 #include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -135,9 +134,21 @@ c10::intrusive_ptr<c10d::Store> test_store() {
 }
 
 bool names_rank(const std::string& what, int rank) {
-  const std::string r = std::to_string(rank);
-  return std::regex_search(
-      what, std::regex("\\brank " + r + "\\b|\\branks? [0-9, ]*\\b" + r + "\\b"));
+  // The numbers after each word "rank" or "ranks": "rank 2 never arrived", "ranks 1, 2 never ...".
+  for (size_t at = what.find("rank"); at != std::string::npos; at = what.find("rank", at + 4)) {
+    if (at > 0 && std::isalnum(static_cast<unsigned char>(what[at - 1]))) continue;
+    size_t i = at + 4;
+    if (i < what.size() && what[i] == 's') ++i;
+    while (i < what.size() && what[i] == ' ') {
+      size_t j = ++i;
+      while (j < what.size() && std::isdigit(static_cast<unsigned char>(what[j]))) ++j;
+      if (j == i || (j < what.size() && std::isalpha(static_cast<unsigned char>(what[j])))) break;
+      if (std::stoi(what.substr(i, j - i)) == rank) return true;
+      i = j;
+      if (i < what.size() && what[i] == ',') ++i;
+    }
+  }
+  return false;
 }
 
 void store_barrier(const std::string& tag) {
