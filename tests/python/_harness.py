@@ -145,6 +145,8 @@ def _worker_main(rank: int, world_size: int, port: int, conn, log_path: str) -> 
         conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))
         return
 
+    counters_dir = os.environ.get("CUDA_P2P_TEST_COUNTERS")
+    seen: set = set()
     while True:
         try:
             msg = conn.recv_bytes()
@@ -159,6 +161,8 @@ def _worker_main(rank: int, world_size: int, port: int, conn, log_path: str) -> 
         except BaseException as e:  # noqa: BLE001  (everything is reported to the parent)
             payload = pickle.dumps(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
         conn.send_bytes(payload)
+        if counters_dir:
+            _record_counters(seen, os.path.join(counters_dir, f"counters-{os.getpid()}.json"))
         sys.stdout.flush()
         sys.stderr.flush()
 
@@ -168,6 +172,28 @@ def _worker_main(rank: int, world_size: int, port: int, conn, log_path: str) -> 
         pass
     sys.stdout.flush()
     sys.stderr.flush()
+
+
+def _record_counters(seen: set, path: str) -> None:
+    """With CUDA_P2P_TEST_COUNTERS=<dir>: the names of the counters that moved on this rank's live
+    cuda_p2p groups (which paths ran), added up over the calls and written to `path`. Which
+    protocol paths a suite reaches, compared before and after a change to the suite (groups a
+    test destroyed before the end of its call are not seen)."""
+    import json
+
+    import torch.distributed as dist
+
+    import cuda_p2p
+
+    for pg in list(dist.distributed_c10d._world.pg_names):
+        try:
+            if cuda_p2p.is_cuda_p2p_group(pg):
+                counters = cuda_p2p.get_cuda_p2p_backend(pg).get_counters()
+                seen.update(k for k, v in counters.items() if v)
+        except Exception:  # noqa: BLE001  (a group torn down meanwhile)
+            continue
+    with open(path, "w") as f:
+        json.dump(sorted(seen), f)
 
 
 def rank_state() -> dict:
