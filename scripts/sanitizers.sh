@@ -65,6 +65,10 @@ configure_and_build() {
   "$CMAKE" --build "$dir" --target "$@" -j "$(nproc)"
 }
 
+# Entries side by side, as many ranks at a time as CUDA_P2P_CTEST_JOBS (default 4; each entry
+# counts its ranks, ctest's PROCESSORS): a test's ranks mostly wait for each other, and one entry
+# at a time left the cores half idle.
+jobs=${CUDA_P2P_CTEST_JOBS:-4}
 status=0
 mkdir -p build
 for kind in "${kinds[@]}"; do
@@ -81,7 +85,7 @@ for kind in "${kinds[@]}"; do
       # Leaks: libtorch's own static allocations are reported at exit and are not ours to fix.
       ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=0:detect_stack_use_after_return=0 \
         UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-        "$CTEST" --test-dir build/asan --output-on-failure --timeout 300 \
+        "$CTEST" --test-dir build/asan --output-on-failure --timeout 300 -j "$jobs" \
         -R "${CUDA_P2P_ASAN_TESTS:-.}" -E '^test_cuda_' ||
         status=1
       ;;
@@ -92,7 +96,7 @@ for kind in "${kinds[@]}"; do
         test_op_order test_send_recv test_window || { status=1; continue; }
       ((build_only)) && continue
       TSAN_OPTIONS="suppressions=$ROOT/tests/cpp/tsan.supp:halt_on_error=1:second_deadlock_stack=1:history_size=4" \
-        "$CTEST" --test-dir build/tsan --output-on-failure --timeout 300 \
+        "$CTEST" --test-dir build/tsan --output-on-failure --timeout 300 -j "$jobs" \
         -R '^(test_host_streams_np1|test_workspace_threads_np2|test_watchdog_np1|test_op_order_np2|test_send_recv_np2|test_window_np2|test_window_cuda_semantics_np2)$' ||
         status=1
       ;;

@@ -88,15 +88,14 @@ long=()
 if [ "$mode" = long ]; then long=(--long); fi
 
 # Beside the Python tests (docs/testing.md, "What runs beside what"): the C++ tests - their
-# sanitizer builds on CPU time nothing else wants (SCHED_IDLE), then every binary under ASan+UBSan
-# (1-4 ranks, the CUDA-semantics and thread-per-stream variants) and the threaded ones under TSan
-# (scripts/sanitizers.sh) - and the fault-injection suite, whose jobs mostly wait for a
-# process-group timeout to name a dead rank: as the host runs, then its cases whose behaviour
-# differs with CUDA's semantics.
-idle=
-if command -v chrt >/dev/null && chrt --idle 0 true 2>/dev/null; then idle="chrt --idle 0"; fi
+# sanitizer builds, then every binary under ASan+UBSan (1-4 ranks, the CUDA-semantics and
+# thread-per-stream variants) and the threaded ones under TSan (scripts/sanitizers.sh) - and the
+# fault-injection suite, whose jobs mostly wait for a process-group timeout to name a dead rank:
+# as the host runs, then its cases whose behaviour differs with CUDA's semantics. The builds at
+# normal priority: at idle priority they got only what pytest left (its ranks wait a lot) and
+# ended with it, and the C++ tests then ran alone after it.
 beside "C++ tests (ASan+UBSan, TSan)" build/cpp_tests.log bash -c "
-  $idle bash scripts/sanitizers.sh --build-only && echo '== the builds are done' &&
+  bash scripts/sanitizers.sh --build-only && echo '== the builds are done' &&
     bash scripts/sanitizers.sh"
 beside "fault injection, twice" build/pytest_faults.log bash -c '
   "$0" -m pytest -q -p no:cacheprovider tests/python/faults "$@" &&
