@@ -127,13 +127,16 @@ SLOW_TESTS = frozenset({
 # Tests whose behaviour differs on a host workspace with CUDA's semantics (ops return queued, a
 # released wait lets its stream run on, a mismatch fails the group): marked cuda_semantics, and
 # scripts/test.sh runs them once more in that mode. fnmatch patterns on "file::test[params]". One
-# world size per algorithm where the protocol does not depend on it (3: odd, rings uneven).
+# world size per algorithm where the protocol does not depend on it (3: odd, rings uneven). They
+# reach every path (counter) that the three whole files run before reached in that mode
+# (CUDA_P2P_TEST_COUNTERS, docs/measurements/ci-times-2026-12-02.md).
 CUDA_SEMANTICS_TESTS = (
     "test_ws_collectives.py::test_all_reduce[[]w3-*",       # each algorithm, queued, checked
     "test_ws_collectives.py::test_all_gather[[]w3-*",
     "test_ws_collectives.py::test_reduce_scatter[[]w3-*",
     "test_ws_collectives.py::test_broadcast[[]w3]",
     "test_ws_collectives.py::test_all_gather_v[[]w3]",
+    "test_ws_collectives.py::test_*_copy_free[[]w3]",  # cross-memory reads of queued ops
     "test_ws_collectives_api.py::test_api_async_fallbacks_and_off_switches[[]w2]",  # Works, futures
     "test_ws_collectives_api.py::test_synchronous_calls_return_no_work[[]w2]",  # a Work on CUDA
     "test_ws_collectives_api.py::test_timeout_names_the_missing_rank",  # the device fails
@@ -143,6 +146,7 @@ CUDA_SEMANTICS_TESTS = (
     "test_fused_ops.py::test_all_gather_matmul[[]w3]",  # the pipelines in stream order
     "test_fused_ops.py::test_matmul_reduce_scatter[[]w3]",
     "test_fused_ops.py::test_buffer_too_small[[]*]",  # rounds and growth behind queued work
+    "test_fused_ops.py::test_send_recv_paths[[]w3-*]",  # the pipelines over send/recv
     "test_fused_ops.py::test_host_streams_as_threads",
     "test_fused_ops.py::test_absent_rank_is_named_and_the_group_refuses_later_pipelines",
     "test_faults.py::test_killed_rank_is_named_by_every_survivor[[]allreduce_*]",
