@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import re
 import sys
 import time
 
@@ -37,6 +36,7 @@ for _d in (_TESTS, os.path.join(_TESTS, "gpu"), os.path.join(_TESTS, "gpu_script
     if _d not in sys.path:
         sys.path.insert(0, _d)
 import _gpu_readiness as R  # noqa: E402
+from _checks import names_rank  # noqa: E402
 
 
 def _fault_rank(rank: int, W: int, port: int, args) -> None:
@@ -79,7 +79,7 @@ def _fault_rank(rank: int, W: int, port: int, args) -> None:
         assert error is not None, f"no error within {took:.1f} s although rank {victim} never came"
         R.say(rank, f"error after {took:.1f} s: {error[:300]}")
         assert took <= limit, f"the error came after {took:.1f} s (limit {limit:.0f} s)"
-        assert re.search(rf"\brank {victim}\b|\branks? [0-9, ]*\b{victim}\b", error), (
+        assert names_rank(error, victim), (
             f"the error does not name rank {victim}: {error[:600]}")
         done, err, took = R.within(limit, R.synchronize, cuda)
         assert done, f"torch.cuda.synchronize() did not return within {limit:.0f} s"
