@@ -45,11 +45,11 @@ ops::Outcome WorkspaceCollectives::all_to_all_single(
   args.recv_counts = out_rows;
   args.unit_bytes = row_bytes;
   return run("all_to_all_single", [&](const ops::CollectiveContext& ctx) {
+    keep({in, input, out});
     const ops::Outcome o =
         ops::all_to_all(ctx, args, [&](const std::vector<int64_t>&) {
           return detail::row_slices<char*>(static_cast<char*>(out.data_ptr()), out_rows, row_bytes);
         }).outcome;
-    hold({in, input});
     copy_back(output, out);
     return o;
   });
@@ -74,13 +74,14 @@ ops::Outcome WorkspaceCollectives::all_to_all(std::vector<at::Tensor>& outputs,
     args.recv_counts.push_back(outputs[q].numel());
   }
   return run("all_to_all", [&](const ops::CollectiveContext& ctx) {
+    keep(joined(ins, inputs));
+    keep(outs);
     const ops::Outcome o = ops::all_to_all(ctx, args, [&](const std::vector<int64_t>&) {
                              std::vector<char*> ptrs;
                              for (auto& out : outs)
                                ptrs.push_back(static_cast<char*>(out.data_ptr()));
                              return ptrs;
                            }).outcome;
-    hold(joined(ins, inputs));
     for (int q = 0; q < W; ++q) copy_back(outputs[q], outs[q]);
     return o;
   });
@@ -113,13 +114,14 @@ WorkspaceCollectives::Rows WorkspaceCollectives::all_to_all_v(
   args.unit_bytes = row_bytes;
   Rows r;
   r.outcome = run(kWhat, [&](const ops::CollectiveContext& ctx) {
+    keep({in, input});
     auto done = ops::all_to_all(ctx, args, [&](const std::vector<int64_t>& rows) {
       out_sizes[0] = std::accumulate(rows.begin(), rows.end(), int64_t{0});
       r.output = at::empty(out_sizes, input.options().memory_format(at::MemoryFormat::Contiguous));
+      keep({r.output});
       return detail::row_slices<char*>(static_cast<char*>(r.output.data_ptr()), rows, row_bytes);
     });
     r.recv = std::move(done.recv);
-    hold({in, input});
     return done.outcome;
   });
   return r;

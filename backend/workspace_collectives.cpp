@@ -87,14 +87,17 @@ ops::Outcome WorkspaceCollectives::run(
     }
   } catch (const ops::SignatureMismatch&) {
     // The op ran nowhere and the phases were settled: the group stays usable.
+    keep_in_flight(*stream, /*failed=*/true);
     ws_->end_op(*stream);
     throw;
   } catch (const std::exception& e) {
+    keep_in_flight(*stream, /*failed=*/true);
     state_.pending.reset();
     failure_.mark(what, e);
     ws_->end_op(*stream);
     throw;
   }
+  keep_in_flight(*stream, /*failed=*/false);
   TORCH_INTERNAL_ASSERT(!state_.pending, "cuda_p2p ", what,
                         ": the op's signature was never compared");
   // NOTE [Replay-safe signals]: an op enqueued under capture runs on each replay.
@@ -153,6 +156,13 @@ void WorkspaceCollectives::refuse_capture(const char* what, const char* why) con
 //    after it on the stream (the op's, the caller's current one);
 //  - on the host a closure the op leaves on its stream holds them (hold, copy_back), except
 //    under capture, where a graph's tensors are the caller's to keep, as on CUDA;
+//  - an op can leave by an exception (a timeout, a peer's failure) with its work still queued, and
+//    a released wait lets that work run on (NOTE [Releasing blocked waits] in
+//    p2p_workspace/watchdog.hpp): so a body names what its work touches (keep, before the op;
+//    its host temporaries go in CollectiveState::in_flight) and run() leaves the closure that
+//    holds them on the stream whichever way the body left; on CUDA, after a failure, it records
+//    them on the stream for the caching allocators (Device::record_stream: device memory and
+//    pinned host memory, which a host allocator would otherwise hand out again at once);
 //  - a synchronous host device has run the op when it returns.
 // Where the caller's tensors are not contiguous (or overlap), a body computes into contiguous
 // temporaries, and the copy back into the caller's tensor is launched on the op's stream after it
@@ -161,6 +171,37 @@ void WorkspaceCollectives::copy_back(const at::Tensor& dst, const at::Tensor& sr
   if (dst.is_same(src)) return hold({dst});
   Device& device = ws_->device();
   device.launch(*device.current_stream(), [dst, src] { dst.copy_(src); });
+}
+
+void WorkspaceCollectives::keep(std::initializer_list<at::Tensor> tensors) {
+  state_.in_flight.insert(state_.in_flight.end(), tensors.begin(), tensors.end());
+}
+
+void WorkspaceCollectives::keep(const std::vector<at::Tensor>& tensors) {
+  state_.in_flight.insert(state_.in_flight.end(), tensors.begin(), tensors.end());
+}
+
+void WorkspaceCollectives::keep_in_flight(Stream& stream, bool failed) noexcept {
+  std::vector<at::Tensor> held = std::move(state_.in_flight);
+  state_.in_flight.clear();
+  if (held.empty() || ws_->capturing(stream)) return;  // a graph's tensors: the caller keeps them
+  Device& device = ws_->device();
+  const HostPaths* host = device.host_paths();
+  // A synchronous host device has run the op when it returns, unless it raised.
+  if (host != nullptr && host->synchronous() && !failed) return;
+  try {
+    if (host == nullptr) {
+      // CUDA: the caching allocators (device and pinned host memory) hand the blocks out again
+      // only after the stream has passed this point; the op's end on success is stream order.
+      if (failed) {
+        for (const auto& t : held) device.record_stream(t, stream);
+      }
+      return;
+    }
+    device.launch(stream, [held = std::move(held)] {});
+  } catch (...) {
+    // Nothing better is possible (the launch itself failed); the op's own error propagates.
+  }
 }
 
 void WorkspaceCollectives::hold(std::vector<at::Tensor> tensors) const {
@@ -210,6 +251,8 @@ ops::Outcome WorkspaceCollectives::all_reduce(at::Tensor& t, ops::ReduceOp op) {
     ops::ReduceOp op;
   } call{t, contiguous(t), op};
   return run("all_reduce", [this, &call](const ops::CollectiveContext& ctx) {
+    // The small all-reduce's path allocates nothing: on an inline stream nothing is queued.
+    if (!inline_paths(ws_->device(), ctx.stream)) keep({call.work});
     const ops::Outcome o =
         ops::all_reduce(ctx, call.work, call.work, call.op, ops::AllReduceAlgo::kAuto);
     copy_back(call.t, call.work);
@@ -224,8 +267,9 @@ ops::Outcome WorkspaceCollectives::all_gather(const at::Tensor& input,
   for (const auto& o : outputs) outs.push_back(detail::contiguous_output(o));
   const at::Tensor in = contiguous(input);
   return run("all_gather", [&](const ops::CollectiveContext& ctx) {
+    keep({in, input});
+    keep(outs);
     const ops::Outcome o = ops::all_gather(ctx, in, outs, ops::AllGatherAlgo::kAuto);
-    hold({in, input});
     for (size_t i = 0; i < outs.size(); ++i) copy_back(outputs[i], outs[i]);
     return o;
   });
@@ -252,8 +296,9 @@ ops::Outcome WorkspaceCollectives::reduce_scatter(const std::vector<at::Tensor>&
   for (const auto& t : inputs) ins.push_back(contiguous(t));
   at::Tensor out = detail::contiguous_output(output);
   return run("reduce_scatter", [&](const ops::CollectiveContext& ctx) {
+    keep(joined(ins, inputs));
+    keep({out});
     const ops::Outcome o = ops::reduce_scatter(ctx, ins, out, op, ops::ReduceScatterAlgo::kAuto);
-    hold(joined(ins, inputs));
     copy_back(output, out);
     return o;
   });
@@ -279,6 +324,7 @@ ops::Outcome WorkspaceCollectives::broadcast(at::Tensor& t, int64_t root) {
   });
   at::Tensor work = contiguous(t);
   return run("broadcast", [&](const ops::CollectiveContext& ctx) {
+    keep({work});
     const ops::Outcome o = ops::broadcast(ctx, work, static_cast<int>(root));
     copy_back(t, work);
     return o;
@@ -311,8 +357,8 @@ WorkspaceCollectives::Rows WorkspaceCollectives::all_gather_v(const at::Tensor& 
     row += sizes[q];
   }
   r.outcome = run("all_gather_v", [&](const ops::CollectiveContext& ctx) {
+    keep({in, input, r.output});
     const ops::Outcome o = ops::all_gather_v(ctx, in, bytes, outs);
-    hold({in, input});
     return o;
   });
   return r;

@@ -124,6 +124,11 @@ class WorkspaceCollectives {
   // after the op on the current stream; the op's `tensors` live until its stream has run it.
   void copy_back(const at::Tensor& dst, const at::Tensor& src) const;
   void hold(std::vector<at::Tensor> tensors) const;
+  // Called in an op's body before the op: `tensors` live until the op's stream has passed the op,
+  // whichever way it leaves (run() calls keep_in_flight on every path).
+  void keep(std::initializer_list<at::Tensor> tensors);
+  void keep(const std::vector<at::Tensor>& tensors);
+  void keep_in_flight(Stream& stream, bool failed) noexcept;
   // The tensors of both lists, for one `hold` of a list op's inputs and their contiguous copies.
   static std::vector<at::Tensor> joined(std::vector<at::Tensor> a,
                                         const std::vector<at::Tensor>& b) {

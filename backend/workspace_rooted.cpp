@@ -31,8 +31,9 @@ ops::Outcome WorkspaceCollectives::gather(std::vector<at::Tensor>& outputs, cons
   std::vector<at::Tensor> outs;
   for (const auto& o : outputs) outs.push_back(detail::contiguous_output(o));
   return run("gather", [&](const ops::CollectiveContext& ctx) {
+    keep({in, input});
+    keep(outs);
     const ops::Outcome o = ops::gather(ctx, in, outs, static_cast<int>(root));
-    hold({in, input});
     for (size_t q = 0; q < outs.size(); ++q) copy_back(outputs[q], outs[q]);
     return o;
   });
@@ -46,8 +47,9 @@ ops::Outcome WorkspaceCollectives::scatter(at::Tensor& output,
   for (const auto& t : inputs) ins.push_back(t.is_contiguous() ? t : t.contiguous());
   at::Tensor out = detail::contiguous_output(output);
   return run("scatter", [&](const ops::CollectiveContext& ctx) {
+    keep(joined(ins, inputs));
+    keep({out});
     const ops::Outcome o = ops::scatter(ctx, ins, out, static_cast<int>(root));
-    hold(joined(ins, inputs));
     copy_back(output, out);
     return o;
   });
@@ -64,12 +66,9 @@ ops::Outcome WorkspaceCollectives::reduce(at::Tensor& t, int64_t root, ops::Redu
   // Only the root's copy goes back into a non-contiguous tensor: the others' stay as they were.
   at::Tensor work = t.is_contiguous() ? t : t.contiguous();
   return run("reduce", [&](const ops::CollectiveContext& ctx) {
+    keep({work, t});
     const ops::Outcome o = ops::reduce(ctx, work, static_cast<int>(root), op);
-    if (root == rank_) {
-      copy_back(t, work);
-    } else {
-      hold({work, t});
-    }
+    if (root == rank_) copy_back(t, work);
     return o;
   });
 }

@@ -225,8 +225,9 @@ AllToAllResult all_to_all(const CollectiveContext& ctx, const AllToAllArgs& args
               " bytes) is too small for the all-to-all header of ", W,
               " ranks; grow it with ensure_min_buffer_size");
 
-  // This rank's header, alive until the synchronize below (the device copies from it); on a
-  // stream that runs inline, on the stack (NOTE [All-to-all headers]).
+  // This rank's header, alive until the synchronize below (the device copies from it), or past it
+  // through ctx.state.in_flight when it raises; on a stream that runs inline, on the stack (NOTE
+  // [All-to-all headers]).
   const bool inline_stream = inline_paths(ctx.ws.device(), ctx.stream) != nullptr;
   // n words of host memory: `stack` on such a stream, else `t` (host_words).
   const auto words_in = [&](c10::SmallVectorImpl<int64_t>& stack, at::Tensor& t, int64_t n) {
@@ -235,6 +236,8 @@ AllToAllResult all_to_all(const CollectiveContext& ctx, const AllToAllArgs& args
       return stack.data();
     }
     t = host_words(ctx, n);
+    // The synchronize below raises on a timeout with the copies into `t` still queued.
+    ctx.state.in_flight.push_back(t);
     return t.data_ptr<int64_t>();
   };
   const int64_t hw = header_words(W);

@@ -167,6 +167,11 @@ class CollectiveState {
   // The inline one-shot all-reduce's cached addresses and signature (NOTE [Inline one-shot] in
   // ops/all_reduce.cpp), made on its first use.
   std::shared_ptr<InlineOneShot> inline_one_shot;
+  // Tensors the running op's queued work reads or writes (its host temporaries, the caller's
+  // tensors): the backend keeps them until the op's stream has passed the op, whichever way the
+  // op left, a timeout included (NOTE [Tensors in stream order] in
+  // backend/workspace_collectives.cpp). Empty between ops.
+  std::vector<at::Tensor> in_flight;
   // Rank 0's choice of rounds for large two-shot all-reduces (NOTE [Rounds chosen by rank 0]).
   RoundPolicy round_policy;
   // Host copies and reductions split across the intra-op threads (NOTE [Intra-op threads] in

@@ -48,6 +48,7 @@
 // the fault step with one queue.
 #include "p2p_workspace/cuda/cuda_device.hpp"
 
+#include <ATen/core/CachingHostAllocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -964,7 +965,18 @@ class CudaDevice : public Device {
   }
 
   void record_stream(const at::Tensor& t, Stream& s) override {
-    if (!t.defined() || !t.is_cuda() || !t.has_storage()) return;
+    if (!t.defined() || !t.has_storage()) return;
+    if (t.is_cpu()) {
+      // Pinned host memory (the caching host allocator's; it ignores other memory): handed out
+      // again only once the stream has passed this point.
+      if (t.is_pinned()) {
+        at::getHostAllocator(at::kCUDA)->record_event(t.storage().mutable_data(),
+                                                      t.storage().data_ptr().get_context(),
+                                                      as_cuda(s).stream.unwrap());
+      }
+      return;
+    }
+    if (!t.is_cuda()) return;
     // Skips memory the caching allocator does not own (workspace views, IPC mappings).
     c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), as_cuda(s).stream);
   }

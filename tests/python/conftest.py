@@ -153,6 +153,7 @@ CUDA_SEMANTICS_TESTS = (
     "test_faults.py::test_killed_rank_is_named_by_every_survivor[[]fused]",
     "test_faults.py::test_killed_rank_is_named_by_every_survivor[[]grow]",
     "test_faults.py::test_stopped_rank_past_the_timeout_is_named_and_everyone_exits",
+    "test_faults.py::test_survivors_free_nothing_a_timed_out_op_still_touches[[]all_to_all_uneven]",
     "test_faults.py::test_survivors_shrink_past_a_killed_rank_and_finish_training[[]3-1]",
 )
 # The longer forms (marker long): only with --long (scripts/test.sh --long), never in CI. Each is a
@@ -193,6 +194,10 @@ def pytest_configure(config):
         "markers", "cuda_semantics: behaves differently on a host workspace with CUDA's semantics "
         "(async errors, mismatches, queued ops, failures): scripts/test.sh runs it once more "
         "with CUDA_P2P_HOST_SEMANTICS=cuda")
+    config.addinivalue_line(
+        "markers", "asan: scripts/sanitizers.sh runs it once more in each host mode with the "
+        "ranks' cuda_p2p extension built with ASan+UBSan (docs/testing.md, \"C++ tests and "
+        "sanitizers\")")
     _cpu_report.register(config)
     # The soak's length (workspace/test_soak.py): CI's run checks its behaviour at 2000 ops, the
     # long run soaks.

@@ -71,11 +71,11 @@ def _clean_up(token, procs, logs, out_dir):
 
 
 def run_fault(case: str, world: int, victim: int, signal_from_test: int | None,
-              script: str = "_fault_rank.py") -> dict:
+              script: str = "_fault_rank.py", env_extra: dict | None = None) -> dict:
     """Runs one job with one fault; returns what happened (asserting nothing itself). `script`
     is one rank: _fault_rank.py (CASE names its operation) or _shrink_rank.py (CASE unused)."""
     token = uuid.uuid4().hex
-    env = dict(os.environ, CUDA_P2P_TEST_TOKEN=token, OMP_NUM_THREADS="1")
+    env = dict(os.environ, CUDA_P2P_TEST_TOKEN=token, OMP_NUM_THREADS="1", **(env_extra or {}))
     shm_before = _dev_shm()
     out_dir = tempfile.mkdtemp(prefix="cuda_p2p_faults_")
     procs, logs = [], []
@@ -213,6 +213,31 @@ CASES = [
 @pytest.mark.parametrize("case,world,victim,sig", CASES, ids=[c[0] for c in CASES])
 def test_killed_rank_is_named_by_every_survivor(case, world, victim, sig):
     check_fault(run_fault(case, world, victim, sig))
+
+
+# The op each survivor is in when the victim dies (_fault_rank.run_mixed, after a random workload
+# of every op): CI runs the uneven all-to-all (its header words, written by queued copies after a
+# timeout, were freed: "corrupted double-linked list"), in both host modes, and again with the
+# ranks' extension built with ASan (scripts/sanitizers.sh: heap-use-after-free is then reported
+# at the write, where glibc notices it only sometimes); --long every kind.
+MIXED_LAST = ["all_to_all_uneven", "all_to_all_single", "all_to_all", "all_gather",
+              "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "gather", "scatter",
+              "reduce", "all_reduce", "fused_all_gather_matmul", "fused_matmul_reduce_scatter"]
+
+
+@pytest.mark.asan
+@pytest.mark.parametrize("last", [MIXED_LAST[0]] + [
+    pytest.param(k, marks=pytest.mark.long) for k in MIXED_LAST[1:]])
+def test_survivors_free_nothing_a_timed_out_op_still_touches(last):
+    """NOTE [Tensors in stream order] in backend/workspace_collectives.cpp: a random workload of
+    every op, the victim killed at a random op; each survivor's next op (`last`, ~40000 elements a
+    rank) times out, then destroy_process_group, gc.collect and a heap churn. A survivor that
+    freed memory its op's queued work still wrote into aborts ("corrupted double-linked list") or
+    faults, which check_fault reports as its exit code."""
+    seed = MIXED_LAST.index(last) + 1
+    res = run_fault("mixed", 2, 0, None,
+                    env_extra={"CUDA_P2P_FAULT_SEED": str(seed), "CUDA_P2P_FAULT_LAST": last})
+    check_fault(res)
 
 
 def test_stopped_rank_past_the_timeout_is_named_and_everyone_exits():

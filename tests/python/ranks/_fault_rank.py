@@ -3,7 +3,8 @@
 Usage: _fault_rank.py RANK WORLD PORT CASE VICTIM OUT_DIR
 
 The rank joins a cuda_p2p job (10 s timeout), checks one all_reduce against the expected sum,
-then runs CASE's operation in a loop until it raises. It writes events as JSON lines to
+then runs CASE's operation in a loop until it raises ("mixed": a random workload of every op,
+run_mixed). It writes events as JSON lines to
 OUT_DIR/rank<R>.jsonl: "ready" (looping), "error" (time and message), "clean" (after
 destroy_process_group: memfd mappings and descriptors of ours still open), "done".
 The victim of a self-inflicted fault kills itself where CASE says; the other faults (SIGKILL,
@@ -62,6 +63,8 @@ def run(rank, world, store, case, victim, event):
         a = torch.randn(64, 128)
         bs = [torch.randn(128, 96)]
         op = lambda: ops.fused_all_gather_matmul(a, bs, 0)  # noqa: E731
+    elif case == "mixed":
+        return run_mixed(rank, world, victim, event)
     else:
         raise ValueError(f"unknown case {case}")
     for _ in range(3):
@@ -69,6 +72,77 @@ def run(rank, world, store, case, victim, event):
     event("ready")
     while True:
         op()
+
+
+# The mixed workload's ops (case "mixed"): every workspace op, several sizes, uneven splits.
+MIXED_KINDS = ["all_to_all_single", "all_to_all_uneven", "all_to_all", "all_gather",
+               "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "gather", "scatter",
+               "reduce", "all_reduce", "fused_all_gather_matmul", "fused_matmul_reduce_scatter"]
+
+
+def mixed_op(kind, n, world, rank):
+    """One op of the mixed workload on `n`-element tensors (the same call on every rank); runs it
+    and returns nothing: a survivor's outputs are dropped at once, as a user's would be after an
+    error, so that memory an op still touched would be freed while its work is queued."""
+    x = torch.randn(n)
+    if kind == "all_to_all_single":
+        dist.all_to_all_single(torch.empty(n * world), torch.randn(n * world))
+    elif kind == "all_to_all_uneven":
+        # Rank r sends n + q rows to rank q.
+        dist.all_to_all_single(torch.empty(world * (n + rank)), torch.randn(sum(n + q for q in
+                               range(world))), [n + rank] * world, [n + q for q in range(world)])
+    elif kind == "all_to_all":
+        dist.all_to_all([torch.empty(n) for _ in range(world)],
+                        [torch.randn(n) for _ in range(world)])
+    elif kind == "all_gather":
+        dist.all_gather([torch.empty(n) for _ in range(world)], x)
+    elif kind == "all_gather_into_tensor":
+        dist.all_gather_into_tensor(torch.empty(n * world), x)
+    elif kind == "reduce_scatter_tensor":
+        dist.reduce_scatter_tensor(torch.empty(n), torch.randn(n * world))
+    elif kind == "broadcast":
+        dist.broadcast(x, n % world)
+    elif kind == "gather":
+        dist.gather(x, [torch.empty(n) for _ in range(world)] if rank == 0 else None, dst=0)
+    elif kind == "scatter":
+        dist.scatter(x, [torch.randn(n) for _ in range(world)] if rank == 1 else None, src=1)
+    elif kind == "reduce":
+        dist.reduce(x, 0)
+    elif kind == "all_reduce":
+        dist.all_reduce(x)
+    elif kind == "fused_all_gather_matmul":
+        rows = max(1, n // 64)
+        ops.fused_all_gather_matmul(torch.randn(rows, 64), [torch.randn(64, 32)], 0)
+    elif kind == "fused_matmul_reduce_scatter":
+        rows = world * max(1, n // (64 * world))
+        ops.fused_matmul_reduce_scatter(torch.randn(rows, 64), torch.randn(64, 32), "sum", 0)
+
+
+def run_mixed(rank, world, victim, event):
+    """NOTE [Tensors in stream order] in backend/workspace_collectives.cpp: a seeded random
+    workload of every op (CUDA_P2P_FAULT_SEED; the same schedule on every rank); the victim kills
+    itself after a random number of them, and every survivor's next op (CUDA_P2P_FAULT_LAST's
+    kind, if set) times out. main() then
+    destroys the group and collects the garbage: memory an op's queued work still wrote into
+    would be freed by then (with CUDA's semantics a released wait lets that work run on), and
+    the allocator's checks abort the process."""
+    import random
+
+    rng = random.Random(int(os.environ.get("CUDA_P2P_FAULT_SEED", "0")))
+    schedule = [(rng.choice(MIXED_KINDS), rng.choice([7, 300, 4096, 40000])) for _ in range(40)]
+    kill_after = rng.randrange(5, len(schedule))
+    # The op that times out (CUDA_P2P_FAULT_LAST: a kind, at its largest size), else random.
+    if os.environ.get("CUDA_P2P_FAULT_LAST"):
+        schedule[kill_after] = (os.environ["CUDA_P2P_FAULT_LAST"], 40000)
+    event("schedule", kill_after=kill_after, next=schedule[kill_after])
+    for i, (kind, n) in enumerate(schedule):
+        if i == kill_after:
+            if rank == victim:
+                event("ready")
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(0.2)  # the victim is gone: this op must time out, its work queued
+        mixed_op(kind, n, world, rank)
+    raise AssertionError("the workload ended without the victim")
 
 
 def main():
@@ -100,6 +174,11 @@ def main():
             event("destroy_error", error=f"{type(e).__name__}: {e}"[:1000])
     import gc
 
+    gc.collect()
+    # Churn the heap: a block an op's queued work wrote into after it was freed breaks the
+    # allocator's lists, which it checks here.
+    junk = [torch.empty(n) for n in range(1, 4000, 7)]
+    del junk
     gc.collect()
     maps, fds = memfds_of_ours()
     event("clean", memfd_maps=maps, memfd_fds=fds)
