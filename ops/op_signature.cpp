@@ -75,10 +75,19 @@ Words encode(const OpSignature& sig, uint64_t count) {
   Words w{};
   std::string text = sig.text;
   if (text.size() > kTextBytes) {
+    // Too long for the slot: shortened at a word's end, with a marker and a hash of the whole
+    // text, so that two texts that differ past the cut still differ (NOTE [Op signatures]) and
+    // an error quoting it never shows half a word ("got 4026 ... #1a2b3c4d", not "got~1a2b").
     static constexpr char kHex[] = "0123456789abcdef";
+    static constexpr const char* kMarker = " ... #";
     const uint32_t h = fnv1a(text);
-    text.resize(kTextBytes - 9);
-    text += '~';
+    const size_t room = kTextBytes - std::strlen(kMarker) - 8;
+    size_t cut = room;
+    while (cut > room / 2 && text[cut] != ' ') --cut;  // back to a word's end, if one is near
+    if (cut == room / 2) cut = room;                   // one long word: cut it
+    while (cut > 0 && text[cut - 1] == ' ') --cut;
+    text.resize(cut);
+    text += kMarker;
     for (int i = 7; i >= 0; --i) text += kHex[(h >> (4 * i)) & 0xf];
   }
   w[0] = static_cast<uint32_t>(count + 1);  // never 0: an unwritten slot is never current

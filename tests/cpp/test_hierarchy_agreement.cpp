@@ -48,6 +48,39 @@ TEST(HierarchyAgreement, RecordsRoundTrip) {
   }
 }
 
+// The text a descriptor carries (ops::encode_signature's layout).
+std::string descriptor_text(const ops::DescriptorWords& w) {
+  return std::string(reinterpret_cast<const char*>(&w[2]), w[1] >> 16);
+}
+
+// A text too long for its slot is shortened at a word's end with a marker and a hash of the whole
+// text (issue 58: errors quoted "got~40260258", half a number and a hash).
+TEST(HierarchyAgreement, LongTextsAreShortenedAtAWordsEnd) {
+  std::string text = "cuda_p2p all_gather_into_tensor: the output must have world size (2) times";
+  text += " the input's 8 elements of Float, got 40260258 of Float (and more words after it)";
+  ASSERT_GT(text.size(), 120u);
+  const auto w = ops::encode_signature(ops::OpSignature::of(ops::OpKind::kAllGather, text), 0);
+  const std::string got = descriptor_text(w);
+  EXPECT_LE(got.size(), 120u);
+  const size_t marker = got.find(" ... #");
+  ASSERT_NE(marker, std::string::npos) << got;
+  EXPECT_EQ(got.size(), marker + 6 + 8) << got;  // the marker, then 8 hex digits
+  EXPECT_EQ(text.compare(0, marker, got, 0, marker), 0) << got;  // a prefix of the text...
+  const char next = text[marker];
+  EXPECT_TRUE(next == ' ' || next == ',') << got;  // ...ending where a word ends
+  // Texts that differ only past the cut still differ.
+  std::string other = text;
+  other.back() = ']';
+  EXPECT_NE(got, descriptor_text(ops::encode_signature(
+                     ops::OpSignature::of(ops::OpKind::kAllGather, other), 0)));
+  // One word longer than the slot is cut where it must be.
+  const std::string word(300, 'x');
+  const std::string cut =
+      descriptor_text(ops::encode_signature(ops::OpSignature::of(ops::OpKind::kBarrier, word), 0));
+  EXPECT_EQ(cut.size(), 120u);
+  EXPECT_EQ(cut.substr(0, 106), std::string(106, 'x'));
+}
+
 TEST(HierarchyAgreement, MalformedRecordsRaiseNamingTheRank) {
   const auto good = encoded(all_reduce_sig());
   expect_malformed(good, "a descriptor of 128 bytes, got 12", 12);
