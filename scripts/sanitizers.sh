@@ -14,9 +14,12 @@
 #         windows also with CUDA's semantics, where threads signal from streams of their own).
 #         tests/cpp/tsan.supp silences what TSan cannot see inside the uninstrumented libtorch.
 #
-#   bash scripts/sanitizers.sh [--build-only] [asan] [tsan]
-#                 (default: both; needs scripts/setup.sh's .venv; --build-only builds, runs nothing:
-#                 scripts/test.sh builds them this way in the background while the Python tests run)
+#         Then the Python tests marked asan, in both host modes, with the ranks' extension (_C)
+#         from this build (--no-python: neither built nor run; the quick loop's; CUDA_P2P_LONG=1,
+#         which scripts/test.sh --long sets: their long forms too).
+#
+#   bash scripts/sanitizers.sh [--build-only] [--no-python] [asan] [tsan]
+#                 (default: both; needs scripts/setup.sh's .venv; --build-only builds, runs nothing)
 #
 # Every finding aborts the rank (halt_on_error), which fails its ctest entry.
 set -euo pipefail
@@ -40,9 +43,14 @@ elif command -v ninja >/dev/null; then
   gen=(-G Ninja)
 fi
 build_only=0
+python_asan=1
 kinds=()
 for arg in "$@"; do
-  if [ "$arg" = --build-only ]; then build_only=1; else kinds+=("$arg"); fi
+  case $arg in
+    --build-only) build_only=1 ;;
+    --no-python) python_asan=0 ;;
+    *) kinds+=("$arg") ;;
+  esac
 done
 ((${#kinds[@]})) || kinds=(asan tsan)
 
@@ -71,6 +79,15 @@ configure_and_build() {
 jobs=${CUDA_P2P_CTEST_JOBS:-4}
 status=0
 mkdir -p build
+
+build_tsan() {
+  extra=()
+  configure_and_build build/tsan thread test_host_streams test_workspace test_watchdog \
+    test_op_order test_send_recv test_window
+}
+# When both run, the TSan build goes on beside the ASan tests, whose ranks mostly wait for each
+# other (and for the timeouts of the fault tests) and leave the cores half idle.
+tsan_build_pid=""
 for kind in "${kinds[@]}"; do
   t0=$SECONDS
   case $kind in
@@ -80,20 +97,50 @@ for kind in "${kinds[@]}"; do
       # Not the test_cuda_* binaries: built without CUDA (CUDA_P2P_CUDA=OFF) they only skip.
       # shellcheck disable=SC2207
       targets=($(cd tests/cpp && ls test_*.cpp | sed 's/\.cpp$//' | grep -v '^test_cuda_'))
+      # And the Python extension, for the Python tests marked asan (below).
+      ((python_asan)) && targets+=(_C)
       configure_and_build build/asan address,undefined "${targets[@]}" || { status=1; continue; }
       ((build_only)) && continue
+      if [[ " ${kinds[*]} " == *" tsan "* ]]; then
+        build_tsan >build/tsan.build.log 2>&1 &
+        tsan_build_pid=$!
+      fi
       # Leaks: libtorch's own static allocations are reported at exit and are not ours to fix.
-      ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=0:detect_stack_use_after_return=0 \
-        UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-        "$CTEST" --test-dir build/asan --output-on-failure --timeout 300 -j "$jobs" \
+      ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=0
+      export ASAN_OPTIONS=$ASAN_OPTIONS:detect_stack_use_after_return=0
+      export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+      "$CTEST" --test-dir build/asan --output-on-failure --timeout 300 -j "$jobs" \
         -R "${CUDA_P2P_ASAN_TESTS:-.}" -E '^test_cuda_' ||
         status=1
+      if ((python_asan)); then
+        # The Python tests marked asan (tests/python/faults: ranks killed while ops are queued),
+        # in each host mode, their ranks running this ASan+UBSan build of the extension: the
+        # package's Python files beside it in build/asan/python, libasan preloaded into the
+        # uninstrumented interpreter (and libstdc++, whose __cxa_throw ASan intercepts), so that
+        # a write into freed memory is reported where it happens.
+        echo "== ASan+UBSan: the Python tests marked asan (the extension built with ASan)"
+        rm -rf build/asan/python && mkdir -p build/asan/python &&
+          cp -r python/cuda_p2p build/asan/python/ &&
+          cp build/asan/_C.*.so build/asan/python/cuda_p2p/ || status=1
+        for mode in synchronous cuda; do
+          LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)" \
+            PYTHONPATH=$ROOT/build/asan/python CUDA_P2P_HOST_SEMANTICS=$mode \
+            "$VPY" -m pytest -q -p no:cacheprovider -m asan tests/python \
+            ${CUDA_P2P_LONG:+--long} || status=1
+        done
+      fi
       ;;
     tsan)
       echo "== TSan: build/tsan"
-      extra=()
-      configure_and_build build/tsan thread test_host_streams test_workspace test_watchdog \
-        test_op_order test_send_recv test_window || { status=1; continue; }
+      if [ -n "$tsan_build_pid" ]; then
+        tsan_built=0
+        wait "$tsan_build_pid" || tsan_built=$?
+        echo "(built beside the ASan tests:)"
+        cat build/tsan.build.log
+        ((tsan_built == 0)) || { status=1; continue; }
+      else
+        build_tsan || { status=1; continue; }
+      fi
       ((build_only)) && continue
       TSAN_OPTIONS="suppressions=$ROOT/tests/cpp/tsan.supp:halt_on_error=1:second_deadlock_stack=1:history_size=4" \
         "$CTEST" --test-dir build/tsan --output-on-failure --timeout 300 -j "$jobs" \

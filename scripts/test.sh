@@ -73,7 +73,7 @@ if [ "$mode" = quick ]; then
   ((lint_failed)) && status=1
   # Each C++ binary once: as 2 ranks, or as 1 where it is single-process.
   CUDA_P2P_ASAN_TESTS='_np2$|^test_(config|watchdog|event_work|quiet_teardown|pad_layout|hierarchy_agreement)_np1$' \
-    stage "C++ tests, each once (ASan+UBSan)" 600 600 bash scripts/sanitizers.sh asan ||
+    stage "C++ tests, each once (ASan+UBSan)" 600 600 bash scripts/sanitizers.sh --no-python asan ||
     status=1
   stage "Python tests not marked slow" 300 400 pytest_run --durations=10 -m "not slow" \
     tests/python || status=1
@@ -85,18 +85,17 @@ if [ "$mode" = quick ]; then
 fi
 
 long=()
-if [ "$mode" = long ]; then long=(--long); fi
+if [ "$mode" = long ]; then
+  long=(--long)
+  export CUDA_P2P_LONG=1  # scripts/sanitizers.sh's Python tests marked asan
+fi
 
-# Beside the Python tests (docs/testing.md, "What runs beside what"): the C++ tests - their
-# sanitizer builds, then every binary under ASan+UBSan (1-4 ranks, the CUDA-semantics and
-# thread-per-stream variants) and the threaded ones under TSan (scripts/sanitizers.sh) - and the
-# fault-injection suite, whose jobs mostly wait for a process-group timeout to name a dead rank:
-# as the host runs, then its cases whose behaviour differs with CUDA's semantics. The builds at
-# normal priority: at idle priority they got only what pytest left (its ranks wait a lot) and
-# ended with it, and the C++ tests then ran alone after it.
-beside "C++ tests (ASan+UBSan, TSan)" build/cpp_tests.log bash -c "
-  bash scripts/sanitizers.sh --build-only && echo '== the builds are done' &&
-    bash scripts/sanitizers.sh"
+# Beside the Python tests (docs/testing.md, "What runs beside what"): the fault-injection suite,
+# whose jobs mostly wait for a process-group timeout to name a dead rank: as the host runs, then
+# its cases whose behaviour differs with CUDA's semantics. The C++ tests come after the Python
+# ones, not beside them: builds beside pytest made its ranks wait for cores (their polls then run
+# to the sleep) and cost more CPU than they saved wall time
+# (docs/measurements/ci-times-2026-12-02.md).
 beside "fault injection, twice" build/pytest_faults.log bash -c '
   "$0" -m pytest -q -p no:cacheprovider tests/python/faults "$@" &&
     echo "== the same cases whose behaviour differs, with CUDA_P2P_HOST_SEMANTICS=cuda" &&
@@ -118,16 +117,20 @@ CUDA_P2P_HOST_SEMANTICS=cuda stage "Python tests, CUDA's semantics" 120 120 pyte
   --durations=5 -m cuda_semantics tests/python --ignore tests/python/faults "${long[@]}" ||
   status=1
 
+# The C++ tests (scripts/sanitizers.sh): the ASan+UBSan build, every binary under it (1-4 ranks,
+# the CUDA-semantics and thread-per-stream variants) with the TSan build beside, the Python tests
+# marked asan on that build, then the threaded binaries under TSan.
+echo "== C++ tests (scripts/sanitizers.sh)"
+cpp_status=0
+stage "C++ tests (ASan+UBSan, TSan), builds included" 600 900 bash scripts/sanitizers.sh ||
+  cpp_status=1
+
 join_beside "fault injection, twice" 480 150 || status=1
 echo "== Python tests: tests/python/faults (run beside the above)"
 cat build/pytest_faults.log
 
-cpp_status=0
-join_beside "C++ tests (ASan+UBSan, TSan)" 900 1000 || cpp_status=1
-echo "== C++ tests (run beside the above; scripts/sanitizers.sh)"
-cat build/cpp_tests.log
 if ((cpp_status)) && [ ! -x build/asan/tests/cpp/test_backend ]; then
-  echo "!!! SKIPPED: the C++ tests could not be built (build/cpp_tests.log)"
+  echo "!!! SKIPPED: the C++ tests could not be built (their stage's output above)"
   if [ "${CUDA_P2P_ALLOW_SKIP_CPP:-0}" = 1 ]; then
     echo "!!! accepted because CUDA_P2P_ALLOW_SKIP_CPP=1"
     cpp_status=0
