@@ -412,6 +412,16 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::allreduce(std::vector<at::Tens
 
 // The all-reduce of torch.ops.cuda_p2p.all_reduce_: dist.all_reduce's paths, in its order, with
 // no Work. The c10d options only where they are used: not on the small all-reduce's path.
+void ProcessGroupCudaP2P::check_all_reduce_in_place(const at::Tensor& tensor,
+                                                    c10::function_ref<void()> checks) {
+  // The calls all_reduce_in_place serves on the workspace (a group spanning hosts has its own
+  // steps): their peers take part in the rejection's handshake.
+  if (hierarchy_ || tensor.layout() != at::kStrided || collectives_.all_reduce_rejects(tensor)) {
+    return checks();
+  }
+  collectives_.check_or_reject("all_reduce", OpKind::kAllReduce, checks);
+}
+
 void ProcessGroupCudaP2P::all_reduce_in_place(at::Tensor& tensor, ops::ReduceOp op) {
   TORCH_CHECK(tensor.layout() == at::kStrided,
               "cuda_p2p all_reduce_: expected a strided (dense) tensor, got layout ",

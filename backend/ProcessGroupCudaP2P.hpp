@@ -157,6 +157,10 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // place, with no Work. The workspace all-reduce that allreduce() runs, counted the same; where
   // the workspace cannot serve it, the wrapped backend's all-reduce, waited for.
   void all_reduce_in_place(at::Tensor& tensor, ops::ReduceOp op);
+  // Its own argument checks (the reduce op's name): where the workspace serves the call, a rank
+  // whose checks fail tells its peers (NOTE [Op signatures] in ops/op_signature.cpp), which would
+  // otherwise wait for it until the timeout; then its own error propagates.
+  void check_all_reduce_in_place(const at::Tensor& tensor, c10::function_ref<void()> checks);
 
   // Counters of which path ran ("all_reduce.one_shot", "all_reduce.wrapped", ...), so tests and
   // users can see that the fast path ran and that no fallback was silent.

@@ -36,10 +36,14 @@ void check_tensor(const at::Tensor& tensor) {
 at::Tensor& all_reduce_(at::Tensor& tensor, c10::string_view reduce_op,
                         c10::string_view group_name) {
   check_tensor(tensor);
-  const ops::ReduceOp op = parse_reduce_op(reduce_op);
-  resolve_backend(std::string_view(group_name.data(), group_name.size()), tensor.device().type(),
-                  kOp)
-      ->all_reduce_in_place(tensor, op);
+  const auto backend = resolve_backend(std::string_view(group_name.data(), group_name.size()),
+                                       tensor.device().type(), kOp);
+  ops::ReduceOp op = ops::ReduceOp::kSum;  // the default: nothing to check
+  if (reduce_op != "sum") {
+    // A wrong name on one rank: its peers raise at once naming it (issue 58).
+    backend->check_all_reduce_in_place(tensor, [&] { op = parse_reduce_op(reduce_op); });
+  }
+  backend->all_reduce_in_place(tensor, op);
   return tensor;
 }
 

@@ -460,9 +460,9 @@ AllGatherAlgorithm parse_all_gather_algorithm(const std::string& algorithm,
                                               const at::Device& device) {
   if (algorithm == "pipeline") return AllGatherAlgorithm::kPipeline;
   if (algorithm == "pull_ahead") return AllGatherAlgorithm::kPullAhead;
-  TORCH_CHECK(algorithm == "auto", "cuda_p2p ", kOp,
-              ": algorithm must be \"auto\", \"pipeline\" or \"pull_ahead\", got \"", algorithm,
-              "\"");
+  TORCH_CHECK_VALUE(algorithm == "auto", "cuda_p2p ", kOp,
+                    ": algorithm must be \"auto\", \"pipeline\" or \"pull_ahead\", got \"",
+                    algorithm, "\"");
   return device.is_cpu() ? AllGatherAlgorithm::kPullAhead : AllGatherAlgorithm::kPipeline;
 }
 

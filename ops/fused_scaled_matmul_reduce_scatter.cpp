@@ -12,9 +12,10 @@ namespace {
 constexpr const char* kScaledRsOp = "fused_scaled_matmul_reduce_scatter";
 
 void check_scaled_rs_algorithm(const std::string& algorithm) {
-  TORCH_CHECK(algorithm == "auto" || algorithm == "pipeline" || algorithm == "ring", "cuda_p2p ",
-              kScaledRsOp, ": algorithm must be \"auto\", \"pipeline\" or \"ring\", got \"",
-              algorithm, "\"");
+  TORCH_CHECK_VALUE(algorithm == "auto" || algorithm == "pipeline" || algorithm == "ring",
+                    "cuda_p2p ", kScaledRsOp,
+                    ": algorithm must be \"auto\", \"pipeline\" or \"ring\", got \"", algorithm,
+                    "\"");
 }
 
 // Everything the ranks must agree on (NOTE [Op signatures]); "scaled" keeps it apart from the

@@ -18,8 +18,13 @@ from ._backend import _resolve
 
 GroupLike = Union[str, dist.ProcessGroup, None]
 
+# The algorithms each op takes (the all-gather ops; the reduce-scatter ops).
 ALL_GATHER_ALGORITHMS = ("auto", "pipeline", "pull_ahead")
 ALGORITHMS = ("auto", "pipeline", "ring")
+
+# The arguments (algorithm, reduce_op, ring_steps, shapes) are checked by the op itself, on every
+# rank: a rank whose own arguments are wrong raises its error and its peers raise at once naming
+# it (NOTE [Op signatures]), where a check here would leave them waiting until the timeout.
 
 
 def _group_name(group: GroupLike) -> str:
@@ -57,10 +62,6 @@ def fused_all_gather_matmul(
     flops per rank, our all-gather then ``torch.matmul``, counted
     ``fused_all_gather_matmul.unfused``: docs/pipelines.md).
     """
-    if algorithm not in ALL_GATHER_ALGORITHMS:
-        raise ValueError(
-            f"cuda_p2p: algorithm must be one of {ALL_GATHER_ALGORITHMS}, got {algorithm!r}"
-        )
     return torch.ops.cuda_p2p.fused_all_gather_matmul(
         A_shard, list(Bs), gather_dim, _group_name(group), return_A=return_A, algorithm=algorithm
     )
@@ -91,8 +92,6 @@ def fused_matmul_reduce_scatter(
     workspace (several hosts, or ``enable_workspace=False``) the ring runs over the wrapped
     backend's send/recv.
     """
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"cuda_p2p: algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     return torch.ops.cuda_p2p.fused_matmul_reduce_scatter(
         A,
         B,
@@ -127,10 +126,6 @@ def fused_all_gather_scaled_matmul(
     to ``gather_dim``). No autograd formula: torch has none for ``_scaled_mm`` either; the
     compile pass uses the op below autograd.
     """
-    if algorithm not in ALL_GATHER_ALGORITHMS:
-        raise ValueError(
-            f"cuda_p2p: algorithm must be one of {ALL_GATHER_ALGORITHMS}, got {algorithm!r}"
-        )
     return torch.ops.cuda_p2p.fused_all_gather_scaled_matmul(
         A_shard, list(Bs), A_scale, list(B_scales), gather_dim, _group_name(group),
         out_dtypes=list(out_dtypes), return_A=return_A, algorithm=algorithm,
@@ -158,8 +153,6 @@ def fused_scaled_matmul_reduce_scatter(
     element or ``[1, N]``. ``out_dtype``: float32 or bfloat16; the partials are in ``out_dtype``
     and summed in float32.
     """
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"cuda_p2p: algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     return torch.ops.cuda_p2p.fused_scaled_matmul_reduce_scatter(
         A, B, A_scale, B_scale, reduce_op, scatter_dim, _group_name(group),
         out_dtype=out_dtype, algorithm=algorithm, ring_steps=ring_steps,

@@ -236,6 +236,24 @@ def check_local_errors_reach_peers(ctx, placement=None):
          lambda bad: cuda_p2p.get_cuda_p2p_backend(g).all_gather_v(
              torch.ones(2 + bad, 3), [2] * W)),
     )
+    if placement is None:
+        # The dispatcher and fused entries: their argument checks run in the op, on every rank
+        # (a check in Python, before the op, would leave the peers waiting: issue 58).
+        A, B = torch.ones(2 * W, 8), torch.ones(8, 4)
+        cases += (
+            ("torch.ops.cuda_p2p.all_reduce_ reduce op",
+             lambda bad: torch.ops.cuda_p2p.all_reduce_(torch.ones(3), "bogus" if bad else "sum",
+                                                        g.group_name)),
+            ("fused_all_gather_matmul algorithm",
+             lambda bad: cuda_p2p.fused_all_gather_matmul(
+                 A, [B], 0, g, algorithm="bogus" if bad else "auto")),
+            ("fused_matmul_reduce_scatter algorithm",
+             lambda bad: cuda_p2p.fused_matmul_reduce_scatter(
+                 A, B, "sum", 0, g, algorithm="bogus" if bad else "auto")),
+            ("fused_matmul_reduce_scatter reduce op",
+             lambda bad: cuda_p2p.fused_matmul_reduce_scatter(
+                 A, B, "bogus" if bad else "sum", 0, g)),
+        )
     for what, call in cases:
         err, took = _raises(lambda: call(1 if rank == 0 else 0))
         if rank == 0:
@@ -450,7 +468,7 @@ def test_collective_mismatches(any_world):
 
 
 def test_local_errors_reach_peers(any_world):
-    _assert_ok(any_world.run(check_local_errors_reach_peers), 12)
+    _assert_ok(any_world.run(check_local_errors_reach_peers), 24)
 
 
 HOST_LAYOUTS = [("world4", "2x2"), ("world6", "2x3"), ("world4", "3+1")]
