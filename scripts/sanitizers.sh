@@ -122,11 +122,20 @@ for kind in "${kinds[@]}"; do
         rm -rf build/asan/python && mkdir -p build/asan/python &&
           cp -r python/cuda_p2p build/asan/python/ &&
           cp build/asan/_C.*.so build/asan/python/cuda_p2p/ || status=1
-        for mode in synchronous cuda; do
+        # Both modes at once: their ranks mostly wait for the victim's timeout.
+        modes=(synchronous cuda)
+        pids=()
+        for mode in "${modes[@]}"; do
           LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)" \
             PYTHONPATH=$ROOT/build/asan/python CUDA_P2P_HOST_SEMANTICS=$mode \
             "$VPY" -m pytest -q -p no:cacheprovider -m asan tests/python \
-            ${CUDA_P2P_LONG:+--long} || status=1
+            ${CUDA_P2P_LONG:+--long} >"build/asan/python-$mode.log" 2>&1 &
+          pids+=($!)
+        done
+        for i in "${!modes[@]}"; do
+          wait "${pids[$i]}" || status=1
+          echo "-- CUDA_P2P_HOST_SEMANTICS=${modes[$i]}"
+          cat "build/asan/python-${modes[$i]}.log"
         done
       fi
       ;;
