@@ -73,7 +73,8 @@ if [ "$mode" = quick ]; then
   ((lint_failed)) && status=1
   # Each C++ binary once: as 2 ranks, or as 1 where it is single-process.
   CUDA_P2P_ASAN_TESTS='_np2$|^test_(config|watchdog|event_work|quiet_teardown|pad_layout|hierarchy_agreement)_np1$' \
-    stage "C++ tests, each once (ASan+UBSan)" 600 600 bash scripts/sanitizers.sh --no-python asan ||
+    stage "C++ tests, each once (ASan+UBSan)" 600 600 \
+      bash scripts/sanitizers.sh --no-python asan ||
     status=1
   stage "Python tests not marked slow" 300 400 pytest_run --durations=10 -m "not slow" \
     tests/python || status=1
@@ -122,7 +123,7 @@ CUDA_P2P_HOST_SEMANTICS=cuda stage "Python tests, CUDA's semantics" 120 120 pyte
 # marked asan on that build, then the threaded binaries under TSan.
 echo "== C++ tests (scripts/sanitizers.sh)"
 cpp_status=0
-stage "C++ tests (ASan+UBSan, TSan), builds included" 600 900 bash scripts/sanitizers.sh ||
+stage "C++ tests (ASan+UBSan, TSan)" 600 900 bash scripts/sanitizers.sh ||
   cpp_status=1
 
 join_beside "fault injection, twice" 480 150 || status=1
