@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,10 +32,12 @@ class Job:
         self.dir = tempfile.mkdtemp(prefix="cuda_p2p_security_")
         os.chmod(self.dir, 0o777)  # a rank running as another user writes its result here
         self.procs = []
+        self.logs_open = []
 
     def start(self, rank, world, port, name, hold=None, user=None):
         out = os.path.join(self.dir, f"{name}.jsonl")
         log = open(os.path.join(self.dir, f"{name}.log"), "w")
+        self.logs_open.append(log)
         os.chmod(log.name, 0o666)
         env = dict(os.environ, CUDA_P2P_TEST_TOKEN=self.token, OMP_NUM_THREADS="1")
         cmd = [sys.executable, os.path.join(RANKS, "_security_rank.py"), str(rank), str(world),
@@ -78,6 +81,9 @@ class Job:
             if p.poll() is None:
                 p.kill()
             p.wait()
+        for log in self.logs_open:
+            log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)  # the logs are in the failures' messages
 
 
 def _can_switch_user() -> bool:
