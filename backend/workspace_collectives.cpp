@@ -154,21 +154,22 @@ void WorkspaceCollectives::refuse_capture(const char* what, const char* why) con
 // returns, and its tensors must live until its stream has run it, whatever the caller drops:
 //  - on CUDA the caching allocator gives that: a block freed is reused only by work enqueued
 //    after it on the stream (the op's, the caller's current one);
-//  - on the host a closure the op leaves on its stream holds them (hold, copy_back), except
-//    under capture, where a graph's tensors are the caller's to keep, as on CUDA;
-//  - an op can leave by an exception (a timeout, a peer's failure) with its work still queued, and
-//    a released wait lets that work run on (NOTE [Releasing blocked waits] in
-//    p2p_workspace/watchdog.hpp): so a body names what its work touches (keep, before the op;
-//    its host temporaries go in CollectiveState::in_flight) and run() leaves the closure that
-//    holds them on the stream whichever way the body left; on CUDA, after a failure, it records
-//    them on the stream for the caching allocators (Device::record_stream: device memory and
-//    pinned host memory, which a host allocator would otherwise hand out again at once);
+//  - on the host a closure the op leaves on its stream holds them, except under capture, where
+//    a graph's tensors are the caller's to keep, as on CUDA. An op can leave by an exception (a
+//    timeout, a peer's failure) with its work still queued, and a released wait lets that work
+//    run on (NOTE [Releasing blocked waits] in p2p_workspace/watchdog.hpp): so a body names what
+//    its work touches (keep, before the op; the op's host temporaries go in
+//    CollectiveState::in_flight) and run() leaves the closure that holds them on the stream
+//    whichever way the body left (copy_back's closure holds its two); on CUDA, after a failure,
+//    it records them on the stream for the caching allocators (Device::record_stream: device
+//    memory and pinned host memory, which a host allocator would otherwise hand out again at
+//    once);
 //  - a synchronous host device has run the op when it returns.
 // Where the caller's tensors are not contiguous (or overlap), a body computes into contiguous
 // temporaries, and the copy back into the caller's tensor is launched on the op's stream after it
 // (on CUDA an ATen copy on the current stream, called at once: in stream order).
 void WorkspaceCollectives::copy_back(const at::Tensor& dst, const at::Tensor& src) const {
-  if (dst.is_same(src)) return hold({dst});
+  if (dst.is_same(src)) return;  // the op's body kept it
   Device& device = ws_->device();
   device.launch(*device.current_stream(), [dst, src] { dst.copy_(src); });
 }
@@ -204,15 +205,6 @@ void WorkspaceCollectives::keep_in_flight(Stream& stream, bool failed) noexcept 
   }
 }
 
-void WorkspaceCollectives::hold(std::vector<at::Tensor> tensors) const {
-  Device& device = ws_->device();
-  const HostPaths* host = device.host_paths();
-  if (host == nullptr || host->synchronous()) return;
-  auto stream = device.current_stream();
-  // A captured op's tensors live as long as its graph, as on CUDA: the caller keeps them.
-  if (ws_->capturing(*stream)) return;
-  device.launch(*stream, [held = std::move(tensors)] {});
-}
 
 // --- bodies -------------------------------------------------------------------------------------
 
@@ -312,9 +304,7 @@ ops::Outcome WorkspaceCollectives::reduce_scatter_tensor(const at::Tensor& outpu
   const at::Tensor in = contiguous(input);
   std::vector<at::Tensor> chunks;
   for (int q = 0; q < size_; ++q) chunks.push_back(flat_chunk(in, q, output.numel()));
-  const ops::Outcome o = reduce_scatter(chunks, output, op);
-  hold({in, input});
-  return o;
+  return reduce_scatter(chunks, output, op);  // which keeps the chunks, so `in`
 }
 
 ops::Outcome WorkspaceCollectives::broadcast(at::Tensor& t, int64_t root) {

@@ -121,15 +121,14 @@ class WorkspaceCollectives {
   // failed: NOTE [Failed groups]).
   void refuse_capture(const char* what, const char* why) const;
   // NOTE [Tensors in stream order] in backend/workspace_collectives.cpp: `dst` receives `src`
-  // after the op on the current stream; the op's `tensors` live until its stream has run it.
+  // after the op on the current stream (nothing when they are one tensor, which the body kept).
   void copy_back(const at::Tensor& dst, const at::Tensor& src) const;
-  void hold(std::vector<at::Tensor> tensors) const;
   // Called in an op's body before the op: `tensors` live until the op's stream has passed the op,
   // whichever way it leaves (run() calls keep_in_flight on every path).
   void keep(std::initializer_list<at::Tensor> tensors);
   void keep(const std::vector<at::Tensor>& tensors);
   void keep_in_flight(Stream& stream, bool failed) noexcept;
-  // The tensors of both lists, for one `hold` of a list op's inputs and their contiguous copies.
+  // The tensors of both lists, for one `keep` of a list op's inputs and their contiguous copies.
   static std::vector<at::Tensor> joined(std::vector<at::Tensor> a,
                                         const std::vector<at::Tensor>& b) {
     a.insert(a.end(), b.begin(), b.end());
