@@ -144,6 +144,53 @@ at::Tensor SymmetricMemory::empty(at::IntArrayRef sizes, at::ScalarType dtype,
       .make_tensor();
 }
 
+// NOTE [Storage moved into the heap]
+// A window registers a tensor in place (NOTE [Window registration] in backend/windows.cpp): the
+// peers' puts must land in the very memory the user reads. A tensor outside the heap gets there by
+// moving its storage, as torch's own storage resize_ and swap do: a heap block of the storage's
+// bytes receives its contents on the caller's current stream, which is then synchronized (so the
+// copy is ordered after the work already queued there that writes the tensor, and has run before
+// a peer may put into the block), and the StorageImpl's DataPtr becomes the block's. The tensor
+// object, its views and every tensor sharing the storage then alias the heap; the old memory is
+// freed when its DataPtr goes (after the synchronize: nothing queued reads it any more). The block
+// is freed when the storage dies, like a cuda_p2p.empty tensor's, whether or not a window still
+// holds it. Only a storage whose memory its device's default allocator made (torch.empty, zeros,
+// ...: the DataPtr's deleter is that allocator's) is moved: memory another owner holds (from_blob,
+// numpy, shared memory, pinned memory, a memory map) may still be read through that owner, and
+// moving it would leave the owner's view stale, so it raises. Data pointers taken before the move
+// (data_ptr(), a numpy view of the tensor, DLPack) point at the freed memory. Ranks moving storages
+// of different sizes allocate differently from then on: later heap tensors may lie at different
+// offsets, which costs the zero-copy collectives their zero-copy path (they agree on offsets
+// first, NOTE [Zero-copy collectives] in ops/zero_copy.cpp), never correctness.
+void SymmetricMemory::move_into_heap(const at::Tensor& t) {
+  const at::Device dev = device();
+  TORCH_CHECK_VALUE(t.defined() && t.has_storage() && t.device() == dev,
+                    "cuda_p2p symmetric memory: expected a tensor with storage on ", dev,
+                    " to move into the heap");
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  storage->mutable_data();  // a lazily copied (copy-on-write) storage gets memory of its own
+  const c10::Allocator* own = c10::GetAllocator(dev.type());
+  const c10::DeleterFnPtr deleter = storage->data_ptr().get_deleter();
+  TORCH_CHECK_VALUE(
+      own != nullptr && own->raw_deleter() != nullptr && deleter == own->raw_deleter(),
+      "cuda_p2p symmetric memory: expected a tensor whose memory ", dev,
+      "'s default allocator made (torch.empty, torch.zeros, ...), got one whose memory another "
+      "owner holds (torch.from_numpy, from_blob, shared or pinned memory, a memory map), which "
+      "cannot be moved into the symmetric heap; register a copy (t.clone()) or a tensor of "
+      "cuda_p2p.empty");
+  const auto nbytes = static_cast<int64_t>(storage->nbytes());
+  at::Tensor block = empty({nbytes}, at::kByte);
+  Device& device = heap_->device();
+  const auto stream = device.current_stream();
+  if (nbytes > 0) {
+    device.copy(*stream, block.data_ptr(), storage->data(), static_cast<size_t>(nbytes));
+  }
+  if (!inline_paths(device, *stream)) device.synchronize(*stream);
+  at::DataPtr moved =
+      block.storage().unsafeGetStorageImpl()->set_data_ptr(at::DataPtr(nullptr, block.device()));
+  storage->set_data_ptr(std::move(moved));  // the old DataPtr, returned, frees the old memory
+}
+
 int64_t SymmetricMemory::offset(const at::Tensor& t) const {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!heap_ || !t.defined() || !t.has_storage() || t.device() != heap_->device().tensor_device()) {

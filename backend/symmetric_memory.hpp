@@ -52,6 +52,12 @@ class SymmetricMemory {
   // given, must be device() (a CUDA device without index: any index is taken as it).
   at::Tensor empty(at::IntArrayRef sizes, at::ScalarType dtype,
                    std::optional<at::Device> device = std::nullopt);
+  // Moves `t`'s whole storage into this rank's heap (NOTE [Storage moved into the heap] in
+  // symmetric_memory.cpp): afterwards `t`, and every tensor viewing its storage, alias a heap block
+  // holding the same bytes, and the memory it had is freed. Not collective. Raises, changing
+  // nothing, when the storage's memory is not its device's default allocator's (from_blob, numpy,
+  // shared or pinned memory) or the heap cannot hold it.
+  void move_into_heap(const at::Tensor& t);
   // The offset of `t`'s data (all its storage bytes from its data pointer on) in this rank's
   // heap, or -1 when it is not in it (another device, or no heap).
   int64_t offset(const at::Tensor& t) const;

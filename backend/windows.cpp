@@ -16,12 +16,16 @@ using Op = Counters::Op;
 // tensor_register is collective: every rank publishes where its registered memory lies in its
 // symmetric heap and what it holds ({offset, bytes, dtype, sizes}: ops::region_record), over the
 // wrapped CPU backend's all-gather, and checks every peer's record before any put may use it.
-// Which memory:
+// Which memory: the tensor's own, as NCCL's window registers it, so that the peers' puts land where
+// the user reads and the user's writes are what peers read (get_attr's UNIFIED is true):
 //  - a contiguous tensor in this group's heap (cuda_p2p.empty, use_symmetric_memory) is
-//    registered in place: the peers' puts land in the tensor itself;
-//  - any other tensor on the heap's device is copied into a heap tensor of its sizes and dtype,
-//    and the puts land there: map_remote_tensor(own rank) is that copy, and the tensor passed in
-//    never changes. Counted window.register_in_place / window.register_copy.
+//    registered where it lies;
+//  - any other contiguous tensor on the heap's device first has its storage moved into the heap
+//    (NOTE [Storage moved into the heap] in symmetric_memory.cpp: the tensor object and its views
+//    then alias a heap block; a view of a larger tensor moves that tensor's whole storage), or
+//    raises when its memory belongs to another owner (numpy, from_blob, shared or pinned memory);
+//  - a non-contiguous tensor raises (the puts address elements in row-major order).
+// Counted window.register_in_place / window.register_moved.
 // Ranks may register different sizes and dtypes: a put checks the destination's record. The
 // window holds what it registered until tensor_deregister whatever `owning` says, since a peer
 // may write it until then. A rank whose own checks fail (a second registration, another device,
@@ -30,7 +34,8 @@ using Op = Counters::Op;
 // region that was never published. tensor_deregister is collective the same way: each rank
 // first waits for its own puts to have run (Device::quiesce: on a GPU they are queued, on the
 // streams its window calls used), then the exchange tells it that every peer has done so, and
-// only then is its region dropped; a heap copy is freed. A registration after it publishes anew.
+// only then is its region dropped (the tensor stays where it is: a moved one in the heap, until its
+// storage dies). A registration after it publishes anew.
 // The signal counters belong to the window, not to the registration: they count on across
 // tensor_deregister and tensor_register.
 // Making the window is collective too (the counters' offsets are exchanged); dropping it is not:
@@ -124,17 +129,19 @@ void WorkspaceWindow::tensor_register(const at::Tensor& tensor, bool /*owning*/)
     TORCH_CHECK_VALUE(tensor.dim() <= ops::kWindowMaxDims,
                       "cuda_p2p window tensor_register: expected a tensor of at most ",
                       ops::kWindowMaxDims, " dimensions, got ", tensor.dim());
-    const int64_t offset = g_.heap.offset(tensor);
-    if (offset >= 0 && tensor.is_contiguous()) {  // NOTE [Window registration]: in place
-      held = tensor;
-      in_place = true;
-    } else {
-      held = g_.heap.empty(tensor.sizes(), tensor.scalar_type());
-      held.copy_(tensor);
-    }
+    // NOTE [Window registration]: the puts land in the tensor itself, in row-major order.
+    TORCH_CHECK_VALUE(tensor.is_contiguous(),
+                      "cuda_p2p window tensor_register: expected a contiguous tensor (the peers' "
+                      "puts address its elements in row-major order), got one of sizes ",
+                      tensor.sizes(), " and strides ", tensor.strides(),
+                      "; register a contiguous one (t.contiguous() is a copy: read that copy)");
+    in_place = g_.heap.offset(tensor) >= 0;
+    if (!in_place) g_.heap.move_into_heap(tensor);  // NOTE [Storage moved into the heap]
+    held = tensor;
     mine = ops::WindowRegion{g_.heap.offset(held), static_cast<int64_t>(held.nbytes()),
                              held.scalar_type(), held.sizes().vec()};
-    settle_current_stream(heap->device());  // the copy has run before a peer may put into it
+    // What this rank queued that writes the tensor has run before a peer may put into it.
+    settle_current_stream(heap->device());
   } catch (const std::exception&) {
     error = std::current_exception();
     mine.reset();
@@ -148,7 +155,7 @@ void WorkspaceWindow::tensor_register(const at::Tensor& tensor, bool /*owning*/)
               " could not register its tensor (its own error says why); no rank registered one");
   protocol_->set_regions(records.regions);
   registered_ = std::move(held);
-  g_.counters.record(Op::kWindow, in_place ? "register_in_place" : "register_copy");
+  g_.counters.record(Op::kWindow, in_place ? "register_in_place" : "register_moved");
 }
 
 void WorkspaceWindow::tensor_deregister() {

@@ -76,7 +76,7 @@ class WorkspaceWindow : public c10d::Window {
   at::Tensor signals_;  // this rank's counters in its heap (NOTE [Window signals])
   std::unique_ptr<ops::WindowProtocol> protocol_;
   std::mutex registration_mutex_;  // tensor_register / tensor_deregister
-  at::Tensor registered_;          // where the peers' puts land: the tensor or its heap copy
+  at::Tensor registered_;          // where the peers' puts land: the registered tensor
 };
 
 }  // namespace cuda_p2p

@@ -165,6 +165,8 @@ void WorkspaceCollectives::refuse_capture(const char* what, const char* why) con
 //    memory and pinned host memory, which a host allocator would otherwise hand out again at
 //    once);
 //  - a synchronous host device has run the op when it returns.
+// A window's put (backend/windows.cpp) holds its source with Device::record_stream, which on a
+// host device with CUDA's semantics leaves such a closure on the stream too.
 // Where the caller's tensors are not contiguous (or overlap), a body computes into contiguous
 // temporaries, and the copy back into the caller's tensor is launched on the op's stream after it
 // (on CUDA an ATen copy on the current stream, called at once: in stream order).
@@ -204,7 +206,6 @@ void WorkspaceCollectives::keep_in_flight(Stream& stream, bool failed) noexcept 
     // Nothing better is possible (the launch itself failed); the op's own error propagates.
   }
 }
-
 
 // --- bodies -------------------------------------------------------------------------------------
 

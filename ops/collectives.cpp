@@ -516,8 +516,11 @@ void reduce_on_stream(const CollectiveContext& ctx, at::Tensor dst, std::vector<
       });
   // The scratch outlives this op and the next one may run on another stream: the caching
   // allocator must not hand it out again before this stream's use (NOTE [Pipeline
-  // temporaries] in ops/pipeline_common.hpp). On CUDA the closure ran already; no-op on the host.
-  if (!captured) ctx.ws.device().record_stream(ctx.state.scratch, ctx.stream);
+  // temporaries] in ops/pipeline_common.hpp). On CUDA the closure ran already; a host closure
+  // reaches the scratch through the group's state, which holds it.
+  if (!captured && ctx.ws.device().host_paths() == nullptr) {
+    ctx.ws.device().record_stream(ctx.state.scratch, ctx.stream);
+  }
 }
 
 }  // namespace detail

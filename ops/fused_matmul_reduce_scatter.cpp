@@ -487,10 +487,9 @@ MatmulReduceScatterResult fused_matmul_reduce_scatter(
   // NOTE [Op signatures]: a rank whose own arguments are wrong tells its peers.
   pipeline::check_or_reject(group, on_workspace, OpKind::kMatmulReduceScatter, [&] {
     op = parse_reduce_op(reduce_op, {ReduceOp::kSum, ReduceOp::kAvg}, kOpName);
-    TORCH_CHECK_VALUE(algorithm == "auto" || algorithm == "pipeline" || algorithm == "ring",
-                      "cuda_p2p ", kOpName,
-                      ": algorithm must be \"auto\", \"pipeline\" or \"ring\", got \"", algorithm,
-                      "\"");
+    TORCH_CHECK_VALUE(
+        algorithm == "auto" || algorithm == "pipeline" || algorithm == "ring", "cuda_p2p ", kOpName,
+        ": algorithm must be \"auto\", \"pipeline\" or \"ring\", got \"", algorithm, "\"");
     dim = check_matmul_reduce_scatter_args(A, B, scatter_dim, W);
     steps = check_ring_steps(ring_steps, W);
     TORCH_CHECK(ring_steps == 0 || algorithm != "pipeline", "cuda_p2p ", kOpName,
@@ -541,10 +540,9 @@ at::Tensor fused_matmul_reduce_scatter_meta(const at::Tensor& A, const at::Tenso
                                             int64_t W, const std::string& algorithm,
                                             int64_t ring_steps) {
   parse_reduce_op(reduce_op, {ReduceOp::kSum, ReduceOp::kAvg}, kOpName);
-  TORCH_CHECK_VALUE(algorithm == "auto" || algorithm == "pipeline" || algorithm == "ring",
-                    "cuda_p2p ", kOpName,
-                    ": algorithm must be \"auto\", \"pipeline\" or \"ring\", got \"", algorithm,
-                    "\"");
+  TORCH_CHECK_VALUE(
+      algorithm == "auto" || algorithm == "pipeline" || algorithm == "ring", "cuda_p2p ", kOpName,
+      ": algorithm must be \"auto\", \"pipeline\" or \"ring\", got \"", algorithm, "\"");
   check_ring_steps(ring_steps, W);
   const bool concrete = !A.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
                         !B.unsafeGetTensorImpl()->has_symbolic_sizes_strides();

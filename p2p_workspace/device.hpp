@@ -327,7 +327,8 @@ class Device {
                             Millis timeout, std::string context) = 0;
   // Tells the caching allocator that `t` is used on `s`, so that its memory is not handed out
   // again before the work `s` has enqueued so far has run (c10 recordStream; for pinned host
-  // memory, the caching host allocator's record_event). No-op on the host.
+  // memory, the caching host allocator's record_event). On a host device with CUDA's semantics a
+  // task queued on `s` holds `t` (its closures read raw pointers); else a no-op.
   virtual void record_stream(const at::Tensor& /*t*/, Stream& /*s*/) {}
 
   // NOTE [Host fast paths]: the host's capability, null when the device has none (CUDA).

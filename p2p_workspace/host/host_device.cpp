@@ -593,6 +593,15 @@ class HostDevice : public Device, public HostPaths {
     enqueue(s, HostTask::work(std::move(fn)));
   }
 
+  // A closure queued on a host stream reads raw pointers: a no-op task after it, holding `t`,
+  // keeps the tensor's memory until the stream has passed this point (NOTE [Tensors in stream
+  // order] in backend/workspace_collectives.cpp). Work on a synchronous device or the inline
+  // stream has run already.
+  void record_stream(const at::Tensor& t, Stream& s) override {
+    if (!cuda() || runs_inline(s)) return;
+    enqueue(s, HostTask::work([t] {}));
+  }
+
   std::shared_ptr<Event> record(Stream& s) override {
     auto& h = as_host(s);
     if (capturing_.load(std::memory_order_acquire)) {

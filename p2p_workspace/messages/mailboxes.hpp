@@ -10,7 +10,8 @@
 // needs a device with the host's capability (NOTE [Host fast paths]). So they have their own
 // folder in the bottom layer, p2p_workspace/messages/, with a rule
 // tests/python/project/test_layers.py checks: from a device implementation they include only
-// host/futex_wait.hpp, and only the backend includes them (ops/, the workspace and the devices do not).
+// host/futex_wait.hpp, and only the backend includes them (ops/, the workspace and the devices do
+// not).
 #pragma once
 
 #include <ATen/ATen.h>

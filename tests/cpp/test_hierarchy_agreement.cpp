@@ -64,7 +64,7 @@ TEST(HierarchyAgreement, LongTextsAreShortenedAtAWordsEnd) {
   EXPECT_LE(got.size(), 120u);
   const size_t marker = got.find(" ... #");
   ASSERT_NE(marker, std::string::npos) << got;
-  EXPECT_EQ(got.size(), marker + 6 + 8) << got;  // the marker, then 8 hex digits
+  EXPECT_EQ(got.size(), marker + 6 + 8) << got;                  // the marker, then 8 hex digits
   EXPECT_EQ(text.compare(0, marker, got, 0, marker), 0) << got;  // a prefix of the text...
   const char next = text[marker];
   EXPECT_TRUE(next == ' ' || next == ',') << got;  // ...ending where a word ends

@@ -402,7 +402,8 @@ def check_windows(ctx):
         return (torch.arange(n, dtype=torch.float32) + src * 1000 + dst * 100 + seed * 10000)
 
     n = 300
-    win = dist._new_window(torch.zeros(W * n, device=dev), group=g)  # a copy in the heap
+    z = torch.zeros(W * n, device=dev)  # an ordinary tensor: its storage moves into the heap
+    win = dist._new_window(z, group=g)
     src = msg(rank, right, n).to(dev)
     work = win.put(src, right, n, True)
     work.wait()  # the caller's stream is ordered after the put
@@ -413,6 +414,8 @@ def check_windows(ctx):
     want = torch.zeros(W * n)
     want[n:2 * n] = msg(left, rank, n)
     chk.case("ring", torch.equal(got.cpu(), want), "differs")
+    chk.case("ring: in the tensor itself", torch.equal(z.cpu(), want) and
+             z.data_ptr() == got.data_ptr(), "differs")
     _sync()
     dist.barrier(group=ctx.gloo)
     # Many puts then one signal: the peer's one wait sees every one of them.
@@ -454,5 +457,6 @@ def check_windows(ctx):
     win.tensor_deregister()
     c = _counters(g)
     chk.case("counters", c.get("window.put", 0) == 1 + 8 + W and
-             c.get("window.register_in_place") == 1, f"{c}")
+             c.get("window.register_in_place") == 1 and c.get("window.register_moved") == 1,
+             f"{c}")
     return chk.result()

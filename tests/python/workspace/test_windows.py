@@ -1,14 +1,15 @@
-"""One-sided windows on the workspace (torch's ``dist._new_window``, docs/windows.md) on 2, 3 and
-4 CPU ranks: ring and all-to-all puts in every dtype, a tensor registered in place (a
-``cuda_p2p.empty`` one) and one copied into the heap, ranks registering different shapes and
-dtypes, signals before their waits and after, many puts then one signal, ``map_remote_tensor``
-reads and writes, deregistering and registering again, the Works, the counters, every argument
-error (raised on every rank for the collective calls, with nothing written), a timeout naming the
-peer after which the window stays usable, a peer's failure ending the waits for it, a host
-workspace with CUDA's semantics (calls queued, two threads signalling one peer), and a shut-down
-group. Every received tensor is compared with what its sender put, computed locally by
-plain torch. Windows need torch's c10d windows (torch 2.14): on an older torch the build leaves
-them out and these tests skip."""
+"""One-sided windows on the workspace (torch's ``dist._new_window``, docs/windows.md) on 2, 3 and 4
+CPU ranks: ring and all-to-all puts in every dtype, a tensor registered in place (a
+``cuda_p2p.empty`` one) and ordinary tensors whose storage moves into the heap (the puts land in
+the tensor itself, a view of a larger tensor, refusals of what cannot move), ranks registering
+different shapes and dtypes, signals before their waits and after, many puts then one signal,
+``map_remote_tensor`` reads and writes, deregistering and registering again, the Works, the
+counters, every argument error (raised on every rank for the collective calls, with nothing
+written), a timeout naming the peer after which the window stays usable, a peer's failure ending
+the waits for it, a host workspace with CUDA's semantics (calls queued, two threads signalling one
+peer), and a shut-down group. Every received tensor is compared with what its sender put, computed
+locally by plain torch. Windows need torch's c10d windows (torch 2.14): on an older torch the build
+leaves them out and these tests skip."""
 
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ def check_ring_and_all_to_all(ctx):
     b.reset_counters()
     n = 37
     for dtype in DTYPES:
-        # An ordinary tensor: copied into the heap; the puts land in map_remote_tensor(rank).
+        # An ordinary tensor: its storage moves into the heap; the puts land in the tensor.
         t = torch.zeros(W * n, dtype=dtype)
         win = dist._new_window(t, group=g)
         # Ring: into the right neighbour at element offset n.
@@ -90,7 +91,8 @@ def check_ring_and_all_to_all(ctx):
         want = torch.zeros(W * n, dtype=dtype)
         want[n:2 * n] = _message(left, rank, n, dtype)
         chk.case(f"{dtype} ring", torch.equal(got, want), f"{got[:8]} vs {want[:8]}")
-        chk.case(f"{dtype} tensor untouched", not t.any().item(), "")
+        chk.case(f"{dtype} in the tensor itself", torch.equal(t, want) and
+                 t.data_ptr() == got.data_ptr(), f"{t[:8]} vs {want[:8]}")
         _barrier()  # every rank read its ring slot before the all-to-all overwrites it
         # All-to-all: into every rank (this one too) at this rank's slot.
         for q in range(W):
@@ -104,7 +106,7 @@ def check_ring_and_all_to_all(ctx):
         win = None  # dropped: no peer uses it any more
     c = _window_counters(g)
     k = len(DTYPES)
-    chk.case("counters", c == {"window.new": k, "window.register_copy": k,
+    chk.case("counters", c == {"window.new": k, "window.register_moved": k,
                                "window.put": k * (W + 1), "window.signal": k * (W + 1),
                                "window.wait_signal": k * (W + 1),
                                "window.map_remote_tensor": 2 * k}, f"{c}")
@@ -115,6 +117,101 @@ def check_ring_and_all_to_all(ctx):
 
 def test_ring_and_all_to_all(any_world):
     assert_ok(any_world.run(check_ring_and_all_to_all), min_cases=3 * len(DTYPES))
+
+
+def _neighbours_values(group, cuda_semantics):
+    """The NCCL-style program of issue 59: an ordinary zeroed tensor registered, a put of 16
+    values into the right neighbour's slot for this rank, a signal, a wait for the left one; the
+    tensor itself then holds the left neighbour's values. With CUDA's semantics the calls return
+    queued, and the host reads once the wait's Work is done (on a GPU the read is a kernel queued
+    after it)."""
+    W, rank = group.size(), group.rank()
+    right, left = (rank + 1) % W, (rank - 1) % W
+    buf = torch.zeros(16 * W)
+    win = dist._new_window(buf, group=group)
+    win.put(torch.full((16,), float(rank + 1)), right, 16 * rank, False)
+    win.signal(right, False)
+    w = win.wait_signal(left, False)
+    if cuda_semantics:
+        w.wait()
+    return win, buf
+
+
+def check_registered_tensor_receives(ctx):
+    """A window registered on an ordinary tensor: the peers' puts land in the tensor itself, in
+    both host modes; its contents survive the move into the heap, this rank's own writes are what
+    peers read, a view of a larger tensor receives them in the larger tensor, and what cannot be
+    moved (a non-contiguous tensor, numpy's memory) raises on every rank, naming the rank."""
+    import numpy as np
+
+    W, rank = ctx.world_size, ctx.rank
+    chk = Checker(f"window on an ordinary tensor W={W}")
+    right, left = (rank + 1) % W, (rank - 1) % W
+    o = cuda_p2p.ProcessGroupCudaP2P.Options()
+    o.host_semantics = "cuda"
+    h = dist.new_group(backend="cuda_p2p", pg_options=o, timeout=timedelta(seconds=30))
+    for name, group, cuda in (("default", dist.group.WORLD, False), ("cuda semantics", h, True)):
+        win, buf = _neighbours_values(group, cuda)
+        want = torch.zeros(16 * W)
+        want[16 * left:16 * left + 16] = float(left + 1)
+        chk.case(f"{name}: the left neighbour's values", torch.equal(buf, want),
+                 f"{buf[16 * left:16 * left + 4]}")
+        _barrier()
+        win = None  # dropped: no peer uses it any more
+    # The contents move with the storage; every view of it aliases the heap; this rank's own
+    # writes reach the peers' mappings.
+    g = dist.group.WORLD
+    b = cuda_p2p.get_cuda_p2p_backend(g)
+    b.reset_counters()
+    n = 8
+    big = torch.arange(3 * n * W, dtype=torch.float64) + 1000 * rank
+    before = big.clone()
+    view = big[n * W:2 * n * W]  # a contiguous view of a larger tensor
+    other_view = big[:n]
+    win = dist._new_window(view, group=g)
+    chk.case("moved", _window_counters(g).get("window.register_moved") == 1,
+             f"{_window_counters(g)}")
+    # (the window's own slots may already hold a peer's put)
+    chk.case("contents kept", torch.equal(big[:n * W], before[:n * W]) and
+             torch.equal(big[2 * n * W:], before[2 * n * W:]), "")
+    chk.case("views alias the heap", b.symmetric_offset(big) >= 0 and
+             other_view.data_ptr() == big.data_ptr(), "")
+    win.put(_message(rank, right, n, torch.float64), right, rank * n, False)
+    win.signal(right, False)
+    win.wait_signal(left, False)
+    before[n * W + left * n:n * W + left * n + n] = _message(left, rank, n, torch.float64)
+    chk.case("the larger tensor receives", torch.equal(big, before), f"{big[n * W:n * W + 8]}")
+    _barrier()
+    view[rank * n] = -7.0  # a local write, read by the right neighbour through its mapping
+    _barrier()
+    mapped = win.map_remote_tensor(left)
+    chk.case("own writes are what peers read", mapped[left * n].item() == -7.0, f"{mapped[:4]}")
+    _barrier()
+    win.tensor_deregister()
+    win = None
+    chk.case("the tensor outlives its window", torch.equal(big[:n], before[:n]), "")
+    # What cannot be moved raises on every rank, the others naming the rank, nothing registered.
+    cases = (("non-contiguous", lambda: torch.zeros(4, 2 * W).t(),
+              "expected a contiguous tensor (the peers' puts address its elements in row-major "
+              f"order), got one of sizes [{2 * W}, 4] and strides [1, {2 * W}]"),
+             ("numpy's memory", lambda: torch.from_numpy(np.zeros(4, dtype=np.float32)),
+              "got one whose memory another owner holds"))
+    for what, bad, message in cases:
+        win = dist._new_window(group=g)
+        t = bad() if rank == W - 1 else torch.zeros(4)
+        err = raises(lambda t=t: win.tensor_register(t))
+        want = message if rank == W - 1 else f"rank {W - 1} could not register its tensor"
+        chk.case(f"{what} refused", err is not None and want in err, f"{err!r}")
+        chk.case(f"{what}: nothing registered",
+                 "no registered tensor" in (raises(lambda: win.map_remote_tensor(rank)) or ""), "")
+        _barrier()
+        win = None
+    dist.destroy_process_group(h)
+    return chk.result()
+
+
+def test_registered_tensor_receives(any_world):
+    assert_ok(any_world.run(check_registered_tensor_receives), min_cases=12)
 
 
 def check_in_place_and_shapes(ctx):
