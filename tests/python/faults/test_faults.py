@@ -30,7 +30,13 @@ TIMEOUT_S = 10.0  # the jobs' process-group timeout (_fault_rank.TIMEOUT_S)
 # What a survivor may take beyond it (2 shared cores, up to 4 ranks, the rest of the suite and
 # maybe a busy loop per core beside them): a fraction of the timeout, not a guess at a machine.
 MARGIN_S = 0.5 * TIMEOUT_S
-START_S = 60.0  # for the ranks to import torch and get ready
+# For the ranks to import torch and get ready: not a guess at how fast a machine is but a bound
+# on a hang. The wait ends as soon as they are ready, or when a rank that should live exits; a
+# rank that hangs exits by itself (its faulthandler, 60 s after its imports, and the store's
+# rendezvous timeout), so only a rank still starting is waited for this long. With 60 s, a fresh
+# clone's run once failed with none of three ranks ready and nothing in their logs (2026-12-02,
+# beside the sanitizer tests and a build: load far above the 2 cores).
+START_S = 240.0
 
 _PORT = free_port()  # every case reuses it: each job is "the next job on the same port"
 
@@ -99,7 +105,10 @@ def run_fault(case: str, world: int, victim: int, signal_from_test: int | None,
                 break
             time.sleep(0.05)
         ready = [_first(_events(out_dir, r), "ready") for r in waiting_for]
-        assert all(ready), f"{case}: the ranks never got ready:\n{_logs(out_dir, world)}"
+        assert all(ready), (
+            f"{case}: the ranks never got ready ({time.time() - deadline + START_S:.0f} s; load "
+            f"average {os.getloadavg()[0]:.1f}; exit codes {[p.poll() for p in procs]}):\n"
+            f"{_logs(out_dir, world)}")
         if signal_from_test is not None:
             time.sleep(0.3)  # well inside the loop
             t_fault = time.time()
