@@ -8,12 +8,16 @@ import sys
 from _harness import RANKS, run_script
 
 
-def test_destroy_process_group_does_not_deadlock():
-    res = run_script([sys.executable, os.path.join(RANKS, "_lifecycle_script.py"), "10"],
+def test_destroy_process_group_does_not_deadlock(request):
+    # Create, use and destroy a subgroup: 4 times in CI (each a fresh workspace, ~2 s on 2 cores),
+    # 10 with --long.
+    iters = 10 if request.config.getoption("--long") else 4
+    res = run_script([sys.executable, os.path.join(RANKS, "_lifecycle_script.py"), str(iters)],
                      timeout=90)
     assert not res.timed_out, res.output[-5000:]
     assert res.returncode == 0, f"exit code {res.returncode} (deadlock?):\n{res.output[-5000:]}"
-    assert "rank 0: 10 iterations" in res.output and "rank 1: 10 iterations" in res.output
+    assert f"rank 0: {iters} iterations" in res.output, res.output[-5000:]
+    assert f"rank 1: {iters} iterations" in res.output, res.output[-5000:]
     for r in (0, 1):
         assert f"rank {r}: a reused group name resolves to the new group" in res.output, res.output
         assert f"rank {r}: group_name '' names the default group" in res.output, res.output
