@@ -148,7 +148,7 @@ ProcessGroupCudaP2P::ProcessGroupCudaP2P(c10::intrusive_ptr<c10d::Store> store, 
   failure_.on_first_failure([this](const std::string& failure) {
     if (workspace_)
       workspace_->device().abort("rank " + std::to_string(getRank()) + ": " + failure);
-    abort_hooks_.run(failure);
+    abort_hooks_->run(failure);
   });
 }
 
@@ -372,8 +372,8 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::event_work(c10d::OpType type,
     const uint64_t capture = device->capture_id(*stream);
     end = capture ? workspace_->last_op(capture) : device->record(*stream);
   }
-  return wrapped_.track(c10::make_intrusive<EventWork>(getRank(), type, std::move(outputs),
-                                                       std::move(device), std::move(end)));
+  return wrapped_.track(c10::make_intrusive<EventWork>(
+      getRank(), type, std::move(outputs), std::move(device), std::move(end), abort_hooks_));
 }
 
 // NOTE [CPU outputs without a Work]
@@ -1084,7 +1084,8 @@ c10::intrusive_ptr<c10d::Window> ProcessGroupCudaP2P::new_window(
                   .counters = counters_,
                   .exchange = wrapped_.cpu(),
                   .timeout = [this] { return Millis(options_->timeout); },
-                  .coalescing = [this] { return wrapped_.coalescing(); }});
+                  .coalescing = [this] { return wrapped_.coalescing(); },
+                  .abort_hooks = abort_hooks_});
   if (tensor) window->tensor_register(*tensor);
   return window;
 }
@@ -1132,7 +1133,7 @@ void ProcessGroupCudaP2P::setTimeout(std::chrono::milliseconds timeout) {
 // NOTE [Device failure] in p2p_workspace/watchdog.hpp: the workspace's device is failed first,
 // so that a thread blocked in a workspace collective or barrier returns with an error.
 void ProcessGroupCudaP2P::abort() {
-  abort_hooks_.run("the group was aborted (ProcessGroupCudaP2P.abort())");  // NOTE [Abort hooks]
+  abort_hooks_->run("the group was aborted (ProcessGroupCudaP2P.abort())");  // NOTE [Abort hooks]
   retired_.store(true, std::memory_order_release);
   if (workspace_) workspace_->abort("the group was aborted (ProcessGroupCudaP2P.abort())");
   send_recv_.fail("the group was aborted (ProcessGroupCudaP2P.abort())");
@@ -1142,10 +1143,10 @@ void ProcessGroupCudaP2P::abort() {
 
 #ifdef CUDA_P2P_C10D_HAS_ABORT_HOOKS
 void ProcessGroupCudaP2P::registerAbortHook(int64_t hook_id, c10d::AbortHook hook) {
-  abort_hooks_.add(hook_id, std::move(hook));
+  abort_hooks_->add(hook_id, std::move(hook));
 }
 
-void ProcessGroupCudaP2P::unregisterAbortHook(int64_t hook_id) { abort_hooks_.remove(hook_id); }
+void ProcessGroupCudaP2P::unregisterAbortHook(int64_t hook_id) { abort_hooks_->remove(hook_id); }
 #endif
 
 // NOTE [Abort hooks] in backend/abort_hooks.cpp: a workspace op refused by a failed device - a
@@ -1156,7 +1157,7 @@ void ProcessGroupCudaP2P::hooks_on_device_failure() noexcept {
   try {
     workspace_->device().check_healthy("abort hooks");
   } catch (const c10::Error& e) {
-    abort_hooks_.run(e.what_without_backtrace());
+    abort_hooks_->run(e.what_without_backtrace());
   } catch (...) {
   }
 }
@@ -1166,16 +1167,17 @@ void ProcessGroupCudaP2P::hooks_on_device_failure() noexcept {
 ErrorKind ProcessGroupCudaP2P::error_kind() {
   const ErrorKind mine = classify_failure(failure_.first(), getRank());
   if (mine != ErrorKind::kSuccess) return mine;
-  // NOTE [Failure words] in p2p_workspace/watchdog.hpp: a peer's failure reaches this rank's
-  // device before any op of this rank fails on it. Only a peer's counts here: this rank's own
-  // abort() is no error, and its own failures are the ops' (above).
+  // The device's failure: a peer's that reached this rank's failure word before any op of this
+  // rank failed on it (NOTE [Failure words] in p2p_workspace/watchdog.hpp), or one of this rank's
+  // queued ops (on a GPU, or a host device with CUDA's semantics: its wait timed out on the
+  // stream, after the call returned). Once this rank aborted or shut the group down, only a
+  // peer's counts: its own abort() is no error.
   if (workspace_) {
     try {
       workspace_->device().check_healthy("getError");
     } catch (const c10::Error& e) {
-      if (classify_failure(e.what_without_backtrace(), getRank()) == ErrorKind::kRemoteError) {
-        return ErrorKind::kRemoteError;
-      }
+      const ErrorKind kind = classify_failure(e.what_without_backtrace(), getRank());
+      if (kind == ErrorKind::kRemoteError || !retired()) return kind;
     }
   }
 #ifdef CUDA_P2P_C10D_HAS_ERROR_TYPE
@@ -1219,6 +1221,7 @@ ErrorKind ProcessGroupCudaP2P::error_kind() {
 // receives still pending fail with "the group was shut down".
 void ProcessGroupCudaP2P::shutdown() {
   retired_.store(true, std::memory_order_release);
+  abort_hooks_->disarm();  // a shutdown is no abort (NOTE [Abort hooks])
   send_recv_.flush(std::min(options_->timeout, SymmetricWorkspace::kCloseWait));
   // The workspace's blocks are then released through the closing handshake (NOTE [Block
   // lifetime]): peers shut down too.

@@ -423,7 +423,9 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   SendRecv send_recv_;
   ops::pipeline::State pipelines_;
   std::unique_ptr<Hierarchy> hierarchy_;  // set once, by set_hierarchy
-  AbortHooks abort_hooks_;                // NOTE [Abort hooks]
+  // NOTE [Abort hooks]; shared with the Works of ops still queued, which run them when they find
+  // the device failed (NOTE [Errors of queued ops] in backend/works.cpp).
+  std::shared_ptr<AbortHooks> abort_hooks_ = std::make_shared<AbortHooks>();
   // The GPU of init_process_group(device_id=...), for the workspace of a child group.
   std::optional<int64_t> bound_cuda_device_;
   std::atomic<int> shrinks_{0};  // this group's shrinks so far: each one's store prefix

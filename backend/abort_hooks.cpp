@@ -96,6 +96,11 @@ void AbortHooks::run(const std::string& why) noexcept {
   }
 }
 
+void AbortHooks::disarm() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ran_ = true;
+}
+
 bool AbortHooks::ran() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return ran_;

@@ -32,6 +32,9 @@ class AbortHooks {
   void run(const std::string& why) noexcept;
   // Whether run() has run the hooks.
   bool ran() const;
+  // From now on run() runs nothing: a group shutting down does not abort, and a Work that
+  // outlives it must not run its hooks when it finds the device retired.
+  void disarm();
 
  private:
   mutable std::mutex mutex_;

@@ -210,7 +210,7 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupCudaP2P::shrink(
   if (shrink_flags & kShrinkAbort) {
     const std::string why =
         "the group was shrunk with SHRINK_ABORT (ranks " + c10::Join(", ", excluded) + " excluded)";
-    abort_hooks_.run(why);  // NOTE [Abort hooks]
+    abort_hooks_->run(why);  // NOTE [Abort hooks]
     retired_.store(true, std::memory_order_release);
     if (workspace_) workspace_->abort(why);
     send_recv_.fail(why);

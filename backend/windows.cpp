@@ -198,7 +198,7 @@ c10::intrusive_ptr<c10d::Work> WorkspaceWindow::run(const char* what, c10d::OpTy
     return c10::make_intrusive<EventWork>(g_.group.rank, type, std::move(outputs));
   }
   return c10::make_intrusive<EventWork>(g_.group.rank, type, std::move(outputs), device,
-                                        device->record(*stream));
+                                        device->record(*stream), g_.abort_hooks);
 }
 
 c10::intrusive_ptr<c10d::Work> WorkspaceWindow::put(const at::Tensor& tensor, int64_t dstRank,

@@ -18,6 +18,7 @@
 #include <torch/csrc/distributed/c10d/Window.hpp>
 #include <vector>
 
+#include "backend/abort_hooks.hpp"
 #include "backend/counters.hpp"
 #include "backend/engine_context.hpp"
 #include "backend/symmetric_memory.hpp"
@@ -37,6 +38,9 @@ struct WindowGroup {
   c10::intrusive_ptr<c10d::Backend> exchange;
   std::function<Millis()> timeout;   // the group's current timeout
   std::function<bool()> coalescing;  // whether the group is coalescing (no exchange then)
+  // The group's abort hooks, for the Works of queued calls (NOTE [Errors of queued ops] in
+  // backend/works.cpp).
+  std::shared_ptr<AbortHooks> abort_hooks;
 };
 
 class WorkspaceWindow : public c10d::Window {

@@ -28,11 +28,13 @@ std::vector<c10::Device> devices_of(const std::vector<at::Tensor>& tensors) {
 }  // namespace
 
 EventWork::EventWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs,
-                     std::shared_ptr<Device> device, std::shared_ptr<Event> end)
+                     std::shared_ptr<Device> device, std::shared_ptr<Event> end,
+                     std::shared_ptr<AbortHooks> hooks)
     : c10d::Work(rank, type),
       outputs_(std::move(outputs)),
       device_(std::move(device)),
-      end_(std::move(end)) {
+      end_(std::move(end)),
+      hooks_(std::move(hooks)) {
   // On a GPU markCompleted records an event on the current stream, the op's: not later, when the
   // caller may have moved to another stream.
   if (device_ && !device_->tensor_device().is_cpu()) make_future();
@@ -81,20 +83,58 @@ bool EventWork::failed() const {
   }
 }
 
+// NOTE [Errors of queued ops]
+// On a GPU (and a host device with CUDA's semantics) an op returns queued, and its failure - a
+// wait that missed its deadline on the stream, a peer's failure - fails the device later, in the
+// thread that runs the stream (or the watchdog). It reaches the caller through this Work (wait,
+// synchronize, the future) or the group's next op. Either way the group's abort hooks run first,
+// in the caller's thread (a Python hook takes the GIL: the thread running the stream must not
+// wait for it), once (NOTE [Abort hooks] in backend/abort_hooks.cpp); getError() already names
+// the failure then (NOTE [Error kinds]). The hooks are the group's, shared with its Works: a Work
+// that outlives its group finds them disarmed by the shutdown (a shutdown is no abort). A Work's
+// own timeout (wait(timeout) on an op still queued) fails nothing and runs no hook.
+void EventWork::hooks_on_failure() const noexcept {
+  if (!hooks_ || !device_) return;
+  try {
+    device_->check_healthy("Work");
+  } catch (const c10::Error& e) {
+    hooks_->run(e.what_without_backtrace());
+  } catch (...) {  // NOLINT(bugprone-empty-catch): the caller's own error propagates
+  }
+}
+
 bool EventWork::wait(std::chrono::milliseconds timeout) {
-  if (!device_) return true;  // the host: complete on return
+  try {
+    wait_impl(timeout);
+  } catch (...) {
+    hooks_on_failure();
+    throw;
+  }
+  return true;
+}
+
+void EventWork::synchronize() {
+  try {
+    synchronize_impl();
+  } catch (...) {
+    hooks_on_failure();
+    throw;
+  }
+}
+
+void EventWork::wait_impl(std::chrono::milliseconds timeout) {
+  if (!device_) return;  // the host: complete on return
   device_->check_work("Work.wait");
-  if (!end_) return true;
+  if (!end_) return;
   // As NCCL's Work: with a timeout the host blocks until the op has run and raises past it.
   if (timeout != ::kNoTimeout) wait_for_end(timeout);
   if (device_->tensor_device().is_cpu()) {
     // CPU outputs are read by the calling thread itself, not by work on its current stream: the
     // op must have run when wait() returns (a host device with CUDA's semantics).
-    synchronize();
+    synchronize_impl();
   } else {
     device_->wait_event(*device_->current_stream(), *end_);
   }
-  return true;
 }
 
 void EventWork::wait_for_end(std::chrono::milliseconds timeout) {
@@ -113,7 +153,7 @@ void EventWork::wait_for_end(std::chrono::milliseconds timeout) {
   }
 }
 
-void EventWork::synchronize() {
+void EventWork::synchronize_impl() {
   if (!device_) return;
   // A device retired after a drain (NOTE [Shutdown flushes] in backend/ProcessGroupCudaP2P.cpp)
   // has run this op to its end, and its synchronize() would raise the retirement: only

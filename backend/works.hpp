@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <vector>
 
+#include "backend/abort_hooks.hpp"
 #include "p2p_workspace/device.hpp"
 
 namespace cuda_p2p {
@@ -30,9 +31,12 @@ class P2POp;
 // stream, so that callbacks and waiters on other streams are ordered after the collective.
 class EventWork : public c10d::Work {
  public:
-  // `device` and `end` only for work enqueued on a GPU (null on the host).
+  // `device` and `end` only for work enqueued on a GPU (null on the host); `hooks`, the group's
+  // abort hooks, run before a failure of the device this Work finds reaches its caller (NOTE
+  // [Errors of queued ops] in works.cpp).
   EventWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs,
-            std::shared_ptr<Device> device = nullptr, std::shared_ptr<Event> end = nullptr);
+            std::shared_ptr<Device> device = nullptr, std::shared_ptr<Event> end = nullptr,
+            std::shared_ptr<AbortHooks> hooks = nullptr);
 
   // On a GPU: whether the op's end event has run (asked without blocking), or the device failed
   // (then wait() and synchronize() raise the failure, as NCCL's Work does).
@@ -53,12 +57,17 @@ class EventWork : public c10d::Work {
   void wait_for_end(std::chrono::milliseconds timeout);
   // Whether the device has failed (an abort, a missed deadline): the op will never complete.
   bool failed() const;
+  // Runs the group's abort hooks when the device has failed (NOTE [Errors of queued ops]).
+  void hooks_on_failure() const noexcept;
+  void wait_impl(std::chrono::milliseconds timeout);
+  void synchronize_impl();
 
   std::vector<at::Tensor> outputs_;
   std::mutex future_mutex_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::shared_ptr<Device> device_;
   std::shared_ptr<Event> end_;
+  std::shared_ptr<AbortHooks> hooks_;
 };
 
 // The Work of a send or receive through the mailboxes (backend/send_recv.hpp). Like Gloo's: wait()

@@ -3,7 +3,9 @@ order, before the group aborts - on abort() and when a workspace op fails midway
 error reaches the caller - and get_error() names the failure: TIMEOUT after a rank that never
 arrived, REMOTE_ERROR on the ranks a peer's failure or abort was reported to (their failure
 words, or the rendezvous of a growth), COMM_ERROR on the rank that failed itself, SUCCESS
-otherwise (NOTE [Abort hooks], NOTE [Error kinds] in backend/abort_hooks.cpp)."""
+otherwise (NOTE [Abort hooks], NOTE [Error kinds] in backend/abort_hooks.cpp). Each in both host
+modes: with CUDA's semantics an op returns queued and its failure reaches the caller through its
+Work, after the hooks ran (NOTE [Errors of queued ops] in backend/works.cpp)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import datetime
 import resource
 import signal
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -20,8 +23,12 @@ from _checks import Checker, assert_ok
 ErrorType = torch._C._distributed_c10d.ErrorType
 
 
+MODES = ("synchronous", "cuda")
+
+
 def _fresh_group(**options):
-    """A new cuda_p2p group over all ranks (collective), not cached: each test breaks its own."""
+    """A new cuda_p2p group over all ranks (collective), not cached: each test breaks its own.
+    host_semantics="cuda": its ops return queued, as on a GPU."""
     timeout = options.pop("timeout_s", None)
     o = cuda_p2p.ProcessGroupCudaP2P.Options()
     for name, value in options.items():
@@ -30,9 +37,9 @@ def _fresh_group(**options):
     return dist.new_group(backend="cuda_p2p", pg_options=o, **kwargs)
 
 
-def check_hooks_run_once_on_abort(ctx):
-    chk = Checker(f"abort hooks W={ctx.world_size}")
-    g = _fresh_group()
+def check_hooks_run_once_on_abort(ctx, mode):
+    chk = Checker(f"abort hooks W={ctx.world_size} {mode}")
+    g = _fresh_group(host_semantics=mode)
     backend = cuda_p2p.get_cuda_p2p_backend(g)
     ran = []
     backend.register_abort_hook(7, lambda: ran.append(7))
@@ -64,10 +71,10 @@ def check_hooks_run_once_on_abort(ctx):
     return chk.result()
 
 
-def check_timeout(ctx):
+def check_timeout(ctx, mode):
     """Rank 0 enters an all_reduce the others never join: its wait times out naming them."""
-    chk = Checker(f"timeout W={ctx.world_size}")
-    g = _fresh_group(timeout_s=2)
+    chk = Checker(f"timeout W={ctx.world_size} {mode}")
+    g = _fresh_group(timeout_s=2, host_semantics=mode)
     backend = cuda_p2p.get_cuda_p2p_backend(g)
     dist.all_reduce(torch.ones(4), group=g)
     seen = []
@@ -82,6 +89,15 @@ def check_timeout(ctx):
         # The hook ran before the error reached here, with the failure already recorded.
         chk.case("hook ran first", seen == [ErrorType.TIMEOUT], f"{seen}")
         chk.case("TIMEOUT", backend.get_error() == ErrorType.TIMEOUT, f"{backend.get_error()}")
+        # The next op is refused; the kind and the hooks stay.
+        try:
+            dist.all_reduce(torch.ones(4), group=g)
+            chk.case("next op raised", False, "the all_reduce returned")
+        except RuntimeError as e:
+            chk.case("next op names the failure", "never arrived" in str(e), str(e))
+        chk.case("TIMEOUT after the next op", backend.get_error() == ErrorType.TIMEOUT,
+                 f"{backend.get_error()}")
+        chk.case("hooks once", seen == [ErrorType.TIMEOUT], f"{seen}")
     else:
         chk.case("no hook on a healthy rank", seen == [], f"{seen}")
         chk.case("SUCCESS", backend.get_error() == ErrorType.SUCCESS, f"{backend.get_error()}")
@@ -90,12 +106,12 @@ def check_timeout(ctx):
     return chk.result()
 
 
-def check_a_peers_abort_is_remote(ctx):
+def check_a_peers_abort_is_remote(ctx, mode):
     """Rank 0 aborts its group: the abort reaches the others through their failure words (NOTE
     [Failure words] in p2p_workspace/watchdog.hpp), a REMOTE_ERROR there before any op of theirs
     ran into it; on rank 0 an abort is no error."""
-    chk = Checker(f"peer's abort W={ctx.world_size}")
-    g = _fresh_group(timeout_s=5)
+    chk = Checker(f"peer's abort W={ctx.world_size} {mode}")
+    g = _fresh_group(timeout_s=5, host_semantics=mode)
     backend = cuda_p2p.get_cuda_p2p_backend(g)
     seen = []
     backend.register_abort_hook(1, lambda: seen.append(backend.get_error()))
@@ -122,13 +138,13 @@ def check_a_peers_abort_is_remote(ctx):
     return chk.result()
 
 
-def check_remote_and_comm_errors(ctx):
+def check_remote_and_comm_errors(ctx, mode):
     """The last rank cannot grow its workspace block (RLIMIT_FSIZE makes its memfd's ftruncate
     fail): the rendezvous reports that on every rank - a REMOTE_ERROR for the others, a COMM_ERROR
     for itself - and every rank's hooks run before the fused op raises."""
-    chk = Checker(f"remote W={ctx.world_size}")
+    chk = Checker(f"remote W={ctx.world_size} {mode}")
     W, rank = ctx.world_size, ctx.rank
-    g = _fresh_group(buffer_size=1 << 16, max_buffer_size=64 << 20)
+    g = _fresh_group(buffer_size=1 << 16, max_buffer_size=64 << 20, host_semantics=mode)
     backend = cuda_p2p.get_cuda_p2p_backend(g)
     seen = []
     backend.register_abort_hook(1, lambda: seen.append(backend.get_error()))
@@ -156,17 +172,21 @@ def check_remote_and_comm_errors(ctx):
     return chk.result()
 
 
-def test_hooks_run_once_before_abort(any_world):
-    assert_ok(any_world.run(check_hooks_run_once_on_abort))
+@pytest.mark.parametrize("mode", MODES)
+def test_hooks_run_once_before_abort(any_world, mode):
+    assert_ok(any_world.run(check_hooks_run_once_on_abort, mode))
 
 
-def test_timeout_runs_hooks_and_is_named(any_world):
-    assert_ok(any_world.run(check_timeout))
+@pytest.mark.parametrize("mode", MODES)
+def test_timeout_runs_hooks_and_is_named(any_world, mode):
+    assert_ok(any_world.run(check_timeout, mode))
 
 
-def test_a_peers_abort_is_remote(any_world):
-    assert_ok(any_world.run(check_a_peers_abort_is_remote))
+@pytest.mark.parametrize("mode", MODES)
+def test_a_peers_abort_is_remote(any_world, mode):
+    assert_ok(any_world.run(check_a_peers_abort_is_remote, mode))
 
 
-def test_a_peer_failure_is_remote_and_the_own_is_comm(any_world):
-    assert_ok(any_world.run(check_remote_and_comm_errors))
+@pytest.mark.parametrize("mode", MODES)
+def test_a_peer_failure_is_remote_and_the_own_is_comm(any_world, mode):
+    assert_ok(any_world.run(check_remote_and_comm_errors, mode))
