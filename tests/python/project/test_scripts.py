@@ -4,6 +4,7 @@ that would put a second libstdc++ into cuda_p2p._C."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -57,17 +58,26 @@ def test_cmake_refuses_a_compiler_without_a_shared_libstdcxx(tmp_path):
 def test_launch_names_and_shows_the_ranks_it_kills_at_its_time_limit(stacks):
     """tests/cpp/launch.py (the C++ tests' launcher on the GPU machines): past --timeout every
     rank is killed, status 124, the ranks still running named, and - where gdb is installed -
-    their threads' stacks printed first (a hung rank cannot say where it hangs)."""
+    their threads' stacks printed first (a hung rank cannot say where it hangs). Rank 1 never
+    ends; rank 0 ends at once - unless the machine is so busy that it has not even started
+    Python by the time limit, and then it is named among the killed too (the launcher's outcome
+    is checked, not the machine's speed)."""
     env = dict(__import__("os").environ, CUDA_P2P_LAUNCH_STACKS=stacks)
     proc = subprocess.run([sys.executable, str(REPO / "tests" / "cpp" / "launch.py"), "-n", "2",
-                           "--timeout", "2", "--", sys.executable, "-c",
+                           "--timeout", "3", "--", sys.executable, "-c",
                            "import os, time; print('rank', os.environ['RANK'], 'up', flush=True); "
-                           "time.sleep(0 if os.environ['RANK'] == '0' else 60)"],
+                           "time.sleep(0 if os.environ['RANK'] == '0' else 600)"],
                           capture_output=True, text=True, timeout=120, env=env)
     out = proc.stdout
     assert proc.returncode == 124, (proc.returncode, out, proc.stderr)
-    assert "rank 0 up" in out and "[rank 1] rank 1 up" in out, out
-    assert "TIMEOUT after 2 s: ranks [1] of 2 still running, killed" in out, out
+    killed = re.search(r"TIMEOUT after 3 s: ranks \[([0-9, ]+)\] of 2 still running, killed", out)
+    assert killed, out
+    ranks = [int(r) for r in killed.group(1).split(",")]
+    assert 1 in ranks and set(ranks) <= {0, 1}, out
+    if 0 not in ranks:
+        assert "rank 0 up" in out, out  # it ran to its end
+    if "rank 1 up" in out:
+        assert "[rank 1] rank 1 up" in out, out  # a killed rank's lines carry its name
     shown = "launch.py: rank 1's threads before the kill:" in out
     assert shown == (stacks == "1" and shutil.which("gdb") is not None), out
     if shown:

@@ -29,10 +29,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from _harness import memfds_of_ours  # noqa: E402
 
 TIMEOUT_S = 10
-# The store's rendezvous: rank 0 may take longer than TIMEOUT_S to import torch and listen when
-# the machine is loaded (CI runs these jobs beside the other tests), and a client that gives up
-# connecting first fails the job before any fault. Then the store waits TIMEOUT_S, as the group.
-RENDEZVOUS_S = 45
+# The store's rendezvous: a rank may take far longer than TIMEOUT_S to import torch and connect
+# when the machine is loaded (CI runs these jobs beside the other tests; a fresh clone's run once
+# had a rank still importing after 45 s), and a rank that gives up first fails the job before any
+# fault. So the rendezvous waits as long as test_faults.py waits for the ranks to start; then the
+# store waits TIMEOUT_S, as the group.
+RENDEZVOUS_S = 180
 
 
 def run(rank, world, store, case, victim, event):
@@ -154,11 +156,12 @@ def main():
         out.write(json.dumps(dict(kind=kind, rank=rank, t=time.time(), **kw)) + "\n")
 
     # Nothing below may hang: a rank still alive after this exits non-zero with its stacks.
-    faulthandler.dump_traceback_later(60, exit=True)
+    faulthandler.dump_traceback_later(RENDEZVOUS_S + 60, exit=True)
     timeout = datetime.timedelta(seconds=TIMEOUT_S)
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0,
                           timeout=datetime.timedelta(seconds=RENDEZVOUS_S))
     store.set_timeout(timeout)
+    faulthandler.dump_traceback_later(60, exit=True)  # from the rendezvous on
     if case == "pre_rendezvous" and rank == victim:
         event("ready")
         os.kill(os.getpid(), signal.SIGKILL)

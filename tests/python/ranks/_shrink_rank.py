@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from _harness import memfds_of_ours  # noqa: E402
 
 TIMEOUT_S = 5
-RENDEZVOUS_S = 45
+RENDEZVOUS_S = 180  # _fault_rank.py's reason
 DIM, ROWS, LR = 8, 16, 0.05
 POST_STEPS = 50
 
@@ -56,7 +56,7 @@ def main():
     def event(kind, **kw):
         out.write(json.dumps(dict(kind=kind, rank=rank, t=time.time(), **kw)) + "\n")
 
-    faulthandler.dump_traceback_later(90, exit=True)  # nothing below may hang
+    faulthandler.dump_traceback_later(RENDEZVOUS_S + 90, exit=True)  # nothing below may hang
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0,
                           timeout=datetime.timedelta(seconds=RENDEZVOUS_S))
     # Four ranks starting on a loaded 2-core machine may take longer than TIMEOUT_S to meet: the

@@ -33,9 +33,12 @@ def event(kind, **kw):
     out.write(json.dumps(dict(kind=kind, rank=rank, t=time.time(), **kw)) + "\n")
 
 
-faulthandler.dump_traceback_later(60, exit=True)
+# The rendezvous waits as long as _fault_rank.py's (a loaded machine's imports), then nothing
+# may hang.
+faulthandler.dump_traceback_later(240, exit=True)
 store = dist.TCPStore("127.0.0.1", port, world, rank == 0,
-                      timeout=datetime.timedelta(seconds=45))
+                      timeout=datetime.timedelta(seconds=180))
+faulthandler.dump_traceback_later(60, exit=True)
 dist.init_process_group("cuda_p2p", store=store, rank=rank, world_size=world,
                         timeout=datetime.timedelta(seconds=10))
 t = torch.full((64,), float(rank + 1))
