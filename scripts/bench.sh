@@ -25,7 +25,12 @@
 #   zero_copy     all-gather, reduce-scatter, all-reduce, broadcast on 2 and 4 ranks: symmetric inputs
 #                 (cuda_p2p.empty) against the staged path
 #   fused         the fused ops at M=K=1024, N=64..512 fp32, 2 and 4 ranks: fused, "auto" and the
-#                 unfused pair (bench/results/fused-small-n-*.json; no plot)
+#                 unfused pair (bench/results/fused-small-n-*.json, the latest copied to
+#                 compare_fused.json; no plot)
+# Then bench/compare_results.py lists every ratio that got worse by more than 10% than the
+# committed baselines (bench/baselines/compare_*.json, a run of this on a 2-core machine); exit
+# status 3 when one did. After a change that moves a ratio on purpose, copy the run's
+# compare_*.json into bench/baselines/ (and say why in the commit).
 #
 # --fsdp runs bench/bench_fsdp.py (its arguments follow): an FSDP2 step of a few Linear layers on
 # 2 and 4 ranks, on Gloo, on cuda_p2p with staged buffers and with buffers in the symmetric heap
@@ -169,4 +174,10 @@ run zero_copy bench/bench_collectives.py --world-sizes 2 4 --zero-copy \
   --json "$out/compare_zero_copy.json" --plot "$out/compare_zero_copy.png" "$@"
 run fused bench/bench_fused.py --small-n 64 128 256 512 --world-sizes 2 4 --dtypes float32 \
   --out-dir "$out"
+# shellcheck disable=SC2012
+fused=$(ls -t "$out"/fused-small-n-*.json 2>/dev/null | head -1)
+[ -n "$fused" ] && cp "$fused" "$out/compare_fused.json"
+# The guard: every ratio that got worse by more than 10% than the committed baselines.
+echo
+.venv/bin/python bench/compare_results.py --results "$out" || status=$?
 exit $status

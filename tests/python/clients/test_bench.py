@@ -22,6 +22,8 @@ BENCH = REPO / "bench"
 # script -> arguments of one tiny case ({out} is a fresh directory); what the output must contain.
 # gpu_timing.py needs a GPU: here it must say so and exit 2 (scripts/gpu_check.sh runs it there).
 NEEDS_GPU = {"gpu_timing.py"}
+# Scripts that run no benchmark, each checked by a test of its own.
+TESTED_APART = {"compare_results.py": "test_compare_results_lists_every_worse_ratio"}
 TINY = {
     "bench_training.py": (
         # The eager variant only: the script's plumbing, its JSON and table. The compiled+fused
@@ -93,7 +95,7 @@ def run_bench(script: str, args: list[str], cwd: Path, timeout: float = 300):
 
 def test_every_script_has_a_tiny_case():
     scripts = sorted(p.name for p in BENCH.glob("*.py") if not p.name.startswith("_"))
-    missing = [s for s in scripts if s not in TINY and s not in NEEDS_GPU]
+    missing = [s for s in scripts if s not in TINY and s not in NEEDS_GPU and s not in TESTED_APART]
     assert not missing, f"bench scripts without a tiny case in {__file__}: {missing}"
 
 
@@ -375,3 +377,55 @@ def test_fast_columns_get_more_samples_than_the_baseline(monkeypatch):
     # Unequal counts: a sensible interval around the ratio of the medians (2.0).
     lo, hi = mod.speedup_ci([1.0, 1.1, 0.9] * 10, [2.0, 2.2, 1.8])
     assert lo <= 2.0 <= hi and lo > 1.0, (lo, hi)
+
+
+def _collectives_doc(speedup, vs_deepspeed, zero_copy, size=8):
+    return {"meta": {}, "runs": [{"world_size": 2, "results": [
+        {"collective": "all_reduce", "bytes": size, "speedup": speedup,
+         "vs_deepspeed": {"dist": vs_deepspeed},
+         "zero_copy": {"zero_copy": {"ratio_vs_staged": zero_copy}}}]}]}
+
+
+def _fused_doc(fused, auto):
+    return {"machine": {}, "results": [
+        {"op": "AG→MM", "W": 2, "M": 1024, "K": 1024, "N": 256, "dtype": "float32",
+         "unfused": 10.0, "fused": fused, "auto": auto}]}
+
+
+def test_compare_results_lists_every_worse_ratio(tmp_path):
+    """bench/compare_results.py (the guard of `bash scripts/bench.sh --compare`): a ratio that got
+    worse by more than 10% is listed, whichever way it is better; one within 10%, one that got
+    better and a cell of one file only are not; nothing worse exits 0, no baselines 2."""
+    base, new = tmp_path / "base", tmp_path / "new"
+    base.mkdir()
+    new.mkdir()
+
+    def write(d, name, doc):
+        (d / name).write_text(json.dumps(doc))
+
+    write(base, "compare_deepspeed.json", _collectives_doc(2.0, 1.0, 0.80))
+    # speedup -7.5% (within), vs DeepSpeed -15% (worse), zero-copy/staged +19% (worse)
+    doc = _collectives_doc(1.85, 0.85, 0.95)
+    doc["runs"][0]["results"].append(_collectives_doc(0.1, 0.1, 9.0, size=64)["runs"][0]
+                                     ["results"][0])  # a cell the baseline has not
+    write(new, "compare_deepspeed.json", doc)
+    write(base, "compare_fused.json", _fused_doc(10.0, 10.0))
+    write(new, "compare_fused.json", _fused_doc(12.0, 9.0))  # fused +20% (worse), auto better
+
+    def run(*args):
+        return subprocess.run([sys.executable, str(BENCH / "compare_results.py"), *args],
+                              capture_output=True, text=True, timeout=60)
+
+    proc = run("--baseline", str(base), "--results", str(new))
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    listed = [line for line in proc.stdout.splitlines() if line.startswith("| compare_")]
+    assert len(listed) == 3, proc.stdout
+    assert "3 of 5 ratios got worse" in proc.stdout, proc.stdout
+    for ratio, change in (("vs_deepspeed.dist", "-15%"), ("zero_copy / staged", "+19%"),
+                          ("fused / unfused", "+20%")):
+        assert any(ratio in line and change in line for line in listed), (ratio, proc.stdout)
+    assert "speedup vs gloo" not in proc.stdout and "auto / unfused" not in proc.stdout
+    proc = run("--baseline", str(base), "--results", str(base))
+    assert proc.returncode == 0 and "none got worse by more than 10%" in proc.stdout, proc.stdout
+    proc = run("--baseline", str(tmp_path / "none"), "--results", str(new))
+    assert proc.returncode == 2 and "no baselines" in proc.stderr, proc.stderr
