@@ -1,6 +1,6 @@
 // Captured collectives run as one kernel each: the small all-reduce (one-shot, two-shot),
-// all-gather and reduce-scatter enqueued under graph capture. The host's body of the kernel is
-// here; the CUDA kernel, its translation, is ops/cuda/graph_collectives.cu.
+// all-gather and reduce-scatter enqueued under graph capture. The kernel's body is one source for
+// the GPU and the host (ops/graph_collective_body.hpp); here, what the op hands each device.
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 
@@ -9,6 +9,7 @@
 
 #include "ops/collective_detail.hpp"
 #include "ops/collectives.hpp"
+#include "ops/graph_collective_host.hpp"
 #include "ops/graph_layout.hpp"
 #include "ops/reduction.hpp"
 
@@ -69,98 +70,9 @@ bool fits(const CollectiveContext& ctx, const graph::Layout& l) {
          l.region_bytes() <= ctx.ws.graph_region_bytes();
 }
 
-void reduce_pieces(const KernelOp& k, char* dst, const char* const* srcs, int64_t n) {
-  if (n > 0)
-    reduce_host(dst, reinterpret_cast<const void* const*>(srcs), k.l.world_size, n, k.dtype, k.op,
-                k.l.world_size);
-}
-
-void copy_piece(char* dst, const char* src, int64_t bytes) {
-  if (bytes > 0 && dst != src) std::memcpy(dst, src, static_cast<size_t>(bytes));
-}
-
-// The host's body: what block b does after barrier `step` (ops/cuda/graph_collectives.cu does the
-// same on the GPU).
-void host_step(const KernelOp& k, int step, int b) {
-  const graph::Layout& l = k.l;
-  const int me = l.rank, W = l.world_size;
-  const int64_t es = l.esize;
-  const char* srcs[kMaxGraphRanks];
-  switch (l.kind) {
-    case graph::Kind::kOneShot: {
-      const graph::Range r = l.block(b);
-      if (step == 0) {
-        copy_piece(k.region[me] + r.begin * es, k.in + r.begin * es, (r.end - r.begin) * es);
-      } else {
-        for (int q = 0; q < W; ++q) srcs[q] = k.region[q] + r.begin * es;
-        reduce_pieces(k, k.out + r.begin * es, srcs, r.end - r.begin);
-      }
-      return;
-    }
-    case graph::Kind::kTwoShot: {
-      if (step == 0) {
-        for (int c = 0; c < W; ++c) {
-          if (c == me) continue;
-          const graph::Range r = l.block_of(l.chunk(c), b);
-          copy_piece(k.region[me] + r.begin * es, k.in + r.begin * es, (r.end - r.begin) * es);
-        }
-      } else if (step == 1) {
-        const graph::Range mine = l.chunk(me);
-        const graph::Range r = l.block_of(mine, b);
-        for (int q = 0; q < W; ++q) srcs[q] = (q == me ? k.in : k.region[q]) + r.begin * es;
-        reduce_pieces(k, k.out + r.begin * es, srcs, r.end - r.begin);
-        copy_piece(k.region[me] + l.reduced_offset() + (r.begin - mine.begin) * es,
-                   k.out + r.begin * es, (r.end - r.begin) * es);
-      } else {
-        for (int q = 0; q < W; ++q) {
-          if (q == me) continue;
-          const graph::Range cq = l.chunk(q);
-          const graph::Range r = l.block_of(cq, b);
-          copy_piece(k.out + r.begin * es,
-                     k.region[q] + l.reduced_offset() + (r.begin - cq.begin) * es,
-                     (r.end - r.begin) * es);
-        }
-      }
-      return;
-    }
-    case graph::Kind::kAllGather: {
-      const graph::Range r = l.block(b);
-      if (step == 0) {
-        copy_piece(k.region[me] + r.begin * es, k.in + r.begin * es, (r.end - r.begin) * es);
-      } else {
-        for (int q = 0; q < W; ++q) {
-          const char* src = q == me ? k.in : k.region[q];
-          copy_piece(k.outs[q] + r.begin * es, src + r.begin * es, (r.end - r.begin) * es);
-        }
-      }
-      return;
-    }
-    case graph::Kind::kReduceScatter: {
-      const graph::Range r = l.block(b);
-      const int64_t stride = l.chunk_stride();
-      if (step == 0) {
-        for (int c = 0; c < W; ++c) {
-          if (c != me) {
-            copy_piece(k.region[me] + c * stride + r.begin * es, k.ins[c] + r.begin * es,
-                       (r.end - r.begin) * es);
-          }
-        }
-      } else {
-        for (int q = 0; q < W; ++q) {
-          srcs[q] = (q == me ? k.ins[me] : k.region[q] + me * stride) + r.begin * es;
-        }
-        reduce_pieces(k, k.out + r.begin * es, srcs, r.end - r.begin);
-      }
-      return;
-    }
-  }
-}
-
-#ifdef CUDA_P2P_WITH_CUDA
-bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % graph::kUnitBytes == 0; }
-
-void cuda_launch(const KernelOp& k, const GraphLaunch& g) {
-  cuda::GraphCollective a;
+// The kernel's arguments (NOTE [One kernel source] in ops/graph_collective_body.hpp).
+graph::KernelArgs kernel_args(const KernelOp& k) {
+  graph::KernelArgs a;
   a.layout = k.l;
   a.dtype =
       k.l.kind == graph::Kind::kAllGather ? graph::Dtype::kUInt8 : detail::kernel_dtype(k.dtype);
@@ -168,20 +80,15 @@ void cuda_launch(const KernelOp& k, const GraphLaunch& g) {
   a.divisor = k.l.world_size;
   a.in = k.in;
   a.out = k.out;
-  bool packed = (a.in == nullptr || aligned(a.in)) && (a.out == nullptr || aligned(a.out));
-  for (size_t q = 0; q < k.ins.size(); ++q) {
-    a.ins[q] = k.ins[q];
-    packed = packed && aligned(k.ins[q]);
-  }
-  for (size_t q = 0; q < k.outs.size(); ++q) {
-    a.outs[q] = k.outs[q];
-    packed = packed && aligned(k.outs[q]);
-  }
-  for (size_t q = 0; q < k.region.size(); ++q) {
-    a.region[q] = k.region[q];
-    packed = packed && aligned(k.region[q]);
-  }
-  a.packed = packed;
+  for (size_t q = 0; q < k.ins.size(); ++q) a.ins[q] = k.ins[q];
+  for (size_t q = 0; q < k.outs.size(); ++q) a.outs[q] = k.outs[q];
+  for (size_t q = 0; q < k.region.size(); ++q) a.region[q] = k.region[q];
+  a.packed = graph::all_aligned(a);
+  return a;
+}
+
+#ifdef CUDA_P2P_WITH_CUDA
+void cuda_launch(const graph::KernelArgs& a, const GraphLaunch& g) {
   const cudaError_t err =
       cuda::launch_graph_collective(a, g, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == cudaSuccess, "cuda_p2p: launching a captured collective's kernel failed: ",
@@ -194,11 +101,13 @@ void run(const CollectiveContext& ctx, KernelOp k, const OpSignature& sig) {
   k.l.blocks = graph::blocks_for(k.l.staged());
   for (int q = 0; q < k.l.world_size; ++q) k.region.push_back(ctx.ws.graph_region(q));
   GraphKernelBody body;
+  const graph::KernelArgs a = kernel_args(k);
   if (ctx.ws.device().host_paths() != nullptr) {  // NOTE [Host fast paths]
-    body.host = [k](int step, int b) { host_step(k, step, b); };
+    // The kernel's body, instantiated for the host (NOTE [One kernel source]).
+    body.host = [a](int step, int b) { graph::host_collective_step(a, step, b); };
   } else {
 #ifdef CUDA_P2P_WITH_CUDA
-    body.cuda = [k](const GraphLaunch& g) { cuda_launch(k, g); };
+    body.cuda = [a](const GraphLaunch& g) { cuda_launch(a, g); };
 #else
     TORCH_CHECK(false, "cuda_p2p: a captured collective on a ", ctx.ws.device().name(),
                 " device needs a build with CUDA");

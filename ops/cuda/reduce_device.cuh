@@ -1,7 +1,6 @@
-// The element arithmetic of the CUDA reductions (ops/cuda/reduce_kernel.cu, the kernel ops of
-// ops/cuda/graph_collectives.cu): accumulate types (float32 for float16 / bfloat16, the type itself
-// otherwise), the reduce ops as ATen computes them on CUDA (integer sums and products wrap, min and
-// max propagate NaN, AVG divides the sum once), and packed 16-byte loads. Plain CUDA, device code.
+// The CUDA side of the kernels' element arithmetic (ops/reduce_arith.hpp, one source with the
+// host): CUDA's half types and their conversions, 16-byte loads through L2, the C++ type of each
+// dtype (with_type), and the names ops/cuda/reduce_kernel.cu uses. Plain CUDA, device code.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -13,127 +12,51 @@
 #include <type_traits>
 
 #include "ops/graph_layout.hpp"
+#include "ops/reduce_arith.hpp"
 #include "ops/reduce_op.hpp"
+
+namespace cuda_p2p::ops::arith {
+// float32 accumulation for CUDA's half types, conversions rounded to nearest even, as torch
+// converts (the host's c10 types: ops/graph_collective_host.hpp).
+template <>
+struct AccOf<__half> {
+  using type = float;
+};
+template <>
+struct AccOf<__nv_bfloat16> {
+  using type = float;
+};
+template <>
+struct Convert<__half> {
+  __device__ static float to(__half v) { return __half2float(v); }
+  __device__ static __half from(float v) { return __float2half_rn(v); }
+};
+template <>
+struct Convert<__nv_bfloat16> {
+  __device__ static float to(__nv_bfloat16 v) { return __bfloat162float(v); }
+  __device__ static __nv_bfloat16 from(float v) { return __float2bfloat16_rn(v); }
+};
+}  // namespace cuda_p2p::ops::arith
 
 namespace cuda_p2p::cuda::reduce {
 
+// The shared arithmetic (ops/reduce_arith.hpp) under the names the CUDA kernels use.
+using ops::arith::apply;
+using ops::arith::combine;
+using ops::arith::finish;
+using ops::arith::Pack;
 template <typename T>
 struct Acc {
-  using type = T;
+  using type = ops::arith::Acc<T>;
 };
-template <>
-struct Acc<__half> {
-  using type = float;
-};
-template <>
-struct Acc<__nv_bfloat16> {
-  using type = float;
-};
-
 template <typename T>
 __device__ __forceinline__ typename Acc<T>::type to_acc(T v) {
-  if constexpr (std::is_same_v<T, __half>) {
-    return __half2float(v);
-  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __bfloat162float(v);
-  } else {
-    return v;
-  }
+  return ops::arith::Convert<T>::to(v);
 }
-
-// Rounded to nearest even, as torch converts.
 template <typename T>
 __device__ __forceinline__ T from_acc(typename Acc<T>::type v) {
-  if constexpr (std::is_same_v<T, __half>) {
-    return __float2half_rn(v);
-  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __float2bfloat16_rn(v);
-  } else {
-    return v;
-  }
+  return ops::arith::Convert<T>::from(v);
 }
-
-template <typename A>
-__device__ __forceinline__ A wrap_add(A a, A b) {
-  if constexpr (std::is_integral_v<A>) {
-    using U = std::make_unsigned_t<A>;
-    return static_cast<A>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
-  } else {
-    return a + b;
-  }
-}
-
-template <typename A>
-__device__ __forceinline__ A wrap_mul(A a, A b) {
-  if constexpr (std::is_integral_v<A>) {
-    using U = std::make_unsigned_t<A>;
-    using W = std::conditional_t<(sizeof(U) < sizeof(unsigned)), unsigned, U>;
-    return static_cast<A>(
-        static_cast<U>(static_cast<W>(static_cast<U>(a)) * static_cast<W>(static_cast<U>(b))));
-  } else {
-    return a * b;
-  }
-}
-
-template <typename A>
-__device__ __forceinline__ bool is_nan(A v) {
-  if constexpr (std::is_floating_point_v<A>) {
-    return v != v;
-  } else {
-    return false;
-  }
-}
-
-// a op b. Sums and averages take the first branch (kSum in the kernels' templates); the others
-// are rare in tensor-parallel code and share one switch.
-template <typename A>
-__device__ __forceinline__ A combine(ops::ReduceOp op, A a, A b) {
-  switch (op) {
-    case ops::ReduceOp::kSum:
-    case ops::ReduceOp::kAvg:
-      return wrap_add(a, b);
-    case ops::ReduceOp::kProduct:
-      return wrap_mul(a, b);
-    case ops::ReduceOp::kMin:
-      return is_nan(a) ? a : (is_nan(b) ? b : (b < a ? b : a));
-    case ops::ReduceOp::kMax:
-      return is_nan(a) ? a : (is_nan(b) ? b : (a < b ? b : a));
-    default:
-      if constexpr (std::is_integral_v<A>) {
-        if (op == ops::ReduceOp::kBand) return a & b;
-        if (op == ops::ReduceOp::kBor) return a | b;
-        return a ^ b;
-      } else {
-        return a;  // bitwise ops on floating types are refused before any kernel
-      }
-  }
-}
-
-// Applies `op`, or the sum without asking (kSum: the kernels' sum and average instantiation).
-template <bool kSum, typename A>
-__device__ __forceinline__ A apply(ops::ReduceOp op, A a, A b) {
-  if constexpr (kSum) {
-    return wrap_add(a, b);
-  } else {
-    return combine(op, a, b);
-  }
-}
-
-// The AVG's division, once, in the accumulate type.
-template <typename A>
-__device__ __forceinline__ A finish(ops::ReduceOp op, A v, int64_t divisor) {
-  if constexpr (std::is_floating_point_v<A>) {
-    if (op == ops::ReduceOp::kAvg) return v / static_cast<A>(divisor);
-  }
-  return v;
-}
-
-// 16 bytes of T: one packed load or store.
-template <typename T>
-struct alignas(16) Pack {
-  static constexpr int kCount = 16 / static_cast<int>(sizeof(T));
-  T v[kCount];
-};
 
 // Reads through L2 only (ld.global.cg): the data was written by another rank's GPU (or by this
 // rank's copy engine, or an earlier kernel) and published by a flag or a stream wait, which an

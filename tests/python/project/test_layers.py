@@ -96,3 +96,62 @@ def test_the_mailboxes_have_their_own_folder():
     backend_users = [p for p in _sources("backend")
                      if "p2p_workspace/messages/mailboxes.hpp" in INCLUDE.findall(p.read_text())]
     assert backend_users, "no backend file includes the mailboxes: is the rule still needed?"
+
+
+# NOTE [One kernel source] (ops/graph_collective_body.hpp, issue 55): a CUDA kernel's logic is a
+# template the host instantiates too, so that CI runs it. Every __global__ kernel of the CUDA
+# sources is listed here with the shared body it instantiates (the header, the entry its body
+# calls), or None and why CI does not run its body yet. A new kernel, or one that stops calling
+# its shared body, fails this test until the list says what CI runs of it.
+KERNELS = {
+    # The data steps shared; its flag barriers (graph_barrier) are CUDA's own still, the host's
+    # are GraphRun's in p2p_workspace/host/host_device.cpp.
+    "graph_collective_kernel": ("ops/graph_collective_body.hpp", "collective_step"),
+    "graph_barriers_kernel": None,  # the flag barrier alone: GraphRun's twin
+    "reduce_kernel": None,  # the one-pass reduction: the host runs reduce_host
+    "wait_signals_kernel": None,  # the signal waits: the host's futex waits
+    "wait_counted_kernel": None,
+    "write_signal_kernel": None,  # one store each: the host's futex_store_and_wake
+    "advance_counter_kernel": None,
+    "write_counted_kernel": None,
+    "publish_signature_kernel": None,  # the op signatures: the host's check in ops/op_signature
+    "compare_signatures_kernel": None,
+    "sleep_kernel": None,  # a test aid: sleeps on the GPU
+}
+GLOBAL = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(")
+
+
+def _kernel_bodies():
+    """{kernel name: its body's text} of every __global__ function of the CUDA sources."""
+    bodies = {}
+    for path in sorted(ROOT.rglob("*.cu")) + sorted(ROOT.rglob("*.cuh")):
+        if any(part in (".venv", "third_party", "build") for part in path.parts):
+            continue
+        text = path.read_text()
+        for m in GLOBAL.finditer(text):
+            start = text.index("{", m.end())
+            depth, i = 0, start
+            while True:
+                depth += {"{": 1, "}": -1}.get(text[i], 0)
+                if depth == 0:
+                    break
+                i += 1
+            bodies[m.group(1)] = text[start:i + 1]
+    return bodies
+
+
+def test_every_kernel_says_what_of_it_ci_runs():
+    bodies = _kernel_bodies()
+    assert set(bodies) == set(KERNELS), (
+        f"kernels not listed in KERNELS: {sorted(set(bodies) - set(KERNELS))}; listed but gone: "
+        f"{sorted(set(KERNELS) - set(bodies))}")
+    host_sources = [p for layer in LAYERS for p in _sources(layer) if p.suffix in {".cpp", ".hpp"}]
+    for name, shared in KERNELS.items():
+        if shared is None:
+            continue
+        header, entry = shared
+        assert re.search(rf"\b{entry}\s*<", bodies[name]), f"{name} does not call {entry}"
+        assert f"{entry}(" in (ROOT / header).read_text(), f"{header} defines no {entry}"
+        # The host instantiates it: a C++ (not CUDA) source includes the header.
+        assert any(f'#include "{header}"' in p.read_text() for p in host_sources
+                   if "/cuda/" not in str(p)), f"no host source includes {header}"
