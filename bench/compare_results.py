@@ -7,7 +7,8 @@ runs compare by their ratios, not by their times. The ratios, per cell (world si
 op, size):
 
   compare_deepspeed*, compare_hierarchical, compare_zero_copy (bench_collectives.py):
-    speedup                    Gloo's time / cuda_p2p's (higher is better)
+    speedup                    Gloo's time / cuda_p2p's (higher is better; runs over several
+                               hosts only: flat Gloo against the hierarchy)
     vs_deepspeed.<form>        DeepSpeed's time / ours (higher is better; when it ran)
     zero_copy.<column>.ratio   the zero-copy column's time / the staged one's (lower is better)
   compare_fused (bench_fused.py --small-n):
@@ -15,9 +16,10 @@ op, size):
 
 A cell that is in only one of the two files is not compared (other sizes or world sizes).
 Exit code 0 when nothing got worse, 3 when something did (the list says what), 2 on bad input.
+--save writes the results' ratios into --baseline (the committed baselines hold ratios only).
 
   .venv/bin/python bench/compare_results.py [--baseline bench/baselines] [--results bench/results]
-                                            [--tolerance 0.10]
+                                            [--tolerance 0.10] [--save]
 """
 
 from __future__ import annotations
@@ -32,13 +34,17 @@ HERE = Path(__file__).resolve().parent
 
 def collective_ratios(doc: dict) -> dict[tuple, tuple[float, bool]]:
     """{(world size, collective, bytes, ratio name): (value, higher is better)} of a
-    bench_collectives.py JSON document."""
+    bench_collectives.py JSON document. The speedup over Gloo counts on a run over several
+    (simulated) hosts only, where flat Gloo is the baseline the hierarchy must beat; elsewhere
+    Gloo's own time swings too much between runs on a small machine to guard a ratio over it
+    (bench/README.md, "The regression guard")."""
     out = {}
+    hosts = (doc.get("meta") or {}).get("hosts") or 1
     for run in doc.get("runs", []):
         W = run.get("world_size")
         for e in run.get("results", []):
             cell = (W, e.get("collective"), e.get("bytes"))
-            if isinstance(e.get("speedup"), (int, float)):
+            if hosts > 1 and isinstance(e.get("speedup"), (int, float)):
                 out[cell + ("speedup vs gloo",)] = (float(e["speedup"]), True)
             for form, v in (e.get("vs_deepspeed") or {}).items():
                 if isinstance(v, (int, float)):
@@ -64,8 +70,42 @@ def fused_ratios(doc: dict) -> dict[tuple, tuple[float, bool]]:
 
 
 def ratios(path: Path) -> dict[tuple, tuple[float, bool]]:
+    """The ratios of a result file, or of a baseline written by --save (its ratios only)."""
     doc = json.loads(path.read_text())
+    if "ratios" in doc:
+        return {tuple(r[:-2]): (float(r[-2]), bool(r[-1])) for r in doc["ratios"]}
     return fused_ratios(doc) if "results" in doc and "runs" not in doc else collective_ratios(doc)
+
+
+def save(results_dir: Path, baseline_dir: Path) -> int:
+    """Writes the ratios of every compare_*.json of `results_dir` into `baseline_dir` (the files
+    the guard compares with: a few KiB each, not the runs' samples). Where the baseline has the
+    ratio already, the worse of the two stays: saving several runs of the same code makes the
+    baseline their envelope, so that the guard reports what no run of it reached, not the
+    machine's noise between runs (bench/README.md)."""
+    baseline_dir.mkdir(parents=True, exist_ok=True)
+    n = 0
+    for path in sorted(results_dir.glob("compare_*.json")):
+        doc = json.loads(path.read_text())
+        meta = doc.get("meta") or doc.get("machine") or {}
+        merged = ratios(path)
+        old = baseline_dir / path.name
+        runs = 1
+        if old.exists():
+            prev = json.loads(old.read_text())
+            runs = int(prev.get("runs", 1)) + 1
+            for key, (v, higher) in ratios(old).items():
+                if key in merged:
+                    now = merged[key][0]
+                    merged[key] = (min(v, now) if higher else max(v, now), higher)
+        rows = [list(k) + [v, higher] for k, (v, higher) in sorted(merged.items(), key=str)]
+        keep = {k: meta[k] for k in ("timestamp", "git", "host", "cpu_count", "torch") if k in meta}
+        head = json.dumps({"source": path.name, "runs": runs, "meta": keep})[:-1]
+        body = ",\n  ".join(json.dumps(r, ensure_ascii=False) for r in rows)
+        (baseline_dir / path.name).write_text(f'{head},\n "ratios": [\n  {body}\n ]\n}}\n')
+        n += 1
+    print(f"[compare] wrote the ratios of {n} files into {baseline_dir}")
+    return 0 if n else 2
 
 
 def worse(baseline: float, now: float, higher_is_better: bool, tolerance: float) -> bool:
@@ -99,7 +139,11 @@ def main(argv=None) -> int:
     ap.add_argument("--results", type=Path, default=HERE / "results")
     ap.add_argument("--tolerance", type=float, default=0.10,
                     help="how much worse a ratio may get before it is listed (default 0.10)")
+    ap.add_argument("--save", action="store_true",
+                    help="write the results' ratios into --baseline instead of comparing")
     args = ap.parse_args(argv)
+    if args.save:
+        return save(args.results, args.baseline)
     if not args.baseline.is_dir() or not any(args.baseline.glob("compare_*.json")):
         print(f"[compare] no baselines in {args.baseline}", file=sys.stderr)
         return 2

@@ -28,9 +28,8 @@
 #                 unfused pair (bench/results/fused-small-n-*.json, the latest copied to
 #                 compare_fused.json; no plot)
 # Then bench/compare_results.py lists every ratio that got worse by more than 10% than the
-# committed baselines (bench/baselines/compare_*.json, a run of this on a 2-core machine); exit
-# status 3 when one did. After a change that moves a ratio on purpose, copy the run's
-# compare_*.json into bench/baselines/ (and say why in the commit).
+# committed baselines (bench/baselines/compare_*.json: the envelope of several runs of this on a
+# 2-core machine, bench/README.md "The regression guard"); exit status 3 when one did.
 #
 # --fsdp runs bench/bench_fsdp.py (its arguments follow): an FSDP2 step of a few Linear layers on
 # 2 and 4 ranks, on Gloo, on cuda_p2p with staged buffers and with buffers in the symmetric heap

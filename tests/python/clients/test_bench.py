@@ -380,7 +380,7 @@ def test_fast_columns_get_more_samples_than_the_baseline(monkeypatch):
 
 
 def _collectives_doc(speedup, vs_deepspeed, zero_copy, size=8):
-    return {"meta": {}, "runs": [{"world_size": 2, "results": [
+    return {"meta": {"hosts": 2}, "runs": [{"world_size": 2, "results": [
         {"collective": "all_reduce", "bytes": size, "speedup": speedup,
          "vs_deepspeed": {"dist": vs_deepspeed},
          "zero_copy": {"zero_copy": {"ratio_vs_staged": zero_copy}}}]}]}
@@ -395,7 +395,8 @@ def _fused_doc(fused, auto):
 def test_compare_results_lists_every_worse_ratio(tmp_path):
     """bench/compare_results.py (the guard of `bash scripts/bench.sh --compare`): a ratio that got
     worse by more than 10% is listed, whichever way it is better; one within 10%, one that got
-    better and a cell of one file only are not; nothing worse exits 0, no baselines 2."""
+    better and a cell of one file only are not; nothing worse exits 0, no baselines 2; --save
+    writes the ratios only, and a second --save keeps the worse of each (the runs' envelope)."""
     base, new = tmp_path / "base", tmp_path / "new"
     base.mkdir()
     new.mkdir()
@@ -427,5 +428,20 @@ def test_compare_results_lists_every_worse_ratio(tmp_path):
     assert "speedup vs gloo" not in proc.stdout and "auto / unfused" not in proc.stdout
     proc = run("--baseline", str(base), "--results", str(base))
     assert proc.returncode == 0 and "none got worse by more than 10%" in proc.stdout, proc.stdout
+    # --save keeps the ratios only; compared with them, the run lists the same three.
+    saved = tmp_path / "saved"
+    assert run("--baseline", str(saved), "--results", str(base), "--save").returncode == 0
+    assert "ratios" in json.loads((saved / "compare_fused.json").read_text())
+    proc = run("--baseline", str(saved), "--results", str(new))
+    assert proc.returncode == 3 and "3 of 5 ratios got worse" in proc.stdout, proc.stdout
+    # Saving a second run keeps the worse of each ratio: the envelope holds both runs.
+    assert run("--baseline", str(saved), "--results", str(new), "--save").returncode == 0
+    doc = json.loads((saved / "compare_deepspeed.json").read_text())
+    assert doc["runs"] == 2, doc
+    assert [2, "all_reduce", 8, "speedup vs gloo", 1.85, True] in doc["ratios"], doc
+    proc = run("--baseline", str(saved), "--results", str(new))
+    assert proc.returncode == 0, proc.stdout
+    proc = run("--baseline", str(saved), "--results", str(base))
+    assert proc.returncode == 0, proc.stdout
     proc = run("--baseline", str(tmp_path / "none"), "--results", str(new))
     assert proc.returncode == 2 and "no baselines" in proc.stderr, proc.stderr
