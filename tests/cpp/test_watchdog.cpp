@@ -120,10 +120,11 @@ TEST(Watchdog, AMissedDeadlineFailsTheDeviceNamingTheOpAndTheMissingRanks) {
   s->started = true;
   const auto start = std::chrono::steady_clock::now();
   dog.track(std::make_unique<ScriptedWait>(s), 100ms, "barrier on channel 2 (rank 0)");
-  ASSERT_TRUE(eventually([&] { return failure.failed(); }));
+  // How soon after the deadline depends on the machine (a scan every 20 ms, when the watchdog's
+  // thread gets a CPU): only "never before" is the protocol's.
+  ASSERT_TRUE(eventually([&] { return failure.failed(); }, 30s));
   const auto took = std::chrono::steady_clock::now() - start;
   EXPECT_GE(took, 100ms);  // never before the deadline
-  EXPECT_LT(took, 3s);
   const std::string why = failure.reason();
   EXPECT_NE(why.find("barrier on channel 2 (rank 0) timed out after 100 ms"), std::string::npos)
       << why;
@@ -131,7 +132,10 @@ TEST(Watchdog, AMissedDeadlineFailsTheDeviceNamingTheOpAndTheMissingRanks) {
   // Sticky: later ops raise it, naming themselves.
   expect_error([&] { failure.check("all_reduce"); }, "cuda_p2p all_reduce:");
   expect_error([&] { failure.check("all_reduce"); }, "ranks 1, 3 never arrived");
-  // The group's pending work is released and dropped, and nothing more is tracked.
+  // The group's pending work is released and dropped, and nothing more is tracked. The watchdog's
+  // thread records the failure first and releases the waits after (NOTE [Releasing blocked
+  // waits]): this thread may see the failure before the release.
+  EXPECT_TRUE(eventually([&] { return dog.pending() == 0 && s->releases.load() >= 1; }, 30s));
   EXPECT_EQ(dog.pending(), 0u);
   EXPECT_EQ(s->releases.load(), 1);
   auto later = std::make_shared<Script>();
@@ -139,6 +143,7 @@ TEST(Watchdog, AMissedDeadlineFailsTheDeviceNamingTheOpAndTheMissingRanks) {
   EXPECT_EQ(dog.pending(), 0u);
   EXPECT_EQ(later->releases.load(), 1);  // enqueued after the failure: released at once
   // Said once, when it happened, for a process that hangs outside cuda_p2p behind the stream.
+  EXPECT_TRUE(eventually([&] { return !reports.get().empty(); }, 30s));
   const auto said = reports.get();
   ASSERT_EQ(said.size(), 1u);
   EXPECT_NE(said[0].find("device failed: " + why), std::string::npos) << said[0];
