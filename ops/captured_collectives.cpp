@@ -4,7 +4,6 @@
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 
-#include <cstring>
 #include <string>
 
 #include "ops/collective_detail.hpp"

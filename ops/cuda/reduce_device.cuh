@@ -42,7 +42,6 @@ namespace cuda_p2p::cuda::reduce {
 
 // The shared arithmetic (ops/reduce_arith.hpp) under the names the CUDA kernels use.
 using ops::arith::apply;
-using ops::arith::combine;
 using ops::arith::finish;
 using ops::arith::Pack;
 template <typename T>
