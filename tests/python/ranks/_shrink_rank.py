@@ -60,10 +60,13 @@ def main():
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0,
                           timeout=datetime.timedelta(seconds=RENDEZVOUS_S))
     # Four ranks starting on a loaded 2-core machine may take longer than TIMEOUT_S to meet: the
-    # group is made with the rendezvous' patience, then given the short timeout that finds the
-    # killed rank (setTimeout reaches the workspace and the wrapped Gloo).
+    # group is made with the rendezvous' patience, and its first collective waits as long (a
+    # fresh clone's run at load 22 had a rank still in init_process_group 5 s after another's
+    # first all-reduce began). Once every rank is past it, the group gets the short timeout that
+    # finds the killed rank (setTimeout reaches the workspace and the wrapped Gloo).
     dist.init_process_group("cuda_p2p", store=store, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=RENDEZVOUS_S))
+    dist.all_reduce(torch.ones(1, dtype=torch.float64))
     store.set_timeout(datetime.timedelta(seconds=TIMEOUT_S))
     dist.set_timeout(datetime.timedelta(seconds=TIMEOUT_S))
     w = torch.zeros(DIM, dtype=torch.float64)
