@@ -8,8 +8,8 @@
 
 #include "ops/collective_detail.hpp"
 #include "ops/collectives.hpp"
-#include "ops/graph_collective_host.hpp"
 #include "ops/graph_layout.hpp"
+#include "ops/kernel_host.hpp"
 #include "ops/reduction.hpp"
 
 #ifdef CUDA_P2P_WITH_CUDA
@@ -69,7 +69,8 @@ bool fits(const CollectiveContext& ctx, const graph::Layout& l) {
          l.region_bytes() <= ctx.ws.graph_region_bytes();
 }
 
-// The kernel's arguments (NOTE [One kernel source] in ops/graph_collective_body.hpp).
+// The kernel's arguments (ops/graph_collective_body.hpp; NOTE [One kernel source] in
+// ops/kernel_body.hpp).
 graph::KernelArgs kernel_args(const KernelOp& k) {
   graph::KernelArgs a;
   a.layout = k.l;

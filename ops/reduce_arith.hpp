@@ -1,10 +1,10 @@
 // The element arithmetic of the kernels' reductions, one source for the GPU and the host (NOTE
-// [One kernel source] in ops/graph_collective_body.hpp): the reduce ops as ATen computes them on
+// [One kernel source] in ops/kernel_body.hpp): the reduce ops as ATen computes them on
 // CUDA (integer sums and products wrap, min and max propagate NaN, AVG divides the sum once, in the
 // accumulate type), 16-byte packs, and the accumulate type of each element type (float32 for
 // float16 / bfloat16: each side specializes AccOf and Convert for its own half types - __half and
 // __nv_bfloat16 in ops/cuda/reduce_device.cuh, c10::Half and c10::BFloat16 in
-// ops/graph_collective_host.hpp). Plain C++ without torch headers, so that nvcc compiles it too.
+// ops/kernel_host.hpp). Plain C++ without torch headers, so that nvcc compiles it too.
 #pragma once
 
 #include <cstdint>

@@ -10,24 +10,7 @@ namespace {
 using ops::graph::Kind;
 using reduce::with_type;
 
-// The CUDA policy of the shared body (NOTE [One kernel source] in ops/graph_collective_body.hpp):
-// the calling thread of a block, 16-byte loads through L2 (ops/cuda/reduce_device.cuh).
-struct CudaBlock {
-  __device__ int thread() const { return static_cast<int>(threadIdx.x); }
-  __device__ int threads() const { return static_cast<int>(blockDim.x); }
-  template <typename T>
-  __device__ ops::arith::Pack<T> load_pack(const T* p) const {
-    return reduce::load_pack(p);
-  }
-  template <typename T>
-  __device__ void store_pack(T* p, const ops::arith::Pack<T>& v) const {
-    reduce::store_pack(p, v);
-  }
-  template <typename T>
-  __device__ T load_one(const T* p) const {
-    return reduce::load_one(p);
-  }
-};
+using reduce::CudaBlock;
 
 // NOTE [Captured collectives in one kernel] (ops/captured_collectives.cpp): after each flag
 // barrier, the shared body's step (ops/graph_collective_body.hpp), block b of every rank on the

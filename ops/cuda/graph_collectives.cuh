@@ -14,7 +14,8 @@
 
 namespace cuda_p2p::cuda {
 
-// What the kernel moves (NOTE [One kernel source] in ops/graph_collective_body.hpp).
+// What the kernel moves (ops/graph_collective_body.hpp; NOTE [One kernel source] in
+// ops/kernel_body.hpp).
 using GraphCollective = ops::graph::KernelArgs;
 
 // The op as one kernel of op.layout.blocks blocks on `stream`.

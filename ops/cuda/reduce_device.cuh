@@ -17,7 +17,7 @@
 
 namespace cuda_p2p::ops::arith {
 // float32 accumulation for CUDA's half types, conversions rounded to nearest even, as torch
-// converts (the host's c10 types: ops/graph_collective_host.hpp).
+// converts (the host's c10 types: ops/kernel_host.hpp).
 template <>
 struct AccOf<__half> {
   using type = float;
@@ -88,6 +88,30 @@ __device__ __forceinline__ T load_one(const T* p) {
   memcpy(&r, &bits, sizeof(T));
   return r;
 }
+
+// The CUDA policies of the shared bodies (NOTE [One kernel source] in ops/kernel_body.hpp): the
+// calling thread of its block (CudaBlock) or of the whole grid (CudaGrid), 16-byte loads through
+// L2.
+struct CudaBlock {
+  __device__ int thread() const { return static_cast<int>(threadIdx.x); }
+  __device__ int threads() const { return static_cast<int>(blockDim.x); }
+  template <typename T>
+  __device__ ops::arith::Pack<T> load_pack(const T* p) const {
+    return reduce::load_pack(p);
+  }
+  template <typename T>
+  __device__ void store_pack(T* p, const ops::arith::Pack<T>& v) const {
+    reduce::store_pack(p, v);
+  }
+  template <typename T>
+  __device__ T load_one(const T* p) const {
+    return reduce::load_one(p);
+  }
+};
+struct CudaGrid : CudaBlock {
+  __device__ int thread() const { return static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); }
+  __device__ int threads() const { return static_cast<int>(gridDim.x * blockDim.x); }
+};
 
 // Calls f.template operator()<T>() for the C++ type of `dtype`.
 template <typename F>

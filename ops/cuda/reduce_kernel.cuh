@@ -1,31 +1,20 @@
 // The CUDA reduction of the workspace collectives (ops/reduction.cpp, reduce()): the W sources in
 // one pass, packed 16-byte loads, float32 accumulation for float16 / bfloat16, instead of a chain
-// of W binary ATen ops through an accumulator in memory. Plain CUDA: no torch headers.
+// of W binary ATen ops through an accumulator in memory; its body is one source with the host
+// (ops/kernel_body.hpp: reduce_kernel_body). Plain CUDA: no torch headers.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-#include "ops/graph_layout.hpp"
-#include "ops/reduce_op.hpp"
+#include "ops/kernel_body.hpp"
 
 namespace cuda_p2p::cuda {
 
-inline constexpr int kMaxReduceSources = 64;
-
-struct ReduceArgs {
-  void* dst = nullptr;
-  bool dst_acc = false;  // dst holds the accumulate type (a ring's partial)
-  void* also = nullptr;  // or null: the same result again, in the result type
-  const void* src[kMaxReduceSources] = {};
-  uint64_t src_acc = 0;  // bit i: source i holds the accumulate type
-  int count = 0;
-  int64_t numel = 0;
-  ops::graph::Dtype dtype = ops::graph::Dtype::kFloat;  // the result's type
-  ops::ReduceOp op = ops::ReduceOp::kSum;
-  int64_t divisor = 1;  // AVG
-};
+// The arguments and the body are the host's too (ops/kernel_body.hpp).
+using ops::kernel::kMaxReduceSources;
+using ops::kernel::ReduceArgs;
 
 // dst = op(src[0], ..., src[count - 1]) on the stream: each element combined in source order in
 // the accumulate type (the bits a chain of ATen ops on a float32 accumulator gives), AVG divided

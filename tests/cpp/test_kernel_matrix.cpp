@@ -1,12 +1,16 @@
-// The captured collectives' kernel body (ops/graph_collective_body.hpp: NOTE [One kernel source],
-// the code the CUDA kernel runs) on its host instantiation, for W = 1..8 ranks simulated in one
-// process, over the matrix issue 55 asks of it: every dtype the kernels take, every reduce op,
-// sizes from one element to past a block's range and to the graph region's edge, odd tails, and
+// The kernels' bodies (NOTE [One kernel source] in ops/kernel_body.hpp: the code the CUDA kernels
+// run) on their host instantiation, with every thread of the GPU's launch shape run one after
+// another. The captured collectives' (ops/graph_collective_body.hpp) for W = 1..8 ranks simulated
+// in one process, over the matrix issue 55 asks of it: every dtype the kernels take, every reduce
+// op, sizes from one element to past a block's range and to the graph region's edge, odd tails, and
 // inputs and outputs off 16-byte alignment (the element-wise path) - each result compared with
 // plain ATen computing the same arithmetic in the same order (rank order, in the accumulate type:
 // float32 for float16 / bfloat16), bit for bit. The ranks run step by step: every rank's block b
 // runs step s only after every rank's block b ran step s - 1, which is what the flag barriers
-// between the steps guarantee (NOTE [Graph flags]).
+// between the steps guarantee (NOTE [Graph flags]). The eager reduction kernel's
+// (ops/cuda/reduce_kernel.cu) over the same dtypes and ops, 1 to 64 sources, sources and a
+// destination in the accumulate type (a ring's partials), a second destination, in place, off
+// alignment, and past its largest grid.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -15,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "ops/graph_collective_host.hpp"
 #include "ops/graph_layout.hpp"
+#include "ops/kernel_host.hpp"
 
 namespace cuda_p2p::test {
 namespace {
@@ -63,9 +67,11 @@ at::Tensor input(int64_t n, at::ScalarType t, int rank, ReduceOp op) {
   return v.to(t);
 }
 
-// The reference: the op over `ins`, in rank order, in the accumulate type, rounded once.
-at::Tensor reference(const std::vector<at::Tensor>& ins, ReduceOp op) {
-  const at::ScalarType t = ins[0].scalar_type();
+// The reference: the op over `ins`, in rank order, in the accumulate type, rounded once (to the
+// result type `t`, or not at all where `keep_acc`). A source may hold the accumulate type already.
+at::Tensor reference(const std::vector<at::Tensor>& ins, ReduceOp op,
+                     at::ScalarType t = at::ScalarType::Undefined, bool keep_acc = false) {
+  if (t == at::ScalarType::Undefined) t = ins[0].scalar_type();
   const bool narrow = t == at::kHalf || t == at::kBFloat16;
   auto acc_of = [&](const at::Tensor& x) { return narrow ? x.to(at::kFloat) : x.clone(); };
   at::Tensor acc = acc_of(ins[0]);
@@ -98,7 +104,7 @@ at::Tensor reference(const std::vector<at::Tensor>& ins, ReduceOp op) {
     acc = acc.to(acc_of(ins[0]).scalar_type());  // integer ops stay in their type (they wrap)
   }
   if (op == ReduceOp::kAvg) acc = acc / static_cast<double>(ins.size());
-  return acc.to(t);
+  return keep_acc ? acc : acc.to(t);
 }
 
 // Bit for bit, NaN in the same places.
@@ -169,7 +175,9 @@ std::string run_case(Kind kind, int W, int64_t numel, const Type& type, ReduceOp
   }
   for (int step = 0; step < base.barriers(); ++step) {
     for (int r = 0; r < W; ++r) {
-      for (int b = 0; b < base.blocks; ++b) ops::graph::host_collective_step(args[r], step, b);
+      for (int b = 0; b < base.blocks; ++b) {
+        ops::graph::host_collective_step(args[r], step, b, ops::graph::kThreads);
+      }
     }
   }
   for (int r = 0; r < W; ++r) {
@@ -265,6 +273,125 @@ TEST(KernelMatrix, AtTheRegionsEdge) {
           << kind_name(kind) << " W=" << W << " numel=" << l.numel - 5;
     }
   }
+}
+
+// One eager reduction of `n_srcs` sources on the kernel's host instantiation; returns a description
+// of the first mismatch, or "". Sources in `acc_srcs` (a bit each) and, where `dst_acc`, the
+// destination hold the accumulate type; `also` adds a second destination; `in_place` makes the
+// destination source 0 (and the second destination the last source); `skew` puts the first source
+// (or every operand, skew > 1) off 16-byte alignment. `plan` gets the launch's shape.
+std::string run_reduce(const Type& type, ReduceOp op, int n_srcs, int64_t numel, uint64_t acc_srcs,
+                       bool dst_acc, bool also, bool in_place, int skew,
+                       ops::kernel::ReducePlan* plan = nullptr) {
+  const at::ScalarType t = type.scalar;
+  const at::ScalarType acc_t = (t == at::kHalf || t == at::kBFloat16) ? at::kFloat : t;
+  std::vector<Buffer> bufs;
+  bufs.reserve(n_srcs + 2);
+  std::vector<at::Tensor> srcs;
+  ops::kernel::ReduceArgs a;
+  for (int q = 0; q < n_srcs; ++q) {
+    const at::ScalarType st = (acc_srcs >> q) & 1u ? acc_t : t;
+    const int64_t es = static_cast<int64_t>(c10::elementSize(st));
+    bufs.emplace_back(numel * es, (skew > 1 || q == 0) ? skew * es : 0);
+    at::Tensor x = bufs.back().view(numel, st);
+    x.copy_(input(numel, t, q, op).to(st));
+    srcs.push_back(x.clone());
+    a.src[q] = x.data_ptr();
+    if (st != t) a.src_acc |= uint64_t{1} << q;
+  }
+  a.count = n_srcs;
+  const at::ScalarType dt = dst_acc ? acc_t : t;
+  const int64_t des = static_cast<int64_t>(c10::elementSize(dt));
+  // Results land on a pattern, not zeros: an element no thread writes shows.
+  bufs.emplace_back(numel * des, skew > 1 ? skew * des : 0);
+  at::Tensor dst = bufs.back().view(numel, dt);
+  if (in_place)
+    dst = at::from_blob(const_cast<void*>(a.src[0]), {numel}, dt);
+  else
+    dst.fill_(77);
+  at::Tensor second;
+  if (also) {
+    const int64_t es = static_cast<int64_t>(c10::elementSize(t));
+    bufs.emplace_back(numel * es, skew > 1 ? skew * es : 0);
+    second = bufs.back().view(numel, t);
+    if (in_place && n_srcs > 1 && !((acc_srcs >> (n_srcs - 1)) & 1u)) {
+      second = at::from_blob(const_cast<void*>(a.src[n_srcs - 1]), {numel}, t);
+    } else {
+      second.fill_(77);
+    }
+    a.also = second.data_ptr();
+  }
+  a.dst = dst.data_ptr();
+  a.dst_acc = dst_acc;
+  a.numel = numel;
+  a.dtype = type.dtype;
+  a.op = op;
+  a.divisor = n_srcs;
+  const ops::kernel::ReducePlan p = ops::kernel::host_reduce_kernel(a);
+  if (plan != nullptr) *plan = p;
+  const at::Tensor want = reference(srcs, op, t, dst_acc);
+  if (!same(dst, want)) return "dst differs";
+  if (also && !same(second, dst_acc ? want.to(t) : want)) return "the second destination differs";
+  return "";
+}
+
+TEST(KernelMatrix, ReductionKernelMatchesATen) {
+  at::manual_seed(57);
+  int cases = 0;
+  for (const Type& type : kTypes) {
+    for (ReduceOp op : ops_for(type.scalar)) {
+      // The many sources and the sizes past a block for a sum only (they check the loops, not
+      // the arithmetic).
+      const bool sum = op == ReduceOp::kSum;
+      for (int n_srcs : {1, 2, 3, 8, 64}) {
+        if (n_srcs == 64 && !sum) continue;
+        for (int64_t numel : {1, 8, 33, 1029}) {
+          if (numel > 100 && !sum && n_srcs != 3) continue;
+          for (int variant = 0; variant < 4; ++variant) {
+            // 0: plain; 1: a second destination, in place; 2: a ring's partials (the accumulate
+            // type in sources 0 and 2 and the destination, the element-wise path); 3: 2 with a
+            // second destination.
+            const bool acc = variant >= 2;
+            for (int skew : {0, 1, 3}) {
+              if (acc && skew != 1) continue;  // never packed: alignment changes nothing
+              const uint64_t acc_srcs = !acc ? 0 : n_srcs == 1 ? 0b1 : 0b101;
+              const std::string err = run_reduce(type, op, n_srcs, numel, acc_srcs, acc,
+                                                 variant % 2 == 1, variant == 1, skew);
+              ++cases;
+              ASSERT_EQ(err, "") << type.scalar << " " << ops::to_string(op)
+                                 << " sources=" << n_srcs << " numel=" << numel << " skew=" << skew
+                                 << " variant=" << variant;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(cases, 3000);
+}
+
+// The launch's shape: packs only where every operand allows them, and the largest grid, whose
+// threads then stride over the rest.
+TEST(KernelMatrix, ReductionKernelLaunchShape) {
+  at::manual_seed(58);
+  const Type f32 = kTypes[0];
+  ops::kernel::ReducePlan plan;
+  ASSERT_EQ(run_reduce(f32, ReduceOp::kSum, 2, 1000, 0, false, false, false, 0, &plan), "");
+  EXPECT_TRUE(plan.packed);
+  EXPECT_EQ(plan.blocks, 1);  // 250 packs
+  ASSERT_EQ(run_reduce(f32, ReduceOp::kSum, 2, 1000, 0, false, false, false, 1, &plan), "");
+  EXPECT_FALSE(plan.packed);
+  EXPECT_EQ(plan.blocks, 4);  // 1000 elements
+  const Type bf16 = kTypes[3];
+  ASSERT_EQ(run_reduce(bf16, ReduceOp::kSum, 3, 1000, 0b10, false, false, false, 0, &plan), "");
+  EXPECT_FALSE(plan.packed);  // a source in float32
+  ASSERT_EQ(run_reduce(bf16, ReduceOp::kSum, 3, 1000, 0, true, false, false, 0, &plan), "");
+  EXPECT_FALSE(plan.packed);  // the destination in float32
+  const int64_t past =
+      int64_t{ops::kernel::kMaxReduceBlocks} * ops::kernel::kReduceThreads * 4 * 2 + 13;
+  ASSERT_EQ(run_reduce(f32, ReduceOp::kMax, 2, past, 0, false, true, false, 0, &plan), "");
+  EXPECT_TRUE(plan.packed);
+  EXPECT_EQ(plan.blocks, ops::kernel::kMaxReduceBlocks);
 }
 
 }  // namespace

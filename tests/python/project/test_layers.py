@@ -98,7 +98,7 @@ def test_the_mailboxes_have_their_own_folder():
     assert backend_users, "no backend file includes the mailboxes: is the rule still needed?"
 
 
-# NOTE [One kernel source] (ops/graph_collective_body.hpp, issue 55): a CUDA kernel's logic is a
+# NOTE [One kernel source] (ops/kernel_body.hpp, issue 55): a CUDA kernel's logic is a
 # template the host instantiates too, so that CI runs it. Every __global__ kernel of the CUDA
 # sources is listed here with the shared body it instantiates (the header, the entry its body
 # calls), or None and why CI does not run its body yet. A new kernel, or one that stops calling
@@ -108,7 +108,9 @@ KERNELS = {
     # are GraphRun's in p2p_workspace/host/host_device.cpp.
     "graph_collective_kernel": ("ops/graph_collective_body.hpp", "collective_step"),
     "graph_barriers_kernel": None,  # the flag barrier alone: GraphRun's twin
-    "reduce_kernel": None,  # the one-pass reduction: the host runs reduce_host
+    # The eager one-pass reduction: the host's own ops run its AVX2 kernel (ops/reduction.cpp),
+    # test_kernel_matrix this body.
+    "reduce_kernel": ("ops/kernel_body.hpp", "reduce_kernel_body"),
     "wait_signals_kernel": None,  # the signal waits: the host's futex waits
     "wait_counted_kernel": None,
     "write_signal_kernel": None,  # one store each: the host's futex_store_and_wake

@@ -1,0 +1,187 @@
+// What the kernels do to memory, written once for the GPU and the host (NOTE [One kernel source]
+// below): the copies and the one-pass reduction of the captured collectives' kernel
+// (ops/graph_collective_body.hpp) and of the eager reduction kernel (ops/cuda/reduce_kernel.cu),
+// as templates over a memory-operations policy. The host instantiates them in ops/kernel_host.cpp.
+// Plain C++ without torch headers, so that nvcc compiles it too.
+#pragma once
+
+#include <cstdint>
+
+#include "ops/graph_layout.hpp"  // Dtype
+#include "ops/reduce_arith.hpp"
+#include "ops/reduce_op.hpp"
+#include "p2p_workspace/graph_flags.hpp"  // CUDA_P2P_HOST_DEVICE
+
+// A __host__ __device__ template calls its policy's functions, which are __device__ only on the
+// CUDA side: nvcc checks such a call only where it instantiates the template for the host, which
+// it never does for the CUDA policy. Loops over a pack's elements unroll on the GPU.
+#if defined(__CUDACC__)
+#define CUDA_P2P_POLICY_CALLS _Pragma("nv_exec_check_disable")
+#else
+#define CUDA_P2P_POLICY_CALLS
+#endif
+#if defined(__CUDA_ARCH__)
+#define CUDA_P2P_UNROLL _Pragma("unroll")
+#else
+#define CUDA_P2P_UNROLL
+#endif
+
+namespace cuda_p2p::ops::kernel {
+
+// NOTE [One kernel source]
+// A kernel's logic - its partitioning among threads and blocks, its tails and 16-byte packs, its
+// element arithmetic, the order of its steps - is written once, as a template over a
+// memory-operations policy M, so that CI, which has no GPU, runs the very code a GPU runs. The
+// CUDA kernels instantiate it with M = the calling CUDA thread (ops/cuda/reduce_device.cuh:
+// CudaBlock, the thread of its block; CudaGrid, the thread of the whole grid, for grid-stride
+// loops; 16-byte loads through L2 with ld.global.cg). The host instantiates it with M = HostBlock
+// (ops/kernel_host.hpp: memcpy loads; a 16-byte pack off alignment raises, as the GPU faults),
+// whose thread t of n the caller chooses: the host's own ops run one thread that is the whole block
+// (0 of 1), and tests/cpp/test_kernel_matrix.cpp runs every thread of the GPU's launch shape one
+// after another, so a thread that skips or repeats an element shows. A policy M provides:
+//   int thread() const, int threads() const     the calling thread, how many share the loop
+//   Pack<T> load_pack(const T*) const            16 bytes, published by a barrier or a stream wait
+//   void store_pack(T*, const Pack<T>&) const
+//   T load_one(const T*) const                   one element, the same way
+// and each side specializes arith::AccOf and arith::Convert for its half types. What stays with
+// the side: how a kernel is launched and how its barriers wait (the flag barrier), and the
+// conversion of its element types.
+
+// n elements of T from src to dst by the policy's threads.
+CUDA_P2P_POLICY_CALLS
+template <typename T, typename M>
+CUDA_P2P_HOST_DEVICE inline void copy_range(char* dst, const char* src, int64_t n, bool packed,
+                                            const M& m) {
+  T* d = reinterpret_cast<T*>(dst);
+  const T* s = reinterpret_cast<const T*>(src);
+  int64_t done = 0;
+  if (packed) {
+    constexpr int V = arith::Pack<T>::kCount;
+    const int64_t units = n / V;
+    for (int64_t u = m.thread(); u < units; u += m.threads()) {
+      m.store_pack(d + u * V, m.load_pack(s + u * V));
+    }
+    done = units * V;
+  }
+  for (int64_t i = done + m.thread(); i < n; i += m.threads()) d[i] = m.load_one(s + i);
+}
+
+// Element i of a source that holds T, or the accumulate type where `acc` (a ring's partial), as
+// the accumulate type.
+CUDA_P2P_POLICY_CALLS
+template <typename T, typename M>
+CUDA_P2P_HOST_DEVICE inline arith::Acc<T> load_acc(const void* p, bool acc, int64_t i, const M& m) {
+  if (acc) return m.load_one(static_cast<const arith::Acc<T>*>(p) + i);
+  return arith::Convert<T>::to(m.load_one(static_cast<const T*>(p) + i));
+}
+
+// dst (and dst2, unless null) = op over the n sources, in source order, in the accumulate type,
+// rounded once, by the policy's threads. Source q holds the accumulate type where bit q of
+// src_acc is set, dst where dst_acc (then dst2 holds T); `packed` (16-byte packs: every pointer
+// 16-byte aligned) needs neither. dst and dst2 may be sources: each element is read before it is
+// written, by the same thread.
+CUDA_P2P_POLICY_CALLS
+template <typename T, bool kSum, typename M>
+CUDA_P2P_HOST_DEVICE inline void reduce_range(void* dst, void* dst2, const void* const* srcs,
+                                              int n_srcs, int64_t n, ReduceOp op, int64_t divisor,
+                                              bool packed, const M& m, uint64_t src_acc = 0,
+                                              bool dst_acc = false) {
+  using A = arith::Acc<T>;
+  using C = arith::Convert<T>;
+  T* d = static_cast<T*>(dst);
+  T* d2 = static_cast<T*>(dst2);
+  int64_t done = 0;
+  if (packed) {
+    constexpr int V = arith::Pack<T>::kCount;
+    const int64_t units = n / V;
+    for (int64_t u = m.thread(); u < units; u += m.threads()) {
+      const arith::Pack<T> p0 = m.load_pack(static_cast<const T*>(srcs[0]) + u * V);
+      A acc[V];
+      CUDA_P2P_UNROLL
+      for (int j = 0; j < V; ++j) acc[j] = C::to(p0.v[j]);
+      for (int q = 1; q < n_srcs; ++q) {
+        const arith::Pack<T> p = m.load_pack(static_cast<const T*>(srcs[q]) + u * V);
+        CUDA_P2P_UNROLL
+        for (int j = 0; j < V; ++j) acc[j] = arith::apply<kSum>(op, acc[j], C::to(p.v[j]));
+      }
+      arith::Pack<T> out;
+      CUDA_P2P_UNROLL
+      for (int j = 0; j < V; ++j) out.v[j] = C::from(arith::finish(op, acc[j], divisor));
+      m.store_pack(d + u * V, out);
+      if (d2 != nullptr) m.store_pack(d2 + u * V, out);
+    }
+    done = units * V;
+  }
+  for (int64_t i = done + m.thread(); i < n; i += m.threads()) {
+    A acc = load_acc<T>(srcs[0], src_acc & 1u, i, m);
+    for (int q = 1; q < n_srcs; ++q) {
+      acc = arith::apply<kSum>(op, acc, load_acc<T>(srcs[q], (src_acc >> q) & 1u, i, m));
+    }
+    acc = arith::finish(op, acc, divisor);
+    if (dst_acc) {
+      static_cast<A*>(dst)[i] = acc;
+    } else {
+      d[i] = C::from(acc);
+    }
+    if (d2 != nullptr) d2[i] = C::from(acc);
+  }
+}
+
+// The eager one-pass reduction (ops/reduction.cpp on CUDA tensors; ops/cuda/reduce_kernel.cu).
+inline constexpr int kMaxReduceSources = 64;
+inline constexpr int kReduceThreads = 256;
+inline constexpr int kMaxReduceBlocks = 1024;
+
+struct ReduceArgs {
+  void* dst = nullptr;
+  bool dst_acc = false;  // dst holds the accumulate type (a ring's partial)
+  void* also = nullptr;  // or null: the same result again, in the result type
+  const void* src[kMaxReduceSources] = {};
+  uint64_t src_acc = 0;  // bit i: source i holds the accumulate type
+  int count = 0;
+  int64_t numel = 0;
+  graph::Dtype dtype = graph::Dtype::kFloat;  // the result's type
+  ReduceOp op = ReduceOp::kSum;
+  int64_t divisor = 1;  // AVG
+};
+
+// How the reduction of `a` launches: in 16-byte packs when every operand holds the result type
+// and is 16-byte aligned, on as many blocks of kReduceThreads as its packs or elements fill (1 to
+// kMaxReduceBlocks; the threads then stride over the rest).
+struct ReducePlan {
+  bool packed = false;
+  int blocks = 1;
+};
+
+CUDA_P2P_HOST_DEVICE inline bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+CUDA_P2P_HOST_DEVICE inline ReducePlan plan_reduce(const ReduceArgs& a, int pack_count) {
+  ReducePlan p;
+  p.packed =
+      !a.dst_acc && a.src_acc == 0 && aligned16(a.dst) && (a.also == nullptr || aligned16(a.also));
+  for (int s = 0; s < a.count && p.packed; ++s) p.packed = aligned16(a.src[s]);
+  const int64_t per = p.packed ? pack_count : 1;
+  const int64_t items = (a.numel + per - 1) / per;
+  int64_t blocks = (items + kReduceThreads - 1) / kReduceThreads;
+  if (blocks < 1) blocks = 1;
+  if (blocks > kMaxReduceBlocks) blocks = kMaxReduceBlocks;
+  p.blocks = static_cast<int>(blocks);
+  return p;
+}
+
+// Whether the reduction instantiates the sum-only template (kSum).
+CUDA_P2P_HOST_DEVICE inline bool sums(ReduceOp op) {
+  return op == ReduceOp::kSum || op == ReduceOp::kAvg;
+}
+
+// The reduction kernel's body: every thread of the grid (M: CudaGrid) strides over the elements.
+CUDA_P2P_POLICY_CALLS
+template <typename T, bool kSum, typename M>
+CUDA_P2P_HOST_DEVICE inline void reduce_kernel_body(const ReduceArgs& a, bool packed, const M& m) {
+  reduce_range<T, kSum>(a.dst, a.also, a.src, a.count, a.numel, a.op, a.divisor, packed, m,
+                        a.src_acc, a.dst_acc);
+}
+
+}  // namespace cuda_p2p::ops::kernel

@@ -1,0 +1,102 @@
+#include "ops/kernel_host.hpp"
+
+#include <cstdint>
+
+namespace cuda_p2p::ops {
+
+namespace {
+
+// Calls f.template operator()<T>() for the C++ type of `dtype`: the types of
+// ops/cuda/reduce_device.cuh's with_type, the host's half types for CUDA's.
+template <typename F>
+void with_host_type(graph::Dtype dtype, F&& f) {
+  using graph::Dtype;
+  switch (dtype) {
+    case Dtype::kFloat:
+      return f.template operator()<float>();
+    case Dtype::kDouble:
+      return f.template operator()<double>();
+    case Dtype::kHalf:
+      return f.template operator()<c10::Half>();
+    case Dtype::kBFloat16:
+      return f.template operator()<c10::BFloat16>();
+    case Dtype::kInt8:
+      return f.template operator()<int8_t>();
+    case Dtype::kUInt8:
+      return f.template operator()<uint8_t>();
+    case Dtype::kInt16:
+      return f.template operator()<int16_t>();
+    case Dtype::kInt32:
+      return f.template operator()<int32_t>();
+    case Dtype::kInt64:
+      return f.template operator()<int64_t>();
+  }
+}
+
+struct CollectiveStep {
+  const graph::KernelArgs& a;
+  int step, b, threads;
+  template <typename T>
+  void operator()() const {
+    for (int t = 0; t < threads; ++t) {
+      if (graph::sums(a)) {
+        graph::collective_step<T, true>(a, step, b, kernel::HostBlock{t, threads});
+      } else {
+        graph::collective_step<T, false>(a, step, b, kernel::HostBlock{t, threads});
+      }
+    }
+  }
+};
+
+struct ReduceKernel {
+  const kernel::ReduceArgs& a;
+  kernel::ReducePlan* plan;
+  template <typename T>
+  void operator()() const {
+    *plan = kernel::plan_reduce(a, arith::Pack<T>::kCount);
+    const int n = plan->blocks * kernel::kReduceThreads;
+    for (int t = 0; t < n; ++t) {
+      if (kernel::sums(a.op)) {
+        kernel::reduce_kernel_body<T, true>(a, plan->packed, kernel::HostBlock{t, n});
+      } else {
+        kernel::reduce_kernel_body<T, false>(a, plan->packed, kernel::HostBlock{t, n});
+      }
+    }
+  }
+};
+
+bool aligned(const void* p) {
+  return p == nullptr || reinterpret_cast<uintptr_t>(p) % graph::kUnitBytes == 0;
+}
+
+}  // namespace
+
+namespace kernel {
+
+ReducePlan host_reduce_kernel(const ReduceArgs& a) {
+  ReducePlan plan;
+  if (a.numel == 0) return plan;
+  with_host_type(a.dtype, ReduceKernel{a, &plan});
+  return plan;
+}
+
+}  // namespace kernel
+
+namespace graph {
+
+void host_collective_step(const KernelArgs& a, int step, int b, int threads) {
+  // The all-gather moves bytes.
+  const Dtype dtype = a.layout.kind == Kind::kAllGather ? Dtype::kUInt8 : a.dtype;
+  with_host_type(dtype, CollectiveStep{a, step, b, threads});
+}
+
+bool all_aligned(const KernelArgs& a) {
+  bool ok = aligned(a.in) && aligned(a.out);
+  for (int q = 0; q < a.layout.world_size; ++q) {
+    ok = ok && aligned(a.ins[q]) && aligned(a.outs[q]) && aligned(a.region[q]);
+  }
+  return ok;
+}
+
+}  // namespace graph
+}  // namespace cuda_p2p::ops
