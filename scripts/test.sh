@@ -6,7 +6,7 @@
 # under ASan+UBSan (every binary as 1-4 ranks) and TSan (the threaded ones). It ends with one line
 # per stage (wall and CPU seconds against its budget) and fails when anything failed, when the C++
 # suite could not run (CUDA_P2P_ALLOW_SKIP_CPP=1 accepts that, loudly) or when a stage took more
-# than 1.5 times its budget (docs/testing.md, "Budgets").
+# than 1.5 times its CPU budget (docs/testing.md, "Budgets"; over a wall budget it says so only).
 #
 #   bash scripts/test.sh                  CI's run
 #   bash scripts/test.sh --under-load     the same with a busy loop per CPU beside it for the whole

@@ -82,3 +82,24 @@ def test_launch_names_and_shows_the_ranks_it_kills_at_its_time_limit(stacks):
     assert shown == (stacks == "1" and shutil.which("gdb") is not None), out
     if shown:
         assert "[rank 1 stack] #0" in out, out
+
+
+def test_stage_report_fails_over_a_cpu_budget_and_only_says_so_over_a_wall_budget(tmp_path):
+    """scripts/stages.sh (docs/testing.md, "Budgets"): a stage over 1.5 x its wall budget is
+    reported SLOW and the run stays green (a slower or busier machine); over 1.5 x its CPU budget
+    it fails."""
+    def report(wall, cpu):
+        script = (f"set -u; STAGE_DIR={tmp_path}; TOTAL_WALL_BUDGET=1000; TOTAL_CPU_BUDGET=1000; "
+                  f"source scripts/stages.sh; _record demo {wall} {cpu} 10 10; stage_report")
+        return subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True,
+                              timeout=60)
+
+    slow = report(wall=16, cpu=10)
+    assert slow.returncode == 0, slow.stdout + slow.stderr
+    assert "!!! SLOW: demo took 16 s of wall time" in slow.stdout, slow.stdout
+    assert "OVER BUDGET" not in slow.stdout
+    over = report(wall=10, cpu=16)
+    assert over.returncode == 1, over.stdout + over.stderr
+    assert "!!! OVER BUDGET: demo took 16 s of CPU" in over.stdout, over.stdout
+    within = report(wall=15, cpu=15)
+    assert within.returncode == 0 and "!!!" not in within.stdout, within.stdout
