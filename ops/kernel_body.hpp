@@ -10,21 +10,7 @@
 #include "ops/graph_layout.hpp"  // Dtype
 #include "ops/reduce_arith.hpp"
 #include "ops/reduce_op.hpp"
-#include "p2p_workspace/graph_flags.hpp"  // CUDA_P2P_HOST_DEVICE
-
-// A __host__ __device__ template calls its policy's functions, which are __device__ only on the
-// CUDA side: nvcc checks such a call only where it instantiates the template for the host, which
-// it never does for the CUDA policy. Loops over a pack's elements unroll on the GPU.
-#if defined(__CUDACC__)
-#define CUDA_P2P_POLICY_CALLS _Pragma("nv_exec_check_disable")
-#else
-#define CUDA_P2P_POLICY_CALLS
-#endif
-#if defined(__CUDA_ARCH__)
-#define CUDA_P2P_UNROLL _Pragma("unroll")
-#else
-#define CUDA_P2P_UNROLL
-#endif
+#include "p2p_workspace/graph_flags.hpp"  // CUDA_P2P_HOST_DEVICE, CUDA_P2P_POLICY_CALLS
 
 namespace cuda_p2p::ops::kernel {
 

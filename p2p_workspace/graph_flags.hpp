@@ -14,6 +14,21 @@
 #define CUDA_P2P_HOST_DEVICE
 #endif
 
+// The shared kernel bodies (NOTE [One kernel source] in ops/kernel_body.hpp): a __host__
+// __device__ template calls its policy's functions, which are __device__ only on the CUDA side:
+// nvcc checks such a call only where it instantiates the template for the host, which it never
+// does for the CUDA policy. Loops over a pack's elements unroll on the GPU.
+#if defined(__CUDACC__)
+#define CUDA_P2P_POLICY_CALLS _Pragma("nv_exec_check_disable")
+#else
+#define CUDA_P2P_POLICY_CALLS
+#endif
+#if defined(__CUDA_ARCH__)
+#define CUDA_P2P_UNROLL _Pragma("unroll")
+#else
+#define CUDA_P2P_UNROLL
+#endif
+
 namespace cuda_p2p {
 
 // NOTE [Graph flags]

@@ -1,14 +1,16 @@
 // The flag barrier on the GPU (NOTE [Graph flags] in p2p_workspace/graph_flags.hpp): the device
 // function every kernel op calls between its data steps, and the whole of a kernel of barriers
-// only. A translation, step for step, of the host's GraphRun (p2p_workspace/host/host_device.cpp):
-// a change to one is a change to both (where each has run: docs/testing.md). Plain CUDA, device
-// code only.
+// only. Its stores, polls and decisions are the host's GraphRun's (p2p_workspace/host/
+// host_device.cpp): one source, p2p_workspace/flag_barrier_body.hpp; what stays here is the
+// block's threads (one per peer), the sleep between polls, the give-up record and the trap.
+// Plain CUDA, device code only.
 #pragma once
 
 #include <cstdint>
 
 #include "p2p_workspace/cuda/global_timer.cuh"
 #include "p2p_workspace/cuda/signal_kernels.cuh"
+#include "p2p_workspace/flag_barrier_body.hpp"
 #include "p2p_workspace/graph_flags.hpp"
 
 namespace cuda_p2p::cuda {
@@ -29,10 +31,24 @@ __device__ __forceinline__ uint32_t load_volatile(const uint32_t* addr) {
   return *static_cast<const volatile uint32_t*>(addr);
 }
 
-// What a block does after a barrier: go on, end quietly, or trap.
-constexpr int kPass = 0;
-constexpr int kEnd = 1;
-constexpr int kTrap = 2;
+// The flag barrier's policy (p2p_workspace/flag_barrier_body.hpp): system-scope acquire and
+// release on the flags; the failure words and the give-up record of `g`.
+struct CudaFlags {
+  const GraphLaunch& g;
+  __device__ uint32_t load_acquire(const uint32_t* p) const { return load_acquire_sys(p); }
+  __device__ void store_release(uint32_t* p, uint32_t v) const { store_release_sys(p, v); }
+  __device__ void clear(uint32_t* p) const { *static_cast<volatile uint32_t*>(p) = 0; }
+  __device__ void zero(uint32_t* p) const { *static_cast<volatile uint32_t*>(p) = 0; }
+  __device__ bool peer_failed() const {
+    if (g.peer_failed == nullptr) return false;
+    const uint32_t failed = load_volatile(g.peer_failed);
+    return failed != 0 && failed != static_cast<uint32_t>(g.rank) + 1;
+  }
+  __device__ bool ended() const {
+    return (g.failed != nullptr && load_volatile(g.failed) != 0) ||
+           load_volatile(&static_cast<const GraphGiveUp*>(g.give_up)->gave_up) != 0;
+  }
+};
 
 }  // namespace graph_detail
 
@@ -48,69 +64,50 @@ __device__ __forceinline__ bool graph_barrier(const GraphLaunch& g, int i) {
   using namespace graph_detail;
   __shared__ int verdict;
   const int t = static_cast<int>(threadIdx.x);
-  if (t == 0) verdict = kPass;
-  if (i == 0 && blockIdx.x == 0) {  // an open: this rank's graph counts start from zero
-    for (uint32_t w = static_cast<uint32_t>(t); w < g.reset_words; w += blockDim.x) {
-      *static_cast<volatile uint32_t*>(g.reset + w) = 0;
-    }
-  }
+  const int b = static_cast<int>(blockIdx.x);
+  const CudaFlags f{g};
+  if (t == 0) verdict = static_cast<int>(FlagOutcome::kPass);
+  flag_open(g, b, i, t, static_cast<int>(blockDim.x), f);
   __syncthreads();
   if (t < g.world_size && t != g.rank) {
     auto* give_up = static_cast<GraphGiveUp*>(g.give_up);
-    const int b = static_cast<int>(blockIdx.x);
     __threadfence_system();  // with the block's barrier above: the block's writes come first
-    store_release_sys(g.theirs(b, i, t), g.tag);
-    uint32_t* mine = g.mine(b, i, t);
+    flag_arrive(g, b, i, t, f);
     const uint64_t start = global_timer_ns();
     unsigned sleep_ns = 32;
     while (true) {
-      const uint32_t seen = load_acquire_sys(mine);
-      if (seen != 0) {
-        if ((seen & kGraphTagMask) == g.tag) {
-          *static_cast<volatile uint32_t*>(mine) = 0;  // before this thread's next store
-        } else {
-          atomicOr_system(&give_up->foreign_bits[t / 32], 1u << (t % 32));
-          atomicCAS_system(&give_up->foreign_tag, 0u, seen & kGraphTagMask);
-          atomicExch_system(&give_up->own_tag, g.tag);
-          __threadfence_system();
-          atomicAdd_system(&give_up->gave_up, 1u);
-          atomicMax(&verdict, kTrap);
-        }
-        break;
+      uint32_t seen = 0;
+      const FlagPoll p = flag_poll(g, b, i, t, global_timer_ns() - start > g.timeout_ns, f, &seen);
+      if (p == FlagPoll::kWaiting) {
+        __nanosleep(sleep_ns);
+        if (sleep_ns < 8192) sleep_ns *= 2;
+        continue;
       }
-      if (g.peer_failed != nullptr) {
-        const uint32_t failed = load_volatile(g.peer_failed);
-        if (failed != 0 && failed != static_cast<uint32_t>(g.rank) + 1) {
-          atomicMax(&verdict, kTrap);  // NOTE [Failure words]: a peer failed
-          break;
-        }
-      }
-      if ((g.failed != nullptr && load_volatile(g.failed) != 0) ||
-          load_volatile(&give_up->gave_up) != 0) {
-        atomicMax(&verdict, kEnd);
-        break;
-      }
-      if (global_timer_ns() - start > g.timeout_ns) {
+      if (p == FlagPoll::kForeign) {
+        atomicOr_system(&give_up->foreign_bits[t / 32], 1u << (t % 32));
+        atomicCAS_system(&give_up->foreign_tag, 0u, seen);
+        atomicExch_system(&give_up->own_tag, g.tag);
+      } else if (p == FlagPoll::kTimedOut) {
         atomicOr_system(&give_up->peer_bits[t / 32], 1u << (t % 32));
+      }
+      if (p == FlagPoll::kForeign || p == FlagPoll::kTimedOut) {
         __threadfence_system();
         atomicAdd_system(&give_up->gave_up, 1u);
-        atomicMax(&verdict, kTrap);
-        break;
       }
-      __nanosleep(sleep_ns);
-      if (sleep_ns < 8192) sleep_ns *= 2;
+      atomicMax(&verdict, static_cast<int>(flag_outcome(p)));
+      break;
     }
   }
   __syncthreads();
-  const int v = verdict;
+  const auto v = static_cast<FlagOutcome>(verdict);
   __syncthreads();  // every thread has read it before the next barrier sets it again
-  if (v == kTrap) {
+  if (v == FlagOutcome::kFail) {
     __threadfence_system();
     // A replay-only loop calls nothing of cuda_p2p's: the trap makes torch's next synchronize
     // raise, after the host-mapped record says why.
     __trap();
   }
-  return v == kPass;
+  return v == FlagOutcome::kPass;
 }
 
 }  // namespace cuda_p2p::cuda

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "p2p_workspace/flag_barrier_body.hpp"
 #include "p2p_workspace/host/cross_memory.hpp"
 #include "p2p_workspace/host/futex_wait.hpp"
 #include "p2p_workspace/host/host_stream.hpp"
@@ -210,11 +211,37 @@ struct GraphEnds {
   std::function<void(int peer, uint32_t seen)> foreign;
 };
 
-// NOTE [Graph flags]: one run of Device::graph_kernel on the host, as the kernel runs it: per
-// barrier, store the tag into every peer's slot of every block, wait until every own slot is
-// set, check the tags, clear them, then run the body's step on every block. advance() goes as far
-// as the flags allow; it is copied with the task that holds it, so that every replay of a
-// captured run starts afresh.
+// The flag barrier's policy (p2p_workspace/flag_barrier_body.hpp) on the host: a flag's sleeper
+// bit (NOTE [Sleeper bit]) is not its value, a store wakes the peer's sleeping thread, and the
+// failures are the device's GraphEnds::check (which raises a peer's failure itself).
+struct HostFlags {
+  const GraphEnds* ends;
+  uint32_t load_acquire(const uint32_t* p) const {
+    return std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(p)).load(std::memory_order_acquire) &
+           0x7fffffffu;
+  }
+  // An exchange: its release publishes what this rank did before, the clears of its earlier
+  // slots included.
+  void store_release(uint32_t* p, uint32_t v) const { futex_store_and_wake(p, v); }
+  void clear(uint32_t* p) const {
+    std::atomic_ref<uint32_t>(*p).store(0, std::memory_order_relaxed);
+  }
+  void zero(uint32_t* p) const { clear(p); }
+  bool peer_failed() const { return false; }
+  // Asked once per pass over the flags (the first unset flag asks).
+  bool ended() const {
+    if (ended_ < 0) ended_ = ends->check() ? 1 : 0;
+    return ended_ == 1;
+  }
+  mutable int ended_ = -1;
+};
+
+// NOTE [Graph flags]: one run of Device::graph_kernel on the host, as the kernel runs it, with the
+// kernel's own stores, polls and decisions (p2p_workspace/flag_barrier_body.hpp): per barrier,
+// store the tag into every peer's slot of every block, poll every flag still unset once per
+// advance (a flag with this op's tag is consumed, another tag raises), then run the body's step
+// on every block. advance() goes as far as the flags allow; it is copied with the task that holds
+// it, so that every replay of a captured run starts afresh.
 class GraphRun {
  public:
   GraphRun(const GraphLaunch& g, std::shared_ptr<const std::function<void(int, int)>> body,
@@ -224,31 +251,43 @@ class GraphRun {
   // True when the run is over (every barrier passed and the body ran, or it ended quietly).
   bool advance(const GraphEnds& ends) {
     while (step_ < g_.barriers) {
-      if (!stored_) store();
-      if (!all_arrived(waits_)) {
-        if (ends.check()) return true;
-        const auto now = std::chrono::steady_clock::now();
-        if (!deadline_) {
-          deadline_ = now + timeout_;
-        } else if (now >= *deadline_) {
-          ends.timed_out(waits_);
-          return true;  // not reached: timed_out throws
+      const HostFlags f{&ends};
+      if (!stored_) store(f);
+      const auto now = std::chrono::steady_clock::now();
+      if (!deadline_) deadline_ = now + timeout_;
+      const bool past_deadline = now >= *deadline_;
+      size_t kept = 0;
+      bool ended = false;
+      for (size_t k = 0; k < waits_.size(); ++k) {
+        uint32_t seen = 0;
+        switch (flag_poll(g_, blocks_[k], step_, waits_[k].peer, past_deadline, f, &seen)) {
+          case FlagPoll::kPassed:
+            continue;
+          case FlagPoll::kForeign:
+            ends.foreign(waits_[k].peer, seen);
+            return true;  // not reached: foreign throws
+          case FlagPoll::kTimedOut: {
+            // Those not yet polled, and those kept: every flag still unset.
+            std::vector<SignalWait> unset(waits_.begin(), waits_.begin() + kept);
+            unset.insert(unset.end(), waits_.begin() + k, waits_.end());
+            ends.timed_out(unset);
+            return true;  // not reached: timed_out throws
+          }
+          case FlagPoll::kEnded:
+            ended = true;
+            break;
+          case FlagPoll::kWaiting:
+          case FlagPoll::kPeerFailed:  // HostFlags: GraphEnds::check raised it
+            break;
         }
-        return false;
+        waits_[kept] = waits_[k];
+        blocks_[kept] = blocks_[k];
+        ++kept;
       }
-      for (const auto& w : waits_) {
-        const uint32_t seen = std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(w.addr))
-                                  .load(std::memory_order_acquire) &
-                              kGraphTagMask;
-        if (seen != g_.tag) {
-          ends.foreign(w.peer, seen);
-          return true;  // not reached
-        }
-      }
-      for (const auto& w : waits_) {
-        std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(w.addr))
-            .store(0, std::memory_order_relaxed);
-      }
+      waits_.resize(kept);
+      blocks_.resize(kept);
+      if (ended) return true;
+      if (!waits_.empty()) return false;
       if (body_ && *body_) {
         for (int b = 0; b < g_.blocks; ++b) (*body_)(step_, b);
       }
@@ -257,24 +296,20 @@ class GraphRun {
     }
     return true;
   }
-  // What the current barrier waits for.
+  // The flags the current barrier still waits for.
   const std::vector<SignalWait>& waits() const { return waits_; }
 
  private:
-  void store() {
-    if (step_ == 0) {  // an open: this rank's graph counts start from zero (NOTE [Graph flags])
-      for (uint32_t i = 0; i < g_.reset_words; ++i) {
-        std::atomic_ref<uint32_t>(g_.reset[i]).store(0, std::memory_order_relaxed);
-      }
-    }
+  void store(const HostFlags& f) {
     waits_.clear();
+    blocks_.clear();
     for (int b = 0; b < g_.blocks; ++b) {
+      flag_open(g_, b, step_, 0, 1, f);
       for (int q = 0; q < g_.world_size; ++q) {
         if (q == g_.rank) continue;
-        // The release of this store (an exchange) publishes what this rank did before, the clears
-        // of its earlier slots included.
-        futex_store_and_wake(g_.theirs(b, step_, q), g_.tag);
+        flag_arrive(g_, b, step_, q, f);
         waits_.push_back(SignalWait{g_.mine(b, step_, q), 1, q});  // set: a tag is >= 1
+        blocks_.push_back(b);
       }
     }
     stored_ = true;
@@ -287,7 +322,8 @@ class GraphRun {
   int step_ = 0;
   bool stored_ = false;
   std::optional<std::chrono::steady_clock::time_point> deadline_;
-  std::vector<SignalWait> waits_;
+  std::vector<SignalWait> waits_;  // the flags still unset, and their blocks
+  std::vector<int> blocks_;
 };
 
 // NOTE [Host capture]

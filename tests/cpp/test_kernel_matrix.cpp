@@ -21,6 +21,7 @@
 
 #include "ops/graph_layout.hpp"
 #include "ops/kernel_host.hpp"
+#include "p2p_workspace/flag_barrier_body.hpp"
 
 namespace cuda_p2p::test {
 namespace {
@@ -392,6 +393,91 @@ TEST(KernelMatrix, ReductionKernelLaunchShape) {
   ASSERT_EQ(run_reduce(f32, ReduceOp::kMax, 2, past, 0, false, true, false, 0, &plan), "");
   EXPECT_TRUE(plan.packed);
   EXPECT_EQ(plan.blocks, ops::kernel::kMaxReduceBlocks);
+}
+
+// The flag barrier's body (p2p_workspace/flag_barrier_body.hpp, run by the CUDA barrier and by
+// the host's GraphRun) on plain memory: W ranks' pads, every block's peers, what each poll
+// decides and in which order.
+struct PlainFlags {
+  bool failed_peer = false;
+  bool gave_up = false;
+  uint32_t load_acquire(const uint32_t* p) const { return *p; }
+  void store_release(uint32_t* p, uint32_t v) const { *p = v; }
+  void clear(uint32_t* p) const { *p = 0; }
+  void zero(uint32_t* p) const { *p = 0; }
+  bool peer_failed() const { return failed_peer; }
+  bool ended() const { return gave_up; }
+};
+
+TEST(FlagBarrier, StoresPollsAndDecisions) {
+  constexpr int W = 3, kBlocks = 2;
+  std::vector<std::vector<uint32_t>> pads(W, std::vector<uint32_t>(graph_flag_words(W), 0));
+  std::vector<std::vector<uint32_t>> counts(W, std::vector<uint32_t>(5, 7));
+  std::vector<GraphLaunch> g(W);
+  for (int r = 0; r < W; ++r) {
+    g[r].tag = 0x1234;
+    g[r].rank = r;
+    g[r].world_size = W;
+    g[r].blocks = kBlocks;
+    g[r].barriers = 2;
+    g[r].slot[0] = 0;
+    g[r].slot[1] = 1;
+    g[r].own = pads[r].data();
+    for (int q = 0; q < W; ++q) g[r].peer[q] = pads[q].data();
+    g[r].reset = counts[r].data();
+    g[r].reset_words = 5;
+  }
+  const PlainFlags f;
+  uint32_t seen = 0;
+  // Barrier 0 (the open): block 0 zeroes the counts, in shares of its threads; every rank's
+  // flags pass on every block and are back at zero.
+  for (int r = 0; r < W; ++r) {
+    for (int b = 0; b < kBlocks; ++b) {
+      for (int t = 0; t < 2; ++t) flag_open(g[r], b, 0, t, 2, f);
+      for (int q = 0; q < W; ++q) {
+        if (q != r) flag_arrive(g[r], b, 0, q, f);
+      }
+    }
+    EXPECT_EQ(counts[r], std::vector<uint32_t>(5, 0));
+  }
+  for (int r = 0; r < W; ++r) {
+    for (int b = 0; b < kBlocks; ++b) {
+      for (int q = 0; q < W; ++q) {
+        if (q == r) continue;
+        EXPECT_EQ(flag_poll(g[r], b, 0, q, false, f, &seen), FlagPoll::kPassed);
+        EXPECT_EQ(*g[r].mine(b, 0, q), 0u);
+      }
+    }
+  }
+  for (int r = 0; r < W; ++r) EXPECT_EQ(pads[r], std::vector<uint32_t>(graph_flag_words(W), 0));
+  // Barrier 1: nothing stored yet - waiting, and each reason to stop in the poll's order.
+  EXPECT_EQ(flag_poll(g[0], 1, 1, 2, false, f, &seen), FlagPoll::kWaiting);
+  EXPECT_EQ(flag_poll(g[0], 1, 1, 2, true, f, &seen), FlagPoll::kTimedOut);
+  PlainFlags ended = f;
+  ended.gave_up = true;
+  EXPECT_EQ(flag_poll(g[0], 1, 1, 2, true, ended, &seen), FlagPoll::kEnded);
+  PlainFlags peer = ended;
+  peer.failed_peer = true;
+  EXPECT_EQ(flag_poll(g[0], 1, 1, 2, true, peer, &seen), FlagPoll::kPeerFailed);
+  // Rank 2 is at another op: its flag is foreign to rank 0 and stays for the error to name.
+  GraphLaunch other = g[2];
+  other.tag = 0x4321;
+  flag_arrive(other, 1, 1, 0, f);
+  EXPECT_EQ(flag_poll(g[0], 1, 1, 2, false, f, &seen), FlagPoll::kForeign);
+  EXPECT_EQ(seen, 0x4321u);
+  // A flag with this op's tag passes whatever else came (a tag that came is used).
+  flag_arrive(g[0], 0, 1, 1, f);
+  EXPECT_EQ(flag_poll(g[1], 0, 1, 0, true, peer, &seen), FlagPoll::kPassed);
+  // Only the open resets the counts.
+  counts[0].assign(5, 9);
+  flag_open(g[0], 0, 1, 0, 1, f);
+  flag_open(g[0], 1, 0, 0, 1, f);
+  EXPECT_EQ(counts[0], std::vector<uint32_t>(5, 9));
+  EXPECT_EQ(flag_outcome(FlagPoll::kPassed), FlagOutcome::kPass);
+  EXPECT_EQ(flag_outcome(FlagPoll::kEnded), FlagOutcome::kEnd);
+  for (FlagPoll p : {FlagPoll::kForeign, FlagPoll::kPeerFailed, FlagPoll::kTimedOut}) {
+    EXPECT_EQ(flag_outcome(p), FlagOutcome::kFail);
+  }
 }
 
 }  // namespace

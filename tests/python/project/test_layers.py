@@ -101,13 +101,16 @@ def test_the_mailboxes_have_their_own_folder():
 # NOTE [One kernel source] (ops/kernel_body.hpp, issue 55): a CUDA kernel's logic is a
 # template the host instantiates too, so that CI runs it. Every __global__ kernel of the CUDA
 # sources is listed here with the shared body it instantiates (the header, the entry its body
-# calls), or None and why CI does not run its body yet. A new kernel, or one that stops calling
+# calls, and the CUDA device function it calls that through, if any), or None and why CI does not
+# run its body yet. A new kernel, or one that stops calling
 # its shared body, fails this test until the list says what CI runs of it.
 KERNELS = {
     # The data steps shared; its flag barriers (graph_barrier) are CUDA's own still, the host's
     # are GraphRun's in p2p_workspace/host/host_device.cpp.
     "graph_collective_kernel": ("ops/graph_collective_body.hpp", "collective_step"),
-    "graph_barriers_kernel": None,  # the flag barrier alone: GraphRun's twin
+    # The flag barrier alone; its stores, polls and decisions are GraphRun's (the host's), through
+    # the device function graph_barrier (p2p_workspace/cuda/graph_barrier.cuh).
+    "graph_barriers_kernel": ("p2p_workspace/flag_barrier_body.hpp", "flag_poll", "graph_barrier"),
     # The eager one-pass reduction: the host's own ops run its AVX2 kernel (ops/reduction.cpp),
     # test_kernel_matrix this body.
     "reduce_kernel": ("ops/kernel_body.hpp", "reduce_kernel_body"),
@@ -123,14 +126,18 @@ KERNELS = {
 GLOBAL = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(")
 
 
-def _kernel_bodies():
-    """{kernel name: its body's text} of every __global__ function of the CUDA sources."""
+DEVICE_FN = re.compile(r"__device__\s+(?:__forceinline__\s+)?\w+\s+(\w+)\s*\(")
+
+
+def _kernel_bodies(pattern=GLOBAL):
+    """{name: its body's text} of every __global__ function of the CUDA sources (or of every
+    function `pattern` finds)."""
     bodies = {}
     for path in sorted(ROOT.rglob("*.cu")) + sorted(ROOT.rglob("*.cuh")):
         if any(part in (".venv", "third_party", "build") for part in path.parts):
             continue
         text = path.read_text()
-        for m in GLOBAL.finditer(text):
+        for m in pattern.finditer(text):
             start = text.index("{", m.end())
             depth, i = 0, start
             while True:
@@ -151,8 +158,12 @@ def test_every_kernel_says_what_of_it_ci_runs():
     for name, shared in KERNELS.items():
         if shared is None:
             continue
-        header, entry = shared
-        assert re.search(rf"\b{entry}\s*<", bodies[name]), f"{name} does not call {entry}"
+        header, entry, *via = shared
+        body = bodies[name]
+        if via:
+            assert re.search(rf"\b{via[0]}\s*\(", body), f"{name} does not call {via[0]}"
+            body = _kernel_bodies(DEVICE_FN)[via[0]]
+        assert re.search(rf"\b{entry}\s*[<(]", body), f"{name} does not call {entry}"
         assert f"{entry}(" in (ROOT / header).read_text(), f"{header} defines no {entry}"
         # The host instantiates it: a C++ (not CUDA) source includes the header.
         assert any(f'#include "{header}"' in p.read_text() for p in host_sources

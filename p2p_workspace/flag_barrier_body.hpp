@@ -1,0 +1,96 @@
+// The flag barrier's logic (NOTE [Graph flags] in p2p_workspace/graph_flags.hpp), written once for
+// the GPU and the host (NOTE [One kernel source] in ops/kernel_body.hpp): what one peer's part of a
+// barrier stores, what one poll of its flag decides, and in which order the poll asks. The CUDA
+// barrier (p2p_workspace/cuda/graph_barrier.cuh) runs it with one thread per peer and traps where
+// the poll says so; the host's GraphRun (p2p_workspace/host/host_device.cpp) runs every peer of
+// every block in one task and raises there. Plain C++ without torch headers, so that nvcc
+// compiles it too.
+#pragma once
+
+#include <cstdint>
+
+#include "p2p_workspace/graph_flags.hpp"
+
+namespace cuda_p2p {
+
+// What a poll of one flag found, in the order the poll asks (a set flag first: a tag that came is
+// used even when a failure came too).
+enum class FlagPoll : uint8_t {
+  kWaiting,     // not set yet: poll again
+  kPassed,      // this op's tag: consumed (the word is back at zero)
+  kForeign,     // another op's tag: the ranks are at different ops
+  kPeerFailed,  // not set, and a peer's failure reached this rank's failure word
+  kEnded,       // not set, and this device failed or gave up on another wait: end quietly
+  kTimedOut,    // not set at the deadline
+};
+
+// What the block does after the barrier: go on, end quietly (its host knows why), or give up
+// with an error (CUDA: trap after the record; the host: raise).
+enum class FlagOutcome : uint8_t { kPass = 0, kEnd = 1, kFail = 2 };
+
+CUDA_P2P_HOST_DEVICE inline FlagOutcome flag_outcome(FlagPoll p) {
+  switch (p) {
+    case FlagPoll::kWaiting:
+    case FlagPoll::kPassed:
+      return FlagOutcome::kPass;
+    case FlagPoll::kEnded:
+      return FlagOutcome::kEnd;
+    default:
+      return FlagOutcome::kFail;
+  }
+}
+
+// A policy F of the flag barrier provides (each side's memory operations, NOTE [One kernel
+// source]):
+//   uint32_t load_acquire(const uint32_t*) const   a flag's value (the host: without its sleeper
+//                                                  bit), ordering what its store published
+//   void store_release(uint32_t*, uint32_t) const  a flag set in a peer's pad, publishing what
+//                                                  this rank wrote before (the host: and wakes)
+//   void clear(uint32_t*) const                    a consumed flag back to zero
+//   void zero(uint32_t*) const                     a word of the open's reset
+//   bool peer_failed() const                       a peer's failure reached this rank's word
+//   bool ended() const                             this device failed or gave up elsewhere
+
+// The open's reset (barrier 0 of block 0): this rank's graph counts start from zero, before its
+// first store. Thread t of n zeroes its share.
+CUDA_P2P_POLICY_CALLS
+template <typename F>
+CUDA_P2P_HOST_DEVICE inline void flag_open(const GraphLaunch& g, int block, int i, int t, int n,
+                                           const F& f) {
+  if (i != 0 || block != 0) return;
+  for (uint32_t w = static_cast<uint32_t>(t); w < g.reset_words; w += static_cast<uint32_t>(n)) {
+    f.zero(g.reset + w);
+  }
+}
+
+// Peer q's part of barrier i of `block`: this rank's tag into its slot of peer q's pad.
+CUDA_P2P_POLICY_CALLS
+template <typename F>
+CUDA_P2P_HOST_DEVICE inline void flag_arrive(const GraphLaunch& g, int block, int i, int q,
+                                             const F& f) {
+  f.store_release(g.theirs(block, i, q), g.tag);
+}
+
+// One poll of peer q's flag in barrier i of `block`; `past_deadline`: the wait has lasted longer
+// than the group's timeout. `seen` gets the foreign tag (kForeign).
+CUDA_P2P_POLICY_CALLS
+template <typename F>
+CUDA_P2P_HOST_DEVICE inline FlagPoll flag_poll(const GraphLaunch& g, int block, int i, int q,
+                                               bool past_deadline, const F& f, uint32_t* seen) {
+  uint32_t* mine = g.mine(block, i, q);
+  const uint32_t word = f.load_acquire(mine);
+  if (word != 0) {
+    if ((word & kGraphTagMask) == g.tag) {
+      f.clear(mine);  // before this rank's next store into the peer's slot (NOTE [Graph flags])
+      return FlagPoll::kPassed;
+    }
+    *seen = word & kGraphTagMask;
+    return FlagPoll::kForeign;
+  }
+  if (f.peer_failed()) return FlagPoll::kPeerFailed;  // NOTE [Failure words]
+  if (f.ended()) return FlagPoll::kEnded;
+  if (past_deadline) return FlagPoll::kTimedOut;
+  return FlagPoll::kWaiting;
+}
+
+}  // namespace cuda_p2p
