@@ -372,8 +372,11 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::event_work(c10d::OpType type,
     const uint64_t capture = device->capture_id(*stream);
     end = capture ? workspace_->last_op(capture) : device->record(*stream);
   }
-  return wrapped_.track(c10::make_intrusive<EventWork>(
-      getRank(), type, std::move(outputs), std::move(device), std::move(end), abort_hooks_));
+  auto work = c10::make_intrusive<EventWork>(getRank(), type, std::move(outputs), device,
+                                             std::move(end), abort_hooks_);
+  // NOTE [Mismatches reach the Work] in backend/works.cpp.
+  if (device && collectives_.on()) work->set_mismatch_check(collectives_.recorded_mismatch_check());
+  return wrapped_.track(std::move(work));
 }
 
 // NOTE [CPU outputs without a Work]

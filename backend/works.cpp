@@ -134,6 +134,8 @@ void EventWork::wait_impl(std::chrono::milliseconds timeout) {
     synchronize_impl();
   } else {
     device_->wait_event(*device_->current_stream(), *end_);
+    // NOTE [Mismatches reach the Work]: raised where the op has run already.
+    if (mismatch_check_ && device_->query(*end_)) mismatch_check_();
   }
 }
 
@@ -153,6 +155,18 @@ void EventWork::wait_for_end(std::chrono::milliseconds timeout) {
   }
 }
 
+// NOTE [Mismatches reach the Work]
+// Where the ranks' signatures are compared in stream order (a GPU; a host device with CUDA's
+// semantics: NOTE [Op signatures] in ops/op_signature.cpp), an op whose ranks passed different
+// arguments returns queued, and its comparison records the disagreement when the stream reaches
+// it. A caller that waits for the op's Work and reads its outputs must not get them without an
+// error: so once the op has run - synchronize(), wait() for CPU outputs (which synchronizes), and
+// wait() on a GPU where the op's end has already run - the Work asks the group's records and
+// raises the disagreement (naming every rank and what it passed), failing the group's device
+// with it, as the group's next op would: every later call raises it too. The check reads the
+// group's records, not the op's own: a disagreement of an earlier op nobody waited for is raised
+// here as well ("this one or an earlier one"). On a GPU whose op has not run yet, wait() only
+// orders the caller's stream after it (as NCCL's Work); synchronize() and the next op raise.
 void EventWork::synchronize_impl() {
   if (!device_) return;
   // A device retired after a drain (NOTE [Shutdown flushes] in backend/ProcessGroupCudaP2P.cpp)
@@ -166,6 +180,7 @@ void EventWork::synchronize_impl() {
   }
   if (end_ && healthy) device_->synchronize(*end_);
   device_->check_work("Work.synchronize");
+  if (mismatch_check_) mismatch_check_();
 }
 
 // --- MailboxWork ---------------------------------------------------------------------------------

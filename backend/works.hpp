@@ -4,6 +4,7 @@
 // ops/coalesced_work.hpp: the fused pipelines in ops/ make it, and ops may not include backend/.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -49,6 +50,10 @@ class EventWork : public c10d::Work {
   // completed Future (a list type, an IValue list of the outputs, its mutex and condition
   // variable) is a part of a small collective's cost (docs/collectives.md, "Against DeepSpeed").
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  // Called once the op has run, before wait() or synchronize() return: raises a disagreement of
+  // the ranks that the op's comparison recorded in stream order (NOTE [Mismatches reach the
+  // Work] in works.cpp).
+  void set_mismatch_check(std::function<void()> check) { mismatch_check_ = std::move(check); }
 
  private:
   void make_future();
@@ -68,6 +73,7 @@ class EventWork : public c10d::Work {
   std::shared_ptr<Device> device_;
   std::shared_ptr<Event> end_;
   std::shared_ptr<AbortHooks> hooks_;
+  std::function<void()> mismatch_check_;
 };
 
 // The Work of a send or receive through the mailboxes (backend/send_recv.hpp). Like Gloo's: wait()

@@ -66,6 +66,17 @@ const char* WorkspaceCollectives::all_reduce_rejects(const at::Tensor& t) const 
 // p2p_workspace/symmetric_workspace.cpp), so that ops issued on different streams (FSDP's
 // all-gather and reduce-scatter streams) still execute one after another, in issue order, as the
 // signal counts and the shared buffer assume.
+std::function<void()> WorkspaceCollectives::recorded_mismatch_check() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // A copy shares the records (the host's by a shared pointer, the device's pinned words, which
+  // the device keeps for its life); it never hands out a handshake number.
+  ops::SignatureState records = state_.signature;
+  if (!records.host_record && records.device_record.host == nullptr) return {};
+  return [records, device = ws_->device_ptr()]() mutable {
+    ops::check_signature_record(records, "Work", device.get());
+  };
+}
+
 ops::Outcome WorkspaceCollectives::run(
     const char* what, c10::function_ref<ops::Outcome(const ops::CollectiveContext&)> fn) {
   std::lock_guard<std::mutex> lock(mutex_);

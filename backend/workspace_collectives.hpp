@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -67,6 +68,12 @@ class WorkspaceCollectives {
   // `detail` is the part of its text after the tensors (" sum", " from root 0").
   void agree_on_route(const char* what, ops::OpKind kind, c10::ArrayRef<at::Tensor> tensors,
                       c10::function_ref<std::string()> detail, const char* why);
+  // Where the ops' signatures are compared in stream order (CUDA; the host with CUDA's semantics):
+  // a check that raises the disagreement the comparisons recorded, if any, failing the group's
+  // device with it (ops::check_signature_record), for the Work of an op to call once the op has
+  // run (NOTE [Mismatches reach the Work] in backend/works.cpp). Empty where there is nothing to
+  // check.
+  std::function<void()> recorded_mismatch_check();
   // Runs fn(ctx) for one workspace collective (NOTE [Collectives of a group run one at a time])
   // and returns its Outcome, marked `graph` when it was enqueued under capture. A function_ref,
   // not a std::function: nothing to construct, copy or destroy on the small all-reduce's path

@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <mutex>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -51,8 +52,8 @@ struct SignatureState::HostRecord {
 // raised before anything else is enqueued. CUDA (where it has run: docs/testing.md): publication
 // and comparison are two one-block kernels in stream order (ops/cuda/signature_kernel.cu); the
 // comparison records a disagreement in host-mapped memory, which check_signature_record turns
-// into the same error when the host next looks (the group's next collective or fused op, or a
-// barrier's synchronize). The op itself has then run on mismatched arguments: its results are
+// into the same error when the host next looks (the group's next collective or fused op, a
+// barrier's synchronize, or the op's Work: NOTE [Mismatches reach the Work] in backend/works.cpp). The op itself has then run on mismatched arguments: its results are
 // garbage and, where the ranks' signal counts differ, it may also time out. So on CUDA the
 // disagreement fails the group's device with that error: every later call raises it, and the
 // group must be recreated. That the group stays usable is the host's promise only (a device that
@@ -343,8 +344,13 @@ void check_recorded_signature(SignatureState& state, const char* what, Device* d
       error = std::exchange(state.host_record->error, std::string());
     }
     if (!error.empty()) {
-      fail(std::string("cuda_p2p ") + what + ": an earlier op's ranks disagreed (" + error +
-           "); its results are not valid, and the ranks may be out of step");
+      // Recorded in stream order: the op did run, on its mismatched arguments.
+      static constexpr std::string_view kDidNotRun = "; the op did not run on any rank";
+      if (const size_t at = error.find(kDidNotRun); at != std::string::npos) {
+        error.erase(at, kDidNotRun.size());
+      }
+      fail(std::string("cuda_p2p ") + what + ": an op's ranks disagreed (this op or an earlier " +
+           "one: " + error + "); its results are not valid, and the ranks may be out of step");
     }
   }
   if (state.device_record.host == nullptr) return;
@@ -352,7 +358,8 @@ void check_recorded_signature(SignatureState& state, const char* what, Device* d
   if (*flag == 0) return;
   const uint32_t* rec = state.device_record.host;
   const int W = static_cast<int>(rec[1]);
-  std::string msg = std::string("cuda_p2p ") + what + ": an earlier op's ranks disagreed (";
+  std::string msg =
+      std::string("cuda_p2p ") + what + ": an op's ranks disagreed (this op or an earlier one: ";
   std::vector<Decoded> d;
   for (int r = 0; r < W; ++r) {
     d.push_back(decode(rec + kRecordHeader + r * kWords));

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <iterator>
 #include <sstream>
+#include <string_view>
 
 namespace cuda_p2p {
 
@@ -17,10 +18,19 @@ char* reason_slot(const uint32_t* word, int src) {
          FailureState::kReasonBytes * static_cast<size_t>(src);
 }
 
-// The text after the slot's ready word: printable, NUL-terminated, cut to fit.
+// The text after the slot's ready word: printable, NUL-terminated, shortened to fit at a word's
+// end with a marker (never "its results are n").
 void write_reason(char* slot, const std::string& why) {
   constexpr size_t kText = FailureState::kReasonBytes - sizeof(uint32_t) - 1;
-  std::string text = why.substr(0, kText);
+  static constexpr std::string_view kMarker = " ...";
+  std::string text = why;
+  if (text.size() > kText) {
+    const size_t room = kText - kMarker.size();
+    size_t cut = text.rfind(' ', room);
+    if (cut == std::string::npos || cut < room / 2) cut = room;  // one long word: cut it
+    text.resize(cut);
+    text += kMarker;
+  }
   for (auto& c : text) {
     if (c < 0x20 || c > 0x7e) c = ' ';
   }

@@ -1,0 +1,105 @@
+"""Ranks that pass different arguments, with the ops returning queued (issue 58, point 2): on a
+GPU, and on a host workspace with CUDA's semantics, an op's signature comparison runs in stream
+order, after the call returned. A caller that waits for the op's Work - or makes a synchronous
+call, which waits for it - and would then read the outputs gets an error instead, on every rank,
+naming every rank and what it passed (NOTE [Mismatches reach the Work] in backend/works.cpp), and
+the group's next op raises it too (the group must be recreated: the op ran on mismatched
+arguments). The synchronous host mode, whose comparison runs before any data moves and whose
+group stays usable, runs the same cases for comparison (test_mismatch.py has its full matrix).
+
+Before the Work asked the comparisons' records, with CUDA's semantics every wait() here returned
+with wrong outputs and no error (checked on 2026-12-02: rank 0 read [2.0, 2.0, ...] after a 16 vs
+17 element all-reduce), and only the next op raised.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import cuda_p2p
+from _checks import Checker, assert_ok, raises
+
+R = dist.ReduceOp
+MODES = ("synchronous", "cuda")
+
+
+def _fresh_group(mode):
+    """A new cuda_p2p group over all ranks, not cached: a mismatch breaks it with CUDA's
+    semantics."""
+    o = cuda_p2p.ProcessGroupCudaP2P.Options()
+    o.host_semantics = mode
+    return dist.new_group(backend="cuda_p2p", pg_options=o, timeout=datetime.timedelta(seconds=20))
+
+
+def _cases(rank):
+    """(name, call(group) -> Work or None) of the mismatches: rank 0 passes one thing, the others
+    another."""
+    first = rank == 0
+    return [
+        ("numel", lambda g: dist.all_reduce(torch.ones(16 if first else 17), group=g,
+                                            async_op=True)),
+        ("dtype", lambda g: dist.all_reduce(torch.ones(8, dtype=torch.float32 if first
+                                                       else torch.float64), group=g,
+                                            async_op=True)),
+        ("reduce op", lambda g: dist.all_reduce(torch.ones(8), op=R.SUM if first else R.MAX,
+                                                group=g, async_op=True)),
+        ("root", lambda g: dist.broadcast(torch.ones(8), src=0 if first else 1, group=g,
+                                          async_op=True)),
+        ("all_gather size", lambda g: dist.all_gather_into_tensor(
+            torch.empty(dist.get_world_size(g) * (4 if first else 5)),
+            torch.ones(4 if first else 5), group=g, async_op=True)),
+        ("synchronous call", lambda g: dist.all_reduce(torch.ones(10 if first else 12), group=g)),
+    ]
+
+
+def check_mismatch_reaches_the_work(ctx, mode, case):
+    W, me = ctx.world_size, ctx.rank
+    chk = Checker(f"{case} W={W} {mode}")
+    g = _fresh_group(mode)
+    backend = cuda_p2p.get_cuda_p2p_backend(g)
+    x = torch.ones(8)
+    dist.all_reduce(x, group=g)  # the group works, and its ranks have met once
+    chk.case("healthy first", torch.equal(x, torch.full((8,), float(W))), f"{x}")
+    call = dict(_cases(me))[case]
+
+    def run():
+        work = call(g)
+        if work is not None:
+            work.wait()
+
+    err = raises(run)
+    chk.case("the wait (or the call) raises", err is not None, "it returned without an error")
+    if err is not None:
+        chk.case("names both sides", "ranks disagree" in err and "rank 0 passed" in err
+                 and "rank 1 passed" in err, err)
+        if mode == "cuda":  # it ran, on the mismatched arguments: the error must not deny it
+            chk.case("says the results are not valid", "valid" in err
+                     and "did not run" not in err, err)
+            # A peer's reason comes through its failure word's slot, shortened at a word's end.
+            chk.case("no word cut", " ... " in err or "its results are n;" not in err, err)
+    # Past the mismatch: with CUDA's semantics the group is failed and says why; the synchronous
+    # host's group runs the next op.
+    y = torch.ones(8)
+    nxt = raises(lambda: dist.all_reduce(y, group=g))
+    if mode == "cuda":
+        chk.case("the next op raises the disagreement", nxt is not None and "disagree" in nxt,
+                 f"{nxt}")
+    else:
+        usable = nxt is None and torch.equal(y, torch.full((8,), float(W)))
+        chk.case("the group stays usable", usable, f"{nxt} {y}")
+    del backend
+    dist.destroy_process_group(g)
+    return chk.result()
+
+
+CASE_NAMES = [name for name, _ in _cases(0)]
+
+
+@pytest.mark.parametrize("case", CASE_NAMES)
+@pytest.mark.parametrize("mode", MODES)
+def test_a_mismatch_reaches_every_ranks_work(any_world, mode, case):
+    assert_ok(any_world.run(check_mismatch_reaches_the_work, mode, case))
