@@ -53,12 +53,12 @@ struct SignatureState::HostRecord {
 // and comparison are two one-block kernels in stream order (ops/cuda/signature_kernel.cu); the
 // comparison records a disagreement in host-mapped memory, which check_signature_record turns
 // into the same error when the host next looks (the group's next collective or fused op, a
-// barrier's synchronize, or the op's Work: NOTE [Mismatches reach the Work] in backend/works.cpp). The op itself has then run on mismatched arguments: its results are
-// garbage and, where the ranks' signal counts differ, it may also time out. So on CUDA the
-// disagreement fails the group's device with that error: every later call raises it, and the
-// group must be recreated. That the group stays usable is the host's promise only (a device that
-// is host_synchronous(), NOTE [Synchronous host devices]; with CUDA's semantics the host records
-// and fails like CUDA).
+// barrier's synchronize, or the op's Work: NOTE [Mismatches reach the Work] in backend/works.cpp).
+// The op itself has then run on mismatched arguments: its results are garbage and, where the ranks'
+// signal counts differ, it may also time out. So on CUDA the disagreement fails the group's device
+// with that error: every later call raises it, and the group must be recreated. That the group
+// stays usable is the host's promise only (a device that is host_synchronous(), NOTE [Synchronous
+// host devices]; with CUDA's semantics the host records and fails like CUDA).
 
 namespace {
 
