@@ -113,6 +113,34 @@ CUDA_P2P_HOST_DEVICE inline void reduce_range(void* dst, void* dst2, const void*
   }
 }
 
+// Calls f.template operator()<T>() for the C++ type of `dtype`, with each side's half types (CUDA's
+// __half and __nv_bfloat16, the host's c10 types); `otherwise` for a value outside the enum.
+template <typename Half, typename BFloat16, typename R, typename F>
+R with_dtype(graph::Dtype dtype, R otherwise, F&& f) {
+  using graph::Dtype;
+  switch (dtype) {
+    case Dtype::kFloat:
+      return f.template operator()<float>();
+    case Dtype::kDouble:
+      return f.template operator()<double>();
+    case Dtype::kHalf:
+      return f.template operator()<Half>();
+    case Dtype::kBFloat16:
+      return f.template operator()<BFloat16>();
+    case Dtype::kInt8:
+      return f.template operator()<int8_t>();
+    case Dtype::kUInt8:
+      return f.template operator()<uint8_t>();
+    case Dtype::kInt16:
+      return f.template operator()<int16_t>();
+    case Dtype::kInt32:
+      return f.template operator()<int32_t>();
+    case Dtype::kInt64:
+      return f.template operator()<int64_t>();
+  }
+  return otherwise;
+}
+
 // The eager one-pass reduction (ops/reduction.cpp on CUDA tensors; ops/cuda/reduce_kernel.cu).
 inline constexpr int kMaxReduceSources = 64;
 inline constexpr int kReduceThreads = 256;

@@ -1,43 +1,23 @@
 #include "ops/kernel_host.hpp"
 
 #include <cstdint>
+#include <utility>
 
 namespace cuda_p2p::ops {
 
 namespace {
 
-// Calls f.template operator()<T>() for the C++ type of `dtype`: the types of
-// ops/cuda/reduce_device.cuh's with_type, the host's half types for CUDA's.
+// Calls f.template operator()<T>() for the C++ type of `dtype`, the host's half types.
 template <typename F>
 void with_host_type(graph::Dtype dtype, F&& f) {
-  using graph::Dtype;
-  switch (dtype) {
-    case Dtype::kFloat:
-      return f.template operator()<float>();
-    case Dtype::kDouble:
-      return f.template operator()<double>();
-    case Dtype::kHalf:
-      return f.template operator()<c10::Half>();
-    case Dtype::kBFloat16:
-      return f.template operator()<c10::BFloat16>();
-    case Dtype::kInt8:
-      return f.template operator()<int8_t>();
-    case Dtype::kUInt8:
-      return f.template operator()<uint8_t>();
-    case Dtype::kInt16:
-      return f.template operator()<int16_t>();
-    case Dtype::kInt32:
-      return f.template operator()<int32_t>();
-    case Dtype::kInt64:
-      return f.template operator()<int64_t>();
-  }
+  (void)kernel::with_dtype<c10::Half, c10::BFloat16>(dtype, 0, std::forward<F>(f));
 }
 
 struct CollectiveStep {
   const graph::KernelArgs& a;
   int step, b, threads;
   template <typename T>
-  void operator()() const {
+  int operator()() const {
     for (int t = 0; t < threads; ++t) {
       if (graph::sums(a)) {
         graph::collective_step<T, true>(a, step, b, kernel::HostBlock{t, threads});
@@ -45,6 +25,7 @@ struct CollectiveStep {
         graph::collective_step<T, false>(a, step, b, kernel::HostBlock{t, threads});
       }
     }
+    return 0;
   }
 };
 
@@ -52,7 +33,7 @@ struct ReduceKernel {
   const kernel::ReduceArgs& a;
   kernel::ReducePlan* plan;
   template <typename T>
-  void operator()() const {
+  int operator()() const {
     *plan = kernel::plan_reduce(a, arith::Pack<T>::kCount);
     const int n = plan->blocks * kernel::kReduceThreads;
     for (int t = 0; t < n; ++t) {
@@ -62,6 +43,7 @@ struct ReduceKernel {
         kernel::reduce_kernel_body<T, false>(a, plan->packed, kernel::HostBlock{t, n});
       }
     }
+    return 0;
   }
 };
 

@@ -10,8 +10,10 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "ops/graph_layout.hpp"
+#include "ops/kernel_body.hpp"
 #include "ops/reduce_arith.hpp"
 #include "ops/reduce_op.hpp"
 
@@ -113,31 +115,11 @@ struct CudaGrid : CudaBlock {
   __device__ int threads() const { return static_cast<int>(gridDim.x * blockDim.x); }
 };
 
-// Calls f.template operator()<T>() for the C++ type of `dtype`.
+// Calls f.template operator()<T>() for the C++ type of `dtype` (CUDA's half types).
 template <typename F>
 cudaError_t with_type(ops::graph::Dtype dtype, F&& f) {
-  using ops::graph::Dtype;
-  switch (dtype) {
-    case Dtype::kFloat:
-      return f.template operator()<float>();
-    case Dtype::kDouble:
-      return f.template operator()<double>();
-    case Dtype::kHalf:
-      return f.template operator()<__half>();
-    case Dtype::kBFloat16:
-      return f.template operator()<__nv_bfloat16>();
-    case Dtype::kInt8:
-      return f.template operator()<int8_t>();
-    case Dtype::kUInt8:
-      return f.template operator()<uint8_t>();
-    case Dtype::kInt16:
-      return f.template operator()<int16_t>();
-    case Dtype::kInt32:
-      return f.template operator()<int32_t>();
-    case Dtype::kInt64:
-      return f.template operator()<int64_t>();
-  }
-  return cudaErrorInvalidValue;
+  return ops::kernel::with_dtype<__half, __nv_bfloat16>(dtype, cudaErrorInvalidValue,
+                                                        std::forward<F>(f));
 }
 
 }  // namespace cuda_p2p::cuda::reduce
