@@ -106,7 +106,7 @@ beside "fault injection, twice" build/pytest_faults.log bash -c '
 stage lint 30 30 lint
 
 echo "== Python tests (pytest)"
-stage "Python tests" 720 900 pytest_run --durations=15 tests/python --ignore tests/python/faults \
+stage "Python tests" 720 1200 pytest_run --durations=15 tests/python --ignore tests/python/faults \
   "${long[@]}" || status=1
 
 # The tests marked cuda_semantics (those whose behaviour differs: async errors, mismatches, queued
