@@ -56,16 +56,7 @@ const char* WorkspaceCollectives::all_reduce_rejects(const at::Tensor& t) const 
   return ops::is_reducible_dtype(t.scalar_type()) ? nullptr : reason::kDtype;
 }
 
-// NOTE [Collectives of a group run one at a time]
-// A group's workspace collectives share its buffer halves, its phase counter and the signal
-// counts of the collective channel, so they must run in one order on every rank and never
-// overlap. On the host they run synchronously on the calling thread (the device's inline stream),
-// under the engine's mutex, so threads that share a group cannot interleave them. On CUDA they
-// are enqueued on the caller's current stream; each one first waits for the end of the group's
-// previous workspace op, a collective or a fused op (NOTE [One order per group] in
-// p2p_workspace/symmetric_workspace.cpp), so that ops issued on different streams (FSDP's
-// all-gather and reduce-scatter streams) still execute one after another, in issue order, as the
-// signal counts and the shared buffer assume.
+// NOTE [Mismatches reach the Work] in backend/works.cpp.
 std::function<void()> WorkspaceCollectives::recorded_mismatch_check() {
   std::lock_guard<std::mutex> lock(mutex_);
   // A copy shares the records (the host's by a shared pointer, the device's pinned words, which
@@ -77,6 +68,16 @@ std::function<void()> WorkspaceCollectives::recorded_mismatch_check() {
   };
 }
 
+// NOTE [Collectives of a group run one at a time]
+// A group's workspace collectives share its buffer halves, its phase counter and the signal
+// counts of the collective channel, so they must run in one order on every rank and never
+// overlap. On the host they run synchronously on the calling thread (the device's inline stream),
+// under the engine's mutex, so threads that share a group cannot interleave them. On CUDA they
+// are enqueued on the caller's current stream; each one first waits for the end of the group's
+// previous workspace op, a collective or a fused op (NOTE [One order per group] in
+// p2p_workspace/symmetric_workspace.cpp), so that ops issued on different streams (FSDP's
+// all-gather and reduce-scatter streams) still execute one after another, in issue order, as the
+// signal counts and the shared buffer assume.
 ops::Outcome WorkspaceCollectives::run(
     const char* what, c10::function_ref<ops::Outcome(const ops::CollectiveContext&)> fn) {
   std::lock_guard<std::mutex> lock(mutex_);
