@@ -47,9 +47,8 @@ struct ReduceKernel {
   }
 };
 
-bool aligned(const void* p) {
-  return p == nullptr || reinterpret_cast<uintptr_t>(p) % graph::kUnitBytes == 0;
-}
+// A pointer the body may take 16-byte packs at (kernel::aligned16), or none.
+bool aligned(const void* p) { return p == nullptr || kernel::aligned16(p); }
 
 }  // namespace
 
