@@ -17,46 +17,76 @@ __global__ void write_signal_kernel(uint32_t* addr, uint32_t value) {
   asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(addr), "r"(value) : "memory");
 }
 
-__device__ __forceinline__ bool reached(const KernelWaits& waits, int i) {
-  return static_cast<int32_t>(load_acquire_sys(waits.addr[i]) - waits.value[i]) >= 0;
-}
-
 __device__ __forceinline__ uint32_t load_volatile(const uint32_t* addr) {
   return *static_cast<const volatile uint32_t*>(addr);
 }
 
-// NOTE [Failure words] (p2p_workspace/watchdog.hpp): a peer's failure has reached this rank.
-__device__ __forceinline__ bool peer_failed(const WaitEnds& ends) {
-  if (ends.peer_failed == nullptr) return false;
-  const uint32_t v = load_volatile(ends.peer_failed);
-  return v != 0 && v != static_cast<uint32_t>(ends.rank) + 1;
+// The waits' policy (p2p_workspace/signal_wait_body.hpp): system-scope acquire loads in 32-bit
+// sequence order; the failure words of `ends`; for a counted wait also its device's give-up record.
+struct CudaWaits {
+  WaitEnds ends;
+  const GraphGiveUp* counted;  // null for an eager wait
+  __device__ bool reached(const uint32_t* addr, uint32_t value) const {
+    return static_cast<int32_t>(load_acquire_sys(addr) - value) >= 0;
+  }
+  // NOTE [Failure words] (p2p_workspace/watchdog.hpp): a peer's failure has reached this rank.
+  __device__ bool peer_failed() const {
+    if (ends.peer_failed == nullptr) return false;
+    const uint32_t v = load_volatile(ends.peer_failed);
+    return v != 0 && v != static_cast<uint32_t>(ends.rank) + 1;
+  }
+  __device__ bool ended() const {
+    if (ends.failed != nullptr && load_volatile(ends.failed) != 0) return true;
+    return counted != nullptr &&
+           (load_volatile(&counted->gave_up) != 0 || load_volatile(&counted->failed) != 0);
+  }
+};
+
+struct EagerList {
+  const KernelWaits& w;
+  __device__ int count() const { return w.count; }
+  __device__ const uint32_t* addr(int i) const { return w.addr[i]; }
+  __device__ uint32_t value(int i) const { return w.value[i]; }
+};
+
+struct CountedList {
+  const CountedKernelWaits& w;
+  const uint32_t* values;  // resolved when the kernel starts
+  __device__ int count() const { return w.count; }
+  __device__ const uint32_t* addr(int i) const { return w.addr[i]; }
+  __device__ uint32_t value(int i) const { return values[i]; }
+};
+
+// Polls until the waits hold or end, with a doubling sleep between polls; returns the decision.
+template <typename W>
+__device__ FlagPoll poll_until_decided(const W& list, const CudaWaits& f, uint64_t timeout_ns,
+                                       int* next) {
+  const uint64_t start = global_timer_ns();
+  unsigned sleep_ns = 32;
+  while (true) {
+    const FlagPoll p = signal_wait_poll(list, next, global_timer_ns() - start > timeout_ns, f);
+    if (p != FlagPoll::kWaiting) return p;
+    __nanosleep(sleep_ns);
+    if (sleep_ns < 8192) sleep_ns *= 2;
+  }
 }
 
 // NOTE [Device failure] (p2p_workspace/watchdog.hpp): giving up must never look like success,
 // so the kernel flags every wait still missing; the host raises for this op. A failure - the
 // device's own or a peer's (NOTE [Failure words]) - ends it the same way at once, flagged
-// kEnded: the watchdog fails the device from the word itself, naming the rank that failed.
+// kWaitEnded: the watchdog fails the device from the word itself, naming the rank that failed.
 __global__ void wait_signals_kernel(KernelWaits waits, uint64_t timeout_ns, KernelGiveUp* give_up,
                                     WaitEnds ends) {
-  const uint64_t start = global_timer_ns();
-  for (int i = 0; i < waits.count; ++i) {
-    unsigned sleep_ns = 32;
-    while (!reached(waits, i)) {
-      const bool ended =
-          peer_failed(ends) || (ends.failed != nullptr && load_volatile(ends.failed) != 0);
-      if (ended || global_timer_ns() - start > timeout_ns) {
-        for (int j = i; j < waits.count; ++j) {
-          if (!reached(waits, j)) *static_cast<volatile uint32_t*>(&give_up->missing[j]) = 1;
-        }
-        __threadfence_system();
-        *static_cast<volatile uint32_t*>(&give_up->gave_up) = ended ? kEnded : kGaveUp;
-        __threadfence_system();
-        return;
-      }
-      __nanosleep(sleep_ns);
-      if (sleep_ns < 8192) sleep_ns *= 2;
-    }
-  }
+  const CudaWaits f{ends, nullptr};
+  const EagerList list{waits};
+  int next = 0;
+  const FlagPoll p = poll_until_decided(list, f, timeout_ns, &next);
+  if (eager_wait_outcome(p) == FlagOutcome::kPass) return;
+  signal_wait_missing(list, next, f,
+                      [&](int j) { *static_cast<volatile uint32_t*>(&give_up->missing[j]) = 1; });
+  __threadfence_system();
+  *static_cast<volatile uint32_t*>(&give_up->gave_up) = eager_wait_give_up(p);
+  __threadfence_system();
 }
 
 __global__ void advance_counter_kernel(uint32_t* counter, uint32_t delta) { *counter += delta; }
@@ -70,35 +100,24 @@ __global__ void write_counted_kernel(uint32_t* addr, const uint32_t* counter, ui
 // NOTE [Counted waits end with the failure] (p2p_workspace/watchdog.hpp).
 __global__ void wait_counted_kernel(CountedKernelWaits waits, uint64_t timeout_ns,
                                     GraphGiveUp* give_up, WaitEnds ends) {
-  const uint64_t start = global_timer_ns();
   uint32_t value[kMaxKernelWaits];
   for (int i = 0; i < waits.count; ++i) value[i] = *waits.counter[i] + waits.offset[i];
-  for (int i = 0; i < waits.count; ++i) {
-    unsigned sleep_ns = 32;
-    while (static_cast<int32_t>(load_acquire_sys(waits.addr[i]) - value[i]) < 0) {
-      const bool peer = peer_failed(ends);
-      if (!peer &&
-          (load_volatile(&give_up->gave_up) != 0 || load_volatile(&give_up->failed) != 0)) {
-        return;  // an earlier give-up of this device, or its own failure: its host knows
-      }
-      if (peer || global_timer_ns() - start > timeout_ns) {
-        for (int j = i; j < waits.count; ++j) {
-          if (static_cast<int32_t>(load_acquire_sys(waits.addr[j]) - value[j]) < 0) {
-            const int p = waits.peer[j];
-            if (p >= 0 && p < 128) atomicOr_system(&give_up->peer_bits[p / 32], 1u << (p % 32));
-          }
-        }
-        __threadfence_system();
-        if (!peer) atomicAdd_system(&give_up->gave_up, 1u);
-        __threadfence_system();
-        // A replay-only loop calls nothing of cuda_p2p's: the trap makes torch's next
-        // synchronize raise, after the host-mapped record above says why.
-        __trap();
-      }
-      __nanosleep(sleep_ns);
-      if (sleep_ns < 8192) sleep_ns *= 2;
-    }
-  }
+  const CudaWaits f{ends, give_up};
+  const CountedList list{waits, value};
+  int next = 0;
+  const FlagPoll p = poll_until_decided(list, f, timeout_ns, &next);
+  // Passed, or an earlier give-up of this device or its own failure: its host knows.
+  if (counted_wait_outcome(p) != FlagOutcome::kFail) return;
+  signal_wait_missing(list, next, f, [&](int j) {
+    const int q = waits.peer[j];
+    if (q >= 0 && q < 128) atomicOr_system(&give_up->peer_bits[q / 32], 1u << (q % 32));
+  });
+  __threadfence_system();
+  if (p == FlagPoll::kTimedOut) atomicAdd_system(&give_up->gave_up, 1u);
+  __threadfence_system();
+  // A replay-only loop calls nothing of cuda_p2p's: the trap makes torch's next synchronize
+  // raise, after the host-mapped record above says why.
+  __trap();
 }
 
 // NOTE [Graph flags] (p2p_workspace/graph_flags.hpp): an open, a close, or a barrier alone.

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "p2p_workspace/graph_flags.hpp"
+#include "p2p_workspace/signal_wait_body.hpp"
 
 namespace cuda_p2p::cuda {
 
@@ -19,14 +20,12 @@ struct KernelWaits {
 };
 
 // What a wait kernel reports when it gives up (host-mapped pinned memory, zeroed before the
-// launch): gave_up != 0 (kGaveUp at its deadline, kEnded at a failure), and missing[i] != 0 for
-// every wait i not reached then.
+// launch): gave_up != 0 (kWaitGaveUp at its deadline, kWaitEnded at a failure:
+// p2p_workspace/signal_wait_body.hpp), and missing[i] != 0 for every wait i not reached then.
 struct KernelGiveUp {
   uint32_t missing[kMaxKernelWaits];
   uint32_t gave_up;
 };
-constexpr uint32_t kGaveUp = 1;
-constexpr uint32_t kEnded = 2;
 
 // What else a wait kernel polls, so that it ends at once on a failure, with no release needed
 // from a stream that could queue behind it (NOTE [Failure words], NOTE [Counted waits end with
@@ -54,7 +53,7 @@ cudaError_t load_kernels();
 // Spins (with __nanosleep back-off) until every wait is reached or `timeout_ns` passes; on
 // timeout it fills *give_up (a device pointer to host-mapped memory) and returns, and the
 // device's watchdog turns that into an error the host raises (NOTE [Device failure]). Ends the
-// same way (kEnded) as soon as `ends` says the device or a peer failed.
+// same way (kWaitEnded) as soon as `ends` says the device or a peer failed.
 cudaError_t launch_wait_signals(const KernelWaits& waits, uint64_t timeout_ns,
                                 KernelGiveUp* give_up, WaitEnds ends, cudaStream_t stream);
 

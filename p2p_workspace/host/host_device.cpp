@@ -27,6 +27,7 @@
 #include "p2p_workspace/host/futex_wait.hpp"
 #include "p2p_workspace/host/host_stream.hpp"
 #include "p2p_workspace/host/shared_block.hpp"
+#include "p2p_workspace/signal_wait_body.hpp"
 #include "p2p_workspace/watchdog.hpp"
 
 namespace cuda_p2p::host {
@@ -118,14 +119,7 @@ struct GraphGiveUps {
   // ends before its signals arrived. A peer's failure comes first: the device fails from it too.
   enum class End { kNo, kPeerFailed, kGivenUp, kFailed };
   End ended() const {
-    if (const uint32_t* word = peer_word.load(std::memory_order_acquire)) {
-      const uint32_t v =
-          std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(word)).load(std::memory_order_acquire);
-      // A word naming this rank is its own failure coming back from a peer that adopted it.
-      if (v != 0 && static_cast<int>(v - 1) != rank.load(std::memory_order_relaxed)) {
-        return End::kPeerFailed;
-      }
-    }
+    if (peer_failed()) return End::kPeerFailed;
     if (count.load(std::memory_order_acquire) != 0) return End::kGivenUp;
     if (std::atomic_ref<uint32_t>(const_cast<uint32_t&>(failed)).load(std::memory_order_acquire) !=
         0) {
@@ -133,14 +127,22 @@ struct GraphGiveUps {
     }
     return End::kNo;
   }
-  void record(const std::vector<SignalWait>& waits) {
+  bool peer_failed() const {
+    const uint32_t* word = peer_word.load(std::memory_order_acquire);
+    if (word == nullptr) return false;
+    const uint32_t v =
+        std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(word)).load(std::memory_order_acquire);
+    // A word naming this rank is its own failure coming back from a peer that adopted it.
+    return v != 0 && static_cast<int>(v - 1) != rank.load(std::memory_order_relaxed);
+  }
+  // The peers a wait missed; `gave_up`: it gave up at its deadline (counted), not at a peer's
+  // failure.
+  void record(const std::vector<int>& missing, bool gave_up) {
     {
       std::lock_guard<std::mutex> lock(mu);
-      for (const auto& w : waits) {
-        if (!arrived(w)) peers.insert(w.peer);
-      }
+      peers.insert(missing.begin(), missing.end());
     }
-    count.fetch_add(1, std::memory_order_release);
+    if (gave_up) count.fetch_add(1, std::memory_order_release);
   }
   // NOTE [Graph flags]: a flag barrier found `seen` from `peer` where it expected `tag`.
   std::set<int> foreign;
@@ -156,6 +158,29 @@ struct GraphGiveUps {
     }
     count.fetch_add(1, std::memory_order_release);
   }
+};
+
+// The waits' policy on the host (p2p_workspace/signal_wait_body.hpp), for a counted wait of a
+// device with CUDA's semantics: the host's 31-bit sequence order (NOTE [Sleeper bit]), the
+// device's give-up record and failure words; a device being destroyed ends every wait quietly.
+struct HostWaits {
+  const GraphGiveUps* give_ups;
+  const std::atomic<bool>* gone;
+  bool reached(const uint32_t* addr, uint32_t value) const {
+    return arrived(SignalWait{addr, value, -1});
+  }
+  bool peer_failed() const {
+    return !gone->load(std::memory_order_acquire) && give_ups->peer_failed();
+  }
+  bool ended() const {
+    return gone->load(std::memory_order_acquire) || give_ups->ended() != GraphGiveUps::End::kNo;
+  }
+};
+struct HostWaitList {
+  const std::vector<SignalWait>& w;
+  int count() const { return static_cast<int>(w.size()); }
+  const uint32_t* addr(int i) const { return w[i].addr; }
+  uint32_t value(int i) const { return w[i].value; }
 };
 
 // What the wait kernel's trap is on a host stream (NOTE [Counted waits end with the failure]):
@@ -918,32 +943,36 @@ class HostDevice : public Device, public HostPaths {
         std::make_unique<HostWatchedWait>(h.shared_from_this(), before, std::move(waits)), timeout,
         std::move(context));
   }
-  // A replayed graph's wait kernel: gives up at its own deadline, from when the stream reaches it,
-  // flags the peers it missed and traps; ends at once at the device's or a peer's failure (NOTE
-  // [Counted waits end with the failure]).
+  // A replayed graph's wait kernel, its poll and decisions the kernel's own
+  // (p2p_workspace/signal_wait_body.hpp): gives up at its own deadline, from when the stream
+  // reaches it, flags the peers it missed and traps; ends at once at the device's failure or
+  // give-up and traps at a peer's (NOTE [Counted waits end with the failure]).
   void enqueue_cuda_counted_wait(Stream& s, std::function<std::vector<SignalWait>()> resolve,
                                  Millis timeout, std::string context) {
     auto& h = as_host(s);
     TORCH_CHECK(h.mode() != HostStream::Mode::kInline,
                 "cuda_p2p: a host device with CUDA's semantics waits on its inline stream");
     watchdog_->arm();  // NOTE [Counted waits end with the failure]
-    // True when the wait is over; traps where the kernel would.
-    auto over = [context](const GraphGiveUps& give_ups) {
-      switch (give_ups.ended()) {
-        case GraphGiveUps::End::kNo:
-          return false;
-        case GraphGiveUps::End::kPeerFailed:
-          trap(context, "a peer's failure reached this rank's failure word (NOTE [Failure words])");
-        default:
+    // One poll from wait *next on: true when the wait is over; traps where the kernel would,
+    // after recording what it records.
+    auto poll = [timeout, context, give_ups = give_ups_, gone = gone_](
+                    const std::vector<SignalWait>& waits, int* next, bool past_deadline) {
+      const HostWaits f{give_ups.get(), gone.get()};
+      const HostWaitList list{waits};
+      const FlagPoll p = signal_wait_poll(list, next, past_deadline, f);
+      switch (counted_wait_outcome(p)) {
+        case FlagOutcome::kPass:
+          return p == FlagPoll::kPassed;
+        case FlagOutcome::kEnd:
           return true;
+        case FlagOutcome::kFail:
+          break;
       }
-    };
-    auto gave_up = [timeout, context](GraphGiveUps& give_ups,
-                                      const std::vector<SignalWait>& waits) {
-      give_ups.record(waits);
       std::vector<int> missing;
-      for (const auto& w : waits) {
-        if (!arrived(w)) missing.push_back(w.peer);
+      signal_wait_missing(list, *next, f, [&](int j) { missing.push_back(waits[j].peer); });
+      give_ups->record(missing, p == FlagPoll::kTimedOut);
+      if (p == FlagPoll::kPeerFailed) {
+        trap(context, "a peer's failure reached this rank's failure word (NOTE [Failure words])");
       }
       trap(context, "timed out after " + std::to_string(timeout.count()) +
                         " ms: " + describe_ranks(missing) + " never arrived");
@@ -951,30 +980,29 @@ class HostDevice : public Device, public HostPaths {
     if (h.mode() == HostStream::Mode::kCooperative) {
       auto late = std::make_shared<std::vector<SignalWait>>();  // as in wait_counted
       HostTask t = HostTask::when(
-          [resolve, late, timeout, over, gave_up, give_ups = give_ups_, gone = gone_,
+          [resolve, late, timeout, poll, next = 0,
            deadline = std::optional<std::chrono::steady_clock::time_point>()]() mutable {
             if (!deadline) {
               *late = resolve();
               deadline = std::chrono::steady_clock::now() + timeout;
             }
-            if (gone->load(std::memory_order_acquire) || all_arrived(*late)) return true;
-            if (over(*give_ups)) return true;
-            if (std::chrono::steady_clock::now() < *deadline) return false;
-            gave_up(*give_ups, *late);
-            return true;
+            return poll(*late, &next, std::chrono::steady_clock::now() >= *deadline);
           });
       t.late_waits = late;
       enqueue(s, std::move(t));
       return;
     }
-    enqueue(s, HostTask::blocking([resolve, timeout, over, gave_up, give_ups = give_ups_,
-                                   gone = gone_] {
+    enqueue(s, HostTask::blocking([resolve, timeout, poll] {
               const auto waits = resolve();
-              const auto ended = [&] {
-                return gone->load(std::memory_order_acquire) || over(*give_ups);
-              };
-              if (!block_until_arrived(waits, std::chrono::steady_clock::now() + timeout, ended)) {
-                gave_up(*give_ups, waits);
+              const auto deadline = std::chrono::steady_clock::now() + timeout;
+              int next = 0;
+              while (true) {
+                const auto now = std::chrono::steady_clock::now();
+                if (poll(waits, &next, now >= deadline)) return;
+                // Not over: wait `next` is missing. Asleep at most kMaxSleep, so that the ends are
+                // seen.
+                (void)futex_sleep_until(waits[next].addr, waits[next].value,
+                                        std::min(now + kMaxSleep, deadline));
               }
             }));
   }
@@ -1022,11 +1050,11 @@ class HostDevice : public Device, public HostPaths {
       }
     };
     e.timed_out = [why, timeout, give_ups = give_ups_](const std::vector<SignalWait>& waits) {
-      give_ups->record(waits);
       std::vector<int> missing;
       for (const auto& w : waits) {
         if (!arrived(w)) missing.push_back(w.peer);
       }
+      give_ups->record(missing, true);
       trap(*why, "timed out after " + std::to_string(timeout.count()) +
                      " ms: " + describe_ranks(missing) + " never arrived");
     };

@@ -22,6 +22,7 @@
 #include "ops/graph_layout.hpp"
 #include "ops/kernel_host.hpp"
 #include "p2p_workspace/flag_barrier_body.hpp"
+#include "p2p_workspace/signal_wait_body.hpp"
 
 namespace cuda_p2p::test {
 namespace {
@@ -478,6 +479,77 @@ TEST(FlagBarrier, StoresPollsAndDecisions) {
   for (FlagPoll p : {FlagPoll::kForeign, FlagPoll::kPeerFailed, FlagPoll::kTimedOut}) {
     EXPECT_EQ(flag_outcome(p), FlagOutcome::kFail);
   }
+}
+
+// The signal waits' body (p2p_workspace/signal_wait_body.hpp: the CUDA wait kernels, and the host
+// device's counted waits with CUDA's semantics) on plain memory, in the GPU's 32-bit sequence
+// order: how far a poll gets, what it decides and in which order, what each kind does with that,
+// and which waits a give-up records.
+struct PlainWaits {
+  bool failed_peer = false;
+  bool device_ended = false;
+  bool reached(const uint32_t* word, uint32_t value) const {
+    return static_cast<int32_t>(*word - value) >= 0;
+  }
+  bool peer_failed() const { return failed_peer; }
+  bool ended() const { return device_ended; }
+};
+struct PlainList {
+  std::vector<uint32_t>& words;
+  std::vector<uint32_t> values;
+  int count() const { return static_cast<int>(values.size()); }
+  const uint32_t* addr(int i) const { return &words[i]; }
+  uint32_t value(int i) const { return values[i]; }
+};
+
+TEST(SignalWaits, PollsDecisionsAndWhatAGiveUpRecords) {
+  std::vector<uint32_t> words{0xfffffffeu, 5, 7, 0};
+  // The first value wraps around: word 1 is past 0xffffffff in sequence order.
+  const PlainList list{words, {1, 5, 8, 1}};
+  const PlainWaits f;
+  int next = 0;
+  EXPECT_EQ(signal_wait_poll(list, &next, false, f), FlagPoll::kWaiting);
+  EXPECT_EQ(next, 0);
+  words[0] = 1;
+  EXPECT_EQ(signal_wait_poll(list, &next, false, f), FlagPoll::kWaiting);
+  EXPECT_EQ(next, 2);  // words 0 and 1 reached; word 2 (7 of 8) is missing
+  // Each reason to stop, in the poll's order: a peer's failure, the device's end, the deadline.
+  EXPECT_EQ(signal_wait_poll(list, &next, true, f), FlagPoll::kTimedOut);
+  PlainWaits ended = f;
+  ended.device_ended = true;
+  EXPECT_EQ(signal_wait_poll(list, &next, true, ended), FlagPoll::kEnded);
+  PlainWaits peer = ended;
+  peer.failed_peer = true;
+  EXPECT_EQ(signal_wait_poll(list, &next, true, peer), FlagPoll::kPeerFailed);
+  // A give-up records the waits from `next` on that are not reached: words 2 and 3, not 0 or 1.
+  words[3] = 1;
+  std::vector<int> missing;
+  signal_wait_missing(list, next, f, [&](int j) { missing.push_back(j); });
+  EXPECT_EQ(missing, std::vector<int>{2});
+  words[3] = 0;
+  missing.clear();
+  signal_wait_missing(list, 0, f, [&](int j) { missing.push_back(j); });
+  EXPECT_EQ(missing, (std::vector<int>{2, 3}));
+  // Every wait reached passes whatever else holds (a signal that came is used).
+  words[2] = 8;
+  words[3] = 2;
+  EXPECT_EQ(signal_wait_poll(list, &next, true, peer), FlagPoll::kPassed);
+  EXPECT_EQ(next, 4);
+  // The eager wait never fails by itself: it ends and records why, the deadline or a failure.
+  for (FlagPoll p : {FlagPoll::kWaiting, FlagPoll::kPassed}) {
+    EXPECT_EQ(eager_wait_outcome(p), FlagOutcome::kPass);
+    EXPECT_EQ(counted_wait_outcome(p), FlagOutcome::kPass);
+  }
+  for (FlagPoll p : {FlagPoll::kPeerFailed, FlagPoll::kEnded, FlagPoll::kTimedOut}) {
+    EXPECT_EQ(eager_wait_outcome(p), FlagOutcome::kEnd);
+  }
+  EXPECT_EQ(eager_wait_give_up(FlagPoll::kTimedOut), kWaitGaveUp);
+  EXPECT_EQ(eager_wait_give_up(FlagPoll::kPeerFailed), kWaitEnded);
+  EXPECT_EQ(eager_wait_give_up(FlagPoll::kEnded), kWaitEnded);
+  // The counted wait fails at its deadline and at a peer's failure, ends quietly at its own.
+  EXPECT_EQ(counted_wait_outcome(FlagPoll::kEnded), FlagOutcome::kEnd);
+  EXPECT_EQ(counted_wait_outcome(FlagPoll::kPeerFailed), FlagOutcome::kFail);
+  EXPECT_EQ(counted_wait_outcome(FlagPoll::kTimedOut), FlagOutcome::kFail);
 }
 
 }  // namespace

@@ -114,8 +114,14 @@ KERNELS = {
     # The eager one-pass reduction: the host's own ops run its AVX2 kernel (ops/reduction.cpp),
     # test_kernel_matrix this body.
     "reduce_kernel": ("ops/kernel_body.hpp", "reduce_kernel_body"),
-    "wait_signals_kernel": None,  # the signal waits: the host's futex waits
-    "wait_counted_kernel": None,
+    # The signal waits' polls and decisions, through the device function poll_until_decided: the
+    # counted wait's are the host device's with CUDA's semantics (p2p_workspace/host/
+    # host_device.cpp); the eager wait is the fallback of a stream memory operation, which the
+    # host's eager waits stand for, and test_kernel_matrix runs its decisions on plain memory.
+    "wait_signals_kernel": ("p2p_workspace/signal_wait_body.hpp", "signal_wait_poll",
+                            "poll_until_decided"),
+    "wait_counted_kernel": ("p2p_workspace/signal_wait_body.hpp", "signal_wait_poll",
+                            "poll_until_decided"),
     "write_signal_kernel": None,  # one store each: the host's futex_store_and_wake
     "advance_counter_kernel": None,
     "write_counted_kernel": None,
