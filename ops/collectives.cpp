@@ -193,12 +193,14 @@ Outcome barrier(const CollectiveContext& ctx, std::optional<Millis> timeout) {
 
 void reject(const CollectiveContext& ctx, OpKind kind, const std::string& reason) {
   if (ctx.ws.world_size() == 1) return;
+  const detail::CaptureBracket bracket(ctx);  // under capture: opened, and closed, as any op
   detail::expect_signature(ctx, OpSignature::rejected(kind, reason));
   detail::handshake(ctx);
 }
 
 void announce(const CollectiveContext& ctx, OpKind kind, const std::string& text) {
   if (ctx.ws.world_size() == 1) return;
+  const detail::CaptureBracket bracket(ctx);
   detail::expect_signature(ctx, OpSignature::of(kind, text));
   detail::handshake(ctx);
 }
@@ -227,7 +229,13 @@ CaptureBracket::CaptureBracket(const CollectiveContext& ctx)
       exceptions_(std::uncaught_exceptions()) {}
 
 CaptureBracket::~CaptureBracket() {
-  if (!active_ || std::uncaught_exceptions() > exceptions_) return;
+  if (!active_) return;
+  if (std::uncaught_exceptions() > exceptions_) {
+    // Nothing more is enqueued for an op that raised; what it opened is forgotten, so that the
+    // capture's next barrier-only op opens for itself (NOTE [Graph flags]).
+    ctx_.ws.graph_abandon(ctx_.stream);
+    return;
+  }
   try {
     // Nothing after an op run as one kernel, which opened nothing.
     ctx_.ws.graph_close(ctx_.stream, ctx_.channel, "collective");

@@ -163,12 +163,16 @@ void agree(Env& env, State& state, const OpSignature& sig) {
 
 void check_or_reject(Group& group, bool on_workspace, OpKind kind,
                      c10::function_ref<void()> checks) {
-  ops::check_or_reject(
-      group.failure, on_workspace && group.world_size > 1, checks, [&](const std::string& reason) {
-        Env env = make_env(group);
-        run_or_mark_failed(group.failure, to_string(kind),
-                           [&] { agree(env, group.state, OpSignature::rejected(kind, reason)); });
-      });
+  ops::check_or_reject(group.failure, on_workspace && group.world_size > 1, checks,
+                       [&](const std::string& reason) {
+                         Env env = make_env(group);
+                         run_or_mark_failed(group.failure, to_string(kind), [&] {
+                           agree(env, group.state, OpSignature::rejected(kind, reason));
+                           // Under capture nothing follows the rejection's open (NOTE [Graph
+                           // flags]).
+                           if (env.captured) env.ws.graph_abandon(*env.caller);
+                         });
+                       });
 }
 
 std::string shape_text(at::IntArrayRef sizes) {

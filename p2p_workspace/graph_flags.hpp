@@ -71,7 +71,11 @@ namespace cuda_p2p {
 //    (NOTE [Replay-safe signals]: they then count from zero in every op, whatever an earlier
 //    replay left) and then passes the slot-0 barrier; its full barriers are flag barriers, its
 //    other signals counted; it closes with a flag barrier. A barrier alone (intra_node_barrier,
-//    a barrier op) is an op of two flag barriers.
+//    a barrier op) is an op of two flag barriers;
+//  - what is open is kept per capture (its id): a barrier is the open op's next one only within
+//    the capture that opened it. An op that raises after its open (or a rejection) forgets it, so
+//    a later barrier-only op opens for itself; two threads capturing on one group keep theirs
+//    apart.
 // One device, the host's or CUDA's, runs every flag wait (Device::graph_kernel): on the host in
 // one task of the stream (the whole op: one recorded task per captured op), on CUDA in the
 // kernel; a wait gives up at the group's timeout and ends at a failure as a counted wait does.

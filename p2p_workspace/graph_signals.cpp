@@ -84,7 +84,7 @@ void SymmetricWorkspace::graph_barrier(Stream& s, int channel, const std::vector
     const std::string context = "barrier on channel " + std::to_string(channel) + " (rank " +
                                 std::to_string(rank_) + ", graph)";
     uint32_t tag = 0;
-    const int slot = next_graph_slot(channel, tag);
+    const int slot = next_graph_slot(s, channel, tag);
     if (slot >= 0) {
       device_->graph_kernel(s, graph_launch(channel, tag, {slot}, 1), {}, limit, context);
       return;
@@ -138,12 +138,20 @@ GraphLaunch SymmetricWorkspace::graph_launch(int channel, uint32_t tag,
   return g;
 }
 
-int SymmetricWorkspace::next_graph_slot(int channel, uint32_t& tag) {
+int SymmetricWorkspace::next_graph_slot(Stream& s, int channel, uint32_t& tag) {
   check_channel(channel);
+  const uint64_t capture = device_->capture_id(s);
   std::lock_guard<std::mutex> lock(graph_mu_);
-  if (!graph_open_) return -1;
-  tag = graph_tag_;
-  return 1 + graph_barriers_[channel]++ % 2;  // NOTE [Graph flags]: slots 1 and 2 alternate
+  const auto it = graph_open_.find(capture);
+  if (it == graph_open_.end()) return -1;
+  tag = it->second.tag;
+  return 1 + it->second.barriers[channel]++ % 2;  // NOTE [Graph flags]: slots 1 and 2 alternate
+}
+
+void SymmetricWorkspace::graph_abandon(Stream& s) {
+  const uint64_t capture = device_->capture_id(s);
+  std::lock_guard<std::mutex> lock(graph_mu_);
+  graph_open_.erase(capture);
 }
 
 void SymmetricWorkspace::graph_kernel(Stream& s, int channel, uint32_t tag, int barriers,
@@ -157,10 +165,7 @@ void SymmetricWorkspace::graph_kernel(Stream& s, int channel, uint32_t tag, int 
   for (int i = 0; i < barriers; ++i) {
     g.slot[g.barriers++] = static_cast<uint8_t>(i == 0 ? 0 : 1 + (i - 1) % 2);
   }
-  {
-    std::lock_guard<std::mutex> lock(graph_mu_);
-    graph_open_ = false;  // an op of its own: its first barrier is an open
-  }
+  graph_abandon(s);  // an op of its own: its first barrier is an open
   device_->graph_kernel(s, g, std::move(body), timeout(), context);
 }
 
@@ -168,10 +173,9 @@ void SymmetricWorkspace::graph_open(Stream& s, int channel, uint32_t tag,
                                     const std::string& context) {
   check_channel(channel);
   {
+    const uint64_t capture = device_->capture_id(s);
     std::lock_guard<std::mutex> lock(graph_mu_);
-    graph_open_ = true;
-    graph_tag_ = tag;
-    std::fill(graph_barriers_.begin(), graph_barriers_.end(), 0);
+    graph_open_[capture] = GraphOpenOp{tag, std::vector<int>(options_.num_channels, 0)};
   }
   if (!graph_flags()) {
     std::vector<int> all(world_size_);
@@ -192,11 +196,13 @@ void SymmetricWorkspace::graph_close(Stream& s, int channel, const std::string& 
   uint32_t tag = 0;
   int slot = -1;
   {
+    const uint64_t capture = device_->capture_id(s);
     std::lock_guard<std::mutex> lock(graph_mu_);
-    if (!graph_open_) return;
-    graph_open_ = false;
-    tag = graph_tag_;
-    slot = 1 + graph_barriers_[channel]++ % 2;
+    const auto it = graph_open_.find(capture);
+    if (it == graph_open_.end()) return;
+    tag = it->second.tag;
+    slot = 1 + it->second.barriers[channel]++ % 2;
+    graph_open_.erase(it);
   }
   const std::string what = context + " (close, rank " + std::to_string(rank_) + ", graph)";
   if (!graph_flags()) {

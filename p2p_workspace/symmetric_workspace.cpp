@@ -177,7 +177,6 @@ SymmetricWorkspace::SymmetricWorkspace(c10::intrusive_ptr<c10d::Store> store, in
   TORCH_CHECK(options_.graph_region_bytes >= 0,
               "cuda_p2p: workspace graph_region_bytes must be >= 0, got ",
               options_.graph_region_bytes);
-  graph_barriers_.assign(static_cast<size_t>(options_.num_channels), 0);
   device_->set_timeout(options_.timeout);
   timeout_ms_.store(options_.timeout.count(), std::memory_order_relaxed);
   HostPaths* host = device_->host_paths();  // NOTE [Host fast paths]

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -184,6 +185,9 @@ class SymmetricWorkspace {
   void graph_open(Stream& s, int channel, uint32_t tag, const std::string& context);
   // The close of the open op: a barrier on `channel`'s next slot. Nothing when no op is open.
   void graph_close(Stream& s, int channel, const std::string& context);
+  // Forgets the open op of `s`'s capture, enqueueing nothing: an op that raised after its open,
+  // or a rejection. The capture's next barrier-only op is then an op of its own.
+  void graph_abandon(Stream& s);
 
   // Fails the device for good (Device::abort): pending and later waits raise; the destructor
   // then waits for no peer (NOTE [Block lifetime] in block_retirement.cpp). Thread-safe.
@@ -214,8 +218,9 @@ class SymmetricWorkspace {
   // NOTE [Graph flags]: a run of flag barriers on `slots` of `blocks` blocks of `channel`.
   GraphLaunch graph_launch(int channel, uint32_t tag, std::initializer_list<int> slots,
                            int blocks) const;
-  // The slot of the open op's next full barrier on `channel`, or -1 when no op is open.
-  int next_graph_slot(int channel, uint32_t& tag);
+  // The slot of the open op's next full barrier on `channel` in `s`'s capture, or -1 when no op
+  // is open there.
+  int next_graph_slot(Stream& s, int channel, uint32_t& tag);
 
   c10::intrusive_ptr<c10d::Store> store_;
   const int rank_;
@@ -247,12 +252,16 @@ class SymmetricWorkspace {
   // NOTE [Replay-safe signals]: set by the first captured op; the mappings captures used.
   std::atomic<bool> capturing_any_{false};
   std::vector<std::shared_ptr<Mapping>> captured_;
-  // NOTE [Graph flags]: the copy-engine op being captured between graph_open and graph_close, its
-  // tag, and per channel its full barriers so far (which slot the next one takes).
+  // NOTE [Graph flags]: per capture (by its id), the copy-engine op being captured between
+  // graph_open and graph_close: its tag, and per channel its full barriers so far (which slot the
+  // next one takes). Per capture, so that two threads capturing on one group, or a capture after
+  // one whose op raised, never take another capture's open for their own.
+  struct GraphOpenOp {
+    uint32_t tag = 0;
+    std::vector<int> barriers;
+  };
   std::mutex graph_mu_;
-  bool graph_open_ = false;
-  uint32_t graph_tag_ = 0;
-  std::vector<int> graph_barriers_;
+  std::unordered_map<uint64_t, GraphOpenOp> graph_open_;
   std::atomic<bool> aborted_{false};
   mutable std::mutex mapping_mutex_;
   std::shared_ptr<Mapping> mapping_;

@@ -332,6 +332,42 @@ TEST(Graphs, ARankThatNeverReplaysIsNamed) {
   EXPECT_TRUE(dev.drain(Millis(5000)));
 }
 
+// NOTE [Graph flags]: what is open is kept per capture. Rank 0's captured all-reduce is rejected
+// (its arguments fail their checks: it takes part with a rejected signature and raises) while its
+// peers capture theirs; then every rank captures a barrier alone, which must be an op of its own
+// on every rank, and passes at every replay. (Before, the rejection's open stayed open: rank 0's
+// barrier took it for its own, on another slot and tag than its peers' - a foreign tag or a
+// timeout at the first replay.)
+TEST(Graphs, ARejectedCapturedOpLeavesNothingOpenForTheNextCapture) {
+  const auto& w = world();
+  if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  auto pg = make_group(Millis(10000), "cooperative");
+  Device& dev = pg->workspace()->device();
+  auto s = dev.new_stream(false);
+  set_current_stream(dev, s);
+  auto t = input({1001}, w.rank);
+  begin_capture(dev, s);
+  if (w.rank == 0) {
+    expect_error(
+        [&] { pg->check_all_reduce_in_place(t, [] { TORCH_CHECK(false, "a bad argument"); }); },
+        "a bad argument");
+  } else {
+    std::vector<at::Tensor> v{t};
+    pg->allreduce(v, c10d::AllreduceOptions());
+  }
+  (void)end_capture(dev);  // never replayed: its ranks disagree
+  begin_capture(dev, s);
+  pg->workspace()->barrier(*s, ops::kCollectiveChannel);  // a barrier op alone, on the op's channel
+  auto barrier = end_capture(dev);
+  for (int i = 0; i < 3; ++i) {
+    barrier->replay();
+    dev.synchronize(*s);
+  }
+  eager_all_reduce(*pg, dev, *s, 1);  // the group still works
+  set_current_stream(dev, nullptr);
+  pg->shutdown();
+}
+
 // ---------------------------------------------------------------------------------------------
 // The ops on a workspace of their own (NOTE [Captured collectives in one kernel], NOTE [Graph
 // flags]): every kind, dtype and reduce op as one kernel, against plain ATen; the copy-engine
