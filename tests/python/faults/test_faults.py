@@ -303,6 +303,9 @@ def test_survivors_shrink_past_a_killed_rank_and_finish_training(world, victim):
     assert not noisy, f"survivors printed a store error or C++ trace: {noisy}\n{logs}"
 
 
+TEARDOWN_TIMEOUT_S = 10  # _teardown_rank.py's group timeout
+
+
 def test_teardown_after_the_store_host_exited_is_quiet_and_bounded():
     """NOTE [Quiet teardown] in p2p_workspace/store_probe.cpp: on a group spanning two simulated
     hosts, rank 0 (the TCPStore's host) destroys its group and exits first; the other host's
@@ -332,8 +335,14 @@ def test_teardown_after_the_store_host_exited_is_quiet_and_bounded():
         for r in range(world):
             checked = _first(_events(out_dir, r), "checked")
             assert checked and checked["counters"].get("all_reduce.hierarchical") == 1, text
+            # "At once" is the protocol's outcome, not a guess at the machine's speed: no rank
+            # waited its closing handshake out (NOTE [Block lifetime]: it warns, naming the ranks
+            # that "did not close ... in time"); and the teardown ends well within a few group
+            # timeouts (10 s in _teardown_rank.py, which caps that wait) on a busy machine too.
             destroyed = _first(_events(out_dir, r), "destroyed")
-            assert destroyed and destroyed["seconds"] < 5.0, (r, destroyed, text)
+            assert destroyed and destroyed["seconds"] < 3 * TEARDOWN_TIMEOUT_S, (r, destroyed, text)
+            with open(os.path.join(out_dir, f"rank{r}.log"), errors="replace") as f:
+                assert "in time" not in f.read(), (r, text)
         noisy = _noisy(out_dir, world)
         assert not noisy, f"ranks printed a store error or C++ trace: {noisy}\n{text}"
         new = _dev_shm() - shm_before

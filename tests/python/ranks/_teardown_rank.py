@@ -40,7 +40,7 @@ store = dist.TCPStore("127.0.0.1", port, world, rank == 0,
                       timeout=datetime.timedelta(seconds=180))
 faulthandler.dump_traceback_later(60, exit=True)
 dist.init_process_group("cuda_p2p", store=store, rank=rank, world_size=world,
-                        timeout=datetime.timedelta(seconds=10))
+                        timeout=datetime.timedelta(seconds=10))  # test_faults.TEARDOWN_TIMEOUT_S
 t = torch.full((64,), float(rank + 1))
 dist.all_reduce(t)
 counters = cuda_p2p.get_cuda_p2p_backend().get_counters()
