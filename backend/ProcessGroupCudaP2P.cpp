@@ -375,7 +375,9 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::event_work(c10d::OpType type,
   auto work = c10::make_intrusive<EventWork>(getRank(), type, std::move(outputs), device,
                                              std::move(end), abort_hooks_);
   // NOTE [Mismatches reach the Work] in backend/works.cpp.
-  if (device && collectives_.on()) work->set_mismatch_check(collectives_.recorded_mismatch_check());
+  if (device && collectives_.on()) {
+    work->set_mismatch_check(collectives_.recorded_mismatch_check("Work"));
+  }
   return wrapped_.track(std::move(work));
 }
 
@@ -384,8 +386,11 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::event_work(c10d::OpType type,
 // all_reduce_) hand CPU tensors to the calling thread, which reads them itself, not through work
 // on its current stream: so on a host device with CUDA's semantics, whose ops return queued, the
 // op has run when such a call returns. (On CUDA the caller's next kernels follow the op on its
-// stream; on a synchronous host device it has run already; under capture nothing runs.)
-void ProcessGroupCudaP2P::settle_cpu_outputs() {
+// stream; on a synchronous host device it has run already; under capture nothing runs.) And, as
+// a Work's wait() for CPU outputs does (NOTE [Mismatches reach the Work] in backend/works.cpp),
+// it raises the ranks' recorded disagreement once the op has run: the caller is about to read
+// the outputs.
+void ProcessGroupCudaP2P::settle_cpu_outputs(const char* what) {
   if (!workspace_) return;
   Device& device = workspace_->device();
   const HostPaths* host = device.host_paths();
@@ -393,6 +398,7 @@ void ProcessGroupCudaP2P::settle_cpu_outputs() {
   auto stream = device.current_stream();
   if (workspace_->capturing(*stream)) return;
   device.synchronize(*stream);
+  if (auto check = collectives_.recorded_mismatch_check(what)) check();
 }
 
 // --- c10d::Backend ------------------------------------------------------------------------------
@@ -443,7 +449,7 @@ void ProcessGroupCudaP2P::all_reduce_in_place(at::Tensor& tensor, ops::ReduceOp 
   if (on_workspace(
           kAllReduce, {tensor, tensor, why, false}, [&] { return " " + ops::lower_name(op); },
           [&] { return collectives_.all_reduce(tensor, op); })) {
-    settle_cpu_outputs();
+    settle_cpu_outputs("all_reduce_");
     return;
   }
   // The wrapped backends expect contiguous tensors, as they do from dist.all_reduce.
@@ -956,7 +962,7 @@ at::Tensor ProcessGroupCudaP2P::all_gather_v(const at::Tensor& input,
     collectives_.check_or_reject("all_gather_v", OpKind::kAllGatherV, checks);
     auto r = collectives_.all_gather_v(input, sizes);
     counters_.record(Op::kAllGatherV, r.outcome);
-    settle_cpu_outputs();
+    settle_cpu_outputs("all_gather_v");
     return r.output;
   }
   if (hierarchy_) {
@@ -986,7 +992,7 @@ std::pair<at::Tensor, std::vector<int64_t>> ProcessGroupCudaP2P::all_to_all_v(
   if (!why) {
     auto r = collectives_.all_to_all_v(input, input_splits);
     counters_.record(Op::kAllToAllV, r.outcome);
-    settle_cpu_outputs();
+    settle_cpu_outputs("all_to_all_v");
     return {std::move(r.output), std::move(r.recv)};
   }
   if (input.defined()) {

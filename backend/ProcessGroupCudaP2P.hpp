@@ -403,7 +403,7 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   bool returns_no_work(bool async_op) const;
   // NOTE [CPU outputs without a Work]: a host device with CUDA's semantics runs the caller's
   // stream before a call without a Work hands it CPU outputs.
-  void settle_cpu_outputs();
+  void settle_cpu_outputs(const char* what);
   // send, recv and recvAnysource (`peer` -1): through the mailboxes, or `wrapped`, counted.
   template <typename Wrapped>
   WorkPtr send_or_recv(std::vector<at::Tensor>& tensors, c10d::OpType type, int peer, int tag,

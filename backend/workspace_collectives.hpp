@@ -71,9 +71,9 @@ class WorkspaceCollectives {
   // Where the ops' signatures are compared in stream order (CUDA; the host with CUDA's semantics):
   // a check that raises the disagreement the comparisons recorded, if any, failing the group's
   // device with it (ops::check_signature_record), for the Work of an op to call once the op has
-  // run (NOTE [Mismatches reach the Work] in backend/works.cpp). Empty where there is nothing to
-  // check.
-  std::function<void()> recorded_mismatch_check();
+  // run (NOTE [Mismatches reach the Work] in backend/works.cpp); `what` names the caller in the
+  // error. Empty where there is nothing to check.
+  std::function<void()> recorded_mismatch_check(const char* what);
   // Runs fn(ctx) for one workspace collective (NOTE [Collectives of a group run one at a time])
   // and returns its Outcome, marked `graph` when it was enqueued under capture. A function_ref,
   // not a std::function: nothing to construct, copy or destroy on the small all-reduce's path

@@ -53,6 +53,10 @@ def _cases(rank):
             torch.empty(dist.get_world_size(g) * (4 if first else 5)),
             torch.ones(4 if first else 5), group=g, async_op=True)),
         ("synchronous call", lambda g: dist.all_reduce(torch.ones(10 if first else 12), group=g)),
+        # No Work: the call returns CPU outputs the caller reads at once (NOTE [CPU outputs
+        # without a Work] in backend/ProcessGroupCudaP2P.cpp).
+        ("dispatcher op", lambda g: torch.ops.cuda_p2p.all_reduce_(
+            torch.ones(16 if first else 17), "sum", g.group_name)),
     ]
 
 
@@ -68,7 +72,7 @@ def check_mismatch_reaches_the_work(ctx, mode, case):
 
     def run():
         work = call(g)
-        if work is not None:
+        if isinstance(work, dist.Work):
             work.wait()
 
     err = raises(run)
@@ -103,3 +107,36 @@ CASE_NAMES = [name for name, _ in _cases(0)]
 @pytest.mark.parametrize("mode", MODES)
 def test_a_mismatch_reaches_every_ranks_work(any_world, mode, case):
     assert_ok(any_world.run(check_mismatch_reaches_the_work, mode, case))
+
+
+def check_a_rejection_reaches_the_peers(ctx, mode):
+    """A rank whose own arguments are bad (a reduce op the dispatcher op does not know) raises
+    them, and takes part with a rejected signature (issue 58, point 4): its peers raise naming it,
+    from the call itself - a call without a Work whose CPU outputs the caller reads next - never
+    returning the outputs of an op that paired with something else. Before, with CUDA's semantics,
+    rank 0 returned from the call without an error (checked on 2026-12-02) and only its next op
+    raised."""
+    W, me = ctx.world_size, ctx.rank
+    chk = Checker(f"rejection W={W} {mode}")
+    g = _fresh_group(mode)
+    x = torch.ones(8)
+    dist.all_reduce(x, group=g)
+    bad = 1
+    t = torch.ones(16)
+    err = raises(lambda: torch.ops.cuda_p2p.all_reduce_(t, "bogus" if me == bad else "sum",
+                                                         g.group_name))
+    if me == bad:
+        chk.case("the bad rank raises its own error", err is not None and "bogus" in err, f"{err}")
+    else:
+        chk.case("every peer raises naming it", err is not None
+                 and f"rank {bad} rejected its arguments" in err, f"{err}")
+    nxt = raises(lambda: dist.all_reduce(torch.ones(8), group=g))
+    if mode == "synchronous":
+        chk.case("the group stays usable", nxt is None, f"{nxt}")
+    dist.destroy_process_group(g)
+    return chk.result()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_rejection_reaches_the_peers_of_a_call_without_a_work(any_world, mode):
+    assert_ok(any_world.run(check_a_rejection_reaches_the_peers, mode))
