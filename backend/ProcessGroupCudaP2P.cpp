@@ -1103,6 +1103,12 @@ c10::intrusive_ptr<c10d::Window> ProcessGroupCudaP2P::new_window(
 // --- the fused pipelines and the hierarchy ------------------------------------------------------
 
 ops::pipeline::Group ProcessGroupCudaP2P::pipeline_group(c10::DeviceType device_type) {
+  // The fused ops go to the wrapped backend's send/recv where the workspace does not serve them
+  // (NOTE [Shrinking a CUDA backend never used] in backend/child_groups.cpp).
+  if (device_type == c10::DeviceType::CUDA &&
+      !(workspace_ && workspace_->available() && workspace_->device().tensor_device().is_cuda())) {
+    wrapped_.mark_cuda_used();
+  }
   ops::pipeline::Group group{workspace_.get(),
                              wrapped_.for_device(device_type).get(),
                              pipelines_,

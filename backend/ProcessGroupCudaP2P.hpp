@@ -20,7 +20,9 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -297,6 +299,16 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // NOTE [Child groups] in backend/child_groups.cpp: a group made from this one - over the
   // survivors of a dead rank (shrink), a subset of its ranks (split) or ranks of several groups
   // (merge) - is a cuda_p2p group with a workspace of its own.
+  // Makes a fresh CUDA backend (NCCL) for rank `rank` of `size`, rendezvousing under `store`,
+  // with `timeout` and the child's global ranks: what a shrink gives its child when the wrapped
+  // CUDA backend never ran anything (NOTE [Shrinking a CUDA backend never used]). Set from Python
+  // (python/cuda_p2p/_backend.py, which creates the wrapped NCCL); child groups inherit it.
+  using CudaBackendFactory = std::function<c10::intrusive_ptr<c10d::Backend>(
+      const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+      std::chrono::milliseconds timeout, const std::vector<uint64_t>& global_ranks)>;
+  void set_cuda_backend_factory(CudaBackendFactory factory) {
+    cuda_backend_factory_ = std::move(factory);
+  }
 #ifdef CUDA_P2P_C10D_HAS_SHRINK
   bool supportsShrinking() const override { return true; }
   c10::intrusive_ptr<c10d::Backend> shrink(
@@ -428,7 +440,8 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   std::shared_ptr<AbortHooks> abort_hooks_ = std::make_shared<AbortHooks>();
   // The GPU of init_process_group(device_id=...), for the workspace of a child group.
   std::optional<int64_t> bound_cuda_device_;
-  std::atomic<int> shrinks_{0};  // this group's shrinks so far: each one's store prefix
+  std::atomic<int> shrinks_{0};              // this group's shrinks so far: each one's store prefix
+  CudaBackendFactory cuda_backend_factory_;  // see set_cuda_backend_factory
   // A shrink of the default group: its name, once torch sets it, is the default group's.
   bool succeeds_default_group_ = false;
   std::atomic<bool> retired_{false};  // see retired()

@@ -102,6 +102,7 @@ c10::intrusive_ptr<ProcessGroupCudaP2P> ProcessGroupCudaP2P::make_child(
   }
   auto child = c10::make_intrusive<ProcessGroupCudaP2P>(store, me, size, options, std::move(cpu),
                                                         std::move(cuda), bound_cuda_device_);
+  child->cuda_backend_factory_ = cuda_backend_factory_;
   if (!hierarchy_ || child->is_p2p_available() || size < 2) return child;
 
   // A hierarchy over the child's ranks, laid out on the hosts as they are in this group.
@@ -178,6 +179,16 @@ void ProcessGroupCudaP2P::forget_peers(const std::vector<int>& ranks) {
 //    survivors only, and a dead rank's area is unmapped here, not when the group goes;
 //  - the child's workspace is a new one, under a store prefix of its own, among the survivors;
 //    its wrapped Gloo is a new one too (Gloo cannot shrink); NCCL shrinks.
+// NOTE [Shrinking a CUDA backend never used]
+// torch creates ProcessGroupNCCL lazily: its communicator is made at its first op. A cuda_p2p
+// group whose CUDA ops all went through the workspace never gave its wrapped NCCL an op, so that
+// NCCL has no communicator: ncclCommShrink has nothing to shrink (torch raises), and a split
+// would first initialize the parent over all its ranks - the dead one included - and hang. So a
+// shrink shrinks the wrapped NCCL only when something ran on it (WrappedBackends::cuda_used: an
+// op, a barrier, the fused ops' send/recv, a split or merge); otherwise the child gets a fresh
+// NCCL over the survivors, made lazily under the shrink's store prefix by the factory Python set
+// (set_cuda_backend_factory), as the CPU side's Gloo is made anew. SHRINK_DEFAULT on a used NCCL
+// follows NCCL's own rule: no NCCL op of this group may be outstanding.
 // SHRINK_ABORT first aborts what is in flight on this group (the abort hooks run, the waits of
 // the workspace and the mailboxes raise, the hierarchy aborts; NCCL aborts within its own
 // shrink), as NCCL's ncclCommShrink with NCCL_SHRINK_ABORT does: a survivor blocked in an op
@@ -233,10 +244,26 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupCudaP2P::shrink(
   }
   c10::intrusive_ptr<c10d::Backend> cuda;
   if (const auto& nccl = wrapped_.cuda()) {
-    TORCH_CHECK(nccl->supportsShrinking(), "cuda_p2p shrink: the wrapped CUDA backend ",
-                nccl->getBackendName(),
-                " cannot shrink (NCCL needs ncclCommShrink, NCCL 2.27 or later)");
-    cuda = nccl->shrink(ranks_to_exclude, shrink_flags, nullptr);
+    if (wrapped_.cuda_used()) {
+      TORCH_CHECK(nccl->supportsShrinking(), "cuda_p2p shrink: the wrapped CUDA backend ",
+                  nccl->getBackendName(),
+                  " cannot shrink (NCCL needs ncclCommShrink, NCCL 2.27 or later)");
+      cuda = nccl->shrink(ranks_to_exclude, shrink_flags, nullptr);
+    } else {
+      // NOTE [Shrinking a CUDA backend never used]
+      TORCH_CHECK(cuda_backend_factory_, "cuda_p2p shrink: the wrapped CUDA backend ",
+                  nccl->getBackendName(),
+                  " never ran anything, so it has no communicator to shrink, and this group has no "
+                  "factory for a fresh one (ProcessGroupCudaP2P::set_cuda_backend_factory)");
+      std::vector<uint64_t> global;
+      const auto& parent_global = options_->global_ranks_in_group;
+      for (int r : survivors) {
+        global.push_back(parent_global.size() == static_cast<size_t>(W) ? parent_global[r]
+                                                                        : static_cast<uint64_t>(r));
+      }
+      cuda = cuda_backend_factory_(prefixed("nccl/", store), index_of(survivors, me),
+                                   static_cast<int>(survivors.size()), options->timeout, global);
+    }
   }
   auto child = make_child(store, survivors, std::move(options), std::move(cpu), std::move(cuda));
   child->succeeds_default_group_ = is_default_group_name(options_->group_name);
@@ -260,6 +287,7 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupCudaP2P::split(
   // part too (ncclCommSplit without a color), then has no child.
   c10::intrusive_ptr<c10d::Backend> cuda;
   if (const auto& nccl = wrapped_.cuda()) {
+    wrapped_.mark_cuda_used();  // the split initializes it
     cuda = nccl->split(prefixed("nccl/", store), ranks, wrapped_options(*nccl, *options));
   }
   if (index_of(ranks, getRank()) < 0) return nullptr;
@@ -283,10 +311,13 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupCudaP2P::merge(
   auto cpu = gloo.merge(prefixed("gloo/", store), wrapped_options(gloo, *options), rank, size);
   c10::intrusive_ptr<c10d::Backend> cuda;
   if (const auto& nccl = wrapped_.cuda()) {
+    wrapped_.mark_cuda_used();
     cuda = nccl->merge(prefixed("nccl/", store), wrapped_options(*nccl, *options), rank, size);
   }
-  return c10::make_intrusive<ProcessGroupCudaP2P>(
+  auto merged = c10::make_intrusive<ProcessGroupCudaP2P>(
       store, rank, size, std::move(options), std::move(cpu), std::move(cuda), bound_cuda_device_);
+  merged->cuda_backend_factory_ = cuda_backend_factory_;
+  return merged;
 }
 #endif
 

@@ -44,6 +44,7 @@ c10d::Backend& WrappedBackends::route(c10::ArrayRef<at::Tensor> tensors, const c
                 t.device());
   }
   auto backend = for_device(type);
+  if (backend && backend == cuda_) mark_cuda_used();
   TORCH_CHECK(backend, "cuda_p2p ", op, ": got ", c10::DeviceTypeName(type),
               " tensors, but this group has no backend for them (NCCL is created only when CUDA "
               "is available at init_process_group/new_group)");
@@ -73,6 +74,7 @@ c10d::Backend& WrappedBackends::route_barrier(c10d::BarrierOptions& opts, bool d
       opts.device_ids = {*workspace_gpu};
     }
   }
+  mark_cuda_used();
   return *cuda_;
 }
 

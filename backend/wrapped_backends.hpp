@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -27,6 +28,11 @@ class WrappedBackends {
 
   const c10::intrusive_ptr<c10d::Backend>& cpu() const { return cpu_; }
   const c10::intrusive_ptr<c10d::Backend>& cuda() const { return cuda_; }
+  // Whether anything was ever handed to the CUDA backend to run (an op, a barrier, the fused ops'
+  // send/recv, a split or merge): the only ways a lazily created NCCL gets a communicator through
+  // this group (NOTE [Shrinking a CUDA backend never used] in backend/child_groups.cpp).
+  bool cuda_used() const { return cuda_used_.load(std::memory_order_acquire); }
+  void mark_cuda_used() const { cuda_used_.store(true, std::memory_order_release); }
   // The backend for a device type, or null; TORCH_CHECKs for an unsupported type.
   c10::intrusive_ptr<c10d::Backend> for_device(c10::DeviceType type) const;
   // The backend for these tensors: all on one device type, with a backend for it; `op` names the
@@ -74,6 +80,7 @@ class WrappedBackends {
  private:
   c10::intrusive_ptr<c10d::Backend> cpu_;
   c10::intrusive_ptr<c10d::Backend> cuda_;
+  mutable std::atomic<bool> cuda_used_{false};
   mutable std::mutex mutex_;
   bool coalescing_ = false;
   std::vector<WorkPtr> coalesced_works_;

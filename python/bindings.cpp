@@ -156,6 +156,27 @@ PYBIND11_MODULE(_C, m) {
           "bound GPU and splits (NOTE [Child groups] in backend/child_groups.cpp): NCCL's "
           "ncclCommSplit needs every rank of the parent, but a cuda_p2p group made by new_group "
           "creates its wrapped NCCL anew among its members, so there is nothing to take part in.")
+      .def(
+          "_set_cuda_backend_factory",
+          [](ProcessGroupCudaP2P& self, py::function factory) {
+            // Held and released with the GIL: a group may go in a thread without it.
+            std::shared_ptr<py::function> fn(new py::function(std::move(factory)),
+                                             [](py::function* f) {
+                                               py::gil_scoped_acquire gil;
+                                               delete f;
+                                             });
+            self.set_cuda_backend_factory(
+                [fn](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                     std::chrono::milliseconds timeout, const std::vector<uint64_t>& global_ranks) {
+                  py::gil_scoped_acquire gil;
+                  return (*fn)(store, rank, size, timeout, global_ranks)
+                      .cast<c10::intrusive_ptr<c10d::Backend>>();
+                });
+          },
+          py::arg("factory"),
+          "factory(store, rank, size, timeout, global_ranks) -> a fresh CUDA backend (NCCL): what "
+          "a shrink gives its child when the wrapped CUDA backend never ran anything (NOTE "
+          "[Shrinking a CUDA backend never used] in backend/child_groups.cpp).")
       .def("is_p2p_available", &ProcessGroupCudaP2P::is_p2p_available,
            "Whether the symmetric P2P workspace is set up (all ranks on one host, not disabled).")
       .def("p2p_unavailable_reason", &ProcessGroupCudaP2P::p2p_unavailable_reason,

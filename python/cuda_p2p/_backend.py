@@ -49,6 +49,9 @@ def _create_backend(opts, pg_options) -> ProcessGroupCudaP2P:
         nccl = dist.ProcessGroupNCCL(PrefixStore("nccl/", store), rank, size, nccl_options)
     backend = ProcessGroupCudaP2P(store, rank, size, options, gloo, nccl,
                                   bound_device=_bound_cuda_index(opts))
+    if nccl is not None:
+        backend._set_cuda_backend_factory(_fresh_nccl_factory(options.nccl_options,
+                                                              str(opts.group_id)))
     if not backend.is_p2p_available():
         _attach_hierarchy(backend, store, rank, size, options, opts)
     elif size > 1 and backend.symmetric_device().type == "cuda":
@@ -64,6 +67,23 @@ def _create_backend(opts, pg_options) -> ProcessGroupCudaP2P:
         # (NOTE [The default group's name] in backend/dispatcher_group.cpp).
         _set_default_group_name(str(opts.group_id))
     return backend
+
+
+def _fresh_nccl_factory(template, group_name: str):
+    """What a shrink calls for its child's CUDA backend when the wrapped NCCL never ran anything
+    (NOTE [Shrinking a CUDA backend never used] in backend/child_groups.cpp): a new, lazily
+    initialized ProcessGroupNCCL over the survivors, with the parent's NCCL options."""
+
+    def make(store, rank, size, timeout, global_ranks):
+        o = dist.ProcessGroupNCCL.Options()
+        if template is not None:
+            o.is_high_priority_stream = template.is_high_priority_stream
+        o._timeout = timeout
+        o.global_ranks_in_group = list(global_ranks)
+        o.group_name = f"{group_name}/shrunk"
+        return dist.ProcessGroupNCCL(store, rank, size, o)
+
+    return make
 
 
 def _bound_cuda_index(opts) -> int | None:

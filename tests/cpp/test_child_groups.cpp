@@ -48,6 +48,35 @@ class SplittableBackend : public c10d::Backend {
       c10::make_intrusive<c10d::Backend::Options>("splittable");
 };
 
+// A stand-in for the wrapped NCCL (NOTE [Shrinking a CUDA backend never used] in
+// backend/child_groups.cpp): counts its shrinks and barriers, and runs nothing else.
+class ShrinkableCuda : public c10d::Backend {
+ public:
+  ShrinkableCuda(int rank, int size) : c10d::Backend(rank, size) {}
+  const std::string getBackendName() const override { return "shrinkable-cuda"; }
+  bool supportsShrinking() const override { return true; }
+  c10::intrusive_ptr<c10d::Backend> shrink(
+      const std::vector<int64_t>& excluded, int,
+      const c10::intrusive_ptr<c10d::Backend::Options>&) override {
+    ++shrinks;
+    int rank = getRank();
+    for (int64_t r : excluded) rank -= r < getRank() ? 1 : 0;
+    return c10::make_intrusive<ShrinkableCuda>(rank, getSize() - static_cast<int>(excluded.size()));
+  }
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
+    ++barriers;
+    return c10::make_intrusive<Done>(getRank());
+  }
+  int shrinks = 0;
+  int barriers = 0;
+
+ private:
+  class Done : public c10d::Work {
+   public:
+    explicit Done(int rank) : c10d::Work(rank) { finish(); }
+  };
+};
+
 c10::intrusive_ptr<ProcessGroupCudaP2P> make_group(
     const c10::intrusive_ptr<c10d::Store>& store,
     c10::intrusive_ptr<ProcessGroupCudaP2P::Options> options = {}) {
@@ -205,6 +234,63 @@ TEST(ChildGroups, ShrinkPastASilentRankWaitsForItNowhere) {
     EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
   }
   store_barrier("shrunk");
+}
+
+// NOTE [Shrinking a CUDA backend never used]: a wrapped CUDA backend that never ran anything has no
+// communicator, so the child gets a fresh one from the group's factory over the survivors (before,
+// its shrink was called: torch's NCCL raises, or initializes over every parent rank, the dead one
+// included, and hangs); one that ran something is shrunk.
+TEST(ChildGroups, ShrinkGivesAnUnusedCudaBackendAFreshOneAndShrinksAUsedOne) {
+  const auto& w = world();
+  if (w.size < 2) GTEST_SKIP() << "a shrink needs a rank to exclude";
+  const int silent = w.size - 1;
+  for (const bool used : {false, true}) {
+    auto cuda = c10::make_intrusive<ShrinkableCuda>(w.rank, w.size);
+    auto options = c10::make_intrusive<ProcessGroupCudaP2P::Options>();
+    options->workspace_device = "cpu";  // a host workspace beside the CUDA backend
+    auto parent = c10::make_intrusive<ProcessGroupCudaP2P>(
+        child_store(used ? "used/" : "unused/"), w.rank, w.size, options,
+        c10::make_intrusive<SplittableBackend>(w.rank, w.size), cuda);
+    struct Made {
+      int rank, size;
+      std::vector<uint64_t> global;
+    };
+    std::vector<Made> made;
+    parent->set_cuda_backend_factory([&](const c10::intrusive_ptr<c10d::Store>&, int rank, int size,
+                                         std::chrono::milliseconds,
+                                         const std::vector<uint64_t>& global) {
+      made.push_back({rank, size, global});
+      return c10::make_intrusive<ShrinkableCuda>(rank, size);
+    });
+    if (used) {  // a barrier on a GPU goes to the CUDA backend
+      c10d::BarrierOptions on_gpu;
+      on_gpu.device = c10::Device(c10::DeviceType::CUDA, 0);
+      parent->barrier(on_gpu)->wait();
+      EXPECT_EQ(cuda->barriers, 1);
+    }
+    if (w.rank != silent) {
+      auto child = c10::dynamic_intrusive_pointer_cast<ProcessGroupCudaP2P>(
+          parent->shrink({silent}, 0, nullptr));
+      ASSERT_TRUE(child);
+      std::vector<int> survivors;
+      std::vector<uint64_t> global;
+      for (int r = 0; r < silent; ++r) {
+        survivors.push_back(r);
+        global.push_back(static_cast<uint64_t>(r));
+      }
+      EXPECT_EQ(cuda->shrinks, used ? 1 : 0) << "used " << used;
+      if (used) {
+        EXPECT_TRUE(made.empty());
+      } else {
+        ASSERT_EQ(made.size(), 1u);
+        EXPECT_EQ(made[0].rank, w.rank);
+        EXPECT_EQ(made[0].size, silent);
+        EXPECT_EQ(made[0].global, global);
+      }
+      expect_works(*child, survivors);
+    }
+    store_barrier(used ? "shrunk-used" : "shrunk-unused");
+  }
 }
 
 TEST(ChildGroups, ShrinkWithAbortRunsTheHooksAndAbortsTheParent) {

@@ -254,3 +254,34 @@ _slow = pytest.mark.slow  # 3 or more ranks: out of the quick loop (tests/python
     pytest.param(4, SHRINK_DEFAULT, "2 hosts", marks=_slow)])
 def test_shrink_past_a_silent_rank(size, flags, placement, request):
     assert_ok(request.getfixturevalue(f"world{size}").run(check_shrink, flags, placement))
+
+
+def test_the_fresh_nccl_factory_sets_only_options_torch_has():
+    """NOTE [Shrinking a CUDA backend never used] in backend/child_groups.cpp: the factory a shrink
+    calls for a fresh NCCL (python/cuda_p2p/_backend.py) runs only on a GPU machine; here, the
+    NCCL options it sets exist on this torch with the types it gives them (a rename would
+    otherwise first show at a GPU job's shrink)."""
+    if not dist.is_nccl_available():
+        pytest.skip("torch built without NCCL")
+    from cuda_p2p import _backend
+
+    template = dist.ProcessGroupNCCL.Options()
+    template.is_high_priority_stream = True
+    made = {}
+
+    class Recording:  # what ProcessGroupNCCL would be given
+        def __init__(self, store, rank, size, options):
+            made.update(store=store, rank=rank, size=size, options=options)
+
+    real = dist.ProcessGroupNCCL
+    try:
+        dist.ProcessGroupNCCL = Recording
+        dist.ProcessGroupNCCL.Options = real.Options
+        _backend._fresh_nccl_factory(template, "7")(
+            "store", 1, 3, datetime.timedelta(seconds=42), [0, 2, 5])
+    finally:
+        dist.ProcessGroupNCCL = real
+    o = made["options"]
+    assert (made["rank"], made["size"]) == (1, 3)
+    assert o.is_high_priority_stream and o._timeout == datetime.timedelta(seconds=42)
+    assert list(o.global_ranks_in_group) == [0, 2, 5] and o.group_name == "7/shrunk"
