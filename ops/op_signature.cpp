@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "ops/signature_body.hpp"
 #include "ops/signature_kernels.hpp"
 
 namespace cuda_p2p::ops {
@@ -165,10 +166,18 @@ std::string zero_copy_hint(const std::vector<Decoded>& d) {
 
 // The error every rank raises, built from the W descriptors (identical on every rank, so the
 // text is too); "" when they all equal `mine` or `mine` is itself invalid.
+// The descriptors' policy on the host (ops/signature_body.hpp): plain accesses, ordered by the
+// barrier's release and acquire.
+struct HostSignature {
+  uint32_t load(const uint32_t* p) const { return *p; }
+  void store(uint32_t* p, uint32_t v) const { *p = v; }
+};
+
 std::string disagreement(const uint32_t* all, int W, const Words& mine, const OpSignature& sig) {
+  static_assert(kWords == kSignatureBodyWords, "one descriptor size");
   bool differs = false;
-  for (int r = 0; r < W && !differs; ++r) {
-    differs = std::memcmp(all + r * kWords, mine.data(), sizeof(Words)) != 0;
+  for (int i = 0; i < kWords && !differs; ++i) {
+    differs = signature_word_differs(all, W, mine.data(), i, HostSignature{});
   }
   if (!differs || sig.invalid) return "";
   std::vector<Decoded> d;
@@ -264,7 +273,10 @@ void publish_signature(SymmetricWorkspace& ws, Stream& s, int channel, const Sig
     return;
   }
   ws.device().host_task(s, [words, slots = std::move(slots)] {
-    for (uint32_t* slot : slots) std::memcpy(slot, words.data(), sizeof(words));
+    for (int i = 0; i < kWords; ++i) {
+      signature_publish_word(words.data(), slots.data(), static_cast<int>(slots.size()), i,
+                             HostSignature{});
+    }
   });
 }
 

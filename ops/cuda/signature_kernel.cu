@@ -1,17 +1,25 @@
 #include "ops/cuda/signature_kernel.cuh"
+#include "ops/signature_body.hpp"
 
 namespace cuda_p2p::cuda {
 
 namespace {
 
+static_assert(kSignatureWords == ops::kSignatureBodyWords, "one descriptor size");
+
+// The descriptors' policy (ops/signature_body.hpp): volatile accesses, since another process's
+// kernel reads the peer's pad; the barrier's stream write that follows in stream order carries
+// the fence that publishes them.
+struct CudaSignature {
+  __device__ uint32_t load(const uint32_t* p) const {
+    return *static_cast<const volatile uint32_t*>(p);
+  }
+  __device__ void store(uint32_t* p, uint32_t v) const { *static_cast<volatile uint32_t*>(p) = v; }
+};
+
 __global__ void publish_signature_kernel(SignatureWords words, SignatureTargets targets) {
   const int i = threadIdx.x;  // one word per thread
-  for (int t = 0; t < targets.count; ++t) {
-    // Volatile: the peer's pad is read by another process's kernel; the barrier's stream write
-    // that follows in stream order carries the fence that publishes it.
-    volatile uint32_t* slot = targets.slot[t];
-    slot[i] = words.w[i];
-  }
+  ops::signature_publish_word(words.w, targets.slot, targets.count, i, CudaSignature{});
   // NOTE [Descriptor visibility]: over PCIe P2P a peer may observe the barrier's signal before
   // these posted writes unless they are fenced system-wide first; the waiter adds
   // CU_STREAM_WAIT_VALUE_FLUSH where the device supports it (p2p_workspace/cuda/cuda_device.cpp).
@@ -21,14 +29,10 @@ __global__ void publish_signature_kernel(SignatureWords words, SignatureTargets 
 __global__ void compare_signatures_kernel(const uint32_t* slots, int world_size,
                                           SignatureWords mine, SignatureRecord* record) {
   const int i = threadIdx.x;
-  const volatile uint32_t* s = slots;
-  bool differs = false;
-  // Word 0 is the stamp: it must match too (a stale descriptor is a disagreement).
-  for (int r = 0; r < world_size; ++r) differs |= s[r * kSignatureWords + i] != mine.w[i];
+  const CudaSignature f;
+  const bool differs = ops::signature_word_differs(slots, world_size, mine.w, i, f);
   if (!__syncthreads_or(differs)) return;
-  for (int r = 0; r < world_size; ++r) {
-    record->words[r * kSignatureWords + i] = s[r * kSignatureWords + i];
-  }
+  ops::signature_record_word(slots, world_size, i, record->words, f);
   __threadfence_system();
   __syncthreads();
   if (i == 0) {

@@ -21,6 +21,7 @@
 
 #include "ops/graph_layout.hpp"
 #include "ops/kernel_host.hpp"
+#include "ops/signature_body.hpp"
 #include "p2p_workspace/flag_barrier_body.hpp"
 #include "p2p_workspace/signal_wait_body.hpp"
 
@@ -550,6 +551,48 @@ TEST(SignalWaits, PollsDecisionsAndWhatAGiveUpRecords) {
   EXPECT_EQ(counted_wait_outcome(FlagPoll::kEnded), FlagOutcome::kEnd);
   EXPECT_EQ(counted_wait_outcome(FlagPoll::kPeerFailed), FlagOutcome::kFail);
   EXPECT_EQ(counted_wait_outcome(FlagPoll::kTimedOut), FlagOutcome::kFail);
+}
+
+// The op-signature kernels' body (ops/signature_body.hpp: the CUDA publish and compare kernels,
+// and the host's handshake) on plain memory, a thread per word as on the GPU: W ranks publish into
+// every pad; agreeing descriptors compare equal on every word; one word of one rank's changed (a
+// stamp, a size) differs on that word only; the record holds every rank's descriptor.
+struct PlainSignature {
+  uint32_t load(const uint32_t* p) const { return *p; }
+  void store(uint32_t* p, uint32_t v) const { *p = v; }
+};
+
+TEST(SignatureKernels, PublishCompareAndRecord) {
+  constexpr int W = 3, n = ops::kSignatureBodyWords;
+  std::vector<std::vector<uint32_t>> pads(W, std::vector<uint32_t>(W * n, 0));
+  auto descriptor = [] {  // every rank's: they agree
+    std::vector<uint32_t> d(n);
+    for (int i = 0; i < n; ++i) d[i] = 1000u * static_cast<uint32_t>(i) + 7u;
+    return d;
+  };
+  const PlainSignature f;
+  for (int r = 0; r < W; ++r) {
+    std::vector<uint32_t*> slots;
+    for (int q = 0; q < W; ++q) slots.push_back(pads[q].data() + r * n);  // r's slot in q's pad
+    const auto d = descriptor();
+    for (int i = 0; i < n; ++i) ops::signature_publish_word(d.data(), slots.data(), W, i, f);
+  }
+  const auto mine = descriptor();
+  for (int q = 0; q < W; ++q) {
+    for (int i = 0; i < n; ++i) {
+      EXPECT_FALSE(ops::signature_word_differs(pads[q].data(), W, mine.data(), i, f)) << q << i;
+    }
+  }
+  pads[1][2 * n + 5] += 1;  // rank 2's word 5 as rank 1 sees it
+  pads[1][1 * n + 0] += 1;  // rank 1's own stamp
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(ops::signature_word_differs(pads[1].data(), W, mine.data(), i, f), i == 0 || i == 5)
+        << i;
+    EXPECT_FALSE(ops::signature_word_differs(pads[0].data(), W, mine.data(), i, f)) << i;
+  }
+  std::vector<uint32_t> record(W * n, 0);
+  for (int i = 0; i < n; ++i) ops::signature_record_word(pads[1].data(), W, i, record.data(), f);
+  EXPECT_EQ(record, pads[1]);
 }
 
 }  // namespace

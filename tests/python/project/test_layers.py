@@ -125,8 +125,9 @@ KERNELS = {
     "write_signal_kernel": None,  # one store each: the host's futex_store_and_wake
     "advance_counter_kernel": None,
     "write_counted_kernel": None,
-    "publish_signature_kernel": None,  # the op signatures: the host's check in ops/op_signature
-    "compare_signatures_kernel": None,
+    # The op signatures' words: the host's handshake in ops/op_signature.cpp runs the same body.
+    "publish_signature_kernel": ("ops/signature_body.hpp", "signature_publish_word"),
+    "compare_signatures_kernel": ("ops/signature_body.hpp", "signature_word_differs"),
     "sleep_kernel": None,  # a test aid: sleeps on the GPU
 }
 GLOBAL = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(")
