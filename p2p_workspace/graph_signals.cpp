@@ -90,7 +90,7 @@ void SymmetricWorkspace::graph_barrier(Stream& s, int channel, const std::vector
       return;
     }
     static constexpr char kBarrier[] = "barrier";
-    graph_kernel(s, channel, graph_tag(kBarrier, sizeof(kBarrier) - 1), 2, 1, {}, context);
+    graph_kernel(s, channel, graph_tag(kBarrier, sizeof(kBarrier) - 1), 2, 1, {}, context, limit);
     return;
   }
   counted_barrier(s, channel, members, limit);
@@ -155,8 +155,8 @@ void SymmetricWorkspace::graph_abandon(Stream& s) {
 }
 
 void SymmetricWorkspace::graph_kernel(Stream& s, int channel, uint32_t tag, int barriers,
-                                      int blocks, GraphKernelBody body,
-                                      const std::string& context) {
+                                      int blocks, GraphKernelBody body, const std::string& context,
+                                      std::optional<Millis> limit) {
   TORCH_CHECK(graph_flags() && barriers >= 2 && barriers <= kMaxGraphBarriers,
               "cuda_p2p graph_kernel: needs 2 to ", kMaxGraphRanks, " ranks and 2 to ",
               kMaxGraphBarriers, " barriers, got ", world_size_, " and ", barriers);
@@ -166,7 +166,7 @@ void SymmetricWorkspace::graph_kernel(Stream& s, int channel, uint32_t tag, int 
     g.slot[g.barriers++] = static_cast<uint8_t>(i == 0 ? 0 : 1 + (i - 1) % 2);
   }
   graph_abandon(s);  // an op of its own: its first barrier is an open
-  device_->graph_kernel(s, g, std::move(body), timeout(), context);
+  device_->graph_kernel(s, g, std::move(body), limit.value_or(timeout()), context);
 }
 
 void SymmetricWorkspace::graph_open(Stream& s, int channel, uint32_t tag,

@@ -175,9 +175,11 @@ class SymmetricWorkspace {
   // The flag `src` sets in `target`'s pad for barriers on `slot` of `block` on `channel`.
   uint32_t* graph_flag(int target, int channel, int block, int slot, int src) const;
   // A kernel op on `channel` (Device::graph_kernel): `barriers` flag barriers, on slots 0, 1,
-  // 2, ..., of `blocks` blocks, tagged `tag`, with `body` between them.
+  // 2, ..., of `blocks` blocks, tagged `tag`, with `body` between them; its waits give up after
+  // `limit` (default: the group's timeout).
   void graph_kernel(Stream& s, int channel, uint32_t tag, int barriers, int blocks,
-                    GraphKernelBody body, const std::string& context);
+                    GraphKernelBody body, const std::string& context,
+                    std::optional<Millis> limit = std::nullopt);
   // The open of an op that keeps the copy engine under capture: clears this rank's graph counts,
   // then a flag barrier on slot 0 of `channel`, tagged `tag`. Until graph_close, the op's full
   // barriers (barrier()) on every channel are flag barriers on the alternating slots. Without

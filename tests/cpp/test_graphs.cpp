@@ -368,6 +368,33 @@ TEST(Graphs, ARejectedCapturedOpLeavesNothingOpenForTheNextCapture) {
   pg->shutdown();
 }
 
+// A captured barrier alone waits its caller's limit (intra_node_barrier(timeout=...)), not the
+// group's timeout (issue 56, finding 9: before, the op of its own took the group's 60 s).
+TEST(Graphs, ACapturedBarrierWaitsItsCallersLimit) {
+  const auto& w = world();
+  if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  auto pg = make_group(Millis(60000), "cooperative");
+  Device& dev = pg->workspace()->device();
+  auto s = dev.new_stream(false);
+  set_current_stream(dev, s);
+  begin_capture(dev, s);
+  pg->intra_node_barrier({}, Millis(700));
+  auto barrier = end_capture(dev);
+  const int absent = w.size - 1;
+  if (w.rank != absent) {
+    barrier->replay();
+    // Given up at the limit: within half the group's timeout, on a busy machine too (the
+    // synchronous host's error also says "timed out after 700 ms"; CUDA's record names the rank).
+    const auto t0 = std::chrono::steady_clock::now();
+    expect_error_naming_rank([&] { dev.synchronize(*s); }, "never arrived", absent);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+  }
+  store_barrier("limit-timed-out");  // the absent rank stays until its peers gave up
+  set_current_stream(dev, nullptr);
+  pg->abort();
+  EXPECT_TRUE(dev.drain(Millis(5000)));
+}
+
 // ---------------------------------------------------------------------------------------------
 // The ops on a workspace of their own (NOTE [Captured collectives in one kernel], NOTE [Graph
 // flags]): every kind, dtype and reduce op as one kernel, against plain ATen; the copy-engine
