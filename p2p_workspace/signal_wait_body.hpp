@@ -55,20 +55,10 @@ CUDA_P2P_HOST_DEVICE inline uint32_t eager_wait_give_up(FlagPoll p) {
   return p == FlagPoll::kTimedOut ? kWaitGaveUp : kWaitEnded;
 }
 
-// A counted wait (a replayed graph's) fails at its deadline and at a peer's failure (NOTE [Counted
-// waits end with the failure]); it ends quietly where this device failed or gave up on another
-// wait, which its host knows.
-CUDA_P2P_HOST_DEVICE inline FlagOutcome counted_wait_outcome(FlagPoll p) {
-  switch (p) {
-    case FlagPoll::kWaiting:
-    case FlagPoll::kPassed:
-      return FlagOutcome::kPass;
-    case FlagPoll::kEnded:
-      return FlagOutcome::kEnd;
-    default:
-      return FlagOutcome::kFail;
-  }
-}
+// A counted wait (a replayed graph's) decides as the flag barrier does: it fails at its deadline
+// and at a peer's failure (NOTE [Counted waits end with the failure]); it ends quietly where this
+// device failed or gave up on another wait, which its host knows.
+CUDA_P2P_HOST_DEVICE inline FlagOutcome counted_wait_outcome(FlagPoll p) { return flag_outcome(p); }
 
 // What a wait that ends early records as missing: mark(j) for every wait j from `next` on not
 // reached now.
