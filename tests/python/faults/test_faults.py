@@ -37,6 +37,7 @@ MARGIN_S = 0.5 * TIMEOUT_S
 # clone's run once failed with none of three ranks ready and nothing in their logs (2026-12-02,
 # beside the sanitizer tests and a build: load far above the 2 cores).
 START_S = 240.0
+TEARDOWN_GUARD_S = 30.0  # _fault_rank.py: faulthandler's limit after a survivor's error
 
 _PORT = free_port()  # every case reuses it: each job is "the next job on the same port"
 
@@ -116,8 +117,12 @@ def run_fault(case: str, world: int, victim: int, signal_from_test: int | None,
         else:
             t_fault = _first(_events(out_dir, victim), "ready")["t"]
         survivors = [r for r in range(world) if r != victim]
-        # Every survivor must exit by itself: error, destroy, residue check.
-        end = t_fault + TIMEOUT_S + MARGIN_S + 20
+        # Every survivor must exit by itself: error (within the timeout and its margin), then
+        # destroy - whose closing handshake waits up to one more timeout for the dead rank (NOTE
+        # [Block lifetime]) - and the residue check. A survivor that hangs there is ended by its
+        # own guard, TEARDOWN_GUARD_S after its error, with its stacks in its log: wait past that,
+        # so that a slow or hung teardown shows its stacks rather than a process "left behind".
+        end = t_fault + TIMEOUT_S + MARGIN_S + TEARDOWN_GUARD_S + 10
         for r in survivors:
             try:
                 procs[r].wait(timeout=max(0.1, end - time.time()))

@@ -169,7 +169,7 @@ def main():
         run(rank, world, store, case, victim, event)
     except Exception as e:  # noqa: BLE001 - every error is the point here
         event("error", error=f"{type(e).__name__}: {e}"[:3000])
-    faulthandler.dump_traceback_later(30, exit=True)
+    faulthandler.dump_traceback_later(30, exit=True)  # test_faults.TEARDOWN_GUARD_S
     if dist.is_initialized():
         try:
             dist.destroy_process_group()
