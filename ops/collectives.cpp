@@ -233,7 +233,10 @@ CaptureBracket::~CaptureBracket() {
   if (std::uncaught_exceptions() > exceptions_) {
     // Nothing more is enqueued for an op that raised; what it opened is forgotten, so that the
     // capture's next barrier-only op opens for itself (NOTE [Graph flags]).
-    ctx_.ws.graph_abandon(ctx_.stream);
+    try {
+      ctx_.ws.graph_abandon(ctx_.stream);
+    } catch (...) {  // NOLINT(bugprone-empty-catch): the exception in flight is the one to report
+    }
     return;
   }
   try {
