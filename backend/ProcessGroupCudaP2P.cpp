@@ -1177,6 +1177,25 @@ void ProcessGroupCudaP2P::hooks_on_device_failure() noexcept {
   }
 }
 
+void ProcessGroupCudaP2P::check() {
+  if (!workspace_) return;
+  try {
+    workspace_->device().check_healthy("cuda_p2p.check");
+  } catch (const c10::Error& e) {
+    // This rank's own abort() or shutdown is no error; a peer's failure still is (as getError).
+    if (retired() &&
+        classify_failure(e.what_without_backtrace(), getRank()) != ErrorKind::kRemoteError) {
+      return;
+    }
+    hooks_on_device_failure();  // NOTE [Abort hooks]
+    throw;
+  }
+}
+
+std::string ProcessGroupCudaP2P::lost_context() const {
+  return workspace_ ? workspace_->device().lost_context() : "";
+}
+
 // NOTE [Error kinds] in backend/abort_hooks.cpp. The wrapped Gloo reports none (its getError is
 // always SUCCESS); NCCL reports its communicator's.
 ErrorKind ProcessGroupCudaP2P::error_kind() {

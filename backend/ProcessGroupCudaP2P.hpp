@@ -296,6 +296,14 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // getError()'s answer on any torch: the kind of the group's first failure, else the wrapped
   // NCCL's, else its hierarchy's intra-host group's, else kSuccess.
   ErrorKind error_kind();
+  // cuda_p2p.check(group) (NOTE [Who traps] in p2p_workspace/flag_barrier_body.hpp): raises the
+  // group's failure - its own op's deadline or mismatch, a peer's failure whose word ended this
+  // rank's kernels quietly - after its abort hooks ran, without synchronizing any stream; quiet
+  // on a healthy group and on one this rank aborted or shut down itself.
+  void check();
+  // Why a kernel of the workspace's device gave up with an error that loses the CUDA context
+  // (Device::lost_context; "" while none did, and without a workspace).
+  std::string lost_context() const;
   // NOTE [Child groups] in backend/child_groups.cpp: a group made from this one - over the
   // survivors of a dead rank (shrink), a subset of its ranks (split) or ranks of several groups
   // (merge) - is a cuda_p2p group with a workspace of its own.

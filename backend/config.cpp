@@ -576,6 +576,19 @@ std::vector<Knob> rows() {
                "ranks whose tensors differ raise a signature mismatch. off: symmetric inputs "
                "stage like any other. CUDA's default stays off until signature has been "
                "validated on GPUs."});
+  // NOTE [Who traps] in p2p_workspace/flag_barrier_body.hpp.
+  k.push_back({.option = "trap_on_peer_failure",
+               .field = &Options::trap_on_peer_failure,
+               .env = "CUDA_P2P_TRAP_ON_PEER_FAILURE",
+               .kind = Kind::kBool,
+               .default_rule = {.value = false},
+               .reported = true,
+               .land = store<&Config::workspace_options, &WorkspaceOptions::trap_on_peer_failure>,
+               .read = load<&Config::workspace_options, &WorkspaceOptions::trap_on_peer_failure>,
+               .help = "A CUDA workspace's kernels (captured collectives, replayed waits) trap "
+                       "when a peer's failure reaches them, losing this process's CUDA context, "
+                       "for jobs that prefer to die fast under an elastic launcher; off: they end "
+                       "quietly and the next cuda_p2p call or cuda_p2p.check(group) raises."});
   // NOTE [Unfused below a size] in backend/dispatcher_fused_ops.cpp.
   k.push_back({.option = "fused_min_flops",
                .field = &Options::fused_min_flops,

@@ -81,6 +81,7 @@ struct Options : c10d::Backend::Options {
   std::optional<int64_t> mailbox_slot_bytes;
   std::optional<bool> inline_all_reduce;
   std::optional<int64_t> fused_min_flops;
+  std::optional<bool> trap_on_peer_failure;
 
   // Not marked override: older torch releases have no Options::clone().
   virtual c10::intrusive_ptr<c10d::Backend::Options> clone() const {

@@ -184,6 +184,9 @@ struct FailureWords {
   std::vector<uint32_t*> peers;  // this rank's word in each peer's area, by rank (null: itself)
   // The areas' mappings (this rank's first): the device keeps them while it may use the words.
   std::vector<std::shared_ptr<Block>> areas;
+  // The group's choice: kernels trap at a peer's failure (NOTE [Who traps] in
+  // p2p_workspace/flag_barrier_body.hpp; WorkspaceOptions::trap_on_peer_failure).
+  bool trap_on_peer_failure = false;
   // Where peer `peer`'s area is in `areas`: after this rank's, the peers in rank order.
   static size_t area_index(int rank, int peer) {
     return static_cast<size_t>(peer < rank ? peer + 1 : peer);
@@ -288,6 +291,10 @@ class Device {
   // check_healthy for the Work of an op enqueued earlier (Work.wait(), is_success()): no error
   // after a retire() that drained, since that op ran to its end normally.
   virtual void check_work(const char* op) { check_healthy(op); }
+  // NOTE [Who traps] in p2p_workspace/flag_barrier_body.hpp: why a kernel of this device gave up
+  // with an error that loses the CUDA context ("" while none did): the give-ups a CUDA device's
+  // kernels recorded before they trapped, the host with CUDA's semantics' model of a trap.
+  virtual std::string lost_context() const { return ""; }
   // NOTE [Failure words]: whether the device has its words (a group's symmetric heap, a second
   // workspace on the group's device and ranks, finds them set and makes no area of its own),
   // and the words, handed over once, before the device's first op (a later call is ignored).

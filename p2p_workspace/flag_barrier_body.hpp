@@ -24,17 +24,35 @@ enum class FlagPoll : uint8_t {
   kTimedOut,    // not set at the deadline
 };
 
-// What the block does after the barrier: go on, end quietly (its host knows why), or give up
-// with an error (CUDA: trap after the record; the host: raise).
+// What the block does after the barrier: go on, end quietly (its host knows why, or learns it
+// from the failure word), or give up with an error (CUDA: trap after the record; the host's
+// model of a trap: NOTE [Who traps]).
 enum class FlagOutcome : uint8_t { kPass = 0, kEnd = 1, kFail = 2 };
 
-CUDA_P2P_HOST_DEVICE inline FlagOutcome flag_outcome(FlagPoll p) {
+// NOTE [Who traps]
+// A trap loses the CUDA context: the process must restart, and under MPS every client of the GPU
+// goes with it. So a kernel gives up with an error only where nobody else can know:
+//  - at its own deadline, and at a foreign tag (the ranks are at different ops: a protocol
+//    violation its host cannot see), after recording why in the host-mapped give-up record;
+//  - not at a peer's failure: the failure word that ended the wait is host memory, and the
+//    rank's host turns it into the group's failure (every check, the watchdog's scan), so the next
+//    cuda_p2p call raises naming the rank and its reason, and cuda_p2p.check(group) says so
+//    without a GPU synchronize in a loop that only replays graphs. The kernel ends quietly;
+//  - not at this device's own failure or give-up elsewhere (an abort, a shutdown, an eager
+//    timeout, a mismatch): its host knows.
+// A job that prefers to die fast under an elastic launcher opts back in to trapping at a peer's
+// failure (Options.trap_on_peer_failure, CUDA_P2P_TRAP_ON_PEER_FAILURE). The host device with
+// CUDA's semantics models a trap as a lost context it records (Device::lost_context) before it
+// raises into the stream, so that the suites assert no healthy peer ever reaches one.
+CUDA_P2P_HOST_DEVICE inline FlagOutcome flag_outcome(FlagPoll p, bool trap_on_peer_failure) {
   switch (p) {
     case FlagPoll::kWaiting:
     case FlagPoll::kPassed:
       return FlagOutcome::kPass;
     case FlagPoll::kEnded:
       return FlagOutcome::kEnd;
+    case FlagPoll::kPeerFailed:
+      return trap_on_peer_failure ? FlagOutcome::kFail : FlagOutcome::kEnd;
     default:
       return FlagOutcome::kFail;
   }

@@ -136,6 +136,7 @@ struct GraphLaunch {
   void* give_up = nullptr;
   const uint32_t* peer_failed = nullptr;
   const uint32_t* failed = nullptr;
+  bool trap_on_peer_failure = false;  // NOTE [Who traps] in p2p_workspace/flag_barrier_body.hpp
 
   // The word this rank consumes from `src`, and the word it stores into in `target`'s pad.
   CUDA_P2P_HOST_DEVICE uint32_t* mine(int block, int i, int src) const {

@@ -55,10 +55,14 @@ CUDA_P2P_HOST_DEVICE inline uint32_t eager_wait_give_up(FlagPoll p) {
   return p == FlagPoll::kTimedOut ? kWaitGaveUp : kWaitEnded;
 }
 
-// A counted wait (a replayed graph's) decides as the flag barrier does: it fails at its deadline
-// and at a peer's failure (NOTE [Counted waits end with the failure]); it ends quietly where this
-// device failed or gave up on another wait, which its host knows.
-CUDA_P2P_HOST_DEVICE inline FlagOutcome counted_wait_outcome(FlagPoll p) { return flag_outcome(p); }
+// A counted wait (a replayed graph's) decides as the flag barrier does (NOTE [Who traps] in
+// p2p_workspace/flag_barrier_body.hpp): it fails at its deadline; it ends quietly at a peer's
+// failure (unless the group traps on one) and where this device failed or gave up on another
+// wait, which its host knows.
+CUDA_P2P_HOST_DEVICE inline FlagOutcome counted_wait_outcome(FlagPoll p,
+                                                             bool trap_on_peer_failure) {
+  return flag_outcome(p, trap_on_peer_failure);
+}
 
 // What a wait that ends early records as missing: mark(j) for every wait j from `next` on not
 // reached now.

@@ -552,6 +552,7 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
   if (area) {  // NOTE [Failure words]
     FailureWords words;
     words.rank = rank_;
+    words.trap_on_peer_failure = options_.trap_on_peer_failure;
     words.own = static_cast<uint32_t*>(area->data());
     words.areas.push_back(area);
     for (int r = 0; r < world_size_; ++r) {

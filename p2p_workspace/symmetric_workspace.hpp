@@ -48,6 +48,9 @@ struct WorkspaceOptions {
   // The graph region of each block, after its pad: where captured collectives run as one kernel
   // stage their data (NOTE [Graph flags]); 0: none (they keep the copy engine).
   int64_t graph_region_bytes = kDefaultGraphRegionBytes;
+  // Kernels trap at a peer's failure instead of ending quietly (NOTE [Who traps] in
+  // p2p_workspace/flag_barrier_body.hpp): for jobs that prefer to die fast.
+  bool trap_on_peer_failure = false;
 };
 
 class BlockRetirement;  // p2p_workspace/block_retirement.hpp

@@ -77,14 +77,18 @@ namespace cuda_p2p {
 // it ends at once when any is set. The first give-up thereby ends every later wait of the
 // replay, and the watchdog, which polls the give-up count from the first counted wait on
 // (Watchdog::arm), turns it into the device's failure within max_poll and publishes it to the
-// peers, whose counted waits then end too. A loop that only replays graphs calls nothing of
-// cuda_p2p's, so it learns of the failure from CUDA: a counted wait that ends without its
-// signals - at its deadline, or at a peer's failure word - traps (as PyTorch's symmetric memory
-// does on a timed-out barrier), and torch's next synchronize raises. The CUDA context is then
-// unusable and the process must restart: the replay computed on stale data, and a job whose
-// graphs hang on a missing rank is lost anyway. A wait ended by this device's own failure (an
-// abort() from the host, which knows) does not trap. The host device with CUDA's semantics
-// raises the wait's error into its stream instead.
+// peers, whose counted waits then end too. Who learns what, and how (NOTE [Who traps] in
+// p2p_workspace/flag_barrier_body.hpp):
+//  - a counted wait that reaches its deadline traps (as PyTorch's symmetric memory does on a
+//    timed-out barrier) after its record: nobody else knows, and torch's next synchronize raises;
+//    the CUDA context is then unusable and the process must restart;
+//  - one that a peer's failure word ends returns quietly: the word is host memory, every check
+//    and the watchdog turn it into this device's failure, and the next cuda_p2p call raises, or
+//    cuda_p2p.check(group) in a loop that only replays graphs (trapping instead where the group
+//    asked for it);
+//  - one that this device's own failure or give-up ends returns quietly: its host knows.
+// The host device with CUDA's semantics models a trap as a lost context it records before it
+// raises the wait's error into its stream.
 //
 // NOTE [Failure words]
 // A released stream runs on through what its host queued ahead (NOTE [Releasing blocked
@@ -111,8 +115,8 @@ namespace cuda_p2p {
 //    that a Work or synchronize that ran after its stream did raises: the peer published before
 //    its released stream wrote anything, so a rank whose stream consumed a stale signal finds
 //    the word set when it looks after the stream ran;
-//  - the wait kernels, eager and counted, which end at once (the counted ones trap: NOTE
-//    [Counted waits end with the failure]);
+//  - the wait kernels, eager and counted, and the flag barriers, which end at once and quietly
+//    (NOTE [Who traps] in p2p_workspace/flag_barrier_body.hpp);
 //  - the watchdog on every scan: a stream memory operation waits for one word and cannot watch
 //    a second, so the watchdog fails the device and releases it.
 // A retire() that drained publishes nothing: its ops ran to their end, and its peers' results

@@ -280,6 +280,11 @@ PYBIND11_MODULE(_C, m) {
       .def("get_counters", &ProcessGroupCudaP2P::counters,
            "Which paths ran: {'all_reduce.one_shot': 3, 'all_reduce.wrapped': 1, ...}.")
       .def("reset_counters", &ProcessGroupCudaP2P::reset_counters)
+      .def("check", &ProcessGroupCudaP2P::check, py::call_guard<py::gil_scoped_release>(),
+           "Raises the group's failure (cuda_p2p.check).")
+      .def("_lost_context", &ProcessGroupCudaP2P::lost_context,
+           "Why a kernel of the workspace gave up with an error that loses the CUDA context (the "
+           "host with CUDA's semantics: its model of a trap); '' while none did.")
       .def(
           "_knob_values",
           [](const ProcessGroupCudaP2P& self) {

@@ -726,6 +726,7 @@ class CudaDevice : public Device {
     const cuda::WaitEnds e = ends();
     g.peer_failed = e.peer_failed;
     g.failed = e.failed;
+    g.trap_on_peer_failure = e.trap_on_peer_failure;
     c10::cuda::CUDAStreamGuard guard(as_cuda(s).stream);
     if (body.cuda) {
       body.cuda(g);
@@ -911,12 +912,16 @@ class CudaDevice : public Device {
     check_graph_give_up();
     failure_.check_work(op);
   }
+  // Every give-up a kernel records traps right after (NOTE [Who traps]); a trap at a peer's
+  // failure, which a group may ask for, records none.
+  std::string lost_context() const override { return graph_give_up(); }
 
   // NOTE [Failure words]: this rank's area is registered (cudaHostRegisterMapped), so that its
   // wait kernels poll the word through a device address; the peers' are written by the CPU only.
   bool has_failure_words() const override { return failure_.has_words(); }
   void set_failure_words(FailureWords words) override {
     if (failure_.has_words() || words.areas.empty()) return;
+    trap_on_peer_failure_.store(words.trap_on_peer_failure, std::memory_order_release);
     c10::cuda::CUDAGuard guard(index_);
     const auto& own = words.areas.front();
     void* dev = nullptr;
@@ -1026,6 +1031,10 @@ class CudaDevice : public Device {
       if (q == cudaSuccess) break;
       if (q != cudaErrorNotReady) {
         (void)cudaGetLastError();
+        // A kernel that trapped recorded why first (NOTE [Who traps]): the named reason - the
+        // ranks it missed, a foreign tag, a peer's failure - before the stream's bare error.
+        check_graph_give_up();
+        failure_.check(op);
         TORCH_CHECK(false, "cuda_p2p ", op, ": the stream failed: ", cudaGetErrorString(q));
       }
       check_graph_give_up();
@@ -1096,7 +1105,8 @@ class CudaDevice : public Device {
   cuda::WaitEnds ends() const {
     return cuda::WaitEnds{failure_word_dev_.load(std::memory_order_acquire),
                           graph_give_up_dev_ ? &graph_give_up_dev_->failed : nullptr,
-                          failure_rank_.load(std::memory_order_acquire)};
+                          failure_rank_.load(std::memory_order_acquire),
+                          trap_on_peer_failure_.load(std::memory_order_acquire)};
   }
   // NOTE [Pinned pools]: a give-up record, once there is a free one.
   WaitResources::Record take_record(const std::string& context) {
@@ -1153,7 +1163,8 @@ class CudaDevice : public Device {
   std::mutex areas_mu_;
   std::atomic<const uint32_t*> failure_word_dev_{nullptr};
   std::atomic<int> failure_rank_{-1};
-  std::unique_ptr<Watchdog> watchdog_;  // NOTE [Device failure]
+  std::atomic<bool> trap_on_peer_failure_{false};  // NOTE [Who traps]
+  std::unique_ptr<Watchdog> watchdog_;             // NOTE [Device failure]
 };
 
 }  // namespace

@@ -57,9 +57,10 @@ struct CudaFlags {
 // peers published is visible to every thread after it). Thread q < world_size stores this rank's
 // tag into peer q's slot and consumes peer q's word in its own. Returns true when the block goes
 // on, false when the kernel must end quietly: this device failed, or another wait of it gave up,
-// which its host knows. Traps where the host device raises - at the deadline, at a foreign tag,
-// at a peer's failure word (NOTE [Counted waits end with the failure] in watchdog.hpp) - after
-// recording why in g.give_up, which the host reads.
+// which its host knows, or a peer's failure reached this rank's failure word, which its host
+// reads. Traps only where nobody else can know (NOTE [Who traps] in
+// p2p_workspace/flag_barrier_body.hpp) - at the deadline, at a foreign tag; at a peer's failure
+// word only where the group asked for it - after recording why in g.give_up, which the host reads.
 __device__ __forceinline__ bool graph_barrier(const GraphLaunch& g, int i) {
   using namespace graph_detail;
   __shared__ int verdict;
@@ -94,7 +95,7 @@ __device__ __forceinline__ bool graph_barrier(const GraphLaunch& g, int i) {
         __threadfence_system();
         atomicAdd_system(&give_up->gave_up, 1u);
       }
-      atomicMax(&verdict, static_cast<int>(flag_outcome(p)));
+      atomicMax(&verdict, static_cast<int>(flag_outcome(p, g.trap_on_peer_failure)));
       break;
     }
   }

@@ -1,6 +1,7 @@
 #include "p2p_workspace/cuda/global_timer.cuh"
 #include "p2p_workspace/cuda/graph_barrier.cuh"
 #include "p2p_workspace/cuda/signal_kernels.cuh"
+#include "p2p_workspace/signal_store_body.hpp"
 
 namespace cuda_p2p::cuda {
 
@@ -12,9 +13,20 @@ __device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t* addr) {
   return v;
 }
 
+// The signal stores' policy (p2p_workspace/signal_store_body.hpp): the stream's own counters by
+// plain loads and stores (its earlier kernels wrote them); a signal after a system-wide fence
+// (what the stream wrote before is visible to the peers first), by a system-scope release store.
+struct CudaStores {
+  __device__ uint32_t load(const uint32_t* p) const { return *p; }
+  __device__ void store(uint32_t* p, uint32_t v) const { *p = v; }
+  __device__ void publish(uint32_t* addr, uint32_t value) const {
+    __threadfence_system();
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(addr), "r"(value) : "memory");
+  }
+};
+
 __global__ void write_signal_kernel(uint32_t* addr, uint32_t value) {
-  __threadfence_system();
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(addr), "r"(value) : "memory");
+  signal_write(addr, value, CudaStores{});
 }
 
 __device__ __forceinline__ uint32_t load_volatile(const uint32_t* addr) {
@@ -89,12 +101,12 @@ __global__ void wait_signals_kernel(KernelWaits waits, uint64_t timeout_ns, Kern
   __threadfence_system();
 }
 
-__global__ void advance_counter_kernel(uint32_t* counter, uint32_t delta) { *counter += delta; }
+__global__ void advance_counter_kernel(uint32_t* counter, uint32_t delta) {
+  counter_advance(counter, delta, CudaStores{});
+}
 
 __global__ void write_counted_kernel(uint32_t* addr, const uint32_t* counter, uint32_t offset) {
-  const uint32_t value = *counter + offset;  // this stream's own earlier kernels wrote it
-  __threadfence_system();
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(addr), "r"(value) : "memory");
+  counted_write(addr, counter, offset, CudaStores{});
 }
 
 // NOTE [Counted waits end with the failure] (p2p_workspace/watchdog.hpp).
@@ -106,8 +118,9 @@ __global__ void wait_counted_kernel(CountedKernelWaits waits, uint64_t timeout_n
   const CountedList list{waits, value};
   int next = 0;
   const FlagPoll p = poll_until_decided(list, f, timeout_ns, &next);
-  // Passed, or an earlier give-up of this device or its own failure: its host knows.
-  if (counted_wait_outcome(p) != FlagOutcome::kFail) return;
+  // Passed, or an earlier give-up of this device or its own failure: its host knows; or a peer's
+  // failure, which its host reads from the word (NOTE [Who traps]).
+  if (counted_wait_outcome(p, ends.trap_on_peer_failure) != FlagOutcome::kFail) return;
   signal_wait_missing(list, next, f, [&](int j) {
     const int q = waits.peer[j];
     if (q >= 0 && q < 128) atomicOr_system(&give_up->peer_bits[q / 32], 1u << (q % 32));

@@ -34,6 +34,7 @@ struct WaitEnds {
   const uint32_t* peer_failed;  // this rank's failure word: 1 + the rank that failed first
   const uint32_t* failed;       // the device's own failure (GraphGiveUp::failed)
   int rank;                     // this rank: its own failure coming back is not a peer's
+  bool trap_on_peer_failure;    // NOTE [Who traps] in p2p_workspace/flag_barrier_body.hpp
 };
 
 // Writes `value` to `addr` after a system-wide fence (prior writes of the stream become visible
@@ -92,10 +93,11 @@ cudaError_t launch_write_counted(uint32_t* addr, const uint32_t* counter, uint32
                                  cudaStream_t stream);
 // Spins until every *addr[i] >= *counter[i] + offset[i] (sequence-number order) or `timeout_ns`
 // passes; then flags the missing peers in *give_up (a device pointer to host-mapped memory) and
-// traps (NOTE [Counted waits end with the failure]): torch's next synchronize raises. Traps the
-// same way once a peer's failure reaches this rank's word (`ends.peer_failed`); returns at once,
-// flagging nothing, once give_up->gave_up or give_up->failed is set (a give-up of this device,
-// or its own failure, which its host knows).
+// traps (NOTE [Counted waits end with the failure]): torch's next synchronize raises. Returns at
+// once, flagging nothing, once a peer's failure reaches this rank's word (`ends.peer_failed`,
+// which the host reads; trapping instead where ends.trap_on_peer_failure: NOTE [Who traps] in
+// p2p_workspace/flag_barrier_body.hpp), or give_up->gave_up or give_up->failed is set (a give-up
+// of this device, or its own failure, which its host knows).
 cudaError_t launch_wait_counted(const CountedKernelWaits& waits, uint64_t timeout_ns,
                                 GraphGiveUp* give_up, WaitEnds ends, cudaStream_t stream);
 

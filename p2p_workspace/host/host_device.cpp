@@ -27,6 +27,7 @@
 #include "p2p_workspace/host/futex_wait.hpp"
 #include "p2p_workspace/host/host_stream.hpp"
 #include "p2p_workspace/host/shared_block.hpp"
+#include "p2p_workspace/signal_store_body.hpp"
 #include "p2p_workspace/signal_wait_body.hpp"
 #include "p2p_workspace/watchdog.hpp"
 
@@ -54,6 +55,19 @@ HostStreams resolve_mode(HostStreams mode) {
 uint32_t read_counter(const uint32_t* counter) {
   return std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(counter)).load(std::memory_order_relaxed);
 }
+
+// The signal stores' policy on the host (p2p_workspace/signal_store_body.hpp). NOTE [Replay-safe
+// signals] in p2p_workspace/symmetric_workspace.cpp: a counter is read and written only by the
+// tasks of the streams of one channel, one at a time (relaxed atomics, ordered by the streams' own
+// order); the words they produce are published by futex_store_and_wake's release exchange, which
+// wakes a sleeping waiter (NOTE [Sleeper bit]).
+struct HostStores {
+  uint32_t load(const uint32_t* p) const { return read_counter(p); }
+  void store(uint32_t* p, uint32_t v) const {
+    std::atomic_ref<uint32_t>(*p).store(v, std::memory_order_relaxed);
+  }
+  void publish(uint32_t* addr, uint32_t value) const { futex_store_and_wake(addr, value); }
+};
 
 // The task that makes `self` wait until `other` has run `seq` tasks (wait_event, and a replay's
 // recorded waits). It holds `other`: as a CUDA event outlives its stream, a wait may still be
@@ -158,6 +172,10 @@ struct GraphGiveUps {
     }
     count.fetch_add(1, std::memory_order_release);
   }
+  // NOTE [Who traps] in p2p_workspace/flag_barrier_body.hpp: the group's choice, and the model of
+  // a trap: why the first kernel that would have trapped did ("" while none did).
+  std::atomic<bool> trap_on_peer_failure{false};
+  std::string lost;  // mu
 };
 
 // The waits' policy on the host (p2p_workspace/signal_wait_body.hpp), for a counted wait of a
@@ -183,12 +201,19 @@ struct HostWaitList {
   uint32_t value(int i) const { return w[i].value; }
 };
 
-// What the wait kernel's trap is on a host stream (NOTE [Counted waits end with the failure]):
+// What a kernel's trap is on a host stream (NOTE [Who traps] in p2p_workspace/
+// flag_barrier_body.hpp): the lost context it stands for, recorded (Device::lost_context), then
 // the error of the stream, which skips the rest of its queue.
-[[noreturn]] void trap(const std::string& context, const std::string& why) {
-  TORCH_CHECK(false, "cuda_p2p ", context, ": ", why,
-              "; the counted wait trapped (NOTE [Counted waits end with the failure])");
+[[noreturn]] void trap(GraphGiveUps& give_ups, const std::string& context, const std::string& why) {
+  const std::string what = "cuda_p2p " + context + ": " + why;
+  {
+    std::lock_guard<std::mutex> lock(give_ups.mu);
+    if (give_ups.lost.empty()) give_ups.lost = what;
+  }
+  TORCH_CHECK(false, what, "; the kernel trapped (NOTE [Who traps])");
 }
+constexpr const char* kPeerFailedWhy =
+    "a peer's failure reached this rank's failure word (NOTE [Failure words])";
 
 bool all_arrived(const std::vector<SignalWait>& waits) {
   return std::all_of(waits.begin(), waits.end(), [](const SignalWait& w) { return arrived(w); });
@@ -485,23 +510,17 @@ class HostDevice : public Device, public HostPaths {
     enqueue(s, HostTask::work([dst, src, n] { std::memcpy(dst, src, n); }));
   }
 
+  // The signal stores' bodies are the CUDA kernels' (p2p_workspace/signal_store_body.hpp).
   void write_signal(Stream& s, uint32_t* addr, uint32_t value) override {
     check_not_captured(as_host(s), "write_signal (a sequence number; NOTE [Replay-safe signals])");
-    enqueue(s, HostTask::work([addr, value] { futex_store_and_wake(addr, value); }));
+    enqueue(s, HostTask::work([addr, value] { signal_write(addr, value, HostStores{}); }));
   }
-
-  // NOTE [Replay-safe signals] in p2p_workspace/symmetric_workspace.cpp: the counter is read
-  // and written only by the tasks of the streams of one channel, one at a time (relaxed atomics,
-  // ordered by the streams' own order); the words they produce are published by
-  // futex_store_and_wake's release store.
   void advance_counter(Stream& s, uint32_t* counter, uint32_t delta) override {
-    enqueue(s, HostTask::work([counter, delta] {
-              std::atomic_ref<uint32_t>(*counter).fetch_add(delta, std::memory_order_relaxed);
-            }));
+    enqueue(s, HostTask::work([counter, delta] { counter_advance(counter, delta, HostStores{}); }));
   }
   void write_counted(Stream& s, uint32_t* addr, const uint32_t* counter, uint32_t offset) override {
     enqueue(s, HostTask::work([addr, counter, offset] {
-              futex_store_and_wake(addr, read_counter(counter) + offset);
+              counted_write(addr, counter, offset, HostStores{});
             }));
   }
   void wait_counted(Stream& s, std::vector<CountedWait> counted, Millis timeout,
@@ -840,6 +859,10 @@ class HostDevice : public Device, public HostPaths {
     if (cuda()) check_graph_give_up();
     failure_.check_work(op);
   }
+  std::string lost_context() const override {
+    std::lock_guard<std::mutex> lock(give_ups_->mu);
+    return give_ups_->lost;
+  }
   // NOTE [Failure words] in p2p_workspace/watchdog.hpp.
   bool has_failure_words() const override { return failure_.has_words(); }
   void set_failure_words(FailureWords words) override {
@@ -849,6 +872,7 @@ class HostDevice : public Device, public HostPaths {
       areas_ = std::move(words.areas);
     }
     give_ups_->area = areas_.empty() ? nullptr : areas_.front();
+    give_ups_->trap_on_peer_failure.store(words.trap_on_peer_failure, std::memory_order_release);
     give_ups_->rank.store(words.rank, std::memory_order_relaxed);
     give_ups_->peer_word.store(words.own, std::memory_order_release);
     failure_.set_words(words.rank, words.own, std::move(words.peers));
@@ -946,7 +970,7 @@ class HostDevice : public Device, public HostPaths {
   // A replayed graph's wait kernel, its poll and decisions the kernel's own
   // (p2p_workspace/signal_wait_body.hpp): gives up at its own deadline, from when the stream
   // reaches it, flags the peers it missed and traps; ends at once at the device's failure or
-  // give-up and traps at a peer's (NOTE [Counted waits end with the failure]).
+  // give-up and at a peer's, trapping there only where the group asked for it (NOTE [Who traps]).
   void enqueue_cuda_counted_wait(Stream& s, std::function<std::vector<SignalWait>()> resolve,
                                  Millis timeout, std::string context) {
     auto& h = as_host(s);
@@ -960,7 +984,8 @@ class HostDevice : public Device, public HostPaths {
       const HostWaits f{give_ups.get(), gone.get()};
       const HostWaitList list{waits};
       const FlagPoll p = signal_wait_poll(list, next, past_deadline, f);
-      switch (counted_wait_outcome(p)) {
+      switch (
+          counted_wait_outcome(p, give_ups->trap_on_peer_failure.load(std::memory_order_acquire))) {
         case FlagOutcome::kPass:
           return p == FlagPoll::kPassed;
         case FlagOutcome::kEnd:
@@ -972,10 +997,11 @@ class HostDevice : public Device, public HostPaths {
       signal_wait_missing(list, *next, f, [&](int j) { missing.push_back(waits[j].peer); });
       give_ups->record(missing, p == FlagPoll::kTimedOut);
       if (p == FlagPoll::kPeerFailed) {
-        trap(context, "a peer's failure reached this rank's failure word (NOTE [Failure words])");
+        trap(*give_ups, context, kPeerFailedWhy);
       }
-      trap(context, "timed out after " + std::to_string(timeout.count()) +
-                        " ms: " + describe_ranks(missing) + " never arrived");
+      trap(*give_ups, context,
+           "timed out after " + std::to_string(timeout.count()) +
+               " ms: " + describe_ranks(missing) + " never arrived");
     };
     if (h.mode() == HostStream::Mode::kCooperative) {
       auto late = std::make_shared<std::vector<SignalWait>>();  // as in wait_counted
@@ -1044,7 +1070,13 @@ class HostDevice : public Device, public HostPaths {
         case GraphGiveUps::End::kNo:
           return false;
         case GraphGiveUps::End::kPeerFailed:
-          trap(*why, "a peer's failure reached this rank's failure word (NOTE [Failure words])");
+          // NOTE [Who traps]: quietly, unless the group traps at a peer's failure.
+          if (flag_outcome(FlagPoll::kPeerFailed,
+                           give_ups->trap_on_peer_failure.load(std::memory_order_acquire)) ==
+              FlagOutcome::kFail) {
+            trap(*give_ups, *why, kPeerFailedWhy);
+          }
+          return true;
         default:
           return true;
       }
@@ -1055,12 +1087,13 @@ class HostDevice : public Device, public HostPaths {
         if (!arrived(w)) missing.push_back(w.peer);
       }
       give_ups->record(missing, true);
-      trap(*why, "timed out after " + std::to_string(timeout.count()) +
-                     " ms: " + describe_ranks(missing) + " never arrived");
+      trap(*give_ups, *why,
+           "timed out after " + std::to_string(timeout.count()) +
+               " ms: " + describe_ranks(missing) + " never arrived");
     };
     e.foreign = [why, tag, give_ups = give_ups_](int peer, uint32_t seen) {
       give_ups->record_foreign(peer, seen, tag);
-      trap(*why, foreign_tag(peer, seen, tag));
+      trap(*give_ups, *why, foreign_tag(peer, seen, tag));
     };
     return e;
   }

@@ -21,6 +21,7 @@ from ._async_tp import (
 from ._backend import (
     BACKEND_NAME,
     ProcessGroupCudaP2P,
+    check,
     get_cuda_p2p_backend,
     is_cuda_p2p_group,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "all_gather_v",
     "all_to_all_v",
     "all_reduce_",
+    "check",
     "empty",
     "get_mem_pool",
     "is_symmetric",

@@ -326,4 +326,17 @@ def get_cuda_p2p_backend(group=None) -> ProcessGroupCudaP2P:
     return backend
 
 
+def check(group=None) -> None:
+    """Raises the failure of ``group`` (default: the default group), if it has failed.
+
+    A failure is this rank's own (an op that timed out or whose ranks disagreed) or a peer's that
+    reached this rank (its failure word). On a GPU a peer's failure ends this rank's captured
+    kernels quietly instead of trapping (which would lose the CUDA context): a loop that only
+    replays CUDA graphs calls nothing else of cuda_p2p's, and calls this to learn of it. Cheap: no
+    stream is synchronized, and the group's abort hooks run before the error is raised. Quiet on
+    a healthy group and on one this rank aborted or shut down itself.
+    """
+    get_cuda_p2p_backend(group).check()
+
+
 _register()

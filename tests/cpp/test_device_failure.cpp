@@ -206,9 +206,11 @@ struct TwoWords {
       std::vector<uint32_t>(FailureState::area_bytes(2) / sizeof(uint32_t)),
       std::vector<uint32_t>(FailureState::area_bytes(2) / sizeof(uint32_t))};
   uint32_t* word[2] = {area[0].data(), area[1].data()};
+  bool trap_on_peer_failure = false;
   void give(Device& dev) {
     FailureWords w;
     w.rank = 0;
+    w.trap_on_peer_failure = trap_on_peer_failure;
     w.own = word[0];
     w.peers = {nullptr, word[1]};
     dev.set_failure_words(std::move(w));
@@ -216,17 +218,23 @@ struct TwoWords {
 };
 
 // Issue 48, finding 3 with finding 2's word: a peer's failure ends a replay's counted waits at
-// once - they trap, as the wait kernel does - instead of after a timeout each.
-TEST(DeviceFailure, APeersFailureWordEndsAReplaysCountedWaitsAtOnce) {
+// once instead of after a timeout each, and quietly (NOTE [Who traps] in
+// p2p_workspace/flag_barrier_body.hpp): no lost context, the stream's tasks after the waits run,
+// and the device's failure - read from the word - names the peer. With trap_on_peer_failure the
+// first wait traps instead, and the model records the lost context.
+void a_peers_failure_word_ends_counted_waits(bool trap_on_peer_failure) {
   auto dev = cuda_like_device();
   TwoWords words;
+  words.trap_on_peer_failure = trap_on_peer_failure;
   words.give(*dev);
   auto s = dev->new_stream(false);
   alignas(4) uint32_t word = 0, counter = 0;
+  std::atomic<int> after{0};
   begin_capture(*dev, s);
   for (int i = 0; i < 4; ++i) {
     dev->wait_counted(*s, {{&word, &counter, 1, 1}}, 60s, "captured wait " + std::to_string(i));
   }
+  dev->host_task(*s, [&] { after.fetch_add(1); });
   auto graph = end_capture(*dev);
   graph->replay();
   std::thread peer([&] {
@@ -239,6 +247,21 @@ TEST(DeviceFailure, APeersFailureWordEndsAReplaysCountedWaitsAtOnce) {
   EXPECT_TRUE(dev->drain(3s)) << "the replay's waits ignored the peer's failure";
   EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
   EXPECT_EQ(read(*words.word[1]), 2u) << "the failure was not published on";
+  if (trap_on_peer_failure) {
+    EXPECT_NE(dev->lost_context().find("captured wait 0: a peer's failure"), std::string::npos)
+        << dev->lost_context();
+    EXPECT_EQ(after.load(), 0) << "the stream ran on after a trap";
+  } else {
+    EXPECT_EQ(dev->lost_context(), "") << "a peer's failure made a healthy rank trap";
+    EXPECT_EQ(after.load(), 1) << "the waits did not end quietly";
+  }
+}
+
+TEST(DeviceFailure, APeersFailureWordEndsAReplaysCountedWaitsAtOnceAndQuietly) {
+  a_peers_failure_word_ends_counted_waits(false);
+}
+TEST(DeviceFailure, APeersFailureWordTrapsAReplaysCountedWaitWhereTheGroupAsks) {
+  a_peers_failure_word_ends_counted_waits(true);
 }
 
 // A stream memory wait watches one word: the watchdog reads the failure word for it, fails the

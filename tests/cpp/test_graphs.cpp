@@ -11,6 +11,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/ProcessGroupCudaP2P.hpp"
@@ -27,9 +28,11 @@ namespace {
 
 at::Tensor input(at::IntArrayRef sizes, int64_t seed) { return small_ints(sizes, seed, -3, 3); }
 
-c10::intrusive_ptr<ProcessGroupCudaP2P> make_group(Millis timeout, const char* streams) {
+c10::intrusive_ptr<ProcessGroupCudaP2P> make_group(Millis timeout, const char* streams,
+                                                   bool trap_on_peer_failure = false) {
   auto options = c10::make_intrusive<ProcessGroupCudaP2P::Options>();
   options->host_streams = streams;
+  if (trap_on_peer_failure) options->trap_on_peer_failure = true;
   options->buffer_size = 1 << 16;  // small: the two-shot and the larger payloads run in rounds
   options->timeout = timeout;
   const auto& w = world();
@@ -331,6 +334,58 @@ TEST(Graphs, ARankThatNeverReplaysIsNamed) {
   // failure]) and runs before the graph's tensors go.
   EXPECT_TRUE(dev.drain(Millis(5000)));
 }
+
+// NOTE [Who traps] in p2p_workspace/flag_barrier_body.hpp. The last rank aborts while its peers
+// replay (a thread per stream: their kernels run, as on a GPU, whatever their hosts do): a peer's
+// failure word ends the replay's flag barriers and counted waits quietly - no lost context (the
+// host's model of a trap) - and the next call, and check() without a synchronize, raise naming
+// the aborting rank, whose own check() is quiet. With trap_on_peer_failure the peers' kernels
+// trap instead. (Before, every peer trapped.)
+void a_peers_abort_while_others_replay(bool trap_on_peer_failure) {
+  const auto& w = world();
+  if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  auto pg = make_group(Millis(20000), "threads", trap_on_peer_failure);
+  Device& dev = pg->workspace()->device();
+  auto s = dev.new_stream(false);
+  set_current_stream(dev, s);
+  Graph one = capture(*pg, s, graph_one);
+  replay_and_check(dev, *s, one, 1, "graph one");  // every rank replays once
+  const int aborting = w.size - 1;
+  const std::string named = "rank " + std::to_string(aborting);
+  if (w.rank == aborting) {
+    store_barrier("replaying");
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the peers' kernels wait
+    pg->abort();
+    pg->check();  // its own abort is no error
+  } else {
+    (void)one.tensors.fill(2);
+    one.graph->replay();
+    store_barrier("replaying");
+    expect_error([&] { dev.synchronize(*s); }, named);
+    EXPECT_TRUE(dev.drain(Millis(10000))) << "the replay did not end at the peer's failure";
+    expect_error([&] { pg->check(); }, named);
+    if (cuda_semantics()) {
+      if (trap_on_peer_failure) {
+        EXPECT_NE(pg->lost_context().find("a peer's failure"), std::string::npos)
+            << "the group asked its kernels to trap at a peer's failure";
+      } else {
+        EXPECT_EQ(pg->lost_context(), "") << "a healthy peer of an aborting rank trapped";
+      }
+    }
+  }
+  if (w.rank == aborting || !trap_on_peer_failure) {
+    EXPECT_EQ(pg->lost_context(), "");
+  }
+  store_barrier("checked");
+  set_current_stream(dev, nullptr);
+  pg->abort();
+  EXPECT_TRUE(dev.drain(Millis(5000)));
+}
+
+TEST(Graphs, APeersAbortEndsReplaysQuietlyAndCheckNamesIt) {
+  a_peers_abort_while_others_replay(false);
+}
+TEST(Graphs, APeersAbortTrapsReplaysWhereTheGroupAsks) { a_peers_abort_while_others_replay(true); }
 
 // NOTE [Graph flags]: what is open is kept per capture. Rank 0's captured all-reduce is rejected
 // (its arguments fail their checks: it takes part with a rejected signature and raises) while its

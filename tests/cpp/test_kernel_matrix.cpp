@@ -475,11 +475,16 @@ TEST(FlagBarrier, StoresPollsAndDecisions) {
   flag_open(g[0], 0, 1, 0, 1, f);
   flag_open(g[0], 1, 0, 0, 1, f);
   EXPECT_EQ(counts[0], std::vector<uint32_t>(5, 9));
-  EXPECT_EQ(flag_outcome(FlagPoll::kPassed), FlagOutcome::kPass);
-  EXPECT_EQ(flag_outcome(FlagPoll::kEnded), FlagOutcome::kEnd);
-  for (FlagPoll p : {FlagPoll::kForeign, FlagPoll::kPeerFailed, FlagPoll::kTimedOut}) {
-    EXPECT_EQ(flag_outcome(p), FlagOutcome::kFail);
+  // NOTE [Who traps]: only this rank's deadline and a foreign tag fail (trap) by default; a peer's
+  // failure ends quietly unless the group traps at one.
+  for (bool trap : {false, true}) {
+    EXPECT_EQ(flag_outcome(FlagPoll::kPassed, trap), FlagOutcome::kPass);
+    EXPECT_EQ(flag_outcome(FlagPoll::kEnded, trap), FlagOutcome::kEnd);
+    EXPECT_EQ(flag_outcome(FlagPoll::kForeign, trap), FlagOutcome::kFail);
+    EXPECT_EQ(flag_outcome(FlagPoll::kTimedOut, trap), FlagOutcome::kFail);
   }
+  EXPECT_EQ(flag_outcome(FlagPoll::kPeerFailed, false), FlagOutcome::kEnd);
+  EXPECT_EQ(flag_outcome(FlagPoll::kPeerFailed, true), FlagOutcome::kFail);
 }
 
 // The signal waits' body (p2p_workspace/signal_wait_body.hpp: the CUDA wait kernels, and the host
@@ -539,7 +544,7 @@ TEST(SignalWaits, PollsDecisionsAndWhatAGiveUpRecords) {
   // The eager wait never fails by itself: it ends and records why, the deadline or a failure.
   for (FlagPoll p : {FlagPoll::kWaiting, FlagPoll::kPassed}) {
     EXPECT_EQ(eager_wait_outcome(p), FlagOutcome::kPass);
-    EXPECT_EQ(counted_wait_outcome(p), FlagOutcome::kPass);
+    EXPECT_EQ(counted_wait_outcome(p, false), FlagOutcome::kPass);
   }
   for (FlagPoll p : {FlagPoll::kPeerFailed, FlagPoll::kEnded, FlagPoll::kTimedOut}) {
     EXPECT_EQ(eager_wait_outcome(p), FlagOutcome::kEnd);
@@ -547,10 +552,12 @@ TEST(SignalWaits, PollsDecisionsAndWhatAGiveUpRecords) {
   EXPECT_EQ(eager_wait_give_up(FlagPoll::kTimedOut), kWaitGaveUp);
   EXPECT_EQ(eager_wait_give_up(FlagPoll::kPeerFailed), kWaitEnded);
   EXPECT_EQ(eager_wait_give_up(FlagPoll::kEnded), kWaitEnded);
-  // The counted wait fails at its deadline and at a peer's failure, ends quietly at its own.
-  EXPECT_EQ(counted_wait_outcome(FlagPoll::kEnded), FlagOutcome::kEnd);
-  EXPECT_EQ(counted_wait_outcome(FlagPoll::kPeerFailed), FlagOutcome::kFail);
-  EXPECT_EQ(counted_wait_outcome(FlagPoll::kTimedOut), FlagOutcome::kFail);
+  // The counted wait fails at its deadline; it ends quietly at its own failure and at a peer's,
+  // unless the group traps at a peer's (NOTE [Who traps]).
+  EXPECT_EQ(counted_wait_outcome(FlagPoll::kEnded, true), FlagOutcome::kEnd);
+  EXPECT_EQ(counted_wait_outcome(FlagPoll::kPeerFailed, false), FlagOutcome::kEnd);
+  EXPECT_EQ(counted_wait_outcome(FlagPoll::kPeerFailed, true), FlagOutcome::kFail);
+  EXPECT_EQ(counted_wait_outcome(FlagPoll::kTimedOut, false), FlagOutcome::kFail);
 }
 
 // The op-signature kernels' body (ops/signature_body.hpp: the CUDA publish and compare kernels,

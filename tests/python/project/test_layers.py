@@ -122,13 +122,16 @@ KERNELS = {
                             "poll_until_decided"),
     "wait_counted_kernel": ("p2p_workspace/signal_wait_body.hpp", "signal_wait_poll",
                             "poll_until_decided"),
-    "write_signal_kernel": None,  # one store each: the host's futex_store_and_wake
-    "advance_counter_kernel": None,
-    "write_counted_kernel": None,
+    # One store each: the host device's write_signal, advance_counter and write_counted tasks.
+    "write_signal_kernel": ("p2p_workspace/signal_store_body.hpp", "signal_write"),
+    "advance_counter_kernel": ("p2p_workspace/signal_store_body.hpp", "counter_advance"),
+    "write_counted_kernel": ("p2p_workspace/signal_store_body.hpp", "counted_write"),
     # The op signatures' words: the host's handshake in ops/op_signature.cpp runs the same body.
     "publish_signature_kernel": ("ops/signature_body.hpp", "signature_publish_word"),
     "compare_signatures_kernel": ("ops/signature_body.hpp", "signature_word_differs"),
-    "sleep_kernel": None,  # a test aid: sleeps on the GPU
+    # ~2 us of the GPU's timer before a fused pipeline's second stream (delay_stream in
+    # ops/pipeline_common.cpp): no decision in it, and the host's streams need no such delay.
+    "sleep_kernel": None,
 }
 GLOBAL = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(")
 

@@ -3,7 +3,8 @@ order, before the group aborts - on abort() and when a workspace op fails midway
 error reaches the caller - and get_error() names the failure: TIMEOUT after a rank that never
 arrived, REMOTE_ERROR on the ranks a peer's failure or abort was reported to (their failure
 words, or the rendezvous of a growth), COMM_ERROR on the rank that failed itself, SUCCESS
-otherwise (NOTE [Abort hooks], NOTE [Error kinds] in backend/abort_hooks.cpp). Each in both host
+otherwise (NOTE [Abort hooks], NOTE [Error kinds] in backend/abort_hooks.cpp); cuda_p2p.check
+raises the same failures (quiet on a healthy group and after the own abort). Each in both host
 modes: with CUDA's semantics an op returns queued and its failure reaches the caller through its
 Work, after the hooks ran (NOTE [Errors of queued ops] in backend/works.cpp)."""
 
@@ -56,6 +57,8 @@ def check_hooks_run_once_on_abort(ctx, mode):
     dist.all_reduce(t, group=g)
     chk.case("no hook before the abort", ran == [], f"{ran}")
     chk.case("healthy", backend.get_error() == ErrorType.SUCCESS, f"{backend.get_error()}")
+    chk.case("cuda_p2p.check is quiet on a healthy group",
+             raises(lambda: cuda_p2p.check(g)) is None, "it raised")
     # Every rank is out of the all_reduce (whose last phase waits for the peers) before any
     # aborts: an abort reaches the peers' failure words (NOTE [Failure words]).
     dist.barrier(group=ctx.gloo)
@@ -96,6 +99,9 @@ def check_timeout(ctx, mode):
         chk.case("TIMEOUT after the next op", backend.get_error() == ErrorType.TIMEOUT,
                  f"{backend.get_error()}")
         chk.case("hooks once", seen == [ErrorType.TIMEOUT], f"{seen}")
+        err = raises(lambda: cuda_p2p.check(g))
+        chk.case("cuda_p2p.check names the own failure", err is not None and "never arrived" in err,
+                 f"{err!r}")
     else:
         chk.case("no hook on a healthy rank", seen == [], f"{seen}")
         chk.case("SUCCESS", backend.get_error() == ErrorType.SUCCESS, f"{backend.get_error()}")
@@ -121,6 +127,11 @@ def check_a_peers_abort_is_remote(ctx, mode):
     want = ErrorType.SUCCESS if ctx.rank == 0 else ErrorType.REMOTE_ERROR
     chk.case("kind", backend.get_error() == want, f"{backend.get_error()} (want {want})")
     if ctx.rank != 0:
+        # NOTE [Who traps]: what a loop that only replays graphs asks, without a synchronize.
+        err = raises(lambda: cuda_p2p.check(g))
+        chk.case("cuda_p2p.check names the rank",
+                 err is not None and "rank 0's device failed first" in err, f"{err!r}")
+        chk.case("the hooks ran before check's error", seen == [ErrorType.REMOTE_ERROR], f"{seen}")
         try:
             dist.all_reduce(torch.ones(4), group=g)
             chk.case("raised after the peer's abort", False, "the all_reduce returned")
@@ -131,6 +142,8 @@ def check_a_peers_abort_is_remote(ctx, mode):
         chk.case("the hooks ran before the error", seen == [ErrorType.REMOTE_ERROR], f"{seen}")
     else:
         chk.case("the hooks ran on the abort", seen == [ErrorType.SUCCESS], f"{seen}")
+        chk.case("cuda_p2p.check is quiet after the own abort",
+                 raises(lambda: cuda_p2p.check(g)) is None, "it raised")
     dist.barrier(group=ctx.gloo)
     dist.destroy_process_group(g)
     return chk.result()
