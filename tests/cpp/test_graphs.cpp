@@ -303,15 +303,29 @@ TEST(Graphs, AFusedOpUnderHostCaptureRaisesClearly) {
   pg->shutdown();
 }
 
+// A group whose every rank captured graph one on a stream of its own, current for the group's
+// ops, and replayed it once.
+struct ReplayedOnce {
+  c10::intrusive_ptr<ProcessGroupCudaP2P> pg;
+  std::shared_ptr<Stream> s;
+  Graph one;
+  Device& dev() const { return pg->workspace()->device(); }
+};
+ReplayedOnce replayed_once(Millis timeout, const char* streams, bool trap_on_peer_failure = false) {
+  ReplayedOnce r{make_group(timeout, streams, trap_on_peer_failure), nullptr, {}};
+  r.s = r.dev().new_stream(false);
+  set_current_stream(r.dev(), r.s);
+  r.one = capture(*r.pg, r.s, graph_one);
+  replay_and_check(r.dev(), *r.s, r.one, 1, "graph one");  // every rank replays once
+  return r;
+}
+
 TEST(Graphs, ARankThatNeverReplaysIsNamed) {
   const auto& w = world();
   if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
-  auto pg = make_group(Millis(1500), "cooperative");
-  Device& dev = pg->workspace()->device();
-  auto s = dev.new_stream(false);
-  set_current_stream(dev, s);
-  Graph one = capture(*pg, s, graph_one);
-  replay_and_check(dev, *s, one, 1, "graph one");  // every rank replays once
+  ReplayedOnce r = replayed_once(Millis(1500), "cooperative");
+  auto& [pg, s, one] = r;
+  Device& dev = r.dev();
   const int absent = w.size - 1;
   if (w.rank != absent) {
     (void)one.tensors.fill(2);
@@ -344,12 +358,9 @@ TEST(Graphs, ARankThatNeverReplaysIsNamed) {
 void a_peers_abort_while_others_replay(bool trap_on_peer_failure) {
   const auto& w = world();
   if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
-  auto pg = make_group(Millis(20000), "threads", trap_on_peer_failure);
-  Device& dev = pg->workspace()->device();
-  auto s = dev.new_stream(false);
-  set_current_stream(dev, s);
-  Graph one = capture(*pg, s, graph_one);
-  replay_and_check(dev, *s, one, 1, "graph one");  // every rank replays once
+  ReplayedOnce r = replayed_once(Millis(20000), "threads", trap_on_peer_failure);
+  auto& [pg, s, one] = r;
+  Device& dev = r.dev();
   const int aborting = w.size - 1;
   const std::string named = "rank " + std::to_string(aborting);
   if (w.rank == aborting) {
