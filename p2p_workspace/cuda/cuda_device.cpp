@@ -58,6 +58,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -481,9 +482,11 @@ class CudaDevice : public Device {
     // NOTE [Kernels loaded up front] in p2p_workspace/cuda/signal_kernels.cuh.
     CUDA_P2P_CUDA_CHECK(cuda::load_kernels());
     resources_.reserve();  // NOTE [Pinned pools]
-    // A stream of the device's own for allocation and the watchdog's reads: stream
-    // order on it replaces cudaDeviceSynchronize, which would also wait for unrelated work.
+    // A stream of the device's own for the watchdog's reads and releases: stream order on it
+    // replaces cudaDeviceSynchronize, which would also wait for unrelated work. Another for the
+    // zeroing of new blocks (allocate), so that an allocation never takes aux_mu_.
     CUDA_P2P_CUDA_CHECK(cudaStreamCreateWithFlags(&aux_, cudaStreamNonBlocking));
+    CUDA_P2P_CUDA_CHECK(cudaStreamCreateWithFlags(&zeroing_, cudaStreamNonBlocking));
     aux_writer_ = AuxWriter{aux_, &aux_mu_, write_value_, index_};
     // NOTE [Replay-safe signals]: where a captured wait that gives up says so. Allocated now:
     // nothing may be allocated during a capture.
@@ -523,6 +526,7 @@ class CudaDevice : public Device {
     QuietDeviceSwitch guard(index_);
     for (auto stream : own_streams_) (void)cudaStreamDestroy(stream);
     (void)cudaStreamDestroy(aux_);
+    (void)cudaStreamDestroy(zeroing_);
     // graph_give_up_ stays allocated (NOTE [Pinned pools]): a graph's kernels may still write it.
     // The failure area stays mapped and registered (NOTE [Failure words]): a kernel may still read
     // it, and an unmapped range still registered would refuse the next registration there.
@@ -594,11 +598,35 @@ class CudaDevice : public Device {
     }
     CUDA_P2P_CUDA_CHECK(err);
     auto block = std::make_shared<CudaBlock>(ptr, bytes, /*imported=*/false, index_, undrained_);
-    // Zeroed in the order of the device's own stream, then waited for: the block is published
-    // (and read by any stream, here or in a peer) only after this returns.
-    std::lock_guard<std::mutex> lock(aux_mu_);
-    CUDA_P2P_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, aux_));
-    CUDA_P2P_CUDA_CHECK(cudaStreamSynchronize(aux_));
+    // Zeroed, then waited for: the block is published (and read by any stream, here or in a
+    // peer) only after this returns. NOTE [Group streams]: on the device's zeroing stream, which
+    // queues behind no other stream, outside aux_mu_ (the watchdog's scans and every release of
+    // a blocked wait take it), through an event polled with the group's deadline - never a
+    // stream synchronize under a lock: a first allocation while a wait is blocked neither stalls
+    // the watchdog nor waits without an end.
+    CUDA_P2P_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, zeroing_));
+    cudaEvent_t zeroed = resources_.event();
+    CUDA_P2P_CUDA_CHECK(cudaEventRecord(zeroed, zeroing_));
+    const Millis limit(timeout_ms_.load());
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    auto nap = std::chrono::microseconds(1);
+    while (true) {
+      const cudaError_t q = cudaEventQuery(zeroed);
+      if (q == cudaSuccess) break;
+      if (q != cudaErrorNotReady || std::chrono::steady_clock::now() >= deadline) {
+        (void)cudaGetLastError();
+        // The memset may still run: the block stays allocated (a free would wait for it).
+        (void)new std::shared_ptr<Block>(block);
+        TORCH_CHECK(q == cudaErrorNotReady, "cuda_p2p: zeroing a new block on ", name(),
+                    " failed: ", cudaGetErrorString(q));
+        TORCH_CHECK(false, "cuda_p2p: zeroing a new block of ", bytes, " bytes on ", name(),
+                    " did not finish within the group's timeout of ", limit.count(),
+                    " ms (the GPU is busy with other work, or stuck)");
+      }
+      std::this_thread::sleep_for(nap);
+      nap = std::min<std::chrono::microseconds>(nap * 2, std::chrono::microseconds(1000));
+    }
+    resources_.put(zeroed);
     return block;
   }
 
@@ -1134,6 +1162,7 @@ class CudaDevice : public Device {
   WaitValueFn wait_value_ = nullptr;
   cudaStream_t aux_ = nullptr;
   std::mutex aux_mu_;
+  cudaStream_t zeroing_ = nullptr;  // allocate's
   int least_priority_ = 0;
   int greatest_priority_ = 0;
   unsigned int wait_flags_ = 0;  // NOTE [Descriptor visibility]
