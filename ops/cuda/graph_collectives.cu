@@ -2,6 +2,7 @@
 #include "ops/cuda/reduce_device.cuh"
 #include "ops/graph_collective_body.hpp"
 #include "p2p_workspace/cuda/graph_barrier.cuh"
+#include "p2p_workspace/cuda/launch_kernel.cuh"
 
 namespace cuda_p2p::cuda {
 
@@ -31,12 +32,9 @@ template <typename T>
 cudaError_t launch_collective_typed(const GraphCollective& a, const GraphLaunch& g,
                                     cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(a.layout.blocks));
-  if (ops::graph::sums(a)) {
-    graph_collective_kernel<T, true><<<grid, ops::graph::kThreads, 0, stream>>>(a, g);
-  } else {
-    graph_collective_kernel<T, false><<<grid, ops::graph::kThreads, 0, stream>>>(a, g);
-  }
-  return cudaGetLastError();
+  return launch_kernel(
+      ops::graph::sums(a) ? graph_collective_kernel<T, true> : graph_collective_kernel<T, false>,
+      grid, ops::graph::kThreads, stream, a, g);
 }
 
 template <typename T>

@@ -1,6 +1,7 @@
 #include "ops/cuda/reduce_device.cuh"
 #include "ops/cuda/reduce_kernel.cuh"
 #include "ops/kernel_body.hpp"
+#include "p2p_workspace/cuda/launch_kernel.cuh"
 
 namespace cuda_p2p::cuda {
 
@@ -20,12 +21,8 @@ template <typename T>
 cudaError_t launch_reduce_typed(const ReduceArgs& a, cudaStream_t stream) {
   const ops::kernel::ReducePlan plan = ops::kernel::plan_reduce(a, Pack<T>::kCount);
   const auto blocks = static_cast<unsigned>(plan.blocks);
-  if (ops::kernel::sums(a.op)) {
-    reduce_kernel<T, true><<<blocks, ops::kernel::kReduceThreads, 0, stream>>>(a, plan.packed);
-  } else {
-    reduce_kernel<T, false><<<blocks, ops::kernel::kReduceThreads, 0, stream>>>(a, plan.packed);
-  }
-  return cudaGetLastError();
+  return launch_kernel(ops::kernel::sums(a.op) ? reduce_kernel<T, true> : reduce_kernel<T, false>,
+                       blocks, ops::kernel::kReduceThreads, stream, a, plan.packed);
 }
 
 template <typename T>

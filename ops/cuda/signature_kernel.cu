@@ -1,5 +1,6 @@
 #include "ops/cuda/signature_kernel.cuh"
 #include "ops/signature_body.hpp"
+#include "p2p_workspace/cuda/launch_kernel.cuh"
 
 namespace cuda_p2p::cuda {
 
@@ -46,15 +47,14 @@ __global__ void compare_signatures_kernel(const uint32_t* slots, int world_size,
 
 cudaError_t launch_publish_signature(const SignatureWords& words, const SignatureTargets& targets,
                                      cudaStream_t stream) {
-  publish_signature_kernel<<<1, kSignatureWords, 0, stream>>>(words, targets);
-  return cudaGetLastError();
+  return launch_kernel(publish_signature_kernel, 1, kSignatureWords, stream, words, targets);
 }
 
 cudaError_t launch_compare_signatures(const uint32_t* slots, int world_size,
                                       const SignatureWords& mine, SignatureRecord* record,
                                       cudaStream_t stream) {
-  compare_signatures_kernel<<<1, kSignatureWords, 0, stream>>>(slots, world_size, mine, record);
-  return cudaGetLastError();
+  return launch_kernel(compare_signatures_kernel, 1, kSignatureWords, stream, slots, world_size,
+                       mine, record);
 }
 
 cudaError_t load_signature_kernels() {

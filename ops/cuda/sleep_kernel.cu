@@ -1,5 +1,6 @@
 #include "ops/cuda/sleep_kernel.cuh"
 #include "p2p_workspace/cuda/global_timer.cuh"
+#include "p2p_workspace/cuda/launch_kernel.cuh"
 
 namespace cuda_p2p::cuda {
 
@@ -14,8 +15,7 @@ __global__ void sleep_kernel(uint32_t nanoseconds) {
 }  // namespace
 
 cudaError_t launch_sleep(cudaStream_t stream, uint32_t nanoseconds) {
-  sleep_kernel<<<1, 1, 0, stream>>>(nanoseconds);
-  return cudaGetLastError();
+  return launch_kernel(sleep_kernel, 1, 1, stream, nanoseconds);
 }
 
 cudaError_t load_sleep_kernel() {

@@ -1,5 +1,6 @@
 #include "p2p_workspace/cuda/global_timer.cuh"
 #include "p2p_workspace/cuda/graph_barrier.cuh"
+#include "p2p_workspace/cuda/launch_kernel.cuh"
 #include "p2p_workspace/cuda/signal_kernels.cuh"
 #include "p2p_workspace/signal_store_body.hpp"
 
@@ -146,36 +147,30 @@ static_assert(kMaxGraphRanks <= 32, "graph_barriers_kernel runs one warp per blo
 }  // namespace
 
 cudaError_t launch_graph_barriers(const GraphLaunch& launch, cudaStream_t stream) {
-  graph_barriers_kernel<<<launch.blocks, 32, 0, stream>>>(launch);
-  return cudaGetLastError();
+  return launch_kernel(graph_barriers_kernel, launch.blocks, 32, stream, launch);
 }
 
 cudaError_t launch_advance_counter(uint32_t* counter, uint32_t delta, cudaStream_t stream) {
-  advance_counter_kernel<<<1, 1, 0, stream>>>(counter, delta);
-  return cudaGetLastError();
+  return launch_kernel(advance_counter_kernel, 1, 1, stream, counter, delta);
 }
 
 cudaError_t launch_write_counted(uint32_t* addr, const uint32_t* counter, uint32_t offset,
                                  cudaStream_t stream) {
-  write_counted_kernel<<<1, 1, 0, stream>>>(addr, counter, offset);
-  return cudaGetLastError();
+  return launch_kernel(write_counted_kernel, 1, 1, stream, addr, counter, offset);
 }
 
 cudaError_t launch_wait_counted(const CountedKernelWaits& waits, uint64_t timeout_ns,
                                 GraphGiveUp* give_up, WaitEnds ends, cudaStream_t stream) {
-  wait_counted_kernel<<<1, 1, 0, stream>>>(waits, timeout_ns, give_up, ends);
-  return cudaGetLastError();
+  return launch_kernel(wait_counted_kernel, 1, 1, stream, waits, timeout_ns, give_up, ends);
 }
 
 cudaError_t launch_write_signal(uint32_t* addr, uint32_t value, cudaStream_t stream) {
-  write_signal_kernel<<<1, 1, 0, stream>>>(addr, value);
-  return cudaGetLastError();
+  return launch_kernel(write_signal_kernel, 1, 1, stream, addr, value);
 }
 
 cudaError_t launch_wait_signals(const KernelWaits& waits, uint64_t timeout_ns,
                                 KernelGiveUp* give_up, WaitEnds ends, cudaStream_t stream) {
-  wait_signals_kernel<<<1, 1, 0, stream>>>(waits, timeout_ns, give_up, ends);
-  return cudaGetLastError();
+  return launch_kernel(wait_signals_kernel, 1, 1, stream, waits, timeout_ns, give_up, ends);
 }
 
 cudaError_t load_kernels() {
