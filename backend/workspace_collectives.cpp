@@ -136,19 +136,31 @@ void WorkspaceCollectives::check_or_reject(const char* what, ops::OpKind kind,
 // in the op's handshake (ops::announce) with a signature naming its route ("1000 x bool sum
 // (wrapped: dtype)"): ranks that route alike agree and go on to the wrapped backend, ranks that
 // do not raise the same error (NOTE [Op signatures] in ops/op_signature.cpp), and the group stays
-// usable. Its cost is a handshake barrier on the workspace before a wrapped call. Not on a CUDA
-// workspace, whose comparison is asynchronous (a disagreement would surface one op later, after
-// the wrapped call had waited for its timeout), nor without a workspace.
+// usable. Its cost is a handshake barrier on the workspace before a wrapped call. On a device
+// whose comparison runs in stream order (CUDA, and the host with CUDA's semantics) the rank then
+// waits for its stream to have compared - the one synchronize of a call that falls back, on a
+// group whose workspace collectives are on - and raises a disagreement before it enters the
+// wrapped backend, where it would wait for peers that never come; its peers' Works raise it
+// (NOTE [Mismatches reach the Work] in backend/works.cpp) instead of their op taking this rank's
+// next one for its own. Not under capture (nothing is compared there: NOTE [Replay-safe
+// signals]), nor without a workspace.
 void WorkspaceCollectives::agree_on_route(const char* what, ops::OpKind kind,
                                           c10::ArrayRef<at::Tensor> tensors,
                                           c10::function_ref<std::string()> detail,
                                           const char* why) {
-  if (!on() || !synchronous() || size_ == 1) return;
+  if (!on() || size_ == 1) return;
+  Device& device = ws_->device();
+  const auto stream = device.current_stream();
+  const bool in_order = !synchronous();  // compared in stream order, after run() returns
+  if (in_order && ws_->capturing(*stream)) return;
   const std::string text = ops::describe_tensors(tensors) + detail() + " (wrapped: " + why + ")";
   run(what, [&](const ops::CollectiveContext& ctx) {
     ops::announce(ctx, kind, text);
     return ops::Outcome{};
   });
+  if (!in_order) return;
+  device.synchronize(*stream);
+  if (auto check = recorded_mismatch_check(what)) check();
 }
 
 void WorkspaceCollectives::set_heap(SymmetricWorkspace* heap) {

@@ -53,6 +53,12 @@ def _cases(rank):
             torch.empty(dist.get_world_size(g) * (4 if first else 5)),
             torch.ones(4 if first else 5), group=g, async_op=True)),
         ("synchronous call", lambda g: dist.all_reduce(torch.ones(10 if first else 12), group=g)),
+        # Routes (NOTE [Routes agree]): rank 0's call goes to the wrapped backend (a dtype the
+        # workspace does not reduce), its peers' to the workspace. Before, with CUDA's semantics
+        # rank 0 waited in Gloo for its timeout while its peers' op paired with its next one.
+        ("route", lambda g: dist.all_reduce(torch.ones(9, dtype=torch.bool if first
+                                                       else torch.uint8), op=R.MAX, group=g,
+                                            async_op=True)),
         # No Work: the call returns CPU outputs the caller reads at once (NOTE [CPU outputs
         # without a Work] in backend/ProcessGroupCudaP2P.cpp).
         ("dispatcher op", lambda g: torch.ops.cuda_p2p.all_reduce_(
