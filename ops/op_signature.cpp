@@ -2,8 +2,10 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <numeric>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -196,8 +198,20 @@ std::string disagreement(const uint32_t* all, int W, const Words& mine, const Op
     same_stamp = same_stamp && d[r].stamp == d[0].stamp;
   }
   msg += "ranks disagree: ";
-  for (int r = 0; r < W; ++r) {
-    msg += (r ? ", rank " : "rank ") + std::to_string(r) + " passed ";
+  // The odd ranks first: those whose description fewer ranks share (rank order among equals), so
+  // that a text shortened on its way to the peers (NOTE [Failure words]) still names them.
+  auto shared_by = [&](int r) {
+    int n = 0;
+    for (int q = 0; q < W; ++q) n += d[q].kind == d[r].kind && d[q].text == d[r].text;
+    return n;
+  };
+  std::vector<int> order(W);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return shared_by(a) < shared_by(b); });
+  for (int i = 0; i < W; ++i) {
+    const int r = order[i];
+    msg += (i ? ", rank " : "rank ") + std::to_string(r) + " passed ";
     if (!same_kind) msg += std::string(kind_name(d[r].kind)) + (d[r].text.empty() ? "" : " of ");
     msg += d[r].text;
   }
