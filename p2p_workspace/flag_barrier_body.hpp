@@ -68,6 +68,11 @@ CUDA_P2P_HOST_DEVICE inline FlagOutcome flag_outcome(FlagPoll p, bool trap_on_pe
 //   void zero(uint32_t*) const                     a word of the open's reset
 //   bool peer_failed() const                       a peer's failure reached this rank's word
 //   bool ended() const                             this device failed or gave up elsewhere
+//   uint32_t busy_cas(uint32_t* p, uint32_t expected, uint32_t desired) const
+//                                                  the graph busy word: an atomic compare-and-
+//                                                  swap (acquire and release) that returns the
+//                                                  value it found (NOTE [One captured op at a
+//                                                  time])
 
 // The open's reset (barrier 0 of block 0): this rank's graph counts start from zero, before its
 // first store. Thread t of n zeroes its share.
@@ -109,6 +114,41 @@ CUDA_P2P_HOST_DEVICE inline FlagPoll flag_poll(const GraphLaunch& g, int block, 
   if (f.ended()) return FlagPoll::kEnded;
   if (past_deadline) return FlagPoll::kTimedOut;
   return FlagPoll::kWaiting;
+}
+
+// NOTE [One captured op at a time] in p2p_workspace/graph_flags.hpp: one block of `g` takes this
+// rank's graph busy word at the kernel's entry. Returns 0 when the block may run (taken, or the
+// kernel does not take it), else the owner that holds it.
+CUDA_P2P_POLICY_CALLS
+template <typename F>
+CUDA_P2P_HOST_DEVICE inline uint32_t graph_take(const GraphLaunch& g, const F& f) {
+  if (!g.takes || g.busy == nullptr) return 0;
+  uint32_t seen = 0;
+  while (true) {
+    const uint32_t holder = seen >> kGraphBusyCountBits;
+    if (holder != 0 && holder != g.owner) return holder;
+    const uint32_t want = (g.owner << kGraphBusyCountBits) | ((seen & kGraphBusyCountMask) + 1);
+    const uint32_t found = f.busy_cas(g.busy, seen, want);
+    if (found == seen) return 0;
+    seen = found;
+  }
+}
+
+// One block of `g` gives the word back at the kernel's end (a kernel that takes it, or an op's
+// close). A word another owner holds is left alone: this op never took it (its open was refused).
+CUDA_P2P_POLICY_CALLS
+template <typename F>
+CUDA_P2P_HOST_DEVICE inline void graph_release(const GraphLaunch& g, const F& f) {
+  if (!g.releases || g.busy == nullptr) return;
+  uint32_t seen = (g.owner << kGraphBusyCountBits) | 1u;
+  while (true) {
+    if ((seen >> kGraphBusyCountBits) != g.owner || (seen & kGraphBusyCountMask) == 0) return;
+    const uint32_t count = (seen & kGraphBusyCountMask) - 1;
+    const uint32_t want = count == 0 ? 0u : (g.owner << kGraphBusyCountBits) | count;
+    const uint32_t found = f.busy_cas(g.busy, seen, want);
+    if (found == seen) return;
+    seen = found;
+  }
 }
 
 }  // namespace cuda_p2p

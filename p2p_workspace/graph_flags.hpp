@@ -91,6 +91,37 @@ inline constexpr int kMaxGraphBarriers = 4;
 // Tags live in the low 30 bits.
 inline constexpr uint32_t kGraphTagMask = (1u << 30) - 1;
 
+// NOTE [One captured op at a time]
+// A group's captured ops share its flags and its graph region, and their barriers assume that one
+// of them runs at a time on a rank (NOTE [Graph flags]): two graphs of one group replayed at once
+// on two streams would consume each other's flags (the same op in both: both pass on one flag and
+// stage into one region, silently) or meet a foreign tag. Nothing outside the GPU orders two
+// replays, so the kernels check it themselves, on a word of the rank's own pad (the graph busy
+// word, NOTE [Signal pad layout]) that only its own kernels touch:
+//  - the word holds an owner (the captured op's number on this rank, given when it is captured:
+//    a replay runs the op with the number it was captured with) and how many of that owner's
+//    blocks are inside it. A kernel op's block takes it at entry (a compare-and-swap: free, or
+//    already its op's) and gives it back at its end, whichever way it ends; a copy-engine op's
+//    open kernel takes it and its close kernel gives it back, so the whole op holds it;
+//  - a block that finds another owner's count in the word refuses to run: it touches no flag
+//    and no data, records why in the device's give-up record and ends quietly; the record fails
+//    the device (the watchdog reads it), whose failure reaches the peers through their failure
+//    words: their kernels end quietly too, and the next call on the group, or cuda_p2p.check(),
+//    raises the cause on this rank and names this rank on its peers. Nobody traps
+//    (NOTE [Who traps] in p2p_workspace/flag_barrier_body.hpp);
+//  - a CUDA graph never runs concurrently with itself (CUDA orders two launches of one
+//    executable graph), so one owner's blocks are always one replay's;
+//  - an op that raises after its open under capture gives the word back with a kernel of no
+//    barriers (SymmetricWorkspace::graph_abandon), or every later replay would hold it;
+//  - what it cannot see: two ops that never overlap in time on this rank but interleave their
+//    barriers with the peers' (one stream per graph, replays unordered across ranks) still meet
+//    a foreign tag, as before.
+// Owner (23 bits) and count (8: at most kMaxGraphBlocks blocks of a kernel, or an open) in one
+// 32-bit word, clear of a host word's sleeper bit.
+inline constexpr uint32_t kGraphBusyCountBits = 8;
+inline constexpr uint32_t kGraphBusyCountMask = (1u << kGraphBusyCountBits) - 1;
+inline constexpr uint32_t kGraphOwnerMask = (1u << 23) - 1;
+
 // The flags of one channel in one rank's pad: [block][slot][src].
 CUDA_P2P_HOST_DEVICE constexpr size_t graph_flag_index(int world_size, int block, int slot,
                                                        int src) {
@@ -137,6 +168,13 @@ struct GraphLaunch {
   const uint32_t* peer_failed = nullptr;
   const uint32_t* failed = nullptr;
   bool trap_on_peer_failure = false;  // NOTE [Who traps] in p2p_workspace/flag_barrier_body.hpp
+  // NOTE [One captured op at a time]: this rank's graph busy word, the op's owner number (nonzero,
+  // in kGraphOwnerMask), and whether this kernel takes the word at entry and gives it back at its
+  // end (a kernel op: both; an open: takes; a close: gives back; a barrier inside an op: neither).
+  uint32_t* busy = nullptr;
+  uint32_t owner = 0;
+  bool takes = false;
+  bool releases = false;
 
   // The word this rank consumes from `src`, and the word it stores into in `target`'s pad.
   CUDA_P2P_HOST_DEVICE uint32_t* mine(int block, int i, int src) const {

@@ -135,7 +135,15 @@ GraphLaunch SymmetricWorkspace::graph_launch(int channel, uint32_t tag,
   for (int slot : slots) g.slot[g.barriers++] = static_cast<uint8_t>(slot);
   g.own = graph_flag(rank_, channel, 0, 0, 0);
   for (int r = 0; r < world_size_; ++r) g.peer[r] = graph_flag(r, channel, 0, 0, 0);
+  g.busy = pad(rank_) + layout_.graph_busy();
   return g;
+}
+
+uint32_t SymmetricWorkspace::next_graph_owner() {
+  while (true) {
+    const uint32_t owner = graph_owners_.fetch_add(1, std::memory_order_relaxed) + 1;
+    if ((owner & kGraphOwnerMask) != 0) return owner & kGraphOwnerMask;
+  }
 }
 
 int SymmetricWorkspace::next_graph_slot(Stream& s, int channel, uint32_t& tag) {
@@ -150,8 +158,22 @@ int SymmetricWorkspace::next_graph_slot(Stream& s, int channel, uint32_t& tag) {
 
 void SymmetricWorkspace::graph_abandon(Stream& s) {
   const uint64_t capture = device_->capture_id(s);
-  std::lock_guard<std::mutex> lock(graph_mu_);
-  graph_open_.erase(capture);
+  uint32_t owner = 0;
+  {
+    std::lock_guard<std::mutex> lock(graph_mu_);
+    const auto it = graph_open_.find(capture);
+    if (it == graph_open_.end()) return;
+    owner = it->second.owner;
+    graph_open_.erase(it);
+  }
+  if (owner == 0 || !graph_flags()) return;
+  // NOTE [One captured op at a time]: the open took the busy word; nothing closes it.
+  GraphLaunch g = graph_launch(0, 0, {}, 1);
+  g.owner = owner;
+  g.releases = true;
+  device_->graph_kernel(
+      s, g, {}, timeout(),
+      "the end of an abandoned captured op (rank " + std::to_string(rank_) + ", graph)");
 }
 
 void SymmetricWorkspace::graph_kernel(Stream& s, int channel, uint32_t tag, int barriers,
@@ -165,17 +187,21 @@ void SymmetricWorkspace::graph_kernel(Stream& s, int channel, uint32_t tag, int 
   for (int i = 0; i < barriers; ++i) {
     g.slot[g.barriers++] = static_cast<uint8_t>(i == 0 ? 0 : 1 + (i - 1) % 2);
   }
-  graph_abandon(s);  // an op of its own: its first barrier is an open
+  graph_abandon(s);              // an op of its own: its first barrier is an open
+  g.owner = next_graph_owner();  // NOTE [One captured op at a time]: the whole kernel holds it
+  g.takes = g.releases = true;
   device_->graph_kernel(s, g, std::move(body), limit.value_or(timeout()), context);
 }
 
 void SymmetricWorkspace::graph_open(Stream& s, int channel, uint32_t tag,
                                     const std::string& context) {
   check_channel(channel);
+  uint32_t owner = 0;
   {
     const uint64_t capture = device_->capture_id(s);
     std::lock_guard<std::mutex> lock(graph_mu_);
-    graph_open_[capture] = GraphOpenOp{tag, std::vector<int>(options_.num_channels, 0)};
+    owner = next_graph_owner();
+    graph_open_[capture] = GraphOpenOp{tag, std::vector<int>(options_.num_channels, 0), owner};
   }
   if (!graph_flags()) {
     std::vector<int> all(world_size_);
@@ -184,6 +210,8 @@ void SymmetricWorkspace::graph_open(Stream& s, int channel, uint32_t tag,
     return;
   }
   GraphLaunch g = graph_launch(channel, tag, {0}, 1);
+  g.owner = owner;  // NOTE [One captured op at a time]: held until the close
+  g.takes = true;
   // This rank's graph signals, done words and counters (NOTE [Signal pad layout]).
   g.reset = pad(rank_) + layout_.graph_counts();
   g.reset_words = static_cast<uint32_t>(layout_.graph_counts_words());
@@ -193,7 +221,7 @@ void SymmetricWorkspace::graph_open(Stream& s, int channel, uint32_t tag,
 
 void SymmetricWorkspace::graph_close(Stream& s, int channel, const std::string& context) {
   check_channel(channel);
-  uint32_t tag = 0;
+  uint32_t tag = 0, owner = 0;
   int slot = -1;
   {
     const uint64_t capture = device_->capture_id(s);
@@ -201,6 +229,7 @@ void SymmetricWorkspace::graph_close(Stream& s, int channel, const std::string& 
     const auto it = graph_open_.find(capture);
     if (it == graph_open_.end()) return;
     tag = it->second.tag;
+    owner = it->second.owner;
     slot = 1 + it->second.barriers[channel]++ % 2;
     graph_open_.erase(it);
   }
@@ -211,7 +240,10 @@ void SymmetricWorkspace::graph_close(Stream& s, int channel, const std::string& 
     counted_barrier(s, channel, all, timeout());
     return;
   }
-  device_->graph_kernel(s, graph_launch(channel, tag, {slot}, 1), {}, timeout(), what);
+  GraphLaunch g = graph_launch(channel, tag, {slot}, 1);
+  g.owner = owner;  // NOTE [One captured op at a time]: the open took it
+  g.releases = true;
+  device_->graph_kernel(s, g, {}, timeout(), what);
 }
 
 }  // namespace cuda_p2p

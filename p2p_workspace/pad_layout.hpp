@@ -20,16 +20,17 @@ namespace cuda_p2p {
 //   graph done     [C][W]                      graph phases ended (NOTE [Replay-safe signals])
 //   graph counters [C][2W + 1]                 this rank's own: sent, expected, phases
 //   graph flags    [C][kMaxGraphBlocks][kGraphSlots][W]   flags (NOTE [Graph flags])
+//   graph busy     [1]                         this rank's own (NOTE [One captured op at a time])
 //
-// indexed [channel][...][src] in the pad of the target. Every area but the graph counters is
-// written only by `src` (into its peers' pads: a remote store) and read only by the pad's owner
-// (a graph flag is also cleared by it), so that no wait ever polls another rank's memory: on a
-// GPU a stream wait on a peer's memory would poll across the interconnect. The graph counters
-// are read and written by the owner's own streams only. The graph signals, graph done words and
-// graph counters are contiguous, so that an open clears them in one run (graph_counts). The pad
-// is rounded up to whole pages; a new generation (growth) starts zeroed. After the pad comes the
-// graph region, the staging area of captured collectives run as one kernel (NOTE [Graph flags]),
-// which nothing else uses.
+// indexed [channel][...][src] in the pad of the target. Every area but the graph counters and the
+// graph busy word is written only by `src` (into its peers' pads: a remote store) and read only by
+// the pad's owner (a graph flag is also cleared by it), so that no wait ever polls another rank's
+// memory: on a GPU a stream wait on a peer's memory would poll across the interconnect. The graph
+// counters and the graph busy word are read and written by the owner's own streams only. The
+// graph signals, graph done words and graph counters are contiguous, so that an open clears them
+// in one run (graph_counts). The pad is rounded up to whole pages; a new generation (growth)
+// starts zeroed. After the pad comes the graph region, the staging area of captured collectives
+// run as one kernel (NOTE [Graph flags]), which nothing else uses.
 class PadLayout {
  public:
   static constexpr int kDescriptorWords = 32;
@@ -41,7 +42,7 @@ class PadLayout {
     size_t begin;
     size_t words;
   };
-  static constexpr int kAreas = 7;
+  static constexpr int kAreas = 8;
 
   constexpr PadLayout(int channels, int world_size)
       : c_(static_cast<size_t>(channels)), w_(static_cast<size_t>(world_size)) {}
@@ -82,6 +83,10 @@ class PadLayout {
   constexpr size_t graph_flag(int channel, int block, int slot, int src) const {
     return graph_flags(channel) + graph_flag_index(world_size(), block, slot, src);
   }
+  // The word that says which captured op runs on this rank (NOTE [One captured op at a time]).
+  constexpr size_t graph_busy() const {
+    return graph_flag_area() + c_ * graph_flag_words(world_size());
+  }
   // What an open clears (NOTE [Graph flags]): graph signals, graph done words, graph counters.
   constexpr size_t graph_counts() const { return graph_signals(); }
   constexpr size_t graph_counts_words() const { return graph_flag_area() - graph_signals(); }
@@ -94,10 +99,11 @@ class PadLayout {
              {"graph signals", graph_signals(), c_ * w_},
              {"graph done", graph_done_words(), c_ * w_},
              {"graph counters", graph_counters(), c_ * (2 * w_ + 1)},
-             {"graph flags", graph_flag_area(), c_ * graph_flag_words(world_size())}}};
+             {"graph flags", graph_flag_area(), c_ * graph_flag_words(world_size())},
+             {"graph busy", graph_busy(), 1}}};
   }
   // The words the areas take, and the pad's size in bytes (whole pages).
-  constexpr size_t words() const { return graph_flag_area() + c_ * graph_flag_words(world_size()); }
+  constexpr size_t words() const { return graph_busy() + 1; }
   constexpr size_t bytes() const { return round_up(words() * sizeof(uint32_t), kPageSize); }
 
   static constexpr size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }

@@ -190,8 +190,10 @@ class SymmetricWorkspace {
   void graph_open(Stream& s, int channel, uint32_t tag, const std::string& context);
   // The close of the open op: a barrier on `channel`'s next slot. Nothing when no op is open.
   void graph_close(Stream& s, int channel, const std::string& context);
-  // Forgets the open op of `s`'s capture, enqueueing nothing: an op that raised after its open,
-  // or a rejection. The capture's next barrier-only op is then an op of its own.
+  // Forgets the open op of `s`'s capture: an op that raised after its open, or a rejection. The
+  // capture's next barrier-only op is then an op of its own. What it enqueues is a kernel of no
+  // barriers that gives back the graph busy word the open took (NOTE [One captured op at a time]
+  // in graph_flags.hpp).
   void graph_abandon(Stream& s);
 
   // Fails the device for good (Device::abort): pending and later waits raise; the destructor
@@ -264,7 +266,12 @@ class SymmetricWorkspace {
   struct GraphOpenOp {
     uint32_t tag = 0;
     std::vector<int> barriers;
+    uint32_t owner = 0;  // NOTE [One captured op at a time]: its close gives the busy word back
   };
+  // The next captured op's owner number (NOTE [One captured op at a time]): nonzero, in
+  // kGraphOwnerMask.
+  uint32_t next_graph_owner();
+  std::atomic<uint32_t> graph_owners_{0};
   std::mutex graph_mu_;
   std::unordered_map<uint64_t, GraphOpenOp> graph_open_;
   std::atomic<bool> aborted_{false};

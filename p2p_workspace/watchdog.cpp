@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <iterator>
 #include <sstream>
@@ -167,6 +168,16 @@ std::string describe_ranks(const std::vector<int>& ranks) {
   os << (ranks.size() > 1 ? "ranks " : "rank ");
   for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
   return os.str();
+}
+
+std::string graph_busy_text(uint32_t tag, const char* what) {
+  char tag_text[16];
+  std::snprintf(tag_text, sizeof(tag_text), "0x%08x", tag);
+  return std::string("another captured op of this group was running on this rank when the op ") +
+         "tagged " + tag_text + " of a replayed " + what +
+         " began: two graphs of one group were replayed at once (on two streams?); the op ran "
+         "nothing and the group failed (replay one group's graphs one after another; NOTE [One "
+         "captured op at a time])";
 }
 
 Watchdog::Watchdog(FailureState& failure, std::function<void()> thread_init, Millis max_poll,

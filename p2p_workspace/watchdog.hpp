@@ -229,6 +229,11 @@ class WatchedWait {
 // "rank 3" / "ranks 1, 2" / "rank ?" (the words had all arrived by the time they were read).
 std::string describe_ranks(const std::vector<int>& ranks);
 
+// Why a kernel of a replayed graph (`what`: "CUDA graph", "graph") whose op has tag `tag` ran
+// nothing: another captured op of the group held this rank's graph busy word (NOTE [One captured
+// op at a time] in p2p_workspace/graph_flags.hpp).
+std::string graph_busy_text(uint32_t tag, const char* what);
+
 class Watchdog {
  public:
   // The default bound on how late a missed deadline is noticed (max_poll).

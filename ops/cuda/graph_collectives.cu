@@ -21,11 +21,14 @@ __global__ void __launch_bounds__(ops::graph::kThreads)
     graph_collective_kernel(GraphCollective a, GraphLaunch g) {
   const int b = static_cast<int>(blockIdx.x);
   const int barriers = a.layout.barriers();
+  // NOTE [One captured op at a time]: the block holds the busy word from here to its end.
+  if (!graph_enter(g)) return;
   for (int step = 0; step < barriers; ++step) {
     // Step 0 follows the op's open: every peer has ended its earlier ops, the region is free.
-    if (!graph_barrier(g, step)) return;
+    if (!graph_barrier(g, step)) break;
     ops::graph::collective_step<T, kSum>(a, step, b, CudaBlock{});
   }
+  graph_leave(g);
 }
 
 template <typename T>

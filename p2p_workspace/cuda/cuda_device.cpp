@@ -1124,6 +1124,10 @@ class CudaDevice : public Device {
              "than its peers (the kernel trapped and the CUDA context is lost; NOTE [Graph "
              "flags])";
     }
+    // NOTE [One captured op at a time]: nothing ran, and the peers' waits it caused say less.
+    if (*static_cast<const volatile uint32_t*>(&g->busy) != 0) {
+      return graph_busy_text(*static_cast<const volatile uint32_t*>(&g->busy_tag), "CUDA graph");
+    }
     const std::vector<int> peers = ranks(g->peer_bits);
     return "a wait of a replayed CUDA graph timed out: " + describe_ranks(peers) +
            " never arrived (the wait kernel trapped: the graph's kernels went on with stale data "

@@ -44,6 +44,10 @@ struct CudaFlags {
     const uint32_t failed = load_volatile(g.peer_failed);
     return failed != 0 && failed != static_cast<uint32_t>(g.rank) + 1;
   }
+  // Only this GPU's kernels touch the busy word: a device-scope compare-and-swap.
+  __device__ uint32_t busy_cas(uint32_t* p, uint32_t expected, uint32_t desired) const {
+    return atomicCAS(p, expected, desired);
+  }
   __device__ bool ended() const {
     return (g.failed != nullptr && load_volatile(g.failed) != 0) ||
            load_volatile(&static_cast<const GraphGiveUp*>(g.give_up)->gave_up) != 0;
@@ -51,6 +55,40 @@ struct CudaFlags {
 };
 
 }  // namespace graph_detail
+
+// NOTE [One captured op at a time] in p2p_workspace/graph_flags.hpp: the calling block takes this
+// rank's graph busy word where `g` takes it; every thread calls it first. False: another captured
+// op holds it; the block must end at once, touching nothing (recorded in g.give_up, which fails
+// the device: nobody traps).
+__device__ __forceinline__ bool graph_enter(const GraphLaunch& g) {
+  using namespace graph_detail;
+  __shared__ int refused;
+  if (threadIdx.x == 0) {
+    const uint32_t holder = graph_take(g, CudaFlags{g});
+    refused = holder != 0 ? 1 : 0;
+    if (holder != 0) {
+      auto* give_up = static_cast<GraphGiveUp*>(g.give_up);
+      atomicCAS_system(&give_up->busy_tag, 0u, g.tag);
+      atomicAdd_system(&give_up->busy, 1u);
+      __threadfence_system();
+      atomicAdd_system(&give_up->gave_up, 1u);
+    }
+    __threadfence();  // the holder's last writes before this block's first
+  }
+  __syncthreads();
+  return refused == 0;
+}
+
+// The calling block gives the busy word back where `g` does, after everything it did (every
+// thread calls it, after graph_enter returned true, however the block's barriers ended).
+__device__ __forceinline__ void graph_leave(const GraphLaunch& g) {
+  using namespace graph_detail;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();  // the block's writes before the next holder's
+    graph_release(g, CudaFlags{g});
+  }
+}
 
 // Barrier `i` of `g` for the calling block; every thread of the block calls it (it synchronizes
 // the block, so that what every thread wrote before is published by the stores, and what the

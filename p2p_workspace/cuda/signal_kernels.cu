@@ -135,10 +135,14 @@ __global__ void wait_counted_kernel(CountedKernelWaits waits, uint64_t timeout_n
 }
 
 // NOTE [Graph flags] (p2p_workspace/graph_flags.hpp): an open, a close, or a barrier alone.
+// NOTE [One captured op at a time]: an open takes the busy word, a close gives it back, and an
+// op's end with no barriers (SymmetricWorkspace::graph_abandon) only gives it back.
 __global__ void graph_barriers_kernel(GraphLaunch g) {
+  if (!graph_enter(g)) return;
   for (int i = 0; i < g.barriers; ++i) {
-    if (!graph_barrier(g, i)) return;
+    if (!graph_barrier(g, i)) break;
   }
+  graph_leave(g);
 }
 
 // One warp: a thread per peer (kMaxGraphRanks of them at most).

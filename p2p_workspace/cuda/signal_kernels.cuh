@@ -84,6 +84,10 @@ struct GraphGiveUp {
   uint32_t foreign_bits[4];
   uint32_t foreign_tag;
   uint32_t own_tag;
+  // NOTE [One captured op at a time] in p2p_workspace/graph_flags.hpp: kernels that found another
+  // captured op holding the busy word (gave_up counts them too), and the first one's tag.
+  uint32_t busy;
+  uint32_t busy_tag;
 };
 
 // *counter += delta.

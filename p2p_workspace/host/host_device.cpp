@@ -172,6 +172,16 @@ struct GraphGiveUps {
     }
     count.fetch_add(1, std::memory_order_release);
   }
+  // NOTE [One captured op at a time] in p2p_workspace/graph_flags.hpp: a run that found another
+  // captured op holding the busy word, and the first one's tag (mu).
+  uint32_t busy = 0, busy_tag = 0;
+  void record_busy(uint32_t tag) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (busy++ == 0) busy_tag = tag;
+    }
+    count.fetch_add(1, std::memory_order_release);
+  }
   // NOTE [Who traps] in p2p_workspace/flag_barrier_body.hpp: the group's choice, and the model of
   // a trap: why the first kernel that would have trapped did ("" while none did).
   std::atomic<bool> trap_on_peer_failure{false};
@@ -259,6 +269,9 @@ struct GraphEnds {
   // The wait for `waits` passed its deadline, or found a foreign tag: fail and throw.
   std::function<void(const std::vector<SignalWait>& waits)> timed_out;
   std::function<void(int peer, uint32_t seen)> foreign;
+  // Another captured op holds the busy word (NOTE [One captured op at a time]): true ends the run
+  // quietly, having recorded why (CUDA's semantics); throws to end it with an error.
+  std::function<bool()> busy;
 };
 
 // The flag barrier's policy (p2p_workspace/flag_barrier_body.hpp) on the host: a flag's sleeper
@@ -277,6 +290,11 @@ struct HostFlags {
     std::atomic_ref<uint32_t>(*p).store(0, std::memory_order_relaxed);
   }
   void zero(uint32_t* p) const { clear(p); }
+  uint32_t busy_cas(uint32_t* p, uint32_t expected, uint32_t desired) const {
+    std::atomic_ref<uint32_t>(*p).compare_exchange_strong(expected, desired,
+                                                          std::memory_order_acq_rel);
+    return expected;  // the value found
+  }
   bool peer_failed() const { return false; }
   // Asked once per pass over the flags (the first unset flag asks).
   bool ended() const {
@@ -300,6 +318,11 @@ class GraphRun {
 
   // True when the run is over (every barrier passed and the body ran, or it ended quietly).
   bool advance(const GraphEnds& ends) {
+    if (!entered_) {
+      // NOTE [One captured op at a time]: the kernel's entry.
+      if (graph_take(g_, HostFlags{&ends}) != 0) return ends.busy();
+      entered_ = true;
+    }
     while (step_ < g_.barriers) {
       const HostFlags f{&ends};
       if (!stored_) store(f);
@@ -314,12 +337,14 @@ class GraphRun {
           case FlagPoll::kPassed:
             continue;
           case FlagPoll::kForeign:
+            leave(f);
             ends.foreign(waits_[k].peer, seen);
             return true;  // not reached: foreign throws
           case FlagPoll::kTimedOut: {
             // Those not yet polled, and those kept: every flag still unset.
             std::vector<SignalWait> unset(waits_.begin(), waits_.begin() + kept);
             unset.insert(unset.end(), waits_.begin() + k, waits_.end());
+            leave(f);
             ends.timed_out(unset);
             return true;  // not reached: timed_out throws
           }
@@ -336,7 +361,7 @@ class GraphRun {
       }
       waits_.resize(kept);
       blocks_.resize(kept);
-      if (ended) return true;
+      if (ended) return leave(f);
       if (!waits_.empty()) return false;
       if (body_ && *body_) {
         for (int b = 0; b < g_.blocks; ++b) (*body_)(step_, b);
@@ -344,12 +369,18 @@ class GraphRun {
       ++step_;
       stored_ = false;
     }
-    return true;
+    return leave(HostFlags{&ends});
   }
   // The flags the current barrier still waits for.
   const std::vector<SignalWait>& waits() const { return waits_; }
 
  private:
+  // The kernel's end, however it ends: the busy word back where the run gives it back.
+  bool leave(const HostFlags& f) {
+    if (entered_ && !left_) graph_release(g_, f);
+    left_ = true;
+    return true;
+  }
   void store(const HostFlags& f) {
     waits_.clear();
     blocks_.clear();
@@ -371,6 +402,7 @@ class GraphRun {
   Millis timeout_;
   int step_ = 0;
   bool stored_ = false;
+  bool entered_ = false, left_ = false;
   std::optional<std::chrono::steady_clock::time_point> deadline_;
   std::vector<SignalWait> waits_;  // the flags still unset, and their blocks
   std::vector<int> blocks_;
@@ -1057,6 +1089,11 @@ class HostDevice : public Device, public HostPaths {
       failure_.fail(what);
       TORCH_CHECK(false, "cuda_p2p ", what);
     };
+    e.busy = [this, why, tag]() -> bool {
+      const std::string what = *why + ": " + graph_busy_text(tag, "graph");
+      failure_.fail(what);
+      TORCH_CHECK(false, "cuda_p2p ", what);
+    };
     return e;
   }
   // CUDA's semantics: the kernel's waits (NOTE [Counted waits end with the failure]).
@@ -1095,6 +1132,11 @@ class HostDevice : public Device, public HostPaths {
       give_ups->record_foreign(peer, seen, tag);
       trap(*give_ups, *why, foreign_tag(peer, seen, tag));
     };
+    // NOTE [One captured op at a time]: recorded, quietly (the watchdog fails the device).
+    e.busy = [tag, give_ups = give_ups_] {
+      give_ups->record_busy(tag);
+      return true;
+    };
     return e;
   }
   // The give-ups of counted waits as the device's failure ("" while there is none).
@@ -1104,6 +1146,8 @@ class HostDevice : public Device, public HostPaths {
     std::string foreign;
     {
       std::lock_guard<std::mutex> lock(give_ups_->mu);
+      // NOTE [One captured op at a time]: nothing ran, and the waits it caused say less.
+      if (give_ups_->busy != 0) return graph_busy_text(give_ups_->busy_tag, "graph");
       peers.assign(give_ups_->peers.begin(), give_ups_->peers.end());
       if (!give_ups_->foreign.empty()) {
         foreign = "a flag barrier of a replayed graph met another op: " +

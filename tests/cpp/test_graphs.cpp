@@ -195,9 +195,10 @@ void replays_mixed_with_eager_ops(const char* streams) {
   if (world().size > 1) {
     EXPECT_GT(three.graph->tasks(), 2u);
   }
-  // Every rank draws the same order: graph one, two or three, or an eager all-reduce.
+  // Every rank draws the same order: graph one, two or three, or an eager all-reduce; 50 rounds
+  // (issue 55: graphs alternating with each other and with eager ops for 50 replays).
   std::mt19937 order(1234);
-  for (int round = 1; round <= 16; ++round) {
+  for (int round = 1; round <= 50; ++round) {
     switch (order() % 4) {
       case 0:
         replay_and_check(dev, *s, one, round, "graph one");
@@ -397,6 +398,80 @@ TEST(Graphs, APeersAbortEndsReplaysQuietlyAndCheckNamesIt) {
   a_peers_abort_while_others_replay(false);
 }
 TEST(Graphs, APeersAbortTrapsReplaysWhereTheGroupAsks) { a_peers_abort_while_others_replay(true); }
+
+// NOTE [One captured op at a time] in p2p_workspace/graph_flags.hpp. Two graphs of one group, the
+// same op captured on two streams (an all-reduce run as one kernel: both would pass on one flag
+// and stage into one region; a broadcast, which keeps the copy engine between an open and a
+// close), replayed at once on rank 0 while its peers are late: rank 0's second replay finds the
+// first holding the busy word, runs nothing and fails the group, which raises the cause on rank 0
+// and names rank 0 on its peers; nobody traps. Before, the two ran on each other's flags: no error
+// (or, for ops of different tags, a trap at a foreign tag).
+void two_graphs_replayed_at_once(const char* streams, bool broadcast) {
+  const auto& w = world();
+  if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  auto pg = make_group(Millis(20000), streams);
+  Device& dev = pg->workspace()->device();
+  auto one = dev.new_stream(false), two = dev.new_stream(false);
+  auto a = input({1001}, w.rank), b = input({1001}, w.rank);
+  auto op = [&](at::Tensor& t) {
+    std::vector<at::Tensor> v{t};
+    if (broadcast) {
+      c10d::BroadcastOptions root;
+      root.rootRank = 0;
+      pg->broadcast(v, root);
+    } else {
+      pg->allreduce(v, c10d::AllreduceOptions());
+    }
+  };
+  set_current_stream(dev, one);
+  op(a);  // eagerly first, as a user does
+  dev.synchronize(*one);
+  begin_capture(dev, one);
+  op(a);
+  auto graph_a = end_capture(dev);
+  set_current_stream(dev, two);
+  begin_capture(dev, two);
+  op(b);
+  auto graph_b = end_capture(dev);
+  // One after the other, they pass.
+  graph_a->replay();
+  dev.synchronize(*one);
+  graph_b->replay();
+  dev.synchronize(*two);
+  store_barrier("replayed-in-turn");
+  if (w.rank == 0) {
+    graph_a->replay();  // waits for its late peers, holding the busy word
+    graph_b->replay();  // at once, on the other stream
+    store_barrier("replayed-at-once");
+    for (auto* s : {two.get(), one.get()}) {
+      try {
+        dev.synchronize(*s);
+      } catch (const c10::Error&) {  // NOLINT(bugprone-empty-catch): check() says what, below
+      }
+    }
+    expect_error([&] { pg->check(); }, "another captured op of this group was running");
+  } else {
+    store_barrier("replayed-at-once");
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    graph_a->replay();
+    expect_error([&] { dev.synchronize(*one); }, "rank 0");
+    expect_error([&] { pg->check(); }, "rank 0");
+  }
+  EXPECT_TRUE(dev.drain(Millis(10000))) << "a replay did not end at the group's failure";
+  EXPECT_EQ(pg->lost_context(), "") << "a kernel trapped";
+  store_barrier("checked");
+  set_current_stream(dev, nullptr);
+  pg->abort();
+  EXPECT_TRUE(dev.drain(Millis(5000)));
+}
+
+TEST(Graphs, TwoGraphsReplayedAtOnceAreRefused) { two_graphs_replayed_at_once("threads", false); }
+TEST(Graphs, TwoGraphsReplayedAtOnceAreRefusedCooperatively) {
+  two_graphs_replayed_at_once("cooperative", false);
+}
+TEST(Graphs, TwoCopyEngineGraphsReplayedAtOnceAreRefused) {
+  two_graphs_replayed_at_once("threads", true);
+}
 
 // NOTE [Graph flags]: what is open is kept per capture. Rank 0's captured all-reduce is rejected
 // (its arguments fail their checks: it takes part with a rejected signature and raises) while its

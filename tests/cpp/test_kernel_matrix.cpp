@@ -409,7 +409,59 @@ struct PlainFlags {
   void zero(uint32_t* p) const { *p = 0; }
   bool peer_failed() const { return failed_peer; }
   bool ended() const { return gave_up; }
+  uint32_t busy_cas(uint32_t* p, uint32_t expected, uint32_t desired) const {
+    const uint32_t found = *p;
+    if (found == expected) *p = desired;
+    return found;
+  }
 };
+
+// NOTE [One captured op at a time] (p2p_workspace/graph_flags.hpp): the busy word's take and give
+// back, as every kernel op's blocks, an open and its close, and an abandoned op's end run them.
+TEST(FlagBarrier, OneCapturedOpHoldsTheBusyWord) {
+  const PlainFlags f;
+  uint32_t busy = 0;
+  auto launch = [&](uint32_t owner, bool takes, bool releases) {
+    GraphLaunch g;
+    g.busy = &busy;
+    g.owner = owner;
+    g.takes = takes;
+    g.releases = releases;
+    return g;
+  };
+  const GraphLaunch kernel_a = launch(5, true, true), kernel_b = launch(9, true, true);
+  // Op 5's three blocks enter; op 9's block is refused, naming op 5, and changes nothing.
+  for (int b = 0; b < 3; ++b) EXPECT_EQ(graph_take(kernel_a, f), 0u);
+  EXPECT_EQ(busy, (5u << kGraphBusyCountBits) | 3u);
+  EXPECT_EQ(graph_take(kernel_b, f), 5u);
+  EXPECT_EQ(busy, (5u << kGraphBusyCountBits) | 3u);
+  // A refused op's end never gives back what another op holds.
+  graph_release(kernel_b, f);
+  EXPECT_EQ(busy, (5u << kGraphBusyCountBits) | 3u);
+  for (int b = 0; b < 3; ++b) graph_release(kernel_a, f);
+  EXPECT_EQ(busy, 0u);
+  EXPECT_EQ(graph_take(kernel_b, f), 0u);
+  graph_release(kernel_b, f);
+  EXPECT_EQ(busy, 0u);
+  // A copy-engine op: its open takes, a barrier inside it neither takes nor gives back (another
+  // op still finds it held), its close gives back; an op's end (no barriers) only gives back.
+  const GraphLaunch open = launch(11, true, false), inside = launch(11, false, false),
+                    close = launch(11, false, true);
+  EXPECT_EQ(graph_take(open, f), 0u);
+  EXPECT_EQ(graph_take(inside, f), 0u);
+  graph_release(inside, f);
+  EXPECT_EQ(graph_take(kernel_a, f), 11u);
+  graph_release(close, f);
+  EXPECT_EQ(busy, 0u);
+  EXPECT_EQ(graph_take(open, f), 0u);
+  graph_release(launch(11, false, true), f);  // SymmetricWorkspace::graph_abandon's end
+  EXPECT_EQ(busy, 0u);
+  // Without a word (a launch built by hand, or counted signals) nothing is taken.
+  GraphLaunch none = kernel_a;
+  none.busy = nullptr;
+  EXPECT_EQ(graph_take(none, f), 0u);
+  graph_release(none, f);
+}
 
 TEST(FlagBarrier, StoresPollsAndDecisions) {
   constexpr int W = 3, kBlocks = 2;

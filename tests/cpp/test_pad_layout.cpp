@@ -26,7 +26,16 @@ std::string name(const Config& c) {
   return std::to_string(c.channels) + " channels, " + std::to_string(c.world_size) + " ranks";
 }
 
-enum AreaIndex { kSignals, kDone, kDescriptors, kGraphSignals, kGraphDone, kCounters, kFlags };
+enum AreaIndex {
+  kSignals,
+  kDone,
+  kDescriptors,
+  kGraphSignals,
+  kGraphDone,
+  kCounters,
+  kFlags,
+  kBusy
+};
 
 // Which slot owns each word of the pad: a word claimed twice is an overlap, one never claimed
 // a gap.
@@ -104,6 +113,7 @@ TEST(PadLayout, EverySlotIsItsOwnWordInItsOwnArea) {
       }
       claims.claim(kCounters, l.graph_phases(ch), "graph phases, " + at);
     }
+    claims.claim(kBusy, l.graph_busy(), "graph busy word");
     claims.expect_every_word_claimed();
   }
 }
@@ -122,11 +132,11 @@ TEST(PadLayout, AnOpenClearsExactlyTheGraphCounts) {
 
 TEST(PadLayout, SizesWorkedOutByHand) {
   // 1 channel, 2 ranks: signals 2, done 2, descriptors 2*2*32, graph signals 2, graph done 2,
-  // counters 2*2 + 1, flags 32*3*2.
-  EXPECT_EQ(PadLayout(1, 2).words(), 2u + 2 + 128 + 2 + 2 + 5 + 192);
-  // 4 channels: 664 words per rank plus 4 (docs/workspace.md: 2656 bytes per rank plus 16).
+  // counters 2*2 + 1, flags 32*3*2, the busy word.
+  EXPECT_EQ(PadLayout(1, 2).words(), 2u + 2 + 128 + 2 + 2 + 5 + 192 + 1);
+  // 4 channels: 664 words per rank plus 5 (docs/workspace.md: 2656 bytes per rank plus 20).
   for (int w : {1, 2, 3, 4, 8, 16}) {
-    EXPECT_EQ(PadLayout(4, w).words(), 664u * w + 4) << w << " ranks";
+    EXPECT_EQ(PadLayout(4, w).words(), 664u * w + 5) << w << " ranks";
   }
   EXPECT_EQ(PadLayout(4, 1).bytes(), 4096u);
   EXPECT_EQ(PadLayout(4, 2).bytes(), 8192u);
