@@ -28,7 +28,7 @@
 #    streams (default queues and one), finding 2's stall schedule checking rank 1's result, a
 #    rank that stops replaying a CUDA graph (time to fail, whose trap ends that process's
 #    context, and an abort from a thread), a peer's abort while the others replay
-#    (gpu_peer_abort.py: no trap, then the opt-in trap); and, where nvidia-cuda-mps-control exists, the stress
+#    (gpu_peer_abort.py: no trap, then the opt-in trap, then two graphs replayed at once); and, where nvidia-cuda-mps-control exists, the stress
 #    and fault steps once more under an MPS daemon the script starts in a private directory and
 #    stops (the GPU's own settings are left as they are);
 # 6. prints a small timing table of ranks sharing one GPU (bench/gpu_timing.py);
@@ -356,9 +356,10 @@ PYEOF
     grep -h "rank 0: the replay" "$OUT/replay_stop.log" 2>/dev/null | cut -c1-200 |
       sed 's/^/  /' | tee -a "$OUT/summary.txt"
     # NOTE [Who traps]: a peer's abort while the others replay ends their kernels quietly (their
-    # contexts stay usable); with trap_on_peer_failure they trap, as asked.
-    step peer_abort 90 bash -c '"$1" "$2" --world-size 2 && "$1" "$2" --world-size 2 --trap' _ \
-      "$PY" tests/python/gpu_scripts/gpu_peer_abort.py
+    # contexts stay usable); with trap_on_peer_failure they trap, as asked. NOTE [One captured op
+    # at a time]: two graphs of one group replayed at once are refused, without a trap.
+    step peer_abort 120 bash -c '"$1" "$2" --world-size 2 && "$1" "$2" --world-size 2 --trap &&
+      "$1" "$2" --world-size 2 --concurrent' _ "$PY" tests/python/gpu_scripts/gpu_peer_abort.py
     step teardown_1queue 60 env CUDA_DEVICE_MAX_CONNECTIONS=1 "$PY" tests/python/gpu_scripts/gpu_teardown.py \
       --world-size 2 --op-timeout 5 --margin 10 --timeout 25 --scenarios queued
   fi

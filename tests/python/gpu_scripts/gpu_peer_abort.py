@@ -13,7 +13,14 @@ replays graphs. On every other rank:
 With --trap (Options.trap_on_peer_failure) the replaying ranks' kernels must trap instead: their
 synchronize raises. Never run that form under MPS.
 
-    python tests/python/gpu_scripts/gpu_peer_abort.py [--world-size 2] [--timeout-s 5] [--trap]
+With --concurrent (NOTE [One captured op at a time] in p2p_workspace/graph_flags.hpp), instead:
+every rank captures the same all_reduce_ in two graphs on two streams; rank 0 replays both at
+once while its peers are late (they replay one). Rank 0's second replay must run nothing:
+cuda_p2p.check raises "another captured op ..." on rank 0 and names rank 0 on the peers, every
+synchronize returns (no trap) and every context still computes right.
+
+    python tests/python/gpu_scripts/gpu_peer_abort.py [--world-size 2] [--timeout-s 5]
+                                                      [--trap | --concurrent]
 
 Exit status: 0 when every rank passed, 1 otherwise, 2 without a GPU.
 """
@@ -34,11 +41,78 @@ for _d in (_TESTS, os.path.join(_TESTS, "gpu"), os.path.join(_TESTS, "gpu_script
 import _gpu_readiness as R  # noqa: E402
 
 
+def _check_raises(g, needle: str, timeout_s: float) -> str:
+    """Polls cuda_p2p.check(g) until it raises; the error must contain `needle`."""
+    import cuda_p2p
+
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        try:
+            cuda_p2p.check(g)
+        except RuntimeError as e:
+            if needle not in str(e):
+                raise AssertionError(f"cuda_p2p.check raised without {needle!r}: {e}") from e
+            return str(e)
+        time.sleep(0.01)
+    raise AssertionError(f"cuda_p2p.check raised nothing in {timeout_s} s")
+
+
+def _context_works(dev) -> None:
+    x = torch.arange(1000, device=dev, dtype=torch.float32)
+    if x.sum().item() != 499500.0:
+        raise AssertionError("the CUDA context no longer computes right")
+
+
+def _concurrent(rank: int, world_size: int, port: int, args) -> None:
+    import torch.distributed as dist
+
+    import cuda_p2p
+
+    R.init(rank, world_size, port, cuda=True)
+    dev = R.device_of(True)
+    g = R.cuda_p2p_group(True, buffer_size=1 << 20, timeout_s=args.timeout_s)
+    a = torch.ones(1001, device=dev)
+    b = torch.ones(1001, device=dev)
+    cuda_p2p.all_reduce_(a, group=g)  # the warm-up
+    graphs = []
+    for t in (a, b):
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(s), torch.cuda.graph(graph, stream=s):
+            cuda_p2p.all_reduce_(t, group=g)
+        torch.cuda.current_stream().wait_stream(s)
+        graphs.append((graph, s))
+    for graph, s in graphs:  # one after the other: both pass
+        with torch.cuda.stream(s):
+            graph.replay()
+        torch.cuda.synchronize()
+    dist.barrier()
+    if rank == 0:
+        for graph, s in graphs:
+            with torch.cuda.stream(s):
+                graph.replay()
+        error = _check_raises(g, "another captured op", 3 * args.timeout_s)
+    else:
+        time.sleep(0.5)
+        with torch.cuda.stream(graphs[0][1]):
+            graphs[0][0].replay()
+        error = _check_raises(g, "rank 0", 3 * args.timeout_s)
+    R.say(rank, f"cuda_p2p.check: {error[:160]}")
+    torch.cuda.synchronize()  # raises if a kernel trapped
+    _context_works(dev)
+    R.say(rank, "no trap: synchronize returned and the context still works")
+    dist.barrier()
+
+
 def _rank(rank: int, world_size: int, port: int, args) -> None:
     import torch.distributed as dist
 
     import cuda_p2p
 
+    if args.concurrent:
+        _concurrent(rank, world_size, port, args)
+        return
     R.init(rank, world_size, port, cuda=True)
     dev = R.device_of(True)
     g = R.cuda_p2p_group(True, buffer_size=1 << 20, timeout_s=args.timeout_s,
@@ -99,9 +173,7 @@ def _rank(rank: int, world_size: int, port: int, args) -> None:
     else:
         if trapped is not None:
             raise AssertionError(f"a peer's abort made this rank's kernels trap: {trapped}")
-        x = torch.arange(1000, device=dev, dtype=torch.float32)
-        if x.sum().item() != 499500.0:
-            raise AssertionError("the CUDA context no longer computes right")
+        _context_works(dev)
         R.say(rank, "no trap: synchronize returned and the context still works")
     dist.barrier()
 
@@ -110,7 +182,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world-size", type=int, default=2)
     ap.add_argument("--timeout-s", type=float, default=5.0, help="the group's timeout")
-    ap.add_argument("--trap", action="store_true", help="Options.trap_on_peer_failure")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--trap", action="store_true", help="Options.trap_on_peer_failure")
+    mode.add_argument("--concurrent", action="store_true",
+                      help="two graphs of one group replayed at once on rank 0")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds for the run")
     args = ap.parse_args()
     if not torch.cuda.is_available():
