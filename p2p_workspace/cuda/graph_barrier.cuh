@@ -44,7 +44,8 @@ struct CudaFlags {
     const uint32_t failed = load_volatile(g.peer_failed);
     return failed != 0 && failed != static_cast<uint32_t>(g.rank) + 1;
   }
-  // Only this GPU's kernels touch the busy word: a device-scope compare-and-swap.
+  // Only this GPU's kernels touch the busy word: a device-scope compare-and-swap, relaxed;
+  // graph_enter and graph_leave give it the acquire and release order with their fences.
   __device__ uint32_t busy_cas(uint32_t* p, uint32_t expected, uint32_t desired) const {
     return atomicCAS(p, expected, desired);
   }
