@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -36,6 +37,14 @@ using Op = Counters::Op;
 // streams its window calls used), then the exchange tells it that every peer has done so, and
 // only then is its region dropped (the tensor stays where it is: a moved one in the heap, until its
 // storage dies). A registration after it publishes anew.
+// NOTE [Mapped tensors outlive no registration]
+// A tensor from map_remote_tensor(peer) aliases the peer's registered memory as this process maps
+// it; after tensor_deregister the peer's heap may hand that memory to its next allocation, so such
+// a tensor would silently read and write someone else's data. The window therefore keeps a weak
+// reference to the storage of every peer's tensor it mapped, and tensor_deregister refuses while
+// any of them is alive on any rank (its own check fails, so the exchange tells every rank, and the
+// window stays registered): drop them (and their views) first. The own rank's is a view of the
+// registered tensor itself, which keeps its memory as long as it lives: no hazard, no check.
 // The signal counters belong to the window, not to the registration: they count on across
 // tensor_deregister and tensor_register.
 // Making the window is collective too (the counters' offsets are exchanged); dropping it is not:
@@ -164,6 +173,11 @@ void WorkspaceWindow::tensor_deregister() {
   try {
     TORCH_CHECK(protocol_->registered(),
                 "cuda_p2p window tensor_deregister: the window has no registered tensor");
+    const std::string alive = live_mappings();
+    TORCH_CHECK(alive.empty(), "cuda_p2p window tensor_deregister: ", alive,
+                " still alive on rank ", g_.group.rank,
+                "; after tensor_deregister that memory may be reused, so drop them (and their "
+                "views) first (NOTE [Mapped tensors outlive no registration])");
     g_.heap.heap()->device().quiesce();  // NOTE [Window registration]: this rank's puts have run
   } catch (const std::exception&) {
     error = std::current_exception();
@@ -239,9 +253,30 @@ c10::intrusive_ptr<c10d::Work> WorkspaceWindow::wait_signal(int64_t peerRank, bo
   return work;
 }
 
+std::string WorkspaceWindow::live_mappings() {
+  std::erase_if(mapped_, [](const auto& m) { return m.second.expired(); });
+  if (mapped_.empty()) return "";
+  std::vector<int> ranks;
+  for (const auto& m : mapped_) {
+    if (std::find(ranks.begin(), ranks.end(), m.first) == ranks.end()) ranks.push_back(m.first);
+  }
+  std::sort(ranks.begin(), ranks.end());
+  return std::to_string(mapped_.size()) + (mapped_.size() > 1 ? " tensors" : " tensor") +
+         " from map_remote_tensor (of " + ranks_text(ranks) + ") " +
+         (mapped_.size() > 1 ? "are" : "is");
+}
+
 at::Tensor WorkspaceWindow::map_remote_tensor(int64_t rank) {
   const int r = checked_rank(rank, "map_remote_tensor", "a rank");
+  std::lock_guard<std::mutex> lock(registration_mutex_);  // NOTE [Mapped tensors outlive ...]
   at::Tensor t = protocol_->remote(r);
+  if (r == g_.group.rank) {
+    t = registered_.view(t.sizes());  // the same memory, holding it as the registered tensor does
+  } else {
+    std::erase_if(mapped_, [](const auto& m) { return m.second.expired(); });
+    mapped_.emplace_back(
+        r, c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl()));
+  }
   g_.counters.record(Op::kWindow, "map_remote_tensor");
   return t;
 }

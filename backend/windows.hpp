@@ -14,8 +14,10 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Window.hpp>
+#include <utility>
 #include <vector>
 
 #include "backend/abort_hooks.hpp"
@@ -75,12 +77,18 @@ class WorkspaceWindow : public c10d::Window {
   c10::intrusive_ptr<c10d::Work> run(const char* what, c10d::OpType type,
                                      std::vector<at::Tensor> outputs, Fn&& fn);
   int checked_rank(int64_t r, const char* what, const char* role) const;
+  // "N tensor(s) from map_remote_tensor (of rank(s) ...) is/are" for the mapped tensors still
+  // alive, or "" (NOTE [Mapped tensors outlive no registration]); under registration_mutex_.
+  std::string live_mappings();
 
   WindowGroup g_;       // first: destroyed last, after everything that lives in the group's heap
   at::Tensor signals_;  // this rank's counters in its heap (NOTE [Window signals])
   std::unique_ptr<ops::WindowProtocol> protocol_;
-  std::mutex registration_mutex_;  // tensor_register / tensor_deregister
+  std::mutex registration_mutex_;  // tensor_register / tensor_deregister / map_remote_tensor
   at::Tensor registered_;          // where the peers' puts land: the registered tensor
+  // The storages of the tensors map_remote_tensor returned, with their ranks (NOTE [Mapped
+  // tensors outlive no registration] in windows.cpp); expired ones are dropped as calls come.
+  std::vector<std::pair<int, c10::weak_intrusive_ptr<c10::StorageImpl>>> mapped_;
 };
 
 }  // namespace cuda_p2p

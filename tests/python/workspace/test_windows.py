@@ -186,8 +186,12 @@ def check_registered_tensor_receives(ctx):
     _barrier()
     mapped = win.map_remote_tensor(left)
     chk.case("own writes are what peers read", mapped[left * n].item() == -7.0, f"{mapped[:4]}")
+    mapped = None  # a peer's memory: mapped tensors outlive no registration
+    mine = win.map_remote_tensor(rank)  # a view of `view` itself: it may outlive it
     _barrier()
     win.tensor_deregister()
+    chk.case("the own rank's mapping is the tensor", mine.data_ptr() == view.data_ptr() and
+             torch.equal(mine, view), "")
     win = None
     chk.case("the tensor outlives its window", torch.equal(big[:n], before[:n]), "")
     # What cannot be moved raises on every rank, the others naming the rank, nothing registered.
@@ -334,6 +338,18 @@ def check_deregister_and_register_again(ctx):
     _ring_step(win, _message(rank, right, 6, torch.float32), right, left)
     chk.case("first registration", torch.equal(
         win.map_remote_tensor(rank), _message(left, rank, 6, torch.float32)), "")
+    # A tensor mapped from a peer (here a view of it, on rank 0 only) outlives no registration:
+    # every rank's tensor_deregister raises, naming rank 0, and the window stays registered.
+    kept = win.map_remote_tensor(right)[1:] if rank == 0 else None
+    err = raises(win.tensor_deregister)
+    want = ("cuda_p2p window tensor_deregister: 1 tensor from map_remote_tensor (of rank "
+            f"{right}) is still alive on rank 0; after tensor_deregister that memory may be "
+            "reused" if rank == 0 else "rank 0 could not deregister")
+    chk.case("mapped tensor alive", err is not None and want in err, f"{err!r}")
+    kept = None  # noqa: F841 (dropped: the deregistration goes through)
+    _ring_step(win, _message(rank, right, 6, torch.float32, seed=2), right, left)
+    chk.case("still registered", torch.equal(
+        win.map_remote_tensor(rank), _message(left, rank, 6, torch.float32, seed=2)), "")
     win.tensor_deregister()
     err = raises(lambda: win.put(torch.ones(1), right, 0, False))
     chk.case("put unregistered", err is not None and "the window has no registered tensor" in err,
