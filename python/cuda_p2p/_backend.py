@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import threading
 import warnings
 
 import torch
@@ -15,6 +16,36 @@ from ._C import ProcessGroupCudaP2P, _debug_line, _set_default_group_name
 
 BACKEND_NAME = "cuda_p2p"
 _DEVICES = ["cpu", "cuda"]
+
+
+# NOTE [One Gloo device per process]
+# Every group wraps a ProcessGroupGloo (CPU tensors the workspace does not take), and torch gives
+# each its own transport device: a listening socket and an event-loop thread that wakes every
+# 10 ms whether the group is used or not (gloo's tcp::Loop), ~1 ms of CPU a second each; a process
+# with tens of groups (subgroups, shrunk children, a hierarchy's parts) spent a visible share of a
+# core on them. So the Gloo groups this package makes share one device per process, made as
+# torch makes its default one; each keeps its own context, pairs, timeout, worker threads and
+# failures (one's abort or shutdown leaves the others working). The device is transport, not group
+# state. Where GLOO_SOCKET_IFNAME names interfaces, torch's own choice stands (a device per group);
+# a forked child makes its own device.
+_gloo_device_lock = threading.Lock()
+_gloo_device: tuple = (None, None)  # (the pid that made it, the device)
+
+
+def _gloo_group(store, rank: int, size: int, timeout):
+    """A ProcessGroupGloo on the process's shared device (NOTE [One Gloo device per process])."""
+    global _gloo_device
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return dist.ProcessGroupGloo(store, rank, size, timeout)
+    with _gloo_device_lock:
+        if _gloo_device[0] != os.getpid():
+            _gloo_device = (os.getpid(), dist.ProcessGroupGloo.create_default_device())
+        device = _gloo_device[1]
+    o = dist.ProcessGroupGloo._Options()
+    o._timeout = timeout
+    o._devices = [device]
+    o._threads = 2  # torch's default: two per device
+    return dist.ProcessGroupGloo(store, rank, size, o)
 
 
 def _create_backend(opts, pg_options) -> ProcessGroupCudaP2P:
@@ -37,7 +68,7 @@ def _create_backend(opts, pg_options) -> ProcessGroupCudaP2P:
     _claim_rank_slot(store, rank, str(opts.group_id))
     _wait_for_ranks(store, rank, size, str(opts.group_id), opts.timeout)
     # Each wrapped backend rendezvous under its own prefix of the group's store.
-    gloo = dist.ProcessGroupGloo(PrefixStore("gloo/", store), rank, size, opts.timeout)
+    gloo = _gloo_group(PrefixStore("gloo/", store), rank, size, opts.timeout)
     nccl = None
     if torch.cuda.is_available() and dist.is_nccl_available():
         nccl_options = options.nccl_options
@@ -186,14 +217,13 @@ def _attach_hierarchy(backend, store, rank: int, size: int, options, opts) -> No
     # workspace is on the host whatever the group's own workspace_device says.
     intra_options.workspace_device = "cpu"
     intra_options.global_ranks_in_group = [global_ranks[r] for r in hosts[me]]
-    intra_gloo = dist.ProcessGroupGloo(PrefixStore("gloo/", intra_store), local, intra_size,
-                                       timeout)
+    intra_gloo = _gloo_group(PrefixStore("gloo/", intra_store), local, intra_size, timeout)
     intra = ProcessGroupCudaP2P(intra_store, local, intra_size, intra_options, intra_gloo, None)
     # The ranks of this local index on every host (a local index every host has).
     inter = None
     if local < min(len(h) for h in hosts):
-        inter = dist.ProcessGroupGloo(PrefixStore(f"{prefix}inter/{local}/", store), me,
-                                      len(hosts), timeout)
+        inter = _gloo_group(PrefixStore(f"{prefix}inter/{local}/", store), me, len(hosts),
+                            timeout)
     backend._set_hierarchy(host_of, intra, inter)
 
 

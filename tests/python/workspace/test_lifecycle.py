@@ -76,3 +76,47 @@ def test_abort_from_another_thread_unblocks_a_rank_waiting_for_a_peer(world2):
     # Released by the abort, not by the group's timeout (on a busy machine too).
     assert out["after_abort"] is not None and out["after_abort"] < ABORT_GROUP_TIMEOUT_S / 2, out
     assert "aborted" in out.get("later", ""), out
+
+
+def _gloo_loops():
+    """This process's Gloo event-loop threads (one per transport device)."""
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:  # the thread ended meanwhile
+            pass
+    return names.count("gloo_tcp_loop")
+
+
+def _groups_share_one_gloo_device(ctx):
+    """NOTE [One Gloo device per process] (python/cuda_p2p/_backend.py): new cuda_p2p groups add
+    no Gloo event loop, and one group's abort or destruction leaves the others' wrapped Gloo
+    working."""
+    import torch
+    import torch.distributed as dist
+
+    import cuda_p2p
+
+    def wrapped_op(g):
+        t = torch.tensor([ctx.rank == 0, False, True])  # bool: the wrapped Gloo's
+        dist.all_reduce(t, group=g)
+        return t.tolist() == [True, False, True]
+
+    before = _gloo_loops()
+    groups = [dist.new_group(list(range(ctx.world_size)), backend="cuda_p2p") for _ in range(3)]
+    out = {"loops_added": _gloo_loops() - before,
+           "ops": [wrapped_op(g) for g in groups]}
+    cuda_p2p.get_cuda_p2p_backend(groups[0]).abort()
+    dist.destroy_process_group(groups[1])
+    out["after"] = wrapped_op(groups[2])
+    out["default"] = wrapped_op(None)
+    dist.destroy_process_group(groups[0])
+    dist.destroy_process_group(groups[2])
+    return out
+
+
+def test_groups_share_one_gloo_device(world2):
+    for out in world2.run(_groups_share_one_gloo_device):
+        assert out == {"loops_added": 0, "ops": [True] * 3, "after": True, "default": True}, out
