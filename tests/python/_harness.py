@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import faulthandler
+import gc
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
 import os
@@ -122,6 +123,10 @@ def _worker_main(rank: int, world_size: int, port: int, conn, log_path: str) -> 
     # below Options.fused_min_flops is tested on groups with that option set
     # (tests/python/fused/test_fused_auto.py).
     os.environ.setdefault("CUDA_P2P_FUSED_MIN_FLOPS", "0")
+    # The rank's imports and setup make ~200k objects that live as long as the rank: the cyclic
+    # collector would walk them at each of its ~400 passes during the imports and at every full
+    # pass after (compiles make many). Collected once, then frozen out of its reach.
+    gc.disable()
     try:
         from datetime import timedelta
 
@@ -144,6 +149,10 @@ def _worker_main(rank: int, world_size: int, port: int, conn, log_path: str) -> 
     except BaseException:
         conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))
         return
+    finally:
+        gc.collect()
+        gc.freeze()
+        gc.enable()
 
     counters_dir = os.environ.get("CUDA_P2P_TEST_COUNTERS")
     seen: set = set()
