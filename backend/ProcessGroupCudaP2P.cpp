@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "backend/reduce_ops.hpp"
+#include "backend/tensor_args.hpp"
 #include "backend/works.hpp"
 #include "ops/channels.hpp"
 #include "ops/common.hpp"
@@ -245,11 +246,6 @@ const char* rooted_rejects(const WorkspaceCollectives& collectives,
     why = reason::kShapes;
   }
   return why;
-}
-
-// Chunk i of W equal chunks of a contiguous tensor's elements.
-at::Tensor flat_chunk(const at::Tensor& t, int64_t i, int64_t count) {
-  return t.view({-1}).narrow(0, i * count, count);
 }
 
 }  // namespace
@@ -513,7 +509,8 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::all_gather_into_tensor_entry(
         // What the wrapped backend's future would hold: Gloo's the W chunks, NCCL's the output.
         if (!output.is_cpu() || !output.is_contiguous()) return std::vector<at::Tensor>{output};
         std::vector<at::Tensor> views;
-        for (int q = 0; q < getSize(); ++q) views.push_back(flat_chunk(output, q, input.numel()));
+        for (int q = 0; q < getSize(); ++q)
+          views.push_back(detail::element_chunk(output, q, input.numel()));
         return views;
       });
 }
@@ -727,7 +724,7 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::gather_into_tensor_entry(
   if (is_root) {
     outputs.emplace_back();
     for (int q = 0; q < W; ++q) {
-      outputs[0].push_back(flat_chunk(output, q, input.numel()).view(input.sizes()));
+      outputs[0].push_back(detail::element_chunk(output, q, input.numel()).view(input.sizes()));
     }
   }
   const char* why = rooted_rejects(collectives_, inputs, outputs, is_root, W);

@@ -722,6 +722,8 @@ void check_row(const Knob& k) {
 
 }  // namespace
 
+std::vector<std::string> Knob::name_list() const { return split_names(names); }
+
 bool Knob::kill_switch() const {
   return std::holds_alternative<bool Options::*>(field) &&
          std::get_if<bool>(&default_rule.value) != nullptr && std::get<bool>(default_rule.value);

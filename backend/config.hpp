@@ -179,6 +179,7 @@ struct Knob {
   std::string type = {};           // the docs' column: "bool", "bytes in [0, 64 PiB]", "a|b|c"
   std::string default_value = {};  // render_default
   bool kill_switch() const;  // a plain bool field that defaults to True: either side turns it off
+  std::vector<std::string> name_list() const;  // kNames: `names` split, in order
 };
 
 // Each knob's value for a group with `options`, and where it came from: "Options" (set there),

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "ops/common.hpp"
+#include "ops/op_signature.hpp"
 
 namespace cuda_p2p::detail {
 
@@ -32,6 +33,10 @@ std::vector<int64_t> split_rows(const at::Tensor& t, const std::vector<int64_t>&
   TORCH_CHECK(sum == t.size(0), "cuda_p2p ", what, ": the ", name, " split sizes sum to ", sum,
               " rows, but the ", name, " has ", t.size(0));
   return given;
+}
+
+at::Tensor element_chunk(const at::Tensor& t, int64_t i, int64_t count) {
+  return t.view({-1}).narrow(0, i * count, count);
 }
 
 at::Tensor readable_apart(const at::Tensor& t, c10::ArrayRef<at::Tensor> others) {

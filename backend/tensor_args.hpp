@@ -15,6 +15,10 @@ namespace cuda_p2p::detail {
 // Elements of one row (dim 0) of `t`: the product of its other sizes.
 int64_t row_elements(const at::Tensor& t);
 
+// Elements [i * count, (i + 1) * count) of a contiguous tensor, as a 1-D view: rank i's part of
+// an all-gather's output or a reduce-scatter's input.
+at::Tensor element_chunk(const at::Tensor& t, int64_t i, int64_t count);
+
 // The row counts of `t` by rank: `given`, or equal splits when it is empty (torch's convention).
 // TORCH_CHECKs them; `name` ("input", "output") and `what` (the op) name them in errors.
 std::vector<int64_t> split_rows(const at::Tensor& t, const std::vector<int64_t>& given, int W,

@@ -237,11 +237,6 @@ namespace {
 
 at::Tensor contiguous(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
 
-// Chunk i of W equal chunks of a contiguous tensor's elements.
-at::Tensor flat_chunk(const at::Tensor& t, int64_t i, int64_t count) {
-  return t.view({-1}).narrow(0, i * count, count);
-}
-
 // TORCH_CHECKs that `whole` holds world size times the elements of `part`, in its dtype: an
 // all-gather's output and input, a reduce-scatter's input and output. `what` names the op.
 void check_whole_of_parts(const at::Tensor& whole, const char* whole_name, const at::Tensor& part,
@@ -299,7 +294,7 @@ ops::Outcome WorkspaceCollectives::all_gather_into_tensor(at::Tensor& output,
                   [&] { check_whole_of_parts(output, "output", input, "input", size_, what); });
   at::Tensor out = detail::contiguous_output(output);
   std::vector<at::Tensor> chunks;
-  for (int q = 0; q < size_; ++q) chunks.push_back(flat_chunk(out, q, input.numel()));
+  for (int q = 0; q < size_; ++q) chunks.push_back(detail::element_chunk(out, q, input.numel()));
   const ops::Outcome o = all_gather(input, chunks);
   copy_back(output, out);
   return o;
@@ -328,7 +323,7 @@ ops::Outcome WorkspaceCollectives::reduce_scatter_tensor(const at::Tensor& outpu
                   [&] { check_whole_of_parts(input, "input", output, "output", size_, what); });
   const at::Tensor in = contiguous(input);
   std::vector<at::Tensor> chunks;
-  for (int q = 0; q < size_; ++q) chunks.push_back(flat_chunk(in, q, output.numel()));
+  for (int q = 0; q < size_; ++q) chunks.push_back(detail::element_chunk(in, q, output.numel()));
   return reduce_scatter(chunks, output, op);  // which keeps the chunks, so `in`
 }
 

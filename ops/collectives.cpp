@@ -57,7 +57,7 @@ namespace cuda_p2p::ops {
 
 // NOTE [Cross-memory reads]
 // Where the workspace offers reads of peers' private memory (the host's process_vm_readv, probed
-// at rendezvous: NOTE [Private-read probe]), the direct all-gather, the direct reduce-scatter and
+// at rendezvous: NOTE [Cross-memory probe]), the direct all-gather, the direct reduce-scatter and
 // broadcast read a peer's *input tensor* straight into their output (reduce-scatter: into a small
 // local piece that is reduced at once) instead of having the peer stage it in its buffer first:
 // one copy per byte instead of two (all-gather on 2 ranks: 2 instead of 3 with the own shard).

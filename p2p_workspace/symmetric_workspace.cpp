@@ -83,7 +83,7 @@ namespace {
 
 using namespace records;  // NOTE [Workspace records] in p2p_workspace/workspace_records.cpp
 
-// NOTE [Private-read probe]
+// NOTE [Cross-memory probe]
 // cross_memory_read reads a peer process's private memory with the device's reader (on the host,
 // process_vm_readv). The kernel may refuse it (Yama ptrace_scope >= 1 between non-descendants, a
 // container's seccomp profile), and a pid published by a peer means another process when the
@@ -487,7 +487,7 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
   }
   // Agree on success: a workspace mapped on some ranks only would make the ranks take different
   // paths and hang. The exporter stays up until every peer has mapped. Each status is
-  // "<length of the mapping error>:<mapping error><private-read verdict>" (NOTE [Private-read
+  // "<length of the mapping error>:<mapping error><cross-memory verdict>" (NOTE [Cross-memory
   // probe]; no verdict without a reader).
   const std::string verdict =
       reader_ ? probe_verdict(*reader_, options_.cross_memory_reads, rank_, peers) : "";
@@ -521,7 +521,7 @@ void SymmetricWorkspace::rendezvous(int64_t buffer_size) {
     mapping->regions.push_back(base + block.region_offset());
   }
 
-  // NOTE [Private-read probe]
+  // NOTE [Cross-memory probe]
   cross_memory_reads_ = false;
   pids_.clear();
   if (!reader_) {

@@ -238,7 +238,7 @@ class SymmetricWorkspace {
 
   bool available_ = false;
   std::string reason_;
-  // Reads of peers' private memory (NOTE [Private-read probe] in the .cpp).
+  // Reads of peers' private memory (NOTE [Cross-memory probe] in the .cpp).
   std::shared_ptr<CrossMemoryReader> reader_;
   bool cross_memory_reads_ = false;
   std::string cross_memory_reads_reason_;

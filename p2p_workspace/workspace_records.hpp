@@ -37,7 +37,7 @@ struct PeerInfo {
   int device_index = -1;
   int64_t block_size = 0;
   std::vector<uint8_t> handle;
-  uint64_t probe_addr = 0;  // NOTE [Private-read probe]
+  uint64_t probe_addr = 0;  // NOTE [Cross-memory probe]
   uint64_t probe_token = 0;
   std::string uuid;           // Device::device_uuid(): NOTE [Peer devices]
   std::vector<uint8_t> cpus;  // the CPUs it may run on, a bit each: NOTE [CPUs of the ranks]

@@ -137,10 +137,7 @@ void bind_knob_table(py::module_& m) {
           d["step"] = k.step;
           py::list names;
           if (k.kind == config::Kind::kNames) {
-            for (size_t b = 0, e = 0; b <= k.names.size(); b = e + 1) {
-              e = std::min(k.names.find('|', b), k.names.size());
-              names.append(k.names.substr(b, e - b));
-            }
+            for (const auto& n : k.name_list()) names.append(n);
           }
           d["names"] = names;
           d["kill_switch"] = k.kill_switch();

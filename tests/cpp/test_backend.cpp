@@ -55,13 +55,12 @@ class RecordingBackend : public c10d::Backend {
     auto fut =
         c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
     fut->markCompleted(c10::IValue(result));
-    return c10::make_intrusive<CompletedWork>(getRank(), std::move(fut), std::move(result));
+    return c10::make_intrusive<ReadyWork>(getRank(), std::move(fut), std::move(result));
   }
 
-  class CompletedWork : public c10d::Work {
+  class ReadyWork : public c10d::Work {
    public:
-    CompletedWork(int rank, c10::intrusive_ptr<c10::ivalue::Future> fut,
-                  std::vector<at::Tensor> result)
+    ReadyWork(int rank, c10::intrusive_ptr<c10::ivalue::Future> fut, std::vector<at::Tensor> result)
         : c10d::Work(rank), fut_(std::move(fut)), result_(std::move(result)) {
       finish();
     }

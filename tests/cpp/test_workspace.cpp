@@ -304,7 +304,7 @@ TEST(Workspace, BadArgumentsSayWhatFits) {
   barrier_now(*ws, *s, 0);
 }
 
-// NOTE [Private-read probe]: every rank reads every peer's private memory, through both forms of
+// NOTE [Cross-memory probe]: every rank reads every peer's private memory, through both forms of
 // cross_memory_read, when the system allows it (it does on our machines; elsewhere the probe
 // must say why not).
 TEST(Workspace, ReadsPeersPrivateMemory) {

@@ -136,7 +136,7 @@ CUDA_SEMANTICS_TESTS = (
     "test_ws_collectives.py::test_reduce_scatter[[]w3-*",
     "test_ws_collectives.py::test_broadcast[[]w3]",
     "test_ws_collectives.py::test_all_gather_v[[]w3]",
-    "test_ws_collectives.py::test_*_copy_free[[]w3]",  # cross-memory reads of queued ops
+    "test_ws_collectives.py::test_*_cross_memory[[]w3]",  # cross-memory reads of queued ops
     "test_ws_collectives_api.py::test_api_async_fallbacks_and_off_switches[[]w2]",  # Works, futures
     "test_ws_collectives_api.py::test_synchronous_calls_return_no_work[[]w2]",  # a Work on CUDA
     "test_ws_collectives_api.py::test_timeout_names_the_missing_rank",  # the device fails

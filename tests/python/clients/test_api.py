@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 import cuda_p2p
 from _harness import PG_TIMEOUT_S, scoped_environ
+from cuda_p2p import _C
 
 Options = cuda_p2p.ProcessGroupCudaP2P.Options
 MiB = 1 << 20
@@ -66,25 +67,30 @@ def test_options_checked_strings(name, good, bad, allowed):
     assert getattr(o, name) == good
 
 
-# Every optional count of Options that may be 0 but not negative.
-NON_NEGATIVE_COUNTS = ["chunk_bytes", "all_reduce_one_shot_max_bytes", "all_gather_ring_max_bytes",
-                       "reduce_scatter_ring_max_bytes", "cross_memory_min_bytes", "fused_min_flops",
-                       "parallel_min_bytes"]
+# Every optional count of Options that may be 0 but not negative, with its largest value: the
+# knob table's.
+NON_NEGATIVE_COUNTS = {k["option"]: k["max"] for k in _C._config_knobs()
+                       if k["option"] and k["kind"] in ("bytes", "int") and k["min"] == 0}
+assert len(NON_NEGATIVE_COUNTS) >= 8, NON_NEGATIVE_COUNTS  # chunk_bytes, the thresholds, ...
 
 
-@pytest.mark.parametrize("name", NON_NEGATIVE_COUNTS)
+@pytest.mark.parametrize("name", sorted(NON_NEGATIVE_COUNTS))
 def test_options_non_negative_counts(name):
     o = Options()
+    top = min(NON_NEGATIVE_COUNTS[name], 1 << 40)
     assert getattr(o, name) is None
-    for value in (0, 4096, None, 1 << 40):
+    for value in (0, 4096, None, top):
         setattr(o, name, value)
         assert getattr(o, name) == value
     with pytest.raises(ValueError, match=rf"Options\.{name} must be in \[0, [^]]+\], got -5$"):
         setattr(o, name, -5)
-    assert getattr(o, name) == 1 << 40
+    assert getattr(o, name) == top
+    if NON_NEGATIVE_COUNTS[name] < 1 << 62:
+        with pytest.raises(ValueError, match=rf"Options\.{name} must be in \[0, "):
+            setattr(o, name, NON_NEGATIVE_COUNTS[name] + 1)
     with pytest.raises(TypeError):
         setattr(o, name, "4K")
-    assert getattr(o, name) == 1 << 40
+    assert getattr(o, name) == top
 
 
 def test_options_mailbox_slot_bytes():

@@ -330,7 +330,7 @@ def check_broadcast(ctx, read=False):
     return chk.result()
 
 
-def check_copy_free_fallback(ctx):
+def check_cross_memory_fallback(ctx):
     """Cross-memory reads: 'auto' takes them from cross_memory_min_bytes on; a probe that fails on
     one rank only (the test hook makes that rank's reads fail with EPERM), either knob or the
     default (off) leaves them off on every rank, with the reason, and the collectives stage
@@ -462,20 +462,20 @@ def test_broadcast(any_world):
 
 
 # Cross-memory reads (NOTE [Cross-memory reads]) forced at every size: every dtype, odd sizes.
-def test_all_gather_copy_free(any_world):
+def test_all_gather_cross_memory(any_world):
     assert_ok(any_world.run(check_all_gather, "direct", True), min_cases=len(DTYPES) * 8)
 
 
-def test_reduce_scatter_copy_free(any_world):
+def test_reduce_scatter_cross_memory(any_world):
     assert_ok(any_world.run(check_reduce_scatter, "direct", 1, True), min_cases=200)
 
 
-def test_broadcast_copy_free(any_world):
+def test_broadcast_cross_memory(any_world):
     assert_ok(any_world.run(check_broadcast, True), min_cases=40)
 
 
-def test_copy_free_reads_fallback_and_knobs(any_world):
-    assert_ok(any_world.run(check_copy_free_fallback))
+def test_cross_memory_reads_fallback_and_knobs(any_world):
+    assert_ok(any_world.run(check_cross_memory_fallback))
 
 
 def test_all_gather_v(any_world):
