@@ -22,7 +22,8 @@
 #    two groups, interleaved with NCCL or wrapped ops, checked against plain torch), a rank that
 #    never arrives (gpu_fault.py), teardown under load (gpu_teardown.py), and compute-sanitizer
 #    (memcheck, racecheck, synccheck) over the C++ CUDA tests and, under memcheck, the smoke
-#    script's 1-rank runs, when the toolkit has it (the summary says so when not);
+#    script's 1-rank runs and one case in 11 of the kernels' matrix (test_cuda_kernel_matrix, whose
+#    every case the ctest step runs), when the toolkit has it (the summary says so when not);
 #    then issue 48's failure steps (step "failure"): the fault and teardown steps again with one
 #    hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1), the C++ release test after 0-8 extra
 #    streams (default queues and one), finding 2's stall schedule checking rank 1's result, a
@@ -407,7 +408,8 @@ PYEOF
     done
     cuda_tests=()
     while IFS= read -r t; do cuda_tests+=("$t"); done < <(
-      find "$BUILD" -type f -perm -u+x -name 'test_cuda_*' 2>/dev/null | sort)
+      find "$BUILD" -type f -perm -u+x -name 'test_cuda_*' ! -name test_cuda_kernel_matrix \
+        2>/dev/null | sort)
     if [ -z "$SANITIZER" ]; then
       say "$(printf '%-22s %-8s %s' sanitizer "NOT RUN" "compute-sanitizer not found (CUDA_HOME, nvcc's folder, /usr/local/cuda/bin, PATH)")"
       row sanitizer "NOT RUN" 0 "compute-sanitizer not found (CUDA_HOME, nvcc's folder, /usr/local/cuda/bin, PATH)"
@@ -433,6 +435,11 @@ PYEOF
         # The Python path under memcheck is a step of its own: torch's start-up under the
         # sanitizer is slow, and a time-out there must not hide the C++ tests' verdict.
         if [ "$tool" = memcheck ]; then
+          # The kernels' matrix (tails, misaligned operands, every dtype; the ctest step ran it
+          # whole), one case in 11 under memcheck: an access past a tensor's end shows here.
+          step sanitize_kernels 120 env CUDA_P2P_KERNEL_MATRIX_STRIDE=11 "$SANITIZER" \
+            --tool memcheck --error-exitcode 9 --print-limit 20 \
+            "$BUILD/tests/cpp/test_cuda_kernel_matrix"
           step sanitize_smoke 90 "$SANITIZER" --tool memcheck --error-exitcode 9 \
             --print-limit 20 --target-processes all "$PY" tests/python/gpu_scripts/gpu_smoke.py --in-process
         fi

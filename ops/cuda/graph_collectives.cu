@@ -31,6 +31,24 @@ __global__ void __launch_bounds__(ops::graph::kThreads)
   graph_leave(g);
 }
 
+// One data step of the shared body alone, block b of one rank, no barrier: the kernel matrix on a
+// GPU (tests/cpp/test_cuda_kernel_matrix.cpp) runs every rank's step s on one stream before any
+// rank's step s + 1, as the host's matrix does, so the GPU's partitioning, tails, 16-byte packs
+// and arithmetic are checked apart from the flag protocol.
+template <typename T, bool kSum>
+__global__ void __launch_bounds__(ops::graph::kThreads)
+    graph_collective_step_kernel(GraphCollective a, int step) {
+  ops::graph::collective_step<T, kSum>(a, step, static_cast<int>(blockIdx.x), CudaBlock{});
+}
+
+template <typename T>
+cudaError_t launch_step_typed(const GraphCollective& a, int step, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(a.layout.blocks));
+  return launch_kernel(ops::graph::sums(a) ? graph_collective_step_kernel<T, true>
+                                           : graph_collective_step_kernel<T, false>,
+                       grid, ops::graph::kThreads, stream, a, step);
+}
+
 template <typename T>
 cudaError_t launch_collective_typed(const GraphCollective& a, const GraphLaunch& g,
                                     cudaStream_t stream) {
@@ -59,6 +77,15 @@ struct LaunchCollective {
     return launch_collective_typed<T>(op, launch, stream);
   }
 };
+struct LaunchStep {
+  const GraphCollective& op;
+  int step;
+  cudaStream_t stream;
+  template <typename T>
+  cudaError_t operator()() const {
+    return launch_step_typed<T>(op, step, stream);
+  }
+};
 struct LoadCollective {
   template <typename T>
   cudaError_t operator()() const {
@@ -79,6 +106,16 @@ cudaError_t launch_graph_collective(const GraphCollective& op, const GraphLaunch
     return launch_collective_typed<uint8_t>(op, launch, stream);
   }
   return with_type(op.dtype, LaunchCollective{op, launch, stream});
+}
+
+cudaError_t launch_graph_collective_step(const GraphCollective& op, int step,
+                                         cudaStream_t stream) {
+  if (op.layout.world_size > kMaxGraphRanks || op.layout.blocks < 1 ||
+      op.layout.blocks > kMaxGraphBlocks || step < 0 || step >= op.layout.barriers()) {
+    return cudaErrorInvalidValue;
+  }
+  if (op.layout.kind == Kind::kAllGather) return launch_step_typed<uint8_t>(op, step, stream);
+  return with_type(op.dtype, LaunchStep{op, step, stream});
 }
 
 cudaError_t load_graph_collective_kernels() {

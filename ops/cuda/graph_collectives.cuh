@@ -21,6 +21,10 @@ using GraphCollective = ops::graph::KernelArgs;
 // The op as one kernel of op.layout.blocks blocks on `stream`.
 cudaError_t launch_graph_collective(const GraphCollective& op, const GraphLaunch& launch,
                                     cudaStream_t stream);
+// Data step `step` of the op alone, every block, no flag barrier: for the kernel matrix on a GPU
+// (tests/cpp/test_cuda_kernel_matrix.cpp), which orders the ranks' steps itself.
+cudaError_t launch_graph_collective_step(const GraphCollective& op, int step,
+                                         cudaStream_t stream);
 // NOTE [Kernels loaded up front] in p2p_workspace/cuda/signal_kernels.cuh.
 cudaError_t load_graph_collective_kernels();
 

@@ -108,6 +108,8 @@ KERNELS = {
     # The data steps shared; its flag barriers (graph_barrier) are CUDA's own still, the host's
     # are GraphRun's in p2p_workspace/host/host_device.cpp.
     "graph_collective_kernel": ("ops/graph_collective_body.hpp", "collective_step"),
+    # One data step of it alone, for the kernel matrix on a GPU (test_cuda_kernel_matrix.cpp).
+    "graph_collective_step_kernel": ("ops/graph_collective_body.hpp", "collective_step"),
     # The flag barrier alone; its stores, polls and decisions are GraphRun's (the host's), through
     # the device function graph_barrier (p2p_workspace/cuda/graph_barrier.cuh).
     "graph_barriers_kernel": ("p2p_workspace/flag_barrier_body.hpp", "flag_poll", "graph_barrier"),
