@@ -94,14 +94,23 @@ fi
 # Beside the Python tests (docs/testing.md, "What runs beside what"): the fault-injection suite,
 # whose jobs mostly wait for a process-group timeout to name a dead rank: as the host runs, then
 # its cases whose behaviour differs with CUDA's semantics. The C++ tests come after the Python
-# ones, not beside them: builds beside pytest made its ranks wait for cores (their polls then run
-# to the sleep) and cost more CPU than they saved wall time
-# (docs/measurements/ci-times-2026-12-02.md).
+# ones, not beside them: builds at the normal priority beside pytest made its ranks wait for cores
+# (their polls then run to the sleep) and cost more CPU than they saved wall time
+# (docs/measurements/ci-times-2026-12-02.md); only the ASan+UBSan build goes beside, niced (below).
 beside "fault injection, twice" build/pytest_faults.log bash -c '
   "$0" -m pytest -q -p no:cacheprovider tests/python/faults "$@" &&
     echo "== the same cases whose behaviour differs, with CUDA_P2P_HOST_SEMANTICS=cuda" &&
     CUDA_P2P_HOST_SEMANTICS=cuda "$0" -m pytest -q -p no:cacheprovider -m cuda_semantics \
       tests/python/faults "$@"' "$VPY" "${long[@]}" "${pytest_args[@]}"
+
+# The ASan+UBSan build beside the Python stages, at the lowest priority: their ranks leave about
+# half of two cores idle (they wait for each other and for timeouts), which the build takes
+# without delaying them, and the C++ stage then starts with its tests (docs/testing.md, "What runs
+# beside what"). Not with --under-load: the busy loops would leave a niced build no CPU at all.
+if ((!under_load)); then
+  beside "ASan+UBSan build (nice 19)" build/asan.beside.log \
+    nice -n 19 bash scripts/sanitizers.sh --build-only asan
+fi
 
 stage lint 30 30 lint
 
@@ -118,12 +127,21 @@ CUDA_P2P_HOST_SEMANTICS=cuda stage "Python tests, CUDA's semantics" 120 120 pyte
   --durations=5 -m cuda_semantics tests/python --ignore tests/python/faults "${long[@]}" ||
   status=1
 
-# The C++ tests (scripts/sanitizers.sh): the ASan+UBSan build, every binary under it (1-4 ranks,
-# the CUDA-semantics and thread-per-stream variants) with the TSan build beside, the Python tests
-# marked asan on that build, then the threaded binaries under TSan.
+# The C++ tests (scripts/sanitizers.sh): the ASan+UBSan build (done beside the Python stages but
+# under --under-load: what is left of it, if anything, at the normal priority), every binary under
+# it (1-4 ranks, the CUDA-semantics and thread-per-stream variants) with the TSan build beside, the
+# Python tests marked asan on that build, then the threaded binaries under TSan. A failed build
+# beside is built again here, where its errors show.
+if ((!under_load)); then
+  pgid=$(cat "$STAGE_DIR/ASan+UBSan build (nice 19).pid" 2>/dev/null || true)
+  [ -n "$pgid" ] && renice -n 0 -g "$pgid" >/dev/null 2>&1 || true  # as root: the rest at once
+  join_beside "ASan+UBSan build (nice 19)" 720 450 || true
+  echo "== the ASan+UBSan build beside the Python stages:"
+  tail -3 build/asan.beside.log
+fi
 echo "== C++ tests (scripts/sanitizers.sh)"
 cpp_status=0
-stage "C++ tests (ASan+UBSan, TSan)" 600 900 bash scripts/sanitizers.sh ||
+stage "C++ tests (ASan+UBSan, TSan)" 360 450 bash scripts/sanitizers.sh ||
   cpp_status=1
 
 join_beside "fault injection, twice" 480 150 || status=1
