@@ -141,7 +141,9 @@ if ((!under_load)); then
 fi
 echo "== C++ tests (scripts/sanitizers.sh)"
 cpp_status=0
-stage "C++ tests (ASan+UBSan, TSan)" 360 450 bash scripts/sanitizers.sh ||
+cpp_wall=360 cpp_cpu=450
+if ((under_load)); then cpp_wall=960 cpp_cpu=900; fi  # the ASan+UBSan build is this stage's then
+stage "C++ tests (ASan+UBSan, TSan)" "$cpp_wall" "$cpp_cpu" bash scripts/sanitizers.sh ||
   cpp_status=1
 
 join_beside "fault injection, twice" 480 150 || status=1
