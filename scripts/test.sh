@@ -68,6 +68,22 @@ export CUDA_P2P_CPU_REPORT=$PWD/$STAGE_DIR/pytest-cpu-%p.json
 rm -f "$STAGE_DIR"/pytest-cpu-*.json
 pytest_run() { "$VPY" -m pytest -q -p no:cacheprovider "$@" "${pytest_args[@]}"; }
 
+# Beside the CUDA-semantics and C++ stages (docs/testing.md, "What runs beside what"): the
+# fault-injection suite, whose jobs mostly wait for a process-group timeout to name a dead rank, as
+# the host runs and, at the same time, its cases whose behaviour differs with CUDA's semantics.
+# Started after the Python stage, whose ranks and the build beside them keep both cores busy: the
+# C++ stage leaves cores idle (its ranks wait for each other), the suite's waits fit there.
+faults() {
+  "$VPY" -m pytest -q -p no:cacheprovider tests/python/faults "$@" >build/pytest_faults.host.log \
+    2>&1 &
+  local host=$! cuda=0 rc=0
+  CUDA_P2P_HOST_SEMANTICS=cuda "$VPY" -m pytest -q -p no:cacheprovider -m cuda_semantics \
+    tests/python/faults "$@" >build/pytest_faults.cuda.log 2>&1 || cuda=1
+  wait $host || rc=1
+  ((cuda)) && rc=1
+  return $rc
+}
+
 if [ "$mode" = quick ]; then
   stage lint 30 30 lint
   ((lint_failed)) && status=1
@@ -91,32 +107,24 @@ if [ "$mode" = long ]; then
   export CUDA_P2P_LONG=1  # scripts/sanitizers.sh's Python tests marked asan
 fi
 
-# Beside the Python tests (docs/testing.md, "What runs beside what"): the fault-injection suite,
-# whose jobs mostly wait for a process-group timeout to name a dead rank: as the host runs, then
-# its cases whose behaviour differs with CUDA's semantics. The C++ tests come after the Python
-# ones, not beside them: builds at the normal priority beside pytest made its ranks wait for cores
-# (their polls then run to the sleep) and cost more CPU than they saved wall time
-# (docs/measurements/ci-times-2026-12-02.md); only the ASan+UBSan build goes beside, niced (below).
-beside "fault injection, twice" build/pytest_faults.log bash -c '
-  "$0" -m pytest -q -p no:cacheprovider tests/python/faults "$@" &&
-    echo "== the same cases whose behaviour differs, with CUDA_P2P_HOST_SEMANTICS=cuda" &&
-    CUDA_P2P_HOST_SEMANTICS=cuda "$0" -m pytest -q -p no:cacheprovider -m cuda_semantics \
-      tests/python/faults "$@"' "$VPY" "${long[@]}" "${pytest_args[@]}"
-
-# The ASan+UBSan build beside the Python stages, at the lowest priority: their ranks leave about
-# half of two cores idle (they wait for each other and for timeouts), which the build takes
-# without delaying them, and the C++ stage then starts with its tests (docs/testing.md, "What runs
-# beside what"). Not with --under-load: the busy loops would leave a niced build no CPU at all.
-if ((!under_load)); then
-  beside "ASan+UBSan build (nice 19)" build/asan.beside.log \
-    nice -n 19 bash scripts/sanitizers.sh --build-only asan
-fi
+# The ASan+UBSan build beside the Python stages: their ranks leave about half of two cores idle
+# (they wait for each other and for timeouts), and the C++ stage then starts with its tests
+# (docs/testing.md, "What runs beside what"). Started with setsid, it is a session of its own, so
+# on a kernel with autogroup scheduling (Debian's) it gets a share like any other session's and
+# its nice value orders it only among its own processes; nice 19 matters where autogroup is off.
+beside "ASan+UBSan build (nice 19)" build/asan.beside.log \
+  nice -n 19 bash scripts/sanitizers.sh --build-only asan
 
 stage lint 30 30 lint
 
 echo "== Python tests (pytest)"
 stage "Python tests" 720 1200 pytest_run --durations=15 tests/python --ignore tests/python/faults \
   "${long[@]}" || status=1
+
+export -f faults
+export VPY
+beside "fault injection, both modes" /dev/null bash -c 'faults "$@"' faults "${long[@]}" \
+  "${pytest_args[@]}"
 
 # The tests marked cuda_semantics (those whose behaviour differs: async errors, mismatches, queued
 # ops, failures) once more on a host workspace that behaves as the CUDA one (NOTE [Host device
@@ -127,28 +135,25 @@ CUDA_P2P_HOST_SEMANTICS=cuda stage "Python tests, CUDA's semantics" 120 120 pyte
   --durations=5 -m cuda_semantics tests/python --ignore tests/python/faults "${long[@]}" ||
   status=1
 
-# The C++ tests (scripts/sanitizers.sh): the ASan+UBSan build (done beside the Python stages but
-# under --under-load: what is left of it, if anything, at the normal priority), every binary under
-# it (1-4 ranks, the CUDA-semantics and thread-per-stream variants) with the TSan build beside, the
-# Python tests marked asan on that build, then the threaded binaries under TSan. A failed build
-# beside is built again here, where its errors show.
-if ((!under_load)); then
-  pgid=$(cat "$STAGE_DIR/ASan+UBSan build (nice 19).pid" 2>/dev/null || true)
-  [ -n "$pgid" ] && renice -n 0 -g "$pgid" >/dev/null 2>&1 || true  # as root: the rest at once
-  join_beside "ASan+UBSan build (nice 19)" 720 450 || true
-  echo "== the ASan+UBSan build beside the Python stages:"
-  tail -3 build/asan.beside.log
-fi
+# The C++ tests (scripts/sanitizers.sh): the ASan+UBSan build (done beside the Python stages:
+# what is left of it, if anything, at the normal priority), every binary under it (1-4 ranks, the
+# CUDA-semantics and thread-per-stream variants) with the TSan build beside, the Python tests
+# marked asan on that build, then the threaded binaries under TSan. A failed build beside is built
+# again here, where its errors show.
+pgid=$(cat "$STAGE_DIR/ASan+UBSan build (nice 19).pid" 2>/dev/null || true)
+[ -n "$pgid" ] && renice -n 0 -g "$pgid" >/dev/null 2>&1 || true  # as root: the rest at once
+join_beside "ASan+UBSan build (nice 19)" 720 450 || true
+echo "== the ASan+UBSan build beside the Python stages:"
+tail -3 build/asan.beside.log
 echo "== C++ tests (scripts/sanitizers.sh)"
 cpp_status=0
-cpp_wall=360 cpp_cpu=450
-if ((under_load)); then cpp_wall=960 cpp_cpu=900; fi  # the ASan+UBSan build is this stage's then
-stage "C++ tests (ASan+UBSan, TSan)" "$cpp_wall" "$cpp_cpu" bash scripts/sanitizers.sh ||
-  cpp_status=1
+stage "C++ tests (ASan+UBSan, TSan)" 360 450 bash scripts/sanitizers.sh || cpp_status=1
 
-join_beside "fault injection, twice" 480 150 || status=1
-echo "== Python tests: tests/python/faults (run beside the above)"
-cat build/pytest_faults.log
+join_beside "fault injection, both modes" 360 150 || status=1
+echo "== Python tests: tests/python/faults (run beside the above), as the host runs"
+cat build/pytest_faults.host.log
+echo "== the same cases whose behaviour differs, with CUDA_P2P_HOST_SEMANTICS=cuda"
+cat build/pytest_faults.cuda.log
 
 if ((cpp_status)) && [ ! -x build/asan/tests/cpp/test_backend ]; then
   echo "!!! SKIPPED: the C++ tests could not be built (their stage's output above)"
