@@ -95,11 +95,14 @@ CUDA_P2P_HOST_DEVICE inline void flag_arrive(const GraphLaunch& g, int block, in
 }
 
 // One poll of peer q's flag in barrier i of `block`; `past_deadline`: the wait has lasted longer
-// than the group's timeout. `seen` gets the foreign tag (kForeign).
+// than the group's timeout. `seen` gets the foreign tag (kForeign). `ask`: whether this poll asks
+// the failure words and the deadline when the flag is not set (NOTE [Wait pacing] in
+// p2p_workspace/wait_pacing_body.hpp: a GPU asks them on some polls only).
 CUDA_P2P_POLICY_CALLS
 template <typename F>
 CUDA_P2P_HOST_DEVICE inline FlagPoll flag_poll(const GraphLaunch& g, int block, int i, int q,
-                                               bool past_deadline, const F& f, uint32_t* seen) {
+                                               bool past_deadline, const F& f, uint32_t* seen,
+                                               bool ask = true) {
   uint32_t* mine = g.mine(block, i, q);
   const uint32_t word = f.load_acquire(mine);
   if (word != 0) {
@@ -110,6 +113,7 @@ CUDA_P2P_HOST_DEVICE inline FlagPoll flag_poll(const GraphLaunch& g, int block, 
     *seen = word & kGraphTagMask;
     return FlagPoll::kForeign;
   }
+  if (!ask) return FlagPoll::kWaiting;
   if (f.peer_failed()) return FlagPoll::kPeerFailed;  // NOTE [Failure words]
   if (f.ended()) return FlagPoll::kEnded;
   if (past_deadline) return FlagPoll::kTimedOut;

@@ -31,14 +31,16 @@ constexpr uint32_t kWaitEnded = 2;   // at a failure: the device's own or a peer
 
 // One poll of the waits from *next on: every wait reached steps *next past it; kPassed once all
 // are. Else the decision for wait *next, in this order: a peer's failure, this device's end, the
-// deadline (`past_deadline`: the wait has lasted longer than its timeout), else kWaiting. The
-// kinds kForeign never comes from a wait.
+// deadline (`past_deadline`: the wait has lasted longer than its timeout), else kWaiting; a poll
+// that does not `ask` (NOTE [Wait pacing] in p2p_workspace/wait_pacing_body.hpp) reads none of
+// them: kWaiting. The kinds kForeign never comes from a wait.
 CUDA_P2P_POLICY_CALLS
 template <typename W, typename F>
 CUDA_P2P_HOST_DEVICE inline FlagPoll signal_wait_poll(const W& w, int* next, bool past_deadline,
-                                                      const F& f) {
+                                                      const F& f, bool ask = true) {
   while (*next < w.count() && f.reached(w.addr(*next), w.value(*next))) ++*next;
   if (*next == w.count()) return FlagPoll::kPassed;
+  if (!ask) return FlagPoll::kWaiting;
   if (f.peer_failed()) return FlagPoll::kPeerFailed;  // NOTE [Failure words]
   if (f.ended()) return FlagPoll::kEnded;
   if (past_deadline) return FlagPoll::kTimedOut;

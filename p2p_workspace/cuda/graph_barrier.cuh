@@ -12,6 +12,7 @@
 #include "p2p_workspace/cuda/signal_kernels.cuh"
 #include "p2p_workspace/flag_barrier_body.hpp"
 #include "p2p_workspace/graph_flags.hpp"
+#include "p2p_workspace/wait_pacing_body.hpp"
 
 namespace cuda_p2p::cuda {
 
@@ -91,6 +92,16 @@ __device__ __forceinline__ void graph_leave(const GraphLaunch& g) {
   }
 }
 
+// NOTE [Release after the block's barrier]
+// What the block wrote before a barrier (its data steps: stores into peers' regions over NVLink,
+// loads it must finish before a peer overwrites them) is published to a peer by one thread's
+// st.release.sys of the flag, after the block's __syncthreads: in PTX's memory model the
+// barrier orders every thread's earlier accesses before the storing thread's release
+// (bar.sync is morally strong at CTA scope), and causality order is transitive across the two
+// scopes, so the peer's ld.acquire.sys that reads the flag sees all of them. A fence.sc.sys
+// before the release (issue 55: "for nothing") added a system-wide fence to every barrier. Not
+// run on a GPU yet.
+
 // Barrier `i` of `g` for the calling block; every thread of the block calls it (it synchronizes
 // the block, so that what every thread wrote before is published by the stores, and what the
 // peers published is visible to every thread after it). Thread q < world_size stores this rank's
@@ -111,16 +122,17 @@ __device__ __forceinline__ bool graph_barrier(const GraphLaunch& g, int i) {
   __syncthreads();
   if (t < g.world_size && t != g.rank) {
     auto* give_up = static_cast<GraphGiveUp*>(g.give_up);
-    __threadfence_system();  // with the block's barrier above: the block's writes come first
-    flag_arrive(g, b, i, t, f);
-    const uint64_t start = global_timer_ns();
-    unsigned sleep_ns = 32;
+    flag_arrive(g, b, i, t, f);  // NOTE [Release after the block's barrier]
+    WaitPacing pace = wait_pacing_start(global_timer_ns());
     while (true) {
       uint32_t seen = 0;
-      const FlagPoll p = flag_poll(g, b, i, t, global_timer_ns() - start > g.timeout_ns, f, &seen);
+      const uint64_t now = global_timer_ns();
+      const bool ask = wait_asks(pace, now);  // NOTE [Wait pacing]
+      const FlagPoll p =
+          flag_poll(g, b, i, t, ask && wait_past(pace, now, g.timeout_ns), f, &seen, ask);
       if (p == FlagPoll::kWaiting) {
-        __nanosleep(sleep_ns);
-        if (sleep_ns < 8192) sleep_ns *= 2;
+        const uint32_t sleep_ns = wait_sleep_ns(pace, now);
+        if (sleep_ns != 0) __nanosleep(sleep_ns);
         continue;
       }
       if (p == FlagPoll::kForeign) {

@@ -3,6 +3,8 @@
 #include "p2p_workspace/cuda/launch_kernel.cuh"
 #include "p2p_workspace/cuda/signal_kernels.cuh"
 #include "p2p_workspace/signal_store_body.hpp"
+#include "p2p_workspace/signal_wait_body.hpp"
+#include "p2p_workspace/wait_pacing_body.hpp"
 
 namespace cuda_p2p::cuda {
 
@@ -70,17 +72,20 @@ struct CountedList {
   __device__ uint32_t value(int i) const { return values[i]; }
 };
 
-// Polls until the waits hold or end, with a doubling sleep between polls; returns the decision.
+// Polls until the waits hold or end, paced as NOTE [Wait pacing] says (the failure words and the
+// deadline on some polls only); returns the decision.
 template <typename W>
 __device__ FlagPoll poll_until_decided(const W& list, const CudaWaits& f, uint64_t timeout_ns,
                                        int* next) {
-  const uint64_t start = global_timer_ns();
-  unsigned sleep_ns = 32;
+  WaitPacing pace = wait_pacing_start(global_timer_ns());
   while (true) {
-    const FlagPoll p = signal_wait_poll(list, next, global_timer_ns() - start > timeout_ns, f);
+    const uint64_t now = global_timer_ns();
+    const bool ask = wait_asks(pace, now);
+    const FlagPoll p =
+        signal_wait_poll(list, next, ask && wait_past(pace, now, timeout_ns), f, ask);
     if (p != FlagPoll::kWaiting) return p;
-    __nanosleep(sleep_ns);
-    if (sleep_ns < 8192) sleep_ns *= 2;
+    const uint32_t sleep_ns = wait_sleep_ns(pace, now);
+    if (sleep_ns != 0) __nanosleep(sleep_ns);
   }
 }
 

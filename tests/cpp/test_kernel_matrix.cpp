@@ -24,6 +24,7 @@
 #include "ops/signature_body.hpp"
 #include "p2p_workspace/flag_barrier_body.hpp"
 #include "p2p_workspace/signal_wait_body.hpp"
+#include "p2p_workspace/wait_pacing_body.hpp"
 #include "tests/cpp/kernel_matrix.hpp"
 
 namespace cuda_p2p::test {
@@ -133,12 +134,19 @@ TEST(KernelMatrix, ReductionKernelLaunchShape) {
 struct PlainFlags {
   bool failed_peer = false;
   bool gave_up = false;
+  int* host_reads = nullptr;  // counts the failure words' reads (host memory on a GPU)
   uint32_t load_acquire(const uint32_t* p) const { return *p; }
   void store_release(uint32_t* p, uint32_t v) const { *p = v; }
   void clear(uint32_t* p) const { *p = 0; }
   void zero(uint32_t* p) const { *p = 0; }
-  bool peer_failed() const { return failed_peer; }
-  bool ended() const { return gave_up; }
+  bool peer_failed() const {
+    if (host_reads != nullptr) ++*host_reads;
+    return failed_peer;
+  }
+  bool ended() const {
+    if (host_reads != nullptr) ++*host_reads;
+    return gave_up;
+  }
   uint32_t busy_cas(uint32_t* p, uint32_t expected, uint32_t desired) const {
     const uint32_t found = *p;
     if (found == expected) *p = desired;
@@ -243,15 +251,27 @@ TEST(FlagBarrier, StoresPollsAndDecisions) {
   PlainFlags peer = ended;
   peer.failed_peer = true;
   EXPECT_EQ(flag_poll(g[0], 1, 1, 2, true, peer, &seen), FlagPoll::kPeerFailed);
+  // A poll that does not ask (NOTE [Wait pacing]) reads no failure word and no deadline: waiting.
+  int reads = 0;
+  peer.host_reads = &reads;
+  EXPECT_EQ(flag_poll(g[0], 1, 1, 2, true, peer, &seen, false), FlagPoll::kWaiting);
+  EXPECT_EQ(reads, 0);
+  EXPECT_EQ(flag_poll(g[0], 1, 1, 2, true, peer, &seen, true), FlagPoll::kPeerFailed);
+  EXPECT_EQ(reads, 1);
   // Rank 2 is at another op: its flag is foreign to rank 0 and stays for the error to name.
   GraphLaunch other = g[2];
   other.tag = 0x4321;
   flag_arrive(other, 1, 1, 0, f);
   EXPECT_EQ(flag_poll(g[0], 1, 1, 2, false, f, &seen), FlagPoll::kForeign);
   EXPECT_EQ(seen, 0x4321u);
-  // A flag with this op's tag passes whatever else came (a tag that came is used).
+  EXPECT_EQ(flag_poll(g[0], 1, 1, 2, false, f, &seen, false), FlagPoll::kForeign);  // asked or not
+  // A flag with this op's tag passes whatever else came (a tag that came is used), asked or not.
   flag_arrive(g[0], 0, 1, 1, f);
   EXPECT_EQ(flag_poll(g[1], 0, 1, 0, true, peer, &seen), FlagPoll::kPassed);
+  flag_arrive(g[0], 0, 1, 1, f);
+  reads = 0;
+  EXPECT_EQ(flag_poll(g[1], 0, 1, 0, true, peer, &seen, false), FlagPoll::kPassed);
+  EXPECT_EQ(reads, 0);
   // Only the open resets the counts.
   counts[0].assign(5, 9);
   flag_open(g[0], 0, 1, 0, 1, f);
@@ -269,6 +289,43 @@ TEST(FlagBarrier, StoresPollsAndDecisions) {
   EXPECT_EQ(flag_outcome(FlagPoll::kPeerFailed, true), FlagOutcome::kFail);
 }
 
+// NOTE [Wait pacing] (p2p_workspace/wait_pacing_body.hpp), on made-up times: a wait spins without
+// sleeping for its first kWaitSpinNs, then sleeps 64 ns, doubling up to 1 us; it asks the host
+// words first kWaitAskEveryNs after its start, then once per kWaitAskEveryNs, and its deadline
+// counts from its start.
+TEST(WaitPacing, SpinsThenSleepsCappedAndAsksTheHostWordsRarely) {
+  constexpr uint64_t t0 = 5'000'000'000ull;  // %globaltimer is far from zero
+  WaitPacing p = wait_pacing_start(t0);
+  int asks = 0;
+  uint64_t now = t0;
+  std::vector<uint32_t> sleeps;
+  // 200 us of polls, one every 100 ns of spinning or after each sleep.
+  while (now - t0 < 200'000) {
+    if (wait_asks(p, now)) ++asks;
+    const uint32_t s = wait_sleep_ns(p, now);
+    if (now - t0 < kWaitSpinNs) {
+      EXPECT_EQ(s, 0u) << now - t0;
+    }
+    if (s != 0) sleeps.push_back(s);
+    now += s != 0 ? s : 100;
+  }
+  ASSERT_GE(sleeps.size(), 6u);
+  EXPECT_EQ(std::vector<uint32_t>(sleeps.begin(), sleeps.begin() + 6),
+            (std::vector<uint32_t>{64, 128, 256, 512, 1024, 1024}));
+  for (uint32_t s : sleeps) EXPECT_LE(s, kWaitMaxSleepNs);
+  // 200 us: the host words asked 9 or 10 times (every 20 us, never on the first poll), where an
+  // unpaced wait asked them at every one of its polls.
+  EXPECT_GE(asks, 9);
+  EXPECT_LE(asks, 10);
+  WaitPacing q = wait_pacing_start(t0);
+  EXPECT_FALSE(wait_asks(q, t0));
+  EXPECT_FALSE(wait_asks(q, t0 + kWaitAskEveryNs - 1));
+  EXPECT_TRUE(wait_asks(q, t0 + kWaitAskEveryNs));
+  EXPECT_FALSE(wait_asks(q, t0 + kWaitAskEveryNs + 1));
+  EXPECT_FALSE(wait_past(q, t0 + 1000, 1000));
+  EXPECT_TRUE(wait_past(q, t0 + 1001, 1000));
+}
+
 // The signal waits' body (p2p_workspace/signal_wait_body.hpp: the CUDA wait kernels, and the host
 // device's counted waits with CUDA's semantics) on plain memory, in the GPU's 32-bit sequence
 // order: how far a poll gets, what it decides and in which order, what each kind does with that,
@@ -276,11 +333,18 @@ TEST(FlagBarrier, StoresPollsAndDecisions) {
 struct PlainWaits {
   bool failed_peer = false;
   bool device_ended = false;
+  int* host_reads = nullptr;  // counts the failure words' reads (host memory on a GPU)
   bool reached(const uint32_t* word, uint32_t value) const {
     return static_cast<int32_t>(*word - value) >= 0;
   }
-  bool peer_failed() const { return failed_peer; }
-  bool ended() const { return device_ended; }
+  bool peer_failed() const {
+    if (host_reads != nullptr) ++*host_reads;
+    return failed_peer;
+  }
+  bool ended() const {
+    if (host_reads != nullptr) ++*host_reads;
+    return device_ended;
+  }
 };
 struct PlainList {
   std::vector<uint32_t>& words;
@@ -309,6 +373,13 @@ TEST(SignalWaits, PollsDecisionsAndWhatAGiveUpRecords) {
   PlainWaits peer = ended;
   peer.failed_peer = true;
   EXPECT_EQ(signal_wait_poll(list, &next, true, peer), FlagPoll::kPeerFailed);
+  // A poll that does not ask (NOTE [Wait pacing]) still steps past what was reached, and reads no
+  // failure word and no deadline.
+  int reads = 0;
+  peer.host_reads = &reads;
+  EXPECT_EQ(signal_wait_poll(list, &next, true, peer, false), FlagPoll::kWaiting);
+  EXPECT_EQ(reads, 0);
+  EXPECT_EQ(next, 2);
   // A give-up records the waits from `next` on that are not reached: words 2 and 3, not 0 or 1.
   words[3] = 1;
   std::vector<int> missing;

@@ -1,5 +1,5 @@
 // test_collectives (tests/cpp/test_collectives.cpp): the collectives that reduce (reduce-scatter,
-// all-reduce, reduce), broadcast, the copy-free reads and rounds of small chunks.
+// all-reduce, reduce), broadcast, the cross-memory reads and rounds of small chunks.
 
 #include "tests/cpp/test_collectives/fixture.hpp"
 
