@@ -1,4 +1,5 @@
 #include "ops/cuda/sleep_kernel.cuh"
+#include "ops/sleep_body.hpp"
 #include "p2p_workspace/cuda/global_timer.cuh"
 #include "p2p_workspace/cuda/launch_kernel.cuh"
 
@@ -6,10 +7,14 @@ namespace cuda_p2p::cuda {
 
 namespace {
 
+// The sleep body's policy (ops/sleep_body.hpp): the GPU's timer and __nanosleep.
+struct CudaClock {
+  __device__ uint64_t now_ns() const { return global_timer_ns(); }
+  __device__ void sleep(uint32_t ns) const { __nanosleep(ns); }
+};
+
 __global__ void sleep_kernel(uint32_t nanoseconds) {
-  // __nanosleep may return early (its duration is a hint): sleep until the timer says so.
-  const uint64_t start = global_timer_ns();
-  while (global_timer_ns() - start < nanoseconds) __nanosleep(256);
+  ops::kernel::sleep_for(nanoseconds, CudaClock{});
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -22,6 +23,7 @@
 #include "ops/graph_layout.hpp"
 #include "ops/kernel_host.hpp"
 #include "ops/signature_body.hpp"
+#include "ops/sleep_body.hpp"
 #include "p2p_workspace/flag_barrier_body.hpp"
 #include "p2p_workspace/signal_wait_body.hpp"
 #include "p2p_workspace/wait_pacing_body.hpp"
@@ -324,6 +326,36 @@ TEST(WaitPacing, SpinsThenSleepsCappedAndAsksTheHostWordsRarely) {
   EXPECT_FALSE(wait_asks(q, t0 + kWaitAskEveryNs + 1));
   EXPECT_FALSE(wait_past(q, t0 + 1000, 1000));
   EXPECT_TRUE(wait_past(q, t0 + 1001, 1000));
+}
+
+// The sleep kernel's body (ops/sleep_body.hpp) on a made-up clock whose sleeps return early, on
+// time or late: it sleeps in steps of at most kSleepStepNs until the clock says the time passed.
+struct FakeClock {
+  uint64_t* now;
+  uint32_t* slept_max;
+  uint32_t early_by;  // a sleep of s advances the clock by s - early_by (at least 1)
+  uint64_t now_ns() const { return *now; }
+  void sleep(uint32_t ns) const {
+    *slept_max = std::max(*slept_max, ns);
+    *now += ns > early_by ? ns - early_by : 1;
+  }
+};
+
+TEST(SleepBody, SleepsUntilTheClockSaysSoInShortSteps) {
+  for (uint32_t early : {0u, 200u, 300u}) {
+    for (uint32_t ns : {0u, 1u, 255u, 2000u, 100000u}) {
+      uint64_t now = 123'456'789;
+      uint32_t slept_max = 0;
+      ops::kernel::sleep_for(ns, FakeClock{&now, &slept_max, early});
+      EXPECT_GE(now - 123'456'789, ns) << "early " << early << " ns " << ns;
+      // It stops within one step of the end.
+      EXPECT_LT(now - 123'456'789, uint64_t{ns} + ops::kernel::kSleepStepNs) << early << " " << ns;
+      EXPECT_LE(slept_max, ops::kernel::kSleepStepNs);
+      if (ns == 0) {
+        EXPECT_EQ(slept_max, 0u);
+      }
+    }
+  }
 }
 
 // The signal waits' body (p2p_workspace/signal_wait_body.hpp: the CUDA wait kernels, and the host

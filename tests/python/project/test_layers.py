@@ -101,9 +101,9 @@ def test_the_mailboxes_have_their_own_folder():
 # NOTE [One kernel source] (ops/kernel_body.hpp, issue 55): a CUDA kernel's logic is a
 # template the host instantiates too, so that CI runs it. Every __global__ kernel of the CUDA
 # sources is listed here with the shared body it instantiates (the header, the entry its body
-# calls, and the CUDA device function it calls that through, if any), or None and why CI does not
-# run its body yet. A new kernel, or one that stops calling
-# its shared body, fails this test until the list says what CI runs of it.
+# calls, and the CUDA device function it calls that through, if any). A new kernel, or one that
+# stops calling its shared body, fails this test until it calls one that a host source or a C++
+# test instantiates.
 KERNELS = {
     # The data steps shared; its flag barriers (graph_barrier) are CUDA's own still, the host's
     # are GraphRun's in p2p_workspace/host/host_device.cpp.
@@ -132,8 +132,9 @@ KERNELS = {
     "publish_signature_kernel": ("ops/signature_body.hpp", "signature_publish_word"),
     "compare_signatures_kernel": ("ops/signature_body.hpp", "signature_word_differs"),
     # ~2 us of the GPU's timer before a fused pipeline's second stream (delay_stream in
-    # ops/pipeline_common.cpp): no decision in it, and the host's streams need no such delay.
-    "sleep_kernel": None,
+    # ops/pipeline_common.cpp); the host's streams need no such delay: test_kernel_matrix runs
+    # the body on a made-up clock.
+    "sleep_kernel": ("ops/sleep_body.hpp", "sleep_for"),
 }
 GLOBAL = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(")
 
@@ -166,10 +167,12 @@ def test_every_kernel_says_what_of_it_ci_runs():
     assert set(bodies) == set(KERNELS), (
         f"kernels not listed in KERNELS: {sorted(set(bodies) - set(KERNELS))}; listed but gone: "
         f"{sorted(set(KERNELS) - set(bodies))}")
+    # The host instantiates every body: a C++ (not CUDA) source of a layer or a C++ test includes
+    # its header (CI runs the tests' instantiations: test_kernel_matrix's).
     host_sources = [p for layer in LAYERS for p in _sources(layer) if p.suffix in {".cpp", ".hpp"}]
+    host_sources += sorted((ROOT / "tests" / "cpp").rglob("*.cpp"))
     for name, shared in KERNELS.items():
-        if shared is None:
-            continue
+        assert shared is not None, f"{name}: a kernel whose body CI does not run"
         header, entry, *via = shared
         body = bodies[name]
         if via:
@@ -177,6 +180,5 @@ def test_every_kernel_says_what_of_it_ci_runs():
             body = _kernel_bodies(DEVICE_FN)[via[0]]
         assert re.search(rf"\b{entry}\s*[<(]", body), f"{name} does not call {entry}"
         assert f"{entry}(" in (ROOT / header).read_text(), f"{header} defines no {entry}"
-        # The host instantiates it: a C++ (not CUDA) source includes the header.
         assert any(f'#include "{header}"' in p.read_text() for p in host_sources
                    if "/cuda/" not in str(p)), f"no host source includes {header}"
