@@ -61,11 +61,21 @@ CUDA_P2P_HOST_DEVICE inline arith::Acc<T> load_acc(const void* p, bool acc, int6
   return arith::Convert<T>::to(m.load_one(static_cast<const T*>(p) + i));
 }
 
+// NOTE [Loads before adds]
+// A small op's reduction reads W-1 peers' memory over NVLink: a round trip each, which a loop over
+// a run-time count issues one after another when each add needs its load first. So the sources
+// are read in groups of kLoadsInFlight: a group's loads (16-byte packs, or one element each on
+// the element-wise path) go into registers in a loop the GPU unrolls with a constant bound, all
+// before the group's first add, so that they are in flight together (one round trip for W <= 9
+// with the own source among them). The adds stay in the sources' order, so the results are the
+// same bits as one load and one add at a time. Not timed on a GPU yet.
+inline constexpr int kLoadsInFlight = 8;
+
 // dst (and dst2, unless null) = op over the n sources, in source order, in the accumulate type,
 // rounded once, by the policy's threads. Source q holds the accumulate type where bit q of
 // src_acc is set, dst where dst_acc (then dst2 holds T); `packed` (16-byte packs: every pointer
 // 16-byte aligned) needs neither. dst and dst2 may be sources: each element is read before it is
-// written, by the same thread.
+// written, by the same thread. Loads before adds: NOTE [Loads before adds].
 CUDA_P2P_POLICY_CALLS
 template <typename T, bool kSum, typename M>
 CUDA_P2P_HOST_DEVICE inline void reduce_range(void* dst, void* dst2, const void* const* srcs,
@@ -81,14 +91,22 @@ CUDA_P2P_HOST_DEVICE inline void reduce_range(void* dst, void* dst2, const void*
     constexpr int V = arith::Pack<T>::kCount;
     const int64_t units = n / V;
     for (int64_t u = m.thread(); u < units; u += m.threads()) {
-      const arith::Pack<T> p0 = m.load_pack(static_cast<const T*>(srcs[0]) + u * V);
-      A acc[V];
-      CUDA_P2P_UNROLL
-      for (int j = 0; j < V; ++j) acc[j] = C::to(p0.v[j]);
-      for (int q = 1; q < n_srcs; ++q) {
-        const arith::Pack<T> p = m.load_pack(static_cast<const T*>(srcs[q]) + u * V);
+      A acc[V] = {};
+      for (int q0 = 0; q0 < n_srcs; q0 += kLoadsInFlight) {
+        arith::Pack<T> p[kLoadsInFlight] = {};
         CUDA_P2P_UNROLL
-        for (int j = 0; j < V; ++j) acc[j] = arith::apply<kSum>(op, acc[j], C::to(p.v[j]));
+        for (int k = 0; k < kLoadsInFlight; ++k) {
+          if (q0 + k < n_srcs) p[k] = m.load_pack(static_cast<const T*>(srcs[q0 + k]) + u * V);
+        }
+        CUDA_P2P_UNROLL
+        for (int k = 0; k < kLoadsInFlight; ++k) {
+          if (q0 + k >= n_srcs) continue;
+          CUDA_P2P_UNROLL
+          for (int j = 0; j < V; ++j) {
+            const A x = C::to(p[k].v[j]);
+            acc[j] = q0 + k == 0 ? x : arith::apply<kSum>(op, acc[j], x);
+          }
+        }
       }
       arith::Pack<T> out;
       CUDA_P2P_UNROLL
@@ -99,9 +117,18 @@ CUDA_P2P_HOST_DEVICE inline void reduce_range(void* dst, void* dst2, const void*
     done = units * V;
   }
   for (int64_t i = done + m.thread(); i < n; i += m.threads()) {
-    A acc = load_acc<T>(srcs[0], src_acc & 1u, i, m);
-    for (int q = 1; q < n_srcs; ++q) {
-      acc = arith::apply<kSum>(op, acc, load_acc<T>(srcs[q], (src_acc >> q) & 1u, i, m));
+    A acc{};
+    for (int q0 = 0; q0 < n_srcs; q0 += kLoadsInFlight) {
+      A x[kLoadsInFlight] = {};
+      CUDA_P2P_UNROLL
+      for (int k = 0; k < kLoadsInFlight; ++k) {
+        if (q0 + k < n_srcs) x[k] = load_acc<T>(srcs[q0 + k], (src_acc >> (q0 + k)) & 1u, i, m);
+      }
+      CUDA_P2P_UNROLL
+      for (int k = 0; k < kLoadsInFlight; ++k) {
+        if (q0 + k >= n_srcs) continue;
+        acc = q0 + k == 0 ? x[k] : arith::apply<kSum>(op, acc, x[k]);
+      }
     }
     acc = arith::finish(op, acc, divisor);
     if (dst_acc) {
