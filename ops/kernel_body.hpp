@@ -68,7 +68,10 @@ CUDA_P2P_HOST_DEVICE inline arith::Acc<T> load_acc(const void* p, bool acc, int6
 // the element-wise path) go into registers in a loop the GPU unrolls with a constant bound, all
 // before the group's first add, so that they are in flight together (one round trip for W <= 9
 // with the own source among them). The adds stay in the sources' order, so the results are the
-// same bits as one load and one add at a time. Not timed on a GPU yet.
+// same bits as one load and one add at a time. Only the sums and averages (the kSum
+// instantiation) do so: the other ops (product, min, max, bitwise; rare in tensor-parallel code)
+// load one source at a time, since eight unrolled copies of their switch doubled the CUDA compile
+// (graph_collectives.cu: 41 -> 88 s per architecture). Not timed on a GPU yet.
 inline constexpr int kLoadsInFlight = 8;
 
 // dst (and dst2, unless null) = op over the n sources, in source order, in the accumulate type,
@@ -92,20 +95,31 @@ CUDA_P2P_HOST_DEVICE inline void reduce_range(void* dst, void* dst2, const void*
     const int64_t units = n / V;
     for (int64_t u = m.thread(); u < units; u += m.threads()) {
       A acc[V] = {};
-      for (int q0 = 0; q0 < n_srcs; q0 += kLoadsInFlight) {
-        arith::Pack<T> p[kLoadsInFlight] = {};
-        CUDA_P2P_UNROLL
-        for (int k = 0; k < kLoadsInFlight; ++k) {
-          if (q0 + k < n_srcs) p[k] = m.load_pack(static_cast<const T*>(srcs[q0 + k]) + u * V);
-        }
-        CUDA_P2P_UNROLL
-        for (int k = 0; k < kLoadsInFlight; ++k) {
-          if (q0 + k >= n_srcs) continue;
+      if constexpr (kSum) {
+        for (int q0 = 0; q0 < n_srcs; q0 += kLoadsInFlight) {
+          arith::Pack<T> p[kLoadsInFlight] = {};
           CUDA_P2P_UNROLL
-          for (int j = 0; j < V; ++j) {
-            const A x = C::to(p[k].v[j]);
-            acc[j] = q0 + k == 0 ? x : arith::apply<kSum>(op, acc[j], x);
+          for (int k = 0; k < kLoadsInFlight; ++k) {
+            if (q0 + k < n_srcs) p[k] = m.load_pack(static_cast<const T*>(srcs[q0 + k]) + u * V);
           }
+          CUDA_P2P_UNROLL
+          for (int k = 0; k < kLoadsInFlight; ++k) {
+            if (q0 + k >= n_srcs) continue;
+            CUDA_P2P_UNROLL
+            for (int j = 0; j < V; ++j) {
+              const A x = C::to(p[k].v[j]);
+              acc[j] = q0 + k == 0 ? x : arith::wrap_add(acc[j], x);
+            }
+          }
+        }
+      } else {
+        const arith::Pack<T> p0 = m.load_pack(static_cast<const T*>(srcs[0]) + u * V);
+        CUDA_P2P_UNROLL
+        for (int j = 0; j < V; ++j) acc[j] = C::to(p0.v[j]);
+        for (int q = 1; q < n_srcs; ++q) {
+          const arith::Pack<T> p = m.load_pack(static_cast<const T*>(srcs[q]) + u * V);
+          CUDA_P2P_UNROLL
+          for (int j = 0; j < V; ++j) acc[j] = arith::combine(op, acc[j], C::to(p.v[j]));
         }
       }
       arith::Pack<T> out;
@@ -118,16 +132,23 @@ CUDA_P2P_HOST_DEVICE inline void reduce_range(void* dst, void* dst2, const void*
   }
   for (int64_t i = done + m.thread(); i < n; i += m.threads()) {
     A acc{};
-    for (int q0 = 0; q0 < n_srcs; q0 += kLoadsInFlight) {
-      A x[kLoadsInFlight] = {};
-      CUDA_P2P_UNROLL
-      for (int k = 0; k < kLoadsInFlight; ++k) {
-        if (q0 + k < n_srcs) x[k] = load_acc<T>(srcs[q0 + k], (src_acc >> (q0 + k)) & 1u, i, m);
+    if constexpr (kSum) {
+      for (int q0 = 0; q0 < n_srcs; q0 += kLoadsInFlight) {
+        A x[kLoadsInFlight] = {};
+        CUDA_P2P_UNROLL
+        for (int k = 0; k < kLoadsInFlight; ++k) {
+          if (q0 + k < n_srcs) x[k] = load_acc<T>(srcs[q0 + k], (src_acc >> (q0 + k)) & 1u, i, m);
+        }
+        CUDA_P2P_UNROLL
+        for (int k = 0; k < kLoadsInFlight; ++k) {
+          if (q0 + k >= n_srcs) continue;
+          acc = q0 + k == 0 ? x[k] : arith::wrap_add(acc, x[k]);
+        }
       }
-      CUDA_P2P_UNROLL
-      for (int k = 0; k < kLoadsInFlight; ++k) {
-        if (q0 + k >= n_srcs) continue;
-        acc = q0 + k == 0 ? x[k] : arith::apply<kSum>(op, acc, x[k]);
+    } else {
+      acc = load_acc<T>(srcs[0], src_acc & 1u, i, m);
+      for (int q = 1; q < n_srcs; ++q) {
+        acc = arith::combine(op, acc, load_acc<T>(srcs[q], (src_acc >> q) & 1u, i, m));
       }
     }
     acc = arith::finish(op, acc, divisor);
