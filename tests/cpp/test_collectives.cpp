@@ -24,7 +24,7 @@ TEST(Reduction, HostKernelMatchesAtenForEveryDtypeOpAndSourceCount) {
       for (int n_src : {1, 2, 3, 4, 7, 8}) {
         for (int64_t n : {0, 1, 15, 1023, 1025, 5000}) {
           std::vector<at::Tensor> srcs;
-          for (int s = 0; s < n_src; ++s) srcs.push_back(make_input(11, s, n, dtype, op));
+          for (int s = 0; s < n_src; ++s) srcs.push_back(reduce_input(11, s, n, dtype, op));
           const int64_t divisor = op == ReduceOp::kAvg ? n_src : 0;
           auto got = at::empty({n}, at::TensorOptions().dtype(dtype));
           auto want = at::empty({n}, at::TensorOptions().dtype(dtype));
@@ -69,7 +69,7 @@ TEST(Reduction, AccumulatesHalfTypesInFloatAndRoundsOnce) {
 TEST(Reduction, DestinationMayBeASource) {
   for (auto dtype : {at::kFloat, at::kBFloat16, at::kLong}) {
     std::vector<at::Tensor> srcs;
-    for (int s = 0; s < 4; ++s) srcs.push_back(make_input(3, s, 3000, dtype, ReduceOp::kSum));
+    for (int s = 0; s < 4; ++s) srcs.push_back(reduce_input(3, s, 3000, dtype, ReduceOp::kSum));
     const auto want = reference_reduce(srcs, ReduceOp::kSum);
     for (int alias = 0; alias < 4; ++alias) {
       for (bool aten : {false, true}) {
@@ -91,7 +91,7 @@ TEST(Reduction, DestinationMayBeASource) {
 TEST(Reduction, WritesASecondDestinationInTheSamePass) {
   for (auto dtype : {at::kFloat, at::kBFloat16, at::kInt}) {
     std::vector<at::Tensor> srcs;
-    for (int s = 0; s < 3; ++s) srcs.push_back(make_input(7, s, 3001, dtype, ReduceOp::kSum));
+    for (int s = 0; s < 3; ++s) srcs.push_back(reduce_input(7, s, 3001, dtype, ReduceOp::kSum));
     auto a = at::empty({3001}, at::TensorOptions().dtype(dtype));
     auto b = at::full({3001}, 5, at::TensorOptions().dtype(dtype));
     at::Tensor scratch;
@@ -174,13 +174,14 @@ TEST(Collectives, AllGatherEveryAlgorithmDtypeAndSize) {
       const int64_t round = ops::detail::round_bytes(ctx, 1, slots ? w.size : 1) / esize;
       for (int64_t n : sizes_for(round)) {
         SCOPED_TRACE(describe("all_gather", ops::to_string(algo), dtype, n));
-        const auto input = make_input(5, w.rank, n, dtype, ReduceOp::kSum);
+        const auto input = reduce_input(5, w.rank, n, dtype, ReduceOp::kSum);
         Guarded out(n * w.size, dtype);
         std::vector<at::Tensor> outs;
         for (int q = 0; q < w.size; ++q) outs.push_back(out.inner.narrow(0, q * n, n));
         EXPECT_STREQ(ops::all_gather(f.ctx(), input, outs, algo).algorithm, ops::to_string(algo));
         std::vector<at::Tensor> want;
-        for (int q = 0; q < w.size; ++q) want.push_back(make_input(5, q, n, dtype, ReduceOp::kSum));
+        for (int q = 0; q < w.size; ++q)
+          want.push_back(reduce_input(5, q, n, dtype, ReduceOp::kSum));
         EXPECT_TRUE(out.inner.equal(at::cat(want)));
         EXPECT_TRUE(out.margins_intact());
       }
@@ -196,21 +197,21 @@ TEST(Collectives, AllGatherInPlaceAndIntoSeparateTensors) {
     // In place: this rank's input is its slice of the output.
     auto out = at::zeros({w.size * n});
     auto mine = out.narrow(0, w.rank * n, n);
-    mine.copy_(make_input(9, w.rank, n, at::kFloat, ReduceOp::kSum));
+    mine.copy_(reduce_input(9, w.rank, n, at::kFloat, ReduceOp::kSum));
     std::vector<at::Tensor> outs;
     for (int q = 0; q < w.size; ++q) outs.push_back(out.narrow(0, q * n, n));
     ops::all_gather(f.ctx(), mine, outs, algo);
     for (int q = 0; q < w.size; ++q) {
-      EXPECT_TRUE(outs[q].equal(make_input(9, q, n, at::kFloat, ReduceOp::kSum)))
+      EXPECT_TRUE(outs[q].equal(reduce_input(9, q, n, at::kFloat, ReduceOp::kSum)))
           << ops::to_string(algo) << " rank " << q;
     }
     // Separate output tensors, in no particular memory order.
     std::vector<at::Tensor> separate;
     for (int q = 0; q < w.size; ++q) separate.push_back(at::full({n}, -1.0f));
-    const auto in = make_input(10, w.rank, n, at::kFloat, ReduceOp::kSum);
+    const auto in = reduce_input(10, w.rank, n, at::kFloat, ReduceOp::kSum);
     ops::all_gather(f.ctx(), in, separate, algo);
     for (int q = 0; q < w.size; ++q) {
-      EXPECT_TRUE(separate[q].equal(make_input(10, q, n, at::kFloat, ReduceOp::kSum)));
+      EXPECT_TRUE(separate[q].equal(reduce_input(10, q, n, at::kFloat, ReduceOp::kSum)));
     }
   }
 }
@@ -241,10 +242,10 @@ TEST(Collectives, AllGatherVWithADifferentSizePerRank) {
     std::vector<at::Tensor> want;
     for (int q = 0; q < w.size; ++q) {
       outs.push_back(out.inner.narrow(0, at_row, counts[q]));
-      want.push_back(make_input(20 + l, q, counts[q], at::kFloat, ReduceOp::kSum));
+      want.push_back(reduce_input(20 + l, q, counts[q], at::kFloat, ReduceOp::kSum));
       at_row += counts[q];
     }
-    const auto in = make_input(20 + l, w.rank, counts[w.rank], at::kFloat, ReduceOp::kSum);
+    const auto in = reduce_input(20 + l, w.rank, counts[w.rank], at::kFloat, ReduceOp::kSum);
     ops::all_gather_v(f.ctx(), in, bytes, outs);
     EXPECT_TRUE(out.inner.equal(at::cat(want))) << "layout " << l;
     EXPECT_TRUE(out.margins_intact()) << "layout " << l;
@@ -360,7 +361,7 @@ TEST(Collectives, GatherAndScatterFromEveryRoot) {
                                  " chunk " + std::to_string(chunk);
         std::vector<at::Tensor> parts, outs;
         for (int q = 0; q < w.size; ++q) {
-          parts.push_back(make_input(40 + root, q, n, at::kInt, ReduceOp::kSum));
+          parts.push_back(reduce_input(40 + root, q, n, at::kInt, ReduceOp::kSum));
         }
         Guarded all(n * w.size, at::kInt);
         if (w.rank == root) {
@@ -375,11 +376,11 @@ TEST(Collectives, GatherAndScatterFromEveryRoot) {
         std::vector<at::Tensor> ins;
         if (w.rank == root) {
           for (int q = 0; q < w.size; ++q) {
-            ins.push_back(make_input(50 + root, q, n, at::kInt, ReduceOp::kSum));
+            ins.push_back(reduce_input(50 + root, q, n, at::kInt, ReduceOp::kSum));
           }
         }
         ops::scatter(f.ctx(), ins, mine.inner, root);
-        EXPECT_TRUE(mine.inner.equal(make_input(50 + root, w.rank, n, at::kInt, ReduceOp::kSum)))
+        EXPECT_TRUE(mine.inner.equal(reduce_input(50 + root, w.rank, n, at::kInt, ReduceOp::kSum)))
             << "scatter " << what;
         EXPECT_TRUE(mine.margins_intact()) << "scatter " << what;
       }

@@ -1,6 +1,6 @@
 // The shared part of test_collectives (tests/cpp/test_collectives.cpp and the files of this
-// folder, one binary): the dtypes and reduce ops, deterministic inputs, the plain-ATen reference,
-// guarded outputs and the workspace fixture.
+// folder, one binary): the dtypes and reduce ops, guarded outputs and the workspace fixture (the
+// inputs and the plain-ATen reference: tests/cpp/reduce_reference.hpp).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -21,6 +21,7 @@
 #include "p2p_workspace/host/host_device.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
 #include "tests/cpp/harness.hpp"
+#include "tests/cpp/reduce_reference.hpp"
 
 namespace cuda_p2p::test::collectives {
 
@@ -44,58 +45,6 @@ inline std::vector<ReduceOp> ops_for(at::ScalarType t) {
   }
   return {ReduceOp::kSum,  ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax,
           ReduceOp::kBand, ReduceOp::kBor,     ReduceOp::kBxor};
-}
-
-// The input of `rank` for a case: small integers, so that every summation order gives the same
-// result in every dtype (PRODUCT uses -2..2, so products of up to 4 ranks stay exact in bfloat16).
-inline at::Tensor make_input(int64_t seed, int rank, int64_t n, at::ScalarType dtype, ReduceOp op) {
-  auto i = at::arange(n, at::kLong);
-  at::Tensor v;
-  if (op == ReduceOp::kProduct) {
-    v = (i * 7 + rank * 3 + seed) % 5 - 2;
-  } else if (op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor) {
-    v = (i * 2654435761LL + rank * 40503 + seed * 977) % 251;
-  } else {
-    v = (i * 7 + rank * 13 + seed) % 17 - 8;
-  }
-  return v.to(dtype);
-}
-
-// op over `xs` as ops::reduce defines it (float accumulation, AVG divided once in the
-// accumulate type), computed with plain ATen.
-inline at::Tensor reference_reduce(const std::vector<at::Tensor>& xs, ReduceOp op) {
-  const at::ScalarType dtype = xs[0].scalar_type();
-  const auto stacked = at::stack(xs);
-  switch (op) {
-    case ReduceOp::kMin:
-      return stacked.amin(0);
-    case ReduceOp::kMax:
-      return stacked.amax(0);
-    case ReduceOp::kBand:
-    case ReduceOp::kBor:
-    case ReduceOp::kBxor: {
-      at::Tensor r = xs[0].clone();
-      for (size_t i = 1; i < xs.size(); ++i) {
-        r = op == ReduceOp::kBand  ? at::bitwise_and(r, xs[i])
-            : op == ReduceOp::kBor ? at::bitwise_or(r, xs[i])
-                                   : at::bitwise_xor(r, xs[i]);
-      }
-      return r;
-    }
-    default:
-      break;
-  }
-  const bool floating = at::isFloatingType(dtype);
-  const at::ScalarType wide = floating ? at::kDouble : at::kLong;
-  at::Tensor r = xs[0].to(wide);
-  for (size_t i = 1; i < xs.size(); ++i) {
-    r = op == ReduceOp::kProduct ? r * xs[i].to(wide) : r + xs[i].to(wide);
-  }
-  if (op == ReduceOp::kAvg) {
-    const at::ScalarType acc = ops::accumulate_type(dtype);
-    return (r.to(acc) / static_cast<double>(xs.size())).to(dtype);
-  }
-  return r.to(dtype);  // integers wrap like the collectives
 }
 
 // A tensor of n elements in the middle of a larger one filled with kGuard.

@@ -29,7 +29,7 @@ TEST(Collectives, ReduceScatterEveryAlgorithmDtypeOpAndSize) {
               std::string(ops::to_string(v.algo)) + "/S=" + std::to_string(f.config.ring_steps);
           SCOPED_TRACE(describe("reduce_scatter", algo_name.c_str(), dtype, n, op));
           const auto input =
-              make_input(n + 31 * static_cast<int>(op), w.rank, n * w.size, dtype, op);
+              reduce_input(n + 31 * static_cast<int>(op), w.rank, n * w.size, dtype, op);
           std::vector<at::Tensor> chunks;
           for (int q = 0; q < w.size; ++q) chunks.push_back(input.narrow(0, q * n, n));
           Guarded out(n, dtype);
@@ -37,7 +37,7 @@ TEST(Collectives, ReduceScatterEveryAlgorithmDtypeOpAndSize) {
                        ops::to_string(v.algo));
           std::vector<at::Tensor> mine;
           for (int q = 0; q < w.size; ++q) {
-            mine.push_back(make_input(n + 31 * static_cast<int>(op), q, n * w.size, dtype, op)
+            mine.push_back(reduce_input(n + 31 * static_cast<int>(op), q, n * w.size, dtype, op)
                                .narrow(0, w.rank * n, n));
           }
           if (n > 0) {
@@ -67,17 +67,17 @@ TEST(Collectives, AllReduceEveryAlgorithmDtypeOpAndSize) {
           SCOPED_TRACE(describe("all_reduce", ops::to_string(algo), dtype, n, op));
           const int64_t seed = n + 17 * static_cast<int>(op);
           Guarded out(n, dtype);
-          const auto in = make_input(seed, w.rank, n, dtype, op);
+          const auto in = reduce_input(seed, w.rank, n, dtype, op);
           EXPECT_STREQ(ops::all_reduce(f.ctx(), in, out.inner, op, algo).algorithm,
                        ops::to_string(algo));
           std::vector<at::Tensor> all;
-          for (int q = 0; q < w.size; ++q) all.push_back(make_input(seed, q, n, dtype, op));
+          for (int q = 0; q < w.size; ++q) all.push_back(reduce_input(seed, q, n, dtype, op));
           if (n > 0) {
             EXPECT_TRUE(out.inner.equal(reference_reduce(all, op)));
           }
           EXPECT_TRUE(out.margins_intact());
           // In place.
-          auto t = make_input(seed, w.rank, n, dtype, op);
+          auto t = reduce_input(seed, w.rank, n, dtype, op);
           ops::all_reduce(f.ctx(), t, t, op, algo);
           EXPECT_TRUE(t.equal(out.inner));
         }
@@ -115,9 +115,9 @@ TEST(Collectives, BroadcastFromEveryRoot) {
       for (int64_t n : sizes_for(round)) {
         SCOPED_TRACE(describe("broadcast", "direct", dtype, n));
         Guarded t(n, dtype);
-        t.inner.copy_(make_input(root * 100 + n, w.rank, n, dtype, ReduceOp::kSum));
+        t.inner.copy_(reduce_input(root * 100 + n, w.rank, n, dtype, ReduceOp::kSum));
         ops::broadcast(f.ctx(), t.inner, root);
-        EXPECT_TRUE(t.inner.equal(make_input(root * 100 + n, root, n, dtype, ReduceOp::kSum)));
+        EXPECT_TRUE(t.inner.equal(reduce_input(root * 100 + n, root, n, dtype, ReduceOp::kSum)));
         EXPECT_TRUE(t.margins_intact());
       }
     }
@@ -140,16 +140,16 @@ TEST(Collectives, ReduceEveryDtypeOpAndSizeFromEveryRoot) {
         SCOPED_TRACE(describe("reduce", "direct", dtype, n, op) + " root=" + std::to_string(root));
         const int64_t seed = n + 13 * static_cast<int>(op);
         Guarded t(n, dtype);
-        t.inner.copy_(make_input(seed, w.rank, n, dtype, op));
+        t.inner.copy_(reduce_input(seed, w.rank, n, dtype, op));
         ops::reduce(f.ctx(), t.inner, root, op);
         if (w.rank == root) {
           std::vector<at::Tensor> all;
-          for (int q = 0; q < w.size; ++q) all.push_back(make_input(seed, q, n, dtype, op));
+          for (int q = 0; q < w.size; ++q) all.push_back(reduce_input(seed, q, n, dtype, op));
           if (n > 0) {
             EXPECT_TRUE(t.inner.equal(reference_reduce(all, op)));
           }
         } else {
-          EXPECT_TRUE(t.inner.equal(make_input(seed, w.rank, n, dtype, op)));
+          EXPECT_TRUE(t.inner.equal(reduce_input(seed, w.rank, n, dtype, op)));
         }
         EXPECT_TRUE(t.margins_intact());
       }
@@ -197,7 +197,7 @@ TEST(Collectives, CopyFreeReadsMatchTheStagedPaths) {
     for (int64_t n : sizes) {
       SCOPED_TRACE(describe("cross-memory", "direct", dtype, n));
       // All-gather, its input reused (overwritten) right after the call.
-      auto input = make_input(n, w.rank, n, dtype, ReduceOp::kSum);
+      auto input = reduce_input(n, w.rank, n, dtype, ReduceOp::kSum);
       std::vector<at::Tensor> got, want;
       for (int q = 0; q < w.size; ++q) {
         got.push_back(at::full({n}, kGuard, at::TensorOptions().dtype(dtype)));
@@ -206,12 +206,12 @@ TEST(Collectives, CopyFreeReadsMatchTheStagedPaths) {
       EXPECT_EQ(ops::all_gather(read.ctx(), input, got, AllGatherAlgo::kDirect).cross_memory,
                 n > 0 && w.size > 1);
       input.fill_(-1);
-      input.copy_(make_input(n, w.rank, n, dtype, ReduceOp::kSum));
+      input.copy_(reduce_input(n, w.rank, n, dtype, ReduceOp::kSum));
       EXPECT_FALSE(ops::all_gather(staged.ctx(), input, want, AllGatherAlgo::kDirect).cross_memory);
       for (int q = 0; q < w.size; ++q) EXPECT_TRUE(got[q].equal(want[q])) << "shard " << q;
       // Reduce-scatter, every op.
       for (auto op : ops_for(dtype)) {
-        const auto in = make_input(n + 3, w.rank, n * w.size, dtype, op);
+        const auto in = reduce_input(n + 3, w.rank, n * w.size, dtype, op);
         const auto copy = in.clone();
         std::vector<at::Tensor> chunks;
         for (int q = 0; q < w.size; ++q) chunks.push_back(in.narrow(0, q * n, n));
@@ -224,9 +224,9 @@ TEST(Collectives, CopyFreeReadsMatchTheStagedPaths) {
       // Broadcast from the last rank.
       const int root = w.size - 1;
       Guarded t(n, dtype);
-      t.inner.copy_(make_input(n + 5, w.rank, n, dtype, ReduceOp::kSum));
+      t.inner.copy_(reduce_input(n + 5, w.rank, n, dtype, ReduceOp::kSum));
       ops::broadcast(read.ctx(), t.inner, root);
-      EXPECT_TRUE(t.inner.equal(make_input(n + 5, root, n, dtype, ReduceOp::kSum)));
+      EXPECT_TRUE(t.inner.equal(reduce_input(n + 5, root, n, dtype, ReduceOp::kSum)));
       EXPECT_TRUE(t.margins_intact());
     }
   }
@@ -238,7 +238,7 @@ TEST(Collectives, SmallChunksPipelineManyRounds) {
   f.config.chunk_bytes = 256;  // 64 floats per round and rank
   const int64_t n = 1000 + w.size;
   std::vector<at::Tensor> all;
-  for (int q = 0; q < w.size; ++q) all.push_back(make_input(1, q, n, at::kFloat, ReduceOp::kSum));
+  for (int q = 0; q < w.size; ++q) all.push_back(reduce_input(1, q, n, at::kFloat, ReduceOp::kSum));
   for (auto algo : {AllReduceAlgo::kOneShot, AllReduceAlgo::kTwoShot}) {
     auto out = at::empty({n});
     ops::all_reduce(f.ctx(), all[w.rank], out, ReduceOp::kSum, algo);

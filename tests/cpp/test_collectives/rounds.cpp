@@ -169,7 +169,7 @@ TEST(Collectives, AllReduceRoundsChosenByRankZero) {
                                 dtype, n, ReduceOp::kSum));
           std::vector<at::Tensor> all;
           for (int q = 0; q < w.size; ++q) {
-            all.push_back(make_input(n + 3 + rep, q, n, dtype, ReduceOp::kSum));
+            all.push_back(reduce_input(n + 3 + rep, q, n, dtype, ReduceOp::kSum));
           }
           Guarded out(n, dtype);
           const ops::Outcome outcome = ops::all_reduce(f.ctx(), all[w.rank], out.inner,
@@ -201,7 +201,7 @@ TEST(Collectives, AllReduceRoundsChosenByRankZero) {
   // (With CUDA's semantics rank 0 chooses nothing, so the settings do not differ in effect.)
   if (w.size > 1 && !cuda_semantics()) {
     f.config.all_reduce_rounds = w.rank == 0 ? AllReduceRounds::kChunked : AllReduceRounds::kAuto;
-    auto x = make_input(1, w.rank, 4096, at::kFloat, ReduceOp::kSum);
+    auto x = reduce_input(1, w.rank, 4096, at::kFloat, ReduceOp::kSum);
     try {
       auto out = x.clone();
       ops::all_reduce(f.ctx(), x, out, ReduceOp::kSum, AllReduceAlgo::kTwoShot);
@@ -213,7 +213,7 @@ TEST(Collectives, AllReduceRoundsChosenByRankZero) {
     f.config.all_reduce_rounds = AllReduceRounds::kAuto;
     std::vector<at::Tensor> all;
     for (int q = 0; q < w.size; ++q)
-      all.push_back(make_input(2, q, 4096, at::kFloat, ReduceOp::kSum));
+      all.push_back(reduce_input(2, q, 4096, at::kFloat, ReduceOp::kSum));
     auto out = at::empty({4096});
     ops::all_reduce(f.ctx(), all[w.rank], out, ReduceOp::kSum, AllReduceAlgo::kTwoShot);
     EXPECT_TRUE(out.equal(reference_reduce(all, ReduceOp::kSum)));
@@ -229,7 +229,7 @@ TEST(Collectives, ConsecutiveCollectivesOfEveryKindDoNotCorruptEachOther) {
   for (int it = 0; it < 60; ++it) {
     std::vector<at::Tensor> xs;
     for (int q = 0; q < w.size; ++q)
-      xs.push_back(make_input(it, q, n * w.size, at::kInt, ReduceOp::kSum));
+      xs.push_back(reduce_input(it, q, n * w.size, at::kInt, ReduceOp::kSum));
     auto ar = at::empty({n * w.size}, at::kInt);
     ops::all_reduce(f.ctx(), xs[w.rank], ar, ReduceOp::kSum,
                     it % 2 ? AllReduceAlgo::kOneShot : AllReduceAlgo::kTwoShot);
@@ -313,7 +313,7 @@ TEST(Collectives, RanksThatDisagreeAllRaiseAndStayInStep) {
     const int64_t n = 5000;
     std::vector<at::Tensor> xs;
     for (int q = 0; q < w.size; ++q) {
-      xs.push_back(make_input(7, q, n * w.size, at::kInt, ReduceOp::kSum));
+      xs.push_back(reduce_input(7, q, n * w.size, at::kInt, ReduceOp::kSum));
     }
     auto ar = at::empty({n * w.size}, at::kInt);
     ops::all_reduce(f.ctx(), xs[w.rank], ar, ReduceOp::kSum, AllReduceAlgo::kTwoShot);

@@ -19,6 +19,7 @@
 #include "p2p_workspace/host/host_device.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
 #include "tests/cpp/harness.hpp"
+#include "tests/cpp/reduce_reference.hpp"
 
 namespace cuda_p2p::test {
 namespace {
@@ -92,58 +93,6 @@ struct Ws {
   }
 };
 
-// Small integers, so that every reduction order gives the same bits (products of up to 4 ranks
-// stay exact in bfloat16; the bitwise ops take bytes).
-at::Tensor value(int64_t seed, int rank, int64_t n, at::ScalarType dtype, ReduceOp op) {
-  auto i = at::arange(n, at::kLong);
-  at::Tensor v;
-  if (op == ReduceOp::kProduct) {
-    v = (i * 7 + rank * 3 + seed) % 5 - 2;
-  } else if (op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor) {
-    v = (i * 2654435761LL + rank * 40503 + seed * 977) % 251;
-  } else {
-    v = (i * 7 + rank * 13 + seed) % 17 - 8;
-  }
-  if (dtype == at::kByte) v = v.abs();
-  return v.to(dtype);
-}
-
-// op over the ranks' values in rank order, as ops::reduce defines it, with plain ATen.
-at::Tensor reference(const std::vector<at::Tensor>& xs, ReduceOp op) {
-  const at::ScalarType dtype = xs[0].scalar_type();
-  const bool floating = at::isFloatingType(dtype);
-  at::Tensor r = xs[0].to(floating ? at::kDouble : at::kLong);
-  for (size_t i = 1; i < xs.size(); ++i) {
-    const at::Tensor x = xs[i].to(r.scalar_type());
-    switch (op) {
-      case ReduceOp::kProduct:
-        r = r * x;
-        break;
-      case ReduceOp::kMin:
-        r = at::minimum(r, x);
-        break;
-      case ReduceOp::kMax:
-        r = at::maximum(r, x);
-        break;
-      case ReduceOp::kBand:
-        r = at::bitwise_and(r, x);
-        break;
-      case ReduceOp::kBor:
-        r = at::bitwise_or(r, x);
-        break;
-      case ReduceOp::kBxor:
-        r = at::bitwise_xor(r, x);
-        break;
-      default:
-        r = r + x;
-    }
-  }
-  if (op == ReduceOp::kAvg) {
-    return (r.to(ops::accumulate_type(dtype)) / static_cast<double>(xs.size())).to(dtype);
-  }
-  return r.to(dtype);
-}
-
 enum class Kind { kOneShot, kTwoShot, kAllGather, kReduceScatter };
 
 const char* name(Kind k) {
@@ -207,12 +156,12 @@ struct CapturedOp {
   at::Tensor fill(int round) {
     const int W = world().size, me = world().rank;
     const int64_t total = kind == Kind::kReduceScatter ? W * n : n;
-    auto mine = [&](int rank) { return value(1000 * round, rank, total, dtype, op); };
+    auto mine = [&](int rank) { return reduce_input(1000 * round, rank, total, dtype, op); };
     in.copy_(mine(me));
     std::vector<at::Tensor> all;
     for (int q = 0; q < W; ++q) all.push_back(mine(q));
     if (kind == Kind::kAllGather) return at::cat(all);
-    const at::Tensor sum = reference(all, op);
+    const at::Tensor sum = reference_reduce(all, op);
     return kind == Kind::kReduceScatter ? sum.narrow(0, me * n, n) : sum;
   }
 };
@@ -313,15 +262,15 @@ TEST(GraphKernels, CopyEngineOpsBesideKernelOpsInAnyOrder) {
       EXPECT_TRUE(f.flags_at_rest()) << "round " << round;
     }
     if (round % 3 == 0) {  // a larger eager reduction between replays
-      auto large = value(round, world().rank, 200003, at::kBFloat16, ReduceOp::kSum);
+      auto large = reduce_input(round, world().rank, 200003, at::kBFloat16, ReduceOp::kSum);
       std::vector<at::Tensor> all;
       for (int q = 0; q < W; ++q)
-        all.push_back(value(round, q, 200003, at::kBFloat16, ReduceOp::kSum));
+        all.push_back(reduce_input(round, q, 200003, at::kBFloat16, ReduceOp::kSum));
       f.op([&](const ops::CollectiveContext& ctx) {
         (void)ops::all_reduce(ctx, large, large, ReduceOp::kSum, ops::AllReduceAlgo::kTwoShot);
       });
       f.dev().synchronize(*f.s);
-      EXPECT_TRUE(large.equal(reference(all, ReduceOp::kSum))) << "eager, round " << round;
+      EXPECT_TRUE(large.equal(reference_reduce(all, ReduceOp::kSum))) << "eager, round " << round;
     }
   }
   store_barrier("done");
@@ -352,14 +301,15 @@ TEST(GraphKernels, WhatAGraphAddressesOutlivesAGrowth) {
   EXPECT_NE(f.ws->mapping_version(), version) << "the workspace did not grow";
   for (int round = 2; round <= 4; ++round) {
     // An eager op on the new buffer, larger than the old one, then the graph on the old one.
-    auto large = value(round, world().rank, 600001, at::kFloat, ReduceOp::kSum);
+    auto large = reduce_input(round, world().rank, 600001, at::kFloat, ReduceOp::kSum);
     std::vector<at::Tensor> all;
-    for (int q = 0; q < W; ++q) all.push_back(value(round, q, 600001, at::kFloat, ReduceOp::kSum));
+    for (int q = 0; q < W; ++q)
+      all.push_back(reduce_input(round, q, 600001, at::kFloat, ReduceOp::kSum));
     f.op([&](const ops::CollectiveContext& ctx) {
       (void)ops::all_reduce(ctx, large, large, ReduceOp::kSum, ops::AllReduceAlgo::kOneShot);
     });
     f.dev().synchronize(*f.s);
-    EXPECT_TRUE(large.equal(reference(all, ReduceOp::kSum))) << "eager, round " << round;
+    EXPECT_TRUE(large.equal(reference_reduce(all, ReduceOp::kSum))) << "eager, round " << round;
     replay(round);
   }
   store_barrier("done");
