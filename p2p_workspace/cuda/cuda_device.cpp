@@ -27,10 +27,11 @@
 // two per group. The device waits only for streams it owns or handed to one of its ops since it
 // last drained (quiesce, drain), never for every stream of the GPU, and every such wait has the
 // group's deadline (set_timeout): a wait of group A that blocks a stream is an error in group B,
-// not a hang. Nor does anything device-wide run where a wait may be blocked: no cudaFree,
-// cudaFreeHost, cudaHostAlloc, emptyCache or cudaDeviceSynchronize on the paths of ops, waits,
-// releases or teardown (NOTE [Pinned pools]; a cudaMalloc that runs out of memory says how much
-// torch's cache holds instead of emptying it).
+// not a hang. Nor does anything device-wide run where a wait may be blocked: no cudaFreeHost,
+// cudaHostAlloc, emptyCache or cudaDeviceSynchronize on the paths of ops, waits, releases or
+// teardown (NOTE [Pinned pools]; a cudaMalloc that runs out of memory says how much torch's cache
+// holds instead of emptying it), and block frees wait in a queue for the device's allocations and
+// completed drains (NOTE [Deferred frees]), not wherever a block's last reference goes.
 //
 // NOTE [Hardware queues]
 // The release of a blocked stream memory wait is a write from the device's auxiliary stream
@@ -73,6 +74,7 @@
 #include <vector>
 
 #include "p2p_workspace/cuda/signal_kernels.cuh"
+#include "p2p_workspace/deferred_frees.hpp"
 #include "p2p_workspace/watchdog.hpp"
 
 namespace cuda_p2p {
@@ -121,6 +123,22 @@ std::string format_uuid(const cudaUUID_t& uuid) {
   return out;
 }
 
+// Frees (or closes) a block now: with this thread's capture mode relaxed, so that a capture in
+// another thread neither refuses the call nor is invalidated by it (NOTE [Deferred frees]).
+void free_block_now(void* ptr, bool imported, int device) {
+  // Errors are ignored: this may run during process teardown, after the context is gone.
+  QuietDeviceSwitch guard(device);
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  const bool exchanged = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
+  if (imported) {
+    (void)cudaIpcCloseMemHandle(ptr);
+  } else {
+    (void)cudaFree(ptr);
+  }
+  if (exchanged) (void)cudaThreadExchangeStreamCaptureMode(&mode);
+  (void)cudaGetLastError();
+}
+
 // NOTE [Blocks of an undrained device]
 // cudaFree and cudaIpcCloseMemHandle synchronise the whole device before they return. After a
 // drain that gave up (NOTE [Teardown drains]: a stream still queued behind a wait, or a kernel
@@ -130,27 +148,33 @@ std::string format_uuid(const cudaUUID_t& uuid) {
 class CudaBlock : public Block {
  public:
   CudaBlock(void* ptr, size_t bytes, bool imported, int device,
-            std::shared_ptr<const std::atomic<bool>> undrained)
-      : imported_(imported), device_(device), undrained_(std::move(undrained)) {
+            std::shared_ptr<const std::atomic<bool>> undrained,
+            std::shared_ptr<DeferredFrees> frees)
+      : imported_(imported),
+        device_(device),
+        undrained_(std::move(undrained)),
+        frees_(std::move(frees)) {
     data_ = ptr;
     size_ = bytes;
   }
   ~CudaBlock() override {
     if (undrained_ && undrained_->load(std::memory_order_acquire)) return;  // NOTE above
-    // Errors are ignored: this may run during process teardown, after the context is gone.
-    QuietDeviceSwitch guard(device_);
-    if (imported_) {
-      (void)cudaIpcCloseMemHandle(data_);
-    } else {
-      (void)cudaFree(data_);
+    // NOTE [Deferred frees]: at the device's next safe point, or now if the device is gone.
+    try {
+      frees_->add([ptr = data_, imported = imported_, device = device_, undrained = undrained_] {
+        if (undrained && undrained->load(std::memory_order_acquire)) return;  // a drain gave up
+        free_block_now(ptr, imported, device);
+      });
+    } catch (...) {  // no memory to queue it: now, as before the queue
+      free_block_now(data_, imported_, device_);
     }
-    (void)cudaGetLastError();
   }
 
  private:
   bool imported_;
   int device_;
   std::shared_ptr<const std::atomic<bool>> undrained_;  // the device's: a drain gave up
+  std::shared_ptr<DeferredFrees> frees_;                // the device's
 };
 
 class IpcExporter : public BlockExporter {
@@ -523,6 +547,9 @@ class CudaDevice : public Device {
     // blocks; what is still queued here (a failed drain) completes on its own after
     // cudaStreamDestroy, which does not wait.
     watchdog_.reset();  // before the pools its waits return their events to
+    // NOTE [Deferred frees]: the queued blocks freed (leaked after a drain that gave up); blocks
+    // that outlive the device free themselves.
+    frees_->close(undrained_->load(std::memory_order_acquire));
     QuietDeviceSwitch guard(index_);
     for (auto stream : own_streams_) (void)cudaStreamDestroy(stream);
     (void)cudaStreamDestroy(aux_);
@@ -571,6 +598,7 @@ class CudaDevice : public Device {
 
   std::shared_ptr<Block> allocate(size_t bytes) override {
     c10::cuda::CUDAGuard guard(index_);
+    run_deferred_frees();  // NOTE [Deferred frees]: cudaMalloc may synchronise too
     void* ptr = nullptr;
     // A plain cudaMalloc block (not the caching allocator): IPC handles cover whole allocations.
     const cudaError_t err = cudaMalloc(&ptr, bytes);
@@ -597,7 +625,8 @@ class CudaDevice : public Device {
                                   : std::string());
     }
     CUDA_P2P_CUDA_CHECK(err);
-    auto block = std::make_shared<CudaBlock>(ptr, bytes, /*imported=*/false, index_, undrained_);
+    auto block =
+        std::make_shared<CudaBlock>(ptr, bytes, /*imported=*/false, index_, undrained_, frees_);
     // Zeroed, then waited for: the block is published (and read by any stream, here or in a
     // peer) only after this returns. NOTE [Group streams]: on the device's zeroing stream, which
     // queues behind no other stream, outside aux_mu_ (the watchdog's scans and every release of
@@ -640,6 +669,7 @@ class CudaDevice : public Device {
     TORCH_CHECK(handle.size() == sizeof(cudaIpcMemHandle_t), "cuda_p2p: a CUDA IPC handle has ",
                 sizeof(cudaIpcMemHandle_t), " bytes, got ", handle.size());
     c10::cuda::CUDAGuard guard(index_);
+    run_deferred_frees();  // NOTE [Deferred frees]
     cudaIpcMemHandle_t h;
     std::memcpy(&h, handle.data(), sizeof(h));
     void* ptr = nullptr;
@@ -652,7 +682,7 @@ class CudaDevice : public Device {
                   " (is the peer's GPU reachable from this one, and the peer a process of this "
                   "host and user?)");
     }
-    return std::make_shared<CudaBlock>(ptr, bytes, /*imported=*/true, index_, undrained_);
+    return std::make_shared<CudaBlock>(ptr, bytes, /*imported=*/true, index_, undrained_, frees_);
   }
 
   std::shared_ptr<Stream> current_stream() override {
@@ -916,6 +946,7 @@ class CudaDevice : public Device {
     }
     if (drained) {
       forget_callers();
+      run_deferred_frees();  // NOTE [Deferred frees]: the group's streams are idle
     } else {
       undrained_->store(true, std::memory_order_release);  // NOTE [Blocks of an undrained device]
     }
@@ -1038,6 +1069,23 @@ class CudaDevice : public Device {
     all.push_back(aux_);
     return all;
   }
+  // NOTE [Deferred frees]: runs the queued frees, unless this thread's current stream of the
+  // device is capturing.
+  void run_deferred_frees() noexcept {
+    try {
+      if (frees_->queued() == 0) return;
+      const cudaStream_t current =
+          c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(index_)).stream();
+      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+      if (cudaStreamIsCapturing(current, &status) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return;
+      }
+      if (status == cudaStreamCaptureStatusNone) frees_->run();
+    } catch (...) {  // NOLINT(bugprone-empty-catch): the frees wait for the next safe point
+    }
+  }
+
   void forget_callers() {
     std::lock_guard<std::mutex> lock(streams_mu_);
     callers_.clear();
@@ -1179,6 +1227,7 @@ class CudaDevice : public Device {
   std::shared_ptr<HostTaskErrors> host_errors_ = std::make_shared<HostTaskErrors>();
   // Set once a drain gave up; its blocks then leak (NOTE [Blocks of an undrained device]).
   std::shared_ptr<std::atomic<bool>> undrained_ = std::make_shared<std::atomic<bool>>(false);
+  std::shared_ptr<DeferredFrees> frees_ = std::make_shared<DeferredFrees>();  // of our blocks
   cuda::GraphGiveUp* graph_give_up_ = nullptr;      // host-mapped: NOTE [Replay-safe signals]
   cuda::GraphGiveUp* graph_give_up_dev_ = nullptr;  // its device address
   WaitResources resources_;                         // outlives watchdog_
