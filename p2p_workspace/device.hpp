@@ -138,7 +138,9 @@ class HostPaths {
   // How this device's streams read peers' private memory, or null when they cannot (without the
   // capability - CUDA - a peer's private device memory is not reachable; algorithms then stage
   // through the buffers). The reader runs on the host, in stream order through host_task().
-  virtual std::shared_ptr<CrossMemoryReader> cross_memory_reader() = 0;
+  // `deny`: a reader whose every read fails as the system's refusal would (the workspace's
+  // deny_cross_memory_reads test hook: one rank's probe fails).
+  virtual std::shared_ptr<CrossMemoryReader> cross_memory_reader(bool deny) = 0;
 
   // How many CPUs the ranks of this host may run on together (the union of their affinities),
   // told at every rendezvous (NOTE [CPUs of the ranks] in p2p_workspace/workspace_records.cpp):

@@ -15,9 +15,8 @@
 #include <sstream>
 
 #include "p2p_workspace/block_retirement.hpp"
-#include "p2p_workspace/host/cross_memory.hpp"  // the deny_cross_memory_reads test hook
-#include "p2p_workspace/host/shared_block.hpp"  // the failure areas: NOTE [Failure words]
-#include "p2p_workspace/watchdog.hpp"           // FailureState::area_bytes
+#include "p2p_workspace/shared_block.hpp"  // the failure areas: NOTE [Failure words]
+#include "p2p_workspace/watchdog.hpp"      // FailureState::area_bytes
 #include "p2p_workspace/workspace_records.hpp"
 
 namespace cuda_p2p {
@@ -180,9 +179,7 @@ SymmetricWorkspace::SymmetricWorkspace(c10::intrusive_ptr<c10d::Store> store, in
   device_->set_timeout(options_.timeout);
   timeout_ms_.store(options_.timeout.count(), std::memory_order_relaxed);
   HostPaths* host = device_->host_paths();  // NOTE [Host fast paths]
-  reader_ = host ? host->cross_memory_reader() : nullptr;
-  if (reader_ && options_.deny_cross_memory_reads)
-    reader_ = make_cross_memory_reader(/*deny=*/true);
+  reader_ = host ? host->cross_memory_reader(options_.deny_cross_memory_reads) : nullptr;
   retirement_ = std::make_shared<BlockRetirement>(store_, rank_, world_size_,
                                                   std::min<Millis>(timeout(), kCloseWait),
                                                   host != nullptr && host->blocks_outlive_owner());

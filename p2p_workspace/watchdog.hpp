@@ -96,7 +96,7 @@ namespace cuda_p2p {
 // wait would take them for its op's and return a wrong result with no error (issue 48, finding
 // 2). So before a rank releases anything it tells every peer, through a word in the peer's
 // memory that it writes from the CPU: the failure word. Each rank has a failure area, one page
-// of host shared memory (a memfd, host/shared_block.cpp) that every peer maps (SymmetricWorkspace
+// of host shared memory (a memfd, shared_block.cpp) that every peer maps (SymmetricWorkspace
 // makes and exchanges it at its first rendezvous); word 0 is the rank's failure word: 0 while
 // no peer failed, else 1 + the rank whose failure reached it first. A failing rank writes it
 // into every peer's area (compare-and-swap from 0, so the first origin stays; FailureState::

@@ -1,4 +1,4 @@
-// The host device: the device interface on memfd blocks (shared_block.cpp), host streams
+// The host device: the device interface on memfd blocks (../shared_block.cpp), host streams
 // (host_stream.cpp), futex waits (futex_wait.cpp) and cross-memory reads (cross_memory.cpp).
 #include "p2p_workspace/host/host_device.hpp"
 
@@ -26,7 +26,7 @@
 #include "p2p_workspace/host/cross_memory.hpp"
 #include "p2p_workspace/host/futex_wait.hpp"
 #include "p2p_workspace/host/host_stream.hpp"
-#include "p2p_workspace/host/shared_block.hpp"
+#include "p2p_workspace/shared_block.hpp"
 #include "p2p_workspace/signal_store_body.hpp"
 #include "p2p_workspace/signal_wait_body.hpp"
 #include "p2p_workspace/watchdog.hpp"
@@ -500,8 +500,8 @@ class HostDevice : public Device, public HostPaths {
                                       Millis timeout) override {
     return import_shared_block(handle, bytes, timeout);
   }
-  std::shared_ptr<CrossMemoryReader> cross_memory_reader() override {
-    return make_cross_memory_reader();  // host/cross_memory.cpp
+  std::shared_ptr<CrossMemoryReader> cross_memory_reader(bool deny) override {
+    return make_cross_memory_reader(deny);  // host/cross_memory.cpp
   }
 
   // One inline stream per device object: it carries no state but its counters. A thread that

@@ -91,7 +91,9 @@ class ForwardingDevice : public Device {
   struct QueuedHostPaths : HostPaths {
     bool synchronous() const override { return false; }
     bool blocks_outlive_owner() const override { return false; }
-    std::shared_ptr<CrossMemoryReader> cross_memory_reader() override { return nullptr; }
+    std::shared_ptr<CrossMemoryReader> cross_memory_reader(bool /*deny*/) override {
+      return nullptr;
+    }
     void set_ranks_cpus(int /*cpus*/) override {}
     int ranks_cpus() const override { return 0; }
     bool oversubscribed() const override { return false; }

@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "p2p_workspace/host/host_device.hpp"
-#include "p2p_workspace/host/shared_block.hpp"
+#include "p2p_workspace/shared_block.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
 #include "tests/cpp/forwarding_device.hpp"
 #include "tests/cpp/harness.hpp"

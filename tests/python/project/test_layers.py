@@ -59,16 +59,19 @@ def test_getenv_only_in_the_configuration_file():
 
 def test_algorithms_see_only_the_device_interface():
     # Every algorithm is written once against p2p_workspace/device.hpp (docs/design.md §2): ops/
-    # (but for its CUDA kernels, ops/cuda/) and the workspace's headers include no header of a
-    # device implementation (p2p_workspace/host/, p2p_workspace/cuda/). Creating a device is the
-    # backend's business.
+    # (but for its CUDA kernels, ops/cuda/) and the workspace's own files, headers and sources,
+    # include no header of a device implementation (p2p_workspace/host/, p2p_workspace/cuda/):
+    # the workspace reaches a device only through Device and its capabilities (HostPaths).
+    # Creating a device is the backend's business.
     device_specific = re.compile(r"^p2p_workspace/(host|cuda)/")
     paths = [p for p in _sources("ops") if "cuda" not in p.relative_to(ROOT / "ops").parts[:-1]]
     paths += sorted((ROOT / "p2p_workspace").glob("*.hpp"))
+    paths += sorted((ROOT / "p2p_workspace").glob("*.cpp"))
     offenders = [f"{p.relative_to(ROOT)} includes {i}" for p in paths
                  for i in INCLUDE.findall(p.read_text()) if device_specific.match(i)]
     assert not offenders, "device-specific includes:\n" + "\n".join(offenders)
     assert len(paths) > 10 and (ROOT / "p2p_workspace/device.hpp") in paths
+    assert (ROOT / "p2p_workspace/symmetric_workspace.cpp") in paths
 
 
 def test_the_mailboxes_have_their_own_folder():

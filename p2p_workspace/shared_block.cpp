@@ -1,4 +1,4 @@
-// Shared-memory blocks for the host device.
+// Shared-memory blocks: the host device's memory and every device's failure areas.
 //
 // NOTE [Host segment hygiene]
 // A block is an anonymous memfd: it never has a name in /dev/shm, so nothing can be left behind
@@ -18,7 +18,7 @@
 // our own uid could read our memory through /proc anyway, so no secret would keep it out. A pid
 // mismatch also catches a record left by another job. Ranks in different pid namespaces see each
 // other's pids differently: the import fails and the workspace is off, with that reason.
-#include "p2p_workspace/host/shared_block.hpp"
+#include "p2p_workspace/shared_block.hpp"
 
 #include <c10/util/Exception.h>
 #include <fcntl.h>

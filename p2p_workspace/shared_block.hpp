@@ -1,5 +1,6 @@
-// memfd-backed shared blocks of the host device (host/shared_block.cpp, NOTE [Host segment
-// hygiene] there). Exposed for tests; algorithms use Device.
+// memfd-backed shared blocks (shared_block.cpp, NOTE [Host segment hygiene] there): the host
+// device's memory, and every device's failure areas (NOTE [Failure words] in watchdog.hpp), which
+// are host memory on a GPU too. Algorithms use Device.
 #pragma once
 
 #include <cstdint>
@@ -24,7 +25,7 @@ class HostBlock : public Block {
   int fd_;
 };
 
-// memfd-backed blocks (host/shared_block.cpp): allocate, export to peers over a Unix socket
+// memfd-backed blocks (shared_block.cpp): allocate, export to peers over a Unix socket
 // (SCM_RIGHTS, same user only), import.
 std::shared_ptr<Block> allocate_shared_block(size_t bytes);
 std::unique_ptr<BlockExporter> export_shared_block(const std::shared_ptr<Block>& block,
