@@ -2,6 +2,7 @@
 // machine: ranks share the GPUs round-robin (two processes on one device use CUDA IPC too).
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -331,6 +332,53 @@ TEST(CudaWorkspace, AnAbortFromAThreadEndsAReplayThatWaitsForAStoppedRank) {
     EXPECT_EQ((at::ones({8}, at::TensorOptions().device(at::kCUDA, dev))).sum().item<float>(), 8.f);
   }
   store_barrier("done");
+}
+
+// NOTE [Deferred frees]: a block whose last reference goes while another thread captures a CUDA
+// graph (global mode, torch's default) neither fails nor invalidates that capture; it stays
+// allocated until the device's next allocation, which frees it.
+TEST(CudaWorkspace, ABlockDroppedBesideACaptureIsFreedAtTheNextAllocation) {
+  if (gpu_count() == 0) GTEST_SKIP() << "no GPU";
+  const int dev = world().rank % gpu_count();
+  c10::cuda::CUDAGuard guard(dev);
+  auto device = make_cuda_device(dev);
+  std::shared_ptr<Block> block = device->allocate(size_t{64} << 20);
+  void* const old = block->data();
+  void* scratch = nullptr;
+  ASSERT_EQ(cudaMalloc(&scratch, 4096), cudaSuccess);
+  cudaStream_t side = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
+
+  std::atomic<bool> capturing{false}, dropped{false};
+  cudaError_t begun = cudaErrorUnknown, ended = cudaErrorUnknown;
+  cudaGraph_t graph = nullptr;
+  std::thread capture([&] {
+    (void)cudaSetDevice(dev);
+    begun = cudaStreamBeginCapture(side, cudaStreamCaptureModeGlobal);
+    (void)cudaMemsetAsync(scratch, 0, 4096, side);
+    capturing.store(true);
+    while (!dropped.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ended = cudaStreamEndCapture(side, &graph);
+  });
+  while (!capturing.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  block.reset();  // the last reference, in this thread, during the other's capture
+  dropped.store(true);
+  capture.join();
+  EXPECT_EQ(begun, cudaSuccess) << cudaGetErrorString(begun);
+  EXPECT_EQ(ended, cudaSuccess) << "the capture beside was broken: " << cudaGetErrorString(ended);
+  if (graph != nullptr) (void)cudaGraphDestroy(graph);
+
+  cudaPointerAttributes attributes{};
+  ASSERT_EQ(cudaPointerGetAttributes(&attributes, old), cudaSuccess);
+  EXPECT_EQ(attributes.type, cudaMemoryTypeDevice) << "freed before a safe point";
+  std::shared_ptr<Block> next = device->allocate(1 << 20);  // runs the queue first
+  const cudaError_t err = cudaPointerGetAttributes(&attributes, old);
+  (void)cudaGetLastError();
+  EXPECT_TRUE(next->data() == old || err != cudaSuccess ||
+              attributes.type == cudaMemoryTypeUnregistered)
+      << "the dropped block is still allocated after the next allocation";
+  (void)cudaStreamDestroy(side);
+  (void)cudaFree(scratch);
 }
 #else
 TEST(CudaWorkspace, NotBuilt) { GTEST_SKIP() << "built without CUDA"; }
