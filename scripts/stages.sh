@@ -8,12 +8,21 @@
 #                                    never lands in a foreground stage; cmd must be a program
 #   join_beside NAME WALL_S CPU_S    waits for a `beside` stage, records it; returns its status
 #   stop_beside                      kills every `beside` stage still running (an EXIT trap)
+#   speed_samples                    starts scripts/cpu_speed.py beside the run: the machine's
+#                                    speed, sampled every 10 s
 #   stage_report                     one line per stage and the total; non-zero when over a CPU
-#                                    budget
+#                                    budget (scaled by the machine's speed)
 #
 # CPU is user + system time of the stage's processes and of every process they waited for, read
 # from /proc (a process that is never waited for, re-parented to init, is not counted). With
 # STAGE_WALL_FACTOR (scripts/test.sh --under-load sets 2) the wall budgets are multiplied by it.
+#
+# The CPU budgets hold for a machine at full speed: one whose speed samples (scripts/cpu_speed.py,
+# CPU seconds of a fixed piece of work) have a median of CPU_SPEED_REF seconds. A slower machine's
+# budgets are multiplied by median / CPU_SPEED_REF, at most by CPU_SPEED_MAX_FACTOR: its stages
+# take more CPU seconds for the same work, which is not growth (docs/testing.md, "Budgets").
+CPU_SPEED_REF=${CPU_SPEED_REF:-0.060}
+CPU_SPEED_MAX_FACTOR=${CPU_SPEED_MAX_FACTOR:-2}
 
 STAGE_DIR=${STAGE_DIR:-build/stages}
 STAGE_WALL_FACTOR=${STAGE_WALL_FACTOR:-1}
@@ -24,6 +33,9 @@ _stage_slow=()
 _stage_wall_budget=0
 _stage_cpu_budget=0
 _stage_cpu_total=0
+_stage_cpu_names=()
+_stage_cpu_used=()
+_stage_cpu_budgets=()
 _stage_t0=$EPOCHREALTIME
 mkdir -p "$STAGE_DIR"
 
@@ -51,9 +63,30 @@ _record() {  # NAME WALL CPU WALL_BUDGET CPU_BUDGET
   if ((wall * 2 > wb * 3)); then
     _stage_slow+=("$name took $wall s of wall time, more than 1.5 x its budget of $wb s")
   fi
-  if ((cpu * 2 > cb * 3)); then
-    _stage_over+=("$name took $cpu s of CPU, more than 1.5 x its budget of $cb s")
+  _stage_cpu_names+=("$name")
+  _stage_cpu_used+=("$cpu")
+  _stage_cpu_budgets+=("$cb")
+}
+
+speed_samples() {
+  rm -f "$STAGE_DIR/cpu_speed.txt"
+  beside "CPU speed samples" /dev/null python3 scripts/cpu_speed.py --every 10 \
+    --out "$STAGE_DIR/cpu_speed.txt"
+}
+
+# speed_factor: the CPU budgets' factor in hundredths (100: a machine at full speed), and why, from
+# the samples' median.
+speed_factor() {
+  local f="$STAGE_DIR/cpu_speed.txt" median n factor
+  n=$(grep -c . "$f" 2>/dev/null || true)
+  if [ -z "$n" ] || ((n == 0)); then
+    echo "100 no speed samples: the budgets as they are"
+    return
   fi
+  median=$(sort -n "$f" | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')
+  factor=$(awk -v m="$median" -v r="$CPU_SPEED_REF" -v x="$CPU_SPEED_MAX_FACTOR" \
+    'BEGIN {f = m / r; if (f < 1) f = 1; if (f > x) f = x; printf "%d", f * 100 + 0.5}')
+  echo "$factor the median of $n speed samples, $median s, against $CPU_SPEED_REF s at full speed"
 }
 
 stage() {
@@ -108,8 +141,14 @@ stop_beside() {
 }
 
 stage_report() {
-  local total_wall
+  local total_wall factor why i
   total_wall=$(seconds_since "$_stage_t0")
+  read -r factor why < <(speed_factor)
+  for i in "${!_stage_cpu_names[@]}"; do
+    if ((_stage_cpu_used[i] * 200 > _stage_cpu_budgets[i] * factor * 3)); then
+      _stage_over+=("${_stage_cpu_names[i]} took ${_stage_cpu_used[i]} s of CPU, more than 1.5 x its budget of $((_stage_cpu_budgets[i] * factor / 100)) s")
+    fi
+  done
   echo "== stages (seconds; docs/testing.md, \"Budgets\"):"
   printf '   %-34s %6s %6s   %6s %6s\n' stage wall CPU "wall" "CPU"
   printf '   %-34s %6s %6s   %6s %6s\n' "" "" "" budget budget
@@ -117,11 +156,13 @@ stage_report() {
   for row in "${_stage_rows[@]}"; do echo "   $row"; done
   printf '   %-34s %6d %6d   %6d %6d\n' "total" "$total_wall" "$_stage_cpu_total" \
     "$((TOTAL_WALL_BUDGET * STAGE_WALL_FACTOR))" "$TOTAL_CPU_BUDGET"
+  echo "   CPU budgets x $((factor / 100)).$(printf '%02d' $((factor % 100))) for this machine's" \
+    "speed: $why (scripts/cpu_speed.py)"
   if ((total_wall * 2 > TOTAL_WALL_BUDGET * STAGE_WALL_FACTOR * 3)); then
     _stage_slow+=("the whole run took $total_wall s, more than 1.5 x its budget")
   fi
-  if ((_stage_cpu_total * 2 > TOTAL_CPU_BUDGET * 3)); then
-    _stage_over+=("the whole run took $_stage_cpu_total s of CPU, more than 1.5 x its budget")
+  if ((_stage_cpu_total * 200 > TOTAL_CPU_BUDGET * factor * 3)); then
+    _stage_over+=("the whole run took $_stage_cpu_total s of CPU, more than 1.5 x its budget of $((TOTAL_CPU_BUDGET * factor / 100)) s")
   fi
   local o
   for o in "${_stage_slow[@]}"; do

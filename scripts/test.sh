@@ -44,6 +44,8 @@ TOTAL_CPU_BUDGET=2400
 
 # An interrupted or finished run stops what it started beside (which ignores SIGINT).
 trap stop_beside EXIT
+# The machine's speed, sampled for the whole run: the CPU budgets scale with it (scripts/stages.sh).
+speed_samples
 if ((under_load)); then
   n=$(nproc)
   echo "== under load: $n busy loops beside the whole run"
