@@ -19,6 +19,7 @@
 #include "ops/kernel_body.hpp"
 #include "ops/kernel_host.hpp"
 #include "ops/reduce_op.hpp"
+#include "tests/cpp/reduce_reference.hpp"
 
 namespace cuda_p2p::test::kernel_matrix {
 
@@ -72,30 +73,7 @@ inline at::Tensor reference(const std::vector<at::Tensor>& ins, ReduceOp op,
   at::Tensor acc = acc_of(ins[0]);
   for (size_t q = 1; q < ins.size(); ++q) {
     const at::Tensor x = acc_of(ins[q]);
-    switch (op) {
-      case ReduceOp::kSum:
-      case ReduceOp::kAvg:
-        acc = acc + x;
-        break;
-      case ReduceOp::kProduct:
-        acc = acc * x;
-        break;
-      case ReduceOp::kMin:
-        acc = at::minimum(acc, x);
-        break;
-      case ReduceOp::kMax:
-        acc = at::maximum(acc, x);
-        break;
-      case ReduceOp::kBand:
-        acc = at::bitwise_and(acc, x);
-        break;
-      case ReduceOp::kBor:
-        acc = at::bitwise_or(acc, x);
-        break;
-      case ReduceOp::kBxor:
-        acc = at::bitwise_xor(acc, x);
-        break;
-    }
+    acc = combine(op, acc, x);
     acc = acc.to(acc_of(ins[0]).scalar_type());  // integer ops stay in their type (they wrap)
   }
   if (op == ReduceOp::kAvg) acc = acc / static_cast<double>(ins.size());

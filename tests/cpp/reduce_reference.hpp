@@ -31,39 +31,38 @@ inline at::Tensor reduce_input(int64_t seed, int rank, int64_t n, at::ScalarType
   return v.to(dtype);
 }
 
+// `acc` op `x`, elementwise, in their (common) type: the one step of every reference reduction
+// here and in tests/cpp/kernel_matrix.hpp (SUM and AVG add; AVG's division is the caller's).
+inline at::Tensor combine(ops::ReduceOp op, const at::Tensor& acc, const at::Tensor& x) {
+  using ops::ReduceOp;
+  switch (op) {
+    case ReduceOp::kProduct:
+      return acc * x;
+    case ReduceOp::kMin:
+      return at::minimum(acc, x);
+    case ReduceOp::kMax:
+      return at::maximum(acc, x);
+    case ReduceOp::kBand:
+      return at::bitwise_and(acc, x);
+    case ReduceOp::kBor:
+      return at::bitwise_or(acc, x);
+    case ReduceOp::kBxor:
+      return at::bitwise_xor(acc, x);
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      break;
+  }
+  return acc + x;
+}
+
 // op over `xs` in rank order as ops::reduce defines it (float accumulation, AVG divided once in
 // the accumulate type, integers wrapping like the collectives), with plain ATen.
 inline at::Tensor reference_reduce(const std::vector<at::Tensor>& xs, ops::ReduceOp op) {
-  using ops::ReduceOp;
   const at::ScalarType dtype = xs[0].scalar_type();
   const bool floating = at::isFloatingType(dtype);
   at::Tensor r = xs[0].to(floating ? at::kDouble : at::kLong);
-  for (size_t i = 1; i < xs.size(); ++i) {
-    const at::Tensor x = xs[i].to(r.scalar_type());
-    switch (op) {
-      case ReduceOp::kProduct:
-        r = r * x;
-        break;
-      case ReduceOp::kMin:
-        r = at::minimum(r, x);
-        break;
-      case ReduceOp::kMax:
-        r = at::maximum(r, x);
-        break;
-      case ReduceOp::kBand:
-        r = at::bitwise_and(r, x);
-        break;
-      case ReduceOp::kBor:
-        r = at::bitwise_or(r, x);
-        break;
-      case ReduceOp::kBxor:
-        r = at::bitwise_xor(r, x);
-        break;
-      default:
-        r = r + x;
-    }
-  }
-  if (op == ReduceOp::kAvg) {
+  for (size_t i = 1; i < xs.size(); ++i) r = combine(op, r, xs[i].to(r.scalar_type()));
+  if (op == ops::ReduceOp::kAvg) {
     return (r.to(ops::accumulate_type(dtype)) / static_cast<double>(xs.size())).to(dtype);
   }
   return r.to(dtype);
