@@ -82,7 +82,7 @@ std::unique_ptr<SymmetricWorkspace> make_workspace(const c10::intrusive_ptr<c10d
     device = make_cuda_device(choose_cuda_device(bound_cuda_device, c10::cuda::device_count(),
                                                  c10::cuda::current_device())
                                   .index,
-                              cuda_hardware_queues());
+                              cuda_hardware_queues(), config.cuda_blocks);
     // The ops' own kernels too (the device loaded its signal kernels): NOTE [Kernels loaded up
     // front] in p2p_workspace/cuda/signal_kernels.cuh. Into the workspace GPU's context.
     const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device->device_index()));

@@ -81,6 +81,10 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   bool is_p2p_available() const { return workspace_ && workspace_->available(); }
   // Why the workspace is unavailable ("" when it is available).
   std::string p2p_unavailable_reason() const { return workspace_unavailable_reason(group_); }
+  // What the workspace's blocks are (Device::block_memory; "" without a workspace).
+  std::string block_memory() const {
+    return workspace_ ? workspace_->device().block_memory() : std::string();
+  }
   // Bytes of each rank's buffer; 0 when the workspace is unavailable.
   int64_t get_buffer_size() const;
   // A tensor aliasing `rank`'s buffer: a CPU tensor over shared memory, or a CUDA tensor over the

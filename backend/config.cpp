@@ -666,6 +666,18 @@ std::vector<Knob> rows() {
                        "share (the driver's default: 8). Below 4 a CUDA workspace waits with its "
                        "wait kernel instead of stream memory operations, since a released wait "
                        "could queue behind itself."});
+  // NOTE [Blocks that outlive their exporter] in p2p_workspace/cuda/vmm_blocks.cpp.
+  k.push_back(
+      {.env = "CUDA_P2P_CUDA_BLOCKS",
+       .kind = Kind::kNames,
+       .names = "auto|vmm|ipc",
+       .default_rule = {.value = word("auto")},
+       .land = [](Config& c, const Resolved& r) { c.cuda_blocks = r.unset() ? "auto" : r.s(); },
+       .read = [](const Config& c, const Context&) -> Value { return c.cuda_blocks; },
+       .help = "How a CUDA workspace makes its blocks: vmm (cuMem allocations shared as "
+               "file descriptors: a dead rank's block stays valid for the survivors), "
+               "ipc (legacy cudaMalloc and CUDA IPC), auto (vmm where the driver and the "
+               "GPU offer it). The same on every rank."});
   return k;
 }
 

@@ -225,6 +225,8 @@ struct Config {
   // CUDA_P2P_DEBUG=INFO: one line on stderr per group at creation (python/cuda_p2p/_diagnose.py)
   // and one per fallback the first time it happens (NOTE [Debug lines] in backend/config.cpp).
   bool debug = false;
+  // How a CUDA workspace makes its blocks: auto, vmm or ipc (make_cuda_device).
+  std::string cuda_blocks = "auto";
   // Every knob's value and source when the group was created (config::knob_values).
   std::vector<config::KnobValue> knobs;
 

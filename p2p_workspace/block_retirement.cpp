@@ -26,8 +26,9 @@ namespace cuda_p2p {
 // never wait for each other in a cycle). A block whose peers have not closed by then (a peer that
 // died, hangs, or keeps a get_p2p_buffer tensor alive) is deliberately leaked, with a warning:
 // never freed under a peer. After abort() nothing is waited for: what is not closed yet is leaked.
-// Where the device says blocks outlive their owner's reference (HostPaths::blocks_outlive_owner:
-// the host, whose memfd lives while any process maps it) such a block is freed instead: nothing is
+// Where the device says blocks outlive their owner's reference (Device::blocks_outlive_owner:
+// the host, whose memfd lives while any process maps it, and CUDA's cuMem blocks, NOTE [Blocks
+// that outlive their exporter] in cuda/vmm_blocks.cpp) such a block is freed instead: nothing is
 // left behind after a peer died, and the memory goes with the last mapping. Peers known to be gone
 // for good (forget_peers: a shrink excluded them, NOTE [Shrinking past dead ranks] in
 // backend/child_groups.cpp) are not waited for at all.

@@ -19,7 +19,7 @@ namespace cuda_p2p {
 class BlockRetirement {
  public:
   // `close_wait`: how long the final reap of a released mapping waits for the peers;
-  // `free_unclosed`: HostPaths::blocks_outlive_owner (what is not closed in time is freed, not
+  // `free_unclosed`: Device::blocks_outlive_owner (what is not closed in time is freed, not
   // leaked).
   BlockRetirement(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
                   Millis close_wait, bool free_unclosed);
@@ -46,7 +46,7 @@ class BlockRetirement {
   const int rank_;
   const int world_size_;
   const Millis close_wait_;
-  const bool free_unclosed_;  // HostPaths::blocks_outlive_owner
+  const bool free_unclosed_;  // Device::blocks_outlive_owner
   mutable std::mutex mu_;
   std::vector<std::pair<int, std::shared_ptr<Block>>> retired_;  // (generation, own block)
   bool final_ = false;                                           // the workspace is destroyed

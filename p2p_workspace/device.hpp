@@ -129,12 +129,6 @@ class HostPaths {
   // (Device::host_synchronous()), never the device's kind, so that CI runs the CUDA branches.
   virtual bool synchronous() const = 0;
 
-  // Whether a block stays valid for the peers that map it whatever its owner does with its own
-  // reference (host: a memfd lives while any process maps it), so that a block a peer never
-  // closed may still be freed (NOTE [Block lifetime]). Without this capability (CUDA) freeing an
-  // exported allocation before every importer closed it is undefined.
-  virtual bool blocks_outlive_owner() const = 0;
-
   // How this device's streams read peers' private memory, or null when they cannot (without the
   // capability - CUDA - a peer's private device memory is not reachable; algorithms then stage
   // through the buffers). The reader runs on the host, in stream order through host_task().
@@ -221,6 +215,16 @@ class Device {
   // Maps a peer's block from the handle its exporter published.
   virtual std::shared_ptr<Block> import_block(const std::vector<uint8_t>& handle, size_t bytes,
                                               Millis timeout) = 0;
+  // Whether a block stays valid for the peers that map it whatever its owner does with its own
+  // reference (host: a memfd lives while any process maps it; CUDA: a cuMem allocation while any
+  // process maps it, NOTE [Blocks that outlive their exporter] in cuda/vmm_blocks.cpp), so that a
+  // block a peer never closed may still be freed (NOTE [Block lifetime]). Where it does not
+  // (legacy CUDA IPC) freeing an exported allocation before every importer closed it is
+  // undefined.
+  virtual bool blocks_outlive_owner() const = 0;
+  // What the blocks are, for reports (python -m cuda_p2p): "memfd", "cuMem (POSIX descriptors)",
+  // "CUDA IPC (legacy: <why>)".
+  virtual std::string block_memory() const = 0;
 
   // --- streams ---
   // The caller's stream: the current CUDA stream; on the host, the calling thread itself (work

@@ -182,7 +182,7 @@ SymmetricWorkspace::SymmetricWorkspace(c10::intrusive_ptr<c10d::Store> store, in
   reader_ = host ? host->cross_memory_reader(options_.deny_cross_memory_reads) : nullptr;
   retirement_ = std::make_shared<BlockRetirement>(store_, rank_, world_size_,
                                                   std::min<Millis>(timeout(), kCloseWait),
-                                                  host != nullptr && host->blocks_outlive_owner());
+                                                  device_->blocks_outlive_owner());
   std::random_device rd;
   probe_token_ = (static_cast<uint64_t>(rd()) << 32) | rd();
   claim_rank_slot(*store_, rank_);  // NOTE [One job per store]

@@ -85,7 +85,7 @@ int union_cpus(const std::vector<std::vector<uint8_t>>& masks) {
 // version line, a fixed number of lines, every number in range, a printable host id, a bounded
 // handle) and a bad one is an error naming the rank, never a half-parsed PeerInfo. Whom a handle
 // leads to is checked by the device when it maps the block (NOTE [Authenticated block exchange]
-// in p2p_workspace/shared_block.cpp).
+// in p2p_workspace/fd_exchange.cpp).
 constexpr const char* kRecordVersion = "cuda_p2p-peer-v5";
 constexpr size_t kRecordLines = 12;
 constexpr size_t kMaxCpuMaskBytes = 256;  // 2048 CPUs

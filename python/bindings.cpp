@@ -181,6 +181,9 @@ PYBIND11_MODULE(_C, m) {
            "Whether the symmetric P2P workspace is set up (all ranks on one host, not disabled).")
       .def("p2p_unavailable_reason", &ProcessGroupCudaP2P::p2p_unavailable_reason,
            "Why the workspace is unavailable ('' when it is available).")
+      .def("_block_memory", &ProcessGroupCudaP2P::block_memory,
+           "What the workspace's blocks are: memfd, cuMem (POSIX descriptors) or CUDA IPC "
+           "(legacy, with the reason); '' without a workspace.")
       .def("get_buffer_size", &ProcessGroupCudaP2P::get_buffer_size,
            "Bytes of each rank's P2P buffer (0 when the workspace is unavailable).")
       .def(

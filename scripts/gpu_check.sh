@@ -29,9 +29,11 @@
 #    streams (default queues and one), finding 2's stall schedule checking rank 1's result, a
 #    rank that stops replaying a CUDA graph (time to fail, whose trap ends that process's
 #    context, and an abort from a thread), a peer's abort while the others replay
-#    (gpu_peer_abort.py: no trap, then the opt-in trap, then two graphs replayed at once); and, where nvidia-cuda-mps-control exists, the stress
-#    and fault steps once more under an MPS daemon the script starts in a private directory and
-#    stops (the GPU's own settings are left as they are);
+#    (gpu_peer_abort.py: no trap, then the opt-in trap, then two graphs replayed at once), a cuMem
+#    block its importer reads after the owner freed it, and the diagnostic's blocks with
+#    CUDA_P2P_CUDA_BLOCKS=ipc too; and, where nvidia-cuda-mps-control exists, the stress and fault
+#    steps once more under an MPS daemon the script starts in a private directory and stops (the
+#    GPU's own settings are left as they are);
 # 6. prints a small timing table of ranks sharing one GPU (bench/gpu_timing.py);
 # 7. runs the CPU suite (tests/python but test_gpu.py) under the machine's torch.
 # At the end, one table of every step: its verdict, seconds and log.
@@ -361,6 +363,13 @@ PYEOF
     # at a time]: two graphs of one group replayed at once are refused, without a trap.
     step peer_abort 120 bash -c '"$1" "$2" --world-size 2 && "$1" "$2" --world-size 2 --trap &&
       "$1" "$2" --world-size 2 --concurrent' _ "$PY" tests/python/gpu_scripts/gpu_peer_abort.py
+    # NOTE [Blocks that outlive their exporter]: a cuMem block read by its importer after its
+    # owner freed it (what a rank's death does), and the diagnostic's "blocks:" both ways.
+    step blocks 120 env PY="$PY" bash -c '
+      "$@" --gtest_filter="*ACuMemBlock*" &&
+        "$PY" -m cuda_p2p --world-size 2 | grep "blocks: cuMem" &&
+        CUDA_P2P_CUDA_BLOCKS=ipc "$PY" -m cuda_p2p --world-size 2 | grep "blocks: CUDA IPC"
+    ' _ "${cpp2[@]}" "$BUILD/tests/cpp/test_cuda_workspace"
     step teardown_1queue 60 env CUDA_DEVICE_MAX_CONNECTIONS=1 "$PY" tests/python/gpu_scripts/gpu_teardown.py \
       --world-size 2 --op-timeout 5 --margin 10 --timeout 25 --scenarios queued
   fi

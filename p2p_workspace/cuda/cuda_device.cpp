@@ -74,6 +74,7 @@
 #include <vector>
 
 #include "p2p_workspace/cuda/signal_kernels.cuh"
+#include "p2p_workspace/cuda/vmm_blocks.hpp"
 #include "p2p_workspace/deferred_frees.hpp"
 #include "p2p_workspace/watchdog.hpp"
 
@@ -123,17 +124,31 @@ std::string format_uuid(const cudaUUID_t& uuid) {
   return out;
 }
 
-// Frees (or closes) a block now: with this thread's capture mode relaxed, so that a capture in
-// another thread neither refuses the call nor is invalidated by it (NOTE [Deferred frees]).
-void free_block_now(void* ptr, bool imported, int device) {
+// How a block's memory was made, hence how it is given back.
+struct BlockMemory {
+  enum Kind { kMalloc, kIpcImport, kVmm } kind = kMalloc;
+  std::shared_ptr<cuda::VmmBlocks> vmm;  // kVmm: the entry points (they outlive the device)
+  size_t mapped = 0;                     // kVmm: the mapping's size
+};
+
+// Frees (or closes, or unmaps) a block now: with this thread's capture mode relaxed, so that a
+// capture in another thread neither refuses the call nor is invalidated by it (NOTE [Deferred
+// frees]).
+void free_block_now(void* ptr, const BlockMemory& memory, int device) {
   // Errors are ignored: this may run during process teardown, after the context is gone.
   QuietDeviceSwitch guard(device);
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   const bool exchanged = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
-  if (imported) {
-    (void)cudaIpcCloseMemHandle(ptr);
-  } else {
-    (void)cudaFree(ptr);
+  switch (memory.kind) {
+    case BlockMemory::kMalloc:
+      (void)cudaFree(ptr);
+      break;
+    case BlockMemory::kIpcImport:
+      (void)cudaIpcCloseMemHandle(ptr);
+      break;
+    case BlockMemory::kVmm:
+      memory.vmm->unmap({ptr, memory.mapped});
+      break;
   }
   if (exchanged) (void)cudaThreadExchangeStreamCaptureMode(&mode);
   (void)cudaGetLastError();
@@ -147,10 +162,10 @@ void free_block_now(void* ptr, bool imported, int device) {
 // are (NOTE [Pinned pools]): the process has a failed group and should restart anyway.
 class CudaBlock : public Block {
  public:
-  CudaBlock(void* ptr, size_t bytes, bool imported, int device,
+  CudaBlock(void* ptr, size_t bytes, BlockMemory memory, int device,
             std::shared_ptr<const std::atomic<bool>> undrained,
             std::shared_ptr<DeferredFrees> frees)
-      : imported_(imported),
+      : memory_(std::move(memory)),
         device_(device),
         undrained_(std::move(undrained)),
         frees_(std::move(frees)) {
@@ -161,17 +176,18 @@ class CudaBlock : public Block {
     if (undrained_ && undrained_->load(std::memory_order_acquire)) return;  // NOTE above
     // NOTE [Deferred frees]: at the device's next safe point, or now if the device is gone.
     try {
-      frees_->add([ptr = data_, imported = imported_, device = device_, undrained = undrained_] {
+      frees_->add([ptr = data_, memory = memory_, device = device_, undrained = undrained_] {
         if (undrained && undrained->load(std::memory_order_acquire)) return;  // a drain gave up
-        free_block_now(ptr, imported, device);
+        free_block_now(ptr, memory, device);
       });
     } catch (...) {  // no memory to queue it: now, as before the queue
-      free_block_now(data_, imported_, device_);
+      free_block_now(data_, memory_, device_);
     }
   }
+  const BlockMemory& memory() const { return memory_; }
 
  private:
-  bool imported_;
+  BlockMemory memory_;
   int device_;
   std::shared_ptr<const std::atomic<bool>> undrained_;  // the device's: a drain gave up
   std::shared_ptr<DeferredFrees> frees_;                // the device's
@@ -467,8 +483,10 @@ struct HostFunction {
 
 class CudaDevice : public Device {
  public:
-  CudaDevice(int index, int hardware_queues) : index_(index), resources_(index) {
+  CudaDevice(int index, int hardware_queues, const std::string& blocks)
+      : index_(index), resources_(index) {
     c10::cuda::CUDAGuard guard(index_);
+    open_block_memory(blocks);  // NOTE [Blocks that outlive their exporter]
     cudaDriverEntryPointQueryResult q1{}, q2{};
     void* write = nullptr;
     void* wait = nullptr;
@@ -596,9 +614,8 @@ class CudaDevice : public Device {
     return "";
   }
 
-  std::shared_ptr<Block> allocate(size_t bytes) override {
-    c10::cuda::CUDAGuard guard(index_);
-    run_deferred_frees();  // NOTE [Deferred frees]: cudaMalloc may synchronise too
+  // A plain cudaMalloc block, for legacy IPC.
+  void* malloc_block(size_t bytes) {
     void* ptr = nullptr;
     // A plain cudaMalloc block (not the caching allocator): IPC handles cover whole allocations.
     const cudaError_t err = cudaMalloc(&ptr, bytes);
@@ -625,15 +642,28 @@ class CudaDevice : public Device {
                                   : std::string());
     }
     CUDA_P2P_CUDA_CHECK(err);
-    auto block =
-        std::make_shared<CudaBlock>(ptr, bytes, /*imported=*/false, index_, undrained_, frees_);
+    return ptr;
+  }
+
+  std::shared_ptr<Block> allocate(size_t bytes) override {
+    c10::cuda::CUDAGuard guard(index_);
+    run_deferred_frees();  // NOTE [Deferred frees]: cudaMalloc may synchronise too
+    std::shared_ptr<CudaBlock> block;
+    if (vmm_) {  // NOTE [Blocks that outlive their exporter]
+      const cuda::VmmMapping m = vmm_->allocate(bytes);
+      block = std::make_shared<CudaBlock>(
+          m.ptr, bytes, BlockMemory{BlockMemory::kVmm, vmm_, m.size}, index_, undrained_, frees_);
+    } else {
+      block = std::make_shared<CudaBlock>(malloc_block(bytes), bytes, BlockMemory{}, index_,
+                                          undrained_, frees_);
+    }
     // Zeroed, then waited for: the block is published (and read by any stream, here or in a
     // peer) only after this returns. NOTE [Group streams]: on the device's zeroing stream, which
     // queues behind no other stream, outside aux_mu_ (the watchdog's scans and every release of
     // a blocked wait take it), through an event polled with the group's deadline - never a
     // stream synchronize under a lock: a first allocation while a wait is blocked neither stalls
     // the watchdog nor waits without an end.
-    CUDA_P2P_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, zeroing_));
+    CUDA_P2P_CUDA_CHECK(cudaMemsetAsync(block->data(), 0, bytes, zeroing_));
     cudaEvent_t zeroed = resources_.event();
     CUDA_P2P_CUDA_CHECK(cudaEventRecord(zeroed, zeroing_));
     const Millis limit(timeout_ms_.load());
@@ -659,17 +689,32 @@ class CudaDevice : public Device {
     return block;
   }
 
-  std::unique_ptr<BlockExporter> export_block(const std::shared_ptr<Block>& block, int) override {
+  std::unique_ptr<BlockExporter> export_block(const std::shared_ptr<Block>& block,
+                                              int max_peers) override {
     c10::cuda::CUDAGuard guard(index_);
+    const auto* cb = dynamic_cast<const CudaBlock*>(block.get());
+    TORCH_CHECK(cb && cb->memory().kind != BlockMemory::kIpcImport,
+                "cuda_p2p: only a block allocated by this device can be exported");
+    if (cb->memory().kind == BlockMemory::kVmm) {  // NOTE [Blocks that outlive their exporter]
+      return vmm_->exporter({block->data(), cb->memory().mapped}, max_peers);
+    }
     return std::make_unique<IpcExporter>(block->data());
   }
 
   std::shared_ptr<Block> import_block(const std::vector<uint8_t>& handle, size_t bytes,
-                                      Millis) override {
+                                      Millis timeout) override {
+    c10::cuda::CUDAGuard guard(index_);
+    run_deferred_frees();                          // NOTE [Deferred frees]
+    if (cuda::VmmBlocks::is_vmm_handle(handle)) {  // NOTE [Blocks that outlive their exporter]
+      TORCH_CHECK(vmm_ != nullptr, "cuda_p2p: a peer's block is a cuMem allocation, which ", name(),
+                  " does not map here (its blocks: ", block_memory_,
+                  "); set CUDA_P2P_CUDA_BLOCKS alike on every rank");
+      const cuda::VmmMapping m = vmm_->import(handle, bytes, timeout);
+      return std::make_shared<CudaBlock>(m.ptr, bytes, BlockMemory{BlockMemory::kVmm, vmm_, m.size},
+                                         index_, undrained_, frees_);
+    }
     TORCH_CHECK(handle.size() == sizeof(cudaIpcMemHandle_t), "cuda_p2p: a CUDA IPC handle has ",
                 sizeof(cudaIpcMemHandle_t), " bytes, got ", handle.size());
-    c10::cuda::CUDAGuard guard(index_);
-    run_deferred_frees();  // NOTE [Deferred frees]
     cudaIpcMemHandle_t h;
     std::memcpy(&h, handle.data(), sizeof(h));
     void* ptr = nullptr;
@@ -682,8 +727,12 @@ class CudaDevice : public Device {
                   " (is the peer's GPU reachable from this one, and the peer a process of this "
                   "host and user?)");
     }
-    return std::make_shared<CudaBlock>(ptr, bytes, /*imported=*/true, index_, undrained_, frees_);
+    return std::make_shared<CudaBlock>(ptr, bytes, BlockMemory{BlockMemory::kIpcImport, nullptr, 0},
+                                       index_, undrained_, frees_);
   }
+
+  bool blocks_outlive_owner() const override { return vmm_ != nullptr; }
+  std::string block_memory() const override { return block_memory_; }
 
   std::shared_ptr<Stream> current_stream() override {
     return handed_out(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(index_)));
@@ -1046,6 +1095,21 @@ class CudaDevice : public Device {
   }
 
  private:
+  // NOTE [Blocks that outlive their exporter]: `blocks` is auto, vmm or ipc (make_cuda_device).
+  void open_block_memory(const std::string& blocks) {
+    TORCH_CHECK(blocks == "auto" || blocks == "vmm" || blocks == "ipc",
+                "cuda_p2p: a CUDA device's blocks are auto, vmm or ipc, got '", blocks, "'");
+    if (blocks == "ipc") {
+      block_memory_ = "CUDA IPC (legacy: CUDA_P2P_CUDA_BLOCKS=ipc)";
+      return;
+    }
+    std::string why_not;
+    vmm_ = cuda::VmmBlocks::open(index_, why_not);
+    TORCH_CHECK(vmm_ != nullptr || blocks == "auto", "cuda_p2p: CUDA_P2P_CUDA_BLOCKS=vmm, but ",
+                name(), " cannot make cuMem blocks here: ", why_not);
+    block_memory_ = vmm_ ? "cuMem (POSIX descriptors)" : "CUDA IPC (legacy: " + why_not + ")";
+  }
+
   static cudaEvent_t as_event(const Event& e) {
     const auto* ce = dynamic_cast<const CudaEventImpl*>(&e);
     TORCH_CHECK(ce, "cuda_p2p: a CUDA device was given an event of another device");
@@ -1210,6 +1274,10 @@ class CudaDevice : public Device {
 
   const int index_;
   std::string uuid_;
+  // NOTE [Blocks that outlive their exporter]: the cuMem entry points (null: legacy IPC blocks),
+  // and what block_memory() says.
+  std::shared_ptr<cuda::VmmBlocks> vmm_;
+  std::string block_memory_;
   WriteValueFn write_value_ = nullptr;
   WaitValueFn wait_value_ = nullptr;
   cudaStream_t aux_ = nullptr;
@@ -1251,8 +1319,9 @@ class CudaDevice : public Device {
 
 }  // namespace
 
-std::shared_ptr<Device> make_cuda_device(int device_index, int hardware_queues) {
-  return std::make_shared<CudaDevice>(device_index, hardware_queues);
+std::shared_ptr<Device> make_cuda_device(int device_index, int hardware_queues,
+                                         const std::string& blocks) {
+  return std::make_shared<CudaDevice>(device_index, hardware_queues, blocks);
 }
 
 }  // namespace cuda_p2p

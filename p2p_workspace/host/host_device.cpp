@@ -490,6 +490,7 @@ class HostDevice : public Device, public HostPaths {
   at::Device tensor_device() const override { return at::Device(at::kCPU); }
   int device_index() const override { return -1; }
   bool blocks_outlive_owner() const override { return true; }
+  std::string block_memory() const override { return "memfd"; }
 
   std::shared_ptr<Block> allocate(size_t bytes) override { return allocate_shared_block(bytes); }
   std::unique_ptr<BlockExporter> export_block(const std::shared_ptr<Block>& block,

@@ -71,6 +71,7 @@ def group_facts(backend, group=None) -> dict:
         "workspace_reason": backend.p2p_unavailable_reason(),
         "workspace_device": None,
         "buffer_bytes": backend.get_buffer_size(),
+        "block_memory": backend._block_memory(),
         "collectives": cfg["workspace_collectives"],
         "collectives_reason": cfg["workspace_collectives_reason"],
         "cross_memory": cfg["cross_memory"],
@@ -103,7 +104,8 @@ def _paths(f: dict) -> list[tuple[str, str]]:
     out = []
     if f["workspace"]:
         out.append(("workspace", f"up on {f['workspace_device']}, "
-                    f"{f['buffer_bytes'] // _MIB} MiB buffer per rank"))
+                    f"{f['buffer_bytes'] // _MIB} MiB buffer per rank, "
+                    f"blocks: {f['block_memory']}"))
     else:
         out.append(("workspace", f"off: {f['workspace_reason']}"))
     on_host = f["workspace_device"] == "cpu"

@@ -17,6 +17,9 @@ class ForwardingDevice : public Device {
   explicit ForwardingDevice(std::shared_ptr<Device> inner) : inner_(std::move(inner)) {}
 
   std::string name() const override { return inner_->name(); }
+  // As legacy CUDA IPC's: a block must not be freed under a peer (test_workspace's leak test).
+  bool blocks_outlive_owner() const override { return false; }
+  std::string block_memory() const override { return inner_->block_memory(); }
   at::Device tensor_device() const override { return inner_->tensor_device(); }
   int device_index() const override { return inner_->device_index(); }
   std::string device_uuid() const override { return inner_->device_uuid(); }
@@ -90,7 +93,6 @@ class ForwardingDevice : public Device {
   // NOTE [Host fast paths]: host memory, no shortcut.
   struct QueuedHostPaths : HostPaths {
     bool synchronous() const override { return false; }
-    bool blocks_outlive_owner() const override { return false; }
     std::shared_ptr<CrossMemoryReader> cross_memory_reader(bool /*deny*/) override {
       return nullptr;
     }

@@ -380,6 +380,45 @@ TEST(CudaWorkspace, ABlockDroppedBesideACaptureIsFreedAtTheNextAllocation) {
   (void)cudaStreamDestroy(side);
   (void)cudaFree(scratch);
 }
+// NOTE [Blocks that outlive their exporter] (p2p_workspace/cuda/vmm_blocks.cpp): an importer's
+// mapping holds the allocation, so the owner's free - as a rank that dies frees everything - leaves
+// the peers reading its last contents, not unmapped memory (a lost context with legacy IPC).
+TEST(CudaWorkspace, ACuMemBlockStaysValidForItsImportersAfterItsOwnerFreesIt) {
+  if (gpu_count() == 0) GTEST_SKIP() << "no GPU";
+  const auto& w = world();
+  if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  const int dev = w.rank % gpu_count();
+  c10::cuda::CUDAGuard guard(dev);
+  auto device = make_cuda_device(dev, cuda_hardware_queues());
+  if (!device->blocks_outlive_owner()) GTEST_SKIP() << "blocks: " << device->block_memory();
+  constexpr size_t kBytes = size_t{3} << 20;  // not a multiple of the 2 MiB granule
+  auto store = test_store();
+  if (w.rank == 0) {
+    auto block = device->allocate(kBytes);
+    ASSERT_EQ(cudaMemset(block->data(), 0x5a, kBytes), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    auto exporter = device->export_block(block, w.size - 1);
+    store->set("outlive/handle", exporter->handle());
+    while (store->add("outlive/imported", 0) < w.size - 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    exporter.reset();
+    block.reset();
+    device->allocate(4096);  // runs the queued free (NOTE [Deferred frees]): the owner's is gone
+    store->set("outlive/freed", std::vector<uint8_t>{1});
+  } else {
+    auto block = device->import_block(store->get("outlive/handle"), kBytes, Millis(60000));
+    store->add("outlive/imported", 1);
+    store->wait({"outlive/freed"});
+    std::vector<uint8_t> host(kBytes);
+    ASSERT_EQ(cudaMemcpy(host.data(), block->data(), kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    size_t wrong = 0;
+    for (uint8_t b : host) wrong += b != 0x5a;
+    EXPECT_EQ(wrong, 0u) << "bytes of the freed owner's block read back wrong";
+  }
+  store_barrier("outlive/done");
+}
+
 #else
 TEST(CudaWorkspace, NotBuilt) { GTEST_SKIP() << "built without CUDA"; }
 #endif

@@ -570,7 +570,7 @@ TEST(Workspace, AtTeardownAnUnreachableStoreIsNamedAndAskedOnce) {
   o.buffer_size = 4096;
   o.timeout = std::chrono::milliseconds(300);  // the peers' bounded wait for the holder
   // No rank unreachable: the host device with CUDA's rule that a block must not be freed under a
-  // peer (HostPaths::blocks_outlive_owner() is false), so that an unclosed block is leaked, with a
+  // peer (Device::blocks_outlive_owner() is false), so that an unclosed block is leaked, with a
   // warning.
   auto ws = std::make_unique<SymmetricWorkspace>(
       store, w.rank, w.size, std::make_shared<UnreachablePeerDevice>(make_host_device(), -1), o);

@@ -1,19 +1,23 @@
 // What SymmetricWorkspace accepts from the store (NOTE [Workspace records], NOTE [One job per
 // store]): each process plays rank 0 of a 2-rank job over its own HashStore, in which the test
 // wrote rank 1's record (or rank 0's slot) itself, as a stranger with access to the store could.
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <vector>
 
+#include "p2p_workspace/fd_exchange.hpp"
 #include "p2p_workspace/host/host_device.hpp"
 #include "p2p_workspace/shared_block.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
@@ -156,6 +160,31 @@ TEST(BlockExchange, AnExporterWhosePidDiffersFromTheHandleIsRefused) {
                "malformed block-exchange handle");
   expect_error([&] { host::import_shared_block(bytes(text.substr(0, 41)), 4096, {}); },
                "malformed block-exchange handle");
+}
+
+// The exchange as the CUDA device uses it for a cuMem allocation's descriptor (fd_exchange.hpp):
+// an exporter that owns the descriptor serves it to each peer, then closes it when destroyed.
+TEST(BlockExchange, AnOwnedDescriptorIsServedToEveryPeerAndClosedWithItsExporter) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  ASSERT_EQ(::write(fds[1], "ab", 2), 2);
+  ::close(fds[1]);
+  auto exporter = std::make_unique<FdExporter>(fds[0], 2, nullptr, /*own_fd=*/true);
+  const auto h = exporter->handle();
+  const std::string handle(h.begin(), h.end());
+  for (char want : {'a', 'b'}) {  // two peers, each with its own descriptor of the one pipe
+    const int got = receive_fd(handle, std::chrono::seconds(5));
+    ASSERT_GE(got, 0);
+    EXPECT_NE(got, fds[0]);
+    char c = 0;
+    EXPECT_EQ(::read(got, &c, 1), 1);
+    EXPECT_EQ(c, want);
+    ::close(got);
+  }
+  exporter.reset();
+  errno = 0;
+  EXPECT_EQ(::fcntl(fds[0], F_GETFD), -1);
+  EXPECT_EQ(errno, EBADF) << "the exporter left its descriptor open";
 }
 
 TEST(BlockExchange, AnExporterOfAnotherUserIsRefused) {
