@@ -34,8 +34,11 @@
 #include <cuda_runtime.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "p2p_workspace/fd_exchange.hpp"
