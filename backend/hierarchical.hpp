@@ -1,4 +1,4 @@
-// Hierarchical collectives: a group whose ranks span hosts (docs/collectives.md, "Across hosts").
+// Hierarchical collectives: a group whose ranks span hosts (docs/across_hosts.md).
 //
 // No workspace spans hosts, so such a group keeps one workspace per host and composes two kinds
 // of collectives: intra-host ones on this host's workspace (a cuda_p2p backend over this host's

@@ -57,8 +57,8 @@ namespace cuda_p2p {
 //
 // Cost: one intra all-gather of (128 + kInlineBytes) bytes per rank and one inter all-gather of
 // a host's descriptors and kInlineBytes per host (and on uneven hosts an intra broadcast) before
-// the op's own steps; none for a small all-reduce, which it replaces (docs/collectives.md,
-// "Across hosts").
+// the op's own steps; none for a small all-reduce, which it replaces
+// (docs/across_hosts.md).
 
 // --- the record ---------------------------------------------------------------------------------
 

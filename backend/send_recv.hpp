@@ -1,6 +1,6 @@
 // SendRecv: the engine of a group's send, recv and recvAnysource on a host workspace, through
 // per-rank mailboxes beside it (p2p_workspace/messages/mailboxes.cpp, NOTE [Mailboxes];
-// docs/collectives.md, "Send and receive"): messages are not collectives, so they keep out of the
+// docs/send_recv.md): messages are not collectives, so they keep out of the
 // collective buffer and its one order per group. It owns the mailboxes (made on first use) and
 // their lock; the Work of a message is MailboxWork (backend/works.hpp).
 #pragma once

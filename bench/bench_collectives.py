@@ -20,7 +20,7 @@ style) and reports the sample's time / K.
 
 --hosts H simulates H hosts (CUDA_P2P_HOST_ID per rank, ranks in contiguous blocks) for the
 measured cuda_p2p group: it then runs hierarchically (intra-host on each host's workspace,
-inter-host on Gloo: docs/collectives.md, "Across hosts"), and the Gloo baseline is exactly the flat
+inter-host on Gloo: docs/across_hosts.md), and the Gloo baseline is exactly the flat
 wrapped backend such a group would otherwise use. Its results go to bench/results/hierarchical.*.
 With --netns (what `scripts/bench.sh --hosts 2 --link RATE` passes) each simulated host's ranks
 run in a network namespace of their own (they enter it with setns(2) before any socket exists),

@@ -7,7 +7,7 @@ training step - schedule.step over --microbatches microbatches of --tokens rows,
 
     gloo        the schedule's send/recv on a Gloo group over the same ranks (the baseline)
     cuda_p2p    the same schedule on the cuda_p2p group: its send/recv go through the workspace's
-                mailboxes (docs/collectives.md, "Send and receive"; counted send.direct)
+                mailboxes (docs/send_recv.md; counted send.direct)
 
 for each --schedules (gpipe: ScheduleGPipe, 1f1b: Schedule1F1B). Variants run interleaved (each
 iteration runs each once, in rotating order, after a barrier on a group neither uses); an

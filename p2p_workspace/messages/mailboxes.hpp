@@ -1,7 +1,7 @@
 // Point-to-point messages between the ranks of one host: send, recv (from one rank or any) and
 // their async forms, through mailboxes in shared memory (mailboxes.cpp, NOTE [Mailboxes]). What
 // ProcessGroupCudaP2P's send/recv/recvAnysource run on a host workspace
-// (backend/send_recv.cpp; docs/collectives.md, "Send and receive").
+// (backend/send_recv.cpp; docs/send_recv.md).
 //
 // NOTE [Where the mailboxes live]
 // The mailboxes are a message engine of their own over the c10d store and the workspace's shared

@@ -123,7 +123,7 @@ def _paths(f: dict) -> list[tuple[str, str]]:
         out.append(("collectives", f"wrapped backend: {f['collectives_reason']}"))
     out.append(("cross-memory",
                 "on" if f["cross_memory"] else f"off: {f['cross_memory_reason']}"))
-    # docs/collectives.md, "Send and receive": the mailboxes serve CPU tensors on a host workspace.
+    # docs/send_recv.md: the mailboxes serve CPU tensors on a host workspace.
     if f["collectives"] and on_host:
         slot = f["mailbox_slot_bytes"]
         size = f"{slot // _MIB} MiB" if slot % _MIB == 0 else f"{slot // 1024} KiB"
