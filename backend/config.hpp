@@ -44,7 +44,7 @@ namespace cuda_p2p {
 inline constexpr const char* kBackendName = "cuda_p2p";
 
 // ProcessGroupCudaP2P.Options: what a user sets per group (pg_options). Every field but
-// nccl_options is a knob: its row in config::knobs() (backend/config.cpp) says what it does, its
+// nccl_options is a knob: its row in the knob table (backend/knob_table.cpp) says what it does, its
 // default and its environment variable; the initial values here are "unset" (nullopt, "auto") or
 // the row's default (plain bools and numbers: a test checks that a fresh Options sets nothing).
 struct Options : c10d::Backend::Options {
@@ -156,7 +156,7 @@ struct Context {
   bool host = true;
 };
 
-// One row of the knob table (backend/config.cpp). The rows set the fields up to `help`; knobs()
+// One row of the knob table (backend/knob_table.cpp). The rows set the fields up to `help`; knobs()
 // renders `type` and `default_value` from them and appends the special rules to `help`.
 struct Knob {
   std::string option = {};  // the Options field ("" for an environment variable only)

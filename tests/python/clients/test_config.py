@@ -1,4 +1,4 @@
-"""One knob table (backend/config.cpp, NOTE [Configuration rules]): docs/configuration.md shows
+"""One knob table (backend/knob_table.cpp; NOTE [Configuration rules]): docs/configuration.md shows
 exactly that table, the Python Options have a property per Options knob and no other, and each
 property refuses exactly what a group's resolution refuses, with the same message."""
 
