@@ -145,7 +145,7 @@ std::vector<Knob> knob_rows() {
                       [](const Config& c, const Context&) -> Value { return c.workspace; })
                   .help("Set up the P2P workspace."));
   // NOTE [The workspace's device] in backend/ProcessGroupCudaP2P.cpp; the GPU: NOTE [The
-  // workspace's GPU] below.
+  // workspace's GPU] in config.cpp.
   k.push_back(
       Row("workspace_device", &Options::workspace_device, "CUDA_P2P_WORKSPACE_DEVICE")
           .names("auto|cpu|cuda",
@@ -404,7 +404,7 @@ std::vector<Knob> knob_rows() {
                         "per rank (2*M*N*K) on; below, the unfused workspace collective and matmul "
                         "(K, M, G: 1024-based)."));
   // --- environment variables only ---
-  // NOTE [Debug lines] below.
+  // NOTE [Debug lines] in config.cpp.
   k.push_back(Row::variable("CUDA_P2P_DEBUG")
                   .names("off|info", word("off"))
                   .aliases("0=off", true)
@@ -433,14 +433,16 @@ std::vector<Knob> knob_rows() {
                   .at<&Config::workspace_options, &WorkspaceOptions::deny_cross_memory_reads>()
                   .help("Test hook: this process's cross-memory reads fail as under Yama "
                         "ptrace_scope (EPERM)."));
-  // Read by choose_cuda_device (NOTE [The workspace's GPU]), only for a CUDA workspace.
+  // Read by choose_cuda_device (NOTE [The workspace's GPU] in config.cpp), only for a CUDA
+  // workspace.
   k.push_back(Row::variable(kLocalRankEnv)
                   .number(0, kMaxLocalRank, Default{})
                   .help("This process's rank on its host (torchrun sets it). A CUDA workspace goes "
                         "on the device bound by init_process_group(device_id=...), else on the "
                         "current GPU if torch.cuda.set_device chose one other than cuda:0, else on "
                         "GPU LOCAL_RANK mod the visible GPUs, else on cuda:0."));
-  // Read by cuda_hardware_queues (NOTE [Hardware queues]), only for a CUDA workspace.
+  // Read by cuda_hardware_queues (NOTE [Hardware queues] in p2p_workspace/cuda/cuda_device.cpp),
+  // only for a CUDA workspace.
   k.push_back(Row::variable(kCudaMaxConnectionsEnv)
                   .number(1, 32, Default{})
                   .help("CUDA's own variable: how many hardware queues the process's CUDA streams "
