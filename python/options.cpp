@@ -148,9 +148,8 @@ void bind_knob_table(py::module_& m) {
         return out;
       },
       "Every configuration knob (backend/knob_table.cpp): Options field, environment variable, "
-      "type, "
-      "default and help (docs/configuration.md is compared with them), and its rules (kind, "
-      "min, max, step, names, kill_switch, env_inverted, reported).");
+      "type, default and help (docs/configuration.md is compared with them), and its rules "
+      "(kind, min, max, step, names, kill_switch, env_inverted, reported).");
 }
 
 py::dict knob_config(const Config& c, const config::Context& ctx) {
