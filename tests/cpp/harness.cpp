@@ -191,6 +191,8 @@ std::shared_ptr<Device> test_host_device(int processes) {
                           cuda_semantics() ? HostSemantics::kCuda : HostSemantics::kSynchronous);
 }
 
+bool groupless_test_runs_here() { return world().size == 1 && !cuda_semantics(); }
+
 void apply_test_semantics(Device& device) {
   if (cuda_semantics()) use_cuda_semantics(device);
 }

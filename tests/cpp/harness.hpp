@@ -39,6 +39,11 @@ int gpu_count();
 // has run; a disagreement or a failure is raised by a later call) asks this.
 bool cuda_semantics();
 
+// A test that uses no group (a kernel's arithmetic, a parser, a policy) runs in its binary's
+// one-rank entry on the synchronous host only: every rank of the binary's other entries would
+// compute the same again. Its first statement: `if (!groupless_test_runs_here()) GTEST_SKIP();`.
+bool groupless_test_runs_here();
+
 // A host device for `processes` ranks whose streams run as CUDA_P2P_HOST_STREAMS says (ctest runs
 // some binaries once more with "threads"), resolved by the backend's own configuration rules, with
 // CUDA's semantics when cuda_semantics().

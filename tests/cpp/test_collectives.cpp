@@ -16,9 +16,10 @@ namespace {
 using namespace collectives;  // NOLINT: the fixture's names, in this file's tests only
 
 // ---------------------------------------------------------------------------------------------
-// The reduction kernel (single process)
+// The reduction kernel (no group: the one-rank entry on the synchronous host runs them)
 
 TEST(Reduction, HostKernelMatchesAtenForEveryDtypeOpAndSourceCount) {
+  if (!groupless_test_runs_here()) GTEST_SKIP();
   for (auto dtype : kAllDtypes) {
     for (auto op : ops_for(dtype)) {
       for (int n_src : {1, 2, 3, 4, 7, 8}) {
@@ -44,6 +45,7 @@ TEST(Reduction, HostKernelMatchesAtenForEveryDtypeOpAndSourceCount) {
 }
 
 TEST(Reduction, AccumulatesHalfTypesInFloatAndRoundsOnce) {
+  if (!groupless_test_runs_here()) GTEST_SKIP();
   // 1 + 2^-9 * 8 in bfloat16 steps: each bfloat16 addition alone would round 1 + 2^-9 to 1.
   for (auto dtype : {at::kBFloat16, at::kHalf}) {
     const double tiny = dtype == at::kBFloat16 ? 1.0 / 512 : 1.0 / 4096;
@@ -67,6 +69,7 @@ TEST(Reduction, AccumulatesHalfTypesInFloatAndRoundsOnce) {
 }
 
 TEST(Reduction, DestinationMayBeASource) {
+  if (!groupless_test_runs_here()) GTEST_SKIP();
   for (auto dtype : {at::kFloat, at::kBFloat16, at::kLong}) {
     std::vector<at::Tensor> srcs;
     for (int s = 0; s < 4; ++s) srcs.push_back(reduce_input(3, s, 3000, dtype, ReduceOp::kSum));
@@ -89,6 +92,7 @@ TEST(Reduction, DestinationMayBeASource) {
 }
 
 TEST(Reduction, WritesASecondDestinationInTheSamePass) {
+  if (!groupless_test_runs_here()) GTEST_SKIP();
   for (auto dtype : {at::kFloat, at::kBFloat16, at::kInt}) {
     std::vector<at::Tensor> srcs;
     for (int s = 0; s < 3; ++s) srcs.push_back(reduce_input(7, s, 3001, dtype, ReduceOp::kSum));
@@ -104,6 +108,7 @@ TEST(Reduction, WritesASecondDestinationInTheSamePass) {
 }
 
 TEST(Reduction, RejectsWhatGlooRejects) {
+  if (!groupless_test_runs_here()) GTEST_SKIP();
   EXPECT_THROW(ops::check_reduce_op(ReduceOp::kAvg, at::kLong, "all_reduce"), c10::Error);
   EXPECT_THROW(ops::check_reduce_op(ReduceOp::kBand, at::kFloat, "all_reduce"), c10::Error);
   EXPECT_NO_THROW(ops::check_reduce_op(ReduceOp::kAvg, at::kBFloat16, "all_reduce"));
@@ -118,9 +123,10 @@ TEST(Reduction, RejectsWhatGlooRejects) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Configuration (single process)
+// Configuration (no group: the one-rank entry on the synchronous host runs them)
 
 TEST(Config, NamesParseAndTheEnvironmentForces) {
+  if (!groupless_test_runs_here()) GTEST_SKIP();
   EXPECT_EQ(ops::parse_all_gather_algo("ring", "x"), AllGatherAlgo::kRing);
   EXPECT_THROW(ops::parse_all_gather_algo("bidir_full", "x"), c10::Error);  // removed
   EXPECT_STREQ(ops::to_string(AllReduceAlgo::kTwoShot), "two_shot");
@@ -142,6 +148,7 @@ TEST(Config, NamesParseAndTheEnvironmentForces) {
 }
 
 TEST(Config, AutomaticChoiceFollowsTheThresholds) {
+  if (!groupless_test_runs_here()) GTEST_SKIP();
   ops::CollectiveConfig c;
   c.all_reduce_one_shot_max_bytes = 1000;
   EXPECT_EQ(ops::select_all_reduce(c, 1000, 4), AllReduceAlgo::kOneShot);

@@ -47,6 +47,20 @@ inline std::vector<ReduceOp> ops_for(at::ScalarType t) {
           ReduceOp::kBand, ReduceOp::kBor,     ReduceOp::kBxor};
 }
 
+// The dtypes and reduce ops of the collectives' matrices: every one on the synchronous host. With
+// CUDA's semantics, the same protocols once more with their ops queued (the arithmetic is the same
+// code, checked by the synchronous entries): a dtype of each element size and each kind of
+// arithmetic, with a plain and a special reduce op each (a divisor, a bitwise op).
+inline std::vector<at::ScalarType> matrix_dtypes() {
+  if (!cuda_semantics()) return kAllDtypes;
+  return {at::kFloat, at::kBFloat16, at::kDouble, at::kChar};
+}
+inline std::vector<ReduceOp> matrix_ops(at::ScalarType t) {
+  if (!cuda_semantics()) return ops_for(t);
+  if (at::isFloatingType(t)) return {ReduceOp::kSum, ReduceOp::kAvg};
+  return {ReduceOp::kMax, ReduceOp::kBxor};
+}
+
 // A tensor of n elements in the middle of a larger one filled with kGuard.
 struct Guarded {
   at::Tensor whole;

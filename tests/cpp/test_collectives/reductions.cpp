@@ -18,12 +18,12 @@ TEST(Collectives, ReduceScatterEveryAlgorithmDtypeOpAndSize) {
   for (auto v : {Variant{ReduceScatterAlgo::kDirect, 1}, Variant{ReduceScatterAlgo::kRing, 1},
                  Variant{ReduceScatterAlgo::kRing, 3}}) {
     f.config.ring_steps = v.steps_per_rank * w.size;
-    for (auto dtype : kAllDtypes) {
+    for (auto dtype : matrix_dtypes()) {
       const int64_t unit = static_cast<int64_t>(c10::elementSize(
           v.algo == ReduceScatterAlgo::kRing ? ops::accumulate_type(dtype) : dtype));
       auto ctx = f.ctx();
       const int64_t round = ops::detail::round_bytes(ctx, unit, w.size) / unit;
-      for (auto op : ops_for(dtype)) {
+      for (auto op : matrix_ops(dtype)) {
         for (int64_t n : sizes_for(round)) {
           const std::string algo_name =
               std::string(ops::to_string(v.algo)) + "/S=" + std::to_string(f.config.ring_steps);
@@ -54,7 +54,7 @@ TEST(Collectives, AllReduceEveryAlgorithmDtypeOpAndSize) {
   const auto& w = world();
   Fixture f;
   for (auto algo : {AllReduceAlgo::kOneShot, AllReduceAlgo::kTwoShot}) {
-    for (auto dtype : kAllDtypes) {
+    for (auto dtype : matrix_dtypes()) {
       const int64_t esize = static_cast<int64_t>(c10::elementSize(dtype));
       auto ctx = f.ctx();
       // One-shot stages a whole round; two-shot about W/(W+1) of the region.
@@ -62,7 +62,7 @@ TEST(Collectives, AllReduceEveryAlgorithmDtypeOpAndSize) {
           algo == AllReduceAlgo::kOneShot
               ? ops::detail::round_bytes(ctx, esize) / esize
               : (ops::detail::phase_bytes(ctx) - 128) / esize * w.size / (w.size + 1);
-      for (auto op : ops_for(dtype)) {
+      for (auto op : matrix_ops(dtype)) {
         for (int64_t n : sizes_for(round)) {
           SCOPED_TRACE(describe("all_reduce", ops::to_string(algo), dtype, n, op));
           const int64_t seed = n + 17 * static_cast<int>(op);
@@ -129,12 +129,12 @@ TEST(Collectives, BroadcastFromEveryRoot) {
 TEST(Collectives, ReduceEveryDtypeOpAndSizeFromEveryRoot) {
   const auto& w = world();
   Fixture f;
-  for (auto dtype : kAllDtypes) {
+  for (auto dtype : matrix_dtypes()) {
     const int64_t esize = static_cast<int64_t>(c10::elementSize(dtype));
     auto ctx = f.ctx();
     const int64_t round = ops::detail::round_bytes(ctx, esize) / esize;
     int c = 0;
-    for (auto op : ops_for(dtype)) {
+    for (auto op : matrix_ops(dtype)) {
       for (int64_t n : sizes_for(round)) {
         const int root = c++ % w.size;
         SCOPED_TRACE(describe("reduce", "direct", dtype, n, op) + " root=" + std::to_string(root));
@@ -193,7 +193,7 @@ TEST(Collectives, CopyFreeReadsMatchTheStagedPaths) {
   }
   read.config.cross_memory_min_bytes = 0;
   const std::vector<int64_t> sizes = {0, 1, 7, 1000, 3 * 16384 + 5};
-  for (auto dtype : kAllDtypes) {
+  for (auto dtype : matrix_dtypes()) {
     for (int64_t n : sizes) {
       SCOPED_TRACE(describe("cross-memory", "direct", dtype, n));
       // All-gather, its input reused (overwritten) right after the call.
@@ -210,7 +210,7 @@ TEST(Collectives, CopyFreeReadsMatchTheStagedPaths) {
       EXPECT_FALSE(ops::all_gather(staged.ctx(), input, want, AllGatherAlgo::kDirect).cross_memory);
       for (int q = 0; q < w.size; ++q) EXPECT_TRUE(got[q].equal(want[q])) << "shard " << q;
       // Reduce-scatter, every op.
-      for (auto op : ops_for(dtype)) {
+      for (auto op : matrix_ops(dtype)) {
         const auto in = reduce_input(n + 3, w.rank, n * w.size, dtype, op);
         const auto copy = in.clone();
         std::vector<at::Tensor> chunks;

@@ -8,8 +8,10 @@ namespace {
 
 using namespace collectives;  // NOLINT: the fixture's names, in this file's tests only
 
-// NOTE [Rounds chosen by rank 0]: the policy alone, on made-up times (16 MiB ops).
+// NOTE [Rounds chosen by rank 0]: the policy alone, on made-up times (16 MiB ops; no group: the
+// one-rank entry on the synchronous host runs these two).
 TEST(RoundPolicy, TriesLargeRoundsWhenChunkedOnesSlowDownAndComesBack) {
+  if (!groupless_test_runs_here()) GTEST_SKIP();
   using ops::RoundSize;
   ops::RoundPolicy p;
   const int64_t n = 16 << 20;
@@ -93,6 +95,7 @@ TEST(RoundPolicy, TriesLargeRoundsWhenChunkedOnesSlowDownAndComesBack) {
 // twice in a row, a slow placement still moves the ops to large rounds after one more chunked op,
 // and the placement's end brings chunked rounds back.
 TEST(RoundPolicy, ChoosesOneOpAheadWithoutRepeatingATry) {
+  if (!groupless_test_runs_here()) GTEST_SKIP();
   using ops::RoundSize;
   ops::RoundPolicy p;
   const int64_t n = 4 << 20;
