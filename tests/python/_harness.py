@@ -1,6 +1,7 @@
 """Multi-process test harness: persistent pools of ranks, each running the cuda_p2p backend.
 
-A :class:`World` owns ``W`` worker processes (spawn start method). Each worker has called
+A :class:`World` owns ``W`` worker processes, forked by a server that imported torch and cuda_p2p
+once for every pool of the session (:func:`_rank_processes`). Each worker has called
 ``dist.init_process_group("cuda_p2p", init_method="tcp://127.0.0.1:<free port>")`` and built a
 Gloo group over the same ranks (the reference). ``world.run(fn, *args)`` runs the module-level
 function ``fn(ctx, *args)`` on every rank and returns the per-rank results; an exception on any
@@ -110,7 +111,24 @@ class Context:
 # worker side
 
 
-def _worker_main(rank: int, world_size: int, port: int, conn, log_path: str) -> None:
+def _rank_processes():
+    """The multiprocessing context that starts the pools' ranks: forkserver, its server having
+    imported torch and cuda_p2p. Importing torch costs a process ~3 s of CPU on the project's
+    machines; spawned ranks paid it at every pool start (each size, every restart after a failed
+    test, the harness's own tests), forked ones share the server's. The server imports only (no
+    group, no tensor, no thread but OpenBLAS's, which it re-creates after a fork), as torch's data
+    loader workers fork after the same imports. A rank gets the environment of the test process
+    when its pool starts (the server's is that of the first start): ``_worker_main`` puts it in
+    place before anything reads it, so a pool starts as a spawned one did."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "cuda_p2p"])
+    return ctx
+
+
+def _worker_main(rank: int, world_size: int, port: int, conn, log_path: str,
+                 environment: dict) -> None:
+    os.environ.clear()
+    os.environ.update(environment)
     # Keep the ranks' output out of pytest's captured streams; it is shown on failure.
     log = open(log_path, "w", buffering=1)
     os.dup2(log.fileno(), 1)
@@ -264,7 +282,7 @@ class World:
     def start(self) -> None:
         if self._procs:
             return
-        ctx = mp.get_context("spawn")
+        ctx = _rank_processes()
         last_error = None
         for _attempt in range(2):  # a second try with a new port covers a lost port race
             port = free_port()
@@ -274,7 +292,7 @@ class World:
                 log = os.path.join(self._logdir, f"start{self.starts}_rank{rank}.log")
                 p = ctx.Process(
                     target=_worker_main,
-                    args=(rank, self.size, port, child, log),
+                    args=(rank, self.size, port, child, log, dict(os.environ)),
                     name=f"cuda_p2p-w{self.size}-r{rank}",
                     daemon=True,
                 )
