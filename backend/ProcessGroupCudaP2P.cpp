@@ -67,8 +67,23 @@ c10::intrusive_ptr<c10d::Store> checked_store(c10::intrusive_ptr<c10d::Store> st
 // Options.workspace_device / CUDA_P2P_WORKSPACE_DEVICE choose: "cpu" keeps
 // a host workspace on a GPU machine, for CPU tensor-parallel inference there (and for the CPU
 // test suite run on a GPU machine: tests/python/conftest.py); "cuda" insists on the GPU and
-// fails here, naming the knob, where there is none. Every rank constructs the backend, so the
-// rendezvous is collective.
+// fails, naming the knob, where there is none: in ProcessGroupCudaP2P::check_options, before any
+// rendezvous, and here. Every rank constructs the backend, so the rendezvous is collective.
+void check_workspace_device(const Config& config, bool has_cuda_device) {
+#ifdef CUDA_P2P_WITH_CUDA
+  constexpr bool kBuiltWithCuda = true;
+#else
+  constexpr bool kBuiltWithCuda = false;
+#endif
+  TORCH_CHECK(has_cuda_device || config.workspace_device != WorkspaceDevice::kCuda,
+              "cuda_p2p: ", config.workspace_device_from,
+              " asks for a workspace on the GPU ('cuda'), but ",
+              kBuiltWithCuda ? "this group wraps no CUDA backend (no GPU visible to torch, or "
+                               "NCCL unavailable)"
+                             : "cuda_p2p was built without CUDA",
+              "; use 'cpu' or 'auto'");
+}
+
 std::unique_ptr<SymmetricWorkspace> make_workspace(const c10::intrusive_ptr<c10d::Store>& store,
                                                    int rank, int size, const Config& config,
                                                    bool wraps_cuda,
@@ -93,18 +108,11 @@ std::unique_ptr<SymmetricWorkspace> make_workspace(const c10::intrusive_ptr<c10d
     TORCH_CHECK(err == cudaSuccess,
                 "cuda_p2p: loading the ops' CUDA kernels failed: ", cudaGetErrorString(err));
   }
-  constexpr bool kBuiltWithCuda = true;
 #else
-  constexpr bool kBuiltWithCuda = false;
   (void)wraps_cuda;
   (void)bound_cuda_device;
 #endif
-  TORCH_CHECK(device || where != WorkspaceDevice::kCuda, "cuda_p2p: ", config.workspace_device_from,
-              " asks for a workspace on the GPU ('cuda'), but ",
-              kBuiltWithCuda ? "this group wraps no CUDA backend (no GPU visible to torch, or "
-                               "NCCL unavailable)"
-                             : "cuda_p2p was built without CUDA",
-              "; use 'cpu' or 'auto'");
+  check_workspace_device(config, device != nullptr);
   if (!device) device = make_host_device(size, config.host_streams, config.host_semantics);
   // NOTE [Zero-copy collectives] in ops/zero_copy.cpp: the exchange is read by the host.
   TORCH_CHECK(device->host_paths() != nullptr ||
@@ -151,6 +159,14 @@ ProcessGroupCudaP2P::ProcessGroupCudaP2P(c10::intrusive_ptr<c10d::Store> store, 
       workspace_->device().abort("rank " + std::to_string(getRank()) + ": " + failure);
     abort_hooks_->run(failure);
   });
+}
+
+void ProcessGroupCudaP2P::check_options(const Options& options, int size, bool wraps_cuda) {
+  const Config config = resolve_config(options, size);
+#ifndef CUDA_P2P_WITH_CUDA
+  wraps_cuda = false;  // no CUDA device for the workspace, whatever the group wraps
+#endif
+  if (config.workspace) check_workspace_device(config, wraps_cuda);
 }
 
 ProcessGroupCudaP2P::~ProcessGroupCudaP2P() {

@@ -67,6 +67,12 @@ class ProcessGroupCudaP2P : public c10d::Backend {
                       std::optional<int64_t> bound_cuda_device = std::nullopt);
   ~ProcessGroupCudaP2P() override;
 
+  // Raises what the constructor would of these options alone (a bad value, a workspace on a GPU
+  // the group will not have), on this rank, before any rendezvous: torch's group creation calls
+  // it before it makes the wrapped backends (python/cuda_p2p/_backend.py), so that no peer is left
+  // in their rendezvous by a rank that raised.
+  static void check_options(const Options& options, int size, bool wraps_cuda);
+
   const std::string getBackendName() const override { return kBackendName; }
   c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override { return options_; }
   const c10::intrusive_ptr<Options>& options() const { return options_; }

@@ -352,6 +352,10 @@ PYBIND11_MODULE(_C, m) {
            py::arg("input_splits"), py::call_guard<py::gil_scoped_release>(),
            "Collective: sends input_splits[q] rows (dim 0) of tensor to rank q; returns (the rows "
            "received from every rank in rank order, how many came from each rank).")
+      .def_static("_check_options", &ProcessGroupCudaP2P::check_options, py::arg("options"),
+                  py::arg("size"), py::arg("wraps_cuda"),
+                  "For the Python layer, before a group's rendezvous: raises what the "
+                  "constructor would of these options alone.")
       .def_static(
           "_hierarchy_host",
           [](const c10::intrusive_ptr<ProcessGroupCudaP2P::Options>& options,

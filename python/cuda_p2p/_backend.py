@@ -65,12 +65,17 @@ def _create_backend(opts, pg_options) -> ProcessGroupCudaP2P:
     # torch passes [] for the default group, meaning "every rank": spell it out for readers of
     # backend.options (the NCCL options below keep torch's convention).
     options.global_ranks_in_group = list(opts.global_ranks_in_group) or list(range(size))
+    # What the options alone make the constructor refuse, refused before any rendezvous: a rank
+    # that raised inside one (after its Gloo group connected) would leave a peer still connecting
+    # with Gloo's "connection closed by peer" instead of the error, or waiting for it.
+    wraps_cuda = torch.cuda.is_available() and dist.is_nccl_available()
+    ProcessGroupCudaP2P._check_options(options, size, wraps_cuda)
     _claim_rank_slot(store, rank, str(opts.group_id))
     _wait_for_ranks(store, rank, size, str(opts.group_id), opts.timeout)
     # Each wrapped backend rendezvous under its own prefix of the group's store.
     gloo = _gloo_group(PrefixStore("gloo/", store), rank, size, opts.timeout)
     nccl = None
-    if torch.cuda.is_available() and dist.is_nccl_available():
+    if wraps_cuda:
         nccl_options = options.nccl_options
         if nccl_options is None:
             nccl_options = dist.ProcessGroupNCCL.Options()
