@@ -90,9 +90,8 @@ std::unique_ptr<SymmetricWorkspace> make_workspace(const c10::intrusive_ptr<c10d
                                                    std::optional<int64_t> bound_cuda_device) {
   if (!config.workspace) return nullptr;
   std::shared_ptr<Device> device;
-  const auto where = config.workspace_device;
 #ifdef CUDA_P2P_WITH_CUDA
-  if (where != WorkspaceDevice::kCpu && wraps_cuda) {
+  if (config.workspace_device != WorkspaceDevice::kCpu && wraps_cuda) {
     // NOTE [The workspace's GPU] in backend/config.cpp.
     device = make_cuda_device(choose_cuda_device(bound_cuda_device, c10::cuda::device_count(),
                                                  c10::cuda::current_device())

@@ -125,6 +125,18 @@ def _rank_processes():
     return ctx
 
 
+def stop_rank_processes() -> None:
+    """Stops the server of :func:`_rank_processes` once every pool has closed, and waits for it:
+    the CPU of the ranks it forked (and reaped) then counts as the test process's children's, as
+    spawned ranks' did (scripts/stages.sh reads it from /proc). Left running, it would be
+    re-parented to init when the session ends, its ranks' CPU counted nowhere."""
+    from multiprocessing import forkserver
+
+    stop = getattr(forkserver._forkserver, "_stop", None)  # Python 3.9+; not a public API
+    if stop is not None:
+        stop()
+
+
 def _worker_main(rank: int, world_size: int, port: int, conn, log_path: str,
                  environment: dict) -> None:
     os.environ.clear()

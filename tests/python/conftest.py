@@ -19,7 +19,7 @@ for _d in sorted(os.listdir(HERE)):
         sys.path.insert(1, os.path.join(HERE, _d))
 
 import _cpu_report  # noqa: E402
-from _harness import World, state_leaks  # noqa: E402
+from _harness import World, state_leaks, stop_rank_processes  # noqa: E402
 
 # NOTE [The workspace's device] in backend/ProcessGroupCudaP2P.cpp: this suite tests the host
 # workspace, and on a GPU machine a group's workspace would be on the GPU by default, sending the
@@ -241,8 +241,7 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    # Each start costs every rank a torch import (~3 s of CPU here): a test that makes a rank
-    # raise, or leaves state behind, restarts its pool.
+    # A test that makes a rank raise, or leaves state behind, restarts its pool.
     if _worlds:
         print("\ncuda_p2p tests: pool starts " + ", ".join(
             f"{size} ranks {w.starts}" for size, w in sorted(_worlds.items())))
@@ -250,6 +249,7 @@ def pytest_sessionfinish(session, exitstatus):
     for w in _worlds.values():
         w.close()
         w.remove_logs()
+    stop_rank_processes()
     stray = [pid for pid in pids if _alive(pid)]
     if stray:  # close() kills what does not stop; this would be a harness bug
         print(f"\ncuda_p2p tests: worker processes still alive after the session: {stray}")
