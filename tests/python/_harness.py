@@ -484,6 +484,77 @@ def _pids_with_token(token: str) -> list[int]:
     return pids
 
 
+class RankScript:
+    """A rank script of ranks/ run as ``python SCRIPT ARGS...`` with ``start_new_session=True``
+    would run it - its own session, ``env`` as its whole environment, stdout and stderr appended
+    to ``log_path``, ``sys.argv``, ``__main__`` - in a process forked by the pools' server
+    (:func:`_rank_processes`), where torch and cuda_p2p are imported already: a job of fresh
+    ranks per case (the fault suite) without a torch import per rank. The handle answers as
+    subprocess.Popen's: ``pid``, ``poll()`` and ``wait(timeout)`` (the exit status, minus the
+    signal that killed it), ``send_signal``, ``kill``. The environment of a forked process is not
+    what /proc/<pid>/environ shows (that is the server's): find what a job left behind by its
+    sessions (:func:`pids_in_sessions`), not by a token in the environment."""
+
+    def __init__(self, script: str, args: list, env: dict, log_path: str):
+        self._proc = _rank_processes().Process(
+            target=_rank_script_main, args=(script, [str(a) for a in args], dict(env), log_path),
+            name=f"cuda_p2p-{os.path.basename(script)}", daemon=True)
+        self._proc.start()
+        self.pid = self._proc.pid
+
+    def poll(self) -> int | None:
+        return self._proc.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import subprocess
+
+        self._proc.join(timeout)
+        if self._proc.exitcode is None:
+            raise subprocess.TimeoutExpired(self._proc.name, timeout)
+        return self._proc.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        if self._proc.exitcode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _rank_script_main(script: str, args: list, environment: dict, log_path: str) -> None:
+    os.setsid()
+    os.environ.clear()
+    os.environ.update(environment)
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.argv = [script, *args]
+    import runpy
+
+    runpy.run_path(script, run_name="__main__")
+
+
+def pids_in_sessions(sessions) -> list[int]:
+    """The live processes (zombies aside) of these sessions: each a RankScript's (its pid is its
+    session's id) and whatever it started."""
+    wanted = set(sessions)
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                text = f.read()
+        except OSError:
+            continue
+        # After the command name (which may hold spaces): state, ppid, pgrp, session.
+        fields = text[text.rindex(")") + 2:].split()
+        if fields[0] != "Z" and int(fields[3]) in wanted:
+            pids.append(int(entry))
+    return pids
+
+
 @dataclasses.dataclass
 class ScriptResult:
     returncode: int | None  # None: killed after the timeout

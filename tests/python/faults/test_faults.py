@@ -1,7 +1,8 @@
 """Fault injection: a rank killed (SIGKILL) or stopped (SIGSTOP) at various points of a job.
 
 Each case starts its own job (one process per rank, _fault_rank.py, a 10 s process-group
-timeout), injects the fault and checks that every survivor raises within the timeout plus a
+timeout; each rank forked by the pools' server with torch imported, run as its script:
+_harness.RankScript), injects the fault and checks that every survivor raises within the timeout plus a
 margin with an error naming the dead or stopped rank, that every process exits by itself, that
 no survivor still holds a memfd of ours after destroy_process_group, that /dev/shm gains nothing,
 and that the next job on the same port works (every case uses the port of the previous one, and
@@ -16,15 +17,13 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
-import uuid
 
 import pytest
 
 from _checks import names_rank
-from _harness import RANKS, _pids_with_token, free_port
+from _harness import RANKS, RankScript, free_port, pids_in_sessions
 
 TIMEOUT_S = 10.0  # the jobs' process-group timeout (_fault_rank.TIMEOUT_S)
 # What a survivor may take beyond it (2 shared cores, up to 4 ranks, the rest of the suite and
@@ -60,10 +59,10 @@ def _dev_shm() -> set[str]:
     return {n for n in os.listdir("/dev/shm") if not n.startswith("sem.mp-")}
 
 
-def _clean_up(token, procs, logs, out_dir):
+def _clean_up(procs, logs, out_dir):
     """Kills whatever a case left running (its ranks and their children), closes the logs and
     removes the case's folder (the logs are in its result, and printed)."""
-    for pid in _pids_with_token(token):
+    for pid in pids_in_sessions(p.pid for p in procs):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -81,8 +80,7 @@ def run_fault(case: str, world: int, victim: int, signal_from_test: int | None,
               script: str = "_fault_rank.py", env_extra: dict | None = None) -> dict:
     """Runs one job with one fault; returns what happened (asserting nothing itself). `script`
     is one rank: _fault_rank.py (CASE names its operation) or _shrink_rank.py (CASE unused)."""
-    token = uuid.uuid4().hex
-    env = dict(os.environ, CUDA_P2P_TEST_TOKEN=token, OMP_NUM_THREADS="1", **(env_extra or {}))
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
     shm_before = _dev_shm()
     out_dir = tempfile.mkdtemp(prefix="cuda_p2p_faults_")
     procs, logs = [], []
@@ -92,9 +90,8 @@ def run_fault(case: str, world: int, victim: int, signal_from_test: int | None,
             log = open(os.path.join(out_dir, f"rank{r}.log"), "w")
             logs.append(log)
             args = [str(r), str(world), str(_PORT)] + ([case] if script == "_fault_rank.py" else [])
-            procs.append(subprocess.Popen(
-                [sys.executable, os.path.join(RANKS, script), *args, str(victim), out_dir],
-                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+            procs.append(RankScript(os.path.join(RANKS, script), [*args, victim, out_dir], env,
+                                    log.name))
         # Wait until every rank is in its loop (or, for a self-inflicted fault, the victim is
         # about to kill itself).
         deadline = time.time() + START_S
@@ -135,7 +132,7 @@ def run_fault(case: str, world: int, victim: int, signal_from_test: int | None,
         except subprocess.TimeoutExpired:
             pass
         result["returncodes"] = [p.poll() for p in procs]
-        result["left_behind"] = _pids_with_token(token)
+        result["left_behind"] = pids_in_sessions(p.pid for p in procs)
         result["errors"] = {}
         result["clean"] = {}
         for r in range(world):
@@ -163,7 +160,7 @@ def run_fault(case: str, world: int, victim: int, signal_from_test: int | None,
             {k: v for k, v in result.items() if k != "logs"}, default=str)[:4000])
         return result
     finally:
-        _clean_up(token, procs, logs, out_dir)  # the logs are in `result` (and printed)
+        _clean_up(procs, logs, out_dir)  # the logs are in `result` (and printed)
 
 
 def _logs(out_dir: str, world: int) -> str:
@@ -318,18 +315,15 @@ def test_teardown_after_the_store_host_exited_is_quiet_and_bounded():
     the store client's "recvValue failed" and C++ stack trace."""
     world = 4
     out_dir = tempfile.mkdtemp(prefix="cuda_p2p_teardown_")
-    token = uuid.uuid4().hex
-    env = dict(os.environ, CUDA_P2P_TEST_TOKEN=token, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
     shm_before = _dev_shm()
     procs, logs = [], []
     try:
         for r in range(world):
             log = open(os.path.join(out_dir, f"rank{r}.log"), "w")
             logs.append(log)
-            procs.append(subprocess.Popen(
-                [sys.executable, os.path.join(RANKS, "_teardown_rank.py"), str(r), str(world),
-                 str(_PORT), out_dir],
-                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+            procs.append(RankScript(os.path.join(RANKS, "_teardown_rank.py"),
+                                    [r, world, _PORT, out_dir], env, log.name))
         for p in procs:
             try:
                 p.wait(timeout=START_S + 30)
@@ -356,4 +350,4 @@ def test_teardown_after_the_store_host_exited_is_quiet_and_bounded():
             new &= _dev_shm()
         assert not new, f"/dev/shm residue: {sorted(new)}"
     finally:
-        _clean_up(token, procs, logs, out_dir)
+        _clean_up(procs, logs, out_dir)
