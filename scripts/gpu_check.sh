@@ -230,6 +230,10 @@ export PYTHONPATH=$BUILD/python${PYTHONPATH:+:$PYTHONPATH}
 
 # The harness's per-call limit: a hung test costs a minute, not two.
 export CUDA_P2P_TEST_TIMEOUT=${CUDA_P2P_TEST_TIMEOUT:-60}
+# The pools' ranks spawned, not forked from a server that imported torch and cuda_p2p (CI's way,
+# tests/python/_harness.py): neither import initializes CUDA, but forked GPU ranks have never run
+# here, and a lease is too short to find out on the steps that matter.
+export CUDA_P2P_TEST_RANK_START=${CUDA_P2P_TEST_RANK_START:-spawn}
 
 # --- 3. the Python path, step by step -------------------------------------------------------------
 if ((built == 0)); then

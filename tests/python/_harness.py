@@ -119,9 +119,17 @@ def _rank_processes():
     group, no tensor, no thread but OpenBLAS's, which it re-creates after a fork), as torch's data
     loader workers fork after the same imports. A rank gets the environment of the test process
     when its pool starts (the server's is that of the first start): ``_worker_main`` puts it in
-    place before anything reads it, so a pool starts as a spawned one did."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "cuda_p2p"])
+    place before anything reads it, so a pool starts as a spawned one did.
+
+    ``CUDA_P2P_TEST_RANK_START=spawn`` spawns them instead (scripts/gpu_check.sh: neither import
+    initializes CUDA, which a forked rank could then not use, but forked GPU ranks have not run)."""
+    start = os.environ.get("CUDA_P2P_TEST_RANK_START", "forkserver")
+    if start not in ("forkserver", "spawn"):
+        raise HarnessError(
+            f"CUDA_P2P_TEST_RANK_START must be 'forkserver' or 'spawn', got {start!r}")
+    ctx = mp.get_context(start)
+    if start == "forkserver":
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "cuda_p2p"])
     return ctx
 
 

@@ -2,11 +2,11 @@
 
 Each case starts its own job (one process per rank, _fault_rank.py, a 10 s process-group
 timeout; each rank forked by the pools' server with torch imported, run as its script:
-_harness.RankScript), injects the fault and checks that every survivor raises within the timeout plus a
-margin with an error naming the dead or stopped rank, that every process exits by itself, that
-no survivor still holds a memfd of ours after destroy_process_group, that /dev/shm gains nothing,
-and that the next job on the same port works (every case uses the port of the previous one, and
-starts with a checked all_reduce).
+_harness.RankScript), injects the fault and checks that every survivor raises within the
+timeout plus a margin with an error naming the dead or stopped rank, that every process exits by
+itself, that no survivor still holds a memfd of ours after destroy_process_group, that /dev/shm
+gains nothing, and that the next job on the same port works (every case uses the port of the
+previous one, and starts with a checked all_reduce).
 """
 
 from __future__ import annotations
