@@ -122,3 +122,72 @@ def test_timeout_tears_down_and_recovers(own_world):
 def test_run_needs_a_module_level_function(own_world):
     with pytest.raises(TypeError, match="module-level"):
         own_world.run(lambda ctx: None)
+
+
+# RankScript and pids_in_sessions: the fault suite's jobs (tests/python/faults/test_faults.py).
+
+_SCRIPT = '''
+import json, os, subprocess, sys, time
+print("hello from", __name__, flush=True)
+child = subprocess.Popen(["sleep", "60"])  # in this session, as a rank's helpers would be
+with open(sys.argv[1], "w") as f:
+    json.dump({"argv": sys.argv, "env": dict(os.environ), "sid": os.getsid(0), "pid": os.getpid(),
+               "child": child.pid}, f)
+if sys.argv[2] == "exit":
+    sys.exit(int(sys.argv[3]))
+time.sleep(60)
+'''
+
+
+def _wait_for(path, proc, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path) or not os.path.getsize(path):
+        assert proc.poll() is None, f"the script exited {proc.poll()} before writing {path}"
+        assert time.monotonic() < deadline, f"{path} not written within {timeout} s"
+        time.sleep(0.05)
+    import json
+
+    time.sleep(0.1)  # the dump is small; let its writer finish it
+    with open(path) as f:
+        return json.load(f)
+
+
+def test_rank_script_runs_as_python_would_run_it(tmp_path):
+    script, out, log = tmp_path / "s.py", tmp_path / "out.json", tmp_path / "log"
+    script.write_text(_SCRIPT)
+    log.write_text("before\n")
+    env = {"PATH": os.environ["PATH"], "CUDA_P2P_HARNESS_PROBE": "yes"}
+    proc = _harness.RankScript(str(script), [out, "exit", 5], env, str(log))
+    info = _wait_for(out, proc)
+    assert proc.wait(timeout=60) == 5 and proc.poll() == 5
+    assert info["argv"] == [str(script), str(out), "exit", "5"]
+    assert info["env"] == env  # its whole environment: nothing of the server's or the test's
+    assert info["sid"] == info["pid"] == proc.pid  # a session of its own
+    assert log.read_text().startswith("before\nhello from __main__\n")  # appended to the log
+    # What it left behind: its child, found by the session (a forked process's /proc environ is
+    # the server's, so no token in the environment could find it).
+    assert _harness.pids_in_sessions([proc.pid]) == [info["child"]]
+    os.kill(info["child"], 9)
+    deadline = time.monotonic() + 30
+    while _harness.pids_in_sessions([proc.pid]):
+        assert time.monotonic() < deadline, "the killed child still counts as live"
+        time.sleep(0.05)
+
+
+def test_rank_script_killed_and_waited_for(tmp_path):
+    import subprocess
+
+    script, out = tmp_path / "s.py", tmp_path / "out.json"
+    script.write_text(_SCRIPT)
+    proc = _harness.RankScript(str(script), [out, "sleep"], dict(os.environ),
+                               str(tmp_path / "log"))
+    info = _wait_for(out, proc)
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=0.2)
+    assert sorted(_harness.pids_in_sessions([proc.pid])) == sorted([proc.pid, info["child"]])
+    assert proc.pid not in _harness.pids_in_sessions([os.getsid(0)])  # not in the test's session
+    proc.kill()
+    assert proc.wait(timeout=30) == -9
+    proc.kill()  # after its end: nothing to signal, no error
+    assert _harness.pids_in_sessions([proc.pid]) == [info["child"]]  # left behind, and seen
+    os.kill(info["child"], 9)
