@@ -1129,6 +1129,8 @@ ops::pipeline::Group ProcessGroupCudaP2P::pipeline_group(c10::DeviceType device_
                              getSize()};
   group.zero_copy_agreement = config_.collective.zero_copy_agreement;
   group.heap = heap_.heap();
+  group.auto_all_gather = config_.fused_all_gather_algo_for(device_type);
+  group.auto_reduce_scatter = config_.fused_reduce_scatter_algo_for(device_type);
   return group;
 }
 

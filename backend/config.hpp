@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "ops/collectives.hpp"
+#include "ops/pipeline_common.hpp"
 #include "p2p_workspace/host/host_device.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
 
@@ -81,6 +82,8 @@ struct Options : c10d::Backend::Options {
   std::optional<int64_t> mailbox_slot_bytes;
   std::optional<bool> inline_all_reduce;
   std::optional<int64_t> fused_min_flops;
+  std::string fused_all_gather_algo = "auto";      // auto|pipeline|pull_ahead
+  std::string fused_reduce_scatter_algo = "auto";  // auto|pipeline|ring
   std::optional<bool> trap_on_peer_failure;
 
   // Not marked override: older torch releases have no Options::clone().
@@ -236,6 +239,32 @@ struct Config {
   int64_t fused_min_flops_for(c10::DeviceType device) const {
     if (fused_min_flops) return *fused_min_flops;
     return device == c10::DeviceType::CPU ? kDefaultHostFusedMinFlops : 0;
+  }
+
+  // NOTE [The fused ops' auto by device]
+  // What a fused op's algorithm="auto" runs (above fused_min_flops, and for a reduce-scatter
+  // without ring_steps, which ask for the ring): the knob's value, else the device's default.
+  //  * On the host, all-gather→matmul pulls ahead and matmul→reduce-scatter runs the ring: their
+  //    GEMMs run back to back on one stream and never wait behind a barrier, what matters when the
+  //    cores that run the GEMMs also do the copies and are shared with the peers
+  //    (docs/measurements/fused-measured-results.md).
+  //  * On CUDA both run the pipeline: its two streams' GEMMs fill a GPU, its pulls use the copy
+  //    engine.
+  // The backend hands the choice for the op's tensors' device to the op
+  // (ops::pipeline::Group::auto_all_gather, auto_reduce_scatter).
+  std::optional<ops::AllGatherAlgorithm> fused_all_gather_algo;          // nullopt: by device
+  std::optional<ops::ReduceScatterAlgorithm> fused_reduce_scatter_algo;  // nullopt: by device
+  static constexpr auto kHostFusedAllGather = ops::AllGatherAlgorithm::kPullAhead;
+  static constexpr auto kCudaFusedAllGather = ops::AllGatherAlgorithm::kPipeline;
+  static constexpr auto kHostFusedReduceScatter = ops::ReduceScatterAlgorithm::kRing;
+  static constexpr auto kCudaFusedReduceScatter = ops::ReduceScatterAlgorithm::kPipeline;
+  ops::AllGatherAlgorithm fused_all_gather_algo_for(c10::DeviceType device) const {
+    if (fused_all_gather_algo) return *fused_all_gather_algo;
+    return device == c10::DeviceType::CPU ? kHostFusedAllGather : kCudaFusedAllGather;
+  }
+  ops::ReduceScatterAlgorithm fused_reduce_scatter_algo_for(c10::DeviceType device) const {
+    if (fused_reduce_scatter_algo) return *fused_reduce_scatter_algo;
+    return device == c10::DeviceType::CPU ? kHostFusedReduceScatter : kCudaFusedReduceScatter;
   }
 };
 

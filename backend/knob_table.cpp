@@ -403,6 +403,52 @@ std::vector<Knob> knob_rows() {
                   .help("The fused ops' \"auto\" runs the fused pipeline from this many GEMM flops "
                         "per rank (2*M*N*K) on; below, the unfused workspace collective and matmul "
                         "(K, M, G: 1024-based)."));
+  // NOTE [The fused ops' auto by device] in backend/config.hpp.
+  k.push_back(Row("fused_all_gather_algo", &Options::fused_all_gather_algo,
+                  "CUDA_P2P_FUSED_ALL_GATHER_ALGO")
+                  .names("auto|pipeline|pull_ahead",
+                         Default{.rule = R::kByDevice,
+                                 .value = word(ops::to_string(Config::kHostFusedAllGather)),
+                                 .other = word(ops::to_string(Config::kCudaFusedAllGather))})
+                  .reported()
+                  .lands(
+                      [](Config& c, const Resolved& r) {
+                        c.fused_all_gather_algo.reset();  // auto: by the op's device
+                        if (!r.unset() && r.s() != "auto") {
+                          c.fused_all_gather_algo = r.s() == "pull_ahead"
+                                                        ? ops::AllGatherAlgorithm::kPullAhead
+                                                        : ops::AllGatherAlgorithm::kPipeline;
+                        }
+                      },
+                      [](const Config& c, const Context& ctx) -> Value {
+                        return word(ops::to_string(c.fused_all_gather_algo_for(
+                            ctx.host ? c10::DeviceType::CPU : c10::DeviceType::CUDA)));
+                      })
+                  .help("What the fused all-gather→matmul's algorithm=\"auto\" runs above "
+                        "fused_min_flops."));
+  k.push_back(
+      Row("fused_reduce_scatter_algo", &Options::fused_reduce_scatter_algo,
+          "CUDA_P2P_FUSED_REDUCE_SCATTER_ALGO")
+          .names("auto|pipeline|ring",
+                 Default{.rule = R::kByDevice,
+                         .value = word(ops::to_string(Config::kHostFusedReduceScatter)),
+                         .other = word(ops::to_string(Config::kCudaFusedReduceScatter))})
+          .reported()
+          .lands(
+              [](Config& c, const Resolved& r) {
+                c.fused_reduce_scatter_algo.reset();  // auto: by the op's device
+                if (!r.unset() && r.s() != "auto") {
+                  c.fused_reduce_scatter_algo = r.s() == "ring"
+                                                    ? ops::ReduceScatterAlgorithm::kRing
+                                                    : ops::ReduceScatterAlgorithm::kPipeline;
+                }
+              },
+              [](const Config& c, const Context& ctx) -> Value {
+                return word(ops::to_string(c.fused_reduce_scatter_algo_for(
+                    ctx.host ? c10::DeviceType::CPU : c10::DeviceType::CUDA)));
+              })
+          .help("What the fused matmul→reduce-scatter's algorithm=\"auto\" runs (plain and "
+                "scaled) above fused_min_flops and without ring_steps (which ask for the ring)."));
   // --- environment variables only ---
   // NOTE [Debug lines] in config.cpp.
   k.push_back(Row::variable("CUDA_P2P_DEBUG")

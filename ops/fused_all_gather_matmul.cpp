@@ -457,13 +457,13 @@ int64_t check_all_gather_matmul_args(const at::Tensor& A_shard, at::TensorList B
 }
 
 AllGatherAlgorithm parse_all_gather_algorithm(const std::string& algorithm,
-                                              const at::Device& device) {
+                                              AllGatherAlgorithm auto_choice) {
   if (algorithm == "pipeline") return AllGatherAlgorithm::kPipeline;
   if (algorithm == "pull_ahead") return AllGatherAlgorithm::kPullAhead;
   TORCH_CHECK_VALUE(algorithm == "auto", "cuda_p2p ", kOp,
                     ": algorithm must be \"auto\", \"pipeline\" or \"pull_ahead\", got \"",
                     algorithm, "\"");
-  return device.is_cpu() ? AllGatherAlgorithm::kPullAhead : AllGatherAlgorithm::kPipeline;
+  return auto_choice;
 }
 
 AllGatherMatmulResult all_gather_matmul_pipeline(pipeline::Env& env, const at::Tensor& A_shard,
@@ -507,13 +507,13 @@ AllGatherMatmulResult fused_all_gather_matmul(pipeline::Group& group, const at::
   int64_t dim = gather_dim;
   // NOTE [Op signatures]: a rank whose own arguments are wrong tells its peers.
   pipeline::check_or_reject(group, on_workspace, OpKind::kAllGatherMatmul, [&] {
-    algo = parse_all_gather_algorithm(algorithm, A_shard.device());
+    algo = parse_all_gather_algorithm(algorithm, group.auto_all_gather);
     dim = check_all_gather_matmul_args(A_shard, Bs, gather_dim, group.world_size);
   });
   AllGatherMatmulResult r;
   if (on_workspace) {
     pipeline::Env env = pipeline::make_env(group);
-    const char* name = algo == AllGatherAlgorithm::kPullAhead ? "pull_ahead" : "pipeline";
+    const char* name = to_string(algo);
     const std::string sig =
         claim_shard(env, A_shard, dim) + signature_text(A_shard, Bs, dim, return_A, name);
     Outcome outcome{.algorithm = name, .graph = env.captured};  // NOTE [Replay-safe signals]
@@ -545,7 +545,7 @@ void agree_all_gather_matmul_unfused(pipeline::Group& group, const at::Tensor& A
 AllGatherMatmulResult fused_all_gather_matmul_meta(const at::Tensor& A_shard, at::TensorList Bs,
                                                    int64_t gather_dim, int64_t W, bool return_A,
                                                    const std::string& algorithm) {
-  parse_all_gather_algorithm(algorithm, A_shard.device());
+  parse_all_gather_algorithm(algorithm, AllGatherAlgorithm::kPipeline);  // its check only
   TORCH_CHECK(A_shard.dim() >= 2, "cuda_p2p ", kOp,
               ": expected A_shard with at least 2 dims, got shape ", A_shard.sym_sizes());
   bool concrete = !A_shard.unsafeGetTensorImpl()->has_symbolic_sizes_strides();

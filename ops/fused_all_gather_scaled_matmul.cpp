@@ -254,7 +254,7 @@ AllGatherMatmulResult fused_all_gather_scaled_matmul(pipeline::Group& group,
   int64_t dim = gather_dim;
   // NOTE [Op signatures]: a rank whose own arguments are wrong tells its peers.
   pipeline::check_or_reject(group, on_workspace, OpKind::kAllGatherMatmul, [&] {
-    algo = parse_all_gather_algorithm(algorithm, A_shard.device());
+    algo = parse_all_gather_algorithm(algorithm, group.auto_all_gather);
     dim =
         check_all_gather_scaled_matmul_args(A_shard, Bs, A_scale, B_scales, gather_dim, out_dtypes);
   });
@@ -266,7 +266,7 @@ AllGatherMatmulResult fused_all_gather_scaled_matmul(pipeline::Group& group,
   const bool fill = return_A;
   if (on_workspace) {
     pipeline::Env env = pipeline::make_env(group);
-    const char* name = algo == AllGatherAlgorithm::kPullAhead ? "pull_ahead" : "pipeline";
+    const char* name = to_string(algo);
     const std::string sig =
         scaled_ag_signature(A_shard, Bs, A_scale, B_scales, dim, out_dtypes, return_A, name);
     Outcome outcome{.algorithm = name, .graph = env.captured};  // NOTE [Replay-safe signals]
@@ -297,7 +297,7 @@ AllGatherMatmulResult fused_all_gather_scaled_matmul_meta(
     const at::Tensor& A_shard, at::TensorList Bs, const at::Tensor& A_scale,
     at::TensorList B_scales, int64_t gather_dim, c10::ArrayRef<at::ScalarType> out_dtypes,
     int64_t W, bool return_A, const std::string& algorithm) {
-  parse_all_gather_algorithm(algorithm, A_shard.device());
+  parse_all_gather_algorithm(algorithm, AllGatherAlgorithm::kPipeline);  // its check only
   bool concrete = !A_shard.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
                   !A_scale.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
   for (const auto& B : Bs)

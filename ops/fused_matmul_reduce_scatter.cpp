@@ -496,13 +496,11 @@ MatmulReduceScatterResult fused_matmul_reduce_scatter(
                 ": ring_steps applies to the ring, got ring_steps=", ring_steps,
                 " with algorithm=\"pipeline\"");
   });
-  // "auto": the ring when ring steps were asked for, or on the host, where its GEMMs run back to
-  // back on one stream and never wait behind a barrier - what matters when the cores that run the
-  // GEMMs also do the copies and are shared with the peers
-  // (docs/measurements/fused-measured-results.md); else the pipeline, whose two streams' GEMMs fill
-  // a GPU and whose pulls use the copy engine.
-  const bool ring =
-      algorithm == "ring" || (algorithm == "auto" && (ring_steps != 0 || A.device().is_cpu()));
+  // "auto": the ring when ring steps were asked for, else the group's choice for the device
+  // (NOTE [The fused ops' auto by device] in backend/config.hpp).
+  const bool ring = algorithm == "ring" ||
+                    (algorithm == "auto" && (ring_steps != 0 || group.auto_reduce_scatter ==
+                                                                    ReduceScatterAlgorithm::kRing));
   if (on_workspace) {
     pipeline::Env env = pipeline::make_env(group);
     const std::string sig = signature_text(

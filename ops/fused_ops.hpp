@@ -126,10 +126,10 @@ void check_below_autograd(const char* op, at::TensorList tensors);
 int64_t check_all_gather_matmul_args(const at::Tensor& A_shard, at::TensorList Bs,
                                      int64_t gather_dim, int64_t world_size);
 
-enum class AllGatherAlgorithm { kPipeline, kPullAhead };
-// "auto", "pipeline" or "pull_ahead", for tensors on `device`.
+// "auto" (which runs `auto_choice`: the group's, pipeline::Group::auto_all_gather), "pipeline"
+// or "pull_ahead".
 AllGatherAlgorithm parse_all_gather_algorithm(const std::string& algorithm,
-                                              const at::Device& device);
+                                              AllGatherAlgorithm auto_choice);
 
 // A consumer of gathered rows: gets rank src's rows [row0, row0 + shard.size(0)) on pipeline
 // stream `stream` (0 or 1; always 0 over send/recv).

@@ -14,6 +14,17 @@
 #include "ops/cuda/sleep_kernel.cuh"
 #endif
 
+namespace cuda_p2p::ops {
+
+const char* to_string(AllGatherAlgorithm a) {
+  return a == AllGatherAlgorithm::kPullAhead ? "pull_ahead" : "pipeline";
+}
+const char* to_string(ReduceScatterAlgorithm a) {
+  return a == ReduceScatterAlgorithm::kRing ? "ring" : "pipeline";
+}
+
+}  // namespace cuda_p2p::ops
+
 namespace cuda_p2p::ops::pipeline {
 
 void Trace::begin(int stream, std::string what) {

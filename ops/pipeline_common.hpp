@@ -48,6 +48,14 @@ namespace cuda_p2p::ops {
 // an op that ran it (Env::opened) skips that barrier: one barrier less per op, which is most of
 // a small op's fixed cost. The pipelines driven without a handshake (the C++ tests) keep it.
 
+// The fused ops' algorithms (docs/pipelines.md). What a call's "auto" runs is its group's choice
+// for the op's device (Group::auto_all_gather, Group::auto_reduce_scatter), which the backend
+// takes from its knobs fused_all_gather_algo and fused_reduce_scatter_algo.
+enum class AllGatherAlgorithm : uint8_t { kPipeline, kPullAhead };
+enum class ReduceScatterAlgorithm : uint8_t { kPipeline, kRing };
+const char* to_string(AllGatherAlgorithm a);
+const char* to_string(ReduceScatterAlgorithm a);
+
 namespace pipeline {
 
 // One span of a traced pipeline: what ran on which stream, from when its stream reached it to
@@ -110,6 +118,9 @@ struct Group {
   // ops/fused_all_gather_matmul.cpp.
   SymmetricWorkspace* heap = nullptr;
   ZeroCopyAgreement zero_copy_agreement = ZeroCopyAgreement::kAuto;
+  // What "auto" runs for tensors on the op's device (the group's knobs, by device).
+  AllGatherAlgorithm auto_all_gather = AllGatherAlgorithm::kPipeline;
+  ReduceScatterAlgorithm auto_reduce_scatter = ReduceScatterAlgorithm::kPipeline;
 };
 
 // One pipelined op's view of the world: the workspace, the caller's stream and the pipeline's

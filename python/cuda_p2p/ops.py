@@ -58,9 +58,10 @@ def fused_all_gather_matmul(
     ``algorithm``: ``"pipeline"`` (the steps alternate between two streams, each pulling one
     peer's shard and multiplying it while the other stream does the same), ``"pull_ahead"`` (one
     stream pulls every shard as soon as it can, the other runs every GEMM), or ``"auto"`` (the
-    pipeline on CUDA tensors, pull-ahead on CPU tensors; below ``Options.fused_min_flops`` GEMM
-    flops per rank, our all-gather then ``torch.matmul``, counted
-    ``fused_all_gather_matmul.unfused``: docs/pipelines.md).
+    group's ``Options.fused_all_gather_algo``: by default the pipeline on CUDA tensors,
+    pull-ahead on CPU tensors; below ``Options.fused_min_flops`` GEMM flops per rank, our
+    all-gather then ``torch.matmul``, counted ``fused_all_gather_matmul.unfused``:
+    docs/pipelines.md).
     """
     return torch.ops.cuda_p2p.fused_all_gather_matmul(
         A_shard, list(Bs), gather_dim, _group_name(group), return_A=return_A, algorithm=algorithm
@@ -85,8 +86,9 @@ def fused_matmul_reduce_scatter(
 
     ``algorithm``: ``"pipeline"`` (two streams, each exchanging one partial product per step
     while the other computes the next), ``"ring"`` (a ring reduce-scatter in ``ring_steps``
-    steps, a multiple of the group size; 0 means the group size), or ``"auto"`` (the pipeline
-    on CUDA tensors; the ring on CPU tensors, or when ``ring_steps`` is given; below
+    steps, a multiple of the group size; 0 means the group size), or ``"auto"`` (the ring when
+    ``ring_steps`` is given, else the group's ``Options.fused_reduce_scatter_algo``: by default
+    the pipeline on CUDA tensors, the ring on CPU tensors; below
     ``Options.fused_min_flops`` GEMM flops per rank and without ``ring_steps``, ``torch.matmul``
     then our reduce-scatter, counted ``fused_matmul_reduce_scatter.unfused``). Without the
     workspace (several hosts, or ``enable_workspace=False``) the ring runs over the wrapped

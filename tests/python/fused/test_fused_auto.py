@@ -274,3 +274,74 @@ def test_ranks_that_choose_differently_raise_instead_of_hanging(world2, world3):
             assert res["after"] is True, (r, res)
             # Nothing ran on either path until the forced fused op.
             assert res["counters"] == {"fused_all_gather_matmul.pull_ahead": 1}, (r, res)
+
+
+def _auto_by_knobs(ctx):
+    """What "auto" runs above the threshold on groups whose knobs fused_all_gather_algo and
+    fused_reduce_scatter_algo are left to the device (the host's defaults), set through Options
+    or through the variables, and one set differently on one rank: {case: (counters, the knobs as
+    the group reports them, the results right)} or the error text."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    import cuda_p2p
+    from _harness import scoped_environ
+
+    W, r = ctx.world_size, ctx.rank
+    cases = {
+        "default": ({}, {}),
+        "options auto": ({"fused_all_gather_algo": "auto", "fused_reduce_scatter_algo": "auto"},
+                         {}),
+        "options": ({"fused_all_gather_algo": "pipeline",
+                     "fused_reduce_scatter_algo": "pipeline"}, {}),
+        "variables": ({}, {"CUDA_P2P_FUSED_ALL_GATHER_ALGO": "pipeline",
+                           "CUDA_P2P_FUSED_REDUCE_SCATTER_ALGO": "pipeline"}),
+        # Rank 0 alone pulls ahead: the fused op's handshake names what each rank resolved.
+        "rank 0 differs": ({}, {"CUDA_P2P_FUSED_ALL_GATHER_ALGO": "pull_ahead" if r == 0
+                                else "pipeline"}),
+    }
+    A = torch.full((4, 6), float(r + 1))
+    gathered = torch.cat([torch.full((4, 6), float(q + 1)) for q in range(W)])
+    out = {}
+    for case, (fields, env) in cases.items():
+        opts = cuda_p2p.ProcessGroupCudaP2P.Options()
+        for name, value in fields.items():
+            setattr(opts, name, value)
+        with scoped_environ(env):
+            g = dist.new_group(backend="cuda_p2p", pg_options=opts,
+                               timeout=timedelta(seconds=20))
+        b = cuda_p2p.get_cuda_p2p_backend(g)
+        cfg = b.get_collective_config()
+        try:
+            _, [h] = cuda_p2p.fused_all_gather_matmul(A, [torch.ones(6, 5)], 0, g)
+            rs = cuda_p2p.fused_matmul_reduce_scatter(torch.ones(2 * W, 6), torch.ones(6, 5),
+                                                      "sum", 0, g)
+            # ring_steps ask for the ring whatever the knob; an explicit algorithm beats it.
+            rs_steps = cuda_p2p.fused_matmul_reduce_scatter(
+                torch.ones(2 * W, 6), torch.ones(6, 5), "sum", 0, g, ring_steps=W)
+            _, [h2] = cuda_p2p.fused_all_gather_matmul(A, [torch.ones(6, 5)], 0, g,
+                                                       algorithm="pull_ahead")
+        except Exception as e:  # noqa: BLE001
+            out[case] = f"{type(e).__name__}: {e}"
+            continue
+        right = (torch.equal(h, gathered @ torch.ones(6, 5)) and torch.equal(h2, h)
+                 and torch.equal(rs, torch.full((2, 5), 6.0 * W)) and torch.equal(rs_steps, rs))
+        out[case] = ({k: v for k, v in b.get_counters().items() if k.startswith("fused_")},
+                     (cfg["fused_all_gather_algo"], cfg["fused_reduce_scatter_algo"]), right)
+    return out
+
+
+def test_auto_runs_what_the_group_knobs_say(world2):
+    host = ({"fused_all_gather_matmul.pull_ahead": 2, "fused_matmul_reduce_scatter.ring": 2},
+            ("pull_ahead", "ring"), True)
+    chosen = ({"fused_all_gather_matmul.pipeline": 1, "fused_all_gather_matmul.pull_ahead": 1,
+               "fused_matmul_reduce_scatter.pipeline": 1, "fused_matmul_reduce_scatter.ring": 1},
+              ("pipeline", "pipeline"), True)
+    for r, res in enumerate(world2.run(_auto_by_knobs)):
+        assert res["default"] == host and res["options auto"] == host, (r, res)
+        assert res["options"] == chosen and res["variables"] == chosen, (r, res)
+        msg = res["rank 0 differs"]
+        assert isinstance(msg, str) and "disagree" in msg, (r, msg)
+        assert "pull_ahead" in msg and "pipeline" in msg and "timed out" not in msg, (r, msg)
