@@ -58,6 +58,7 @@ import ast
 import ctypes
 import datetime
 import faulthandler
+import itertools
 import json
 import math
 import os
@@ -577,13 +578,22 @@ def _remove_deepspeed_segments(port: int, world_size: int) -> None:
             pass
 
 
+def host_index(rank: int, cfg: dict) -> int:
+    """The simulated host of a rank: ranks in contiguous blocks, of --host-sizes' sizes or of
+    equal size (--hosts)."""
+    if cfg.get("host_sizes"):
+        ends = list(itertools.accumulate(cfg["host_sizes"]))
+        return next(h for h, end in enumerate(ends) if rank < end)
+    return rank * cfg["hosts"] // cfg["world_size"]
+
+
 def rank_main(rank: int, cfg: dict) -> None:
     _die_with_parent(cfg["parent_pid"])
     if cfg["netns"]:
         # Before any socket or thread: the store, Gloo's and cuda_p2p's threads all inherit it.
         # Every group knows the hosts (CUDA_P2P_HOST_ID stays set): namespaces do not share
         # abstract unix sockets, so no workspace may span two of them.
-        ns = cfg["netns"][rank * cfg["hosts"] // cfg["world_size"]]
+        ns = cfg["netns"][host_index(rank, cfg)]
         _enter_netns(ns["name"])
         os.environ["GLOO_SOCKET_IFNAME"] = ns["ifname"]
     threads = cfg["threads"]
@@ -620,7 +630,7 @@ def rank_main(rank: int, cfg: dict) -> None:
             setattr(pg_options, key, value)
     hosts = cfg["hosts"]
     if hosts > 1:  # the measured group only: the sync group below stays on one host
-        os.environ["CUDA_P2P_HOST_ID"] = f"bench-host-{rank * hosts // n}"
+        os.environ["CUDA_P2P_HOST_ID"] = f"bench-host-{host_index(rank, cfg)}"
     dist.init_process_group(backend="cuda_p2p", init_method=cfg["init_method"], rank=rank,
                             world_size=n, timeout=timeout, pg_options=pg_options)
     if hosts > 1 and not cfg["netns"]:
@@ -690,7 +700,7 @@ def rank_main(rank: int, cfg: dict) -> None:
         no_agreement = {}
         if cfg["agreement_cost"]:
             step("new_group(cuda_p2p, hierarchical, agreement off)")
-            os.environ["CUDA_P2P_HOST_ID"] = f"bench-host-{rank * hosts // n}"
+            os.environ["CUDA_P2P_HOST_ID"] = f"bench-host-{host_index(rank, cfg)}"
             try:
                 na_group = dist.new_group(backend="cuda_p2p", timeout=timeout,
                                           pg_options=pg_options)
@@ -1371,6 +1381,10 @@ def parse_args(argv=None):
                     help="simulated hosts for the measured cuda_p2p group (ranks in contiguous "
                          "blocks): >1 measures its hierarchical collectives against the flat "
                          "wrapped Gloo; results default to bench/results/hierarchical.*")
+    ap.add_argument("--host-sizes", type=int, nargs="+", default=None, metavar="RANKS",
+                    help="the ranks of each simulated host, in rank order (e.g. 3 1: uneven "
+                         "hosts, whose leaders carry the data); sets --hosts, and the one world "
+                         "size is their sum")
     ap.add_argument("--agreement-cost", action="store_true",
                     help="with --hosts: also time the hierarchical group with its group-wide "
                          "agreement off (bench knob), interleaved, and print the ratio")
@@ -1398,6 +1412,12 @@ def parse_args(argv=None):
         ap.error("--world-sizes must be positive")
     if any(t < 1 for t in args.threads):
         ap.error("--threads must be positive")
+    if args.host_sizes is not None:
+        if any(r < 1 for r in args.host_sizes) or args.world_sizes != [sum(args.host_sizes)]:
+            ap.error(f"--host-sizes {' '.join(map(str, args.host_sizes))} needs positive sizes "
+                     f"and --world-sizes {sum(args.host_sizes)} alone, got --world-sizes "
+                     f"{' '.join(map(str, args.world_sizes))}")
+        args.hosts = len(args.host_sizes)
     if args.hosts < 1 or any(n < args.hosts for n in args.world_sizes):
         ap.error("--hosts must be >= 1 and at most every world size")
     if args.hosts > 1 and args.aa:
@@ -1499,6 +1519,7 @@ def main(argv=None) -> int:
            "sync": args.sync, "batch": args.batch, "algos": args.algos,
            "zero_copy": args.zero_copy, "zero_copy_agreement": args.zero_copy_agreement,
            "start_margin_us": args.start_margin_us, "block": args.block, "hosts": args.hosts,
+           "host_sizes": args.host_sizes,
            "agreement_cost": args.agreement_cost, "netns": args.netns,
            "cpus": sorted(os.sched_getaffinity(0)), "timeout": args.timeout,
            "total_timeout": args.total_timeout, "progress": not args.quiet}
@@ -1564,7 +1585,8 @@ def main(argv=None) -> int:
         "cuda_p2p": getattr(cuda_p2p, "__version__", None), "git": git_describe(),
         "dtype": args.dtype, "sizes": args.sizes, "bind": args.bind,
         "cpus": sorted(os.sched_getaffinity(0)), "aa": args.aa, "env": env,
-        "pg_options": args.pg_options, "hosts": args.hosts, "peers": args.peers,
+        "pg_options": args.pg_options, "hosts": args.hosts, "host_sizes": args.host_sizes,
+        "peers": args.peers,
         "agreement_cost": args.agreement_cost,
         "threads": args.threads,
         "netns": args.netns, "link": args.link,
@@ -1610,8 +1632,9 @@ def main(argv=None) -> int:
         try:
             what = "A/A TEST: Gloo vs Gloo" if args.aa else "cuda_p2p vs Gloo"
             if args.hosts > 1:
-                what = (f"cuda_p2p hierarchical on {args.hosts} simulated hosts vs flat Gloo "
-                        "(the wrapped backend)")
+                layout = ("+".join(map(str, args.host_sizes)) + " ranks"
+                          if args.host_sizes else f"{args.hosts} simulated hosts")
+                what = f"cuda_p2p hierarchical on {layout} vs flat Gloo (the wrapped backend)"
                 if args.netns:
                     what += f", hosts joined by {args.link or 'a veth pair'}"
             title = (f"{what}, CPU ranks, {args.dtype}, {os.cpu_count()} cores, "

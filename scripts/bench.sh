@@ -8,6 +8,7 @@
 #   bash scripts/bench.sh --full                  # 8 B .. 64 MiB, powers of 2 (several minutes)
 #   bash scripts/bench.sh --env CUDA_P2P_DISABLE_WORKSPACE=1
 #   bash scripts/bench.sh --hosts 2 --world-sizes 4   # hierarchical (2 simulated hosts) vs flat Gloo
+#   bash scripts/bench.sh --host-sizes 3 1 --world-sizes 4  # the same on hosts of 3 and 1 ranks
 #   bash scripts/bench.sh --zero-copy             # + zero-copy (symmetric heap) vs staged
 #   bash scripts/bench.sh --fsdp                  # FSDP2 step: Gloo vs staged vs symmetric buffers
 #   bash scripts/bench.sh --pipeline              # GPipe / 1F1B step: Gloo vs cuda_p2p send/recv
@@ -15,13 +16,15 @@
 #   bash scripts/bench.sh --compare               # the comparisons below, one after the other
 #   bash scripts/bench.sh --help
 #
-# --compare runs, each into bench/results/compare_<name>.{json,png} (about 13 minutes):
+# --compare runs, each into bench/results/compare_<name>.{json,png} (about 15 minutes):
 #   deepspeed     all_reduce on 2 and 4 ranks, 8 B .. 16 MiB: dist.all_reduce and the dispatcher op
 #                 beside DeepSpeed's shm all-reduce (a column only when deepspeed is installed:
 #                 .venv/bin/pip install deepspeed; the bench builds its CPU comm op)
 #   deepspeed_b2b the same from 8 B to 64 KiB, 200 back-to-back ops per sample (--batch 200):
 #                 what a decode loop sees, without each sample's cold start
 #   hierarchical  4 ranks on 2 simulated hosts, hierarchical against the flat wrapped Gloo
+#   hierarchical_uneven  the all-reduce on hosts of 3 and 1 ranks (--host-sizes 3 1): the
+#                 leaders carry the data
 #   zero_copy     all-gather, reduce-scatter, all-reduce, broadcast on 2 and 4 ranks: symmetric inputs
 #                 (cuda_p2p.empty) against the staged path
 #   fused         the fused ops at M=K=1024, N=64..512 fp32, 2 and 4 ranks: fused, "auto" and the
@@ -168,6 +171,9 @@ run deepspeed_b2b bench/bench_collectives.py --world-sizes 2 4 --collectives all
   --plot "$out/compare_deepspeed_b2b.png" "$@"
 run hierarchical bench/bench_collectives.py --world-sizes 4 --hosts 2 \
   --json "$out/compare_hierarchical.json" --plot "$out/compare_hierarchical.png" "$@"
+run hierarchical_uneven bench/bench_collectives.py --world-sizes 4 --host-sizes 3 1 \
+  --collectives all_reduce --json "$out/compare_hierarchical_uneven.json" \
+  --plot "$out/compare_hierarchical_uneven.png" "$@"
 run zero_copy bench/bench_collectives.py --world-sizes 2 4 --zero-copy \
   --collectives all_gather_into_tensor reduce_scatter_tensor all_reduce broadcast \
   --json "$out/compare_zero_copy.json" --plot "$out/compare_zero_copy.png" "$@"

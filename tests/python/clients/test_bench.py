@@ -200,15 +200,18 @@ def test_gpu_script_says_no_gpu(script):
 
 
 def test_bench_collectives_hierarchical(tmp_path):
-    # --hosts: the measured group spans simulated hosts and runs hierarchically (counted).
+    # --host-sizes 2 1: the measured group spans two simulated hosts of uneven size and runs
+    # hierarchically through the hosts' leaders (counted); --hosts N makes even ones (the --link
+    # test below).
     out = tmp_path / "h.json"
     # --agreement-cost: a second such group with its agreement off, timed beside it.
-    args = ["--world-sizes", "2", "--hosts", "2", "--sizes", "8", "4K", "--iters", "3",
+    args = ["--world-sizes", "3", "--host-sizes", "2", "1", "--sizes", "8", "4K", "--iters", "3",
             "--warmup", "1", "--no-barrier", "--json", str(out), "--no-plot", "--timeout", "120",
             "--agreement-cost"]
     proc = run_bench("bench_collectives.py", args, tmp_path)
     data = json.loads(out.read_text())
-    assert data["meta"]["hosts"] == 2 and data["meta"]["agreement_cost"]
+    assert data["meta"]["hosts"] == 2 and data["meta"]["host_sizes"] == [2, 1]
+    assert data["meta"]["agreement_cost"]
     for entry in data["runs"][0]["results"]:
         assert entry["check"]["ok"], entry
         if entry["collective"] in ("all_to_all_single", "reduce", "send_recv"):
@@ -217,9 +220,21 @@ def test_bench_collectives_hierarchical(tmp_path):
             counter = {"send_recv": "send"}.get(entry["collective"], entry["collective"])
             assert f"{counter}.wrapped" in entry["paths"], entry["paths"]
             continue
-        assert any(k.endswith(".hierarchical") for k in entry["paths"]), entry["paths"]
+        # Uneven hosts: the leaders carry the data (a broadcast from a local index every host
+        # has goes by local index, as on even hosts).
+        want = ".hierarchical" if entry["collective"] == "broadcast" else ".hierarchical_leaders"
+        assert any(k.endswith(want) for k in entry["paths"]), entry["paths"]
         assert entry["agreement_off"]["median_us"] > 0 and entry["agreement_cost"] > 0, entry
     assert "agreement cost" in proc.stdout
+
+
+def test_bench_host_sizes_must_sum_to_the_world_size(tmp_path):
+    for bad in (["--world-sizes", "4", "--host-sizes", "2", "1"],
+                ["--world-sizes", "3", "4", "--host-sizes", "2", "1"],
+                ["--world-sizes", "2", "--host-sizes", "2", "0"]):
+        proc = subprocess.run([sys.executable, str(BENCH / "bench_collectives.py"), *bad],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and "--host-sizes" in proc.stderr, (bad, proc.stderr[-2000:])
 
 
 def check_peer_columns(data: dict, proc) -> None:
