@@ -5,19 +5,25 @@ old one's name while the old backend is still held, and the dispatcher op called
 run on the new group (NOTE [Group lookup cache] in backend/dispatcher_group.cpp), as must the op
 called with group_name "" (the default group: NOTE [The default group's name]); with no default
 group, or a Gloo one, "" raises an error that says so. Exit code 0 when every rank finished; a
-deadlock is turned into exit code 1 by a per-iteration watchdog."""
+collective that waits forever raises at its group's timeout, and a hang no timeout reaches is
+turned into exit code 1, with every thread's stack, by a watchdog."""
 
 import faulthandler
 import socket
 import sys
 from contextlib import ExitStack
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-# Per iteration (re-armed each time): one takes well under a second, a deadlock is forever.
-WATCHDOG_S = 10
+# Every group's timeout: a collective that waits for a peer that never comes raises after it.
+GROUP_TIMEOUT = timedelta(seconds=30)
+# What no collective can hold (a hang in destroy_process_group, in a destructor): armed at the
+# start and re-armed per iteration, three group timeouts, so that a slow machine is not a deadlock.
+# It dumps every thread's stack and exits with 1.
+WATCHDOG_S = 3 * GROUP_TIMEOUT.total_seconds()
 
 
 def _expect_error(fn, *texts):
@@ -30,14 +36,17 @@ def _expect_error(fn, *texts):
 
 
 def rank_main(rank, world, port, port2, port3, iters):
+    faulthandler.dump_traceback_later(WATCHDOG_S, exit=True)  # a deadlock exits with 1
     import cuda_p2p
 
     dist.init_process_group(
-        "cuda_p2p", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+        "cuda_p2p", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        timeout=GROUP_TIMEOUT,
     )
+    print(f"rank {rank}: default group up", flush=True)  # where a run that timed out got to
     for i in range(iters):
-        faulthandler.dump_traceback_later(WATCHDOG_S, exit=True)  # a deadlock exits with 1
-        g = dist.new_group(backend="cuda_p2p")
+        faulthandler.dump_traceback_later(WATCHDOG_S, exit=True)
+        g = dist.new_group(backend="cuda_p2p", timeout=GROUP_TIMEOUT)
         backend = cuda_p2p.get_cuda_p2p_backend(g)
         for _ in range(3):
             objs = [None] * world
@@ -51,6 +60,7 @@ def rank_main(rank, world, port, port2, port3, iters):
         t = torch.ones(3)
         dist.all_reduce(t)
         assert torch.equal(t, torch.full((3,), float(world))), t
+        print(f"rank {rank}: iteration {i} done", flush=True)
     faulthandler.cancel_dump_traceback_later()
     print(f"rank {rank}: {iters} iterations", flush=True)
     faulthandler.dump_traceback_later(WATCHDOG_S, exit=True)
@@ -69,7 +79,8 @@ def rank_main(rank, world, port, port2, port3, iters):
     _expect_error(lambda: torch.ops.cuda_p2p.all_reduce_(torch.ones(2)),
                   f"no process group named '{old_name}'", "meant the default group")
     dist.init_process_group(
-        "cuda_p2p", init_method=f"tcp://127.0.0.1:{port2}", rank=rank, world_size=world
+        "cuda_p2p", init_method=f"tcp://127.0.0.1:{port2}", rank=rank, world_size=world,
+        timeout=GROUP_TIMEOUT,
     )
     new_name = dist.group.WORLD.group_name
     assert new_name == old_name, (new_name, old_name)  # else this checks nothing
@@ -88,9 +99,10 @@ def rank_main(rank, world, port, port2, port3, iters):
     # A Gloo default group with a cuda_p2p subgroup: "" is refused, naming the default group and
     # its backend; the subgroup's name works.
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port3}", rank=rank, world_size=world
+        "gloo", init_method=f"tcp://127.0.0.1:{port3}", rank=rank, world_size=world,
+        timeout=GROUP_TIMEOUT,
     )
-    sub = dist.new_group(backend="cuda_p2p")
+    sub = dist.new_group(backend="cuda_p2p", timeout=GROUP_TIMEOUT)
     _expect_error(lambda: torch.ops.cuda_p2p.all_reduce_(torch.ones(2)),
                   "the default group", "backend='cuda_p2p'", "gloo")
     t = torch.ones(4)

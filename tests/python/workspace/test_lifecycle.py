@@ -10,10 +10,13 @@ from _harness import RANKS, run_script
 
 def test_destroy_process_group_does_not_deadlock(request):
     # Create, use and destroy a subgroup: 4 times in CI (each a fresh workspace, ~2 s on 2 cores),
-    # 10 with --long.
+    # 10 with --long. A deadlock ends in the script's own watchdog (its groups' timeout times
+    # three, every thread's stack in the output); this limit is the backstop, generous: the run
+    # took 8 s alone and 16 s beside four busy loops, and has timed out at 90 s with no output
+    # beside a build whose compilers filled the memory (docs/measurements/ci-times-2026-12-03.md).
     iters = 10 if request.config.getoption("--long") else 4
     res = run_script([sys.executable, os.path.join(RANKS, "_lifecycle_script.py"), str(iters)],
-                     timeout=90)
+                     timeout=300)
     assert not res.timed_out, res.output[-5000:]
     assert res.returncode == 0, f"exit code {res.returncode} (deadlock?):\n{res.output[-5000:]}"
     assert f"rank 0: {iters} iterations" in res.output, res.output[-5000:]
