@@ -46,6 +46,34 @@ Value load_choice(const Config& c, const Context&) {
   return std::string(ops::to_string((c.*....*Path)));
 }
 
+// A names knob whose "auto" leaves an optional field unset, for the device to decide where the
+// value is used, and whose other names land through `Parse`; it reads back as the group's device
+// resolves it (`For`), and its documented default is the two devices' (by_device).
+template <typename Algorithm>
+Default by_device(Algorithm host, Algorithm cuda) {
+  return {.rule = Default::Rule::kByDevice,
+          .value = word(ops::to_string(host)),
+          .other = word(ops::to_string(cuda))};
+}
+template <auto Parse, auto Field>
+void store_unless_auto(Config& c, const Resolved& r) {
+  (c.*Field).reset();
+  if (!r.unset() && r.s() != "auto") c.*Field = Parse(r.s());
+}
+template <auto For>
+Value load_for_device(const Config& c, const Context& ctx) {
+  return word(ops::to_string((c.*For)(ctx.host ? c10::DeviceType::CPU : c10::DeviceType::CUDA)));
+}
+// The fused ops' algorithms by name (the knob's table has checked the name).
+ops::AllGatherAlgorithm fused_all_gather(const std::string& name) {
+  return name == "pull_ahead" ? ops::AllGatherAlgorithm::kPullAhead
+                              : ops::AllGatherAlgorithm::kPipeline;
+}
+ops::ReduceScatterAlgorithm fused_reduce_scatter(const std::string& name) {
+  return name == "ring" ? ops::ReduceScatterAlgorithm::kRing
+                        : ops::ReduceScatterAlgorithm::kPipeline;
+}
+
 // One row, built in order: Row(option, field[, env]) or Row::variable(env), then the kind
 // (flag, bytes, number, names, text) with its range and default, the flags (aliases, inverted,
 // reported), where it lands (at, choice, lands), and last the help, which gives the Knob.
@@ -407,46 +435,20 @@ std::vector<Knob> knob_rows() {
   k.push_back(Row("fused_all_gather_algo", &Options::fused_all_gather_algo,
                   "CUDA_P2P_FUSED_ALL_GATHER_ALGO")
                   .names("auto|pipeline|pull_ahead",
-                         Default{.rule = R::kByDevice,
-                                 .value = word(ops::to_string(Config::kHostFusedAllGather)),
-                                 .other = word(ops::to_string(Config::kCudaFusedAllGather))})
+                         by_device(Config::kHostFusedAllGather, Config::kCudaFusedAllGather))
                   .reported()
-                  .lands(
-                      [](Config& c, const Resolved& r) {
-                        c.fused_all_gather_algo.reset();  // auto: by the op's device
-                        if (!r.unset() && r.s() != "auto") {
-                          c.fused_all_gather_algo = r.s() == "pull_ahead"
-                                                        ? ops::AllGatherAlgorithm::kPullAhead
-                                                        : ops::AllGatherAlgorithm::kPipeline;
-                        }
-                      },
-                      [](const Config& c, const Context& ctx) -> Value {
-                        return word(ops::to_string(c.fused_all_gather_algo_for(
-                            ctx.host ? c10::DeviceType::CPU : c10::DeviceType::CUDA)));
-                      })
+                  .lands(store_unless_auto<fused_all_gather, &Config::fused_all_gather_algo>,
+                         load_for_device<&Config::fused_all_gather_algo_for>)
                   .help("What the fused all-gather→matmul's algorithm=\"auto\" runs above "
                         "fused_min_flops."));
   k.push_back(
       Row("fused_reduce_scatter_algo", &Options::fused_reduce_scatter_algo,
           "CUDA_P2P_FUSED_REDUCE_SCATTER_ALGO")
           .names("auto|pipeline|ring",
-                 Default{.rule = R::kByDevice,
-                         .value = word(ops::to_string(Config::kHostFusedReduceScatter)),
-                         .other = word(ops::to_string(Config::kCudaFusedReduceScatter))})
+                 by_device(Config::kHostFusedReduceScatter, Config::kCudaFusedReduceScatter))
           .reported()
-          .lands(
-              [](Config& c, const Resolved& r) {
-                c.fused_reduce_scatter_algo.reset();  // auto: by the op's device
-                if (!r.unset() && r.s() != "auto") {
-                  c.fused_reduce_scatter_algo = r.s() == "ring"
-                                                    ? ops::ReduceScatterAlgorithm::kRing
-                                                    : ops::ReduceScatterAlgorithm::kPipeline;
-                }
-              },
-              [](const Config& c, const Context& ctx) -> Value {
-                return word(ops::to_string(c.fused_reduce_scatter_algo_for(
-                    ctx.host ? c10::DeviceType::CPU : c10::DeviceType::CUDA)));
-              })
+          .lands(store_unless_auto<fused_reduce_scatter, &Config::fused_reduce_scatter_algo>,
+                 load_for_device<&Config::fused_reduce_scatter_algo_for>)
           .help("What the fused matmul→reduce-scatter's algorithm=\"auto\" runs (plain and "
                 "scaled) above fused_min_flops and without ring_steps (which ask for the ring)."));
   // --- environment variables only ---
