@@ -496,11 +496,8 @@ MatmulReduceScatterResult fused_matmul_reduce_scatter(
                 ": ring_steps applies to the ring, got ring_steps=", ring_steps,
                 " with algorithm=\"pipeline\"");
   });
-  // "auto": the ring when ring steps were asked for, else the group's choice for the device
-  // (NOTE [The fused ops' auto by device] in backend/config.hpp).
-  const bool ring = algorithm == "ring" ||
-                    (algorithm == "auto" && (ring_steps != 0 || group.auto_reduce_scatter ==
-                                                                    ReduceScatterAlgorithm::kRing));
+  // NOTE [The fused ops' auto by device] in backend/config.hpp.
+  const bool ring = pipeline::reduce_scatter_runs_ring(group, algorithm, ring_steps);
   if (on_workspace) {
     pipeline::Env env = pipeline::make_env(group);
     const std::string sig = signature_text(

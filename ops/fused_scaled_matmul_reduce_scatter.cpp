@@ -91,10 +91,8 @@ MatmulReduceScatterResult fused_scaled_matmul_reduce_scatter(
                 " with algorithm=\"pipeline\"");
   });
   const ScaledMatmul scaled{A_scale, B_scale, out_dtype};
-  // "auto" as for the unscaled op (fused_matmul_reduce_scatter): the group's choice.
-  const bool ring = algorithm == "ring" ||
-                    (algorithm == "auto" && (ring_steps != 0 || group.auto_reduce_scatter ==
-                                                                    ReduceScatterAlgorithm::kRing));
+  // NOTE [The fused ops' auto by device] in backend/config.hpp.
+  const bool ring = pipeline::reduce_scatter_runs_ring(group, algorithm, ring_steps);
   if (on_workspace) {
     pipeline::Env env = pipeline::make_env(group);
     const std::string sig =

@@ -321,4 +321,11 @@ c10::intrusive_ptr<c10d::Work> exchange(c10d::Backend& backend, at::Tensor send,
   return c10::make_intrusive<CoalescedWork>(backend.getRank(), std::move(live));
 }
 
+bool reduce_scatter_runs_ring(const Group& group, const std::string& algorithm,
+                              int64_t ring_steps) {
+  return algorithm == "ring" ||
+         (algorithm == "auto" &&
+          (ring_steps != 0 || group.auto_reduce_scatter == ReduceScatterAlgorithm::kRing));
+}
+
 }  // namespace cuda_p2p::ops::pipeline

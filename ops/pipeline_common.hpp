@@ -123,6 +123,10 @@ struct Group {
   ReduceScatterAlgorithm auto_reduce_scatter = ReduceScatterAlgorithm::kPipeline;
 };
 
+// Whether a matmul→reduce-scatter (plain or scaled) runs the ring: asked for by name, or "auto"
+// with ring steps (which ask for it) or where the group's choice is the ring.
+bool reduce_scatter_runs_ring(const Group& group, const std::string& algorithm, int64_t ring_steps);
+
 // One pipelined op's view of the world: the workspace, the caller's stream and the pipeline's
 // two streams, each with its own signal channel.
 //
