@@ -36,9 +36,8 @@
 
 namespace cuda_p2p {
 
-using Op = Counters::Op;
 using c10d::OpType;
-using ops::OpKind;
+using ops::OpId;
 
 namespace {
 
@@ -176,15 +175,6 @@ ProcessGroupCudaP2P::~ProcessGroupCudaP2P() {
 
 namespace detail {
 
-// What the entry sequence needs to know of a c10d call besides its tensors.
-struct Entry {
-  Counters::Op op;           // its counters
-  const char* name;          // in the workspace's handshakes and errors
-  ops::OpKind kind;          // its signature's kind
-  c10d::OpType type;         // its Work's
-  const char* wrapped_name;  // in the wrapped route's errors (c10d's name)
-};
-
 // One call: the tensors the route's handshake describes, those that choose the wrapped backend,
 // the reason it goes there (null: the workspace runs it), and its options' asyncOp.
 struct Call {
@@ -198,36 +188,9 @@ struct Call {
 
 namespace {
 
-using detail::Entry;
-
-constexpr Entry kAllReduce{Op::kAllReduce, "all_reduce", OpKind::kAllReduce, OpType::ALLREDUCE,
-                           "allreduce"};
-constexpr Entry kBroadcast{Op::kBroadcast, "broadcast", OpKind::kBroadcast, OpType::BROADCAST,
-                           "broadcast"};
-constexpr Entry kAllGather{Op::kAllGather, "all_gather", OpKind::kAllGather, OpType::ALLGATHER,
-                           "allgather"};
-constexpr Entry kAllGatherIntoTensor{Op::kAllGather, "all_gather_into_tensor", OpKind::kAllGather,
-                                     OpType::_ALLGATHER_BASE, "all_gather_into_tensor"};
-constexpr Entry kAllGatherIntoTensorCoalesced{Op::kAllGather, "all_gather_into_tensor",
-                                              OpKind::kAllGather, OpType::COALESCED,
-                                              "allgather_into_tensor_coalesced"};
-constexpr Entry kReduceScatter{Op::kReduceScatter, "reduce_scatter", OpKind::kReduceScatter,
-                               OpType::REDUCE_SCATTER, "reduce_scatter"};
-constexpr Entry kReduceScatterTensor{Op::kReduceScatter, "reduce_scatter_tensor",
-                                     OpKind::kReduceScatter, OpType::_REDUCE_SCATTER_BASE,
-                                     "reduce_scatter_tensor"};
-constexpr Entry kReduceScatterTensorCoalesced{Op::kReduceScatter, "reduce_scatter_tensor",
-                                              OpKind::kReduceScatter, OpType::COALESCED,
-                                              "reduce_scatter_tensor_coalesced"};
-constexpr Entry kAllToAllSingle{Op::kAllToAllSingle, "all_to_all_single", OpKind::kAllToAllSingle,
-                                OpType::ALLTOALL_BASE, "all_to_all_single"};
-constexpr Entry kAllToAll{Op::kAllToAll, "all_to_all", OpKind::kAllToAll, OpType::ALLTOALL,
-                          "all_to_all"};
-constexpr Entry kGather{Op::kGather, "gather", OpKind::kGather, OpType::GATHER, "gather"};
-constexpr Entry kGatherSingle{Op::kGather, "gather", OpKind::kGather, OpType::GATHER,
-                              "gather_single"};
-constexpr Entry kScatter{Op::kScatter, "scatter", OpKind::kScatter, OpType::SCATTER, "scatter"};
-constexpr Entry kReduce{Op::kReduce, "reduce", OpKind::kReduce, OpType::REDUCE, "reduce"};
+using ops::call;
+using ops::OpCall;
+namespace calls = ops::calls;
 
 // The route's text of a call whose signature names its tensors only.
 std::string no_detail() { return {}; }
@@ -285,24 +248,24 @@ const char* rooted_rejects(const WorkspaceCollectives& collectives,
 // and cuda_p2p's own all_gather_v / all_to_all_v (checks that run on either route) spell their
 // variants out beside them.
 template <typename Detail, typename Body>
-bool ProcessGroupCudaP2P::on_workspace(const detail::Entry& entry, const detail::Call& call,
+bool ProcessGroupCudaP2P::on_workspace(const OpCall& entry, const detail::Call& call,
                                        Detail&& detail, Body&& body) {
   if (call.why) {
-    collectives_.agree_on_route(entry.name, entry.kind, call.described, detail, call.why);
-    counters_.fallback(entry.op, call.why);
+    collectives_.agree_on_route(entry.name, entry.id, call.described, detail, call.why);
+    counters_.fallback(entry.id, call.why);
     return false;
   }
   // A body that runs several ops (the coalesced calls) counts each as it runs.
   if constexpr (std::is_void_v<decltype(body())>) {
     body();
   } else {
-    counters_.record(entry.op, body());
+    counters_.record(entry.id, body());
   }
   return true;
 }
 
 template <typename Detail, typename Body, typename Wrapped, typename Outputs>
-ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::serve(const detail::Entry& entry,
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::serve(const OpCall& entry,
                                                         const detail::Call& call, Detail&& detail,
                                                         Body&& body, Wrapped&& wrapped,
                                                         Outputs&& outputs) {
@@ -313,27 +276,28 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::serve(const detail::Entry& ent
     hooks_on_device_failure();  // NOTE [Abort hooks]
     throw;
   }
-  if (!ran) return wrapped_.delegate(call.routed, entry.wrapped_name, wrapped);
+  if (!ran) return wrapped_.delegate(call.routed, entry.c10d_name, wrapped);
   return completed(entry.type, outputs, call.async_op);
 }
 
 template <typename Wrapped>
-ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::wrapped_only(Counters::Op op, const char* why,
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::wrapped_only(const OpCall& entry, const char* why,
                                                                c10::ArrayRef<at::Tensor> tensors,
-                                                               const char* name,
                                                                Wrapped&& wrapped) {
-  counters_.fallback(op, why);
-  return wrapped_.delegate(tensors, name, wrapped);
+  counters_.fallback(entry.id, why);
+  return wrapped_.delegate(tensors, entry.c10d_name, wrapped);
 }
 
-bool ProcessGroupCudaP2P::ran_hierarchically(Counters::Op op, const HierarchyOutcome& outcome) {
-  counters_.hierarchical(op, outcome);
+bool ProcessGroupCudaP2P::ran_hierarchically(const OpCall& entry, const HierarchyOutcome& outcome) {
+  TORCH_INTERNAL_ASSERT(ops::spec(entry.id).hierarchy, "cuda_p2p: ", entry.name,
+                        " is not an op the hierarchy runs (ops/op_spec.hpp)");
+  counters_.hierarchical(entry.id, outcome);
   return outcome.ran;
 }
 
 ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::hierarchical_done(
-    c10d::OpType type, std::vector<at::Tensor> outputs) {
-  return wrapped_.track(c10::make_intrusive<EventWork>(getRank(), type, std::move(outputs)));
+    const OpCall& entry, std::vector<at::Tensor> outputs) {
+  return wrapped_.track(c10::make_intrusive<EventWork>(getRank(), entry.type, std::move(outputs)));
 }
 
 // NOTE [No Work for a synchronous call]
@@ -416,15 +380,16 @@ void ProcessGroupCudaP2P::settle_cpu_outputs(const char* what) {
 
 ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::allreduce(std::vector<at::Tensor>& tensors,
                                                             const c10d::AllreduceOptions& opts) {
-  if (hierarchy_ && ran_hierarchically(Op::kAllReduce, hierarchy_->all_reduce(tensors, opts))) {
-    return hierarchical_done(OpType::ALLREDUCE, tensors);
+  if (hierarchy_ &&
+      ran_hierarchically(call(OpId::kAllReduce), hierarchy_->all_reduce(tensors, opts))) {
+    return hierarchical_done(call(OpId::kAllReduce), tensors);
   }
   const auto op = to_reduce_op(opts.reduceOp);
   const char* why = tensors.size() != 1 ? reason::kSeveralTensors
                     : !op               ? reason::kReduceOp
                                         : collectives_.all_reduce_rejects(tensors[0]);
   return serve(
-      kAllReduce, {tensors, tensors, why, opts.asyncOp},
+      call(OpId::kAllReduce), {tensors, tensors, why, opts.asyncOp},
       [&] { return " " + reduce_op_text(opts.reduceOp); },
       [&] { return collectives_.all_reduce(tensors[0], *op); },
       [&](c10d::Backend& b) { return b.allreduce(tensors, opts); }, [&] { return tensors; });
@@ -439,7 +404,7 @@ void ProcessGroupCudaP2P::check_all_reduce_in_place(const at::Tensor& tensor,
   if (hierarchy_ || tensor.layout() != at::kStrided || collectives_.all_reduce_rejects(tensor)) {
     return checks();
   }
-  collectives_.check_or_reject("all_reduce", OpKind::kAllReduce, checks);
+  collectives_.check_or_reject("all_reduce", OpId::kAllReduce, checks);
 }
 
 void ProcessGroupCudaP2P::all_reduce_in_place(at::Tensor& tensor, ops::ReduceOp op) {
@@ -454,11 +419,14 @@ void ProcessGroupCudaP2P::all_reduce_in_place(at::Tensor& tensor, ops::ReduceOp 
   // A group spanning hosts copies a non-contiguous tensor back itself.
   if (hierarchy_) {
     std::vector<at::Tensor> tensors{tensor};
-    if (ran_hierarchically(Op::kAllReduce, hierarchy_->all_reduce(tensors, options()))) return;
+    if (ran_hierarchically(call(OpId::kAllReduce), hierarchy_->all_reduce(tensors, options()))) {
+      return;
+    }
   }
   const char* why = collectives_.all_reduce_rejects(tensor);
   if (on_workspace(
-          kAllReduce, {tensor, tensor, why, false}, [&] { return " " + ops::lower_name(op); },
+          call(OpId::kAllReduce), {tensor, tensor, why, false},
+          [&] { return " " + ops::lower_name(op); },
           [&] { return collectives_.all_reduce(tensor, op); })) {
     settle_cpu_outputs("all_reduce_");
     return;
@@ -471,13 +439,14 @@ void ProcessGroupCudaP2P::all_reduce_in_place(at::Tensor& tensor, ops::ReduceOp 
 
 ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::broadcast(std::vector<at::Tensor>& tensors,
                                                             const c10d::BroadcastOptions& opts) {
-  if (hierarchy_ && ran_hierarchically(Op::kBroadcast, hierarchy_->broadcast(tensors, opts))) {
-    return hierarchical_done(OpType::BROADCAST, tensors);
+  if (hierarchy_ &&
+      ran_hierarchically(call(OpId::kBroadcast), hierarchy_->broadcast(tensors, opts))) {
+    return hierarchical_done(call(OpId::kBroadcast), tensors);
   }
   const char* why = collectives_.rejects(tensors);
   if (!why && (tensors.size() != 1 || opts.rootTensor != 0)) why = reason::kSeveralTensors;
   return serve(
-      kBroadcast, {tensors, tensors, why, opts.asyncOp},
+      call(OpId::kBroadcast), {tensors, tensors, why, opts.asyncOp},
       [&] { return " from root " + std::to_string(opts.rootRank); },
       [&] { return collectives_.broadcast(tensors[0], opts.rootRank); },
       [&](c10d::Backend& b) { return b.broadcast(tensors, opts); }, [&] { return tensors; });
@@ -487,8 +456,8 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::allgather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   if (hierarchy_ &&
-      ran_hierarchically(Op::kAllGather, hierarchy_->all_gather(outputs, inputs, opts))) {
-    return hierarchical_done(OpType::ALLGATHER, outputs[0]);
+      ran_hierarchically(call(OpId::kAllGather), hierarchy_->all_gather(outputs, inputs, opts))) {
+    return hierarchical_done(call(OpId::kAllGather), outputs[0]);
   }
   const char* why = collectives_.rejects(inputs);
   if (!why && (inputs.size() != 1 || outputs.size() != 1 ||
@@ -503,7 +472,7 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::allgather(
     }
   }
   return serve(
-      kAllGather, {inputs, inputs, why, opts.asyncOp}, no_detail,
+      call(OpId::kAllGather), {inputs, inputs, why, opts.asyncOp}, no_detail,
       [&] { return collectives_.all_gather(inputs[0], outputs[0]); },
       [&](c10d::Backend& b) { return b.allgather(outputs, inputs, opts); },
       [&] { return outputs[0]; });
@@ -511,13 +480,13 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::allgather(
 
 ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::all_gather_into_tensor_entry(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
-  if (hierarchy_ &&
-      ran_hierarchically(Op::kAllGather, hierarchy_->all_gather_into_tensor(output, input, opts))) {
-    return hierarchical_done(OpType::_ALLGATHER_BASE, {output});
+  if (hierarchy_ && ran_hierarchically(calls::kAllGatherIntoTensor,
+                                       hierarchy_->all_gather_into_tensor(output, input, opts))) {
+    return hierarchical_done(calls::kAllGatherIntoTensor, {output});
   }
   const char* why = collectives_.rejects({input, output});
   return serve(
-      kAllGatherIntoTensor, {input, input, why, opts.asyncOp}, no_detail,
+      calls::kAllGatherIntoTensor, {input, input, why, opts.asyncOp}, no_detail,
       [&] { return collectives_.all_gather_into_tensor(output, input, "all_gather_into_tensor"); },
       [&](c10d::Backend& b) { return b._allgather_base(output, input, opts); },
       [&] {
@@ -533,21 +502,22 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::all_gather_into_tensor_entry(
 ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::all_gather_into_tensor_coalesced_entry(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
-  if (hierarchy_ && ran_hierarchically(Op::kAllGather, hierarchy_->all_gather_into_tensor_coalesced(
-                                                           outputs, inputs, opts))) {
-    return hierarchical_done(OpType::COALESCED, outputs);
+  if (hierarchy_ &&
+      ran_hierarchically(calls::kAllGatherIntoTensorCoalesced,
+                         hierarchy_->all_gather_into_tensor_coalesced(outputs, inputs, opts))) {
+    return hierarchical_done(calls::kAllGatherIntoTensorCoalesced, outputs);
   }
   const char* why = collectives_.rejects(inputs);
   if (!why) why = collectives_.rejects(outputs);
   if (!why && outputs.size() != inputs.size()) why = reason::kShapes;
   return serve(
-      kAllGatherIntoTensorCoalesced, {inputs, inputs, why, opts.asyncOp}, no_detail,
+      calls::kAllGatherIntoTensorCoalesced, {inputs, inputs, why, opts.asyncOp}, no_detail,
       [&] {  // one workspace all-gather per pair, in order
         for (size_t i = 0; i < inputs.size(); ++i) {
-          counters_.record(Op::kAllGather, collectives_.all_gather_into_tensor(
-                                               outputs[i], inputs[i],
-                                               "all_gather_into_tensor (coalesced, tensor " +
-                                                   std::to_string(i) + ")"));
+          counters_.record(OpId::kAllGather, collectives_.all_gather_into_tensor(
+                                                 outputs[i], inputs[i],
+                                                 "all_gather_into_tensor (coalesced, tensor " +
+                                                     std::to_string(i) + ")"));
         }
       },
       [&](c10d::Backend& b) { return b.allgather_into_tensor_coalesced(outputs, inputs, opts); },
@@ -557,9 +527,9 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::all_gather_into_tensor_coalesc
 ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
-  if (hierarchy_ &&
-      ran_hierarchically(Op::kReduceScatter, hierarchy_->reduce_scatter(outputs, inputs, opts))) {
-    return hierarchical_done(OpType::REDUCE_SCATTER, outputs);
+  if (hierarchy_ && ran_hierarchically(call(OpId::kReduceScatter),
+                                       hierarchy_->reduce_scatter(outputs, inputs, opts))) {
+    return hierarchical_done(call(OpId::kReduceScatter), outputs);
   }
   const auto op = to_reduce_op(opts.reduceOp);
   const char* why = collectives_.rejects(outputs);
@@ -577,7 +547,7 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::reduce_scatter(
     }
   }
   return serve(
-      kReduceScatter, {outputs, outputs, why, opts.asyncOp},
+      call(OpId::kReduceScatter), {outputs, outputs, why, opts.asyncOp},
       [&] { return " " + reduce_op_text(opts.reduceOp); },
       [&] { return collectives_.reduce_scatter(inputs[0], outputs[0], *op); },
       [&](c10d::Backend& b) { return b.reduce_scatter(outputs, inputs, opts); },
@@ -586,16 +556,16 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::reduce_scatter(
 
 ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::reduce_scatter_tensor_entry(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
-  if (hierarchy_ && ran_hierarchically(Op::kReduceScatter,
+  if (hierarchy_ && ran_hierarchically(calls::kReduceScatterTensor,
                                        hierarchy_->reduce_scatter_tensor(output, input, opts))) {
-    return hierarchical_done(OpType::_REDUCE_SCATTER_BASE, {output});
+    return hierarchical_done(calls::kReduceScatterTensor, {output});
   }
   const auto op = to_reduce_op(opts.reduceOp);
   const char* why = collectives_.rejects({input, output});
   if (!why && !op) why = reason::kReduceOp;
   if (!why && !ops::is_reducible_dtype(output.scalar_type())) why = reason::kDtype;
   return serve(
-      kReduceScatterTensor, {output, input, why, opts.asyncOp},
+      calls::kReduceScatterTensor, {output, input, why, opts.asyncOp},
       [&] { return " " + reduce_op_text(opts.reduceOp); },
       [&] {
         return collectives_.reduce_scatter_tensor(output, input, *op, "reduce_scatter_tensor");
@@ -608,9 +578,9 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::reduce_scatter_tensor_coalesce
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   if (hierarchy_ &&
-      ran_hierarchically(Op::kReduceScatter,
+      ran_hierarchically(calls::kReduceScatterTensorCoalesced,
                          hierarchy_->reduce_scatter_tensor_coalesced(outputs, inputs, opts))) {
-    return hierarchical_done(OpType::COALESCED, outputs);
+    return hierarchical_done(calls::kReduceScatterTensorCoalesced, outputs);
   }
   const auto op = to_reduce_op(opts.reduceOp);
   const char* why = collectives_.rejects(inputs);
@@ -621,14 +591,14 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::reduce_scatter_tensor_coalesce
     if (!ops::is_reducible_dtype(outputs[i].scalar_type())) why = reason::kDtype;
   }
   return serve(
-      kReduceScatterTensorCoalesced, {outputs, inputs, why, opts.asyncOp},
+      calls::kReduceScatterTensorCoalesced, {outputs, inputs, why, opts.asyncOp},
       [&] { return " " + reduce_op_text(opts.reduceOp); },
       [&] {  // one workspace reduce-scatter per pair, in order
         for (size_t i = 0; i < inputs.size(); ++i) {
-          counters_.record(Op::kReduceScatter, collectives_.reduce_scatter_tensor(
-                                                   outputs[i], inputs[i], *op,
-                                                   "reduce_scatter_tensor (coalesced, tensor " +
-                                                       std::to_string(i) + ")"));
+          counters_.record(OpId::kReduceScatter, collectives_.reduce_scatter_tensor(
+                                                     outputs[i], inputs[i], *op,
+                                                     "reduce_scatter_tensor (coalesced, tensor " +
+                                                         std::to_string(i) + ")"));
         }
       },
       [&](c10d::Backend& b) { return b.reduce_scatter_tensor_coalesced(outputs, inputs, opts); },
@@ -641,7 +611,7 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::all_to_all_single_entry(
   const char* why = collectives_.rejects({input, output});
   if (!why && input.scalar_type() != output.scalar_type()) why = reason::kShapes;
   return serve(
-      kAllToAllSingle, {input, input, why, opts.asyncOp}, no_detail,
+      call(OpId::kAllToAllSingle), {input, input, why, opts.asyncOp}, no_detail,
       [&] {
         return collectives_.all_to_all_single(output, input, output_split_sizes, input_split_sizes);
       },
@@ -667,7 +637,7 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::alltoall(std::vector<at::Tenso
     }
   }
   return serve(
-      kAllToAll, {inputs, inputs, why, opts.asyncOp}, no_detail,
+      call(OpId::kAllToAll), {inputs, inputs, why, opts.asyncOp}, no_detail,
       [&] { return collectives_.all_to_all(outputs, inputs); },
       [&](c10d::Backend& b) { return b.alltoall(outputs, inputs, opts); }, [&] { return outputs; });
 }
@@ -681,7 +651,7 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::gather(
   std::vector<at::Tensor> none;
   std::vector<at::Tensor>& at_root = !why && is_root ? outputs[0] : none;
   return serve(
-      kGather, {inputs, inputs, why, opts.asyncOp},
+      call(OpId::kGather), {inputs, inputs, why, opts.asyncOp},
       [&] { return " to root " + std::to_string(root); },
       [&] { return collectives_.gather(at_root, inputs[0], root); },
       [&](c10d::Backend& b) { return b.gather(outputs, inputs, opts); }, [&] { return at_root; });
@@ -696,7 +666,7 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::scatter(
   const std::vector<at::Tensor> none;
   const std::vector<at::Tensor>& at_root = !why && is_root ? inputs[0] : none;
   return serve(
-      kScatter, {outputs, outputs, why, opts.asyncOp},
+      call(OpId::kScatter), {outputs, outputs, why, opts.asyncOp},
       [&] { return " from root " + std::to_string(root); },
       [&] { return collectives_.scatter(outputs[0], at_root, root); },
       [&](c10d::Backend& b) { return b.scatter(outputs, inputs, opts); }, [&] { return outputs; });
@@ -731,7 +701,7 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::gather_into_tensor_entry(
   // The root's output is checked before any route is taken: on the workspace's route it tells the
   // peers (NOTE [Op signatures]), which would otherwise wait for it until the timeout.
   if (!collectives_.rejects(inputs)) {
-    collectives_.check_or_reject("gather_single", OpKind::kGather, checks);
+    collectives_.check_or_reject("gather_single", OpId::kGather, checks);
   } else {
     checks();
   }
@@ -746,7 +716,7 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::gather_into_tensor_entry(
   std::vector<at::Tensor> none;
   std::vector<at::Tensor>& at_root = !why && is_root ? outputs[0] : none;
   return serve(
-      kGatherSingle, {inputs, inputs, why, opts.asyncOp},
+      calls::kGatherSingle, {inputs, inputs, why, opts.asyncOp},
       [&] { return " to root " + std::to_string(root); },
       [&] { return collectives_.gather(at_root, inputs[0], root); },
       [&](c10d::Backend& b) { return b.gather(outputs, inputs, opts); },
@@ -842,7 +812,7 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::reduce(std::vector<at::Tensor>
                     : !op ? reason::kReduceOp
                           : collectives_.all_reduce_rejects(tensors[0]);
   return serve(
-      kReduce, {tensors, tensors, why, opts.asyncOp},
+      call(OpId::kReduce), {tensors, tensors, why, opts.asyncOp},
       [&] {
         return " " + reduce_op_text(opts.reduceOp) + " to root " + std::to_string(opts.rootRank);
       },
@@ -851,8 +821,8 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::reduce(std::vector<at::Tensor>
 }
 
 ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::barrier(const c10d::BarrierOptions& opts) {
-  if (hierarchy_ && ran_hierarchically(Op::kBarrier, hierarchy_->barrier(opts))) {
-    return hierarchical_done(OpType::BARRIER, {});
+  if (hierarchy_ && ran_hierarchically(call(OpId::kBarrier), hierarchy_->barrier(opts))) {
+    return hierarchical_done(call(OpId::kBarrier), {});
   }
   // A barrier for a CUDA device stays with NCCL unless the workspace itself is on CUDA. No route
   // handshake: NCCL's and Gloo's barriers are where a barrier of a rank without the workspace
@@ -863,7 +833,7 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::barrier(const c10d::BarrierOpt
                     : !device_ok       ? reason::kDevice
                                        : nullptr;
   if (why) {
-    counters_.fallback(Op::kBarrier, why);
+    counters_.fallback(OpId::kBarrier, why);
     c10d::BarrierOptions routed = opts;
     // NOTE [Barriers order the GPU] in backend/wrapped_backends.cpp.
     const bool gpu_workspace = workspace_ && !collectives_.on_host();
@@ -874,19 +844,19 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::barrier(const c10d::BarrierOpt
   }
   std::optional<Millis> timeout;
   if (opts.timeout > Millis(0)) timeout = opts.timeout;
-  counters_.record(Op::kBarrier, collectives_.barrier(timeout));
+  counters_.record(OpId::kBarrier, collectives_.barrier(timeout));
   return completed(OpType::BARRIER, [] { return std::vector<at::Tensor>{}; }, opts.asyncOp);
 }
 
 ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::allreduce_sparse(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
-  return wrapped_only(Op::kAllReduceSparse, reason::kNoWorkspaceOp, tensors, "allreduce_sparse",
+  return wrapped_only(call(OpId::kAllReduceSparse), reason::kNoWorkspaceOp, tensors,
                       [&](c10d::Backend& b) { return b.allreduce_sparse(tensors, opts); });
 }
 
 ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
-  return wrapped_only(Op::kAllReduce, reason::kSeveralTensors, tensors, "allreduce_coalesced",
+  return wrapped_only(calls::kAllReduceCoalesced, reason::kSeveralTensors, tensors,
                       [&](c10d::Backend& b) { return b.allreduce_coalesced(tensors, opts); });
 }
 
@@ -894,13 +864,13 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   return wrapped_only(
-      Op::kAllGather, reason::kSeveralTensors, inputs, "allgather_coalesced",
+      calls::kAllGatherCoalesced, reason::kSeveralTensors, inputs,
       [&](c10d::Backend& b) { return b.allgather_coalesced(outputs, inputs, opts); });
 }
 
 void ProcessGroupCudaP2P::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
   // Only Gloo implements it; it reports which ranks failed to arrive.
-  counters_.fallback(Op::kMonitoredBarrier, reason::kNoWorkspaceOp);
+  counters_.fallback(OpId::kMonitoredBarrier, reason::kNoWorkspaceOp);
   wrapped_.cpu()->monitoredBarrier(opts, wait_all_ranks);
 }
 
@@ -920,10 +890,10 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::send_or_recv(std::vector<at::T
                                                                c10d::OpType type, int peer, int tag,
                                                                Wrapped&& wrapped) {
   const bool send = type == OpType::SEND, recv = type == OpType::RECV;
-  const Op op = send ? Op::kSend : recv ? Op::kRecv : Op::kRecvAnysource;
+  const OpId op = send ? OpId::kSend : recv ? OpId::kRecv : OpId::kRecvAnysource;
   if (const char* why = send_recv_.rejects(tensors)) {
     counters_.fallback(op, why);
-    return wrapped_.delegate(tensors, send ? "send" : recv ? "recv" : "recv_anysource", wrapped);
+    return wrapped_.delegate(tensors, ops::spec(op).c10d_name, wrapped);
   }
   auto work = send_recv_.post(type, tensors[0], peer, tag, options_->timeout);
   counters_.record(op, "direct");
@@ -971,16 +941,16 @@ at::Tensor ProcessGroupCudaP2P::all_gather_v(const at::Tensor& input,
   // No route handshake: the flat path's checks agree instead (across hosts) or raise locally.
   const char* why = collectives_.rejects(input);
   if (!why) {
-    collectives_.check_or_reject("all_gather_v", OpKind::kAllGatherV, checks);
+    collectives_.check_or_reject("all_gather_v", OpId::kAllGatherV, checks);
     auto r = collectives_.all_gather_v(input, sizes);
-    counters_.record(Op::kAllGatherV, r.outcome);
+    counters_.record(OpId::kAllGatherV, r.outcome);
     settle_cpu_outputs("all_gather_v");
     return r.output;
   }
   if (hierarchy_) {
     // NOTE [Hierarchical agreement]: the flat path's Gloo all-gather takes the largest size.
     hierarchy_->agree_flat(
-        OpKind::kAllGatherV, {input}, checks,
+        OpId::kAllGatherV, {input}, checks,
         [&] {
           const int64_t row_bytes =
               c10::multiply_integers(input.sizes().slice(1)) * input.element_size();
@@ -994,7 +964,7 @@ at::Tensor ProcessGroupCudaP2P::all_gather_v(const at::Tensor& input,
     checks();
   }
   at::Tensor output = wrapped_.all_gather_v(input, sizes, me);
-  counters_.fallback(Op::kAllGatherV, why);
+  counters_.fallback(OpId::kAllGatherV, why);
   return output;
 }
 
@@ -1003,16 +973,16 @@ std::pair<at::Tensor, std::vector<int64_t>> ProcessGroupCudaP2P::all_to_all_v(
   const char* why = input.defined() ? collectives_.rejects(input) : reason::kDevice;
   if (!why) {
     auto r = collectives_.all_to_all_v(input, input_splits);
-    counters_.record(Op::kAllToAllV, r.outcome);
+    counters_.record(OpId::kAllToAllV, r.outcome);
     settle_cpu_outputs("all_to_all_v");
     return {std::move(r.output), std::move(r.recv)};
   }
   if (input.defined()) {
-    collectives_.agree_on_route("all_to_all_v", OpKind::kAllToAllV, input, no_detail, why);
+    collectives_.agree_on_route("all_to_all_v", OpId::kAllToAllV, input, no_detail, why);
   }
   WorkspaceCollectives::check_all_to_all_v(input, input_splits, getSize());
   auto r = wrapped_.all_to_all_v(input, input_splits);
-  counters_.fallback(Op::kAllToAllV, why);
+  counters_.fallback(OpId::kAllToAllV, why);
   return r;
 }
 
@@ -1083,7 +1053,7 @@ at::Tensor ProcessGroupCudaP2P::allocateTensor(long size, at::TensorOptions opti
               " (supports_tensor_alloc is false: it allocates only where its collectives read the "
               "heap's tensors zero-copy, NOTE [Process-group allocation for FSDP2])");
   auto [tensor, in_heap] = heap_.allocate_comm_buffer(size, options);
-  counters_.record(Op::kAllocateTensor, in_heap ? "heap" : "fallback");
+  counters_.record(OpId::kAllocateTensor, in_heap ? "heap" : "fallback");
   return tensor;
 }
 

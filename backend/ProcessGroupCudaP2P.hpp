@@ -48,8 +48,7 @@
 namespace cuda_p2p {
 
 namespace detail {
-struct Entry;  // one row of the router's entry table (ProcessGroupCudaP2P.cpp)
-struct Call;   // one call as the entry sequence takes it
+struct Call;  // one call as the entry sequence takes it (ProcessGroupCudaP2P.cpp)
 }  // namespace detail
 
 class ProcessGroupCudaP2P : public c10d::Backend {
@@ -370,20 +369,20 @@ class ProcessGroupCudaP2P : public c10d::Backend {
  private:
   using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 
-  // NOTE [The entry sequence], in ProcessGroupCudaP2P.cpp with its table. on_workspace: the
-  // route's handshake and the fallback's counter when the call has a reason to go to the wrapped
-  // backend (false), else the workspace body, counted (true). serve: that, then the wrapped
-  // backend's Work or the workspace's.
+  // NOTE [The entry sequence] in ProcessGroupCudaP2P.cpp; the ops' rows: ops/op_spec.hpp.
+  // on_workspace: the route's handshake and the fallback's counter when the call has a reason to
+  // go to the wrapped backend (false), else the workspace body, counted (true). serve: that, then
+  // the wrapped backend's Work or the workspace's.
   template <typename Detail, typename Body>
-  bool on_workspace(const detail::Entry& entry, const detail::Call& call, Detail&& detail,
+  bool on_workspace(const ops::OpCall& entry, const detail::Call& call, Detail&& detail,
                     Body&& body);
   template <typename Detail, typename Body, typename Wrapped, typename Outputs>
-  WorkPtr serve(const detail::Entry& entry, const detail::Call& call, Detail&& detail, Body&& body,
+  WorkPtr serve(const ops::OpCall& entry, const detail::Call& call, Detail&& detail, Body&& body,
                 Wrapped&& wrapped, Outputs&& outputs);
   // A call the workspace never runs: counted "<op>.wrapped", run on the wrapped backend.
   template <typename Wrapped>
-  WorkPtr wrapped_only(Counters::Op op, const char* why, c10::ArrayRef<at::Tensor> tensors,
-                       const char* name, Wrapped&& wrapped);
+  WorkPtr wrapped_only(const ops::OpCall& entry, const char* why, c10::ArrayRef<at::Tensor> tensors,
+                       Wrapped&& wrapped);
   // The bodies of the ops c10d reaches by two names (NOTE [Canonical entries]).
   WorkPtr all_gather_into_tensor_entry(at::Tensor& output, at::Tensor& input,
                                        const c10d::AllgatherOptions& opts);
@@ -420,9 +419,9 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   void hooks_on_device_failure() noexcept;
 
   // The hierarchical step: counts what the hierarchy did; true when it ran the op.
-  bool ran_hierarchically(Counters::Op op, const HierarchyOutcome& outcome);
+  bool ran_hierarchically(const ops::OpCall& entry, const HierarchyOutcome& outcome);
   // The Work of a hierarchical collective (done on return), tracked while coalescing.
-  WorkPtr hierarchical_done(c10d::OpType type, std::vector<at::Tensor> outputs);
+  WorkPtr hierarchical_done(const ops::OpCall& entry, std::vector<at::Tensor> outputs);
   // The Work of a workspace collective, tracked while coalescing, over the tensors `outputs()`
   // returns; none for the synchronous call that returns_no_work() allows.
   template <typename Outputs>

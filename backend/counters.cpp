@@ -13,68 +13,9 @@ namespace cuda_p2p {
 
 namespace {
 
-// The facts of an Outcome that have a counter, "<op>.<suffix>".
-enum Fact : uint8_t {
-  kCrossMemory = 1 << 0,  // "cross_memory"
-  kZeroCopy = 1 << 1,     // "zero_copy"
-  kInline = 1 << 2,       // "inline"
-  kLargeRounds = 1 << 3,  // "large_rounds"
-  kRounds = 1 << 4,       // "rounds": more than one round through the buffer
-  kGrew = 1 << 5,         // "grow"
-  kGraph = 1 << 6,        // "graph": enqueued under capture (NOTE [Replay-safe signals])
-};
-
-struct OpNames {
-  Counters::Op op;
-  const char* prefix;
-  uint8_t facts;  // which facts of its Outcome the op names
-};
-
-// Every public name is made from this table (docs/collectives.md, "Counters"). A workspace
-// collective names the graph it was captured in, and the reads it made; a fused op its rounds
-// and growth.
-constexpr uint8_t kCollective = kCrossMemory | kZeroCopy | kGraph;
-constexpr OpNames kOps[] = {
-    {Counters::Op::kAllReduce, "all_reduce", kZeroCopy | kInline | kLargeRounds | kGraph},
-    {Counters::Op::kAllReduceSparse, "all_reduce_sparse", 0},
-    {Counters::Op::kAllGather, "all_gather", kCollective},
-    {Counters::Op::kReduceScatter, "reduce_scatter", kCollective},
-    {Counters::Op::kBroadcast, "broadcast", kCollective},
-    {Counters::Op::kBarrier, "barrier", kGraph},
-    {Counters::Op::kMonitoredBarrier, "monitored_barrier", 0},
-    {Counters::Op::kAllGatherV, "all_gather_v", kZeroCopy | kGraph},
-    {Counters::Op::kAllToAllSingle, "all_to_all_single", kCollective},
-    {Counters::Op::kAllToAll, "all_to_all", kCollective},
-    {Counters::Op::kAllToAllV, "all_to_all_v", kCollective},
-    {Counters::Op::kGather, "gather", kGraph},
-    {Counters::Op::kScatter, "scatter", kGraph},
-    {Counters::Op::kReduce, "reduce", kGraph},
-    {Counters::Op::kSend, "send", 0},
-    {Counters::Op::kRecv, "recv", 0},
-    {Counters::Op::kRecvAnysource, "recv_anysource", 0},
-    {Counters::Op::kFusedAllGatherMatmul, "fused_all_gather_matmul",
-     kRounds | kZeroCopy | kGrew | kGraph},
-    {Counters::Op::kFusedMatmulReduceScatter, "fused_matmul_reduce_scatter",
-     kRounds | kGrew | kGraph},
-    // The fp8 ops have never named their captures.
-    {Counters::Op::kFusedAllGatherScaledMatmul, "fused_all_gather_scaled_matmul",
-     kRounds | kZeroCopy | kGrew},
-    {Counters::Op::kFusedScaledMatmulReduceScatter, "fused_scaled_matmul_reduce_scatter",
-     kRounds | kGrew},
-    {Counters::Op::kAllocateTensor, "allocate_tensor", 0},
-    {Counters::Op::kWindow, "window", 0},
-};
-static_assert(std::size(kOps) == static_cast<size_t>(Counters::Op::kCount));
-
-constexpr bool table_in_order() {
-  for (size_t i = 0; i < std::size(kOps); ++i) {
-    if (static_cast<size_t>(kOps[i].op) != i) return false;
-  }
-  return true;
-}
-static_assert(table_in_order(), "kOps must list the ops in the order of Counters::Op");
-
-const OpNames& names_of(Counters::Op op) { return kOps[static_cast<size_t>(op)]; }
+namespace fact = ops::fact;
+using ops::OpId;
+using ops::spec;
 
 constexpr const char* kHotNames[] = {"all_reduce.one_shot", "all_reduce.two_shot",
                                      "all_reduce.inline", "all_reduce.zero_copy",
@@ -104,8 +45,8 @@ void Counters::bump(std::string_view prefix, std::string_view suffix) {
   ++it->second;
 }
 
-void Counters::record(Op op, const ops::Outcome& o) {
-  if (op == Op::kAllReduce) {
+void Counters::record(OpId op, const ops::Outcome& o) {
+  if (op == OpId::kAllReduce) {
     // The small all-reduce's path: atomics only.
     const bool one_shot = std::string_view(o.algorithm) == "one_shot";
     hot_[one_shot ? kOneShot : kTwoShot].fetch_add(1, std::memory_order_relaxed);
@@ -115,34 +56,35 @@ void Counters::record(Op op, const ops::Outcome& o) {
     if (o.graph) bump("all_reduce", "graph");
     return;
   }
-  const OpNames& n = names_of(op);
-  TORCH_INTERNAL_ASSERT(o.algorithm, "cuda_p2p: ", n.prefix, " reported no algorithm");
-  bump(n.prefix, o.algorithm);
-  if ((n.facts & kRounds) && o.rounds > 1) bump(n.prefix, "rounds");
-  if ((n.facts & kCrossMemory) && o.cross_memory) bump(n.prefix, "cross_memory");
-  if ((n.facts & kZeroCopy) && o.zero_copy) bump(n.prefix, "zero_copy");
-  if ((n.facts & kInline) && o.ran_inline) bump(n.prefix, "inline");
-  if ((n.facts & kLargeRounds) && o.large_rounds) bump(n.prefix, "large_rounds");
-  if ((n.facts & kGrew) && o.grew) bump(n.prefix, "grow");
-  if ((n.facts & kGraph) && o.graph) bump(n.prefix, "graph");
+  const ops::OpSpec& n = spec(op);
+  const char* prefix = n.name;
+  TORCH_INTERNAL_ASSERT(o.algorithm, "cuda_p2p: ", prefix, " reported no algorithm");
+  bump(prefix, o.algorithm);
+  if ((n.facts & fact::kRounds) && o.rounds > 1) bump(prefix, "rounds");
+  if ((n.facts & fact::kCrossMemory) && o.cross_memory) bump(prefix, "cross_memory");
+  if ((n.facts & fact::kZeroCopy) && o.zero_copy) bump(prefix, "zero_copy");
+  if ((n.facts & fact::kInline) && o.ran_inline) bump(prefix, "inline");
+  if ((n.facts & fact::kLargeRounds) && o.large_rounds) bump(prefix, "large_rounds");
+  if ((n.facts & fact::kGrew) && o.grew) bump(prefix, "grow");
+  if ((n.facts & fact::kGraph) && o.graph) bump(prefix, "graph");
 }
 
-void Counters::record(Op op, const char* path) { bump(names_of(op).prefix, path); }
+void Counters::record(OpId op, const char* path) { bump(spec(op).name, path); }
 
-void Counters::fallback(Op op, const char* why) {
-  const char* prefix = names_of(op).prefix;
+void Counters::fallback(OpId op, const char* why) {
+  const char* prefix = spec(op).name;
   if (debug_) debug_fallback(std::string(prefix) + ".wrapped", why);
   bump(prefix, "wrapped");
 }
 
-void Counters::unfused(Op op) {
-  const char* prefix = names_of(op).prefix;
+void Counters::unfused(OpId op) {
+  const char* prefix = spec(op).name;
   if (debug_) debug_fallback(std::string(prefix) + ".unfused", nullptr);
   bump(prefix, "unfused");
 }
 
-void Counters::hierarchical(Op op, const HierarchyOutcome& h) {
-  const char* prefix = names_of(op).prefix;
+void Counters::hierarchical(OpId op, const HierarchyOutcome& h) {
+  const char* prefix = spec(op).name;
   if (h.ran) {
     for (int i = 0; i < h.runs; ++i) bump(prefix, h.path);
     if (h.in_agreement) bump(prefix, "in_agreement");

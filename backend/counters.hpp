@@ -18,6 +18,7 @@
 #include <string>
 #include <string_view>
 
+#include "ops/op_spec.hpp"
 #include "ops/outcome.hpp"
 
 namespace cuda_p2p {
@@ -40,34 +41,6 @@ inline constexpr const char* kNoWorkspaceOp = "no workspace version of this op";
 
 class Counters {
  public:
-  // The ops that count, each with its public prefix (kOps in counters.cpp).
-  enum class Op : uint8_t {
-    kAllReduce,
-    kAllReduceSparse,
-    kAllGather,      // all_gather and all_gather_into_tensor, single or coalesced
-    kReduceScatter,  // reduce_scatter and reduce_scatter_tensor, single or coalesced
-    kBroadcast,
-    kBarrier,
-    kMonitoredBarrier,
-    kAllGatherV,
-    kAllToAllSingle,
-    kAllToAll,
-    kAllToAllV,
-    kGather,
-    kScatter,
-    kReduce,
-    kSend,
-    kRecv,
-    kRecvAnysource,
-    kFusedAllGatherMatmul,
-    kFusedMatmulReduceScatter,
-    kFusedAllGatherScaledMatmul,
-    kFusedScaledMatmulReduceScatter,
-    kAllocateTensor,
-    kWindow,  // the one-sided windows' calls (backend/windows.cpp)
-    kCount
-  };
-
   // What a fallback's debug line says for the reasons only the group can explain
   // (reason::kWorkspaceOff: why the collectives are off; reason::kDevice: the workspace's
   // device). Called on a fallback's first call, with CUDA_P2P_DEBUG=INFO only.
@@ -82,17 +55,17 @@ class Counters {
   // ("<op>.cross_memory", "<op>.zero_copy", "all_reduce.inline", "<op>.graph", ...). The
   // all-reduce's counters are atomics: no lock and no allocation on the small all-reduce's path
   // (NOTE [Inline one-shot] in ops/all_reduce.cpp).
-  void record(Op op, const ops::Outcome& outcome);
+  void record(ops::OpId op, const ops::Outcome& outcome);
   // "<op>.<path>" for a path that is no algorithm ("allocate_tensor.heap", ".fallback").
-  void record(Op op, const char* path);
+  void record(ops::OpId op, const char* path);
   // The call went to the wrapped backend: "<op>.wrapped", and under CUDA_P2P_DEBUG=INFO the
   // first such call writes one line saying why (`why`: a reason:: or the caller's own).
-  void fallback(Op op, const char* why);
+  void fallback(ops::OpId op, const char* why);
   // A fused op's "auto" ran the unfused pair (NOTE [Unfused below a size]): "<op>.unfused".
-  void unfused(Op op);
+  void unfused(ops::OpId op);
   // What a hierarchical entry did: "<op>.hierarchical" / "<op>.hierarchical_leaders" (once per
   // pair it ran), "all_reduce.in_agreement", or "<op>.flat.<why>" when it declined.
-  void hierarchical(Op op, const HierarchyOutcome& outcome);
+  void hierarchical(ops::OpId op, const HierarchyOutcome& outcome);
 
   // The count of host copies and reductions split across intra-op threads ("intra_op.split"),
   // which the collectives' closures bump (NOTE [Intra-op threads] in ops/collectives.cpp).

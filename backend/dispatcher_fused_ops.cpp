@@ -14,7 +14,7 @@
 namespace cuda_p2p {
 namespace {
 
-using Op = Counters::Op;
+using ops::OpId;
 
 constexpr const char* kAllGatherMatmul = "fused_all_gather_matmul";
 constexpr const char* kMatmulReduceScatter = "fused_matmul_reduce_scatter";
@@ -109,7 +109,7 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> all_gather_matmul
   std::vector<at::Tensor> outputs;
   outputs.reserve(Bs.size());
   for (const auto& B : Bs) outputs.push_back(at::matmul(A, B).movedim(0, back));
-  pg.path_counters().unfused(Op::kFusedAllGatherMatmul);
+  pg.path_counters().unfused(OpId::kFusedAllGatherMatmul);
   return {return_A ? std::optional<at::Tensor>(A.movedim(0, back)) : std::nullopt, outputs};
 }
 
@@ -146,7 +146,7 @@ at::Tensor matmul_reduce_scatter_unfused_run(ProcessGroupCudaP2P& pg, const at::
   c10d::ReduceScatterOptions opts;
   opts.reduceOp = reduce_op == "avg" ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
   pg._reduce_scatter_base(scattered, product, opts)->wait();
-  pg.path_counters().unfused(Op::kFusedMatmulReduceScatter);
+  pg.path_counters().unfused(OpId::kFusedMatmulReduceScatter);
   if (dim == 0) return scattered;
   auto out_sizes = A.sizes().vec();
   out_sizes.back() = B.size(1);
@@ -171,7 +171,7 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_
   }
   auto r = with_pipeline(pg, A_shard, [&](auto& group) {
     auto done = ops::fused_all_gather_matmul(group, A_shard, Bs, gather_dim, return_A, algorithm);
-    pg.path_counters().record(Op::kFusedAllGatherMatmul, done.outcome);
+    pg.path_counters().record(OpId::kFusedAllGatherMatmul, done.outcome);
     return done;
   });
   return {r.A, r.outputs};
@@ -194,7 +194,7 @@ at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
   auto r = with_pipeline(pg, A, [&](auto& group) {
     auto done = ops::fused_matmul_reduce_scatter(group, A, B, reduce_op, scatter_dim, algorithm,
                                                  ring_steps);
-    pg.path_counters().record(Op::kFusedMatmulReduceScatter, done.outcome);
+    pg.path_counters().record(OpId::kFusedMatmulReduceScatter, done.outcome);
     return done;
   });
   return r.output;
@@ -232,7 +232,7 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_
   auto r = with_pipeline(pg, A_shard, [&](auto& group) {
     auto done = ops::fused_all_gather_scaled_matmul(group, A_shard, Bs, A_scale, B_scales,
                                                     gather_dim, out_dtypes, return_A, algorithm);
-    pg.path_counters().record(Op::kFusedAllGatherScaledMatmul, done.outcome);
+    pg.path_counters().record(OpId::kFusedAllGatherScaledMatmul, done.outcome);
     return done;
   });
   return {r.A, r.outputs};
@@ -250,7 +250,7 @@ at::Tensor fused_scaled_matmul_reduce_scatter(const at::Tensor& A, const at::Ten
   auto r = with_pipeline(pg, A, [&](auto& group) {
     auto done = ops::fused_scaled_matmul_reduce_scatter(
         group, A, B, A_scale, B_scale, reduce_op, scatter_dim, out_dtype, algorithm, ring_steps);
-    pg.path_counters().record(Op::kFusedScaledMatmulReduceScatter, done.outcome);
+    pg.path_counters().record(OpId::kFusedScaledMatmulReduceScatter, done.outcome);
     return done;
   });
   return r.output;

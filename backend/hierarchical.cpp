@@ -152,7 +152,7 @@ bool Hierarchy::on_nccl(c10::ArrayRef<at::Tensor> tensors) const {
                      [](const at::Tensor& t) { return t.defined() && t.is_cuda(); });
 }
 
-ops::OpSignature Hierarchy::signature(ops::OpKind kind, std::string text, const char* why,
+ops::OpSignature Hierarchy::signature(ops::OpId kind, std::string text, const char* why,
                                       const std::string& error) {
   if (!error.empty()) return ops::OpSignature::rejected(kind, error);
   if (why) text += std::string(" (flat: ") + why + ")";
@@ -177,7 +177,7 @@ HierarchyOutcome Hierarchy::barrier(const c10d::BarrierOptions& opts) {
   const bool was = agreement_on_;
   agreement_on_ = true;  // the exchange is the barrier: never skipped
   try {
-    agree(ops::OpSignature::of(ops::OpKind::kBarrier, ""), opts.timeout);
+    agree(ops::OpSignature::of(ops::OpId::kBarrier, ""), opts.timeout);
   } catch (...) {
     agreement_on_ = was;
     throw;
@@ -186,7 +186,7 @@ HierarchyOutcome Hierarchy::barrier(const c10d::BarrierOptions& opts) {
   return {.ran = true, .path = "hierarchical", .runs = 1};  // the same exchange on any hosts
 }
 
-void Hierarchy::agree_flat(ops::OpKind kind, c10::ArrayRef<at::Tensor> tensors,
+void Hierarchy::agree_flat(ops::OpId kind, c10::ArrayRef<at::Tensor> tensors,
                            const std::function<void()>& checks,
                            const std::function<std::string()>& text,
                            std::chrono::milliseconds timeout) {
@@ -214,7 +214,7 @@ void Hierarchy::agree_flat(ops::OpKind kind, c10::ArrayRef<at::Tensor> tensors,
 //     it flat); else `run` runs the algorithm, still under mutex_, and says what ran.
 // The entries below state only what differs: the kind, the tensors, the screen, the text, the run.
 template <typename Screen, typename Text, typename Run>
-HierarchyOutcome Hierarchy::enter(ops::OpKind kind, c10::ArrayRef<at::Tensor> tensors,
+HierarchyOutcome Hierarchy::enter(ops::OpId kind, c10::ArrayRef<at::Tensor> tensors,
                                   std::chrono::milliseconds timeout, Screen&& screen, Text&& text,
                                   Run&& run, const c10d::ReduceOp* inline_op) {
   constexpr bool kRides = std::is_invocable_v<Run&, at::Tensor&, bool>;
@@ -244,7 +244,7 @@ HierarchyOutcome Hierarchy::enter(ops::OpKind kind, c10::ArrayRef<at::Tensor> te
 HierarchyOutcome Hierarchy::all_reduce(std::vector<at::Tensor>& tensors,
                                        const c10d::AllreduceOptions& opts) {
   return enter(
-      ops::OpKind::kAllReduce, tensors, opts.timeout,
+      ops::OpId::kAllReduce, tensors, opts.timeout,
       [&]() -> const char* {
         if (tensors.size() != 1) return "several_tensors";
         if (const char* why = rejects(tensors)) return why;
@@ -266,7 +266,7 @@ HierarchyOutcome Hierarchy::all_reduce(std::vector<at::Tensor>& tensors,
 HierarchyOutcome Hierarchy::all_gather_into_tensor(at::Tensor& output, at::Tensor& input,
                                                    const c10d::AllgatherOptions& opts) {
   return enter(
-      ops::OpKind::kAllGather, {input, output}, opts.timeout,
+      ops::OpId::kAllGather, {input, output}, opts.timeout,
       [&] { return all_gather_rejects(output, input); }, [&] { return describe(input); },
       [&] {
         run_all_gather_into_tensor(output, input, opts.timeout);
@@ -278,7 +278,7 @@ HierarchyOutcome Hierarchy::all_gather_into_tensor_coalesced(std::vector<at::Ten
                                                              std::vector<at::Tensor>& inputs,
                                                              const c10d::AllgatherOptions& opts) {
   return enter(
-      ops::OpKind::kAllGather, inputs, opts.timeout,
+      ops::OpId::kAllGather, inputs, opts.timeout,
       [&] {
         check_pairs(outputs, inputs, "all_gather_into_tensor");
         const char* why = nullptr;
@@ -301,7 +301,7 @@ HierarchyOutcome Hierarchy::all_gather(std::vector<std::vector<at::Tensor>>& out
                                        const c10d::AllgatherOptions& opts) {
   const size_t W = layout_.host.size();
   return enter(
-      ops::OpKind::kAllGather, inputs, opts.timeout,
+      ops::OpId::kAllGather, inputs, opts.timeout,
       [&]() -> const char* {
         if (inputs.size() != 1 || outputs.size() != 1 || outputs[0].size() != W) {
           return "several_tensors";
@@ -333,7 +333,7 @@ HierarchyOutcome Hierarchy::all_gather(std::vector<std::vector<at::Tensor>>& out
 HierarchyOutcome Hierarchy::reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
                                                   const c10d::ReduceScatterOptions& opts) {
   return enter(
-      ops::OpKind::kReduceScatter, {input, output}, opts.timeout,
+      ops::OpId::kReduceScatter, {input, output}, opts.timeout,
       [&] { return reduce_scatter_rejects(output, input, opts.reduceOp); },
       [&] { return describe(output) + " " + reduce_op_text(opts.reduceOp); },
       [&] {
@@ -346,7 +346,7 @@ HierarchyOutcome Hierarchy::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   return enter(
-      ops::OpKind::kReduceScatter, inputs, opts.timeout,
+      ops::OpId::kReduceScatter, inputs, opts.timeout,
       [&] {
         check_pairs(outputs, inputs, "reduce_scatter_tensor");
         const char* why = nullptr;
@@ -369,7 +369,7 @@ HierarchyOutcome Hierarchy::reduce_scatter(std::vector<at::Tensor>& outputs,
                                            const c10d::ReduceScatterOptions& opts) {
   const size_t W = layout_.host.size();
   return enter(
-      ops::OpKind::kReduceScatter, outputs, opts.timeout,
+      ops::OpId::kReduceScatter, outputs, opts.timeout,
       [&]() -> const char* {
         if (outputs.size() != 1 || inputs.size() != 1 || inputs[0].size() != W) {
           return "several_tensors";
@@ -404,7 +404,7 @@ HierarchyOutcome Hierarchy::broadcast(std::vector<at::Tensor>& tensors,
                                       const c10d::BroadcastOptions& opts) {
   const int W = static_cast<int>(layout_.host.size());
   return enter(
-      ops::OpKind::kBroadcast, tensors, opts.timeout,
+      ops::OpId::kBroadcast, tensors, opts.timeout,
       [&] {
         const char* why =
             tensors.size() != 1 || opts.rootTensor != 0 ? "several_tensors" : rejects(tensors);

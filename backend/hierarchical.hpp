@@ -118,7 +118,7 @@ class Hierarchy {
   // For a call that runs flat on the wrapped backend (all_gather_v): runs `checks` (a TORCH_CHECK
   // failure makes the signature invalid), agrees on `text` across the group, then rethrows the
   // checks' error if any. `tensors`: what the call passes (CUDA ones on a group with NCCL skip it).
-  void agree_flat(ops::OpKind kind, c10::ArrayRef<at::Tensor> tensors,
+  void agree_flat(ops::OpId kind, c10::ArrayRef<at::Tensor> tensors,
                   const std::function<void()>& checks, const std::function<std::string()>& text,
                   std::chrono::milliseconds timeout);
   // Bench knob (bench/bench_collectives.py --agreement-cost): off skips the agreement, to measure
@@ -143,7 +143,7 @@ class Hierarchy {
   // `inline_op` (an all-reduce), `run` takes the tensor that rode in the agreement (undefined when
   // none did) and whether it did.
   template <typename Screen, typename Text, typename Run>
-  HierarchyOutcome enter(ops::OpKind kind, c10::ArrayRef<at::Tensor> tensors,
+  HierarchyOutcome enter(ops::OpId kind, c10::ArrayRef<at::Tensor> tensors,
                          std::chrono::milliseconds timeout, Screen&& screen, Text&& text, Run&& run,
                          const c10d::ReduceOp* inline_op = nullptr);
   // TORCH_CHECKs a coalesced call's pairs: as many outputs as inputs, at least one.
@@ -171,7 +171,7 @@ class Hierarchy {
              const at::Tensor& payload = at::Tensor(), const c10d::ReduceOp& op = c10d::ReduceOp());
   // The signature of a call of `kind` described by `text`: invalid with `error` when the rank's
   // own checks failed, marked with the flat route `why` when it goes to the wrapped backend.
-  static ops::OpSignature signature(ops::OpKind kind, std::string text, const char* why,
+  static ops::OpSignature signature(ops::OpId kind, std::string text, const char* why,
                                     const std::string& error);
   // Runs an intra- or inter-host step, naming the group's ranks in its error (the step's own
   // error names the sub-group's ranks).

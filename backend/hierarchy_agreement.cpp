@@ -105,10 +105,10 @@ AgreementRecord AgreementRecord::decode(const uint8_t* src, int64_t size, int ra
   const auto& w = r.descriptor;
   TORCH_CHECK(w[0] == kFirstStamp, malformed(rank, "stamp "), kFirstStamp, ", got ", w[0]);
   const uint32_t kind = w[1] & 0xff;
-  constexpr auto kFirstKind = static_cast<uint32_t>(ops::OpKind::kBarrier);
-  constexpr auto kLastKind = static_cast<uint32_t>(ops::OpKind::kReduce);
-  TORCH_CHECK(kind >= kFirstKind && kind <= kLastKind, malformed(rank, "an op kind in ["),
-              kFirstKind, ", ", kLastKind, "], got ", kind);
+  constexpr auto kFirstKind = static_cast<uint32_t>(ops::OpId::kBarrier);
+  constexpr auto kEndKind = static_cast<uint32_t>(ops::OpId::kEnd);
+  TORCH_CHECK(ops::is_op_id(kind), malformed(rank, "an op kind in ["), kFirstKind, ", ", kEndKind,
+              "), got ", kind);
   const uint32_t flags = w[1] & 0xff00;
   TORCH_CHECK((flags & ~kInvalidFlag) == 0, malformed(rank, "no flag but invalid (0x"),
               hex(kInvalidFlag), "), got 0x", hex(flags));

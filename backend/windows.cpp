@@ -11,7 +11,7 @@
 
 namespace cuda_p2p {
 
-using Op = Counters::Op;
+using ops::OpId;
 
 // NOTE [Window registration]
 // tensor_register is collective: every rank publishes where its registered memory lies in its
@@ -93,7 +93,7 @@ WorkspaceWindow::WorkspaceWindow(WindowGroup group) : g_(std::move(group)) {
               " could not place the window's signal counters in its symmetric heap (its own "
               "error says why); no rank made the window");
   protocol_ = std::make_unique<ops::WindowProtocol>(*heap, records.offsets);
-  g_.counters.record(Op::kWindow, "new");
+  g_.counters.record(OpId::kWindow, "new");
 }
 
 WorkspaceWindow::~WorkspaceWindow() = default;
@@ -164,7 +164,7 @@ void WorkspaceWindow::tensor_register(const at::Tensor& tensor, bool /*owning*/)
               " could not register its tensor (its own error says why); no rank registered one");
   protocol_->set_regions(records.regions);
   registered_ = std::move(held);
-  g_.counters.record(Op::kWindow, in_place ? "register_in_place" : "register_moved");
+  g_.counters.record(OpId::kWindow, in_place ? "register_in_place" : "register_moved");
 }
 
 void WorkspaceWindow::tensor_deregister() {
@@ -194,7 +194,7 @@ void WorkspaceWindow::tensor_deregister() {
               " could not deregister (its own error says why); the window stays registered");
   protocol_->clear_regions();
   registered_ = at::Tensor();
-  g_.counters.record(Op::kWindow, "deregister");
+  g_.counters.record(OpId::kWindow, "deregister");
 }
 
 template <typename Fn>
@@ -230,7 +230,7 @@ c10::intrusive_ptr<c10d::Work> WorkspaceWindow::put(const at::Tensor& tensor, in
     protocol_->put(s, src, dst, targetOffsetNelems);
     protocol_->device().record_stream(src, s);
   });
-  g_.counters.record(Op::kWindow, "put");
+  g_.counters.record(OpId::kWindow, "put");
   return work;
 }
 
@@ -238,7 +238,7 @@ c10::intrusive_ptr<c10d::Work> WorkspaceWindow::signal(int64_t peerRank, bool /*
                                                        const c10d::SignalOptions& /*opts*/) {
   const int peer = checked_rank(peerRank, "signal", "peer_rank");
   auto work = run("signal", c10d::OpType::SEND, {}, [&](Stream& s) { protocol_->signal(s, peer); });
-  g_.counters.record(Op::kWindow, "signal");
+  g_.counters.record(OpId::kWindow, "signal");
   return work;
 }
 
@@ -249,7 +249,7 @@ c10::intrusive_ptr<c10d::Work> WorkspaceWindow::wait_signal(int64_t peerRank, bo
   const Millis timeout = opts.timeout.count() < 0 ? g_.timeout() : Millis(opts.timeout);
   auto work = run("wait_signal", c10d::OpType::RECV, {},
                   [&](Stream& s) { protocol_->wait(s, peer, timeout); });
-  g_.counters.record(Op::kWindow, "wait_signal");
+  g_.counters.record(OpId::kWindow, "wait_signal");
   return work;
 }
 
@@ -277,7 +277,7 @@ at::Tensor WorkspaceWindow::map_remote_tensor(int64_t rank) {
     mapped_.emplace_back(
         r, c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl()));
   }
-  g_.counters.record(Op::kWindow, "map_remote_tensor");
+  g_.counters.record(OpId::kWindow, "map_remote_tensor");
   return t;
 }
 

@@ -24,7 +24,7 @@ ops::Outcome WorkspaceCollectives::all_to_all_single(
   const int W = size_;
   refuse_capture("all_to_all_single", kSplitsReadBack);
   std::vector<int64_t> in_rows, out_rows;
-  check_or_reject("all_to_all_single", ops::OpKind::kAllToAllSingle, [&] {
+  check_or_reject("all_to_all_single", ops::OpId::kAllToAllSingle, [&] {
     in_rows = detail::split_rows(input, input_split_sizes, W, "input", "all_to_all_single");
     out_rows = detail::split_rows(output, output_split_sizes, W, "output", "all_to_all_single");
     TORCH_CHECK(detail::row_elements(output) == detail::row_elements(input),
@@ -37,7 +37,7 @@ ops::Outcome WorkspaceCollectives::all_to_all_single(
   const int64_t row_bytes =
       detail::row_elements(input) * static_cast<int64_t>(input.element_size());
   ops::AllToAllArgs args;
-  args.kind = ops::OpKind::kAllToAllSingle;
+  args.kind = ops::OpId::kAllToAllSingle;
   args.text = detail::rows_text(input);
   args.send = detail::row_slices<const char*>(static_cast<const char*>(in.const_data_ptr()),
                                               in_rows, row_bytes);
@@ -61,7 +61,7 @@ ops::Outcome WorkspaceCollectives::all_to_all(std::vector<at::Tensor>& outputs,
   refuse_capture("all_to_all", kSplitsReadBack);
   std::vector<at::Tensor> ins, outs;
   ops::AllToAllArgs args;
-  args.kind = ops::OpKind::kAllToAll;
+  args.kind = ops::OpId::kAllToAll;
   args.text = "tensors of " + ops::dtype_name(inputs[0].scalar_type());
   args.unit_bytes = static_cast<int64_t>(inputs[0].element_size());
   args.unit = "elements";
@@ -99,14 +99,14 @@ WorkspaceCollectives::Rows WorkspaceCollectives::all_to_all_v(
     const at::Tensor& input, const std::vector<int64_t>& input_splits) {
   constexpr const char* kWhat = "all_to_all_v";
   refuse_capture(kWhat, kSplitsReadBack);
-  check_or_reject(kWhat, ops::OpKind::kAllToAllV,
+  check_or_reject(kWhat, ops::OpId::kAllToAllV,
                   [&] { check_all_to_all_v(input, input_splits, size_); });
   std::vector<int64_t> out_sizes = input.sizes().vec();
   const int64_t row_bytes =
       detail::row_elements(input) * static_cast<int64_t>(input.element_size());
   const at::Tensor in = input.is_contiguous() ? input : input.contiguous();
   ops::AllToAllArgs args;
-  args.kind = ops::OpKind::kAllToAllV;
+  args.kind = ops::OpId::kAllToAllV;
   args.text = detail::rows_text(input);
   args.send = detail::row_slices<const char*>(static_cast<const char*>(in.const_data_ptr()),
                                               input_splits, row_bytes);

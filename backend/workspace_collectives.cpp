@@ -118,7 +118,7 @@ ops::Outcome WorkspaceCollectives::run(
   return outcome;
 }
 
-void WorkspaceCollectives::check_or_reject(const char* what, ops::OpKind kind,
+void WorkspaceCollectives::check_or_reject(const char* what, ops::OpId kind,
                                            c10::function_ref<void()> checks) {
   ops::check_or_reject(failure_, size_ > 1, checks, [&](const std::string& reason) {
     run(what, [&](const ops::CollectiveContext& ctx) {
@@ -144,7 +144,7 @@ void WorkspaceCollectives::check_or_reject(const char* what, ops::OpKind kind,
 // (NOTE [Mismatches reach the Work] in backend/works.cpp) instead of their op taking this rank's
 // next one for its own. Not under capture (nothing is compared there: NOTE [Replay-safe
 // signals]), nor without a workspace.
-void WorkspaceCollectives::agree_on_route(const char* what, ops::OpKind kind,
+void WorkspaceCollectives::agree_on_route(const char* what, ops::OpId kind,
                                           c10::ArrayRef<at::Tensor> tensors,
                                           c10::function_ref<std::string()> detail,
                                           const char* why) {
@@ -254,7 +254,7 @@ ops::Outcome WorkspaceCollectives::all_reduce(at::Tensor& t, ops::ReduceOp op) {
   // Checked first without the closures check_or_reject takes: this is the small all-reduce's
   // path (NOTE [Inline one-shot] in ops/all_reduce.cpp), and they allocate.
   if (!ops::reduce_op_applies(op, t.scalar_type())) {
-    check_or_reject("all_reduce", ops::OpKind::kAllReduce,
+    check_or_reject("all_reduce", ops::OpId::kAllReduce,
                     [&] { ops::check_reduce_op(op, t.scalar_type(), "all_reduce"); });
   }
   struct {
@@ -290,7 +290,7 @@ ops::Outcome WorkspaceCollectives::all_gather(const at::Tensor& input,
 ops::Outcome WorkspaceCollectives::all_gather_into_tensor(at::Tensor& output,
                                                           const at::Tensor& input,
                                                           const std::string& what) {
-  check_or_reject("all_gather_into_tensor", ops::OpKind::kAllGather,
+  check_or_reject("all_gather_into_tensor", ops::OpId::kAllGather,
                   [&] { check_whole_of_parts(output, "output", input, "input", size_, what); });
   at::Tensor out = detail::contiguous_output(output);
   std::vector<at::Tensor> chunks;
@@ -302,7 +302,7 @@ ops::Outcome WorkspaceCollectives::all_gather_into_tensor(at::Tensor& output,
 
 ops::Outcome WorkspaceCollectives::reduce_scatter(const std::vector<at::Tensor>& inputs,
                                                   const at::Tensor& output, ops::ReduceOp op) {
-  check_or_reject("reduce_scatter", ops::OpKind::kReduceScatter,
+  check_or_reject("reduce_scatter", ops::OpId::kReduceScatter,
                   [&] { ops::check_reduce_op(op, output.scalar_type(), "reduce_scatter"); });
   std::vector<at::Tensor> ins;
   for (const auto& t : inputs) ins.push_back(contiguous(t));
@@ -319,7 +319,7 @@ ops::Outcome WorkspaceCollectives::reduce_scatter(const std::vector<at::Tensor>&
 ops::Outcome WorkspaceCollectives::reduce_scatter_tensor(const at::Tensor& output,
                                                          const at::Tensor& input, ops::ReduceOp op,
                                                          const std::string& what) {
-  check_or_reject("reduce_scatter_tensor", ops::OpKind::kReduceScatter,
+  check_or_reject("reduce_scatter_tensor", ops::OpId::kReduceScatter,
                   [&] { check_whole_of_parts(input, "input", output, "output", size_, what); });
   const at::Tensor in = contiguous(input);
   std::vector<at::Tensor> chunks;
@@ -328,7 +328,7 @@ ops::Outcome WorkspaceCollectives::reduce_scatter_tensor(const at::Tensor& outpu
 }
 
 ops::Outcome WorkspaceCollectives::broadcast(at::Tensor& t, int64_t root) {
-  check_or_reject("broadcast", ops::OpKind::kBroadcast, [&] {
+  check_or_reject("broadcast", ops::OpId::kBroadcast, [&] {
     TORCH_CHECK(root >= 0 && root < size_, "cuda_p2p broadcast: root must be a rank in [0, ", size_,
                 "), got ", root);
   });

@@ -62,11 +62,11 @@ class WorkspaceCollectives {
   // A local argument check of a workspace collective: when `checks` throws, this rank takes part
   // in the op's handshake with an invalid signature (ops::reject) before its error propagates,
   // so that its peers raise at once instead of waiting for the timeout.
-  void check_or_reject(const char* what, ops::OpKind kind, c10::function_ref<void()> checks);
+  void check_or_reject(const char* what, ops::OpId kind, c10::function_ref<void()> checks);
   // A collective the workspace serves, routed to the wrapped backend on this rank (`why`): on a
   // host workspace, takes part in the op's handshake naming the route (NOTE [Routes agree]);
   // `detail` is the part of its text after the tensors (" sum", " from root 0").
-  void agree_on_route(const char* what, ops::OpKind kind, c10::ArrayRef<at::Tensor> tensors,
+  void agree_on_route(const char* what, ops::OpId kind, c10::ArrayRef<at::Tensor> tensors,
                       c10::function_ref<std::string()> detail, const char* why);
   // Where the ops' signatures are compared in stream order (CUDA; the host with CUDA's semantics):
   // a check that raises the disagreement the comparisons recorded, if any, failing the group's

@@ -25,7 +25,7 @@ void check_root(const char* what, int64_t root, int W) {
 // the handshake (the group stays usable).
 ops::Outcome WorkspaceCollectives::gather(std::vector<at::Tensor>& outputs, const at::Tensor& input,
                                           int64_t root) {
-  check_or_reject("gather", ops::OpKind::kGather, [&] { check_root("gather", root, size_); });
+  check_or_reject("gather", ops::OpId::kGather, [&] { check_root("gather", root, size_); });
   refuse_capture("gather", "");
   const at::Tensor in = input.is_contiguous() ? input : input.contiguous();
   std::vector<at::Tensor> outs;
@@ -41,7 +41,7 @@ ops::Outcome WorkspaceCollectives::gather(std::vector<at::Tensor>& outputs, cons
 
 ops::Outcome WorkspaceCollectives::scatter(at::Tensor& output,
                                            const std::vector<at::Tensor>& inputs, int64_t root) {
-  check_or_reject("scatter", ops::OpKind::kScatter, [&] { check_root("scatter", root, size_); });
+  check_or_reject("scatter", ops::OpId::kScatter, [&] { check_root("scatter", root, size_); });
   refuse_capture("scatter", "");
   std::vector<at::Tensor> ins;
   for (const auto& t : inputs) ins.push_back(t.is_contiguous() ? t : t.contiguous());
@@ -58,7 +58,7 @@ ops::Outcome WorkspaceCollectives::scatter(at::Tensor& output,
 // torch.distributed.reduce: only the root's tensor receives the result; the others' are left
 // as they were (NOTE [Reduce at the root] in ops/reduce.cpp).
 ops::Outcome WorkspaceCollectives::reduce(at::Tensor& t, int64_t root, ops::ReduceOp op) {
-  check_or_reject("reduce", ops::OpKind::kReduce, [&] {
+  check_or_reject("reduce", ops::OpId::kReduce, [&] {
     check_root("reduce", root, size_);
     ops::check_reduce_op(op, t.scalar_type(), "reduce");
   });

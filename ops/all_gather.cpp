@@ -103,9 +103,9 @@ Outcome all_gather(const CollectiveContext& ctx, const at::Tensor& input,
   // Compared at the first phase barrier of the direct algorithms, at a handshake of their own
   // before the rings (NOTE [Op signatures]).
   OpSignature sig = OpSignature::of(
-      OpKind::kAllGather, std::to_string(input.numel()) + " x " + dtype_name(input.scalar_type()) +
-                              " (" + to_string(algo) + (read ? ", cross-memory" : "") +
-                              detail::config_suffix(ctx) + claim + ")");
+      OpId::kAllGather, std::to_string(input.numel()) + " x " + dtype_name(input.scalar_type()) +
+                            " (" + to_string(algo) + (read ? ", cross-memory" : "") +
+                            detail::config_suffix(ctx) + claim + ")");
   // NOTE [Captured collectives in one kernel]
   if (detail::all_gather_kernel(ctx, g.input, g.bytes, g.out, sig)) {
     return {.algorithm = to_string(AllGatherAlgo::kDirect)};

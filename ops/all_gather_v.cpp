@@ -64,8 +64,8 @@ Outcome all_gather_v(const CollectiveContext& ctx, const at::Tensor& input,
   for (int q = 0; q < W; ++q) sizes += (q ? ", " : "") + std::to_string(bytes[q]);
   // Compared at the first phase barrier (NOTE [Op signatures]).
   detail::expect_signature(
-      ctx, OpSignature::of(OpKind::kAllGatherV, dtype_name(input.scalar_type()) + ", bytes [" +
-                                                    sizes + "]" + detail::config_suffix(ctx)));
+      ctx, OpSignature::of(OpId::kAllGatherV, dtype_name(input.scalar_type()) + ", bytes [" +
+                                                  sizes + "]" + detail::config_suffix(ctx)));
   if (*std::max_element(bytes.begin(), bytes.end()) == 0) {
     detail::handshake(ctx);
     return outcome;

@@ -185,7 +185,7 @@ bool two_shot(const CollectiveContext& ctx, const Args& a, ReduceOp op,
 OpSignature signature(const CollectiveContext& ctx, const Args& a, ReduceOp op, AllReduceAlgo algo,
                       std::optional<RoundSize> rounds = std::nullopt) {
   return OpSignature::of(
-      OpKind::kAllReduce,
+      OpId::kAllReduce,
       std::to_string(a.numel) + " x " + dtype_name(a.dtype) + " " + lower_name(op) + " (" +
           to_string(algo) + detail::config_suffix(ctx) +
           (rounds ? std::string(", rounds by rank 0: ") + to_string(*rounds) : std::string()) +

@@ -121,17 +121,16 @@ std::string units(int64_t n, int64_t unit_bytes, const char* unit) {
 // The error every rank raises for these headers ("" when they agree): the same on every rank.
 // `heap_bytes`: the size of each rank's symmetric heap (0: none), which zero-copy slices must lie
 // in (NOTE [All-to-all zero-copy]).
-std::string split_disagreement(const Headers& h, OpKind kind, const char* unit,
-                               int64_t heap_bytes) {
+std::string split_disagreement(const Headers& h, OpId kind, const char* unit, int64_t heap_bytes) {
   for (int r = 0; r < h.W; ++r) {
     if (h.magic(r) != kMagic || h.unit(r) < 0) {
-      return std::string("cuda_p2p ") + to_string(kind) + ": rank " + std::to_string(r) +
+      return std::string("cuda_p2p ") + name(kind) + ": rank " + std::to_string(r) +
              " wrote no all-to-all header (a protocol error); the op did not run on any rank";
     }
     for (int q = 0; q < h.W && h.zero_copy(r); ++q) {
       const int64_t off = h.heap(r, q), len = h.sends(r, q) * h.unit(r);
       if (q != r && (off < 0 || len < 0 || len > heap_bytes || off > heap_bytes - len)) {
-        return std::string("cuda_p2p ") + to_string(kind) + ": rank " + std::to_string(r) +
+        return std::string("cuda_p2p ") + name(kind) + ": rank " + std::to_string(r) +
                " wrote a slice for rank " + std::to_string(q) + " at heap offset " +
                std::to_string(off) + " (" + std::to_string(len) + " bytes) outside a heap of " +
                std::to_string(heap_bytes) +
@@ -143,9 +142,9 @@ std::string split_disagreement(const Headers& h, OpKind kind, const char* unit,
     // The signature compares the units too; this keeps the copies in bounds where it is compared
     // asynchronously (CUDA).
     if (h.unit(r) != h.unit(0)) {
-      return std::string("cuda_p2p ") + to_string(kind) + ": ranks disagree on the bytes of " +
-             unit + ": rank 0 has " + std::to_string(h.unit(0)) + ", rank " + std::to_string(r) +
-             " " + std::to_string(h.unit(r)) + "; the op did not run on any rank";
+      return std::string("cuda_p2p ") + name(kind) + ": ranks disagree on the bytes of " + unit +
+             ": rank 0 has " + std::to_string(h.unit(0)) + ", rank " + std::to_string(r) + " " +
+             std::to_string(h.unit(r)) + "; the op did not run on any rank";
     }
   }
   std::string pairs;
@@ -166,8 +165,8 @@ std::string split_disagreement(const Headers& h, OpKind kind, const char* unit,
   }
   if (pairs.empty()) return "";
   if (more > 0) pairs += " (and " + std::to_string(more) + " more pairs)";
-  return std::string("cuda_p2p ") + to_string(kind) +
-         ": ranks disagree on the split sizes: " + pairs + "; the op did not run on any rank";
+  return std::string("cuda_p2p ") + name(kind) + ": ranks disagree on the split sizes: " + pairs +
+         "; the op did not run on any rank";
 }
 
 // Copies bytes [a, b) of this rank's stream (its send slices without its own) to `dst`.
@@ -189,7 +188,7 @@ void stage_window(const CollectiveContext& ctx, const AllToAllArgs& args, char* 
 AllToAllResult all_to_all(const CollectiveContext& ctx, const AllToAllArgs& args,
                           AllToAllOutputs outputs) {
   const int W = ctx.ws.world_size(), me = ctx.ws.rank();
-  const char* what = to_string(args.kind);
+  const char* what = name(args.kind);
   TORCH_CHECK(static_cast<int>(args.send.size()) == W &&
                   static_cast<int>(args.send_counts.size()) == W &&
                   (args.recv_counts.empty() || static_cast<int>(args.recv_counts.size()) == W),

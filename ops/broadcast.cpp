@@ -31,11 +31,11 @@ Outcome broadcast(const CollectiveContext& ctx, const at::Tensor& tensor, int ro
   // Nobody but the root publishes anything, so the signature needs a handshake of its own
   // before the root's first done word can release a reader (NOTE [Op signatures]).
   detail::expect_signature(
-      ctx, OpSignature::of(OpKind::kBroadcast, std::to_string(tensor.numel()) + " x " +
-                                                   dtype_name(tensor.scalar_type()) +
-                                                   " from root " + std::to_string(root) +
-                                                   (read ? " (cross-memory" : " (staged") +
-                                                   detail::config_suffix(ctx) + claim + ")"));
+      ctx, OpSignature::of(OpId::kBroadcast, std::to_string(tensor.numel()) + " x " +
+                                                 dtype_name(tensor.scalar_type()) + " from root " +
+                                                 std::to_string(root) +
+                                                 (read ? " (cross-memory" : " (staged") +
+                                                 detail::config_suffix(ctx) + claim + ")"));
   detail::handshake(ctx);
   if (bytes == 0) return outcome;
   char* data = detail::bytes_of(tensor);

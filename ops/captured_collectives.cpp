@@ -113,10 +113,10 @@ void run(const CollectiveContext& ctx, KernelOp k, const OpSignature& sig) {
                 " device needs a build with CUDA");
 #endif
   }
-  ctx.ws.graph_kernel(ctx.stream, ctx.channel, graph_tag(sig, "kernel"), k.l.barriers(), k.l.blocks,
-                      std::move(body),
-                      std::string(to_string(sig.kind)) + " kernel (rank " +
-                          std::to_string(ctx.ws.rank()) + ", graph)");
+  ctx.ws.graph_kernel(
+      ctx.stream, ctx.channel, graph_tag(sig, "kernel"), k.l.barriers(), k.l.blocks,
+      std::move(body),
+      std::string(name(sig.kind)) + " kernel (rank " + std::to_string(ctx.ws.rank()) + ", graph)");
 }
 
 graph::Layout layout(const CollectiveContext& ctx, graph::Kind kind, int64_t numel, int64_t esize) {

@@ -178,7 +178,7 @@ Outcome barrier(const CollectiveContext& ctx, std::optional<Millis> timeout) {
     ctx.ws.barrier(ctx.stream, ctx.channel, timeout);
     return outcome;
   }
-  const OpSignature sig = OpSignature::of(OpKind::kBarrier, "");
+  const OpSignature sig = OpSignature::of(OpId::kBarrier, "");
   publish_signature(ctx.ws, ctx.stream, ctx.channel, ctx.state.signature, sig);
   ctx.ws.barrier(ctx.stream, ctx.channel, timeout);
   const std::string error =
@@ -191,14 +191,14 @@ Outcome barrier(const CollectiveContext& ctx, std::optional<Millis> timeout) {
   return outcome;
 }
 
-void reject(const CollectiveContext& ctx, OpKind kind, const std::string& reason) {
+void reject(const CollectiveContext& ctx, OpId kind, const std::string& reason) {
   if (ctx.ws.world_size() == 1) return;
   const detail::CaptureBracket bracket(ctx);  // under capture: opened, and closed, as any op
   detail::expect_signature(ctx, OpSignature::rejected(kind, reason));
   detail::handshake(ctx);
 }
 
-void announce(const CollectiveContext& ctx, OpKind kind, const std::string& text) {
+void announce(const CollectiveContext& ctx, OpId kind, const std::string& text) {
   if (ctx.ws.world_size() == 1) return;
   const detail::CaptureBracket bracket(ctx);
   detail::expect_signature(ctx, OpSignature::of(kind, text));
@@ -353,9 +353,8 @@ void expect_signature(const CollectiveContext& ctx, OpSignature sig) {
     // NOTE [Replay-safe signals]: nothing to compare; the op's open (NOTE [Graph flags]) checks
     // its tag, the signature's hash, at every flag barrier instead.
     ctx.state.pending.reset();
-    ctx.ws.graph_open(
-        ctx.stream, ctx.channel, graph_tag(sig),
-        std::string(to_string(sig.kind)) + " on channel " + std::to_string(ctx.channel));
+    ctx.ws.graph_open(ctx.stream, ctx.channel, graph_tag(sig),
+                      std::string(name(sig.kind)) + " on channel " + std::to_string(ctx.channel));
     return;
   }
   ctx.state.pending = std::move(sig);

@@ -207,7 +207,7 @@ Outcome all_gather_v(const CollectiveContext& ctx, const at::Tensor& input,
 // One rank's part of an all-to-all (ops/all_to_all.cpp, NOTE [All-to-all headers]). Sizes count
 // units (rows, or elements for the list all_to_all) of `unit_bytes` bytes each.
 struct AllToAllArgs {
-  OpKind kind = OpKind::kAllToAllSingle;
+  OpId kind = OpId::kAllToAllSingle;
   // The part of the signature every rank must pass alike (dtype, row shape: "rows of 6 x
   // float32"); the settings that change the rounds are appended.
   std::string text;
@@ -267,11 +267,11 @@ Outcome barrier(const CollectiveContext& ctx, std::optional<Millis> timeout = {}
 // For a rank whose own argument check failed in a collective its peers are running: takes part
 // in the op's handshake with an invalid signature carrying `reason`, so that every peer raises at
 // once naming this rank, and leaves the phases in step; the caller then raises its own error.
-void reject(const CollectiveContext& ctx, OpKind kind, const std::string& reason);
+void reject(const CollectiveContext& ctx, OpId kind, const std::string& reason);
 // For a rank whose call goes to the wrapped backend where its peers' may run on the workspace:
 // takes part in the op's handshake with the signature `text` (its route included), so that ranks
 // that route a call differently raise the same error instead of waiting in different backends
 // (NOTE [Routes agree] in backend/workspace_collectives.cpp); returns when every rank agreed.
-void announce(const CollectiveContext& ctx, OpKind kind, const std::string& text);
+void announce(const CollectiveContext& ctx, OpId kind, const std::string& text);
 
 }  // namespace cuda_p2p::ops

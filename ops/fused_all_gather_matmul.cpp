@@ -506,7 +506,7 @@ AllGatherMatmulResult fused_all_gather_matmul(pipeline::Group& group, const at::
   AllGatherAlgorithm algo = AllGatherAlgorithm::kPipeline;
   int64_t dim = gather_dim;
   // NOTE [Op signatures]: a rank whose own arguments are wrong tells its peers.
-  pipeline::check_or_reject(group, on_workspace, OpKind::kAllGatherMatmul, [&] {
+  pipeline::check_or_reject(group, on_workspace, OpId::kFusedAllGatherMatmul, [&] {
     algo = parse_all_gather_algorithm(algorithm, group.auto_all_gather);
     dim = check_all_gather_matmul_args(A_shard, Bs, gather_dim, group.world_size);
   });
@@ -518,7 +518,7 @@ AllGatherMatmulResult fused_all_gather_matmul(pipeline::Group& group, const at::
         claim_shard(env, A_shard, dim) + signature_text(A_shard, Bs, dim, return_A, name);
     Outcome outcome{.algorithm = name, .graph = env.captured};  // NOTE [Replay-safe signals]
     r = pipeline::run_or_mark_failed(group.failure, kOp, [&] {
-      pipeline::agree(env, state, OpSignature::of(OpKind::kAllGatherMatmul, sig));
+      pipeline::agree(env, state, OpSignature::of(OpId::kFusedAllGatherMatmul, sig));
       return all_gather_matmul_pipeline(env, A_shard, Bs, gather_dim, return_A, outcome, algo);
     });
     r.outcome = outcome;
@@ -538,7 +538,7 @@ void agree_all_gather_matmul_unfused(pipeline::Group& group, const at::Tensor& A
   pipeline::Env env = pipeline::make_env(group);
   const std::string sig = signature_text(A_shard, Bs, gather_dim, return_A, "unfused");
   pipeline::run_or_mark_failed(group.failure, kOp, [&] {
-    pipeline::agree(env, group.state, OpSignature::of(OpKind::kAllGatherMatmul, sig));
+    pipeline::agree(env, group.state, OpSignature::of(OpId::kFusedAllGatherMatmul, sig));
   });
 }
 

@@ -253,7 +253,7 @@ AllGatherMatmulResult fused_all_gather_scaled_matmul(pipeline::Group& group,
   AllGatherAlgorithm algo = AllGatherAlgorithm::kPipeline;
   int64_t dim = gather_dim;
   // NOTE [Op signatures]: a rank whose own arguments are wrong tells its peers.
-  pipeline::check_or_reject(group, on_workspace, OpKind::kAllGatherMatmul, [&] {
+  pipeline::check_or_reject(group, on_workspace, OpId::kFusedAllGatherMatmul, [&] {
     algo = parse_all_gather_algorithm(algorithm, group.auto_all_gather);
     dim =
         check_all_gather_scaled_matmul_args(A_shard, Bs, A_scale, B_scales, gather_dim, out_dtypes);
@@ -271,7 +271,7 @@ AllGatherMatmulResult fused_all_gather_scaled_matmul(pipeline::Group& group,
         scaled_ag_signature(A_shard, Bs, A_scale, B_scales, dim, out_dtypes, return_A, name);
     Outcome outcome{.algorithm = name, .graph = env.captured};  // NOTE [Replay-safe signals]
     AllGatherMatmulResult r = pipeline::run_or_mark_failed(group.failure, kScaledAgOp, [&] {
-      pipeline::agree(env, state, OpSignature::of(OpKind::kAllGatherMatmul, sig));
+      pipeline::agree(env, state, OpSignature::of(OpId::kFusedAllGatherMatmul, sig));
       // NOTE [Zero-copy all-gather→matmul] needs the signature's claim, which this op does not
       // make: zero-copy only where the exchange decides (a tensorwise shard in the heap).
       gather_and_consume(env, p.shard, p.stack, consume, fill,

@@ -485,7 +485,7 @@ MatmulReduceScatterResult fused_matmul_reduce_scatter(
   ReduceOp op = ReduceOp::kSum;
   int64_t steps = W, dim = scatter_dim;
   // NOTE [Op signatures]: a rank whose own arguments are wrong tells its peers.
-  pipeline::check_or_reject(group, on_workspace, OpKind::kMatmulReduceScatter, [&] {
+  pipeline::check_or_reject(group, on_workspace, OpId::kFusedMatmulReduceScatter, [&] {
     op = parse_reduce_op(reduce_op, {ReduceOp::kSum, ReduceOp::kAvg}, kOpName);
     TORCH_CHECK_VALUE(
         algorithm == "auto" || algorithm == "pipeline" || algorithm == "ring", "cuda_p2p ", kOpName,
@@ -505,7 +505,7 @@ MatmulReduceScatterResult fused_matmul_reduce_scatter(
     MatmulReduceScatterResult r{.outcome = {.algorithm = ring ? "ring" : "pipeline",
                                             .graph = env.captured}};  // NOTE [Replay-safe signals]
     r.output = pipeline::run_or_mark_failed(group.failure, kOpName, [&] {
-      pipeline::agree(env, state, OpSignature::of(OpKind::kMatmulReduceScatter, sig));
+      pipeline::agree(env, state, OpSignature::of(OpId::kFusedMatmulReduceScatter, sig));
       return ring ? matmul_reduce_scatter_ring(env, A, B, op, scatter_dim, steps, r.outcome)
                   : matmul_reduce_scatter_pipeline(env, A, B, op, scatter_dim, r.outcome);
     });
@@ -526,7 +526,7 @@ void agree_matmul_reduce_scatter_unfused(pipeline::Group& group, const at::Tenso
   pipeline::Env env = pipeline::make_env(group);
   const std::string sig = signature_text(A, B, op, scatter_dim, "unfused");
   pipeline::run_or_mark_failed(group.failure, kOpName, [&] {
-    pipeline::agree(env, group.state, OpSignature::of(OpKind::kMatmulReduceScatter, sig));
+    pipeline::agree(env, group.state, OpSignature::of(OpId::kFusedMatmulReduceScatter, sig));
   });
 }
 

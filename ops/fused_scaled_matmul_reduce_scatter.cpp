@@ -80,7 +80,7 @@ MatmulReduceScatterResult fused_scaled_matmul_reduce_scatter(
   int64_t steps = W, dim = scatter_dim;
   // NOTE [Op signatures]: a rank whose own arguments are wrong tells its peers, before any data
   // moves.
-  pipeline::check_or_reject(group, on_workspace, OpKind::kMatmulReduceScatter, [&] {
+  pipeline::check_or_reject(group, on_workspace, OpId::kFusedMatmulReduceScatter, [&] {
     op = parse_reduce_op(reduce_op, {ReduceOp::kSum, ReduceOp::kAvg}, kScaledRsOp);
     check_scaled_rs_algorithm(algorithm);
     dim =
@@ -101,7 +101,7 @@ MatmulReduceScatterResult fused_scaled_matmul_reduce_scatter(
     MatmulReduceScatterResult r{.outcome = {.algorithm = ring ? "ring" : "pipeline",
                                             .graph = env.captured}};  // NOTE [Replay-safe signals]
     r.output = pipeline::run_or_mark_failed(group.failure, kScaledRsOp, [&] {
-      pipeline::agree(env, state, OpSignature::of(OpKind::kMatmulReduceScatter, sig));
+      pipeline::agree(env, state, OpSignature::of(OpId::kFusedMatmulReduceScatter, sig));
       return ring
                  ? matmul_reduce_scatter_ring(env, A, B, op, scatter_dim, steps, r.outcome, &scaled)
                  : matmul_reduce_scatter_pipeline(env, A, B, op, scatter_dim, r.outcome, &scaled);

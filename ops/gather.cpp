@@ -23,9 +23,9 @@ Outcome gather(const CollectiveContext& ctx, const at::Tensor& input,
   // The root reads what the others publish with their done words, so the signature needs a
   // handshake of its own before it reads anything (NOTE [Op signatures]).
   detail::expect_signature(
-      ctx, OpSignature::of(OpKind::kGather, std::to_string(input.numel()) + " x " +
-                                                dtype_name(input.scalar_type()) + " to root " +
-                                                std::to_string(root) + detail::config_suffix(ctx)));
+      ctx, OpSignature::of(OpId::kGather, std::to_string(input.numel()) + " x " +
+                                              dtype_name(input.scalar_type()) + " to root " +
+                                              std::to_string(root) + detail::config_suffix(ctx)));
   detail::handshake(ctx);
   const int64_t piece = detail::round_bytes(ctx, 1);
   c10::SmallVector<int, 8> peers;

@@ -103,7 +103,7 @@ Words encode(const OpSignature& sig, uint64_t count) {
 
 struct Decoded {
   uint32_t stamp;
-  OpKind kind;
+  OpId kind;
   bool invalid;
   std::string text;
 };
@@ -111,45 +111,16 @@ struct Decoded {
 Decoded decode(const uint32_t* w) {
   Decoded d;
   d.stamp = w[0];
-  d.kind = static_cast<OpKind>(w[1] & 0xff);
+  d.kind = static_cast<OpId>(w[1] & 0xff);
   d.invalid = (w[1] >> 8) & 1;
   const size_t len = std::min<size_t>(w[1] >> 16, kTextBytes);
   d.text.assign(reinterpret_cast<const char*>(&w[2]), len);
   return d;
 }
 
-const char* kind_name(OpKind kind) {
-  switch (kind) {
-    case OpKind::kBarrier:
-      return "barrier";
-    case OpKind::kAllReduce:
-      return "all_reduce";
-    case OpKind::kAllGather:
-      return "all_gather";
-    case OpKind::kAllGatherV:
-      return "all_gather_v";
-    case OpKind::kReduceScatter:
-      return "reduce_scatter";
-    case OpKind::kBroadcast:
-      return "broadcast";
-    case OpKind::kAllGatherMatmul:
-      return "fused_all_gather_matmul";
-    case OpKind::kMatmulReduceScatter:
-      return "fused_matmul_reduce_scatter";
-    case OpKind::kAllToAllSingle:
-      return "all_to_all_single";
-    case OpKind::kAllToAll:
-      return "all_to_all";
-    case OpKind::kAllToAllV:
-      return "all_to_all_v";
-    case OpKind::kGather:
-      return "gather";
-    case OpKind::kScatter:
-      return "scatter";
-    case OpKind::kReduce:
-      return "reduce";
-  }
-  return "an unknown op";
+// What a descriptor's kind byte names: a peer's garbage (a failed rank's pad) names no op.
+const char* kind_name(OpId kind) {
+  return is_op_id(static_cast<uint32_t>(kind)) ? name(kind) : "an unknown op";
 }
 
 // When a rank claimed zero-copy (NOTE [Zero-copy collectives] in ops/zero_copy.cpp), what the user
@@ -224,8 +195,6 @@ std::string disagreement(const uint32_t* all, int W, const Words& mine, const Op
 }
 
 }  // namespace
-
-const char* to_string(OpKind kind) { return kind_name(kind); }
 
 uint32_t graph_tag(const OpSignature& sig, const char* path) {
   const std::string text = std::string(kind_name(sig.kind)) + (sig.invalid ? " rejected: " : ": ") +

@@ -11,27 +11,10 @@
 #include <memory>
 #include <string>
 
+#include "ops/op_spec.hpp"
 #include "p2p_workspace/symmetric_workspace.hpp"
 
 namespace cuda_p2p::ops {
-
-enum class OpKind : uint8_t {
-  kBarrier = 1,
-  kAllReduce,
-  kAllGather,
-  kAllGatherV,
-  kReduceScatter,
-  kBroadcast,
-  kAllGatherMatmul,
-  kMatmulReduceScatter,
-  kAllToAllSingle,
-  kAllToAll,
-  kAllToAllV,
-  kGather,
-  kScatter,
-  kReduce,
-};
-const char* to_string(OpKind kind);
 
 // "float32", "bfloat16", ... (the torch names users write).
 std::string dtype_name(at::ScalarType dtype);
@@ -44,12 +27,12 @@ std::string describe_tensors(c10::ArrayRef<at::Tensor> tensors);
 // agree on ("4194304 x float32 sum (two_shot)"), or, when the rank's own argument check failed,
 // the reason. Two ranks agree when kind, validity and text are identical.
 struct OpSignature {
-  OpKind kind = OpKind::kBarrier;
+  OpId kind = OpId::kBarrier;
   bool invalid = false;
   std::string text;
 
-  static OpSignature of(OpKind kind, std::string text) { return {kind, false, std::move(text)}; }
-  static OpSignature rejected(OpKind kind, std::string reason) {
+  static OpSignature of(OpId kind, std::string text) { return {kind, false, std::move(text)}; }
+  static OpSignature rejected(OpId kind, std::string reason) {
     return {kind, true, std::move(reason)};
   }
 };

@@ -157,7 +157,7 @@ void agree(Env& env, State& state, const OpSignature& sig) {
     env.on_caller("barrier", [&] {
       env.ws.graph_open(
           *env.caller, env.channels[0], graph_tag(sig),
-          std::string(to_string(sig.kind)) + " on channel " + std::to_string(env.channels[0]));
+          std::string(name(sig.kind)) + " on channel " + std::to_string(env.channels[0]));
     });
     env.opened = true;
     return;
@@ -172,12 +172,11 @@ void agree(Env& env, State& state, const OpSignature& sig) {
   env.opened = true;  // NOTE [The handshake opens the buffer]
 }
 
-void check_or_reject(Group& group, bool on_workspace, OpKind kind,
-                     c10::function_ref<void()> checks) {
+void check_or_reject(Group& group, bool on_workspace, OpId kind, c10::function_ref<void()> checks) {
   ops::check_or_reject(group.failure, on_workspace && group.world_size > 1, checks,
                        [&](const std::string& reason) {
                          Env env = make_env(group);
-                         run_or_mark_failed(group.failure, to_string(kind), [&] {
+                         run_or_mark_failed(group.failure, name(kind), [&] {
                            agree(env, group.state, OpSignature::rejected(kind, reason));
                            // Under capture nothing follows the rejection's open (NOTE [Graph
                            // flags]).

@@ -240,8 +240,7 @@ void agree(Env& env, State& state, const OpSignature& sig);
 
 // Runs an op's local argument checks; if they fail on this rank while the workspace serves the
 // op, this rank first tells its peers through the op's handshake (ops::check_or_reject).
-void check_or_reject(Group& group, bool on_workspace, OpKind kind,
-                     c10::function_ref<void()> checks);
+void check_or_reject(Group& group, bool on_workspace, OpId kind, c10::function_ref<void()> checks);
 
 // "[4, 8]" for a signature.
 std::string shape_text(at::IntArrayRef sizes);

@@ -41,9 +41,9 @@ Outcome reduce(const CollectiveContext& ctx, const at::Tensor& tensor, int root,
   // The root reads what the others publish with their done words, so the signature needs a
   // handshake of its own before it reads anything (NOTE [Op signatures]).
   detail::expect_signature(
-      ctx, OpSignature::of(OpKind::kReduce, std::to_string(numel) + " x " + dtype_name(dtype) +
-                                                " " + lower_name(op) + " to root " +
-                                                std::to_string(root) + detail::config_suffix(ctx)));
+      ctx, OpSignature::of(OpId::kReduce, std::to_string(numel) + " x " + dtype_name(dtype) + " " +
+                                              lower_name(op) + " to root " + std::to_string(root) +
+                                              detail::config_suffix(ctx)));
   detail::handshake(ctx);
   char* data = detail::bytes_of(tensor);
   const int64_t m = detail::round_bytes(ctx, esize) / esize;  // elements per round

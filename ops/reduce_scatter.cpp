@@ -185,7 +185,7 @@ Outcome reduce_scatter(const CollectiveContext& ctx, const std::vector<at::Tenso
   // Compared at the first phase barrier of the direct algorithms, at a handshake of its own
   // before the ring (NOTE [Op signatures]).
   OpSignature sig = OpSignature::of(
-      OpKind::kReduceScatter,
+      OpId::kReduceScatter,
       std::to_string(a.numel) + " x " + dtype_name(a.dtype) + " " + lower_name(op) + " (" +
           to_string(algo) + (ring_algo ? ", " + std::to_string(steps) + " steps" : "") +
           (read ? ", cross-memory" : "") + detail::config_suffix(ctx) + claim + ")");

@@ -22,10 +22,9 @@ Outcome scatter(const CollectiveContext& ctx, const std::vector<at::Tensor>& inp
   const detail::CaptureBracket bracket(ctx);
   // Nobody but the root publishes anything: a handshake of its own (NOTE [Op signatures]).
   detail::expect_signature(
-      ctx,
-      OpSignature::of(OpKind::kScatter, std::to_string(output.numel()) + " x " +
-                                            dtype_name(output.scalar_type()) + " from root " +
-                                            std::to_string(root) + detail::config_suffix(ctx)));
+      ctx, OpSignature::of(OpId::kScatter, std::to_string(output.numel()) + " x " +
+                                               dtype_name(output.scalar_type()) + " from root " +
+                                               std::to_string(root) + detail::config_suffix(ctx)));
   detail::handshake(ctx);
   // Slot q of the root's region holds rank q's round (the root's own slot stays unused).
   const int64_t piece = detail::round_bytes(ctx, 1, W);

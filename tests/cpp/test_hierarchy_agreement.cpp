@@ -22,7 +22,7 @@ std::vector<uint8_t> encoded(const ops::OpSignature& sig) {
 }
 
 ops::OpSignature all_reduce_sig() {
-  return ops::OpSignature::of(ops::OpKind::kAllReduce, "8 x float32 sum");
+  return ops::OpSignature::of(ops::OpId::kAllReduce, "8 x float32 sum");
 }
 
 // The descriptor's word `i` (ops::encode_signature's layout: stamp, kind | flags | length, text).
@@ -38,9 +38,9 @@ void expect_malformed(const std::vector<uint8_t>& bytes, const std::string& expe
 TEST(HierarchyAgreement, RecordsRoundTrip) {
   const std::string long_text(300, 'x');  // hashed to fit, as ops::encode_signature does
   for (const auto& sig :
-       {all_reduce_sig(), ops::OpSignature::of(ops::OpKind::kBarrier, ""),
-        ops::OpSignature::rejected(ops::OpKind::kReduce, "cuda_p2p reduce: bad root"),
-        ops::OpSignature::of(ops::OpKind::kAllGather, long_text)}) {
+       {all_reduce_sig(), ops::OpSignature::of(ops::OpId::kBarrier, ""),
+        ops::OpSignature::rejected(ops::OpId::kReduce, "cuda_p2p reduce: bad root"),
+        ops::OpSignature::of(ops::OpId::kAllGather, long_text)}) {
     const auto bytes = encoded(sig);
     const AgreementRecord r = AgreementRecord::decode(bytes.data(), R, 5);
     EXPECT_EQ(r.descriptor, AgreementRecord::of(sig).descriptor);
@@ -59,7 +59,7 @@ TEST(HierarchyAgreement, LongTextsAreShortenedAtAWordsEnd) {
   std::string text = "cuda_p2p all_gather_into_tensor: the output must have world size (2) times";
   text += " the input's 8 elements of Float, got 40260258 of Float (and more words after it)";
   ASSERT_GT(text.size(), 120u);
-  const auto w = ops::encode_signature(ops::OpSignature::of(ops::OpKind::kAllGather, text), 0);
+  const auto w = ops::encode_signature(ops::OpSignature::of(ops::OpId::kAllGather, text), 0);
   const std::string got = descriptor_text(w);
   EXPECT_LE(got.size(), 120u);
   const size_t marker = got.find(" ... #");
@@ -71,12 +71,12 @@ TEST(HierarchyAgreement, LongTextsAreShortenedAtAWordsEnd) {
   // Texts that differ only past the cut still differ.
   std::string other = text;
   other.back() = ']';
-  EXPECT_NE(got, descriptor_text(ops::encode_signature(
-                     ops::OpSignature::of(ops::OpKind::kAllGather, other), 0)));
+  EXPECT_NE(got, descriptor_text(
+                     ops::encode_signature(ops::OpSignature::of(ops::OpId::kAllGather, other), 0)));
   // One word longer than the slot is cut where it must be.
   const std::string word(300, 'x');
   const std::string cut =
-      descriptor_text(ops::encode_signature(ops::OpSignature::of(ops::OpKind::kBarrier, word), 0));
+      descriptor_text(ops::encode_signature(ops::OpSignature::of(ops::OpId::kBarrier, word), 0));
   EXPECT_EQ(cut.size(), 120u);
   EXPECT_EQ(cut.substr(0, 106), std::string(106, 'x'));
 }
@@ -93,11 +93,15 @@ TEST(HierarchyAgreement, MalformedRecordsRaiseNamingTheRank) {
   word(bad, 0) = 0;  // never written
   expect_malformed(bad, "stamp 1, got 0");
   bad = good;
+  const std::string kinds = "an op kind in [1, " + std::to_string(ops::kOpCount + 1) + "), got ";
   word(bad, 1) &= ~0xffu;  // kind 0
-  expect_malformed(bad, "an op kind in [1, 14], got 0");
+  expect_malformed(bad, kinds + "0");
+  bad = good;
+  word(bad, 1) = (word(bad, 1) & ~0xffu) | (ops::kOpCount + 1);  // one past the last op
+  expect_malformed(bad, kinds + std::to_string(ops::kOpCount + 1));
   bad = good;
   word(bad, 1) = (word(bad, 1) & ~0xffu) | 99u;
-  expect_malformed(bad, "an op kind in [1, 14], got 99");
+  expect_malformed(bad, kinds + "99");
   bad = good;
   word(bad, 1) |= 1u << 9;
   expect_malformed(bad, "no flag but invalid (0x100), got 0x200");
@@ -141,7 +145,7 @@ TEST(HierarchyAgreement, AgreesParsesAndComparesEveryRank) {
   expect_error(
       [&] {
         agreement.agree(all_reduce_sig(), steps_with_peer(encoded(ops::OpSignature::of(
-                                              ops::OpKind::kAllReduce, "9 x float32 sum"))));
+                                              ops::OpId::kAllReduce, "9 x float32 sum"))));
       },
       "cuda_p2p all_reduce: ranks disagree: rank 0 passed 8 x float32 sum, rank 1 passed 9 x "
       "float32 sum; the op did not run on any rank");
