@@ -11,12 +11,12 @@
 //   Hierarchy             a group spanning hosts (hierarchical.*)
 //   Counters              which path every call took, the debug lines (counters.*)
 // and the fused pipelines' state (ops::pipeline::State), used by the dispatcher ops
-// (dispatcher_fused_ops.cpp). Each c10d override describes its call and hands it to one entry
-// sequence (NOTE [The entry sequence] in ProcessGroupCudaP2P.cpp): all_reduce, all_gather,
-// all_gather_into_tensor, reduce_scatter(_tensor), broadcast, barrier, the all-to-alls, gather,
-// scatter and reduce run on the workspace when it is available and the tensors are on its
-// device; everything else, and every case the workspace does not support, goes to the wrapped
-// backend for the tensors' device, whose Works are handed back unchanged.
+// (dispatcher_fused_ops.cpp). Each c10d override (collectives/<op>.cpp, one file per op) describes
+// its call and hands it to one entry sequence (NOTE [The entry sequence] in entry_sequence.hpp):
+// all_reduce, all_gather, all_gather_into_tensor, reduce_scatter(_tensor), broadcast, barrier,
+// the all-to-alls, gather, scatter and reduce run on the workspace when it is available and the
+// tensors are on its device; everything else, and every case the workspace does not support, goes
+// to the wrapped backend for the tensors' device, whose Works are handed back unchanged.
 #pragma once
 
 #include <atomic>
@@ -48,7 +48,7 @@
 namespace cuda_p2p {
 
 namespace detail {
-struct Call;  // one call as the entry sequence takes it (ProcessGroupCudaP2P.cpp)
+struct Call;  // one call as the entry sequence takes it (entry_sequence.hpp)
 }  // namespace detail
 
 class ProcessGroupCudaP2P : public c10d::Backend {
@@ -255,7 +255,7 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
 
   // torch 2.14's canonical single-tensor entries (NOTE [Canonical entries] in
-  // ProcessGroupCudaP2P.cpp): the same ops as their older names above, counted alike.
+  // entry_sequence.hpp): the same ops as their older names above, counted alike.
 #ifdef CUDA_P2P_C10D_HAS_SINGLE_ENTRIES
   c10::intrusive_ptr<c10d::Work> all_gather_single(at::Tensor& output, at::Tensor& input,
                                                    const c10d::AllgatherOptions& opts) override;
@@ -369,7 +369,8 @@ class ProcessGroupCudaP2P : public c10d::Backend {
  private:
   using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 
-  // NOTE [The entry sequence] in ProcessGroupCudaP2P.cpp; the ops' rows: ops/op_spec.hpp.
+  // NOTE [The entry sequence] in entry_sequence.hpp, where these templates are defined; the ops'
+  // rows: ops/op_spec.hpp.
   // on_workspace: the route's handshake and the fallback's counter when the call has a reason to
   // go to the wrapped backend (false), else the workspace body, counted (true). serve: that, then
   // the wrapped backend's Work or the workspace's.

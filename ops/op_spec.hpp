@@ -154,7 +154,7 @@ constexpr OpCall call(OpId id) {
 }
 
 // The c10d calls that are not their op's plain call (NOTE [Canonical entries] in
-// backend/ProcessGroupCudaP2P.cpp: each stands for its old and its torch 2.14 name).
+// backend/entry_sequence.hpp: each stands for its old and its torch 2.14 name).
 namespace calls {
 inline constexpr OpCall kAllGatherIntoTensor{OpId::kAllGather, "all_gather_into_tensor",
                                              c10d::OpType::_ALLGATHER_BASE,

@@ -5,7 +5,7 @@ alltoall_base, allgather_into_tensor_coalesced, reduce_scatter_tensor_coalesced)
 alike, on the workspace and on the wrapped backend; gather_single (which Gloo lacks) gathers into
 the root's one tensor on either route, and a root whose output cannot hold the gather raises on
 every rank, the group staying usable (NOTE [Canonical entries] in
-backend/ProcessGroupCudaP2P.cpp). Results against plain torch computed on every rank."""
+backend/entry_sequence.hpp). Results against plain torch computed on every rank."""
 
 from __future__ import annotations
 

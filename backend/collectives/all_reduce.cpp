@@ -1,0 +1,84 @@
+// all_reduce: dist.all_reduce, torch.ops.cuda_p2p.all_reduce_'s entry (no Work), and the
+// coalesced and sparse calls the wrapped backend runs.
+#include "backend/entry_sequence.hpp"
+#include "backend/reduce_ops.hpp"
+#include "ops/common.hpp"
+
+namespace cuda_p2p {
+
+using ops::call;
+using ops::OpId;
+namespace calls = ops::calls;
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::allreduce(std::vector<at::Tensor>& tensors,
+                                                            const c10d::AllreduceOptions& opts) {
+  if (hierarchy_ &&
+      ran_hierarchically(call(OpId::kAllReduce), hierarchy_->all_reduce(tensors, opts))) {
+    return hierarchical_done(call(OpId::kAllReduce), tensors);
+  }
+  const auto op = to_reduce_op(opts.reduceOp);
+  const char* why = tensors.size() != 1 ? reason::kSeveralTensors
+                    : !op               ? reason::kReduceOp
+                                        : collectives_.all_reduce_rejects(tensors[0]);
+  return serve(
+      call(OpId::kAllReduce), {tensors, tensors, why, opts.asyncOp},
+      [&] { return " " + reduce_op_text(opts.reduceOp); },
+      [&] { return collectives_.all_reduce(tensors[0], *op); },
+      [&](c10d::Backend& b) { return b.allreduce(tensors, opts); }, [&] { return tensors; });
+}
+
+// The all-reduce of torch.ops.cuda_p2p.all_reduce_: dist.all_reduce's paths, in its order, with
+// no Work. The c10d options only where they are used: not on the small all-reduce's path.
+void ProcessGroupCudaP2P::check_all_reduce_in_place(const at::Tensor& tensor,
+                                                    c10::function_ref<void()> checks) {
+  // The calls all_reduce_in_place serves on the workspace (a group spanning hosts has its own
+  // steps): their peers take part in the rejection's handshake.
+  if (hierarchy_ || tensor.layout() != at::kStrided || collectives_.all_reduce_rejects(tensor)) {
+    return checks();
+  }
+  collectives_.check_or_reject("all_reduce", OpId::kAllReduce, checks);
+}
+
+void ProcessGroupCudaP2P::all_reduce_in_place(at::Tensor& tensor, ops::ReduceOp op) {
+  TORCH_CHECK(tensor.layout() == at::kStrided,
+              "cuda_p2p all_reduce_: expected a strided (dense) tensor, got layout ",
+              tensor.layout());
+  const auto options = [op] {
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = to_c10d_reduce_op(op);
+    return opts;
+  };
+  // A group spanning hosts copies a non-contiguous tensor back itself.
+  if (hierarchy_) {
+    std::vector<at::Tensor> tensors{tensor};
+    if (ran_hierarchically(call(OpId::kAllReduce), hierarchy_->all_reduce(tensors, options()))) {
+      return;
+    }
+  }
+  const char* why = collectives_.all_reduce_rejects(tensor);
+  if (on_workspace(
+          call(OpId::kAllReduce), {tensor, tensor, why, false},
+          [&] { return " " + ops::lower_name(op); },
+          [&] { return collectives_.all_reduce(tensor, op); })) {
+    settle_cpu_outputs("all_reduce_");
+    return;
+  }
+  // The wrapped backends expect contiguous tensors, as they do from dist.all_reduce.
+  std::vector<at::Tensor> tensors{tensor.is_contiguous() ? tensor : tensor.contiguous()};
+  wrapped_.route(tensors, "all_reduce_").allreduce(tensors, options())->wait();
+  if (!tensors[0].is_same(tensor)) tensor.copy_(tensors[0]);
+}
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  return wrapped_only(calls::kAllReduceCoalesced, reason::kSeveralTensors, tensors,
+                      [&](c10d::Backend& b) { return b.allreduce_coalesced(tensors, opts); });
+}
+
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::allreduce_sparse(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  return wrapped_only(call(OpId::kAllReduceSparse), reason::kNoWorkspaceOp, tensors,
+                      [&](c10d::Backend& b) { return b.allreduce_sparse(tensors, opts); });
+}
+
+}  // namespace cuda_p2p
