@@ -405,9 +405,13 @@ def check_rejections(ctx, name, dtype_name):
 
     The Gloo reference runs on a group of its own, destroyed at the end: a refused coalesced op
     can leave a failed work in its group whose error a later op of that group raises (seen on a
-    loaded machine, at the pool check's barrier), and the pool's Gloo group serves every test."""
+    loaded machine, at the pool check's barrier), and the pool's Gloo group serves every test.
+    Gloo refuses these before it communicates, so a rank may finish every case while its peer still
+    connects to the new group: the pool's group meets them before it is destroyed (destroyed
+    early, it broke the peer's connectFullMesh under load)."""
     dtype = DTYPES[dtype_name]
     p2p, ref = group_pair(ctx)
+    pool_gloo = ref.pg
     ref = dataclasses.replace(ref, pg=dist.new_group(backend="gloo"))
     coll = COLLECTIVES[name]
     failures, count = [], 0
@@ -421,6 +425,7 @@ def check_rejections(ctx, name, dtype_name):
             _expect_same_refusal(label, coll, p2p, c, False, e_ref, failures, same_message=False)
         else:
             failures.append(f"{label}: gloo accepted it (the test's assumption is wrong)")
+    dist.barrier(group=pool_gloo)
     dist.destroy_process_group(ref.pg)
     return {"cases": count, "failures": failures}
 
