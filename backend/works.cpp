@@ -126,6 +126,12 @@ void EventWork::wait_impl(std::chrono::milliseconds timeout) {
   if (!device_) return;  // the host: complete on return
   device_->check_work("Work.wait");
   if (!end_) return;
+  if (end_->captured()) {
+    // NOTE [Captured events] (p2p_workspace/device.hpp): captured, not run; the graph's replay
+    // runs it, and a replay's failure reaches the group's next call.
+    device_->wait_event(*device_->current_stream(), *end_);
+    return;
+  }
   // As NCCL's Work: with a timeout the host blocks until the op has run and raises past it.
   if (timeout != ::kNoTimeout) wait_for_end(timeout);
   if (device_->tensor_device().is_cpu()) {

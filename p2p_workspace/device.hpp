@@ -9,6 +9,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/util/Exception.h>
 
 #include <chrono>
 #include <cstdint>
@@ -34,7 +35,28 @@ class Stream {
 class Event {
  public:
   virtual ~Event() = default;
+  // Recorded on a stream being captured into a graph: the event marks a point of the graph, not
+  // of a stream's run (NOTE [Captured events]).
+  virtual bool captured() const { return false; }
 };
+
+// NOTE [Captured events]
+// An op enqueued while its stream is captured into a graph has not run when it returns, and its
+// end event belongs to the graph: CUDA refuses a host query or synchronize of such an event
+// (cudaErrorCapturedEvent, "operation not permitted on an event last recorded in a capturing
+// stream", and the refused call invalidates the capture), while a stream may wait for it (the
+// graph's dependency). So a Work of a captured op never asks whether it has run: wait() orders the
+// caller's stream after it and returns (torch's synchronous collectives call wait() inside a
+// capture: the first GPU run's captured dist.all_reduce at W = 2 failed in that query, 2026-12-04),
+// and query or synchronize of a captured event raises this error on every device, the host's with
+// CUDA's semantics too, instead of reaching the driver.
+inline void check_event_not_captured(const Event& e, const char* what) {
+  TORCH_CHECK(!e.captured(), "cuda_p2p ", what,
+              ": the op was captured into a graph and has not run; its Work cannot be queried or "
+              "synchronized (CUDA refuses it for an event recorded in a capture): wait() orders "
+              "the stream after it, and a replay runs it (NOTE [Captured events] in "
+              "p2p_workspace/device.hpp)");
+}
 
 // One rank's shared block, as mapped into this process. The mapping is released when the last
 // reference (the workspace, or a tensor aliasing it) is dropped.

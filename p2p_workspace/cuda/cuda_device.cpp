@@ -242,7 +242,9 @@ class CudaEventImpl : public Event {
     QuietDeviceSwitch guard(device_);
     (void)cudaEventDestroy(event);
   }
+  bool captured() const override { return in_capture; }
   cudaEvent_t event;
+  bool in_capture = false;  // NOTE [Captured events] in p2p_workspace/device.hpp
 
  private:
   int device_;
@@ -915,6 +917,7 @@ class CudaDevice : public Device {
   std::shared_ptr<Event> record(Stream& s) override {
     auto e = std::make_shared<CudaEventImpl>(index_);
     c10::cuda::CUDAGuard guard(index_);
+    e->in_capture = capture_id(s) != 0;
     CUDA_P2P_CUDA_CHECK(cudaEventRecord(e->event, as_cuda(s).stream.stream()));
     return e;
   }
@@ -934,12 +937,14 @@ class CudaDevice : public Device {
   }
 
   void synchronize(const Event& e) override {
+    check_event_not_captured(e, "synchronize");
     c10::cuda::CUDAGuard guard(index_);
     cudaEvent_t event = as_event(e);
     poll_until([event] { return cudaEventQuery(event); }, "synchronize");
   }
 
   bool query(const Event& e) override {
+    check_event_not_captured(e, "Work.is_completed");
     c10::cuda::CUDAGuard guard(index_);
     const cudaError_t q = cudaEventQuery(as_event(e));
     if (q == cudaSuccess) return true;

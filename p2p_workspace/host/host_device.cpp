@@ -763,6 +763,7 @@ class HostDevice : public Device, public HostPaths {
   void synchronize(const Event& e) override {
     const auto* ev = dynamic_cast<const HostEvent*>(&e);
     TORCH_CHECK(ev, "cuda_p2p: a host device was given an event of another device");
+    check_event_not_captured(e, "synchronize");  // as CUDA refuses it
     if (cuda()) await_stream(*ev->stream, ev->seq, "synchronize");
     ev->stream->wait_done(ev->seq, /*rethrow=*/false);
     if (auto err = ev->stream->error()) std::rethrow_exception(err);
@@ -772,6 +773,7 @@ class HostDevice : public Device, public HostPaths {
   // With CUDA's semantics nothing runs unless someone waits: a query runs at most one task of the
   // cooperative streams first, so that polling it makes progress.
   bool query(const Event& e) override {
+    check_event_not_captured(e, "Work.is_completed");  // as CUDA refuses it
     if (!cuda()) return true;
     const auto* ev = dynamic_cast<const HostEvent*>(&e);
     TORCH_CHECK(ev, "cuda_p2p: a host device was given an event of another device");

@@ -124,6 +124,7 @@ class HostEvent : public Event {
  public:
   HostEvent(std::shared_ptr<HostStream> stream, uint64_t seq, uint64_t capture = 0)
       : stream(std::move(stream)), seq(seq), capture(capture) {}
+  bool captured() const override { return capture != 0; }
   std::shared_ptr<HostStream> stream;
   // Outside a capture: the stream's task count at the record. Recorded in a capture (`capture`
   // is its id): the count of the stream's captured tasks before it, which a replay offsets by
