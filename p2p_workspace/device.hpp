@@ -47,7 +47,7 @@ class Event {
 // stream", and the refused call invalidates the capture), while a stream may wait for it (the
 // graph's dependency). So a Work of a captured op never asks whether it has run: wait() orders the
 // caller's stream after it and returns (torch's synchronous collectives call wait() inside a
-// capture: the first GPU run's captured dist.all_reduce at W = 2 failed in that query, 2026-12-04),
+// capture: the GPU run of 2026-12-04 failed there, a captured dist.all_reduce at W = 2),
 // and query or synchronize of a captured event raises this error on every device, the host's with
 // CUDA's semantics too, instead of reaching the driver.
 inline void check_event_not_captured(const Event& e, const char* what) {

@@ -1213,6 +1213,18 @@ class CudaDevice : public Device {
     if (failure_.peer_failure() >= 0 ||
         (g != nullptr && *static_cast<const volatile uint32_t*>(&g->gave_up) != 0)) {
       watchdog_->check_memory_now();
+      return;
+    }
+    // NOTE [Eager give-ups reach the next call]
+    // A wait kernel (NOTE [Hardware queues]: one hardware queue, or a driver without stream
+    // memory operations) that gives up at its deadline needs no release: its stream runs on with
+    // stale data at once, and only the watchdog's next scan, up to its longest nap later, would
+    // read its record and fail the device. So the kernel also sets one word of the device's, and
+    // every check of the host (an op's entry, a Work's wait or synchronize) that finds it set
+    // scans now. The GPU run of 2026-12-04 with CUDA_DEVICE_MAX_CONNECTIONS=1 found the
+    // stream drained and the device still healthy right after a give-up.
+    if (g != nullptr && *static_cast<const volatile uint32_t*>(&g->eager_gave_up) != 0) {
+      watchdog_->poll_now();
     }
   }
   // The give-up of a counted wait as the device's failure ("" while there is none).
@@ -1255,7 +1267,8 @@ class CudaDevice : public Device {
     return cuda::WaitEnds{failure_word_dev_.load(std::memory_order_acquire),
                           graph_give_up_dev_ ? &graph_give_up_dev_->failed : nullptr,
                           failure_rank_.load(std::memory_order_acquire),
-                          trap_on_peer_failure_.load(std::memory_order_acquire)};
+                          trap_on_peer_failure_.load(std::memory_order_acquire),
+                          graph_give_up_dev_ ? &graph_give_up_dev_->eager_gave_up : nullptr};
   }
   // NOTE [Pinned pools]: a give-up record, once there is a free one.
   WaitResources::Record take_record(const std::string& context) {

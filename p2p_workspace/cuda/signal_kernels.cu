@@ -105,6 +105,11 @@ __global__ void wait_signals_kernel(KernelWaits waits, uint64_t timeout_ns, Kern
   __threadfence_system();
   *static_cast<volatile uint32_t*>(&give_up->gave_up) = eager_wait_give_up(p);
   __threadfence_system();
+  // NOTE [Eager give-ups reach the next call]: the device's word, after the record it points to.
+  if (ends.eager_gave_up != nullptr) {
+    *static_cast<volatile uint32_t*>(ends.eager_gave_up) = 1;
+    __threadfence_system();
+  }
 }
 
 __global__ void advance_counter_kernel(uint32_t* counter, uint32_t delta) {

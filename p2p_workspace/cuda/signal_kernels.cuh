@@ -35,6 +35,7 @@ struct WaitEnds {
   const uint32_t* failed;       // the device's own failure (GraphGiveUp::failed)
   int rank;                     // this rank: its own failure coming back is not a peer's
   bool trap_on_peer_failure;    // NOTE [Who traps] in p2p_workspace/flag_barrier_body.hpp
+  uint32_t* eager_gave_up;      // GraphGiveUp::eager_gave_up, or null
 };
 
 // Writes `value` to `addr` after a system-wide fence (prior writes of the stream become visible
@@ -88,6 +89,9 @@ struct GraphGiveUp {
   // captured op holding the busy word (gave_up counts them too), and the first one's tag.
   uint32_t busy;
   uint32_t busy_tag;
+  // NOTE [Eager give-ups reach the next call]: set by an eager wait kernel that gave up, after
+  // its own record (KernelGiveUp).
+  uint32_t eager_gave_up;
 };
 
 // *counter += delta.

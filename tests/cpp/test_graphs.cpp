@@ -67,8 +67,8 @@ Captured graph_one(ProcessGroupCudaP2P& pg) {
   c10d::AllreduceOptions one, two;
   // As torch's synchronous dist.all_reduce, which waits for its Work inside the capture: the wait
   // orders the stream and asks nothing of the captured op (NOTE [Captured events] in
-  // p2p_workspace/device.hpp; the first GPU run failed in that query); whether it has run is a
-  // question CUDA refuses, and so does the host with CUDA's semantics.
+  // p2p_workspace/device.hpp; the GPU run of 2026-12-04 failed in that query); whether it has run
+  // is a question CUDA refuses, and so does the host with CUDA's semantics.
   auto first = pg.allreduce(a, one);
   first->wait();
   pg.allreduce(b, two)->wait();
