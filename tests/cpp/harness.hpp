@@ -41,8 +41,13 @@ bool cuda_semantics();
 
 // A test that uses no group (a kernel's arithmetic, a parser, a policy) runs in its binary's
 // one-rank entry on the synchronous host only: every rank of the binary's other entries would
-// compute the same again. Its first statement: `if (!groupless_test_runs_here()) GTEST_SKIP();`.
+// compute the same again. Its first statement:
+//   if (!groupless_test_runs_here()) GTEST_SKIP() << kRunsOnTheOneRankEntry;
+// A skip whose message starts with "elsewhere: " runs in another entry of the same binary (another
+// world size, host mode or stream kind), so CUDA_P2P_TEST_FAIL_ON_SKIP lets it pass.
 bool groupless_test_runs_here();
+inline constexpr const char* kRunsOnTheOneRankEntry =
+    "elsewhere: a test without a group runs on the one-rank entry";
 
 // A host device for `processes` ranks whose streams run as CUDA_P2P_HOST_STREAMS says (ctest runs
 // some binaries once more with "threads"), resolved by the backend's own configuration rules, with

@@ -19,7 +19,7 @@ using namespace collectives;  // NOLINT: the fixture's names, in this file's tes
 // The reduction kernel (no group: the one-rank entry on the synchronous host runs them)
 
 TEST(Reduction, HostKernelMatchesAtenForEveryDtypeOpAndSourceCount) {
-  if (!groupless_test_runs_here()) GTEST_SKIP();
+  if (!groupless_test_runs_here()) GTEST_SKIP() << kRunsOnTheOneRankEntry;
   for (auto dtype : kAllDtypes) {
     for (auto op : ops_for(dtype)) {
       for (int n_src : {1, 2, 3, 4, 7, 8}) {
@@ -45,7 +45,7 @@ TEST(Reduction, HostKernelMatchesAtenForEveryDtypeOpAndSourceCount) {
 }
 
 TEST(Reduction, AccumulatesHalfTypesInFloatAndRoundsOnce) {
-  if (!groupless_test_runs_here()) GTEST_SKIP();
+  if (!groupless_test_runs_here()) GTEST_SKIP() << kRunsOnTheOneRankEntry;
   // 1 + 2^-9 * 8 in bfloat16 steps: each bfloat16 addition alone would round 1 + 2^-9 to 1.
   for (auto dtype : {at::kBFloat16, at::kHalf}) {
     const double tiny = dtype == at::kBFloat16 ? 1.0 / 512 : 1.0 / 4096;
@@ -69,7 +69,7 @@ TEST(Reduction, AccumulatesHalfTypesInFloatAndRoundsOnce) {
 }
 
 TEST(Reduction, DestinationMayBeASource) {
-  if (!groupless_test_runs_here()) GTEST_SKIP();
+  if (!groupless_test_runs_here()) GTEST_SKIP() << kRunsOnTheOneRankEntry;
   for (auto dtype : {at::kFloat, at::kBFloat16, at::kLong}) {
     std::vector<at::Tensor> srcs;
     for (int s = 0; s < 4; ++s) srcs.push_back(reduce_input(3, s, 3000, dtype, ReduceOp::kSum));
@@ -92,7 +92,7 @@ TEST(Reduction, DestinationMayBeASource) {
 }
 
 TEST(Reduction, WritesASecondDestinationInTheSamePass) {
-  if (!groupless_test_runs_here()) GTEST_SKIP();
+  if (!groupless_test_runs_here()) GTEST_SKIP() << kRunsOnTheOneRankEntry;
   for (auto dtype : {at::kFloat, at::kBFloat16, at::kInt}) {
     std::vector<at::Tensor> srcs;
     for (int s = 0; s < 3; ++s) srcs.push_back(reduce_input(7, s, 3001, dtype, ReduceOp::kSum));
@@ -108,7 +108,7 @@ TEST(Reduction, WritesASecondDestinationInTheSamePass) {
 }
 
 TEST(Reduction, RejectsWhatGlooRejects) {
-  if (!groupless_test_runs_here()) GTEST_SKIP();
+  if (!groupless_test_runs_here()) GTEST_SKIP() << kRunsOnTheOneRankEntry;
   EXPECT_THROW(ops::check_reduce_op(ReduceOp::kAvg, at::kLong, "all_reduce"), c10::Error);
   EXPECT_THROW(ops::check_reduce_op(ReduceOp::kBand, at::kFloat, "all_reduce"), c10::Error);
   EXPECT_NO_THROW(ops::check_reduce_op(ReduceOp::kAvg, at::kBFloat16, "all_reduce"));
@@ -126,7 +126,7 @@ TEST(Reduction, RejectsWhatGlooRejects) {
 // Configuration (no group: the one-rank entry on the synchronous host runs them)
 
 TEST(Config, NamesParseAndTheEnvironmentForces) {
-  if (!groupless_test_runs_here()) GTEST_SKIP();
+  if (!groupless_test_runs_here()) GTEST_SKIP() << kRunsOnTheOneRankEntry;
   EXPECT_EQ(ops::parse_all_gather_algo("ring", "x"), AllGatherAlgo::kRing);
   EXPECT_THROW(ops::parse_all_gather_algo("bidir_full", "x"), c10::Error);  // removed
   EXPECT_STREQ(ops::to_string(AllReduceAlgo::kTwoShot), "two_shot");
@@ -148,7 +148,7 @@ TEST(Config, NamesParseAndTheEnvironmentForces) {
 }
 
 TEST(Config, AutomaticChoiceFollowsTheThresholds) {
-  if (!groupless_test_runs_here()) GTEST_SKIP();
+  if (!groupless_test_runs_here()) GTEST_SKIP() << kRunsOnTheOneRankEntry;
   ops::CollectiveConfig c;
   c.all_reduce_one_shot_max_bytes = 1000;
   EXPECT_EQ(ops::select_all_reduce(c, 1000, 4), AllReduceAlgo::kOneShot);

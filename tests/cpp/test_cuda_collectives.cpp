@@ -149,19 +149,26 @@ TEST(CudaCollectives, AReleasedRankNeverHandsAHealthyPeerWrongData) {
   ops::CollectiveState state;
   ops::CollectiveConfig config;
   const ops::CollectiveContext ctx{ws, *s, 1, state, config};
+  // Each stage says so as it ends: the GPU run of 2026-12-04 hung here with no line to say
+  // where (the step's limit ended it first; it now leaves launch.py time to print the stacks).
   auto issue = [&] {
     for (int i = 0; i < 3; ++i) {
       ops::all_reduce(ctx, ins[i], outs[i], ReduceOp::kSum, AllReduceAlgo::kOneShot);
+      std::printf("rank %d: op %d enqueued\n", w.rank, i + 1);
     }
     ws.device().synchronize(*s);
+    std::printf("rank %d: synchronized\n", w.rank);
   };
   if (w.rank == 0) {
     expect_error(issue, "rank 1 never arrived");
+    std::printf("rank 0: raised\n");
     EXPECT_TRUE(ws.device().drain(std::chrono::milliseconds(10000)))
         << "rank 0's released stream did not drain";
+    std::printf("rank 0: drained\n");
     store_barrier("rank 0 ran on");
   } else {
     store_barrier("rank 0 ran on");  // the stall
+    std::printf("rank 1: rank 0 ran on\n");
     try {
       issue();
       for (int i = 0; i < 3; ++i) {

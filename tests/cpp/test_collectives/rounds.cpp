@@ -11,7 +11,7 @@ using namespace collectives;  // NOLINT: the fixture's names, in this file's tes
 // NOTE [Rounds chosen by rank 0]: the policy alone, on made-up times (16 MiB ops; no group: the
 // one-rank entry on the synchronous host runs these two).
 TEST(RoundPolicy, TriesLargeRoundsWhenChunkedOnesSlowDownAndComesBack) {
-  if (!groupless_test_runs_here()) GTEST_SKIP();
+  if (!groupless_test_runs_here()) GTEST_SKIP() << kRunsOnTheOneRankEntry;
   using ops::RoundSize;
   ops::RoundPolicy p;
   const int64_t n = 16 << 20;
@@ -95,7 +95,7 @@ TEST(RoundPolicy, TriesLargeRoundsWhenChunkedOnesSlowDownAndComesBack) {
 // twice in a row, a slow placement still moves the ops to large rounds after one more chunked op,
 // and the placement's end brings chunked rounds back.
 TEST(RoundPolicy, ChoosesOneOpAheadWithoutRepeatingATry) {
-  if (!groupless_test_runs_here()) GTEST_SKIP();
+  if (!groupless_test_runs_here()) GTEST_SKIP() << kRunsOnTheOneRankEntry;
   using ops::RoundSize;
   ops::RoundPolicy p;
   const int64_t n = 4 << 20;
@@ -300,7 +300,7 @@ TEST(Collectives, RanksThatDisagreeAllRaiseAndStayInStep) {
   if (w.size < 2) GTEST_SKIP() << "needs 2 ranks";
   // The promise of a synchronous comparison: with CUDA's semantics a disagreement is found in
   // stream order and raised by a later call, and the op has run (NOTE [Op signatures]).
-  if (cuda_semantics()) GTEST_SKIP() << "the synchronous host comparison's promise";
+  if (cuda_semantics()) GTEST_SKIP() << "elsewhere: the synchronous host comparison's promise";
   Fixture f(/*buffer=*/1 << 14);  // several rounds for the larger sizes
   const bool odd = w.rank == 0;
   auto expect_mismatch = [&](const char* what, const std::function<void()>& call) {
