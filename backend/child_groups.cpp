@@ -77,13 +77,20 @@ int index_of(const std::vector<int>& ranks, int rank) {
 c10::intrusive_ptr<Options> ProcessGroupCudaP2P::child_options(
     const c10::intrusive_ptr<c10d::Backend::Options>& given, const char* what) const {
   const c10d::Backend::Options& source = given ? *given : *options_;
-  const auto* typed = dynamic_cast<const Options*>(&source);
-  TORCH_CHECK(typed != nullptr, "cuda_p2p ", what,
+  // A copy: the caller's object, or this group's live options, stay as they are.
+  if (const auto* typed = dynamic_cast<const Options*>(&source)) {
+    return c10::make_intrusive<Options>(*typed);
+  }
+  // c10d's own options naming this backend (torch 2.11's getBackendOptions() gives those: the GPU
+  // run of 2026-12-04 refused its split): this group's options with the c10d fields they set.
+  TORCH_CHECK(source.backend == kBackendName, "cuda_p2p ", what,
               ": expected the options of a cuda_p2p group (cuda_p2p.ProcessGroupCudaP2P.Options), "
               "got options of backend '",
               source.backend, "'");
-  // A copy: the caller's object, or this group's live options, stay as they are.
-  return c10::make_intrusive<Options>(*typed);
+  auto merged = c10::make_intrusive<Options>(*options_);
+  merged->timeout = source.timeout;
+  merged->group_name = source.group_name;
+  return merged;
 }
 
 c10::intrusive_ptr<ProcessGroupCudaP2P> ProcessGroupCudaP2P::make_child(

@@ -185,6 +185,17 @@ TEST(ChildGroups, SplitRefusesForeignOptionsAndBadRanks) {
         parent->split(child_store("x/"), all, c10::make_intrusive<c10d::Backend::Options>("gloo"));
       },
       "expected the options of a cuda_p2p group");
+  // c10d's own options naming this backend (torch 2.11's getBackendOptions()) are taken: the
+  // parent's options with the timeout and name they set.
+  auto plain = c10::make_intrusive<c10d::Backend::Options>(kBackendName, std::chrono::seconds(77));
+  plain->group_name = "plain";
+  auto child = c10::dynamic_intrusive_pointer_cast<ProcessGroupCudaP2P>(
+      parent->split(child_store("plain/"), all, plain));
+  ASSERT_TRUE(child);
+  EXPECT_EQ(child->options()->group_name, "plain");
+  EXPECT_EQ(child->options()->timeout, std::chrono::seconds(77));
+  EXPECT_EQ(child->options()->buffer_size, parent->options()->buffer_size);
+  expect_works(*child, all);
   expect_error([&] { parent->split(child_store("y/"), {0, 0}, nullptr); }, "listed twice");
   expect_error([&] { parent->split(child_store("z/"), {w.size}, nullptr); }, "ranks must be in");
 }
