@@ -24,10 +24,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime.h>
 
-#include "ops/cuda/graph_collectives.cuh"
-#include "ops/cuda/reduce_kernel.cuh"
-#include "ops/cuda/signature_kernel.cuh"
-#include "ops/cuda/sleep_kernel.cuh"
+#include "ops/cuda/op_kernels.cuh"
 #endif
 
 namespace cuda_p2p {
@@ -95,10 +92,7 @@ std::unique_ptr<SymmetricWorkspace> make_workspace(const c10::intrusive_ptr<c10d
     // The ops' own kernels too (the device loaded its signal kernels): NOTE [Kernels loaded up
     // front] in p2p_workspace/cuda/signal_kernels.cuh. Into the workspace GPU's context.
     const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device->device_index()));
-    cudaError_t err = cuda::load_signature_kernels();
-    if (err == cudaSuccess) err = cuda::load_sleep_kernel();
-    if (err == cudaSuccess) err = cuda::load_reduce_kernels();
-    if (err == cudaSuccess) err = cuda::load_graph_collective_kernels();
+    const cudaError_t err = cuda::load_op_kernels();
     TORCH_CHECK(err == cudaSuccess,
                 "cuda_p2p: loading the ops' CUDA kernels failed: ", cudaGetErrorString(err));
   }

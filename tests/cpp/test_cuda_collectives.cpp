@@ -13,6 +13,8 @@
 #ifdef CUDA_P2P_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
+
+#include "tests/cpp/cuda_test_device.hpp"
 #endif
 
 namespace cuda_p2p::test {
@@ -42,7 +44,7 @@ struct CudaFixture {
     o.buffer_size = 1 << 16;  // several rounds for the larger sizes
     o.timeout = std::chrono::seconds(60);
     ws = std::make_unique<SymmetricWorkspace>(test_store(), world().rank, world().size,
-                                              make_cuda_device(dev), o);
+                                              cuda_device_with_op_kernels(dev), o);
     stream = ws->device().current_stream();
     config.chunk_bytes = 0;
   }
@@ -144,7 +146,7 @@ TEST(CudaCollectives, AReleasedRankNeverHandsAHealthyPeerWrongData) {
   WorkspaceOptions o;
   o.buffer_size = 1 << 16;
   o.timeout = std::chrono::milliseconds(1000);
-  SymmetricWorkspace ws(test_store(), w.rank, w.size, make_cuda_device(dev), o);
+  SymmetricWorkspace ws(test_store(), w.rank, w.size, cuda_device_with_op_kernels(dev), o);
   auto s = ws.device().current_stream();
   ops::CollectiveState state;
   ops::CollectiveConfig config;

@@ -15,6 +15,8 @@
 #ifdef CUDA_P2P_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
+
+#include "tests/cpp/cuda_test_device.hpp"
 #endif
 
 namespace cuda_p2p::test {
@@ -419,7 +421,7 @@ TEST(CudaFusedPipelines, BothPipelinesAndTheRingMatchTheReferenceOnTheGpu) {
   WorkspaceOptions o;
   o.buffer_size = 1 << 20;
   o.timeout = std::chrono::seconds(60);
-  SymmetricWorkspace ws(test_store(), world().rank, W, make_cuda_device(dev), o);
+  SymmetricWorkspace ws(test_store(), world().rank, W, cuda_device_with_op_kernels(dev), o);
   ASSERT_TRUE(ws.available()) << ws.unavailable_reason();
   pipeline::State state;
   const auto cuda = at::TensorOptions().device(at::kCUDA, dev);
