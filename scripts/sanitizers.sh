@@ -6,17 +6,15 @@
 #         CUDA-semantics and thread-per-stream variants) but the test_cuda_* ones (built without
 #         CUDA they only skip); GoogleTest built from third_party/googletest (so CI also proves
 #         that copy builds). CUDA_P2P_ASAN_TESTS: a ctest -R regex (the quick loop's: each binary
-#         once).
+#         once). Beside those entries, the Python tests marked asan, in both host modes, with
+#         the ranks' extension (_C) from this build (--no-python: neither built nor run; the
+#         quick loop's; CUDA_P2P_LONG=1, which scripts/test.sh --long sets: their long forms too).
 #   tsan  build/tsan: -fsanitize=thread; the host executor tests (test_host_streams, and
 #         1 rank; test_workspace with a thread per host stream, 2 ranks), the watchdog (1 rank),
 #         the op order with callers on streams of their own (test_op_order, 2 ranks), the
 #         mailboxes and the one-sided windows' threads (test_send_recv, test_window, 2 ranks; the
 #         windows also with CUDA's semantics, where threads signal from streams of their own).
 #         tests/cpp/tsan.supp silences what TSan cannot see inside the uninstrumented libtorch.
-#
-#         Then the Python tests marked asan, in both host modes, with the ranks' extension (_C)
-#         from this build (--no-python: neither built nor run; the quick loop's; CUDA_P2P_LONG=1,
-#         which scripts/test.sh --long sets: their long forms too).
 #
 #   bash scripts/sanitizers.sh [--build-only] [--no-python] [asan] [tsan]
 #                 (default: both; needs scripts/setup.sh's .venv; --build-only builds, runs nothing)
@@ -88,6 +86,7 @@ build_tsan() {
 # When both run, the TSan build goes on beside the ASan tests, whose ranks mostly wait for each
 # other (and for the timeouts of the fault tests) and leave the cores half idle.
 tsan_build_pid=""
+python_modes=(synchronous cuda)
 for kind in "${kinds[@]}"; do
   t0=$SECONDS
   case $kind in
@@ -109,33 +108,35 @@ for kind in "${kinds[@]}"; do
       ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=0
       export ASAN_OPTIONS=$ASAN_OPTIONS:detect_stack_use_after_return=0
       export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-      "$CTEST" --test-dir build/asan --output-on-failure --timeout 300 -j "$jobs" \
-        -R "${CUDA_P2P_ASAN_TESTS:-.}" -E '^test_cuda_' ||
-        status=1
+      python_pids=()
       if ((python_asan)); then
         # The Python tests marked asan (tests/python/faults: ranks killed while ops are queued),
         # in each host mode, their ranks running this ASan+UBSan build of the extension: the
         # package's Python files beside it in build/asan/python, libasan preloaded into the
         # uninstrumented interpreter (and libstdc++, whose __cxa_throw ASan intercepts), so that
-        # a write into freed memory is reported where it happens.
-        echo "== ASan+UBSan: the Python tests marked asan (the extension built with ASan)"
+        # a write into freed memory is reported where it happens. Both modes beside the ctest
+        # entries: their ranks mostly wait for the victim's timeout (after the entries they made
+        # the stage ~20 s longer, ~45 s under load).
         rm -rf build/asan/python && mkdir -p build/asan/python &&
           cp -r python/cuda_p2p build/asan/python/ &&
           cp build/asan/_C.*.so build/asan/python/cuda_p2p/ || status=1
-        # Both modes at once: their ranks mostly wait for the victim's timeout.
-        modes=(synchronous cuda)
-        pids=()
-        for mode in "${modes[@]}"; do
+        for mode in "${python_modes[@]}"; do
           LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)" \
             PYTHONPATH=$ROOT/build/asan/python CUDA_P2P_HOST_SEMANTICS=$mode \
             "$VPY" -m pytest -q -p no:cacheprovider -m asan tests/python \
             ${CUDA_P2P_LONG:+--long} >"build/asan/python-$mode.log" 2>&1 &
-          pids+=($!)
+          python_pids+=($!)
         done
-        for i in "${!modes[@]}"; do
-          wait "${pids[$i]}" || status=1
-          echo "-- CUDA_P2P_HOST_SEMANTICS=${modes[$i]}"
-          cat "build/asan/python-${modes[$i]}.log"
+      fi
+      "$CTEST" --test-dir build/asan --output-on-failure --timeout 300 -j "$jobs" \
+        -R "${CUDA_P2P_ASAN_TESTS:-.}" -E '^test_cuda_' ||
+        status=1
+      if ((python_asan)); then
+        echo "== ASan+UBSan: the Python tests marked asan (the extension built with ASan)"
+        for i in "${!python_pids[@]}"; do
+          wait "${python_pids[$i]}" || status=1
+          echo "-- CUDA_P2P_HOST_SEMANTICS=${python_modes[$i]}"
+          cat "build/asan/python-${python_modes[$i]}.log"
         done
       fi
       ;;
