@@ -1,5 +1,6 @@
 #include "tests/cpp/harness.hpp"
 
+#include <ATen/Parallel.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -210,6 +211,11 @@ int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   ::testing::InitGoogleTest(&argc, argv);
   read_launcher_env(g_world);
+  // One intra-op thread per rank unless OMP_NUM_THREADS says otherwise, as the Python harness's
+  // ranks run (tests/python/_harness.py) and as ranks under mpirun get anyway: the ranks share
+  // the cores, and ATen's OpenMP workers spin after each parallel region (started by hand or by
+  // launch.py, test_kernel_matrix spent 14% of its samples in libgomp's spin wait, 2026-12-04).
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) at::set_num_threads(1);
 
   c10d::TCPStoreOptions opts;
   opts.port = store_port();
