@@ -211,6 +211,9 @@ struct FailureWords {
   }
 };
 
+// Every member is pure: what a device does not need (the synchronous host's query, a GPU's
+// host_paths) is a one-line answer in its class (host/host_device_impl.hpp,
+// cuda/cuda_device_impl.hpp), not a default the reader must find here.
 class Device {
  public:
   virtual ~Device() = default;
@@ -221,12 +224,12 @@ class Device {
   // Distinguishes processes that may share a device: peers on the same physical device must agree.
   virtual int device_index() const = 0;
   // The physical device, published at rendezvous: a GPU's UUID ("GPU-..."), "host" on the host.
-  virtual std::string device_uuid() const { return "host"; }
+  virtual std::string device_uuid() const = 0;
   // Why this process cannot map blocks of a peer whose device_uuid() is `peer_uuid` ("" when it
   // can). Ranks on the same GPU always can (IPC within one GPU is valid); different GPUs need
   // peer access. Called for every peer before import_block, so that a wrong setup is reported
   // by name on every rank instead of failing inside the import.
-  virtual std::string peer_access_problem(const std::string& /*peer_uuid*/) { return ""; }
+  virtual std::string peer_access_problem(const std::string& peer_uuid) = 0;
 
   // --- blocks ---
   // A new zero-filled block of `bytes`, shareable with peers of the same host.
@@ -281,9 +284,9 @@ class Device {
   virtual void synchronize(Stream& s) = 0;
   // Blocks the host until the work recorded by `e` has run; rethrows the device's failure.
   virtual void synchronize(const Event& e) = 0;
-  // Whether the work recorded by `e` has run, without blocking (Work.is_completed()). The default
-  // is the host's answer: an op there has run when it returns, so its Work holds no event to ask.
-  virtual bool query(const Event& /*e*/) { return true; }
+  // Whether the work recorded by `e` has run, without blocking (Work.is_completed()). The
+  // synchronous host's answer is true: an op there has run when it returns.
+  virtual bool query(const Event& e) = 0;
   // Blocks the host until all work this device enqueued, on the streams it handed out, has run
   // (before blocks that work may still read are released: NOTE [Workspace growth]). A no-op on
   // the host, whose ops complete before they return.
@@ -293,10 +296,10 @@ class Device {
   // streams its ops used since it last drained has run, or `limit` has passed (returns false
   // then). Unlike quiesce it raises nothing, also on a failed device, whose released waits let
   // the streams drain (NOTE [Teardown drains] in p2p_workspace/symmetric_workspace.cpp).
-  virtual bool drain(Millis /*limit*/) noexcept { return true; }
+  virtual bool drain(Millis limit) noexcept = 0;
   // The group's timeout: how long a host-side wait for a stream (synchronize, quiesce) may take
   // before it raises instead of hanging (CUDA; the host's waits have their own deadlines).
-  virtual void set_timeout(Millis /*timeout*/) {}
+  virtual void set_timeout(Millis timeout) = 0;
 
   // --- failure (NOTE [Device failure] in p2p_workspace/watchdog.hpp) ---
   // Fails this device for good: every pending and later wait raises an error naming `why`
@@ -308,38 +311,34 @@ class Device {
   // most `limit`, then fails the device with `why`. Returns whether the work drained; if it did,
   // the Works of the ops enqueued before stay successful (check_work) and only later ops raise;
   // if not, this is an abort: the waits still pending are released and those Works raise.
-  virtual bool retire(const std::string& why, Millis limit) {
-    const bool drained = drain(limit);
-    abort(why);
-    return drained;
-  }
+  virtual bool retire(const std::string& why, Millis limit) = 0;
   // Raises the error that failed this device (an abort, or on CUDA a wait that missed its
   // deadline, naming the op and the ranks that never arrived); a no-op while it is healthy.
   virtual void check_healthy(const char* op) = 0;
   // check_healthy for the Work of an op enqueued earlier (Work.wait(), is_success()): no error
   // after a retire() that drained, since that op ran to its end normally.
-  virtual void check_work(const char* op) { check_healthy(op); }
+  virtual void check_work(const char* op) = 0;
   // NOTE [Who traps] in p2p_workspace/flag_barrier_body.hpp: why a kernel of this device gave up
   // with an error that loses the CUDA context ("" while none did): the give-ups a CUDA device's
   // kernels recorded before they trapped, the host with CUDA's semantics' model of a trap.
-  virtual std::string lost_context() const { return ""; }
+  virtual std::string lost_context() const = 0;
   // NOTE [Failure words]: whether the device has its words (a group's symmetric heap, a second
   // workspace on the group's device and ranks, finds them set and makes no area of its own),
   // and the words, handed over once, before the device's first op (a later call is ignored).
   // Every wait, watchdog and check of the device then treats a set word as the device's failure,
   // and the device's own failure is written into the peers' words before any wait is released.
-  virtual bool has_failure_words() const { return false; }
-  virtual void set_failure_words(FailureWords /*words*/) {}
+  virtual bool has_failure_words() const = 0;
+  virtual void set_failure_words(FailureWords words) = 0;
   // The peers in `ranks` are gone for good (a shrink excluded them: NOTE [Shrinking past dead
   // ranks] in backend/child_groups.cpp): this device's failure is written to their words no more,
   // and its mappings of their failure areas are dropped. Idempotent; thread-safe.
-  virtual void forget_failure_peers(const std::vector<int>& /*ranks*/) {}
+  virtual void forget_failure_peers(const std::vector<int>& ranks) = 0;
   // --- capture (NOTE [Replay-safe signals] in p2p_workspace/symmetric_workspace.cpp) ---
   // Nonzero while `s` is being captured into a graph (CUDA: a CUDA graph; host: a host capture,
   // host/host_device.hpp): an id the same for every stream of one capture, different for the
   // next. Work enqueued then runs at each replay, with the values it was enqueued with, so an
   // op enqueues no host-issued sequence number and nothing that allocates or exchanges.
-  virtual uint64_t capture_id(Stream& /*s*/) { return 0; }
+  virtual uint64_t capture_id(Stream& s) = 0;
   // At the stream's turn: *counter += delta (a word of this rank's own memory).
   virtual void advance_counter(Stream& s, uint32_t* counter, uint32_t delta) = 0;
   // At the stream's turn: writes *counter + offset to `addr` (usually a peer's pad), after all
@@ -364,10 +363,10 @@ class Device {
   // again before the work `s` has enqueued so far has run (c10 recordStream; for pinned host
   // memory, the caching host allocator's record_event). On a host device with CUDA's semantics a
   // task queued on `s` holds `t` (its closures read raw pointers); else a no-op.
-  virtual void record_stream(const at::Tensor& /*t*/, Stream& /*s*/) {}
+  virtual void record_stream(const at::Tensor& t, Stream& s) = 0;
 
   // NOTE [Host fast paths]: the host's capability, null when the device has none (CUDA).
-  virtual HostPaths* host_paths() const { return nullptr; }
+  virtual HostPaths* host_paths() const = 0;
   // Whether an op has run to its end when it returns (NOTE [Synchronous host devices]).
   bool host_synchronous() const {
     const HostPaths* h = host_paths();
@@ -375,7 +374,7 @@ class Device {
   }
   // `n` zeroed words the host reads and the device writes, for as long as the device lives.
   // They come from a pool the device reserves when it is created (CUDA: page-locked and mapped,
-  // NOTE [Pinned pools] in p2p_workspace/cuda/cuda_device.cpp; the host: ordinary memory), so
+  // NOTE [Pinned pools] in p2p_workspace/cuda/cuda_device_impl.hpp; the host: ordinary memory), so
   // that asking for them never allocates pinned memory while a wait may be blocked; a request
   // past the pool raises, naming what is left. Thread-safe.
   virtual HostWords host_words(size_t n) = 0;

@@ -2,7 +2,7 @@
 // the GPU and the host (NOTE [One kernel source] in ops/kernel_body.hpp): what one peer's part of a
 // barrier stores, what one poll of its flag decides, and in which order the poll asks. The CUDA
 // barrier (p2p_workspace/cuda/graph_barrier.cuh) runs it with one thread per peer and traps where
-// the poll says so; the host's GraphRun (p2p_workspace/host/host_device.cpp) runs every peer of
+// the poll says so; the host's GraphRun (p2p_workspace/host/host_device_capture.cpp) runs every peer of
 // every block in one task and raises there. Plain C++ without torch headers, so that nvcc
 // compiles it too.
 #pragma once

@@ -1,7 +1,7 @@
 // The flags of captured ops (NOTE [Graph flags]): where a captured op's barriers live in the
 // ranks' pads, and what a device needs to run them - the CUDA device in a kernel
 // (p2p_workspace/cuda/graph_barrier.cuh, ops/cuda/graph_collectives.cu), the host device in one
-// task of a stream (host/host_device.cpp). Plain C++ without torch headers, so that the CUDA
+// task of a stream (host/host_device_capture.cpp). Plain C++ without torch headers, so that the CUDA
 // sources include it.
 #pragma once
 

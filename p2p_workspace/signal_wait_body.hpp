@@ -5,7 +5,7 @@
 // ends; what each kind then does with the decision, and which waits it records as missing, is
 // here too. The CUDA kernels (p2p_workspace/cuda/signal_kernels.cu) run it in one thread with a
 // sleep between polls and record into host-mapped memory; the host device's waits with CUDA's
-// semantics (p2p_workspace/host/host_device.cpp) run it as a task of the stream and record into
+// semantics (p2p_workspace/host/host_device_cuda_semantics.cpp) run it as a task of the stream and record into
 // its give-up record. Plain C++ without torch headers, so that nvcc compiles it too.
 #pragma once
 

@@ -35,7 +35,7 @@ namespace cuda_p2p {
 
 // NOTE [Replay-safe signals]
 // A captured op (a CUDA graph, or the host's capture: NOTE [Host capture] in
-// host/host_device.cpp) runs again at every replay with the values it was enqueued with, so
+// host/host_device_capture.cpp) runs again at every replay with the values it was enqueued with, so
 // the host-issued sequence numbers of NOTE [Signal sequence numbers] cannot be used inside it:
 // at the second replay every wait would already be satisfied by the first. While its stream is
 // being captured (Device::capture_id), an op signals with counts that live in device memory

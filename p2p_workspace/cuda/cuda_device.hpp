@@ -1,4 +1,4 @@
-// The CUDA device (cuda/cuda_device.cpp): the device interface on cuMem blocks (or legacy CUDA
+// The CUDA device (cuda/cuda_device_impl.hpp and its .cpp files): the device interface on cuMem blocks (or legacy CUDA
 // IPC) and CUDA streams.
 // Declared only in builds with CUDA (CUDA_P2P_WITH_CUDA).
 #pragma once

@@ -1,7 +1,7 @@
 // The flag barrier on the GPU (NOTE [Graph flags] in p2p_workspace/graph_flags.hpp): the device
 // function every kernel op calls between its data steps, and the whole of a kernel of barriers
 // only. Its stores, polls and decisions are the host's GraphRun's (p2p_workspace/host/
-// host_device.cpp): one source, p2p_workspace/flag_barrier_body.hpp; what stays here is the
+// host_device_capture.cpp): one source, p2p_workspace/flag_barrier_body.hpp; what stays here is the
 // block's threads (one per peer), the sleep between polls, the give-up record and the trap.
 // Plain CUDA, device code only.
 #pragma once

@@ -1,5 +1,5 @@
 // The host (CPU) device: the device interface on shared memory and host streams
-// (host_device.cpp). What the backend and tests use to create one; algorithms use Device.
+// (host_device_impl.hpp and its .cpp files). What the backend and tests use to create one; algorithms use Device.
 #pragma once
 
 #include <memory>
@@ -63,7 +63,7 @@ void use_cuda_semantics(Device& device);
 // stream order a GPU sees (NOTE [One order per group] in p2p_workspace/symmetric_workspace.cpp).
 void set_current_stream(Device& device, std::shared_ptr<Stream> stream);
 
-// A recorded stretch of stream work (NOTE [Host capture] in host/host_device.cpp): the host's
+// A recorded stretch of stream work (NOTE [Host capture] in host/host_device_capture.cpp): the host's
 // CUDA graph.
 class HostGraph {
  public:

@@ -128,7 +128,7 @@ class HostEvent : public Event {
   std::shared_ptr<HostStream> stream;
   // Outside a capture: the stream's task count at the record. Recorded in a capture (`capture`
   // is its id): the count of the stream's captured tasks before it, which a replay offsets by
-  // the stream's count at the replay (NOTE [Host capture] in host_device.cpp).
+  // the stream's count at the replay (NOTE [Host capture] in host_device_capture.cpp).
   uint64_t seq;
   uint64_t capture;
 };

@@ -51,7 +51,8 @@ struct ChunkHeader {
 // a peer of this build), never trusted, since the receiver copies to `offset` of its tensor.
 std::string chunk_header_error(const ChunkHeader& h, int64_t slot_bytes, int64_t message_bytes);
 
-// What a rank publishes in the store for its mailbox (NOTE [Mailbox records] in mailboxes.cpp):
+// What a rank publishes in the store for its mailbox (NOTE [Mailbox records] in
+// mailbox_records.cpp):
 // its slot size, the bytes of one peer's region and its outbox's handle.
 struct MailboxRecord {
   int64_t slot_bytes = 0;
@@ -99,6 +100,12 @@ class Mailboxes {
  public:
   // Each slot holds one chunk of a message; a rank's outbox holds kSlots per peer.
   static constexpr int kSlots = 2;
+  // Where a peer's region of an outbox keeps its slots (after the words and chunk headers), and
+  // the region's bytes for slots of `slot_bytes` (NOTE [Mailboxes] in mailboxes.cpp).
+  static constexpr int64_t kDataOffset = 4096;
+  static constexpr int64_t region_bytes_for(int64_t slot_bytes) {
+    return kDataOffset + kSlots * slot_bytes;
+  }
 
   // `device` must be a host device; `store` the group's (keys under "cuda_p2p/mailbox/");
   // `timeout` the group's, for mapping a peer's mailbox (set_timeout changes it).

@@ -70,10 +70,12 @@ class ForwardingDevice : public Device {
   bool query(const Event& e) override { return inner_->query(e); }
   void quiesce() override { inner_->quiesce(); }
   bool drain(Millis limit) noexcept override { return inner_->drain(limit); }
+  void set_timeout(Millis timeout) override { inner_->set_timeout(timeout); }
   void abort(const std::string& why) override { inner_->abort(why); }
   bool retire(const std::string& why, Millis limit) override { return inner_->retire(why, limit); }
   void check_healthy(const char* op) override { inner_->check_healthy(op); }
   void check_work(const char* op) override { inner_->check_work(op); }
+  std::string lost_context() const override { return inner_->lost_context(); }
   bool has_failure_words() const override { return inner_->has_failure_words(); }
   void set_failure_words(FailureWords words) override {
     inner_->set_failure_words(std::move(words));
@@ -82,6 +84,7 @@ class ForwardingDevice : public Device {
     inner_->forget_failure_peers(ranks);
   }
   HostWords host_words(size_t n) override { return inner_->host_words(n); }
+  void record_stream(const at::Tensor& t, Stream& s) override { inner_->record_stream(t, s); }
   // The blocks are the inner host device's, but none of its shortcuts is forwarded: the tests'
   // devices queue their work as CUDA's would (not synchronous, no inline stream).
   HostPaths* host_paths() const override { return &queued_; }

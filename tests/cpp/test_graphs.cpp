@@ -1,5 +1,5 @@
 // Captured collectives replayed: the host device's capture (NOTE [Host capture] in
-// p2p_workspace/host/host_device.cpp) runs what a replayed CUDA graph runs, with the replay-safe
+// p2p_workspace/host/host_device_capture.cpp) runs what a replayed CUDA graph runs, with the replay-safe
 // signals of NOTE [Replay-safe signals] (p2p_workspace/symmetric_workspace.cpp). Every result is
 // checked against the same math done by plain ATen in this process, after every replay, with new
 // values written into the captured inputs between replays, mixed with eager ops of the same group
