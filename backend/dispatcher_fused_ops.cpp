@@ -20,23 +20,23 @@ constexpr const char* kAllGatherMatmul = "fused_all_gather_matmul";
 constexpr const char* kMatmulReduceScatter = "fused_matmul_reduce_scatter";
 
 // NOTE [Unfused below a size]
-// A fused op pays a fixed cost the unfused pair does not (its handshake and barriers, two
-// streams, the GEMM split per peer); where its GEMM is short, that is more than fusion hides -
-// on the host always, since a CPU has no copy engine and fusion hides only waiting
-// (docs/measurements/fused-measured-results.md). So "auto" runs, below Config::fused_min_flops GEMM
-// flops per rank, what a user would write without the fused ops: our all_gather_into_tensor then
-// torch.matmul, or torch.matmul then our reduce_scatter_tensor, with the outputs laid out exactly
-// as the fused path lays them out (the reference's own view ops, which the fused path's layout
-// reproduces), counted "<op>.unfused". The choice is made from the shapes, the group's size and
-// its configuration, which every rank should share; where they are not shared (a knob set on one
-// rank only, shapes that differ across ranks), some ranks would run the fused op and others the
-// collective, in different protocols, and wait there until the group's timeout. So the unfused
-// pair first runs the fused op's own handshake (NOTE [Op signatures]) with "unfused" where the
-// fused op names its algorithm (ops::agree_all_gather_matmul_unfused): ranks that chose
-// differently raise, every one of them, an error naming what each passed and chose, and the
-// group stays usable. Only calls whose arguments pass the local checks take the unfused path; a
-// bad call goes to the fused op, whose handshake tells every rank, those on the unfused path
-// included. The handshake is one barrier, small against a GEMM of fused_min_flops.
+// Why: a fused op pays a fixed cost the unfused pair does not (its handshake and barriers, two
+// streams, the GEMM split per peer); where its GEMM is short that is more than fusion hides, on
+// the host always (no copy engine: fusion hides only waiting;
+// docs/measurements/fused-measured-results.md).
+// What "auto" does below Config::fused_min_flops GEMM flops per rank: what a user would write
+// without the fused ops (our all_gather_into_tensor then torch.matmul, or torch.matmul then our
+// reduce_scatter_tensor), the outputs laid out exactly as the fused path lays them out, counted
+// "<op>.unfused".
+// Invariants:
+//  - the choice comes from the shapes, the group's size and its configuration; where ranks do
+//    not share them (a knob set on one rank, shapes that differ), the unfused pair first runs the
+//    fused op's own handshake (NOTE [Op signatures]) with "unfused" where the fused op names its
+//    algorithm (ops::agree_all_gather_matmul_unfused): ranks that chose differently all raise,
+//    naming what each passed and chose, and the group stays usable (one barrier, small against a
+//    GEMM of fused_min_flops);
+//  - only calls whose arguments pass the local checks take the unfused path: a bad call goes to
+//    the fused op, whose handshake tells every rank, those on the unfused path included.
 
 // Runs `body` with the group's pipeline, under the lock that lets one pipeline op of the group run
 // at a time.

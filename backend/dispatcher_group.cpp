@@ -79,20 +79,21 @@ c10::intrusive_ptr<ProcessGroupCudaP2P> resolve_uncached(std::string_view name,
 }
 
 // NOTE [Group lookup cache]
-// A dispatcher op names its group by a string. torch's registry resolves it under a process-wide
-// lock, then getBackend and a dynamic_cast follow, on every call of an op whose whole cost is
-// latency (docs/collectives.md, "The dispatcher op"). So each thread keeps the last few (name,
-// device type) pairs it resolved. An entry holds the backend's raw pointer and a weak reference to
-// its lifetime token (ProcessGroupCudaP2P::lifetime_token(), dropped first thing in its
-// destructor): not a weak reference to the backend itself, since c10's weak_intrusive_ptr defers
-// the destructor - and with it the unmapping of the workspace - until the last weak reference goes.
-// An entry is used only while the token lives and the backend is neither shut down nor aborted
-// (ProcessGroupCudaP2P::retired()): torch's destroy_process_group shuts a group's backends down
-// before it unregisters its name, so a name that has come to mean another group (names are
-// reused once the default group is destroyed) never finds a stale entry. The cache keeps nothing
-// alive and is keyed by name, so groups side by side each have their own entry; a retired group
-// is resolved anew, and its ops raise as they did without the cache. As without it, destroying a
-// group while another thread is inside one of its ops is the caller's race.
+// Why: a dispatcher op names its group by a string; torch's registry resolves it under a
+// process-wide lock, then getBackend and a dynamic_cast follow, on every call of an op whose whole
+// cost is latency (docs/collectives.md, "The dispatcher op"). So each thread keeps the last few
+// (name, device type) pairs it resolved.
+// Invariants:
+//  - an entry holds the backend's raw pointer and a weak reference to its lifetime token
+//    (ProcessGroupCudaP2P::lifetime_token(), dropped first thing in its destructor), not to the
+//    backend (c10's weak_intrusive_ptr would defer its destructor, and the unmapping, to the last
+//    weak reference);
+//  - an entry is used only while the token lives and the backend is neither shut down nor aborted
+//    (retired()): destroy_process_group shuts a group's backends down before it unregisters the
+//    name, so a reused name never finds a stale entry;
+//  - keyed by name and keeping nothing alive: groups side by side each have their entry, a
+//    retired group is resolved anew and its ops raise as without the cache; destroying a group
+//    while another thread is inside one of its ops is the caller's race, as without it.
 struct CacheEntry {
   std::string name;
   c10::DeviceType device_type = c10::DeviceType::CPU;

@@ -54,20 +54,20 @@ namespace cuda_p2p {
 //    (torch.cuda.empty_cache(), an out-of-memory retry). While the group's pool lives, the heap's
 //    used bytes (symmetric_heap_info) include every segment it ever took, used or cached.
 //  * The free function may thus run long after the group is gone, from torch's allocator with its
-//    lock held, at interpreter exit too. It never throws (raw_delete runs in destructors). It
-//    first waits for the segment's stream (an event, with a deadline: torch returns a block used
-//    on other streams to the pool only once their events completed, so that stream is the one
-//    that may still use it), since the range can be handed out again at once, to another stream;
-//    not for the device, whose other streams may be blocked at a wait (NOTE [Group streams] in
-//    p2p_workspace/cuda/cuda_device.cpp). A segment whose stream did not finish in time is not
-//    returned to the heap, as a failed drain's mappings are kept. The HeapSegments both functions
-//    capture hold the heap's allocator and a view of its mapping for as long as the allocator
-//    object lives (the pool's shared_ptr, the group's, a user's): no segment is ever freed under a
-//    live tensor, none is returned to an unmapped heap, and the heap's block is freed only after
-//    the group, its cuda_p2p.empty tensors and the last pool over it with its segments are gone
-//    (then NOTE [Block lifetime] waits for the peers to unmap it; where the allocator is the heap's
-//    last holder, that wait - up to 10 s for a peer that keeps its mapping - runs inside torch's
-//    allocator, under its lock).
+//    lock held, at interpreter exit too. It never throws (raw_delete runs in destructors).
+//  * It first waits for the segment's stream (an event, with a deadline: torch returns a block
+//    used on other streams to the pool only once their events completed, so that stream is the
+//    one that may still use it), since the range can be handed out again at once, to another
+//    stream; not for the device, whose other streams may be blocked at a wait (NOTE [Group
+//    streams] in p2p_workspace/cuda/cuda_device.cpp). A segment whose stream did not finish in
+//    time is not returned to the heap, as a failed drain's mappings are kept.
+//  * The HeapSegments both functions capture hold the heap's allocator and a view of its mapping
+//    for as long as the allocator object lives (the pool's shared_ptr, the group's, a user's): no
+//    segment is ever freed under a live tensor, none is returned to an unmapped heap, and the
+//    heap's block is freed only after the group, its cuda_p2p.empty tensors and the last pool
+//    over it with its segments are gone (then NOTE [Block lifetime] waits for the peers to unmap
+//    it; where the allocator is the heap's last holder, that wait - up to 10 s for a peer that
+//    keeps its mapping - runs inside torch's allocator, under its lock).
 //
 // Offsets are deterministic like the rest of the heap (NOTE [Symmetric heap]) as long as the
 // caching allocator decides alike on every rank: the same allocations and frees in the same order

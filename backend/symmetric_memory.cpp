@@ -145,23 +145,24 @@ at::Tensor SymmetricMemory::empty(at::IntArrayRef sizes, at::ScalarType dtype,
 }
 
 // NOTE [Storage moved into the heap]
-// A window registers a tensor in place (NOTE [Window registration] in backend/windows.cpp): the
-// peers' puts must land in the very memory the user reads. A tensor outside the heap gets there by
-// moving its storage, as torch's own storage resize_ and swap do: a heap block of the storage's
-// bytes receives its contents on the caller's current stream, which is then synchronized (so the
-// copy is ordered after the work already queued there that writes the tensor, and has run before
-// a peer may put into the block), and the StorageImpl's DataPtr becomes the block's. The tensor
-// object, its views and every tensor sharing the storage then alias the heap; the old memory is
-// freed when its DataPtr goes (after the synchronize: nothing queued reads it any more). The block
-// is freed when the storage dies, like a cuda_p2p.empty tensor's, whether or not a window still
-// holds it. Only a storage whose memory its device's default allocator made (torch.empty, zeros,
-// ...: the DataPtr's deleter is that allocator's) is moved: memory another owner holds (from_blob,
-// numpy, shared memory, pinned memory, a memory map) may still be read through that owner, and
-// moving it would leave the owner's view stale, so it raises. Data pointers taken before the move
-// (data_ptr(), a numpy view of the tensor, DLPack) point at the freed memory. Ranks moving storages
-// of different sizes allocate differently from then on: later heap tensors may lie at different
-// offsets, which costs the zero-copy collectives their zero-copy path (they agree on offsets
-// first, NOTE [Zero-copy collectives] in ops/zero_copy.cpp), never correctness.
+// Why: a window registers a tensor in place (NOTE [Window registration] in backend/windows.cpp):
+// the peers' puts must land in the very memory the user reads.
+// How (as torch's own storage resize_ and swap do):
+//  - a heap block of the storage's bytes receives its contents on the caller's current stream,
+//    which is then synchronized: the copy is ordered after the work queued there that writes the
+//    tensor, and has run before a peer may put into the block;
+//  - the StorageImpl's DataPtr becomes the block's: the tensor, its views and every tensor sharing
+//    the storage alias the heap; the old memory is freed when its DataPtr goes (after the
+//    synchronize: nothing queued reads it); the block is freed when the storage dies, like a
+//    cuda_p2p.empty tensor's, whether or not a window still holds it.
+// Limits:
+//  - only a storage its device's default allocator made (torch.empty, zeros, ...) is moved:
+//    memory another owner holds (from_blob, numpy, shared or pinned memory, a memory map) may
+//    still be read through that owner, so it raises;
+//  - data pointers taken before the move (data_ptr(), a numpy view, DLPack) point at freed memory;
+//  - ranks moving storages of different sizes allocate differently from then on: later heap
+//    tensors may lie at different offsets, which costs the zero-copy collectives their zero-copy
+//    path (NOTE [Zero-copy collectives] in ops/zero_copy.cpp), never correctness.
 void SymmetricMemory::move_into_heap(const at::Tensor& t) {
   const at::Device dev = device();
   TORCH_CHECK_VALUE(t.defined() && t.has_storage() && t.device() == dev,
@@ -224,22 +225,23 @@ at::Tensor SymmetricMemory::peer_tensor(const at::Tensor& t, int64_t rank) const
 }
 
 // NOTE [Process-group allocation for FSDP2]
-// FSDP2 with model.set_allocate_memory_from_process_group_for_comm(True) asks the group's backend
+// What FSDP2 asks: with model.set_allocate_memory_from_process_group_for_comm(True),
 // supports_tensor_alloc(device), then allocate_tensor(numel, dtype=, device=) for its comm
-// buffers (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, ProcessGroupAllocMixin):
-// the all-gather output, whose own chunk is the all-gather's input (an in-place all-gather), and
-// the reduce-scatter's input and output. Heap tensors make those collectives zero-copy (NOTE
-// [Zero-copy collectives] in ops/zero_copy.cpp). So the answer is yes only where the heap's
-// tensors would be read zero-copy: the collectives run on the workspace, the zero-copy agreement
-// is not "off" (a CUDA group's default: NOTE [CUDA zero-copy is opt-in]) and the device is the
-// heap's; elsewhere FSDP2 takes torch.empty, and a heap tensor that would only stage holds heap
-// memory for nothing. c10d passes the device's index only: a CPU device has none (-1), so a
-// host heap answers -1 and a CUDA heap its own GPU's index.
-// Each call is a collective like cuda_p2p.empty (the first creates the heap); FSDP2 makes the
-// same calls in the same order on every rank. A request the heap cannot hold gets an ordinary
-// tensor (counted allocate_tensor.fallback) instead of failing the training step: its
-// collective then stages on every rank - the exchange sees an input outside its heap; under the
-// signature agreement every rank's allocator, fed the same calls, failed alike, and none claims.
+// buffers (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, ProcessGroupAllocMixin): the
+// all-gather output (whose own chunk is the all-gather's input: in place) and the
+// reduce-scatter's input and output. Heap tensors make those collectives zero-copy (NOTE
+// [Zero-copy collectives] in ops/zero_copy.cpp).
+// What we answer:
+//  - yes only where the heap's tensors would be read zero-copy: the collectives run on the
+//    workspace, the zero-copy agreement is not "off" (a CUDA group's default: NOTE [CUDA
+//    zero-copy is opt-in]) and the device is the heap's; elsewhere FSDP2 takes torch.empty (a
+//    heap tensor that would only stage holds heap memory for nothing);
+//  - c10d passes the device's index only: a host heap answers -1, a CUDA heap its GPU's index;
+//  - each call is a collective like cuda_p2p.empty (the first creates the heap); FSDP2 makes the
+//    same calls in the same order on every rank;
+//  - a request the heap cannot hold gets an ordinary tensor (counted allocate_tensor.fallback),
+//    not a failed step: its collective then stages on every rank (the exchange sees an input
+//    outside its heap; under the signature agreement every rank's allocator failed alike).
 bool SymmetricMemory::allocates_comm_buffers(c10::DeviceIndex device_index) const {
   if (!collectives_.on()) return false;
   const bool host = collectives_.on_host();

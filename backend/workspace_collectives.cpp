@@ -129,21 +129,21 @@ void WorkspaceCollectives::check_or_reject(const char* what, ops::OpId kind,
 }
 
 // NOTE [Routes agree]
-// A collective the workspace serves goes to the wrapped backend on a rank whose call the workspace
-// cannot take (a dtype it does not reduce, tensors on another device, several tensors, a reduce op
+// Why: a collective the workspace serves goes to the wrapped backend on a rank whose call the
+// workspace cannot take (a dtype it does not reduce, another device, several tensors, a reduce op
 // it lacks). Were its peers' calls workspace ones, they would wait at their first barrier, and
-// this rank in Gloo or NCCL, until the timeout. So on a host workspace such a rank first takes part
-// in the op's handshake (ops::announce) with a signature naming its route ("1000 x bool sum
-// (wrapped: dtype)"): ranks that route alike agree and go on to the wrapped backend, ranks that
-// do not raise the same error (NOTE [Op signatures] in ops/op_signature.cpp), and the group stays
-// usable. Its cost is a handshake barrier on the workspace before a wrapped call. On a device
-// whose comparison runs in stream order (CUDA, and the host with CUDA's semantics) the rank then
-// waits for its stream to have compared - the one synchronize of a call that falls back, on a
-// group whose workspace collectives are on - and raises a disagreement before it enters the
-// wrapped backend, where it would wait for peers that never come; its peers' Works raise it
-// (NOTE [Mismatches reach the Work] in backend/works.cpp) instead of their op taking this rank's
-// next one for its own. Not under capture (nothing is compared there: NOTE [Replay-safe
-// signals]), nor without a workspace.
+// this rank in Gloo or NCCL, until the timeout.
+// How: on a host workspace such a rank first takes part in the op's handshake (ops::announce)
+// with a signature naming its route ("1000 x bool sum (wrapped: dtype)"): ranks that route alike
+// go on to the wrapped backend, others raise the same error (NOTE [Op signatures]), and the group
+// stays usable. Cost: a handshake barrier before a wrapped call.
+//  - where the comparison runs in stream order (CUDA, the host with CUDA's semantics) the rank
+//    then waits for its stream to have compared (the one synchronize of a call that falls back,
+//    on a group whose workspace collectives are on) and raises a disagreement before it enters
+//    the wrapped backend; its peers' Works raise it (NOTE [Mismatches reach the Work] in
+//    backend/works.cpp) instead of their op taking this rank's next one for its own;
+//  - not under capture (nothing is compared there: NOTE [Replay-safe signals]), nor without a
+//    workspace.
 void WorkspaceCollectives::agree_on_route(const char* what, ops::OpId kind,
                                           c10::ArrayRef<at::Tensor> tensors,
                                           c10::function_ref<std::string()> detail,

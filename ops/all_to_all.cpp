@@ -19,36 +19,38 @@ namespace {
 using detail::copy;
 
 // NOTE [All-to-all headers]
-// A receiver must know where its slice lies in each sender's region and how long it is, and
-// all_to_all_v's receiver does not even know the lengths. So in the op's first phase every rank
-// writes a header at the start of its region - a magic word, the bytes of one unit (row), the
-// units it sends to each rank and the units it expects from each rank (-1: unknown) - and the
-// phase barrier that publishes the staged bytes (and compares the op signatures) publishes it
-// too. Every rank then copies all W headers to host memory (a device copy and a synchronize, so
-// the algorithm is the same on the host and on CUDA; on CUDA it costs a host round trip per op,
-// which is also why the op cannot be captured in a graph; on a stream that runs inline, NOTE
-// [Inline signals] in p2p_workspace/device.hpp, that copy is a memcpy into the caller's stack, as
-// the device copy would be, without a tensor allocated or a task enqueued) and checks them. Every
-// rank reads the same W headers, so every rank reaches the same verdict: when a rank expects other
-// than what its sender sends, every rank ends the phase and raises the same SignatureMismatch
-// naming both ranks, and the group stays usable (NOTE [Op signatures] in ops/op_signature.cpp).
-// Otherwise the number of rounds follows from the largest sender's bytes, which every rank now
-// knows, so every rank runs as many phases (NOTE [Collective phases]). The header space stays
-// reserved in every round (the same piece size in every round) and is covered by the reuse guard
-// like staged bytes.
+// Why: a receiver must know where its slice lies in each sender's region and how long it is, and
+// all_to_all_v's receiver does not even know the lengths.
+// The header: in the op's first phase every rank writes, at the start of its region, a magic
+// word, the bytes of one unit (row), the units it sends to each rank and the units it expects
+// from each rank (-1: unknown); the phase barrier that publishes the staged bytes (and compares
+// the op signatures) publishes it too.
+// Reading it:
+//  - every rank copies all W headers to host memory (a device copy and a synchronize, so the
+//    algorithm is the same on the host and on CUDA; on CUDA a host round trip per op, which is
+//    also why the op cannot be captured; on an inline stream, NOTE [Inline signals] in
+//    p2p_workspace/device.hpp, a memcpy into the caller's stack) and checks them;
+//  - every rank reads the same W headers and reaches the same verdict: when a rank expects other
+//    than what its sender sends, every rank ends the phase and raises the same SignatureMismatch
+//    naming both ranks, and the group stays usable (NOTE [Op signatures]);
+//  - otherwise the number of rounds follows from the largest sender's bytes, which every rank now
+//    knows, so every rank runs as many phases (NOTE [Collective phases]); the header space stays
+//    reserved in every round (the same piece size) and is covered by the reuse guard.
 //
-// A rank stages only what goes to its peers: the concatenation of its send slices without its
-// own, in rank order (its "stream"), round k staging bytes [k * piece, (k + 1) * piece) of it.
-// Its own slice is copied straight from its input to its output.
+// Staging: a rank stages only what goes to its peers, the concatenation of its send slices
+// without its own, in rank order (its "stream"), round k staging bytes [k * piece, (k + 1) *
+// piece) of it. Its own slice is copied straight from its input to its output.
 //
-// Cross-memory reads (NOTE [Cross-memory reads] in ops/collectives.cpp): the header also holds the
-// address of each of the rank's send slices. When the op needs more than one round and the bytes
-// all ranks send to their peers reach cross_memory_min_bytes on a group with cross-memory reads (a
-// verdict every rank reaches alike from the same W headers), the receivers take round 0 from the
-// staged region as usual and read the rest of each slice from the sender's input where it lies,
-// in the same phase: one copy per byte instead of a staging copy and a pull, and one phase
-// barrier instead of one per round. Each rank then waits for its readers (wait_readers) before it
-// returns, so its input stays as it was until every peer has read it.
+// Cross-memory reads: the header also holds the address of each of the rank's send slices (NOTE
+// [Cross-memory reads] in ops/collectives.cpp).
+//  - when the op needs more than one round and the bytes all ranks send to their peers reach
+//    cross_memory_min_bytes on a group with cross-memory reads (a verdict every rank reaches
+//    alike from the same W headers), the receivers take round 0 from the staged region as usual
+//    and read the rest of each slice from the sender's input where it lies, in the same phase:
+//    one copy per byte instead of a staging copy and a pull, one phase barrier instead of one per
+//    round;
+//  - each rank then waits for its readers (wait_readers) before it returns, so its input stays as
+//    it was until every peer has read it.
 //
 // NOTE [All-to-all zero-copy]
 // A sender whose input lies in its symmetric heap (cuda_p2p.empty; NOTE [Zero-copy collectives]

@@ -22,17 +22,19 @@
 namespace cuda_p2p::ops {
 
 // NOTE [Captured collectives in one kernel]
-// Every dependent node of a graph costs its launch at every replay, and on the copy-engine path
-// every signal under capture is a node of its own (NOTE [Replay-safe signals]), so that a small
-// collective's cost would be its nodes, not its bytes. Under capture, an all-reduce (one-shot or
-// two-shot, as the configuration picks), an all-gather or a reduce-scatter of 2 to kMaxGraphRanks
-// ranks whose staged bytes fit the graph region (WorkspaceOptions::graph_region_bytes, 2 MiB per
-// rank by default; Layout::region_bytes) therefore runs as one kernel: one graph node on CUDA
-// (launched by the op's GraphKernelBody::cuda), one task of the stream on the host
-// (SymmetricWorkspace::graph_kernel, Device::graph_kernel). In it:
-//   barrier 0 - the op's open (NOTE [Graph flags]): every peer has ended its earlier ops, since a
-//               kernel starts only after its stream's earlier work, so no peer still reads this
-//               rank's region from an earlier kernel op;
+// Why: every dependent node of a graph costs its launch at every replay, and on the copy-engine
+// path every signal under capture is a node of its own (NOTE [Replay-safe signals]): a small
+// collective's cost would be its nodes, not its bytes.
+// Which ops: under capture, an all-reduce (one-shot or two-shot, as the configuration picks), an
+// all-gather or a reduce-scatter of 2 to kMaxGraphRanks ranks whose staged bytes fit the graph
+// region (WorkspaceOptions::graph_region_bytes, 2 MiB per rank by default; Layout::region_bytes)
+// runs as one kernel: one graph node on CUDA (GraphKernelBody::cuda), one task of the stream on
+// the host (SymmetricWorkspace::graph_kernel, Device::graph_kernel). Larger ops, more ranks, the
+// other collectives and the fused pipelines keep the copy engine, between an open and a close.
+// Steps:
+//   barrier 0 - the op's open (NOTE [Graph flags]): every peer has ended its earlier ops (a kernel
+//               starts only after its stream's earlier work), so none still reads this rank's
+//               region from an earlier kernel op;
 //   stage     - this rank copies what its peers read into its region: the one-shot and the
 //               all-gather their whole input, the two-shot and the reduce-scatter the chunks the
 //               peers reduce;
@@ -42,13 +44,14 @@ namespace cuda_p2p::ops {
 //               the eager algorithms do (the same bits); the all-gather copies every region out;
 //               the two-shot reduces its own chunk into the output and its region, passes
 //               barrier 2 (every reduced chunk is there) and copies the peers' chunks out.
-// The region is used by these kernels only, so neither eager ops nor the captured ops that keep
-// the copy engine need a guard against them, nor they against those. A kernel runs on G blocks
-// (graph::blocks_for, from the op's sizes: the same on every rank); block b of every rank stages
-// and reads the same ranges (ops/graph_layout.hpp), so block b's barriers order what it touches.
-// Every barrier checks the op's tag, a hash of the op's signature, which nothing else compares
-// under capture. Larger ops, more ranks, the other collectives and the fused pipelines keep the
-// copy engine, between an open and a close (NOTE [Replay-safe signals]).
+// Invariants:
+//  - the region is these kernels' only: neither eager ops nor copy-engine captured ops guard
+//    against them, nor they against those;
+//  - a kernel runs on G blocks (graph::blocks_for, from the op's sizes: the same on every rank);
+//    block b of every rank stages and reads the same ranges (ops/graph_layout.hpp), so block b's
+//    barriers order what it touches;
+//  - every barrier checks the op's tag, a hash of its signature, which nothing else compares
+//    under capture.
 
 namespace {
 

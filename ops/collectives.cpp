@@ -18,42 +18,39 @@
 namespace cuda_p2p::ops {
 
 // NOTE [Collective phases]
-// A collective runs as one or more phases ("rounds" when a payload is larger than a region). In a
-// phase every rank (1) writes what it shares into its own region - ranks only ever write their
-// own buffer, and pull from their peers' -, (2) publishes it: a barrier on the collective channel
-// when every rank reads every region (direct algorithms), the root's done word (broadcast, see
-// below), a signal to the neighbour that pulls next (rings), (3) reads the regions it needs
-// and writes its output, and (4) ends the phase by storing the phase's number + 1 in its own
-// "done" word. Phase p uses half p % 2 of every rank's buffer.
-//
-// Reuse invariant: before a rank writes its half h in phase p (step 1), every peer must have
-// finished phase p-2, the previous use of half h: begin_phase waits for every peer's done word
-// to reach p-1. The wait is almost always satisfied on arrival (the peers have moved on since),
-// so it costs a few loads and no sleep; nothing ever waits for its readers at the end of an op,
-// and the next collective (on the other half) starts at once. Publication (step 2) only orders
-// reads after writes within a phase: broadcast needs the root alone, a ring step its neighbour
-// alone, while a full barrier would make every rank wait for the slowest (with 4 ranks on 2 cores,
-// for ranks that are not even running). A rank's done word is not in its own pad but pushed: on
-// ending a phase it stores the new count into its done slot in every peer's pad (NOTE [Signal pad
-// layout] in p2p_workspace/pad_layout.hpp), so that every wait - the reuse guard, a
-// broadcast waiting for its root, an owner waiting for its readers - polls the waiter's own pad,
-// never a peer's memory (on a GPU, a stream wait on a peer's memory would poll across the
-// interconnect). The phase counter advances identically on every rank because the number of
-// phases depends on sizes every rank knows (for all_gather_v, on the largest contribution), and
-// every collective first checks that the ranks agree on those sizes (NOTE [Op signatures] in
-// ops/op_signature.cpp; on a disagreement each rank ends exactly one phase and raises); it
-// restarts at 0 with a new buffer (growth), whose words start at 0 and which nobody reads yet.
-//
-// Broadcast publishes with the root's done words themselves: the root reads nothing, so it may
-// end the phase as soon as it has staged, and its stores (one per peer, each with its futex
-// wake, instead of a signal per rank and a wait on all of them) tell the others that the round
-// is there; they wait for the root's done word to reach phase + 1. It also satisfies the root's
-// part of everybody's reuse guard, as always.
-//
-// Other users of the buffer (get_p2p_buffer, the fused pipelines) must pass a barrier, on any
-// channel but after the collective in stream order, before they write where a collective may
-// still be read; the collectives' first write in turn follows the end of whatever ran before
-// them in stream order, and the fused pipelines end with a barrier.
+// A collective runs as one or more phases ("rounds" when a payload is larger than a region).
+// Phase p uses half p % 2 of every rank's buffer. In a phase every rank
+//  1. writes what it shares into its own region (ranks only write their own buffer and pull from
+//     their peers');
+//  2. publishes it: a barrier on the collective channel when every rank reads every region
+//     (direct algorithms), the root's done words (broadcast, below), a signal to the neighbour
+//     that pulls next (rings);
+//  3. reads the regions it needs and writes its output;
+//  4. ends the phase by storing the phase's number + 1 in its "done" word.
+// Invariants:
+//  - reuse: before a rank writes half h in phase p, every peer has finished phase p-2, the
+//    previous use of h: begin_phase waits for every peer's done word to reach p-1. That wait is
+//    almost always satisfied on arrival (a few loads, no sleep); nothing waits for its readers at
+//    the end of an op, and the next collective (on the other half) starts at once;
+//  - publication orders reads after writes within a phase only: broadcast needs the root alone,
+//    a ring step its neighbour alone (a full barrier would make every rank wait for the slowest:
+//    with 4 ranks on 2 cores, for ranks that are not even running);
+//  - every wait polls the waiter's own pad, never a peer's memory (a GPU stream wait on a peer's
+//    memory would poll across the interconnect): a rank ending a phase stores the new count into
+//    its done slot in every peer's pad (NOTE [Signal pad layout] in p2p_workspace/pad_layout.hpp);
+//  - the phase counter advances identically on every rank: the number of phases depends on sizes
+//    every rank knows (all_gather_v: the largest contribution), which every collective first
+//    checks that the ranks agree on (NOTE [Op signatures] in ops/op_signature.cpp; on a
+//    disagreement each rank ends exactly one phase and raises); it restarts at 0 with a new
+//    buffer (growth), whose words start at 0 and which nobody reads yet;
+//  - broadcast publishes with the root's done words themselves: the root reads nothing, so it
+//    ends the phase once it has staged, and its stores (one per peer, each with its futex wake)
+//    tell the others the round is there; they wait for the root's done word to reach phase + 1,
+//    which also satisfies the root's part of everybody's reuse guard;
+//  - other users of the buffer (get_p2p_buffer, the fused pipelines) pass a barrier, on any
+//    channel but after the collective in stream order, before they write where a collective may
+//    still be read; a collective's first write follows the end of whatever ran before it in
+//    stream order, and the fused pipelines end with a barrier.
 
 // NOTE [Cross-memory reads]
 // Where the workspace offers reads of peers' private memory (the host's process_vm_readv, probed

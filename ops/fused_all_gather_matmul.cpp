@@ -26,20 +26,21 @@ constexpr const char* kOp = "fused_all_gather_matmul";
 //   stream 1:                                         (waits) | pull r+1 | GEMM r+1 | pull r+3 ...
 //   stream 0:                                   ... (after both streams' last pulls) | barrier
 //
-// The first barrier (first round only; none after a handshake: NOTE [The handshake opens the
-// buffer]) says no peer still reads the own buffer, so the own
-// shard may be copied into it; the second says every rank's shard is in its buffer, and every
-// pull comes after it. Step k = 1..W-1 pulls rank (rank+k)'s shard from its buffer (a copy-engine
-// copy on CUDA) into slot rank+k and consumes it, odd steps on stream 1 and even ones on stream
-// 0, so that one stream's copy overlaps the other's GEMM. The closing barrier (stream 0) comes
-// after both streams' last pulls - not their last GEMMs, which read only local memory - and says
-// that no rank reads any buffer any more: the next round's copy may follow, and so may the next
-// op. All of stream 0's signals are on its channel; stream 1 sends none.
-//
-// The barriers come before the local GEMM, on the stream that runs it, although that GEMM needs
-// nothing from the peers: on stream 1, to hide their wait behind it, a barrier would wait for a
-// thread to be woken while every core runs a GEMM, where ahead of the GEMM the ranks meet while
-// their threads are running anyway (docs/measurements/pipelines-reference-figures.md).
+// What each step says:
+//  - the first barrier (first round only; none after a handshake: NOTE [The handshake opens the
+//    buffer]): no peer still reads the own buffer, so the own shard may be copied into it;
+//  - the second: every rank's shard is in its buffer; every pull comes after it;
+//  - step k = 1..W-1 pulls rank (rank+k)'s shard from its buffer (a copy-engine copy on CUDA)
+//    into slot rank+k and consumes it, odd steps on stream 1 and even ones on stream 0, so that
+//    one stream's copy overlaps the other's GEMM;
+//  - the closing barrier (stream 0) comes after both streams' last pulls, not their last GEMMs
+//    (which read only local memory): no rank reads any buffer any more, and the next round's copy
+//    and the next op may follow. All of stream 0's signals are on its channel; stream 1 sends
+//    none.
+// Why the barriers precede the local GEMM, on its stream: on stream 1, to hide their wait behind
+// it, a barrier would wait for a thread to be woken while every core runs a GEMM; ahead of the
+// GEMM the ranks meet while their threads run anyway
+// (docs/measurements/pipelines-reference-figures.md).
 
 // NOTE [Pull-ahead all-gather→matmul]
 // algorithm="pull_ahead" (the host's default): the same barriers and copies, but after the

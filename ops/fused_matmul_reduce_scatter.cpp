@@ -20,17 +20,18 @@ constexpr const char* kOpName = "fused_matmul_reduce_scatter";
 //   stream 0 (half 1): [sleep] produce for r+2 | barrier | pull from r-2 | barrier | ...
 //                      ... produce own part (last)
 //
-// A barrier on stream 1 opens the op (or the handshake before it: NOTE [The handshake opens the
-// buffer]): no peer still reads the own buffer (the first write of
-// stream 0's half waits for it too). Step k = 1..W-1 runs on stream k % 2: it produces the
-// partial for rank+k into the stream's
-// half of the own buffer (a double buffer, one half per stream), barriers on the stream's
-// channel (every rank's step-k partial is in place), pulls the partial rank-k produced for this
-// rank from rank-k's same half into slot rank-k of a local stack [W, rows, cols], and barriers
-// again: after it no rank reads that half any more, so the stream's next step may overwrite it
-// (NOTE [Pipeline buffer reuse]). The own part is produced last, straight into its slot. After
-// both streams have finished, the stack is summed over ranks in float32 (a mean divides the
-// float32 sum) and rounded once to the output dtype.
+// What each step says:
+//  - a barrier on stream 1 opens the op (or the handshake before it: NOTE [The handshake opens the
+//    buffer]): no peer still reads the own buffer (stream 0's first write waits for it too);
+//  - step k = 1..W-1 runs on stream k % 2: it produces the partial for rank+k into the stream's
+//    half of the own buffer (a double buffer, one half per stream), barriers on the stream's
+//    channel (every rank's step-k partial is in place), pulls the partial rank-k produced for
+//    this rank from rank-k's same half into slot rank-k of a local stack [W, rows, cols], and
+//    barriers again: no rank reads that half any more, so the stream's next step may overwrite
+//    it (NOTE [Pipeline buffer reuse]);
+//  - the own part is produced last, straight into its slot; after both streams, the stack is
+//    summed over ranks in float32 (a mean divides the float32 sum) and rounded once to the
+//    output dtype.
 
 // NOTE [Launch order]
 // The two streams' GEMMs are independent, so a GPU may start either first; if ranks disagree,

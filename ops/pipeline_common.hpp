@@ -30,15 +30,16 @@
 namespace cuda_p2p::ops {
 
 // NOTE [Pipeline buffer reuse]
-// A pipeline's first write of its own buffer comes after a barrier (on its stream 1): other users
-// of the workspace may return while peers still read this rank's buffer (the workspace
-// collectives end without a barrier; a user of get_p2p_buffer may too), so that barrier is what
-// says no one does any more. A pipeline in turn ends only after its last read of any buffer is
-// known to be over everywhere - a closing barrier, or in the ring the readers' acknowledgements -
-// so whatever runs next may write its own buffer at once. Within an op, a region of the buffer is
-// rewritten only after the barrier (or acknowledgement) that follows the readers' copies of it:
-// the all-gather payload once per round, each half of the reduce-scatter double buffer once per
-// step of the stream that owns it, each ring slot once every second publication.
+//  - A pipeline's first write of its own buffer comes after a barrier (on its stream 1): other
+//    users of the workspace may return while peers still read this rank's buffer (the workspace
+//    collectives end without a barrier; a user of get_p2p_buffer may too).
+//  - A pipeline ends only after its last read of any buffer is over everywhere (a closing
+//    barrier, or in the ring the readers' acknowledgements), so whatever runs next may write its
+//    own buffer at once.
+//  - Within an op, a region is rewritten only after the barrier (or acknowledgement) that follows
+//    the readers' copies of it: the all-gather payload once per round, each half of the
+//    reduce-scatter double buffer once per step of the stream that owns it, each ring slot once
+//    every second publication.
 //
 // NOTE [The handshake opens the buffer]
 // The signature handshake (NOTE [Op signatures]) that a fused op runs on the caller's stream

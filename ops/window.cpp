@@ -11,30 +11,30 @@
 namespace cuda_p2p::ops {
 
 // NOTE [Window signals]
-// A window's signals are sequence numbers, like the workspace's (NOTE [Signal sequence numbers]
-// in p2p_workspace/symmetric_workspace.cpp), in counters of its own: W 32-bit words per rank in
-// that rank's heap, word `src` written only by rank src (Device::write_signal into the peer's
-// mapping) and read only by the owner, so that a wait polls the waiter's own memory. A signal
-// writes the count of signals sent so far; a wait for the k-th signal from a peer is satisfied
-// once the peer's word reaches k. So a wait consumes exactly one signal, a signal sent before the
-// wait is already there, and extra signals stay counted for the next waits - what torch's NCCL
-// window does (ncclSignal / ncclWaitSignal with one op). Unlike NCCL's put, ours sends no signal
-// of its own (ncclPutSignal cannot leave it out): a put then a signal is one signal.
-// What a signal promises: write_signal is ordered after the work enqueued before it on its
-// stream (CUDA: cuStreamWriteValue32's fence; host: the stream's order, a release store), so a
-// peer that has waited for it sees every put this rank enqueued before it on that stream.
-// The counts must advance in the order the words are written, or a word could go back: signals
-// are enqueued one at a time under the window's lock, and where calls return queued (CUDA) each
-// signal's stream first waits for the end of the previous signal to the same peer (an event), so
-// that they also execute in that order whichever streams issued them. Only signals to one peer
-// are chained, and window calls do not join the group's one order of workspace ops (NOTE [One
-// order per group]): a wait queued on one stream must not hold back a put or a signal issued
-// later on another, which its peer may be waiting for. A wait's count advances only once the
-// wait is enqueued (on a synchronous host device: has returned), so a wait that timed out there
-// consumed nothing and the window stays usable; on CUDA a missed deadline fails the group's
-// device.
-// The counters are zeroed by their owner before it publishes where they are, and nobody signals
-// before it has every rank's record, so no signal is ever lost to the zeroing.
+// The counters: a window's signals are sequence numbers, like the workspace's (NOTE [Signal
+// sequence numbers] in p2p_workspace/symmetric_workspace.cpp), in counters of its own: W 32-bit
+// words per rank in that rank's heap, word `src` written only by rank src (Device::write_signal
+// into the peer's mapping) and read only by the owner, so that a wait polls its own memory.
+// Invariants:
+//  - a signal writes the count of signals sent so far; a wait for the k-th signal from a peer is
+//    satisfied once the peer's word reaches k: a wait consumes exactly one signal, one sent
+//    before the wait is already there, extra ones stay counted for the next waits (torch's NCCL
+//    window: ncclSignal / ncclWaitSignal). A put sends no signal of its own (ncclPutSignal
+//    cannot leave it out): a put then a signal is one signal;
+//  - write_signal is ordered after the work enqueued before it on its stream (CUDA:
+//    cuStreamWriteValue32's fence; host: the stream's order, a release store): a peer that waited
+//    for it sees every put this rank enqueued before it on that stream;
+//  - the counts advance in the order the words are written, or a word could go back: signals
+//    are enqueued one at a time under the window's lock, and where calls return queued (CUDA)
+//    each signal's stream first waits for the end of the previous signal to the same peer (an
+//    event). Only signals to one peer are chained, and window calls do not join the group's one
+//    order (NOTE [One order per group]): a wait queued on one stream must not hold back a put or
+//    a signal issued later on another, which its peer may be waiting for;
+//  - a wait's count advances only once the wait is enqueued (a synchronous host device: has
+//    returned): a wait that timed out there consumed nothing and the window stays usable; on
+//    CUDA a missed deadline fails the group's device;
+//  - the owner zeroes its counters before it publishes where they are, and nobody signals before
+//    it has every rank's record: no signal is lost to the zeroing.
 
 namespace {
 

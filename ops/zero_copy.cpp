@@ -78,26 +78,30 @@ namespace cuda_p2p::ops::detail {
 //
 //   5. The readers read peers' inputs from their heap mappings (host: memcpy and the host
 //      kernels; CUDA: the copy engine and the reduction kernels, through the CUDA IPC mappings),
-//      and no rank may return - its caller may overwrite its input - before every peer finished
-//      reading it: all-gather and reduce-scatter end the phase and wait for their readers' done
-//      words (wait_readers, which also satisfies the next phase's reuse guard); all-reduce, in
-//      rounds like the staged two-shot, reduces its part of a round into its region, passes a
-//      barrier (every rank has read that round of every input, the reduced parts are published)
-//      and only then writes that round of its output, which may be its input; later rounds read
-//      other bytes of the inputs, final since the first barrier, and each takes a phase of its
-//      own. On CUDA "return" is the end of the enqueueing: the caller's later work on its input
-//      is in stream order after the waits, as the stream runs the op (backend/workspace_
-//      collectives.cpp runs every collective on the caller's stream).
+//      and no rank may return (its caller may overwrite its input) before every peer finished
+//      reading it:
+//       - all-gather and reduce-scatter end the phase and wait for their readers' done words
+//         (wait_readers, which also satisfies the next phase's reuse guard);
+//       - all-reduce, in rounds like the staged two-shot, reduces its part of a round into its
+//         region, passes a barrier (every rank has read that round of every input, the reduced
+//         parts are published) and only then writes that round of its output, which may be its
+//         input; later rounds read other bytes of the inputs, final since the first barrier,
+//         each in a phase of its own;
+//       - on CUDA "return" is the end of the enqueueing: the caller's later work on its input is
+//         in stream order after the waits (backend/workspace_collectives.cpp runs every
+//         collective on the caller's stream).
 //
-// Broadcast has a single input, the root's. Exchange: the root alone decides
-// (broadcast_zero_copy): it publishes its offset (or -1) with the end of a phase, as the staged
-// broadcast publishes a round; the others read it, then the tensor from the root's heap, or fall
-// back with the root. Signature: every rank's tensor at one offset, as above; the handshake that
-// compared the claims followed every rank's entry, so the readers copy from the root's heap at
-// once and the root waits for them. Only a tensor that fits one round of the staged broadcast
-// goes zero-copy: beyond that the staged rounds overlap the root's copy-in with the readers'
-// copy-out, every core working, while zero-copy leaves the root idle (docs/zero_copy.md,
-// "Broadcast"; the runs: docs/measurements/zero-copy-broadcast-2026-11-24.md).
+// Broadcast: a single input, the root's.
+//  - exchange: the root alone decides (broadcast_zero_copy): it publishes its offset (or -1) with
+//    the end of a phase, as the staged broadcast publishes a round; the others read it, then the
+//    tensor from the root's heap, or fall back with the root;
+//  - signature: every rank's tensor at one offset, as above; the handshake that compared the
+//    claims followed every rank's entry, so the readers copy from the root's heap at once and
+//    the root waits for them;
+//  - only a tensor that fits one round of the staged broadcast goes zero-copy: beyond that the
+//    staged rounds overlap the root's copy-in with the readers' copy-out, while zero-copy leaves
+//    the root idle (docs/zero_copy.md, "Broadcast"; docs/measurements/zero-copy-broadcast-
+//    2026-11-24.md).
 //
 // The reductions use the staged path's kernel in rank order, so each element gets the bits the
 // staged direct reduce-scatter and two-shot all-reduce compute, and every rank the same bits.

@@ -13,25 +13,26 @@
 namespace cuda_p2p {
 
 // NOTE [Block lifetime]
-// A rank's own block may be freed only once no peer maps it any more: CUDA documents freeing an
-// exported allocation before every importer has called cudaIpcCloseMemHandle as undefined (a
+// Why: a rank's own block may be freed only once no peer maps it any more: CUDA documents freeing
+// an exported allocation before every importer has called cudaIpcCloseMemHandle as undefined (a
 // host memfd stays valid while mapped, but the host runs the same protocol, so CI tests it).
-// So every generation of the workspace ends with a closing handshake over the store. When a
-// rank's mapping of a generation is released (the workspace replaced it on growth, or was
-// destroyed, and no tensor aliases it any more), it closes its imports of the peers' blocks and
-// publishes <generation>/closed/<rank>; its own block of that generation is retired, not freed.
-// A retired block is freed once every peer has published its key: checked without waiting at
-// every rendezvous, and waited for, at most SymmetricWorkspace::kCloseWait, when the workspace is
-// destroyed (every rank publishes before it waits, so ranks destroying their groups together
-// never wait for each other in a cycle). A block whose peers have not closed by then (a peer that
-// died, hangs, or keeps a get_p2p_buffer tensor alive) is deliberately leaked, with a warning:
-// never freed under a peer. After abort() nothing is waited for: what is not closed yet is leaked.
-// Where the device says blocks outlive their owner's reference (Device::blocks_outlive_owner:
-// the host, whose memfd lives while any process maps it, and CUDA's cuMem blocks, NOTE [Blocks
-// that outlive their exporter] in cuda/vmm_blocks.cpp) such a block is freed instead: nothing is
-// left behind after a peer died, and the memory goes with the last mapping. Peers known to be gone
-// for good (forget_peers: a shrink excluded them, NOTE [Shrinking past dead ranks] in
-// backend/child_groups.cpp) are not waited for at all.
+// The protocol: every generation of the workspace ends with a closing handshake over the store.
+//  - when a rank's mapping of a generation is released (replaced on growth, or destroyed, and no
+//    tensor aliases it any more), it closes its imports of the peers' blocks and publishes
+//    <generation>/closed/<rank>; its own block of that generation is retired, not freed;
+//  - a retired block is freed once every peer has published its key: checked without waiting at
+//    every rendezvous, waited for (at most SymmetricWorkspace::kCloseWait) when the workspace is
+//    destroyed; every rank publishes before it waits, so ranks destroying their groups together
+//    never wait for each other in a cycle;
+//  - a block whose peers have not closed by then (a peer that died, hangs, or keeps a
+//    get_p2p_buffer tensor alive) is leaked with a warning, never freed under a peer; after
+//    abort() nothing is waited for: what is not closed yet is leaked;
+//  - where blocks outlive their owner's reference (Device::blocks_outlive_owner: the host's
+//    memfds, CUDA's cuMem blocks, NOTE [Blocks that outlive their exporter] in
+//    cuda/vmm_blocks.cpp) such a block is freed instead: nothing is left behind after a peer
+//    died, and the memory goes with the last mapping;
+//  - peers gone for good (forget_peers: a shrink excluded them, NOTE [Shrinking past dead ranks]
+//    in backend/child_groups.cpp) are not waited for at all.
 
 BlockRetirement::BlockRetirement(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
                                  Millis close_wait, bool free_unclosed)

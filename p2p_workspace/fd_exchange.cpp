@@ -1,19 +1,21 @@
 // Handing a block's file descriptor to the peers of this host.
 //
 // NOTE [Authenticated block exchange]
-// A block's descriptor (a memfd, or a CUDA allocation exported as a POSIX descriptor) travels
-// over a Unix socket in the abstract namespace (SCM_RIGHTS): the socket's name is 128 random bits,
-// it serves only processes of the same uid (SO_PEERCRED), and it is closed as soon as the
-// rendezvous is over. The socket's name reaches the importer through the c10d store, which anyone
-// on the machine can read and rewrite: a stranger may replace it with the name of its own socket
-// and serve its own descriptor. So the importer authenticates the exporter before it receives
-// anything: SO_PEERCRED on the connected socket (filled in by the kernel, not by the peer) must
-// show this process's uid and the pid the exporter put in its handle (which travels in the rank's
-// record). Another uid can fake the name and the pid but not the kernel's credentials, so it is
-// refused; a process of our own uid could read our memory through /proc anyway, so no secret
-// would keep it out. A pid mismatch also catches a record left by another job. Ranks in
-// different pid namespaces see each other's pids differently: the import fails and the
-// workspace is off, with that reason.
+// The channel: a block's descriptor (a memfd, or a CUDA allocation exported as a POSIX
+// descriptor) travels over a Unix socket in the abstract namespace (SCM_RIGHTS), named by 128
+// random bits, serving only processes of the same uid (SO_PEERCRED), closed as soon as the
+// rendezvous is over.
+// The threat: the socket's name reaches the importer through the c10d store, which anyone on the
+// machine can read and rewrite; a stranger may put there the name of its own socket and serve its
+// own descriptor.
+// The check: the importer authenticates the exporter before it receives anything. SO_PEERCRED on
+// the connected socket (filled in by the kernel, not by the peer) must show this process's uid
+// and the pid the exporter put in its handle (which travels in the rank's record).
+//  - another uid can fake the name and the pid but not the kernel's credentials: refused;
+//  - a process of our own uid could read our memory through /proc anyway: no secret keeps it out;
+//  - a pid mismatch also catches a record left by another job; ranks in different pid
+//    namespaces see each other's pids differently: the import fails and the workspace is off,
+//    with that reason.
 #include "p2p_workspace/fd_exchange.hpp"
 
 #include <c10/util/Exception.h>

@@ -22,15 +22,15 @@ namespace cuda_p2p {
 //   graph flags    [C][kMaxGraphBlocks][kGraphSlots][W]   flags (NOTE [Graph flags])
 //   graph busy     [1]                         this rank's own (NOTE [One captured op at a time])
 //
-// indexed [channel][...][src] in the pad of the target. Every area but the graph counters and the
-// graph busy word is written only by `src` (into its peers' pads: a remote store) and read only by
-// the pad's owner (a graph flag is also cleared by it), so that no wait ever polls another rank's
-// memory: on a GPU a stream wait on a peer's memory would poll across the interconnect. The graph
-// counters and the graph busy word are read and written by the owner's own streams only. The
-// graph signals, graph done words and graph counters are contiguous, so that an open clears them
-// in one run (graph_counts). The pad is rounded up to whole pages; a new generation (growth)
-// starts zeroed. After the pad comes the graph region, the staging area of captured collectives
-// run as one kernel (NOTE [Graph flags]), which nothing else uses.
+// indexed [channel][...][src] in the pad of the target. Invariants:
+//  - every area but the graph counters and the graph busy word is written only by `src` (into its
+//    peers' pads: a remote store) and read only by the pad's owner (a graph flag is also cleared
+//    by it): no wait polls another rank's memory (on a GPU, across the interconnect);
+//  - the graph counters and the graph busy word are read and written by the owner's streams only;
+//  - the graph signals, graph done words and graph counters are contiguous: an open clears them
+//    in one run (graph_counts);
+//  - the pad is rounded up to whole pages; a new generation (growth) starts zeroed; after it comes
+//    the graph region, the staging area of the captured kernels (NOTE [Graph flags]) alone.
 class PadLayout {
  public:
   static constexpr int kDescriptorWords = 32;

@@ -13,21 +13,20 @@
 namespace cuda_p2p {
 
 // NOTE [Quiet teardown]
-// A group's workspace is destroyed after its group, often at the end of the process, and its
+// Why: a group's workspace is destroyed after its group, often at the end of the process, and its
 // closing handshake (NOTE [Block lifetime] in block_retirement.cpp) goes through the group's
-// store. The store's server lives in one process of the job (rank 0 of torchrun's or
-// init_process_group's TCPStore), which may well have exited by then: ranks end at different
-// times, and the ranks of a group spanning hosts tear down their intra-host workspaces after
-// their host's peers, not after rank 0. Every call to a TCPStore whose server is gone fails, and
-// torch's client logs the failure, with a C++ stack trace, before it raises - on every rank, for
-// every key. So at teardown the workspace first asks the kernel, not the server: when the
-// server's process exits its sockets close, and this process's connections to it (the store's
-// client) read end-of-file. The probe peeks at them (MSG_PEEK | MSG_DONTWAIT: nothing is
-// consumed, nothing sent), so the server never hears of it - a probe that connected to the server
-// instead would cost the server a connection to accept, which a busy server's other clients wait
-// behind. A server found gone is gone for good: no more store calls, the blocks handled as the
-// handshake says when the peers cannot be learned. A server that exits between the probe and the
-// call is the one window left. Other stores (a FileStore, a HashStore) have no server to lose.
+// store, whose server lives in one process of the job (rank 0's TCPStore) that may have exited
+// by then (ranks end at different times; a group spanning hosts tears down its intra-host
+// workspaces after the host's peers). Every call to a TCPStore whose server is gone fails, and
+// torch's client logs it with a C++ stack trace before it raises: on every rank, for every key.
+// How: at teardown the workspace asks the kernel, not the server: when the server's process
+// exits its sockets close, and this process's connections to it read end-of-file.
+//  - the probe peeks at them (MSG_PEEK | MSG_DONTWAIT: nothing consumed, nothing sent), so the
+//    server never hears of it (a probe that connected would cost a busy server an accept);
+//  - a server found gone is gone for good: no more store calls, the blocks handled as the
+//    handshake says when the peers cannot be learned;
+//  - a server that exits between the probe and the call is the one window left; other stores
+//    (FileStore, HashStore) have no server to lose.
 namespace {
 
 int peer_port(const sockaddr_storage& a) {

@@ -235,21 +235,20 @@ SymmetricWorkspace::~SymmetricWorkspace() {
 }
 
 // NOTE [One order per group]
-// A group's workspace ops share its buffer and the signal counts of its channels, which assume
-// that every rank executes them in one order: the order the host issued them in. On a GPU an op
-// only enqueues work, on the caller's current stream and the group's own streams, so op n+1
-// issued on another stream (a side stream, FSDP's streams, or a collective after a fused op)
-// could otherwise run before op n: its early signals would satisfy op n's waits, its pulls read
-// unpublished data, and it would overwrite a buffer peers still pull from. So every workspace op
-// (collectives, fused ops, their handshakes, the API barrier) begins by making its caller's
-// stream wait for the end of the previous one (begin_op) and ends by recording its own end
-// (end_op): the group's ops run one after another on the device whatever streams they were
-// issued on. An op on the host's inline stream has completed when it returns: nothing to order.
-// The host device can give a thread another current stream (host::set_current_stream), which is
-// how CI runs this order (tests/cpp/test_op_order.cpp). A captured op is ordered after the
-// previous op of its own capture only, and never takes the eager ops' place: the eager chain and
-// the capture's are kept apart, so that an eager op after a capture still waits for the eager op
-// before it (NOTE [Replay-safe signals]: a replay is ordered by the stream it is launched on).
+// Why: a group's workspace ops share its buffer and its channels' signal counts, which assume
+// that every rank executes them in the order the host issued them. On a GPU an op only enqueues
+// work, so op n+1 issued on another stream (a side stream, FSDP's streams, a collective after a
+// fused op) could run before op n: its early signals would satisfy op n's waits, its pulls read
+// unpublished data, and it would overwrite a buffer peers still pull from.
+// How: every workspace op (collectives, fused ops, their handshakes, the API barrier) makes its
+// caller's stream wait for the end of the previous one (begin_op) and records its own end
+// (end_op): the group's ops run one after another whatever streams they were issued on.
+//  - an op on the host's inline stream has completed when it returns: nothing to order;
+//  - the host device can give a thread another current stream (host::set_current_stream): how CI
+//    runs this order (tests/cpp/test_op_order.cpp);
+//  - a captured op is ordered after the previous op of its own capture only: the eager chain and
+//    the capture's are kept apart, so an eager op after a capture still waits for the eager op
+//    before it (NOTE [Replay-safe signals]: a replay is ordered by the stream it is launched on).
 void SymmetricWorkspace::begin_op(Stream& caller) {
   // One load on the host's hot path (a small all-reduce), where no op is ever pending.
   const bool pending = has_last_op_.load(std::memory_order_acquire);

@@ -22,106 +22,105 @@
 namespace cuda_p2p {
 
 // NOTE [Device failure]
-// A device fails in one of three ways: abort() (ProcessGroupCudaP2P::abort(), from any thread,
-// possibly while another thread is blocked in a wait), retire() (shutdown(), after draining:
-// NOTE [Shutdown flushes] in backend/ProcessGroupCudaP2P.cpp), or a signal wait that missed its
-// deadline. The first failure is kept and is sticky: every later op, wait, Work.wait() and
-// synchronize() of the device raises it - except the Works of ops that had run to their end
-// before a retire() that drained. Nothing un-fails a device; the group must be recreated (after
-// a missed deadline the ranks no longer agree on the signal counts anyway).
-//  - On the host every wait runs in a host thread, checks the failure on every pass (at least
-//    every 10 ms) and raises: a rank blocked in a collective returns promptly after abort().
-//  - On CUDA the waits run on GPU streams (cuStreamWaitValue32, or the wait kernel), which the
-//    host cannot cancel. A per-device Watchdog thread (one per group: no process-wide state)
-//    observes each wait through events recorded before and after it; when a stream has been at a
-//    wait for longer than its timeout it records the failure, naming the op and the ranks whose
-//    signals never arrived. The wait kernel (the fallback where stream memory operations are
-//    missing) gives up at its own deadline and flags the peers it gave up on in host-mapped
-//    memory; the watchdog turns the flag into the failure, so the stale data the stream then
-//    computes on is never returned silently: the host raises for that op (Work.wait(),
-//    synchronize, the next op). A stream blocked at a wait is released: NOTE [Releasing blocked
-//    waits]. The watchdog also says the failure once on stderr (a warning) when it records it,
-//    for a process whose next CUDA call is not one of cuda_p2p's.
+// How a device fails:
+//  - abort() (ProcessGroupCudaP2P::abort(), from any thread, possibly while another thread is
+//    blocked in a wait); retire() (shutdown(), after draining: NOTE [Shutdown flushes] in
+//    backend/ProcessGroupCudaP2P.cpp); a signal wait that missed its deadline.
+// What holds after:
+//  - the first failure is kept and is sticky: every later op, wait, Work.wait() and synchronize()
+//    raises it, except the Works of ops that ran to their end before a retire() that drained;
+//  - nothing un-fails a device: the group must be recreated (after a missed deadline the ranks
+//    no longer agree on the signal counts anyway).
+// Who sees it:
+//  - host: every wait runs in a host thread and checks the failure on every pass (at least every
+//    10 ms): a rank blocked in a collective returns promptly after abort();
+//  - CUDA: the waits run on GPU streams (cuStreamWaitValue32, or the wait kernel), which the host
+//    cannot cancel. A Watchdog thread per device (one per group: no process-wide state) observes
+//    each wait through events recorded before and after it, and records the failure when a
+//    stream has been at a wait longer than its timeout, naming the op and the missing ranks;
+//  - CUDA, the wait kernel (where stream memory operations are missing) gives up at its own
+//    deadline and flags the peers it gave up on in host-mapped memory; the watchdog turns the
+//    flag into the failure, so the stale data the stream then computes on is never returned
+//    silently (Work.wait(), synchronize, the next op raise);
+//  - a stream blocked at a wait is released (NOTE [Releasing blocked waits]); the watchdog says
+//    the failure once on stderr, for a process whose next CUDA call is not one of cuda_p2p's.
 //
 // NOTE [Releasing blocked waits]
-// A GPU stream blocked in cuStreamWaitValue32 (or the wait kernel) cannot be cancelled, and the
-// fused ops' handshake waits on the caller's stream, usually the user's compute stream: left
+// Why: a GPU stream blocked in cuStreamWaitValue32 (or the wait kernel) cannot be cancelled, and
+// the fused ops' handshake waits on the caller's stream, usually the user's compute stream: left
 // alone, every later kernel, NCCL op, .item(), torch.cuda.synchronize() and the frees of
-// destroy_process_group would hang behind it. Every wait polls a word of the waiter's own pad
-// (NOTE [Signal pad layout]), so whoever fails the device (a missed deadline or abort()) also
-// releases every wait its stream has not passed: WatchedWait::release() writes a value into each
-// word the wait polls from a stream that is not blocked (CUDA: the device's own auxiliary
-// stream). The streams then run on - on stale data, which no cuda_p2p call returns, since the
-// failure is sticky - drain, and the process can raise, tear the group down (NOTE [Teardown
-// drains]) and create a new one on the same GPU. What the release guarantees, and how:
+// destroy_process_group would hang behind it.
+// How: every wait polls a word of the waiter's own pad (NOTE [Signal pad layout]), so whoever
+// fails the device also releases every wait its stream has not passed: WatchedWait::release()
+// writes a value into each polled word from a stream that is not blocked (CUDA: the device's
+// auxiliary stream). The streams run on - on stale data, which no cuda_p2p call returns, since
+// the failure is sticky - drain, and the process can raise, tear the group down (NOTE [Teardown
+// drains]) and create a new one on the same GPU.
+// Guarantees:
 //  - every wait tracked before the streams drained is released, whenever it was tracked: the
-//    failure is recorded before the waits are collected, and a wait tracked after it (a thread
-//    that passed the failure check just before, or a scan that found the deadline while the host
-//    went on enqueueing) releases everything pending itself;
-//  - a word is written the highest value any pending wait polls it for, never less than it was
-//    released with before (Watchdog::released_), so that waits of one word on different streams
-//    (a group's ops on two caller streams: B waits for 1, A for 2, B for 3) all pass, whatever
-//    order the streams reach them in;
-//  - after the failure the watchdog stays on as a janitor: until every released wait has
-//    passed, it writes their words again every max_poll, since a peer that is slow, not dead,
-//    may still write a word back to an older value before the stream reaches the wait.
-// Sequence numbers on one word are close together, so "highest" is signal_reached's order.
+//    failure is recorded before the waits are collected, and a wait tracked after it releases
+//    everything pending itself;
+//  - a word is written the highest value any pending wait polls it for (signal_reached's order:
+//    the sequence numbers on one word are close together), never less than it was released with
+//    before (Watchdog::released_), so that waits of one word on different streams all pass,
+//    whatever order the streams reach them in;
+//  - until every released wait has passed, the watchdog writes their words again every
+//    max_poll: a peer that is slow, not dead, may still write a word back to an older value.
+//
 // NOTE [Counted waits end with the failure]
-// A counted wait (a replayed graph's: NOTE [Replay-safe signals]) runs where no watchdog can
-// follow it - the graph's events are not ours - and gives up by itself at its deadline, flagging
-// the peers it missed. Alone, each wait of a replay would wait its whole timeout for a rank that
-// never replays (k waits, k timeouts: hours for a decode graph), and abort() could not shorten
-// it. So each polls, besides its own word, two words of host memory the device keeps: the count
-// of give-ups, and a copy of the device's failure (FailureState::mirror_to, written by the CPU,
-// through no stream that could be blocked), and the rank's failure word (NOTE [Failure words]);
-// it ends at once when any is set. The first give-up thereby ends every later wait of the
-// replay, and the watchdog, which polls the give-up count from the first counted wait on
-// (Watchdog::arm), turns it into the device's failure within max_poll and publishes it to the
-// peers, whose counted waits then end too. Who learns what, and how (NOTE [Who traps] in
-// p2p_workspace/flag_barrier_body.hpp):
-//  - a counted wait that reaches its deadline traps (as PyTorch's symmetric memory does on a
-//    timed-out barrier) after its record: nobody else knows, and torch's next synchronize raises;
-//    the CUDA context is then unusable and the process must restart;
-//  - one that a peer's failure word ends returns quietly: the word is host memory, every check
-//    and the watchdog turn it into this device's failure, and the next cuda_p2p call raises, or
-//    cuda_p2p.check(group) in a loop that only replays graphs (trapping instead where the group
-//    asked for it);
+// Why: a counted wait (a replayed graph's: NOTE [Replay-safe signals]) runs where no watchdog can
+// follow it (the graph's events are not ours) and gives up by itself at its deadline. Alone,
+// each wait of a replay would wait its whole timeout for a rank that never replays (hours for a
+// decode graph), and abort() could not shorten it.
+// How: each polls, besides its own word, the device's give-up count, a copy of the device's
+// failure (FailureState::mirror_to, written by the CPU through no stream) and the rank's failure
+// word (NOTE [Failure words]); it ends at once when any is set. The first give-up thereby ends
+// every later wait of the replay; the watchdog, polling the give-up count from the first counted
+// wait on (Watchdog::arm), turns it into the device's failure within max_poll and publishes it to
+// the peers, whose counted waits then end too.
+// Who learns what (NOTE [Who traps] in p2p_workspace/flag_barrier_body.hpp):
+//  - a wait that reaches its deadline traps after its record (as PyTorch's symmetric memory does
+//    on a timed-out barrier): nobody else knows, torch's next synchronize raises, and the CUDA
+//    context is lost;
+//  - one that a peer's failure word ends returns quietly: every check and the watchdog turn the
+//    word into this device's failure, and the next cuda_p2p call or cuda_p2p.check(group)
+//    raises (trapping instead where the group asked for it);
 //  - one that this device's own failure or give-up ends returns quietly: its host knows.
-// The host device with CUDA's semantics models a trap as a lost context it records before it
-// raises the wait's error into its stream.
+//  - the host device with CUDA's semantics models a trap as a lost context it records before it
+//    raises the wait's error into its stream.
 //
 // NOTE [Failure words]
-// A released stream runs on through what its host queued ahead (NOTE [Releasing blocked
-// waits]): its copies and signals land in the peers' pads and buffers, where a healthy peer's
-// wait would take them for its op's and return a wrong result with no error (issue 48, finding
-// 2). So before a rank releases anything it tells every peer, through a word in the peer's
-// memory that it writes from the CPU: the failure word. Each rank has a failure area, one page
-// of host shared memory (a memfd, shared_block.cpp) that every peer maps (SymmetricWorkspace
-// makes and exchanges it at its first rendezvous); word 0 is the rank's failure word: 0 while
-// no peer failed, else 1 + the rank whose failure reached it first. A failing rank writes it
-// into every peer's area (compare-and-swap from 0, so the first origin stays; FailureState::
-// publish) before it releases its own waits (FailureState::fail publishes; Watchdog releases
-// only after publish()), and a rank that learns of a peer's failure records it as its own
-// failure, naming that origin, and publishes it on. Beside the word each peer has a slot for
-// its reason (kReasonBytes from kReasonOffset, the text written before a ready word, both before
-// the failure word), so that every rank's error says why the first one failed, not only who. On a
-// GPU the pads are device memory, which a CPU reaches only through a stream, and a stream may queue
-// behind the very wait being released (a shared hardware queue: CUDA_DEVICE_MAX_CONNECTIONS, MPS);
-// host memory is reached by a plain store, and the owner's GPU reads it through a mapping
-// (cudaHostRegister with cudaHostRegisterMapped, the documented way to make existing host memory -
-// here a shared mapping, as NCCL's shared-memory transport does - readable by kernels). Who reads
-// the word:
-//  - every host wait, on every pass (FailureState::check), and check_healthy / check_work, so
-//    that a Work or synchronize that ran after its stream did raises: the peer published before
-//    its released stream wrote anything, so a rank whose stream consumed a stale signal finds
-//    the word set when it looks after the stream ran;
+// Why: a released stream runs on through what its host queued ahead (NOTE [Releasing blocked
+// waits]); its copies and signals land in the peers' pads and buffers, where a healthy peer's
+// wait would take them for its op's and return a wrong result with no error. So before a rank
+// releases anything it tells every peer, through a word in the peer's memory written from the
+// CPU.
+// Layout:
+//  - each rank has a failure area, one page of host shared memory (a memfd, shared_block.cpp)
+//    that every peer maps (SymmetricWorkspace makes and exchanges it at its first rendezvous;
+//    made once per workspace, kept across growth, alive while any rank maps it);
+//  - word 0 is the rank's failure word: 0 while no peer failed, else 1 + the rank whose failure
+//    reached it first; beside it each peer has a slot for its reason (kReasonBytes from
+//    kReasonOffset, the text written before a ready word, both before the failure word), so
+//    that every rank's error says why the first one failed, not only who;
+//  - host memory because a CPU reaches a GPU's pads only through a stream, which may queue behind
+//    the very wait being released (a shared hardware queue: CUDA_DEVICE_MAX_CONNECTIONS, MPS);
+//    the owner's GPU reads the word through a mapping (cudaHostRegister with
+//    cudaHostRegisterMapped, as NCCL's shared-memory transport maps shared memory).
+// Writers:
+//  - a failing rank writes every peer's word (compare-and-swap from 0: the first origin stays;
+//    FailureState::publish) before it releases its own waits (FailureState::fail publishes;
+//    Watchdog releases only after publish()); a rank that learns of a peer's failure records it
+//    as its own, naming that origin, and publishes it on;
+//  - a retire() that drained publishes nothing: its ops ran to their end.
+// Readers:
+//  - every host wait, on every pass (FailureState::check), and check_healthy / check_work: the
+//    peer published before its released stream wrote anything, so a rank whose stream consumed
+//    a stale signal finds the word set when it looks after the stream ran;
 //  - the wait kernels, eager and counted, and the flag barriers, which end at once and quietly
-//    (NOTE [Who traps] in p2p_workspace/flag_barrier_body.hpp);
-//  - the watchdog on every scan: a stream memory operation waits for one word and cannot watch
-//    a second, so the watchdog fails the device and releases it.
-// A retire() that drained publishes nothing: its ops ran to their end, and its peers' results
-// are theirs. The areas live as long as any rank maps them (memfd), so a rank may write a peer's
-// word after that peer has gone; they are made once per workspace and kept across growth.
+//    (NOTE [Who traps]);
+//  - the watchdog on every scan: a stream memory operation waits for one word and cannot watch a
+//    second, so the watchdog fails the device and releases it.
 class FailureState {
  public:
   // NOTE [Failure words]: the layout of a failure area (word 0 at its start).

@@ -21,32 +21,35 @@
 // was satisfied visible to the work after it (docs/testing.md says where this has run).
 //
 // NOTE [Group streams]
-// The pipeline streams are the group's own (new_stream creates them; they are not c10's pool
-// streams, which ProcessGroupNCCL and torch.cuda.Stream() share, 32 per priority): no wrap-around
-// serialises a group behind NCCL or a user's stream, and cuBLAS keeps one workspace per stream,
-// two per group. The device waits only for streams it owns or handed to one of its ops since it
-// last drained (quiesce, drain), never for every stream of the GPU, and every such wait has the
-// group's deadline (set_timeout): a wait of group A that blocks a stream is an error in group B,
-// not a hang. Nor does anything device-wide run where a wait may be blocked: no cudaFreeHost,
-// cudaHostAlloc, emptyCache or cudaDeviceSynchronize on the paths of ops, waits, releases or
-// teardown (NOTE [Pinned pools]; a cudaMalloc that runs out of memory says how much torch's cache
-// holds instead of emptying it), and block frees wait in a queue for the device's allocations and
-// completed drains (NOTE [Deferred frees]), not wherever a block's last reference goes.
+//  - The pipeline streams are the group's own (new_stream creates them), not c10's pool streams,
+//    which ProcessGroupNCCL and torch.cuda.Stream() share (32 per priority): no wrap-around
+//    serialises a group behind NCCL or a user's stream, and cuBLAS keeps one workspace per
+//    stream, two per group.
+//  - The device waits only for streams it owns or handed to one of its ops since it last drained
+//    (quiesce, drain), never for every stream of the GPU, and every such wait has the group's
+//    deadline (set_timeout): a wait of group A that blocks a stream is an error in group B, not a
+//    hang.
+//  - Nothing device-wide runs where a wait may be blocked: no cudaFreeHost, cudaHostAlloc,
+//    emptyCache or cudaDeviceSynchronize on the paths of ops, waits, releases or teardown (NOTE
+//    [Pinned pools]; a cudaMalloc that runs out of memory says how much torch's cache holds
+//    instead of emptying it); block frees wait in a queue for the device's allocations and
+//    completed drains (NOTE [Deferred frees]).
 //
 // NOTE [Hardware queues]
-// The release of a blocked stream memory wait is a write from the device's auxiliary stream
-// (NOTE [Releasing blocked waits] in p2p_workspace/watchdog.hpp), which helps only if the aux
-// stream does not queue behind the wait. CUDA maps streams onto CUDA_DEVICE_MAX_CONNECTIONS
-// hardware queues (8 unless the process sets it; Megatron sets 1), and work of two streams on one
-// queue runs in the order it was submitted: with one queue the release waits behind the very wait
-// it releases, for good. A cuStreamWaitValue32 watches one word and has no deadline, so nothing
-// else ends it either. The wait kernel polls its own deadline and the failure words (NOTE
-// [Failure words]) and needs no release, so below kMinHardwareQueues (the caller's stream, the
-// two pipeline streams and the aux stream each on a queue of its own) the device waits with the
-// kernel, and says so once. Above it a collision of the aux stream with a blocked stream is still
-// possible (streams share queues round-robin); the failure words and the kernels' deadlines are
-// what keeps that case from hanging for good where the kernel runs, and scripts/gpu_check.sh runs
-// the fault step with one queue.
+// Why: the release of a blocked stream memory wait is a write from the device's auxiliary stream
+// (NOTE [Releasing blocked waits] in p2p_workspace/watchdog.hpp), which helps only if that stream
+// does not queue behind the wait. CUDA maps streams onto CUDA_DEVICE_MAX_CONNECTIONS hardware
+// queues (8 unless the process sets it; Megatron sets 1), and the work of two streams on one
+// queue runs in submission order: with one queue the release waits behind the very wait it
+// releases, and a cuStreamWaitValue32 has no deadline of its own.
+// What the device does:
+//  - below kMinHardwareQueues (the caller's stream, the two pipeline streams and the aux stream
+//    each on a queue of its own) it waits with the wait kernel, which polls its own deadline and
+//    the failure words (NOTE [Failure words]) and needs no release, and says so once;
+//  - above it a collision of the aux stream with a blocked stream is still possible (streams
+//    share queues round-robin): the failure words and the kernels' deadlines keep that case from
+//    hanging for good where the kernel runs, and scripts/gpu_check.sh runs the fault step with
+//    one queue.
 #include <ATen/core/CachingHostAllocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 

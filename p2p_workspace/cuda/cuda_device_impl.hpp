@@ -137,20 +137,21 @@ class HostTaskErrors {
 };
 
 // NOTE [Pinned pools]
-// Page-locked host memory is allocated and freed by calls that may synchronize with the whole
-// device: the CUDA programming guide lists a page-locked host allocation among the operations
-// after which no command of another stream starts before the earlier ones finished, and frees are
-// no better documented. Issued while a stream is blocked at a wait, such a call would hold up the
-// release that unblocks it, or the teardown after a failed drain - or free memory a kernel still
-// writes. So the device takes all the pinned memory its waits and ops use when it is created
-// (kRecords give-up records, the graph give-up record, the kHostWords words host_words() hands
-// out, e.g. for op-signature records) and never frees it: at teardown it is leaked, as the
-// mappings of a failed drain are (a few hundred KiB per device). A host that runs so far ahead of
-// the GPU that every record is in use waits for the watchdog to retire the oldest waits, with the
-// group's deadline.
-//
-// Events and give-up records recycled across waits: a wait costs no cudaEventCreate or pinned
-// allocation once the pools are warm. Owned by the device; outlive its watchdog.
+// Why: page-locked host memory is allocated and freed by calls that may synchronize with the
+// whole device (the CUDA programming guide lists a page-locked host allocation among the
+// operations after which no command of another stream starts before the earlier ones finished;
+// frees are no better documented). Issued while a stream is blocked at a wait, such a call would
+// hold up the release that unblocks it, or the teardown after a failed drain, or free memory a
+// kernel still writes.
+// What the device does:
+//  - it takes all the pinned memory its waits and ops use when it is created (kRecords give-up
+//    records, the graph give-up record, the kHostWords words host_words() hands out) and never
+//    frees it: at teardown it is leaked, as the mappings of a failed drain are (a few hundred KiB
+//    per device);
+//  - a host so far ahead of the GPU that every record is in use waits for the watchdog to retire
+//    the oldest waits, with the group's deadline;
+//  - events and give-up records are recycled across waits (WaitResources, owned by the device,
+//    outliving its watchdog): a wait costs no cudaEventCreate or pinned allocation once warm.
 class WaitResources {
  public:
   // One per wait_signals call (its probe), plus one per kMaxKernelWaits waits on the kernel path.

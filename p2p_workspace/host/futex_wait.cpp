@@ -75,19 +75,20 @@ std::optional<uint32_t> mark_sleeper(const uint32_t* word, uint32_t value) {
 }  // namespace
 
 // NOTE [Host waits on shared cores]
-// A waiter first polls (a peer usually arrives within microseconds), then sleeps in the kernel.
-// With a core of its own it spins with PAUSE for kSpinTime; then, and from the start when more
-// ranks than CPUs share them (4 ranks on 2 cores: a spinning waiter would hold the very core a
-// peer it waits for needs; the CPUs are those of all the ranks' affinities together, NOTE [CPUs
-// of the ranks] in p2p_workspace/symmetric_workspace.cpp), it polls with sched_yield - which hands
-// the core to any runnable task, a peer queued on this CPU or another process, and returns at once
-// when there is none - until kYieldTime has passed since the wait began; only then does it sleep on
-// the futex. A sleeper runs again only when the scheduler gets to it, often longer than the whole
-// collective on a loaded machine, and a small all-reduce is two waits per rank; a yielding poller
-// gives its core away as readily but is back as soon as nothing else wants it
-// (docs/measurements/against-deepspeed-issue15.md has the measurements; DeepSpeed's waits spin
-// without ever yielding, which starves 4 ranks on 2 cores). Every word of one wait is polled in the
-// same loop, so a barrier's polling budget is shared by all its peers.
+// A waiter first polls (a peer usually arrives within microseconds), then sleeps in the kernel:
+//  - with a core of its own it spins with PAUSE for kSpinTime;
+//  - then, and from the start when more ranks than CPUs share them (4 ranks on 2 cores; the CPUs
+//    of all the ranks' affinities together, NOTE [CPUs of the ranks] in
+//    p2p_workspace/symmetric_workspace.cpp), it polls with sched_yield, which hands the core to
+//    any runnable task and returns at once when there is none, until kYieldTime has passed since
+//    the wait began;
+//  - only then does it sleep on the futex.
+// Why: a spinning waiter would hold the very core a peer it waits for needs; a sleeper runs again
+// only when the scheduler gets to it, often longer than the whole collective on a loaded machine
+// (a small all-reduce is two waits per rank); a yielding poller gives its core away as readily but
+// is back as soon as nothing else wants it (docs/measurements/against-deepspeed-issue15.md;
+// DeepSpeed's waits spin without yielding, which starves 4 ranks on 2 cores). Every word of one
+// wait is polled in the same loop: a barrier's polling budget is shared by all its peers.
 bool poll_more(std::chrono::steady_clock::duration waited, bool oversubscribed) {
   if (waited >= kYieldTime) return false;
   if (!oversubscribed && waited < kSpinTime) {

@@ -12,50 +12,51 @@
 namespace cuda_p2p::host {
 
 // NOTE [Mailboxes]
-// send/recv do not fit the collectives' protocol: a group's collectives run in one order on
-// every rank (NOTE [One order per group] in p2p_workspace/symmetric_workspace.cpp), while
-// messages between two ranks come and go whenever those two ranks like, unordered with the
-// collectives and with other pairs. So they never touch the collective buffer. Each rank that
-// sends owns an outbox: a shared block (Device::allocate, mapped by the receivers) made at its
-// first send and published in the group's store ("cuda_p2p/mailbox/<rank>"); a receiver maps a
-// sender's outbox when it first waits for that sender. The outbox has one region per destination
-// rank d:
-//   [posted | acked | kSlots chunk headers | kSlots data slots of slot_bytes]
-// `posted` counts the chunks the owner put for d; `acked` counts those d took. Each word has one
-// writer (posted: the sender, acked: the receiver) and is read with acquire order after the
-// writer's release store (futex_store_and_wake, NOTE [Sleeper bit]): the sender writes a chunk's
-// header and data, then posted; the receiver reads them only after seeing posted, copies them
-// out, then writes acked; the sender reuses a slot only once acked shows it was taken. Chunk c
-// of the pair goes to slot c % kSlots, so at most kSlots chunks are in flight: a message larger
-// than a slot streams through the slots (double buffering), one smaller than kSlots slots is
-// sent eagerly - its send ends when the chunks are in the mailbox, before the receiver runs.
-//
-// Matching (as Gloo and MPI do): a receive takes the first message, in the order the sender sent
-// them, with its tag (and from its source, or from any rank). A message at the head of a mailbox
-// that no pending receive wants, while some receive from that rank waits for another tag, is
-// copied into this rank's memory (`unexpected_`) so that the later messages can pass it; a
-// receive looks there first. So is one in a mailbox whose slots are full while a send of this
-// rank waits (for its own receiver to take chunks), receive or not: two ranks that each send
-// more than the slots hold before they receive would otherwise wait for each other until the
-// timeout (Gloo's sockets buffer such sends; NCCL and MPI deadlock). A sender that merely runs
-// ahead pays that second copy only while the receiver itself is blocked in a send. A matched
-// message whose byte size or dtype differs from the receive's tensor fails that receive with both
-// ranks named, and stays queued for a receive that fits. Ops time out after the group's timeout,
-// naming both ranks and what was missing; a send or receive that times out midway through a message
-// leaves that pair's channel unusable (its later ops fail at once, saying why), since the chunks
-// left can no longer be told apart.
-//
-// Progress: every call (post, Work.wait, Work.is_completed) drives all pending ops of the group as
-// far as they go without blocking, so a message to a rank that is already waiting moves with no
-// thread hand-off. A rank whose pending ops cannot finish at once (the receiver has not taken the
-// earlier chunks yet, a receive's message has not come) gets one progress thread, which moves them
-// while nobody waits - as a GPU stream or Gloo's transport would - and sleeps on the mailbox words
-// (futex). It stays out of the callers' way: on its condition variable while nothing is pending or
-// a caller is waiting (and driving) itself, and for kGrace after a caller drove, since the caller
-// that posted is usually about to wait. Woken on every post, it would cost a context switch per
-// message, more than a small message's whole round trip
-// (docs/measurements/send-recv-2026-11-28.md). Waits back off like every host wait (NOTE [Host
-// waits on shared cores] in p2p_workspace/host/futex_wait.cpp).
+// Why apart from the collectives: a group's collectives run in one order on every rank (NOTE
+// [One order per group] in p2p_workspace/symmetric_workspace.cpp), while messages between two
+// ranks come and go whenever those two like, unordered with the collectives and with other
+// pairs. So they never touch the collective buffer.
+// The outbox:
+//  - each rank that sends owns one: a shared block (Device::allocate, mapped by the receivers)
+//    made at its first send and published in the group's store ("cuda_p2p/mailbox/<rank>"); a
+//    receiver maps a sender's outbox when it first waits for that sender;
+//  - one region per destination rank d: [posted | acked | kSlots chunk headers | kSlots data
+//    slots of slot_bytes]; `posted` counts the chunks the owner put for d, `acked` those d took;
+//  - each word has one writer (posted: the sender, acked: the receiver) and is read with acquire
+//    order after the writer's release store (futex_store_and_wake, NOTE [Sleeper bit]): the
+//    sender writes a chunk's header and data, then posted; the receiver reads them only after
+//    seeing posted, copies them out, then writes acked; the sender reuses a slot only once acked
+//    shows it was taken;
+//  - chunk c of the pair goes to slot c % kSlots, so at most kSlots chunks are in flight: a
+//    larger message streams through the slots (double buffering); one of at most kSlots slots is
+//    sent eagerly, its send ending once the chunks are in the mailbox.
+// Matching (as Gloo and MPI do):
+//  - a receive takes the first message, in the order the sender sent them, with its tag (from its
+//    source, or from any rank);
+//  - a message at the head of a mailbox that no pending receive wants, while a receive from that
+//    rank waits for another tag, is copied into this rank's memory (`unexpected_`) so that later
+//    messages can pass it; a receive looks there first;
+//  - so is one in a mailbox whose slots are full while a send of this rank waits: two ranks that
+//    each send more than the slots hold before they receive would otherwise wait for each other
+//    until the timeout (Gloo's sockets buffer such sends; NCCL and MPI deadlock). A sender that
+//    merely runs ahead pays that second copy only while the receiver is blocked in a send;
+//  - a matched message whose byte size or dtype differs from the receive's tensor fails that
+//    receive naming both ranks, and stays queued for a receive that fits.
+// Errors: ops time out after the group's timeout, naming both ranks and what was missing; a send
+// or receive that times out midway through a message leaves the pair's channel unusable (its
+// later ops fail at once, saying why): the chunks left can no longer be told apart.
+// Progress:
+//  - every call (post, Work.wait, Work.is_completed) drives all pending ops of the group as far as
+//    they go without blocking: a message to a rank already waiting moves with no thread hand-off;
+//  - a rank whose pending ops cannot finish at once gets one progress thread, which moves them
+//    while nobody waits (as a GPU stream or Gloo's transport would) and sleeps on the mailbox
+//    words (futex);
+//  - that thread stays out of the callers' way: on its condition variable while nothing is
+//    pending or a caller drives, and for kGrace after a caller drove (woken on every post it
+//    would cost a context switch per message, more than a small message's round trip:
+//    docs/measurements/send-recv-2026-11-28.md);
+//  - waits back off like every host wait (NOTE [Host waits on shared cores] in
+//    p2p_workspace/host/futex_wait.cpp).
 
 namespace {
 

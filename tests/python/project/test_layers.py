@@ -107,6 +107,45 @@ def test_no_product_file_over_800_lines():
     assert not long, "product files over 800 lines:\n" + "\n".join(long)
 
 
+NOTE = re.compile(r"^\s*// NOTE \[([^\]]+)\]\s*$")
+# What starts a new part of a NOTE: a blank comment line, a list item ("- ", "* ", "1. ", "1'. ",
+# "stage     - "), or a heading ("Why: ...", "Invariants:").
+NOTE_BREAK = re.compile(r"^$|^(\*|-|\d+'?\.)\s|^\w+( \d)?\s+- |^[A-Z][\w' ,()/-]{0,40}:(\s|$)|:$")
+
+
+def _note_paragraphs():
+    """(longest run of lines without a break, path, name) for every NOTE of the product."""
+    for layer in LAYERS:
+        for path in _sources(layer):
+            lines = path.read_text().splitlines()
+            i = 0
+            while i < len(lines):
+                m = NOTE.match(lines[i])
+                if not m:
+                    i += 1
+                    continue
+                run = longest = 0
+                i += 1
+                while i < len(lines) and lines[i].strip().startswith("//") \
+                        and not NOTE.match(lines[i]):
+                    text = lines[i].strip()[2:].strip()
+                    run = (0 if not text else 1) if NOTE_BREAK.search(text) else run + 1
+                    longest = max(longest, run)
+                    i += 1
+                yield longest, str(path.relative_to(ROOT)), m.group(1)
+
+
+def test_notes_are_kept_in_short_parts():
+    # Issue 57: a NOTE states its invariants in short parts - headed paragraphs and list items -
+    # none over 12 lines; a longer one is a wall a reader skips.
+    notes = list(_note_paragraphs())
+    assert len(notes) > 100
+    long = [f"{path}: NOTE [{name}] has a part of {n} lines" for n, path, name in notes if n > 12]
+    assert not long, "NOTEs with a part over 12 lines:\n" + "\n".join(long)
+    assert NOTE_BREAK.search("Why: because") and NOTE_BREAK.search("- a list item")
+    assert not NOTE_BREAK.search("a line of a paragraph that goes on")
+
+
 def test_the_mailboxes_have_their_own_folder():
     # NOTE [Where the mailboxes live] in p2p_workspace/messages/mailboxes.hpp: a message engine in
     # the bottom layer, reached from the backend only. From a device implementation it includes
