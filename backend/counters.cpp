@@ -118,7 +118,7 @@ void Counters::debug_fallback(std::string_view name, const char* why) {
   } else if (w == reason::kReduceOp) {
     text = "a reduce op the workspace does not run (PREMUL_SUM)";
   } else {
-    text = why;
+    text = reason::text(why);
   }
   config::debug_line(c10::str("cuda_p2p INFO rank ", rank_, "/", size_, " group ", group_name_,
                               ": ", name, ": ", text,

@@ -7,6 +7,7 @@
 // backend/config.cpp).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -25,18 +26,27 @@ namespace cuda_p2p {
 
 struct HierarchyOutcome;  // backend/hierarchical.hpp
 
-// The short reasons a call goes to the wrapped backend. They are part of the protocol, not only
-// of the debug line: a rank that routes a call to the wrapped backend names its reason in the
-// op's handshake (NOTE [Routes agree] in backend/workspace_collectives.cpp), so ranks routing
-// alike must name the same one.
+// The short reasons a call goes to the wrapped backend, or a group spanning hosts runs it flat.
+// They are part of the protocol, not only of the debug line: a rank that routes a call to the
+// wrapped backend names its reason in the op's handshake (NOTE [Routes agree] in
+// backend/workspace_collectives.cpp), so ranks routing alike must name the same one. One
+// spelling, safe in a counter's name ("all_reduce.flat.several_tensors", backend/hierarchical.cpp);
+// texts show it with spaces (reason::text: "(wrapped: several tensors)").
 namespace reason {
 inline constexpr const char* kWorkspaceOff = "workspace unavailable or its collectives off";
 inline constexpr const char* kDevice = "device";  // not a strided tensor on the workspace's device
 inline constexpr const char* kDtype = "dtype";    // a dtype the workspace does not reduce
-inline constexpr const char* kReduceOp = "reduce op";  // PREMUL_SUM
-inline constexpr const char* kSeveralTensors = "several tensors";
+inline constexpr const char* kReduceOp = "reduce_op";  // PREMUL_SUM
+inline constexpr const char* kSeveralTensors = "several_tensors";
+inline constexpr const char* kNoTensors = "no_tensors";
 inline constexpr const char* kShapes = "shapes";  // the wrapped backend reports the mismatch
 inline constexpr const char* kNoWorkspaceOp = "no workspace version of this op";
+// `why` as a text says it: underscores as spaces.
+inline std::string text(std::string_view why) {
+  std::string t(why);
+  std::replace(t.begin(), t.end(), '_', ' ');
+  return t;
+}
 }  // namespace reason
 
 class Counters {

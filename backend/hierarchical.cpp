@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "backend/counters.hpp"
 #include "backend/reduce_ops.hpp"
 #include "backend/tensor_args.hpp"
 #include "ops/collectives.hpp"
@@ -95,9 +96,9 @@ Hierarchy::Hierarchy(int rank, HostLayout layout, c10::intrusive_ptr<c10d::Backe
 }
 
 const char* Hierarchy::rejects(c10::ArrayRef<at::Tensor> tensors) {
-  if (tensors.empty()) return "no_tensors";
+  if (tensors.empty()) return reason::kNoTensors;
   for (const auto& t : tensors) {
-    if (!t.defined() || t.layout() != at::kStrided || !t.is_cpu()) return "device";
+    if (!t.defined() || t.layout() != at::kStrided || !t.is_cpu()) return reason::kDevice;
   }
   return nullptr;
 }
@@ -105,9 +106,9 @@ const char* Hierarchy::rejects(c10::ArrayRef<at::Tensor> tensors) {
 const char* Hierarchy::rejects_reduction(const c10d::ReduceOp& op, at::ScalarType dtype,
                                          const char* what) {
   const auto mapped = to_reduce_op(op);
-  if (!mapped) return "reduce_op";
+  if (!mapped) return reason::kReduceOp;
   // Gloo, the inter-host backend, reduces no int16; the flat path reports it.
-  if (!ops::is_reducible_dtype(dtype) || dtype == at::kShort) return "dtype";
+  if (!ops::is_reducible_dtype(dtype) || dtype == at::kShort) return reason::kDtype;
   ops::check_reduce_op(*mapped, dtype, what);
   return nullptr;
 }
@@ -204,7 +205,7 @@ void Hierarchy::agree_flat(ops::OpId kind, c10::ArrayRef<at::Tensor> tensors,
 
 // NOTE [One hierarchical entry]
 // Every hierarchical collective takes the same steps, in this order, on every rank:
-//  1. CUDA tensors on a group that wraps NCCL decline ("device") without communicating (NOTE
+//  1. CUDA tensors on a group that wraps NCCL decline (reason::kDevice) without communicating (NOTE
 //     [Hierarchical agreement]: not agreed).
 //  2. `screen` says why the call cannot take the hierarchical path (nullptr: it can); its
 //     TORCH_CHECKs are the rank's own argument checks, caught, making its signature invalid.
@@ -219,7 +220,7 @@ HierarchyOutcome Hierarchy::enter(ops::OpId kind, c10::ArrayRef<at::Tensor> tens
                                   Run&& run, const c10d::ReduceOp* inline_op) {
   constexpr bool kRides = std::is_invocable_v<Run&, at::Tensor&, bool>;
   TORCH_INTERNAL_ASSERT(kRides == (inline_op != nullptr));
-  if (on_nccl(tensors)) return decline("device");
+  if (on_nccl(tensors)) return decline(reason::kDevice);
   const char* why = nullptr;
   const Checked checked = run_checks([&] { why = screen(); });
   // Small enough, an all-reduce rides in the agreement itself (NOTE [Hierarchical agreement]).
@@ -246,7 +247,7 @@ HierarchyOutcome Hierarchy::all_reduce(std::vector<at::Tensor>& tensors,
   return enter(
       ops::OpId::kAllReduce, tensors, opts.timeout,
       [&]() -> const char* {
-        if (tensors.size() != 1) return "several_tensors";
+        if (tensors.size() != 1) return reason::kSeveralTensors;
         if (const char* why = rejects(tensors)) return why;
         return rejects_reduction(opts.reduceOp, tensors[0].scalar_type(), "all_reduce");
       },
@@ -304,7 +305,7 @@ HierarchyOutcome Hierarchy::all_gather(std::vector<std::vector<at::Tensor>>& out
       ops::OpId::kAllGather, inputs, opts.timeout,
       [&]() -> const char* {
         if (inputs.size() != 1 || outputs.size() != 1 || outputs[0].size() != W) {
-          return "several_tensors";
+          return reason::kSeveralTensors;
         }
         if (const char* why = rejects(inputs)) return why;
         if (const char* why = rejects(outputs[0])) return why;
@@ -372,7 +373,7 @@ HierarchyOutcome Hierarchy::reduce_scatter(std::vector<at::Tensor>& outputs,
       ops::OpId::kReduceScatter, outputs, opts.timeout,
       [&]() -> const char* {
         if (outputs.size() != 1 || inputs.size() != 1 || inputs[0].size() != W) {
-          return "several_tensors";
+          return reason::kSeveralTensors;
         }
         if (const char* why = rejects(outputs)) return why;
         if (const char* why = rejects(inputs[0])) return why;
@@ -406,8 +407,8 @@ HierarchyOutcome Hierarchy::broadcast(std::vector<at::Tensor>& tensors,
   return enter(
       ops::OpId::kBroadcast, tensors, opts.timeout,
       [&] {
-        const char* why =
-            tensors.size() != 1 || opts.rootTensor != 0 ? "several_tensors" : rejects(tensors);
+        const char* why = tensors.size() != 1 || opts.rootTensor != 0 ? reason::kSeveralTensors
+                                                                      : rejects(tensors);
         TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < W,
                     "cuda_p2p broadcast: root must be a rank in [0, ", W, "), got ", opts.rootRank);
         return why;

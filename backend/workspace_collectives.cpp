@@ -153,7 +153,8 @@ void WorkspaceCollectives::agree_on_route(const char* what, ops::OpId kind,
   const auto stream = device.current_stream();
   const bool in_order = !synchronous();  // compared in stream order, after run() returns
   if (in_order && ws_->capturing(*stream)) return;
-  const std::string text = ops::describe_tensors(tensors) + detail() + " (wrapped: " + why + ")";
+  const std::string text =
+      ops::describe_tensors(tensors) + detail() + " (wrapped: " + reason::text(why) + ")";
   run(what, [&](const ops::CollectiveContext& ctx) {
     ops::announce(ctx, kind, text);
     return ops::Outcome{};
