@@ -84,8 +84,14 @@ build_tsan() {
     test_op_order test_send_recv test_window
 }
 # When both run, the TSan build goes on beside the ASan tests, whose ranks mostly wait for each
-# other (and for the timeouts of the fault tests) and leave the cores half idle.
+# other (and for the timeouts of the fault tests) and leave the cores half idle. It is a session
+# of its own (setsid), as scripts/test.sh's ASan build is: with autogroup scheduling a session
+# gets a share of the cores like any other's, so on a machine busy with other work the build
+# takes its own share instead of the ASan tests' (docs/testing.md, "What runs beside what").
+# Stopped with this script.
 tsan_build_pid=""
+stop_tsan_build() { [ -n "$tsan_build_pid" ] && kill -- -"$tsan_build_pid" 2>/dev/null || true; }
+trap stop_tsan_build EXIT
 python_modes=(synchronous cuda)
 for kind in "${kinds[@]}"; do
   t0=$SECONDS
@@ -101,7 +107,7 @@ for kind in "${kinds[@]}"; do
       configure_and_build build/asan address,undefined "${targets[@]}" || { status=1; continue; }
       ((build_only)) && continue
       if [[ " ${kinds[*]} " == *" tsan "* ]]; then
-        build_tsan >build/tsan.build.log 2>&1 &
+        setsid -w bash "$ROOT/scripts/sanitizers.sh" --build-only tsan >build/tsan.build.log 2>&1 &
         tsan_build_pid=$!
       fi
       # Leaks: libtorch's own static allocations are reported at exit and are not ours to fix.
