@@ -6,7 +6,7 @@ Without cuda_p2p installed the same script runs on plain NCCL. With it, ordinary
 CUDA tensors still go to the wrapped NCCL backend by default (the workspace collectives on GPUs
 are opt-in until they have run across GPUs: Options.cuda_workspace_collectives), while the fused
 ops run on the group's CUDA workspace. The counters say which path ran. What has run on a GPU so
-far: one H200 shared by 1-4 ranks (docs/testing.md, "What has run on a GPU"); this script is run
+far: one H200 shared by 1-4 ranks (docs/status.md); this script is run
 there by scripts/gpu_check.sh, on one rank.
 """
 

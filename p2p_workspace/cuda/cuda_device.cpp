@@ -18,7 +18,7 @@
 // the peer observes the signal. So the kernel ends with a system-wide fence, and where the device
 // supports it (CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES) every wait carries
 // CU_STREAM_WAIT_VALUE_FLUSH, which makes remote writes that reached the device before the wait
-// was satisfied visible to the work after it (docs/testing.md says where this has run).
+// was satisfied visible to the work after it (docs/status.md says where this has run).
 //
 // NOTE [Group streams]
 //  - The pipeline streams are the group's own (new_stream creates them), not c10's pool streams,

@@ -1,5 +1,5 @@
 // CUDA blocks through the driver's virtual memory API. Compiled where CUDA is; runs only on a GPU
-// (docs/testing.md, "What has run on a GPU", says whether it has).
+// (docs/status.md says whether it has).
 //
 // NOTE [Blocks that outlive their exporter]
 // With legacy CUDA IPC (cudaIpcGetMemHandle / cudaIpcOpenMemHandle) freeing an exported region
