@@ -373,13 +373,19 @@ class ProcessGroupCudaP2P : public c10d::Backend {
   // rows: ops/op_spec.hpp.
   // on_workspace: the route's handshake and the fallback's counter when the call has a reason to
   // go to the wrapped backend (false), else the workspace body, counted (true). serve: that, then
-  // the wrapped backend's Work or the workspace's.
+  // the wrapped backend's Work or the workspace's; for an op the hierarchy takes
+  // (ops::OpSpec::hierarchy), first its hierarchy step on a group spanning hosts: `hierarchical`
+  // runs the Hierarchy's entry (or is a detail::HierarchyStep naming its Work's outputs too).
   template <typename Detail, typename Body>
   bool on_workspace(const ops::OpCall& entry, const detail::Call& call, Detail&& detail,
                     Body&& body);
   template <typename Detail, typename Body, typename Wrapped, typename Outputs>
   WorkPtr serve(const ops::OpCall& entry, const detail::Call& call, Detail&& detail, Body&& body,
                 Wrapped&& wrapped, Outputs&& outputs);
+  template <typename Hierarchical, typename Detail, typename Body, typename Wrapped,
+            typename Outputs>
+  WorkPtr serve(const ops::OpCall& entry, Hierarchical&& hierarchical, const detail::Call& call,
+                Detail&& detail, Body&& body, Wrapped&& wrapped, Outputs&& outputs);
   // A call the workspace never runs: counted "<op>.wrapped", run on the wrapped backend.
   template <typename Wrapped>
   WorkPtr wrapped_only(const ops::OpCall& entry, const char* why, c10::ArrayRef<at::Tensor> tensors,
@@ -401,6 +407,18 @@ class ProcessGroupCudaP2P : public c10d::Backend {
                                   const c10d::AllToAllOptions& opts);
   WorkPtr gather_into_tensor_entry(at::Tensor& output, at::Tensor& input,
                                    const c10d::GatherOptions& opts);
+  // gather and gather_single's entry sequence (backend/collectives/gather.cpp).
+  WorkPtr gather_to_root(const ops::OpCall& entry, std::vector<std::vector<at::Tensor>>& outputs,
+                         std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts,
+                         const std::optional<at::Tensor>& whole);
+  // The coalesced calls' workspace bodies: one op per pair, in order, each counted.
+  void all_gather_pairs(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs);
+  void reduce_scatter_pairs(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                            ops::ReduceOp op);
+  // The barrier's reason to go to the wrapped backend (nullptr: the workspace runs it), and that
+  // route (NOTE [Barriers order the GPU] in backend/wrapped_backends.cpp).
+  const char* barrier_rejects(const c10d::BarrierOptions& opts) const;
+  WorkPtr wrapped_barrier(const c10d::BarrierOptions& opts, const char* why);
   // NOTE [Child groups] in backend/child_groups.cpp: the group of `ranks` (this group's ranks, in
   // their new order; this rank among them) over `store`, with `options` and the wrapped backends
   // made for it, and a hierarchy when this group has one.

@@ -6,6 +6,7 @@
 
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "backend/ProcessGroupCudaP2P.hpp"
@@ -16,10 +17,12 @@ namespace cuda_p2p {
 // Every c10d call the workspace may serve takes the same steps, written once here (serve,
 // on_workspace) and in each override (backend/collectives/<op>.cpp) only as a description of the
 // call, which names its op by an OpCall (NOTE [One identity per op] in ops/op_spec.hpp):
-//  1. a group spanning hosts runs it hierarchically when it can (Hierarchy), counted;
-//  2. the reason the workspace cannot take it, from what every rank agrees on (its tensors'
-//     device and layout, their number, the dtype, the reduce op, the shapes), checked in a fixed
-//     order per op, so that ranks routing alike name the same reason (NOTE [Routes agree]);
+//  1. a group spanning hosts runs it hierarchically when it can (the Hierarchy entry the override
+//     names, for an op whose OpSpec row says `hierarchy`), counted;
+//  2. the reason the workspace cannot take it (the op's screen, a function of its slice), from
+//     what every rank agrees on (its tensors' device and layout, their number, the dtype, the
+//     reduce op, the shapes), checked in a fixed order per op, so that ranks routing alike name
+//     the same reason (NOTE [Routes agree]);
 //  3. with a reason: the route's handshake (WorkspaceCollectives::agree_on_route), the fallback
 //     counted ("<op>.wrapped", its debug line) and the wrapped backend's Work, handed back as it
 //     is (a CPU one tracked while coalescing);
@@ -58,6 +61,11 @@ struct Call {
 // The route's text of a call whose signature names its tensors only.
 inline std::string no_detail() { return {}; }
 
+// The route's text of a rooted call: " to root 3", " from root 0".
+inline std::string root_text(const char* direction, int64_t root) {
+  return std::string(" ") + direction + " root " + std::to_string(root);
+}
+
 // Whether `list` (the root's W tensors) matches `one` (numel, dtype): else the wrapped backend
 // runs the call and reports what it finds.
 inline bool matches_every_rank(const std::vector<at::Tensor>& list, const at::Tensor& one, int W) {
@@ -89,6 +97,36 @@ inline const char* rooted_rejects(const WorkspaceCollectives& collectives,
   return why;
 }
 
+// A call's hierarchy step whose Work holds other tensors than its workspace route's
+// (all_gather_into_tensor: the output whole, where the workspace's Work holds Gloo's chunks).
+template <typename Run, typename Outputs>
+struct HierarchyStep {
+  Run run;
+  Outputs outputs;
+};
+template <typename Run, typename Outputs>
+HierarchyStep<Run, Outputs> hierarchy_step(Run run, Outputs outputs) {
+  return {std::move(run), std::move(outputs)};
+}
+// The step of an op the hierarchy does not take.
+struct NoHierarchy {};
+template <typename T>
+inline constexpr bool kIsHierarchyStep = false;
+template <typename Run, typename Outputs>
+inline constexpr bool kIsHierarchyStep<HierarchyStep<Run, Outputs>> = true;
+
+// A rooted call's route (rooted_rejects) and the root's W tensors the workspace moves (none on
+// the other ranks, or when it goes to the wrapped backend).
+struct Rooted {
+  const char* why;
+  std::vector<at::Tensor> at_root;
+};
+inline Rooted rooted(const WorkspaceCollectives& collectives, const std::vector<at::Tensor>& mine,
+                     const std::vector<std::vector<at::Tensor>>& at_root, bool is_root, int W) {
+  const char* why = rooted_rejects(collectives, mine, at_root, is_root, W);
+  return {why, !why && is_root ? at_root[0] : std::vector<at::Tensor>{}};
+}
+
 }  // namespace detail
 
 template <typename Detail, typename Body>
@@ -113,6 +151,27 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::serve(const ops::OpCall& entry
                                                         const detail::Call& call, Detail&& detail,
                                                         Body&& body, Wrapped&& wrapped,
                                                         Outputs&& outputs) {
+  TORCH_INTERNAL_ASSERT(!hierarchy_ || !ops::spec(entry.id).hierarchy, "cuda_p2p: ", entry.name,
+                        " is an op the hierarchy runs: its entry must name its hierarchy step");
+  return serve(entry, detail::NoHierarchy{}, call, detail, body, wrapped, outputs);
+}
+
+template <typename Hierarchical, typename Detail, typename Body, typename Wrapped, typename Outputs>
+ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::serve(const ops::OpCall& entry,
+                                                        Hierarchical&& hierarchical,
+                                                        const detail::Call& call, Detail&& detail,
+                                                        Body&& body, Wrapped&& wrapped,
+                                                        Outputs&& outputs) {
+  using H = std::decay_t<Hierarchical>;
+  if constexpr (detail::kIsHierarchyStep<H>) {
+    if (hierarchy_ && ran_hierarchically(entry, hierarchical.run())) {
+      return hierarchical_done(entry, hierarchical.outputs());
+    }
+  } else if constexpr (!std::is_same_v<H, detail::NoHierarchy>) {
+    if (hierarchy_ && ran_hierarchically(entry, hierarchical())) {
+      return hierarchical_done(entry, outputs());
+    }
+  }
   bool ran = false;
   try {
     ran = on_workspace(entry, call, detail, body);

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "backend/counters.hpp"
+#include "backend/hierarchy_entry.hpp"
 #include "backend/reduce_ops.hpp"
 #include "backend/tensor_args.hpp"
 #include "ops/collectives.hpp"
@@ -117,28 +118,6 @@ const char* Hierarchy::rejects_reduction(const c10d::ReduceOp& op, at::ScalarTyp
 
 namespace {
 
-std::string describe(c10::ArrayRef<at::Tensor> tensors) { return ops::describe_tensors(tensors); }
-
-// What a rank's own argument checks raised: its message (the invalid signature's text) and the
-// error itself, thrown again once the group has agreed.
-struct Checked {
-  std::string error;
-  std::exception_ptr thrown;
-  void rethrow() const {
-    if (thrown) std::rethrow_exception(thrown);
-  }
-};
-
-template <typename F>
-Checked run_checks(F&& checks) {
-  try {
-    checks();
-  } catch (const c10::Error& e) {
-    return {e.what_without_backtrace(), std::current_exception()};
-  }
-  return {};
-}
-
 std::string rank_list(const std::vector<int>& ranks) {
   std::string s = "[";
   for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
@@ -172,21 +151,6 @@ bool Hierarchy::agree(const ops::OpSignature& mine, std::chrono::milliseconds ti
   return agreement_.agree(mine, steps, payload, op);
 }
 
-HierarchyOutcome Hierarchy::barrier(const c10d::BarrierOptions& opts) {
-  if (nccl_ && opts.device.has_value() && opts.device->is_cuda()) return {};
-  std::lock_guard<std::mutex> lock(mutex_);
-  const bool was = agreement_on_;
-  agreement_on_ = true;  // the exchange is the barrier: never skipped
-  try {
-    agree(ops::OpSignature::of(ops::OpId::kBarrier, ""), opts.timeout);
-  } catch (...) {
-    agreement_on_ = was;
-    throw;
-  }
-  agreement_on_ = was;
-  return {.ran = true, .path = "hierarchical", .runs = 1};  // the same exchange on any hosts
-}
-
 void Hierarchy::agree_flat(ops::OpId kind, c10::ArrayRef<at::Tensor> tensors,
                            const std::function<void()>& checks,
                            const std::function<std::string()>& text,
@@ -195,281 +159,20 @@ void Hierarchy::agree_flat(ops::OpId kind, c10::ArrayRef<at::Tensor> tensors,
     checks();
     return;
   }
-  const Checked checked = run_checks(checks);
+  const hierarchy_detail::Checked checked = hierarchy_detail::run_checks(checks);
   std::lock_guard<std::mutex> lock(mutex_);
   agree(signature(kind, checked.thrown ? std::string() : text(), nullptr, checked.error), timeout);
   checked.rethrow();
 }
 
-// --- entry points -------------------------------------------------------------------------------
-
-// NOTE [One hierarchical entry]
-// Every hierarchical collective takes the same steps, in this order, on every rank:
-//  1. CUDA tensors on a group that wraps NCCL decline (reason::kDevice) without communicating (NOTE
-//     [Hierarchical agreement]: not agreed).
-//  2. `screen` says why the call cannot take the hierarchical path (nullptr: it can); its
-//     TORCH_CHECKs are the rank's own argument checks, caught, making its signature invalid.
-//  3. Under mutex_ the group agrees on the signature: kind, `text` (asked only of a rank whose
-//     checks passed), the route. An all-reduce that fits rides in it (`inline_op`).
-//  4. The checks' error, if any, is raised; a call with a reason declines with it (the caller runs
-//     it flat); else `run` runs the algorithm, still under mutex_, and says what ran.
-// The entries below state only what differs: the kind, the tensors, the screen, the text, the run.
-template <typename Screen, typename Text, typename Run>
-HierarchyOutcome Hierarchy::enter(ops::OpId kind, c10::ArrayRef<at::Tensor> tensors,
-                                  std::chrono::milliseconds timeout, Screen&& screen, Text&& text,
-                                  Run&& run, const c10d::ReduceOp* inline_op) {
-  constexpr bool kRides = std::is_invocable_v<Run&, at::Tensor&, bool>;
-  TORCH_INTERNAL_ASSERT(kRides == (inline_op != nullptr));
-  if (on_nccl(tensors)) return decline(reason::kDevice);
-  const char* why = nullptr;
-  const Checked checked = run_checks([&] { why = screen(); });
-  // Small enough, an all-reduce rides in the agreement itself (NOTE [Hierarchical agreement]).
-  at::Tensor carried;
-  if (inline_op && !why && !checked.thrown && HierarchyAgreement::fits_inline(tensors[0])) {
-    carried = tensors[0].contiguous();
-  }
-  std::lock_guard<std::mutex> lock(mutex_);
-  const bool in_agreement =
-      agree(signature(kind, checked.thrown ? std::string() : text(), why, checked.error), timeout,
-            carried.defined() ? carried.view(-1) : at::Tensor(),
-            inline_op ? *inline_op : c10d::ReduceOp());
-  checked.rethrow();
-  if (why) return decline(why);
-  if constexpr (kRides) {
-    return run(carried, in_agreement);
-  } else {
-    return run();
-  }
-}
-
-HierarchyOutcome Hierarchy::all_reduce(std::vector<at::Tensor>& tensors,
-                                       const c10d::AllreduceOptions& opts) {
-  return enter(
-      ops::OpId::kAllReduce, tensors, opts.timeout,
-      [&]() -> const char* {
-        if (tensors.size() != 1) return reason::kSeveralTensors;
-        if (const char* why = rejects(tensors)) return why;
-        return rejects_reduction(opts.reduceOp, tensors[0].scalar_type(), "all_reduce");
-      },
-      [&] { return describe(tensors) + " " + reduce_op_text(opts.reduceOp); },
-      [&](at::Tensor& work, bool in_agreement) {
-        at::Tensor& t = tensors[0];
-        if (!work.defined()) work = t.contiguous();
-        if (!in_agreement) all_reduce_two_level(work.view(-1), opts.reduceOp, opts.timeout);
-        if (!work.is_same(t)) t.copy_(work);
-        HierarchyOutcome outcome = ran();
-        outcome.in_agreement = in_agreement;
-        return outcome;
-      },
-      &opts.reduceOp);
-}
-
-HierarchyOutcome Hierarchy::all_gather_into_tensor(at::Tensor& output, at::Tensor& input,
-                                                   const c10d::AllgatherOptions& opts) {
-  return enter(
-      ops::OpId::kAllGather, {input, output}, opts.timeout,
-      [&] { return all_gather_rejects(output, input); }, [&] { return describe(input); },
-      [&] {
-        run_all_gather_into_tensor(output, input, opts.timeout);
-        return ran();
-      });
-}
-
-HierarchyOutcome Hierarchy::all_gather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
-                                                             std::vector<at::Tensor>& inputs,
-                                                             const c10d::AllgatherOptions& opts) {
-  return enter(
-      ops::OpId::kAllGather, inputs, opts.timeout,
-      [&] {
-        check_pairs(outputs, inputs, "all_gather_into_tensor");
-        const char* why = nullptr;
-        for (size_t i = 0; i < inputs.size() && !why; ++i) {
-          why = all_gather_rejects(outputs[i], inputs[i]);
-        }
-        return why;
-      },
-      [&] { return "coalesced " + describe(inputs); },
-      [&] {
-        for (size_t i = 0; i < inputs.size(); ++i) {
-          run_all_gather_into_tensor(outputs[i], inputs[i], opts.timeout);
-        }
-        return ran(static_cast<int>(inputs.size()));
-      });
-}
-
-HierarchyOutcome Hierarchy::all_gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                       std::vector<at::Tensor>& inputs,
-                                       const c10d::AllgatherOptions& opts) {
-  const size_t W = layout_.host.size();
-  return enter(
-      ops::OpId::kAllGather, inputs, opts.timeout,
-      [&]() -> const char* {
-        if (inputs.size() != 1 || outputs.size() != 1 || outputs[0].size() != W) {
-          return reason::kSeveralTensors;
-        }
-        if (const char* why = rejects(inputs)) return why;
-        if (const char* why = rejects(outputs[0])) return why;
-        for (const auto& o : outputs[0]) {
-          TORCH_CHECK(o.numel() == inputs[0].numel() && o.scalar_type() == inputs[0].scalar_type(),
-                      "cuda_p2p all_gather: every output must have the input's ", inputs[0].numel(),
-                      " elements of ", inputs[0].scalar_type(), ", got ", o.numel(), " of ",
-                      o.scalar_type());
-        }
-        return nullptr;
-      },
-      [&] { return describe(inputs); },
-      [&] {
-        const at::Tensor& input = inputs[0];
-        const int64_t n = input.numel();
-        at::Tensor out = at::empty({n * static_cast<int64_t>(W)}, input.options());
-        all_gather_two_level(input.contiguous().view(-1), out, opts.timeout);
-        for (size_t r = 0; r < W; ++r) {
-          outputs[0][r].copy_(
-              out.narrow(0, static_cast<int64_t>(r) * n, n).view(outputs[0][r].sizes()));
-        }
-        return ran();
-      });
-}
-
-HierarchyOutcome Hierarchy::reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
-                                                  const c10d::ReduceScatterOptions& opts) {
-  return enter(
-      ops::OpId::kReduceScatter, {input, output}, opts.timeout,
-      [&] { return reduce_scatter_rejects(output, input, opts.reduceOp); },
-      [&] { return describe(output) + " " + reduce_op_text(opts.reduceOp); },
-      [&] {
-        run_reduce_scatter_tensor(output, input, opts.reduceOp, opts.timeout);
-        return ran();
-      });
-}
-
-HierarchyOutcome Hierarchy::reduce_scatter_tensor_coalesced(
-    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-    const c10d::ReduceScatterOptions& opts) {
-  return enter(
-      ops::OpId::kReduceScatter, inputs, opts.timeout,
-      [&] {
-        check_pairs(outputs, inputs, "reduce_scatter_tensor");
-        const char* why = nullptr;
-        for (size_t i = 0; i < inputs.size() && !why; ++i) {
-          why = reduce_scatter_rejects(outputs[i], inputs[i], opts.reduceOp);
-        }
-        return why;
-      },
-      [&] { return "coalesced " + describe(outputs) + " " + reduce_op_text(opts.reduceOp); },
-      [&] {
-        for (size_t i = 0; i < inputs.size(); ++i) {
-          run_reduce_scatter_tensor(outputs[i], inputs[i], opts.reduceOp, opts.timeout);
-        }
-        return ran(static_cast<int>(inputs.size()));
-      });
-}
-
-HierarchyOutcome Hierarchy::reduce_scatter(std::vector<at::Tensor>& outputs,
-                                           std::vector<std::vector<at::Tensor>>& inputs,
-                                           const c10d::ReduceScatterOptions& opts) {
-  const size_t W = layout_.host.size();
-  return enter(
-      ops::OpId::kReduceScatter, outputs, opts.timeout,
-      [&]() -> const char* {
-        if (outputs.size() != 1 || inputs.size() != 1 || inputs[0].size() != W) {
-          return reason::kSeveralTensors;
-        }
-        if (const char* why = rejects(outputs)) return why;
-        if (const char* why = rejects(inputs[0])) return why;
-        for (const auto& t : inputs[0]) {
-          TORCH_CHECK(
-              t.numel() == outputs[0].numel() && t.scalar_type() == outputs[0].scalar_type(),
-              "cuda_p2p reduce_scatter: every input must have the output's ", outputs[0].numel(),
-              " elements of ", outputs[0].scalar_type(), ", got ", t.numel(), " of ",
-              t.scalar_type());
-        }
-        return rejects_reduction(opts.reduceOp, outputs[0].scalar_type(), "reduce_scatter");
-      },
-      [&] { return describe(outputs) + " " + reduce_op_text(opts.reduceOp); },
-      [&] {
-        at::Tensor& output = outputs[0];
-        const int64_t n = output.numel();
-        at::Tensor in = at::empty({n * static_cast<int64_t>(W)}, output.options());
-        for (size_t r = 0; r < W; ++r) {
-          in.narrow(0, static_cast<int64_t>(r) * n, n).copy_(inputs[0][r].reshape(-1));
-        }
-        at::Tensor out = detail::contiguous_output(output);
-        reduce_scatter_two_level(in, out.view(-1), opts.reduceOp, opts.timeout);
-        if (!out.is_same(output)) output.copy_(out);
-        return ran();
-      });
-}
-
-HierarchyOutcome Hierarchy::broadcast(std::vector<at::Tensor>& tensors,
-                                      const c10d::BroadcastOptions& opts) {
-  const int W = static_cast<int>(layout_.host.size());
-  return enter(
-      ops::OpId::kBroadcast, tensors, opts.timeout,
-      [&] {
-        const char* why = tensors.size() != 1 || opts.rootTensor != 0 ? reason::kSeveralTensors
-                                                                      : rejects(tensors);
-        TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < W,
-                    "cuda_p2p broadcast: root must be a rank in [0, ", W, "), got ", opts.rootRank);
-        return why;
-      },
-      [&] { return describe(tensors) + " from root " + std::to_string(opts.rootRank); },
-      [&] {
-        at::Tensor& t = tensors[0];
-        at::Tensor work = t.contiguous();
-        const int root = static_cast<int>(opts.rootRank);
-        broadcast_two_level(work.view(-1), root, opts.timeout);
-        if (!work.is_same(t)) t.copy_(work);
-        // The root's local index exists on every host: the same scheme as on even hosts.
-        const bool direct = layout_.local[root] < layout_.min_host_size();
-        return HierarchyOutcome{
-            .ran = true, .path = direct ? "hierarchical" : "hierarchical_leaders", .runs = 1};
-      });
-}
-
 // --- the per-op parts ---------------------------------------------------------------------------
+// Each op's entry is in its slice (backend/collectives/<op>.cpp), beside its workspace route.
 
 void Hierarchy::check_pairs(const std::vector<at::Tensor>& outputs,
                             const std::vector<at::Tensor>& inputs, const char* op) {
   TORCH_CHECK(outputs.size() == inputs.size() && !inputs.empty(), "cuda_p2p ", op,
               " (coalesced): expected as many outputs as inputs (at least one), got ",
               outputs.size(), " and ", inputs.size());
-}
-
-const char* Hierarchy::all_gather_rejects(const at::Tensor& output, const at::Tensor& input) const {
-  if (const char* why = rejects({input, output})) return why;
-  const int64_t W = static_cast<int64_t>(layout_.host.size());
-  TORCH_CHECK(output.numel() == input.numel() * W && output.scalar_type() == input.scalar_type(),
-              "cuda_p2p all_gather_into_tensor: the output must have world size (", W,
-              ") times the input's ", input.numel(), " elements of ", input.scalar_type(), ", got ",
-              output.numel(), " of ", output.scalar_type());
-  return nullptr;
-}
-
-void Hierarchy::run_all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input,
-                                           std::chrono::milliseconds timeout) {
-  at::Tensor out = detail::contiguous_output(output);
-  all_gather_two_level(input.contiguous().view(-1), out.view(-1), timeout);
-  if (!out.is_same(output)) output.copy_(out);
-}
-
-const char* Hierarchy::reduce_scatter_rejects(const at::Tensor& output, const at::Tensor& input,
-                                              const c10d::ReduceOp& op) const {
-  if (const char* why = rejects({input, output})) return why;
-  const int64_t W = static_cast<int64_t>(layout_.host.size());
-  TORCH_CHECK(input.numel() == output.numel() * W && output.scalar_type() == input.scalar_type(),
-              "cuda_p2p reduce_scatter_tensor: the input must have world size (", W,
-              ") times the output's ", output.numel(), " elements of ", output.scalar_type(),
-              ", got ", input.numel(), " of ", input.scalar_type());
-  return rejects_reduction(op, output.scalar_type(), "reduce_scatter_tensor");
-}
-
-void Hierarchy::run_reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
-                                          const c10d::ReduceOp& op,
-                                          std::chrono::milliseconds timeout) {
-  at::Tensor out = detail::contiguous_output(output);
-  reduce_scatter_two_level(input.contiguous().view(-1), out.view(-1), op, timeout);
-  if (!out.is_same(output)) output.copy_(out);
 }
 
 // --- algorithms ---------------------------------------------------------------------------------

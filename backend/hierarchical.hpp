@@ -20,7 +20,8 @@
 //
 // Before any of them moves data, the whole group agrees on the call (NOTE [Hierarchical
 // agreement] in hierarchy_agreement.cpp): a mismatch is the same error on every rank, naming group
-// ranks. Every entry takes the same steps (NOTE [One hierarchical entry] in hierarchical.cpp).
+// ranks. Every entry takes the same steps (NOTE [One hierarchical entry] in
+// hierarchy_entry.hpp); each op's entry is in its slice, backend/collectives/<op>.cpp.
 #pragma once
 
 #include <ATen/ATen.h>

@@ -1,6 +1,7 @@
 // all_reduce: dist.all_reduce, torch.ops.cuda_p2p.all_reduce_'s entry (no Work), and the
 // coalesced and sparse calls the wrapped backend runs.
 #include "backend/entry_sequence.hpp"
+#include "backend/hierarchy_entry.hpp"
 #include "backend/reduce_ops.hpp"
 #include "ops/common.hpp"
 
@@ -10,18 +11,25 @@ using ops::call;
 using ops::OpId;
 namespace calls = ops::calls;
 
+namespace {
+
+// Why the workspace cannot take dist.all_reduce's call (nullptr: it can).
+const char* all_reduce_screen(const WorkspaceCollectives& collectives,
+                              const std::vector<at::Tensor>& tensors,
+                              const std::optional<ops::ReduceOp>& op) {
+  if (tensors.size() != 1) return reason::kSeveralTensors;
+  if (!op) return reason::kReduceOp;
+  return collectives.all_reduce_rejects(tensors[0]);
+}
+
+}  // namespace
+
 ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::allreduce(std::vector<at::Tensor>& tensors,
                                                             const c10d::AllreduceOptions& opts) {
-  if (hierarchy_ &&
-      ran_hierarchically(call(OpId::kAllReduce), hierarchy_->all_reduce(tensors, opts))) {
-    return hierarchical_done(call(OpId::kAllReduce), tensors);
-  }
   const auto op = to_reduce_op(opts.reduceOp);
-  const char* why = tensors.size() != 1 ? reason::kSeveralTensors
-                    : !op               ? reason::kReduceOp
-                                        : collectives_.all_reduce_rejects(tensors[0]);
   return serve(
-      call(OpId::kAllReduce), {tensors, tensors, why, opts.asyncOp},
+      call(OpId::kAllReduce), [&] { return hierarchy_->all_reduce(tensors, opts); },
+      {tensors, tensors, all_reduce_screen(collectives_, tensors, op), opts.asyncOp},
       [&] { return " " + reduce_op_text(opts.reduceOp); },
       [&] { return collectives_.all_reduce(tensors[0], *op); },
       [&](c10d::Backend& b) { return b.allreduce(tensors, opts); }, [&] { return tensors; });
@@ -79,6 +87,30 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::allreduce_sparse(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
   return wrapped_only(call(OpId::kAllReduceSparse), reason::kNoWorkspaceOp, tensors,
                       [&](c10d::Backend& b) { return b.allreduce_sparse(tensors, opts); });
+}
+
+// --- on a group spanning hosts: the hierarchy's entry (NOTE [One hierarchical entry]) ------
+
+HierarchyOutcome Hierarchy::all_reduce(std::vector<at::Tensor>& tensors,
+                                       const c10d::AllreduceOptions& opts) {
+  return enter(
+      ops::OpId::kAllReduce, tensors, opts.timeout,
+      [&]() -> const char* {
+        if (tensors.size() != 1) return reason::kSeveralTensors;
+        if (const char* why = rejects(tensors)) return why;
+        return rejects_reduction(opts.reduceOp, tensors[0].scalar_type(), "all_reduce");
+      },
+      [&] { return ops::describe_tensors(tensors) + " " + reduce_op_text(opts.reduceOp); },
+      [&](at::Tensor& work, bool in_agreement) {
+        at::Tensor& t = tensors[0];
+        if (!work.defined()) work = t.contiguous();
+        if (!in_agreement) all_reduce_two_level(work.view(-1), opts.reduceOp, opts.timeout);
+        if (!work.is_same(t)) t.copy_(work);
+        HierarchyOutcome outcome = ran();
+        outcome.in_agreement = in_agreement;
+        return outcome;
+      },
+      &opts.reduceOp);
 }
 
 }  // namespace cuda_p2p

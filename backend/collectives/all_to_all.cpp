@@ -7,18 +7,45 @@ namespace cuda_p2p {
 using ops::call;
 using ops::OpId;
 
+namespace {
+
+// Why the workspace cannot take all_to_all_single's call (nullptr: it can).
+const char* all_to_all_single_screen(const WorkspaceCollectives& collectives,
+                                     const at::Tensor& output, const at::Tensor& input) {
+  if (const char* why = collectives.rejects({input, output})) return why;
+  return input.scalar_type() != output.scalar_type() ? reason::kShapes : nullptr;
+}
+
+// ... of the list form's: W inputs and W outputs of one dtype.
+const char* all_to_all_screen(const WorkspaceCollectives& collectives,
+                              const std::vector<at::Tensor>& outputs,
+                              const std::vector<at::Tensor>& inputs, int W) {
+  if (const char* why = collectives.rejects(inputs)) return why;
+  if (const char* why = collectives.rejects(outputs)) return why;
+  if (static_cast<int>(inputs.size()) != W || static_cast<int>(outputs.size()) != W) {
+    return reason::kShapes;
+  }
+  for (int q = 0; q < W; ++q) {
+    if (inputs[q].scalar_type() != inputs[0].scalar_type() ||
+        outputs[q].scalar_type() != inputs[0].scalar_type()) {
+      return reason::kShapes;
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::all_to_all_single_entry(
-    at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_split_sizes,
-    std::vector<int64_t>& input_split_sizes, const c10d::AllToAllOptions& opts) {
-  const char* why = collectives_.rejects({input, output});
-  if (!why && input.scalar_type() != output.scalar_type()) why = reason::kShapes;
+    at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
+    std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& opts) {
   return serve(
-      call(OpId::kAllToAllSingle), {input, input, why, opts.asyncOp}, detail::no_detail,
-      [&] {
-        return collectives_.all_to_all_single(output, input, output_split_sizes, input_split_sizes);
-      },
+      call(OpId::kAllToAllSingle),
+      {input, input, all_to_all_single_screen(collectives_, output, input), opts.asyncOp},
+      detail::no_detail,
+      [&] { return collectives_.all_to_all_single(output, input, output_splits, input_splits); },
       [&](c10d::Backend& b) {
-        return b.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
+        return b.alltoall_base(output, input, output_splits, input_splits, opts);
       },
       [&] { return std::vector<at::Tensor>{output}; });
 }
@@ -32,21 +59,10 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::alltoall_base(
 ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::alltoall(std::vector<at::Tensor>& outputs,
                                                            std::vector<at::Tensor>& inputs,
                                                            const c10d::AllToAllOptions& opts) {
-  const int W = getSize();
-  const char* why = collectives_.rejects(inputs);
-  if (!why) why = collectives_.rejects(outputs);
-  if (!why && (static_cast<int>(inputs.size()) != W || static_cast<int>(outputs.size()) != W)) {
-    why = reason::kShapes;
-  }
-  for (int q = 0; !why && q < W; ++q) {
-    if (inputs[q].scalar_type() != inputs[0].scalar_type() ||
-        outputs[q].scalar_type() != inputs[0].scalar_type()) {
-      why = reason::kShapes;
-    }
-  }
   return serve(
-      call(OpId::kAllToAll), {inputs, inputs, why, opts.asyncOp}, detail::no_detail,
-      [&] { return collectives_.all_to_all(outputs, inputs); },
+      call(OpId::kAllToAll),
+      {inputs, inputs, all_to_all_screen(collectives_, outputs, inputs, getSize()), opts.asyncOp},
+      detail::no_detail, [&] { return collectives_.all_to_all(outputs, inputs); },
       [&](c10d::Backend& b) { return b.alltoall(outputs, inputs, opts); }, [&] { return outputs; });
 }
 

@@ -1,24 +1,62 @@
 // broadcast.
 #include "backend/entry_sequence.hpp"
+#include "backend/hierarchy_entry.hpp"
 
 namespace cuda_p2p {
 
 using ops::call;
 using ops::OpId;
 
+namespace {
+
+// Why the workspace cannot take the call (nullptr: it can).
+const char* broadcast_screen(const WorkspaceCollectives& collectives,
+                             const std::vector<at::Tensor>& tensors,
+                             const c10d::BroadcastOptions& opts) {
+  if (const char* why = collectives.rejects(tensors)) return why;
+  return tensors.size() != 1 || opts.rootTensor != 0 ? reason::kSeveralTensors : nullptr;
+}
+
+}  // namespace
+
 ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::broadcast(std::vector<at::Tensor>& tensors,
                                                             const c10d::BroadcastOptions& opts) {
-  if (hierarchy_ &&
-      ran_hierarchically(call(OpId::kBroadcast), hierarchy_->broadcast(tensors, opts))) {
-    return hierarchical_done(call(OpId::kBroadcast), tensors);
-  }
-  const char* why = collectives_.rejects(tensors);
-  if (!why && (tensors.size() != 1 || opts.rootTensor != 0)) why = reason::kSeveralTensors;
   return serve(
-      call(OpId::kBroadcast), {tensors, tensors, why, opts.asyncOp},
-      [&] { return " from root " + std::to_string(opts.rootRank); },
+      call(OpId::kBroadcast), [&] { return hierarchy_->broadcast(tensors, opts); },
+      {tensors, tensors, broadcast_screen(collectives_, tensors, opts), opts.asyncOp},
+      [&] { return detail::root_text("from", opts.rootRank); },
       [&] { return collectives_.broadcast(tensors[0], opts.rootRank); },
       [&](c10d::Backend& b) { return b.broadcast(tensors, opts); }, [&] { return tensors; });
+}
+
+// --- on a group spanning hosts: the hierarchy's entry (NOTE [One hierarchical entry]) ------
+
+HierarchyOutcome Hierarchy::broadcast(std::vector<at::Tensor>& tensors,
+                                      const c10d::BroadcastOptions& opts) {
+  const int W = static_cast<int>(layout_.host.size());
+  return enter(
+      ops::OpId::kBroadcast, tensors, opts.timeout,
+      [&] {
+        const char* why = tensors.size() != 1 || opts.rootTensor != 0 ? reason::kSeveralTensors
+                                                                      : rejects(tensors);
+        TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < W,
+                    "cuda_p2p broadcast: root must be a rank in [0, ", W, "), got ", opts.rootRank);
+        return why;
+      },
+      [&] {
+        return ops::describe_tensors(tensors) + " from root " + std::to_string(opts.rootRank);
+      },
+      [&] {
+        at::Tensor& t = tensors[0];
+        at::Tensor work = t.contiguous();
+        const int root = static_cast<int>(opts.rootRank);
+        broadcast_two_level(work.view(-1), root, opts.timeout);
+        if (!work.is_same(t)) t.copy_(work);
+        // The root's local index exists on every host: the same scheme as on even hosts.
+        const bool direct = layout_.local[root] < layout_.min_host_size();
+        return HierarchyOutcome{
+            .ran = true, .path = direct ? "hierarchical" : "hierarchical_leaders", .runs = 1};
+      });
 }
 
 }  // namespace cuda_p2p

@@ -1,7 +1,9 @@
 // reduce_scatter: the list form and reduce_scatter_tensor (single and coalesced) under both of
 // their names (NOTE [Canonical entries]).
 #include "backend/entry_sequence.hpp"
+#include "backend/hierarchy_entry.hpp"
 #include "backend/reduce_ops.hpp"
+#include "backend/tensor_args.hpp"
 #include "ops/reduction.hpp"
 
 namespace cuda_p2p {
@@ -10,30 +12,53 @@ using ops::call;
 using ops::OpId;
 namespace calls = ops::calls;
 
+namespace {
+
+// Why the workspace cannot take a reduce-scatter of the list form (nullptr: it can).
+const char* reduce_scatter_screen(const WorkspaceCollectives& collectives,
+                                  const std::vector<at::Tensor>& outputs,
+                                  const std::vector<std::vector<at::Tensor>>& inputs,
+                                  const std::optional<ops::ReduceOp>& op, int W) {
+  if (const char* why = collectives.rejects(outputs)) return why;
+  if (outputs.size() != 1 || inputs.size() != 1 || inputs[0].size() != static_cast<size_t>(W)) {
+    return reason::kSeveralTensors;
+  }
+  if (const char* why = collectives.rejects(inputs[0])) return why;
+  if (!op) return reason::kReduceOp;
+  if (!ops::is_reducible_dtype(outputs[0].scalar_type())) return reason::kDtype;
+  for (const at::Tensor& t : inputs[0]) {
+    if (t.numel() != outputs[0].numel() || t.scalar_type() != outputs[0].scalar_type()) {
+      return reason::kShapes;
+    }
+  }
+  return nullptr;
+}
+
+// ... of reduce_scatter_tensor, single (one pair) or coalesced.
+const char* reduce_scatter_tensor_screen(const WorkspaceCollectives& collectives,
+                                         c10::ArrayRef<at::Tensor> outputs,
+                                         c10::ArrayRef<at::Tensor> inputs,
+                                         const std::optional<ops::ReduceOp>& op) {
+  if (const char* why = collectives.rejects(inputs)) return why;
+  if (const char* why = collectives.rejects(outputs)) return why;
+  if (outputs.size() != inputs.size()) return reason::kShapes;
+  if (!op) return reason::kReduceOp;
+  for (const at::Tensor& o : outputs) {
+    if (!ops::is_reducible_dtype(o.scalar_type())) return reason::kDtype;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
-  if (hierarchy_ && ran_hierarchically(call(OpId::kReduceScatter),
-                                       hierarchy_->reduce_scatter(outputs, inputs, opts))) {
-    return hierarchical_done(call(OpId::kReduceScatter), outputs);
-  }
   const auto op = to_reduce_op(opts.reduceOp);
-  const char* why = collectives_.rejects(outputs);
-  if (!why && (outputs.size() != 1 || inputs.size() != 1 ||
-               inputs[0].size() != static_cast<size_t>(getSize()))) {
-    why = reason::kSeveralTensors;
-  }
-  if (!why) why = collectives_.rejects(inputs[0]);
-  if (!why && !op) why = reason::kReduceOp;
-  if (!why && !ops::is_reducible_dtype(outputs[0].scalar_type())) why = reason::kDtype;
-  for (size_t q = 0; !why && q < inputs[0].size(); ++q) {
-    const at::Tensor& t = inputs[0][q];
-    if (t.numel() != outputs[0].numel() || t.scalar_type() != outputs[0].scalar_type()) {
-      why = reason::kShapes;
-    }
-  }
   return serve(
-      call(OpId::kReduceScatter), {outputs, outputs, why, opts.asyncOp},
+      call(OpId::kReduceScatter), [&] { return hierarchy_->reduce_scatter(outputs, inputs, opts); },
+      {outputs, outputs, reduce_scatter_screen(collectives_, outputs, inputs, op, getSize()),
+       opts.asyncOp},
       [&] { return " " + reduce_op_text(opts.reduceOp); },
       [&] { return collectives_.reduce_scatter(inputs[0], outputs[0], *op); },
       [&](c10d::Backend& b) { return b.reduce_scatter(outputs, inputs, opts); },
@@ -42,16 +67,11 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::reduce_scatter(
 
 ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::reduce_scatter_tensor_entry(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
-  if (hierarchy_ && ran_hierarchically(calls::kReduceScatterTensor,
-                                       hierarchy_->reduce_scatter_tensor(output, input, opts))) {
-    return hierarchical_done(calls::kReduceScatterTensor, {output});
-  }
   const auto op = to_reduce_op(opts.reduceOp);
-  const char* why = collectives_.rejects({input, output});
-  if (!why && !op) why = reason::kReduceOp;
-  if (!why && !ops::is_reducible_dtype(output.scalar_type())) why = reason::kDtype;
   return serve(
-      calls::kReduceScatterTensor, {output, input, why, opts.asyncOp},
+      calls::kReduceScatterTensor,
+      [&] { return hierarchy_->reduce_scatter_tensor(output, input, opts); },
+      {output, input, reduce_scatter_tensor_screen(collectives_, output, input, op), opts.asyncOp},
       [&] { return " " + reduce_op_text(opts.reduceOp); },
       [&] {
         return collectives_.reduce_scatter_tensor(output, input, *op, "reduce_scatter_tensor");
@@ -63,32 +83,25 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::reduce_scatter_tensor_entry(
 ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::reduce_scatter_tensor_coalesced_entry(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
-  if (hierarchy_ &&
-      ran_hierarchically(calls::kReduceScatterTensorCoalesced,
-                         hierarchy_->reduce_scatter_tensor_coalesced(outputs, inputs, opts))) {
-    return hierarchical_done(calls::kReduceScatterTensorCoalesced, outputs);
-  }
   const auto op = to_reduce_op(opts.reduceOp);
-  const char* why = collectives_.rejects(inputs);
-  if (!why) why = collectives_.rejects(outputs);
-  if (!why && outputs.size() != inputs.size()) why = reason::kShapes;
-  if (!why && !op) why = reason::kReduceOp;
-  for (size_t i = 0; !why && i < outputs.size(); ++i) {
-    if (!ops::is_reducible_dtype(outputs[i].scalar_type())) why = reason::kDtype;
-  }
   return serve(
-      calls::kReduceScatterTensorCoalesced, {outputs, inputs, why, opts.asyncOp},
+      calls::kReduceScatterTensorCoalesced,
+      [&] { return hierarchy_->reduce_scatter_tensor_coalesced(outputs, inputs, opts); },
+      {outputs, inputs, reduce_scatter_tensor_screen(collectives_, outputs, inputs, op),
+       opts.asyncOp},
       [&] { return " " + reduce_op_text(opts.reduceOp); },
-      [&] {  // one workspace reduce-scatter per pair, in order
-        for (size_t i = 0; i < inputs.size(); ++i) {
-          counters_.record(OpId::kReduceScatter, collectives_.reduce_scatter_tensor(
-                                                     outputs[i], inputs[i], *op,
-                                                     "reduce_scatter_tensor (coalesced, tensor " +
-                                                         std::to_string(i) + ")"));
-        }
-      },
+      [&] { return reduce_scatter_pairs(outputs, inputs, *op); },
       [&](c10d::Backend& b) { return b.reduce_scatter_tensor_coalesced(outputs, inputs, opts); },
       [&] { return outputs; });
+}
+
+void ProcessGroupCudaP2P::reduce_scatter_pairs(std::vector<at::Tensor>& outputs,
+                                               std::vector<at::Tensor>& inputs, ops::ReduceOp op) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const std::string what = "reduce_scatter_tensor (coalesced, tensor " + std::to_string(i) + ")";
+    counters_.record(OpId::kReduceScatter,
+                     collectives_.reduce_scatter_tensor(outputs[i], inputs[i], op, what));
+  }
 }
 
 ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::_reduce_scatter_base(
@@ -114,5 +127,98 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::reduce_scatter_single_coalesce
   return reduce_scatter_tensor_coalesced_entry(outputs, inputs, opts);
 }
 #endif
+
+// --- on a group spanning hosts: the hierarchy's entry (NOTE [One hierarchical entry]) ------
+
+HierarchyOutcome Hierarchy::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                           std::vector<std::vector<at::Tensor>>& inputs,
+                                           const c10d::ReduceScatterOptions& opts) {
+  const size_t W = layout_.host.size();
+  return enter(
+      ops::OpId::kReduceScatter, outputs, opts.timeout,
+      [&]() -> const char* {
+        if (outputs.size() != 1 || inputs.size() != 1 || inputs[0].size() != W) {
+          return reason::kSeveralTensors;
+        }
+        if (const char* why = rejects(outputs)) return why;
+        if (const char* why = rejects(inputs[0])) return why;
+        for (const auto& t : inputs[0]) {
+          TORCH_CHECK(
+              t.numel() == outputs[0].numel() && t.scalar_type() == outputs[0].scalar_type(),
+              "cuda_p2p reduce_scatter: every input must have the output's ", outputs[0].numel(),
+              " elements of ", outputs[0].scalar_type(), ", got ", t.numel(), " of ",
+              t.scalar_type());
+        }
+        return rejects_reduction(opts.reduceOp, outputs[0].scalar_type(), "reduce_scatter");
+      },
+      [&] { return ops::describe_tensors(outputs) + " " + reduce_op_text(opts.reduceOp); },
+      [&] {
+        at::Tensor& output = outputs[0];
+        const int64_t n = output.numel();
+        at::Tensor in = at::empty({n * static_cast<int64_t>(W)}, output.options());
+        for (size_t r = 0; r < W; ++r) {
+          in.narrow(0, static_cast<int64_t>(r) * n, n).copy_(inputs[0][r].reshape(-1));
+        }
+        at::Tensor out = detail::contiguous_output(output);
+        reduce_scatter_two_level(in, out.view(-1), opts.reduceOp, opts.timeout);
+        if (!out.is_same(output)) output.copy_(out);
+        return ran();
+      });
+}
+
+HierarchyOutcome Hierarchy::reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
+                                                  const c10d::ReduceScatterOptions& opts) {
+  return enter(
+      ops::OpId::kReduceScatter, {input, output}, opts.timeout,
+      [&] { return reduce_scatter_rejects(output, input, opts.reduceOp); },
+      [&] { return ops::describe_tensors(output) + " " + reduce_op_text(opts.reduceOp); },
+      [&] {
+        run_reduce_scatter_tensor(output, input, opts.reduceOp, opts.timeout);
+        return ran();
+      });
+}
+
+HierarchyOutcome Hierarchy::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  return enter(
+      ops::OpId::kReduceScatter, inputs, opts.timeout,
+      [&] {
+        check_pairs(outputs, inputs, "reduce_scatter_tensor");
+        const char* why = nullptr;
+        for (size_t i = 0; i < inputs.size() && !why; ++i) {
+          why = reduce_scatter_rejects(outputs[i], inputs[i], opts.reduceOp);
+        }
+        return why;
+      },
+      [&] {
+        return "coalesced " + ops::describe_tensors(outputs) + " " + reduce_op_text(opts.reduceOp);
+      },
+      [&] {
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          run_reduce_scatter_tensor(outputs[i], inputs[i], opts.reduceOp, opts.timeout);
+        }
+        return ran(static_cast<int>(inputs.size()));
+      });
+}
+
+const char* Hierarchy::reduce_scatter_rejects(const at::Tensor& output, const at::Tensor& input,
+                                              const c10d::ReduceOp& op) const {
+  if (const char* why = rejects({input, output})) return why;
+  const int64_t W = static_cast<int64_t>(layout_.host.size());
+  TORCH_CHECK(input.numel() == output.numel() * W && output.scalar_type() == input.scalar_type(),
+              "cuda_p2p reduce_scatter_tensor: the input must have world size (", W,
+              ") times the output's ", output.numel(), " elements of ", output.scalar_type(),
+              ", got ", input.numel(), " of ", input.scalar_type());
+  return rejects_reduction(op, output.scalar_type(), "reduce_scatter_tensor");
+}
+
+void Hierarchy::run_reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
+                                          const c10d::ReduceOp& op,
+                                          std::chrono::milliseconds timeout) {
+  at::Tensor out = detail::contiguous_output(output);
+  reduce_scatter_two_level(input.contiguous().view(-1), out.view(-1), op, timeout);
+  if (!out.is_same(output)) output.copy_(out);
+}
 
 }  // namespace cuda_p2p
