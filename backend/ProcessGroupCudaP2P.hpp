@@ -3,8 +3,8 @@
 // A router over engines, each owning its state and its lock:
 //   WrappedBackends       the wrapped Gloo (CPU tensors) and NCCL (CUDA tensors) backends, the
 //                         routing of a call to one of them, coalescing (wrapped_backends.*)
-//   WorkspaceCollectives  the collectives on the P2P workspace (workspace_collectives.*,
-//                         workspace_all_to_all.cpp, workspace_rooted.cpp)
+//   WorkspaceCollectives  the collectives on the P2P workspace (workspace_collectives.*; each
+//                         op's body in its slice, collectives/<op>.cpp)
 //   SymmetricMemory       the symmetric heap and its MemPool allocator (symmetric_memory.*,
 //                         symmetric_allocator.*)
 //   SendRecv              send/recv through the host mailboxes (send_recv.*)

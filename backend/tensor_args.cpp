@@ -56,4 +56,18 @@ std::string rows_text(const at::Tensor& t) {
   return "rows of " + std::to_string(row_elements(t)) + " x " + ops::dtype_name(t.scalar_type());
 }
 
+void check_whole_of_parts(const at::Tensor& whole, const char* whole_name, const at::Tensor& part,
+                          const char* part_name, int world_size, const std::string& what) {
+  TORCH_CHECK(
+      whole.numel() == part.numel() * world_size && whole.scalar_type() == part.scalar_type(),
+      "cuda_p2p ", what, ": the ", whole_name, " must have world size (", world_size,
+      ") times the ", part_name, "'s ", part.numel(), " elements of ", part.scalar_type(), ", got ",
+      whole.numel(), " of ", whole.scalar_type());
+}
+
+void check_root(const char* what, int64_t root, int W) {
+  TORCH_CHECK(root >= 0 && root < W, "cuda_p2p ", what, ": root must be a rank in [0, ", W,
+              "), got ", root);
+}
+
 }  // namespace cuda_p2p::detail

@@ -1,6 +1,6 @@
-// What the workspace collectives' bodies (workspace_collectives.cpp, workspace_all_to_all.cpp,
-// workspace_rooted.cpp) do alike with a call's tensors before they hand them to ops/: rows and
-// their split sizes, an input that does not overlap the outputs, an output to compute into, and
+// What the workspace collectives' bodies (WorkspaceCollectives' members, in each op's slice,
+// backend/collectives/<op>.cpp) do alike with a call's tensors before they hand them to ops/: rows
+// and their split sizes, an input that does not overlap the outputs, an output to compute into, and
 // the text an op signature compares. One set, so that the ops check and word them alike.
 #pragma once
 
@@ -39,6 +39,19 @@ std::vector<Ptr> row_slices(Ptr base, const std::vector<int64_t>& rows, int64_t 
 // A contiguous tensor holding `t`'s values that overlaps none of `others` (the outputs it is
 // read alongside): `t` itself where it can be.
 at::Tensor readable_apart(const at::Tensor& t, c10::ArrayRef<at::Tensor> others);
+
+// `t` itself when it is contiguous, else a contiguous copy: an input as ops/ reads it.
+inline at::Tensor contiguous_input(const at::Tensor& t) {
+  return t.is_contiguous() ? t : t.contiguous();
+}
+
+// TORCH_CHECKs that `whole` holds world size times the elements of `part`, in its dtype: an
+// all-gather's output and input, a reduce-scatter's input and output. `what` names the op.
+void check_whole_of_parts(const at::Tensor& whole, const char* whole_name, const at::Tensor& part,
+                          const char* part_name, int world_size, const std::string& what);
+
+// TORCH_CHECKs a root in [0, W).
+void check_root(const char* what, int64_t root, int W);
 
 // A contiguous tensor to compute into for the output `t`: `t` itself when it is contiguous, else
 // a new one the caller copies back (WorkspaceCollectives::copy_back).

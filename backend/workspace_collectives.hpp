@@ -6,9 +6,8 @@
 // collective at a time (run). Its bodies prepare the tensors (contiguous copies, chunks, split
 // slices) and call ops/; each returns what the op did (ops::Outcome), which the router counts.
 //
-// The bodies are defined by family: workspace_collectives.cpp (the engine, the all-reduce,
-// all-gather, reduce-scatter, broadcast, barrier and all-gather-v), workspace_all_to_all.cpp and
-// workspace_rooted.cpp (gather, scatter, reduce).
+// The engine is defined in workspace_collectives.cpp, each op's body in its slice
+// (backend/collectives/<op>.cpp), beside the op's c10d overrides.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -116,7 +115,7 @@ class WorkspaceCollectives {
   // The argument checks of all_to_all_v on a group of W ranks, on either route.
   static void check_all_to_all_v(const at::Tensor& input, const std::vector<int64_t>& input_splits,
                                  int W);
-  // The rooted ones (workspace_rooted.cpp); `outputs` / `inputs`: the root's W tensors (none
+  // The rooted ones; `outputs` / `inputs`: the root's W tensors (none
   // elsewhere).
   ops::Outcome gather(std::vector<at::Tensor>& outputs, const at::Tensor& input, int64_t root);
   ops::Outcome scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs, int64_t root);

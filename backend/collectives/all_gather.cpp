@@ -3,6 +3,7 @@
 #include "backend/entry_sequence.hpp"
 #include "backend/hierarchy_entry.hpp"
 #include "backend/tensor_args.hpp"
+#include "ops/common.hpp"
 
 namespace cuda_p2p {
 
@@ -128,7 +129,38 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::all_gather_single_coalesced(
 }
 #endif
 
-// --- on a group spanning hosts: the hierarchy's entry (NOTE [One hierarchical entry]) ------
+// --- the workspace's body (WorkspaceCollectives) -------------------------------------------------
+
+ops::Outcome WorkspaceCollectives::all_gather(const at::Tensor& input,
+                                              const std::vector<at::Tensor>& outputs) {
+  // Outputs are computed contiguously and copied back where the caller's are not.
+  std::vector<at::Tensor> outs;
+  for (const auto& o : outputs) outs.push_back(detail::contiguous_output(o));
+  const at::Tensor in = detail::contiguous_input(input);
+  return run("all_gather", [&](const ops::CollectiveContext& ctx) {
+    keep({in, input});
+    keep(outs);
+    const ops::Outcome o = ops::all_gather(ctx, in, outs, ops::AllGatherAlgo::kAuto);
+    for (size_t i = 0; i < outs.size(); ++i) copy_back(outputs[i], outs[i]);
+    return o;
+  });
+}
+
+ops::Outcome WorkspaceCollectives::all_gather_into_tensor(at::Tensor& output,
+                                                          const at::Tensor& input,
+                                                          const std::string& what) {
+  check_or_reject("all_gather_into_tensor", ops::OpId::kAllGather, [&] {
+    detail::check_whole_of_parts(output, "output", input, "input", size_, what);
+  });
+  at::Tensor out = detail::contiguous_output(output);
+  std::vector<at::Tensor> chunks;
+  for (int q = 0; q < size_; ++q) chunks.push_back(detail::element_chunk(out, q, input.numel()));
+  const ops::Outcome o = all_gather(input, chunks);
+  copy_back(output, out);
+  return o;
+}
+
+// --- on a group spanning hosts: the hierarchy's entry (NOTE [One hierarchical entry]) ------------
 
 HierarchyOutcome Hierarchy::all_gather(std::vector<std::vector<at::Tensor>>& outputs,
                                        std::vector<at::Tensor>& inputs,

@@ -1,5 +1,8 @@
 // all_gather_v, cuda_p2p's own: rows of a size per rank (its checks run on either route).
+#include <numeric>
+
 #include "backend/entry_sequence.hpp"
+#include "backend/tensor_args.hpp"
 #include "ops/common.hpp"
 
 namespace cuda_p2p {
@@ -50,6 +53,32 @@ at::Tensor ProcessGroupCudaP2P::all_gather_v(const at::Tensor& input,
   at::Tensor output = wrapped_.all_gather_v(input, sizes, me);
   counters_.fallback(OpId::kAllGatherV, why);
   return output;
+}
+
+// --- the workspace's body (WorkspaceCollectives) -------------------------------------------------
+
+WorkspaceCollectives::Rows WorkspaceCollectives::all_gather_v(const at::Tensor& input,
+                                                              const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> out_sizes = input.sizes().vec();
+  out_sizes[0] = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+  Rows r;
+  r.output = at::empty(out_sizes, input.options().memory_format(at::MemoryFormat::Contiguous));
+  const int64_t row_elems = detail::row_elements(input);
+  const at::Tensor in = detail::contiguous_input(input);
+  std::vector<int64_t> bytes;
+  std::vector<at::Tensor> outs;
+  int64_t row = 0;
+  for (int q = 0; q < size_; ++q) {
+    bytes.push_back(sizes[q] * row_elems * static_cast<int64_t>(input.element_size()));
+    outs.push_back(r.output.narrow(0, row, sizes[q]));
+    row += sizes[q];
+  }
+  r.outcome = run("all_gather_v", [&](const ops::CollectiveContext& ctx) {
+    keep({in, input, r.output});
+    const ops::Outcome o = ops::all_gather_v(ctx, in, bytes, outs);
+    return o;
+  });
+  return r;
 }
 
 }  // namespace cuda_p2p

@@ -3,7 +3,9 @@
 #include "backend/entry_sequence.hpp"
 #include "backend/hierarchy_entry.hpp"
 #include "backend/reduce_ops.hpp"
+#include "backend/tensor_args.hpp"
 #include "ops/common.hpp"
+#include "ops/reduction.hpp"
 
 namespace cuda_p2p {
 
@@ -89,7 +91,31 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::allreduce_sparse(
                       [&](c10d::Backend& b) { return b.allreduce_sparse(tensors, opts); });
 }
 
-// --- on a group spanning hosts: the hierarchy's entry (NOTE [One hierarchical entry]) ------
+// --- the workspace's body (WorkspaceCollectives) -------------------------------------------------
+
+ops::Outcome WorkspaceCollectives::all_reduce(at::Tensor& t, ops::ReduceOp op) {
+  // Checked first without the closures check_or_reject takes: this is the small all-reduce's
+  // path (NOTE [Inline one-shot] in ops/all_reduce.cpp), and they allocate.
+  if (!ops::reduce_op_applies(op, t.scalar_type())) {
+    check_or_reject("all_reduce", ops::OpId::kAllReduce,
+                    [&] { ops::check_reduce_op(op, t.scalar_type(), "all_reduce"); });
+  }
+  struct {
+    at::Tensor& t;
+    at::Tensor work;
+    ops::ReduceOp op;
+  } call{t, detail::contiguous_input(t), op};
+  return run("all_reduce", [this, &call](const ops::CollectiveContext& ctx) {
+    // The small all-reduce's path allocates nothing: on an inline stream nothing is queued.
+    if (!inline_paths(ws_->device(), ctx.stream)) keep({call.work});
+    const ops::Outcome o =
+        ops::all_reduce(ctx, call.work, call.work, call.op, ops::AllReduceAlgo::kAuto);
+    copy_back(call.t, call.work);
+    return o;
+  });
+}
+
+// --- on a group spanning hosts: the hierarchy's entry (NOTE [One hierarchical entry]) ------------
 
 HierarchyOutcome Hierarchy::all_reduce(std::vector<at::Tensor>& tensors,
                                        const c10d::AllreduceOptions& opts) {

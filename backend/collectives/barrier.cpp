@@ -2,6 +2,8 @@
 // backend/wrapped_backends.cpp) and monitored_barrier, which only Gloo runs.
 #include "backend/entry_sequence.hpp"
 #include "backend/hierarchy_entry.hpp"
+#include "backend/tensor_args.hpp"
+#include "ops/common.hpp"
 
 namespace cuda_p2p {
 
@@ -47,7 +49,18 @@ void ProcessGroupCudaP2P::monitoredBarrier(const c10d::BarrierOptions& opts, boo
   wrapped_.cpu()->monitoredBarrier(opts, wait_all_ranks);
 }
 
-// --- on a group spanning hosts: the hierarchy's entry (NOTE [One hierarchical entry]) ------
+// --- the workspace's body (WorkspaceCollectives) -------------------------------------------------
+
+ops::Outcome WorkspaceCollectives::barrier(std::optional<Millis> timeout) {
+  return run("barrier", [&](const ops::CollectiveContext& ctx) {
+    const ops::Outcome o = ops::barrier(ctx, timeout);
+    // A barrier blocks the caller, also when the workspace is on a GPU.
+    ws_->device().synchronize(ctx.stream);
+    return o;
+  });
+}
+
+// --- on a group spanning hosts: the hierarchy's entry (NOTE [One hierarchical entry]) ------------
 
 HierarchyOutcome Hierarchy::barrier(const c10d::BarrierOptions& opts) {
   if (nccl_ && opts.device.has_value() && opts.device->is_cuda()) return {};

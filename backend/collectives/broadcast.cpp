@@ -1,6 +1,8 @@
 // broadcast.
 #include "backend/entry_sequence.hpp"
 #include "backend/hierarchy_entry.hpp"
+#include "backend/tensor_args.hpp"
+#include "ops/common.hpp"
 
 namespace cuda_p2p {
 
@@ -29,7 +31,21 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::broadcast(std::vector<at::Tens
       [&](c10d::Backend& b) { return b.broadcast(tensors, opts); }, [&] { return tensors; });
 }
 
-// --- on a group spanning hosts: the hierarchy's entry (NOTE [One hierarchical entry]) ------
+// --- the workspace's body (WorkspaceCollectives) -------------------------------------------------
+
+ops::Outcome WorkspaceCollectives::broadcast(at::Tensor& t, int64_t root) {
+  check_or_reject("broadcast", ops::OpId::kBroadcast,
+                  [&] { detail::check_root("broadcast", root, size_); });
+  at::Tensor work = detail::contiguous_input(t);
+  return run("broadcast", [&](const ops::CollectiveContext& ctx) {
+    keep({work});
+    const ops::Outcome o = ops::broadcast(ctx, work, static_cast<int>(root));
+    copy_back(t, work);
+    return o;
+  });
+}
+
+// --- on a group spanning hosts: the hierarchy's entry (NOTE [One hierarchical entry]) ------------
 
 HierarchyOutcome Hierarchy::broadcast(std::vector<at::Tensor>& tensors,
                                       const c10d::BroadcastOptions& opts) {
@@ -39,8 +55,7 @@ HierarchyOutcome Hierarchy::broadcast(std::vector<at::Tensor>& tensors,
       [&] {
         const char* why = tensors.size() != 1 || opts.rootTensor != 0 ? reason::kSeveralTensors
                                                                       : rejects(tensors);
-        TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < W,
-                    "cuda_p2p broadcast: root must be a rank in [0, ", W, "), got ", opts.rootRank);
+        detail::check_root("broadcast", opts.rootRank, W);
         return why;
       },
       [&] {

@@ -1,6 +1,7 @@
 // gather: the list form and gather_single / gather_into_tensor (one tensor on the root).
 #include "backend/entry_sequence.hpp"
 #include "backend/tensor_args.hpp"
+#include "ops/common.hpp"
 
 namespace cuda_p2p {
 
@@ -99,5 +100,25 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::gather_into_tensor(
   return gather_into_tensor_entry(output, input, opts);
 }
 #endif
+
+// --- the workspace's body (WorkspaceCollectives) -------------------------------------------------
+
+// Capture would need the root's waits for several ranks replayed: not tested, so refused before
+// the handshake (the group stays usable).
+ops::Outcome WorkspaceCollectives::gather(std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                                          int64_t root) {
+  check_or_reject("gather", ops::OpId::kGather, [&] { detail::check_root("gather", root, size_); });
+  refuse_capture("gather", "");
+  const at::Tensor in = input.is_contiguous() ? input : input.contiguous();
+  std::vector<at::Tensor> outs;
+  for (const auto& o : outputs) outs.push_back(detail::contiguous_output(o));
+  return run("gather", [&](const ops::CollectiveContext& ctx) {
+    keep({in, input});
+    keep(outs);
+    const ops::Outcome o = ops::gather(ctx, in, outs, static_cast<int>(root));
+    for (size_t q = 0; q < outs.size(); ++q) copy_back(outputs[q], outs[q]);
+    return o;
+  });
+}
 
 }  // namespace cuda_p2p

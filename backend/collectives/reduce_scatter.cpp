@@ -4,6 +4,7 @@
 #include "backend/hierarchy_entry.hpp"
 #include "backend/reduce_ops.hpp"
 #include "backend/tensor_args.hpp"
+#include "ops/common.hpp"
 #include "ops/reduction.hpp"
 
 namespace cuda_p2p {
@@ -128,7 +129,37 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::reduce_scatter_single_coalesce
 }
 #endif
 
-// --- on a group spanning hosts: the hierarchy's entry (NOTE [One hierarchical entry]) ------
+// --- the workspace's body (WorkspaceCollectives) -------------------------------------------------
+
+ops::Outcome WorkspaceCollectives::reduce_scatter(const std::vector<at::Tensor>& inputs,
+                                                  const at::Tensor& output, ops::ReduceOp op) {
+  check_or_reject("reduce_scatter", ops::OpId::kReduceScatter,
+                  [&] { ops::check_reduce_op(op, output.scalar_type(), "reduce_scatter"); });
+  std::vector<at::Tensor> ins;
+  for (const auto& t : inputs) ins.push_back(detail::contiguous_input(t));
+  at::Tensor out = detail::contiguous_output(output);
+  return run("reduce_scatter", [&](const ops::CollectiveContext& ctx) {
+    keep(joined(ins, inputs));
+    keep({out});
+    const ops::Outcome o = ops::reduce_scatter(ctx, ins, out, op, ops::ReduceScatterAlgo::kAuto);
+    copy_back(output, out);
+    return o;
+  });
+}
+
+ops::Outcome WorkspaceCollectives::reduce_scatter_tensor(const at::Tensor& output,
+                                                         const at::Tensor& input, ops::ReduceOp op,
+                                                         const std::string& what) {
+  check_or_reject("reduce_scatter_tensor", ops::OpId::kReduceScatter, [&] {
+    detail::check_whole_of_parts(input, "input", output, "output", size_, what);
+  });
+  const at::Tensor in = detail::contiguous_input(input);
+  std::vector<at::Tensor> chunks;
+  for (int q = 0; q < size_; ++q) chunks.push_back(detail::element_chunk(in, q, output.numel()));
+  return reduce_scatter(chunks, output, op);  // which keeps the chunks, so `in`
+}
+
+// --- on a group spanning hosts: the hierarchy's entry (NOTE [One hierarchical entry]) ------------
 
 HierarchyOutcome Hierarchy::reduce_scatter(std::vector<at::Tensor>& outputs,
                                            std::vector<std::vector<at::Tensor>>& inputs,
