@@ -2,7 +2,6 @@
 // backend/wrapped_backends.cpp) and monitored_barrier, which only Gloo runs.
 #include "backend/entry_sequence.hpp"
 #include "backend/hierarchy_entry.hpp"
-#include "backend/tensor_args.hpp"
 #include "ops/common.hpp"
 
 namespace cuda_p2p {

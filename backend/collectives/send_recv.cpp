@@ -1,6 +1,5 @@
 // send, recv and recv_anysource: the host mailboxes (SendRecv), else the wrapped backend.
 #include "backend/entry_sequence.hpp"
-#include "backend/tensor_args.hpp"
 
 namespace cuda_p2p {
 
