@@ -74,7 +74,7 @@ void ProcessGroupCudaP2P::all_reduce_in_place(at::Tensor& tensor, ops::ReduceOp 
     return;
   }
   // The wrapped backends expect contiguous tensors, as they do from dist.all_reduce.
-  std::vector<at::Tensor> tensors{tensor.is_contiguous() ? tensor : tensor.contiguous()};
+  std::vector<at::Tensor> tensors{detail::contiguous_input(tensor)};
   wrapped_.route(tensors, "all_reduce_").allreduce(tensors, options())->wait();
   if (!tensors[0].is_same(tensor)) tensor.copy_(tensors[0]);
 }

@@ -187,7 +187,7 @@ WorkspaceCollectives::Rows WorkspaceCollectives::all_to_all_v(
   std::vector<int64_t> out_sizes = input.sizes().vec();
   const int64_t row_bytes =
       detail::row_elements(input) * static_cast<int64_t>(input.element_size());
-  const at::Tensor in = input.is_contiguous() ? input : input.contiguous();
+  const at::Tensor in = detail::contiguous_input(input);
   ops::AllToAllArgs args;
   args.kind = ops::OpId::kAllToAllV;
   args.text = detail::rows_text(input);

@@ -109,7 +109,7 @@ ops::Outcome WorkspaceCollectives::gather(std::vector<at::Tensor>& outputs, cons
                                           int64_t root) {
   check_or_reject("gather", ops::OpId::kGather, [&] { detail::check_root("gather", root, size_); });
   refuse_capture("gather", "");
-  const at::Tensor in = input.is_contiguous() ? input : input.contiguous();
+  const at::Tensor in = detail::contiguous_input(input);
   std::vector<at::Tensor> outs;
   for (const auto& o : outputs) outs.push_back(detail::contiguous_output(o));
   return run("gather", [&](const ops::CollectiveContext& ctx) {

@@ -45,7 +45,7 @@ ops::Outcome WorkspaceCollectives::reduce(at::Tensor& t, int64_t root, ops::Redu
   });
   refuse_capture("reduce", "");
   // Only the root's copy goes back into a non-contiguous tensor: the others' stay as they were.
-  at::Tensor work = t.is_contiguous() ? t : t.contiguous();
+  at::Tensor work = detail::contiguous_input(t);
   return run("reduce", [&](const ops::CollectiveContext& ctx) {
     keep({work, t});
     const ops::Outcome o = ops::reduce(ctx, work, static_cast<int>(root), op);

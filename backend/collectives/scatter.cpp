@@ -27,7 +27,7 @@ ops::Outcome WorkspaceCollectives::scatter(at::Tensor& output,
                   [&] { detail::check_root("scatter", root, size_); });
   refuse_capture("scatter", "");
   std::vector<at::Tensor> ins;
-  for (const auto& t : inputs) ins.push_back(t.is_contiguous() ? t : t.contiguous());
+  for (const auto& t : inputs) ins.push_back(detail::contiguous_input(t));
   at::Tensor out = detail::contiguous_output(output);
   return run("scatter", [&](const ops::CollectiveContext& ctx) {
     keep(joined(ins, inputs));
