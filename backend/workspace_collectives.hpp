@@ -92,9 +92,10 @@ class WorkspaceCollectives {
   // One flat output (input) holding the W chunks: all_gather_into_tensor and
   // reduce_scatter_tensor, single or coalesced. `what` names the call in argument errors.
   ops::Outcome all_gather_into_tensor(at::Tensor& output, const at::Tensor& input,
-                                      const std::string& what);
+                                      const std::string& what = "all_gather_into_tensor");
   ops::Outcome reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
-                                     ops::ReduceOp op, const std::string& what);
+                                     ops::ReduceOp op,
+                                     const std::string& what = "reduce_scatter_tensor");
   ops::Outcome broadcast(at::Tensor& t, int64_t root);
   // Blocks the caller until every rank arrived, also on a GPU.
   ops::Outcome barrier(std::optional<Millis> timeout);

@@ -70,7 +70,7 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::all_gather_into_tensor_entry(
           [&] { return hierarchy_->all_gather_into_tensor(output, input, opts); },
           [&] { return std::vector<at::Tensor>{output}; }),
       {input, input, collectives_.rejects({input, output}), opts.asyncOp}, detail::no_detail,
-      [&] { return collectives_.all_gather_into_tensor(output, input, "all_gather_into_tensor"); },
+      [&] { return collectives_.all_gather_into_tensor(output, input); },
       [&](c10d::Backend& b) { return b._allgather_base(output, input, opts); },
       [&] { return all_gather_outputs(output, input, getSize()); });
 }

@@ -74,9 +74,7 @@ ProcessGroupCudaP2P::WorkPtr ProcessGroupCudaP2P::reduce_scatter_tensor_entry(
       [&] { return hierarchy_->reduce_scatter_tensor(output, input, opts); },
       {output, input, reduce_scatter_tensor_screen(collectives_, output, input, op), opts.asyncOp},
       [&] { return " " + reduce_op_text(opts.reduceOp); },
-      [&] {
-        return collectives_.reduce_scatter_tensor(output, input, *op, "reduce_scatter_tensor");
-      },
+      [&] { return collectives_.reduce_scatter_tensor(output, input, *op); },
       [&](c10d::Backend& b) { return b._reduce_scatter_base(output, input, opts); },
       [&] { return std::vector<at::Tensor>{output}; });
 }
