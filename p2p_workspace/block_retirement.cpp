@@ -30,7 +30,10 @@ namespace cuda_p2p {
 //  - where blocks outlive their owner's reference (Device::blocks_outlive_owner: the host's
 //    memfds, CUDA's cuMem blocks, NOTE [Blocks that outlive their exporter] in
 //    cuda/vmm_blocks.cpp) such a block is freed instead: nothing is left behind after a peer
-//    died, and the memory goes with the last mapping;
+//    died, and the memory goes with the last mapping. At teardown it is freed at once, without
+//    asking the store: the wait would buy nothing there, and each of its store calls could meet
+//    the store's server exiting (NOTE [Quiet teardown] in store_probe.cpp: the one window the
+//    probe leaves, which a rank waiting for a peer that ends later kept reopening every nap);
 //  - peers gone for good (forget_peers: a shrink excluded them, NOTE [Shrinking past dead ranks]
 //    in backend/child_groups.cpp) are not waited for at all.
 
@@ -87,6 +90,10 @@ void BlockRetirement::reap(Millis wait, bool final) noexcept {
     const auto deadline = std::chrono::steady_clock::now() + wait;
     auto nap = std::chrono::milliseconds(1);
     for (auto& entry : retired_) {
+      if (final && free_unclosed_) {  // NOTE [Block lifetime]: freed at once at teardown
+        free.push_back(std::move(entry));
+        continue;
+      }
       while (true) {
         const std::vector<int> open = still_open(entry.first);
         if (open.empty()) {

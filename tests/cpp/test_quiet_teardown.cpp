@@ -3,6 +3,7 @@
 // store no more, instead of making every call fail with a logged C++ stack trace.
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -93,6 +94,39 @@ TEST(QuietTeardown, AWorkspaceOutlivingItsStoreServerIsDestroyedQuietlyAndAtOnce
   std::fclose(capture);
   EXPECT_EQ(written.find("failed"), std::string::npos) << written;
   EXPECT_LT(took, std::chrono::seconds(1)) << "waited for peers it cannot learn about";
+}
+
+// NOTE [Block lifetime]: on a device whose blocks outlive their owner's reference (the host's
+// memfds), a workspace destroyed while a peer still maps its block frees it at once, without one
+// store query: before, it asked the store whether the peer had closed every few milliseconds for
+// up to SymmetricWorkspace::kCloseWait, each query a chance to meet the server's exit.
+struct CountingStore : c10d::PrefixStore {
+  using c10d::PrefixStore::PrefixStore;
+  bool check(const std::vector<std::string>& keys) override {
+    ++checks;
+    return c10d::PrefixStore::check(keys);
+  }
+  std::atomic<int> checks{0};
+};
+
+TEST(QuietTeardown, AHostWorkspaceFreesItsBlockAtTeardownWithoutAskingTheStore) {
+  auto shared = c10::make_intrusive<c10d::HashStore>();
+  auto store0 = c10::make_intrusive<CountingStore>("ws/", shared);
+  auto store1 = c10::make_intrusive<CountingStore>("ws/", shared);
+  WorkspaceOptions o;
+  o.buffer_size = 4096;
+  o.timeout = std::chrono::seconds(5);
+  std::unique_ptr<SymmetricWorkspace> ws[2];
+  std::thread peer(
+      [&] { ws[1] = std::make_unique<SymmetricWorkspace>(store1, 1, 2, test_host_device(2), o); });
+  ws[0] = std::make_unique<SymmetricWorkspace>(store0, 0, 2, test_host_device(2), o);
+  peer.join();
+  ASSERT_TRUE(ws[0]->available()) << ws[0]->unavailable_reason();
+  ASSERT_TRUE(ws[0]->device().blocks_outlive_owner());
+  const int before = store0->checks.load();
+  ws[0].reset();  // rank 1 still maps rank 0's block: it never closes it before this returns
+  EXPECT_EQ(store0->checks.load(), before) << "asked the store whether the peer had closed";
+  ws[1].reset();
 }
 
 }  // namespace
