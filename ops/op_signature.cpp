@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <numeric>
@@ -62,6 +63,23 @@ struct SignatureState::HostRecord {
 // with that error: every later call raises it, and the group must be recreated. That the group
 // stays usable is the host's promise only (a device that is host_synchronous(), NOTE [Synchronous
 // host devices]; with CUDA's semantics the host records and fails like CUDA).
+
+// NOTE [A disagreement fails the device at once]
+// Why: where the comparison runs in stream order (CUDA; the host with CUDA's semantics) the op
+// after it runs anyway, each rank with its own arguments (NOTE [Op signatures]). Where the ranks'
+// phases then differ (two ranks that each name themselves the root; a rank that rejected its
+// arguments and enqueued nothing more), a wait of the op waits for a signal no peer sends: for the
+// group's whole timeout, and then it raises "never arrived" instead of the disagreement.
+// How: when a channel's record is first made, compare_signatures registers a probe of it with
+// the device (Device::add_failure_probe). The device's watchdog, which scans every max_poll
+// (Watchdog::kDefaultMaxPoll) while a wait is tracked, asks it before a peer's failure word, and
+// once a disagreement is recorded fails the device with it, publishes it to the peers and
+// releases every pending wait (NOTE [Releasing blocked waits] in p2p_workspace/watchdog.hpp).
+// Each rank's waits so end within about max_poll of its comparison, and its Work, its next call
+// and get_error() name the disagreement. The probe only reads the record: the caller's check
+// (check_recorded_signature) still takes it where it looks first. The data the released streams
+// then move is garbage, as it was before: copy-engine copies cannot ask the comparison, so on
+// CUDA the outputs are not left untouched (docs/collectives.md).
 
 namespace {
 
@@ -263,6 +281,45 @@ void publish_signature(SymmetricWorkspace& ws, Stream& s, int channel, const Sig
   });
 }
 
+namespace {
+
+// What a recorded disagreement fails the device with, without the op's name ("" while none is
+// recorded); `take`: clears the record (the caller raises it).
+std::string host_record_reason(SignatureState::HostRecord& record, bool take) {
+  std::string error;
+  {
+    std::lock_guard<std::mutex> lock(record.mu);
+    error = take ? std::exchange(record.error, std::string()) : record.error;
+  }
+  if (error.empty()) return "";
+  // Recorded in stream order: the op did run, on its mismatched arguments.
+  static constexpr std::string_view kDidNotRun = "; the op did not run on any rank";
+  if (const size_t at = error.find(kDidNotRun); at != std::string::npos) {
+    error.erase(at, kDidNotRun.size());
+  }
+  return "an op's ranks disagreed (this op or an earlier one: " + error +
+         "); its results are not valid, and the ranks may be out of step";
+}
+
+std::string device_record_reason(uint32_t* rec, bool take) {
+  // The kernel wrote the record's words, then (fenced) its flag.
+  std::atomic_ref<uint32_t> flag(rec[0]);
+  if (flag.load(std::memory_order_acquire) == 0) return "";
+  const int W = static_cast<int>(rec[1]);
+  std::string msg = "an op's ranks disagreed (this op or an earlier one: ";
+  std::vector<Decoded> d;
+  for (int r = 0; r < W; ++r) {
+    d.push_back(decode(rec + kRecordHeader + r * kWords));
+    const Decoded& x = d.back();
+    msg += (r ? ", rank " : "rank ") + std::to_string(r) +
+           (x.invalid ? " rejected: " : " passed ") + kind_name(x.kind) + " " + x.text;
+  }
+  if (take) flag.store(0, std::memory_order_relaxed);
+  return msg + "); its results are not valid, and the ranks may be out of step" + zero_copy_hint(d);
+}
+
+}  // namespace
+
 std::string compare_signatures(SymmetricWorkspace& ws, Stream& s, int channel,
                                SignatureState& state, const OpSignature& mine) {
   const Words words = encode(mine, state.count);
@@ -275,13 +332,22 @@ std::string compare_signatures(SymmetricWorkspace& ws, Stream& s, int channel,
   if (host == nullptr) {  // NOTE [Host fast paths]: a kernel compares the GPU's pads
     if (state.device_record.host == nullptr) {
       state.device_record = dev.host_words(signature_record_words(W));
+      // NOTE [A disagreement fails the device at once]. The words are never freed (NOTE [Pinned
+      // pools]).
+      dev.add_failure_probe(
+          [rec = state.device_record.host] { return device_record_reason(rec, /*take=*/false); });
     }
     compare_signatures_on_device(dev, s, slots, W, words, state.device_record.device);
     return "";
   }
   if (!host->synchronous()) {
     // NOTE [Synchronous host devices]: CUDA's comparison, as a host task in stream order.
-    if (!state.host_record) state.host_record = std::make_shared<SignatureState::HostRecord>();
+    if (!state.host_record) {
+      state.host_record = std::make_shared<SignatureState::HostRecord>();
+      // NOTE [A disagreement fails the device at once].
+      dev.add_failure_probe(
+          [record = state.host_record] { return host_record_reason(*record, /*take=*/false); });
+    }
     dev.host_task(s, [record = state.host_record, slots, W, words, mine] {
       std::string error = disagreement(slots, W, words, mine);
       if (error.empty()) return;
@@ -324,46 +390,20 @@ std::string signature_disagreement(const uint32_t* all, int world_size, const De
 void check_recorded_signature(SignatureState& state, const char* what, Device* device) {
   // NOTE [Op signatures]: a disagreement found in stream order fails the group - unless it
   // failed before: then a released stream compared stale descriptors, and the first failure is
-  // the one to name.
-  const auto fail = [&](const std::string& msg) {
-    if (device != nullptr) {
-      device->check_healthy(what);
-      device->abort(msg);
-    }
-    throw SignatureMismatch(msg);
-  };
-  if (state.host_record) {
-    std::string error;
-    {
-      std::lock_guard<std::mutex> lock(state.host_record->mu);
-      error = std::exchange(state.host_record->error, std::string());
-    }
-    if (!error.empty()) {
-      // Recorded in stream order: the op did run, on its mismatched arguments.
-      static constexpr std::string_view kDidNotRun = "; the op did not run on any rank";
-      if (const size_t at = error.find(kDidNotRun); at != std::string::npos) {
-        error.erase(at, kDidNotRun.size());
-      }
-      fail(std::string("cuda_p2p ") + what + ": an op's ranks disagreed (this op or an earlier " +
-           "one: " + error + "); its results are not valid, and the ranks may be out of step");
-    }
+  // the one to name (the watchdog's probe of this record, NOTE [A disagreement fails the device
+  // at once], may have been first: it failed the device with the same reason).
+  std::string why;
+  if (state.host_record) why = host_record_reason(*state.host_record, /*take=*/true);
+  if (why.empty() && state.device_record.host != nullptr) {
+    why = device_record_reason(state.device_record.host, /*take=*/true);
   }
-  if (state.device_record.host == nullptr) return;
-  volatile uint32_t* flag = &state.device_record.host[0];
-  if (*flag == 0) return;
-  const uint32_t* rec = state.device_record.host;
-  const int W = static_cast<int>(rec[1]);
-  std::string msg =
-      std::string("cuda_p2p ") + what + ": an op's ranks disagreed (this op or an earlier one: ";
-  std::vector<Decoded> d;
-  for (int r = 0; r < W; ++r) {
-    d.push_back(decode(rec + kRecordHeader + r * kWords));
-    const Decoded& x = d.back();
-    msg += (r ? ", rank " : "rank ") + std::to_string(r) +
-           (x.invalid ? " rejected: " : " passed ") + kind_name(x.kind) + " " + x.text;
+  if (why.empty()) return;
+  const std::string msg = std::string("cuda_p2p ") + what + ": " + why;
+  if (device != nullptr) {
+    device->check_healthy(what);
+    device->abort(msg);
   }
-  *flag = 0;
-  fail(msg + "); its results are not valid, and the ranks may be out of step" + zero_copy_hint(d));
+  throw SignatureMismatch(msg);
 }
 
 }  // namespace cuda_p2p::ops

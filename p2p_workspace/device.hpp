@@ -333,6 +333,13 @@ class Device {
   // ranks] in backend/child_groups.cpp): this device's failure is written to their words no more,
   // and its mappings of their failure areas are dropped. Idempotent; thread-safe.
   virtual void forget_failure_peers(const std::vector<int>& ranks) = 0;
+  // A failure an op records in memory of its own, in stream order (NOTE [A disagreement fails
+  // the device at once] in ops/op_signature.cpp): `probe` returns why the device failed, or ""
+  // while nothing is recorded. From now on the device's watchdog asks it at every scan and, once
+  // it answers, fails the device with it and releases the pending waits. A device without a
+  // watchdog (a host-synchronous one, whose ops compare before they go on) never asks it.
+  // Thread-safe; `probe` must not throw.
+  virtual void add_failure_probe(std::function<std::string()> probe) = 0;
   // --- capture (NOTE [Replay-safe signals] in p2p_workspace/symmetric_workspace.cpp) ---
   // Nonzero while `s` is being captured into a graph (CUDA: a CUDA graph; host: a host capture,
   // host/host_device.hpp): an id the same for every stream of one capture, different for the

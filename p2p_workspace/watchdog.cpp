@@ -334,6 +334,11 @@ void Watchdog::arm() {
   }
 }
 
+void Watchdog::add_probe(std::function<std::string()> probe) {
+  std::lock_guard<std::mutex> scan(scan_mu_);
+  probes_.push_back(std::move(probe));
+}
+
 void Watchdog::report(const std::string& why, bool blocked) {
   try {  // poll_now() may run in a Python thread whose warnings are errors
     report_("cuda_p2p watchdog: this group's device failed: " + why + ". " +
@@ -345,11 +350,15 @@ void Watchdog::report(const std::string& why, bool blocked) {
 }
 
 bool Watchdog::check_memory() {
-  bool recorded = failure_.adopt_peer_failure();
-  if (!recorded && !failure_.failed() && probe_) {
-    const std::string why = probe_();
+  // The probes first: what this rank found itself names more than a peer's word, whose reason
+  // the peer's failure area shortens (NOTE [Failure words]).
+  bool recorded = false;
+  for (const auto& probe : probes_) {
+    if (failure_.failed()) break;
+    const std::string why = probe();
     if (!why.empty()) recorded = failure_.fail(why);
   }
+  recorded = failure_.adopt_peer_failure() || recorded;
   if (!failure_.failed()) return false;
   if (recorded) report(failure_.reason(), /*blocked=*/true);
   adopt();  // what the host enqueued meanwhile: NOTE [Releasing blocked waits]

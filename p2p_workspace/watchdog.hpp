@@ -271,10 +271,12 @@ class Watchdog {
   // Stops the thread and drops every pending wait without releasing it (the destructor, once
   // the device's streams are drained).
   void stop();
-  // A failure the device finds in memory of its own (the give-up count of counted waits: NOTE
-  // [Counted waits end with the failure]): `probe` returns why the device failed, or "". Asked
-  // on every scan, never concurrently with itself. Set once, before the first track() or arm().
-  void set_probe(std::function<std::string()> probe) { probe_ = std::move(probe); }
+  // A failure found in memory the device or its ops keep (the give-up count of counted waits:
+  // NOTE [Counted waits end with the failure]; an op-signature record: NOTE [A disagreement
+  // fails the device at once] in ops/op_signature.cpp): `probe` returns why the device failed,
+  // or "". Every probe is asked on every scan, in the order added, never concurrently with
+  // itself, until the device failed. Thread-safe; must not throw.
+  void add_probe(std::function<std::string()> probe);
   // A failure found in memory (a peer's failure word, the probe's) now, in the calling thread:
   // recorded, said once and released as a scan would (check_healthy, when a cheap look found
   // one).
@@ -310,7 +312,7 @@ class Watchdog {
   std::function<void()> thread_init_;
   const Millis max_poll_;
   std::function<void(const std::string&)> report_;
-  std::function<std::string()> probe_;
+  std::vector<std::function<std::string()>> probes_;  // scan_mu_
   std::atomic<bool> armed_{false};
   // Lock order: scan_mu_ before in_mu_. track() (every wait_signals) takes only in_mu_, for a
   // push: the scans, which query the device, never hold it.

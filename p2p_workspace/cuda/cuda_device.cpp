@@ -253,7 +253,7 @@ CudaDevice::CudaDevice(int index, int hardware_queues, const std::string& blocks
     (void)cudaGetLastError();
   });
   // NOTE [Counted waits end with the failure]: the watchdog reports a replay's give-up.
-  watchdog_->set_probe([this] { return graph_give_up(); });
+  watchdog_->add_probe([this] { return graph_give_up(); });
 }
 
 CudaDevice::~CudaDevice() {
@@ -644,6 +644,10 @@ void CudaDevice::set_failure_words(FailureWords words) {
     areas_rank_ = words.rank;
   }
   failure_.set_words(words.rank, words.own, std::move(words.peers));
+}
+
+void CudaDevice::add_failure_probe(std::function<std::string()> probe) {
+  watchdog_->add_probe(std::move(probe));
 }
 
 void CudaDevice::forget_failure_peers(const std::vector<int>& ranks) {

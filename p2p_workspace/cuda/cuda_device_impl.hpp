@@ -295,6 +295,7 @@ class CudaDevice final : public Device {
   void set_failure_words(FailureWords words) override;
   // The peers' areas are written by the CPU only (never registered): unmapped at once.
   void forget_failure_peers(const std::vector<int>& ranks) override;
+  void add_failure_probe(std::function<std::string()> probe) override;
 
   // --- capture (cuda_device_waits.cpp; NOTE [Replay-safe signals] in
   // p2p_workspace/symmetric_workspace.cpp) ---

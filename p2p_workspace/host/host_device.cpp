@@ -452,6 +452,11 @@ void HostDevice::set_failure_words(FailureWords words) {
   failure_.set_words(words.rank, words.own, std::move(words.peers));
 }
 
+void HostDevice::add_failure_probe(std::function<std::string()> probe) {
+  // With CUDA's semantics only: the synchronous host compares before its ops go on.
+  if (cuda()) watchdog_->add_probe(std::move(probe));
+}
+
 void HostDevice::forget_failure_peers(const std::vector<int>& ranks) {
   failure_.forget_peers(ranks);              // first: no word of theirs is written once it returns
   std::vector<std::shared_ptr<Block>> gone;  // unmapped after the lock is released

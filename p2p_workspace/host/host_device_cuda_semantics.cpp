@@ -110,7 +110,7 @@ bool block_until_arrived(const std::vector<SignalWait>& waits,
 void HostDevice::use_cuda_semantics() {
   if (cuda_.load(std::memory_order_acquire)) return;
   watchdog_ = std::make_unique<Watchdog>(failure_, nullptr);
-  watchdog_->set_probe([this] { return graph_give_up(); });
+  watchdog_->add_probe([this] { return graph_give_up(); });
   cuda_.store(true, std::memory_order_release);
 }
 

@@ -207,6 +207,7 @@ class HostDevice final : public Device, public HostPaths {
   bool has_failure_words() const override { return failure_.has_words(); }
   void set_failure_words(FailureWords words) override;
   void forget_failure_peers(const std::vector<int>& ranks) override;
+  void add_failure_probe(std::function<std::string()> probe) override;
 
   // --- capture (NOTE [Replay-safe signals] in p2p_workspace/symmetric_workspace.cpp) ---
   uint64_t capture_id(Stream& s) override;

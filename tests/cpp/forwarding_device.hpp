@@ -80,6 +80,9 @@ class ForwardingDevice : public Device {
   void set_failure_words(FailureWords words) override {
     inner_->set_failure_words(std::move(words));
   }
+  void add_failure_probe(std::function<std::string()> probe) override {
+    inner_->add_failure_probe(std::move(probe));
+  }
   void forget_failure_peers(const std::vector<int>& ranks) override {
     inner_->forget_failure_peers(ranks);
   }

@@ -548,7 +548,7 @@ TEST(Watchdog, AnArmedWatchdogReportsTheProbesFailureWithNoWaitTracked) {
   Reports reports;
   std::atomic<bool> gave_up{false};
   Watchdog dog(failure, nullptr, 20ms, reports.sink());
-  dog.set_probe([&]() -> std::string {
+  dog.add_probe([&]() -> std::string {
     return gave_up ? "a wait of a replayed graph timed out: rank 2 never arrived" : "";
   });
   dog.arm();
@@ -559,6 +559,37 @@ TEST(Watchdog, AnArmedWatchdogReportsTheProbesFailureWithNoWaitTracked) {
   expect_error([&] { failure.check("op"); }, "rank 2 never arrived");
   EXPECT_EQ(w.load(0), 2u) << "the give-up was not published to the peers";
   EXPECT_TRUE(eventually([&] { return reports.get().size() == 1; }));
+}
+
+// NOTE [A disagreement fails the device at once] in ops/op_signature.cpp: a probe added while
+// the watchdog runs is asked from its next scan on, and what this rank found itself comes before
+// a peer's word set in the same scan (the peer's reason arrives shortened).
+TEST(Watchdog, AProbeAddedLaterIsAskedAndComesBeforeAPeersWord) {
+  FailureState failure;
+  Words w;
+  w.give(failure, /*rank=*/0);
+  Reports reports;
+  // Scans only when asked (check_memory_now), so that one scan meets both findings.
+  Watchdog dog(failure, nullptr, 3600s, reports.sink());
+  auto s = std::make_shared<Script>();
+  s->started = true;  // blocked, with an hour to go
+  dog.track(std::make_unique<ScriptedWait>(s), 3600s, "broadcast");
+  std::atomic<bool> recorded{false};
+  std::atomic<int> asked{0};
+  dog.add_probe([&]() -> std::string {
+    ++asked;
+    return recorded ? "an op's ranks disagreed (rank 1 passed 8 x float32 root 0)" : "";
+  });
+  dog.check_memory_now();
+  EXPECT_GE(asked.load(), 1) << "a probe added after the first track() was not asked";
+  EXPECT_FALSE(failure.failed());
+  w.store(0, 1 + 2);  // rank 2's failure reached this rank
+  recorded = true;
+  dog.check_memory_now();
+  ASSERT_TRUE(failure.failed());
+  expect_error([&] { failure.check("broadcast"); }, "rank 1 passed 8 x float32 root 0");
+  EXPECT_EQ(w.load(1), 1u) << "this rank's own failure was not published";
+  EXPECT_GT(s->releases.load(), 0) << "the blocked wait was not released";
 }
 
 }  // namespace

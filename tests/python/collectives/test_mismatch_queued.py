@@ -148,6 +148,31 @@ def test_a_rejection_reaches_the_peers_of_a_call_without_a_work(any_world, mode)
     assert_ok(any_world.run(check_a_rejection_reaches_the_peers, mode))
 
 
+def check_a_deadlocked_disagreement_ends_at_once(ctx):
+    """Two ranks that each take the other for the root: with CUDA's semantics the broadcast runs
+    after the comparison, and rank 0 and rank 1 each wait for the other's done word, which never
+    comes. The recorded disagreement fails the device at the watchdog's next scan and releases
+    the waits (NOTE [A disagreement fails the device at once] in ops/op_signature.cpp): every
+    rank's wait raises the disagreement, naming the odd rank. Before, each waited the group's
+    whole timeout (20 s) and raised "rank 1 never arrived" (checked on 2026-12-05)."""
+    W, me = ctx.world_size, ctx.rank
+    chk = Checker(f"deadlocked root W={W}")
+    g = _fresh_group("cuda")
+    dist.all_reduce(torch.ones(8), group=g)
+    src = 0 if me == 1 else 1  # rank 1 names rank 0, every other rank names rank 1
+    err = raises(lambda: dist.broadcast(torch.ones(8), src=src, group=g, async_op=True).wait())
+    chk.case("raises the disagreement, not the timeout", err is not None and "disagree" in err
+             and "rank 1 passed" in err and "never arrived" not in err, f"{err}")
+    nxt = raises(lambda: dist.all_reduce(torch.ones(8), group=g))
+    chk.case("the group's next op raises it too", nxt is not None and "disagree" in nxt, f"{nxt}")
+    dist.destroy_process_group(g)
+    return chk.result()
+
+
+def test_a_deadlocked_disagreement_ends_at_once(any_world):
+    assert_ok(any_world.run(check_a_deadlocked_disagreement_ends_at_once))
+
+
 def _run(call):
     """call(), and the wait of the Work it returns."""
     work = call()
@@ -188,12 +213,10 @@ def check_random_bad_inputs(ctx, mode, seed, steps):
             call = dict(_cases(me, odd))[kind]
             err = raises(lambda: _run(lambda: call(g)))
             want = f"rank {odd} passed"
+        # With CUDA's semantics a root disagreement whose odd rank is not rank 0 leaves two ranks
+        # waiting for each other's done word: the recorded disagreement releases them (NOTE [A
+        # disagreement fails the device at once]), so they too raise it, not a timeout.
         named = err is not None and want in err
-        if mode == "cuda" and kind == "root":
-            # With CUDA's semantics the data phase still runs after a disagreement (issue 58,
-            # point 2, open): where the odd rank is not rank 0, each rank waits for the other's
-            # done word as its root's, and the wait times out at the group's timeout naming it.
-            named = named or (err is not None and "never arrived" in err)
         chk.case(f"{what}: raises naming the odd rank", named, f"{err!r} (want {want!r})")
         if mode == "cuda":
             dist.destroy_process_group(g)
