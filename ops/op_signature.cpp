@@ -72,9 +72,13 @@ struct SignatureState::HostRecord {
 // group's whole timeout, and then it raises "never arrived" instead of the disagreement.
 // How: when a channel's record is first made, compare_signatures registers a probe of it with
 // the device (Device::add_failure_probe). The device's watchdog, which scans every max_poll
-// (Watchdog::kDefaultMaxPoll) while a wait is tracked, asks it before a peer's failure word, and
-// once a disagreement is recorded fails the device with it, publishes it to the peers and
-// releases every pending wait (NOTE [Releasing blocked waits] in p2p_workspace/watchdog.hpp).
+// (Watchdog::kDefaultMaxPoll) while a wait is tracked, asks it, and once a disagreement is
+// recorded fails the device with it, publishes it to the peers and releases every pending wait
+// (NOTE [Releasing blocked waits] in p2p_workspace/watchdog.hpp). A peer's failure word set by
+// then comes first, as in check_recorded_signature: a stale record (a released peer's stream
+// wrote into this rank's pads) always finds its peer's word set, since that peer published first
+// (NOTE [Failure words]); a genuine one may too, the peer's own probe having been faster, and
+// then names what the peer saw, the odd ranks first (describe()).
 // Each rank's waits so end within about max_poll of its comparison, and its Work, its next call
 // and get_error() name the disagreement. The probe only reads the record: the caller's check
 // (check_recorded_signature) still takes it where it looks first. The data the released streams
@@ -164,16 +168,12 @@ struct HostSignature {
   void store(uint32_t* p, uint32_t v) const { *p = v; }
 };
 
-std::string disagreement(const uint32_t* all, int W, const Words& mine, const OpSignature& sig) {
-  static_assert(kWords == kSignatureBodyWords, "one descriptor size");
-  bool differs = false;
-  for (int i = 0; i < kWords && !differs; ++i) {
-    differs = signature_word_differs(all, W, mine.data(), i, HostSignature{});
-  }
-  if (!differs || sig.invalid) return "";
-  std::vector<Decoded> d;
-  for (int r = 0; r < W; ++r) d.push_back(decode(all + r * kWords));
-  std::string msg = std::string("cuda_p2p ") + kind_name(sig.kind) + ": ";
+// The error every rank raises for the W descriptors `d` (identical on every rank, so the text is
+// too), told as an op of kind `kind`: the ranks that rejected their arguments, else what each
+// passed.
+std::string describe(const std::vector<Decoded>& d, OpId kind) {
+  const int W = static_cast<int>(d.size());
+  std::string msg = std::string("cuda_p2p ") + kind_name(kind) + ": ";
   std::string rejected;
   for (int r = 0; r < W; ++r) {
     if (!d[r].invalid) continue;
@@ -210,6 +210,18 @@ std::string disagreement(const uint32_t* all, int W, const Words& mine, const Op
     msg += ")";
   }
   return msg + "; the op did not run on any rank" + zero_copy_hint(d);
+}
+
+std::string disagreement(const uint32_t* all, int W, const Words& mine, const OpSignature& sig) {
+  static_assert(kWords == kSignatureBodyWords, "one descriptor size");
+  bool differs = false;
+  for (int i = 0; i < kWords && !differs; ++i) {
+    differs = signature_word_differs(all, W, mine.data(), i, HostSignature{});
+  }
+  if (!differs || sig.invalid) return "";
+  std::vector<Decoded> d;
+  for (int r = 0; r < W; ++r) d.push_back(decode(all + r * kWords));
+  return describe(d, sig.kind);
 }
 
 }  // namespace
@@ -283,15 +295,9 @@ void publish_signature(SymmetricWorkspace& ws, Stream& s, int channel, const Sig
 
 namespace {
 
-// What a recorded disagreement fails the device with, without the op's name ("" while none is
-// recorded); `take`: clears the record (the caller raises it).
-std::string host_record_reason(SignatureState::HostRecord& record, bool take) {
-  std::string error;
-  {
-    std::lock_guard<std::mutex> lock(record.mu);
-    error = take ? std::exchange(record.error, std::string()) : record.error;
-  }
-  if (error.empty()) return "";
+// What a disagreement recorded in stream order fails the device with (NOTE [Op signatures]),
+// from the text every rank raises on the host, `error` (describe()), without the op's name.
+std::string recorded_reason(std::string error) {
   // Recorded in stream order: the op did run, on its mismatched arguments.
   static constexpr std::string_view kDidNotRun = "; the op did not run on any rank";
   if (const size_t at = error.find(kDidNotRun); at != std::string::npos) {
@@ -301,21 +307,35 @@ std::string host_record_reason(SignatureState::HostRecord& record, bool take) {
          "); its results are not valid, and the ranks may be out of step";
 }
 
+// The recorded_reason of the host's record, or "" while none is recorded; `take`: clears it (the
+// caller raises it).
+std::string host_record_reason(SignatureState::HostRecord& record, bool take) {
+  std::string error;
+  {
+    std::lock_guard<std::mutex> lock(record.mu);
+    error = take ? std::exchange(record.error, std::string()) : record.error;
+  }
+  return error.empty() ? "" : recorded_reason(std::move(error));
+}
+
+// The same of the comparison kernel's record (the same text as the host's: the descriptors are
+// decoded alike, the first valid one naming the op).
 std::string device_record_reason(uint32_t* rec, bool take) {
   // The kernel wrote the record's words, then (fenced) its flag.
   std::atomic_ref<uint32_t> flag(rec[0]);
   if (flag.load(std::memory_order_acquire) == 0) return "";
   const int W = static_cast<int>(rec[1]);
-  std::string msg = "an op's ranks disagreed (this op or an earlier one: ";
   std::vector<Decoded> d;
-  for (int r = 0; r < W; ++r) {
-    d.push_back(decode(rec + kRecordHeader + r * kWords));
-    const Decoded& x = d.back();
-    msg += (r ? ", rank " : "rank ") + std::to_string(r) +
-           (x.invalid ? " rejected: " : " passed ") + kind_name(x.kind) + " " + x.text;
+  for (int r = 0; r < W; ++r) d.push_back(decode(rec + kRecordHeader + r * kWords));
+  OpId kind = d.empty() ? OpId{} : d[0].kind;
+  for (const Decoded& x : d) {
+    if (!x.invalid && is_op_id(static_cast<uint32_t>(x.kind))) {
+      kind = x.kind;
+      break;
+    }
   }
   if (take) flag.store(0, std::memory_order_relaxed);
-  return msg + "); its results are not valid, and the ranks may be out of step" + zero_copy_hint(d);
+  return recorded_reason(describe(d, kind));
 }
 
 }  // namespace

@@ -350,15 +350,17 @@ void Watchdog::report(const std::string& why, bool blocked) {
 }
 
 bool Watchdog::check_memory() {
-  // The probes first: what this rank found itself names more than a peer's word, whose reason
-  // the peer's failure area shortens (NOTE [Failure words]).
-  bool recorded = false;
+  bool recorded = failure_.adopt_peer_failure();
   for (const auto& probe : probes_) {
     if (failure_.failed()) break;
     const std::string why = probe();
-    if (!why.empty()) recorded = failure_.fail(why);
+    if (why.empty()) continue;
+    // A peer's word read after the finding comes first: a stale op-signature record is one that
+    // a released peer's stream wrote into, and that peer published its failure before its stream
+    // wrote anything (NOTE [Failure words]; NOTE [A disagreement fails the device at once] in
+    // ops/op_signature.cpp).
+    recorded = failure_.adopt_peer_failure() || failure_.fail(why);
   }
-  recorded = failure_.adopt_peer_failure() || recorded;
   if (!failure_.failed()) return false;
   if (recorded) report(failure_.reason(), /*blocked=*/true);
   adopt();  // what the host enqueued meanwhile: NOTE [Releasing blocked waits]

@@ -275,7 +275,8 @@ class Watchdog {
   // NOTE [Counted waits end with the failure]; an op-signature record: NOTE [A disagreement
   // fails the device at once] in ops/op_signature.cpp): `probe` returns why the device failed,
   // or "". Every probe is asked on every scan, in the order added, never concurrently with
-  // itself, until the device failed. Thread-safe; must not throw.
+  // itself, until the device failed; a peer's failure word set when a probe answers comes first.
+  // Thread-safe; must not throw.
   void add_probe(std::function<std::string()> probe);
   // A failure found in memory (a peer's failure word, the probe's) now, in the calling thread:
   // recorded, said once and released as a scan would (check_healthy, when a cheap look found

@@ -561,35 +561,52 @@ TEST(Watchdog, AnArmedWatchdogReportsTheProbesFailureWithNoWaitTracked) {
   EXPECT_TRUE(eventually([&] { return reports.get().size() == 1; }));
 }
 
-// NOTE [A disagreement fails the device at once] in ops/op_signature.cpp: a probe added while
-// the watchdog runs is asked from its next scan on, and what this rank found itself comes before
-// a peer's word set in the same scan (the peer's reason arrives shortened).
-TEST(Watchdog, AProbeAddedLaterIsAskedAndComesBeforeAPeersWord) {
+// NOTE [A disagreement fails the device at once] in ops/op_signature.cpp: a probe added after the
+// watchdog started is asked from its next scan on; its finding fails the device, is published and
+// releases the blocked wait - unless a peer's failure word is set by then, which comes first (a
+// stale record is one that a released peer's stream wrote into, after that peer published).
+struct ProbedDog {
   FailureState failure;
   Words w;
-  w.give(failure, /*rank=*/0);
   Reports reports;
-  // Scans only when asked (check_memory_now), so that one scan meets both findings.
-  Watchdog dog(failure, nullptr, 3600s, reports.sink());
-  auto s = std::make_shared<Script>();
-  s->started = true;  // blocked, with an hour to go
-  dog.track(std::make_unique<ScriptedWait>(s), 3600s, "broadcast");
+  std::shared_ptr<Script> s = std::make_shared<Script>();
   std::atomic<bool> recorded{false};
   std::atomic<int> asked{0};
-  dog.add_probe([&]() -> std::string {
-    ++asked;
-    return recorded ? "an op's ranks disagreed (rank 1 passed 8 x float32 root 0)" : "";
-  });
-  dog.check_memory_now();
-  EXPECT_GE(asked.load(), 1) << "a probe added after the first track() was not asked";
-  EXPECT_FALSE(failure.failed());
-  w.store(0, 1 + 2);  // rank 2's failure reached this rank
-  recorded = true;
-  dog.check_memory_now();
-  ASSERT_TRUE(failure.failed());
-  expect_error([&] { failure.check("broadcast"); }, "rank 1 passed 8 x float32 root 0");
-  EXPECT_EQ(w.load(1), 1u) << "this rank's own failure was not published";
-  EXPECT_GT(s->releases.load(), 0) << "the blocked wait was not released";
+  // Scans only when asked (check_memory_now): the test decides what one scan meets.
+  Watchdog dog{failure, nullptr, 3600s, reports.sink()};
+  ProbedDog() {
+    w.give(failure, /*rank=*/0);
+    s->started = true;  // blocked, with an hour to go
+    dog.track(std::make_unique<ScriptedWait>(s), 3600s, "broadcast");
+    dog.add_probe([this]() -> std::string {
+      ++asked;
+      return recorded ? "an op's ranks disagreed (rank 1 passed 8 x float32 root 0)" : "";
+    });
+    dog.check_memory_now();
+  }
+};
+
+TEST(Watchdog, AProbeAddedLaterFailsTheDeviceWithItsFinding) {
+  ProbedDog p;
+  EXPECT_GE(p.asked.load(), 1) << "a probe added after the first track() was not asked";
+  EXPECT_FALSE(p.failure.failed());
+  p.recorded = true;
+  p.dog.check_memory_now();
+  ASSERT_TRUE(p.failure.failed());
+  expect_error([&] { p.failure.check("broadcast"); }, "rank 1 passed 8 x float32 root 0");
+  EXPECT_EQ(p.w.load(1), 1u) << "the finding was not published to the peers";
+  EXPECT_GT(p.s->releases.load(), 0) << "the blocked wait was not released";
+}
+
+TEST(Watchdog, APeersWordSetWhenAProbeFindsComesFirst) {
+  ProbedDog p;
+  p.w.store(0, 1 + 2);  // rank 2's failure reached this rank
+  p.recorded = true;
+  p.dog.check_memory_now();
+  ASSERT_TRUE(p.failure.failed());
+  expect_error([&] { p.failure.check("broadcast"); }, "rank 2's device failed first");
+  EXPECT_EQ(p.failure.peer_failure(), 2);
+  EXPECT_GT(p.s->releases.load(), 0) << "the blocked wait was not released";
 }
 
 }  // namespace
