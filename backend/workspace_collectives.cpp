@@ -59,10 +59,10 @@ const char* WorkspaceCollectives::all_reduce_rejects(const at::Tensor& t) const 
 // NOTE [Mismatches reach the Work] in backend/works.cpp.
 std::function<void()> WorkspaceCollectives::recorded_mismatch_check(const char* what) {
   std::lock_guard<std::mutex> lock(mutex_);
-  // A copy shares the records (the host's by a shared pointer, the device's pinned words, which
-  // the device keeps for its life); it never hands out a handshake number.
+  // A copy shares the record (the device's pool words, which the device keeps for its life); it
+  // never hands out a handshake number.
   ops::SignatureState records = state_.signature;
-  if (!records.host_record && records.device_record.host == nullptr) return {};
+  if (records.device_record.host == nullptr) return {};
   return [records, what, device = ws_->device_ptr()]() mutable {
     ops::check_signature_record(records, what, device.get());
   };

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <mutex>
 #include <numeric>
 #include <string_view>
 #include <utility>
@@ -15,11 +14,6 @@
 #include "ops/signature_kernels.hpp"
 
 namespace cuda_p2p::ops {
-
-struct SignatureState::HostRecord {
-  std::mutex mu;
-  std::string error;  // the first disagreement not yet raised
-};
 
 // NOTE [Op signatures]
 // Ranks that pass different arguments to one op (sizes, dtypes, reduce ops, roots, fused-op
@@ -307,19 +301,9 @@ std::string recorded_reason(std::string error) {
          "); its results are not valid, and the ranks may be out of step";
 }
 
-// The recorded_reason of the host's record, or "" while none is recorded; `take`: clears it (the
-// caller raises it).
-std::string host_record_reason(SignatureState::HostRecord& record, bool take) {
-  std::string error;
-  {
-    std::lock_guard<std::mutex> lock(record.mu);
-    error = take ? std::exchange(record.error, std::string()) : record.error;
-  }
-  return error.empty() ? "" : recorded_reason(std::move(error));
-}
-
-// The same of the comparison kernel's record (the same text as the host's: the descriptors are
-// decoded alike, the first valid one naming the op).
+// What the comparison's record (ops/signature_kernels.hpp) fails the device with, or "" while it
+// holds none; `take`: clears it (the caller raises it). The descriptors are told as the host's
+// comparison tells them (describe()), the first valid one naming the op.
 std::string device_record_reason(uint32_t* rec, bool take) {
   // The kernel wrote the record's words, then (fenced) its flag.
   std::atomic_ref<uint32_t> flag(rec[0]);
@@ -349,7 +333,7 @@ std::string compare_signatures(SymmetricWorkspace& ws, Stream& s, int channel,
   const uint32_t* slots = ws.descriptor_slot(me, channel, parity, 0);
   Device& dev = ws.device();
   HostPaths* host = dev.host_paths();
-  if (host == nullptr) {  // NOTE [Host fast paths]: a kernel compares the GPU's pads
+  if (host == nullptr || !host->synchronous()) {
     if (state.device_record.host == nullptr) {
       state.device_record = dev.host_words(signature_record_words(W));
       // NOTE [A disagreement fails the device at once]. The words are never freed (NOTE [Pinned
@@ -357,22 +341,24 @@ std::string compare_signatures(SymmetricWorkspace& ws, Stream& s, int channel,
       dev.add_failure_probe(
           [rec = state.device_record.host] { return device_record_reason(rec, /*take=*/false); });
     }
-    compare_signatures_on_device(dev, s, slots, W, words, state.device_record.device);
-    return "";
-  }
-  if (!host->synchronous()) {
-    // NOTE [Synchronous host devices]: CUDA's comparison, as a host task in stream order.
-    if (!state.host_record) {
-      state.host_record = std::make_shared<SignatureState::HostRecord>();
-      // NOTE [A disagreement fails the device at once].
-      dev.add_failure_probe(
-          [record = state.host_record] { return host_record_reason(*record, /*take=*/false); });
+    if (host == nullptr) {  // NOTE [Host fast paths]: a kernel compares the GPU's pads
+      compare_signatures_on_device(dev, s, slots, W, words, state.device_record.device);
+      return "";
     }
-    dev.host_task(s, [record = state.host_record, slots, W, words, mine] {
-      std::string error = disagreement(slots, W, words, mine);
-      if (error.empty()) return;
-      std::lock_guard<std::mutex> lock(record->mu);
-      if (record->error.empty()) record->error = std::move(error);
+    // NOTE [Synchronous host devices]: CUDA's comparison, the kernel's logic as a host task in
+    // stream order (ops/cuda/signature_kernel.cu), into a record of the same layout.
+    dev.host_task(s, [rec = state.device_record.host, slots, W, words] {
+      bool differs = false;
+      for (int i = 0; i < kWords; ++i) {
+        differs |= signature_word_differs(slots, W, words.data(), i, HostSignature{});
+      }
+      std::atomic_ref<uint32_t> flag(rec[0]);
+      if (!differs || flag.load(std::memory_order_acquire) != 0) return;  // the first one stays
+      for (int i = 0; i < kWords; ++i) {
+        signature_record_word(slots, W, i, rec + kRecordHeader, HostSignature{});
+      }
+      rec[1] = static_cast<uint32_t>(W);
+      flag.store(1, std::memory_order_release);
     });
     return "";
   }
@@ -412,11 +398,8 @@ void check_recorded_signature(SignatureState& state, const char* what, Device* d
   // failed before: then a released stream compared stale descriptors, and the first failure is
   // the one to name (the watchdog's probe of this record, NOTE [A disagreement fails the device
   // at once], may have been first: it failed the device with the same reason).
-  std::string why;
-  if (state.host_record) why = host_record_reason(*state.host_record, /*take=*/true);
-  if (why.empty() && state.device_record.host != nullptr) {
-    why = device_record_reason(state.device_record.host, /*take=*/true);
-  }
+  if (state.device_record.host == nullptr) return;
+  const std::string why = device_record_reason(state.device_record.host, /*take=*/true);
   if (why.empty()) return;
   const std::string msg = std::string("cuda_p2p ") + what + ": " + why;
   if (device != nullptr) {

@@ -55,15 +55,12 @@ class SignatureMismatch : public c10::Error {
 struct SignatureState {
   // Handshakes so far on the channel: picks the descriptor slot pair (NOTE [Op signatures]).
   uint64_t count = 0;
-  // A device without the host's capability (CUDA): where the comparison kernel records a
-  // disagreement (ops/signature_kernels.hpp), words of the device's pool taken on first use
-  // (Device::host_words, never freed: NOTE [Pinned pools]).
+  // Where a comparison in stream order records the first disagreement not yet raised
+  // (ops/signature_kernels.hpp): the kernel's on CUDA, the same logic as a host task on a host
+  // device with CUDA's semantics (NOTE [Synchronous host devices] in p2p_workspace/device.hpp).
+  // Words of the device's pool taken on first use (Device::host_words, never freed: NOTE
+  // [Pinned pools]); none on a host-synchronous device, whose comparisons report at once.
   HostWords device_record;
-  // A host device that is not host-synchronous (NOTE [Synchronous host devices] in
-  // p2p_workspace/device.hpp): where the comparison, a host task in stream order, records a
-  // disagreement, as the CUDA kernel does in device_record. Made on first use.
-  struct HostRecord;
-  std::shared_ptr<HostRecord> host_record;
 };
 
 // Writes this rank's descriptor of handshake `state.count` into every rank's pad (its own
@@ -73,7 +70,7 @@ void publish_signature(SymmetricWorkspace& ws, Stream& s, int channel, const Sig
 // After that barrier: compares every rank's descriptor. On a host-synchronous device (NOTE
 // [Synchronous host devices]) now, on the caller's thread: returns the one-line error every rank
 // raises, or "" when they agree. Elsewhere (CUDA; the host with CUDA's semantics) the comparison
-// runs in stream order and records a disagreement in state.device_record or state.host_record (see
+// runs in stream order and records a disagreement in state.device_record (see
 // check_signature_record); returns "". Advances state.count either way.
 std::string compare_signatures(SymmetricWorkspace& ws, Stream& s, int channel,
                                SignatureState& state, const OpSignature& mine);
@@ -99,7 +96,7 @@ std::string signature_disagreement(const uint32_t* all, int world_size, const De
 void check_recorded_signature(SignatureState& state, const char* what, Device* device);
 inline void check_signature_record(SignatureState& state, const char* what,
                                    Device* device = nullptr) {
-  if (state.device_record.host || state.host_record) {
+  if (state.device_record.host != nullptr) {
     check_recorded_signature(state, what, device);
   }
 }

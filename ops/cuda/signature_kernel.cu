@@ -33,6 +33,10 @@ __global__ void compare_signatures_kernel(const uint32_t* slots, int world_size,
   const CudaSignature f;
   const bool differs = ops::signature_word_differs(slots, world_size, mine.w, i, f);
   if (!__syncthreads_or(differs)) return;
+  // The first disagreement not yet raised stays (as the host's comparison task keeps it,
+  // ops/op_signature.cpp): one thread reads the flag, the host may clear it meanwhile.
+  const bool taken = i == 0 && *reinterpret_cast<const volatile uint32_t*>(&record->flag) != 0;
+  if (__syncthreads_or(taken)) return;
   ops::signature_record_word(slots, world_size, i, record->words, f);
   __threadfence_system();
   __syncthreads();
