@@ -68,16 +68,18 @@ namespace cuda_p2p::ops {
 // the device (Device::add_failure_probe). The device's watchdog, which scans every max_poll
 // (Watchdog::kDefaultMaxPoll) while a wait is tracked, asks it, and once a disagreement is
 // recorded fails the device with it, publishes it to the peers and releases every pending wait
-// (NOTE [Releasing blocked waits] in p2p_workspace/watchdog.hpp). A peer's failure word set by
-// then comes first, as in check_recorded_signature: a stale record (a released peer's stream
-// wrote into this rank's pads) always finds its peer's word set, since that peer published first
-// (NOTE [Failure words]); a genuine one may too, the peer's own probe having been faster, and
-// then names what the peer saw, the odd ranks first (describe()).
-// Each rank's waits so end within about max_poll of its comparison, and its Work, its next call
-// and get_error() name the disagreement. The probe only reads the record: the caller's check
-// (check_recorded_signature) still takes it where it looks first. The data the released streams
-// then move is garbage, as it was before: copy-engine copies cannot ask the comparison, so on
-// CUDA the outputs are not left untouched (docs/collectives.md).
+// (NOTE [Releasing blocked waits] in p2p_workspace/watchdog.hpp). Each rank's waits so end
+// within about max_poll of its comparison, and its Work, its next call and get_error() name the
+// disagreement. The probe only reads the record: the caller's check (check_recorded_signature)
+// still takes it where it looks first.
+// Which failure is named: a peer's failure word set by then comes first, as in
+// check_recorded_signature. A stale record (a released peer's stream wrote into this rank's pads)
+// always finds its peer's word set, since that peer published first (NOTE [Failure words]); a
+// genuine one may too, the peer's own probe having been faster, and then names what the peer
+// saw, the odd ranks first (describe()).
+// Not done: the data the released streams then move is garbage, as it was before: copy-engine
+// copies cannot ask the comparison, so on CUDA the outputs are not left untouched
+// (docs/collectives.md).
 
 namespace {
 
