@@ -232,6 +232,47 @@ def check_timeout(ctx, absent):
     return out
 
 
+def check_deadlocked_root_mismatch(ctx):
+    """Ranks that each take another for the root (rank 1 names rank 0, the others rank 1): the
+    broadcast runs after its comparison on CUDA, each rank with its own root, and ranks 0 and 1
+    wait for each other's done word. The recorded disagreement fails the device at the watchdog's
+    next scan and releases the waits (NOTE [A disagreement fails the device at once] in
+    ops/op_signature.cpp): the stream drains and the group's next op raises the disagreement,
+    long before the group's timeout (30 s here; before the probe, the error came at the timeout
+    and said "never arrived"). On a CPU rehearsal the synchronous host raises at the call."""
+    W, rank, dev = ctx.world_size, ctx.rank, _device()
+    chk = Checker(f"deadlocked root mismatch W={W}")
+    if W == 1:
+        return chk.result()
+    limit = 30.0
+    g = _group(("deadlocked_root",), buffer_size=BUFFER, cached=False,
+               timeout=timedelta(seconds=limit))
+    x = torch.ones(8, device=dev)
+    dist.all_reduce(x, group=g)
+    _sync()
+    src = 0 if rank == 1 else 1
+    errors = []
+
+    def attempt(fn):
+        try:
+            fn()
+        except RuntimeError as e:
+            errors.append(str(e))
+
+    t0 = time.monotonic()
+    attempt(lambda: dist.broadcast(torch.ones(8, device=dev), src=src, group=g,
+                                   async_op=True).wait())
+    attempt(_sync)  # the stream drains once the waits are released
+    attempt(lambda: dist.all_reduce(torch.ones(8, device=dev), group=g))
+    elapsed = time.monotonic() - t0
+    first = errors[0] if errors else None
+    chk.case("raises the disagreement", first is not None and "disagree" in first
+             and "never arrived" not in first, f"{first} (after {elapsed:.1f} s)")
+    chk.case("well before the group's timeout", elapsed < limit / 2, f"{elapsed:.1f} s")
+    dist.destroy_process_group(g)
+    return chk.result()
+
+
 def check_routing_default(ctx, backend):
     """Without the opt-in, ordinary collectives on CUDA tensors go to the wrapped backend."""
     W, rank, dev = ctx.world_size, ctx.rank, _device()

@@ -54,6 +54,7 @@ from _gpu_heap_checks import (
 )
 from _gpu_op_checks import (
     check_async_side_stream,
+    check_deadlocked_root_mismatch,
     check_fused_all_gather_matmul,
     check_fused_matmul_reduce_scatter,
     check_growth_and_rounds,
@@ -148,6 +149,10 @@ def test_zero_copy_collectives(gpu_world):
 
 def test_zero_copy_mismatch(gpu_world):
     _ok(gpu_world.run(check_zero_copy_mismatch))
+
+
+def test_deadlocked_root_mismatch(gpu_world):
+    _ok(gpu_world.run(check_deadlocked_root_mismatch))
 
 
 def test_symmetric_heap_limits(gpu_world):

@@ -34,6 +34,7 @@ CHECKS = [
     ("get_p2p_buffer", g.check_p2p_buffer, ()),
     ("zero_copy_collectives", g.check_zero_copy_collectives, ()),
     ("zero_copy_mismatch", g.check_zero_copy_mismatch, ()),
+    ("deadlocked_root_mismatch", g.check_deadlocked_root_mismatch, ()),
     ("windows", g.check_windows, ()),
 ]
 
