@@ -222,6 +222,31 @@ size_t Watchdog::pending() const {
   return incoming_.size() + queued_;
 }
 
+// NOTE [Waits for a stream outlast the waits on it]
+// Why: a host-side wait for a stream (synchronize, a Work's wait) gives up at the group's
+// timeout counted from its call, plus notice(), so that a wait on the stream that misses its own
+// deadline - counted from when the stream reached it - comes first and names the ranks it
+// awaited. A stream that reaches that wait late (a large op's earlier rounds, a long task before
+// it) has its deadline after the caller's: the caller gave up first, with "the stream did not
+// finish within the group's timeout", and the rank that never arrived went unnamed (seen in a
+// fault test on a loaded machine: rank 0's synchronize raised 80 ms before its watchdog named
+// rank 1).
+// How: when its own deadline has passed, the caller asks pending_deadline() after a pass of the
+// watchdog and, while a wait its device tracks is started and not past its deadline, waits on
+// until that deadline plus notice(). Only waits extend it: a stream held by anything else (a
+// long kernel, another library's wait) still gives up at the caller's deadline.
+std::optional<std::chrono::steady_clock::time_point> Watchdog::pending_deadline() {
+  std::lock_guard<std::mutex> scan(scan_mu_);
+  std::optional<std::chrono::steady_clock::time_point> latest;
+  for (const auto& [stream, fifo] : fifos_) {
+    // Only the head of a stream's FIFO can have been reached and not passed.
+    if (fifo.empty() || !fifo.front().started) continue;
+    const auto due = *fifo.front().started + fifo.front().timeout;
+    if (!latest || due > *latest) latest = due;
+  }
+  return latest;
+}
+
 void Watchdog::poll_now() {
   std::lock_guard<std::mutex> scan(scan_mu_);
   {

@@ -260,6 +260,10 @@ class Watchdog {
   // a stream gives the device's own deadlines that much longer, so that they, naming the ranks,
   // come first.
   Millis notice() const { return 2 * max_poll_; }
+  // NOTE [Waits for a stream outlast the waits on it]: the latest deadline of the waits whose
+  // streams have reached them (as the last scan saw) and not passed them yet; none while there
+  // is no such wait.
+  std::optional<std::chrono::steady_clock::time_point> pending_deadline();
   // One pass now, in the calling thread: after a stream was seen idle, so that a wait kernel's
   // give-up on that stream becomes the device's failure before the caller returns.
   void poll_now();

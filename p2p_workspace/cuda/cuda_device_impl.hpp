@@ -340,12 +340,13 @@ class CudaDevice final : public Device {
   // the device's failure as soon as there is one, and, once done, the give-up of a wait kernel
   // that ran on the way (so that its stale data is never returned silently).
   // NOTE [Group streams]: it gives up at the group's timeout, naming what it waited for - after
-  // the watchdog's notice, so that a wait's own missed deadline, which names the ranks, comes
-  // first.
+  // the watchdog's notice, and no earlier than the deadline of a wait its stream reached late
+  // (NOTE [Waits for a stream outlast the waits on it]), so that a wait's own missed deadline,
+  // which names the ranks, comes first.
   template <typename Query>
   void poll_until(Query query, const char* op) {
     const Millis limit(timeout_ms_.load());
-    const auto deadline = std::chrono::steady_clock::now() + limit + watchdog_->notice();
+    auto deadline = std::chrono::steady_clock::now() + limit + watchdog_->notice();
     auto nap = std::chrono::microseconds(1);
     while (true) {
       const cudaError_t q = query();
@@ -366,6 +367,10 @@ class CudaDevice final : public Device {
         watchdog_->poll_now();
         check_graph_give_up();
         failure_.check(op);
+        // NOTE [Waits for a stream outlast the waits on it] in p2p_workspace/watchdog.cpp.
+        if (const auto due = watchdog_->pending_deadline()) {
+          if (*due + watchdog_->notice() > deadline) deadline = *due + watchdog_->notice();
+        }
       }
       TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "cuda_p2p ", op, " on ", name(),
                   ": the stream did not finish within the group's timeout of ", limit.count(),

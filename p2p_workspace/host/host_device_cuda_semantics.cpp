@@ -271,7 +271,7 @@ void HostDevice::check_graph_give_up() {
 
 void HostDevice::await_stream(HostStream& h, uint64_t target, const char* op) {
   const Millis limit(timeout_ms_.load(std::memory_order_relaxed));
-  const auto deadline = std::chrono::steady_clock::now() + limit + watchdog_->notice();
+  auto deadline = std::chrono::steady_clock::now() + limit + watchdog_->notice();
   auto finished = [&] {
     if (h.done() >= target) return true;
     check_healthy(op);
@@ -280,6 +280,13 @@ void HostDevice::await_stream(HostStream& h, uint64_t target, const char* op) {
     // watchdog a pass here first, since its thread may not have run (a loaded machine) since.
     watchdog_->poll_now();
     check_healthy(op);
+    // NOTE [Waits for a stream outlast the waits on it] in p2p_workspace/watchdog.cpp.
+    if (const auto due = watchdog_->pending_deadline()) {
+      if (*due + watchdog_->notice() > deadline) {
+        deadline = *due + watchdog_->notice();
+        return false;
+      }
+    }
     TORCH_CHECK(false, "cuda_p2p ", op, " on ", name(),
                 ": the stream did not finish within the group's timeout of ", limit.count(),
                 " ms (work queued on it before this group's op - a long task, or a wait of "

@@ -57,6 +57,22 @@ TEST(DeviceFailure, ReleasesLeaveEveryWordAtTheHighestValueAwaited) {
   EXPECT_EQ(read(word), 3u);
 }
 
+// NOTE [Waits for a stream outlast the waits on it] in p2p_workspace/watchdog.cpp: a synchronize
+// that began before its stream reached a wait no peer answers (a long task first, as a large op's
+// earlier rounds) raises the wait's own missed deadline, naming the rank, not its own. Before, its
+// deadline counted from the call came first ("the stream did not finish within the group's
+// timeout"), as a fault test saw on a loaded machine.
+TEST(DeviceFailure, ASynchronizeOutlastsAWaitItsStreamReachedLate) {
+  auto dev = cuda_like_device();
+  dev->set_timeout(300ms);
+  auto s = dev->new_stream(false);
+  alignas(4) uint32_t word = 0;
+  dev->host_task(*s, [] { std::this_thread::sleep_for(900ms); });  // the earlier rounds
+  dev->wait_signals(*s, {{&word, 1, 1}}, 300ms, "all_reduce round 3");
+  expect_error([&] { dev->synchronize(*s); }, "rank 1 never arrived");
+  EXPECT_TRUE(dev->drain(3s));
+}
+
 // Issue 48, finding 1c: after the release, a peer that was slow, not dead, writes the word back to
 // an older value before the stream has passed its later waits. Nothing may leave a released
 // stream blocked: the release is repeated until the waits have passed.
